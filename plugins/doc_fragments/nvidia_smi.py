@@ -1,0 +1,43 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+
+class ModuleDocFragment(object):
+
+    # Options shared by every module that reads the GPUs.
+    DOCUMENTATION = r"""
+options:
+  nvidia_smi:
+    description:
+      - Path of the C(nvidia-smi) to run.
+      - When not set, C(nvidia-smi) is searched in E(PATH), then in C(/usr/bin), C(/usr/local/nvidia/bin) and C(/usr/local/bin).
+    type: path
+  timeout:
+    description:
+      - Seconds each C(nvidia-smi) call may take.
+      - A call that takes longer is killed and reported as a failure; a hung driver is never taken for a free GPU.
+    type: float
+    default: 10
+  max_used_mib:
+    description:
+      - A GPU is clean when its C(memory.used) is at most this many MiB.
+      - MIG-enabled GPUs read 50-59 MiB and desktop GPUs a few hundred MiB when idle; set a baseline for them.
+      - A GPU whose memory nvidia-smi cannot report (V([N/A]), V([Unknown Error])) is never clean.
+    type: int
+    default: 0
+  protect:
+    description:
+      - Extra process names or PIDs never signalled and not counted as making a host dirty.
+      - Added to the built-in list (PID 1, the module and its Ansible session, kernel threads, C(nvidia-persistenced),
+        C(nv-hostengine), C(nvidia-fabricmanager), C(nv-fabricmanager), C(dcgm-exporter), C(Xorg), C(Xwayland),
+        C(gnome-shell), C(kwin_wayland), C(sshd), C(systemd)).
+      - A name matches the executable's basename, the basename of C(argv[0]), or the kernel's C(comm), which is
+        truncated to 15 characters (C(nvidia-persistenced) shows as C(nvidia-persiste)).
+    type: list
+    elements: str
+    default: []
+"""

@@ -1,0 +1,182 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE: it may change without notice. Only the modules of
+# zeromib.gpu may use it.
+
+"""One look at a node: nvidia-smi records + /proc holders -> the `ansible_facts.gpu` shape."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
+from ansible_collections.zeromib.gpu.plugins.module_utils import _nvidia_smi as smi_mod
+
+GPU_KEYS = (
+    "index",
+    "uuid",
+    "name",
+    "pci_bus_id",
+    "minor_number",
+    "memory_total_mib",
+    "memory_used_mib",
+    "memory_reserved_mib",
+    "memory_free_mib",
+    "utilization_gpu_pct",
+    "temperature_c",
+    "power_draw_w",
+    "persistence_mode",
+    "mig_mode",
+    "clean",
+)
+
+HOLDER_KEYS = (
+    "pid",
+    "ppid",
+    "name",
+    "cmdline",
+    "user",
+    "state",
+    "start_time",
+    "devices",
+    "gpu_indexes",
+    "unit",
+    "container",
+    "protected",
+)
+
+
+def gpu_is_clean(gpu, max_used_mib):
+    """Unknown memory ([N/A], [Unknown Error]) is never clean."""
+    used = gpu.get("memory_used_mib")
+    return used is not None and used <= max_used_mib
+
+
+def with_minor_numbers(gpus, minors_by_bus):
+    """Add minor_number from the driver's proc files. Where they are absent (no nvidia kernel
+    module visible, e.g. some containers) fall back to the index, the driver's default order."""
+    result = []
+    for gpu in gpus:
+        record = dict(gpu)
+        minor = minors_by_bus.get(smi_mod.normalize_bus_id(gpu.get("pci_bus_id")))
+        record["minor_number"] = minor if minor is not None else gpu["index"]
+        result.append(record)
+    return result
+
+
+def minor_to_index(gpus):
+    return {gpu["minor_number"]: gpu["index"] for gpu in gpus}
+
+
+def public_gpu(gpu, max_used_mib):
+    record = {key: gpu.get(key) for key in GPU_KEYS}
+    record["clean"] = gpu_is_clean(gpu, max_used_mib)
+    return record
+
+
+def public_holder(holder):
+    return {key: holder.get(key) for key in HOLDER_KEYS}
+
+
+def join_apps(apps, gpus, alive):
+    """Compute apps joined to their GPU by UUID (MIG apps report the parent GPU's UUID)."""
+    index_of = {gpu["uuid"]: gpu["index"] for gpu in gpus}
+    return [
+        {
+            "pid": app["pid"],
+            "name": app["name"],
+            "used_memory_mib": app.get("used_memory_mib"),
+            "gpu_uuid": app.get("gpu_uuid"),
+            "gpu_index": index_of.get(app.get("gpu_uuid")),
+            "alive": alive(app["pid"]),
+        }
+        for app in apps
+    ]
+
+
+def dirty_holders(holders, selected=None):
+    """Live unprotected holders of a per-GPU node (of the selected GPUs, if given)."""
+    return [
+        holder
+        for holder in holders
+        if not holder["protected"] and holder["gpu_indexes"] and (selected is None or set(holder["gpu_indexes"]) & set(selected))
+    ]
+
+
+def assemble(gpus, apps, holders, max_used_mib, with_processes, cuda_version=None):
+    """The `ansible_facts.gpu` dict. `gpus` carry minor numbers, `holders` are attributed."""
+    public_gpus = [public_gpu(gpu, max_used_mib) for gpu in gpus]
+    used = [gpu["memory_used_mib"] for gpu in public_gpus]
+    clean = bool(public_gpus) and all(gpu["clean"] for gpu in public_gpus)
+    if with_processes:
+        clean = clean and not dirty_holders(holders)
+    return {
+        "driver_version": gpus[0].get("driver_version") if gpus else None,
+        "cuda_version": cuda_version,
+        "count": len(public_gpus),
+        "clean": clean,
+        "memory_used_mib": None if any(u is None for u in used) else sum(used),
+        "error": None,
+        "gpus": public_gpus,
+        "processes": apps if with_processes else [],
+        "holders": [public_holder(h) for h in holders] if with_processes else [],
+    }
+
+
+def failed_facts(error):
+    """What gpu_facts reports with fail_on_error=false when nvidia-smi fails as a whole."""
+    return {
+        "driver_version": None,
+        "cuda_version": None,
+        "count": 0,
+        "clean": False,
+        "memory_used_mib": None,
+        "error": error,
+        "gpus": [],
+        "processes": [],
+        "holders": [],
+    }
+
+
+def cuda_driver_version(library="libcuda.so.1"):
+    """The CUDA version the driver supports, from libcuda's cuDriverGetVersion (no context,
+    no device file opened), so that no third nvidia-smi call is needed. None if unavailable."""
+    try:
+        libcuda = ctypes.CDLL(library)
+        version = ctypes.c_int(0)
+        if libcuda.cuDriverGetVersion(ctypes.byref(version)) != 0 or version.value <= 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return "%d.%d" % (version.value // 1000, (version.value % 1000) // 10)
+
+
+def alive(pid, proc="/proc"):
+    return holders_mod.start_time_of(pid, proc) is not None
+
+
+class Snapshot(object):
+    """One look at the node: what gpu_facts returns and what gpu_release plans from."""
+
+    def __init__(self, gpus, apps, holders):
+        self.gpus = gpus
+        self.apps = apps
+        self.holders = holders
+
+
+def look(smi, protect, with_processes=True, proc="/proc", driver_root="/proc/driver/nvidia/gpus"):
+    """nvidia-smi (GPUs and compute apps side by side) then the /proc scan -> Snapshot."""
+    gpus, apps = smi.query_all(with_apps=with_processes)
+    gpus = with_minor_numbers(gpus, smi_mod.read_minor_numbers(driver_root))
+    if not with_processes:
+        return Snapshot(gpus, [], [])
+    names, pids = holders_mod.split_protect(protect)
+    lineage = holders_mod.lineage(os.getpid(), proc)
+    raw = holders_mod.scan_holders(proc)
+    attributed = holders_mod.attribute(raw, minor_to_index(gpus), names, pids, lineage)
+    joined = join_apps(apps, gpus, lambda pid: alive(pid, proc))
+    return Snapshot(gpus, joined, attributed)

@@ -1,0 +1,317 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE: it may change without notice. Only the modules of
+# zeromib.gpu may use it.
+
+"""Who holds /dev/nvidia*: a scan of /proc/*/fd and /proc/*/maps, as `fuser -v` does.
+
+nvidia-smi cannot see a child forked after CUDA init once its parent is gone (DESIGN.md,
+measured on an H200): only the device files tell the truth about who keeps GPU memory.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+try:
+    import pwd
+except ImportError:  # pragma: no cover - Linux always has it
+    pwd = None
+
+_GPU_NODE = re.compile(r"^/dev/nvidia(\d+)$")
+_DEVICE = re.compile(r"/dev/nvidia[^\s]*")
+_CONTAINER_PATTERNS = (
+    re.compile(r"(?:docker|cri-containerd|crio|libpod|containerd|podman)-([0-9a-f]{12,64})\.scope"),
+    re.compile(r"/(?:docker|libpod|containerd|crio)/([0-9a-f]{12,64})(?:/|$)"),
+    re.compile(r"/kubepods[^\s]*/pod[0-9a-f_-]+/([0-9a-f]{12,64})(?:/|$)"),
+)
+_UNIT = re.compile(r"^[^/]+\.(?:service|scope)$")
+
+# Daemons a GPU node needs and a desktop lives on (DESIGN.md). Names are matched against the
+# executable's basename, argv[0]'s basename and the kernel's 15-character comm.
+BUILTIN_PROTECTED_NAMES = (
+    "nvidia-persistenced",
+    "nv-hostengine",
+    "nvidia-fabricmanager",
+    "nv-fabricmanager",
+    "dcgm-exporter",
+    "Xorg",
+    "Xwayland",
+    "gnome-shell",
+    "kwin_wayland",
+    "sshd",
+    "systemd",
+)
+
+COMM_LENGTH = 15
+
+
+def gpu_minor(device):
+    """'/dev/nvidia3' -> 3; control nodes (/dev/nvidiactl, /dev/nvidia-uvm, caps) -> None."""
+    match = _GPU_NODE.match(device)
+    return int(match.group(1)) if match else None
+
+
+def parse_stat(text):
+    """/proc/PID/stat -> (comm, state, ppid, start_time). comm may hold spaces and parens."""
+    left = text.index("(")
+    right = text.rindex(")")
+    comm = text[left + 1:right]
+    rest = text[right + 2:].split()
+    # rest[0] is field 3 (state); field 22 (starttime) is rest[19].
+    return comm, rest[0], int(rest[1]), int(rest[19])
+
+
+def parse_cgroup(text):
+    """/proc/PID/cgroup -> the cgroup path that systemd manages (the v2 `0::` line, else the
+    v1 `name=systemd` line), or None."""
+    unified = named = None
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            unified = parts[2]
+        elif parts[1] == "name=systemd":
+            named = parts[2]
+    path = unified if unified not in (None, "/") else named
+    return path or unified
+
+
+def unit_of(cgroup_path):
+    """The systemd unit a cgroup path belongs to: its deepest `*.service` or `*.scope`."""
+    if not cgroup_path:
+        return None
+    unit = None
+    for part in cgroup_path.split("/"):
+        if _UNIT.match(part):
+            unit = part
+    return unit
+
+
+def is_system_service(cgroup_path):
+    """True when the unit is a .service of the system manager (not of a user@ manager), i.e.
+    one that `systemctl stop` can stop."""
+    unit = unit_of(cgroup_path)
+    return bool(unit and unit.endswith(".service") and "/user@" not in cgroup_path)
+
+
+def container_of(cgroup_path):
+    if not cgroup_path:
+        return None
+    for pattern in _CONTAINER_PATTERNS:
+        match = pattern.search(cgroup_path)
+        if match:
+            return match.group(1)
+    return None
+
+
+def parse_cmdline(raw):
+    """NUL-separated argv -> (argv list, display string)."""
+    argv = [arg for arg in raw.decode("utf-8", "replace").split("\0")]
+    while argv and argv[-1] == "":
+        argv.pop()
+    return argv, " ".join(argv)
+
+
+def devices_in_maps(text):
+    found = set()
+    for match in _DEVICE.finditer(text):
+        found.add(match.group(0))
+    return found
+
+
+def _read(path, binary=False):
+    with open(path, "rb" if binary else "r") as handle:
+        return handle.read()
+
+
+def _user_name(uid, cache):
+    if uid not in cache:
+        name = str(uid)
+        if pwd is not None:
+            try:
+                name = pwd.getpwuid(uid).pw_name
+            except KeyError:
+                pass
+        cache[uid] = name
+    return cache[uid]
+
+
+def _uid_from_status(text):
+    for line in text.splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    return None
+
+
+def open_devices(pid, proc="/proc"):
+    """The /dev/nvidia* paths a process has open (fd) or mapped (maps). Raises OSError when
+    the process is gone or not ours to read."""
+    devices = set()
+    fd_dir = "%s/%d/fd" % (proc, pid)
+    for entry in os.listdir(fd_dir):
+        try:
+            target = os.readlink(fd_dir + "/" + entry)
+        except OSError:
+            continue
+        if target.startswith("/dev/nvidia"):
+            devices.add(target)
+    try:
+        maps = _read("%s/%d/maps" % (proc, pid), binary=True)
+    except OSError:
+        maps = b""
+    # Most processes map no device file: a byte search skips the regex for them.
+    if b"/dev/nvidia" in maps:
+        devices |= devices_in_maps(maps.decode("utf-8", "replace"))
+    return devices
+
+
+def read_process(pid, proc="/proc", users=None):
+    """Identity and placement of one process (the DESIGN.md holder shape, without the GPU
+    attribution), or None if it vanished."""
+    users = {} if users is None else users
+    base = "%s/%d" % (proc, pid)
+    try:
+        comm, state, ppid, start_time = parse_stat(_read(base + "/stat"))
+        argv, cmdline = parse_cmdline(_read(base + "/cmdline", binary=True))
+        status = _read(base + "/status")
+        cgroup = _read(base + "/cgroup")
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        exe = os.readlink(base + "/exe")
+    except OSError:
+        exe = None
+    uid = _uid_from_status(status)
+    cgroup_path = parse_cgroup(cgroup)
+    return {
+        "pid": pid,
+        "ppid": ppid,
+        "name": comm,
+        "cmdline": cmdline,
+        "argv0": os.path.basename(argv[0]) if argv else None,
+        "exe": os.path.basename(exe.replace(" (deleted)", "")) if exe else None,
+        "user": _user_name(uid, users) if uid is not None else None,
+        "state": state,
+        "start_time": start_time,
+        "devices": [],
+        "gpu_indexes": [],
+        "unit": unit_of(cgroup_path),
+        "system_service": is_system_service(cgroup_path),
+        "container": container_of(cgroup_path),
+        "cgroup": cgroup_path,
+        "protected": False,
+    }
+
+
+def list_pids(proc="/proc"):
+    return sorted(int(entry) for entry in os.listdir(proc) if entry.isdigit())
+
+
+def scan_holders(proc="/proc"):
+    """Every live process with a /dev/nvidia* node open or mapped. Processes that vanish
+    mid-scan or that we may not read are skipped; a zombie holds nothing and is no holder."""
+    holders = []
+    users = {}
+    for pid in list_pids(proc):
+        try:
+            devices = open_devices(pid, proc)
+        except OSError:
+            continue
+        if not devices:
+            continue
+        record = read_process(pid, proc, users)
+        if record is None or record["state"] in ("Z", "X"):
+            continue
+        record["devices"] = sorted(devices)
+        holders.append(record)
+    return holders
+
+
+def start_time_of(pid, proc="/proc"):
+    """Start time of a live, non-zombie PID, or None: the identity check before a signal."""
+    try:
+        _comm, state, _ppid, start_time = parse_stat(_read("%s/%d/stat" % (proc, pid)))
+    except (OSError, ValueError, IndexError):
+        return None
+    if state in ("Z", "X"):
+        return None
+    return start_time
+
+
+def lineage(pid, proc="/proc"):
+    """PIDs of a process and all its ancestors (the module and its Ansible/SSH session)."""
+    seen = []
+    while pid and pid not in seen:
+        seen.append(pid)
+        try:
+            _comm, _state, pid, _start = parse_stat(_read("%s/%d/stat" % (proc, pid)))
+        except (OSError, ValueError, IndexError):
+            break
+    return seen
+
+
+def split_protect(items):
+    """User `protect` entries -> (names, pids): all-digit entries are PIDs."""
+    names, pids = [], set()
+    for item in items or []:
+        text = str(item).strip()
+        if text.isdigit():
+            pids.add(int(text))
+        elif text:
+            names.append(text)
+    return names, pids
+
+
+def name_matches(record, names):
+    """A protected name matches the executable's basename, argv[0]'s basename, or the comm
+    (which the kernel truncates to 15 characters: nvidia-persistenced shows as nvidia-persiste)."""
+    candidates = {record.get("exe"), record.get("argv0")}
+    comm = record.get("name")
+    for name in names:
+        if name in candidates:
+            return True
+        if comm is not None and (comm == name or (len(name) > COMM_LENGTH and comm == name[:COMM_LENGTH])):
+            return True
+    return False
+
+
+def protection_reason(record, names, pids, own_lineage):
+    """Why a process must never be signalled, or None. Built-in rules first."""
+    pid = record["pid"]
+    if pid == 1:
+        return "PID 1"
+    if pid in own_lineage:
+        return "this Ansible session"
+    if record.get("ppid") == 2 or pid == 2:
+        return "kernel thread"
+    if pid in pids:
+        return "protect"
+    if name_matches(record, BUILTIN_PROTECTED_NAMES):
+        return "protected daemon"
+    if name_matches(record, names):
+        return "protect"
+    return None
+
+
+def attribute(holders, minor_to_index, protect_names, protect_pids, own_lineage):
+    """Fill in gpu_indexes and protected for each holder (returns new records)."""
+    result = []
+    for holder in holders:
+        record = dict(holder)
+        indexes = set()
+        for device in record["devices"]:
+            minor = gpu_minor(device)
+            if minor is not None and minor in minor_to_index:
+                indexes.add(minor_to_index[minor])
+        record["gpu_indexes"] = sorted(indexes)
+        reason = protection_reason(record, protect_names, protect_pids, own_lineage)
+        record["protected"] = reason is not None
+        record["protected_reason"] = reason
+        result.append(record)
+    return result

@@ -1,0 +1,468 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE: it may change without notice. Only the modules of
+# zeromib.gpu may use it.
+
+"""Run nvidia-smi and turn its CSV output into typed records.
+
+Parsing is pure: text in, dicts out, :class:`NvidiaSmiError` subclasses for everything that
+is not a clean answer. Nothing here knows about AnsibleModule.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+
+# nvidia-smi fields we ask for, mapped to the record keys of DESIGN.md. The order is the
+# order of the CSV columns.
+GPU_FIELDS = (
+    ("index", "index", "int"),
+    ("uuid", "uuid", "str"),
+    ("name", "name", "str"),
+    ("pci.bus_id", "pci_bus_id", "str"),
+    ("driver_version", "driver_version", "str"),
+    ("memory.total", "memory_total_mib", "int"),
+    ("memory.reserved", "memory_reserved_mib", "int"),
+    ("memory.used", "memory_used_mib", "int"),
+    ("memory.free", "memory_free_mib", "int"),
+    ("utilization.gpu", "utilization_gpu_pct", "int"),
+    ("temperature.gpu", "temperature_c", "int"),
+    ("power.draw", "power_draw_w", "float"),
+    ("persistence_mode", "persistence_mode", "str"),
+    ("mig.mode.current", "mig_mode", "str"),
+)
+
+# The verify loop of gpu_release polls only what decides the verdict.
+MEMORY_FIELDS = (
+    ("index", "index", "int"),
+    ("uuid", "uuid", "str"),
+    ("memory.used", "memory_used_mib", "int"),
+)
+
+APP_FIELDS = (
+    ("pid", "pid", "int"),
+    ("process_name", "name", "raw"),
+    ("used_memory", "used_memory_mib", "int"),
+    ("gpu_uuid", "gpu_uuid", "str"),
+)
+
+# nvidia-smi prints canonical names in its header, not the aliases that were asked for
+# (asking for used_memory prints "used_gpu_memory [MiB]"; the H200 captures show it).
+HEADER_ALIASES = {
+    "used_memory": ("used_gpu_memory",),
+    "used_gpu_memory": ("used_memory",),
+    "process_name": ("name",),
+    "name": ("process_name", "gpu_name"),
+    "gpu_name": ("name",),
+    "uuid": ("gpu_uuid",),
+    "gpu_uuid": ("uuid",),
+    "pci.bus_id": ("gpu_bus_id",),
+    "gpu_bus_id": ("pci.bus_id",),
+    "clocks.sm": ("clocks.current.sm",),
+    "clocks.gr": ("clocks.current.graphics",),
+    "clocks.mem": ("clocks.current.memory",),
+}
+
+# Values nvidia-smi prints instead of a number or a string when it has none. Every bracketed
+# token is treated alike (there are more than these), but these are the ones seen in the field.
+NOT_AVAILABLE_TOKENS = (
+    "[N/A]",
+    "[Not Supported]",
+    "[Unknown Error]",
+    "[Insufficient Permissions]",
+    "[Requested functionality has been deprecated]",
+    "[GPU requires reset]",
+    "[GPU is lost]",
+)
+
+# Names nvidia-smi gives a compute app whose process it cannot see (dead owner, other PID
+# namespace). DESIGN.md: "[Not Found]" right after a kill, "[No data]" 0.5 s later.
+UNKNOWN_PROCESS_NAMES = ("[Not Found]", "[No data]", "")
+
+_UNIT_SUFFIX = re.compile(r"\s+(?:MiB|MB|%|W|MHz|C)$")
+_HEADER_UNIT = re.compile(r"\s*\[[^\]]*\]$")
+_TOKEN = re.compile(r"^\[[^\]]*\]$")
+_BAD_FIELD = re.compile(r'Field "([^"]+)" is not a valid field to query')
+
+
+class NvidiaSmiError(Exception):
+    """nvidia-smi did not give a usable answer. Carries what it printed."""
+
+    def __init__(self, msg, cmd=None, rc=None, stdout="", stderr=""):
+        super().__init__(msg)
+        self.msg = msg
+        self.cmd = cmd
+        self.rc = rc
+        self.stdout = stdout
+        self.stderr = stderr
+
+    def details(self):
+        """Keyword arguments for fail_json: msg plus the command's output."""
+        return {"msg": self.msg, "cmd": self.cmd, "rc": self.rc, "stdout": self.stdout, "stderr": self.stderr}
+
+
+class NvidiaSmiNotFound(NvidiaSmiError):
+    pass
+
+
+class NvidiaSmiTimeout(NvidiaSmiError):
+    pass
+
+
+class BadField(NvidiaSmiError):
+    def __init__(self, msg, field=None, **kwargs):
+        super().__init__(msg, **kwargs)
+        self.field = field
+
+
+class NoDevicesFound(NvidiaSmiError):
+    pass
+
+
+class DriverNotLoaded(NvidiaSmiError):
+    pass
+
+
+class GpuLost(NvidiaSmiError):
+    pass
+
+
+class UnparsableOutput(NvidiaSmiError):
+    pass
+
+
+def _first_line(text):
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+def classify_failure(cmd, rc, stdout, stderr):
+    """Exception for a non-zero exit of nvidia-smi, by its documented return codes."""
+    said = _first_line(stdout) or _first_line(stderr) or "no output"
+    kwargs = {"cmd": cmd, "rc": rc, "stdout": stdout, "stderr": stderr}
+    if rc == 2:
+        match = _BAD_FIELD.search(stdout + stderr)
+        field = match.group(1) if match else None
+        return BadField("nvidia-smi rejected a query field (rc 2): %s" % said, field=field, **kwargs)
+    if rc == 6:
+        return NoDevicesFound("nvidia-smi found no GPU (rc 6): %s" % said, **kwargs)
+    if rc == 9:
+        return DriverNotLoaded("the NVIDIA driver is not loaded (nvidia-smi rc 9): %s" % said, **kwargs)
+    if rc == 15:
+        return GpuLost("a GPU has fallen off the bus (nvidia-smi rc 15): %s" % said, **kwargs)
+    return NvidiaSmiError("nvidia-smi failed with rc %s: %s" % (rc, said), **kwargs)
+
+
+def _strip_header_unit(name):
+    return _HEADER_UNIT.sub("", name.strip())
+
+
+def _header_matches(cells, fields):
+    if len(cells) != len(fields):
+        return False
+    for cell, field in zip(cells, fields):
+        name = _strip_header_unit(cell)
+        if name != field and name not in HEADER_ALIASES.get(field, ()):
+            return False
+    return True
+
+
+def _looks_like_header(cells):
+    return all(re.match(r"^[a-z][a-z0-9_.]*(\s*\[[^\]]*\])?$", cell.strip()) for cell in cells) and any(
+        "[" in cell or "." in cell or "_" in cell for cell in cells
+    )
+
+
+def _split_row(line, width, name_column):
+    """Split one CSV row. nvidia-smi does not quote, so a ", " inside a process name would
+    add cells: give the surplus back to the name column."""
+    cells = [cell.strip() for cell in line.split(",")]
+    surplus = len(cells) - width
+    if surplus > 0 and name_column is not None:
+        name = ",".join(line.split(",")[name_column:name_column + surplus + 1]).strip()
+        cells = cells[:name_column] + [name] + cells[name_column + surplus + 1:]
+    return cells
+
+
+def parse_value(text, kind):
+    """One CSV cell -> Python value. Bracketed tokens ([N/A], [Not Supported], ...) -> None.
+
+    Raises ValueError for a cell that is neither a token nor of the expected kind.
+    """
+    text = text.strip()
+    if kind == "raw":
+        return text
+    if _TOKEN.match(text) or text in ("N/A", ""):
+        return None
+    if kind == "str":
+        return text
+    number = _UNIT_SUFFIX.sub("", text)
+    if kind == "int":
+        # Some drivers print whole numbers of a float field ("126.00 W" vs "126 W").
+        value = float(number)
+        if value != int(value):
+            raise ValueError("not a whole number: %r" % text)
+        return int(value)
+    if kind == "float":
+        return float(number)
+    raise ValueError("unknown kind %r" % kind)
+
+
+def unavailable_reason(text):
+    """The token nvidia-smi printed instead of a value, or None if it printed a value."""
+    text = text.strip()
+    return text if _TOKEN.match(text) else None
+
+
+def parse_csv(text, fields, cmd=None):
+    """Parse `--format=csv[,noheader][,nounits]` output of a query for `fields`.
+
+    `fields` is a sequence of (nvidia-smi field, record key, kind). Returns a list of dicts
+    keyed by record key. A header line, if present, must name the same columns.
+    """
+    names = [field for field, _key, _kind in fields]
+    name_column = None
+    for position, (field, _key, kind) in enumerate(fields):
+        if kind == "raw":
+            name_column = position
+    lines = [line for line in text.splitlines() if line.strip()]
+    if lines:
+        first = [cell.strip() for cell in lines[0].split(",")]
+        if _header_matches(first, names):
+            lines = lines[1:]
+        elif _looks_like_header(first):
+            raise UnparsableOutput(
+                "nvidia-smi printed the columns %s, expected %s" % (", ".join(first), ", ".join(names)), cmd=cmd, rc=0, stdout=text
+            )
+    records = []
+    for line in lines:
+        cells = _split_row(line, len(fields), name_column)
+        if len(cells) != len(fields):
+            raise UnparsableOutput(
+                "nvidia-smi printed a line with %d columns, expected %d: %r" % (len(cells), len(fields), line), cmd=cmd, rc=0, stdout=text
+            )
+        record = {}
+        unavailable = {}
+        for cell, (field, key, kind) in zip(cells, fields):
+            try:
+                record[key] = parse_value(cell, kind)
+            except ValueError:
+                raise UnparsableOutput("nvidia-smi printed %r for %s in line %r" % (cell, field, line), cmd=cmd, rc=0, stdout=text)
+            reason = unavailable_reason(cell) if kind != "raw" else None
+            if reason:
+                unavailable[key] = reason
+        record["_unavailable"] = unavailable
+        records.append(record)
+    return records
+
+
+def parse_gpus(text, fields=GPU_FIELDS, cmd=None):
+    """Records of a --query-gpu answer. A GPU without index or uuid is output we must not trust."""
+    records = parse_csv(text, fields, cmd=cmd)
+    if not records:
+        raise UnparsableOutput("nvidia-smi printed no GPU and no error", cmd=cmd, rc=0, stdout=text)
+    for record in records:
+        if record.get("index") is None or record.get("uuid") is None:
+            raise UnparsableOutput("nvidia-smi printed a GPU without index or UUID: %r" % record, cmd=cmd, rc=0, stdout=text)
+    return records
+
+
+def parse_compute_apps(text, fields=APP_FIELDS, cmd=None):
+    """Records of a --query-compute-apps answer (no rows at all is a valid, idle answer)."""
+    records = parse_csv(text, fields, cmd=cmd)
+    for record in records:
+        if record.get("pid") is None:
+            raise UnparsableOutput("nvidia-smi printed a compute app without PID: %r" % record, cmd=cmd, rc=0, stdout=text)
+    return records
+
+
+def parse_version(text):
+    """`nvidia-smi --version` -> {"driver_version": ..., "cuda_version": ...} (None if absent)."""
+    found = {"driver_version": None, "cuda_version": None}
+    for line in text.splitlines():
+        key, _sep, value = line.partition(":")
+        key = key.strip().lower()
+        if key == "driver version":
+            found["driver_version"] = value.strip() or None
+        elif key == "cuda version":
+            found["cuda_version"] = value.strip() or None
+    return found
+
+
+def normalize_bus_id(bus_id):
+    """'00000000:18:00.0' (nvidia-smi) and '0000:18:00.0' (/proc) -> '0000:18:00.0'."""
+    if not bus_id:
+        return None
+    domain, _sep, rest = bus_id.strip().lower().rpartition(":")
+    domain, _sep2, bus = domain.rpartition(":")
+    try:
+        return "%04x:%s:%s" % (int(domain or "0", 16), bus, rest)
+    except ValueError:
+        return bus_id.strip().lower()
+
+
+def parse_gpu_information(text):
+    """/proc/driver/nvidia/gpus/<bus>/information -> (bus location, device minor)."""
+    bus = minor = None
+    for line in text.splitlines():
+        key, _sep, value = line.partition(":")
+        key = key.strip()
+        if key == "Device Minor":
+            try:
+                minor = int(value.strip())
+            except ValueError:
+                minor = None
+        elif key == "Bus Location":
+            bus = value.strip()
+    return bus, minor
+
+
+def read_minor_numbers(root="/proc/driver/nvidia/gpus"):
+    """{normalized bus id: minor number} from the driver's proc files; {} where there are none."""
+    minors = {}
+    try:
+        entries = os.listdir(root)
+    except OSError:
+        return minors
+    for entry in entries:
+        try:
+            with open(os.path.join(root, entry, "information")) as handle:
+                bus, minor = parse_gpu_information(handle.read())
+        except OSError:
+            continue
+        if minor is not None:
+            minors[normalize_bus_id(bus or entry)] = minor
+    return minors
+
+
+class NvidiaSmi(object):
+    """The one seam through which nvidia-smi runs: bounded in time, in the C locale."""
+
+    SEARCH_PATHS = ("/usr/bin", "/usr/local/nvidia/bin", "/usr/local/bin")
+
+    def __init__(self, path, timeout):
+        self.path = path
+        self.timeout = timeout
+        self.calls = 0
+
+    @classmethod
+    def find(cls, path=None, search_path=None):
+        """Resolve the binary: an explicit path must exist; else PATH, then the usual places."""
+        if path:
+            if os.path.isfile(path) and os.access(path, os.X_OK):
+                return path
+            raise NvidiaSmiNotFound("nvidia-smi not found or not executable at %s" % path, cmd=[path])
+        dirs = (search_path if search_path is not None else os.environ.get("PATH", "")).split(os.pathsep)
+        for directory in [d for d in dirs if d] + list(cls.SEARCH_PATHS):
+            candidate = os.path.join(directory, "nvidia-smi")
+            if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+                return candidate
+        raise NvidiaSmiNotFound(
+            "nvidia-smi not found in PATH or %s: is the NVIDIA driver installed? Set nvidia_smi to its path." % ", ".join(cls.SEARCH_PATHS),
+            cmd=["nvidia-smi"],
+        )
+
+    def start(self, args):
+        cmd = [self.path] + list(args)
+        env = dict(os.environ, LC_ALL="C", LANG="C")
+        self.calls += 1
+        try:
+            # A session of its own, so that a hung nvidia-smi and anything it forked can be
+            # killed as a group.
+            process = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True
+            )
+        except OSError as exc:
+            raise NvidiaSmiNotFound("cannot run %s: %s" % (self.path, exc), cmd=cmd)
+        return cmd, process, time.monotonic()
+
+    def finish(self, started):
+        """Wait for a started call; returns stdout or raises the classified error."""
+        cmd, process, since = started
+        remaining = max(0.0, self.timeout - (time.monotonic() - since))
+        try:
+            stdout, stderr = process.communicate(timeout=remaining)
+        except subprocess.TimeoutExpired:
+            self._kill(process)
+            raise NvidiaSmiTimeout(
+                "nvidia-smi timed out after %s s (a hung driver or a GPU that fell off the bus); it was killed" % _seconds(self.timeout),
+                cmd=cmd,
+                rc=None,
+            )
+        stdout = stdout.decode("utf-8", "replace")
+        stderr = stderr.decode("utf-8", "replace")
+        if process.returncode != 0:
+            raise classify_failure(cmd, process.returncode, stdout, stderr)
+        return stdout
+
+    def run(self, args):
+        return self.finish(self.start(args))
+
+    @staticmethod
+    def _kill(process):
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        # A child stuck in the driver (D state) cannot die; do not wait on it forever.
+        try:
+            process.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            pass
+        for stream in (process.stdout, process.stderr):
+            try:
+                stream.close()
+            except (OSError, AttributeError):
+                pass
+
+    # The queries the modules make.
+    @staticmethod
+    def gpu_args(fields, gpus=None):
+        args = ["--query-gpu=" + ",".join(f for f, _k, _t in fields), "--format=csv,noheader,nounits"]
+        if gpus:
+            args = ["-i", ",".join(str(g) for g in gpus)] + args
+        return args
+
+    @staticmethod
+    def app_args(fields=APP_FIELDS):
+        return ["--query-compute-apps=" + ",".join(f for f, _k, _t in fields), "--format=csv,noheader,nounits"]
+
+    def query_gpus(self, fields=GPU_FIELDS, gpus=None):
+        """--query-gpu; drivers without memory.reserved (older than R5xx) get it as None."""
+        args = self.gpu_args(fields, gpus)
+        try:
+            return parse_gpus(self.run(args), fields, cmd=[self.path] + args)
+        except BadField as exc:
+            if exc.field != "memory.reserved" or not any(f == "memory.reserved" for f, _k, _t in fields):
+                raise
+        reduced = tuple(f for f in fields if f[0] != "memory.reserved")
+        records = self.query_gpus(reduced, gpus)
+        for record in records:
+            record["memory_reserved_mib"] = None
+        return records
+
+    def query_all(self, fields=GPU_FIELDS, with_apps=True):
+        """GPUs and compute apps, the two calls run side by side (each ~24 ms on an H200)."""
+        if not with_apps:
+            return self.query_gpus(fields), []
+        app_call = self.start(self.app_args())
+        try:
+            gpus = self.query_gpus(fields)
+        except NvidiaSmiError:
+            self._kill(app_call[1])
+            raise
+        apps_text = self.finish(app_call)
+        return gpus, parse_compute_apps(apps_text, cmd=app_call[0])
+
+
+def _seconds(value):
+    return ("%g" % value) if isinstance(value, float) else str(value)

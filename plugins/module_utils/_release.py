@@ -1,0 +1,596 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE: it may change without notice. Only the modules of
+# zeromib.gpu may use it.
+
+"""Free GPUs and prove it: look -> plan -> act (units, SIGTERM, SIGKILL) -> verify.
+
+No AnsibleModule in here. Side effects go through a `System` object (systemctl, signals,
+clock) so that the logic is tested without killing anything.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import signal
+import subprocess
+import time
+
+from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
+from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
+from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import GPU_FIELDS, NvidiaSmiError, parse_compute_apps, read_minor_numbers
+
+# A process that has exited is seen within this; polling /proc is cheap (a stat per PID).
+EXIT_POLL_S = 0.01
+# While GPUs stay dirty, look for who holds them this often (a /proc scan, a few ms).
+RESCAN_S = 1.0
+
+ACTIVE_STATES = ("active", "activating", "deactivating", "reloading", "refreshing")
+ENABLED_STATES = ("enabled", "enabled-runtime", "linked", "linked-runtime")
+MASKED_STATES = ("masked", "masked-runtime")
+
+
+class ReleaseError(Exception):
+    """The GPUs could not be freed, or the request cannot be carried out. `result` is what
+    was done up to then."""
+
+    def __init__(self, msg, result=None):
+        super().__init__(msg)
+        self.msg = msg
+        self.result = result or {}
+
+
+class System(object):
+    """Everything gpu_release does to the node, in one replaceable place."""
+
+    def __init__(self, systemctl_path=None, proc="/proc"):
+        self.systemctl_path = systemctl_path
+        self.proc = proc
+
+    def systemctl(self, args):
+        if not self.systemctl_path:
+            return 127, "", "systemctl not found"
+        process = subprocess.run(
+            [self.systemctl_path] + list(args),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=dict(os.environ, LC_ALL="C", LANG="C", SYSTEMD_PAGER="", SYSTEMD_COLORS="0"),
+            check=False,
+        )
+        return process.returncode, process.stdout.decode("utf-8", "replace"), process.stderr.decode("utf-8", "replace")
+
+    def start_time(self, pid):
+        return holders_mod.start_time_of(pid, self.proc)
+
+    def state(self, pid):
+        try:
+            with open("%s/%d/stat" % (self.proc, pid)) as handle:
+                return holders_mod.parse_stat(handle.read())[1]
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def signal(self, pid, signum):
+        os.kill(pid, signum)
+
+    def cgroup_unit(self, pid):
+        """(unit, is a system service) of a PID, from its cgroup."""
+        try:
+            with open("%s/%d/cgroup" % (self.proc, pid)) as handle:
+                path = holders_mod.parse_cgroup(handle.read())
+        except OSError:
+            return None, False
+        return holders_mod.unit_of(path), holders_mod.is_system_service(path)
+
+    @staticmethod
+    def now():
+        return time.monotonic()
+
+    @staticmethod
+    def sleep(seconds):
+        time.sleep(max(0.0, seconds))
+
+
+# ---------------------------------------------------------------- pure planning steps
+
+
+def select_gpus(gpus, wanted):
+    """`gpus` option (indexes or UUIDs) -> sorted indexes. Empty/None selects all."""
+    if not wanted:
+        return sorted(gpu["index"] for gpu in gpus)
+    by_uuid = {gpu["uuid"].lower(): gpu["index"] for gpu in gpus if gpu.get("uuid")}
+    indexes = {gpu["index"] for gpu in gpus}
+    selected = set()
+    for item in wanted:
+        text = str(item).strip()
+        if text.isdigit() and int(text) in indexes:
+            selected.add(int(text))
+        elif text.lower() in by_uuid:
+            selected.add(by_uuid[text.lower()])
+        else:
+            raise ReleaseError(
+                "GPU %r is not on this host: it has indexes %s and UUIDs %s"
+                % (text, ", ".join(str(i) for i in sorted(indexes)), ", ".join(sorted(by_uuid)) or "none")
+            )
+    return sorted(selected)
+
+
+def normalize_unit(name):
+    name = name.strip()
+    if "." not in name.rsplit("/", 1)[-1] or not name.rsplit(".", 1)[-1] in (
+        "service", "socket", "timer", "target", "path", "scope", "slice", "mount", "device", "swap", "automount",
+    ):
+        return name + ".service"
+    return name
+
+
+def expand_services(patterns, known_units):
+    """Unit names and globs -> unit names. A plain name is kept even if unknown (systemctl
+    reports it not-found); a glob expands over the units systemd knows."""
+    units = []
+    for pattern in patterns or []:
+        pattern = normalize_unit(pattern)
+        if any(char in pattern for char in "*?["):
+            matches = sorted(unit for unit in known_units if fnmatch.fnmatchcase(unit, pattern))
+        else:
+            matches = [pattern]
+        for unit in matches:
+            if unit not in units:
+                units.append(unit)
+    return units
+
+
+def parse_list_units(text):
+    """First column of `systemctl list-units/list-unit-files --plain --no-legend`."""
+    names = []
+    for line in text.splitlines():
+        fields = line.split()
+        if fields and fields[0] not in ("UNIT", "●"):
+            names.append(fields[0])
+        elif len(fields) > 1 and fields[0] == "●":
+            names.append(fields[1])
+    return names
+
+
+def parse_show(text):
+    """`systemctl show -p Id,LoadState,ActiveState,SubState,UnitFileState u1 u2` -> {Id: props}."""
+    units = {}
+    current = {}
+    for line in text.splitlines() + [""]:
+        if not line.strip():
+            if current.get("Id"):
+                units[current["Id"]] = current
+            current = {}
+            continue
+        key, _sep, value = line.partition("=")
+        current[key] = value
+    return units
+
+
+def unit_actions(props, service_state):
+    """What to do to one named unit: (stop, disable, mask)."""
+    if props.get("LoadState") in (None, "not-found"):
+        return False, False, False
+    stop = props.get("ActiveState") in ACTIVE_STATES or props.get("SubState") == "auto-restart"
+    file_state = props.get("UnitFileState", "")
+    disable = service_state == "disabled" and file_state in ENABLED_STATES
+    mask = service_state == "masked" and file_state not in MASKED_STATES
+    return stop, disable, mask
+
+
+def matches_any(holder, regexes):
+    return any(regex.search(holder.get("cmdline") or "") for regex in regexes)
+
+
+def plan_targets(holders, selected, regexes):
+    """(to signal, protected holders of the selected GPUs). `match` narrows the first; a
+    holder of control nodes only is signalled only when `match` names it."""
+    targets, protected = [], []
+    for holder in holders:
+        on_selected = bool(set(holder["gpu_indexes"]) & set(selected))
+        named = bool(regexes) and matches_any(holder, regexes)
+        if holder["protected"]:
+            if on_selected or named:
+                protected.append(holder)
+            continue
+        if regexes and not named:
+            continue
+        if on_selected or (named and not holder["gpu_indexes"]):
+            targets.append(holder)
+    return targets, protected
+
+
+def owning_units(targets, forbidden):
+    """System .service units that own targets, in first-seen order, minus forbidden ones."""
+    units = []
+    for holder in targets:
+        unit = holder.get("unit")
+        if holder.get("system_service") and unit and unit not in forbidden and unit not in units:
+            units.append(unit)
+    return units
+
+
+def describe_holder(holder):
+    parts = ["pid %d %s" % (holder["pid"], holder.get("name"))]
+    if holder.get("unit"):
+        parts.append("unit %s" % holder["unit"])
+    if holder.get("container"):
+        parts.append("container %s" % holder["container"][:12])
+    parts.append("state %s" % holder.get("state"))
+    if holder.get("protected"):
+        parts.append("protected")
+    return "%s (%s)" % (parts[0], ", ".join(parts[1:]))
+
+
+def failure_message(dirty_gpus, holders, apps, waited_s, unkillable, protected_only=False):
+    """One message naming each dirty GPU, its MiB and what still holds it."""
+    lines = []
+    for gpu in dirty_gpus:
+        on_gpu = [h for h in holders if gpu["index"] in h["gpu_indexes"]]
+        unprotected = [h for h in on_gpu if not h["protected"]]
+        claims = [a for a in apps if a.get("gpu_index") == gpu["index"]]
+        dead_claims = [a for a in claims if not a.get("alive")]
+        claimed_pids = {a["pid"] for a in claims if a.get("alive")}
+        protected_claimants = [h for h in on_gpu if h["protected"] and h["pid"] in claimed_pids]
+        used = gpu.get("memory_used_mib")
+        text = "GPU %d (%s) reads %s MiB" % (gpu["index"], gpu.get("uuid"), "unknown" if used is None else used)
+        if unprotected or protected_claimants:
+            text += ", held by " + "; ".join(describe_holder(h) for h in unprotected + protected_claimants)
+        elif dead_claims:
+            text += (
+                ", attributed to exited process(es) %s and no live process holds the GPU: the driver has not freed this "
+                "context; a GPU reset (nvidia-smi --gpu-reset -i %d) or a reboot is needed"
+                % (", ".join("%d %s" % (a["pid"], a["name"] or "[No data]") for a in dead_claims), gpu["index"])
+            )
+        elif used is None:
+            text += ": nvidia-smi cannot report its memory, so it cannot be proven free"
+        else:
+            text += ", and no live process holds the GPU: memory the driver has not freed; a GPU reset or a reboot is needed"
+        lines.append(text)
+    if protected_only:
+        head = "GPUs are held only by protected processes, which gpu_release never signals"
+    else:
+        head = "GPUs still in use after %.1f s" % waited_s
+    if unkillable:
+        lines.append("unkillable (outlived SIGKILL, likely D state in the driver): " + "; ".join(describe_holder(h) for h in unkillable))
+    return "%s: %s" % (head, ". ".join(lines))
+
+
+def only_protected(dirty, holders, apps):
+    """True when waiting cannot help: on every dirty GPU no unprotected process holds it and
+    nvidia-smi attributes its memory only to live protected processes. A GPU whose memory
+    no app claims (a context being released right now) is never decided here."""
+    protected_pids = {h["pid"] for h in holders if h["protected"]}
+    for gpu in dirty:
+        if any(not h["protected"] for h in holders if gpu["index"] in h["gpu_indexes"]):
+            return False
+        claims = [a for a in apps if a.get("gpu_index") == gpu["index"]]
+        if not claims or any(not a.get("alive") or a["pid"] not in protected_pids for a in claims):
+            return False
+    return True
+
+
+def summarize_diff(gpus, holders):
+    """Diff-mode text: per-GPU memory and the holders, one line each."""
+    lines = ["GPU %d %s: %s MiB" % (g["index"], g.get("uuid"), g.get("memory_used_mib")) for g in gpus]
+    lines += ["holder %s: %s" % (describe_holder(h), ",".join(str(i) for i in h["gpu_indexes"]) or "control nodes") for h in holders]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- the run
+
+
+class Release(object):
+    """look -> plan -> act -> verify, for the options of gpu_release."""
+
+    def __init__(self, smi, system, params, check_mode=False, driver_root="/proc/driver/nvidia/gpus"):
+        self.smi = smi
+        self.system = system
+        self.params = params
+        self.check_mode = check_mode
+        self.driver_root = driver_root
+        self.names, self.pids = holders_mod.split_protect(params.get("protect"))
+        self.lineage = holders_mod.lineage(os.getpid(), system.proc)
+        self.regexes = params.get("_match_regexes") or []
+        self._minor_cache = None
+        self.result = {
+            "changed": False,
+            "released": False,
+            "stopped_units": [],
+            "killed": [],
+            "protected": [],
+            "skipped": [],
+            "unkillable": [],
+            "warnings": [],
+            "gpus_before": [],
+            "gpus": [],
+            "holders": [],
+            "timings": {"stop_s": 0.0, "kill_s": 0.0, "wait_s": 0.0},
+        }
+        state_key = {"disabled": "disabled_units", "masked": "masked_units"}.get(params.get("service_state"))
+        self.state_key = state_key
+        if state_key:
+            self.result[state_key] = []
+
+    # --- look
+
+    def _attribute(self, raw, gpus):
+        return holders_mod.attribute(raw, _facts.minor_to_index(gpus), self.names, self.pids, self.lineage)
+
+    def scan(self, gpus):
+        return self._attribute(holders_mod.scan_holders(self.system.proc), gpus)
+
+    def look(self):
+        snapshot = _facts.look(self.smi, self.params.get("protect"), True, self.system.proc, self.driver_root)
+        return snapshot
+
+    # --- plan
+
+    def forbidden_units(self, holders):
+        """Units gpu_release must never stop: those of its own session and of protected processes."""
+        forbidden = set()
+        for pid in self.lineage:
+            unit, _service = self.system.cgroup_unit(pid)
+            if unit:
+                forbidden.add(unit)
+        for holder in holders:
+            if holder["protected"] and holder.get("unit"):
+                forbidden.add(holder["unit"])
+        return forbidden
+
+    def plan_units(self, targets, holders):
+        named = self.params.get("services") or []
+        forbidden = self.forbidden_units(holders)
+        known = []
+        if any(any(c in p for c in "*?[") for p in named):
+            for args in (
+                ["list-units", "--all", "--type=service", "--plain", "--no-legend", "--no-pager"],
+                ["list-unit-files", "--type=service", "--plain", "--no-legend", "--no-pager"],
+            ):
+                rc, out, _err = self.system.systemctl(args)
+                if rc == 0:
+                    known.extend(parse_list_units(out))
+        named_units = expand_services(named, set(known))
+        for unit in named_units:
+            if unit in forbidden:
+                raise ReleaseError("refusing to stop %s: it runs this Ansible session or a protected process" % unit, self.result)
+        owned = owning_units(targets, forbidden) if self.params.get("stop_owning_units") else []
+        all_units = named_units + [u for u in owned if u not in named_units]
+        if not all_units:
+            return {"stop": [], "disable": [], "mask": [], "not_found": []}
+        rc, out, err = self.system.systemctl(
+            ["show", "--property=Id,LoadState,ActiveState,SubState,UnitFileState", "--no-pager"] + all_units
+        )
+        if rc != 0:
+            raise ReleaseError("systemctl show failed (rc %s): %s" % (rc, (err or out).strip()), self.result)
+        props = parse_show(out)
+        plan = {"stop": [], "disable": [], "mask": [], "not_found": []}
+        state = self.params.get("service_state") if named_units else None
+        for unit in all_units:
+            unit_props = props.get(unit, {})
+            if unit_props.get("LoadState") in (None, "not-found"):
+                plan["not_found"].append(unit)
+                continue
+            stop, disable, mask = unit_actions(unit_props, state if unit in named_units else "stopped")
+            # A unit that owns a holder is stopped even if systemd calls it inactive in between.
+            if stop or unit in owned:
+                plan["stop"].append(unit)
+            if disable:
+                plan["disable"].append(unit)
+            if mask:
+                plan["mask"].append(unit)
+        return plan
+
+    # --- act
+
+    def _systemctl_or_fail(self, verb, units):
+        rc, out, err = self.system.systemctl([verb, "--no-ask-password"] + units)
+        if rc != 0:
+            raise ReleaseError("systemctl %s %s failed (rc %s): %s" % (verb, " ".join(units), rc, (err or out).strip()), self.result)
+
+    def act_units(self, plan):
+        started = self.system.now()
+        if plan["stop"]:
+            self._systemctl_or_fail("stop", plan["stop"])
+            self.result["stopped_units"] = list(plan["stop"])
+        if plan["disable"]:
+            self._systemctl_or_fail("disable", plan["disable"])
+            self.result["disabled_units"] = list(plan["disable"])
+        if plan["mask"]:
+            self._systemctl_or_fail("mask", plan["mask"])
+            self.result["masked_units"] = list(plan["mask"])
+        self.result["timings"]["stop_s"] = round(self.system.now() - started, 3)
+
+    def _send(self, entry, signum):
+        """Signal one target after checking it is still the same process (PID reuse)."""
+        now_start = self.system.start_time(entry["pid"])
+        if now_start is None:
+            return False
+        if now_start != entry["start_time"]:
+            entry["_reused"] = True
+            return False
+        try:
+            self.system.signal(entry["pid"], signum)
+        except ProcessLookupError:
+            return False
+        except PermissionError as exc:
+            raise ReleaseError("not permitted to signal pid %d (%s): run with become: true" % (entry["pid"], exc), self.result)
+        entry["signal"] = signal.Signals(signum).name
+        entry.setdefault("_first_signal", self.system.now())
+        return True
+
+    def _gone(self, entry):
+        return self.system.start_time(entry["pid"]) != entry["start_time"]
+
+    def _wait_exit(self, entries, timeout):
+        deadline = self.system.now() + timeout
+        while True:
+            now = self.system.now()
+            for entry in entries:
+                if "exited_after_s" not in entry and self._gone(entry):
+                    entry["exited_after_s"] = round(now - entry.get("_first_signal", now), 3)
+            waiting = [e for e in entries if "exited_after_s" not in e]
+            if not waiting or now >= deadline:
+                return waiting
+            self.system.sleep(min(EXIT_POLL_S, deadline - now))
+
+    def act_signals(self, targets):
+        started = self.system.now()
+        entries = []
+        for holder in targets:
+            entry = {
+                "pid": holder["pid"],
+                "name": holder.get("name"),
+                "cmdline": holder.get("cmdline"),
+                "unit": holder.get("unit"),
+                "container": holder.get("container"),
+                "gpu_indexes": holder.get("gpu_indexes"),
+                "start_time": holder["start_time"],
+                "signal": None,
+            }
+            entries.append(entry)
+        kill_timeout = self.params.get("kill_timeout")
+        for entry in entries:
+            if not self._send(entry, signal.SIGTERM) and "_reused" not in entry:
+                entry["exited_after_s"] = 0.0
+        survivors = self._wait_exit([e for e in entries if "_reused" not in e], kill_timeout)
+        for entry in survivors:
+            if not self._send(entry, signal.SIGKILL) and "_reused" not in entry:
+                entry["exited_after_s"] = round(self.system.now() - entry.get("_first_signal", self.system.now()), 3)
+        unkillable = self._wait_exit([e for e in survivors if "_reused" not in e], kill_timeout) if survivors else []
+        for entry in entries:
+            if entry.pop("_reused", False):
+                self.result["skipped"].append(
+                    {"pid": entry["pid"], "name": entry["name"], "reason": "PID reused by another process since the scan; not signalled"}
+                )
+                continue
+            entry.pop("_first_signal", None)
+            entry.pop("start_time", None)
+            if entry in unkillable:
+                entry["state"] = self.system.state(entry["pid"])
+                self.result["unkillable"].append(dict(entry))
+            if entry["signal"] is not None:
+                self.result["killed"].append(entry)
+        self.result["timings"]["kill_s"] = round(self.system.now() - started, 3)
+
+    # --- verify
+
+    def verify(self, selected, deadline):
+        """Poll until every selected GPU is <= max_used_mib. Returns (gpus, clean, holders or None)."""
+        limit = self.params.get("max_used_mib")
+        poll = self.params.get("poll_interval")
+        last_scan = None
+        holders = None
+        while True:
+            gpus = _facts.with_minor_numbers(self.smi.query_gpus(GPU_FIELDS), self._minors())
+            dirty = [g for g in gpus if g["index"] in selected and not _facts.gpu_is_clean(g, limit)]
+            if not dirty:
+                return gpus, True, None
+            now = self.system.now()
+            if last_scan is None or now - last_scan >= RESCAN_S:
+                holders = self.scan(gpus)
+                last_scan = now
+                if only_protected(dirty, holders, self._apps(gpus)):
+                    self.result["_only_protected"] = True
+                    return gpus, False, holders
+            if now >= deadline:
+                return gpus, False, holders
+            self.system.sleep(min(poll, deadline - now))
+
+    def _minors(self):
+        if self._minor_cache is None:
+            self._minor_cache = read_minor_numbers(self.driver_root)
+        return self._minor_cache
+
+    # --- the whole run
+
+    def run(self):
+        started = self.system.now()
+        snapshot = self.look()
+        gpus, holders = snapshot.gpus, snapshot.holders
+        limit = self.params.get("max_used_mib")
+        selected = select_gpus(gpus, self.params.get("gpus"))
+        self.result["gpus_before"] = [_facts.public_gpu(g, limit) for g in gpus]
+        self.result["selected_gpus"] = selected
+        targets, protected = plan_targets(holders, selected, self.regexes)
+        self.result["protected"] = [{"pid": h["pid"], "name": h["name"], "unit": h.get("unit"), "gpu_indexes": h["gpu_indexes"]} for h in protected]
+        for holder in targets:
+            if holder.get("container"):
+                self.result["warnings"].append(
+                    "pid %d (%s) runs in container %s: stop the container through its runtime, or its restart policy may start it again"
+                    % (holder["pid"], holder.get("name"), holder["container"][:12])
+                )
+        unit_plan = self.plan_units(targets, holders)
+        self.result["services_not_found"] = unit_plan["not_found"]
+        gpus_clean = all(_facts.gpu_is_clean(g, limit) for g in gpus if g["index"] in selected)
+        to_do = bool(unit_plan["stop"] or unit_plan["disable"] or unit_plan["mask"] or (targets and self.params.get("kill", True)))
+
+        if self.check_mode:
+            self.result["changed"] = to_do
+            self.result["released"] = gpus_clean and not targets
+            self.result["stopped_units"] = unit_plan["stop"]
+            if self.state_key == "disabled_units":
+                self.result["disabled_units"] = unit_plan["disable"]
+            elif self.state_key == "masked_units":
+                self.result["masked_units"] = unit_plan["mask"]
+            self.result["killed"] = [] if not self.params.get("kill", True) else [
+                {"pid": h["pid"], "name": h["name"], "cmdline": h["cmdline"], "unit": h.get("unit"), "container": h.get("container"),
+                 "gpu_indexes": h["gpu_indexes"], "signal": None, "exited_after_s": None}
+                for h in targets
+            ]
+            self.result["gpus"] = self.result["gpus_before"]
+            self.result["holders"] = [_facts.public_holder(h) for h in holders]
+            self.result["elapsed_s"] = round(self.system.now() - started, 3)
+            return self._finish(gpus, holders)
+
+        if unit_plan["stop"] or unit_plan["disable"] or unit_plan["mask"]:
+            self.act_units(unit_plan)
+            if unit_plan["stop"]:
+                # Stopping a unit ended its processes; see who is left before signalling anyone.
+                holders = self.scan(gpus)
+                targets, _protected = plan_targets(holders, selected, self.regexes)
+        if targets and self.params.get("kill", True):
+            self.act_signals(targets)
+        self.result["changed"] = bool(
+            self.result["stopped_units"] or self.result.get("disabled_units") or self.result.get("masked_units") or self.result["killed"]
+        )
+
+        verify_started = self.system.now()
+        deadline = verify_started + self.params.get("wait_timeout")
+        final_gpus, clean, last_holders = self.verify(selected, deadline)
+        self.result["timings"]["wait_s"] = round(self.system.now() - verify_started, 3)
+        final_holders = self.scan(final_gpus)
+        self.result["gpus"] = [_facts.public_gpu(g, limit) for g in final_gpus]
+        self.result["holders"] = [_facts.public_holder(h) for h in final_holders]
+        self.result["released"] = clean
+        self.result["elapsed_s"] = round(self.system.now() - started, 3)
+        if not clean:
+            dirty = [g for g in final_gpus if g["index"] in selected and not _facts.gpu_is_clean(g, limit)]
+            apps = self._apps(final_gpus)
+            message = failure_message(
+                dirty, final_holders, apps, self.result["timings"]["wait_s"], self.result["unkillable"], self.result.pop("_only_protected", False)
+            )
+            self.result.pop("_only_protected", None)
+            raise ReleaseError(message, self._finish(gpus, holders, final_gpus, final_holders))
+        return self._finish(gpus, holders, final_gpus, final_holders)
+
+    def _apps(self, gpus):
+        try:
+            text = self.smi.run(self.smi.app_args())
+            apps = parse_compute_apps(text)
+        except NvidiaSmiError:  # best effort: the verdict comes from memory.used, not from this list
+            return []
+        return _facts.join_apps(apps, gpus, lambda pid: _facts.alive(pid, self.system.proc))
+
+    def _finish(self, gpus_before, holders_before, gpus_after=None, holders_after=None):
+        self.result.pop("_only_protected", None)
+        self.result["diff"] = {
+            "before": summarize_diff(gpus_before, holders_before),
+            "after": summarize_diff(gpus_after if gpus_after is not None else gpus_before,
+                                    holders_after if holders_after is not None else holders_before),
+        }
+        return self.result

@@ -1,0 +1,211 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: gpu_facts
+short_description: Read every NVIDIA GPU of a node, and who holds it
+version_added: 0.1.0
+description:
+  - Reads each GPU's state with C(nvidia-smi --query-gpu) and its compute apps with C(nvidia-smi --query-compute-apps),
+    run side by side in the C locale and bounded by O(timeout).
+  - Scans C(/proc/*/fd) and C(/proc/*/maps) for processes that hold C(/dev/nvidia*), as C(fuser -v /dev/nvidia*) does.
+    This finds what nvidia-smi cannot see, such as a child forked after CUDA init whose parent is gone.
+  - Maps each GPU to its device file through C(Device Minor) in C(/proc/driver/nvidia/gpus/*/information);
+    the minor number is not always the index.
+  - Returns the result as the fact C(ansible_facts.gpu). Changes nothing.
+author:
+  - zeromib.gpu contributors
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.facts
+  - zeromib.gpu.nvidia_smi
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  facts:
+    support: full
+  platform:
+    platforms: posix
+options:
+  processes:
+    description:
+      - Also list compute apps and the processes holding C(/dev/nvidia*).
+      - When V(false), RV(ansible_facts.gpu.clean) is decided by memory alone.
+    type: bool
+    default: true
+  fail_on_error:
+    description:
+      - When V(false), a failing C(nvidia-smi) (missing, hung, driver not loaded, GPU lost) is reported in
+        RV(ansible_facts.gpu.error) with RV(ansible_facts.gpu.clean=false) instead of failing the task. Meant for audits.
+    type: bool
+    default: true
+notes:
+  - Reading other users' C(/proc/PID/fd) needs root; run with O(ignore:become=true) or holders of other users stay unseen.
+  - Takes two C(nvidia-smi) calls, run in parallel, and one pass over C(/proc).
+  - Managed nodes need Python 3.8 or later and the NVIDIA driver's C(nvidia-smi); no Python package.
+seealso:
+  - module: zeromib.gpu.gpu_release
+requirements:
+  - nvidia-smi from the NVIDIA driver on the managed node
+"""
+
+EXAMPLES = r"""
+- name: Read the GPUs
+  zeromib.gpu.gpu_facts:
+
+- name: Fail unless every GPU reads 0 MiB and nothing holds one
+  ansible.builtin.assert:
+    that: ansible_facts.gpu.clean
+    fail_msg: "{{ ansible_facts.gpu.gpus | rejectattr('clean') | map(attribute='index') | list }} in use"
+
+- name: Audit without failing on broken drivers; MIG GPUs idle at ~55 MiB
+  zeromib.gpu.gpu_facts:
+    fail_on_error: false
+    max_used_mib: 64
+    timeout: 5
+
+- name: Memory only, no process scan
+  zeromib.gpu.gpu_facts:
+    processes: false
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts added to the host.
+  returned: always
+  type: dict
+  contains:
+    gpu:
+      description: The node's GPUs and who holds them.
+      returned: always
+      type: dict
+      contains:
+        driver_version:
+          description: NVIDIA driver version.
+          type: str
+          returned: always
+          sample: 580.159.04
+        cuda_version:
+          description: CUDA version the driver supports (from C(libcuda)), V(null) when unknown.
+          type: str
+          returned: always
+          sample: "13.0"
+        count:
+          description: Number of GPUs.
+          type: int
+          returned: always
+          sample: 8
+        clean:
+          description:
+            - V(true) when every GPU reads at most O(max_used_mib) and no live, unprotected process holds a per-GPU device file.
+            - Always V(false) when RV(ansible_facts.gpu.error) is set.
+          type: bool
+          returned: always
+        memory_used_mib:
+          description: Memory used over all GPUs, V(null) when a GPU's memory is unknown or nvidia-smi failed.
+          type: int
+          returned: always
+          sample: 10267
+        error:
+          description: What went wrong with nvidia-smi when O(fail_on_error=false), else V(null).
+          type: str
+          returned: always
+          sample: nvidia-smi timed out after 10 s (a hung driver or a GPU that fell off the bus); it was killed
+        gpus:
+          description: One entry per GPU. V([N/A]) and other bracketed values read as V(null).
+          type: list
+          elements: dict
+          returned: always
+          sample:
+            - index: 0
+              uuid: GPU-ab0cf4f6-818d-be7e-f16b-963690d7c5c5
+              name: NVIDIA H200
+              pci_bus_id: "00000000:00:06.0"
+              minor_number: 0
+              memory_total_mib: 143771
+              memory_used_mib: 10267
+              memory_reserved_mib: 616
+              memory_free_mib: 132890
+              utilization_gpu_pct: 0
+              temperature_c: 43
+              power_draw_w: 120.0
+              persistence_mode: Enabled
+              mig_mode: Disabled
+              clean: false
+        processes:
+          description:
+            - Compute apps from nvidia-smi, joined to GPUs by UUID. O(name) is nvidia-smi's raw process name,
+              V([Not Found]) or V([No data]) for a process it cannot see.
+          type: list
+          elements: dict
+          returned: always
+          sample:
+            - {pid: 426, name: python3, used_memory_mib: 6662, gpu_uuid: GPU-ab0cf4f6-818d-be7e-f16b-963690d7c5c5, gpu_index: 0, alive: true}
+        holders:
+          description:
+            - Processes with a C(/dev/nvidia*) node open or mapped. Those holding only control nodes
+              (C(/dev/nvidiactl), C(/dev/nvidia-uvm), C(/dev/nvidia-caps/*)) have an empty O(gpu_indexes) and do not make a host dirty.
+          type: list
+          elements: dict
+          returned: always
+          sample:
+            - pid: 495
+              ppid: 1
+              name: python3
+              cmdline: python3 train.py
+              user: root
+              state: S
+              start_time: 123456
+              devices: [/dev/nvidia0, /dev/nvidiactl, /dev/nvidia-uvm]
+              gpu_indexes: [0]
+              unit: vllm.service
+              container: null
+              protected: false
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
+from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import NvidiaSmi, NvidiaSmiError
+
+ARGUMENT_SPEC = dict(
+    nvidia_smi=dict(type="path"),
+    timeout=dict(type="float", default=10),
+    max_used_mib=dict(type="int", default=0),
+    processes=dict(type="bool", default=True),
+    fail_on_error=dict(type="bool", default=True),
+    protect=dict(type="list", elements="str", default=[]),
+)
+
+
+def gather(params):
+    """Options -> the ansible_facts.gpu dict. Raises NvidiaSmiError."""
+    smi = NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), params["timeout"])
+    snapshot = _facts.look(smi, params["protect"], with_processes=params["processes"])
+    return _facts.assemble(
+        snapshot.gpus, snapshot.apps, snapshot.holders, params["max_used_mib"], params["processes"], _facts.cuda_driver_version()
+    )
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    if module.params["timeout"] <= 0:
+        module.fail_json(msg="timeout must be greater than 0, got %s" % module.params["timeout"])
+    try:
+        facts = gather(module.params)
+    except NvidiaSmiError as exc:
+        if module.params["fail_on_error"]:
+            module.fail_json(**exc.details())
+        facts = _facts.failed_facts(exc.msg)
+    module.exit_json(changed=False, ansible_facts={"gpu": facts})
+
+
+if __name__ == "__main__":
+    main()
