@@ -1,0 +1,135 @@
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Filters of the free_gpus role and playbook: one host's outcome, and the fleet summary."""
+
+from __future__ import annotations
+
+from ansible.errors import AnsibleFilterError
+
+# Summary order: what needs the operator's eyes first.
+_STATUS_ORDER = {"unreachable": 0, "failed": 1, "dirty": 2, "would free": 3, "freed": 4, "clean": 5}
+
+
+def _selected(result):
+    selected = set(result.get("selected_gpus") or [])
+    return [g for g in result.get("gpus") or [] if not selected or g.get("index") in selected]
+
+
+def _mib(gpus):
+    values = [g.get("memory_used_mib") for g in gpus]
+    return None if not values or any(v is None for v in values) else sum(values)
+
+
+def free_gpus_outcome(result, host, expected_count=0):
+    """A gpu_release result -> the `free_gpus_result` fact: status, MiB before/after, a message."""
+    if not isinstance(result, dict):
+        raise AnsibleFilterError("free_gpus_outcome expects the registered result of zeromib.gpu.gpu_release, got %s" % type(result).__name__)
+    expected_count = int(expected_count or 0)
+    before = [g for g in result.get("gpus_before") or [] if not result.get("selected_gpus") or g.get("index") in result["selected_gpus"]]
+    after = _selected(result)
+    count = len(result.get("gpus") or [])
+    killed = result.get("killed") or []
+    outcome = {
+        "host": host,
+        "count": count,
+        "selected": result.get("selected_gpus") or [],
+        "mib_before": _mib(before),
+        "mib_after": _mib(after),
+        "stopped_units": result.get("stopped_units") or [],
+        "disabled_units": result.get("disabled_units") or [],
+        "masked_units": result.get("masked_units") or [],
+        "killed": [{"pid": k.get("pid"), "name": k.get("name"), "signal": k.get("signal")} for k in killed],
+        "protected": result.get("protected") or [],
+        "elapsed_s": result.get("elapsed_s"),
+        "check_mode": bool(result.get("ansible_check_mode", False)),
+    }
+    problems = []
+    # gpu_release fails with a verdict (GPUs read dirty) or before one (nvidia-smi broken, bad option).
+    status = "dirty"
+    if result.get("failed"):
+        problems.append(result.get("msg") or "gpu_release failed")
+        if not result.get("gpus"):
+            status = "failed"
+    elif result.get("released") is False and not outcome["check_mode"]:
+        dirty = ["GPU %s reads %s MiB" % (g.get("index"), g.get("memory_used_mib")) for g in after if not g.get("clean")]
+        problems.append("not released: " + ", ".join(dirty))
+    if expected_count and count != expected_count:
+        problems.append("expected %d GPUs, nvidia-smi shows %d: a GPU may have fallen off the bus" % (expected_count, count))
+        status = "failed"
+    if problems:
+        outcome["status"] = status
+        outcome["ok"] = False
+        outcome["message"] = "%s: %s" % (host, "; ".join(problems))
+        return outcome
+    outcome["ok"] = True
+    did = []
+    if outcome["stopped_units"]:
+        did.append("stopped " + ", ".join(outcome["stopped_units"]))
+    if outcome["disabled_units"]:
+        did.append("disabled " + ", ".join(outcome["disabled_units"]))
+    if outcome["masked_units"]:
+        did.append("masked " + ", ".join(outcome["masked_units"]))
+    if killed:
+        did.append("killed %d process%s" % (len(killed), "" if len(killed) == 1 else "es"))
+    changed = bool(result.get("changed"))
+    outcome["status"] = ("would free" if result.get("released") is False or changed else "clean") if outcome["check_mode"] else (
+        "freed" if changed else "clean")
+    outcome["message"] = "%s: %d GPU%s %s (%s -> %s MiB)%s in %s s" % (
+        host,
+        len(after),
+        "" if len(after) == 1 else "s",
+        "free" if not outcome["check_mode"] else outcome["status"],
+        outcome["mib_before"],
+        outcome["mib_after"],
+        ", " + ", ".join(did) if did else "",
+        outcome["elapsed_s"],
+    )
+    return outcome
+
+
+def free_gpus_summary(outcomes, hosts=None):
+    """Outcomes (None for a host that never reported) -> fleet summary lines, worst first."""
+    rows = []
+    by_host = {}
+    for outcome in outcomes or []:
+        if isinstance(outcome, dict) and outcome.get("host"):
+            by_host[outcome["host"]] = outcome
+    for host in hosts or sorted(by_host):
+        outcome = by_host.get(host)
+        if outcome is None:
+            rows.append(("unreachable", host, "-", "-", "-", "-", "-", "unreachable, or failed before gpu_release ran"))
+            continue
+        killed = outcome.get("killed") or []
+        units = (outcome.get("stopped_units") or []) + ["%s (disabled)" % u for u in outcome.get("disabled_units") or []]
+        rows.append((
+            outcome.get("status", "failed"),
+            host,
+            str(len(outcome.get("selected") or [])) + "/" + str(outcome.get("count", "-")),
+            "%s -> %s" % (outcome.get("mib_before"), outcome.get("mib_after")),
+            ", ".join(sorted(set(units))) or "-",
+            str(len(killed)) if killed else "-",
+            "%s s" % outcome.get("elapsed_s") if outcome.get("elapsed_s") is not None else "-",
+            "" if outcome.get("ok") else outcome.get("message", ""),
+        ))
+    rows.sort(key=lambda r: (_STATUS_ORDER.get(r[0], 1), r[1]))
+    header = ("STATUS", "HOST", "GPUS", "MIB BEFORE -> AFTER", "UNITS STOPPED", "KILLED", "TIME", "")
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(7)]
+    lines = []
+    for row in [header] + rows:
+        line = "  ".join(str(cell).ljust(widths[i]) for i, cell in enumerate(row[:7]))
+        if row[7]:
+            line += "  " + row[7]
+        lines.append(line.rstrip())
+    totals = {}
+    for row in rows:
+        totals[row[0]] = totals.get(row[0], 0) + 1
+    lines.append("%d host%s: %s" % (len(rows), "" if len(rows) == 1 else "s", ", ".join("%d %s" % (n, s) for s, n in sorted(
+        totals.items(), key=lambda item: _STATUS_ORDER.get(item[0], 1)))))
+    return lines
+
+
+class FilterModule(object):
+    def filters(self):
+        return {"free_gpus_outcome": free_gpus_outcome, "free_gpus_summary": free_gpus_summary}
