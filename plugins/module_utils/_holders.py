@@ -66,6 +66,16 @@ def parse_stat(text):
     return comm, rest[0], int(rest[1]), int(rest[19])
 
 
+PF_KTHREAD = 0x00200000
+
+
+def is_kernel_thread(stat_text):
+    """Kernel threads carry PF_KTHREAD in /proc/PID/stat field 9. (Their PIDs say nothing:
+    inside a PID namespace PID 2 is an ordinary process.)"""
+    rest = stat_text[stat_text.rindex(")") + 2:].split()
+    return bool(int(rest[6]) & PF_KTHREAD)
+
+
 def parse_cgroup(text):
     """/proc/PID/cgroup -> the cgroup path that systemd manages (the v2 `0::` line, else the
     v1 `name=systemd` line), or None."""
@@ -177,7 +187,9 @@ def read_process(pid, proc="/proc", users=None):
     users = {} if users is None else users
     base = "%s/%d" % (proc, pid)
     try:
-        comm, state, ppid, start_time = parse_stat(_read(base + "/stat"))
+        stat = _read(base + "/stat")
+        comm, state, ppid, start_time = parse_stat(stat)
+        kernel_thread = is_kernel_thread(stat)
         argv, cmdline = parse_cmdline(_read(base + "/cmdline", binary=True))
         status = _read(base + "/status")
         cgroup = _read(base + "/cgroup")
@@ -206,6 +218,7 @@ def read_process(pid, proc="/proc", users=None):
         "container": container_of(cgroup_path),
         "cgroup": cgroup_path,
         "protected": False,
+        "kernel_thread": kernel_thread,
     }
 
 
@@ -288,7 +301,7 @@ def protection_reason(record, names, pids, own_lineage):
         return "PID 1"
     if pid in own_lineage:
         return "this Ansible session"
-    if record.get("ppid") == 2 or pid == 2:
+    if record.get("kernel_thread"):
         return "kernel thread"
     if pid in pids:
         return "protect"

@@ -547,6 +547,15 @@ class Release(object):
             self.result["elapsed_s"] = round(self.system.now() - started, 3)
             return self._finish(gpus, holders)
 
+        if not to_do and gpus_clean:
+            # Nothing to act on and the look already proves the GPUs free: that reading is the
+            # verification (no second nvidia-smi call, no second scan on the fast path).
+            self.result["released"] = True
+            self.result["gpus"] = self.result["gpus_before"]
+            self.result["holders"] = [_facts.public_holder(h) for h in holders]
+            self.result["elapsed_s"] = round(self.system.now() - started, 3)
+            return self._finish(gpus, holders)
+
         if unit_plan["stop"] or unit_plan["disable"] or unit_plan["mask"]:
             self.act_units(unit_plan)
             if unit_plan["stop"]:

@@ -1,0 +1,372 @@
+#!/usr/bin/env python3
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Acceptance run on a real NVIDIA host: real CUDA holders (PyTorch), the real modules and role
+through real ansible-playbook (connection: local), checked independently with nvidia-smi.
+
+Run as root on a host with an NVIDIA GPU, PyTorch and ansible-core on the controller Python:
+    python3 tests/gpu/acceptance.py --out /tmp/zeromib-gpu-run [--gpu 0] [--mib 40960]
+It starts its own holders and ends only them (by PID). It never runs `fuser -k`: the hand
+procedure is reproduced with `fuser -v`'s list restricted to the processes this run started.
+Writes results.json, the raw logs and the nvidia-smi captures it saw into --out.
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+GPU_QUERY = (
+    "index,uuid,name,pci.bus_id,driver_version,memory.total,memory.reserved,memory.used,memory.free,"
+    "utilization.gpu,temperature.gpu,power.draw,persistence_mode,mig.mode.current"
+)
+STATIC_FIELDS = {
+    "index": "index", "uuid": "uuid", "name": "name", "pci.bus_id": "pci_bus_id", "driver_version": None,
+    "memory.total": "memory_total_mib", "memory.reserved": "memory_reserved_mib", "memory.used": "memory_used_mib",
+    "memory.free": "memory_free_mib", "persistence_mode": "persistence_mode", "mig.mode.current": "mig_mode",
+}
+
+
+class Run(object):
+    def __init__(self, out, gpu, mib):
+        self.out = out
+        self.gpu = gpu
+        self.mib = mib
+        self.started = []  # Popen objects and bare PIDs of what this run started
+        self.results = {"scenarios": [], "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        self.tmp = tempfile.mkdtemp(prefix="zeromib-gpu-")
+        collections = os.path.join(self.tmp, "collections", "ansible_collections", "zeromib")
+        os.makedirs(collections)
+        os.symlink(REPO, os.path.join(collections, "gpu"))
+        self.env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=os.path.join(self.tmp, "collections"),
+                        ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_NOCOLOR="1", ANSIBLE_DEPRECATION_WARNINGS="False",
+                        ANSIBLE_LOCALHOST_WARNING="False", ANSIBLE_INVENTORY_UNPARSED_WARNING="False")
+        os.makedirs(os.path.join(out, "captures"), exist_ok=True)
+        self.log = open(os.path.join(out, "run.log"), "a")
+
+    # ---- helpers
+
+    def say(self, text):
+        line = "[%8.3f] %s" % (time.monotonic() % 100000, text)
+        print(line, flush=True)
+        self.log.write(line + "\n")
+        self.log.flush()
+
+    def smi(self, *args):
+        proc = subprocess.run(["nvidia-smi"] + list(args), capture_output=True, text=True, env=dict(os.environ, LC_ALL="C"))
+        return proc.returncode, proc.stdout
+
+    def capture(self, name, *args):
+        rc, out = self.smi(*args)
+        with open(os.path.join(self.out, "captures", name + ".txt"), "w") as handle:
+            handle.write("### nvidia-smi %s\n%s### rc=%d\n" % (" ".join(args), out, rc))
+        return out
+
+    def used(self):
+        rc, out = self.smi("-i", str(self.gpu), "--query-gpu=memory.used", "--format=csv,noheader,nounits")
+        return int(out.strip()) if rc == 0 else None
+
+    def holder(self, *extra, mib=None):
+        ready = os.path.join(self.tmp, "ready-%d-%d" % (len(self.started), int(time.time() * 1000)))
+        cmd = [sys.executable, os.path.join(HERE, "cuda_holder.py"), "--gpu", str(self.gpu), "--ready", ready,
+               "--mib", str(mib if mib is not None else self.mib)] + list(extra)
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log)
+        self.started.append(proc)
+        return proc, ready
+
+    def wait_ready(self, ready, child=False, timeout=120):
+        deadline = time.monotonic() + timeout
+        paths = [ready] + ([ready + ".child"] if child else [])
+        while time.monotonic() < deadline:
+            if all(os.path.exists(p) for p in paths):
+                pids = [int(open(p).read()) for p in paths]
+                self.started.extend(pids[1:])
+                return pids
+            time.sleep(0.05)
+        raise RuntimeError("holder not ready after %s s" % timeout)
+
+    def alive(self, pid):
+        try:
+            with open("/proc/%d/stat" % pid) as handle:
+                return handle.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+        except OSError:
+            return False
+
+    def reap(self):
+        for item in self.started:
+            if isinstance(item, subprocess.Popen):
+                item.poll()
+
+    def end(self, pid):
+        """SIGKILL a process this run started (never anything else)."""
+        known = {p.pid if isinstance(p, subprocess.Popen) else p for p in self.started}
+        if pid not in known:
+            raise RuntimeError("refusing to signal pid %d: not started by this run" % pid)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.reap()
+
+    def end_all(self):
+        for item in self.started:
+            pid = item.pid if isinstance(item, subprocess.Popen) else item
+            if self.alive(pid):
+                self.end(pid)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (self.used() or 0) > 0:
+            time.sleep(0.05)
+
+    def wait_free(self, since, timeout=30):
+        """Bare poll loop: seconds from `since` until memory.used reads 0."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.used() == 0:
+                return round(time.monotonic() - since, 3)
+        return None
+
+    def playbook(self, name, check=False, **extra):
+        result_file = os.path.join(self.tmp, "result-%s.json" % name)
+        extra = dict(extra, result_file=result_file)
+        cmd = [shutil.which("ansible-playbook") or "ansible-playbook", "-i", "localhost,", "-c", "local",
+               os.path.join(HERE, "release.yml"), "-e", json.dumps(extra)]
+        if check:
+            cmd.append("--check")
+        started = time.monotonic()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=self.env)
+        wall = round(time.monotonic() - started, 3)
+        with open(os.path.join(self.out, "ansible-%s.log" % name), "w") as handle:
+            handle.write("$ %s\n%s\n%s\nrc=%d wall=%.3f s\n" % (" ".join(cmd), proc.stdout, proc.stderr, proc.returncode, wall))
+        self.reap()
+        try:
+            with open(result_file) as handle:
+                return json.load(handle), wall
+        except (OSError, ValueError):
+            raise RuntimeError("%s: ansible-playbook rc %d, no result:\n%s%s" % (name, proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:]))
+
+    def record(self, name, ok, **fields):
+        entry = dict(name=name, ok=bool(ok), **fields)
+        self.results["scenarios"].append(entry)
+        self.say("%s %s %s" % ("PASS" if ok else "FAIL", name, json.dumps(fields, default=str)[:400]))
+
+    # ---- measurements outside Ansible
+
+    def floor(self, signum, *extra):
+        """Signal-to-0-MiB with a bare poll loop (the physical floor)."""
+        proc, ready = self.holder(*extra)
+        pid = self.wait_ready(ready)[0]
+        t0 = time.monotonic()
+        os.kill(pid, signum)
+        took = self.wait_free(t0)
+        self.reap()
+        return took
+
+    def hand_procedure(self, *extra, child=False):
+        """kill -9 the server; fuser -k /dev/nvidia* (here: only the PIDs this run started that
+        hold a device file); sleep 2; nvidia-smi. Returns (seconds, MiB it then read)."""
+        proc, ready = self.holder(*extra)
+        pids = self.wait_ready(ready, child=child)
+        t0 = time.monotonic()
+        os.kill(pids[0], signal.SIGKILL)
+        if shutil.which("fuser"):
+            listed = subprocess.run(["fuser", "/dev/nvidia%d" % self.gpu], capture_output=True, text=True).stdout.split()
+            holders = [int(p.rstrip("cefFrm")) for p in listed if p.rstrip("cefFrm").isdigit()]
+        else:
+            holders = [p for p in pids if self.alive(p)]
+        for pid in holders:
+            if pid in pids:
+                self.end(pid)
+        time.sleep(2)
+        mib = self.used()
+        took = round(time.monotonic() - t0, 3)
+        self.end_all()
+        return took, mib
+
+    # ---- scenarios
+
+    def facts_agree(self, facts, name):
+        out = self.capture(name, "--query-gpu=" + GPU_QUERY, "--format=csv,noheader,nounits")
+        rows = [r.split(", ") for r in out.strip().splitlines()]
+        fields = GPU_QUERY.split(",")
+        mismatches = []
+        for row in rows:
+            direct = dict(zip(fields, row))
+            gpu = [g for g in facts["gpus"] if g["index"] == int(direct["index"])][0]
+            for field, key in STATIC_FIELDS.items():
+                want = direct[field]
+                if key is None:
+                    got = facts["driver_version"]
+                else:
+                    got = gpu[key]
+                if field.startswith("memory.") and got is not None and abs(int(want) - int(got)) <= 2:
+                    continue
+                if str(got) != want:
+                    mismatches.append("%s: facts %r, nvidia-smi %r" % (field, got, want))
+        rc, version = self.smi("--version")
+        cuda = [l.split(":", 1)[1].strip() for l in version.splitlines() if l.startswith("CUDA Version")]
+        if cuda and facts["cuda_version"] != cuda[0]:
+            mismatches.append("cuda_version: facts %r, nvidia-smi %r" % (facts["cuda_version"], cuda[0]))
+        info = "/proc/driver/nvidia/gpus"
+        if os.path.isdir(info):
+            for entry in os.listdir(info):
+                text = open(os.path.join(info, entry, "information")).read()
+                minor = int([l.split(":")[1] for l in text.splitlines() if l.startswith("Device Minor")][0])
+                gpu = [g for g in facts["gpus"] if g["pci_bus_id"].lower().endswith(entry.lower()[-12:])]
+                if not gpu or gpu[0]["minor_number"] != minor:
+                    mismatches.append("minor of %s: facts %r, driver %r" % (entry, gpu and gpu[0]["minor_number"], minor))
+        return mismatches
+
+    def scenario_idle(self):
+        self.capture("idle_q_gpu_nounits", "--query-gpu=" + GPU_QUERY, "--format=csv,noheader,nounits")
+        self.capture("idle_q_apps", "--query-compute-apps=pid,process_name,used_memory,gpu_uuid", "--format=csv")
+        result, wall = self.playbook("idle", action="facts")
+        facts = result["ansible_facts"]["gpu"]
+        mismatches = self.facts_agree(facts, "idle_q_gpu_agree")
+        self.record("idle GPU reads clean; gpu_facts agrees with nvidia-smi field by field", facts["clean"] and not mismatches,
+                    clean=facts["clean"], count=facts["count"], memory_used_mib=facts["memory_used_mib"],
+                    reserved=[g["memory_reserved_mib"] for g in facts["gpus"]], cuda_version=facts["cuda_version"],
+                    mismatches=mismatches, wall_s=wall)
+
+    def scenario_busy_facts(self):
+        proc, ready = self.holder()
+        pid = self.wait_ready(ready)[0]
+        self.capture("held_q_gpu_nounits", "--query-gpu=" + GPU_QUERY, "--format=csv,noheader,nounits")
+        self.capture("held_apps_live_csv", "--query-compute-apps=pid,process_name,used_memory,gpu_uuid", "--format=csv")
+        result, wall = self.playbook("busy-facts", action="facts")
+        facts = result["ansible_facts"]["gpu"]
+        mismatches = self.facts_agree(facts, "held_q_gpu_agree")
+        holder = [h for h in facts["holders"] if h["pid"] == pid]
+        app = [a for a in facts["processes"] if a["pid"] == pid]
+        ok = (not facts["clean"]) and holder and holder[0]["gpu_indexes"] == [self.gpu] and app and app[0]["alive"] and not mismatches
+        self.record("busy GPU: gpu_facts lists the holder and its compute app", ok, clean=facts["clean"],
+                    holder=holder[0] if holder else None, app=app[0] if app else None, mismatches=mismatches, wall_s=wall)
+        self.end_all()
+
+    def scenario_release(self, label, holder_args, kill_timeout, floor_signal, child=False, budget=None):
+        floor = self.floor(floor_signal, *holder_args)
+        hand_s, hand_mib = self.hand_procedure(*holder_args, child=child)
+        proc, ready = self.holder(*holder_args)
+        pids = self.wait_ready(ready, child=child)
+        if child:
+            self.end(pids[0])
+            time.sleep(0.5)
+            self.capture("orphan_apps_dead_owner_csv", "--query-compute-apps=pid,process_name,used_memory,gpu_uuid", "--format=csv")
+            self.capture("orphan_q_gpu_nounits", "--query-gpu=" + GPU_QUERY, "--format=csv,noheader,nounits")
+            facts, _wall = self.playbook(label + "-facts", action="facts")
+            facts = facts["ansible_facts"]["gpu"]
+            seen = [h for h in facts["holders"] if h["pid"] == pids[1]]
+            dead = [a for a in facts["processes"] if a["pid"] == pids[0]]
+            self.record("orphaned child found through /proc while nvidia-smi names only its dead parent",
+                        bool(seen and seen[0]["gpu_indexes"] == [self.gpu] and dead and not dead[0]["alive"]),
+                        child=seen[0] if seen else None, dead_owner_app=dead[0] if dead else None)
+        result, wall = self.playbook(label, action="release", kill_timeout=kill_timeout)
+        after = self.used()
+        targets = pids[1:] if child else pids
+        killed = {k["pid"]: k for k in result.get("killed", [])}
+        ok = result.get("released") and after == 0 and all(p in killed for p in targets) and not any(self.alive(p) for p in targets)
+        elapsed = result.get("elapsed_s")
+        if budget is not None and elapsed is not None:
+            ok = ok and elapsed < budget
+        self.record(label, ok, elapsed_s=elapsed, timings=result.get("timings"), floor_s=floor,
+                    over_floor_s=round(elapsed - floor, 3) if elapsed is not None and floor is not None else None,
+                    hand_procedure_s=hand_s, hand_procedure_mib_after=hand_mib,
+                    signals=[(k["pid"], k["signal"], k["exited_after_s"]) for k in killed.values()],
+                    memory_used_after_mib=after, ansible_wall_s=wall, msg=result.get("msg"))
+        self.end_all()
+
+    def scenario_protected(self):
+        guard, guard_ready = self.holder("--no-context", "--name", "nvidia-persistenced", mib=0)
+        guard_pid = self.wait_ready(guard_ready)[0]
+        proc, ready = self.holder(mib=1024)
+        pid = self.wait_ready(ready)[0]
+        result, wall = self.playbook("protected", action="release", kill_timeout=5)
+        protected = [p for p in result.get("protected", []) if p["pid"] == guard_pid]
+        ok = result.get("released") and self.alive(guard_pid) and not self.alive(pid) and protected and self.used() == 0
+        self.record("a process named nvidia-persistenced holding the device files survives; the holder beside it is freed", ok,
+                    protected=protected, comm=open("/proc/%d/comm" % guard_pid).read().strip() if self.alive(guard_pid) else None,
+                    killed=[k["pid"] for k in result.get("killed", [])], elapsed_s=result.get("elapsed_s"), wall_s=wall)
+        self.end_all()
+
+    def scenario_check_mode(self):
+        proc, ready = self.holder()
+        pid = self.wait_ready(ready)[0]
+        before = self.used()
+        result, wall = self.playbook("check-mode", check=True, action="release", kill_timeout=2)
+        planned = [k for k in result.get("killed", []) if k["pid"] == pid]
+        ok = result.get("changed") and not result.get("released") and planned and planned[0]["signal"] is None and self.alive(pid) \
+            and self.used() == before
+        self.record("check mode kills nothing and reports the plan", ok, changed=result.get("changed"), planned=planned,
+                    still_alive=self.alive(pid), memory_used_mib=self.used(), elapsed_s=result.get("elapsed_s"), wall_s=wall)
+        self.end_all()
+
+    def scenario_role(self):
+        proc, ready = self.holder()
+        pid = self.wait_ready(ready)[0]
+        cmd = [shutil.which("ansible-playbook") or "ansible-playbook", "-i", "localhost,", "-c", "local",
+               os.path.join(REPO, "playbooks", "free_gpus.yml"), "-e", "ansible_python_interpreter=" + sys.executable]
+        started = time.monotonic()
+        run = subprocess.run(cmd, capture_output=True, text=True, env=self.env)
+        wall = round(time.monotonic() - started, 3)
+        self.reap()
+        with open(os.path.join(self.out, "ansible-free_gpus-playbook.log"), "w") as handle:
+            handle.write("$ %s\n%s\n%s\nrc=%d wall=%.3f s\n" % (" ".join(cmd), run.stdout, run.stderr, run.returncode, wall))
+        summary = [l for l in run.stdout.splitlines() if "MIB BEFORE" in l or "localhost" in l and "->" in l]
+        ok = run.returncode == 0 and not self.alive(pid) and self.used() == 0
+        self.record("playbooks/free_gpus.yml (the role) frees a real 40 GiB holder", ok, rc=run.returncode, wall_s=wall, summary=summary)
+        self.end_all()
+
+    def main(self):
+        rc, out = self.smi("--version")
+        self.results["nvidia_smi_version"] = out
+        self.results["gpu"] = self.smi("-L")[1].strip()
+        self.results["command"] = " ".join(sys.argv)
+        scenarios = [
+            self.scenario_idle,
+            self.scenario_busy_facts,
+            lambda: self.scenario_release("cooperative %d MiB holder (SIGTERM)" % self.mib, [], 10, signal.SIGTERM, budget=0.5),
+            lambda: self.scenario_release("holder ignoring SIGTERM, kill_timeout 2", ["--ignore-term"], 2, signal.SIGKILL, budget=2.5),
+            lambda: self.scenario_release("orphaned child forked after CUDA init, parent killed", ["--fork-child"], 10, signal.SIGKILL,
+                                          child=True),
+            self.scenario_protected,
+            self.scenario_check_mode,
+            self.scenario_role,
+        ]
+        try:
+            for scenario in scenarios:
+                try:
+                    scenario()
+                except Exception as exc:  # one broken scenario must not hide the others
+                    self.record(getattr(scenario, "__name__", "scenario"), False, error=repr(exc))
+                    self.end_all()
+        finally:
+            self.end_all()
+            self.results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            with open(os.path.join(self.out, "results.json"), "w") as handle:
+                json.dump(self.results, handle, indent=2, default=str)
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        failed = [s["name"] for s in self.results["scenarios"] if not s["ok"]]
+        print("%d passed, %d failed" % (len(self.results["scenarios"]) - len(failed), len(failed)))
+        return 1 if failed else 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--gpu", type=int, default=0)
+    parser.add_argument("--mib", type=int, default=40960)
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("run as root: the modules need to see and signal every holder")
+    os.makedirs(args.out, exist_ok=True)
+    sys.exit(Run(args.out, args.gpu, args.mib).main())
+
+
+if __name__ == "__main__":
+    main()

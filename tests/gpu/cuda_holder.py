@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""A real CUDA process for the real-GPU acceptance run: allocates MiB on a GPU with PyTorch,
+then waits. Like a training process or an inference server's worker.
+
+  cuda_holder.py --gpu 0 --mib 40960 [--ignore-term] [--fork-child] [--name NAME] --ready FILE
+
+--fork-child: after CUDA init, fork a child that inherits the device files and outlives the
+parent (the orphan of DESIGN.md). --name: pose as another program (kernel comm and argv[0]).
+--no-context: open the device files only, no CUDA context (like nvidia-persistenced).
+"""
+import argparse
+import ctypes
+import os
+import signal
+import sys
+import time
+
+
+def set_comm(name):
+    libc = ctypes.CDLL(None)
+    libc.prctl(15, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)  # PR_SET_NAME
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--gpu", type=int, default=0)
+    parser.add_argument("--mib", type=int, default=1024)
+    parser.add_argument("--ignore-term", action="store_true")
+    parser.add_argument("--fork-child", action="store_true")
+    parser.add_argument("--no-context", action="store_true")
+    parser.add_argument("--name")
+    parser.add_argument("--ready", required=True)
+    args = parser.parse_args()
+    if args.name and open("/proc/self/cmdline").read().split("\0")[0] != args.name:
+        # Re-exec so that /proc/PID/cmdline starts with the posed name.
+        os.execv(sys.executable, [args.name, os.path.abspath(__file__)] + sys.argv[1:])
+    if args.name:
+        set_comm(args.name)
+    if args.ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    keep = []
+    if args.no_context:
+        for path in ("/dev/nvidiactl", "/dev/nvidia%d" % args.gpu, "/dev/nvidia-uvm"):
+            try:
+                keep.append(os.open(path, os.O_RDWR))
+            except OSError:
+                keep.append(os.open(path, os.O_RDONLY))
+    else:
+        import torch
+
+        keep.append(torch.empty(args.mib << 20, dtype=torch.uint8, device="cuda:%d" % args.gpu))
+        torch.cuda.synchronize()
+    child = None
+    if args.fork_child:
+        child = os.fork()
+        if child == 0:
+            os.setsid()
+            with open(args.ready + ".child", "w") as handle:
+                handle.write(str(os.getpid()))
+            while True:
+                time.sleep(3600)
+    with open(args.ready + ".tmp", "w") as handle:
+        handle.write(str(os.getpid()))
+    os.rename(args.ready + ".tmp", args.ready)
+    while True:
+        time.sleep(3600)
+
+
+if __name__ == "__main__":
+    main()

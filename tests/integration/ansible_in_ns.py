@@ -1,0 +1,79 @@
+"""Run a zeromib.gpu module through real ansible-playbook inside a simulated host (NsHost).
+
+The playbook runs with `connection: local` inside the host's namespaces, so the module sees
+the host's /proc, /dev/nvidia* and simulated nvidia-smi, exactly as on a node.
+"""
+import json
+import os
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+VENV_BIN = os.path.join(REPO, ".venv", "bin")
+COLLECTIONS = os.path.join(REPO, ".build", "collections")
+
+PLAY = """---
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: module under test
+      {module}: {args}
+      register: __result
+      ignore_errors: true
+    - name: write the result
+      ansible.builtin.copy:
+        content: "{{{{ __result | to_json }}}}"
+        dest: {out}
+        mode: "0600"
+      check_mode: false
+      diff: false
+"""
+
+
+class ModuleRun(object):
+    def __init__(self, result, wall_s, stdout, stderr, rc):
+        self.result = result
+        self.wall_s = wall_s
+        self.stdout = stdout
+        self.stderr = stderr
+        self.rc = rc
+
+    @property
+    def failed(self):
+        return bool(self.result.get("failed"))
+
+    @property
+    def msg(self):
+        return self.result.get("msg", "")
+
+    def __getitem__(self, key):
+        return self.result[key]
+
+    def get(self, key, default=None):
+        return self.result.get(key, default)
+
+
+def run_module(host, module, args=None, check=False, diff=False, timeout=180):
+    """Run zeromib.gpu.<module> with args on `host`; returns a ModuleRun."""
+    host._seq = getattr(host, "_seq", 0) + 1
+    out = os.path.join(host.dir, "result-%d.json" % host._seq)
+    play = os.path.join(host.dir, "play-%d.yml" % host._seq)
+    with open(play, "w") as handle:
+        handle.write(PLAY.format(module="zeromib.gpu." + module, args=json.dumps(args or {}), out=json.dumps(out)))
+    cmd = [os.path.join(VENV_BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local", play,
+           "-e", "ansible_python_interpreter=/usr/bin/python3"]
+    if check:
+        cmd.append("--check")
+    if diff:
+        cmd.append("--diff")
+    env = {"ANSIBLE_COLLECTIONS_PATH": COLLECTIONS, "HOME": "/root", "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_LOCALHOST_WARNING": "False", "ANSIBLE_DEPRECATION_WARNINGS": "False"}
+    started = time.monotonic()
+    proc = host.run(cmd, env=env, timeout=timeout)
+    wall = time.monotonic() - started
+    try:
+        with open(out) as handle:
+            result = json.load(handle)
+    except (OSError, ValueError):
+        raise AssertionError("ansible-playbook wrote no result (rc %s):\n%s\n%s" % (proc.returncode, proc.stdout[-4000:], proc.stderr[-4000:]))
+    assert "Traceback" not in result.get("module_stderr", "") + result.get("msg", ""), result
+    return ModuleRun(result, wall, proc.stdout, proc.stderr, proc.returncode)

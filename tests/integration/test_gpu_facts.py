@@ -1,0 +1,179 @@
+"""gpu_facts through real ansible-playbook on simulated GPU hosts (private namespaces, real
+processes holding real device nodes, the simulated driver)."""
+import os
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ansible_in_ns import run_module  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def start_daemon(host, name="nvidia-persistenced"):
+    """A process posing as a GPU daemon that holds every /dev/nvidia* node, no memory."""
+    ready = os.path.join(host.dir, "daemon-%s-%f" % (name, time.monotonic()))
+    host.spawn(["/usr/bin/python3", os.path.join(HERE, "fake_daemon.py"), name, ready], ready=False)
+    deadline = time.monotonic() + 15
+    while not os.path.exists(ready):
+        assert time.monotonic() < deadline, "fake daemon did not start"
+        time.sleep(0.01)
+    return int(open(ready).read())
+
+
+def facts(run):
+    assert not run.failed, run.msg
+    return run["ansible_facts"]["gpu"]
+
+
+def test_idle_8_gpu_node_reads_clean_and_maps_minor_numbers(nshost):
+    host = nshost("h200x8", minors=[1, 0, 2, 3, 4, 5, 6, 7])
+    gpu = facts(run_module(host, "gpu_facts"))
+    assert gpu["count"] == 8 and gpu["clean"] is True and gpu["memory_used_mib"] == 0
+    assert gpu["driver_version"] == "580.159.04" and gpu["error"] is None
+    assert [g["minor_number"] for g in gpu["gpus"]] == [1, 0, 2, 3, 4, 5, 6, 7]
+    first = gpu["gpus"][0]
+    assert first["memory_total_mib"] == 143771 and first["memory_reserved_mib"] == 616 and first["name"] == "NVIDIA H200"
+    assert isinstance(first["power_draw_w"], float) and first["mig_mode"] == "Disabled"
+    assert gpu["holders"] == [] and gpu["processes"] == []
+
+
+def test_holder_on_gpu0_is_found_through_its_minor_node(nshost):
+    # GPU index 0 is /dev/nvidia1 on this host: a tool that assumed minor == index would
+    # blame GPU 1.
+    host = nshost("h200x8", minors=[1, 0, 2, 3, 4, 5, 6, 7])
+    holder = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "40960"])
+    gpu = facts(run_module(host, "gpu_facts"))
+    assert gpu["clean"] is False
+    assert gpu["gpus"][0]["memory_used_mib"] >= 40960 and gpu["gpus"][0]["clean"] is False
+    assert all(g["clean"] for g in gpu["gpus"][1:])
+    [record] = [h for h in gpu["holders"] if h["pid"] == holder.pid]
+    assert record["gpu_indexes"] == [0] and "/dev/nvidia1" in record["devices"] and "/dev/nvidiactl" in record["devices"]
+    assert record["protected"] is False and record["state"] in ("S", "R") and record["start_time"] > 0
+    assert record["user"] == "root" and "gpu_holder" in record["cmdline"]
+    [app] = [a for a in gpu["processes"] if a["pid"] == holder.pid]
+    assert app["gpu_index"] == 0 and app["used_memory_mib"] == 40960 and app["alive"] is True
+
+
+def test_orphaned_fork_child_keeps_memory_behind_a_not_found_owner(nshost):
+    host = nshost("h200x1")
+    parent = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "40960", "--fork-child"])
+    [child] = parent.children
+    host.kill(parent.pid)
+    assert host.wait_gone(parent.pid)
+    gpu = facts(run_module(host, "gpu_facts"))
+    assert gpu["clean"] is False and gpu["memory_used_mib"] >= 40960
+    [app] = gpu["processes"]
+    assert app["pid"] == parent.pid and app["name"] == "[Not Found]" and app["alive"] is False
+    [orphan] = [h for h in gpu["holders"] if h["pid"] == child]
+    assert orphan["gpu_indexes"] == [0] and orphan["ppid"] == 1
+
+
+def test_persistenced_holding_every_node_does_not_make_the_host_dirty(nshost):
+    host = nshost("h200x8")
+    daemon = start_daemon(host, "nvidia-persistenced")
+    gpu = facts(run_module(host, "gpu_facts"))
+    [record] = [h for h in gpu["holders"] if h["pid"] == daemon]
+    # The kernel truncates comm to 15 characters; argv[0] still carries the full name.
+    assert record["name"] == "nvidia-persiste" and record["protected"] is True
+    assert record["gpu_indexes"] == list(range(8))
+    assert gpu["clean"] is True
+
+
+def test_user_protected_name_keeps_a_holder_out_of_the_verdict(nshost):
+    host = nshost("h200x1")
+    daemon = start_daemon(host, "my-gpu-agent")
+    assert facts(run_module(host, "gpu_facts"))["clean"] is False
+    gpu = facts(run_module(host, "gpu_facts", {"protect": ["my-gpu-agent"]}))
+    assert [h["protected"] for h in gpu["holders"] if h["pid"] == daemon] == [True] and gpu["clean"] is True
+
+
+def test_control_node_only_client_is_listed_but_not_dirty(nshost):
+    host = nshost("h200x1")
+    client = host.spawn(["gpu_holder", "--control-only"])
+    gpu = facts(run_module(host, "gpu_facts"))
+    [record] = [h for h in gpu["holders"] if h["pid"] == client.pid]
+    assert record["gpu_indexes"] == [] and gpu["clean"] is True
+
+
+def test_map_only_holder_is_found_through_proc_maps(nshost):
+    host = nshost("h200x1")
+    holder = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "1024", "--map-only"])
+    gpu = facts(run_module(host, "gpu_facts"))
+    assert [h["gpu_indexes"] for h in gpu["holders"] if h["pid"] == holder.pid] == [[0]]
+
+
+def test_mig_node_idles_at_55_mib_and_needs_a_baseline(nshost):
+    host = nshost("a100-mig")
+    assert facts(run_module(host, "gpu_facts"))["clean"] is False
+    gpu = facts(run_module(host, "gpu_facts", {"max_used_mib": 64}))
+    assert gpu["clean"] is True and all(g["memory_used_mib"] == 55 and g["mig_mode"] == "Enabled" for g in gpu["gpus"])
+
+
+def test_processes_false_decides_by_memory_alone(nshost):
+    host = nshost("h200x1")
+    host.spawn(["gpu_holder", "--control-only"])
+    gpu = facts(run_module(host, "gpu_facts", {"processes": False}))
+    assert gpu["clean"] is True and gpu["holders"] == [] and gpu["processes"] == []
+
+
+def test_leaked_memory_without_holder_is_dirty(nshost):
+    host = nshost("h200x8")
+    host.set_fault(leak={"3": 2048})
+    gpu = facts(run_module(host, "gpu_facts"))
+    assert gpu["clean"] is False and gpu["gpus"][3]["memory_used_mib"] == 2048 and gpu["holders"] == []
+
+
+def test_memory_not_available_is_never_clean(nshost):
+    # WDDM rows and broken drivers print [N/A] / [Unknown Error] where memory should be.
+    host = nshost("h200x1")
+    host.set_fault(field_values={"memory.used": "[Unknown Error]"})
+    gpu = facts(run_module(host, "gpu_facts"))
+    assert gpu["gpus"][0]["memory_used_mib"] is None and gpu["gpus"][0]["clean"] is False
+    assert gpu["memory_used_mib"] is None and gpu["clean"] is False
+
+
+def test_check_mode_reads_the_same(nshost):
+    host = nshost("h200x1")
+    run = run_module(host, "gpu_facts", check=True)
+    assert facts(run)["count"] == 1 and run["changed"] is False
+
+
+def test_hung_nvidia_smi_fails_within_timeout(nshost):
+    host = nshost("h200x1")
+    host.set_fault(hang=True)
+    started = time.monotonic()
+    run = run_module(host, "gpu_facts", {"timeout": 2})
+    assert run.failed and "timed out after 2 s" in run.msg
+    # The module returns within its timeout plus the kill; the rest is Ansible's start-up.
+    assert time.monotonic() - started < 2 + 20
+    report = facts(run_module(host, "gpu_facts", {"timeout": 1, "fail_on_error": False}))
+    assert report["clean"] is False and report["count"] == 0 and "timed out" in report["error"]
+    assert report["memory_used_mib"] is None and report["gpus"] == []
+
+
+@pytest.mark.parametrize(
+    "fault, words",
+    [
+        ({"no_devices": True}, "found no GPU (rc 6)"),
+        ({"driver_not_loaded": True}, "driver is not loaded (nvidia-smi rc 9)"),
+        ({"gpu_lost": [0]}, "fallen off the bus (nvidia-smi rc 15)"),
+        ({"garbage": True}, "nvidia-smi printed"),
+    ],
+    ids=["rc6-no-devices", "rc9-driver-not-loaded", "rc15-gpu-lost", "unparseable-output"],
+)
+def test_broken_driver_is_a_clear_failure_never_clean(nshost, fault, words):
+    host = nshost("h200x1")
+    host.set_fault(fault)
+    run = run_module(host, "gpu_facts")
+    assert run.failed and words in run.msg, run.msg
+    report = facts(run_module(host, "gpu_facts", {"fail_on_error": False}))
+    assert report["clean"] is False and words in report["error"]
+
+
+def test_missing_nvidia_smi_is_named(nshost):
+    host = nshost("h200x1")
+    run = run_module(host, "gpu_facts", {"nvidia_smi": "/opt/nowhere/nvidia-smi"})
+    assert run.failed and "not found or not executable at /opt/nowhere/nvidia-smi" in run.msg

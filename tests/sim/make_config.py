@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""Build a configuration for the simulated nvidia-smi (``tests/sim/nvidia-smi``).
+
+Importable (``make_config(preset, seed=..., ...)``) and a CLI::
+
+    make_config.py h200x8 --seed node01 [--minors 1,0,2,3,4,5,6,7] [-o config.json]
+
+Presets model what the real captures in ``tests/fixtures/nvidia-smi`` show (memory
+totals/reservations, names, idle power/clock readings). Values marked *guess* in the
+comments come from no capture. UUIDs and serials are derived deterministically from
+``seed`` (use the host name) so a rig is reproducible. Stdlib only, Python 3.8+.
+"""
+import argparse
+import copy
+import hashlib
+import json
+import sys
+
+DEFAULTS = {
+    "driver_version": "580.159.04",
+    "cuda_version": "13.0",
+    # seconds the memory of a context stays counted after nvidia-smi first saw it dead
+    "release_delay_s": 0.05,
+    # memory.used exceeds the sum of the compute apps while contexts exist (captures:
+    # H200 2 apps +15 MiB, 3 apps +20; H100 3 apps +20): active + per-context overhead
+    "active_overhead_mib": 5,
+    "context_overhead_mib": 5,
+    "dev_dir": "/dev",
+}
+
+# HGX H100/H200 8-GPU baseboards enumerate at these bus numbers on common servers.
+HGX_BUSES = ["18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"]
+
+# Per-model values. From captures unless marked guess.
+MODELS = {
+    "h200": {  # h200-580.159.04 idle capture (driver 580) + exporter H200 (590)
+        "name": "NVIDIA H200", "memory_total_mib": 143771, "memory_reserved_mib": 616,
+        "baseline_mib": 0, "mig_mode": "Disabled", "persistence_mode": "Enabled",
+        "compute_mode": "Default", "pstate": "P0", "temperature_c": 37, "power_draw_w": 126.02,
+        "power_limit_w": 700.0, "utilization_gpu_pct": 0, "clocks_sm_mhz": 1980,
+        "clocks_max_sm_mhz": 1980, "vbios_version": "96.00.A5.00.03", "ecc": True,
+        "display_active": "Disabled", "memory_free_adjust_mib": 1,
+    },
+    "h100": {  # exporter H100 80GB HBM3 (590)
+        "name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559, "memory_reserved_mib": 479,
+        "baseline_mib": 0, "mig_mode": "Disabled", "persistence_mode": "Enabled",
+        "compute_mode": "Default", "pstate": "P0", "temperature_c": 41, "power_draw_w": 69.85,
+        "power_limit_w": 700.0, "utilization_gpu_pct": 0, "clocks_sm_mhz": 345,
+        "clocks_max_sm_mhz": 1980, "vbios_version": "96.00.A5.00.01", "ecc": True,
+        "display_active": "Disabled", "memory_free_adjust_mib": 1,
+    },
+    "a100": {  # guess: A100-SXM4-80GB with MIG enabled; idle MIG reads 50-59 MiB (public reports)
+        "name": "NVIDIA A100-SXM4-80GB", "memory_total_mib": 81920, "memory_reserved_mib": 512,
+        "baseline_mib": 55, "mig_mode": "Enabled", "persistence_mode": "Enabled",
+        "compute_mode": "Default", "pstate": "P0", "temperature_c": 33, "power_draw_w": 62.11,
+        "power_limit_w": 400.0, "utilization_gpu_pct": "[N/A]", "clocks_sm_mhz": 1410,
+        "clocks_max_sm_mhz": 1410, "vbios_version": "92.00.45.00.06", "ecc": True,
+        "display_active": "Disabled", "memory_free_adjust_mib": 1,
+    },
+    "l40s": {  # exporter L40S (595.80)
+        "name": "NVIDIA L40S", "memory_total_mib": 46068, "memory_reserved_mib": 609,
+        "baseline_mib": 0, "mig_mode": "[N/A]", "persistence_mode": "Disabled",
+        "compute_mode": "Default", "pstate": "P0", "temperature_c": 63, "power_draw_w": 144.97,
+        "power_limit_w": 350.0, "utilization_gpu_pct": 0, "clocks_sm_mhz": 2520,
+        "clocks_max_sm_mhz": 2520, "vbios_version": "95.02.66.00.02", "ecc": True,
+        "display_active": "Disabled", "memory_free_adjust_mib": 1,
+    },
+    "rtx4080": {  # exporter RTX 4080 SUPER (595.71.05), a desktop with kwin_wayland
+        "name": "NVIDIA GeForce RTX 4080 SUPER", "memory_total_mib": 16376,
+        "memory_reserved_mib": 434, "baseline_mib": 571, "mig_mode": "[N/A]",
+        "persistence_mode": "Disabled", "compute_mode": "Default", "pstate": "P8",
+        "temperature_c": 43, "power_draw_w": 26.2, "power_limit_w": 320.0,
+        "utilization_gpu_pct": 0, "clocks_sm_mhz": 210, "clocks_max_sm_mhz": 3105,
+        "vbios_version": "95.03.44.00.B2", "ecc": False, "serial": "[N/A]",
+        "display_active": "Enabled", "memory_free_adjust_mib": 2,
+    },
+}
+
+PRESETS = {
+    "h200x8": {"model": "h200", "count": 8, "buses": HGX_BUSES},
+    "h200x1": {"model": "h200", "count": 1, "buses": ["00:06"]},  # the H200 capture's VM
+    "h100x4": {"model": "h100", "count": 4, "buses": ["18", "2A", "3A", "5D"],
+               "driver_version": "590.48.01", "cuda_version": "13.1"},
+    "a100-mig": {"model": "a100", "count": 2, "buses": ["07", "0F"],
+                 "driver_version": "580.159.04", "cuda_version": "13.0"},
+    "l40s": {"model": "l40s", "count": 2, "buses": ["01", "81"],
+             "driver_version": "595.80", "cuda_version": "13.2"},
+    "rtx4080-desktop": {"model": "rtx4080", "count": 1, "buses": ["01"],
+                        "driver_version": "595.71.05", "cuda_version": "13.2",
+                        # the capture's compositor: 25 MiB under /usr/bin/kwin_wayland;
+                        # a rig spawns: gpu_holder --name /usr/bin/kwin_wayland --mib 25
+                        "compositor": {"name": "/usr/bin/kwin_wayland", "mib": 25}},
+}
+
+
+def _hex(seed, what, n):
+    return hashlib.sha256(("%s:%s" % (seed, what)).encode()).hexdigest()[:n]
+
+
+def gpu_uuid(seed, index):
+    h = _hex(seed, "uuid%d" % index, 32)
+    return "GPU-%s-%s-%s-%s-%s" % (h[:8], h[8:12], h[12:16], h[16:20], h[20:32])
+
+
+def bus_id(bus):
+    """'18' -> '00000000:18:00.0'; '00:06' -> '00000000:00:06.0'."""
+    if ":" in bus:
+        b, d = bus.split(":")
+    else:
+        b, d = bus, "00"
+    return "00000000:%s:%s.0" % (b.upper(), d.upper())
+
+
+def make_config(preset="h200x8", seed="simhost", minors=None, count=None, gpu_overrides=None,
+                **overrides):
+    """Return a config dict.
+
+    minors: list mapping index -> minor number (default: identity). The real driver can
+    number /dev/nvidia<minor> differently from nvidia-smi's index.
+    count: fewer/more GPUs than the preset (bus ids continue synthetically).
+    gpu_overrides: {index: {key: value}} applied to single GPUs.
+    overrides: top-level keys (driver_version, release_delay_s, ...).
+    """
+    if preset not in PRESETS:
+        raise ValueError("unknown preset %r (have %s)" % (preset, ", ".join(sorted(PRESETS))))
+    p = PRESETS[preset]
+    model = MODELS[p["model"]]
+    n = p["count"] if count is None else int(count)
+    buses = list(p["buses"])
+    while len(buses) < n:
+        buses.append("%02X" % (0x40 + len(buses)))
+    if minors is None:
+        minors = list(range(n))
+    minors = [int(m) for m in minors]
+    if len(minors) != n or len(set(minors)) != n:
+        raise ValueError("minors must be %d distinct numbers" % n)
+    cfg = dict(DEFAULTS)
+    for k in ("driver_version", "cuda_version"):
+        if k in p:
+            cfg[k] = p[k]
+    cfg["preset"] = preset
+    cfg["hostname"] = seed
+    if "compositor" in p:
+        cfg["compositor"] = dict(p["compositor"])
+    gpus = []
+    for i in range(n):
+        g = copy.deepcopy(model)
+        g.update({
+            "index": i,
+            "uuid": gpu_uuid(seed, i),
+            "pci_bus_id": bus_id(buses[i]),
+            "minor": minors[i],
+        })
+        if "serial" not in g:
+            g["serial"] = str(int(_hex(seed, "serial%d" % i, 12), 16) % 10 ** 13).zfill(13)
+        g["fields"] = {}
+        if gpu_overrides and i in gpu_overrides:
+            g.update(gpu_overrides[i])
+        gpus.append(g)
+    cfg["gpus"] = gpus
+    cfg.update(overrides)
+    return cfg
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("preset", choices=sorted(PRESETS))
+    ap.add_argument("--seed", default="simhost", help="host name; seeds UUIDs and serials")
+    ap.add_argument("--minors", help="comma list: minor number of each index, e.g. 1,0")
+    ap.add_argument("--count", type=int)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
+                    help="top-level override, e.g. release_delay_s=0.1")
+    ap.add_argument("-o", "--output", help="write here instead of stdout")
+    a = ap.parse_args(argv)
+    over = {}
+    for kv in a.set:
+        k, _, v = kv.partition("=")
+        try:
+            over[k] = json.loads(v)
+        except ValueError:
+            over[k] = v
+    minors = [int(x) for x in a.minors.split(",")] if a.minors else None
+    cfg = make_config(a.preset, seed=a.seed, minors=minors, count=a.count, **over)
+    text = json.dumps(cfg, indent=2) + "\n"
+    if a.output:
+        with open(a.output, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
