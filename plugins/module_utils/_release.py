@@ -216,6 +216,9 @@ def owning_units(targets, forbidden):
 
 def describe_holder(holder):
     parts = ["pid %d %s" % (holder["pid"], holder.get("name"))]
+    cmdline = holder.get("cmdline") or ""
+    if cmdline and cmdline != holder.get("name"):
+        parts[0] += " [%s]" % (cmdline if len(cmdline) <= 60 else cmdline[:57] + "...")
     if holder.get("unit"):
         parts.append("unit %s" % holder["unit"])
     if holder.get("container"):

@@ -1,0 +1,166 @@
+"""gpu_release through real ansible-playbook on simulated GPU hosts: real processes holding real
+device nodes are signalled for real, inside the host's PID namespace only."""
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ansible_in_ns import run_module  # noqa: E402
+from test_gpu_facts import start_daemon  # noqa: E402
+
+
+def used(host, index):
+    out = host.smi("-i", str(index), "--query-gpu=memory.used", "--format=csv,noheader,nounits").stdout
+    return int(out.strip())
+
+
+def killed_pids(run):
+    return {k["pid"]: k for k in run["killed"]}
+
+
+def test_clean_host_is_left_untouched(nshost):
+    host = nshost("h200x8")
+    run = run_module(host, "gpu_release")
+    assert not run.failed, run.msg
+    assert run["changed"] is False and run["released"] is True and run["killed"] == [] and run["stopped_units"] == []
+    assert run["gpus_before"] == run["gpus"] and len(run["gpus"]) == 8
+
+
+def test_check_mode_kills_nothing_and_reports_the_plan(nshost):
+    host = nshost("h200x1")
+    holder = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "40960"])
+    run = run_module(host, "gpu_release", check=True)
+    assert not run.failed, run.msg
+    assert run["changed"] is True and run["released"] is False
+    assert [(k["pid"], k["signal"]) for k in run["killed"]] == [(holder.pid, None)]
+    assert host.alive(holder.pid) and used(host, 0) >= 40960
+
+
+def test_cooperative_holder_is_freed_by_sigterm_and_verified(nshost):
+    host = nshost("h200x8")
+    holder = host.spawn(["gpu_holder", "--gpus", "0,1", "--mib", "40960"])
+    run = run_module(host, "gpu_release", diff=True)
+    assert not run.failed, run.msg
+    assert run["changed"] is True and run["released"] is True
+    entry = killed_pids(run)[holder.pid]
+    assert entry["signal"] == "SIGTERM" and entry["exited_after_s"] < 2
+    assert not host.alive(holder.pid) and used(host, 0) == 0 and used(host, 1) == 0
+    assert run["gpus_before"][0]["memory_used_mib"] >= 40960 and run["gpus"][0]["memory_used_mib"] == 0
+    assert "40970 MiB" in run["diff"]["before"] and "gpu_holder" in run["diff"]["before"]
+    assert run["timings"]["wait_s"] < 5 and run["elapsed_s"] < 10
+    again = run_module(host, "gpu_release")
+    assert again["changed"] is False and again["released"] is True
+
+
+def test_holder_ignoring_sigterm_gets_sigkill_after_kill_timeout(nshost):
+    host = nshost("h200x1")
+    holder = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "40960", "--ignore-term"])
+    run = run_module(host, "gpu_release", {"kill_timeout": 1})
+    assert not run.failed, run.msg
+    entry = killed_pids(run)[holder.pid]
+    assert entry["signal"] == "SIGKILL" and entry["exited_after_s"] >= 1.0
+    assert run["timings"]["kill_s"] < 1.0 + 3 and run["released"] is True and used(host, 0) == 0
+
+
+def test_orphaned_fork_child_is_found_and_freed(nshost):
+    # The hand procedure's `pkill` of the parent leaves the child holding all of the memory,
+    # and nvidia-smi shows only the dead parent as [Not Found].
+    host = nshost("h200x1")
+    parent = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "40960", "--fork-child"])
+    [child] = parent.children
+    host.kill(parent.pid)
+    assert host.wait_gone(parent.pid) and used(host, 0) >= 40960
+    run = run_module(host, "gpu_release")
+    assert not run.failed, run.msg
+    assert list(killed_pids(run)) == [child] and not host.alive(child) and used(host, 0) == 0
+
+
+def test_vllm_engine_and_tp_workers_are_all_freed(nshost):
+    host = nshost("h200x8")
+    server = host.spawn(["gpu_holder", "--gpus", "0,1,2,3", "--mib", "20480", "--workers", "4", "--worker-name",
+                         "VLLM::Worker_TP{i}", "--name", "vllm"])
+    run = run_module(host, "gpu_release")
+    assert not run.failed, run.msg
+    assert set(server.workers) <= set(killed_pids(run)) and run["released"] is True
+    assert all(used(host, i) == 0 for i in range(4))
+
+
+def test_persistenced_survives_while_the_holder_beside_it_is_freed(nshost):
+    host = nshost("h200x8")
+    daemon = start_daemon(host, "nvidia-persistenced")
+    holder = host.spawn(["gpu_holder", "--gpus", "2", "--mib", "8192"])
+    run = run_module(host, "gpu_release")
+    assert not run.failed, run.msg
+    assert list(killed_pids(run)) == [holder.pid] and host.alive(daemon)
+    assert [p["pid"] for p in run["protected"]] == [daemon] and run["released"] is True
+    assert [h["pid"] for h in run["holders"]] == [daemon]
+
+
+def test_protected_holder_with_memory_fails_at_once_naming_it(nshost):
+    host = nshost("h200x1")
+    guard = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "512", "--name", "nv-hostengine"])
+    started = time.monotonic()
+    run = run_module(host, "gpu_release", {"wait_timeout": 60})
+    assert run.failed and "held only by protected processes" in run.msg and "nv-hostengine" in run.msg
+    assert run["timings"]["wait_s"] < 5 and time.monotonic() - started < 40
+    assert host.alive(guard.pid)
+
+
+def test_gpus_option_frees_only_the_selected_gpu(nshost):
+    host = nshost("h200x8", minors=[1, 0, 2, 3, 4, 5, 6, 7])
+    keep = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "4096"])
+    free = host.spawn(["gpu_holder", "--gpus", "1", "--mib", "4096"])
+    uuid = host.config["gpus"][1]["uuid"]
+    run = run_module(host, "gpu_release", {"gpus": [uuid]})
+    assert not run.failed, run.msg
+    assert run["selected_gpus"] == [1] and list(killed_pids(run)) == [free.pid]
+    assert host.alive(keep.pid) and used(host, 0) >= 4096 and used(host, 1) == 0
+
+
+def test_holder_of_a_selected_and_an_unselected_gpu_is_freed(nshost):
+    host = nshost("h200x8")
+    both = host.spawn(["gpu_holder", "--gpus", "0,1", "--mib", "1024"])
+    run = run_module(host, "gpu_release", {"gpus": ["1"]})
+    assert list(killed_pids(run)) == [both.pid] and run["released"] is True
+
+
+def test_match_signals_only_matching_processes(nshost):
+    host = nshost("h200x1")
+    train = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "1024", "--name", "train.py"])
+    other = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "1024", "--name", "notebook"])
+    run = run_module(host, "gpu_release", {"match": ["^train\\.py"], "wait_timeout": 1})
+    assert list(killed_pids(run)) == [train.pid] and host.alive(other.pid)
+    # What matching left behind keeps the GPU dirty: the verdict says so, naming it.
+    assert run.failed and "notebook" in run.msg and "GPU 0" in run.msg
+
+
+def test_kill_false_signals_nothing(nshost):
+    host = nshost("h200x1")
+    holder = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "1024"])
+    run = run_module(host, "gpu_release", {"kill": False, "wait_timeout": 0.5})
+    assert run.failed and run["killed"] == [] and host.alive(holder.pid)
+
+
+def test_leaked_memory_with_dead_owner_says_reset_or_reboot(nshost):
+    host = nshost("h200x8")
+    host.set_fault(leak={"5": 3072})
+    run = run_module(host, "gpu_release", {"wait_timeout": 1})
+    assert run.failed and run["released"] is False
+    assert "GPU 5" in run.msg and "3072 MiB" in run.msg and "reset" in run.msg and "reboot" in run.msg
+    assert 1.0 <= run["timings"]["wait_s"] < 4
+
+
+def test_unknown_gpu_and_bad_regex_are_named(nshost):
+    host = nshost("h200x1")
+    run = run_module(host, "gpu_release", {"gpus": ["7"]})
+    assert run.failed and "GPU '7' is not on this host" in run.msg and "indexes 0" in run.msg
+    run = run_module(host, "gpu_release", {"match": ["(unclosed"]})
+    assert run.failed and "not a valid regular expression" in run.msg
+
+
+def test_hung_driver_fails_release_within_timeout(nshost):
+    host = nshost("h200x1")
+    holder = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "1024"])
+    host.set_fault(hang=True)
+    run = run_module(host, "gpu_release", {"timeout": 1})
+    assert run.failed and "timed out after 1 s" in run.msg and host.alive(holder.pid)
