@@ -23,9 +23,14 @@ except ImportError:  # pragma: no cover - Linux always has it
     pwd = None
 
 _GPU_NODE = re.compile(r"^/dev/nvidia(\d+)$")
-_DEVICE = re.compile(r"/dev/nvidia[^\s]*")
+# In /proc/PID/maps the path is the last field, after whitespace: "~/dev/nvidia-apex/lib.so" is
+# a library, not a device.
+_DEVICE = re.compile(r"(?:^|(?<=\s))/dev/nvidia[^\s]*", re.MULTILINE)
 _CONTAINER_PATTERNS = (
     re.compile(r"(?:docker|cri-containerd|crio|libpod|containerd|podman)-([0-9a-f]{12,64})\.scope"),
+    # containerd's systemd cgroup driver when it and runc disagree (kind, k3s):
+    # /system.slice/containerd.service/kubepods-...slice:cri-containerd:<id>
+    re.compile(r":(?:cri-containerd|cri-o|crio|docker|containerd):([0-9a-f]{12,64})(?:/|$)"),
     re.compile(r"/(?:docker|libpod|containerd|crio)/([0-9a-f]{12,64})(?:/|$)"),
     re.compile(r"/kubepods[^\s]*/pod[0-9a-f_-]+/([0-9a-f]{12,64})(?:/|$)"),
 )
@@ -107,7 +112,9 @@ def is_system_service(cgroup_path):
     """True when the unit is a .service of the system manager (not of a user@ manager), i.e.
     one that `systemctl stop` can stop."""
     unit = unit_of(cgroup_path)
-    return bool(unit and unit.endswith(".service") and "/user@" not in cgroup_path)
+    # A container's processes can sit below its runtime's unit (containerd.service): stopping
+    # that unit would take down every container of the node.
+    return bool(unit and unit.endswith(".service") and "/user@" not in cgroup_path and container_of(cgroup_path) is None)
 
 
 def container_of(cgroup_path):

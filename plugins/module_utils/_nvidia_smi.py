@@ -14,6 +14,7 @@ is not a clean answer. Nothing here knows about AnsibleModule.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -206,6 +207,8 @@ def parse_value(text, kind):
     if kind == "str":
         return text
     number = _UNIT_SUFFIX.sub("", text)
+    if not math.isfinite(float(number)):
+        raise ValueError("not a finite number: %r" % text)
     if kind == "int":
         # Some drivers print whole numbers of a float field ("126.00 W" vs "126 W").
         value = float(number)
@@ -353,6 +356,9 @@ class NvidiaSmi(object):
         self.path = path
         self.timeout = timeout
         self.calls = 0
+        # Set once a driver older than R5xx rejected memory.reserved, so that polls do not pay
+        # for the rejected call again.
+        self.without_reserved = False
 
     @classmethod
     def find(cls, path=None, search_path=None):
@@ -438,14 +444,20 @@ class NvidiaSmi(object):
 
     def query_gpus(self, fields=GPU_FIELDS, gpus=None):
         """--query-gpu; drivers without memory.reserved (older than R5xx) get it as None."""
+        asks_reserved = any(f == "memory.reserved" for f, _k, _t in fields)
+        if asks_reserved and self.without_reserved:
+            return self._without_reserved(fields, gpus)
         args = self.gpu_args(fields, gpus)
         try:
             return parse_gpus(self.run(args), fields, cmd=[self.path] + args)
         except BadField as exc:
-            if exc.field != "memory.reserved" or not any(f == "memory.reserved" for f, _k, _t in fields):
+            if exc.field != "memory.reserved" or not asks_reserved:
                 raise
-        reduced = tuple(f for f in fields if f[0] != "memory.reserved")
-        records = self.query_gpus(reduced, gpus)
+        self.without_reserved = True
+        return self._without_reserved(fields, gpus)
+
+    def _without_reserved(self, fields, gpus):
+        records = self.query_gpus(tuple(f for f in fields if f[0] != "memory.reserved"), gpus)
         for record in records:
             record["memory_reserved_mib"] = None
         return records

@@ -251,6 +251,13 @@ def failure_message(dirty_gpus, holders, apps, waited_s, unkillable, protected_o
             )
         elif used is None:
             text += ": nvidia-smi cannot report its memory, so it cannot be proven free"
+        elif on_gpu:
+            # Graphics memory of a compositor (Xorg, gnome-shell) is not listed as a compute app.
+            text += (
+                ", held only by protected process(es) %s that nvidia-smi does not charge with this memory: if this is the GPU's "
+                "idle baseline (a desktop, MIG), set max_used_mib; otherwise the driver has not freed it and a GPU reset or a "
+                "reboot is needed" % "; ".join(describe_holder(h) for h in on_gpu)
+            )
         else:
             text += ", and no live process holds the GPU: memory the driver has not freed; a GPU reset or a reboot is needed"
         lines.append(text)
@@ -482,13 +489,18 @@ class Release(object):
 
     # --- verify
 
-    def verify(self, selected, deadline):
-        """Poll until every selected GPU is <= max_used_mib. Returns (gpus, clean, holders or None)."""
+    def verify(self, selected, deadline, acted):
+        """Poll until every selected GPU is <= max_used_mib. Returns (gpus, clean, holders or None).
+
+        Reads start every poll_interval (a fixed rate: the ~25 ms of each nvidia-smi call is not
+        added to the interval). Right after acting, memory is expected to drop 20-130 ms after
+        the holders exit, so the costlier look at who still holds the GPUs waits RESCAN_S."""
         limit = self.params.get("max_used_mib")
         poll = self.params.get("poll_interval")
-        last_scan = None
+        last_scan = self.system.now() if acted else None
         holders = None
         while True:
+            poll_started = self.system.now()
             gpus = _facts.with_minor_numbers(self.smi.query_gpus(GPU_FIELDS), self._minors())
             dirty = [g for g in gpus if g["index"] in selected and not _facts.gpu_is_clean(g, limit)]
             if not dirty:
@@ -502,7 +514,7 @@ class Release(object):
                     return gpus, False, holders
             if now >= deadline:
                 return gpus, False, holders
-            self.system.sleep(min(poll, deadline - now))
+            self.system.sleep(min(poll_started + poll, deadline) - self.system.now())
 
     def _minors(self):
         if self._minor_cache is None:
@@ -540,10 +552,13 @@ class Release(object):
                 self.result["disabled_units"] = unit_plan["disable"]
             elif self.state_key == "masked_units":
                 self.result["masked_units"] = unit_plan["mask"]
+            # What the real run would signal: holders whose unit is stopped end with it.
+            by_unit = set(unit_plan["stop"])
+            signalled = [h for h in targets if not (h.get("system_service") and h.get("unit") in by_unit)]
             self.result["killed"] = [] if not self.params.get("kill", True) else [
                 {"pid": h["pid"], "name": h["name"], "cmdline": h["cmdline"], "unit": h.get("unit"), "container": h.get("container"),
                  "gpu_indexes": h["gpu_indexes"], "signal": None, "exited_after_s": None}
-                for h in targets
+                for h in signalled
             ]
             self.result["gpus"] = self.result["gpus_before"]
             self.result["holders"] = [_facts.public_holder(h) for h in holders]
@@ -573,7 +588,7 @@ class Release(object):
 
         verify_started = self.system.now()
         deadline = verify_started + self.params.get("wait_timeout")
-        final_gpus, clean, last_holders = self.verify(selected, deadline)
+        final_gpus, clean, _holders = self.verify(selected, deadline, acted=self.result["changed"])
         self.result["timings"]["wait_s"] = round(self.system.now() - verify_started, 3)
         final_holders = self.scan(final_gpus)
         self.result["gpus"] = [_facts.public_gpu(g, limit) for g in final_gpus]

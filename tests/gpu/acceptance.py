@@ -35,7 +35,8 @@ STATIC_FIELDS = {
 
 
 class Run(object):
-    def __init__(self, out, gpu, mib):
+    def __init__(self, out, gpu, mib, repeat=1):
+        self.repeat = repeat
         self.out = out
         self.gpu = gpu
         self.mib = mib
@@ -142,7 +143,10 @@ class Run(object):
         started = time.monotonic()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=self.env)
         wall = round(time.monotonic() - started, 3)
-        with open(os.path.join(self.out, "ansible-%s.log" % name), "w") as handle:
+        slug = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
+        while "--" in slug:
+            slug = slug.replace("--", "-")
+        with open(os.path.join(self.out, "ansible-%s.log" % slug), "w") as handle:
             handle.write("$ %s\n%s\n%s\nrc=%d wall=%.3f s\n" % (" ".join(cmd), proc.stdout, proc.stderr, proc.returncode, wall))
         self.reap()
         try:
@@ -158,14 +162,16 @@ class Run(object):
 
     # ---- measurements outside Ansible
 
-    def floor(self, signum, *extra):
-        """Signal-to-0-MiB with a bare poll loop (the physical floor)."""
+    def floor(self, signum, *extra, child=False):
+        """Signal-to-0-MiB with a bare poll loop (the physical floor): every process holding the
+        memory (the orphan too) is signalled at once, then nvidia-smi is polled back to back."""
         proc, ready = self.holder(*extra)
-        pid = self.wait_ready(ready)[0]
+        pids = self.wait_ready(ready, child=child)
         t0 = time.monotonic()
-        os.kill(pid, signum)
+        for pid in pids:
+            os.kill(pid, signum)
         took = self.wait_free(t0)
-        self.reap()
+        self.end_all()
         return took
 
     def hand_procedure(self, *extra, child=False):
@@ -250,7 +256,7 @@ class Run(object):
         self.end_all()
 
     def scenario_release(self, label, holder_args, kill_timeout, floor_signal, child=False, budget=None):
-        floor = self.floor(floor_signal, *holder_args)
+        floor = self.floor(floor_signal, *holder_args, child=child)
         hand_s, hand_mib = self.hand_procedure(*holder_args, child=child)
         proc, ready = self.holder(*holder_args)
         pids = self.wait_ready(ready, child=child)
@@ -327,13 +333,17 @@ class Run(object):
         self.results["nvidia_smi_version"] = out
         self.results["gpu"] = self.smi("-L")[1].strip()
         self.results["command"] = " ".join(sys.argv)
-        scenarios = [
-            self.scenario_idle,
-            self.scenario_busy_facts,
-            lambda: self.scenario_release("cooperative %d MiB holder (SIGTERM)" % self.mib, [], 10, signal.SIGTERM, budget=0.5),
-            lambda: self.scenario_release("holder ignoring SIGTERM, kill_timeout 2", ["--ignore-term"], 2, signal.SIGKILL, budget=2.5),
-            lambda: self.scenario_release("orphaned child forked after CUDA init, parent killed", ["--fork-child"], 10, signal.SIGKILL,
-                                          child=True),
+        releases = []
+        for run in range(1, self.repeat + 1):
+            releases += [
+                lambda run=run: self.scenario_release("cooperative %d MiB holder (SIGTERM), run %d" % (self.mib, run), [], 10,
+                                                      signal.SIGTERM, budget=0.5),
+                lambda run=run: self.scenario_release("holder ignoring SIGTERM, kill_timeout 2, run %d" % run, ["--ignore-term"], 2,
+                                                      signal.SIGKILL, budget=2.5),
+                lambda run=run: self.scenario_release("orphaned child forked after CUDA init, parent killed, run %d" % run,
+                                                      ["--fork-child"], 10, signal.SIGKILL, child=True),
+            ]
+        scenarios = [self.scenario_idle, self.scenario_busy_facts] + releases + [
             self.scenario_protected,
             self.scenario_check_mode,
             self.scenario_role,
@@ -361,11 +371,12 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--gpu", type=int, default=0)
     parser.add_argument("--mib", type=int, default=40960)
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each release scenario")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: the modules need to see and signal every holder")
     os.makedirs(args.out, exist_ok=True)
-    sys.exit(Run(args.out, args.gpu, args.mib).main())
+    sys.exit(Run(args.out, args.gpu, args.mib, args.repeat).main())
 
 
 if __name__ == "__main__":

@@ -1,0 +1,164 @@
+# Copyright (c) zeromib.gpu developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""gpu_audit_model: one record per host in, the report model out."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.zeromib.gpu.plugins.filter.gpu_audit_model import FilterModule, gpu_audit_model
+
+import audit_hosts as ah
+
+EPOCH = 1748779200.0  # 2025-06-01T12:00:00Z
+
+
+def _one(record):
+    return gpu_audit_model([record], EPOCH)["hosts"][0]
+
+
+@pytest.mark.parametrize("record, status, reason, up, gpu_count, used, dirty_gpus", [
+    pytest.param(ah.clean_h200x8(), "clean", None, True, 8, 0, [], id="clean-8x-h200"),
+    pytest.param(ah.dirty_with_holders(), "dirty", "GPU 0 10267 MiB; held by 495 python3 (vllm.service)", True, 8, 10267, [0], id="dirty-with-holders"),
+    pytest.param(ah.mig_baseline(), "clean", None, True, 8, 8 * 55, [], id="mig-55-mib-baseline-under-60"),
+    pytest.param(ah.nvidia_smi_timeout(), "error", "nvidia-smi timed out after 10 s", False, 0, None, [], id="nvidia-smi-timed-out"),
+    pytest.param(ah.unreachable(), "unreachable", "Failed to connect to the host via ssh: ssh: connect to host 10.0.3.29 port 22: No route to host",
+                 False, None, None, [], id="unreachable"),
+    pytest.param(ah.module_failure(), "error", "MODULE FAILURE: /bin/sh: 1: /usr/bin/python3: not found", False, None, None, [], id="module-failed"),
+    pytest.param({"host": "quiet", "status": "ok", "gpu": None}, "error", "zeromib.gpu.gpu_facts returned no ansible_facts.gpu", False, None, None, [],
+                 id="ok-without-facts"),
+    pytest.param({"host": "bare", "status": "error"}, "error", "zeromib.gpu.gpu_facts failed", False, None, None, [], id="error-without-message"),
+    pytest.param({"host": "legacy", "status": "FAILED", "error": "boom"}, "error", "boom", False, None, None, [], id="failed-is-error"),
+])
+def test_host_status_and_reason(record, status, reason, up, gpu_count, used, dirty_gpus):
+    host = _one(record)
+    assert (host["status"], host["reason"], host["up"], host["gpu_count"], host["memory_used_mib"], host["dirty_gpus"]) == (
+        status, reason, up, gpu_count, used, dirty_gpus)
+
+
+def test_fleet_summary_counts_hosts_gpus_and_blocking_holders():
+    model = gpu_audit_model(ah.fleet(), EPOCH)
+    assert model["summary"] == {
+        "hosts_total": 5, "hosts_clean": 2, "hosts_dirty": 1, "hosts_error": 1, "hosts_unreachable": 1,
+        "gpus_total": 24, "gpus_clean": 23, "gpus_dirty": 1,
+        "memory_used_mib": 10267 + 8 * 55, "memory_total_mib": 24 * ah.H200_TOTAL,
+        "holders": 1,
+    }
+    assert model["schema_version"] == 1
+    assert model["generated_at"] == "2025-06-01T12:00:00Z" and model["generated_epoch"] == EPOCH
+    assert model["max_gpu_count"] == 8
+
+
+def test_hosts_sort_by_name_with_numbers_compared_as_numbers():
+    hosts = [ah.clean_h200x8(name) for name in ("node10", "node2", "Node1", "node1-b", "gpu")]
+    assert [h["host"] for h in gpu_audit_model(hosts, EPOCH)["hosts"]] == ["gpu", "Node1", "node1-b", "node2", "node10"]
+
+
+def test_holders_are_joined_to_their_memory_and_gpus():
+    host = _one(ah.dirty_with_holders())
+    by_pid = {h["pid"]: h for h in host["holders"]}
+    assert by_pid[495]["blocking"] and by_pid[495]["used_memory_mib"] == 6662 and by_pid[495]["host"] == "dirty-h200"
+    assert not by_pid[812]["blocking"], "a protected daemon never makes a host dirty"
+    assert not by_pid[903]["blocking"], "an NVML client on control nodes only is listed, not blocking"
+    assert [h["pid"] for h in host["holders"]][0] == 495, "blocking holders come first"
+    gpu0 = host["gpus"][0]
+    assert [h["pid"] for h in gpu0["holders"]] == [495]
+    assert [p["pid"] for p in gpu0["processes"]] == [495, 427]
+    assert gpu0["used_pct"] == 7.1 and gpu0["host"] == "dirty-h200"
+    assert host["gpus"][1]["holders"] == [] and host["gpus"][1]["used_pct"] == 0.0
+
+
+def test_memory_of_a_gone_pid_is_reported_as_stale():
+    host = _one(ah.dirty_with_holders())
+    assert [(p["pid"], p["name"], p["used_memory_mib"]) for p in host["stale_processes"]] == [(427, "[Not Found]", 3590)]
+
+
+def test_stale_memory_without_a_live_holder_is_the_reason():
+    record = ah.dirty_with_holders()
+    record["gpu"]["holders"] = []
+    assert _one(record)["reason"] == "GPU 0 10267 MiB; memory counted for gone PID 427"
+
+
+def test_a_holder_alone_makes_a_host_dirty_even_at_zero_mib():
+    record = ah.clean_h200x8("held")
+    record["gpu"]["holders"] = [ah.holder(77, "python3", [2], container="3f9c2d1ab4e8a7c6d5e4f3a2")]
+    record["gpu"]["clean"] = False
+    host = _one(record)
+    assert host["status"] == "dirty" and host["dirty_gpus"] == []
+    assert host["reason"] == "held by 77 python3 (container 3f9c2d1ab4e8)"
+
+
+def test_many_workers_of_one_unit_read_as_the_unit():
+    record = ah.clean_h200x8("vllm")
+    record["gpu"]["gpus"] = [ah.gpu(i, used=128410) for i in range(8)]
+    record["gpu"]["holders"] = [ah.holder(2211 + i, "VLLM::Worker_TP%d" % i, [i], unit="vllm.service") for i in range(8)]
+    record["gpu"]["clean"] = False
+    assert _one(record)["reason"] == "8 GPUs (0, 1, 2, 3, 4, 5, 6, 7) 1027280 MiB in all; held by vllm.service (8 processes)"
+
+
+def test_more_than_three_owners_are_counted():
+    record = ah.clean_h200x8("busy")
+    record["gpu"]["holders"] = [ah.holder(100 + i, "python3", [i]) for i in range(5)]
+    record["gpu"]["clean"] = False
+    assert _one(record)["reason"] == "held by 100 python3, 101 python3, 102 python3 and 2 more"
+
+
+def test_unknown_memory_leaves_percentages_unknown():
+    record = ah.clean_h200x8("wddm")
+    record["gpu"]["gpus"][0]["memory_used_mib"] = None
+    record["gpu"]["gpus"][0]["clean"] = False
+    record["gpu"]["clean"] = False
+    host = _one(record)
+    assert host["gpus"][0]["used_pct"] is None
+    assert host["reason"] == "GPU 0 ? MiB"
+    assert host["memory_used_mib"] == 0
+
+
+def test_a_host_with_fewer_gpus_keeps_the_widest_row_as_width():
+    small = ah.clean_h200x8("l40s")
+    small["gpu"]["gpus"] = small["gpu"]["gpus"][:4]
+    model = gpu_audit_model([small, ah.clean_h200x8()], EPOCH)
+    assert model["max_gpu_count"] == 8
+    assert gpu_audit_model([ah.unreachable()], EPOCH)["max_gpu_count"] == 1
+
+
+def test_input_is_not_modified():
+    hosts = ah.fleet()
+    before = copy.deepcopy(hosts)
+    gpu_audit_model(hosts, EPOCH)
+    assert hosts == before
+
+
+def test_generated_at_defaults_to_now():
+    model = gpu_audit_model([], None)
+    assert model["generated_epoch"] > EPOCH and model["summary"]["hosts_total"] == 0
+
+
+@pytest.mark.parametrize("hosts, generated_at, message", [
+    pytest.param({"host": "a"}, None, "expects a list of host records", id="dict-not-list"),
+    pytest.param("node1", None, "expects a list of host records", id="string-not-list"),
+    pytest.param(["node1"], None, "each host must be a dictionary", id="name-not-record"),
+    pytest.param([{"status": "ok"}], None, "has no 'host'", id="no-host"),
+    pytest.param([{"host": "a", "status": "down"}], None, "host a has status 'down'", id="unknown-status"),
+    pytest.param([ah.clean_h200x8("a"), ah.unreachable("a")], None, "host a appears twice", id="duplicate"),
+    pytest.param([], "yesterday", "generated_at must be seconds since the epoch", id="bad-time"),
+])
+def test_bad_input_fails_clearly(hosts, generated_at, message):
+    with pytest.raises(AnsibleFilterError, match=message):
+        gpu_audit_model(hosts, generated_at)
+
+
+def test_filter_is_registered():
+    assert FilterModule().filters() == {"gpu_audit_model": gpu_audit_model}
+
+
+def test_an_expected_host_without_a_record_is_an_error_not_missing():
+    model = gpu_audit_model([ah.clean_h200x8("node1")], EPOCH, expected_hosts=["node1", "node2"])
+    assert [(h["host"], h["status"]) for h in model["hosts"]] == [("node1", "clean"), ("node2", "error")]
+    assert model["hosts"][1]["reason"] == "no audit result: the audit stopped on this host before recording one"
+    assert model["summary"]["hosts_error"] == 1

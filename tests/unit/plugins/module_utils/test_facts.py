@@ -1,0 +1,276 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""_facts: nvidia-smi records + /proc holders -> ansible_facts.gpu, and when a host is clean."""
+
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.zeromib.gpu.plugins.module_utils import _facts as facts
+from ansible_collections.zeromib.gpu.plugins.module_utils import _nvidia_smi as smi
+from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils import fakeproc
+
+BUSES = [
+    "00000000:18:00.0",
+    "00000000:2A:00.0",
+    "00000000:3A:00.0",
+    "00000000:5D:00.0",
+    "00000000:9A:00.0",
+    "00000000:AB:00.0",
+    "00000000:BA:00.0",
+    "00000000:DB:00.0",
+]
+
+
+def uuid(index):
+    return "GPU-%08x-818d-be7e-f16b-963690d7c5c%d" % (0xAB0CF4F6 + index, index)
+
+
+def h200_row(index, used=0, **overrides):
+    """One GPU as parse_gpus returns it (H200, driver 580.159.04)."""
+    text = "%d, %s, NVIDIA H200, %s, 580.159.04, 143771, 616, %s, %s, 0, 37, 126.02, Enabled, Disabled" % (
+        index,
+        uuid(index),
+        BUSES[index],
+        used,
+        "[N/A]" if used == "[N/A]" else 143771 - 616 - used,
+    )
+    (record,) = smi.parse_gpus(text)
+    record.update(overrides)
+    return record
+
+
+def h200_host(used=None, count=8):
+    used = used or {}
+    return facts.with_minor_numbers([h200_row(i, used.get(i, 0)) for i in range(count)], {})
+
+
+def holder(pid, gpu_indexes, protected=False, devices=None, name="python3", unit=None):
+    devices = devices if devices is not None else ["/dev/nvidia%d" % i for i in gpu_indexes] + ["/dev/nvidiactl", "/dev/nvidia-uvm"]
+    return {
+        "pid": pid,
+        "ppid": 1,
+        "name": name,
+        "cmdline": "%s train.py" % name,
+        "user": "root",
+        "state": "S",
+        "start_time": 5000 + pid,
+        "devices": devices,
+        "gpu_indexes": gpu_indexes,
+        "unit": unit,
+        "container": None,
+        "protected": protected,
+        # internal keys that must not leak into the facts
+        "exe": "python3.12",
+        "argv0": name,
+        "cgroup": "/",
+        "system_service": False,
+        "protected_reason": "protect" if protected else None,
+    }
+
+
+# ------------------------------------------------------------------ assemble
+
+
+def test_clean_8_gpu_h200_reads_clean():
+    gpu = facts.assemble(h200_host(), [], [], max_used_mib=0, with_processes=True, cuda_version="13.0")
+    assert (gpu["clean"], gpu["count"], gpu["memory_used_mib"], gpu["driver_version"], gpu["cuda_version"], gpu["error"]) == (
+        True,
+        8,
+        0,
+        "580.159.04",
+        "13.0",
+        None,
+    )
+    assert [g["index"] for g in gpu["gpus"]] == list(range(8)) and all(g["clean"] for g in gpu["gpus"])
+    assert set(gpu["gpus"][0]) == set(facts.GPU_KEYS)
+    assert gpu["gpus"][0]["memory_reserved_mib"] == 616 and gpu["gpus"][0]["minor_number"] == 0
+
+
+def test_dirty_host_names_the_dirty_gpu():
+    gpus = h200_host({3: 10267})
+    apps = facts.join_apps([{"pid": 426, "name": "python3", "used_memory_mib": 6662, "gpu_uuid": uuid(3)}], gpus, lambda pid: True)
+    gpu = facts.assemble(gpus, apps, [holder(426, [3])], max_used_mib=0, with_processes=True)
+    assert (gpu["clean"], gpu["memory_used_mib"]) == (False, 10267)
+    assert [g["index"] for g in gpu["gpus"] if not g["clean"]] == [3]
+    assert gpu["processes"] == [{"pid": 426, "name": "python3", "used_memory_mib": 6662, "gpu_uuid": uuid(3), "gpu_index": 3, "alive": True}]
+    assert gpu["holders"][0]["gpu_indexes"] == [3]
+
+
+def test_holders_and_gpus_carry_only_the_documented_keys():
+    gpu = facts.assemble(h200_host(), [], [holder(426, [3])], 0, True)
+    assert set(gpu["holders"][0]) == set(facts.HOLDER_KEYS)
+    assert "exe" not in gpu["holders"][0] and "_unavailable" not in gpu["gpus"][0] and "driver_version" not in gpu["gpus"][0]
+
+
+@pytest.mark.parametrize("limit", [0, 10**9], ids=["strict", "any-baseline"])
+def test_wddm_memory_na_is_never_clean(limit):
+    gpus = facts.with_minor_numbers([h200_row(0, "[N/A]")], {})
+    assert gpus[0]["memory_used_mib"] is None and gpus[0]["_unavailable"]["memory_used_mib"] == "[N/A]"
+    gpu = facts.assemble(gpus, [], [], max_used_mib=limit, with_processes=True)
+    assert (gpu["clean"], gpu["memory_used_mib"], gpu["gpus"][0]["clean"], gpu["gpus"][0]["memory_used_mib"]) == (False, None, False, None)
+
+
+def test_one_unknown_gpu_makes_the_memory_sum_unknown_not_smaller():
+    gpus = facts.with_minor_numbers([h200_row(0, 500), h200_row(1, "[N/A]")], {})
+    assert facts.assemble(gpus, [], [], 10**9, True)["memory_used_mib"] is None
+
+
+@pytest.mark.parametrize(
+    "used, limit, clean",
+    [(59, 64, True), (64, 64, True), (65, 64, False), (1, 0, False)],
+    ids=["mig-idle-under-baseline", "at-baseline", "over-baseline", "one-mib-is-dirty"],
+)
+def test_max_used_mib_is_the_baseline(used, limit, clean):
+    assert facts.assemble(h200_host({0: used}, count=1), [], [], limit, True)["clean"] is clean
+
+
+def test_processes_false_decides_by_memory_alone():
+    gpu = facts.assemble(h200_host(), [{"pid": 1}], [holder(426, [3])], 0, with_processes=False)
+    assert (gpu["clean"], gpu["processes"], gpu["holders"]) == (True, [], [])
+
+
+def test_live_unprotected_holder_makes_a_zero_mib_host_dirty():
+    # A fork child with device files open but no context yet reads 0 MiB: still not clean.
+    assert facts.assemble(h200_host(), [], [holder(495, [0])], 0, True)["clean"] is False
+
+
+def test_protected_holder_with_all_device_files_does_not_make_host_dirty():
+    persistenced = holder(812, list(range(8)), protected=True, name="nvidia-persiste")
+    gpu = facts.assemble(h200_host(), [], [persistenced], 0, True)
+    assert gpu["clean"] is True and gpu["holders"][0]["protected"] is True
+
+
+def test_control_node_only_holder_does_not_make_host_dirty():
+    dcgm = holder(900, [], devices=["/dev/nvidiactl", "/dev/nvidia-caps/nvidia-cap1"], name="dcgm-exporter")
+    nvml_client = holder(901, [], devices=["/dev/nvidiactl"], name="node_exporter")
+    gpu = facts.assemble(h200_host(), [], [dcgm, nvml_client], 0, True)
+    assert gpu["clean"] is True and [h["gpu_indexes"] for h in gpu["holders"]] == [[], []]
+
+
+def test_dirty_holders_of_selected_gpus_only():
+    hs = [holder(1, [0]), holder(2, [1]), holder(3, [0, 1], protected=True), holder(4, [])]
+    assert [h["pid"] for h in facts.dirty_holders(hs)] == [1, 2]
+    assert [h["pid"] for h in facts.dirty_holders(hs, selected=[1])] == [2]
+
+
+def test_host_without_gpus_is_not_clean():
+    gpu = facts.assemble([], [], [], 0, True)
+    assert (gpu["clean"], gpu["count"], gpu["driver_version"], gpu["memory_used_mib"]) == (False, 0, None, 0)
+
+
+def test_failed_facts_shape():
+    assert facts.failed_facts("nvidia-smi timed out after 10 s") == {
+        "driver_version": None,
+        "cuda_version": None,
+        "count": 0,
+        "clean": False,
+        "memory_used_mib": None,
+        "error": "nvidia-smi timed out after 10 s",
+        "gpus": [],
+        "processes": [],
+        "holders": [],
+    }
+
+
+# ------------------------------------------------------------------ joins and minor numbers
+
+
+def test_join_apps_by_uuid_not_by_position():
+    gpus = h200_host(count=2)
+    apps = [
+        {"pid": 11, "name": "python3", "used_memory_mib": 100, "gpu_uuid": uuid(1)},
+        {"pid": 12, "name": "[Not Found]", "used_memory_mib": 3590, "gpu_uuid": uuid(0)},
+        {"pid": 13, "name": "python3", "used_memory_mib": None, "gpu_uuid": "GPU-not-on-this-host"},
+    ]
+    joined = facts.join_apps(apps, gpus, lambda pid: pid != 12)
+    assert [(a["pid"], a["gpu_index"], a["alive"], a["used_memory_mib"]) for a in joined] == [(11, 1, True, 100), (12, 0, False, 3590), (13, None, True, None)]
+
+
+def test_mig_apps_join_to_the_parent_gpu():
+    # With MIG on, compute apps report the parent GPU's UUID.
+    gpus = [h200_row(0, 59, mig_mode="Enabled")]
+    (app,) = facts.join_apps(
+        [{"pid": 7, "name": "python3", "used_memory_mib": 4000, "gpu_uuid": uuid(0)}], facts.with_minor_numbers(gpus, {}), lambda pid: True
+    )
+    assert app["gpu_index"] == 0
+
+
+def test_with_minor_numbers_from_the_driver_and_fallback_to_index():
+    gpus = [h200_row(0), h200_row(1), h200_row(2)]
+    minors = {"0000:18:00.0": 1, "0000:2a:00.0": 0}  # GPU 2 missing from /proc/driver/nvidia
+    result = facts.with_minor_numbers(gpus, minors)
+    assert [(g["index"], g["minor_number"]) for g in result] == [(0, 1), (1, 0), (2, 2)]
+    assert "minor_number" not in gpus[0], "with_minor_numbers must not change its input"
+    assert facts.minor_to_index(result) == {1: 0, 0: 1, 2: 2}
+
+
+def test_without_driver_proc_files_minor_is_the_index():
+    assert [g["minor_number"] for g in facts.with_minor_numbers([h200_row(i) for i in range(4)], {})] == [0, 1, 2, 3]
+
+
+def test_cuda_version_without_libcuda_is_none():
+    assert facts.cuda_driver_version("libcuda-that-does-not-exist.so.1") is None
+
+
+# ------------------------------------------------------------------ look() on a fake node
+
+
+class CannedSmi(object):
+    def __init__(self, gpus, apps):
+        self.gpus, self.apps, self.calls = gpus, apps, []
+
+    def query_all(self, fields=smi.GPU_FIELDS, with_apps=True):
+        self.calls.append(with_apps)
+        return [dict(g) for g in self.gpus], ([dict(a) for a in self.apps] if with_apps else [])
+
+
+@pytest.fixture
+def node(tmp_path):
+    proc, driver = tmp_path / "proc", tmp_path / "driver"
+    proc.mkdir()
+    # GPU index 0 is /dev/nvidia1 and index 1 is /dev/nvidia0 on this node.
+    for bus, minor in (("0000:18:00.0", 1), ("0000:2a:00.0", 0)):
+        (driver / bus).mkdir(parents=True)
+        (driver / bus / "information").write_text("Bus Location: \t %s\nDevice Minor: \t %d\n" % (bus, minor))
+    fakeproc.write_process(proc, 426, fds=fakeproc.cuda_fds(1), start_time=7000)
+    fakeproc.write_process(
+        proc,
+        812,
+        comm="nvidia-persiste",
+        exe="/usr/bin/nvidia-persistenced",
+        argv=("/usr/bin/nvidia-persistenced", "--user", "nvidia-persistenced"),
+        fds=("/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl"),
+    )
+    gpus = [h200_row(0, 6662), h200_row(1, 0)]
+    apps = [
+        {"pid": 426, "name": "python3", "used_memory_mib": 6662, "gpu_uuid": uuid(0)},
+        {"pid": 427, "name": "[Not Found]", "used_memory_mib": 3590, "gpu_uuid": uuid(0)},
+    ]
+    return proc, driver, CannedSmi(gpus, apps)
+
+
+def test_look_attributes_holders_by_minor_number(node):
+    proc, driver, canned = node
+    snapshot = facts.look(canned, protect=[], proc=str(proc), driver_root=str(driver))
+    assert [(g["index"], g["minor_number"]) for g in snapshot.gpus] == [(0, 1), (1, 0)]
+    by_pid = {h["pid"]: h for h in snapshot.holders}
+    assert by_pid[426]["gpu_indexes"] == [0] and not by_pid[426]["protected"]
+    assert by_pid[812]["gpu_indexes"] == [0, 1] and by_pid[812]["protected"]
+    assert [(a["pid"], a["gpu_index"], a["alive"]) for a in snapshot.apps] == [(426, 0, True), (427, 0, False)]
+
+
+def test_look_with_user_protect_by_pid(node):
+    proc, driver, canned = node
+    snapshot = facts.look(canned, protect=["426"], proc=str(proc), driver_root=str(driver))
+    assert all(h["protected"] for h in snapshot.holders)
+
+
+def test_look_without_processes_scans_nothing(node):
+    proc, driver, canned = node
+    snapshot = facts.look(canned, protect=[], with_processes=False, proc=str(proc), driver_root=str(driver))
+    assert (snapshot.apps, snapshot.holders, canned.calls) == ([], [], [False])
+    assert [g["minor_number"] for g in snapshot.gpus] == [1, 0]

@@ -1,0 +1,388 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""_holders: who holds /dev/nvidia*, read from a fake /proc in a temporary directory."""
+
+from __future__ import annotations
+
+import os
+import pwd
+
+import pytest
+
+from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders
+from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils import fakeproc
+
+ID64 = "4f3c2b1a" * 8
+POD = "pod1b2c3d4e_5f60_7182_93a4_b5c6d7e8f901"
+
+# ------------------------------------------------------------------ /proc/PID/stat
+
+
+@pytest.mark.parametrize(
+    "comm",
+    ["python3", "tmux: server", "evil) (x", ") (", "(sd-pam)", "VLLM::Worker_TP", "kworker/0:1H", ""],
+    ids=["plain", "spaces", "paren-space-paren", "only-parens", "sd-pam", "vllm-worker", "kworker-slash", "empty"],
+)
+def test_comm_with_spaces_and_parens_does_not_shift_the_fields(comm):
+    assert holders.parse_stat(fakeproc.stat_line(4242, comm, "S", 1, 987654)) == (comm, "S", 1, 987654)
+
+
+def test_parse_stat_on_this_very_process():
+    with open("/proc/self/stat") as handle:
+        comm, state, ppid, start_time = holders.parse_stat(handle.read())
+    assert ppid == os.getppid() and state in "RS" and start_time > 0
+
+
+# ------------------------------------------------------------------ cgroups
+
+
+@pytest.mark.parametrize(
+    "text, path",
+    [
+        ("0::/system.slice/vllm.service\n", "/system.slice/vllm.service"),
+        ("12:cpu,cpuacct:/system.slice/vllm.service\n1:name=systemd:/system.slice/vllm.service\n0::/\n", "/system.slice/vllm.service"),
+        ("1:name=systemd:/user.slice/user-0.slice/session-4.scope\n0::/system.slice/vllm.service\n", "/system.slice/vllm.service"),
+        ("11:memory:/docker/%s\n1:name=systemd:/docker/%s\n" % (ID64, ID64), "/docker/%s" % ID64),
+        ("4:cpu:/x\n", None),
+        ("0::/\n", "/"),
+        ("", None),
+        ("garbage without colons\n", None),
+    ],
+    ids=["pure-v2", "hybrid-v1-name-systemd-and-v2-root", "hybrid-v2-wins", "v1-only", "v1-without-name-systemd", "v2-root", "empty", "garbage"],
+)
+def test_parse_cgroup(text, path):
+    assert holders.parse_cgroup(text) == path
+
+
+@pytest.mark.parametrize(
+    "path, unit, system_service, container",
+    [
+        ("/system.slice/vllm.service", "vllm.service", True, None),
+        ("/system.slice/system-vllm.slice/vllm@1.service", "vllm@1.service", True, None),
+        ("/init.scope", "init.scope", False, None),
+        ("/user.slice/user-1000.slice/session-3.scope", "session-3.scope", False, None),
+        ("/user.slice/user-1000.slice/user@1000.service/app.slice/foo.service", "foo.service", False, None),
+        ("/user.slice/user-1000.slice/user@1000.service/init.scope", "init.scope", False, None),
+        ("/system.slice/docker-%s.scope" % ID64, "docker-%s.scope" % ID64, False, ID64),
+        ("/docker/%s" % ID64, None, False, ID64),
+        ("/machine.slice/libpod-%s.scope/container" % ID64, "libpod-%s.scope" % ID64, False, ID64),
+        ("/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-%s.scope/container" % ID64, "libpod-%s.scope" % ID64, False, ID64),
+        (
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-%s.slice/cri-containerd-%s.scope" % (POD, ID64),
+            "cri-containerd-%s.scope" % ID64,
+            False,
+            ID64,
+        ),
+        ("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-%s.slice/crio-%s.scope" % (POD, ID64), "crio-%s.scope" % ID64, False, ID64),
+        ("/kubepods/burstable/pod1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901/%s" % ID64, None, False, ID64),
+        ("/kubepods/pod1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901/%s" % ID64, None, False, ID64),
+        ("/", None, False, None),
+        ("", None, False, None),
+        (None, None, False, None),
+    ],
+    ids=[
+        "system-service",
+        "template-instance",
+        "init-scope",
+        "session-scope",
+        "user-manager-service-is-not-a-system-service",
+        "user-manager-itself",
+        "docker-systemd-driver",
+        "docker-cgroupfs",
+        "podman",
+        "podman-rootless",
+        "k8s-cri-containerd",
+        "k8s-crio",
+        "k8s-cgroupfs-burstable",
+        "k8s-cgroupfs-besteffort",
+        "root",
+        "empty",
+        "none",
+    ],
+)
+def test_unit_and_container_of_a_cgroup_path(path, unit, system_service, container):
+    assert holders.unit_of(path) == unit
+    assert holders.is_system_service(path) is system_service
+    assert holders.container_of(path) == container
+
+
+# ------------------------------------------------------------------ names and protection
+
+
+def _record(pid=500, ppid=1, name="python3", exe="python3.12", argv0="python3", kernel_thread=False):
+    return {"pid": pid, "ppid": ppid, "name": name, "exe": exe, "argv0": argv0, "kernel_thread": kernel_thread}
+
+
+@pytest.mark.parametrize(
+    "record, names, expected",
+    [
+        (_record(name="nvidia-persiste", exe=None, argv0=None), ["nvidia-persistenced"], True),
+        (_record(name="nv-fabricmanage", exe=None, argv0=None), ["nv-fabricmanager"], True),
+        (_record(name="x", exe="nvidia-persistenced", argv0=None), ["nvidia-persistenced"], True),
+        (_record(name="x", exe=None, argv0="dcgm-exporter"), ["dcgm-exporter"], True),
+        (_record(name="Xorg", exe=None, argv0=None), ["Xorg"], True),
+        (_record(name="python3"), ["python"], False),
+        (_record(name="nvidia-persiste", exe=None, argv0=None), ["nvidia-persist"], False),
+        (_record(name="train", exe="python3.12", argv0="python3"), [], False),
+        (_record(name=None, exe=None, argv0=None), ["python3"], False),
+    ],
+    ids=[
+        "comm-truncated-to-15",
+        "fabricmanager-truncated",
+        "exe-basename",
+        "argv0-basename",
+        "exact-comm",
+        "prefix-is-not-a-match",
+        "short-name-is-not-truncated-match",
+        "no-names",
+        "nothing-known",
+    ],
+)
+def test_name_matches(record, names, expected):
+    assert holders.name_matches(record, names) is expected
+
+
+def test_comm_truncated_to_15_chars_still_protects_persistenced():
+    record = _record(pid=812, name="nvidia-persiste", exe=None, argv0=None)
+    assert holders.protection_reason(record, [], set(), [4242]) == "protected daemon"
+
+
+@pytest.mark.parametrize(
+    "record, names, pids, expected",
+    [
+        (_record(pid=1, name="systemd"), [], set(), "PID 1"),
+        (_record(pid=4000, name="sshd"), [], set(), "this Ansible session"),
+        (_record(pid=4242, name="python3"), [], set(), "this Ansible session"),
+        (_record(pid=77, ppid=2, name="nvidia-modeset/", exe=None, argv0=None, kernel_thread=True), [], set(), "kernel thread"),
+        (_record(pid=2, ppid=0, name="kthreadd", exe=None, argv0=None, kernel_thread=True), [], set(), "kernel thread"),
+        (_record(pid=2, ppid=0, name="python3"), [], set(), None),
+        (_record(pid=60, ppid=2, name="python3"), [], set(), None),
+        (_record(pid=900), [], {900}, "protect"),
+        (_record(pid=901, name="Xwayland", exe="Xwayland"), [], set(), "protected daemon"),
+        (_record(pid=902, name="gnome-shell"), [], set(), "protected daemon"),
+        (_record(pid=903, name="jupyter-lab", exe="python3.12", argv0="jupyter-lab"), ["jupyter-lab"], set(), "protect"),
+        (_record(pid=904, name="a-very-long-nam", exe=None, argv0=None), ["a-very-long-name-indeed"], set(), "protect"),
+        (_record(pid=905), ["jupyter-lab"], {1234}, None),
+    ],
+    ids=[
+        "pid-1",
+        "session-sshd",
+        "the-module-itself",
+        "kernel-thread",
+        "kthreadd",
+        "pid-2-in-a-container-is-a-process",
+        "child-of-pid-2-in-a-container-is-a-process",
+        "user-pid",
+        "xwayland",
+        "gnome-shell",
+        "user-name-via-argv0",
+        "user-name-via-truncated-comm",
+        "unprotected",
+    ],
+)
+def test_protection_reason(record, names, pids, expected):
+    assert holders.protection_reason(record, names, pids, [4242, 4000, 1]) == expected
+
+
+def test_split_protect_tells_pids_from_names():
+    assert holders.split_protect(["nvidia-persistenced", "812", " 9 ", "", 42, "my app"]) == (["nvidia-persistenced", "my app"], {812, 9, 42})
+    assert holders.split_protect(None) == ([], set())
+
+
+def test_attribute_maps_minor_numbers_not_indexes():
+    # /dev/nvidia1 is GPU index 0 and /dev/nvidia0 is GPU index 1 on this host.
+    raw = [
+        dict(_record(pid=500), devices=["/dev/nvidia-uvm", "/dev/nvidia1", "/dev/nvidiactl"], gpu_indexes=[], protected=False),
+        dict(_record(pid=501), devices=["/dev/nvidia0", "/dev/nvidia1"], gpu_indexes=[], protected=False),
+        dict(_record(pid=502), devices=["/dev/nvidiactl", "/dev/nvidia-caps/nvidia-cap1"], gpu_indexes=[], protected=False),
+        dict(_record(pid=503), devices=["/dev/nvidia7"], gpu_indexes=[], protected=False),  # not a GPU of this host
+        dict(_record(pid=812, name="nvidia-persiste", exe=None, argv0=None), devices=["/dev/nvidia0", "/dev/nvidia1"], gpu_indexes=[], protected=False),
+    ]
+    result = holders.attribute(raw, {1: 0, 0: 1}, [], set(), [4242])
+    assert [(h["pid"], h["gpu_indexes"], h["protected"], h["protected_reason"]) for h in result] == [
+        (500, [0], False, None),
+        (501, [0, 1], False, None),
+        (502, [], False, None),
+        (503, [], False, None),
+        (812, [0, 1], True, "protected daemon"),
+    ]
+    assert raw[0]["gpu_indexes"] == [], "attribute must not change its input"
+
+
+@pytest.mark.parametrize(
+    "device, minor",
+    [
+        ("/dev/nvidia0", 0),
+        ("/dev/nvidia15", 15),
+        ("/dev/nvidiactl", None),
+        ("/dev/nvidia-uvm", None),
+        ("/dev/nvidia-caps/nvidia-cap1", None),
+        ("/dev/nvidia0 (deleted)", None),
+    ],
+    ids=repr,
+)
+def test_gpu_minor(device, minor):
+    assert holders.gpu_minor(device) == minor
+
+
+def test_parse_cmdline_keeps_arguments_with_spaces():
+    assert holders.parse_cmdline(b"python3\0-m\0vllm.entrypoints.openai.api_server\0--served-model-name\0my model\0\0") == (
+        ["python3", "-m", "vllm.entrypoints.openai.api_server", "--served-model-name", "my model"],
+        "python3 -m vllm.entrypoints.openai.api_server --served-model-name my model",
+    )
+    assert holders.parse_cmdline(b"") == ([], "")
+    assert holders.parse_cmdline(b"\xff\xfe\0")[0] == ["\ufffd\ufffd"]
+
+
+# ------------------------------------------------------------------ a fake /proc
+
+
+@pytest.fixture
+def proc(tmp_path):
+    root = tmp_path / "proc"
+    root.mkdir()
+    (root / "self").symlink_to("100")
+    (root / "sys").mkdir()
+    fakeproc.write_process(root, 1, comm="systemd", ppid=0, argv=("/sbin/init",), cgroup="0::/init.scope\n", exe="/usr/lib/systemd/systemd")
+    fakeproc.write_process(root, 3, comm="kworker/0:0", ppid=2, argv=(), exe=None, cgroup="0::/\n", kernel_thread=True)
+    fakeproc.write_process(
+        root,
+        100,
+        comm="python3",
+        argv=("/opt/vllm/bin/python3", "-m", "vllm.entrypoints.openai.api_server"),
+        cgroup="0::/system.slice/vllm.service\n",
+        fds=fakeproc.cuda_fds(0),
+        maps=fakeproc.CUDA_MAPS,
+        start_time=5000,
+    )
+    fakeproc.write_process(root, 101, comm="python3", state="Z", fds=fakeproc.cuda_fds(0))  # zombie
+    fakeproc.write_process(root, 102, comm="pt_data_worker", maps=("/dev/nvidia1", "/dev/nvidiactl"), uid=4242)  # maps only
+    fakeproc.write_process(root, 103, comm="bash", argv=("-bash",))  # holds nothing
+    os.makedirs(str(root / "104" / "fd"))  # vanished mid-scan: fd dir listed, stat gone
+    os.symlink("/dev/nvidia0", str(root / "104" / "fd" / "3"))
+    fakeproc.write_process(root, 106, comm="nv-hostengine", fds=("/dev/nvidiactl",), exe="/usr/bin/nv-hostengine")  # NVML client
+    fakeproc.write_process(
+        root, 107, comm="python3", fds=fakeproc.cuda_fds(1), exe="/opt/venv/bin/python3.12 (deleted)", cgroup="0::/system.slice/docker-%s.scope\n" % ID64
+    )
+    return root
+
+
+def test_scan_finds_fd_and_maps_holders_and_skips_zombies_and_vanished(proc):
+    found = {h["pid"]: h for h in holders.scan_holders(str(proc))}
+    assert sorted(found) == [100, 102, 106, 107]
+    vllm = found[100]
+    assert vllm["devices"] == ["/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia0", "/dev/nvidiactl"]
+    assert (vllm["unit"], vllm["system_service"], vllm["container"], vllm["user"], vllm["state"], vllm["start_time"]) == (
+        "vllm.service",
+        True,
+        None,
+        "root",
+        "S",
+        5000,
+    )
+    assert vllm["cmdline"] == "/opt/vllm/bin/python3 -m vllm.entrypoints.openai.api_server" and vllm["argv0"] == "python3"
+    assert found[102]["devices"] == ["/dev/nvidia1", "/dev/nvidiactl"]
+    assert found[106]["devices"] == ["/dev/nvidiactl"] and found[106]["exe"] == "nv-hostengine"
+    assert found[107]["exe"] == "python3.12" and found[107]["container"] == ID64 and found[107]["system_service"] is False
+
+
+def test_kernel_thread_is_told_by_its_flags_not_its_pid(proc):
+    fakeproc.write_process(proc, 108, comm="nvidia-modeset/", ppid=2, exe=None, argv=(), fds=("/dev/nvidia0",), kernel_thread=True)
+    fakeproc.write_process(proc, 109, comm="python3", ppid=2, fds=("/dev/nvidia0",))  # PID 2's child in a container
+    found = {h["pid"]: h for h in holders.attribute(holders.scan_holders(str(proc)), {0: 0}, [], set(), [4242])}
+    assert (found[108]["protected"], found[108]["protected_reason"]) == (True, "kernel thread")
+    assert (found[109]["protected"], found[109]["protected_reason"]) == (False, None)
+
+
+def test_zombie_holds_nothing(proc):
+    assert holders.start_time_of(101, str(proc)) is None
+    assert 101 not in [h["pid"] for h in holders.scan_holders(str(proc))]
+
+
+def test_unknown_uid_is_reported_as_a_number(proc):
+    try:
+        pwd.getpwuid(4242)
+    except KeyError:
+        pass
+    else:
+        pytest.skip("uid 4242 exists on this machine")
+    (holder,) = [h for h in holders.scan_holders(str(proc)) if h["pid"] == 102]
+    assert holder["user"] == "4242"
+
+
+def test_open_devices_of_a_vanished_process_raises_oserror(proc):
+    with pytest.raises(OSError):
+        holders.open_devices(999, str(proc))
+    assert holders.read_process(104, str(proc)) is None
+    assert holders.start_time_of(999, str(proc)) is None
+
+
+def test_open_devices_reads_fds_and_maps(proc):
+    assert holders.open_devices(100, str(proc)) == {"/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
+    assert holders.open_devices(103, str(proc)) == set()
+
+
+def test_process_we_may_not_read_is_skipped_not_fatal(proc):
+    if os.geteuid() == 0:
+        pytest.skip("running as root: a chmod 000 fd directory is still readable, so permission denial cannot be simulated")
+    fakeproc.write_process(proc, 105, fds=fakeproc.cuda_fds(0))
+    os.chmod(str(proc / "105" / "fd"), 0)
+    try:
+        assert 105 not in [h["pid"] for h in holders.scan_holders(str(proc))]
+    finally:
+        os.chmod(str(proc / "105" / "fd"), 0o755)
+
+
+def test_list_pids_ignores_non_numeric_entries(proc):
+    assert holders.list_pids(str(proc)) == [1, 3, 100, 101, 102, 103, 104, 106, 107]
+
+
+def test_lineage_walks_up_to_pid_1(tmp_path):
+    fakeproc.write_process(tmp_path, 1, comm="systemd", ppid=0)
+    fakeproc.write_process(tmp_path, 4000, comm="sshd", ppid=1)
+    fakeproc.write_process(tmp_path, 4100, comm="sshd", ppid=4000)
+    fakeproc.write_process(tmp_path, 4242, comm="python3", ppid=4100)
+    assert holders.lineage(4242, str(tmp_path)) == [4242, 4100, 4000, 1]
+
+
+def test_lineage_stops_at_a_missing_parent_and_at_a_cycle(tmp_path):
+    fakeproc.write_process(tmp_path, 4242, comm="python3", ppid=999)
+    assert holders.lineage(4242, str(tmp_path)) == [4242, 999]
+    fakeproc.write_process(tmp_path, 5, ppid=6)
+    fakeproc.write_process(tmp_path, 6, ppid=5)
+    assert holders.lineage(5, str(tmp_path)) == [5, 6]
+
+
+def test_lineage_of_this_process_on_the_real_proc():
+    chain = holders.lineage(os.getpid())
+    assert chain[0] == os.getpid() and os.getppid() in chain
+
+
+# ------------------------------------------------------------------ regressions of bugs found in review
+
+# containerd >= 1.5 with the systemd cgroup driver but runc not using it (kind, k3s, a common
+# kubelet/containerd mismatch) puts pods under containerd.service with a colon form.
+CONTAINERD_COLON = "/system.slice/containerd.service/kubepods-burstable-%s.slice:cri-containerd:%s" % (POD, ID64)
+
+
+def test_pod_under_containerd_service_is_a_container_not_a_containerd_service():
+    assert holders.container_of(CONTAINERD_COLON) == ID64
+    assert holders.is_system_service(CONTAINERD_COLON) is False
+
+
+def test_maps_scan_finds_device_mappings():
+    maps = (
+        "7f1a2c000000-7f1a2c200000 rw-s 00000000 00:05 1107 /dev/nvidiactl\n"
+        "7f1a2e000000-7f1a2e001000 rw-s 00000000 00:05 1112 /dev/nvidia0\n"
+        "7f1a30000000-7f1a30001000 rw-s 00000000 00:05 1113 /dev/nvidia-uvm (deleted)\n"
+        "7f1a32000000-7f1a32100000 r-xp 00000000 08:01 5524 /usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04\n"
+    )
+    assert holders.devices_in_maps(maps) == {"/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia-uvm"}
+
+
+def test_library_under_a_dev_nvidia_named_directory_is_not_a_device():
+    maps = "7f1a32000000-7f1a32100000 r-xp 00000000 08:01 5524 /home/alice/dev/nvidia-apex/build/amp_C.so\n"
+    assert holders.devices_in_maps(maps) == set()
