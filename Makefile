@@ -15,9 +15,9 @@ test: deps
 	$(VENV)/bin/pytest tests
 
 venv: $(VENV)/.installed
-$(VENV)/.installed: requirements-dev.txt
+$(VENV)/.installed: requirements-dev.txt requirements-lint.txt
 	python3 -m venv $(VENV)
-	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt -r requirements-lint.txt
 	touch $@
 
 ## deps: Python tools in .venv, Debian packages the test rigs use, the collection on Ansible's path

@@ -195,6 +195,16 @@ class Run(object):
         self.end_all()
         return took, mib
 
+    def pkill_only(self, *extra):
+        """`pkill -9 -f <server>; sleep 2; nvidia-smi` without fuser: MiB left behind."""
+        proc, ready = self.holder(*extra)
+        pids = self.wait_ready(ready, child=True)
+        os.kill(pids[0], signal.SIGKILL)
+        time.sleep(2)
+        mib = self.used()
+        self.end_all()
+        return mib
+
     # ---- scenarios
 
     def facts_agree(self, facts, name):
@@ -258,6 +268,7 @@ class Run(object):
     def scenario_release(self, label, holder_args, kill_timeout, floor_signal, child=False, budget=None):
         floor = self.floor(floor_signal, *holder_args, child=child)
         hand_s, hand_mib = self.hand_procedure(*holder_args, child=child)
+        pkill_only_mib = self.pkill_only(*holder_args) if child else None
         proc, ready = self.holder(*holder_args)
         pids = self.wait_ready(ready, child=child)
         if child:
@@ -282,7 +293,7 @@ class Run(object):
             ok = ok and elapsed < budget
         self.record(label, ok, elapsed_s=elapsed, timings=result.get("timings"), floor_s=floor,
                     over_floor_s=round(elapsed - floor, 3) if elapsed is not None and floor is not None else None,
-                    hand_procedure_s=hand_s, hand_procedure_mib_after=hand_mib,
+                    hand_procedure_s=hand_s, hand_procedure_mib_after=hand_mib, pkill_only_mib_after=pkill_only_mib,
                     signals=[(k["pid"], k["signal"], k["exited_after_s"]) for k in killed.values()],
                     memory_used_after_mib=after, ansible_wall_s=wall, msg=result.get("msg"))
         self.end_all()

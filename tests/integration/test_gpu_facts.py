@@ -66,7 +66,7 @@ def test_orphaned_fork_child_keeps_memory_behind_a_not_found_owner(nshost):
     gpu = facts(run_module(host, "gpu_facts"))
     assert gpu["clean"] is False and gpu["memory_used_mib"] >= 40960
     [app] = gpu["processes"]
-    assert app["pid"] == parent.pid and app["name"] == "[Not Found]" and app["alive"] is False
+    assert app["pid"] == parent.pid and app["name"] in ("[Not Found]", "[No data]") and app["alive"] is False
     [orphan] = [h for h in gpu["holders"] if h["pid"] == child]
     assert orphan["gpu_indexes"] == [0] and orphan["ppid"] == 1
 

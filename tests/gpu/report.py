@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Render the results.json of tests/gpu/acceptance.py as the tables of docs/real-gpu.md.
+
+    python3 tests/gpu/report.py docs/real-gpu/run-2026-11-29/results.json
+"""
+import json
+import statistics
+import sys
+
+
+def fmt(value, unit=" s"):
+    return "-" if value is None else "%s%s" % (value, unit)
+
+
+def release_rows(scenarios):
+    rows = ["| scenario | module `elapsed_s` | floor (signal to 0 MiB) | over floor | hand procedure | left by hand | signals |",
+            "|---|---|---|---|---|---|---|"]
+    for s in scenarios:
+        if "floor_s" not in s:
+            continue
+        left = "%s MiB" % s.get("hand_procedure_mib_after")
+        if s.get("pkill_only_mib_after") is not None:
+            left += " (`pkill` alone: %s MiB)" % s["pkill_only_mib_after"]
+        signals = ", ".join("%s after %s s" % (sig, after) for _pid, sig, after in s.get("signals", []))
+        rows.append("| %s %s | %s | %s | %s | %s | %s | %s |" % (
+            "PASS" if s["ok"] else "FAIL", s["name"], fmt(s.get("elapsed_s")), fmt(s.get("floor_s")), fmt(s.get("over_floor_s")),
+            fmt(s.get("hand_procedure_s")), left, signals))
+    return rows
+
+
+def medians(scenarios):
+    groups = {}
+    for s in scenarios:
+        if "floor_s" in s and s.get("elapsed_s") is not None:
+            key = s["name"].rsplit(", run", 1)[0]
+            groups.setdefault(key, []).append(s)
+    rows = ["| scenario | runs | median `elapsed_s` | median floor | median over floor |", "|---|---|---|---|---|"]
+    for key, runs in groups.items():
+        over = [r["over_floor_s"] for r in runs if r.get("over_floor_s") is not None]
+        floors = [r["floor_s"] for r in runs if r.get("floor_s") is not None]
+        rows.append("| %s | %d | %.3f s | %s | %s |" % (
+            key, len(runs), statistics.median(r["elapsed_s"] for r in runs),
+            "%.3f s" % statistics.median(floors) if floors else "-", "%.3f s" % statistics.median(over) if over else "-"))
+    return rows
+
+
+def other_rows(scenarios):
+    rows = ["| scenario | result | details |", "|---|---|---|"]
+    for s in scenarios:
+        if "floor_s" in s:
+            continue
+        details = {k: v for k, v in s.items() if k in ("clean", "count", "memory_used_mib", "reserved", "cuda_version", "mismatches",
+                                                         "elapsed_s", "changed", "still_alive", "comm", "killed", "rc", "summary")}
+        rows.append("| %s | %s | `%s` |" % (s["name"], "PASS" if s["ok"] else "FAIL", json.dumps(details).replace("|", "\\|")))
+    return rows
+
+
+def main(path):
+    data = json.load(open(path))
+    out = ["Driver: %s. GPU: %s. Run %s to %s, `%s`." % (
+        " / ".join(l.strip() for l in data["nvidia_smi_version"].splitlines() if l.strip()), data["gpu"], data["started"], data["finished"],
+        data["command"])]
+    out += ["", "### Release times"] + medians(data["scenarios"]) + ["", "Every run:", ""] + release_rows(data["scenarios"])
+    out += ["", "### Other scenarios"] + other_rows(data["scenarios"])
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
