@@ -129,7 +129,7 @@ def container_of(cgroup_path):
 
 def parse_cmdline(raw):
     """NUL-separated argv -> (argv list, display string)."""
-    argv = [arg for arg in raw.decode("utf-8", "replace").split("\0")]
+    argv = raw.decode("utf-8", "replace").split("\0")
     while argv and argv[-1] == "":
         argv.pop()
     return argv, " ".join(argv)

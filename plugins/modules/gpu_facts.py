@@ -19,7 +19,7 @@ description:
     the minor number is not always the index.
   - Returns the result as the fact C(ansible_facts.gpu). Changes nothing.
 author:
-  - zeromib.gpu contributors
+  - zeromib.gpu contributors (@zeromib)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.facts
@@ -141,7 +141,7 @@ ansible_facts:
               clean: false
         processes:
           description:
-            - Compute apps from nvidia-smi, joined to GPUs by UUID. O(name) is nvidia-smi's raw process name,
+            - Compute apps from nvidia-smi, joined to GPUs by UUID. C(name) is nvidia-smi's raw process name,
               V([Not Found]) or V([No data]) for a process it cannot see.
           type: list
           elements: dict
@@ -151,7 +151,7 @@ ansible_facts:
         holders:
           description:
             - Processes with a C(/dev/nvidia*) node open or mapped. Those holding only control nodes
-              (C(/dev/nvidiactl), C(/dev/nvidia-uvm), C(/dev/nvidia-caps/*)) have an empty O(gpu_indexes) and do not make a host dirty.
+              (C(/dev/nvidiactl), C(/dev/nvidia-uvm), C(/dev/nvidia-caps/*)) have an empty C(gpu_indexes) and do not make a host dirty.
           type: list
           elements: dict
           returned: always

@@ -20,16 +20,16 @@ description:
     still alive after O(kill_timeout). Before every signal the PID's start time is checked again, so a reused PID is never signalled.
   - B(Verify) - poll C(memory.used) every O(poll_interval) until every selected GPU reads at most O(max_used_mib), or fail after
     O(wait_timeout) with one message naming each dirty GPU, its MiB and what still holds it.
-  - A host that is already clean is not touched and reports RV(changed=false).
+  - A host that is already clean is not touched and reports C(changed=false).
 author:
-  - zeromib.gpu contributors
+  - zeromib.gpu contributors (@zeromib)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - zeromib.gpu.nvidia_smi
 attributes:
   check_mode:
     support: full
-    details: Reports the plan (RV(stopped_units), RV(killed) with RV(killed[].signal=null)) and never fails on a dirty host.
+    details: Reports the plan (RV(stopped_units), and RV(killed) with C(signal=null)) and never fails on a dirty host.
   diff_mode:
     support: full
     details: Per-GPU memory and the holders, before and after.
@@ -99,10 +99,9 @@ notes:
   - The module never resets a GPU. Memory that nvidia-smi attributes to a process that no longer exists, with no live holder left,
     is a context the driver has not freed; the failure message says that a GPU reset or a reboot is needed.
   - A holder inside a container is signalled like any process; the result warns that its runtime may restart it.
+  - The role P(zeromib.gpu.free_gpus#role) runs this module and asserts the result, for C(pre_tasks) of a training play.
 seealso:
   - module: zeromib.gpu.gpu_facts
-  - role: zeromib.gpu.free_gpus
-    description: Runs this module and asserts the result, for C(pre_tasks) of a training play.
 requirements:
   - nvidia-smi from the NVIDIA driver on the managed node
   - systemd, when O(services) or O(stop_owning_units) are used
@@ -171,7 +170,7 @@ services_not_found:
 killed:
   description:
     - Processes signalled, with the last signal sent (V(SIGTERM) or V(SIGKILL)) and the seconds from the first signal to their exit.
-    - In check mode, the processes that would be signalled, with RV(killed[].signal=null).
+    - In check mode, the processes that would be signalled, with C(signal=null).
   type: list
   elements: dict
   returned: always

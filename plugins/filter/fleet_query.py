@@ -1,0 +1,131 @@
+# Copyright (c) zeromib.gpu developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: fleet_query
+short_description: Query fleet GPU data with a JMESPath expression
+version_added: 0.1.0
+author: zeromib.gpu developers
+description:
+  - Evaluates a JMESPath expression against any data structure, typically the audit model built by
+    P(zeromib.gpu.gpu_audit_model#filter) or a list of C(ansible_facts.gpu) dictionaries.
+  - Works like C(community.general.json_query) without the dependency on that collection, and
+    converts Ansible's own string, list and dictionary types to plain Python first, so JMESPath
+    functions such as C(contains), C(length) and C(sort_by) type-check as expected.
+  - Needs the C(jmespath) Python library on the controller (not on managed nodes).
+positional: expr
+options:
+  _input:
+    description: The data to query.
+    type: raw
+    required: true
+  expr:
+    description:
+      - A JMESPath expression, see U(https://jmespath.org/specification.html).
+      - Or a dictionary of name to expression, to run several queries over the same data in one
+        pass; the result is then a dictionary with the same names.
+      - A bad expression fails with the parser's message and the expression itself.
+    type: raw
+    required: true
+requirements:
+  - jmespath (Python library, on the controller)
+seealso:
+  - plugin: zeromib.gpu.gpu_audit_model
+    plugin_type: filter
+"""
+
+EXAMPLES = r"""
+- name: Names of the hosts that are not clean
+  ansible.builtin.debug:
+    msg: "{{ report | zeromib.gpu.fleet_query(\"hosts[?status != 'clean'].host\") }}"
+  # => ["node03", "node07"]
+
+- name: Every dirty GPU in the fleet, with its host
+  ansible.builtin.debug:
+    msg: "{{ report | zeromib.gpu.fleet_query('hosts[].gpus[] | [?!clean].[host, index, memory_used_mib]') }}"
+  # => [["node03", 0, 10267]]
+
+- name: GPUs above a threshold given in a variable (JMESPath literals go in backticks)
+  ansible.builtin.debug:
+    msg: "{{ report | zeromib.gpu.fleet_query('hosts[].gpus[] | [?used_pct > `' ~ busy_pct ~ '`].uuid') }}"
+
+- name: Several queries at once
+  ansible.builtin.set_fact:
+    findings: "{{ report | zeromib.gpu.fleet_query(queries) }}"
+  vars:
+    queries:
+      not_clean: "hosts[?status != 'clean'].host"
+      busiest: "max_by(hosts[].gpus[], &memory_used_mib).[host, index]"
+  # => {"not_clean": ["node03"], "busiest": ["node03", 0]}
+
+- name: Holders that run inside a systemd unit, straight from gathered facts
+  ansible.builtin.debug:
+    msg: "{{ ansible_facts.gpu | zeromib.gpu.fleet_query('holders[?unit != null].{pid: pid, unit: unit}') }}"
+"""
+
+RETURN = r"""
+_value:
+  description:
+    - What the expression selects; V(null) when nothing matches a plain path.
+    - A dictionary of results when O(expr) is a dictionary.
+  type: raw
+"""
+
+from collections.abc import Mapping, Sequence
+
+from ansible.errors import AnsibleFilterError
+
+try:
+    import jmespath
+except ImportError:  # pragma: no cover - exercised through a test that hides the module
+    jmespath = None
+
+
+def _plain(value):
+    """Ansible's tagged str/list/dict subclasses confuse JMESPath's type checks; copy to plain types."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (str, bytes)):
+        return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, (Sequence, set, frozenset)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def fleet_query(data, expr):
+    if jmespath is None:
+        raise AnsibleFilterError(
+            "zeromib.gpu.fleet_query needs the 'jmespath' Python library on the controller "
+            "(pip install jmespath in the Python that runs ansible-playbook)"
+        )
+    if isinstance(expr, Mapping):
+        plain = _plain(data)
+        return {str(name): _search(plain, one) for name, one in expr.items()}
+    return _search(_plain(data), expr)
+
+
+def _search(data, expr):
+    if not isinstance(expr, str) or not expr.strip():
+        raise AnsibleFilterError("zeromib.gpu.fleet_query needs a non-empty JMESPath expression, got %r" % (expr,))
+    try:
+        compiled = jmespath.compile(str(expr))
+    except jmespath.exceptions.JMESPathError as exc:
+        raise AnsibleFilterError("zeromib.gpu.fleet_query: bad JMESPath expression %r: %s" % (str(expr), exc)) from exc
+    try:
+        return compiled.search(data)
+    except jmespath.exceptions.JMESPathError as exc:
+        raise AnsibleFilterError("zeromib.gpu.fleet_query: JMESPath expression %r failed on this data: %s" % (str(expr), exc)) from exc
+
+
+class FilterModule:
+    def filters(self):
+        return {"fleet_query": fleet_query}

@@ -1,0 +1,375 @@
+# Copyright (c) zeromib.gpu developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: gpu_audit_model
+short_description: Build the fleet GPU audit report from per-host results
+version_added: 0.1.0
+author: zeromib.gpu developers
+description:
+  - Turns one record per audited host into the report model that C(playbooks/audit_gpus.yml)
+    writes as C(report.json) and renders as Markdown, HTML and Prometheus text.
+  - Decides each host's status, V(clean), V(dirty), V(error) or V(unreachable), with a one-line
+    reason for every host that is not clean, and counts hosts, GPUs, MiB and holders.
+  - Hosts are sorted by name, with digits compared as numbers (V(node2) before V(node10)).
+  - Pure data in, pure data out; it touches no host and no file.
+positional: generated_at
+options:
+  _input:
+    description:
+      - One dictionary per host.
+      - C(host) (str, required) is the inventory name.
+      - C(status) is V(ok) when C(zeromib.gpu.gpu_facts) answered (the default),
+        V(error) (or V(failed)) when the module failed, V(unreachable) when Ansible could not
+        connect.
+      - C(error) is the message for V(error) and V(unreachable).
+      - C(gpu) is the host's C(ansible_facts.gpu) as C(zeromib.gpu.gpu_facts) returns it. Facts
+        whose own C(error) is set (O(zeromib.gpu.gpu_facts#module:fail_on_error=false)) make the
+        host V(error).
+    type: list
+    elements: dict
+    required: true
+  generated_at:
+    description:
+      - When the audit ran, as seconds since the epoch. Defaults to now.
+    type: float
+  expected_hosts:
+    description:
+      - Every host the audit targeted. One without a record in the input is reported as V(error)
+        (the audit stopped on it before recording a result) instead of silently missing.
+    type: list
+    elements: str
+"""
+
+EXAMPLES = r"""
+- name: Build the report from per-host records
+  ansible.builtin.set_fact:
+    gpu_report: "{{ hosts_data | zeromib.gpu.gpu_audit_model }}"
+  vars:
+    hosts_data:
+      - host: node01
+        status: ok
+        error: null
+        gpu: "{{ hostvars['node01'].ansible_facts.gpu }}"
+      - host: node02
+        status: unreachable
+        error: "Failed to connect to the host via ssh: Connection timed out"
+        gpu: null
+
+- name: Say how the fleet looks
+  ansible.builtin.debug:
+    msg: "{{ gpu_report.summary.hosts_clean }} of {{ gpu_report.summary.hosts_total }} hosts are clean"
+"""
+
+RETURN = r"""
+_value:
+  description: The report model.
+  type: dict
+  contains:
+    schema_version:
+      description: Version of this structure; bumped on incompatible changes.
+      type: int
+      sample: 1
+    generated_at:
+      description: When the audit ran, ISO 8601 in UTC.
+      type: str
+      sample: "2025-06-01T12:00:00Z"
+    generated_epoch:
+      description: When the audit ran, seconds since the epoch.
+      type: float
+    max_gpu_count:
+      description: The largest GPU count of any host (at least 1); the width of the heat map.
+      type: int
+    summary:
+      description: Fleet totals.
+      type: dict
+      contains:
+        hosts_total: {description: Hosts audited., type: int}
+        hosts_clean: {description: Hosts whose GPUs are all clean and held by no unprotected process., type: int}
+        hosts_dirty: {description: Hosts that answered and are not clean., type: int}
+        hosts_error: {description: Hosts where the module or nvidia-smi failed., type: int}
+        hosts_unreachable: {description: Hosts Ansible could not reach., type: int}
+        gpus_total: {description: GPUs reported by the hosts that answered., type: int}
+        gpus_clean: {description: GPUs at or below the host's C(max_used_mib)., type: int}
+        gpus_dirty: {description: GPUs above it., type: int}
+        memory_used_mib: {description: MiB used over all GPUs., type: int}
+        memory_total_mib: {description: MiB installed over all GPUs., type: int}
+        holders: {description: Unprotected processes holding a GPU device file., type: int}
+    hosts:
+      description: One entry per host, sorted by name.
+      type: list
+      elements: dict
+      contains:
+        host: {description: Inventory name., type: str}
+        status: {description: "V(clean), V(dirty), V(error) or V(unreachable).", type: str}
+        up: {description: Whether the host answered with GPU facts (V(clean) or V(dirty))., type: bool}
+        reason: {description: Why the host is not clean; V(null) when it is., type: str}
+        driver_version: {description: NVIDIA driver version., type: str}
+        cuda_version: {description: CUDA version the driver supports., type: str}
+        gpu_count: {description: GPUs found; V(null) when the host did not answer., type: int}
+        memory_used_mib: {description: MiB used over the host's GPUs., type: int}
+        memory_total_mib: {description: MiB installed over the host's GPUs., type: int}
+        used_pct: {description: Used share of the host's GPU memory in percent, one decimal., type: float}
+        dirty_gpus: {description: Indexes of the GPUs that are not clean., type: list, elements: int}
+        gpus:
+          description:
+            - The host's GPUs as C(gpu_facts) returns them, plus C(host), C(used_pct) (one
+              decimal, V(null) when unknown), C(holders) (the holders of this GPU, protected ones
+              included) and C(processes) (nvidia-smi's compute apps on it).
+          type: list
+          elements: dict
+        holders:
+          description:
+            - The host's holders as C(gpu_facts) returns them, plus C(host), C(used_memory_mib)
+              (what nvidia-smi attributes to the PID, V(null) if nothing) and C(blocking)
+              (unprotected and holding a per-GPU device node, so it makes the host dirty).
+          type: list
+          elements: dict
+        stale_processes:
+          description:
+            - Compute apps whose PID is gone (C(alive=false)) while nvidia-smi still counts their
+              memory; usually a forked child still holds it, else only a reboot or GPU reset frees it.
+          type: list
+          elements: dict
+"""
+
+import re
+import time
+from collections.abc import Mapping, Sequence
+
+from ansible.errors import AnsibleFilterError
+
+SCHEMA_VERSION = 1
+_INPUT_STATUSES = {"ok": "ok", "error": "error", "failed": "error", "unreachable": "unreachable"}
+
+
+def _plain(value):
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, (Sequence, set, frozenset)) and not isinstance(value, bytes):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _natural_key(name):
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part.lower()) for part in re.split(r"(\d+)", name)]
+
+
+def _int_or_none(value):
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return int(value)
+    return None
+
+
+def _pct(used, total):
+    if used is None or not total:
+        return None
+    return round(100.0 * used / total, 1)
+
+
+def _first_line(text):
+    text = str(text or "").strip()
+    line = text.splitlines()[0].strip() if text else ""
+    # ansible-core 2.19 prefixes unreachable and module failures with this; the report says it already.
+    return line[len("Task failed: "):] if line.startswith("Task failed: ") else line
+
+
+def _gpu_records(host, facts):
+    holders = []
+    mib_by_pid = {}
+    for proc in facts.get("processes") or []:
+        if isinstance(proc, Mapping) and proc.get("alive", True) and _int_or_none(proc.get("used_memory_mib")) is not None:
+            mib_by_pid[proc.get("pid")] = mib_by_pid.get(proc.get("pid"), 0) + int(proc["used_memory_mib"])
+    for holder in facts.get("holders") or []:
+        if not isinstance(holder, Mapping):
+            continue
+        record = dict(holder)
+        record["host"] = host
+        record["gpu_indexes"] = list(record.get("gpu_indexes") or [])
+        record["protected"] = bool(record.get("protected"))
+        record["used_memory_mib"] = mib_by_pid.get(record.get("pid"))
+        record["blocking"] = bool(record["gpu_indexes"]) and not record["protected"]
+        holders.append(record)
+    holders.sort(key=lambda h: (not h["blocking"], h["gpu_indexes"][:1] or [1 << 30], h.get("pid") or 0))
+
+    stale = [dict(p, host=host) for p in facts.get("processes") or [] if isinstance(p, Mapping) and p.get("alive") is False]
+
+    gpus = []
+    for gpu in facts.get("gpus") or []:
+        if not isinstance(gpu, Mapping):
+            continue
+        record = dict(gpu)
+        record["host"] = host
+        used = _int_or_none(record.get("memory_used_mib"))
+        total = _int_or_none(record.get("memory_total_mib"))
+        record["used_pct"] = _pct(used, total)
+        record["clean"] = bool(record.get("clean"))
+        index = record.get("index")
+        record["holders"] = [h for h in holders if index in h["gpu_indexes"]]
+        record["processes"] = [
+            dict(p) for p in facts.get("processes") or []
+            if isinstance(p, Mapping) and (p.get("gpu_uuid") == record.get("uuid") or (p.get("gpu_uuid") is None and p.get("gpu_index") == index))
+        ]
+        gpus.append(record)
+    gpus.sort(key=lambda g: (_int_or_none(g.get("index")) is None, _int_or_none(g.get("index")) or 0))
+    return gpus, holders, stale
+
+
+def _dirty_reason(gpus, holders, stale):
+    parts = []
+    dirty = [g for g in gpus if not g["clean"]]
+    if len(dirty) > 3:
+        used = sum(g.get("memory_used_mib") or 0 for g in dirty)
+        parts.append("%d GPUs (%s) %d MiB in all" % (len(dirty), ", ".join(str(g.get("index")) for g in dirty), used))
+    elif dirty:
+        parts.append(", ".join(
+            "GPU %s %s MiB" % (g.get("index"), "?" if g.get("memory_used_mib") is None else g.get("memory_used_mib")) for g in dirty
+        ))
+    blocking = [h for h in holders if h["blocking"]]
+    if blocking:
+        # One line per owner: eight vLLM workers of one unit read as the unit, not eight PIDs.
+        owners = {}
+        for h in blocking:
+            owner = h.get("unit") or ("container %s" % str(h["container"])[:12] if h.get("container") else None)
+            owners.setdefault(owner or "pid %s" % h.get("pid"), []).append(h)
+        shown = []
+        for owner, members in owners.items():
+            if owner.startswith("pid "):
+                shown.append("%s %s" % (members[0].get("pid"), members[0].get("name") or "?"))
+            elif len(members) == 1:
+                shown.append("%s %s (%s)" % (members[0].get("pid"), members[0].get("name") or "?", owner))
+            else:
+                shown.append("%s (%d processes)" % (owner, len(members)))
+        more = " and %d more" % (len(shown) - 3) if len(shown) > 3 else ""
+        parts.append("held by " + ", ".join(shown[:3]) + more)
+    if stale and not blocking:
+        parts.append("memory counted for gone PID %s" % ", ".join(str(p.get("pid")) for p in stale[:3]))
+    return "; ".join(parts) or "gpu_facts reports the host not clean"
+
+
+def _host_record(entry):
+    if not isinstance(entry, Mapping):
+        raise AnsibleFilterError("zeromib.gpu.gpu_audit_model: each host must be a dictionary, got %r" % (entry,))
+    host = entry.get("host")
+    if not host:
+        raise AnsibleFilterError("zeromib.gpu.gpu_audit_model: a host record has no 'host': %r" % (dict(entry),))
+    host = str(host)
+    raw_status = str(entry.get("status") or "ok").lower()
+    if raw_status not in _INPUT_STATUSES:
+        raise AnsibleFilterError(
+            "zeromib.gpu.gpu_audit_model: host %s has status %r; expected one of %s" % (host, raw_status, ", ".join(sorted(_INPUT_STATUSES)))
+        )
+    raw_status = _INPUT_STATUSES[raw_status]
+    facts = entry.get("gpu")
+    facts = facts if isinstance(facts, Mapping) else {}
+
+    gpus, holders, stale = _gpu_records(host, facts)
+    used = [g["memory_used_mib"] for g in gpus if _int_or_none(g.get("memory_used_mib")) is not None]
+    total = [g["memory_total_mib"] for g in gpus if _int_or_none(g.get("memory_total_mib")) is not None]
+    record = {
+        "host": host,
+        "status": None,
+        "up": False,
+        "reason": None,
+        "driver_version": facts.get("driver_version"),
+        "cuda_version": facts.get("cuda_version"),
+        "gpu_count": _int_or_none(facts.get("count")) if facts else None,
+        "memory_used_mib": sum(used) if used else _int_or_none(facts.get("memory_used_mib")),
+        "memory_total_mib": sum(total) if total else None,
+        "used_pct": None,
+        "dirty_gpus": [g.get("index") for g in gpus if not g["clean"]],
+        "gpus": gpus,
+        "holders": holders,
+        "stale_processes": stale,
+    }
+    if record["gpu_count"] is None and facts:
+        record["gpu_count"] = len(gpus)
+    record["used_pct"] = _pct(record["memory_used_mib"], record["memory_total_mib"])
+
+    if raw_status == "unreachable":
+        record["status"] = "unreachable"
+        record["reason"] = _first_line(entry.get("error")) or "unreachable"
+    elif raw_status == "error":
+        record["status"] = "error"
+        record["reason"] = _first_line(entry.get("error")) or "zeromib.gpu.gpu_facts failed"
+    elif not facts:
+        record["status"] = "error"
+        record["reason"] = _first_line(entry.get("error")) or "zeromib.gpu.gpu_facts returned no ansible_facts.gpu"
+    elif facts.get("error"):
+        record["status"] = "error"
+        record["reason"] = _first_line(facts["error"])
+    elif facts.get("clean") is True:
+        record["status"] = "clean"
+        record["up"] = True
+    else:
+        record["status"] = "dirty"
+        record["up"] = True
+        record["reason"] = _dirty_reason(gpus, holders, stale)
+    return record
+
+
+def gpu_audit_model(hosts, generated_at=None, expected_hosts=None):
+    if isinstance(hosts, Mapping) or not isinstance(hosts, Sequence) or isinstance(hosts, str):
+        raise AnsibleFilterError("zeromib.gpu.gpu_audit_model expects a list of host records, got %s" % type(hosts).__name__)
+    records = [_host_record(_plain(entry)) for entry in hosts]
+    recorded = set(r["host"] for r in records)
+    for name in _plain(expected_hosts) or []:
+        if str(name) not in recorded:
+            recorded.add(str(name))
+            records.append(_host_record({"host": str(name), "status": "error", "gpu": None,
+                                         "error": "no audit result: the audit stopped on this host before recording one"}))
+    seen = set()
+    for record in records:
+        if record["host"] in seen:
+            raise AnsibleFilterError("zeromib.gpu.gpu_audit_model: host %s appears twice" % record["host"])
+        seen.add(record["host"])
+    records.sort(key=lambda r: _natural_key(r["host"]))
+
+    try:
+        epoch = float(time.time() if generated_at is None else generated_at)
+    except (TypeError, ValueError) as exc:
+        raise AnsibleFilterError("zeromib.gpu.gpu_audit_model: generated_at must be seconds since the epoch, got %r" % (generated_at,)) from exc
+
+    def count(status):
+        return sum(1 for r in records if r["status"] == status)
+
+    up_gpus = [g for r in records if r["up"] for g in r["gpus"]]
+    summary = {
+        "hosts_total": len(records),
+        "hosts_clean": count("clean"),
+        "hosts_dirty": count("dirty"),
+        "hosts_error": count("error"),
+        "hosts_unreachable": count("unreachable"),
+        "gpus_total": len(up_gpus),
+        "gpus_clean": sum(1 for g in up_gpus if g["clean"]),
+        "gpus_dirty": sum(1 for g in up_gpus if not g["clean"]),
+        "memory_used_mib": sum(r["memory_used_mib"] or 0 for r in records if r["up"]),
+        "memory_total_mib": sum(r["memory_total_mib"] or 0 for r in records if r["up"]),
+        "holders": sum(1 for r in records if r["up"] for h in r["holders"] if h["blocking"]),
+    }
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch)),
+        "generated_epoch": epoch,
+        "max_gpu_count": max([len(r["gpus"]) for r in records] + [1]),
+        "summary": summary,
+        "hosts": records,
+    }
+
+
+class FilterModule:
+    def filters(self):
+        return {"gpu_audit_model": gpu_audit_model}

@@ -1,0 +1,145 @@
+# Copyright (c) zeromib.gpu developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: gpu_audit_prom
+short_description: Render a GPU audit report as Prometheus text (textfile collector)
+version_added: 0.1.0
+author: zeromib.gpu developers
+description:
+  - Renders the model built by P(zeromib.gpu.gpu_audit_model#filter) in the Prometheus text
+    exposition format, one C(# HELP) and C(# TYPE) line per metric family, every metric a gauge,
+    no sample timestamps (node_exporter's textfile collector rejects them).
+  - Label values are escaped as the format requires (backslash, double quote, line feed).
+  - Per-GPU and per-host samples whose value is unknown are left out rather than written as 0.
+  - "Metrics: C(zeromib_gpu_audit_timestamp_seconds), C(zeromib_gpu_audit_hosts{status}),
+    C(zeromib_gpu_host_up{host}), C(zeromib_gpu_host_clean{host}),
+    C(zeromib_gpu_host_info{host,status,driver_version,cuda_version}), C(zeromib_gpu_devices{host}),
+    C(zeromib_gpu_holders{host}), C(zeromib_gpu_memory_used_mib{host,gpu,uuid,name}),
+    C(zeromib_gpu_memory_total_mib{host,gpu,uuid,name}), C(zeromib_gpu_clean{host,gpu,uuid})."
+options:
+  _input:
+    description: The report model from P(zeromib.gpu.gpu_audit_model#filter).
+    type: dict
+    required: true
+seealso:
+  - plugin: zeromib.gpu.gpu_audit_model
+    plugin_type: filter
+"""
+
+EXAMPLES = r"""
+- name: Write the audit for node_exporter's textfile collector
+  ansible.builtin.copy:
+    content: "{{ hosts_data | zeromib.gpu.gpu_audit_model | zeromib.gpu.gpu_audit_prom }}"
+    dest: /var/lib/node_exporter/textfile/gpu_audit.prom
+    mode: "0644"
+"""
+
+RETURN = r"""
+_value:
+  description: The metrics, ending with a line feed.
+  type: str
+  sample: |
+    # HELP zeromib_gpu_host_up 1 when the host answered with GPU facts, 0 when unreachable or in error.
+    # TYPE zeromib_gpu_host_up gauge
+    zeromib_gpu_host_up{host="node01"} 1
+"""
+
+import math
+from collections.abc import Mapping
+
+from ansible.errors import AnsibleFilterError
+
+_STATUSES = ("clean", "dirty", "error", "unreachable")
+
+_FAMILIES = (
+    ("zeromib_gpu_audit_timestamp_seconds", "Unix time at which the GPU audit report was generated."),
+    ("zeromib_gpu_audit_hosts", "Hosts in the GPU audit by status (clean, dirty, error, unreachable)."),
+    ("zeromib_gpu_host_up", "1 when the host answered with GPU facts, 0 when unreachable or in error."),
+    ("zeromib_gpu_host_clean", "1 when every GPU of the host is clean and no unprotected process holds one."),
+    ("zeromib_gpu_host_info", "Audit status, NVIDIA driver and CUDA version of the host; always 1."),
+    ("zeromib_gpu_devices", "GPUs the host reported."),
+    ("zeromib_gpu_holders", "Unprotected processes holding a GPU device file of the host."),
+    ("zeromib_gpu_memory_used_mib", "GPU memory used in MiB, as nvidia-smi reports memory.used."),
+    ("zeromib_gpu_memory_total_mib", "GPU memory installed in MiB."),
+    ("zeromib_gpu_clean", "1 when the GPU's memory used is at or below the audit's max_used_mib."),
+)
+
+
+def escape_label_value(value):
+    """Escape per the text exposition format: backslash, double quote and line feed."""
+    return "" if value is None else str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _labels(pairs):
+    if not pairs:
+        return ""
+    return "{" + ",".join('%s="%s"' % (k, escape_label_value(v)) for k, v in pairs) + "}"
+
+
+def _number(value):
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "+Inf" if value > 0 else "-Inf"
+        return repr(value)
+    raise TypeError(value)
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def gpu_audit_prom(model):
+    if not isinstance(model, Mapping) or not isinstance(model.get("hosts"), list):
+        raise AnsibleFilterError("zeromib.gpu.gpu_audit_prom expects the report model from zeromib.gpu.gpu_audit_model")
+    samples = {name: [] for name, dummy in _FAMILIES}
+
+    def add(name, labels, value):
+        samples[name].append("%s%s %s" % (name, _labels(labels), _number(value)))
+
+    add("zeromib_gpu_audit_timestamp_seconds", [], float(model.get("generated_epoch") or 0.0))
+    for status in _STATUSES:
+        add("zeromib_gpu_audit_hosts", [("status", status)], sum(1 for h in model["hosts"] if h.get("status") == status))
+
+    for host in model["hosts"]:
+        name = host.get("host")
+        up = bool(host.get("up"))
+        add("zeromib_gpu_host_up", [("host", name)], up)
+        add("zeromib_gpu_host_clean", [("host", name)], host.get("status") == "clean")
+        add("zeromib_gpu_host_info", [
+            ("host", name), ("status", host.get("status")),
+            ("driver_version", host.get("driver_version")), ("cuda_version", host.get("cuda_version")),
+        ], 1)
+        if not up:
+            continue
+        if _is_number(host.get("gpu_count")):
+            add("zeromib_gpu_devices", [("host", name)], host["gpu_count"])
+        add("zeromib_gpu_holders", [("host", name)], sum(1 for h in host.get("holders") or [] if h.get("blocking")))
+        for gpu in host.get("gpus") or []:
+            gpu_labels = [("host", name), ("gpu", gpu.get("index")), ("uuid", gpu.get("uuid")), ("name", gpu.get("name"))]
+            if _is_number(gpu.get("memory_used_mib")):
+                add("zeromib_gpu_memory_used_mib", gpu_labels, gpu["memory_used_mib"])
+            if _is_number(gpu.get("memory_total_mib")):
+                add("zeromib_gpu_memory_total_mib", gpu_labels, gpu["memory_total_mib"])
+            add("zeromib_gpu_clean", gpu_labels[:3], bool(gpu.get("clean")))
+
+    lines = []
+    for name, help_text in _FAMILIES:
+        lines.append("# HELP %s %s" % (name, help_text))
+        lines.append("# TYPE %s gauge" % name)
+        lines.extend(samples[name])
+    return "\n".join(lines) + "\n"
+
+
+class FilterModule:
+    def filters(self):
+        return {"gpu_audit_prom": gpu_audit_prom}
