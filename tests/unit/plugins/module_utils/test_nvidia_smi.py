@@ -78,6 +78,19 @@ HELD_APPS = [
     {"pid": 426, "name": "python3", "used_memory_mib": 6662, "gpu_uuid": HELD_UUID, "gpu_bus_id": "00000000:00:06.0", "gpu_name": "NVIDIA H200"},
 ]
 
+RUN_UUID = "GPU-d41735bc-63c1-3926-ea14-00865c4fd3ff"
+RUN_H200 = {
+    "index": 0,
+    "uuid": RUN_UUID,
+    "name": "NVIDIA H200",
+    "pci_bus_id": "00000000:00:06.0",
+    "driver_version": "580.159.04",
+    "memory_total_mib": 143771,
+    "memory_reserved_mib": 616,
+    "persistence_mode": "Enabled",
+    "mig_mode": "Disabled",
+}
+
 H200_EXPECTED = {
     "idle_q_gpu_csv.txt": [IDLE_H200],
     "idle_q_gpu_noheader.txt": [IDLE_H200],
@@ -98,6 +111,14 @@ H200_EXPECTED = {
     "held_apps_live_nh.txt": HELD_APPS,
     "idle_q_apps_empty.txt": [],
     "idle_q_apps_empty_nh.txt": [],
+    # This project's own captures from the real-GPU acceptance run (docs/real-gpu.md).
+    "run_idle_q_gpu_nounits.txt": [dict(RUN_H200, memory_used_mib=0, memory_free_mib=143156, utilization_gpu_pct=0, temperature_c=35, power_draw_w=79.08)],
+    "run_held_q_gpu_nounits.txt": [dict(RUN_H200, memory_used_mib=41487, memory_free_mib=101670, utilization_gpu_pct=3, temperature_c=36, power_draw_w=85.45)],
+    "run_orphan_q_gpu_nounits.txt": [dict(RUN_H200, memory_used_mib=41487, memory_free_mib=101670, utilization_gpu_pct=0, temperature_c=37, power_draw_w=106.62)],
+    "run_idle_q_apps.txt": [],
+    "run_held_apps_live_csv.txt": [{"pid": 506, "name": "/opt/torch/.venv/bin/python3", "used_memory_mib": 41478, "gpu_uuid": RUN_UUID}],
+    # The dead parent of an orphaned child, 0.5 s after the kill: the child holds all of it.
+    "run_orphan_apps_dead_owner_csv.txt": [{"pid": 2220, "name": "[No data]", "used_memory_mib": 41478, "gpu_uuid": RUN_UUID}],
 }
 
 
