@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 COLLECTION_LINK := .build/collections/ansible_collections/zeromib/gpu
 
-.PHONY: demo test venv deps collection clean
+.PHONY: demo test bench venv deps collection clean
 
 ## demo: bring up a small simulated fleet with busy GPUs, free it, audit it, tear it down
 demo: deps
@@ -13,6 +13,10 @@ demo: deps
 ## test: everything CI runs (unit, sanity, lint, module tests on simulated hosts, fleet tests)
 test: deps
 	$(VENV)/bin/pytest tests
+
+## bench: benchmarks on the fleet rig and a namespace host; writes docs/benchmarks.md
+bench: deps
+	$(PY) benchmarks/run.py
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: requirements-dev.txt requirements-lint.txt
