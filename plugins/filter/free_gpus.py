@@ -22,7 +22,7 @@ def _mib(gpus):
     return None if not values or any(v is None for v in values) else sum(values)
 
 
-def free_gpus_outcome(result, host, expected_count=0):
+def free_gpus_outcome(result, host, expected_count=0, check_mode=False):
     """A gpu_release result -> the `free_gpus_result` fact: status, MiB before/after, a message."""
     if not isinstance(result, dict):
         raise AnsibleFilterError("free_gpus_outcome expects the registered result of zeromib.gpu.gpu_release, got %s" % type(result).__name__)
@@ -43,7 +43,7 @@ def free_gpus_outcome(result, host, expected_count=0):
         "killed": [{"pid": k.get("pid"), "name": k.get("name"), "signal": k.get("signal")} for k in killed],
         "protected": result.get("protected") or [],
         "elapsed_s": result.get("elapsed_s"),
-        "check_mode": bool(result.get("ansible_check_mode", False)),
+        "check_mode": bool(check_mode),
     }
     problems = []
     # gpu_release fails with a verdict (GPUs read dirty) or before one (nvidia-smi broken, bad option).

@@ -1,0 +1,80 @@
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The role's per-host outcome and the playbook's fleet summary (pure functions)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.zeromib.gpu.plugins.filter.free_gpus import free_gpus_outcome, free_gpus_summary
+
+
+def gpu(index, used, clean=None):
+    return {"index": index, "uuid": "GPU-%d" % index, "memory_used_mib": used, "clean": (used == 0) if clean is None else clean}
+
+
+def release(before, after, **kw):
+    result = {"changed": True, "released": all(g["clean"] for g in after), "selected_gpus": [g["index"] for g in after],
+              "gpus_before": before, "gpus": after, "stopped_units": [], "killed": [], "elapsed_s": 0.41}
+    result.update(kw)
+    return result
+
+
+def test_freed_host_reports_mib_before_and_after_and_what_was_done():
+    result = release([gpu(0, 40970), gpu(1, 0)], [gpu(0, 0), gpu(1, 0)], stopped_units=["vllm.service"],
+                     killed=[{"pid": 495, "name": "python3", "signal": "SIGKILL"}])
+    outcome = free_gpus_outcome(result, "node01", 2)
+    assert outcome["ok"] and outcome["status"] == "freed"
+    assert (outcome["mib_before"], outcome["mib_after"]) == (40970, 0)
+    assert outcome["message"] == "node01: 2 GPUs free (40970 -> 0 MiB), stopped vllm.service, killed 1 process in 0.41 s"
+
+
+def test_clean_host_is_clean_not_freed():
+    outcome = free_gpus_outcome(release([gpu(0, 0)], [gpu(0, 0)], changed=False), "node02")
+    assert outcome["ok"] and outcome["status"] == "clean"
+
+
+def test_dirty_verdict_names_the_host_and_keeps_the_module_message():
+    result = release([gpu(0, 3072)], [gpu(0, 3072)], failed=True, changed=False,
+                     msg="GPUs still in use after 60.0 s: GPU 0 (GPU-0) reads 3072 MiB, ... a GPU reset or a reboot is needed")
+    outcome = free_gpus_outcome(result, "node03")
+    assert not outcome["ok"] and outcome["status"] == "dirty"
+    assert outcome["message"].startswith("node03: GPUs still in use after 60.0 s: GPU 0 (GPU-0) reads 3072 MiB")
+
+
+def test_broken_driver_before_any_reading_is_failed():
+    outcome = free_gpus_outcome({"failed": True, "msg": "nvidia-smi timed out after 2 s"}, "node04")
+    assert outcome["status"] == "failed" and outcome["message"] == "node04: nvidia-smi timed out after 2 s"
+
+
+def test_host_that_lost_a_gpu_is_not_clean():
+    outcome = free_gpus_outcome(release([gpu(i, 0) for i in range(7)], [gpu(i, 0) for i in range(7)], changed=False), "node05", 8)
+    assert not outcome["ok"] and outcome["status"] == "failed"
+    assert "expected 8 GPUs, nvidia-smi shows 7" in outcome["message"]
+
+
+def test_check_mode_says_what_it_would_do():
+    result = release([gpu(0, 40970)], [gpu(0, 40970)], released=False)
+    outcome = free_gpus_outcome(result, "node06", 0, True)
+    assert outcome["ok"] and outcome["status"] == "would free" and outcome["check_mode"] is True
+
+
+def test_outcome_rejects_what_is_not_a_release_result():
+    with pytest.raises(AnsibleFilterError, match="registered result of zeromib.gpu.gpu_release"):
+        free_gpus_outcome("oops", "node07")
+
+
+def test_summary_lists_worst_hosts_first_and_the_ones_that_never_reported():
+    outcomes = [
+        free_gpus_outcome(release([gpu(0, 0)], [gpu(0, 0)], changed=False), "node-a"),
+        free_gpus_outcome(release([gpu(0, 40970)], [gpu(0, 0)]), "node-b"),
+        free_gpus_outcome({"failed": True, "msg": "nvidia-smi timed out after 2 s"}, "node-c"),
+    ]
+    lines = free_gpus_summary(outcomes, ["node-a", "node-b", "node-c", "node-d"])
+    assert lines[0].split()[:2] == ["STATUS", "HOST"]
+    assert [line.split()[1] for line in lines[1:5]] == ["node-d", "node-c", "node-b", "node-a"]
+    assert "unreachable" in lines[1] and "nvidia-smi timed out" in lines[2] and "40970 -> 0" in lines[3]
+    assert lines[-1] == "4 hosts: 1 unreachable, 1 failed, 1 freed, 1 clean"
