@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -61,7 +60,7 @@ class Run(object):
         self.log.flush()
 
     def smi(self, *args):
-        proc = subprocess.run(["nvidia-smi"] + list(args), capture_output=True, text=True, env=dict(os.environ, LC_ALL="C"))
+        proc = subprocess.run(["nvidia-smi"] + list(args), capture_output=True, text=True, check=False, env=dict(os.environ, LC_ALL="C"))
         return proc.returncode, proc.stdout
 
     def capture(self, name, *args):
@@ -141,7 +140,7 @@ class Run(object):
         if check:
             cmd.append("--check")
         started = time.monotonic()
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=self.env)
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=self.env)
         wall = round(time.monotonic() - started, 3)
         slug = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
         while "--" in slug:
@@ -182,7 +181,7 @@ class Run(object):
         t0 = time.monotonic()
         os.kill(pids[0], signal.SIGKILL)
         if shutil.which("fuser"):
-            listed = subprocess.run(["fuser", "/dev/nvidia%d" % self.gpu], capture_output=True, text=True).stdout.split()
+            listed = subprocess.run(["fuser", "/dev/nvidia%d" % self.gpu], capture_output=True, text=True, check=False).stdout.split()
             holders = [int(p.rstrip("cefFrm")) for p in listed if p.rstrip("cefFrm").isdigit()]
         else:
             holders = [p for p in pids if self.alive(p)]
@@ -329,7 +328,7 @@ class Run(object):
         cmd = [shutil.which("ansible-playbook") or "ansible-playbook", "-i", "localhost,", "-c", "local",
                os.path.join(REPO, "playbooks", "free_gpus.yml"), "-e", "ansible_python_interpreter=" + sys.executable]
         started = time.monotonic()
-        run = subprocess.run(cmd, capture_output=True, text=True, env=self.env)
+        run = subprocess.run(cmd, capture_output=True, text=True, check=False, env=self.env)
         wall = round(time.monotonic() - started, 3)
         self.reap()
         with open(os.path.join(self.out, "ansible-free_gpus-playbook.log"), "w") as handle:

@@ -52,7 +52,7 @@ def other_rows(scenarios):
         if "floor_s" in s:
             continue
         details = {k: v for k, v in s.items() if k in ("clean", "count", "memory_used_mib", "reserved", "cuda_version", "mismatches",
-                                                         "elapsed_s", "changed", "still_alive", "comm", "killed", "rc", "summary")}
+                                                       "elapsed_s", "changed", "still_alive", "comm", "killed", "rc", "summary")}
         rows.append("| %s | %s | `%s` |" % (s["name"], "PASS" if s["ok"] else "FAIL", json.dumps(details).replace("|", "\\|")))
     return rows
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Pose as a GPU daemon (nvidia-persistenced by default): open every /dev/nvidia* node, set the
 kernel comm (truncated to 15 characters, as the kernel does) and argv[0], and wait. Holds no
 GPU memory, like the real daemon. Usage: fake_daemon.py NAME READY_FILE"""

@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """Build a configuration for the simulated nvidia-smi (``tests/sim/nvidia-smi``).
 
 Importable (``make_config(preset, seed=..., ...)``) and a CLI::
 
-    make_config.py h200x8 --seed node01 [--minors 1,0,2,3,4,5,6,7] [-o config.json]
+    python3 tests/sim/make_config.py h200x8 --seed node01 [--minors 1,0,2,3,4,5,6,7] [-o config.json]
 
 Presets model what the real captures in ``tests/fixtures/nvidia-smi`` show (memory
 totals/reservations, names, idle power/clock readings). Values marked *guess* in the
@@ -174,7 +173,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     over = {}
     for kv in a.set:
-        k, _, v = kv.partition("=")
+        k, _sep, v = kv.partition("=")
         try:
             over[k] = json.loads(v)
         except ValueError:

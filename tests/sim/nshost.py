@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """A simulated GPU host in private Linux namespaces (no GPU, no container engine).
 
     with NsHost(preset="h200x8") as host:
@@ -18,7 +17,8 @@
   the real driver's format (Device Minor: is where the minor number comes from).
 * /etc, /run and /usr/bin are overlays: /etc/nvidia-sim/config.json is the sim config,
   /run/nvidia-sim is a bind of the host-visible state dir, /usr/bin/nvidia-smi and
-  /usr/bin/gpu_holder are symlinks to tests/sim.
+  /usr/bin/gpu_holder are symlinks to tests/sim, and /usr/bin/python -> python3 is added
+  when the machine has no /usr/bin/python (the two scripts use `#!/usr/bin/env python`).
 * the host name (UTS namespace) is the seed.
 
 Processes started with spawn() are children of the namespace's init (ppid 1, own
@@ -204,7 +204,7 @@ class NsHost(object):
 
     def _find_init(self):
         upid = self._unshare.pid
-        for _ in range(400):
+        for _try in range(400):
             for pid in _pids():
                 try:
                     with open("/proc/%d/stat" % pid) as f:
@@ -242,7 +242,7 @@ class NsHost(object):
                 self._unshare.kill()
                 self._unshare.wait(timeout=15)
         if self.dir:
-            for _ in range(50):
+            for _try in range(50):
                 try:
                     shutil.rmtree(self.dir)
                     break
@@ -692,6 +692,10 @@ def _setup(spec):
         if os.path.lexists("/usr/bin/" + name):
             os.unlink("/usr/bin/" + name)
         os.symlink(target, "/usr/bin/" + name)
+    # nvidia-smi and gpu_holder start with `#!/usr/bin/env python` (the shebang ansible-test
+    # allows): give the host a `python` as Debian's python-is-python3 does, when it has none.
+    if not os.path.lexists("/usr/bin/python"):
+        os.symlink("python3", "/usr/bin/python")
 
 
 def _init(spec_path):
@@ -731,7 +735,7 @@ def _init(spec_path):
     _atomic_write(ready, "ok")
     while True:
         try:
-            conn, _ = srv.accept()
+            conn, _addr = srv.accept()
         except OSError:
             continue
         try:
@@ -824,8 +828,8 @@ def main(argv=None):
             sys.stdout.write(cp.stdout)
             sys.stderr.write(cp.stderr)
             return cp.returncode
-        print("host %s up in %.2f s: init pid %d, dir %s" % (host.seed, host.start_s,
-                                                              host.init_pid, host.dir))
+        print("host %s up in %.2f s: init pid %d, dir %s" % (
+            host.seed, host.start_s, host.init_pid, host.dir))
         print("enter: nsenter -t %d -m -u -p -- bash      (Ctrl-C here tears it down)" %
               host.init_pid)
         sys.stdout.flush()

@@ -11,8 +11,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.zeromib.gpu.plugins.filter import fleet_query as fq
 from ansible_collections.zeromib.gpu.plugins.filter.gpu_audit_model import gpu_audit_model
-
-import audit_hosts as ah
+from ansible_collections.zeromib.gpu.tests.unit.plugins.filter import audit_hosts as ah
 
 MODEL = gpu_audit_model(ah.fleet(), 1748779200.0)
 

@@ -12,8 +12,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.zeromib.gpu.plugins.filter.gpu_audit_model import FilterModule, gpu_audit_model
-
-import audit_hosts as ah
+from ansible_collections.zeromib.gpu.tests.unit.plugins.filter import audit_hosts as ah
 
 EPOCH = 1748779200.0  # 2025-06-01T12:00:00Z
 

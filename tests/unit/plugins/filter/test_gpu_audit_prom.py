@@ -15,8 +15,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.zeromib.gpu.plugins.filter.gpu_audit_model import gpu_audit_model
 from ansible_collections.zeromib.gpu.plugins.filter.gpu_audit_prom import FilterModule, escape_label_value, gpu_audit_prom
-
-import audit_hosts as ah
+from ansible_collections.zeromib.gpu.tests.unit.plugins.filter import audit_hosts as ah
 
 EPOCH = 1748779200.0
 FAMILIES = [
