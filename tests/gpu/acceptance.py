@@ -34,7 +34,8 @@ STATIC_FIELDS = {
 
 
 class Run(object):
-    def __init__(self, out, gpu, mib, repeat=1):
+    def __init__(self, out, gpu, mib, repeat=1, only=None):
+        self.only = only
         self.repeat = repeat
         self.out = out
         self.gpu = gpu
@@ -73,9 +74,9 @@ class Run(object):
         rc, out = self.smi("-i", str(self.gpu), "--query-gpu=memory.used", "--format=csv,noheader,nounits")
         return int(out.strip()) if rc == 0 else None
 
-    def holder(self, *extra, mib=None):
+    def holder(self, *extra, mib=None, gpu=None):
         ready = os.path.join(self.tmp, "ready-%d-%d" % (len(self.started), int(time.time() * 1000)))
-        cmd = [sys.executable, os.path.join(HERE, "cuda_holder.py"), "--gpu", str(self.gpu), "--ready", ready,
+        cmd = [sys.executable, os.path.join(HERE, "cuda_holder.py"), "--gpu", str(self.gpu if gpu is None else gpu), "--ready", ready,
                "--mib", str(mib if mib is not None else self.mib)] + list(extra)
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log)
         self.started.append(proc)
@@ -121,7 +122,7 @@ class Run(object):
             if self.alive(pid):
                 self.end(pid)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and (self.used() or 0) > 0:
+        while time.monotonic() < deadline and sum(self.used_all().values()) > 0:
             time.sleep(0.05)
 
     def wait_free(self, since, timeout=30):
@@ -322,6 +323,68 @@ class Run(object):
                     still_alive=self.alive(pid), memory_used_mib=self.used(), elapsed_s=result.get("elapsed_s"), wall_s=wall)
         self.end_all()
 
+    def gpu_count(self):
+        return len([line for line in self.smi("-L")[1].splitlines() if line.startswith("GPU ")])
+
+    def smi_q_mapping(self):
+        """index -> (minor, uuid, bus id) from `nvidia-smi -q`, the driver's own long report."""
+        rc, out = self.smi("-q")
+        mapping, index, record = {}, -1, {}
+        for line in out.splitlines():
+            text = line.strip()
+            if line.startswith("GPU ") and line[4:5].isdigit():  # "GPU 00000000:00:06.0" opens a GPU's section
+                index += 1
+                record = {}
+                mapping[index] = record
+            key, _sep, value = text.partition(":")
+            key = key.strip()
+            if key == "Minor Number" and index >= 0:
+                record["minor"] = int(value) if value.strip().isdigit() else None
+            elif key == "GPU UUID" and index >= 0:
+                record["uuid"] = value.strip()
+            elif key == "Bus Id" and index >= 0:
+                record["bus"] = value.strip()
+        return mapping
+
+    def scenario_multi_gpu(self, mib=8192):
+        """A holder on every GPU from its own process (like TP workers); free a subset with
+        `gpus:`, check the others are untouched, then free all. Runs on 1 GPU too."""
+        count = self.gpu_count()
+        facts, _wall = self.playbook("multi-facts", action="facts")
+        facts = facts["ansible_facts"]["gpu"]
+        q_map = self.smi_q_mapping()
+        mapping_errors = []
+        for gpu in facts["gpus"]:
+            want = q_map.get(gpu["index"], {})
+            got = (gpu["minor_number"], gpu["uuid"], gpu["pci_bus_id"])
+            if (want.get("minor"), want.get("uuid"), want.get("bus")) != got:
+                mapping_errors.append("GPU %d: facts %r, nvidia-smi -q %r" % (gpu["index"], got, want))
+        holders = {index: self.holder(mib=mib, gpu=index)[1] for index in range(count)}
+        pids = {index: self.wait_ready(ready)[0] for index, ready in holders.items()}
+        subset = list(range(count // 2)) if count > 1 else [0]
+        before = self.used_all()
+        result, wall = self.playbook("multi-subset", action="release", gpus=[str(i) for i in subset], kill_timeout=5)
+        after = self.used_all()
+        killed = sorted(k["pid"] for k in result.get("killed", []))
+        others = [i for i in range(count) if i not in subset]
+        ok_subset = (result.get("released") and killed == sorted(pids[i] for i in subset)
+                     and all(after[i] == 0 for i in subset) and all(self.alive(pids[i]) and after[i] == before[i] for i in others))
+        self.record("free GPUs %s of %d with gpus:, the others keep their holders and memory" % (subset, count), ok_subset,
+                    elapsed_s=result.get("elapsed_s"), killed=killed, before_mib=before, after_mib=after, wall_s=wall,
+                    mapping_errors=mapping_errors)
+        result, wall = self.playbook("multi-all", action="release", kill_timeout=5)
+        after = self.used_all()
+        ok_all = result.get("released") and all(v == 0 for v in after.values()) and not mapping_errors
+        self.record("free all %d GPUs, every one reads 0 MiB; index/minor/UUID/bus id agree with nvidia-smi -q" % count, ok_all,
+                    elapsed_s=result.get("elapsed_s"), timings=result.get("timings"), after_mib=after, wall_s=wall,
+                    mapping=[(g["index"], g["minor_number"], g["uuid"], g["pci_bus_id"]) for g in facts["gpus"]],
+                    mapping_errors=mapping_errors)
+        self.end_all()
+
+    def used_all(self):
+        rc, out = self.smi("--query-gpu=index,memory.used", "--format=csv,noheader,nounits")
+        return {int(a): int(b) for a, b in (line.split(", ") for line in out.strip().splitlines())} if rc == 0 else {}
+
     def scenario_role(self):
         proc, ready = self.holder()
         pid = self.wait_ready(ready)[0]
@@ -357,7 +420,10 @@ class Run(object):
             self.scenario_protected,
             self.scenario_check_mode,
             self.scenario_role,
+            self.scenario_multi_gpu,
         ]
+        if self.only:
+            scenarios = [getattr(self, "scenario_" + name) for name in self.only]
         try:
             for scenario in scenarios:
                 try:
@@ -382,11 +448,12 @@ def main():
     parser.add_argument("--gpu", type=int, default=0)
     parser.add_argument("--mib", type=int, default=40960)
     parser.add_argument("--repeat", type=int, default=3, help="runs of each release scenario")
+    parser.add_argument("--only", action="append", help="run only this scenario (idle, multi_gpu, ...); repeatable")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: the modules need to see and signal every holder")
     os.makedirs(args.out, exist_ok=True)
-    sys.exit(Run(args.out, args.gpu, args.mib, args.repeat).main())
+    sys.exit(Run(args.out, args.gpu, args.mib, args.repeat, args.only).main())
 
 
 if __name__ == "__main__":
