@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ansible.errors import AnsibleFilterError
 
 # Summary order: what needs the operator's eyes first.
@@ -24,7 +26,7 @@ def _mib(gpus):
 
 def free_gpus_outcome(result, host, expected_count=0, check_mode=False):
     """A gpu_release result -> the `free_gpus_result` fact: status, MiB before/after, a message."""
-    if not isinstance(result, dict):
+    if not isinstance(result, Mapping):
         raise AnsibleFilterError("free_gpus_outcome expects the registered result of zeromib.gpu.gpu_release, got %s" % type(result).__name__)
     expected_count = int(expected_count or 0)
     before = [g for g in result.get("gpus_before") or [] if not result.get("selected_gpus") or g.get("index") in result["selected_gpus"]]
@@ -47,8 +49,9 @@ def free_gpus_outcome(result, host, expected_count=0, check_mode=False):
     }
     problems = []
     # gpu_release fails with a verdict (GPUs read dirty) or before one (nvidia-smi broken, bad option).
+    # A result without `released` is a failure even when failed_when cleared its flag.
     status = "dirty"
-    if result.get("failed"):
+    if result.get("failed") or "released" not in result:
         problems.append(result.get("msg") or "gpu_release failed")
         if not result.get("gpus"):
             status = "failed"
@@ -89,12 +92,26 @@ def free_gpus_outcome(result, host, expected_count=0, check_mode=False):
     return outcome
 
 
-def free_gpus_summary(outcomes, hosts=None):
-    """Outcomes (None for a host that never reported) -> fleet summary lines, worst first."""
+def _outcomes(data, hosts):
+    """A list of outcomes, or hostvars (a mapping of host to its variables)."""
+    if isinstance(data, Mapping):
+        found = []
+        for host in hosts or []:
+            try:
+                found.append(data[host].get("free_gpus_result"))
+            except (KeyError, AttributeError):
+                continue
+        return found
+    return list(data or [])
+
+
+def free_gpus_summary(data, hosts=None):
+    """Outcomes, or hostvars, -> fleet summary lines, worst first. A host of `hosts` without an
+    outcome (unreachable, or failed before gpu_release ran) is listed too."""
     rows = []
     by_host = {}
-    for outcome in outcomes or []:
-        if isinstance(outcome, dict) and outcome.get("host"):
+    for outcome in _outcomes(data, hosts):
+        if isinstance(outcome, Mapping) and outcome.get("host"):
             by_host[outcome["host"]] = outcome
     for host in hosts or sorted(by_host):
         outcome = by_host.get(host)
@@ -102,13 +119,16 @@ def free_gpus_summary(outcomes, hosts=None):
             rows.append(("unreachable", host, "-", "-", "-", "-", "-", "unreachable, or failed before gpu_release ran"))
             continue
         killed = outcome.get("killed") or []
-        units = (outcome.get("stopped_units") or []) + ["%s (disabled)" % u for u in outcome.get("disabled_units") or []]
+        changed_state = {u: "disabled" for u in outcome.get("disabled_units") or []}
+        changed_state.update({u: "masked" for u in outcome.get("masked_units") or []})
+        units = ["%s (%s)" % (u, changed_state[u]) if u in changed_state else u for u in outcome.get("stopped_units") or []]
+        units += ["%s (%s)" % (u, state) for u, state in changed_state.items() if u not in (outcome.get("stopped_units") or [])]
         rows.append((
             outcome.get("status", "failed"),
             host,
             str(len(outcome.get("selected") or [])) + "/" + str(outcome.get("count", "-")),
             "%s -> %s" % (outcome.get("mib_before"), outcome.get("mib_after")),
-            ", ".join(sorted(set(units))) or "-",
+            ", ".join(units) or "-",
             str(len(killed)) if killed else "-",
             "%s s" % outcome.get("elapsed_s") if outcome.get("elapsed_s") is not None else "-",
             "" if outcome.get("ok") else outcome.get("message", ""),

@@ -313,7 +313,9 @@ class Release(object):
             "stopped_units": [],
             "killed": [],
             "protected": [],
-            "skipped": [],
+            # Not "skipped": Ansible reads a result with that key as a skipped task and then
+            # ignores failed_when on it.
+            "reused_pids": [],
             "unkillable": [],
             "warnings": [],
             "gpus_before": [],
@@ -474,7 +476,7 @@ class Release(object):
         unkillable = self._wait_exit([e for e in survivors if "_reused" not in e], kill_timeout) if survivors else []
         for entry in entries:
             if entry.pop("_reused", False):
-                self.result["skipped"].append(
+                self.result["reused_pids"].append(
                     {"pid": entry["pid"], "name": entry["name"], "reason": "PID reused by another process since the scan; not signalled"}
                 )
                 continue

@@ -182,7 +182,7 @@ protected:
   elements: dict
   returned: always
   sample: [{pid: 812, name: nvidia-persiste, unit: nvidia-persistenced.service, gpu_indexes: [0, 1]}]
-skipped:
+reused_pids:
   description: Planned targets not signalled because their PID now belongs to another process.
   type: list
   elements: dict

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import os
@@ -137,6 +138,30 @@ class FleetHandle:
                 lambda h: self.ssh(h, self.RESET.format(idle=self.host(h).idle_mib)), hosts)))
         bad = {h: r.stderr for h, r in res.items() if r.returncode != 0}
         assert not bad, f"reset failed: {bad}"
+
+    # -- network faults
+    @contextlib.contextmanager
+    def unreachable(self, host: str):
+        """HOST's link is down inside the block (SSH to it fails at once, as to a dead node);
+        it is up again, and sshd answers, when the block ends, whatever happened inside."""
+        self.rig.set_link(host, up=False)
+        try:
+            yield host
+        finally:
+            self.rig.set_link(host, up=True)
+
+    # -- inventory variables (files next to the fleet's inventory; Ansible reads them on every run)
+    def write_group_vars(self, group: str, variables: dict) -> Path:
+        """Writes group_vars/GROUP.yml next to the inventory (JSON is YAML); returns its path."""
+        d = self.inventory.parent / "group_vars"
+        d.mkdir(exist_ok=True)
+        path = d / f"{group}.yml"
+        path.write_text(json.dumps(variables, indent=1) + "\n")
+        return path
+
+    def remove_group_vars(self, group: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.inventory.parent / "group_vars" / f"{group}.yml").unlink()
 
     # -- simulator faults (tests/sim/README.md: hang, latency_s, gpu_lost, leak, ...)
     FAULTS = "/run/nvidia-sim/faults.json"
@@ -289,6 +314,23 @@ def clean_fleet(fleet):
     """The session fleet; every host is reset to idle GPUs after the test."""
     yield fleet
     fleet.reset()
+
+
+@pytest.fixture(scope="session")
+def fleet_baselines(fleet):
+    """Inventory group_vars for hosts whose GPUs idle above 0 MiB (the MIG host: 55 MiB):
+    `free_gpus_max_used_mib` and `gpu_audit_max_used_mib` of 64 for that group only, as an
+    operator would set them. Written next to the fleet's inventory; removed at the end."""
+    groups = {}
+    for h in fleet.hosts:
+        if h.idle_mib > 0:
+            group = h.preset.replace("-", "_")
+            groups[group] = max(groups.get(group, 0), 64 if h.idle_mib <= 64 else h.idle_mib + 8)
+    for group, mib in groups.items():
+        fleet.write_group_vars(group, {"free_gpus_max_used_mib": mib, "gpu_audit_max_used_mib": mib})
+    yield fleet
+    for group in groups:
+        fleet.remove_group_vars(group)
 
 
 def _raise_interrupt(signum, frame):

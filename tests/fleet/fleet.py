@@ -480,6 +480,41 @@ class Fleet:
                 p.kill()
                 p.wait()
 
+    def close_host_masters(self, name: str) -> None:
+        """Ends the SSH control masters (the rig's `f-` and Ansible's `a-`) of one host, so that
+        no later session rides on a connection that outlived a change to the host's link."""
+        if not self.cp_dir.is_dir():
+            return
+        addr = self.host(name)["addr"]
+        for kind in ("f", "a"):
+            subprocess.run(["ssh", "-F", "/dev/null", "-o", f"ControlPath={self.cp_dir}/{kind}-%C",
+                            "-O", "exit", f"root@{addr}"], stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10, check=False)
+
+    def set_link(self, name: str, up: bool) -> None:
+        """Takes NAME's network link down (the host becomes unreachable, as a node whose NIC or
+        switch port died) or up again. It is the host's end of its veth pair, inside the host's
+        own network namespace, that goes down: the controller's end, its address and its route
+        stay, so packets for the host still go to that veth and are lost there (SSH fails with
+        "No route to host"), never to the machine's default route."""
+        h = self.host(name)
+        if "netns" not in h.get("owned", []):
+            raise FleetError(f"{name}: its network namespace is not recorded as this fleet's")
+        if not up:
+            self.close_host_masters(name)
+        run(["ip", "-n", h["netns"], "link", "set", "dev", "host0", "up" if up else "down"])
+        if up:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    socket.create_connection((h["addr"], 22), timeout=1).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise FleetError(f"{name}: sshd not reachable 30 s after its link came up")
+                    time.sleep(0.05)
+            self.close_host_masters(name)
+
     # -- up
     def _pick_slot(self) -> int:
         used = set()
@@ -636,6 +671,10 @@ class Fleet:
         (up / "usr" / "local" / "sbin").mkdir(parents=True, exist_ok=True)
         os.symlink("/usr/local/lib/nvidia-sim/nvidia-smi", up / "usr" / "bin" / "nvidia-smi")
         os.symlink("/usr/local/lib/nvidia-sim/gpu_holder", up / "usr" / "local" / "bin" / "gpu_holder")
+        # The simulator's scripts start with `#!/usr/bin/env python` (the shebang ansible-test
+        # sanity allows); give the host the `python` that Debian's python-is-python3 gives.
+        if not os.path.lexists(Path(self.state["base"]) / "usr" / "bin" / "python"):
+            os.symlink("python3", up / "usr" / "bin" / "python")
 
         cfg = make_config(h["preset"], h["name"], h.get("minors"))
         gpus = config_gpus(cfg)

@@ -78,3 +78,18 @@ def test_summary_lists_worst_hosts_first_and_the_ones_that_never_reported():
     assert [line.split()[1] for line in lines[1:5]] == ["node-d", "node-c", "node-b", "node-a"]
     assert "unreachable" in lines[1] and "nvidia-smi timed out" in lines[2] and "40970 -> 0" in lines[3]
     assert lines[-1] == "4 hosts: 1 unreachable, 1 failed, 1 freed, 1 clean"
+
+
+def test_summary_reads_outcomes_from_hostvars_and_tolerates_hosts_without_one():
+    hostvars = {
+        "node-a": {"free_gpus_result": free_gpus_outcome(release([gpu(0, 0)], [gpu(0, 0)], changed=False), "node-a")},
+        "node-b": {"inventory_hostname": "node-b"},  # unreachable: the role never set its fact
+    }
+    lines = free_gpus_summary(hostvars, ["node-a", "node-b", "node-c"])
+    assert [line.split()[:2] for line in lines[1:4]] == [["unreachable", "node-b"], ["unreachable", "node-c"], ["clean", "node-a"]]
+
+
+def test_summary_names_a_stopped_and_disabled_unit_once():
+    result = release([gpu(0, 30000)], [gpu(0, 0)], stopped_units=["sglang.service"], disabled_units=["sglang.service"])
+    lines = free_gpus_summary([free_gpus_outcome(result, "node-a")], ["node-a"])
+    assert "sglang.service (disabled)" in lines[1] and lines[1].count("sglang.service") == 1
