@@ -162,10 +162,12 @@ def alive(pid, proc="/proc"):
 class Snapshot(object):
     """One look at the node: what gpu_facts returns and what gpu_release plans from."""
 
-    def __init__(self, gpus, apps, holders):
+    def __init__(self, gpus, apps, holders, unreadable=None):
         self.gpus = gpus
         self.apps = apps
         self.holders = holders
+        # PIDs whose device files we may not read (not root): holders may hide among them.
+        self.unreadable = unreadable or []
 
 
 def look(smi, protect, with_processes=True, proc="/proc", driver_root="/proc/driver/nvidia/gpus"):
@@ -176,7 +178,18 @@ def look(smi, protect, with_processes=True, proc="/proc", driver_root="/proc/dri
         return Snapshot(gpus, [], [])
     names, pids = holders_mod.split_protect(protect)
     lineage = holders_mod.lineage(os.getpid(), proc)
-    raw = holders_mod.scan_holders(proc)
+    unreadable = []
+    raw = holders_mod.scan_holders(proc, unreadable)
     attributed = holders_mod.attribute(raw, minor_to_index(gpus), names, pids, lineage)
     joined = join_apps(apps, gpus, lambda pid: alive(pid, proc))
-    return Snapshot(gpus, joined, attributed)
+    return Snapshot(gpus, joined, attributed, unreadable)
+
+
+def unreadable_warning(unreadable):
+    """What to tell a user who ran without root, or None."""
+    if not unreadable:
+        return None
+    return (
+        "could not read the open files of %d process(es) (not root?): a holder among them is invisible to this module; "
+        "run with become: true" % len(unreadable)
+    )

@@ -233,14 +233,19 @@ def list_pids(proc="/proc"):
     return sorted(int(entry) for entry in os.listdir(proc) if entry.isdigit())
 
 
-def scan_holders(proc="/proc"):
+def scan_holders(proc="/proc", unreadable=None):
     """Every live process with a /dev/nvidia* node open or mapped. Processes that vanish
-    mid-scan or that we may not read are skipped; a zombie holds nothing and is no holder."""
+    mid-scan or that we may not read are skipped (the PIDs we may not read are appended to
+    `unreadable`, if given); a zombie holds nothing and is no holder."""
     holders = []
     users = {}
     for pid in list_pids(proc):
         try:
             devices = open_devices(pid, proc)
+        except PermissionError:
+            if unreadable is not None:
+                unreadable.append(pid)
+            continue
         except OSError:
             continue
         if not devices:

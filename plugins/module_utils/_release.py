@@ -529,6 +529,9 @@ class Release(object):
         started = self.system.now()
         snapshot = self.look()
         gpus, holders = snapshot.gpus, snapshot.holders
+        hidden = _facts.unreadable_warning(getattr(snapshot, "unreadable", None))
+        if hidden:
+            self.result["warnings"].append(hidden)
         limit = self.params.get("max_used_mib")
         selected = select_gpus(gpus, self.params.get("gpus"))
         self.result["gpus_before"] = [_facts.public_gpu(g, limit) for g in gpus]
@@ -604,6 +607,8 @@ class Release(object):
                 dirty, final_holders, apps, self.result["timings"]["wait_s"], self.result["unkillable"], self.result.pop("_only_protected", False)
             )
             self.result.pop("_only_protected", None)
+            if hidden:
+                message += ". Also: " + hidden
             raise ReleaseError(message, self._finish(gpus, holders, final_gpus, final_holders))
         return self._finish(gpus, holders, final_gpus, final_holders)
 

@@ -186,12 +186,13 @@ ARGUMENT_SPEC = dict(
 
 
 def gather(params):
-    """Options -> the ansible_facts.gpu dict. Raises NvidiaSmiError."""
+    """Options -> (the ansible_facts.gpu dict, a warning or None). Raises NvidiaSmiError."""
     smi = NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), params["timeout"])
     snapshot = _facts.look(smi, params["protect"], with_processes=params["processes"])
-    return _facts.assemble(
+    facts = _facts.assemble(
         snapshot.gpus, snapshot.apps, snapshot.holders, params["max_used_mib"], params["processes"], _facts.cuda_driver_version()
     )
+    return facts, _facts.unreadable_warning(snapshot.unreadable)
 
 
 def main():
@@ -199,11 +200,13 @@ def main():
     if module.params["timeout"] <= 0:
         module.fail_json(msg="timeout must be greater than 0, got %s" % module.params["timeout"])
     try:
-        facts = gather(module.params)
+        facts, warning = gather(module.params)
     except NvidiaSmiError as exc:
         if module.params["fail_on_error"]:
             module.fail_json(**exc.details())
-        facts = _facts.failed_facts(exc.msg)
+        facts, warning = _facts.failed_facts(exc.msg), None
+    if warning:
+        module.warn(warning)
     module.exit_json(changed=False, ansible_facts={"gpu": facts})
 
 

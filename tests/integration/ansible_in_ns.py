@@ -76,4 +76,17 @@ def run_module(host, module, args=None, check=False, diff=False, timeout=180):
     except (OSError, ValueError):
         raise AssertionError("ansible-playbook wrote no result (rc %s):\n%s\n%s" % (proc.returncode, proc.stdout[-4000:], proc.stderr[-4000:]))
     assert "Traceback" not in result.get("module_stderr", "") + result.get("msg", ""), result
+    record_timing(module, result, wall)
     return ModuleRun(result, wall, proc.stdout, proc.stderr, proc.returncode)
+
+
+def record_timing(module, result, wall):
+    """Append the module's own elapsed_s to tests/output/module_timings.jsonl (one line per call),
+    so that each scenario's time on the simulated host can be reported."""
+    out_dir = os.path.join(REPO, "tests", "output")
+    os.makedirs(out_dir, exist_ok=True)
+    line = {"test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0], "module": module,
+            "elapsed_s": result.get("elapsed_s"), "timings": result.get("timings"), "failed": bool(result.get("failed")),
+            "ansible_wall_s": round(wall, 3)}
+    with open(os.path.join(out_dir, "module_timings.jsonl"), "a") as handle:
+        handle.write(json.dumps(line) + "\n")

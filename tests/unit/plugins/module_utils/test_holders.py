@@ -325,17 +325,6 @@ def test_open_devices_reads_fds_and_maps(proc):
     assert holders.open_devices(103, str(proc)) == set()
 
 
-def test_process_we_may_not_read_is_skipped_not_fatal(proc):
-    if os.geteuid() == 0:
-        pytest.skip("running as root: a chmod 000 fd directory is still readable, so permission denial cannot be simulated")
-    fakeproc.write_process(proc, 105, fds=fakeproc.cuda_fds(0))
-    os.chmod(str(proc / "105" / "fd"), 0)
-    try:
-        assert 105 not in [h["pid"] for h in holders.scan_holders(str(proc))]
-    finally:
-        os.chmod(str(proc / "105" / "fd"), 0o755)
-
-
 def test_list_pids_ignores_non_numeric_entries(proc):
     assert holders.list_pids(str(proc)) == [1, 3, 100, 101, 102, 103, 104, 106, 107]
 
@@ -386,3 +375,21 @@ def test_maps_scan_finds_device_mappings():
 def test_library_under_a_dev_nvidia_named_directory_is_not_a_device():
     maps = "7f1a32000000-7f1a32100000 r-xp 00000000 08:01 5524 /home/alice/dev/nvidia-apex/build/amp_C.so\n"
     assert holders.devices_in_maps(maps) == set()
+
+
+def test_processes_we_may_not_read_are_counted_so_a_non_root_run_can_say_so(monkeypatch, tmp_path):
+    # Root reads every fd directory, so the denial is injected at the one place it happens.
+    from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
+
+    for pid in (10, 11):
+        (tmp_path / str(pid)).mkdir()
+
+    def denied(pid, proc):
+        raise PermissionError(13, "Permission denied", "%s/%d/fd" % (proc, pid))
+
+    monkeypatch.setattr(holders, "open_devices", denied)
+    unreadable = []
+    assert holders.scan_holders(str(tmp_path), unreadable) == []
+    assert unreadable == [10, 11]
+    assert "2 process(es)" in _facts.unreadable_warning(unreadable) and "become: true" in _facts.unreadable_warning(unreadable)
+    assert _facts.unreadable_warning([]) is None

@@ -352,7 +352,7 @@ def test_pid_reused_between_scan_and_signal_is_not_signalled(world):
     result = run(world, release_class=ReusedAfterLook)
     assert world.signals == []
     assert result["killed"] == []
-    assert result["skipped"] == [{"pid": 495, "name": "python3", "reason": "PID reused by another process since the scan; not signalled"}]
+    assert result["reused_pids"] == [{"pid": 495, "name": "python3", "reason": "PID reused by another process since the scan; not signalled"}]
     assert 495 in world.procs and result["released"] is True
 
 
@@ -366,7 +366,7 @@ def test_holder_gone_before_the_signal_is_not_reported_killed(world):
             return snapshot
 
     result = run(world, release_class=ExitedAfterLook)
-    assert (world.signals, result["killed"], result["skipped"], result["released"]) == ([], [], [], True)
+    assert (world.signals, result["killed"], result["reused_pids"], result["released"]) == ([], [], [], True)
 
 
 def test_orphaned_fork_child_keeps_memory_until_killed(world):
