@@ -7,7 +7,7 @@ import pytest
 
 from scenarios import (
     FAIL_TASK, ASSERT_TASK, PLAYBOOK, RELEASE_TASK, TRAINING, Cast, baseline,
-                       failure_messages, memory, summary_lines, summary_status)
+    failure_messages, memory, summary_lines, summary_status)
 
 pytestmark = pytest.mark.usefixtures("fleet_baselines")
 

@@ -114,8 +114,9 @@ H200_EXPECTED = {
     # This project's own captures from the real-GPU acceptance run (docs/real-gpu.md).
     "run_idle_q_gpu_nounits.txt": [dict(RUN_H200, memory_used_mib=0, memory_free_mib=143156, utilization_gpu_pct=0, temperature_c=35, power_draw_w=79.08)],
     "run_held_q_gpu_nounits.txt": [dict(RUN_H200, memory_used_mib=41487, memory_free_mib=101670, utilization_gpu_pct=3, temperature_c=36, power_draw_w=85.45)],
-    "run_orphan_q_gpu_nounits.txt": [dict(RUN_H200, memory_used_mib=41487,
-        memory_free_mib=101670, utilization_gpu_pct=0, temperature_c=37, power_draw_w=106.62)],
+    "run_orphan_q_gpu_nounits.txt": [
+        dict(RUN_H200, memory_used_mib=41487, memory_free_mib=101670, utilization_gpu_pct=0, temperature_c=37, power_draw_w=106.62)
+    ],
     "run_idle_q_apps.txt": [],
     "run_held_apps_live_csv.txt": [{"pid": 506, "name": "/opt/torch/.venv/bin/python3", "used_memory_mib": 41478, "gpu_uuid": RUN_UUID}],
     # The dead parent of an orphaned child, 0.5 s after the kill: the child holds all of it.
