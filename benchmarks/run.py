@@ -57,11 +57,11 @@ class Bench(object):
     # ------------------------------------------------------------ fleet contenders
 
     def env(self, fleet):
-        return dict(os.environ, ANSIBLE_CONFIG=str(fleet.state / "ansible.cfg"),
+        return dict(os.environ, ANSIBLE_CONFIG=str(fleet.ansible_cfg),
                     ANSIBLE_COLLECTIONS_PATH=os.path.join(REPO, ".build", "collections"), ANSIBLE_NOCOLOR="1")
 
     def playbook(self, fleet, playbook, extra=None):
-        cmd = [os.path.join(VENV, "ansible-playbook"), "-i", str(fleet.state / "inventory.ini"), playbook, "-l", "gpu_nodes"]
+        cmd = [os.path.join(VENV, "ansible-playbook"), "-i", str(fleet.inventory), playbook, "-l", "gpu_nodes"]
         if extra:
             cmd += ["-e", json.dumps(extra)]
         started = time.monotonic()
@@ -89,7 +89,8 @@ class Bench(object):
             took, proc = self.playbook(fleet, play_file)
             assert proc.returncode == 0, proc.stdout[-3000:]
             results["one-task nvidia-smi play"].append(took)
-            took, _out = self.parallel_ssh(fleet, QUERY)
+            took, out = self.parallel_ssh(fleet, QUERY)
+            assert all(line.strip() for line in out), "raw ssh got no answer from some host"
             results["raw parallel ssh"].append(took)
         self.rows.setdefault("clean", {})[n] = {k: median(v) for k, v in results.items()}
         self.rows.setdefault("clean_runs", {})[n] = results
@@ -103,19 +104,23 @@ class Bench(object):
             fleet.workload(host["name"], "ignore-term", gpus="1", mib=20480)
             fleet.workload(host["name"], "orphan", gpus="2", mib=10240)
             if index % 2 == 0:
-                fleet.workload(host["name"], "vllm", gpus="3,4")
+                fleet.workload(host["name"], "vllm")
             fleet.workload(host["name"], "persistenced")
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             list(pool.map(one, enumerate(fleet.hosts)))
 
-    def verdict(self, fleet, settle_s=3.0):
-        """Clean after `settle_s` (a Restart=always unit respawns within ~1 s), and is the
-        protected daemon still there?"""
+    def daemon_pids(self, fleet):
+        _took, outputs = self.parallel_ssh(fleet, "systemctl show -p MainPID --value nvidia-persistenced.service")
+        return {h["name"]: out.strip() for h, out in zip(fleet.hosts, outputs)}
+
+    def verdict(self, fleet, daemons_before, settle_s=3.0):
+        """Clean after `settle_s` (a Restart=always unit respawns within ~1 s), and was the
+        protected daemon killed (its unit restarts it here, so compare its PID)?"""
         time.sleep(settle_s)
         memory = self.fleet_memory(fleet)
         dirty = sorted(h for h, mibs in memory.items() if any(m > 0 for m in mibs))
-        _took, outputs = self.parallel_ssh(fleet, "systemctl is-active nvidia-persistenced.service")
-        lost_daemon = sorted(h["name"] for h, out in zip(fleet.hosts, outputs) if out.strip() != "active")
+        after = self.daemon_pids(fleet)
+        lost_daemon = sorted(h for h, pid in daemons_before.items() if after.get(h) != pid)
         return dirty, lost_daemon
 
     def dirty_fleet(self, fleet, n):
@@ -123,16 +128,18 @@ class Bench(object):
         outcome = {}
         for _rep in range(self.args.reps):
             self.make_dirty(fleet)
+            daemons = self.daemon_pids(fleet)
             took, proc = self.playbook(fleet, os.path.join(REPO, "playbooks", "free_gpus.yml"),
                                        {"free_gpus_kill_timeout": 2, "free_gpus_services": ["vllm*.service"]})
             results["free_gpus.yml"].append(took)
-            dirty, lost = self.verdict(fleet)
+            dirty, lost = self.verdict(fleet, daemons)
             outcome["free_gpus.yml"] = {"rc": proc.returncode, "dirty_hosts": len(dirty), "lost_persistenced": len(lost)}
             fleet_reset(fleet)
             self.make_dirty(fleet)
+            daemons = self.daemon_pids(fleet)
             took, _out = self.parallel_ssh(fleet, HAND)
             results["hand procedure over parallel ssh"].append(took)
-            dirty, lost = self.verdict(fleet)
+            dirty, lost = self.verdict(fleet, daemons)
             outcome["hand procedure over parallel ssh"] = {"rc": None, "dirty_hosts": len(dirty), "lost_persistenced": len(lost)}
             fleet_reset(fleet)
         self.rows.setdefault("dirty", {})[n] = {k: (median(v), outcome[k]) for k, v in results.items()}
@@ -237,7 +244,7 @@ signal.pause()
                     "Each host: a 40 GiB trainer (cooperative), a 20 GiB holder ignoring SIGTERM (`kill_timeout: 2`), an orphaned "
                     "child forked after CUDA init (10 GiB), on every other host a `Restart=always` vllm.service (TP=2), and "
                     "nvidia-persistenced. Clean is checked 3 s after the contender returns (a respawned unit counts as dirty).", "",
-                    "| hosts | contender | wall | hosts dirty after | hosts that lost nvidia-persistenced | rc |", "|---|---|---|---|---|---|"]
+                    "| hosts | contender | wall | hosts dirty after | hosts where nvidia-persistenced was killed | rc |", "|---|---|---|---|---|---|"]
             for n, row in sorted(self.rows["dirty"].items()):
                 for name, (took, outcome) in row.items():
                     out.append("| %d | %s | %.2f s | %d | %d | %s |" % (

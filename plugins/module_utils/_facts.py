@@ -170,9 +170,13 @@ class Snapshot(object):
         self.unreadable = unreadable or []
 
 
-def look(smi, protect, with_processes=True, proc="/proc", driver_root="/proc/driver/nvidia/gpus"):
-    """nvidia-smi (GPUs and compute apps side by side) then the /proc scan -> Snapshot."""
-    gpus, apps = smi.query_all(with_apps=with_processes)
+def look(smi, protect, with_processes=True, proc="/proc", driver_root="/proc/driver/nvidia/gpus", with_apps=None):
+    """nvidia-smi (GPUs and, side by side, compute apps) then the /proc scan -> Snapshot.
+
+    `with_apps` defaults to `with_processes`; gpu_release looks without them (it plans from the
+    device files and asks for compute apps only when a GPU stays dirty), one call instead of two."""
+    with_apps = with_processes if with_apps is None else with_apps
+    gpus, apps = smi.query_all(with_apps=with_apps)
     gpus = with_minor_numbers(gpus, smi_mod.read_minor_numbers(driver_root))
     if not with_processes:
         return Snapshot(gpus, [], [])

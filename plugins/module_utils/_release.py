@@ -337,7 +337,7 @@ class Release(object):
         return self._attribute(holders_mod.scan_holders(self.system.proc), gpus)
 
     def look(self):
-        snapshot = _facts.look(self.smi, self.params.get("protect"), True, self.system.proc, self.driver_root)
+        snapshot = _facts.look(self.smi, self.params.get("protect"), True, self.system.proc, self.driver_root, with_apps=False)
         return snapshot
 
     # --- plan
