@@ -124,17 +124,20 @@ class Bench(object):
         return dirty, lost_daemon
 
     def dirty_fleet(self, fleet, n):
-        results = {"free_gpus.yml": [], "hand procedure over parallel ssh": []}
+        ours = {"free_gpus.yml, kill_timeout 2": 2, "free_gpus.yml, kill_timeout 0 (SIGKILL at once, as by hand)": 0}
+        results = {name: [] for name in ours}
+        results["hand procedure over parallel ssh"] = []
         outcome = {}
         for _rep in range(self.args.reps):
-            self.make_dirty(fleet)
-            daemons = self.daemon_pids(fleet)
-            took, proc = self.playbook(fleet, os.path.join(REPO, "playbooks", "free_gpus.yml"),
-                                       {"free_gpus_kill_timeout": 2, "free_gpus_services": ["vllm*.service"]})
-            results["free_gpus.yml"].append(took)
-            dirty, lost = self.verdict(fleet, daemons)
-            outcome["free_gpus.yml"] = {"rc": proc.returncode, "dirty_hosts": len(dirty), "lost_persistenced": len(lost)}
-            fleet_reset(fleet)
+            for name, kill_timeout in ours.items():
+                self.make_dirty(fleet)
+                daemons = self.daemon_pids(fleet)
+                took, proc = self.playbook(fleet, os.path.join(REPO, "playbooks", "free_gpus.yml"),
+                                           {"free_gpus_kill_timeout": kill_timeout, "free_gpus_services": ["vllm*.service"]})
+                results[name].append(took)
+                dirty, lost = self.verdict(fleet, daemons)
+                outcome[name] = {"rc": proc.returncode, "dirty_hosts": len(dirty), "lost_persistenced": len(lost)}
+                fleet_reset(fleet)
             self.make_dirty(fleet)
             daemons = self.daemon_pids(fleet)
             took, _out = self.parallel_ssh(fleet, HAND)
@@ -175,7 +178,7 @@ times, scans, calls = [], [], []
 for _ in range(%d):
     smi = NvidiaSmi(NvidiaSmi.find(None), 10)
     t0 = time.perf_counter()
-    snap = _facts.look(smi, [], True)
+    snap = _facts.look(smi, [], True, max_used_mib=0)
     _facts.assemble(snap.gpus, snap.apps, snap.holders, 0, True, _facts.cuda_driver_version())
     times.append(time.perf_counter() - t0)
     calls.append(smi.calls)
@@ -198,8 +201,6 @@ signal.pause()
         for preset in ("h200x1", "h200x8"):
             for crowd_size in (0, 100, 1000, 5000):
                 with NsHost(preset) as host:
-                    for gpu in range(int(preset[-1])):
-                        host.spawn(["gpu_holder", "--gpus", str(gpu), "--mib", "1024"])
                     if crowd_size:
                         ready = os.path.join(host.dir, "crowd-ready")
                         host.spawn(["/usr/bin/python3", "-c", crowd, str(crowd_size), ready], ready=False)
@@ -207,13 +208,17 @@ signal.pause()
                         while not os.path.exists(ready):
                             assert time.monotonic() < deadline, "crowd did not start"
                             time.sleep(0.05)
-                    proc = host.run([os.path.join(VENV, "python"), "-c", harness], timeout=600)
-                    data = json.loads(proc.stdout.strip().splitlines()[-1])
-                    results[(preset, crowd_size)] = {
-                        "pids": data["pids"], "module_ms": round(1000 * statistics.median(data["times"]), 1),
-                        "scan_ms": round(1000 * statistics.median(data["scans"]), 1), "calls": max(data["calls"]),
-                    }
-                    print("facts", preset, crowd_size, results[(preset, crowd_size)], flush=True)
+                    row = {}
+                    for phase in ("idle", "busy"):
+                        if phase == "busy":
+                            for gpu in range(int(preset[-1])):
+                                host.spawn(["gpu_holder", "--gpus", str(gpu), "--mib", "1024"])
+                        proc = host.run([os.path.join(VENV, "python"), "-c", harness], timeout=600)
+                        data = json.loads(proc.stdout.strip().splitlines()[-1])
+                        row.update({"pids": data["pids"], phase + "_ms": round(1000 * statistics.median(data["times"]), 1),
+                                    "scan_ms": round(1000 * statistics.median(data["scans"]), 1), "calls": max(data["calls"])})
+                    results[(preset, crowd_size)] = row
+                    print("facts", preset, crowd_size, row, flush=True)
         self.rows["facts"] = results
 
     # ------------------------------------------------------------ report
@@ -252,11 +257,15 @@ signal.pause()
             out += ["", "Hand procedure: `%s`" % HAND, ""]
         if "facts" in self.rows:
             out += ["## gpu_facts inside the module, one host", "",
-                    "Time of one look (two nvidia-smi calls side by side, one /proc scan, assembly), median of %d, and of the "
-                    "/proc scan alone. One 1 GiB holder per GPU; the crowd is idle processes." % self.args.facts_reps, "",
-                    "| GPUs | processes on the host | module time | of which /proc scan | nvidia-smi calls |", "|---|---|---|---|---|"]
+                    "Time of one look as gpu_facts makes it (two nvidia-smi calls side by side, the /proc scan, assembly), median "
+                    "of %d: with idle GPUs (the gate before every job: device files only) and with a 1 GiB holder on each GPU "
+                    "(then /proc/PID/maps is read too). Last column: a full fd+maps scan alone. The crowd is idle processes "
+                    "(forked Python, ~100 mappings each)." % self.args.facts_reps, "",
+                    "| GPUs | processes on the host | idle GPUs | busy GPUs | full fd+maps scan | nvidia-smi calls |",
+                    "|---|---|---|---|---|---|"]
             for (preset, _crowd), row in sorted(self.rows["facts"].items(), key=lambda kv: (kv[0][0], kv[0][1])):
-                out.append("| %s | %d | %.1f ms | %.1f ms | %d |" % (preset[-1], row["pids"], row["module_ms"], row["scan_ms"], row["calls"]))
+                out.append("| %s | %d | %.1f ms | %.1f ms | %.1f ms | %d |" % (
+                    preset[-1], row["pids"], row["idle_ms"], row["busy_ms"], row["scan_ms"], row["calls"]))
             out.append("")
         out += self.notes
         return "\n".join(out) + "\n"

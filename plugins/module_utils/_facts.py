@@ -170,7 +170,11 @@ class Snapshot(object):
         self.unreadable = unreadable or []
 
 
-def look(smi, protect, with_processes=True, proc="/proc", driver_root="/proc/driver/nvidia/gpus", with_apps=None):
+def any_dirty(gpus, max_used_mib):
+    return any(not gpu_is_clean(gpu, max_used_mib) for gpu in gpus)
+
+
+def look(smi, protect, with_processes=True, proc="/proc", driver_root="/proc/driver/nvidia/gpus", with_apps=None, max_used_mib=0):
     """nvidia-smi (GPUs and, side by side, compute apps) then the /proc scan -> Snapshot.
 
     `with_apps` defaults to `with_processes`; gpu_release looks without them (it plans from the
@@ -183,7 +187,8 @@ def look(smi, protect, with_processes=True, proc="/proc", driver_root="/proc/dri
     names, pids = holders_mod.split_protect(protect)
     lineage = holders_mod.lineage(os.getpid(), proc)
     unreadable = []
-    raw = holders_mod.scan_holders(proc, unreadable)
+    # Mapped-only holders matter only where memory is in use: maps are read then (see scan_holders).
+    raw = holders_mod.scan_holders(proc, unreadable, with_maps=any_dirty(gpus, max_used_mib))
     attributed = holders_mod.attribute(raw, minor_to_index(gpus), names, pids, lineage)
     joined = join_apps(apps, gpus, lambda pid: alive(pid, proc))
     return Snapshot(gpus, joined, attributed, unreadable)

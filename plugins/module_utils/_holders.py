@@ -166,9 +166,9 @@ def _uid_from_status(text):
     return None
 
 
-def open_devices(pid, proc="/proc"):
-    """The /dev/nvidia* paths a process has open (fd) or mapped (maps). Raises OSError when
-    the process is gone or not ours to read."""
+def open_devices(pid, proc="/proc", with_maps=True):
+    """The /dev/nvidia* paths a process has open (fd) or, with `with_maps`, mapped (maps).
+    Raises OSError when the process is gone or not ours to read."""
     devices = set()
     fd_dir = "%s/%d/fd" % (proc, pid)
     for entry in os.listdir(fd_dir):
@@ -178,6 +178,8 @@ def open_devices(pid, proc="/proc"):
             continue
         if target.startswith("/dev/nvidia"):
             devices.add(target)
+    if not with_maps:
+        return devices
     try:
         maps = _read("%s/%d/maps" % (proc, pid), binary=True)
     except OSError:
@@ -233,15 +235,20 @@ def list_pids(proc="/proc"):
     return sorted(int(entry) for entry in os.listdir(proc) if entry.isdigit())
 
 
-def scan_holders(proc="/proc", unreadable=None):
-    """Every live process with a /dev/nvidia* node open or mapped. Processes that vanish
-    mid-scan or that we may not read are skipped (the PIDs we may not read are appended to
-    `unreadable`, if given); a zombie holds nothing and is no holder."""
+def scan_holders(proc="/proc", unreadable=None, with_maps=True):
+    """Every live process with a /dev/nvidia* node open or (with `with_maps`) mapped. Processes
+    that vanish mid-scan or that we may not read are skipped (the PIDs we may not read are
+    appended to `unreadable`, if given); a zombie holds nothing and is no holder.
+
+    Reading /proc/PID/maps is two thirds of the scan's cost (~70 of ~100 us a process, measured
+    in docs/benchmarks.md), and finds only processes that mapped a device file and then closed
+    it, which CUDA never does; callers read maps when a GPU reads dirty, where such a process
+    could be the one holding it."""
     holders = []
     users = {}
     for pid in list_pids(proc):
         try:
-            devices = open_devices(pid, proc)
+            devices = open_devices(pid, proc, with_maps)
         except PermissionError:
             if unreadable is not None:
                 unreadable.append(pid)

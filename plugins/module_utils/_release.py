@@ -321,7 +321,7 @@ class Release(object):
             "gpus_before": [],
             "gpus": [],
             "holders": [],
-            "timings": {"stop_s": 0.0, "kill_s": 0.0, "wait_s": 0.0},
+            "timings": {"look_s": 0.0, "plan_s": 0.0, "stop_s": 0.0, "kill_s": 0.0, "wait_s": 0.0},
         }
         state_key = {"disabled": "disabled_units", "masked": "masked_units"}.get(params.get("service_state"))
         self.state_key = state_key
@@ -334,10 +334,12 @@ class Release(object):
         return holders_mod.attribute(raw, _facts.minor_to_index(gpus), self.names, self.pids, self.lineage)
 
     def scan(self, gpus):
-        return self._attribute(holders_mod.scan_holders(self.system.proc), gpus)
+        with_maps = _facts.any_dirty(gpus, self.params.get("max_used_mib") or 0)
+        return self._attribute(holders_mod.scan_holders(self.system.proc, with_maps=with_maps), gpus)
 
     def look(self):
-        snapshot = _facts.look(self.smi, self.params.get("protect"), True, self.system.proc, self.driver_root, with_apps=False)
+        snapshot = _facts.look(self.smi, self.params.get("protect"), True, self.system.proc, self.driver_root, with_apps=False,
+                               max_used_mib=self.params.get("max_used_mib") or 0)
         return snapshot
 
     # --- plan
@@ -358,12 +360,15 @@ class Release(object):
         named = self.params.get("services") or []
         forbidden = self.forbidden_units(holders)
         known = []
-        if any(any(c in p for c in "*?[") for p in named):
-            for args in (
-                ["list-units", "--all", "--type=service", "--plain", "--no-legend", "--no-pager"],
-                ["list-unit-files", "--type=service", "--plain", "--no-legend", "--no-pager"],
-            ):
-                rc, out, _err = self.system.systemctl(args)
+        globs = [normalize_unit(p) for p in named if any(c in p for c in "*?[")]
+        if globs:
+            # Loaded units cover what runs, what restarts and what is enabled (wanted at boot);
+            # only masking also needs the unit files nobody loaded (listing them costs ~0.2 s).
+            listings = [["list-units", "--all"]]
+            if self.params.get("service_state") == "masked":
+                listings.append(["list-unit-files"])
+            for verb in listings:
+                rc, out, _err = self.system.systemctl(verb + ["--type=service", "--plain", "--no-legend", "--no-pager"] + globs)
                 if rc == 0:
                     known.extend(parse_list_units(out))
         named_units = expand_services(named, set(known))
@@ -528,6 +533,7 @@ class Release(object):
     def run(self):
         started = self.system.now()
         snapshot = self.look()
+        self.result["timings"]["look_s"] = round(self.system.now() - started, 3)
         gpus, holders = snapshot.gpus, snapshot.holders
         hidden = _facts.unreadable_warning(getattr(snapshot, "unreadable", None))
         if hidden:
@@ -544,7 +550,9 @@ class Release(object):
                     "pid %d (%s) runs in container %s: stop the container through its runtime, or its restart policy may start it again"
                     % (holder["pid"], holder.get("name"), holder["container"][:12])
                 )
+        planning = self.system.now()
         unit_plan = self.plan_units(targets, holders)
+        self.result["timings"]["plan_s"] = round(self.system.now() - planning, 3)
         self.result["services_not_found"] = unit_plan["not_found"]
         gpus_clean = all(_facts.gpu_is_clean(g, limit) for g in gpus if g["index"] in selected)
         to_do = bool(unit_plan["stop"] or unit_plan["disable"] or unit_plan["mask"] or (targets and self.params.get("kill", True)))

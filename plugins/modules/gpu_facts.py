@@ -188,7 +188,7 @@ ARGUMENT_SPEC = dict(
 def gather(params):
     """Options -> (the ansible_facts.gpu dict, a warning or None). Raises NvidiaSmiError."""
     smi = NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), params["timeout"])
-    snapshot = _facts.look(smi, params["protect"], with_processes=params["processes"])
+    snapshot = _facts.look(smi, params["protect"], with_processes=params["processes"], max_used_mib=params["max_used_mib"])
     facts = _facts.assemble(
         snapshot.gpus, snapshot.apps, snapshot.holders, params["max_used_mib"], params["processes"], _facts.cuda_driver_version()
     )

@@ -384,7 +384,7 @@ def test_processes_we_may_not_read_are_counted_so_a_non_root_run_can_say_so(monk
     for pid in (10, 11):
         (tmp_path / str(pid)).mkdir()
 
-    def denied(pid, proc):
+    def denied(pid, proc, with_maps=True):
         raise PermissionError(13, "Permission denied", "%s/%d/fd" % (proc, pid))
 
     monkeypatch.setattr(holders, "open_devices", denied)
