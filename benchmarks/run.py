@@ -268,6 +268,9 @@ signal.pause()
                     preset[-1], row["pids"], row["idle_ms"], row["busy_ms"], row["scan_ms"], row["calls"]))
             out.append("")
         out += self.notes
+        changes = os.path.join(REPO, "benchmarks", "changes.md")
+        if os.path.exists(changes):
+            out += ["", open(changes).read().strip()]
         return "\n".join(out) + "\n"
 
 
