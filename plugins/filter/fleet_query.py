@@ -74,31 +74,16 @@ _value:
   type: raw
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
+
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._plain import plain
 
 try:
     import jmespath
 except ImportError:  # pragma: no cover - exercised through a test that hides the module
     jmespath = None
-
-
-def _plain(value):
-    """Ansible's tagged str/list/dict subclasses confuse JMESPath's type checks; copy to plain types."""
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (str, bytes)):
-        return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-    if isinstance(value, bool) or value is None:
-        return value
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        return float(value)
-    if isinstance(value, (Sequence, set, frozenset)):
-        return [_plain(v) for v in value]
-    return value
 
 
 def fleet_query(data, expr):
@@ -108,9 +93,9 @@ def fleet_query(data, expr):
             "(pip install jmespath in the Python that runs ansible-playbook)"
         )
     if isinstance(expr, Mapping):
-        plain = _plain(data)
-        return {str(name): _search(plain, one) for name, one in expr.items()}
-    return _search(_plain(data), expr)
+        data = plain(data)
+        return {str(name): _search(data, one) for name, one in expr.items()}
+    return _search(plain(data), expr)
 
 
 def _search(data, expr):

@@ -142,24 +142,10 @@ from collections.abc import Mapping, Sequence
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._plain import plain
+
 SCHEMA_VERSION = 1
 _INPUT_STATUSES = {"ok": "ok", "error": "error", "failed": "error", "unreachable": "unreachable"}
-
-
-def _plain(value):
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, str):
-        return str(value)
-    if isinstance(value, bool) or value is None:
-        return value
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        return float(value)
-    if isinstance(value, (Sequence, set, frozenset)) and not isinstance(value, bytes):
-        return [_plain(v) for v in value]
-    return value
 
 
 def _natural_key(name):
@@ -324,9 +310,9 @@ def _host_record(entry):
 def gpu_audit_model(hosts, generated_at=None, expected_hosts=None):
     if isinstance(hosts, Mapping) or not isinstance(hosts, Sequence) or isinstance(hosts, str):
         raise AnsibleFilterError("zeromib.gpu.gpu_audit_model expects a list of host records, got %s" % type(hosts).__name__)
-    records = [_host_record(_plain(entry)) for entry in hosts]
+    records = [_host_record(plain(entry)) for entry in hosts]
     recorded = set(r["host"] for r in records)
-    for name in _plain(expected_hosts) or []:
+    for name in plain(expected_hosts) or []:
         if str(name) not in recorded:
             recorded.add(str(name))
             records.append(_host_record({"host": str(name), "status": "error", "gpu": None,

@@ -399,6 +399,7 @@ def _stand_in_collection(tmp_path):
     for name in ("galaxy.yml", "meta", "playbooks"):
         (coll / name).symlink_to(REPO / name)
     (coll / "plugins" / "filter").symlink_to(REPO / "plugins" / "filter")
+    (coll / "plugins" / "plugin_utils").symlink_to(REPO / "plugins" / "plugin_utils")
     (coll / "plugins" / "modules" / "gpu_facts.py").write_text(STAND_IN)
     return root
 
@@ -439,7 +440,6 @@ def test_audit_playbook_end_to_end_with_a_stand_in_module(tmp_path):
     assert "6 of 8 hosts are not clean" in proc.output
 
 
-@pytest.mark.skipif(not (REPO / "plugins" / "modules" / "gpu_facts.py").exists(), reason="zeromib.gpu.gpu_facts not written yet")
 def test_audit_playbook_with_the_real_module_reports_a_host_without_nvidia_smi(tmp_path, collections_path):
     inventory = {"all": {"hosts": {
         "no-driver": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,

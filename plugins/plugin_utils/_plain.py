@@ -1,0 +1,26 @@
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# PRIVATE to zeromib.gpu's controller-side plugins; may change without notice.
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+
+def plain(value):
+    """Ansible's tagged str/list/dict subclasses confuse JMESPath's type checks; copy to plain types."""
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (str, bytes)):
+        return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, (Sequence, set, frozenset)):
+        return [plain(v) for v in value]
+    return value
