@@ -57,8 +57,7 @@ class Bench(object):
     # ------------------------------------------------------------ fleet contenders
 
     def env(self, fleet):
-        return dict(os.environ, ANSIBLE_CONFIG=str(fleet.ansible_cfg),
-                    ANSIBLE_COLLECTIONS_PATH=os.path.join(REPO, ".build", "collections"), ANSIBLE_NOCOLOR="1")
+        return dict(rig.ansible_env(fleet.ansible_cfg), ANSIBLE_NOCOLOR="1")
 
     def playbook(self, fleet, playbook, extra=None):
         cmd = [os.path.join(VENV, "ansible-playbook"), "-i", str(fleet.inventory), playbook, "-l", "gpu_nodes"]

@@ -22,7 +22,7 @@ import time
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
-from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import GPU_FIELDS, NvidiaSmiError, parse_compute_apps, read_minor_numbers
+from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import GPU_FIELDS, NvidiaSmiError, normalize_bus_id, parse_compute_apps
 
 # A process that has exited is seen within this; polling /proc is cheap (a stat per PID).
 EXIT_POLL_S = 0.01
@@ -306,7 +306,8 @@ class Release(object):
         self.names, self.pids = holders_mod.split_protect(params.get("protect"))
         self.lineage = holders_mod.lineage(os.getpid(), system.proc)
         self.regexes = params.get("_match_regexes") or []
-        self._minor_cache = None
+        # Minor numbers by bus id, from the look; the verify loop's readings reuse them.
+        self.minors_by_bus = {}
         self.result = {
             "changed": False,
             "released": False,
@@ -497,7 +498,8 @@ class Release(object):
     # --- verify
 
     def verify(self, selected, deadline, acted):
-        """Poll until every selected GPU is <= max_used_mib. Returns (gpus, clean, holders or None).
+        """Poll until every selected GPU is <= max_used_mib. Returns (gpus, clean, protected_only):
+        protected_only is True when it stopped early because waiting cannot help.
 
         Reads start every poll_interval (a fixed rate: the ~25 ms of each nvidia-smi call is not
         added to the interval). Right after acting, memory is expected to drop 20-130 ms after
@@ -505,28 +507,21 @@ class Release(object):
         limit = self.params.get("max_used_mib")
         poll = self.params.get("poll_interval")
         last_scan = self.system.now() if acted else None
-        holders = None
         while True:
             poll_started = self.system.now()
-            gpus = _facts.with_minor_numbers(self.smi.query_gpus(GPU_FIELDS), self._minors())
+            gpus = _facts.with_minor_numbers(self.smi.query_gpus(GPU_FIELDS), self.minors_by_bus)
             dirty = [g for g in gpus if g["index"] in selected and not _facts.gpu_is_clean(g, limit)]
             if not dirty:
-                return gpus, True, None
+                return gpus, True, False
             now = self.system.now()
             if last_scan is None or now - last_scan >= RESCAN_S:
                 holders = self.scan(gpus)
                 last_scan = now
                 if only_protected(dirty, holders, self._apps(gpus)):
-                    self.result["_only_protected"] = True
-                    return gpus, False, holders
+                    return gpus, False, True
             if now >= deadline:
-                return gpus, False, holders
+                return gpus, False, False
             self.system.sleep(min(poll_started + poll, deadline) - self.system.now())
-
-    def _minors(self):
-        if self._minor_cache is None:
-            self._minor_cache = read_minor_numbers(self.driver_root)
-        return self._minor_cache
 
     # --- the whole run
 
@@ -535,6 +530,7 @@ class Release(object):
         snapshot = self.look()
         self.result["timings"]["look_s"] = round(self.system.now() - started, 3)
         gpus, holders = snapshot.gpus, snapshot.holders
+        self.minors_by_bus = {normalize_bus_id(g.get("pci_bus_id")): g["minor_number"] for g in gpus}
         hidden = _facts.unreadable_warning(getattr(snapshot, "unreadable", None))
         if hidden:
             self.result["warnings"].append(hidden)
@@ -601,7 +597,7 @@ class Release(object):
 
         verify_started = self.system.now()
         deadline = verify_started + self.params.get("wait_timeout")
-        final_gpus, clean, _holders = self.verify(selected, deadline, acted=self.result["changed"])
+        final_gpus, clean, protected_only = self.verify(selected, deadline, acted=self.result["changed"])
         self.result["timings"]["wait_s"] = round(self.system.now() - verify_started, 3)
         final_holders = self.scan(final_gpus)
         self.result["gpus"] = [_facts.public_gpu(g, limit) for g in final_gpus]
@@ -612,9 +608,8 @@ class Release(object):
             dirty = [g for g in final_gpus if g["index"] in selected and not _facts.gpu_is_clean(g, limit)]
             apps = self._apps(final_gpus)
             message = failure_message(
-                dirty, final_holders, apps, self.result["timings"]["wait_s"], self.result["unkillable"], self.result.pop("_only_protected", False)
+                dirty, final_holders, apps, self.result["timings"]["wait_s"], self.result["unkillable"], protected_only
             )
-            self.result.pop("_only_protected", None)
             if hidden:
                 message += ". Also: " + hidden
             raise ReleaseError(message, self._finish(gpus, holders, final_gpus, final_holders))
@@ -629,7 +624,6 @@ class Release(object):
         return _facts.join_apps(apps, gpus, lambda pid: _facts.alive(pid, self.system.proc))
 
     def _finish(self, gpus_before, holders_before, gpus_after=None, holders_after=None):
-        self.result.pop("_only_protected", None)
         self.result["diff"] = {
             "before": summarize_diff(gpus_before, holders_before),
             "after": summarize_diff(gpus_after if gpus_after is not None else gpus_before,

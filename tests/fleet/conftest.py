@@ -179,20 +179,13 @@ class FleetHandle:
 
     # -- Ansible
     def _env(self, json_out: str) -> dict:
-        link = REPO / ".build" / "collections" / "ansible_collections" / "zeromib" / "gpu"
-        if not link.exists():  # what `make collection` does
-            link.parent.mkdir(parents=True, exist_ok=True)
-            link.symlink_to("../../../..")
-        env = dict(os.environ)
+        env = _rig.ansible_env(self.ansible_cfg)
         env.update({
-            "ANSIBLE_CONFIG": str(self.ansible_cfg),
-            "ANSIBLE_COLLECTIONS_PATH": str(REPO / ".build" / "collections"),
             "ANSIBLE_CALLBACK_PLUGINS": str(CALLBACKS),
             "ANSIBLE_CALLBACKS_ENABLED": "fleet_json",
             "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
             "ANSIBLE_NOCOLOR": "1",
             "ANSIBLE_FORCE_COLOR": "0",
-            "ANSIBLE_DEPRECATION_WARNINGS": "0",
             "ZEROMIB_FLEET_JSON_OUT": json_out,
         })
         return env

@@ -59,18 +59,8 @@ def prerequisites() -> str | None:
 
 
 def ansible_env(fleet: rig.Fleet) -> dict:
-    link = REPO / ".build" / "collections" / "ansible_collections" / "zeromib" / "gpu"
-    if not link.exists():  # what `make collection` does
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to("../../../..")
-    env = dict(os.environ)
-    env.update({
-        "ANSIBLE_CONFIG": str(fleet.ansible_cfg),
-        "ANSIBLE_COLLECTIONS_PATH": str(REPO / ".build" / "collections"),
-        "ANSIBLE_DEPRECATION_WARNINGS": "0",
-        "ANSIBLE_DISPLAY_SKIPPED_HOSTS": "0",
-        "PATH": f"{VENV_BIN}:{env.get('PATH', '')}",
-    })
+    env = rig.ansible_env(fleet.ansible_cfg)
+    env.update({"ANSIBLE_DISPLAY_SKIPPED_HOSTS": "0", "PATH": f"{VENV_BIN}:{env.get('PATH', '')}"})
     return env
 
 

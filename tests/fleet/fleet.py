@@ -91,6 +91,20 @@ NSPAWN_REBOOT_RC = 133
 PROFILES = ("mixed", "h200")
 
 
+def ansible_env(ansible_cfg: Path) -> dict:
+    """The environment for ansible-playbook against a fleet: its ansible.cfg and this checkout's
+    collection on the path (the link is what `make collection` makes)."""
+    collections = REPO / ".build" / "collections"
+    link = collections / "ansible_collections" / "zeromib" / "gpu"
+    if not link.exists():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to("../../../..")
+    env = dict(os.environ)
+    env.update({"ANSIBLE_CONFIG": str(ansible_cfg), "ANSIBLE_COLLECTIONS_PATH": str(collections),
+                "ANSIBLE_DEPRECATION_WARNINGS": "0"})
+    return env
+
+
 def checkout_prefix(kind: str = "t") -> str:
     """A fleet prefix of this checkout: two checkouts on one machine never share a fleet, and
     a test run that was killed is cleaned up by the next run in the same checkout."""

@@ -12,20 +12,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fleet as rig  # noqa: E402
+from scenarios import wait_for  # noqa: E402
 
 
 def main_pid(fleet, host: str, unit: str) -> int:
     return int(fleet.ssh(host, f"systemctl show -p MainPID --value {unit}", check=True).stdout)
-
-
-def wait_for(pred, timeout: float, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(interval)
-    return pred()
 
 
 def test_every_host_boots_to_running_with_its_own_hostname(fleet):
