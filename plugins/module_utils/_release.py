@@ -14,34 +14,19 @@ clock) so that the logic is tested without killing anything.
 
 from __future__ import annotations
 
-import fnmatch
 import os
-import signal
 import subprocess
 import time
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
+from ansible_collections.zeromib.gpu.plugins.module_utils import _signals
+from ansible_collections.zeromib.gpu.plugins.module_utils import _units
+from ansible_collections.zeromib.gpu.plugins.module_utils._errors import ReleaseError  # noqa: F401 (the modules' import)
 from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import GPU_FIELDS, NvidiaSmiError, normalize_bus_id, parse_compute_apps
 
-# A process that has exited is seen within this; polling /proc is cheap (a stat per PID).
-EXIT_POLL_S = 0.01
 # While GPUs stay dirty, look for who holds them this often (a /proc scan, a few ms).
 RESCAN_S = 1.0
-
-ACTIVE_STATES = ("active", "activating", "deactivating", "reloading", "refreshing")
-ENABLED_STATES = ("enabled", "enabled-runtime", "linked", "linked-runtime")
-MASKED_STATES = ("masked", "masked-runtime")
-
-
-class ReleaseError(Exception):
-    """The GPUs could not be freed, or the request cannot be carried out. `result` is what
-    was done up to then."""
-
-    def __init__(self, msg, result=None):
-        super().__init__(msg)
-        self.msg = msg
-        self.result = result or {}
 
 
 class System(object):
@@ -119,69 +104,6 @@ def select_gpus(gpus, wanted):
     return sorted(selected)
 
 
-def normalize_unit(name):
-    name = name.strip()
-    if "." not in name.rsplit("/", 1)[-1] or not name.rsplit(".", 1)[-1] in (
-        "service", "socket", "timer", "target", "path", "scope", "slice", "mount", "device", "swap", "automount",
-    ):
-        return name + ".service"
-    return name
-
-
-def expand_services(patterns, known_units):
-    """Unit names and globs -> unit names. A plain name is kept even if unknown (systemctl
-    reports it not-found); a glob expands over the units systemd knows."""
-    units = []
-    for pattern in patterns or []:
-        pattern = normalize_unit(pattern)
-        if any(char in pattern for char in "*?["):
-            matches = sorted(unit for unit in known_units if fnmatch.fnmatchcase(unit, pattern))
-        else:
-            matches = [pattern]
-        for unit in matches:
-            if unit not in units:
-                units.append(unit)
-    return units
-
-
-def parse_list_units(text):
-    """First column of `systemctl list-units/list-unit-files --plain --no-legend`."""
-    names = []
-    for line in text.splitlines():
-        fields = line.split()
-        if fields and fields[0] not in ("UNIT", "●"):
-            names.append(fields[0])
-        elif len(fields) > 1 and fields[0] == "●":
-            names.append(fields[1])
-    return names
-
-
-def parse_show(text):
-    """`systemctl show -p Id,LoadState,ActiveState,SubState,UnitFileState u1 u2` -> {Id: props}."""
-    units = {}
-    current = {}
-    for line in text.splitlines() + [""]:
-        if not line.strip():
-            if current.get("Id"):
-                units[current["Id"]] = current
-            current = {}
-            continue
-        key, _sep, value = line.partition("=")
-        current[key] = value
-    return units
-
-
-def unit_actions(props, service_state):
-    """What to do to one named unit: (stop, disable, mask)."""
-    if props.get("LoadState") in (None, "not-found"):
-        return False, False, False
-    stop = props.get("ActiveState") in ACTIVE_STATES or props.get("SubState") == "auto-restart"
-    file_state = props.get("UnitFileState", "")
-    disable = service_state == "disabled" and file_state in ENABLED_STATES
-    mask = service_state == "masked" and file_state not in MASKED_STATES
-    return stop, disable, mask
-
-
 def matches_any(holder, regexes):
     return any(regex.search(holder.get("cmdline") or "") for regex in regexes)
 
@@ -202,16 +124,6 @@ def plan_targets(holders, selected, regexes):
         if on_selected or (named and not holder["gpu_indexes"]):
             targets.append(holder)
     return targets, protected
-
-
-def owning_units(targets, forbidden):
-    """System .service units that own targets, in first-seen order, minus forbidden ones."""
-    units = []
-    for holder in targets:
-        unit = holder.get("unit")
-        if holder.get("system_service") and unit and unit not in forbidden and unit not in units:
-            units.append(unit)
-    return units
 
 
 def describe_holder(holder):
@@ -358,141 +270,20 @@ class Release(object):
         return forbidden
 
     def plan_units(self, targets, holders):
-        named = self.params.get("services") or []
-        forbidden = self.forbidden_units(holders)
-        known = []
-        globs = [normalize_unit(p) for p in named if any(c in p for c in "*?[")]
-        if globs:
-            # Loaded units cover what runs, what restarts and what is enabled (wanted at boot);
-            # only masking also needs the unit files nobody loaded (listing them costs ~0.2 s).
-            listings = [["list-units", "--all"]]
-            if self.params.get("service_state") == "masked":
-                listings.append(["list-unit-files"])
-            for verb in listings:
-                rc, out, _err = self.system.systemctl(verb + ["--type=service", "--plain", "--no-legend", "--no-pager"] + globs)
-                if rc == 0:
-                    known.extend(parse_list_units(out))
-        named_units = expand_services(named, set(known))
-        for unit in named_units:
-            if unit in forbidden:
-                raise ReleaseError("refusing to stop %s: it runs this Ansible session or a protected process" % unit, self.result)
-        owned = owning_units(targets, forbidden) if self.params.get("stop_owning_units") else []
-        all_units = named_units + [u for u in owned if u not in named_units]
-        if not all_units:
-            return {"stop": [], "disable": [], "mask": [], "not_found": []}
-        rc, out, err = self.system.systemctl(
-            ["show", "--property=Id,LoadState,ActiveState,SubState,UnitFileState", "--no-pager"] + all_units
-        )
-        if rc != 0:
-            raise ReleaseError("systemctl show failed (rc %s): %s" % (rc, (err or out).strip()), self.result)
-        props = parse_show(out)
-        plan = {"stop": [], "disable": [], "mask": [], "not_found": []}
-        state = self.params.get("service_state") if named_units else None
-        for unit in all_units:
-            unit_props = props.get(unit, {})
-            if unit_props.get("LoadState") in (None, "not-found"):
-                plan["not_found"].append(unit)
-                continue
-            stop, disable, mask = unit_actions(unit_props, state if unit in named_units else "stopped")
-            # A unit that owns a holder is stopped even if systemd calls it inactive in between.
-            if stop or unit in owned:
-                plan["stop"].append(unit)
-            if disable:
-                plan["disable"].append(unit)
-            if mask:
-                plan["mask"].append(unit)
-        return plan
+        owned = _units.owning_units(targets, self.forbidden_units(holders)) if self.params.get("stop_owning_units") else []
+        return _units.plan(self.system.systemctl, self.params.get("services") or [], owned, self.params.get("service_state"),
+                           self.forbidden_units(holders), self.result)
 
     # --- act
 
-    def _systemctl_or_fail(self, verb, units):
-        rc, out, err = self.system.systemctl([verb, "--no-ask-password"] + units)
-        if rc != 0:
-            raise ReleaseError("systemctl %s %s failed (rc %s): %s" % (verb, " ".join(units), rc, (err or out).strip()), self.result)
-
     def act_units(self, plan):
         started = self.system.now()
-        if plan["stop"]:
-            self._systemctl_or_fail("stop", plan["stop"])
-            self.result["stopped_units"] = list(plan["stop"])
-        if plan["disable"]:
-            self._systemctl_or_fail("disable", plan["disable"])
-            self.result["disabled_units"] = list(plan["disable"])
-        if plan["mask"]:
-            self._systemctl_or_fail("mask", plan["mask"])
-            self.result["masked_units"] = list(plan["mask"])
+        _units.act(self.system.systemctl, plan, self.result)
         self.result["timings"]["stop_s"] = round(self.system.now() - started, 3)
-
-    def _send(self, entry, signum):
-        """Signal one target after checking it is still the same process (PID reuse)."""
-        now_start = self.system.start_time(entry["pid"])
-        if now_start is None:
-            return False
-        if now_start != entry["start_time"]:
-            entry["_reused"] = True
-            return False
-        try:
-            self.system.signal(entry["pid"], signum)
-        except ProcessLookupError:
-            return False
-        except PermissionError as exc:
-            raise ReleaseError("not permitted to signal pid %d (%s): run with become: true" % (entry["pid"], exc), self.result)
-        entry["signal"] = signal.Signals(signum).name
-        entry.setdefault("_first_signal", self.system.now())
-        return True
-
-    def _gone(self, entry):
-        return self.system.start_time(entry["pid"]) != entry["start_time"]
-
-    def _wait_exit(self, entries, timeout):
-        deadline = self.system.now() + timeout
-        while True:
-            now = self.system.now()
-            for entry in entries:
-                if "exited_after_s" not in entry and self._gone(entry):
-                    entry["exited_after_s"] = round(now - entry.get("_first_signal", now), 3)
-            waiting = [e for e in entries if "exited_after_s" not in e]
-            if not waiting or now >= deadline:
-                return waiting
-            self.system.sleep(min(EXIT_POLL_S, deadline - now))
 
     def act_signals(self, targets):
         started = self.system.now()
-        entries = []
-        for holder in targets:
-            entry = {
-                "pid": holder["pid"],
-                "name": holder.get("name"),
-                "cmdline": holder.get("cmdline"),
-                "unit": holder.get("unit"),
-                "container": holder.get("container"),
-                "gpu_indexes": holder.get("gpu_indexes"),
-                "start_time": holder["start_time"],
-                "signal": None,
-            }
-            entries.append(entry)
-        kill_timeout = self.params.get("kill_timeout")
-        for entry in entries:
-            if not self._send(entry, signal.SIGTERM) and "_reused" not in entry:
-                entry["exited_after_s"] = 0.0
-        survivors = self._wait_exit([e for e in entries if "_reused" not in e], kill_timeout)
-        for entry in survivors:
-            if not self._send(entry, signal.SIGKILL) and "_reused" not in entry:
-                entry["exited_after_s"] = round(self.system.now() - entry.get("_first_signal", self.system.now()), 3)
-        unkillable = self._wait_exit([e for e in survivors if "_reused" not in e], kill_timeout) if survivors else []
-        for entry in entries:
-            if entry.pop("_reused", False):
-                self.result["reused_pids"].append(
-                    {"pid": entry["pid"], "name": entry["name"], "reason": "PID reused by another process since the scan; not signalled"}
-                )
-                continue
-            entry.pop("_first_signal", None)
-            entry.pop("start_time", None)
-            if entry in unkillable:
-                entry["state"] = self.system.state(entry["pid"])
-                self.result["unkillable"].append(dict(entry))
-            if entry["signal"] is not None:
-                self.result["killed"].append(entry)
+        _signals.Signaller(self.system, self.params.get("kill_timeout"), self.result).terminate(targets)
         self.result["timings"]["kill_s"] = round(self.system.now() - started, 3)
 
     # --- verify

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders
 from ansible_collections.zeromib.gpu.plugins.module_utils import _nvidia_smi as smi
 from ansible_collections.zeromib.gpu.plugins.module_utils import _release as release
+from ansible_collections.zeromib.gpu.plugins.module_utils import _units as units_mod
 from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils import captures
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -295,10 +296,10 @@ def test_cgroup_helpers_never_raise(text):
 @SETTINGS
 @given(text=st.text())
 def test_systemctl_parsers_never_raise(text):
-    release.parse_list_units(text)
-    release.parse_show(text)
+    units_mod.parse_list_units(text)
+    units_mod.parse_show(text)
     assume(text.strip())
-    assert release.normalize_unit(text).strip()
+    assert units_mod.normalize_unit(text).strip()
 
 
 @SETTINGS

@@ -13,6 +13,7 @@ import textwrap
 import pytest
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _release as release
+from ansible_collections.zeromib.gpu.plugins.module_utils import _units as units_mod
 
 UUIDS = ["GPU-ab0cf4f6-818d-be7e-f16b-963690d7c5c5", "GPU-f07bb63c-cd2e-fe8d-534a-d4b919fe9734", "GPU-11111111-2222-3333-4444-555555555555"]
 GPUS = [{"index": i, "uuid": u, "memory_used_mib": 0} for i, u in enumerate(UUIDS)]
@@ -79,7 +80,7 @@ def test_unknown_gpu_is_refused_naming_what_the_host_has(wanted):
     ids=repr,
 )
 def test_normalize_unit(name, unit):
-    assert release.normalize_unit(name) == unit
+    assert units_mod.normalize_unit(name) == unit
 
 
 KNOWN = {"vllm-a.service", "vllm-b.service", "vllm-embed.service", "ssh.service", "sglang.service", "nvidia-persistenced.service"}
@@ -99,7 +100,7 @@ KNOWN = {"vllm-a.service", "vllm-b.service", "vllm-embed.service", "ssh.service"
     ids=["glob-over-known-units", "question-mark", "bracket", "plain-names-deduplicated", "unknown-plain-name-kept", "glob-without-match", "none"],
 )
 def test_expand_services(patterns, units):
-    assert release.expand_services(patterns, KNOWN) == units
+    assert units_mod.expand_services(patterns, KNOWN) == units
 
 
 def test_parse_list_units_plain_and_bulleted():
@@ -108,9 +109,9 @@ def test_parse_list_units_plain_and_bulleted():
         ● vllm-b.service      not-found inactive dead    vllm-b.service
         ssh.service           loaded    active   running OpenBSD Secure Shell server
         """)
-    assert release.parse_list_units(text) == ["vllm-a.service", "vllm-b.service", "ssh.service"]
-    assert release.parse_list_units("vllm-a.service enabled enabled\nsglang.service disabled enabled\n") == ["vllm-a.service", "sglang.service"]
-    assert release.parse_list_units("") == []
+    assert units_mod.parse_list_units(text) == ["vllm-a.service", "vllm-b.service", "ssh.service"]
+    assert units_mod.parse_list_units("vllm-a.service enabled enabled\nsglang.service disabled enabled\n") == ["vllm-a.service", "sglang.service"]
+    assert units_mod.parse_list_units("") == []
 
 
 SHOW = textwrap.dedent("""\
@@ -136,7 +137,7 @@ SHOW = textwrap.dedent("""\
 
 
 def test_parse_show_multi_unit():
-    units = release.parse_show(SHOW)
+    units = units_mod.parse_show(SHOW)
     assert sorted(units) == ["missing.service", "sglang.service", "vllm-a.service"]
     assert units["vllm-a.service"] == {
         "Id": "vllm-a.service",
@@ -146,7 +147,7 @@ def test_parse_show_multi_unit():
         "UnitFileState": "enabled",
     }
     assert units["missing.service"]["UnitFileState"] == "" and units["sglang.service"]["Description"] == "SGLang with a=b in it"
-    assert release.parse_show("LoadState=loaded\n") == {}
+    assert units_mod.parse_show("LoadState=loaded\n") == {}
 
 
 def props(active="active", sub="running", file_state="enabled", load="loaded"):
@@ -191,7 +192,7 @@ def props(active="active", sub="running", file_state="enabled", load="loaded"):
     ],
 )
 def test_unit_actions(unit, state, actions):
-    assert release.unit_actions(unit, state) == actions
+    assert units_mod.unit_actions(unit, state) == actions
 
 
 # ------------------------------------------------------------------ targets
@@ -250,7 +251,7 @@ def test_owning_units_are_system_services_in_first_seen_order_minus_forbidden():
         holder(7, [0], unit="docker-%s.scope" % ("a" * 64), container="a" * 64),
         holder(8, [0]),
     ]
-    assert release.owning_units(targets, {"ssh.service"}) == ["vllm-b.service", "vllm-a.service"]
+    assert units_mod.owning_units(targets, {"ssh.service"}) == ["vllm-b.service", "vllm-a.service"]
 
 
 # ------------------------------------------------------------------ only_protected
