@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders
 from ansible_collections.zeromib.gpu.plugins.module_utils import _nvidia_smi as smi
-from ansible_collections.zeromib.gpu.plugins.module_utils import _release as release
 from ansible_collections.zeromib.gpu.plugins.module_utils import _units as units_mod
 from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils import captures
 
