@@ -14,7 +14,8 @@ options:
   nvidia_smi:
     description:
       - Path of the C(nvidia-smi) to run.
-      - When not set, C(nvidia-smi) is searched in E(PATH), then in C(/usr/bin), C(/usr/local/nvidia/bin) and C(/usr/local/bin).
+      - When not set, C(nvidia-smi) is searched in E(PATH), then in C(/usr/bin), C(/usr/local/nvidia/bin), C(/usr/local/bin) and
+        C(/run/nvidia/driver/usr/bin) (where the NVIDIA GPU Operator's driver container shows it).
     type: path
   timeout:
     description:
@@ -29,6 +30,14 @@ options:
       - A GPU whose memory nvidia-smi cannot report (V([N/A]), V([Unknown Error])) is never clean.
     type: int
     default: 0
+  cross_gpu_footprint_mib:
+    description:
+      - While a process has a CUDA context on one GPU, every other GPU of the node that it can see reads a few MiB with no
+        compute app on it (4 MiB on H200, driver 580). A GPU that no process uses, while contexts live on other GPUs, is
+        clean when it reads at most O(max_used_mib) plus this many MiB; it is then reported with C(cross_gpu_footprint=true).
+      - This lets one GPU be freed while the others train. V(0) turns the allowance off.
+    type: int
+    default: 4
   protect:
     description:
       - Extra process names or PIDs never signalled and not counted as making a host dirty.

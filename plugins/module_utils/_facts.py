@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import os
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _attribution
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
 from ansible_collections.zeromib.gpu.plugins.module_utils import _nvidia_smi as smi_mod
 
@@ -32,6 +33,7 @@ GPU_KEYS = (
     "persistence_mode",
     "mig_mode",
     "clean",
+    "cross_gpu_footprint",
 )
 
 HOLDER_KEYS = (
@@ -44,6 +46,8 @@ HOLDER_KEYS = (
     "start_time",
     "devices",
     "gpu_indexes",
+    "attribution",
+    "candidate_gpu_indexes",
     "unit",
     "container",
     "protected",
@@ -72,9 +76,11 @@ def minor_to_index(gpus):
     return {gpu["minor_number"]: gpu["index"] for gpu in gpus}
 
 
-def public_gpu(gpu, max_used_mib):
+def public_gpu(gpu, max_used_mib, footprint=()):
+    """`footprint`: indexes of GPUs whose memory is only the cross-GPU footprint (clean)."""
     record = {key: gpu.get(key) for key in GPU_KEYS}
-    record["clean"] = gpu_is_clean(gpu, max_used_mib)
+    record["cross_gpu_footprint"] = gpu["index"] in footprint
+    record["clean"] = gpu_is_clean(gpu, max_used_mib) or record["cross_gpu_footprint"]
     return record
 
 
@@ -99,17 +105,19 @@ def join_apps(apps, gpus, alive):
 
 
 def dirty_holders(holders, selected=None):
-    """Live unprotected holders of a per-GPU node (of the selected GPUs, if given)."""
-    return [
-        holder
-        for holder in holders
-        if not holder["protected"] and holder["gpu_indexes"] and (selected is None or set(holder["gpu_indexes"]) & set(selected))
-    ]
+    """Live unprotected processes that use (or, undecided, may use) a GPU (a selected one, if
+    given). NVML clients use none."""
+    dirty = []
+    for holder in holders:
+        uses = set(holder["gpu_indexes"]) | set(holder.get("candidate_gpu_indexes") or [])
+        if not holder["protected"] and uses and (selected is None or uses & set(selected)):
+            dirty.append(holder)
+    return dirty
 
 
-def assemble(gpus, apps, holders, max_used_mib, with_processes, cuda_version=None):
+def assemble(gpus, apps, holders, max_used_mib, with_processes, cuda_version=None, footprint=()):
     """The `ansible_facts.gpu` dict. `gpus` carry minor numbers, `holders` are attributed."""
-    public_gpus = [public_gpu(gpu, max_used_mib) for gpu in gpus]
+    public_gpus = [public_gpu(gpu, max_used_mib, footprint) for gpu in gpus]
     used = [gpu["memory_used_mib"] for gpu in public_gpus]
     clean = bool(public_gpus) and all(gpu["clean"] for gpu in public_gpus)
     if with_processes:
@@ -162,23 +170,41 @@ def alive(pid, proc="/proc"):
 class Snapshot(object):
     """One look at the node: what gpu_facts returns and what gpu_release plans from."""
 
-    def __init__(self, gpus, apps, holders, unreadable=None):
+    def __init__(self, gpus, apps, holders, unreadable=None, footprint=()):
         self.gpus = gpus
         self.apps = apps
         self.holders = holders
         # PIDs whose device files we may not read (not root): holders may hide among them.
         self.unreadable = unreadable or []
+        # GPUs whose memory is only the footprint of contexts on other GPUs.
+        self.footprint = set(footprint)
 
 
 def any_dirty(gpus, max_used_mib):
     return any(not gpu_is_clean(gpu, max_used_mib) for gpu in gpus)
 
 
-def look(smi, protect, with_processes=True, proc="/proc", driver_root="/proc/driver/nvidia/gpus", with_apps=None, max_used_mib=0):
+def scan_and_attribute(gpus, apps, fetch_apps, protect_names, protect_pids, own_lineage, proc="/proc", unreadable=None,
+                       max_used_mib=0, footprint_mib=_attribution.CROSS_GPU_FOOTPRINT_MIB):
+    """The /proc scan, attributed to GPUs and marked protected -> (holders, apps).
+
+    `apps` are joined compute apps, or None when not fetched yet: `fetch_apps()` is then called
+    only if the answer depends on them (see _attribution.needs_listing)."""
+    # Processes that mapped a device file and closed it matter only where a GPU holds more than
+    # the footprint could explain: all maps are read then (see scan_holders).
+    raw = holders_mod.scan_holders(proc, unreadable, with_maps=any_dirty(gpus, max_used_mib + (footprint_mib or 0)))
+    if apps is None:
+        apps = fetch_apps() if _attribution.needs_listing(raw) else []
+    attributed = _attribution.attribute(raw, apps, minor_to_index(gpus))
+    return holders_mod.protect(attributed, protect_names, protect_pids, own_lineage), apps
+
+
+def look(smi, protect, with_processes=True, proc="/proc", driver_root="/proc/driver/nvidia/gpus", with_apps=None, max_used_mib=0,
+         footprint_mib=_attribution.CROSS_GPU_FOOTPRINT_MIB):
     """nvidia-smi (GPUs and, side by side, compute apps) then the /proc scan -> Snapshot.
 
-    `with_apps` defaults to `with_processes`; gpu_release looks without them (it plans from the
-    device files and asks for compute apps only when a GPU stays dirty), one call instead of two."""
+    `with_apps` defaults to `with_processes`; gpu_release looks without them and asks for them
+    only when some process maps a per-GPU node (a clean node: one nvidia-smi call)."""
     with_apps = with_processes if with_apps is None else with_apps
     gpus, apps = smi.query_all(with_apps=with_apps)
     gpus = with_minor_numbers(gpus, smi_mod.read_minor_numbers(driver_root))
@@ -187,11 +213,16 @@ def look(smi, protect, with_processes=True, proc="/proc", driver_root="/proc/dri
     names, pids = holders_mod.split_protect(protect)
     lineage = holders_mod.lineage(os.getpid(), proc)
     unreadable = []
-    # Mapped-only holders matter only where memory is in use: maps are read then (see scan_holders).
-    raw = holders_mod.scan_holders(proc, unreadable, with_maps=any_dirty(gpus, max_used_mib))
-    attributed = holders_mod.attribute(raw, minor_to_index(gpus), names, pids, lineage)
-    joined = join_apps(apps, gpus, lambda pid: alive(pid, proc))
-    return Snapshot(gpus, joined, attributed, unreadable)
+
+    def joined(raw_apps):
+        return join_apps(raw_apps, gpus, lambda pid: alive(pid, proc))
+
+    holders, apps = scan_and_attribute(
+        gpus, joined(apps) if with_apps else None, lambda: joined(smi_mod.parse_compute_apps(smi.run(smi.app_args()))),
+        names, pids, lineage, proc, unreadable, max_used_mib, footprint_mib,
+    )
+    footprint = _attribution.footprint_gpus(gpus, holders, apps, max_used_mib, footprint_mib)
+    return Snapshot(gpus, apps, holders, unreadable, footprint)
 
 
 def unreadable_warning(unreadable):

@@ -9,7 +9,13 @@
 """Who holds /dev/nvidia*: a scan of /proc/*/fd and /proc/*/maps, as `fuser -v` does.
 
 nvidia-smi cannot see a child forked after CUDA init once its parent is gone (DESIGN.md,
-measured on an H200): only the device files tell the truth about who keeps GPU memory.
+measured on an H200): only the device files tell the truth about who keeps GPU memory. Which
+GPU a holder uses is NOT which device files it has open (every CUDA process and every NVML
+client opens every /dev/nvidiaN of the node): that is decided in _attribution.py, from
+nvidia-smi's compute apps and the mapping sizes this scan records.
+
+/proc is read as bytes and decoded once, with replacement: a 15-byte comm can end inside a
+multi-byte character (CJK names, setproctitle).
 """
 
 from __future__ import annotations
@@ -25,7 +31,14 @@ except ImportError:  # pragma: no cover - Linux always has it
 _GPU_NODE = re.compile(r"^/dev/nvidia(\d+)$")
 # In /proc/PID/maps the path is the last field, after whitespace: "~/dev/nvidia-apex/lib.so" is
 # a library, not a device.
-_DEVICE = re.compile(r"(?:^|(?<=\s))/dev/nvidia[^\s]*", re.MULTILINE)
+_MAPS_LINE = re.compile(rb"^([0-9a-f]+)-([0-9a-f]+) \S+ \S+ \S+ \S+\s+(/\S*nvidia\S*(?: \(deleted\))?)$", re.MULTILINE)
+# The spellings of one device file: on GPU Operator nodes the driver container's /dev shows
+# through as /run/nvidia/driver/dev/nvidia0; a node removed while held reads "... (deleted)".
+DRIVER_ROOT_PREFIXES = ("/run/nvidia/driver",)
+_DEVICE_NODE = re.compile(
+    r"^/dev/nvidia(?:\d+|ctl|-uvm|-uvm-tools|-modeset|-nvlink|-nvswitchctl|-nvswitch\d+|-caps/nvidia-cap\d+|-caps-imex-channels/channel\d+)$"
+)
+DELETED_SUFFIX = " (deleted)"
 _CONTAINER_PATTERNS = (
     re.compile(r"(?:docker|cri-containerd|crio|libpod|containerd|podman)-([0-9a-f]{12,64})\.scope"),
     # containerd's systemd cgroup driver when it and runc disagree (kind, k3s):
@@ -55,18 +68,40 @@ BUILTIN_PROTECTED_NAMES = (
 COMM_LENGTH = 15
 
 
+def device_path(target):
+    """A /proc fd or maps target -> its /dev/nvidia* path, whatever the spelling, or None when
+    it is no NVIDIA device file. The one place that knows how device paths are spelled."""
+    if target.endswith(DELETED_SUFFIX):
+        target = target[: -len(DELETED_SUFFIX)]
+    for prefix in DRIVER_ROOT_PREFIXES:
+        if target.startswith(prefix + "/dev/"):
+            target = target[len(prefix):]
+    return target if _DEVICE_NODE.match(target) else None
+
+
 def gpu_minor(device):
     """'/dev/nvidia3' -> 3; control nodes (/dev/nvidiactl, /dev/nvidia-uvm, caps) -> None."""
     match = _GPU_NODE.match(device)
     return int(match.group(1)) if match else None
 
 
-def parse_stat(text):
-    """/proc/PID/stat -> (comm, state, ppid, start_time). comm may hold spaces and parens."""
-    left = text.index("(")
-    right = text.rindex(")")
-    comm = text[left + 1:right]
-    rest = text[right + 2:].split()
+def _text(data):
+    return data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+
+
+def parse_stat(data):
+    """/proc/PID/stat (bytes or text) -> (comm, state, ppid, start_time). comm may hold spaces,
+    parens and, as bytes, half of a multi-byte character."""
+    if isinstance(data, bytes):
+        left = data.index(b"(")
+        right = data.rindex(b")")
+        comm = data[left + 1:right].decode("utf-8", "replace")
+        rest = data[right + 2:].decode("ascii", "replace").split()
+    else:
+        left = data.index("(")
+        right = data.rindex(")")
+        comm = data[left + 1:right]
+        rest = data[right + 2:].split()
     # rest[0] is field 3 (state); field 22 (starttime) is rest[19].
     return comm, rest[0], int(rest[1]), int(rest[19])
 
@@ -74,10 +109,11 @@ def parse_stat(text):
 PF_KTHREAD = 0x00200000
 
 
-def is_kernel_thread(stat_text):
+def is_kernel_thread(stat):
     """Kernel threads carry PF_KTHREAD in /proc/PID/stat field 9. (Their PIDs say nothing:
     inside a PID namespace PID 2 is an ordinary process.)"""
-    rest = stat_text[stat_text.rindex(")") + 2:].split()
+    stat = _text(stat)
+    rest = stat[stat.rindex(")") + 2:].split()
     return bool(int(rest[6]) & PF_KTHREAD)
 
 
@@ -85,7 +121,7 @@ def parse_cgroup(text):
     """/proc/PID/cgroup -> the cgroup path that systemd manages (the v2 `0::` line, else the
     v1 `name=systemd` line), or None."""
     unified = named = None
-    for line in text.splitlines():
+    for line in _text(text).splitlines():
         parts = line.split(":", 2)
         if len(parts) != 3:
             continue
@@ -135,15 +171,28 @@ def parse_cmdline(raw):
     return argv, " ".join(argv)
 
 
-def devices_in_maps(text):
-    found = set()
-    for match in _DEVICE.finditer(text):
-        found.add(match.group(0))
+def mapped_devices(maps):
+    """/proc/PID/maps (bytes) -> {device path: [mappings, KiB]} for NVIDIA device files.
+    The sizes tell a GPU's context from the small mappings every CUDA process makes of the
+    other GPUs' nodes (see _attribution)."""
+    found = {}
+    for match in _MAPS_LINE.finditer(maps):
+        device = device_path(match.group(3).decode("utf-8", "replace"))
+        if device is None:
+            continue
+        entry = found.setdefault(device, [0, 0])
+        entry[0] += 1
+        entry[1] += (int(match.group(2), 16) - int(match.group(1), 16)) // 1024
     return found
 
 
-def _read(path, binary=False):
-    with open(path, "rb" if binary else "r") as handle:
+def devices_in_maps(maps):
+    """The NVIDIA device paths a maps text (bytes or str) maps."""
+    return set(mapped_devices(maps if isinstance(maps, bytes) else maps.encode("utf-8")))
+
+
+def _read(path):
+    with open(path, "rb") as handle:
         return handle.read()
 
 
@@ -160,15 +209,15 @@ def _user_name(uid, cache):
 
 
 def _uid_from_status(text):
-    for line in text.splitlines():
+    for line in _text(text).splitlines():
         if line.startswith("Uid:"):
             return int(line.split()[1])
     return None
 
 
-def open_devices(pid, proc="/proc", with_maps=True):
-    """The /dev/nvidia* paths a process has open (fd) or, with `with_maps`, mapped (maps).
-    Raises OSError when the process is gone or not ours to read."""
+def open_devices(pid, proc="/proc"):
+    """The /dev/nvidia* paths a process has open. Raises OSError when the process is gone or
+    not ours to read."""
     devices = set()
     fd_dir = "%s/%d/fd" % (proc, pid)
     for entry in os.listdir(fd_dir):
@@ -176,18 +225,21 @@ def open_devices(pid, proc="/proc", with_maps=True):
             target = os.readlink(fd_dir + "/" + entry)
         except OSError:
             continue
-        if target.startswith("/dev/nvidia"):
-            devices.add(target)
-    if not with_maps:
-        return devices
-    try:
-        maps = _read("%s/%d/maps" % (proc, pid), binary=True)
-    except OSError:
-        maps = b""
-    # Most processes map no device file: a byte search skips the regex for them.
-    if b"/dev/nvidia" in maps:
-        devices |= devices_in_maps(maps.decode("utf-8", "replace"))
+        if "nvidia" in target:
+            device = device_path(target)
+            if device is not None:
+                devices.add(device)
     return devices
+
+
+def read_maps(pid, proc="/proc"):
+    """{device: [mappings, KiB]} of a process, or None when its maps cannot be read."""
+    try:
+        maps = _read("%s/%d/maps" % (proc, pid))
+    except OSError:
+        return None
+    # Most processes map no device file: a byte search skips the regex for them.
+    return mapped_devices(maps) if b"nvidia" in maps else {}
 
 
 def read_process(pid, proc="/proc", users=None):
@@ -199,7 +251,7 @@ def read_process(pid, proc="/proc", users=None):
         stat = _read(base + "/stat")
         comm, state, ppid, start_time = parse_stat(stat)
         kernel_thread = is_kernel_thread(stat)
-        argv, cmdline = parse_cmdline(_read(base + "/cmdline", binary=True))
+        argv, cmdline = parse_cmdline(_read(base + "/cmdline"))
         status = _read(base + "/status")
         cgroup = _read(base + "/cgroup")
     except (OSError, ValueError, IndexError):
@@ -221,6 +273,7 @@ def read_process(pid, proc="/proc", users=None):
         "state": state,
         "start_time": start_time,
         "devices": [],
+        "mapped": {},
         "gpu_indexes": [],
         "unit": unit_of(cgroup_path),
         "system_service": is_system_service(cgroup_path),
@@ -236,31 +289,38 @@ def list_pids(proc="/proc"):
 
 
 def scan_holders(proc="/proc", unreadable=None, with_maps=True):
-    """Every live process with a /dev/nvidia* node open or (with `with_maps`) mapped. Processes
-    that vanish mid-scan or that we may not read are skipped (the PIDs we may not read are
-    appended to `unreadable`, if given); a zombie holds nothing and is no holder.
+    """Every live process with a /dev/nvidia* node open or (with `with_maps`) mapped, with its
+    mappings of those nodes (`mapped`). Processes that vanish mid-scan or that we may not read
+    are skipped (the PIDs we may not read are appended to `unreadable`, if given); a zombie
+    holds nothing and is no holder.
 
-    Reading /proc/PID/maps is two thirds of the scan's cost (~70 of ~100 us a process, measured
-    in docs/benchmarks.md), and finds only processes that mapped a device file and then closed
-    it, which CUDA never does; callers read maps when a GPU reads dirty, where such a process
-    could be the one holding it."""
+    The maps of every process that has a device file open are read: attribution needs their
+    sizes. Reading the maps of all the others is two thirds of a full scan's cost (~70 of ~100 us
+    a process, docs/benchmarks.md) and finds only processes that mapped a device file and then
+    closed it, which CUDA never does; callers ask for that (`with_maps`) when a GPU reads dirty,
+    where such a process could be the one holding it."""
     holders = []
     users = {}
     for pid in list_pids(proc):
         try:
-            devices = open_devices(pid, proc, with_maps)
+            devices = open_devices(pid, proc)
         except PermissionError:
             if unreadable is not None:
                 unreadable.append(pid)
             continue
         except OSError:
             continue
-        if not devices:
+        if not devices and not with_maps:
+            continue
+        mapped = read_maps(pid, proc)
+        if not devices and not mapped:
             continue
         record = read_process(pid, proc, users)
         if record is None or record["state"] in ("Z", "X"):
             continue
-        record["devices"] = sorted(devices)
+        record["devices"] = sorted(devices | set(mapped or ()))
+        # None: the maps could not be read, so the mapping sizes are unknown.
+        record["mapped"] = None if mapped is None else {device: {"count": n, "kib": kib} for device, (n, kib) in mapped.items()}
         holders.append(record)
     return holders
 
@@ -331,17 +391,11 @@ def protection_reason(record, names, pids, own_lineage):
     return None
 
 
-def attribute(holders, minor_to_index, protect_names, protect_pids, own_lineage):
-    """Fill in gpu_indexes and protected for each holder (returns new records)."""
+def protect(holders, protect_names, protect_pids, own_lineage):
+    """Fill in protected and protected_reason for each holder (returns new records)."""
     result = []
     for holder in holders:
         record = dict(holder)
-        indexes = set()
-        for device in record["devices"]:
-            minor = gpu_minor(device)
-            if minor is not None and minor in minor_to_index:
-                indexes.add(minor_to_index[minor])
-        record["gpu_indexes"] = sorted(indexes)
         reason = protection_reason(record, protect_names, protect_pids, own_lineage)
         record["protected"] = reason is not None
         record["protected_reason"] = reason

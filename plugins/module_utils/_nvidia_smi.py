@@ -350,7 +350,8 @@ def read_minor_numbers(root="/proc/driver/nvidia/gpus"):
 class NvidiaSmi(object):
     """The one seam through which nvidia-smi runs: bounded in time, in the C locale."""
 
-    SEARCH_PATHS = ("/usr/bin", "/usr/local/nvidia/bin", "/usr/local/bin")
+    # The last one is where the NVIDIA GPU Operator's driver container shows its tools on the host.
+    SEARCH_PATHS = ("/usr/bin", "/usr/local/nvidia/bin", "/usr/local/bin", "/run/nvidia/driver/usr/bin")
 
     def __init__(self, path, timeout):
         self.path = path

@@ -18,6 +18,7 @@ import os
 import subprocess
 import time
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _attribution
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
 from ansible_collections.zeromib.gpu.plugins.module_utils import _signals
@@ -54,7 +55,7 @@ class System(object):
 
     def state(self, pid):
         try:
-            with open("%s/%d/stat" % (self.proc, pid)) as handle:
+            with open("%s/%d/stat" % (self.proc, pid), "rb") as handle:
                 return holders_mod.parse_stat(handle.read())[1]
         except (OSError, ValueError, IndexError):
             return None
@@ -65,7 +66,7 @@ class System(object):
     def cgroup_unit(self, pid):
         """(unit, is a system service) of a PID, from its cgroup."""
         try:
-            with open("%s/%d/cgroup" % (self.proc, pid)) as handle:
+            with open("%s/%d/cgroup" % (self.proc, pid), "rb") as handle:
                 path = holders_mod.parse_cgroup(handle.read())
         except OSError:
             return None, False
@@ -109,19 +110,20 @@ def matches_any(holder, regexes):
 
 
 def plan_targets(holders, selected, regexes):
-    """(to signal, protected holders of the selected GPUs). `match` narrows the first; a
-    holder of control nodes only is signalled only when `match` names it."""
+    """(to signal, protected holders of the selected GPUs). A holder is signalled for the GPUs it
+    uses (see _attribution: an undecided one only when every GPU it may use is selected); `match`
+    narrows that, and an NVML client is signalled only when `match` names it."""
     targets, protected = [], []
     for holder in holders:
-        on_selected = bool(set(holder["gpu_indexes"]) & set(selected))
+        for_selection = _attribution.may_signal_for(holder, selected)
         named = bool(regexes) and matches_any(holder, regexes)
         if holder["protected"]:
-            if on_selected or named:
+            if for_selection or named:
                 protected.append(holder)
             continue
         if regexes and not named:
             continue
-        if on_selected or (named and not holder["gpu_indexes"]):
+        if for_selection or (named and holder.get("attribution") == _attribution.NVML_CLIENT):
             targets.append(holder)
     return targets, protected
 
@@ -138,6 +140,8 @@ def describe_holder(holder):
     parts.append("state %s" % holder.get("state"))
     if holder.get("protected"):
         parts.append("protected")
+    if holder.get("attribution") == _attribution.UNDECIDED:
+        parts.append("may use GPU %s: maps their device files, none context-sized" % ",".join(str(i) for i in holder.get("candidate_gpu_indexes") or []))
     return "%s (%s)" % (parts[0], ", ".join(parts[1:]))
 
 
@@ -151,10 +155,15 @@ def failure_message(dirty_gpus, holders, apps, waited_s, unkillable, protected_o
         dead_claims = [a for a in claims if not a.get("alive")]
         claimed_pids = {a["pid"] for a in claims if a.get("alive")}
         protected_claimants = [h for h in on_gpu if h["protected"] and h["pid"] in claimed_pids]
+        undecided = [h for h in holders if h.get("attribution") == _attribution.UNDECIDED and gpu["index"] in (h.get("candidate_gpu_indexes") or [])]
         used = gpu.get("memory_used_mib")
         text = "GPU %d (%s) reads %s MiB" % (gpu["index"], gpu.get("uuid"), "unknown" if used is None else used)
         if unprotected or protected_claimants:
             text += ", held by " + "; ".join(describe_holder(h) for h in unprotected + protected_claimants)
+        elif undecided:
+            # Never signalled for a selection it may not belong to (see _attribution).
+            text += (", possibly held by %s, not signalled because it may use GPUs outside the selection: select them all, "
+                     "or name it in match" % "; ".join(describe_holder(h) for h in undecided))
         elif dead_claims:
             text += (
                 ", attributed to exited process(es) %s and no live process holds the GPU: the driver has not freed this "
@@ -196,6 +205,14 @@ def only_protected(dirty, holders, apps):
     return True
 
 
+def undecided_record(holders):
+    """The `undecided` return value: holders that may use a selected GPU, not signalled."""
+    return [
+        {"pid": h["pid"], "name": h.get("name"), "cmdline": h.get("cmdline"), "candidate_gpu_indexes": h.get("candidate_gpu_indexes")}
+        for h in holders
+    ]
+
+
 def summarize_diff(gpus, holders):
     """Diff-mode text: per-GPU memory and the holders, one line each."""
     lines = ["GPU %d %s: %s MiB" % (g["index"], g.get("uuid"), g.get("memory_used_mib")) for g in gpus]
@@ -218,6 +235,8 @@ class Release(object):
         self.names, self.pids = holders_mod.split_protect(params.get("protect"))
         self.lineage = holders_mod.lineage(os.getpid(), system.proc)
         self.regexes = params.get("_match_regexes") or []
+        # The compute apps of the latest scan ([] when none was needed).
+        self.apps = []
         # Minor numbers by bus id, from the look; the verify loop's readings reuse them.
         self.minors_by_bus = {}
         self.result = {
@@ -230,6 +249,7 @@ class Release(object):
             # ignores failed_when on it.
             "reused_pids": [],
             "unkillable": [],
+            "undecided": [],
             "warnings": [],
             "gpus_before": [],
             "gpus": [],
@@ -243,16 +263,26 @@ class Release(object):
 
     # --- look
 
-    def _attribute(self, raw, gpus):
-        return holders_mod.attribute(raw, _facts.minor_to_index(gpus), self.names, self.pids, self.lineage)
+    def footprint_mib(self):
+        value = self.params.get("cross_gpu_footprint_mib")
+        return _attribution.CROSS_GPU_FOOTPRINT_MIB if value is None else value
 
     def scan(self, gpus):
-        with_maps = _facts.any_dirty(gpus, self.params.get("max_used_mib") or 0)
-        return self._attribute(holders_mod.scan_holders(self.system.proc, with_maps=with_maps), gpus)
+        """Who uses which GPU now (compute apps fetched only when they can change the answer).
+        The apps seen are kept in self.apps."""
+        holders, self.apps = _facts.scan_and_attribute(
+            gpus, None, lambda: self._apps(gpus), self.names, self.pids, self.lineage, self.system.proc, None,
+            self.params.get("max_used_mib") or 0, self.footprint_mib(),
+        )
+        return holders
+
+    def footprint(self, gpus, holders):
+        return _attribution.footprint_gpus(gpus, holders, self.apps, self.params.get("max_used_mib") or 0, self.footprint_mib())
 
     def look(self):
         snapshot = _facts.look(self.smi, self.params.get("protect"), True, self.system.proc, self.driver_root, with_apps=False,
-                               max_used_mib=self.params.get("max_used_mib") or 0)
+                               max_used_mib=self.params.get("max_used_mib") or 0, footprint_mib=self.footprint_mib())
+        self.apps = snapshot.apps
         return snapshot
 
     # --- plan
@@ -289,29 +319,44 @@ class Release(object):
     # --- verify
 
     def verify(self, selected, deadline, acted):
-        """Poll until every selected GPU is <= max_used_mib. Returns (gpus, clean, protected_only):
-        protected_only is True when it stopped early because waiting cannot help.
+        """Poll until every selected GPU is clean. Returns (gpus, clean, protected_only, footprint):
+        protected_only is True when it stopped early because waiting cannot help; footprint are
+        the GPUs clean only through the cross-GPU footprint allowance.
+
+        A GPU that reads no more than the footprint above max_used_mib is clean when nothing uses
+        it and contexts live on other GPUs: freeing GPU 1 next to training on GPU 0 leaves 4 MiB
+        on GPU 1 (H200). Deciding that takes a scan (and the compute apps), so only then.
 
         Reads start every poll_interval (a fixed rate: the ~25 ms of each nvidia-smi call is not
         added to the interval). Right after acting, memory is expected to drop 20-130 ms after
         the holders exit, so the costlier look at who still holds the GPUs waits RESCAN_S."""
         limit = self.params.get("max_used_mib")
+        allowance = limit + self.footprint_mib()
         poll = self.params.get("poll_interval")
         last_scan = self.system.now() if acted else None
+        # The footprint decision holds while the readings do (or for RESCAN_S): one scan, not one a poll.
+        footprint, footprint_key, footprint_at = set(), None, None
         while True:
             poll_started = self.system.now()
             gpus = _facts.with_minor_numbers(self.smi.query_gpus(GPU_FIELDS), self.minors_by_bus)
             dirty = [g for g in gpus if g["index"] in selected and not _facts.gpu_is_clean(g, limit)]
             if not dirty:
-                return gpus, True, False
+                return gpus, True, False, set()
             now = self.system.now()
+            if self.footprint_mib() and any(g["memory_used_mib"] is not None and g["memory_used_mib"] <= allowance for g in dirty):
+                key = tuple(g["memory_used_mib"] for g in gpus)
+                if key != footprint_key or now - footprint_at >= RESCAN_S:
+                    footprint, footprint_key, footprint_at = self.footprint(gpus, self.scan(gpus)), key, now
+                dirty = [g for g in dirty if g["index"] not in footprint]
+                if not dirty:
+                    return gpus, True, False, footprint
             if last_scan is None or now - last_scan >= RESCAN_S:
                 holders = self.scan(gpus)
                 last_scan = now
                 if only_protected(dirty, holders, self._apps(gpus)):
-                    return gpus, False, True
+                    return gpus, False, True, set()
             if now >= deadline:
-                return gpus, False, False
+                return gpus, False, False, set()
             self.system.sleep(min(poll_started + poll, deadline) - self.system.now())
 
     # --- the whole run
@@ -327,9 +372,10 @@ class Release(object):
             self.result["warnings"].append(hidden)
         limit = self.params.get("max_used_mib")
         selected = select_gpus(gpus, self.params.get("gpus"))
-        self.result["gpus_before"] = [_facts.public_gpu(g, limit) for g in gpus]
+        self.result["gpus_before"] = [_facts.public_gpu(g, limit, snapshot.footprint) for g in gpus]
         self.result["selected_gpus"] = selected
         targets, protected = plan_targets(holders, selected, self.regexes)
+        self.result["undecided"] = undecided_record(_attribution.undecided_for(holders, selected))
         self.result["protected"] = [{"pid": h["pid"], "name": h["name"], "unit": h.get("unit"), "gpu_indexes": h["gpu_indexes"]} for h in protected]
         for holder in targets:
             if holder.get("container"):
@@ -341,7 +387,7 @@ class Release(object):
         unit_plan = self.plan_units(targets, holders)
         self.result["timings"]["plan_s"] = round(self.system.now() - planning, 3)
         self.result["services_not_found"] = unit_plan["not_found"]
-        gpus_clean = all(_facts.gpu_is_clean(g, limit) for g in gpus if g["index"] in selected)
+        gpus_clean = all(g["clean"] for g in self.result["gpus_before"] if g["index"] in selected)
         to_do = bool(unit_plan["stop"] or unit_plan["disable"] or unit_plan["mask"] or (targets and self.params.get("kill", True)))
 
         if self.check_mode:
@@ -388,10 +434,11 @@ class Release(object):
 
         verify_started = self.system.now()
         deadline = verify_started + self.params.get("wait_timeout")
-        final_gpus, clean, protected_only = self.verify(selected, deadline, acted=self.result["changed"])
+        final_gpus, clean, protected_only, footprint = self.verify(selected, deadline, acted=self.result["changed"])
         self.result["timings"]["wait_s"] = round(self.system.now() - verify_started, 3)
         final_holders = self.scan(final_gpus)
-        self.result["gpus"] = [_facts.public_gpu(g, limit) for g in final_gpus]
+        footprint |= self.footprint(final_gpus, final_holders)
+        self.result["gpus"] = [_facts.public_gpu(g, limit, footprint) for g in final_gpus]
         self.result["holders"] = [_facts.public_holder(h) for h in final_holders]
         self.result["released"] = clean
         self.result["elapsed_s"] = round(self.system.now() - started, 3)

@@ -15,6 +15,11 @@ description:
     run side by side in the C locale and bounded by O(timeout).
   - Scans C(/proc/*/fd) and C(/proc/*/maps) for processes that hold C(/dev/nvidia*), as C(fuser -v /dev/nvidia*) does.
     This finds what nvidia-smi cannot see, such as a child forked after CUDA init whose parent is gone.
+  - Says which GPUs each of them really uses, and why. Every CUDA process and every NVML client opens every GPU's device
+    file, so an open file says nothing. A live process that nvidia-smi lists as a compute app on a GPU uses that GPU
+    (C(attribution=listed)); one it does not list uses the GPUs whose device file it maps with a context-sized mapping
+    (C(attribution=mapped)), or is C(undecided) when no mapping is context-sized; a process that maps no per-GPU device
+    file is an NVML client (C(attribution=nvml_client)), such as C(nvidia-smi dmon) or an exporter, and never makes a host dirty.
   - Maps each GPU to its device file through C(Device Minor) in C(/proc/driver/nvidia/gpus/*/information);
     the minor number is not always the index.
   - Returns the result as the fact C(ansible_facts.gpu). Changes nothing.
@@ -49,6 +54,7 @@ options:
 notes:
   - Reading other users' C(/proc/PID/fd) needs root; run with O(ignore:become=true) or holders of other users stay unseen.
   - Takes two C(nvidia-smi) calls, run in parallel, and one pass over C(/proc).
+  - The attribution rule and the readings it is derived from are in the collection's C(docs/gpu_facts.md).
   - Managed nodes need Python 3.8 or later and the NVIDIA driver's C(nvidia-smi); no Python package.
 seealso:
   - module: zeromib.gpu.gpu_release
@@ -104,7 +110,8 @@ ansible_facts:
           sample: 8
         clean:
           description:
-            - V(true) when every GPU reads at most O(max_used_mib) and no live, unprotected process holds a per-GPU device file.
+            - V(true) when every GPU is clean and no live, unprotected process uses a GPU (C(attribution) V(listed),
+              V(mapped) or V(undecided)). NVML clients do not count.
             - Always V(false) when RV(ansible_facts.gpu.error) is set.
           type: bool
           returned: always
@@ -119,7 +126,11 @@ ansible_facts:
           returned: always
           sample: nvidia-smi timed out after 10 s (a hung driver or a GPU that fell off the bus); it was killed
         gpus:
-          description: One entry per GPU. V([N/A]) and other bracketed values read as V(null).
+          description:
+            - One entry per GPU. V([N/A]) and other bracketed values read as V(null).
+            - C(clean) is V(true) when C(memory_used_mib) is at most O(max_used_mib), or when C(cross_gpu_footprint) is V(true).
+            - C(cross_gpu_footprint) is V(true) for a GPU that no process uses and whose memory above O(max_used_mib) is at most
+              O(cross_gpu_footprint_mib), while contexts live on other GPUs.
           type: list
           elements: dict
           returned: always
@@ -139,6 +150,7 @@ ansible_facts:
               persistence_mode: Enabled
               mig_mode: Disabled
               clean: false
+              cross_gpu_footprint: false
         processes:
           description:
             - Compute apps from nvidia-smi, joined to GPUs by UUID. C(name) is nvidia-smi's raw process name,
@@ -150,8 +162,12 @@ ansible_facts:
             - {pid: 426, name: python3, used_memory_mib: 6662, gpu_uuid: GPU-ab0cf4f6-818d-be7e-f16b-963690d7c5c5, gpu_index: 0, alive: true}
         holders:
           description:
-            - Processes with a C(/dev/nvidia*) node open or mapped. Those holding only control nodes
-              (C(/dev/nvidiactl), C(/dev/nvidia-uvm), C(/dev/nvidia-caps/*)) have an empty C(gpu_indexes) and do not make a host dirty.
+            - Processes with a C(/dev/nvidia*) node open or mapped, as C(fuser -v) shows them.
+            - C(gpu_indexes) are the GPUs the process really uses, C(attribution) says why - V(listed) (nvidia-smi lists it on
+              them), V(mapped) (its context-sized mapping of their device files), V(undecided) (it maps per-GPU device files but
+              none context-sized; C(candidate_gpu_indexes) are the GPUs it may use) or V(nvml_client) (it maps no per-GPU
+              device file and is not listed, such as C(nvidia-smi dmon), an exporter, C(nvidia-persistenced); it uses no
+              GPU memory, C(gpu_indexes) is empty and it does not make a host dirty).
           type: list
           elements: dict
           returned: always
@@ -163,8 +179,10 @@ ansible_facts:
               user: root
               state: S
               start_time: 123456
-              devices: [/dev/nvidia0, /dev/nvidiactl, /dev/nvidia-uvm]
+              devices: [/dev/nvidia0, /dev/nvidia1, /dev/nvidiactl, /dev/nvidia-uvm]
               gpu_indexes: [0]
+              attribution: listed
+              candidate_gpu_indexes: []
               unit: vllm.service
               container: null
               protected: false
@@ -179,6 +197,7 @@ ARGUMENT_SPEC = dict(
     nvidia_smi=dict(type="path"),
     timeout=dict(type="float", default=10),
     max_used_mib=dict(type="int", default=0),
+    cross_gpu_footprint_mib=dict(type="int", default=4),
     processes=dict(type="bool", default=True),
     fail_on_error=dict(type="bool", default=True),
     protect=dict(type="list", elements="str", default=[]),
@@ -188,9 +207,11 @@ ARGUMENT_SPEC = dict(
 def gather(params):
     """Options -> (the ansible_facts.gpu dict, a warning or None). Raises NvidiaSmiError."""
     smi = NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), params["timeout"])
-    snapshot = _facts.look(smi, params["protect"], with_processes=params["processes"], max_used_mib=params["max_used_mib"])
+    snapshot = _facts.look(smi, params["protect"], with_processes=params["processes"], max_used_mib=params["max_used_mib"],
+                           footprint_mib=params["cross_gpu_footprint_mib"])
     facts = _facts.assemble(
-        snapshot.gpus, snapshot.apps, snapshot.holders, params["max_used_mib"], params["processes"], _facts.cuda_driver_version()
+        snapshot.gpus, snapshot.apps, snapshot.holders, params["max_used_mib"], params["processes"], _facts.cuda_driver_version(),
+        snapshot.footprint,
     )
     return facts, _facts.unreadable_warning(snapshot.unreadable)
 
@@ -199,6 +220,8 @@ def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     if module.params["timeout"] <= 0:
         module.fail_json(msg="timeout must be greater than 0, got %s" % module.params["timeout"])
+    if module.params["cross_gpu_footprint_mib"] < 0:
+        module.fail_json(msg="cross_gpu_footprint_mib must be 0 or more, got %s" % module.params["cross_gpu_footprint_mib"])
     try:
         facts, warning = gather(module.params)
     except NvidiaSmiError as exc:

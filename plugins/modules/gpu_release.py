@@ -15,7 +15,11 @@ description:
   - B(Look) - one snapshot of the GPUs (C(nvidia-smi)), their compute apps, and every process holding C(/dev/nvidia*) (a C(/proc) scan).
   - B(Plan) - the units named in O(services) that are active (or, per O(service_state), enabled or not masked); the systemd services
     that own holders (O(stop_owning_units)); and the holders left to signal, never a protected process, never PID 1, never the module's
-    own Ansible session, never a process that holds only unselected GPUs.
+    own Ansible session, never a process that uses only unselected GPUs, never an NVML client (unless O(match) names it).
+  - Which GPU a process uses is not which device files it has open (every CUDA process opens every GPU's): it is the GPU where
+    nvidia-smi lists it as a compute app or, for a process nvidia-smi does not list (the orphaned child of a dead owner), the GPU whose
+    device file it maps with a context-sized mapping. A process that cannot be placed so is reported in RV(undecided) and signalled
+    only when every GPU it may use is selected. See M(zeromib.gpu.gpu_facts).
   - B(Act) - C(systemctl stop) the units (then C(disable) or C(mask) the named ones), SIGTERM the remaining holders, SIGKILL those
     still alive after O(kill_timeout). Before every signal the PID's start time is checked again, so a reused PID is never signalled.
   - B(Verify) - poll C(memory.used) every O(poll_interval) until every selected GPU reads at most O(max_used_mib), or fail after
@@ -38,7 +42,8 @@ attributes:
 options:
   gpus:
     description:
-      - Indexes or UUIDs of the GPUs to free. Holders of other GPUs only are left alone.
+      - Indexes or UUIDs of the GPUs to free. Processes that use only other GPUs are left alone, so one GPU can be freed while the
+        others train; the GPUs freed then read the cross-GPU footprint of those contexts (see O(cross_gpu_footprint_mib)).
       - Empty selects every GPU.
     type: list
     elements: str
@@ -75,7 +80,8 @@ options:
     description:
       - Python regular expressions searched in each holder's command line. When set, only matching holders (and their units)
         are acted on; O(services) are always acted on.
-      - A process that holds only control nodes (C(/dev/nvidiactl), C(/dev/nvidia-uvm)) is signalled only when O(match) names it.
+      - An NVML client (a process that maps no per-GPU device file and that nvidia-smi does not list, such as C(nvidia-smi dmon)
+        or a metrics exporter) is signalled only when O(match) names it.
     type: list
     elements: str
     default: []
@@ -187,6 +193,15 @@ reused_pids:
   type: list
   elements: dict
   returned: always
+undecided:
+  description:
+    - Processes that may use a selected GPU but also others, and that were therefore not signalled. They map per-GPU device
+      files but none with a context-sized mapping, so which GPU they use cannot be decided (see M(zeromib.gpu.gpu_facts)).
+      Select all of C(candidate_gpu_indexes), or name them in O(match), to free them.
+  type: list
+  elements: dict
+  returned: always
+  sample: [{pid: 733, name: python3, cmdline: python3 worker.py, candidate_gpu_indexes: [0, 1]}]
 unkillable:
   description: Processes that outlived SIGKILL for O(kill_timeout) seconds (usually D state in the driver).
   type: list
@@ -243,6 +258,7 @@ ARGUMENT_SPEC = dict(
     wait_timeout=dict(type="float", default=60),
     poll_interval=dict(type="float", default=0.1),
     max_used_mib=dict(type="int", default=0),
+    cross_gpu_footprint_mib=dict(type="int", default=4),
     nvidia_smi=dict(type="path"),
     timeout=dict(type="float", default=10),
 )
@@ -255,8 +271,9 @@ def checked_params(params):
             raise ValueError("%s must be greater than 0, got %s" % (name, params[name]))
     if params["poll_interval"] <= 0:
         raise ValueError("poll_interval must be greater than 0, got %s" % params["poll_interval"])
-    if params["max_used_mib"] < 0:
-        raise ValueError("max_used_mib must be 0 or more, got %s" % params["max_used_mib"])
+    for name in ("max_used_mib", "cross_gpu_footprint_mib"):
+        if params[name] < 0:
+            raise ValueError("%s must be 0 or more, got %s" % (name, params[name]))
     regexes = []
     for pattern in params["match"]:
         try:

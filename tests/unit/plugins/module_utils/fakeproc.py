@@ -8,8 +8,18 @@ writes them (no test here)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+
+# Real per-process readings of a 2-GPU H200 node (driver 580.159.04): fd counts per device
+# path, mapping counts and KiB per path, compute apps, memory.used (README beside it).
+H200X2_PROC = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, os.pardir, "fixtures", "h200x2-proc", "maps_probe.json")
+
+
+def h200x2_readings():
+    with open(H200X2_PROC) as handle:
+        return json.load(handle)
 
 SESSION = "0::/user.slice/user-0.slice/session-1.scope\n"
 
@@ -48,7 +58,8 @@ def write_process(
     exe="/usr/bin/python3.12",
     kernel_thread=False,
 ):
-    """One /proc/<pid> directory. `fds` and `maps` are device paths; a few ordinary fds and
+    """One /proc/<pid> directory. `fds` are device paths (one fd each; repeat a path for more);
+    `maps` are device paths (one 4 KiB mapping) or (path, KiB) pairs; a few ordinary fds and
     mappings are always there, as in a real process."""
     base = os.path.join(str(root), str(pid))
     if os.path.exists(base):
@@ -66,8 +77,11 @@ def write_process(
     with open(os.path.join(base, "cgroup"), "w") as handle:
         handle.write(cgroup)
     lines = ["55d0c0a00000-55d0c0a01000 r--p 00000000 08:01 131 /usr/bin/python3.12\n"]
-    for number, device in enumerate(maps):
-        lines.append("7f%010x-7f%010x rw-s 00000000 00:05 %d %s\n" % (number * 4096, number * 4096 + 4096, 1000 + number, device))
+    address = 0
+    for number, mapping in enumerate(maps):
+        device, kib = (mapping, 4) if isinstance(mapping, str) else mapping
+        lines.append("7f%010x-7f%010x rw-s 00000000 00:05 %d %s\n" % (address, address + kib * 1024, 1000 + number, device))
+        address += kib * 1024 + 4096
     lines.append("7ffd4a1c2000-7ffd4a1e3000 rw-p 00000000 00:00 0 [stack]\n")
     with open(os.path.join(base, "maps"), "w") as handle:
         handle.writelines(lines)
@@ -83,8 +97,67 @@ def remove_process(root, pid):
     shutil.rmtree(os.path.join(str(root), str(pid)), ignore_errors=True)
 
 
+def expand(reading):
+    """One process of maps_probe.json -> (fds, maps) for write_process: each fd path repeated
+    its count, each mapped path split into its count of mappings with its total KiB."""
+    fds = [path for path, count in sorted(reading["fds"].items()) for _ in range(count)]
+    maps = []
+    for path, count in sorted(reading.get("maps", {}).items()):
+        total = reading["map_kib"][path]
+        sizes = [total // count] * count
+        sizes[0] += total - sum(sizes)
+        maps.extend((path, size) for size in sizes)
+    return fds, maps
+
+
+def _node(reading, source, node):
+    """(fds, maps) of one GPU node, shaped as `source` is in `reading`."""
+    fds = [node] * reading["fds"].get(source, 0)
+    count = reading["maps"].get(source, 0)
+    if not count:
+        return fds, []
+    return fds, expand({"fds": {}, "maps": {node: count}, "map_kib": {node: reading["map_kib"][source]}})[1]
+
+
+def cuda_process(context_minor, minors, visible=None):
+    """(fds, maps) of a CUDA process with its context on `context_minor` (one minor or several)
+    on a node whose GPUs have `minors`, as measured on the H200 pair: each context GPU's node as GPU 0's in the
+    `two_holders` reading, every other node as GPU 1's there; with `visible` (the minors that
+    CUDA_VISIBLE_DEVICES leaves), the hidden ones as in `cvd0_holder` (open, never mapped)."""
+    readings = h200x2_readings()
+    own = readings["two_holders"]["gpu0_holder"]
+    hidden = readings["cvd0_holder"]["holder"]
+    contexts = {context_minor} if isinstance(context_minor, int) else set(context_minor)
+    fds, maps = expand({"fds": {p: n for p, n in own["fds"].items() if not p[-1].isdigit() or "caps" in p},
+                        "maps": {p: n for p, n in own["maps"].items() if not p[-1].isdigit()},
+                        "map_kib": own["map_kib"]})
+    for minor in minors:
+        node = "/dev/nvidia%d" % minor
+        if minor in contexts:
+            node_fds, node_maps = _node(own, "/dev/nvidia0", node)
+        elif visible is not None and minor not in visible:
+            node_fds, node_maps = _node(hidden, "/dev/nvidia1", node)
+        else:
+            node_fds, node_maps = _node(own, "/dev/nvidia1", node)
+        fds.extend(node_fds)
+        maps.extend(node_maps)
+    return tuple(fds), tuple(maps)
+
+
+def nvml_client(minors, kind="dmon"):
+    """(fds, maps) of an NVML client as measured (`monitors`: nvidia-smi dmon or a pynvml loop),
+    its GPU-1 pattern repeated for every GPU after the first."""
+    reading = h200x2_readings()["monitors"][kind]
+    fds = [path for path, count in sorted(reading["fds"].items()) if not path[-1].isdigit() or "caps" in path for _ in range(count)]
+    for number, minor in enumerate(minors):
+        source = "/dev/nvidia0" if number == 0 else "/dev/nvidia1"
+        fds.extend(["/dev/nvidia%d" % minor] * reading["fds"][source])
+    return tuple(fds), tuple(expand({"fds": {}, "maps": reading["maps"], "map_kib": reading["map_kib"]})[1])
+
+
 def cuda_fds(minor):
-    """What a CUDA process holds: its GPU node, the control node, UVM and a caps node."""
+    """A process that opened one GPU's node and the control nodes and mapped nothing (the shape
+    of processes before the multi-GPU readings; today: an unplaceable process)."""
     return ("/dev/nvidia%d" % minor, "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 

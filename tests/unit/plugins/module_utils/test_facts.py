@@ -236,7 +236,8 @@ def node(tmp_path):
     for bus, minor in (("0000:18:00.0", 1), ("0000:2a:00.0", 0)):
         (driver / bus).mkdir(parents=True)
         (driver / bus / "information").write_text("Bus Location: \t %s\nDevice Minor: \t %d\n" % (bus, minor))
-    fakeproc.write_process(proc, 426, fds=fakeproc.cuda_fds(1), start_time=7000)
+    fds, maps = fakeproc.cuda_process(1, [1, 0])  # its context on /dev/nvidia1, GPU index 0
+    fakeproc.write_process(proc, 426, fds=fds, maps=maps, start_time=7000)
     fakeproc.write_process(
         proc,
         812,
@@ -258,8 +259,9 @@ def test_look_attributes_holders_by_minor_number(node):
     snapshot = facts.look(canned, protect=[], proc=str(proc), driver_root=str(driver))
     assert [(g["index"], g["minor_number"]) for g in snapshot.gpus] == [(0, 1), (1, 0)]
     by_pid = {h["pid"]: h for h in snapshot.holders}
-    assert by_pid[426]["gpu_indexes"] == [0] and not by_pid[426]["protected"]
-    assert by_pid[812]["gpu_indexes"] == [0, 1] and by_pid[812]["protected"]
+    assert (by_pid[426]["gpu_indexes"], by_pid[426]["attribution"], by_pid[426]["protected"]) == ([0], "listed", False)
+    # nvidia-persistenced opens every GPU's node and maps none: an NVML client, using no GPU.
+    assert (by_pid[812]["gpu_indexes"], by_pid[812]["attribution"], by_pid[812]["protected"]) == ([], "nvml_client", True)
     assert [(a["pid"], a["gpu_index"], a["alive"]) for a in snapshot.apps] == [(426, 0, True), (427, 0, False)]
 
 

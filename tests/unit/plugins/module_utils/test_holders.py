@@ -192,24 +192,19 @@ def test_split_protect_tells_pids_from_names():
     assert holders.split_protect(None) == ([], set())
 
 
-def test_attribute_maps_minor_numbers_not_indexes():
-    # /dev/nvidia1 is GPU index 0 and /dev/nvidia0 is GPU index 1 on this host.
+def test_protect_marks_daemons_and_never_changes_its_input():
     raw = [
         dict(_record(pid=500), devices=["/dev/nvidia-uvm", "/dev/nvidia1", "/dev/nvidiactl"], gpu_indexes=[], protected=False),
-        dict(_record(pid=501), devices=["/dev/nvidia0", "/dev/nvidia1"], gpu_indexes=[], protected=False),
-        dict(_record(pid=502), devices=["/dev/nvidiactl", "/dev/nvidia-caps/nvidia-cap1"], gpu_indexes=[], protected=False),
-        dict(_record(pid=503), devices=["/dev/nvidia7"], gpu_indexes=[], protected=False),  # not a GPU of this host
         dict(_record(pid=812, name="nvidia-persiste", exe=None, argv0=None), devices=["/dev/nvidia0", "/dev/nvidia1"], gpu_indexes=[], protected=False),
+        dict(_record(pid=4242), devices=["/dev/nvidia0"], gpu_indexes=[], protected=False),
     ]
-    result = holders.attribute(raw, {1: 0, 0: 1}, [], set(), [4242])
-    assert [(h["pid"], h["gpu_indexes"], h["protected"], h["protected_reason"]) for h in result] == [
-        (500, [0], False, None),
-        (501, [0, 1], False, None),
-        (502, [], False, None),
-        (503, [], False, None),
-        (812, [0, 1], True, "protected daemon"),
+    result = holders.protect(raw, [], set(), [4242])
+    assert [(h["pid"], h["protected"], h["protected_reason"]) for h in result] == [
+        (500, False, None),
+        (812, True, "protected daemon"),
+        (4242, True, "this Ansible session"),
     ]
-    assert raw[0]["gpu_indexes"] == [], "attribute must not change its input"
+    assert raw[1]["protected"] is False, "protect must not change its input"
 
 
 @pytest.mark.parametrize(
@@ -292,7 +287,7 @@ def test_scan_finds_fd_and_maps_holders_and_skips_zombies_and_vanished(proc):
 def test_kernel_thread_is_told_by_its_flags_not_its_pid(proc):
     fakeproc.write_process(proc, 108, comm="nvidia-modeset/", ppid=2, exe=None, argv=(), fds=("/dev/nvidia0",), kernel_thread=True)
     fakeproc.write_process(proc, 109, comm="python3", ppid=2, fds=("/dev/nvidia0",))  # PID 2's child in a container
-    found = {h["pid"]: h for h in holders.attribute(holders.scan_holders(str(proc)), {0: 0}, [], set(), [4242])}
+    found = {h["pid"]: h for h in holders.protect(holders.scan_holders(str(proc)), [], set(), [4242])}
     assert (found[108]["protected"], found[108]["protected_reason"]) == (True, "kernel thread")
     assert (found[109]["protected"], found[109]["protected_reason"]) == (False, None)
 
@@ -393,3 +388,62 @@ def test_processes_we_may_not_read_are_counted_so_a_non_root_run_can_say_so(monk
     assert unreadable == [10, 11]
     assert "2 process(es)" in _facts.unreadable_warning(unreadable) and "become: true" in _facts.unreadable_warning(unreadable)
     assert _facts.unreadable_warning([]) is None
+
+
+# ------------------------------------------------------------------ spellings and bytes
+
+
+@pytest.mark.parametrize(
+    "target, device",
+    [
+        ("/dev/nvidia0", "/dev/nvidia0"),
+        ("/dev/nvidia0 (deleted)", "/dev/nvidia0"),  # a node removed while held
+        ("/run/nvidia/driver/dev/nvidia3", "/dev/nvidia3"),  # GPU Operator: the driver container's /dev
+        ("/run/nvidia/driver/dev/nvidiactl (deleted)", "/dev/nvidiactl"),
+        ("/dev/nvidia-uvm-tools", "/dev/nvidia-uvm-tools"),
+        ("/dev/nvidia-caps/nvidia-cap2", "/dev/nvidia-caps/nvidia-cap2"),
+        ("/dev/nvidia-apex/lib.so", None),
+        ("/home/u/dev/nvidia0", None),
+        ("/dev/null", None),
+        ("socket:[43126]", None),
+    ],
+    ids=repr,
+)
+def test_device_path_knows_every_spelling_of_a_device_file(target, device):
+    assert holders.device_path(target) == device
+
+
+def test_mapped_devices_counts_mappings_and_kib_per_device():
+    maps = (
+        b"7f0000000000-7f0000200000 rw-s 00000000 00:05 11 /dev/nvidia0\n"
+        b"7f0000300000-7f0000320000 rw-s 00000000 00:05 11 /dev/nvidia0\n"
+        b"7f0000400000-7f0000410000 rw-s 00000000 00:05 12 /run/nvidia/driver/dev/nvidia1 (deleted)\n"
+        b"7f0000500000-7f0000501000 r--p 00000000 08:01 13 /opt/x/dev/nvidia-apex/lib.so\n"
+        b"7ffd4a1c2000-7ffd4a1e3000 rw-p 00000000 00:00 0 [stack]\n"
+    )
+    assert holders.mapped_devices(maps) == {"/dev/nvidia0": [2, 2176], "/dev/nvidia1": [1, 64]}
+
+
+def test_operator_and_deleted_spellings_are_found_by_the_scan(proc):
+    fakeproc.write_process(proc, 700, fds=("/run/nvidia/driver/dev/nvidia0", "/run/nvidia/driver/dev/nvidiactl"),
+                           maps=(("/run/nvidia/driver/dev/nvidia0", 2176),))
+    fakeproc.write_process(proc, 701, fds=("/dev/nvidia1 (deleted)",), maps=(("/dev/nvidia1 (deleted)", 2176),))
+    found = {h["pid"]: h for h in holders.scan_holders(str(proc), with_maps=False)}
+    assert found[700]["devices"] == ["/dev/nvidia0", "/dev/nvidiactl"]
+    assert found[700]["mapped"] == {"/dev/nvidia0": {"count": 1, "kib": 2176}}
+    assert found[701]["devices"] == ["/dev/nvidia1"]
+
+
+def test_comm_cut_inside_a_multibyte_character_is_read_not_skipped(proc):
+    """A 15-byte comm ends inside a CJK character: reading /proc as text raised, the process was
+    skipped, and the run waited 60 s for memory it could not explain."""
+    comm = "训练脚本" + "\u3042"  # 12 + 3 bytes; the kernel keeps 15 bytes
+    base = fakeproc.write_process(proc, 702, comm="x", fds=("/dev/nvidia0",), maps=(("/dev/nvidia0", 2176),))
+    with open(base + "/stat", "rb") as handle:
+        stat = handle.read()
+    raw = comm.encode("utf-8")[:14]  # the last character cut in two
+    with open(base + "/stat", "wb") as handle:
+        handle.write(stat.replace(b"(x)", b"(" + raw + b")"))
+    (found,) = [h for h in holders.scan_holders(str(proc), with_maps=False) if h["pid"] == 702]
+    assert found["name"] == "训练脚本\ufffd" and found["devices"] == ["/dev/nvidia0"]
+    assert holders.start_time_of(702, str(proc)) == 1000

@@ -25,6 +25,9 @@ def holder(pid, gpu_indexes, protected=False, cmdline="python3 train.py", name="
         "name": name,
         "cmdline": cmdline,
         "gpu_indexes": gpu_indexes,
+        # What _attribution decides for a process that uses GPUs / uses none.
+        "attribution": "listed" if gpu_indexes else "nvml_client",
+        "candidate_gpu_indexes": [],
         "protected": protected,
         "unit": unit,
         "system_service": system_service,
@@ -225,7 +228,7 @@ HOLDERS = [
         "all-gpus",
         "holder-of-unselected-gpu-only-is-left-alone",
         "match-narrows",
-        "control-only-holder-only-when-matched",
+        "nvml-client-only-when-matched",
         "protected-never-targeted-even-when-matched",
         "protected-only",
     ],
@@ -235,7 +238,7 @@ def test_plan_targets(selected, match, targets, protected):
     assert ([h["pid"] for h in found], [h["pid"] for h in kept]) == (targets, protected)
 
 
-def test_control_only_holders_are_not_targeted_without_match():
+def test_nvml_clients_are_not_targeted_without_match():
     found, _kept = release.plan_targets(HOLDERS, [0, 1, 2], [])
     assert not [h for h in found if not h["gpu_indexes"]]
 

@@ -26,6 +26,9 @@ SSH_SERVICE = "0::/system.slice/ssh.service\n"
 # compute-apps list empties first.
 RELEASE_DELAY_S = 0.05
 RESPAWN_S = 2.0
+# Measured on the H200 pair: a GPU with no context of its own reads 4 MiB while a process that
+# can see it (it maps the GPU's node small) has its context on another GPU.
+FOOTPRINT_MIB = 4
 
 
 def uuid(index):
@@ -86,14 +89,23 @@ class World(object):
         smi_pid=None,
         smi_name=None,
         visible=True,
+        maps=None,
+        cuda_visible=None,
     ):
+        """A process. With `mem` ({GPU: MiB}) and no `devices`, a CUDA process as measured on a
+        real multi-GPU node: every GPU's node open, its own GPUs' mapped context-sized, the
+        others small (not at all for GPUs that `cuda_visible`, CUDA_VISIBLE_DEVICES, hides).
+        `visible=False`: nvidia-smi does not list it."""
         assert pid != self.mypid and pid not in self.procs
         mem = dict(mem or {})
         if cgroup is None:
             cgroup = "0::/system.slice/%s\n" % unit if unit else "0::/user.slice/user-1000.slice/session-3.scope\n"
-        if devices is None:
-            devices = ["/dev/nvidia%d" % i for i in sorted(mem)] + ["/dev/nvidiactl", "/dev/nvidia-uvm"]
-        spec = dict(comm=comm, argv=argv, cgroup=cgroup, fds=tuple(devices), exe=exe)
+        if devices is None and mem:
+            devices, default_maps = fakeproc.cuda_process(set(mem), range(self.gpus), cuda_visible)
+            maps = default_maps if maps is None else maps
+        elif devices is None:
+            devices = ["/dev/nvidiactl", "/dev/nvidia-uvm"]
+        spec = dict(comm=comm, argv=argv, cgroup=cgroup, fds=tuple(devices), maps=tuple(maps or ()), exe=exe)
         self.next_start += 1
         fakeproc.write_process(self.root, pid, start_time=self.next_start, **spec)
         self.procs[pid] = Proc(pid, mem, unit, on_term, on_kill, smi_pid if smi_pid else pid, smi_name if smi_name else comm, spec)
@@ -150,7 +162,11 @@ class World(object):
     def memory_used(self, index):
         live = sum(p.mem.get(index, 0) for p in self.procs.values())
         freeing = sum(mib for until, i, mib in self.freeing if i == index and until > self.t)
-        return live + freeing + sum(mib for i, _pid, _name, mib in self.leaked if i == index)
+        used = live + freeing + sum(mib for i, _pid, _name, mib in self.leaked if i == index)
+        node = "/dev/nvidia%d" % index
+        if not used and any(p.mem and node in [m[0] for m in p.spec["maps"] if not isinstance(m, str)] for p in self.procs.values()):
+            used = FOOTPRINT_MIB
+        return used
 
     def gpu_text(self):
         return "".join(
@@ -315,7 +331,8 @@ def test_cooperative_holder_exits_on_sigterm(world):
         }
     ]
     assert (result["changed"], result["released"], result["stopped_units"]) == (True, True, [])
-    assert [g["memory_used_mib"] for g in result["gpus_before"]] == [40960, 0]
+    # GPU 1 read the footprint of GPU 0's context before, and counted free for it.
+    assert [(g["memory_used_mib"], g["clean"], g["cross_gpu_footprint"]) for g in result["gpus_before"]] == [(40960, False, False), (4, True, True)]
     assert [g["memory_used_mib"] for g in result["gpus"]] == [0, 0]
     assert result["holders"] == [] and world.t < 1.0
     # nvidia-smi still read the memory for a moment after the exit: the verdict polled for it.
@@ -393,6 +410,81 @@ def test_holder_of_an_unselected_gpu_is_left_alone(world):
     result = run(world, gpus=["1"])
     assert [pid for _t, pid, _name in world.signals] == [497]
     assert result["selected_gpus"] == [1] and result["released"] is True and 495 in world.procs
+
+
+def test_freeing_one_gpu_next_to_training_leaves_the_trainer_and_accepts_its_footprint(world):
+    """The incident on the H200 pair: gpus ["1"] killed the trainer on GPU 0, and GPU 1 could
+    never read 0 MiB while GPU 0 trained."""
+    world.spawn(495, {0: 40960}, argv=("python3", "train.py"))
+    world.spawn(497, {1: 20480}, argv=("python3", "serve.py"))
+    result = run(world, gpus=["1"])
+    assert [pid for _t, pid, _name in world.signals] == [497] and 495 in world.procs
+    after = result["gpus"][1]
+    assert (after["memory_used_mib"], after["clean"], after["cross_gpu_footprint"]) == (FOOTPRINT_MIB, True, True)
+    assert result["released"] is True and result["gpus"][0]["cross_gpu_footprint"] is False
+
+
+def test_footprint_allowance_off_means_the_other_gpus_context_keeps_it_dirty(world):
+    world.spawn(495, {0: 40960})
+    world.spawn(497, {1: 20480})
+    error = fail(world, gpus=["1"], cross_gpu_footprint_mib=0, wait_timeout=1.0)
+    assert "GPU 1 (%s) reads 4 MiB" % uuid(1) in error.msg and 495 in world.procs
+
+
+def test_footprint_is_no_excuse_for_memory_a_process_still_uses(world):
+    world.spawn(495, {0: 40960})
+    world.spawn(497, {1: 3}, on_term="ignore", on_kill="ignore")
+    error = fail(world, gpus=["1"], kill_timeout=0.5, wait_timeout=2.0)
+    assert "GPU 1 (%s) reads 3 MiB, held by pid 497" % uuid(1) in error.msg
+
+
+def test_cuda_visible_devices_trainer_on_the_other_gpu_is_left_alone(world):
+    world.spawn(495, {0: 40960}, cuda_visible=[0])
+    world.spawn(497, {1: 20480})
+    result = run(world, gpus=["1"])
+    assert [pid for _t, pid, _name in world.signals] == [497] and 495 in world.procs
+    assert result["gpus"][1]["memory_used_mib"] == 0 and result["gpus"][1]["cross_gpu_footprint"] is False
+
+
+def test_orphan_on_gpu_1_is_freed_with_gpu_1_and_left_alone_for_gpu_0(world):
+    world.spawn(495, {0: 40960})
+    world.spawn(752, {1: 2566}, argv=("python3", "worker.py"), smi_pid=751, smi_name="[Not Found]")
+    result = run(world, gpus=["0"])
+    assert [pid for _t, pid, _name in world.signals] == [495] and 752 in world.procs
+    assert result["gpus"][0]["memory_used_mib"] == FOOTPRINT_MIB and result["released"] is True
+    result = run(world, gpus=["1"])
+    assert [pid for _t, pid, _name in world.signals][-1] == 752 and result["released"] is True
+
+
+def test_nvml_monitors_survive_freeing_every_gpu(world):
+    dmon_fds, dmon_maps = fakeproc.nvml_client([0, 1], "dmon")
+    world.spawn(600, comm="nvidia-smi", argv=("nvidia-smi", "dmon", "-d", "1"), devices=dmon_fds, maps=dmon_maps)
+    nvml_fds, _maps = fakeproc.nvml_client([0, 1], "pynvml")
+    world.spawn(601, argv=("python3", "exporter.py"), devices=nvml_fds)
+    world.spawn(495, {0: 40960})
+    result = run(world)
+    assert [pid for _t, pid, _name in world.signals] == [495] and {600, 601} <= set(world.procs)
+    assert result["released"] is True
+    assert sorted((h["pid"], h["attribution"]) for h in result["holders"]) == [(600, "nvml_client"), (601, "nvml_client")]
+
+
+def test_host_with_only_monitors_is_clean_and_untouched(world):
+    dmon_fds, dmon_maps = fakeproc.nvml_client([0, 1], "dmon")
+    world.spawn(600, comm="nvidia-smi", argv=("nvidia-smi", "dmon"), devices=dmon_fds, maps=dmon_maps)
+    result = run(world)
+    assert (result["changed"], result["released"], world.signals) == (False, True, [])
+
+
+def test_undecided_process_is_reported_not_signalled_for_one_gpu(world):
+    small = [("/dev/nvidia0", 64), ("/dev/nvidia0", 64), ("/dev/nvidia1", 64), ("/dev/nvidia1", 64)]
+    world.spawn(733, {1: 500}, argv=("python3", "odd.py"), maps=small, visible=False)
+    error = fail(world, gpus=["1"], wait_timeout=1.0)
+    assert world.signals == [] and error.result["undecided"] == [
+        {"pid": 733, "name": "python3", "cmdline": "python3 odd.py", "candidate_gpu_indexes": [0, 1]}
+    ]
+    assert "possibly held by pid 733 python3 [python3 odd.py]" in error.msg
+    result = run(world)
+    assert [pid for _t, pid, _name in world.signals] == [733] and result["released"] is True
 
 
 def test_match_limits_who_is_signalled(world):
@@ -551,7 +643,9 @@ def test_clean_host_changes_nothing(world):
     assert [g["memory_used_mib"] for g in result["gpus"]] == [0, 0]
 
 
-def test_protected_holder_on_a_clean_host_is_reported_not_touched(world):
+def test_persistenced_opening_every_gpu_is_an_nvml_client_left_alone(world):
+    """nvidia-persistenced opens every GPU's node and maps none: it uses no GPU memory, so it is
+    neither a holder to report nor one to signal, even when every GPU is freed."""
     world.spawn(
         812,
         {},
@@ -560,9 +654,10 @@ def test_protected_holder_on_a_clean_host_is_reported_not_touched(world):
         argv=("/usr/bin/nvidia-persistenced",),
         devices=["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl"],
     )
+    world.spawn(495, {0: 40960})
     result = run(world)
-    assert result["protected"] == [{"pid": 812, "name": "nvidia-persiste", "unit": "session-3.scope", "gpu_indexes": [0, 1]}]
-    assert (result["changed"], result["released"], world.signals) == (False, True, [])
+    assert result["protected"] == [] and [k["pid"] for k in result["killed"]] == [495]
+    assert [(h["pid"], h["attribution"], h["gpu_indexes"], h["protected"]) for h in result["holders"]] == [(812, "nvml_client", [], True)]
 
 
 # ------------------------------------------------------------------ failures

@@ -1,0 +1,171 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE: it may change without notice. Only the modules of
+# zeromib.gpu may use it.
+
+"""Which process uses which GPU. Pure functions: records in, records out.
+
+Which device files a process has open says nothing about which GPU it uses: on a real
+multi-GPU node every CUDA process and every NVML client opens every /dev/nvidia<minor>
+(readings of a 2-GPU H200, driver 580.159.04, in tests/fixtures/h200x2-proc/maps_probe.json).
+What does tell them apart, in this order:
+
+1. listed: a live PID that `nvidia-smi --query-compute-apps` lists on GPU X uses GPU X, and
+   only the GPUs where it is listed.
+2. mapped: a process nvidia-smi does not list (the child of a CUDA process, orphaned or not;
+   nvidia-smi charges its memory to the owner, `[Not Found]` once the owner is dead) uses the
+   GPUs whose per-GPU node it maps context-sized. Measured: its context GPU's node in 3
+   mappings of 2176 KiB in all; each other GPU's node in 2 mappings of 128 KiB (none at all
+   for a GPU that CUDA_VISIBLE_DEVICES hides). CONTEXT_MAP_MIN_KIB sits between the two.
+   undecided: it maps per-GPU nodes but none context-sized, or its maps cannot be read. It
+   may use any of them (`candidate_gpu_indexes`): it is reported, and never signalled on
+   behalf of a selection that does not hold all of them.
+3. nvml_client: not listed and mapping no per-GPU node (nvidia-smi itself, `nvidia-smi dmon`
+   maps 8 KiB of /dev/nvidiactl, a pynvml loop maps nothing; nvtop, gpustat, DCGM/NVML
+   exporters, the Kubernetes device plugin, nvidia-persistenced). It uses no GPU memory: never
+   dirty, never signalled unless `match` names it.
+
+A GPU with no context of its own still reads the footprint of contexts on the other GPUs: 4 MiB
+on H200 (GPU 1 while a process without CUDA_VISIBLE_DEVICES has its context on GPU 0, also with
+two such processes; GPU 0 next to the orphaned child of a GPU-1 owner). That allowance is
+explicit (`cross_gpu_footprint_mib`), applies only to a GPU that no process uses, and is reported
+per GPU (`cross_gpu_footprint`), instead of a silent raise of max_used_mib.
+"""
+
+from __future__ import annotations
+
+from ansible_collections.zeromib.gpu.plugins.module_utils._holders import gpu_minor
+
+LISTED = "listed"
+MAPPED = "mapped"
+UNDECIDED = "undecided"
+NVML_CLIENT = "nvml_client"
+
+# Context GPU: 2176 KiB mapped; the other GPUs: 128 KiB (H200, driver 580.159.04). A factor of
+# two below the one and eight above the other.
+CONTEXT_MAP_MIN_KIB = 1024
+# memory.used of a GPU without a context of its own while contexts live on other GPUs (H200).
+CROSS_GPU_FOOTPRINT_MIB = 4
+
+
+def listed_gpus(apps):
+    """Compute apps -> {live pid: {GPU index, ...}}. Dead owners ([Not Found]) list nobody."""
+    listed = {}
+    for app in apps:
+        if app.get("alive") and app.get("gpu_index") is not None:
+            listed.setdefault(app["pid"], set()).add(app["gpu_index"])
+    return listed
+
+
+def mapped_gpu_kib(mapped, minor_to_index):
+    """{GPU index: KiB mapped of its node} for the GPUs of this host; None when unknown."""
+    if mapped is None:
+        return None
+    sizes = {}
+    for device, mapping in mapped.items():
+        minor = gpu_minor(device)
+        if minor is not None and minor in minor_to_index:
+            sizes[minor_to_index[minor]] = sizes.get(minor_to_index[minor], 0) + mapping["kib"]
+    return sizes
+
+
+def open_gpus(devices, minor_to_index):
+    """GPU indexes whose per-GPU node is among `devices` (open or mapped)."""
+    indexes = set()
+    for device in devices:
+        minor = gpu_minor(device)
+        if minor is not None and minor in minor_to_index:
+            indexes.add(minor_to_index[minor])
+    return indexes
+
+
+def place(listed, mapped_kib, devices_gpus):
+    """The rule above for one process -> (gpu_indexes, attribution, candidate_gpu_indexes).
+
+    `listed`: GPUs where nvidia-smi lists the PID; `mapped_kib`: {GPU: KiB mapped}, or None
+    when the maps could not be read; `devices_gpus`: GPUs whose node it has open or mapped."""
+    if listed:
+        return sorted(listed), LISTED, []
+    if mapped_kib is None:
+        if devices_gpus:
+            return [], UNDECIDED, sorted(devices_gpus)
+        return [], NVML_CLIENT, []
+    if not mapped_kib:
+        return [], NVML_CLIENT, []
+    context = sorted(index for index, kib in mapped_kib.items() if kib >= CONTEXT_MAP_MIN_KIB)
+    if context:
+        return context, MAPPED, []
+    return [], UNDECIDED, sorted(mapped_kib)
+
+
+def attribute(holders, apps, minor_to_index):
+    """Fill in gpu_indexes, attribution and candidate_gpu_indexes (returns new records)."""
+    listed = listed_gpus(apps)
+    result = []
+    for holder in holders:
+        record = dict(holder)
+        gpus, why, candidates = place(
+            listed.get(record["pid"]),
+            mapped_gpu_kib(record.get("mapped"), minor_to_index),
+            open_gpus(record.get("devices") or [], minor_to_index),
+        )
+        record["gpu_indexes"] = gpus
+        record["attribution"] = why
+        record["candidate_gpu_indexes"] = candidates
+        result.append(record)
+    return result
+
+
+def needs_listing(holders):
+    """True when nvidia-smi's compute apps can change the answer: some process maps a per-GPU
+    node (or its maps are unknown). With only NVML clients about, one call fewer."""
+    for holder in holders:
+        mapped = holder.get("mapped")
+        if mapped is None or any(gpu_minor(device) is not None for device in mapped):
+            return True
+    return False
+
+
+def may_signal_for(holder, selected):
+    """Whether freeing `selected` may signal this holder: it uses a selected GPU, or (undecided)
+    every GPU it may use is selected."""
+    selected = set(selected)
+    if holder.get("attribution") == UNDECIDED:
+        candidates = set(holder.get("candidate_gpu_indexes") or [])
+        return bool(candidates) and candidates <= selected
+    return bool(set(holder.get("gpu_indexes") or []) & selected)
+
+
+def undecided_for(holders, selected):
+    """Undecided holders that may use a selected GPU but are not signalled for it."""
+    selected = set(selected)
+    return [
+        holder
+        for holder in holders
+        if holder.get("attribution") == UNDECIDED and set(holder.get("candidate_gpu_indexes") or []) & selected
+        and not may_signal_for(holder, selected)
+    ]
+
+
+def footprint_gpus(gpus, holders, apps, max_used_mib, footprint_mib=CROSS_GPU_FOOTPRINT_MIB):
+    """Indexes of the GPUs whose memory above max_used_mib is only the cross-GPU footprint: no
+    compute app and no process on the GPU itself, contexts on another GPU, and memory.used
+    within max_used_mib + footprint_mib."""
+    if not footprint_mib:
+        return set()
+    with_context = {app["gpu_index"] for app in apps if app.get("gpu_index") is not None}
+    for holder in holders:
+        with_context.update(holder.get("gpu_indexes") or [])
+        if holder.get("attribution") == UNDECIDED:
+            with_context.update(holder.get("candidate_gpu_indexes") or [])
+    footprint = set()
+    for gpu in gpus:
+        used = gpu.get("memory_used_mib")
+        if used is None or used <= max_used_mib or used > max_used_mib + footprint_mib:
+            continue
+        if gpu["index"] not in with_context and with_context - {gpu["index"]}:
+            footprint.add(gpu["index"])
+    return footprint
