@@ -74,11 +74,11 @@ class Run(object):
         rc, out = self.smi("-i", str(self.gpu), "--query-gpu=memory.used", "--format=csv,noheader,nounits")
         return int(out.strip()) if rc == 0 else None
 
-    def holder(self, *extra, mib=None, gpu=None):
+    def holder(self, *extra, mib=None, gpu=None, env=None):
         ready = os.path.join(self.tmp, "ready-%d-%d" % (len(self.started), int(time.time() * 1000)))
         cmd = [sys.executable, os.path.join(HERE, "cuda_holder.py"), "--gpu", str(self.gpu if gpu is None else gpu), "--ready", ready,
                "--mib", str(mib if mib is not None else self.mib)] + list(extra)
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log)
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, env=dict(os.environ, **(env or {})))
         self.started.append(proc)
         return proc, ready
 
@@ -367,8 +367,10 @@ class Run(object):
         after = self.used_all()
         killed = sorted(k["pid"] for k in result.get("killed", []))
         others = [i for i in range(count) if i not in subset]
+        # A freed GPU next to GPUs that keep their contexts reads their cross-GPU footprint (4 MiB on H200).
         ok_subset = (result.get("released") and killed == sorted(pids[i] for i in subset)
-                     and all(after[i] == 0 for i in subset) and all(self.alive(pids[i]) and after[i] == before[i] for i in others))
+                     and all(after[i] <= (4 if others else 0) for i in subset)
+                     and all(self.alive(pids[i]) and after[i] == before[i] for i in others))
         self.record("free GPUs %s of %d with gpus:, the others keep their holders and memory" % (subset, count), ok_subset,
                     elapsed_s=result.get("elapsed_s"), killed=killed, before_mib=before, after_mib=after, wall_s=wall,
                     mapping_errors=mapping_errors)
@@ -380,6 +382,111 @@ class Run(object):
                     mapping=[(g["index"], g["minor_number"], g["uuid"], g["pci_bus_id"]) for g in facts["gpus"]],
                     mapping_errors=mapping_errors)
         self.end_all()
+
+    # ---- attribution on a multi-GPU node (issue 11): which process uses which GPU
+
+    def start(self, *extra, gpu=0, mib=2048, env=None, child=False):
+        """A holder (or monitor) started and ready -> its PIDs ([pid] or [pid, child])."""
+        return self.wait_ready(self.holder(*extra, mib=mib, gpu=gpu, env=env)[1], child=child)
+
+    def monitor_dmon(self):
+        proc = subprocess.Popen(["nvidia-smi", "dmon", "-d", "1"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        self.started.append(proc)
+        time.sleep(1.5)  # dmon opens the devices on its first sample
+        return proc.pid
+
+    def placed(self, facts):
+        return {h["pid"]: (h["gpu_indexes"], h.get("attribution")) for h in facts["holders"]}
+
+    def attribution_case(self, name, ok, **fields):
+        self.record("attribution: " + name, ok, **fields)
+
+    def scenario_attribution(self):
+        """Multi-GPU cases of issue 11. Needs 2 GPUs for all but the monitor cases; on 1 GPU the
+        others are listed under not_run, never as passed."""
+        count = self.gpu_count()
+        self.results.setdefault("not_run", [])
+        dmon = self.monitor_dmon()
+        nvml = self.start("--nvml-loop")[0]
+        facts = self.playbook("attr-monitors-facts", action="facts")[0]["ansible_facts"]["gpu"]
+        placed = self.placed(facts)
+        self.attribution_case("nvidia-smi dmon and a pynvml loop are NVML clients; a host with only them is clean",
+                              placed.get(dmon) == ([], "nvml_client") and placed.get(nvml) == ([], "nvml_client") and facts["clean"],
+                              placed={str(k): v for k, v in placed.items()}, clean=facts["clean"],
+                              devices={str(h["pid"]): h["devices"] for h in facts["holders"]})
+        trainer = self.start(gpu=0)[0]
+        result, wall = self.playbook("attr-monitors-release", action="release", kill_timeout=5)
+        killed = sorted(k["pid"] for k in result.get("killed", []))
+        self.attribution_case("freeing every GPU kills the holder, never the monitors",
+                              killed == [trainer] and self.alive(dmon) and self.alive(nvml) and result.get("released"),
+                              killed=killed, monitors_alive=[self.alive(dmon), self.alive(nvml)], elapsed_s=result.get("elapsed_s"),
+                              after_mib=self.used_all())
+        if count < 2:
+            self.results["not_run"] += ["process per GPU, gpus subsets both ways", "CUDA_VISIBLE_DEVICES-restricted process",
+                                        "orphan on GPU 1 next to a live process on GPU 0"]
+            self.end_all()
+            return
+        # One process per GPU (torch.cuda.set_device), as in the readings' two_holders.
+        pid0, pid1 = self.start(gpu=0)[0], self.start(gpu=1)[0]
+        facts = self.playbook("attr-two-facts", action="facts")[0]["ansible_facts"]["gpu"]
+        placed = self.placed(facts)
+        self.attribution_case("process per GPU: each attributed to its own GPU (listed), monitors apart",
+                              placed.get(pid0) == ([0], "listed") and placed.get(pid1) == ([1], "listed")
+                              and placed.get(dmon) == ([], "nvml_client"),
+                              placed={str(k): v for k, v in placed.items()}, used=self.used_all())
+        before = self.used_all()
+        result, wall = self.playbook("attr-two-free-1", action="release", gpus=["1"], kill_timeout=5)
+        after = self.used_all()
+        gpu1 = [g for g in result.get("gpus", []) if g["index"] == 1]
+        killed = sorted(k["pid"] for k in result.get("killed", []))
+        self.attribution_case("gpus [1]: only GPU 1's process is signalled; GPU 0 keeps its trainer and MiB; GPU 1 clean",
+                              killed == [pid1] and self.alive(pid0) and after.get(0) == before.get(0) and result.get("released")
+                              and self.alive(dmon) and self.alive(nvml),
+                              killed=killed, before_mib=before, after_mib=after, gpu1=gpu1, elapsed_s=result.get("elapsed_s"), wall_s=wall)
+        result, wall = self.playbook("attr-two-free-0", action="release", gpus=["0"], kill_timeout=5)
+        killed = sorted(k["pid"] for k in result.get("killed", []))
+        self.attribution_case("gpus [0] the other way: only GPU 0's process is signalled",
+                              killed == [pid0] and result.get("released"), killed=killed, after_mib=self.used_all(),
+                              elapsed_s=result.get("elapsed_s"))
+        # CUDA_VISIBLE_DEVICES=0: opens GPU 1's node too, maps only GPU 0's.
+        cvd = self.start(gpu=0, env={"CUDA_VISIBLE_DEVICES": "0"})[0]
+        other = self.start(gpu=1)[0]
+        facts = self.playbook("attr-cvd-facts", action="facts")[0]["ansible_facts"]["gpu"]
+        placed = self.placed(facts)
+        result, wall = self.playbook("attr-cvd-free-1", action="release", gpus=["1"], kill_timeout=5)
+        killed = sorted(k["pid"] for k in result.get("killed", []))
+        self.attribution_case("CUDA_VISIBLE_DEVICES=0 process attributed to GPU 0 and left alone by gpus [1]",
+                              placed.get(cvd) == ([0], "listed") and killed == [other] and self.alive(cvd) and result.get("released"),
+                              placed={str(k): v for k, v in placed.items()}, killed=killed, after_mib=self.used_all(),
+                              devices=[h["devices"] for h in facts["holders"] if h["pid"] == cvd])
+        self.end(cvd)
+        self.wait_gone_mib()
+        # The orphan: a child forked after CUDA init on GPU 1, its parent SIGKILLed; a live process on GPU 0.
+        parent, orphan = self.start("--fork-child", gpu=1, child=True)
+        live = self.start(gpu=0)[0]
+        self.end(parent)
+        time.sleep(0.5)
+        facts = self.playbook("attr-orphan-facts", action="facts")[0]["ansible_facts"]["gpu"]
+        placed = self.placed(facts)
+        result, wall = self.playbook("attr-orphan-free-0", action="release", gpus=["0"], kill_timeout=5)
+        killed0 = sorted(k["pid"] for k in result.get("killed", []))
+        ok0 = killed0 == [live] and self.alive(orphan) and result.get("released")
+        live2 = self.start(gpu=0)[0]
+        result, wall = self.playbook("attr-orphan-free-1", action="release", gpus=["1"], kill_timeout=5)
+        killed1 = sorted(k["pid"] for k in result.get("killed", []))
+        after = self.used_all()
+        self.attribution_case("orphan on GPU 1 (parent [Not Found]) is mapped to GPU 1: left alone by gpus [0], freed by gpus [1]",
+                              placed.get(orphan) == ([1], "mapped") and ok0 and killed1 == [orphan] and self.alive(live2)
+                              and result.get("released") and after.get(1, -1) <= 4,
+                              placed={str(k): v for k, v in placed.items()}, killed_gpus0=killed0, killed_gpus1=killed1, after_mib=after,
+                              apps=facts["processes"], gpus_after=result.get("gpus"))
+        self.end_all()
+
+    def wait_gone_mib(self, timeout=10):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and sum(v for v in self.used_all().values()) > 8:
+            time.sleep(0.05)
 
     def used_all(self):
         rc, out = self.smi("--query-gpu=index,memory.used", "--format=csv,noheader,nounits")
@@ -421,6 +528,7 @@ class Run(object):
             self.scenario_check_mode,
             self.scenario_role,
             self.scenario_multi_gpu,
+            self.scenario_attribution,
         ]
         if self.only:
             scenarios = [getattr(self, "scenario_" + name) for name in self.only]

@@ -9,6 +9,8 @@ then waits. Like a training process or an inference server's worker.
 --fork-child: after CUDA init, fork a child that inherits the device files and outlives the
 parent (the orphan of DESIGN.md). --name: pose as another program (kernel comm and argv[0]).
 --no-context: open the device files only, no CUDA context (like nvidia-persistenced).
+--nvml-loop: no CUDA at all: an NVML client reading every GPU's memory once a second through
+pynvml (nvidia-ml-py), as a metrics exporter does.
 """
 import argparse
 import ctypes
@@ -30,6 +32,7 @@ def main():
     parser.add_argument("--ignore-term", action="store_true")
     parser.add_argument("--fork-child", action="store_true")
     parser.add_argument("--no-context", action="store_true")
+    parser.add_argument("--nvml-loop", action="store_true")
     parser.add_argument("--name")
     parser.add_argument("--ready", required=True)
     args = parser.parse_args()
@@ -41,6 +44,18 @@ def main():
     if args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     keep = []
+    if args.nvml_loop:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        with open(args.ready + ".tmp", "w") as handle:
+            handle.write(str(os.getpid()))
+        os.rename(args.ready + ".tmp", args.ready)
+        while True:
+            for device in handles:
+                pynvml.nvmlDeviceGetMemoryInfo(device)
+            time.sleep(1)
     if args.no_context:
         for path in ("/dev/nvidiactl", "/dev/nvidia%d" % args.gpu, "/dev/nvidia-uvm"):
             try:
