@@ -304,10 +304,12 @@ class Run(object):
         proc, ready = self.holder(mib=1024)
         pid = self.wait_ready(ready)[0]
         result, wall = self.playbook("protected", action="release", kill_timeout=5)
-        protected = [p for p in result.get("protected", []) if p["pid"] == guard_pid]
-        ok = result.get("released") and self.alive(guard_pid) and not self.alive(pid) and protected and self.used() == 0
+        # It opens the device files and maps none: an NVML client, left alone, and protected besides.
+        guard = [h for h in result.get("holders", []) if h["pid"] == guard_pid]
+        ok = (result.get("released") and self.alive(guard_pid) and not self.alive(pid) and self.used() == 0 and guard
+              and guard[0]["protected"] and guard[0]["attribution"] == "nvml_client")
         self.record("a process named nvidia-persistenced holding the device files survives; the holder beside it is freed", ok,
-                    protected=protected, comm=open("/proc/%d/comm" % guard_pid).read().strip() if self.alive(guard_pid) else None,
+                    guard=guard, comm=open("/proc/%d/comm" % guard_pid).read().strip() if self.alive(guard_pid) else None,
                     killed=[k["pid"] for k in result.get("killed", [])], elapsed_s=result.get("elapsed_s"), wall_s=wall)
         self.end_all()
 

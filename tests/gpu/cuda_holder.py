@@ -65,6 +65,9 @@ def main():
     else:
         import torch
 
+        # As a training process does (torchrun's LOCAL_RANK): without it, PyTorch also makes a
+        # ~520 MiB context on GPU 0 for a tensor on another GPU, and nvidia-smi lists the process there.
+        torch.cuda.set_device(args.gpu)
         keep.append(torch.empty(args.mib << 20, dtype=torch.uint8, device="cuda:%d" % args.gpu))
         torch.cuda.synchronize()
     child = None
