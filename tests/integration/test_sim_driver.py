@@ -175,8 +175,8 @@ def nvml_view(cfg, real):
             if not _gpu_node(path):
                 out[k][path] = v if k == "fds" else v * n // 2
     for g in cfg["gpus"]:
-        out["fds"][_node(cfg, g["index"])] = real["fds"]["/dev/nvidia0" if g["index"] == 0
-                                                        else "/dev/nvidia1"]
+        as_in_reading = "/dev/nvidia0" if g["index"] == 0 else "/dev/nvidia1"
+        out["fds"][_node(cfg, g["index"])] = real["fds"][as_in_reading]
     return out
 
 
@@ -530,7 +530,8 @@ def test_cross_gpu_footprint_on_8_gpus(host8):
 
 def test_cuda_visible_devices_holder_leaves_no_footprint(host8):
     # index 0 is /dev/nvidia1 on this host
-    p = host8.spawn(["gpu_holder", "--gpus", "0", "--mib", "1000"], env={"CUDA_VISIBLE_DEVICES": "0"})
+    p = host8.spawn(["gpu_holder", "--gpus", "0", "--mib", "1000"],
+                    env={"CUDA_VISIBLE_DEVICES": "0"})
     (got,) = probe(host8, [p.pid]).values()
     assert devices(got) == cuda_view(host8.config, [0], visible=[0])
     assert used(host8) == [1000 + OVH] + [0] * 7
