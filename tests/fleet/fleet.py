@@ -239,10 +239,10 @@ for g in cfg["gpus"]:
     node("/dev/nvidia%d" % g["minor"])
 for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
     node("/dev/" + n)
-if any(g.get("mig_mode") == "Enabled" for g in cfg["gpus"]):
-    os.makedirs("/dev/nvidia-caps", exist_ok=True)
-    for n in ("nvidia-cap1", "nvidia-cap2"):
-        node("/dev/nvidia-caps/" + n)
+# every host, MIG or not, as on the real 2-GPU H200 (tests/fixtures/h200x2-proc)
+os.makedirs("/dev/nvidia-caps", exist_ok=True)
+for n in ("nvidia-cap1", "nvidia-cap2"):
+    node("/dev/nvidia-caps/" + n)
 
 # A tmpfs over /proc/driver, inside this host only; gone at reboot, like the real one.
 if os.path.ismount("/proc/driver"):

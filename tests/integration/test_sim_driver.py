@@ -1,8 +1,11 @@
 """The nvidia-smi simulator behaves like the real driver (tests/fixtures/nvidia-smi).
 
 Byte-for-byte comparisons against the H200 captures, the live memory model measured on a
-real H200 (DESIGN.md), fault injection, and the namespace rig itself.
+real H200 (DESIGN.md), the per-process device files and mappings of a real 2-GPU H200
+(tests/fixtures/h200x2-proc, replayed case by case), fault injection, and the namespace
+rig itself.
 """
+import json
 import os
 import re
 import shlex
@@ -20,13 +23,27 @@ pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("nsenter"),
     reason="simulated hosts need root, unshare and nsenter")
 
-FIX = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                   "fixtures", "nvidia-smi", "h200-580.159.04")
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIX = os.path.join(TESTS, "fixtures", "nvidia-smi", "h200-580.159.04")
 IDLE_UUID = "GPU-f07bb63c-cd2e-fe8d-534a-d4b919fe9734"   # idle_* captures
 HELD_UUID = "GPU-ab0cf4f6-818d-be7e-f16b-963690d7c5c5"   # held_* captures (another boot)
-OVH = 10  # memory.used over the apps' sum with one context (5 + 5 per context)
 MEM = ("--query-gpu=index,memory.used", "--format=csv,noheader,nounits")
 APPS = ("--query-compute-apps=pid,process_name,used_memory,gpu_uuid", "--format=csv,noheader,nounits")
+
+# Real readings of a 2-GPU H200 node: what each process holds, compute apps, memory.used.
+with open(os.path.join(TESTS, "fixtures", "h200x2-proc", "maps_probe.json")) as _f:
+    REAL = json.load(_f)
+
+
+def _mib(row):
+    """'0, 2575', '..., 2566 MiB' or '2566 MiB' -> 2575 / 2566 / 2566."""
+    return int(row.rsplit(", ", 1)[-1].split()[0])
+
+
+# memory.used over the app with one context: "0, 2575" for one 2566 MiB app (cvd0_holder)
+OVH = _mib(REAL["cvd0_holder"]["used"][0]) - _mib(REAL["cvd0_holder"]["apps"][0])
+# a GPU without a context beside a process that maps its node: "0, 4" (orphan_child_gpu1)
+FOOT = _mib(REAL["orphan_child_gpu1"]["used"][0])
 
 
 def capture(name):
@@ -67,6 +84,100 @@ def wait_for(pred, timeout=5.0, step=0.02):
         if time.monotonic() - t0 > timeout:
             raise AssertionError("condition not met after %.1f s" % timeout)
         time.sleep(step)
+
+
+# /proc of some pids as seen inside the namespace: /dev/nvidia* fds (count per path), maps
+# (count and KiB per path), ppid, pgid, sid -- the shape of maps_probe.json's readings
+PROBE = r"""
+import json, os, sys
+out = {}
+for pid in sys.argv[1:]:
+    r = {"fds": {}, "maps": {}, "map_kib": {}}
+    d = "/proc/%s/fd" % pid
+    for fd in os.listdir(d):
+        try:
+            t = os.readlink(d + "/" + fd)
+        except OSError:
+            continue
+        if t.startswith("/dev/nvidia"):
+            r["fds"][t] = r["fds"].get(t, 0) + 1
+    with open("/proc/%s/maps" % pid) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 6 and parts[5].startswith("/dev/nvidia"):
+                start, end = (int(x, 16) for x in parts[0].split("-"))
+                r["maps"][parts[5]] = r["maps"].get(parts[5], 0) + 1
+                r["map_kib"][parts[5]] = r["map_kib"].get(parts[5], 0) + (end - start) // 1024
+    with open("/proc/%s/stat" % pid) as f:
+        st = f.read()
+    rest = st[st.rindex(")") + 2:].split()
+    r.update(ppid=int(rest[1]), pgid=int(rest[2]), sid=int(rest[3]))
+    out[pid] = r
+print(json.dumps(out))
+"""
+
+
+def probe(host, pids):
+    """{pid: reading} read from inside the namespace (see PROBE)."""
+    r = host.run(["python3", "-c", PROBE] + [str(p) for p in pids])
+    assert r.returncode == 0, r.stderr
+    return dict((int(k), v) for k, v in json.loads(r.stdout).items())
+
+
+def devices(reading):
+    """The device part of a reading (fds, maps, map_kib), as compared with the fixture."""
+    return dict((k, reading[k]) for k in ("fds", "maps", "map_kib"))
+
+
+def _gpu_node(path):
+    return path.startswith("/dev/nvidia") and path[len("/dev/nvidia"):].isdigit()
+
+
+def _node(cfg, index):
+    return "/dev/nvidia%d" % next(g["minor"] for g in cfg["gpus"] if g["index"] == index)
+
+
+def cuda_view(cfg, ctx, visible=None):
+    """What a CUDA process with contexts on GPU indexes ctx holds on host cfg, generalised
+    from the real readings: two_holders' gpu0_holder (a context GPU and a visible peer) and
+    cvd0_holder (a hidden GPU); nvidiactl gains one mapping per visible GPU (28 with two
+    visible, 27 with one)."""
+    full, cvd = REAL["two_holders"]["gpu0_holder"], REAL["cvd0_holder"]["holder"]
+    ctx_node, other = "/dev/nvidia0", "/dev/nvidia1"
+    vis = [g["index"] for g in cfg["gpus"]] if visible is None else visible
+    out = {"fds": {}, "maps": {}, "map_kib": {}}
+    for k in out:
+        for path, v in cvd[k].items():
+            if not _gpu_node(path):
+                out[k][path] = v + (len(vis) - 1) * (full[k][path] - v)
+    for g in cfg["gpus"]:
+        i, path = g["index"], _node(cfg, g["index"])
+        if i in ctx:
+            src, node = full, ctx_node
+        elif i in vis:
+            src, node = full, other
+        else:
+            src, node = cvd, other
+        for k in out:
+            if node in src[k]:
+                out[k][path] = src[k][node]
+    return out
+
+
+def nvml_view(cfg, real):
+    """What an NVML client (maps_probe's dmon or pynvml reading) holds on host cfg: the
+    first GPU's node as /dev/nvidia0 there, every other one as /dev/nvidia1; mappings of
+    control nodes scale with the GPU count (two in the reading)."""
+    n = len(cfg["gpus"])
+    out = {"fds": {}, "maps": {}, "map_kib": {}}
+    for k in out:
+        for path, v in real[k].items():
+            if not _gpu_node(path):
+                out[k][path] = v if k == "fds" else v * n // 2
+    for g in cfg["gpus"]:
+        as_in_reading = "/dev/nvidia0" if g["index"] == 0 else "/dev/nvidia1"
+        out["fds"][_node(cfg, g["index"])] = real["fds"][as_in_reading]
+    return out
 
 
 # ------------------------------------------------------------------ shared hosts
@@ -155,12 +266,13 @@ def test_every_documented_field_is_accepted(idle_host):
 # ------------------------------------------------------------------ memory model
 def test_holder_raises_memory_and_sigkill_frees_it(host8):
     p = host8.spawn(["gpu_holder", "--gpus", "0", "--mib", "40960"])
-    assert used(host8) == [40960 + OVH] + [0] * 7
+    # its context on GPU 0; it maps every other GPU's node: the cross-GPU footprint there
+    assert used(host8) == [40960 + OVH] + [FOOT] * 7
     assert apps(host8) == [[str(p.pid), "python3", "40960", host8.config["gpus"][0]["uuid"]]]
     t0 = time.monotonic()
     assert host8.kill(p.pid)
     assert p.wait_gone(2)
-    wait_for(lambda: used(host8, 0) == 0, timeout=2)
+    wait_for(lambda: used(host8) == [0] * 8, timeout=2)
     assert time.monotonic() - t0 < 2
     assert apps(host8) == []
 
@@ -181,9 +293,11 @@ def test_index_and_minor_differ(host8):
     info = host8.read("/proc/driver/nvidia/gpus/0000:18:00.0/information")
     assert "Device Minor: \t 1\n" in info and "Bus Location: \t 0000:18:00.0\n" in info
     p = host8.spawn(["gpu_holder", "--gpus", "0", "--mib", "1000"])
-    fds = host8.run(["ls", "-l", "/proc/%d/fd" % p.pid]).stdout
-    assert "/dev/nvidia1" in fds and "/dev/nvidia0" not in fds
-    assert used(host8)[:2] == [1000 + OVH, 0]
+    (r,) = probe(host8, [p.pid]).values()
+    # index 0 is /dev/nvidia1: the context-sized node; /dev/nvidia0 (index 1) is a peer
+    assert (r["fds"]["/dev/nvidia1"], r["maps"]["/dev/nvidia1"]) == (23, 3)
+    assert (r["fds"]["/dev/nvidia0"], r["maps"]["/dev/nvidia0"]) == (7, 2)
+    assert used(host8)[:2] == [1000 + OVH, FOOT]
 
 
 def test_forked_child_keeps_memory_owner_shown_not_found(host8):
@@ -208,16 +322,31 @@ def test_vllm_workers_outlive_the_api_server(host8):
     host8.kill(p.pid)
     p.wait_gone(2)
     time.sleep(0.2)
-    assert used(host8)[4:6] == [30000 + OVH] * 2
+    assert used(host8) == [FOOT] * 4 + [30000 + OVH] * 2 + [FOOT] * 2
     comm = host8.read("/proc/%d/comm" % p.workers[0]).strip()
     assert comm == "VLLM::Worker_TP"  # 15 characters, as the kernel truncates
 
 
+def test_vllm_api_server_is_an_nvml_client_and_workers_cuda_processes(host8):
+    p = host8.spawn(["gpu_holder", "--gpus", "4,5", "--mib", "1000", "--workers", "2"])
+    got = probe(host8, [p.pid] + p.workers)
+    assert devices(got[p.pid]) == nvml_view(host8.config, REAL["monitors"]["pynvml"])
+    for i, w in enumerate(p.workers):
+        assert devices(got[w]) == cuda_view(host8.config, [4 + i])
+
+
 def test_control_nodes_and_bare_device_holders_use_no_memory(host8):
-    d = host8.spawn(["gpu_holder", "--control-only", "--name", "nvidia-persistenced"])
+    d = host8.spawn(["gpu_holder", "--no-context", "--name", "nvidia-persistenced"])
+    c = host8.spawn(["gpu_holder", "--control-only"])
     s = host8.spawn(["sh", "-c", "exec sleep 1000 </dev/nvidia2"])
     wait_for(lambda: "/dev/nvidia2" in host8.run(["ls", "-l", "/proc/%d/fd" % s.pid]).stdout)
     assert used(host8) == [0] * 8 and apps(host8) == []
+    got = probe(host8, [d.pid, c.pid])
+    # nvidia-persistenced: one fd on every GPU node and on nvidiactl, no mapping
+    assert devices(got[d.pid]) == {"fds": dict([("/dev/nvidiactl", 1)] + [
+        ("/dev/nvidia%d" % m, 1) for m in range(8)]), "maps": {}, "map_kib": {}}
+    assert devices(got[c.pid]) == {"fds": {"/dev/nvidiactl": 1, "/dev/nvidia-uvm": 1},
+                                   "maps": {}, "map_kib": {}}
     cmdline = host8.read("/proc/%d/cmdline" % d.pid).split("\0")
     assert cmdline[0] == "nvidia-persistenced"
     assert host8.read("/proc/%d/comm" % d.pid).strip() == "nvidia-persiste"
@@ -225,10 +354,10 @@ def test_control_nodes_and_bare_device_holders_use_no_memory(host8):
 
 def test_map_only_holder(host8):
     p = host8.spawn(["gpu_holder", "--gpus", "6", "--mib", "512", "--map-only"])
-    fds = host8.run(["ls", "-l", "/proc/%d/fd" % p.pid]).stdout
-    maps = host8.read("/proc/%d/maps" % p.pid)
-    assert "/dev/nvidia6" not in fds and "/dev/nvidia6" in maps
-    assert used(host8, 6) == 512 + OVH
+    (r,) = probe(host8, [p.pid]).values()
+    full = cuda_view(host8.config, [6])
+    assert r["fds"] == {} and (r["maps"], r["map_kib"]) == (full["maps"], full["map_kib"])
+    assert used(host8) == [FOOT] * 6 + [512 + OVH, FOOT]
 
 
 def test_ignore_term(host8):
@@ -238,6 +367,185 @@ def test_ignore_term(host8):
     assert p.alive() and used(host8, 7) == 100 + OVH
     host8.kill(p.pid, signal.SIGKILL)
     wait_for(lambda: used(host8, 7) == 0, timeout=2)
+
+
+# ------------------------------------------------------------------ the real 2-GPU H200
+# Each case of tests/fixtures/h200x2-proc/maps_probe.json replayed on the h200x2 preset: the
+# same processes, then the same /proc readings, compute apps and memory.used.
+APPS_BUS = ("--query-compute-apps=gpu_bus_id,pid,process_name,used_memory", "--format=csv,noheader")
+
+
+@pytest.fixture(scope="module")
+def h200x2_host():
+    with NsHost(preset="h200x2", seed="h200x2-node") as h:
+        yield h
+
+
+@pytest.fixture
+def host2(h200x2_host):
+    """The shared 2-GPU host, reset after each test like host8."""
+    before = set(_ns_pids(h200x2_host))
+    yield h200x2_host
+    h200x2_host.clear_faults()
+    for pid in set(_ns_pids(h200x2_host)) - before:
+        h200x2_host.kill(pid)
+    wait_for(lambda: used(h200x2_host) == [0, 0], timeout=10)
+
+
+def used_rows(host):
+    r = host.smi(*MEM)
+    assert r.returncode == 0, r.stdout
+    return r.stdout.splitlines()
+
+
+def app_rows(host):
+    r = host.smi(*APPS_BUS)
+    assert r.returncode == 0, r.stdout
+    return r.stdout.splitlines()
+
+
+def expected_rows(case, pids):
+    """The case's compute-apps rows with each real pid replaced by the sim's (pids: real
+    pid -> sim pid)."""
+    out = []
+    for row in REAL[case]["apps"]:
+        bus, pid, rest = row.split(", ", 2)
+        out.append(", ".join((bus, str(pids[int(pid)]), rest)))
+    return out
+
+
+def _app(case, index):
+    """(real pid, process name, MiB) of the case's compute-apps row on GPU index."""
+    bus = make_config("h200x2")["gpus"][index]["pci_bus_id"]
+    (row,) = [r for r in REAL[case]["apps"] if r.startswith(bus + ", ")]
+    _bus, pid, name, mib = row.split(", ")
+    return int(pid), name, _mib(mib)
+
+
+def holder(host, case, index, gpus=None, env=None, extra=()):
+    """Spawn the case's CUDA process of GPU index: its MiB and process name from the row."""
+    _pid, name, mib = _app(case, index)
+    argv = ["gpu_holder", "--gpus", str(index if gpus is None else gpus), "--mib", str(mib)]
+    if not name.startswith("["):
+        argv += ["--name", name]
+    return host.spawn(argv + list(extra), env=env)
+
+
+def test_h200x2_preset_is_the_measured_node(host2):
+    buses = [g["pci_bus_id"] for g in host2.config["gpus"]]
+    assert buses == ["00000000:00:06.0", "00000000:00:07.0"]
+    assert [r.split(", ")[0] for r in REAL["two_holders"]["apps"]] == buses
+    assert host2.config["driver_version"] == "580.159.04"
+    assert host2.run(["ls", "/dev/nvidia-caps"]).stdout.split() == ["nvidia-cap1", "nvidia-cap2"]
+
+
+def test_real_two_holders(host2):
+    case = REAL["two_holders"]
+    a = holder(host2, "two_holders", 0)
+    b = holder(host2, "two_holders", 1)
+    got = probe(host2, [a.pid, b.pid])
+    assert devices(got[a.pid]) == devices(case["gpu0_holder"])
+    assert devices(got[b.pid]) == devices(case["gpu1_holder"])
+    assert app_rows(host2) == expected_rows("two_holders", {
+        _app("two_holders", 0)[0]: a.pid, _app("two_holders", 1)[0]: b.pid})
+    assert used_rows(host2) == case["used"]
+
+
+@pytest.mark.parametrize("name,cvd", [("cvd0_holder", "0"), ("cvd1_holder", "1")])
+def test_real_cuda_visible_devices_holder(host2, name, cvd):
+    case = REAL[name]
+    index = int(cvd)
+    # --gpus 0 is the first VISIBLE GPU: physical GPU cvd
+    p = holder(host2, name, index, gpus=0, env={"CUDA_VISIBLE_DEVICES": cvd})
+    (got,) = probe(host2, [p.pid]).values()
+    assert devices(got) == devices(case["holder"])
+    assert app_rows(host2) == expected_rows(name, {_app(name, index)[0]: p.pid})
+    assert used_rows(host2) == case["used"]  # no cross-GPU footprint: the peer is not mapped
+
+
+def test_real_orphan_child(host2):
+    case = REAL["orphan_child_gpu1"]
+    dead, _name, mib = _app("orphan_child_gpu1", 1)
+    assert dead == case["dead_parent"]
+    p = host2.spawn(["gpu_holder", "--gpus", "1", "--mib", str(mib), "--fork-child"])
+    (child,) = p.children
+    got = probe(host2, [p.pid, child])
+    before = case["child_before_parent_death"]
+    assert devices(got[child]) == devices(before)  # nvidia-uvm's mapping is not inherited
+    assert before["ppid"] == dead and got[child]["ppid"] == p.pid
+    # process group and session are the parent's, and stay so
+    assert (got[child]["pgid"], got[child]["sid"]) == (got[p.pid]["pgid"], got[p.pid]["sid"])
+    assert host2.kill(p.pid) and p.wait_gone(2)
+    after = case["child_after"]
+    (now,) = probe(host2, [child]).values()
+    assert devices(now) == devices(after)
+    assert (after["ppid"], now["ppid"]) == (1, 1)
+    assert (after["pgid"], after["sid"]) == (before["pgid"], before["sid"])
+    assert (now["pgid"], now["sid"]) == (got[child]["pgid"], got[child]["sid"])
+    assert app_rows(host2) == expected_rows("orphan_child_gpu1", {dead: p.pid})  # [Not Found]
+    assert used_rows(host2) == case["used"]  # the orphan maps GPU 0: the footprint there
+
+
+def test_real_monitors(host2):
+    case = REAL["monitors"]
+    dmon = host2.spawn(["gpu_holder", "--monitor", "dmon"])
+    nvml = host2.spawn(["gpu_holder", "--monitor", "pynvml"])
+    got = probe(host2, [dmon.pid, nvml.pid])
+    assert devices(got[dmon.pid]) == devices(case["dmon"])
+    assert devices(got[nvml.pid]) == devices(case["pynvml"])
+    assert app_rows(host2) == expected_rows("monitors", {}) == []
+    assert used_rows(host2) == case["used"]
+
+
+def test_real_final_idle_after_all_killed(host2):
+    procs = [holder(host2, "two_holders", 0), holder(host2, "two_holders", 1),
+             holder(host2, "cvd1_holder", 1, gpus=0, env={"CUDA_VISIBLE_DEVICES": "1"}),
+             host2.spawn(["gpu_holder", "--gpus", "1", "--fork-child"]),
+             host2.spawn(["gpu_holder", "--monitor", "dmon"]),
+             host2.spawn(["gpu_holder", "--monitor", "pynvml"])]
+    assert used_rows(host2) != REAL["final"]["used"]
+    for p in procs:
+        for pid in [p.pid] + p.children:
+            host2.kill(pid)
+    wait_for(lambda: used_rows(host2) == REAL["final"]["used"], timeout=3)
+    assert app_rows(host2) == REAL["final"]["apps"]
+
+
+def test_footprint_is_per_gpu_not_per_process(host2):
+    # DESIGN.md: 4 MiB on GPU 1 "also with two such processes"
+    holder(host2, "two_holders", 0)
+    holder(host2, "two_holders", 0)
+    assert used(host2)[1] == FOOT
+
+
+def test_cross_gpu_footprint_on_8_gpus(host8):
+    p = host8.spawn(["gpu_holder", "--gpus", "3", "--mib", "1000"])
+    (got,) = probe(host8, [p.pid]).values()
+    assert devices(got) == cuda_view(host8.config, [3])
+    assert used(host8) == [FOOT] * 3 + [1000 + OVH] + [FOOT] * 4  # nothing extra on GPU 3
+    assert apps(host8) == [[str(p.pid), "python3", "1000", host8.config["gpus"][3]["uuid"]]]
+    host8.spawn(["gpu_holder", "--gpus", "5", "--mib", "1000"])
+    assert used(host8) == [FOOT] * 3 + [1000 + OVH, FOOT, 1000 + OVH] + [FOOT] * 2
+
+
+def test_cuda_visible_devices_holder_leaves_no_footprint(host8):
+    # index 0 is /dev/nvidia1 on this host
+    p = host8.spawn(["gpu_holder", "--gpus", "0", "--mib", "1000"],
+                    env={"CUDA_VISIBLE_DEVICES": "0"})
+    (got,) = probe(host8, [p.pid]).values()
+    assert devices(got) == cuda_view(host8.config, [0], visible=[0])
+    assert used(host8) == [1000 + OVH] + [0] * 7
+    host8.kill(p.pid)
+    wait_for(lambda: used(host8) == [0] * 8)
+    # UUIDs, in CUDA's order: logical 1 is physical 2; GPU 5 is visible (mapped), the rest hidden
+    uuids = [g["uuid"] for g in host8.config["gpus"]]
+    p = host8.spawn(["gpu_holder", "--gpus", "1", "--mib", "1000"],
+                    env={"CUDA_VISIBLE_DEVICES": "%s,%s" % (uuids[5], uuids[2])})
+    (got,) = probe(host8, [p.pid]).values()
+    assert devices(got) == cuda_view(host8.config, [2], visible=[5, 2])
+    assert used(host8) == [0, 0, 1000 + OVH, 0, 0, FOOT, 0, 0]
+    with pytest.raises(Exception, match="CUDA_VISIBLE_DEVICES"):
+        host8.spawn(["gpu_holder", "--gpus", "1"], env={"CUDA_VISIBLE_DEVICES": "4"})
 
 
 # ------------------------------------------------------------------ faults
@@ -293,7 +601,8 @@ def test_hosts_are_isolated_and_torn_down(nshost):
     b = nshost("a100-mig")
     a.spawn(["gpu_holder", "--gpus", "0", "--mib", "100"])
     assert used(a) == [100 + OVH] and used(b) == [55, 55]  # MIG idles above 0
-    assert "nvidia-cap1" in a.run(["ls", "/dev"]).stdout + b.run(["ls", "/dev/nvidia-caps"]).stdout
+    for h in (a, b):  # MIG or not (the real non-MIG H200 has them)
+        assert h.run(["ls", "/dev/nvidia-caps"]).stdout.split() == ["nvidia-cap1", "nvidia-cap2"]
     init, d = a.init_pid, a.dir
     a.stop()
     assert not os.path.exists("/proc/%d" % init) and not os.path.exists(d)

@@ -21,9 +21,14 @@ DEFAULTS = {
     # seconds the memory of a context stays counted after nvidia-smi first saw it dead
     "release_delay_s": 0.05,
     # memory.used exceeds the sum of the compute apps while contexts exist (captures:
-    # H200 2 apps +15 MiB, 3 apps +20; H100 3 apps +20): active + per-context overhead
+    # H100 3 apps +20, L40S 2 apps +16): active + per-context overhead, unless the GPU model
+    # has its own measured "overhead_mib" list (see MODELS["h200"])
     "active_overhead_mib": 5,
     "context_overhead_mib": 5,
+    # a GPU with no context of its own reads this much more while a live process with a
+    # context on another GPU maps its node (2-GPU H200: "1, 4" beside a GPU-0 context,
+    # also with two such processes; tests/fixtures/h200x2-proc)
+    "cross_gpu_footprint_mib": 4,
     "dev_dir": "/dev",
 }
 
@@ -39,6 +44,10 @@ MODELS = {
         "power_limit_w": 700.0, "utilization_gpu_pct": 0, "clocks_sm_mhz": 1980,
         "clocks_max_sm_mhz": 1980, "vbios_version": "96.00.A5.00.03", "ecc": True,
         "display_active": "Disabled", "memory_free_adjust_mib": 1,
+        # memory.used minus the apps' sum with 1, 2, 3 contexts (beyond: + context_overhead_mib
+        # each): 1 app 41478 -> 41487 and 2566 -> 2575 (run_held_*, h200x2-proc), 2 apps
+        # 10252 -> 10267 (held_*), 3 apps 32342 -> 32362 (exporter H200, driver 590)
+        "overhead_mib": [9, 15, 20],
     },
     "h100": {  # exporter H100 80GB HBM3 (590)
         "name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559, "memory_reserved_mib": 479,
@@ -78,6 +87,9 @@ MODELS = {
 PRESETS = {
     "h200x8": {"model": "h200", "count": 8, "buses": HGX_BUSES},
     "h200x1": {"model": "h200", "count": 1, "buses": ["00:06"]},  # the H200 capture's VM
+    # the 2-GPU H200 node of tests/fixtures/h200x2-proc (GPU 0 at 00:06.0, GPU 1 at 00:07.0)
+    "h200x2": {"model": "h200", "count": 2, "buses": ["00:06", "00:07"],
+               "driver_version": "580.159.04", "cuda_version": "13.0"},
     "h100x4": {"model": "h100", "count": 4, "buses": ["18", "2A", "3A", "5D"],
                "driver_version": "590.48.01", "cuda_version": "13.1"},
     "a100-mig": {"model": "a100", "count": 2, "buses": ["07", "0F"],

@@ -10,7 +10,7 @@
 (the machine's own files are never touched):
 
 * /dev is an overlay (upper dir in the host's temp dir) with /dev/nvidia<minor>,
-  /dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-uvm-tools (and /dev/nvidia-caps/* for MIG)
+  /dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-uvm-tools, /dev/nvidia-caps/nvidia-cap1,2
   as character devices 1:5 (/dev/zero semantics: openable, and a read-only MAP_SHARED
   mapping keeps the /dev/nvidiaN path in /proc/PID/maps). Their major is NOT 195.
 * /proc/driver is a tmpfs holding nvidia/version and nvidia/gpus/<bus>/information in
@@ -657,15 +657,15 @@ def _setup(spec):
         pass
     # /dev
     _overlay("/dev", base)
-    mig = any(g.get("mig_mode") == "Enabled" for g in cfg["gpus"])
     for g in cfg["gpus"]:
         _mknod("/dev/nvidia%d" % g["minor"])
     for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
         _mknod("/dev/" + n)
-    if mig:
-        os.mkdir("/dev/nvidia-caps")
-        for n in ("nvidia-cap1", "nvidia-cap2"):
-            _mknod("/dev/nvidia-caps/" + n)
+    # every host, MIG or not: the real (non-MIG) 2-GPU H200 has them, and CUDA processes
+    # and NVML clients open both (tests/fixtures/h200x2-proc)
+    os.makedirs("/dev/nvidia-caps", exist_ok=True)
+    for n in ("nvidia-cap1", "nvidia-cap2"):
+        _mknod("/dev/nvidia-caps/" + n)
     # /proc/driver/nvidia
     _mount("nvidia-sim", "/proc/driver", "tmpfs", 0, "mode=755,size=1m")
     os.makedirs("/proc/driver/nvidia/gpus")
