@@ -16,7 +16,7 @@ description:
   - B(Plan) - the units named in O(services) that are active (or, per O(service_state), enabled or not masked); the systemd services
     that own holders (O(stop_owning_units)); and the holders left to signal, never a protected process, never PID 1, never the module's
     own Ansible session, never a process that uses only unselected GPUs, never an NVML client (unless O(match) names it).
-  - Which GPU a process uses is not which device files it has open (every CUDA process opens every GPU's): it is the GPU where
+  - Which GPU a process uses is not which device files it has open (every CUDA process opens every GPU's); it is the GPU where
     nvidia-smi lists it as a compute app or, for a process nvidia-smi does not list (the orphaned child of a dead owner), the GPU whose
     device file it maps with a context-sized mapping. A process that cannot be placed so is reported in RV(undecided) and signalled
     only when every GPU it may use is selected. See M(zeromib.gpu.gpu_facts).
