@@ -21,6 +21,7 @@ def h200x2_readings():
     with open(H200X2_PROC) as handle:
         return json.load(handle)
 
+
 SESSION = "0::/user.slice/user-0.slice/session-1.scope\n"
 
 
@@ -100,7 +101,7 @@ def remove_process(root, pid):
 def expand(reading):
     """One process of maps_probe.json -> (fds, maps) for write_process: each fd path repeated
     its count, each mapped path split into its count of mappings with its total KiB."""
-    fds = [path for path, count in sorted(reading["fds"].items()) for _ in range(count)]
+    fds = [path for path, count in sorted(reading["fds"].items()) for _copy in range(count)]
     maps = []
     for path, count in sorted(reading.get("maps", {}).items()):
         total = reading["map_kib"][path]
@@ -148,7 +149,7 @@ def nvml_client(minors, kind="dmon"):
     """(fds, maps) of an NVML client as measured (`monitors`: nvidia-smi dmon or a pynvml loop),
     its GPU-1 pattern repeated for every GPU after the first."""
     reading = h200x2_readings()["monitors"][kind]
-    fds = [path for path, count in sorted(reading["fds"].items()) if not path[-1].isdigit() or "caps" in path for _ in range(count)]
+    fds = [path for path, count in sorted(reading["fds"].items()) if not path[-1].isdigit() or "caps" in path for _copy in range(count)]
     for number, minor in enumerate(minors):
         source = "/dev/nvidia0" if number == 0 else "/dev/nvidia1"
         fds.extend(["/dev/nvidia%d" % minor] * reading["fds"][source])
