@@ -53,7 +53,12 @@ SUITE = "bookworm"
 PACKAGES = [
     "systemd", "systemd-sysv", "dbus", "libpam-systemd", "openssh-server", "python3",
     "iproute2", "procps", "usr-is-merged", "psmisc",
+    # Launchers: what starts GPU jobs on real nodes and must never be stopped for them.
+    "at", "cron", "munge", "slurmd", "slurmctld", "slurm-client",
 ]
+# Installed but not started at boot: a test starts them on the hosts it uses (each host its own
+# single-node Slurm cluster), so that a fleet of 32 does not run 32 controllers for nothing.
+NOT_AT_BOOT = ["munge.service", "slurmd.service", "slurmctld.service"]
 # Units that only cost time or CPU in a test host, or wait for a console nobody attaches.
 MASKED_UNITS = [
     "apt-daily.timer", "apt-daily-upgrade.timer", "systemd-tmpfiles-clean.timer",
@@ -75,6 +80,7 @@ CUSTOMIZE_HOOKS = [
     # Ansible with N forks opens many sessions at once.
     "printf 'PermitRootLogin prohibit-password\\nPasswordAuthentication no\\nUseDNS no\\n"
     "MaxStartups 200:30:400\\nMaxSessions 200\\n' > \"$1/etc/ssh/sshd_config.d/zeromib-fleet.conf\"",
+    *[f'rm -f "$1/etc/systemd/system/multi-user.target.wants/{u}"' for u in NOT_AT_BOOT],
     'rm -rf "$1/var/lib/apt/lists/"* "$1/var/cache/apt/"*.bin',
 ]
 BASE_RECIPE = {

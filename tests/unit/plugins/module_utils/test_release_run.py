@@ -64,12 +64,25 @@ class World(object):
 
     # --- processes
 
-    def unit(self, name, active="active", sub="running", file_state="enabled", restart=False):
+    def unit(self, name, active="active", sub="running", file_state="enabled", restart=False, fragment=None, triggered_by="",
+             timeout_stop=90.0):
+        """A systemd unit. Its first process is its main process; `timeout_stop` is its
+        TimeoutStopSec (90 s by default), after which systemd itself sends SIGKILL."""
         self.units[name] = {
-            "props": {"Id": name, "LoadState": "loaded", "ActiveState": active, "SubState": sub, "UnitFileState": file_state},
+            "props": {"Id": name, "LoadState": "loaded", "ActiveState": active, "SubState": sub, "UnitFileState": file_state,
+                      "FragmentPath": fragment or "/usr/lib/systemd/system/%s" % name, "TriggeredBy": triggered_by},
             "restart": restart,
             "pids": set(),
+            "main": None,
+            "timeout_stop": timeout_stop,
         }
+
+    def settle(self, name):
+        """A stopping unit is inactive once its last process is gone (failed if SIGKILLed)."""
+        unit = self.units[name]
+        if unit["props"]["ActiveState"] == "deactivating" and not unit["pids"]:
+            unit["props"].update(ActiveState="failed", SubState="failed") if unit.get("killed") else unit["props"].update(
+                ActiveState="inactive", SubState="dead")
 
     def spawn(
         self,
@@ -86,6 +99,8 @@ class World(object):
         smi_pid=None,
         smi_name=None,
         visible=True,
+        ppid=1,
+        environ=None,
     ):
         assert pid != self.mypid and pid not in self.procs
         mem = dict(mem or {})
@@ -93,14 +108,19 @@ class World(object):
             cgroup = "0::/system.slice/%s\n" % unit if unit else "0::/user.slice/user-1000.slice/session-3.scope\n"
         if devices is None:
             devices = ["/dev/nvidia%d" % i for i in sorted(mem)] + ["/dev/nvidiactl", "/dev/nvidia-uvm"]
-        spec = dict(comm=comm, argv=argv, cgroup=cgroup, fds=tuple(devices), exe=exe)
+        spec = dict(comm=comm, argv=argv, cgroup=cgroup, fds=tuple(devices), exe=exe, ppid=ppid)
         self.next_start += 1
         fakeproc.write_process(self.root, pid, start_time=self.next_start, **spec)
+        if environ:
+            with open(os.path.join(str(self.root), str(pid), "environ"), "wb") as handle:
+                handle.write(b"".join(("%s=%s" % item).encode() + b"\0" for item in sorted(environ.items())))
         self.procs[pid] = Proc(pid, mem, unit, on_term, on_kill, smi_pid if smi_pid else pid, smi_name if smi_name else comm, spec)
         if not visible:
             self.procs[pid].smi_pid = None
         if unit:
             self.units[unit]["pids"].add(pid)
+            if self.units[unit]["main"] not in self.procs:
+                self.units[unit]["main"] = pid
         return self.procs[pid]
 
     def exit(self, pid, by_stop=False):
@@ -111,6 +131,8 @@ class World(object):
         if proc.unit:
             unit = self.units[proc.unit]
             unit["pids"].discard(pid)
+            by_stop = by_stop or unit["props"]["ActiveState"] in ("deactivating", "inactive", "failed")
+            self.settle(proc.unit)
             if unit["restart"] and not by_stop:
                 # Restart=always: systemd starts it again, with a new PID, in ~1-3 s.
                 def respawn(proc=proc, unit=unit):
@@ -210,21 +232,42 @@ class FakeSystem(release.System):
         if verb == "list-unit-files":
             return 0, "".join("%s %s enabled\n" % (n, u["props"]["UnitFileState"]) for n, u in sorted(world.units.items())), ""
         if verb == "show":
+            wanted = [a.split("=", 1)[1].split(",") for a in args if a.startswith("--property=")][0]
             blocks = []
             for name in names:
-                props = (
-                    world.units[name]["props"]
-                    if name in world.units
-                    else {"Id": name, "LoadState": "not-found", "ActiveState": "inactive", "SubState": "dead", "UnitFileState": ""}
-                )
-                blocks.append("".join("%s=%s\n" % item for item in sorted(props.items())))
+                if name in world.units:
+                    unit = world.units[name]
+                    props = dict(unit["props"], MainPID=str(unit["main"] if unit["main"] in world.procs else 0))
+                else:
+                    props = {"Id": name, "LoadState": "not-found", "ActiveState": "inactive", "SubState": "dead", "UnitFileState": "",
+                             "MainPID": "0", "TriggeredBy": "", "FragmentPath": ""}
+                blocks.append("".join("%s=%s\n" % (key, props[key]) for key in wanted if key in props))
             return 0, "\n".join(blocks), ""
         for name in names:
             unit = world.units[name]
             if verb == "stop":
-                unit["props"].update(ActiveState="inactive", SubState="dead")
+                assert "--no-block" in args, "an unbounded systemctl stop: %s" % args
+                if unit["props"]["ActiveState"] in ("inactive", "failed"):
+                    continue
+                unit["props"].update(ActiveState="deactivating", SubState="stop-sigterm")
                 for pid in sorted(unit["pids"]):
-                    world.exit(pid, by_stop=True)
+                    self.deliver(pid, signal.SIGTERM)
+
+                def timeout_stop(name=name, unit=unit):
+                    if unit["props"]["ActiveState"] == "deactivating":
+                        world.systemctl_log.append(["(systemd: TimeoutStopSec)", name])
+                        unit["killed"] = True
+                        for pid in sorted(unit["pids"]):
+                            self.deliver(pid, signal.SIGKILL)
+
+                world.at(world.t + unit["timeout_stop"], timeout_stop)
+                world.settle(name)
+            elif verb == "kill":
+                assert "--signal=SIGKILL" in args
+                unit["killed"] = True
+                for pid in sorted(unit["pids"]):
+                    self.deliver(pid, signal.SIGKILL)
+                world.settle(name)
             elif verb == "disable":
                 unit["props"]["UnitFileState"] = "disabled"
             elif verb == "mask":
@@ -232,11 +275,15 @@ class FakeSystem(release.System):
         return 0, "", ""
 
     def signal(self, pid, signum):
-        world = self.world
-        world.signals.append((round(world.t, 3), pid, signal.Signals(signum).name))
-        proc = world.procs.get(pid)
-        if proc is None:
+        self.world.signals.append((round(self.world.t, 3), pid, signal.Signals(signum).name))
+        if self.world.procs.get(pid) is None:
             raise ProcessLookupError(pid)
+        self.deliver(pid, signum)
+
+    def deliver(self, pid, signum):
+        """A signal arrives (from gpu_release, or from systemd stopping the unit)."""
+        world = self.world
+        proc = world.procs[pid]
         behaviour = proc.on_term if signum == signal.SIGTERM else proc.on_kill
         if behaviour == "exit":
             world.exit(pid)
@@ -424,7 +471,7 @@ def test_unit_owning_a_holder_is_stopped_and_the_holder_not_signalled(world):
     world.unit("vllm.service")
     world.spawn(495, {0: 70000}, unit="vllm.service", argv=("python3", "-m", "vllm.entrypoints.openai.api_server"))
     result = run(world)
-    assert ["stop", "--no-ask-password", "vllm.service"] in world.systemctl_log
+    assert ["stop", "--no-block", "--no-ask-password", "vllm.service"] in world.systemctl_log
     assert world.signals == [] and result["killed"] == []
     assert result["stopped_units"] == ["vllm.service"] and result["released"] is True and result["changed"] is True
     assert "disable" not in [args[0] for args in world.systemctl_log]
@@ -447,7 +494,7 @@ def test_service_state_disabled_disables_named_enabled_units_only(world):
     world.spawn(496, {1: 1000}, unit="sglang.service")
     result = run(world, services=["vllm*.service"], service_state="disabled")
     assert stops(world) == [
-        ["stop", "--no-ask-password", "vllm-a.service", "sglang.service"],
+        ["stop", "--no-block", "--no-ask-password", "vllm-a.service", "sglang.service"],
         ["disable", "--no-ask-password", "vllm-a.service", "vllm-b.service"],
     ]
     assert result["stopped_units"] == ["vllm-a.service", "sglang.service"]
@@ -458,7 +505,7 @@ def test_service_state_disabled_disables_named_enabled_units_only(world):
 def test_service_state_masked(world):
     world.unit("vllm.service")
     result = run(world, services=["vllm"], service_state="masked")
-    assert stops(world) == [["stop", "--no-ask-password", "vllm.service"], ["mask", "--no-ask-password", "vllm.service"]]
+    assert stops(world) == [["stop", "--no-block", "--no-ask-password", "vllm.service"], ["mask", "--no-ask-password", "vllm.service"]]
     assert result["masked_units"] == ["vllm.service"] and "disabled_units" not in result
 
 
@@ -613,7 +660,7 @@ def test_gpu_pod_under_containerd_service_never_stops_containerd(world):
     pod = "0::/system.slice/containerd.service/kubepods-burstable-pod1b2c3d4e_5f60_7182_93a4_b5c6d7e8f901.slice:cri-containerd:%s\n" % ("4f3c2b1a" * 8)
     world.spawn(495, {0: 40960}, cgroup=pod)
     run(world)
-    assert ["stop", "--no-ask-password", "containerd.service"] not in world.systemctl_log
+    assert ["stop", "--no-block", "--no-ask-password", "containerd.service"] not in world.systemctl_log
 
 
 def test_check_mode_plan_matches_what_the_real_run_does(tmp_path):
