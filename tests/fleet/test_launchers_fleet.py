@@ -135,8 +135,8 @@ def test_term_ignoring_unit_with_the_default_90s_stop_timeout_is_freed_within_ki
     fleet = clean_fleet
     host = gpu_host(fleet)
     stubborn = fleet.workload(host, "stubborn-unit")
-    props = fleet.ssh(host, "systemctl show -p TimeoutStopUSec,Restart stubborn.service", check=True).stdout.split()
-    assert props == ["TimeoutStopUSec=1min 30s", "Restart=always"], props  # not the fleet's DefaultTimeoutStopSec=5s
+    props = fleet.ssh(host, "systemctl show -p TimeoutStopUSec,Restart stubborn.service", check=True).stdout.splitlines()
+    assert sorted(props) == ["Restart=always", "TimeoutStopUSec=1min 30s"], props  # not the fleet's DefaultTimeoutStopSec=5s
     run = fleet.ansible_playbook(PLAYBOOK, limit=host, extra_vars={"free_gpus_kill_timeout": KILL_TIMEOUT})
     assert run.rc == 0, run
     res = run.result(RELEASE_TASK, host)
