@@ -284,7 +284,8 @@ class Release(object):
 
     def plan_units(self, targets, holders, selected):
         forbidden = self.forbidden_units(holders)
-        owned, self.result["launchers"], warnings = _units.owners(self.system.systemctl, targets, holders, selected, forbidden, self.system.proc)
+        owned, self.result["launchers"], warnings = _units.owners(self.system.systemctl, targets, holders, selected, forbidden,
+                                                                  self.system.proc, self.names)
         self.result["warnings"].extend(warnings)
         return _units.plan(self.system.systemctl, self.params.get("services") or [], owned if self.params.get("stop_owning_units") else [],
                            self.params.get("service_state"), forbidden, self.result, self.names, self.system.proc)

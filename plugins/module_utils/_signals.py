@@ -64,25 +64,30 @@ def signal_checked(system, pid, start_time, signum, pidfd=None):
     """Send `signum` to PID if it is still the process that started at `start_time`.
     Returns SENT, GONE (exited) or REUSED (the PID now belongs to another process). Raises
     PermissionError from the kernel as it is."""
-    if pidfd is None:
-        now_start = system.start_time(pid)
-        if now_start is None:
-            return GONE
-        if now_start != start_time:
-            return REUSED
+    if pidfd is not None:
         try:
-            system.signal(pid, signum)
+            fd = pidfd.open(pid)
         except ProcessLookupError:
             return GONE
-        return SENT
+        except OSError as exc:
+            if exc.errno == errno.ESRCH:
+                return GONE
+            fd = None  # EMFILE and the like: this signal goes the start-time way
+        if fd is not None:
+            return _through_pidfd(system, pid, start_time, signum, pidfd, fd)
+    now_start = system.start_time(pid)
+    if now_start is None:
+        return GONE
+    if now_start != start_time:
+        return REUSED
     try:
-        fd = pidfd.open(pid)
+        system.signal(pid, signum)
     except ProcessLookupError:
         return GONE
-    except OSError as exc:
-        if exc.errno == errno.ESRCH:
-            return GONE
-        raise
+    return SENT
+
+
+def _through_pidfd(system, pid, start_time, signum, pidfd, fd):
     try:
         # Checked after the pidfd pins the process: if this start time matches, the pidfd is
         # the planned process, whatever happens to the PID from now on.

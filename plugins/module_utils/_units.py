@@ -217,13 +217,13 @@ def _environ(pid, proc):
         return b""
 
 
-def owners(systemctl, targets, holders, selected, forbidden, proc="/proc"):
+def owners(systemctl, targets, holders, selected, forbidden, proc="/proc", protect_names=()):
     """The system services that own targets -> (to stop, launchers, warnings).
 
     `launchers` lists, per unit (and Slurm job), the holders signalled instead of stopping it:
     [{unit, reason, pids, slurm_job_id}]; holders in a Slurm job outside any service (a
     slurmstepd scope) are listed too. `forbidden` units (this session's, a protected
-    process's) are never stopped."""
+    process's) and units whose main process is protected are never stopped."""
     units = []
     for holder in targets:
         unit = holder.get("unit")
@@ -244,6 +244,9 @@ def owners(systemctl, targets, holders, selected, forbidden, proc="/proc"):
         except ValueError:
             main_pid = 0
         main = holders_mod.read_process(main_pid, proc) if main_pid > 0 else None
+        if main and holders_mod.name_matches(main, tuple(holders_mod.BUILTIN_PROTECTED_NAMES) + tuple(protect_names or ())):
+            reasons[unit] = "the main process of %s (pid %d %s) is protected" % (unit, main_pid, main.get("name"))
+            continue
         # Without a main process (MainPID=0, or gone) there is nothing to tell descendants by.
         under_main = main is None or all(main_pid in holders_mod.lineage(h["pid"], proc) for h in in_unit)
         unit_gpus = set()

@@ -794,7 +794,7 @@ def test_several_units_are_stopped_in_one_call(world):
     world.spawn(702, {1: 1000}, unit="vllm-b.service", on_term=0.5)
     world.spawn(703, {1: 1000}, unit="sglang.service", on_term=0.5)
     result = run(world)
-    assert [args for args in stops(world)] == [["stop", "--no-block", "--no-ask-password", "vllm-a.service", "vllm-b.service", "sglang.service"]]
+    assert stops(world) == [["stop", "--no-block", "--no-ask-password", "vllm-a.service", "vllm-b.service", "sglang.service"]]
     assert result["timings"]["stop_s"] < 1.0 and result["released"] is True
 
 

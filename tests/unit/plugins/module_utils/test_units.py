@@ -376,3 +376,19 @@ def test_a_failing_stop_is_reported_with_what_was_done_so_far():
         units.stop_bounded(system, ["vllm.service"], 1.0, result)
     assert "systemctl stop vllm.service failed (rc 5): Failed to stop vllm.service: Access denied" in info.value.msg
     assert info.value.result["killed"] == [{"pid": 1}]
+
+
+def test_owners_never_stops_a_unit_whose_main_process_is_protected(proc):
+    # nvidia-persistenced opens no device file itself here (so it is no protected holder), but
+    # a helper it started holds a GPU: the daemon's unit is still never stopped.
+    fakeproc.write_process(proc, 700, comm="nvidia-persiste", argv=("/usr/bin/nvidia-persistenced",), exe="/usr/bin/nvidia-persistenced")
+    fakeproc.write_process(proc, 701, comm="python3", ppid=700)
+    systemctl = Systemctl({"nvidia-persistenced.service": loaded(MainPID="700")})
+    to_stop, launchers, _w = units.owners(systemctl, [holder(701, [0], "nvidia-persistenced.service")], [], [0], set(), str(proc))
+    assert to_stop == [] and "(pid 700 nvidia-persiste) is protected" in launchers[0]["reason"]
+    fakeproc.write_process(proc, 710, comm="lab", exe="/usr/bin/lab")
+    fakeproc.write_process(proc, 711, comm="python3", ppid=710)
+    systemctl = Systemctl({"lab.service": loaded(MainPID="710")})
+    to_stop, _l, _w = units.owners(systemctl, [holder(711, [0], "lab.service")], [], [0], set(), str(proc), ["lab"])
+    assert to_stop == []
+
