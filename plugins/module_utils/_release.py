@@ -413,7 +413,8 @@ class Release(object):
         except NvidiaSmiError as exc:
             # After acting, a failure still reports what was stopped and signalled.
             self.result.update({key: value for key, value in exc.details().items() if key != "msg"})
-            raise ReleaseError("%s (after acting: see stopped_units and killed)" % exc.msg, self._finish(gpus, holders))
+            done = " (after acting: see stopped_units and killed)" if self.result["changed"] else ""
+            raise ReleaseError(exc.msg + done, self._finish(gpus, holders))
         self.result["timings"]["wait_s"] = round(self.system.now() - verify_started, 3)
         final_holders = self.scan(final_gpus)
         self.result["gpus"] = [_facts.public_gpu(g, limit) for g in final_gpus]

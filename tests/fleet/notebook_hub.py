@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python
 """A notebook hub in miniature, for the fleet: it starts "kernels" as its own children, inside
 its own systemd unit, as jupyterhub's LocalProcessSpawner does (DESIGN.md: jupyterhub's kernels
 run inside jupyterhub.service). Installed on fleet hosts as /usr/local/bin/jupyterhub, so that

@@ -391,4 +391,3 @@ def test_owners_never_stops_a_unit_whose_main_process_is_protected(proc):
     systemctl = Systemctl({"lab.service": loaded(MainPID="710")})
     to_stop, _l, _w = units.owners(systemctl, [holder(711, [0], "lab.service")], [], [0], set(), str(proc), ["lab"])
     assert to_stop == []
-
