@@ -36,6 +36,8 @@ class System(object):
     def __init__(self, systemctl_path=None, proc="/proc"):
         self.systemctl_path = systemctl_path
         self.proc = proc
+        # pidfds pin a process of this kernel's /proc only.
+        self.pidfd = _signals.pidfd_or_none() if proc == "/proc" else None
 
     def systemctl(self, args):
         if not self.systemctl_path:
@@ -145,8 +147,16 @@ def describe_holder(holder):
     return "%s (%s)" % (parts[0], ", ".join(parts[1:]))
 
 
-def failure_message(dirty_gpus, holders, apps, waited_s, unkillable, protected_only=False):
-    """One message naming each dirty GPU, its MiB and what still holds it."""
+EARLY_HEADS = {
+    "protected": "GPUs are held only by protected processes, which gpu_release never signals",
+    "unreadable": "GPU memory cannot be read, so the GPUs cannot be proven free (waiting would not change that)",
+    "not_killed": "GPUs are held by processes that kill=false leaves running (waiting would not free them)",
+}
+
+
+def failure_message(dirty_gpus, holders, apps, waited_s, unkillable, protected_only=False, early=None):
+    """One message naming each dirty GPU, its MiB and what still holds it. `early`: why the
+    wait stopped before wait_timeout (a key of EARLY_HEADS)."""
     lines = []
     for gpu in dirty_gpus:
         on_gpu = [h for h in holders if gpu["index"] in h["gpu_indexes"]]
@@ -182,8 +192,8 @@ def failure_message(dirty_gpus, holders, apps, waited_s, unkillable, protected_o
         else:
             text += ", and no live process holds the GPU: memory the driver has not freed; a GPU reset or a reboot is needed"
         lines.append(text)
-    if protected_only:
-        head = "GPUs are held only by protected processes, which gpu_release never signals"
+    if protected_only or early in EARLY_HEADS:
+        head = EARLY_HEADS[early or "protected"]
     else:
         head = "GPUs still in use after %.1f s" % waited_s
     if unkillable:
@@ -243,6 +253,9 @@ class Release(object):
             "changed": False,
             "released": False,
             "stopped_units": [],
+            # Units whose stop outlasted kill_timeout, killed through systemd.
+            "killed_units": [],
+            "launchers": [],
             "killed": [],
             "protected": [],
             # Not "skipped": Ansible reads a result with that key as a skipped task and then
@@ -299,16 +312,19 @@ class Release(object):
                 forbidden.add(holder["unit"])
         return forbidden
 
-    def plan_units(self, targets, holders):
-        owned = _units.owning_units(targets, self.forbidden_units(holders)) if self.params.get("stop_owning_units") else []
-        return _units.plan(self.system.systemctl, self.params.get("services") or [], owned, self.params.get("service_state"),
-                           self.forbidden_units(holders), self.result)
+    def plan_units(self, targets, holders, selected):
+        forbidden = self.forbidden_units(holders)
+        owned, self.result["launchers"], warnings = _units.owners(self.system.systemctl, targets, holders, selected, forbidden,
+                                                                  self.system.proc, self.names)
+        self.result["warnings"].extend(warnings)
+        return _units.plan(self.system.systemctl, self.params.get("services") or [], owned if self.params.get("stop_owning_units") else [],
+                           self.params.get("service_state"), forbidden, self.result, self.names, self.system.proc)
 
     # --- act
 
     def act_units(self, plan):
         started = self.system.now()
-        _units.act(self.system.systemctl, plan, self.result)
+        _units.act(self.system, plan, self.result, self.params.get("kill_timeout"))
         self.result["timings"]["stop_s"] = round(self.system.now() - started, 3)
 
     def act_signals(self, targets):
@@ -319,9 +335,9 @@ class Release(object):
     # --- verify
 
     def verify(self, selected, deadline, acted):
-        """Poll until every selected GPU is clean. Returns (gpus, clean, protected_only, footprint):
-        protected_only is True when it stopped early because waiting cannot help; footprint are
-        the GPUs clean only through the cross-GPU footprint allowance.
+        """Poll until every selected GPU is clean. Returns (gpus, clean, early, footprint): early
+        says why it stopped before `deadline` because waiting cannot help (see EARLY_HEADS);
+        footprint are the GPUs clean only through the cross-GPU footprint allowance.
 
         A GPU that reads no more than the footprint above max_used_mib is clean when nothing uses
         it and contexts live on other GPUs: freeing GPU 1 next to training on GPU 0 leaves 4 MiB
@@ -341,7 +357,9 @@ class Release(object):
             gpus = _facts.with_minor_numbers(self.smi.query_gpus(GPU_FIELDS), self.minors_by_bus)
             dirty = [g for g in gpus if g["index"] in selected and not _facts.gpu_is_clean(g, limit)]
             if not dirty:
-                return gpus, True, False, set()
+                return gpus, True, None, set()
+            if any(g.get("memory_used_mib") is None for g in dirty):
+                return gpus, False, "unreadable", set()
             now = self.system.now()
             if self.footprint_mib() and any(g["memory_used_mib"] is not None and g["memory_used_mib"] <= allowance for g in dirty):
                 key = tuple(g["memory_used_mib"] for g in gpus)
@@ -349,14 +367,16 @@ class Release(object):
                     footprint, footprint_key, footprint_at = self.footprint(gpus, self.scan(gpus)), key, now
                 dirty = [g for g in dirty if g["index"] not in footprint]
                 if not dirty:
-                    return gpus, True, False, footprint
+                    return gpus, True, None, footprint
             if last_scan is None or now - last_scan >= RESCAN_S:
                 holders = self.scan(gpus)
                 last_scan = now
                 if only_protected(dirty, holders, self._apps(gpus)):
-                    return gpus, False, True, set()
+                    return gpus, False, "protected", set()
+                if not self.params.get("kill", True) and _facts.dirty_holders(holders, [g["index"] for g in dirty]):
+                    return gpus, False, "not_killed", set()
             if now >= deadline:
-                return gpus, False, False, set()
+                return gpus, False, None, set()
             self.system.sleep(min(poll_started + poll, deadline) - self.system.now())
 
     # --- the whole run
@@ -384,7 +404,7 @@ class Release(object):
                     % (holder["pid"], holder.get("name"), holder["container"][:12])
                 )
         planning = self.system.now()
-        unit_plan = self.plan_units(targets, holders)
+        unit_plan = self.plan_units(targets, holders, selected)
         self.result["timings"]["plan_s"] = round(self.system.now() - planning, 3)
         self.result["services_not_found"] = unit_plan["not_found"]
         gpus_clean = all(g["clean"] for g in self.result["gpus_before"] if g["index"] in selected)
@@ -434,7 +454,13 @@ class Release(object):
 
         verify_started = self.system.now()
         deadline = verify_started + self.params.get("wait_timeout")
-        final_gpus, clean, protected_only, footprint = self.verify(selected, deadline, acted=self.result["changed"])
+        try:
+            final_gpus, clean, early, footprint = self.verify(selected, deadline, acted=self.result["changed"])
+        except NvidiaSmiError as exc:
+            # After acting, a failure still reports what was stopped and signalled.
+            self.result.update({key: value for key, value in exc.details().items() if key != "msg"})
+            done = " (after acting: see stopped_units and killed)" if self.result["changed"] else ""
+            raise ReleaseError(exc.msg + done, self._finish(gpus, holders))
         self.result["timings"]["wait_s"] = round(self.system.now() - verify_started, 3)
         final_holders = self.scan(final_gpus)
         footprint |= self.footprint(final_gpus, final_holders)
@@ -446,7 +472,7 @@ class Release(object):
             dirty = [g for g in final_gpus if g["index"] in selected and not _facts.gpu_is_clean(g, limit)]
             apps = self._apps(final_gpus)
             message = failure_message(
-                dirty, final_holders, apps, self.result["timings"]["wait_s"], self.result["unkillable"], protected_only
+                dirty, final_holders, apps, self.result["timings"]["wait_s"], self.result["unkillable"], early == "protected", early
             )
             if hidden:
                 message += ". Also: " + hidden

@@ -9,17 +9,100 @@
 """Signals: SIGTERM, then SIGKILL after kill_timeout, to exactly the processes planned.
 
 A PID is signalled only while it is still the process that was planned (same start time,
-/proc/PID/stat field 22): a PID reused since the scan is reported, never signalled. The
-`system` object (see _release.System) does the reading, signalling and sleeping."""
+/proc/PID/stat field 22): a PID reused since the scan is reported, never signalled. Where the
+kernel and Python have pidfds (Linux 5.3+, Python 3.9+) the process is pinned first
+(pidfd_open), its start time checked after that, and the signal sent through the pidfd: a PID
+reused after the check cannot receive it. Elsewhere (Python 3.8 nodes) the start time is
+checked again right before every signal. The `system` object (see _release.System) does the
+reading, signalling and sleeping."""
 
 from __future__ import annotations
 
+import errno
+import os
 import signal
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._errors import ReleaseError
 
 # A process that has exited is seen within this; polling /proc is cheap (a stat per PID).
 EXIT_POLL_S = 0.01
+
+SENT, GONE, REUSED = "sent", "gone", "reused"
+
+
+class Pidfd(object):
+    """The kernel's pidfd calls; `available()` says whether this Python and kernel have them."""
+
+    @staticmethod
+    def available():
+        if not (hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")):
+            return False
+        try:
+            os.close(os.pidfd_open(os.getpid()))
+        except OSError:  # ENOSYS: a kernel before 5.3 (or a seccomp filter)
+            return False
+        return True
+
+    @staticmethod
+    def open(pid):
+        return os.pidfd_open(pid)
+
+    @staticmethod
+    def send(fd, signum):
+        signal.pidfd_send_signal(fd, signum)
+
+    @staticmethod
+    def close(fd):
+        os.close(fd)
+
+
+def pidfd_or_none():
+    return Pidfd() if Pidfd.available() else None
+
+
+def signal_checked(system, pid, start_time, signum, pidfd=None):
+    """Send `signum` to PID if it is still the process that started at `start_time`.
+    Returns SENT, GONE (exited) or REUSED (the PID now belongs to another process). Raises
+    PermissionError from the kernel as it is."""
+    if pidfd is not None:
+        try:
+            fd = pidfd.open(pid)
+        except ProcessLookupError:
+            return GONE
+        except OSError as exc:
+            if exc.errno == errno.ESRCH:
+                return GONE
+            fd = None  # EMFILE and the like: this signal goes the start-time way
+        if fd is not None:
+            return _through_pidfd(system, pid, start_time, signum, pidfd, fd)
+    now_start = system.start_time(pid)
+    if now_start is None:
+        return GONE
+    if now_start != start_time:
+        return REUSED
+    try:
+        system.signal(pid, signum)
+    except ProcessLookupError:
+        return GONE
+    return SENT
+
+
+def _through_pidfd(system, pid, start_time, signum, pidfd, fd):
+    try:
+        # Checked after the pidfd pins the process: if this start time matches, the pidfd is
+        # the planned process, whatever happens to the PID from now on.
+        now_start = system.start_time(pid)
+        if now_start is None:
+            return GONE
+        if now_start != start_time:
+            return REUSED
+        try:
+            pidfd.send(fd, signum)
+        except ProcessLookupError:
+            return GONE
+        return SENT
+    finally:
+        pidfd.close(fd)
 
 
 def entry_of(holder):
@@ -36,30 +119,35 @@ def entry_of(holder):
     }
 
 
-class Signaller(object):
-    """TERM -> wait -> KILL -> wait for a list of planned holders."""
+PRIVATE_KEYS = ("_first_signal", "_reused", "start_time")
 
-    def __init__(self, system, kill_timeout, result):
+
+class Signaller(object):
+    """TERM -> wait -> KILL -> wait for a list of planned holders.
+
+    Each signalled holder enters the result's `killed` when its first signal is sent, so that a
+    failure later on (PermissionError on the second signal) still reports it."""
+
+    def __init__(self, system, kill_timeout, result, pidfd=None):
         self.system = system
         self.kill_timeout = kill_timeout
         self.result = result
+        self.pidfd = pidfd if pidfd is not None else getattr(system, "pidfd", None)
 
     def send(self, entry, signum):
         """Signal one target after checking it is still the same process (PID reuse)."""
-        now_start = self.system.start_time(entry["pid"])
-        if now_start is None:
-            return False
-        if now_start != entry["start_time"]:
-            entry["_reused"] = True
-            return False
         try:
-            self.system.signal(entry["pid"], signum)
-        except ProcessLookupError:
-            return False
+            outcome = signal_checked(self.system, entry["pid"], entry["start_time"], signum, self.pidfd)
         except PermissionError as exc:
             raise ReleaseError("not permitted to signal pid %d (%s): run with become: true" % (entry["pid"], exc), self.result)
+        if outcome == REUSED:
+            entry["_reused"] = True
+        if outcome != SENT:
+            return False
         entry["signal"] = signal.Signals(signum).name
-        entry.setdefault("_first_signal", self.system.now())
+        if "_first_signal" not in entry:
+            entry["_first_signal"] = self.system.now()
+            self.result["killed"].append(entry)
         return True
 
     def gone(self, entry):
@@ -81,6 +169,14 @@ class Signaller(object):
         """SIGTERM each holder, SIGKILL the survivors after kill_timeout. Records into the
         result's `killed`, `reused_pids` and `unkillable`."""
         entries = [entry_of(holder) for holder in holders]
+        try:
+            self._terminate(entries)
+        finally:
+            for entry in entries:
+                for key in PRIVATE_KEYS:
+                    entry.pop(key, None)
+
+    def _terminate(self, entries):
         for entry in entries:
             if not self.send(entry, signal.SIGTERM) and "_reused" not in entry:
                 entry["exited_after_s"] = 0.0
@@ -90,15 +186,10 @@ class Signaller(object):
                 entry["exited_after_s"] = round(self.system.now() - entry.get("_first_signal", self.system.now()), 3)
         unkillable = self.wait_exit([e for e in survivors if "_reused" not in e], self.kill_timeout) if survivors else []
         for entry in entries:
-            if entry.pop("_reused", False):
+            if entry.get("_reused"):
                 self.result["reused_pids"].append(
                     {"pid": entry["pid"], "name": entry["name"], "reason": "PID reused by another process since the scan; not signalled"}
                 )
-                continue
-            entry.pop("_first_signal", None)
-            entry.pop("start_time", None)
-            if entry in unkillable:
+            elif entry in unkillable:
                 entry["state"] = self.system.state(entry["pid"])
-                self.result["unkillable"].append(dict(entry))
-            if entry["signal"] is not None:
-                self.result["killed"].append(entry)
+                self.result["unkillable"].append({k: v for k, v in entry.items() if k not in PRIVATE_KEYS})

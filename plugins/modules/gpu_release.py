@@ -13,15 +13,18 @@ version_added: 0.1.0
 description:
   - Frees the selected GPUs of a node in four steps, and returns as soon as they are proven free.
   - B(Look) - one snapshot of the GPUs (C(nvidia-smi)), their compute apps, and every process holding C(/dev/nvidia*) (a C(/proc) scan).
-  - B(Plan) - the units named in O(services) that are active (or, per O(service_state), enabled or not masked); the systemd services
-    that own holders (O(stop_owning_units)); and the holders left to signal, never a protected process, never PID 1, never the module's
-    own Ansible session, never a process that uses only unselected GPUs, never an NVML client (unless O(match) names it).
+  - B(Plan) - the units named in O(services) that are active (or, per O(service_state), enabled or not masked), with the sockets and
+    timers that trigger them; the systemd services that are the GPU workload (O(stop_owning_units)), never a launcher of other jobs;
+    and the holders left to signal, never a protected process, never PID 1, never the module's own Ansible session, never a process
+    that uses only unselected GPUs, never an NVML client (unless O(match) names it).
   - Which GPU a process uses is not which device files it has open (every CUDA process opens every GPU's); it is the GPU where
     nvidia-smi lists it as a compute app or, for a process nvidia-smi does not list (the orphaned child of a dead owner), the GPU whose
     device file it maps with a context-sized mapping. A process that cannot be placed so is reported in RV(undecided) and signalled
     only when every GPU it may use is selected. See M(zeromib.gpu.gpu_facts).
-  - B(Act) - C(systemctl stop) the units (then C(disable) or C(mask) the named ones), SIGTERM the remaining holders, SIGKILL those
-    still alive after O(kill_timeout). Before every signal the PID's start time is checked again, so a reused PID is never signalled.
+  - B(Act) - C(systemctl stop --no-block) the units, all at once, and wait for them at most O(kill_timeout) before C(systemctl kill
+    --signal=SIGKILL) (never C(TimeoutStopSec), 90 s by default); then C(disable) or C(mask) the named ones. SIGTERM the remaining
+    holders, SIGKILL those still alive after O(kill_timeout). A PID is signalled only while it is the process that was planned - through
+    a pidfd where the node has them (Linux 5.3+, Python 3.9+), else after a check of its start time right before every signal.
   - B(Verify) - poll C(memory.used) every O(poll_interval) until every selected GPU reads at most O(max_used_mib), or fail after
     O(wait_timeout) with one message naming each dirty GPU, its MiB and what still holds it.
   - A host that is already clean is not touched and reports C(changed=false).
@@ -51,8 +54,14 @@ options:
   services:
     description:
       - systemd units to stop even if they hold nothing now, for example a vLLM server that is restarting.
-      - Globs are allowed (V(vllm*.service)); a name without a suffix gets C(.service).
+      - Globs are allowed (V(vllm*.service)); a name without a suffix gets C(.service). A glob that matches no unit is a warning.
       - Units that do not exist on the host are listed in RV(services_not_found), not an error, so one list fits a mixed fleet.
+      - The C(.socket) and C(.timer) units that trigger a named unit (C(TriggeredBy=)) are stopped with it and get the same O(service_state),
+        so that they cannot start it again.
+      - Never stopped, named or not - the unit of the module's own session, a unit whose main process is protected (see O(protect)),
+        systemd's own units, D-Bus, login, SSH, consoles and networking. Named, such a unit fails the task before anything is done;
+        matched by a glob, it is skipped with a warning. A glob never selects a launcher (cron, atd, Slurm, jupyterhub, container
+        engines, ...) either - name it to stop it. So V(*) cannot take the node down.
     type: list
     elements: str
     default: []
@@ -61,19 +70,31 @@ options:
       - What to leave the units of O(services) in.
       - V(stopped) stops them; V(disabled) also disables them, so they do not start at the next boot; V(masked) masks them.
       - Units found through O(stop_owning_units) are only stopped, never disabled.
+      - C(systemctl mask) cannot mask a unit whose own file is in C(/etc/systemd/system) (where it would put its link to C(/dev/null)).
+        V(masked) then fails before anything is stopped or signalled, saying to move the unit file to C(/usr/local/lib/systemd/system)
+        or to use V(disabled).
     type: str
     choices: [stopped, disabled, masked]
     default: stopped
   stop_owning_units:
     description:
-      - Stop a holder that runs inside a systemd C(.service) through its unit, so that C(Restart=) cannot start it again.
+      - Stop a holder that runs inside a systemd C(.service) through its unit, so that C(Restart=) cannot start it again, when that unit
+        B(is) the GPU workload (C(vllm.service)), that is when its main process or the main process's descendants hold the GPUs (also
+        vLLM V1, whose API server holds no GPU and whose C(VLLM::EngineCore) child does).
+      - A B(launcher) that merely started a holder is never stopped - job schedulers (slurmd, slurmstepd, PBS, LSF, HTCondor), cron,
+        anacron, atd, notebook hubs (jupyterhub), CI runners (gitlab-runner, GitHub and Buildkite agents), container engines (dockerd,
+        containerd, kubelet, crio, podman), supervisord, login and SSH, C(user@.service), systemd's own units. It is known by the
+        unit's name or by its main process's name (a renamed unit file is still recognised), or because the holders are not its main
+        process or its descendants. Nor is a unit stopped that also holds GPUs outside O(gpus) (the result warns). Their holders are
+        signalled instead, and the launcher is listed in RV(launchers), with the Slurm job id where the holder runs in a Slurm job.
       - Holders in a C(.scope) (a login session, a container) are signalled as processes; the module never stops the unit
         or scope its own session runs in, nor one that runs a protected process.
     type: bool
     default: true
   kill:
     description:
-      - Signal the holders that remain after the units are stopped. With V(false) only units are acted on.
+      - Signal the holders that remain after the units are stopped. With V(false) only units are acted on, and a GPU still held by a
+        process it leaves running fails the task at once (waiting would not free it), naming the process.
     type: bool
     default: true
   match:
@@ -88,11 +109,14 @@ options:
   kill_timeout:
     description:
       - Seconds between SIGTERM and SIGKILL, and how long a process may outlive SIGKILL before it is reported as unkillable.
+      - Also how long a unit may take to stop before it is killed through systemd (RV(killed_units)).
     type: float
     default: 10
   wait_timeout:
     description:
       - Seconds to wait, after acting, for every selected GPU to read at most O(max_used_mib).
+      - The wait ends early, with a failure, when it cannot help - the GPUs are held only by protected processes, a GPU's memory reads
+        V([N/A]) (it can never be proven free), or O(kill=false) leaves a holder running.
     type: float
     default: 60
   poll_interval:
@@ -105,6 +129,8 @@ notes:
   - The module never resets a GPU. Memory that nvidia-smi attributes to a process that no longer exists, with no live holder left,
     is a context the driver has not freed; the failure message says that a GPU reset or a reboot is needed.
   - A holder inside a container is signalled like any process; the result warns that its runtime may restart it.
+  - A failure after acting (nvidia-smi reports a GPU lost, a signal is not permitted, the GPUs stay dirty) still returns what was done
+    - RV(stopped_units), RV(killed), RV(killed_units).
   - The role P(zeromib.gpu.free_gpus#role) runs this module and asserts the result, for C(pre_tasks) of a training play.
 seealso:
   - module: zeromib.gpu.gpu_facts
@@ -168,6 +194,26 @@ masked_units:
   type: list
   elements: str
   returned: when O(service_state=masked)
+killed_units:
+  description: Units whose stop outlasted O(kill_timeout), killed through systemd (C(systemctl kill --signal=SIGKILL)) and stopped again.
+  type: list
+  elements: str
+  returned: always
+  sample: [stubborn.service]
+launchers:
+  description:
+    - Units that started holders of the selected GPUs but are not the workload (see O(stop_owning_units)), with the holders signalled
+      instead of stopping them. One entry per unit and Slurm job; C(slurm_job_id) comes from the holder's cgroup (C(job_<id>)) or its
+      C(SLURM_JOB_ID); holders in a Slurm job outside any service (a C(slurmstepd.scope)) are listed too.
+    - In check mode, the same plan.
+  type: list
+  elements: dict
+  returned: always
+  sample:
+    - {unit: atd.service, reason: atd.service starts other jobs (scheduler, cron, hub, CI runner, container engine or supervisor),
+       pids: [4242], slurm_job_id: null}
+    - {unit: slurmd.service, reason: slurmd.service starts other jobs (scheduler, cron, hub, CI runner, container engine or supervisor),
+       pids: [5120], slurm_job_id: "1734"}
 services_not_found:
   description: Units of O(services) that systemd does not know on this host.
   type: list

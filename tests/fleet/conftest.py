@@ -109,7 +109,8 @@ class FleetHandle:
 
     # -- workloads and host life cycle
     def workload(self, host: str, name: str, gpus: str | None = None, mib: int | None = None) -> dict:
-        """Starts a workload from fleet.WORKLOADS (vllm, sglang, persistenced, train, ignore-term, orphan)."""
+        """Starts a workload from fleet.WORKLOADS (vllm, sglang, persistenced, train, ignore-term, orphan,
+        vllm-v1, stubborn-unit, at-job, cron-job, slurm-job, hub-kernel)."""
         return self.rig.workload(host, name, gpus=gpus, mib=mib)
 
     def reboot(self, host: str, timeout: float = 120) -> str:
@@ -121,9 +122,11 @@ class FleetHandle:
     # Stops every workload; then waits for the sim to read idle memory (it keeps a dead
     # context's memory for release_delay_s after the first nvidia-smi call that sees it dead).
     RESET = ("rm -f /run/nvidia-sim/faults.json; if ! fuser -s /dev/nvidia* && [ -z \"$(ls -A /run/nvidia-sim/contexts 2>/dev/null)\" ] "
-             "&& ! systemctl -q is-active vllm sglang nvidia-persistenced "
+             "&& ! systemctl -q is-active vllm sglang nvidia-persistenced vllm-v1 stubborn "
              "&& ! systemctl -q is-enabled sglang 2>/dev/null; then exit 0; fi; "
-             "systemctl disable --now vllm.service sglang.service nvidia-persistenced.service "
+             # stubborn.service ignores SIGTERM with a 90 s stop timeout: killed, not waited for
+             "systemctl stop --no-block stubborn.service; systemctl kill --signal=SIGKILL stubborn.service 2>/dev/null; "
+             "systemctl disable --now vllm.service sglang.service nvidia-persistenced.service vllm-v1.service stubborn.service "
              ">/dev/null 2>&1; systemctl reset-failed; fuser -s -k -KILL /dev/nvidia* ; "
              "rm -f /run/nvidia-sim/ready/*; for i in $(seq 100); do "
              "if ! fuser -s /dev/nvidia* && ! nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits "

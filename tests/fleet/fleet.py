@@ -53,7 +53,12 @@ SUITE = "bookworm"
 PACKAGES = [
     "systemd", "systemd-sysv", "dbus", "libpam-systemd", "openssh-server", "python3",
     "iproute2", "procps", "usr-is-merged", "psmisc",
+    # Launchers: what starts GPU jobs on real nodes and must never be stopped for them.
+    "at", "cron", "munge", "slurmd", "slurmctld", "slurm-client",
 ]
+# Installed but not started at boot: a test starts them on the hosts it uses (each host its own
+# single-node Slurm cluster), so that a fleet of 32 does not run 32 controllers for nothing.
+NOT_AT_BOOT = ["munge.service", "slurmd.service", "slurmctld.service"]
 # Units that only cost time or CPU in a test host, or wait for a console nobody attaches.
 MASKED_UNITS = [
     "apt-daily.timer", "apt-daily-upgrade.timer", "systemd-tmpfiles-clean.timer",
@@ -75,6 +80,7 @@ CUSTOMIZE_HOOKS = [
     # Ansible with N forks opens many sessions at once.
     "printf 'PermitRootLogin prohibit-password\\nPasswordAuthentication no\\nUseDNS no\\n"
     "MaxStartups 200:30:400\\nMaxSessions 200\\n' > \"$1/etc/ssh/sshd_config.d/zeromib-fleet.conf\"",
+    *[f'rm -f "$1/etc/systemd/system/multi-user.target.wants/{u}"' for u in NOT_AT_BOOT],
     'rm -rf "$1/var/lib/apt/lists/"* "$1/var/cache/apt/"*.bin',
 ]
 BASE_RECIPE = {
@@ -322,6 +328,53 @@ RestartSec=1
 [Install]
 WantedBy=multi-user.target
 """,
+    # vLLM V1's shape: the API server (the unit's main process) holds no GPU, its EngineCore
+    # child does (DESIGN.md, field behaviour). Stopped through the unit, never merely killed.
+    "vllm-v1.service": """[Unit]
+Description=vLLM V1 server (simulated): API server without GPU, EngineCore child on the GPU
+After=nvidia-sim-devices.service
+
+[Service]
+EnvironmentFile=/etc/nvidia-sim/workloads.env
+Environment=PATH=/usr/local/lib/nvidia-sim-argv0:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+ExecStartPre=-/bin/rm -f /run/nvidia-sim/ready/vllm-v1
+ExecStart=/usr/local/bin/gpu_holder --gpus 0 --mib 20480 --name vllm --workers 1 --worker-name VLLM::EngineCore \\
+    --ready-file /run/nvidia-sim/ready/vllm-v1
+Restart=always
+RestartSec=1
+
+[Install]
+WantedBy=multi-user.target
+""",
+    # A main process that ignores SIGTERM, with systemd's default stop timeout (90 s) rather than
+    # the fleet's DefaultTimeoutStopSec=5s: an unbounded `systemctl stop` would wait it out.
+    "stubborn.service": """[Unit]
+Description=A GPU server that ignores SIGTERM (simulated)
+After=nvidia-sim-devices.service
+
+[Service]
+ExecStartPre=-/bin/rm -f /run/nvidia-sim/ready/stubborn
+ExecStart=/usr/local/bin/gpu_holder --gpus 0 --mib 4096 --ignore-term --name stubborn_serve --ready-file /run/nvidia-sim/ready/stubborn
+Restart=always
+RestartSec=1
+TimeoutStopSec=90s
+
+[Install]
+WantedBy=multi-user.target
+""",
+    # A hub whose kernels are its children, in its unit; named unlike jupyterhub.service on
+    # purpose (its main process is what says it is a launcher). See notebook_hub.py.
+    "notebook-hub.service": """[Unit]
+Description=Notebook hub (simulated): kernels are children of the hub, in this unit
+After=nvidia-sim-devices.service
+
+[Service]
+ExecStart=/usr/local/bin/jupyterhub
+Restart=always
+
+[Install]
+WantedBy=multi-user.target
+""",
     "nvidia-persistenced.service": """[Unit]
 Description=NVIDIA Persistence Daemon (simulated)
 After=nvidia-sim-devices.service
@@ -346,7 +399,36 @@ WORKLOADS = {
     "train": "a stray training process started over SSH (session scope)",
     "ignore-term": "a holder started over SSH that ignores SIGTERM",
     "orphan": "a holder that forked a child after 'CUDA init'; the parent is SIGKILLed",
+    "vllm-v1": "vllm-v1.service (Restart=always): main process without GPU, VLLM::EngineCore child on GPU 0",
+    "stubborn-unit": "stubborn.service (Restart=always, TimeoutStopSec=90s): ignores SIGTERM, 4 GiB on GPU 0",
+    "at-job": "a job started with `at now` (runs inside atd.service)",
+    "cron-job": "a cron job (@reboot in /etc/cron.d, cron restarted; runs inside cron.service)",
+    "slurm-job": "a batch job of the host's own one-node Slurm cluster (sbatch; runs inside slurmd.service)",
+    "hub-kernel": "a kernel spawned by notebook-hub.service (a child of the hub, inside its unit)",
 }
+
+# Each host is a one-node Slurm cluster of its own. Debian 12's slurmd (22.05) refuses the
+# cgroup/v2 plugin where /proc/self/cgroup also lists v1 hierarchies (this machine: "Hybrid mode
+# is not supported"); with cgroup/v1, proctrack/linuxproc and task/none it runs, and a job's
+# tasks stay in slurmd.service's cgroup under a slurmstepd reparented to PID 1 (measured): the
+# shape DESIGN.md describes for Slurm with cgroup v1.
+SLURM_CONF = """# Written by tests/fleet/fleet.py: a one-node cluster on this host only.
+ClusterName={name}
+SlurmctldHost={name}(127.0.0.1)
+AuthType=auth/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+SelectType=select/cons_tres
+SlurmdParameters=config_overrides
+ReturnToService=2
+SlurmUser=slurm
+StateSaveLocation=/var/lib/slurm/slurmctld
+SlurmdSpoolDir=/var/lib/slurm/slurmd
+NodeName={name} NodeAddr=127.0.0.1 CPUs=1 RealMemory=100 State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+SLURM_CGROUP_CONF = "CgroupPlugin=cgroup/v1\n"
 
 
 # ---------------------------------------------------------------------------- cgroups
@@ -707,6 +789,14 @@ class Fleet:
         argv0 = up / "usr" / "local" / "lib" / "nvidia-sim-argv0"
         argv0.mkdir(parents=True)
         os.symlink("/usr/bin/python3", argv0 / "VLLM::EngineCore")
+        os.symlink("/usr/bin/python3", argv0 / "vllm")
+        hub = up / "usr" / "local" / "bin" / "jupyterhub"
+        shutil.copyfile(FLEET_DIR / "notebook_hub.py", hub)
+        hub.chmod(0o755)
+        slurm = up / "etc" / "slurm"
+        slurm.mkdir(parents=True)
+        (slurm / "slurm.conf").write_text(SLURM_CONF.format(name=h["name"]))
+        (slurm / "cgroup.conf").write_text(SLURM_CGROUP_CONF)
         script = up / "usr" / "local" / "sbin" / "nvidia-sim-devices"
         script.write_text(DEVICES_SCRIPT)
         script.chmod(0o755)
@@ -897,7 +987,24 @@ class Fleet:
         wait = ('for i in $(seq 400); do [ -e "$f" ] && break; sleep 0.025; done; '
                 '[ -e "$f" ] || { echo "not ready: $f" >&2; exit 1; }; cat "$f"')
         units = {"vllm": "vllm.service", "sglang": "sglang.service",
-                 "persistenced": "nvidia-persistenced.service"}
+                 "persistenced": "nvidia-persistenced.service", "vllm-v1": "vllm-v1.service",
+                 "stubborn-unit": "stubborn.service"}
+        holder = (f"/usr/local/bin/gpu_holder --gpus {gpus} {mib_opt} --name {{name}} "
+                  f"--ready-file $f")
+        launched = {
+            # Double quotes: $f is the ready file, expanded now (at and sbatch run the job later).
+            "at-job": (f"echo \"exec {holder.format(name='at_train')}\" | at now 2>/dev/null; ", 30),
+            "cron-job": ("c=/etc/cron.d/zeromib-gpu-job-$$; "
+                         f"echo \"@reboot root exec {holder.format(name='cron_train')}\" > $c; "
+                         "rm -f /run/crond.reboot; systemctl restart cron; ", 30),
+            "slurm-job": ("systemctl start munge slurmctld slurmd || exit 1; "
+                          f"sbatch --quiet -o /dev/null -J gpu_train --wrap \"exec {holder.format(name='slurm_train')}\"; ",
+                          60),
+            "hub-kernel": ("systemctl start notebook-hub.service || exit 1; mkdir -p /run/nvidia-sim/hub/spawn; "
+                           "printf '{\"gpus\": \"%s\", \"mib\": %s, \"ready\": \"%s\"}' "
+                           f"{gpus} {mib if mib is not None else 40960} $f > /run/nvidia-sim/hub/spawn/.k$$; "
+                           "mv /run/nvidia-sim/hub/spawn/.k$$ /run/nvidia-sim/hub/spawn/k$$.json; ", 30),
+        }
         session = {"train": "train.py", "ignore-term": "stubborn_train.py --ignore-term",
                    "orphan": "orphan_parent.py --fork-child"}
         if workload in units:
@@ -905,6 +1012,11 @@ class Fleet:
             verb = "enable --now" if workload == "sglang" else "start"  # sglang comes back at boot
             cmd = (f"f=/run/nvidia-sim/ready/{unit[:-len('.service')]}; systemctl {verb} {unit} 2>/dev/null || exit 1; "
                    + wait)
+        elif workload in launched:
+            start, patience = launched[workload]
+            wait_long = wait.replace("seq 400", f"seq {patience * 40}")
+            cmd = (f"mkdir -p /run/nvidia-sim/ready; f=/run/nvidia-sim/ready/{workload}-$$; rm -f $f; "
+                   + start + wait_long + ("; rm -f $c" if workload == "cron-job" else ""))
         elif workload in session:
             nm, _sep, extra = session[workload].partition(" ")
             cmd = (f"mkdir -p /run/nvidia-sim/ready; f=/run/nvidia-sim/ready/{workload}-$$; rm -f $f; "
@@ -918,6 +1030,9 @@ class Fleet:
         out = {"host": name, "workload": workload, **json.loads(r.stdout.strip().splitlines()[-1])}
         if workload in units:
             out["unit"] = units[workload]
+        if workload in launched:
+            out["unit"] = {"at-job": "atd.service", "cron-job": "cron.service", "slurm-job": "slurmd.service",
+                           "hub-kernel": "notebook-hub.service"}[workload]
         if workload == "orphan":
             parent, child = out["pid"], out["children"][0]
             self.ssh(name, f"kill -9 {parent}; while [ -e /proc/{parent} ]; do sleep 0.01; done", check=True)

@@ -243,20 +243,6 @@ def test_nvml_clients_are_not_targeted_without_match():
     assert not [h for h in found if not h["gpu_indexes"]]
 
 
-def test_owning_units_are_system_services_in_first_seen_order_minus_forbidden():
-    targets = [
-        holder(1, [0], unit="vllm-b.service", system_service=True),
-        holder(2, [0], unit="vllm-a.service", system_service=True),
-        holder(3, [0], unit="vllm-b.service", system_service=True),
-        holder(4, [0], unit="session-3.scope"),
-        holder(5, [0], unit="foo.service"),  # a user@ manager's service
-        holder(6, [0], unit="ssh.service", system_service=True),
-        holder(7, [0], unit="docker-%s.scope" % ("a" * 64), container="a" * 64),
-        holder(8, [0]),
-    ]
-    assert units_mod.owning_units(targets, {"ssh.service"}) == ["vllm-b.service", "vllm-a.service"]
-
-
 # ------------------------------------------------------------------ only_protected
 
 

@@ -55,6 +55,7 @@ class World(object):
         self.leaked = []
         self.systemctl_log = []
         self.signals = []
+        self.unreadable = set()
         self.next_start = 20000
         # Looked up now, not at import: a test runner may import this file in another process.
         self.mypid = os.getpid()
@@ -67,12 +68,25 @@ class World(object):
 
     # --- processes
 
-    def unit(self, name, active="active", sub="running", file_state="enabled", restart=False):
+    def unit(self, name, active="active", sub="running", file_state="enabled", restart=False, fragment=None, triggered_by="",
+             timeout_stop=90.0):
+        """A systemd unit. Its first process is its main process; `timeout_stop` is its
+        TimeoutStopSec (90 s by default), after which systemd itself sends SIGKILL."""
         self.units[name] = {
-            "props": {"Id": name, "LoadState": "loaded", "ActiveState": active, "SubState": sub, "UnitFileState": file_state},
+            "props": {"Id": name, "LoadState": "loaded", "ActiveState": active, "SubState": sub, "UnitFileState": file_state,
+                      "FragmentPath": fragment or "/usr/lib/systemd/system/%s" % name, "TriggeredBy": triggered_by},
             "restart": restart,
             "pids": set(),
+            "main": None,
+            "timeout_stop": timeout_stop,
         }
+
+    def settle(self, name):
+        """A stopping unit is inactive once its last process is gone (failed if SIGKILLed)."""
+        unit = self.units[name]
+        if unit["props"]["ActiveState"] == "deactivating" and not unit["pids"]:
+            unit["props"].update(ActiveState="failed", SubState="failed") if unit.get("killed") else unit["props"].update(
+                ActiveState="inactive", SubState="dead")
 
     def spawn(
         self,
@@ -91,6 +105,8 @@ class World(object):
         visible=True,
         maps=None,
         cuda_visible=None,
+        ppid=1,
+        environ=None,
     ):
         """A process. With `mem` ({GPU: MiB}) and no `devices`, a CUDA process as measured on a
         real multi-GPU node: every GPU's node open, its own GPUs' mapped context-sized, the
@@ -105,14 +121,19 @@ class World(object):
             maps = default_maps if maps is None else maps
         elif devices is None:
             devices = ["/dev/nvidiactl", "/dev/nvidia-uvm"]
-        spec = dict(comm=comm, argv=argv, cgroup=cgroup, fds=tuple(devices), maps=tuple(maps or ()), exe=exe)
+        spec = dict(comm=comm, argv=argv, cgroup=cgroup, fds=tuple(devices), maps=tuple(maps or ()), exe=exe, ppid=ppid)
         self.next_start += 1
         fakeproc.write_process(self.root, pid, start_time=self.next_start, **spec)
+        if environ:
+            with open(os.path.join(str(self.root), str(pid), "environ"), "wb") as handle:
+                handle.write(b"".join(("%s=%s" % item).encode() + b"\0" for item in sorted(environ.items())))
         self.procs[pid] = Proc(pid, mem, unit, on_term, on_kill, smi_pid if smi_pid else pid, smi_name if smi_name else comm, spec)
         if not visible:
             self.procs[pid].smi_pid = None
         if unit:
             self.units[unit]["pids"].add(pid)
+            if self.units[unit]["main"] not in self.procs:
+                self.units[unit]["main"] = pid
         return self.procs[pid]
 
     def exit(self, pid, by_stop=False):
@@ -123,6 +144,8 @@ class World(object):
         if proc.unit:
             unit = self.units[proc.unit]
             unit["pids"].discard(pid)
+            by_stop = by_stop or unit["props"]["ActiveState"] in ("deactivating", "inactive", "failed")
+            self.settle(proc.unit)
             if unit["restart"] and not by_stop:
                 # Restart=always: systemd starts it again, with a new PID, in ~1-3 s.
                 def respawn(proc=proc, unit=unit):
@@ -169,9 +192,13 @@ class World(object):
         return used
 
     def gpu_text(self):
+        def mib(i, value):
+            # WDDM rows and GPUs in an error state read [N/A] (DESIGN.md, field behaviour).
+            return "[N/A]" if i in self.unreadable else str(value)
+
         return "".join(
-            "%d, %s, NVIDIA H200, 00000000:%02X:00.0, 580.159.04, 143771, 616, %d, %d, 0, 37, 126.02, Enabled, Disabled\n"
-            % (i, uuid(i), 0x18 + i, self.memory_used(i), 143771 - 616 - self.memory_used(i))
+            "%d, %s, NVIDIA H200, 00000000:%02X:00.0, 580.159.04, 143771, 616, %s, %s, 0, 37, 126.02, Enabled, Disabled\n"
+            % (i, uuid(i), 0x18 + i, mib(i, self.memory_used(i)), mib(i, 143771 - 616 - self.memory_used(i)))
             for i in range(self.gpus)
         )
 
@@ -226,21 +253,42 @@ class FakeSystem(release.System):
         if verb == "list-unit-files":
             return 0, "".join("%s %s enabled\n" % (n, u["props"]["UnitFileState"]) for n, u in sorted(world.units.items())), ""
         if verb == "show":
+            wanted = [a.split("=", 1)[1].split(",") for a in args if a.startswith("--property=")][0]
             blocks = []
             for name in names:
-                props = (
-                    world.units[name]["props"]
-                    if name in world.units
-                    else {"Id": name, "LoadState": "not-found", "ActiveState": "inactive", "SubState": "dead", "UnitFileState": ""}
-                )
-                blocks.append("".join("%s=%s\n" % item for item in sorted(props.items())))
+                if name in world.units:
+                    unit = world.units[name]
+                    props = dict(unit["props"], MainPID=str(unit["main"] if unit["main"] in world.procs else 0))
+                else:
+                    props = {"Id": name, "LoadState": "not-found", "ActiveState": "inactive", "SubState": "dead", "UnitFileState": "",
+                             "MainPID": "0", "TriggeredBy": "", "FragmentPath": ""}
+                blocks.append("".join("%s=%s\n" % (key, props[key]) for key in wanted if key in props))
             return 0, "\n".join(blocks), ""
         for name in names:
             unit = world.units[name]
             if verb == "stop":
-                unit["props"].update(ActiveState="inactive", SubState="dead")
+                assert "--no-block" in args, "an unbounded systemctl stop: %s" % args
+                if unit["props"]["ActiveState"] in ("inactive", "failed"):
+                    continue
+                unit["props"].update(ActiveState="deactivating", SubState="stop-sigterm")
                 for pid in sorted(unit["pids"]):
-                    world.exit(pid, by_stop=True)
+                    self.deliver(pid, signal.SIGTERM)
+
+                def timeout_stop(name=name, unit=unit):
+                    if unit["props"]["ActiveState"] == "deactivating":
+                        world.systemctl_log.append(["(systemd: TimeoutStopSec)", name])
+                        unit["killed"] = True
+                        for pid in sorted(unit["pids"]):
+                            self.deliver(pid, signal.SIGKILL)
+
+                world.at(world.t + unit["timeout_stop"], timeout_stop)
+                world.settle(name)
+            elif verb == "kill":
+                assert "--signal=SIGKILL" in args
+                unit["killed"] = True
+                for pid in sorted(unit["pids"]):
+                    self.deliver(pid, signal.SIGKILL)
+                world.settle(name)
             elif verb == "disable":
                 unit["props"]["UnitFileState"] = "disabled"
             elif verb == "mask":
@@ -248,11 +296,15 @@ class FakeSystem(release.System):
         return 0, "", ""
 
     def signal(self, pid, signum):
-        world = self.world
-        world.signals.append((round(world.t, 3), pid, signal.Signals(signum).name))
-        proc = world.procs.get(pid)
-        if proc is None:
+        self.world.signals.append((round(self.world.t, 3), pid, signal.Signals(signum).name))
+        if self.world.procs.get(pid) is None:
             raise ProcessLookupError(pid)
+        self.deliver(pid, signum)
+
+    def deliver(self, pid, signum):
+        """A signal arrives (from gpu_release, or from systemd stopping the unit)."""
+        world = self.world
+        proc = world.procs[pid]
         behaviour = proc.on_term if signum == signal.SIGTERM else proc.on_kill
         if behaviour == "exit":
             world.exit(pid)
@@ -516,7 +568,7 @@ def test_unit_owning_a_holder_is_stopped_and_the_holder_not_signalled(world):
     world.unit("vllm.service")
     world.spawn(495, {0: 70000}, unit="vllm.service", argv=("python3", "-m", "vllm.entrypoints.openai.api_server"))
     result = run(world)
-    assert ["stop", "--no-ask-password", "vllm.service"] in world.systemctl_log
+    assert ["stop", "--no-block", "--no-ask-password", "vllm.service"] in world.systemctl_log
     assert world.signals == [] and result["killed"] == []
     assert result["stopped_units"] == ["vllm.service"] and result["released"] is True and result["changed"] is True
     assert "disable" not in [args[0] for args in world.systemctl_log]
@@ -539,7 +591,7 @@ def test_service_state_disabled_disables_named_enabled_units_only(world):
     world.spawn(496, {1: 1000}, unit="sglang.service")
     result = run(world, services=["vllm*.service"], service_state="disabled")
     assert stops(world) == [
-        ["stop", "--no-ask-password", "vllm-a.service", "sglang.service"],
+        ["stop", "--no-block", "--no-ask-password", "vllm-a.service", "sglang.service"],
         ["disable", "--no-ask-password", "vllm-a.service", "vllm-b.service"],
     ]
     assert result["stopped_units"] == ["vllm-a.service", "sglang.service"]
@@ -550,7 +602,7 @@ def test_service_state_disabled_disables_named_enabled_units_only(world):
 def test_service_state_masked(world):
     world.unit("vllm.service")
     result = run(world, services=["vllm"], service_state="masked")
-    assert stops(world) == [["stop", "--no-ask-password", "vllm.service"], ["mask", "--no-ask-password", "vllm.service"]]
+    assert stops(world) == [["stop", "--no-block", "--no-ask-password", "vllm.service"], ["mask", "--no-ask-password", "vllm.service"]]
     assert result["masked_units"] == ["vllm.service"] and "disabled_units" not in result
 
 
@@ -708,7 +760,7 @@ def test_gpu_pod_under_containerd_service_never_stops_containerd(world):
     pod = "0::/system.slice/containerd.service/kubepods-burstable-pod1b2c3d4e_5f60_7182_93a4_b5c6d7e8f901.slice:cri-containerd:%s\n" % ("4f3c2b1a" * 8)
     world.spawn(495, {0: 40960}, cgroup=pod)
     run(world)
-    assert ["stop", "--no-ask-password", "containerd.service"] not in world.systemctl_log
+    assert ["stop", "--no-block", "--no-ask-password", "containerd.service"] not in world.systemctl_log
 
 
 def test_check_mode_plan_matches_what_the_real_run_does(tmp_path):
@@ -731,3 +783,291 @@ def test_desktop_gpu_held_by_the_compositor_is_not_blamed_on_the_driver(world):
     error = fail(world, wait_timeout=5.0)
     assert world.signals == []
     assert "pid 1500 Xorg" in error.msg and "set max_used_mib" in error.msg and "held only by protected" in error.msg
+
+
+# ------------------------------------------------------------------ workloads and launchers (issue 12)
+
+ATD = "0::/system.slice/atd.service\n"
+SLURMD = "0::/system.slice/slurmd.service\n"
+
+
+def test_job_started_by_atd_is_signalled_and_atd_keeps_running(world):
+    world.unit("atd.service")
+    world.spawn(200, {}, unit="atd.service", comm="atd", argv=("/usr/sbin/atd", "-f"), exe="/usr/sbin/atd", devices=[])
+    world.spawn(201, {}, unit="atd.service", comm="atd", argv=("/usr/sbin/atd", "-f"), exe="/usr/sbin/atd", devices=[], ppid=200)
+    world.spawn(202, {0: 4000}, unit="atd.service", comm="train", argv=("python3", "train.py"), ppid=201)
+    result = run(world)
+    assert stops(world) == [] and result["stopped_units"] == []
+    assert [(pid, name) for _t, pid, name in world.signals] == [(202, "SIGTERM")]
+    assert result["launchers"] == [{"unit": "atd.service", "reason": result["launchers"][0]["reason"], "pids": [202], "slurm_job_id": None}]
+    assert {200, 201} <= set(world.procs) and result["released"] is True
+
+
+def test_slurm_job_in_slurmds_cgroup_is_signalled_and_named_with_its_job_id(world):
+    # cgroup v1 + proctrack/linuxproc (measured on the fleet, Debian 12's slurm 22.05): the job's
+    # tasks sit in slurmd.service's cgroup, under a slurmstepd reparented to PID 1.
+    world.unit("slurmd.service")
+    world.spawn(300, {}, unit="slurmd.service", comm="slurmd", argv=("/usr/sbin/slurmd", "-D", "-s"), exe="/usr/sbin/slurmd", devices=[])
+    world.spawn(301, {}, unit="slurmd.service", comm="slurmstepd", argv=("slurmstepd: [7.batch]",), exe="/usr/sbin/slurmstepd", devices=[])
+    world.spawn(302, {1: 8000}, unit="slurmd.service", comm="train", ppid=301, environ={"SLURM_JOB_ID": "7", "HOME": "/root"})
+    result = run(world)
+    assert stops(world) == [] and [pid for _t, pid, _n in world.signals] == [302]
+    assert [(e["unit"], e["pids"], e["slurm_job_id"]) for e in result["launchers"]] == [("slurmd.service", [302], "7")]
+    assert {300, 301} <= set(world.procs)
+
+
+def test_renamed_notebook_hub_is_recognised_by_its_main_process_and_only_the_kernel_goes(world):
+    world.unit("notebook-hub.service")
+    world.spawn(400, {}, unit="notebook-hub.service", comm="jupyterhub", argv=("/usr/bin/python3", "/usr/local/bin/jupyterhub"), devices=[])
+    world.spawn(401, {0: 3000}, unit="notebook-hub.service", comm="python3", argv=("python3", "-m", "ipykernel_launcher"), ppid=400)
+    world.spawn(402, {1: 3000}, unit="notebook-hub.service", comm="python3", argv=("python3", "-m", "ipykernel_launcher"), ppid=400)
+    result = run(world, gpus=["0"])
+    assert stops(world) == [] and [pid for _t, pid, _n in world.signals] == [401]
+    assert result["launchers"][0]["unit"] == "notebook-hub.service" and "jupyterhub" in result["launchers"][0]["reason"]
+    assert {400, 402} <= set(world.procs)
+
+
+def test_vllm_v1_shape_main_without_gpu_is_stopped_through_its_unit_and_not_respawned(world):
+    world.unit("vllm.service", restart=True)
+    world.spawn(500, {}, unit="vllm.service", comm="vllm", argv=("/usr/bin/python3", "/usr/bin/vllm", "serve"), devices=[])
+    world.spawn(501, {0: 70000, 1: 70000}, unit="vllm.service", comm="VLLM::EngineCor", argv=("VLLM::EngineCore",), ppid=500)
+    result = run(world)
+    world.advance(2 * RESPAWN_S)
+    assert result["stopped_units"] == ["vllm.service"] and result["launchers"] == [] and world.signals == []
+    assert not world.procs and result["released"] is True
+
+
+def test_workload_unit_holding_other_gpus_is_not_stopped_and_the_user_is_warned(world):
+    world.unit("vllm.service")
+    world.spawn(600, {}, unit="vllm.service", comm="VLLM::EngineCor", argv=("VLLM::EngineCore",), devices=["/dev/nvidiactl"])
+    world.spawn(601, {0: 1000}, unit="vllm.service", comm="VLLM::Worker_TP", ppid=600)
+    world.spawn(602, {1: 1000}, unit="vllm.service", comm="VLLM::Worker_TP", ppid=600)
+    result = run(world, gpus=["1"])
+    assert stops(world) == [] and [pid for _t, pid, _n in world.signals] == [602] and 601 in world.procs
+    assert any("vllm.service also holds GPU 0, outside the selection: not stopped" in w for w in result["warnings"])
+
+
+def test_check_mode_lists_the_launcher_plan_a_real_run_carries_out(tmp_path):
+    results = []
+    for check_mode in (True, False):
+        root = tmp_path / ("check" if check_mode else "real")
+        root.mkdir()
+        world = World(root)
+        world.unit("atd.service")
+        world.unit("vllm.service")
+        world.spawn(200, {}, unit="atd.service", comm="atd", argv=("/usr/sbin/atd", "-f"), exe="/usr/sbin/atd", devices=[])
+        world.spawn(202, {0: 4000}, unit="atd.service", comm="train", ppid=200)
+        world.spawn(500, {1: 4000}, unit="vllm.service")
+        results.append(run(world, check_mode=check_mode))
+        if check_mode:
+            assert world.signals == [] and stops(world) == []
+    planned, done = results
+    assert planned["stopped_units"] == done["stopped_units"] == ["vllm.service"]
+    assert [k["pid"] for k in planned["killed"]] == [k["pid"] for k in done["killed"]] == [202]
+    assert planned["launchers"] == done["launchers"] and planned["launchers"][0]["unit"] == "atd.service"
+
+
+# ------------------------------------------------------------------ bounded systemd (issue 12)
+
+
+def test_term_ignoring_unit_with_the_default_timeoutstopsec_is_freed_within_kill_timeout(world):
+    world.unit("stubborn.service", restart=True, timeout_stop=90.0)
+    world.spawn(700, {0: 4096}, unit="stubborn.service", on_term="ignore")
+    result = run(world, kill_timeout=2.0)
+    assert result["released"] is True and world.t < 2.0 + 1.0, "waited %.1f s (TimeoutStopSec is 90 s)" % world.t
+    assert result["stopped_units"] == ["stubborn.service"] and result["killed_units"] == ["stubborn.service"]
+    assert ["(systemd: TimeoutStopSec)", "stubborn.service"] not in world.systemctl_log
+    assert ["kill", "--signal=SIGKILL", "--no-ask-password", "stubborn.service"] in world.systemctl_log
+    world.advance(2 * RESPAWN_S)
+    assert not world.procs and world.units["stubborn.service"]["props"]["ActiveState"] == "failed"
+
+
+def test_several_units_are_stopped_in_one_call(world):
+    for name in ("vllm-a.service", "vllm-b.service", "sglang.service"):
+        world.unit(name)
+    world.spawn(701, {0: 1000}, unit="vllm-a.service", on_term=0.5)
+    world.spawn(702, {1: 1000}, unit="vllm-b.service", on_term=0.5)
+    world.spawn(703, {1: 1000}, unit="sglang.service", on_term=0.5)
+    result = run(world)
+    assert stops(world) == [["stop", "--no-block", "--no-ask-password", "vllm-a.service", "vllm-b.service", "sglang.service"]]
+    assert result["timings"]["stop_s"] < 1.0 and result["released"] is True
+
+
+def test_masking_a_unit_in_etc_is_refused_before_it_is_stopped(world):
+    world.unit("vllm.service", fragment="/etc/systemd/system/vllm.service")
+    world.spawn(704, {0: 1000}, unit="vllm.service")
+    error = fail(world, services=["vllm"], service_state="masked")
+    assert "cannot mask vllm.service" in error.msg and stops(world) == [] and world.signals == [] and 704 in world.procs
+
+
+def test_socket_that_triggers_a_named_service_is_stopped_and_disabled_with_it(world):
+    world.unit("vllm.service", triggered_by="vllm.socket")
+    world.unit("vllm.socket", sub="listening")
+    result = run(world, services=["vllm"], service_state="disabled")
+    assert result["stopped_units"] == ["vllm.service", "vllm.socket"] and result["disabled_units"] == ["vllm.service", "vllm.socket"]
+
+
+def test_star_glob_stops_the_gpu_service_but_not_dbus_journald_or_ssh(world):
+    for name in ("dbus.service", "systemd-journald.service", "ssh.service", "vllm.service"):
+        world.unit(name)
+    result = run(world, services=["*"])
+    assert result["stopped_units"] == ["vllm.service"]
+    assert len([w for w in result["warnings"] if w.startswith("services: skipped")]) == 3
+
+
+def test_glob_matching_nothing_warns(world):
+    result = run(world, services=["tgi*"])
+    assert result["warnings"] == ["services: tgi*.service matches no unit on this host"] and result["changed"] is False
+
+
+# ------------------------------------------------------------------ failures keep the record (issue 12)
+
+
+def test_kill_false_fails_at_once_naming_the_holders_it_leaves(world):
+    world.spawn(495, {0: 1000})
+    error = fail(world, kill=False, wait_timeout=60.0)
+    assert world.t < 2.0, "waited %.1f s for holders that kill=false never signals" % world.t
+    assert error.msg.startswith("GPUs are held by processes that kill=false leaves running") and "pid 495 python3" in error.msg
+
+
+def test_kill_false_after_stopping_a_unit_fails_fast_and_keeps_stopped_units(world):
+    world.unit("vllm.service")
+    world.spawn(495, {0: 1000}, unit="vllm.service")
+    world.spawn(496, {1: 1000})
+    error = fail(world, kill=False, wait_timeout=60.0)
+    assert world.t < 3.0 and error.result["stopped_units"] == ["vllm.service"] and "pid 496" in error.msg
+
+
+def test_unreadable_memory_fails_at_once(world):
+    world.spawn(495, {0: 1000})
+    world.unreadable.add(0)
+    error = fail(world, wait_timeout=60.0)
+    assert world.t < 2.0 and error.msg.startswith("GPU memory cannot be read") and error.result["killed"][0]["pid"] == 495
+
+
+def test_nvidia_smi_failing_after_the_signal_keeps_killed_and_stopped_units(world):
+    world.unit("vllm.service")
+    world.spawn(495, {0: 1000}, unit="vllm.service")
+    world.spawn(496, {1: 1000})
+
+    class LostAfterActing(FakeSmi):
+        def query_gpus(self, fields=smi.GPU_FIELDS, gpus=None):
+            if world.signals:
+                raise smi.NvidiaSmiError("Unable to determine the device handle for GPU0000:18:00.0: GPU is lost", cmd=["nvidia-smi"], rc=15)
+            return super(LostAfterActing, self).query_gpus(fields, gpus)
+
+    worker = release.Release(LostAfterActing(world), FakeSystem(world), params(), driver_root=str(world.root.parent / "none"))
+    with pytest.raises(release.ReleaseError) as info:
+        worker.run()
+    assert "GPU is lost" in info.value.msg
+    assert info.value.result["stopped_units"] == ["vllm.service"]
+    assert [(k["pid"], k["signal"]) for k in info.value.result["killed"]] == [(496, "SIGTERM")] and info.value.result["rc"] == 15
+
+
+def test_permission_error_on_the_second_signal_keeps_the_first_in_killed(world):
+    world.spawn(495, {0: 1000}, on_term="ignore")
+    world.spawn(496, {1: 1000})
+
+    class NoKill(FakeSystem):
+        def signal(self, pid, signum):
+            if signum == signal.SIGKILL:
+                raise PermissionError(1, "Operation not permitted")
+            return super(NoKill, self).signal(pid, signum)
+
+    worker = release.Release(FakeSmi(world), NoKill(world), params(kill_timeout=1.0), driver_root=str(world.root.parent / "none"))
+    with pytest.raises(release.ReleaseError) as info:
+        worker.run()
+    assert "not permitted to signal pid 495" in info.value.msg
+    assert [(k["pid"], k["signal"]) for k in info.value.result["killed"]] == [(495, "SIGTERM"), (496, "SIGTERM")]
+    assert all("start_time" not in k and "_first_signal" not in k for k in info.value.result["killed"])
+
+
+# ------------------------------------------------------------------ pidfd signalling (issue 12)
+
+
+class FakePidfd(object):
+    """pidfd_open pins the process that has the PID now; a signal through it reaches that
+    process or, if it has exited, nobody (ESRCH), never a newcomer with the same PID."""
+
+    def __init__(self, world):
+        self.world = world
+        self.fds = {}
+        self.opened = []
+
+    def open(self, pid):
+        proc = self.world.procs.get(pid)
+        if proc is None:
+            raise ProcessLookupError(pid)
+        fd = 100 + len(self.opened)
+        self.fds[fd] = proc
+        self.opened.append(pid)
+        return fd
+
+    def send(self, fd, signum):
+        proc = self.fds[fd]
+        if self.world.procs.get(proc.pid) is not proc:
+            raise ProcessLookupError(proc.pid)
+        self.world.signals.append((round(self.world.t, 3), proc.pid, signal.Signals(signum).name))
+        FakeSystem(self.world).deliver(proc.pid, signum)
+
+    def close(self, fd):
+        del self.fds[fd]
+
+
+def pidfd_system(world, pidfd):
+    system = FakeSystem(world)
+    system.pidfd = pidfd
+
+    def no_kill(pid, signum):
+        raise AssertionError("kill() used although a pidfd is available")
+
+    system.signal = no_kill
+    return system
+
+
+def test_pidfd_path_signals_through_the_pidfd_and_closes_it(world):
+    world.spawn(495, {0: 1000}, on_term="ignore")
+    pidfd = FakePidfd(world)
+    result = release.Release(FakeSmi(world), pidfd_system(world, pidfd), params(kill_timeout=1.0), driver_root="/none").run()
+    assert [(pid, name) for _t, pid, name in world.signals] == [(495, "SIGTERM"), (495, "SIGKILL")]
+    assert pidfd.opened == [495, 495] and pidfd.fds == {} and result["released"] is True
+
+
+def test_pidfd_path_pid_reused_after_the_open_is_never_signalled(world):
+    world.spawn(495, {0: 1000})
+    pidfd = FakePidfd(world)
+    opened = pidfd.open
+
+    def open_then_reuse(pid):
+        fd = opened(pid)
+        world.reuse_pid(pid)  # the holder exits and a newcomer gets its PID, after the open
+        return fd
+
+    pidfd.open = open_then_reuse
+    result = release.Release(FakeSmi(world), pidfd_system(world, pidfd), params(), driver_root="/none").run()
+    assert world.signals == [] and result["reused_pids"][0]["pid"] == 495 and 495 in world.procs
+
+
+def test_pidfd_path_pid_reused_between_the_check_and_the_signal_reaches_nobody(world):
+    world.spawn(495, {0: 1000})
+    pidfd = FakePidfd(world)
+    sent = pidfd.send
+
+    def reuse_then_send(fd, signum):
+        world.reuse_pid(495)  # the window the start-time check alone cannot close
+        return sent(fd, signum)
+
+    pidfd.send = reuse_then_send
+    result = release.Release(FakeSmi(world), pidfd_system(world, pidfd), params(), driver_root="/none").run()
+    assert world.signals == [] and world.procs[495].spec["comm"] == "bash" and result["killed"] == []
+
+
+def test_without_pidfd_the_start_time_is_checked_again_before_sigkill(world):
+    # Python 3.8 nodes: the holder ignores SIGTERM, exits, and its PID is reused before SIGKILL.
+    world.spawn(495, {0: 1000}, on_term="ignore")
+    system = FakeSystem(world)
+    assert system.pidfd is None
+    world.at(0.5, lambda: world.reuse_pid(495))
+    result = release.Release(FakeSmi(world), system, params(kill_timeout=1.0), driver_root="/none").run()
+    assert [(pid, name) for _t, pid, name in world.signals] == [(495, "SIGTERM")]
+    assert world.procs[495].spec["comm"] == "bash" and result["killed"][0]["signal"] == "SIGTERM"

@@ -1,0 +1,393 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""_units: which unit is the GPU workload and which a launcher, the named units' plan (globs,
+refusals, sockets and timers, masking), and the bounded stop, against a scripted systemctl."""
+
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.zeromib.gpu.plugins.module_utils import _units as units
+from ansible_collections.zeromib.gpu.plugins.module_utils._errors import ReleaseError
+from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils import fakeproc
+
+# ------------------------------------------------------------------ the launcher rule
+
+
+@pytest.mark.parametrize(
+    "unit, main_names, under_main, unit_gpus, selected, verdict",
+    [
+        # the workload: stopped through systemd
+        ("vllm.service", {"python3", "vllm"}, True, {0, 1}, [0, 1], None),
+        # vLLM V1: the API server (main) holds no GPU, its EngineCore child does
+        ("vllm-v1.service", {"vllm", "python3.11"}, True, {0}, [0, 1], None),
+        ("llm.service", set(), True, {0}, [0], None),  # MainPID 0 (auto-restart, oneshot): decided by name
+        # launchers by unit name
+        ("atd.service", {"atd"}, True, {0}, [0], "launcher"),
+        ("cron.service", {"cron"}, True, {0}, [0], "launcher"),
+        ("slurmd.service", {"slurmd"}, False, {1}, [1], "launcher"),
+        ("jupyterhub.service", {"jupyterhub", "python3"}, True, {0}, [0], "launcher"),
+        ("gitlab-runner.service", {"gitlab-runner"}, True, {0}, [0], "launcher"),
+        ("actions.runner.acme-ml.gpu-01.service", {"runsvc.sh", "bash"}, True, {0}, [0], "launcher"),
+        ("containerd.service", {"containerd"}, True, {0}, [0], "launcher"),
+        # launchers by the main process's name: a renamed unit file is still recognised
+        ("notebook-hub.service", {"jupyterhub", "python3", "python3.11"}, True, {0}, [0], "launcher"),
+        ("batch.service", {"slurmd"}, False, {0}, [0], "launcher"),
+        ("jobs.service", {"supervisord", "python3"}, True, {0}, [0], "launcher"),
+        ("ci.service", {"buildkite-agent"}, True, {0}, [0], "launcher"),
+        ("runner.service", {"Runner.Listener"}, True, {0}, [0], "launcher"),
+        ("k8s.service", {"kubelet"}, True, {0}, [0], "launcher"),
+        ("sched.service", {"condor_master"}, True, {0}, [0], "launcher"),
+        ("pbs-node.service", {"pbs_mom"}, True, {0}, [0], "launcher"),
+        # a process that is not the main process's descendant was launched, not run, by the unit
+        ("gpu-jobs.service", {"python3"}, False, {0}, [0], "launcher"),
+        # a workload that also holds GPUs outside the selection
+        ("vllm.service", {"python3"}, True, {0, 1, 2, 3}, [1], "other_gpus"),
+    ],
+    ids=[
+        "vllm-is-the-workload",
+        "vllm-v1-main-without-gpu",
+        "no-main-pid",
+        "atd",
+        "cron",
+        "slurmd",
+        "jupyterhub",
+        "gitlab-runner",
+        "github-actions-runner",
+        "containerd",
+        "renamed-hub-by-main-name",
+        "renamed-slurmd",
+        "supervisord",
+        "buildkite",
+        "github-runner-listener",
+        "kubelet",
+        "htcondor",
+        "pbs",
+        "holders-outside-main-process-tree",
+        "holds-unselected-gpus",
+    ],
+)
+def test_stop_verdict(unit, main_names, under_main, unit_gpus, selected, verdict):
+    result = units.stop_verdict(unit, main_names, under_main, unit_gpus, selected)
+    assert (result[0] if result else None) == verdict, result
+
+
+def test_stop_verdict_names_the_gpus_outside_the_selection():
+    assert units.stop_verdict("vllm.service", {"python3"}, True, {0, 1, 3}, [1]) == (
+        "other_gpus",
+        "vllm.service also holds GPU 0, 3, outside the selection",
+    )
+
+
+@pytest.mark.parametrize(
+    "record, names",
+    [
+        ({"name": "atd", "exe": "atd", "argv0": "atd", "cmdline": "/usr/sbin/atd -f"}, {"atd"}),
+        (
+            {"name": "jupyterhub", "exe": "python3.11", "argv0": "python3", "cmdline": "/usr/bin/python3 /usr/local/bin/jupyterhub -f x"},
+            {"jupyterhub", "python3.11", "python3"},
+        ),
+        ({"name": "python3", "exe": "python3.11", "argv0": "python3", "cmdline": "python3 -u -m jupyterhub.app"}, {"jupyterhub", "python3", "python3.11"}),
+        ({"name": "bash", "exe": "bash", "argv0": "bash", "cmdline": "bash /opt/runner/runsvc.sh"}, {"bash", "runsvc.sh"}),
+        (None, set()),
+    ],
+    ids=["binary", "python-script", "python-module", "shell-script", "no-main-process"],
+)
+def test_process_names(record, names):
+    assert units.process_names(record) == names
+
+
+@pytest.mark.parametrize(
+    "cgroup, environ, job",
+    [
+        ("/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0", b"", "4242"),
+        ("/slurm/uid_0/job_17/step_batch", b"", "17"),
+        ("/system.slice/slurmd.service", b"PATH=/usr/bin\0SLURM_JOB_ID=31\0SLURM_JOBID=31\0", "31"),
+        ("/system.slice/atd.service", b"PATH=/usr/bin\0", None),
+        (None, b"", None),
+        ("/system.slice/myjob_12.service", b"", None),
+    ],
+    ids=["cgroup-v2-scope", "cgroup-v1", "environ-linuxproc", "no-job", "nothing", "job-in-a-unit-name-is-not-a-job-cgroup"],
+)
+def test_slurm_job_id(cgroup, environ, job):
+    assert units.slurm_job_id(cgroup, environ) == job
+
+
+# ------------------------------------------------------------------ owners: /proc and systemctl
+
+
+class Systemctl(object):
+    """Answers `systemctl show` from a dict of unit properties; records every call."""
+
+    def __init__(self, props=None, listed=()):
+        self.props = props or {}
+        self.listed = list(listed)
+        self.calls = []
+
+    def __call__(self, args):
+        self.calls.append(list(args))
+        if args[0] == "show":
+            wanted = [a.split("=", 1)[1].split(",") for a in args if a.startswith("--property=")][0]
+            blocks = []
+            for name in [a for a in args[1:] if not a.startswith("-")]:
+                props = dict({"Id": name, "LoadState": "not-found", "MainPID": "0"}, **self.props.get(name, {}))
+                blocks.append("".join("%s=%s\n" % (k, props[k]) for k in wanted if k in props))
+            return 0, "\n".join(blocks), ""
+        if args[0] in ("list-units", "list-unit-files"):
+            return 0, "".join("%s loaded active running x\n" % u for u in self.listed), ""
+        return 0, "", ""
+
+
+def loaded(**extra):
+    props = {"LoadState": "loaded", "ActiveState": "active", "SubState": "running", "UnitFileState": "enabled", "MainPID": "0",
+             "TriggeredBy": "", "FragmentPath": "/usr/lib/systemd/system/x.service"}
+    props.update(extra)
+    return props
+
+
+def holder(pid, gpus, unit, cgroup=None, service=True):
+    return {"pid": pid, "name": "python3", "gpu_indexes": gpus, "unit": unit, "system_service": service, "protected": False,
+            "cgroup": cgroup or "/system.slice/%s" % unit, "start_time": 1000 + pid}
+
+
+@pytest.fixture
+def proc(tmp_path):
+    root = tmp_path / "proc"
+    root.mkdir()
+    fakeproc.write_process(root, 1, comm="systemd", ppid=0, argv=("/sbin/init",), exe="/usr/lib/systemd/systemd")
+    return root
+
+
+def test_owners_stops_the_workload_and_names_launchers_with_their_slurm_job(proc):
+    # vllm.service: main 100 (API server, no GPU) -> 101 EngineCore (GPU 0)
+    fakeproc.write_process(proc, 100, comm="vllm", argv=("/usr/bin/python3", "/usr/bin/vllm", "serve"), cgroup="0::/system.slice/vllm.service\n")
+    fakeproc.write_process(proc, 101, comm="VLLM::EngineCor", ppid=100, cgroup="0::/system.slice/vllm.service\n")
+    # atd.service: main 200 -> 201 atd (job runner) -> 202 the job
+    fakeproc.write_process(proc, 200, comm="atd", argv=("/usr/sbin/atd", "-f"), exe="/usr/sbin/atd", cgroup="0::/system.slice/atd.service\n")
+    fakeproc.write_process(proc, 201, comm="atd", ppid=200, exe="/usr/sbin/atd")
+    fakeproc.write_process(proc, 202, comm="train", ppid=201)
+    # slurmd.service (cgroup v1, proctrack/linuxproc): slurmstepd is reparented to PID 1
+    fakeproc.write_process(proc, 300, comm="slurmd", argv=("/usr/sbin/slurmd", "-D"), exe="/usr/sbin/slurmd")
+    fakeproc.write_process(proc, 301, comm="slurmstepd", ppid=1, exe="/usr/sbin/slurmstepd")
+    fakeproc.write_process(proc, 302, comm="train", ppid=301)
+    with open(str(proc / "302" / "environ"), "wb") as handle:
+        handle.write(b"HOME=/root\0SLURM_JOB_ID=7\0")
+    systemctl = Systemctl({"vllm.service": loaded(MainPID="100"), "atd.service": loaded(MainPID="200"), "slurmd.service": loaded(MainPID="300")})
+    targets = [holder(101, [0], "vllm.service"), holder(202, [1], "atd.service"), holder(302, [2], "slurmd.service"),
+               holder(400, [3], "slurmstepd.scope", cgroup="/system.slice/slurmstepd.scope/job_8/step_0/user/task_0", service=False),
+               holder(500, [3], "session-4.scope", service=False)]
+    holders = targets + [{"pid": 100, "gpu_indexes": [], "unit": "vllm.service", "system_service": True}]
+    to_stop, launchers, warnings = units.owners(systemctl, targets, holders, [0, 1, 2, 3], set(), str(proc))
+    assert to_stop == ["vllm.service"] and warnings == []
+    assert [(e["unit"], e["pids"], e["slurm_job_id"]) for e in launchers] == [
+        ("atd.service", [202], None),
+        ("slurmd.service", [302], "7"),
+        ("slurmstepd.scope", [400], "8"),
+    ]
+    assert "starts other jobs" in launchers[0]["reason"]
+    # one systemctl call for all units
+    assert [c[0] for c in systemctl.calls] == ["show"]
+
+
+def test_owners_never_stops_a_unit_that_holds_unselected_gpus_and_says_why(proc):
+    fakeproc.write_process(proc, 100, comm="VLLM::EngineCor", argv=("VLLM::EngineCore",), cgroup="0::/system.slice/vllm.service\n")
+    for i in range(4):
+        fakeproc.write_process(proc, 101 + i, comm="VLLM::Worker_TP%d" % i, ppid=100, cgroup="0::/system.slice/vllm.service\n")
+    workers = [holder(101 + i, [i], "vllm.service") for i in range(4)]
+    to_stop, launchers, warnings = units.owners(Systemctl({"vllm.service": loaded(MainPID="100")}), [workers[1]], workers, [1], set(), str(proc))
+    assert (to_stop, launchers) == ([], [])
+    assert warnings == [
+        "vllm.service also holds GPU 0, 2, 3, outside the selection: not stopped; its processes on the selected GPUs are signalled, "
+        "and its Restart= setting may start them again"
+    ]
+
+
+def test_owners_reports_this_sessions_unit_as_a_launcher_never_to_stop(proc):
+    to_stop, launchers, _warnings = units.owners(Systemctl(), [holder(600, [0], "ssh.service")], [], [0], {"ssh.service"}, str(proc))
+    assert to_stop == [] and launchers[0]["unit"] == "ssh.service" and "this Ansible session" in launchers[0]["reason"]
+
+
+# ------------------------------------------------------------------ named units
+
+
+def plan(systemctl, named, owned=(), state="stopped", forbidden=(), protect=(), proc="/nonexistent"):
+    result = {"warnings": []}
+    steps = units.plan(systemctl, named, list(owned), state, set(forbidden), result, protect, str(proc))
+    return steps, result["warnings"]
+
+
+def test_glob_that_matches_nothing_is_a_warning():
+    steps, warnings = plan(Systemctl(listed=[]), ["tgi*"])
+    assert steps["stop"] == [] and warnings == ["services: tgi*.service matches no unit on this host"]
+
+
+def test_star_never_stops_systemd_dbus_ssh_logind_or_launchers(proc):
+    fakeproc.write_process(proc, 50, comm="sshd", exe="/usr/sbin/sshd")
+    listed = ["dbus.service", "systemd-journald.service", "systemd-logind.service", "ssh.service", "getty@tty1.service", "cron.service",
+              "atd.service", "vllm.service", "user@0.service", "gpu-sshd.service"]
+    props = {u: loaded() for u in listed}
+    props["gpu-sshd.service"] = loaded(MainPID="50")  # runs a protected process under another name
+    steps, warnings = plan(Systemctl(props, listed), ["*"], proc=proc)
+    assert steps["stop"] == ["vllm.service"]
+    skipped = sorted(w.split()[2].rstrip(",") for w in warnings)
+    assert skipped == sorted(u for u in listed if u != "vllm.service")
+    assert any("gpu-sshd.service" in w and "pid 50 sshd is protected" in w for w in warnings)
+    assert any("cron.service" in w and "name it to stop it" in w for w in warnings)
+
+
+@pytest.mark.parametrize("name", ["dbus", "systemd-journald.service", "ssh", "systemd-logind", "getty@tty1"])
+def test_naming_an_essential_unit_is_refused_before_anything_is_done(name):
+    systemctl = Systemctl({units.normalize_unit(name): loaded()})
+    with pytest.raises(ReleaseError) as info:
+        plan(systemctl, [name])
+    assert "refusing to stop %s: the node needs it" % units.normalize_unit(name) in info.value.msg
+    assert [c[0] for c in systemctl.calls] == ["show"]
+
+
+def test_naming_a_launcher_stops_it_because_the_user_asked():
+    steps, warnings = plan(Systemctl({"atd.service": loaded()}), ["atd"])
+    assert steps["stop"] == ["atd.service"] and warnings == []
+
+
+def test_naming_a_unit_whose_main_process_is_protected_is_refused(proc):
+    fakeproc.write_process(proc, 60, comm="nvidia-persiste", exe="/usr/bin/nvidia-persistenced")
+    with pytest.raises(ReleaseError) as info:
+        plan(Systemctl({"persist.service": loaded(MainPID="60")}), ["persist"], proc=proc)
+    assert "refusing to stop persist.service: its main process pid 60 nvidia-persiste is protected" in info.value.msg
+
+
+def test_protect_option_names_count_for_units_too(proc):
+    fakeproc.write_process(proc, 61, comm="jupyter-lab", exe="/usr/bin/python3.11")
+    with pytest.raises(ReleaseError):
+        plan(Systemctl({"lab.service": loaded(MainPID="61")}), ["lab"], protect=["jupyter-lab"], proc=proc)
+
+
+def test_sockets_and_timers_that_trigger_a_named_service_get_its_state():
+    systemctl = Systemctl({
+        "vllm.service": loaded(TriggeredBy="vllm.socket vllm-warmup.timer"),
+        "vllm.socket": loaded(SubState="listening"),
+        "vllm-warmup.timer": loaded(SubState="waiting"),
+    })
+    steps, _warnings = plan(systemctl, ["vllm"], state="disabled")
+    assert steps["stop"] == ["vllm.service", "vllm.socket", "vllm-warmup.timer"]
+    assert steps["disable"] == ["vllm.service", "vllm.socket", "vllm-warmup.timer"]
+
+
+def test_owned_units_do_not_bring_their_triggers():
+    steps, _warnings = plan(Systemctl({"vllm.service": loaded(TriggeredBy="vllm.socket")}), [], owned=["vllm.service"])
+    assert steps["stop"] == ["vllm.service"]
+
+
+def test_masking_a_unit_whose_file_is_in_etc_is_refused_before_anything_is_done():
+    systemctl = Systemctl({"vllm.service": loaded(FragmentPath="/etc/systemd/system/vllm.service")})
+    with pytest.raises(ReleaseError) as info:
+        plan(systemctl, ["vllm"], state="masked")
+    assert "cannot mask vllm.service (/etc/systemd/system/vllm.service)" in info.value.msg
+    assert "Move the unit file to /usr/local/lib/systemd/system/" in info.value.msg and "service_state=disabled" in info.value.msg
+    assert "Nothing was stopped or signalled" in info.value.msg
+    assert {c[0] for c in systemctl.calls} == {"show"}
+
+
+def test_masking_works_for_packaged_units_and_an_already_masked_etc_link_is_left_alone():
+    steps, _w = plan(Systemctl({"vllm.service": loaded(FragmentPath="/usr/local/lib/systemd/system/vllm.service")}), ["vllm"], state="masked")
+    assert steps["mask"] == ["vllm.service"]
+    masked = loaded(LoadState="masked", UnitFileState="masked", ActiveState="inactive", SubState="dead", FragmentPath="/etc/systemd/system/x")
+    steps, _w = plan(Systemctl({"vllm.service": masked}), ["vllm"], state="masked")
+    assert steps["mask"] == [] and steps["stop"] == []
+
+
+# ------------------------------------------------------------------ the bounded stop
+
+
+class Node(object):
+    """systemctl with units that stop after a delay, or never until SIGKILLed; a clock."""
+
+    def __init__(self, stop_after):
+        self.t = 0.0
+        self.stop_after = dict(stop_after)  # unit -> seconds its stop takes; None: ignores SIGTERM
+        self.stopping = {}
+        self.state = {u: "active" for u in stop_after}
+        self.calls = []
+
+    def now(self):
+        return self.t
+
+    def sleep(self, seconds):
+        self.t += max(0.0, seconds)
+        for unit, since in list(self.stopping.items()):
+            took = self.stop_after[unit]
+            if took is not None and self.t - since >= took:
+                self.state[unit] = "inactive"
+                del self.stopping[unit]
+
+    def systemctl(self, args):
+        self.calls.append((round(self.t, 3), list(args)))
+        names = [a for a in args[1:] if not a.startswith("-")]
+        if args[0] == "stop":
+            for unit in names:
+                if self.state[unit] == "active":
+                    self.state[unit] = "deactivating"
+                    self.stopping[unit] = self.t
+            self.sleep(0)
+        elif args[0] == "kill":
+            for unit in names:
+                self.state[unit] = "failed"
+                self.stopping.pop(unit, None)
+        elif args[0] == "show":
+            return 0, "\n".join("Id=%s\nActiveState=%s\nSubState=x\n" % (u, self.state[u]) for u in names), ""
+        return 0, "", ""
+
+
+def test_units_are_stopped_together_without_waiting_for_each():
+    node = Node({"a.service": 0.3, "b.service": 0.3, "c.service": 0.3})
+    result = {"warnings": [], "stopped_units": []}
+    units.stop_bounded(node, ["a.service", "b.service", "c.service"], 10.0, result)
+    assert node.calls[0] == (0.0, ["stop", "--no-block", "--no-ask-password", "a.service", "b.service", "c.service"])
+    assert 0.3 <= node.t < 0.6, "stopped one after the other?"
+    assert result["stopped_units"] == ["a.service", "b.service", "c.service"] and "killed_units" not in result
+
+
+def test_a_unit_ignoring_sigterm_is_killed_through_systemd_after_kill_timeout_not_after_timeoutstopsec():
+    node = Node({"stubborn.service": None, "vllm.service": 0.2})
+    result = {"warnings": [], "stopped_units": []}
+    units.stop_bounded(node, ["stubborn.service", "vllm.service"], 2.0, result)
+    kills = [(t, args) for t, args in node.calls if args[0] == "kill"]
+    assert kills == [(pytest.approx(2.0, abs=0.25), ["kill", "--signal=SIGKILL", "--no-ask-password", "stubborn.service"])]
+    # the stop job is queued again after the kill, so that Restart= cannot start the unit
+    assert [args for _t, args in node.calls if args[0] == "stop"][-1] == ["stop", "--no-block", "--no-ask-password", "stubborn.service"]
+    assert result["killed_units"] == ["stubborn.service"] and node.state["stubborn.service"] == "failed"
+    assert node.t < 2.5 and result["warnings"] == []
+
+
+def test_a_failing_stop_is_reported_with_what_was_done_so_far():
+    def systemctl(args):
+        return (5, "", "Failed to stop vllm.service: Access denied") if args[0] == "stop" else (0, "", "")
+
+    class System(object):
+        pass
+
+    system = System()
+    system.systemctl = systemctl
+    result = {"warnings": [], "stopped_units": [], "killed": [{"pid": 1}]}
+    with pytest.raises(ReleaseError) as info:
+        units.stop_bounded(system, ["vllm.service"], 1.0, result)
+    assert "systemctl stop vllm.service failed (rc 5): Failed to stop vllm.service: Access denied" in info.value.msg
+    assert info.value.result["killed"] == [{"pid": 1}]
+
+
+def test_owners_never_stops_a_unit_whose_main_process_is_protected(proc):
+    # nvidia-persistenced opens no device file itself here (so it is no protected holder), but
+    # a helper it started holds a GPU: the daemon's unit is still never stopped.
+    fakeproc.write_process(proc, 700, comm="nvidia-persiste", argv=("/usr/bin/nvidia-persistenced",), exe="/usr/bin/nvidia-persistenced")
+    fakeproc.write_process(proc, 701, comm="python3", ppid=700)
+    systemctl = Systemctl({"nvidia-persistenced.service": loaded(MainPID="700")})
+    to_stop, launchers, _w = units.owners(systemctl, [holder(701, [0], "nvidia-persistenced.service")], [], [0], set(), str(proc))
+    assert to_stop == [] and "(pid 700 nvidia-persiste) is protected" in launchers[0]["reason"]
+    fakeproc.write_process(proc, 710, comm="lab", exe="/usr/bin/lab")
+    fakeproc.write_process(proc, 711, comm="python3", ppid=710)
+    systemctl = Systemctl({"lab.service": loaded(MainPID="710")})
+    to_stop, _l, _w = units.owners(systemctl, [holder(711, [0], "lab.service")], [], [0], set(), str(proc), ["lab"])
+    assert to_stop == []
