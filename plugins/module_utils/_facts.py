@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import os
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
 from ansible_collections.zeromib.gpu.plugins.module_utils import _nvidia_smi as smi_mod
 
@@ -47,7 +48,7 @@ HOLDER_KEYS = (
     "unit",
     "container",
     "protected",
-)
+) + _containers.HOLDER_KEYS
 
 
 def gpu_is_clean(gpu, max_used_mib):
@@ -174,7 +175,8 @@ def any_dirty(gpus, max_used_mib):
     return any(not gpu_is_clean(gpu, max_used_mib) for gpu in gpus)
 
 
-def look(smi, protect, with_processes=True, proc="/proc", driver_root="/proc/driver/nvidia/gpus", with_apps=None, max_used_mib=0):
+def look(smi, protect, with_processes=True, proc="/proc", driver_root="/proc/driver/nvidia/gpus", with_apps=None, max_used_mib=0,
+         runtimes=None):
     """nvidia-smi (GPUs and, side by side, compute apps) then the /proc scan -> Snapshot.
 
     `with_apps` defaults to `with_processes`; gpu_release looks without them (it plans from the
@@ -190,6 +192,7 @@ def look(smi, protect, with_processes=True, proc="/proc", driver_root="/proc/dri
     # Mapped-only holders matter only where memory is in use: maps are read then (see scan_holders).
     raw = holders_mod.scan_holders(proc, unreadable, with_maps=any_dirty(gpus, max_used_mib))
     attributed = holders_mod.attribute(raw, minor_to_index(gpus), names, pids, lineage)
+    _containers.annotate(attributed, runtimes or _containers.Runtimes())
     joined = join_apps(apps, gpus, lambda pid: alive(pid, proc))
     return Snapshot(gpus, joined, attributed, unreadable)
 
