@@ -316,8 +316,8 @@ SOCKETS = {
 
 class Runtimes(object):
     """Docker and Podman as this node has them, found on first use and asked at most once per
-    container. The API socket is preferred ($DOCKER_HOST / $CONTAINER_HOST when they name a unix
-    socket, else the default path); the CLI serves where no socket answers."""
+    container. The API socket is preferred ($DOCKER_HOST / $CONTAINER_HOST when set, else the
+    default paths); the CLI serves where no socket answers."""
 
     def __init__(self, run=None, environ=None, which=None, sockets=None):
         self.run = run or _run
@@ -345,11 +345,13 @@ class Runtimes(object):
             self._errors[runtime] = "gpu_release cannot ask %s" % runtime
             return None
         variable, defaults = self.sockets[runtime]
-        candidates = []
         value = self.environ.get(variable) or ""
-        if value.startswith("unix://"):
-            candidates.append(value[len("unix://"):])
-        candidates += [path for path in defaults if path not in candidates]
+        # As the docker and podman commands do: a set $DOCKER_HOST / $CONTAINER_HOST is the only
+        # place asked (a tcp:// one through the CLI, which knows its TLS settings).
+        if value:
+            candidates = [value[len("unix://"):]] if value.startswith("unix://") else []
+        else:
+            candidates = list(defaults)
         reasons = []
         for path in candidates:
             if not os.path.exists(path):
