@@ -651,7 +651,12 @@ def act(runtimes, steps, grace, result, now=time.monotonic):
         try:
             runtimes.set_restart_no(entry["runtime"], entry["id"])
         except RuntimeUnavailable as exc:
-            raise ReleaseError("could not set the restart policy of container %s to no: %s" % (describe_entry(entry), exc), result)
+            hint = ""
+            if entry["runtime"] == PODMAN and "unknown flag" in str(exc):
+                # Podman 4 (Debian 12's 4.3.1, tried) has no `update --restart`; a later Podman added it.
+                hint = (": this Podman cannot change a restart policy; recreate the container with --restart=no, or run it from a "
+                        "systemd unit (Quadlet) and name that unit in services")
+            raise ReleaseError("could not set the restart policy of container %s to no: %s%s" % (describe_entry(entry), exc, hint), result)
         result["disabled_containers"].append(dict(entry, restart_policy="no", restart_policy_before=entry["restart_policy"]))
 
     def stop(entry):

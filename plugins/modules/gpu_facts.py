@@ -152,6 +152,12 @@ ansible_facts:
           description:
             - Processes with a C(/dev/nvidia*) node open or mapped. Those holding only control nodes
               (C(/dev/nvidiactl), C(/dev/nvidia-uvm), C(/dev/nvidia-caps/*)) have an empty C(gpu_indexes) and do not make a host dirty.
+            - C(container) is the container id from the process's cgroup path (Docker, Podman, containerd, CRI-O, Kubernetes),
+              C(container_runtime) the runtime the path names (V(docker), V(podman), V(containerd), V(cri-o); V(null) for a Kubernetes
+              pod on the cgroupfs driver unless Docker knows the container). C(container_name) and C(container_image) come from the
+              runtime (Docker or Podman, through its API socket or its CLI) and are V(null) where it cannot be asked.
+            - C(pod) is V(namespace/name) of the Kubernetes pod (from the container's C(io.kubernetes.pod.*) labels, or crictl), C(pod_uid)
+              its UID (from the cgroup path); both V(null) outside Kubernetes.
           type: list
           elements: dict
           returned: always
@@ -165,8 +171,13 @@ ansible_facts:
               start_time: 123456
               devices: [/dev/nvidia0, /dev/nvidiactl, /dev/nvidia-uvm]
               gpu_indexes: [0]
-              unit: vllm.service
-              container: null
+              unit: null
+              container: 4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a
+              container_runtime: docker
+              container_name: vllm
+              container_image: vllm/vllm-openai:v0.11.0
+              pod: null
+              pod_uid: null
               protected: false
 """
 

@@ -1,4 +1,4 @@
-"""A real Docker Engine on a simulated GPU host, for tests/integration/test_containers.py.
+"""A real Docker Engine on a simulated GPU host, for tests/integration/test_container_engines.py.
 
 The rig (found to work on this machine kind; TEST_RIGS.md "Docker Engine"):
 
@@ -21,6 +21,11 @@ The rig (found to work on this machine kind; TEST_RIGS.md "Docker Engine"):
   layout of Docker on cgroup v1 nodes; --cgroup-parent=/kubepods/burstable/pod<uid> gives the
   layout of the kubelet with dockershim. Those cgroups live in the machine's cgroup tree (the
   namespace has no cgroup namespace): teardown removes the ones the rig's containers had, by id.
+* Podman (Debian's podman 4.3, rootful, no daemon) runs the same way in its own NsHost
+  (PodmanHost): its storage on a tmpfs mounted over /var/lib inside the namespace, its
+  containers.conf (cgroupfs, file events: there is no systemd in the namespace) in the
+  namespace's /etc, so the podman CLI that gpu_release runs finds them at their default paths.
+  Its containers sit in /libpod_parent/libpod-<id>.
 """
 import json
 import os
@@ -33,16 +38,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SIM_DIR = os.path.join(os.path.dirname(HERE), "sim")
 DOCKERD = "/usr/sbin/dockerd"
 DOCKER = "/usr/bin/docker"
+PODMAN = "/usr/bin/podman"
 SOCKET = "/run/docker.sock"
 IMAGE = "zeromib/holder:test"
 CGROUP_ROOT = "/sys/fs/cgroup"
 
 
-def missing():
+def missing(paths=(DOCKERD, DOCKER)):
     """Why the rig cannot run here, or None."""
-    for path in (DOCKERD, DOCKER):
+    for path in paths:
         if not os.access(path, os.X_OK):
-            return "%s not found: install Debian's docker.io (tests/tools/apt-deps.sh does)" % path
+            return "%s not found: install Debian's %s (tests/tools/apt-deps.sh does)" % (path, "podman" if path == PODMAN else "docker.io")
     return None
 
 
@@ -53,16 +59,31 @@ class DockerError(RuntimeError):
 class DockerHost(object):
     """dockerd inside an NsHost. `host` is the NsHost; `docker(*args)` runs the CLI inside it."""
 
+    # The cgroup of a container: <parent>/<prefix><id> (cgroupfs driver).
+    CGROUP_PARENT, CGROUP_PREFIX = "docker", ""
+
     def __init__(self, host):
         self.host = host
-        self.base = os.path.join(host.dir, "docker")
+        self.base = os.path.join(host.dir, self.CGROUP_PARENT)
         self.pid = None
         self.created = []  # container ids, for teardown of their cgroups
         self.cgroups = []  # extra cgroup dirs made by a test (kubepods), removed at teardown
-        self._had_docker_cgroup = {h: os.path.isdir(os.path.join(CGROUP_ROOT, h, "docker")) for h in _hierarchies()}
+        self._had_parent_cgroup = {h: os.path.isdir(os.path.join(CGROUP_ROOT, h, self.CGROUP_PARENT)) for h in _hierarchies()}
 
     # ------------------------------------------------------------ daemon
+    def contain(self):
+        """A tmpfs over /var/lib inside the namespace: what a container engine (or gpu_release's
+        podman CLI) writes at its default paths stays there (the namespace's /etc and /run are
+        overlays already)."""
+        if getattr(self, "_contained", False):
+            return
+        result = self.host.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "zeromib-rig", "/var/lib"])
+        if result.returncode != 0:
+            raise DockerError("mount tmpfs on /var/lib: %s" % result.stderr)
+        self._contained = True
+
     def start(self, timeout=60):
+        self.contain()
         for sub in ("data", "exec", "logs"):
             os.makedirs(os.path.join(self.base, sub), exist_ok=True)
         log = os.path.join(self.base, "logs", "dockerd-%d.log" % int(time.time() * 1000))
@@ -115,19 +136,22 @@ class DockerHost(object):
             root = os.path.join(CGROUP_ROOT, hierarchy)
             paths = []
             for cid in self.created:
-                for parent in ["docker"] + [p.strip("/") for p in self.cgroups]:
-                    paths.append(os.path.join(root, parent, cid))
+                paths.append(os.path.join(root, self.CGROUP_PARENT, self.CGROUP_PREFIX + cid))
+                paths += [os.path.join(root, p.strip("/"), cid) for p in self.cgroups]
             for extra in self.cgroups:
                 parts = extra.strip("/").split("/")
                 paths += [os.path.join(root, *parts[:n]) for n in range(len(parts), 0, -1)]
-            if not self._had_docker_cgroup.get(hierarchy):
-                paths.append(os.path.join(root, "docker"))
+            if not self._had_parent_cgroup.get(hierarchy):
+                paths.append(os.path.join(root, self.CGROUP_PARENT))
             for path in paths:
                 _rmdir(path)
 
     # ------------------------------------------------------------ CLI
+    def cli(self):
+        return [DOCKER, "-H", "unix://" + SOCKET]
+
     def docker(self, *args, check=True, timeout=60):
-        result = self.host.run([DOCKER, "-H", "unix://" + SOCKET] + list(args), timeout=timeout)
+        result = self.host.run(self.cli() + list(args), timeout=timeout)
         if check and result.returncode != 0:
             raise DockerError("docker %s: rc %d: %s" % (" ".join(args), result.returncode, result.stderr.strip()))
         return result
@@ -144,7 +168,7 @@ class DockerHost(object):
             os.makedirs(os.path.join(root, sub))
         for link, target in (("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64"), ("sbin", "usr/sbin")):
             os.symlink(target, os.path.join(root, link))
-        result = self.host.run(["sh", "-c", "tar -C %s -c . | %s -H unix://%s import - %s" % (root, DOCKER, SOCKET, IMAGE)], timeout=120)
+        result = self.host.run(["sh", "-c", "tar -C %s -c . | %s import - %s" % (root, " ".join(self.cli()), IMAGE)], timeout=120)
         shutil.rmtree(root, ignore_errors=True)
         if result.returncode != 0:
             raise DockerError("docker import: %s" % result.stderr)
@@ -163,7 +187,7 @@ class DockerHost(object):
             "-v", "/run/nvidia-sim:/run/nvidia-sim"] + list(run_args) + [
             IMAGE, "python3", os.path.join(SIM_DIR, "gpu_holder"), "--gpus", ",".join(str(g) for g in gpus), "--mib", str(mib),
             "--ready-file", ready_file] + list(holder_args)
-        cid = self.docker(*argv).stdout.strip()
+        cid = self.docker(*argv).stdout.strip().splitlines()[-1]
         self.created.append(cid)
         if ready:
             self.wait_ready(name, timeout)
@@ -210,6 +234,37 @@ class DockerHost(object):
             placed = True
         if not placed:
             raise DockerError("no name=systemd or unified cgroup hierarchy under %s" % CGROUP_ROOT)
+
+
+class PodmanHost(DockerHost):
+    """Podman inside an NsHost, at its default paths there (no daemon: start() configures it)."""
+
+    CGROUP_PARENT, CGROUP_PREFIX = "libpod_parent", "libpod-"
+    CONF = "[engine]\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\nruntime = \"runc\"\n"
+
+    def start(self, timeout=60):
+        if self.pid is None:
+            self.contain()
+            os.makedirs(self.base, exist_ok=True)
+            result = self.host.run(["sh", "-c", "mkdir -p /etc/containers && cat > /etc/containers/containers.conf"], input=self.CONF)
+            if result.returncode != 0:
+                raise DockerError("podman setup: %s" % result.stderr)
+            self.pid = 0
+        return self
+
+    def stop(self, timeout=20):
+        pass
+
+    def cli(self):
+        return [PODMAN]
+
+    def teardown(self):
+        try:
+            if self.host.init_pid:
+                self.created += [cid for cid in self.ids() if cid not in self.created]
+                self.docker("rm", "-f", "-t", "0", "--all", check=False)
+        except Exception:  # noqa: BLE001 - the namespace's end kills what is left
+            pass
 
 
 def _hierarchies():

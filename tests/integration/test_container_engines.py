@@ -256,3 +256,68 @@ def test_engine_api_and_cli_read_the_same_record(docker):
     api, cli = json.loads(result.stdout)
     assert api == cli
     assert (api["name"], api["image"], api["restart_policy"], api["running"]) == ("twins", IMAGE, "unless-stopped", True)
+
+
+# ------------------------------------------------------------------ Podman (Debian's podman 4.3.1)
+
+
+@pytest.fixture(scope="module")
+def podman_rig():
+    reason = _rig_missing() or docker_rig.missing((docker_rig.PODMAN,))
+    if reason:
+        pytest.skip(reason)
+    host = NsHost(preset="h200x8", count=4, seed="podmannode")
+    podman = None
+    try:
+        host.start()
+        podman = docker_rig.PodmanHost(host)
+        podman.start()
+        podman.build_image()
+        yield podman
+    finally:
+        if podman is not None:
+            podman.teardown()
+        host.stop()
+        if podman is not None:
+            podman.remove_cgroups()
+
+
+@pytest.fixture
+def podman(podman_rig):
+    podman_rig.bare = []
+    yield podman_rig
+    podman_rig.remove_all()
+    for name in os.listdir(podman_rig.host.root.state):
+        if name.startswith("ready-"):
+            os.unlink(os.path.join(podman_rig.host.root.state, name))
+
+
+def test_podman_restart_always_container_is_stopped_through_podman_and_stays_down(podman):
+    record = podman.run_holder("pvllm", [0, 1], restart="always")
+    run = run_module(podman.host, "gpu_release", {"kill_timeout": 5})
+    assert not run.failed, run.msg
+    [entry] = run["stopped_containers"]
+    assert (entry["name"], entry["id"], entry["runtime"], entry["restart_policy"]) == ("pvllm", record["Id"], "podman", "always")
+    assert run["killed"] == [] and run["released"] is True and run["timings"]["settle_s"] == 0.0
+    facts_before = run["gpus_before"]
+    assert facts_before[0]["memory_used_mib"] >= 20480
+    time.sleep(3)
+    state = podman.inspect("pvllm")
+    assert state["State"]["Running"] is False and state.get("RestartCount", 0) == 0
+    assert [used(podman.host, i) for i in range(4)] == [0, 0, 0, 0]
+
+
+def test_podman_holder_is_named_in_gpu_facts(podman):
+    podman.run_holder("pnamed", [3])
+    run = run_module(podman.host, "gpu_facts")
+    [holder] = [h for h in run["ansible_facts"]["gpu"]["holders"] if 3 in h["gpu_indexes"]]
+    assert (holder["container_runtime"], holder["container_name"]) == ("podman", "pnamed") and holder["container_image"].endswith(IMAGE)
+
+
+def test_podman_disabled_fails_clearly_where_podman_cannot_change_a_restart_policy(podman):
+    podman.run_holder("pvllm-d", [2], restart="always")
+    run = run_module(podman.host, "gpu_release", {"services": ["container:pvllm*"], "service_state": "disabled"})
+    assert run.failed and "could not set the restart policy of container pvllm-d" in run.msg
+    assert "this Podman cannot change a restart policy" in run.msg
+    # Refused before anything was stopped.
+    assert podman.inspect("pvllm-d")["State"]["Running"] is True and run["stopped_containers"] == []
