@@ -363,7 +363,7 @@ class Release(object):
 
         if self.check_mode:
             self.result["changed"] = to_do
-            self.result["released"] = gpus_clean and not targets
+            self.result["released"] = gpus_clean and not targets and not any(e["gpu_indexes"] for e in container_plan.stop)
             self.result["stopped_units"] = unit_plan["stop"]
             self.result["stopped_containers"] = container_plan.stop
             self.result["disabled_containers"] = container_plan.disable

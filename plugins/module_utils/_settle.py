@@ -61,7 +61,8 @@ def watch_list(signalled, outside_reasons, systemctl=None):
         if holder.get("container") and holder["container"] in outside_reasons:
             ref = _containers.container_ref(cgroup) or {}
             if ref.get("id"):
-                watched.setdefault(cgroup, "container %s" % _containers.describe_container(holder))
+                described = dict(holder, container_runtime=holder.get("container_runtime") or ref.get("runtime"))
+                watched.setdefault(cgroup, "container %s" % _containers.describe_container(described))
             continue
         unit = holder.get("unit") or ""
         if unit.endswith(".service") and "/user@" in cgroup:

@@ -199,3 +199,23 @@ def test_pod_holder_fails_before_anything_is_done(world):
     error = fail(world, services=["vllm.service"])
     assert world.signals == [] and not [a for a in world.systemctl_log if a[0] == "stop"] and world.runtimes.log == []
     assert "pod UID 1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901 (pid 495" in error.msg and "drain" in error.msg
+
+
+def test_watch_list_covers_only_what_can_respawn_outside_this_runs_control():
+    def h(cgroup, unit=None, container=None, user="alice"):
+        return {"pid": 1, "name": "python3", "cgroup": cgroup, "unit": unit, "container": container, "user": user}
+
+    user_unit = "/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service"
+    signalled = [
+        h("/docker/%s" % A, container=A),  # its runtime could not be asked
+        h("/docker/%s" % B, container=B),  # not among those: not watched
+        h(user_unit + "/sub", unit="vllm.service"),
+        h("/system.slice/cron.service", unit="cron.service"),  # a system unit this run did not stop: a launcher
+        h("/user.slice/user-1000.slice/session-3.scope", unit="session-3.scope"),
+    ]
+    assert _settle.watch_list(signalled, {A: "no docker"}, systemctl=None) == {
+        "/docker/%s" % A: "container %s (docker)" % A[:12],
+        user_unit: "unit vllm.service of alice's systemd manager",
+    }
+    asked = _settle.watch_list(signalled[2:3], {}, systemctl=lambda args: (0, "no\n", ""))
+    assert asked == {}, "Restart=no: nothing starts it again"
