@@ -122,7 +122,7 @@ notes:
     could not stop through the runtime, or in a C(.service) of a user's systemd manager whose C(Restart=) is not C(no)), it watches for
     3 s after the GPUs read clean (Docker restarts a killed container within ~0.3-0.5 s, measured; systemd's C(RestartSec) defaults to
     100 ms). A new process in that container's or unit's cgroup, or a selected GPU that reads dirty again, fails the run naming it;
-    RV(released) is V(true) only when the window passed quietly. Without such a process there is no window (RV(timings.settle_s) is 0).
+    RV(released) is V(true) only when the window passed quietly. Without such a process there is no window (C(settle_s) of RV(timings) is 0).
   - The role P(zeromib.gpu.free_gpus#role) runs this module and asserts the result, for C(pre_tasks) of a training play.
 seealso:
   - module: zeromib.gpu.gpu_facts

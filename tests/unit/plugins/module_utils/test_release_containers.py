@@ -100,11 +100,13 @@ def respawn_on_exit(world, pid, new_pid, after_s, mem=None):
     proc = world.procs[pid]
     exit_ = world.exit
 
+    def respawn():
+        world.spawn(new_pid, mem if mem is not None else proc.mem, cgroup=proc.spec["cgroup"], argv=proc.spec["argv"])
+
     def exit_and_respawn(which, by_stop=False):
         exit_(which, by_stop)
         if which == pid:
-            world.at(world.t + after_s, lambda: world.spawn(new_pid, mem if mem is not None else proc.mem, cgroup=proc.spec["cgroup"],
-                                                              argv=proc.spec["argv"]))
+            world.at(world.t + after_s, respawn)
 
     world.exit = exit_and_respawn
 
