@@ -24,6 +24,12 @@ def _mib(gpus):
     return None if not values or any(v is None for v in values) else sum(values)
 
 
+def _container(entry):
+    """A stopped_containers entry of gpu_release -> `vllm (vllm/vllm-openai:v0.11.0)`."""
+    name = entry.get("name") or str(entry.get("id") or "?")[:12]
+    return "%s (%s)" % (name, entry["image"]) if entry.get("image") else name
+
+
 def free_gpus_outcome(result, host, expected_count=0, check_mode=False):
     """A gpu_release result -> the `free_gpus_result` fact: status, MiB before/after, a message."""
     if not isinstance(result, Mapping):
@@ -42,7 +48,9 @@ def free_gpus_outcome(result, host, expected_count=0, check_mode=False):
         "stopped_units": result.get("stopped_units") or [],
         "disabled_units": result.get("disabled_units") or [],
         "masked_units": result.get("masked_units") or [],
-        "killed": [{"pid": k.get("pid"), "name": k.get("name"), "signal": k.get("signal")} for k in killed],
+        "stopped_containers": [_container(c) for c in result.get("stopped_containers") or []],
+        "disabled_containers": [_container(c) for c in result.get("disabled_containers") or []],
+        "killed": [{"pid": k.get("pid"), "name": k.get("name"), "signal": k.get("signal"), "container": k.get("container")} for k in killed],
         "protected": result.get("protected") or [],
         "elapsed_s": result.get("elapsed_s"),
         "check_mode": bool(check_mode),
@@ -74,6 +82,10 @@ def free_gpus_outcome(result, host, expected_count=0, check_mode=False):
         did.append("disabled " + ", ".join(outcome["disabled_units"]))
     if outcome["masked_units"]:
         did.append("masked " + ", ".join(outcome["masked_units"]))
+    if outcome["stopped_containers"]:
+        did.append("stopped container%s %s" % ("" if len(outcome["stopped_containers"]) == 1 else "s", ", ".join(outcome["stopped_containers"])))
+    if outcome["disabled_containers"]:
+        did.append("disabled container%s %s" % ("" if len(outcome["disabled_containers"]) == 1 else "s", ", ".join(outcome["disabled_containers"])))
     if killed:
         did.append("killed %d process%s" % (len(killed), "" if len(killed) == 1 else "es"))
     changed = bool(result.get("changed"))
@@ -123,6 +135,9 @@ def free_gpus_summary(data, hosts=None):
         changed_state.update({u: "masked" for u in outcome.get("masked_units") or []})
         units = ["%s (%s)" % (u, changed_state[u]) if u in changed_state else u for u in outcome.get("stopped_units") or []]
         units += ["%s (%s)" % (u, state) for u, state in changed_state.items() if u not in (outcome.get("stopped_units") or [])]
+        disabled = outcome.get("disabled_containers") or []
+        units += ["container %s%s" % (c, " (disabled)" if c in disabled else "") for c in outcome.get("stopped_containers") or []]
+        units += ["container %s (disabled)" % c for c in disabled if c not in (outcome.get("stopped_containers") or [])]
         rows.append((
             outcome.get("status", "failed"),
             host,
@@ -134,7 +149,7 @@ def free_gpus_summary(data, hosts=None):
             "" if outcome.get("ok") else outcome.get("message", ""),
         ))
     rows.sort(key=lambda r: (_STATUS_ORDER.get(r[0], 1), r[1]))
-    header = ("STATUS", "HOST", "GPUS", "MIB BEFORE -> AFTER", "UNITS STOPPED", "KILLED", "TIME", "")
+    header = ("STATUS", "HOST", "GPUS", "MIB BEFORE -> AFTER", "UNITS/CONTAINERS STOPPED", "KILLED", "TIME", "")
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(7)]
     lines = []
     for row in [header] + rows:

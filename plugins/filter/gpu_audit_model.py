@@ -124,8 +124,10 @@ _value:
         holders:
           description:
             - The host's holders as C(gpu_facts) returns them, plus C(host), C(used_memory_mib)
-              (what nvidia-smi attributes to the PID, V(null) if nothing) and C(blocking)
-              (unprotected and holding a per-GPU device node, so it makes the host dirty).
+              (what nvidia-smi attributes to the PID, V(null) if nothing), C(blocking)
+              (unprotected and holding a per-GPU device node, so it makes the host dirty) and
+              C(container_label) (the container as the report shows it next to the PID, V(vllm (vllm/vllm-openai:v0.11.0))
+              with the name and image its runtime gave, else the short id; prefixed with the Kubernetes pod; V(null) outside containers).
           type: list
           elements: dict
         stale_processes:
@@ -173,6 +175,19 @@ def _first_line(text):
     return line[len("Task failed: "):] if line.startswith("Task failed: ") else line
 
 
+def _container_label(holder):
+    """`vllm (vllm/vllm-openai:v0.11.0)`, or the short id where the runtime could not be asked; the pod first."""
+    cid = holder.get("container")
+    name, image = holder.get("container_name"), holder.get("container_image")
+    label = name or (str(cid)[:12] if cid else None)
+    if label and image:
+        label = "%s (%s)" % (label, image)
+    pod = holder.get("pod") or ("UID %s" % holder["pod_uid"] if holder.get("pod_uid") else None)
+    if pod:
+        label = "pod %s%s" % (pod, ": " + label if label else "")
+    return label
+
+
 def _gpu_records(host, facts):
     holders = []
     mib_by_pid = {}
@@ -188,6 +203,7 @@ def _gpu_records(host, facts):
         record["protected"] = bool(record.get("protected"))
         record["used_memory_mib"] = mib_by_pid.get(record.get("pid"))
         record["blocking"] = bool(record["gpu_indexes"]) and not record["protected"]
+        record["container_label"] = _container_label(record)
         holders.append(record)
     holders.sort(key=lambda h: (not h["blocking"], h["gpu_indexes"][:1] or [1 << 30], h.get("pid") or 0))
 
@@ -229,7 +245,7 @@ def _dirty_reason(gpus, holders, stale):
         # One line per owner: eight vLLM workers of one unit read as the unit, not eight PIDs.
         owners = {}
         for h in blocking:
-            owner = h.get("unit") or ("container %s" % str(h["container"])[:12] if h.get("container") else None)
+            owner = h.get("unit") or ("container %s" % h["container_label"] if h.get("container_label") else None)
             owners.setdefault(owner or "pid %s" % h.get("pid"), []).append(h)
         shown = []
         for owner, members in owners.items():

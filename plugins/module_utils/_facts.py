@@ -14,6 +14,7 @@ import ctypes
 import os
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _attribution
+from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
 from ansible_collections.zeromib.gpu.plugins.module_utils import _nvidia_smi as smi_mod
 
@@ -51,7 +52,7 @@ HOLDER_KEYS = (
     "unit",
     "container",
     "protected",
-)
+) + _containers.HOLDER_KEYS
 
 
 def gpu_is_clean(gpu, max_used_mib):
@@ -200,7 +201,7 @@ def scan_and_attribute(gpus, apps, fetch_apps, protect_names, protect_pids, own_
 
 
 def look(smi, protect, with_processes=True, proc="/proc", driver_root="/proc/driver/nvidia/gpus", with_apps=None, max_used_mib=0,
-         footprint_mib=_attribution.CROSS_GPU_FOOTPRINT_MIB):
+         footprint_mib=_attribution.CROSS_GPU_FOOTPRINT_MIB, runtimes=None):
     """nvidia-smi (GPUs and, side by side, compute apps) then the /proc scan -> Snapshot.
 
     `with_apps` defaults to `with_processes`; gpu_release looks without them and asks for them
@@ -221,6 +222,7 @@ def look(smi, protect, with_processes=True, proc="/proc", driver_root="/proc/dri
         gpus, joined(apps) if with_apps else None, lambda: joined(smi_mod.parse_compute_apps(smi.run(smi.app_args()))),
         names, pids, lineage, proc, unreadable, max_used_mib, footprint_mib,
     )
+    _containers.annotate(holders, runtimes or _containers.Runtimes())
     footprint = _attribution.footprint_gpus(gpus, holders, apps, max_used_mib, footprint_mib)
     return Snapshot(gpus, apps, holders, unreadable, footprint)
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 import os
 import re
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
+
 try:
     import pwd
 except ImportError:  # pragma: no cover - Linux always has it
@@ -39,14 +41,6 @@ _DEVICE_NODE = re.compile(
     r"^/dev/nvidia(?:\d+|ctl|-uvm|-uvm-tools|-modeset|-nvlink|-nvswitchctl|-nvswitch\d+|-caps/nvidia-cap\d+|-caps-imex-channels/channel\d+)$"
 )
 DELETED_SUFFIX = " (deleted)"
-_CONTAINER_PATTERNS = (
-    re.compile(r"(?:docker|cri-containerd|crio|libpod|containerd|podman)-([0-9a-f]{12,64})\.scope"),
-    # containerd's systemd cgroup driver when it and runc disagree (kind, k3s):
-    # /system.slice/containerd.service/kubepods-...slice:cri-containerd:<id>
-    re.compile(r":(?:cri-containerd|cri-o|crio|docker|containerd):([0-9a-f]{12,64})(?:/|$)"),
-    re.compile(r"/(?:docker|libpod|containerd|crio)/([0-9a-f]{12,64})(?:/|$)"),
-    re.compile(r"/kubepods[^\s]*/pod[0-9a-f_-]+/([0-9a-f]{12,64})(?:/|$)"),
-)
 _UNIT = re.compile(r"^[^/]+\.(?:service|scope)$")
 
 # Daemons a GPU node needs and a desktop lives on (DESIGN.md). Names are matched against the
@@ -154,13 +148,7 @@ def is_system_service(cgroup_path):
 
 
 def container_of(cgroup_path):
-    if not cgroup_path:
-        return None
-    for pattern in _CONTAINER_PATTERNS:
-        match = pattern.search(cgroup_path)
-        if match:
-            return match.group(1)
-    return None
+    return _containers.container_of(cgroup_path)
 
 
 def parse_cmdline(raw):

@@ -19,8 +19,10 @@ import subprocess
 import time
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _attribution
+from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
+from ansible_collections.zeromib.gpu.plugins.module_utils import _settle
 from ansible_collections.zeromib.gpu.plugins.module_utils import _signals
 from ansible_collections.zeromib.gpu.plugins.module_utils import _units
 from ansible_collections.zeromib.gpu.plugins.module_utils._errors import ReleaseError  # noqa: F401 (the modules' import)
@@ -33,11 +35,13 @@ RESCAN_S = 1.0
 class System(object):
     """Everything gpu_release does to the node, in one replaceable place."""
 
-    def __init__(self, systemctl_path=None, proc="/proc"):
+    def __init__(self, systemctl_path=None, proc="/proc", runtimes=None):
         self.systemctl_path = systemctl_path
         self.proc = proc
         # pidfds pin a process of this kernel's /proc only.
         self.pidfd = _signals.pidfd_or_none() if proc == "/proc" else None
+        # Docker and Podman, asked only when a holder runs in a container or services names one.
+        self.runtimes = runtimes if runtimes is not None else _containers.Runtimes()
 
     def systemctl(self, args):
         if not self.systemctl_path:
@@ -138,7 +142,7 @@ def describe_holder(holder):
     if holder.get("unit"):
         parts.append("unit %s" % holder["unit"])
     if holder.get("container"):
-        parts.append("container %s" % holder["container"][:12])
+        parts.append("container %s" % (holder.get("container_name") or holder["container"][:12]))
     parts.append("state %s" % holder.get("state"))
     if holder.get("protected"):
         parts.append("protected")
@@ -256,6 +260,8 @@ class Release(object):
             # Units whose stop outlasted kill_timeout, killed through systemd.
             "killed_units": [],
             "launchers": [],
+            "stopped_containers": [],
+            "disabled_containers": [],
             "killed": [],
             "protected": [],
             # Not "skipped": Ansible reads a result with that key as a skipped task and then
@@ -267,7 +273,7 @@ class Release(object):
             "gpus_before": [],
             "gpus": [],
             "holders": [],
-            "timings": {"look_s": 0.0, "plan_s": 0.0, "stop_s": 0.0, "kill_s": 0.0, "wait_s": 0.0},
+            "timings": {"look_s": 0.0, "plan_s": 0.0, "stop_s": 0.0, "kill_s": 0.0, "wait_s": 0.0, "settle_s": 0.0},
         }
         state_key = {"disabled": "disabled_units", "masked": "masked_units"}.get(params.get("service_state"))
         self.state_key = state_key
@@ -287,14 +293,15 @@ class Release(object):
             gpus, None, lambda: self._apps(gpus), self.names, self.pids, self.lineage, self.system.proc, None,
             self.params.get("max_used_mib") or 0, self.footprint_mib(),
         )
-        return holders
+        return _containers.annotate(holders, self.system.runtimes)
 
     def footprint(self, gpus, holders):
         return _attribution.footprint_gpus(gpus, holders, self.apps, self.params.get("max_used_mib") or 0, self.footprint_mib())
 
     def look(self):
         snapshot = _facts.look(self.smi, self.params.get("protect"), True, self.system.proc, self.driver_root, with_apps=False,
-                               max_used_mib=self.params.get("max_used_mib") or 0, footprint_mib=self.footprint_mib())
+                               max_used_mib=self.params.get("max_used_mib") or 0, footprint_mib=self.footprint_mib(),
+                               runtimes=self.system.runtimes)
         self.apps = snapshot.apps
         return snapshot
 
@@ -317,15 +324,29 @@ class Release(object):
         owned, self.result["launchers"], warnings = _units.owners(self.system.systemctl, targets, holders, selected, forbidden,
                                                                   self.system.proc, self.names)
         self.result["warnings"].extend(warnings)
-        return _units.plan(self.system.systemctl, self.params.get("services") or [], owned if self.params.get("stop_owning_units") else [],
+        unit_services, _globs = _containers.split_services(self.params.get("services"))
+        return _units.plan(self.system.systemctl, unit_services, owned if self.params.get("stop_owning_units") else [],
                            self.params.get("service_state"), forbidden, self.result, self.names, self.system.proc)
 
+    def plan_containers(self, holders, targets):
+        """Containers to stop through their runtime, and the targets left to signal (_containers)."""
+        _patterns, globs = _containers.split_services(self.params.get("services"))
+        own = _containers.own_containers(self.lineage, self.system.proc) if globs or any(t.get("container") for t in targets) else set()
+        return _containers.plan(self.system.runtimes, holders, targets, globs, self.params.get("service_state"), own, self.result,
+                                stop_found=self.params.get("kill", True))
+
     # --- act
+
+    def act_containers(self, plan):
+        started = self.system.now()
+        failed = _containers.act(self.system.runtimes, plan, self.params.get("kill_timeout"), self.result, now=self.system.now)
+        self.result["timings"]["stop_s"] = round(self.system.now() - started, 3)
+        return failed
 
     def act_units(self, plan):
         started = self.system.now()
         _units.act(self.system, plan, self.result, self.params.get("kill_timeout"))
-        self.result["timings"]["stop_s"] = round(self.system.now() - started, 3)
+        self.result["timings"]["stop_s"] = round(self.result["timings"]["stop_s"] + self.system.now() - started, 3)
 
     def act_signals(self, targets):
         started = self.system.now()
@@ -397,23 +418,22 @@ class Release(object):
         targets, protected = plan_targets(holders, selected, self.regexes)
         self.result["undecided"] = undecided_record(_attribution.undecided_for(holders, selected))
         self.result["protected"] = [{"pid": h["pid"], "name": h["name"], "unit": h.get("unit"), "gpu_indexes": h["gpu_indexes"]} for h in protected]
-        for holder in targets:
-            if holder.get("container"):
-                self.result["warnings"].append(
-                    "pid %d (%s) runs in container %s: stop the container through its runtime, or its restart policy may start it again"
-                    % (holder["pid"], holder.get("name"), holder["container"][:12])
-                )
         planning = self.system.now()
+        container_plan = self.plan_containers(holders, targets)
+        self.result["warnings"].extend(container_plan.warnings)
+        targets = container_plan.signal
         unit_plan = self.plan_units(targets, holders, selected)
         self.result["timings"]["plan_s"] = round(self.system.now() - planning, 3)
-        self.result["services_not_found"] = unit_plan["not_found"]
+        self.result["services_not_found"] = unit_plan["not_found"] + container_plan.not_found
         gpus_clean = all(g["clean"] for g in self.result["gpus_before"] if g["index"] in selected)
-        to_do = bool(unit_plan["stop"] or unit_plan["disable"] or unit_plan["mask"] or (targets and self.params.get("kill", True)))
+        to_do = bool(container_plan or unit_plan["stop"] or unit_plan["disable"] or unit_plan["mask"] or (targets and self.params.get("kill", True)))
 
         if self.check_mode:
             self.result["changed"] = to_do
-            self.result["released"] = gpus_clean and not targets
+            self.result["released"] = gpus_clean and not targets and not any(e["gpu_indexes"] for e in container_plan.stop)
             self.result["stopped_units"] = unit_plan["stop"]
+            self.result["stopped_containers"] = container_plan.stop
+            self.result["disabled_containers"] = container_plan.disable
             if self.state_key == "disabled_units":
                 self.result["disabled_units"] = unit_plan["disable"]
             elif self.state_key == "masked_units":
@@ -440,16 +460,23 @@ class Release(object):
             self.result["elapsed_s"] = round(self.system.now() - started, 3)
             return self._finish(gpus, holders)
 
+        outside = {h["container"]: reason for h, reason in container_plan.outside}
+        if container_plan:
+            outside.update(self.act_containers(container_plan))
         if unit_plan["stop"] or unit_plan["disable"] or unit_plan["mask"]:
             self.act_units(unit_plan)
-            if unit_plan["stop"]:
-                # Stopping a unit ended its processes; see who is left before signalling anyone.
-                holders = self.scan(gpus)
-                targets, _protected = plan_targets(holders, selected, self.regexes)
+        if container_plan.stop or unit_plan["stop"]:
+            # Stopping a unit or a container ended its processes; see who is left before signalling anyone.
+            holders = self.scan(gpus)
+            targets, _protected = plan_targets(holders, selected, self.regexes)
+            targets = [t for t in targets if not _containers.pod_holders([t])]
+        watch = None
         if targets and self.params.get("kill", True):
+            watch = _settle.Watch(_settle.watch_list(targets, outside, self.system.systemctl), self.system.proc)
             self.act_signals(targets)
         self.result["changed"] = bool(
             self.result["stopped_units"] or self.result.get("disabled_units") or self.result.get("masked_units") or self.result["killed"]
+            or self.result["stopped_containers"] or self.result["disabled_containers"]
         )
 
         verify_started = self.system.now()
@@ -462,12 +489,22 @@ class Release(object):
             done = " (after acting: see stopped_units and killed)" if self.result["changed"] else ""
             raise ReleaseError(exc.msg + done, self._finish(gpus, holders))
         self.result["timings"]["wait_s"] = round(self.system.now() - verify_started, 3)
+        came_back = None
+        if clean and watch:
+            settle_started = self.system.now()
+            came_back = watch.settle(self.system, lambda: self._dirty_now(selected))
+            self.result["timings"]["settle_s"] = round(self.system.now() - settle_started, 3)
+            if came_back:
+                clean = False
+                final_gpus = self._read_gpus()
         final_holders = self.scan(final_gpus)
         footprint |= self.footprint(final_gpus, final_holders)
         self.result["gpus"] = [_facts.public_gpu(g, limit, footprint) for g in final_gpus]
         self.result["holders"] = [_facts.public_holder(h) for h in final_holders]
         self.result["released"] = clean
         self.result["elapsed_s"] = round(self.system.now() - started, 3)
+        if came_back:
+            raise ReleaseError(came_back, self._finish(gpus, holders, final_gpus, final_holders))
         if not clean:
             dirty = [g for g in final_gpus if g["index"] in selected and not _facts.gpu_is_clean(g, limit)]
             apps = self._apps(final_gpus)
@@ -478,6 +515,20 @@ class Release(object):
                 message += ". Also: " + hidden
             raise ReleaseError(message, self._finish(gpus, holders, final_gpus, final_holders))
         return self._finish(gpus, holders, final_gpus, final_holders)
+
+    def _read_gpus(self):
+        return _facts.with_minor_numbers(self.smi.query_gpus(GPU_FIELDS), self.minors_by_bus)
+
+    def _dirty_now(self, selected):
+        """Selected GPUs dirty right now; a GPU that reads only the cross-GPU footprint is not."""
+        limit = self.params.get("max_used_mib")
+        gpus = self._read_gpus()
+        dirty = [g for g in gpus if g["index"] in selected and not _facts.gpu_is_clean(g, limit)]
+        if dirty and self.footprint_mib() and all(g["memory_used_mib"] is not None and g["memory_used_mib"] <= limit + self.footprint_mib()
+                                                  for g in dirty):
+            footprint = self.footprint(gpus, self.scan(gpus))
+            dirty = [g for g in dirty if g["index"] not in footprint]
+        return dirty
 
     def _apps(self, gpus):
         try:

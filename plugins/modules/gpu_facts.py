@@ -168,6 +168,12 @@ ansible_facts:
               none context-sized; C(candidate_gpu_indexes) are the GPUs it may use) or V(nvml_client) (it maps no per-GPU
               device file and is not listed, such as C(nvidia-smi dmon), an exporter, C(nvidia-persistenced); it uses no
               GPU memory, C(gpu_indexes) is empty and it does not make a host dirty).
+            - C(container) is the container id from the process's cgroup path (Docker, Podman, containerd, CRI-O, Kubernetes),
+              C(container_runtime) the runtime the path names (V(docker), V(podman), V(containerd), V(cri-o); V(null) for a Kubernetes
+              pod on the cgroupfs driver unless Docker knows the container). C(container_name) and C(container_image) come from the
+              runtime (Docker or Podman, through its API socket or its CLI) and are V(null) where it cannot be asked.
+            - C(pod) is V(namespace/name) of the Kubernetes pod (from the container's C(io.kubernetes.pod.*) labels, or crictl), C(pod_uid)
+              its UID (from the cgroup path); both V(null) outside Kubernetes.
           type: list
           elements: dict
           returned: always
@@ -183,8 +189,13 @@ ansible_facts:
               gpu_indexes: [0]
               attribution: listed
               candidate_gpu_indexes: []
-              unit: vllm.service
-              container: null
+              unit: null
+              container: 4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a
+              container_runtime: docker
+              container_name: vllm
+              container_image: vllm/vllm-openai:v0.11.0
+              pod: null
+              pod_uid: null
               protected: false
 """
 

@@ -15,18 +15,22 @@ description:
   - B(Look) - one snapshot of the GPUs (C(nvidia-smi)), their compute apps, and every process holding C(/dev/nvidia*) (a C(/proc) scan).
   - B(Plan) - the units named in O(services) that are active (or, per O(service_state), enabled or not masked), with the sockets and
     timers that trigger them; the systemd services that are the GPU workload (O(stop_owning_units)), never a launcher of other jobs;
-    and the holders left to signal, never a protected process, never PID 1, never the module's own Ansible session, never a process
-    that uses only unselected GPUs, never an NVML client (unless O(match) names it).
+    the Docker and Podman containers named in O(services) or holding a selected GPU; and the holders left to signal, never a protected
+    process, never PID 1, never the module's own Ansible session, never a process that uses only unselected GPUs, never an NVML client
+    (unless O(match) names it). A holder in a Kubernetes pod fails the run here, before anything is done.
   - Which GPU a process uses is not which device files it has open (every CUDA process opens every GPU's); it is the GPU where
     nvidia-smi lists it as a compute app or, for a process nvidia-smi does not list (the orphaned child of a dead owner), the GPU whose
     device file it maps with a context-sized mapping. A process that cannot be placed so is reported in RV(undecided) and signalled
     only when every GPU it may use is selected. See M(zeromib.gpu.gpu_facts).
-  - B(Act) - C(systemctl stop --no-block) the units, all at once, and wait for them at most O(kill_timeout) before C(systemctl kill
-    --signal=SIGKILL) (never C(TimeoutStopSec), 90 s by default); then C(disable) or C(mask) the named ones. SIGTERM the remaining
-    holders, SIGKILL those still alive after O(kill_timeout). A PID is signalled only while it is the process that was planned - through
-    a pidfd where the node has them (Linux 5.3+, Python 3.9+), else after a check of its start time right before every signal.
+  - B(Act) - stop the containers through their runtime (after setting the restart policy of named ones to C(no) with
+    O(service_state=disabled)); C(systemctl stop --no-block) the units, all at once, and wait for them at most O(kill_timeout) before
+    C(systemctl kill --signal=SIGKILL) (never C(TimeoutStopSec), 90 s by default); then C(disable) or C(mask) the named ones. SIGTERM the
+    remaining holders, SIGKILL those still alive after O(kill_timeout). A PID is signalled only while it is the process that was
+    planned - through a pidfd where the node has them (Linux 5.3+, Python 3.9+), else after a check of its start time right before
+    every signal.
   - B(Verify) - poll C(memory.used) every O(poll_interval) until every selected GPU reads at most O(max_used_mib), or fail after
-    O(wait_timeout) with one message naming each dirty GPU, its MiB and what still holds it.
+    O(wait_timeout) with one message naming each dirty GPU, its MiB and what still holds it. When something was signalled that a
+    restart policy outside this run's control may start again, watch a short settle window before answering (see the notes).
   - A host that is already clean is not touched and reports C(changed=false).
 author:
   - zeromib.gpu contributors (@zeromib)
@@ -62,6 +66,8 @@ options:
         systemd's own units, D-Bus, login, SSH, consoles and networking. Named, such a unit fails the task before anything is done;
         matched by a glob, it is skipped with a warning. A glob never selects a launcher (cron, atd, Slurm, jupyterhub, container
         engines, ...) either - name it to stop it. So V(*) cannot take the node down.
+      - V(container:<name glob>) names Docker or Podman containers instead (V(container:vllm*)), in any state; a glob that matches no
+        container (or a host without Docker and Podman) is listed in RV(services_not_found).
     type: list
     elements: str
     default: []
@@ -73,6 +79,11 @@ options:
       - C(systemctl mask) cannot mask a unit whose own file is in C(/etc/systemd/system) (where it would put its link to C(/dev/null)).
         V(masked) then fails before anything is stopped or signalled, saying to move the unit file to C(/usr/local/lib/systemd/system)
         or to use V(disabled).
+      - For containers named in O(services), V(disabled) sets the restart policy to C(no) (C(docker update --restart=no)) before stopping
+        them, so that neither a restart of the Docker daemon nor a reboot starts them again. A container cannot be masked; V(masked)
+        leaves named containers as V(disabled) does, and they are reported in RV(disabled_containers).
+      - Containers found holding a selected GPU are only stopped; with restart policy V(always) Docker starts them again when its
+        daemon restarts. Name them in O(services) to disable them.
     type: str
     choices: [stopped, disabled, masked]
     default: stopped
@@ -93,8 +104,9 @@ options:
     default: true
   kill:
     description:
-      - Signal the holders that remain after the units are stopped. With V(false) only units are acted on, and a GPU still held by a
-        process it leaves running fails the task at once (waiting would not free it), naming the process.
+      - Signal the holders that remain after the units are stopped, and stop the containers found holding selected GPUs. With V(false)
+        only the units and containers named in O(services), and the units found through O(stop_owning_units), are acted on, and a GPU
+        still held by a process it leaves running fails the task at once (waiting would not free it), naming the process.
     type: bool
     default: true
   match:
@@ -110,6 +122,7 @@ options:
     description:
       - Seconds between SIGTERM and SIGKILL, and how long a process may outlive SIGKILL before it is reported as unkillable.
       - Also how long a unit may take to stop before it is killed through systemd (RV(killed_units)).
+      - Also the grace a container gets from its runtime (C(docker stop -t), rounded up to whole seconds) before the runtime SIGKILLs it.
     type: float
     default: 10
   wait_timeout:
@@ -128,15 +141,27 @@ notes:
   - Needs root (O(ignore:become=true)) to see and signal other users' processes and to manage systemd units.
   - The module never resets a GPU. Memory that nvidia-smi attributes to a process that no longer exists, with no live holder left,
     is a context the driver has not freed; the failure message says that a GPU reset or a reboot is needed.
-  - A holder inside a container is signalled like any process; the result warns that its runtime may restart it.
   - A failure after acting (nvidia-smi reports a GPU lost, a signal is not permitted, the GPUs stay dirty) still returns what was done
-    - RV(stopped_units), RV(killed), RV(killed_units).
+    - RV(stopped_units), RV(killed), RV(killed_units), RV(stopped_containers).
+  - B(Containers.) A holder in a Docker or Podman container (found from its cgroup path) is never signalled from outside; the container
+    is stopped through its runtime (the Engine API on C(/run/docker.sock) or C($DOCKER_HOST), Podman's on C(/run/podman/podman.sock)
+    or C($CONTAINER_HOST), else the C(docker)/C(podman) command), with O(kill_timeout) as its grace. Only when the runtime cannot be
+    asked (or is containerd or CRI-O outside Kubernetes) are the container's processes signalled, with a warning, and watched as below.
+  - B(Kubernetes.) A holder of a selected GPU in a Kubernetes pod (a C(kubepods) cgroup) is never signalled or stopped; the kubelet
+    would restart it and the pod's owner would lose its work without the scheduler knowing. The module fails before acting, naming the
+    pod (namespace/name where the runtime says it, else its UID), and says to cordon and drain the node.
+  - B(No false released.) When this run signalled, from outside, a process whose restart is outside its control (in a container it
+    could not stop through the runtime, or in a C(.service) of a user's systemd manager whose C(Restart=) is not C(no)), it watches for
+    3 s after the GPUs read clean (Docker restarts a killed container within ~0.3-0.5 s, measured; systemd's C(RestartSec) defaults to
+    100 ms). A new process in that container's or unit's cgroup, or a selected GPU that reads dirty again, fails the run naming it;
+    RV(released) is V(true) only when the window passed quietly. Without such a process there is no window (C(settle_s) of RV(timings) is 0).
   - The role P(zeromib.gpu.free_gpus#role) runs this module and asserts the result, for C(pre_tasks) of a training play.
 seealso:
   - module: zeromib.gpu.gpu_facts
 requirements:
   - nvidia-smi from the NVIDIA driver on the managed node
   - systemd, when O(services) or O(stop_owning_units) are used
+  - for containers, Docker or Podman on the node (no Python package; the module speaks their API over the unix socket, or runs their CLI)
 """
 
 EXAMPLES = r"""
@@ -150,6 +175,14 @@ EXAMPLES = r"""
       - vllm*.service
       - sglang.service
     service_state: disabled
+  become: true
+
+- name: Stop the vLLM containers for good (restart policy no), then free the GPUs
+  zeromib.gpu.gpu_release:
+    services:
+      - container:vllm*
+    service_state: disabled
+    kill_timeout: 30
   become: true
 
 - name: Free GPUs 2 and 3 only, killing only training processes, on a MIG node
@@ -184,6 +217,25 @@ stopped_units:
   elements: str
   returned: always
   sample: [vllm.service]
+stopped_containers:
+  description:
+    - Containers stopped through their runtime (in check mode, to be stopped), named in O(services) or found holding a selected GPU.
+    - C(restart_policy) is the policy before the run; C(stopped_after_s) the seconds the runtime took (not in check mode).
+  type: list
+  elements: dict
+  returned: always
+  sample:
+    - {name: vllm, id: 4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a, image: "vllm/vllm-openai:v0.11.0", runtime: docker,
+       restart_policy: always, gpu_indexes: [0, 1, 2, 3, 4, 5, 6, 7], stopped_after_s: 0.42}
+disabled_containers:
+  description:
+    - Containers named in O(services) whose restart policy was set to C(no), with O(service_state=disabled) or O(service_state=masked).
+  type: list
+  elements: dict
+  returned: always
+  sample:
+    - {name: vllm, id: 4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a, image: "vllm/vllm-openai:v0.11.0", runtime: docker,
+       restart_policy: "no", restart_policy_before: always, gpu_indexes: []}
 disabled_units:
   description: Units disabled, with O(service_state=disabled).
   type: list
@@ -215,7 +267,7 @@ launchers:
     - {unit: slurmd.service, reason: slurmd.service starts other jobs (scheduler, cron, hub, CI runner, container engine or supervisor),
        pids: [5120], slurm_job_id: "1734"}
 services_not_found:
-  description: Units of O(services) that systemd does not know on this host.
+  description: Units of O(services) that systemd does not know on this host, and V(container:<glob>) entries that match no container.
   type: list
   elements: str
   returned: always
@@ -254,7 +306,7 @@ unkillable:
   elements: dict
   returned: always
 warnings:
-  description: Things the operator should know, such as holders inside containers.
+  description: Things the operator should know, such as a container that could not be stopped through its runtime.
   type: list
   elements: str
   returned: always
@@ -279,10 +331,12 @@ elapsed_s:
   returned: always
   sample: 0.41
 timings:
-  description: Seconds spent stopping units, signalling processes, and waiting for memory to read free.
+  description:
+    - Seconds spent stopping units and containers (C(stop_s)), signalling processes (C(kill_s)), waiting for memory to read free
+      (C(wait_s)), and watching for a respawn (C(settle_s), 0 when nothing could respawn).
   type: dict
   returned: always
-  sample: {stop_s: 0.0, kill_s: 0.15, wait_s: 0.12}
+  sample: {look_s: 0.05, plan_s: 0.0, stop_s: 0.0, kill_s: 0.15, wait_s: 0.12, settle_s: 0.0}
 """
 
 import re

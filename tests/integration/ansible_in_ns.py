@@ -52,8 +52,8 @@ class ModuleRun(object):
         return self.result.get(key, default)
 
 
-def run_module(host, module, args=None, check=False, diff=False, timeout=180):
-    """Run zeromib.gpu.<module> with args on `host`; returns a ModuleRun."""
+def run_module(host, module, args=None, check=False, diff=False, timeout=180, extra_env=None):
+    """Run zeromib.gpu.<module> with args on `host` (plus `extra_env` for ansible-playbook); returns a ModuleRun."""
     host._seq = getattr(host, "_seq", 0) + 1
     out = os.path.join(host.dir, "result-%d.json" % host._seq)
     play = os.path.join(host.dir, "play-%d.yml" % host._seq)
@@ -67,6 +67,7 @@ def run_module(host, module, args=None, check=False, diff=False, timeout=180):
         cmd.append("--diff")
     env = {"ANSIBLE_COLLECTIONS_PATH": COLLECTIONS, "HOME": "/root", "ANSIBLE_NOCOLOR": "1",
            "ANSIBLE_LOCALHOST_WARNING": "False", "ANSIBLE_DEPRECATION_WARNINGS": "False"}
+    env.update(extra_env or {})
     started = time.monotonic()
     proc = host.run(cmd, env=env, timeout=timeout)
     wall = time.monotonic() - started

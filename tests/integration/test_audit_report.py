@@ -110,6 +110,7 @@ def build_fleet():
             gpus = [_gpu(i, used=70144 + 512 * i if i >= 4 else 0, host_no=n) for i in range(8)]
             holders = [_holder(77001, "sglang::scheduler", "python3 -m sglang.launch_server --model-path /models/qwen2.5-72b --tp 4 --port 30000", [4, 5, 6, 7],
                                container="3f9c2d1ab4e8a7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2", user="svc-infer")]
+            holders[0].update(container_runtime="docker", container_name="sglang", container_image="lmsysorg/sglang:v0.4.9-cu124")
             procs = [_proc(77001, g) for g in gpus[4:]]
         elif n == 18:  # MIG host idles at 55 MiB, audited with max_used_mib 60
             gpus = [_gpu(i, used=55, max_used=60, mig="Enabled", host_no=n) for i in range(8)]
@@ -255,6 +256,8 @@ def test_markdown_lists_every_problem_host(fleet_report):
     for host in ("gpu-node03", "gpu-node24", "gpu-node26", "gpu-node29"):
         assert "| %s | **" % host in md
     assert "| gpu-node21 | 5120 | python3 | carol |" in md
+    # A holder in a container shows the container's name and image next to its PID.
+    assert "| gpu-node14 | 77001 | sglang::scheduler | svc-infer | - | sglang (lmsysorg/sglang:v0.4.9-cu124) |" in md
 
 
 class _Dom(HTMLParser):
@@ -296,6 +299,7 @@ def test_html_is_self_contained(fleet_report):
     for needle in ("http://", "https://", "@import", "url("):
         assert needle not in html
     assert "<'" not in html and "kernel-&lt;&#39;&#34;&amp;&gt;.json" in html, "command lines are escaped"
+    assert ">sglang (lmsysorg/sglang:v0.4.9-cu124)</span>" in html
 
 
 def test_heat_map_renders_in_chromium(fleet_report):

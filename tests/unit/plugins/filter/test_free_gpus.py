@@ -93,3 +93,17 @@ def test_summary_names_a_stopped_and_disabled_unit_once():
     result = release([gpu(0, 30000)], [gpu(0, 0)], stopped_units=["sglang.service"], disabled_units=["sglang.service"])
     lines = free_gpus_summary([free_gpus_outcome(result, "node-a")], ["node-a"])
     assert "sglang.service (disabled)" in lines[1] and lines[1].count("sglang.service") == 1
+
+
+def test_containers_stopped_and_disabled_show_name_and_image():
+    vllm = {"name": "vllm", "id": "a" * 64, "image": "vllm/vllm-openai:v0.11.0", "runtime": "docker", "restart_policy": "always"}
+    tgi = {"name": "tgi", "id": "b" * 64, "image": "ghcr.io/huggingface/text-generation-inference:3.3", "runtime": "podman"}
+    result = release([gpu(0, 40970)], [gpu(0, 0)], stopped_containers=[vllm, tgi], disabled_containers=[dict(vllm, restart_policy="no")])
+    outcome = free_gpus_outcome(result, "node07", 1)
+    assert outcome["stopped_containers"] == ["vllm (vllm/vllm-openai:v0.11.0)", "tgi (ghcr.io/huggingface/text-generation-inference:3.3)"]
+    assert outcome["message"] == ("node07: 1 GPU free (40970 -> 0 MiB), stopped containers vllm (vllm/vllm-openai:v0.11.0), "
+                                  "tgi (ghcr.io/huggingface/text-generation-inference:3.3), disabled container vllm (vllm/vllm-openai:v0.11.0) "
+                                  "in 0.41 s")
+    lines = free_gpus_summary([outcome])
+    assert "UNITS/CONTAINERS STOPPED" in lines[0]
+    assert "container vllm (vllm/vllm-openai:v0.11.0) (disabled), container tgi (ghcr.io/huggingface/text-generation-inference:3.3)" in lines[1]

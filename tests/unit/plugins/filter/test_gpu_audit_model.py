@@ -161,3 +161,18 @@ def test_an_expected_host_without_a_record_is_an_error_not_missing():
     assert [(h["host"], h["status"]) for h in model["hosts"]] == [("node1", "clean"), ("node2", "error")]
     assert model["hosts"][1]["reason"] == "no audit result: the audit stopped on this host before recording one"
     assert model["summary"]["hosts_error"] == 1
+
+
+def test_holder_in_a_container_shows_its_name_and_image_next_to_the_pid():
+    record = ah.clean_h200x8("infer")
+    vllm = dict(ah.holder(77, "python3", [0, 1], container="3f9c2d1ab4e8a7c6d5e4f3a2"), container_name="vllm",
+                container_image="vllm/vllm-openai:v0.11.0", container_runtime="docker", pod=None, pod_uid=None)
+    pod = dict(ah.holder(78, "python3", [2], container="9a8b7c6d5e4f3a2b1c0d"), container_name=None, container_image=None,
+               container_runtime=None, pod="inference/sglang-0", pod_uid="1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901")
+    record["gpu"]["holders"] = [vllm, pod]
+    record["gpu"]["clean"] = False
+    host = _one(record)
+    labels = {h["pid"]: h["container_label"] for h in host["holders"]}
+    assert labels == {77: "vllm (vllm/vllm-openai:v0.11.0)", 78: "pod inference/sglang-0: 9a8b7c6d5e4f"}
+    assert host["reason"] == ("held by 77 python3 (container vllm (vllm/vllm-openai:v0.11.0)), "
+                              "78 python3 (container pod inference/sglang-0: 9a8b7c6d5e4f)")

@@ -16,6 +16,7 @@ import signal
 
 import pytest
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
 from ansible_collections.zeromib.gpu.plugins.module_utils import _nvidia_smi as smi
 from ansible_collections.zeromib.gpu.plugins.module_utils import _release as release
 from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils import fakeproc
@@ -241,7 +242,9 @@ class FakeSystem(release.System):
     """systemctl, signals and the clock of the World; /proc reads go to the World's tree."""
 
     def __init__(self, world):
-        super(FakeSystem, self).__init__(systemctl_path="/usr/bin/systemctl", proc=str(world.root))
+        # No Docker or Podman on this node unless a test gives it one.
+        runtimes = getattr(world, "runtimes", None) or _containers.Runtimes(which=lambda name: None, sockets={})
+        super(FakeSystem, self).__init__(systemctl_path="/usr/bin/systemctl", proc=str(world.root), runtimes=runtimes)
         self.world = world
 
     def systemctl(self, args):
@@ -553,12 +556,14 @@ def test_kill_false_signals_nobody(world):
     assert world.signals == [] and error.result["killed"] == [] and error.result["changed"] is False
 
 
-def test_holder_in_a_container_is_signalled_with_a_warning(world):
+def test_holder_in_a_container_whose_runtime_cannot_be_asked_is_signalled_and_watched(world):
     container = "4f3c2b1a" * 8
     world.spawn(495, {0: 1000}, cgroup="0::/system.slice/docker-%s.scope\n" % container)
     result = run(world)
     assert [pid for _t, pid, _name in world.signals] == [495] and result["killed"][0]["container"] == container
-    assert any("container 4f3c2b1a4f3c" in warning for warning in result["warnings"])
+    assert any("container 4f3c2b1a4f3c (docker) could not be stopped through its runtime" in warning for warning in result["warnings"])
+    # Nothing came back within the settle window (see _settle): released, after watching for it.
+    assert result["released"] is True and result["timings"]["settle_s"] == pytest.approx(3.0, abs=0.3)
 
 
 # ------------------------------------------------------------------ units
@@ -759,8 +764,10 @@ def test_gpu_pod_under_containerd_service_never_stops_containerd(world):
     world.unit("containerd.service")
     pod = "0::/system.slice/containerd.service/kubepods-burstable-pod1b2c3d4e_5f60_7182_93a4_b5c6d7e8f901.slice:cri-containerd:%s\n" % ("4f3c2b1a" * 8)
     world.spawn(495, {0: 40960}, cgroup=pod)
-    run(world)
+    error = fail(world)
     assert ["stop", "--no-block", "--no-ask-password", "containerd.service"] not in world.systemctl_log
+    # A pod is never signalled either (_containers): the run fails before acting, naming the pod.
+    assert world.signals == [] and "pod UID 1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901" in error.msg and "drain" in error.msg
 
 
 def test_check_mode_plan_matches_what_the_real_run_does(tmp_path):

@@ -1,0 +1,461 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Container runtimes (_containers): cgroup paths, the Docker Engine API and CLI replayed from
+real readings (tests/fixtures/docker), and the plan gpu_release makes for containers."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import socketserver
+import threading
+import time
+
+import pytest
+
+from ansible_collections.zeromib.gpu.plugins.module_utils import _containers as containers
+from ansible_collections.zeromib.gpu.plugins.module_utils._errors import ReleaseError
+
+FIXTURES = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, os.pardir, "fixtures", "docker")
+ID64 = "4f3c2b1a" * 8
+UID = "1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901"
+
+
+def fixture(name):
+    with open(os.path.join(FIXTURES, name)) as handle:
+        return handle.read()
+
+
+def inspect_fixture(name):
+    data = json.loads(fixture(name))
+    return data[0] if isinstance(data, list) else data
+
+
+# ------------------------------------------------------------------ cgroup paths
+
+
+@pytest.mark.parametrize(
+    "path, expected",
+    [
+        ("/docker/%s" % ID64, (ID64, "docker", False, None)),
+        ("/system.slice/docker-%s.scope" % ID64, (ID64, "docker", False, None)),
+        ("/machine.slice/libpod-%s.scope/container" % ID64, (ID64, "podman", False, None)),
+        ("/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-%s.scope/container" % ID64, (ID64, "podman", False, None)),
+        ("/libpod_parent/libpod-%s" % ID64, (ID64, "podman", False, None)),
+        ("/machine.slice/libpod-conmon-%s.scope" % ID64, None),
+        ("/system.slice/containerd.service", None),
+        ("/system.slice/nerdctl-%s.scope" % ID64, (ID64, "containerd", False, None)),
+        (
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod%s.slice/cri-containerd-%s.scope" % (UID.replace("-", "_"), ID64),
+            (ID64, "containerd", True, UID),
+        ),
+        ("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod%s.slice/crio-%s.scope" % (UID.replace("-", "_"), ID64), (ID64, "cri-o", True, UID)),
+        ("/kubepods/burstable/pod%s/%s" % (UID, ID64), (ID64, None, True, UID)),
+        ("/kubepods/pod%s/%s" % (UID, ID64), (ID64, None, True, UID)),
+        ("/kubepods/burstable/pod%s" % UID, (None, None, True, UID)),
+        (
+            "/system.slice/containerd.service/kubepods-burstable-pod%s.slice:cri-containerd:%s" % (UID.replace("-", "_"), ID64),
+            (ID64, "containerd", True, UID),
+        ),
+        ("/kubepods/burstable/pod0123456789abcdef0123456789abcdef/%s" % ID64, (ID64, None, True, "0123456789abcdef0123456789abcdef")),
+        ("/system.slice/vllm.service", None),
+        ("/", None),
+        ("", None),
+        (None, None),
+    ],
+    ids=[
+        "docker-cgroupfs",
+        "docker-systemd",
+        "podman-systemd",
+        "podman-rootless",
+        "podman-cgroupfs",
+        "podman-conmon-is-not-the-container",
+        "containerd-daemon-itself",
+        "nerdctl",
+        "k8s-containerd-systemd",
+        "k8s-crio-systemd",
+        "k8s-cgroupfs-burstable",
+        "k8s-cgroupfs-guaranteed",
+        "k8s-pod-level",
+        "k8s-containerd-under-its-service",
+        "k8s-static-pod-hash-uid",
+        "system-service",
+        "root",
+        "empty",
+        "none",
+    ],
+)
+def test_container_ref_of_a_cgroup_path(path, expected):
+    ref = containers.container_ref(path)
+    assert (None if ref is None else (ref["id"], ref["runtime"], ref["kubernetes"], ref["pod_uid"])) == expected
+    assert containers.container_of(path) == (expected[0] if expected else None)
+
+
+def test_real_proc_cgroup_of_a_docker_and_a_dockershim_pod_container():
+    from ansible_collections.zeromib.gpu.plugins.module_utils import _holders
+
+    vllm = containers.container_ref(_holders.parse_cgroup(fixture("proc-cgroup-vllm.txt")))
+    assert vllm["runtime"] == "docker" and vllm["id"] == inspect_fixture("api-inspect-vllm.json")["Id"] and not vllm["kubernetes"]
+    pod = containers.container_ref(_holders.parse_cgroup(fixture("proc-cgroup-k8s.txt")))
+    assert pod["kubernetes"] and pod["pod_uid"] == UID and pod["id"] == inspect_fixture("api-inspect-k8s.json")["Id"]
+
+
+def test_split_services_names_containers_with_a_prefix():
+    assert containers.split_services(["vllm*.service", "container:vllm*", " container: sglang ", "container:vllm*", "tgi"]) == (
+        ["vllm*.service", "tgi"],
+        ["vllm*", "sglang"],
+    )
+
+
+# ------------------------------------------------------------------ records from real readings
+
+
+def test_record_of_a_running_restart_always_container():
+    record = containers.record_of(inspect_fixture("api-inspect-vllm.json"))
+    assert record == {
+        "id": inspect_fixture("api-inspect-vllm.json")["Id"],
+        "name": "vllm",
+        "image": "zeromib/holder:test",
+        "restart_policy": "always",
+        "running": True,
+        "status": "running",
+        "pod": None,
+        "pod_uid": None,
+    }
+    assert containers.record_of(inspect_fixture("cli-inspect-vllm.json")) == record
+
+
+def test_record_of_a_pod_container_and_of_a_stopped_one():
+    pod = containers.record_of(inspect_fixture("api-inspect-k8s.json"))
+    assert (pod["pod"], pod["pod_uid"], pod["restart_policy"]) == ("inference/vllm-0", UID, "no")
+    stopped = containers.record_of(inspect_fixture("api-inspect-stopped.json"))
+    assert (stopped["name"], stopped["running"], stopped["status"], stopped["restart_policy"]) == ("stopped-one", False, "exited", "unless-stopped")
+
+
+def test_empty_restart_policy_reads_no():
+    assert containers.record_of({"Id": ID64, "Name": "/x", "HostConfig": {"RestartPolicy": {"Name": ""}}})["restart_policy"] == "no"
+    assert containers.record_of({"Id": ID64, "Name": "/x"})["restart_policy"] == "no"
+
+
+# ------------------------------------------------------------------ the Engine API over a unix socket
+
+
+class FakeEngine(object):
+    """A Docker Engine API on a unix socket answering with the captured readings."""
+
+    def __init__(self, path):
+        self.path = path
+        self.requests = []
+        self.stop_delay = 0.0
+        engine = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _answer(self, status, body):
+                data = body.encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                engine.requests.append(("GET", self.path, None))
+                if self.path == "/_ping":
+                    return self._answer(200, "OK")
+                if self.path == "/containers/json?all=1":
+                    return self._answer(200, fixture("api-containers-json-all.json"))
+                for name in ("vllm", "k8s", "stopped"):
+                    record = inspect_fixture("api-inspect-%s.json" % name)
+                    if self.path in ("/containers/%s/json" % record["Id"], "/containers/%s/json" % record["Name"].lstrip("/")):
+                        return self._answer(200, json.dumps(record))
+                return self._answer(404, fixture("api-inspect-missing.json"))
+
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length).decode() if length else None
+                engine.requests.append(("POST", self.path, body))
+                if "/stop" in self.path:
+                    time.sleep(engine.stop_delay)
+                    return self._answer(204, "")
+                return self._answer(200, fixture("api-update-restart-no.json"))
+
+        class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+            daemon_threads = True
+
+        self.server = Server(path, Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def engine(tmp_path):
+    server = FakeEngine(str(tmp_path / "docker.sock"))
+    yield server
+    server.close()
+
+
+def test_engine_api_inspects_lists_stops_and_disables(engine):
+    api = containers.EngineApi("docker", engine.path)
+    vllm = inspect_fixture("api-inspect-vllm.json")
+    assert api.ping() is True
+    assert api.inspect(vllm["Id"])["name"] == "vllm"
+    assert api.inspect("0" * 64) is None
+    assert len(api.list_ids()) == 3
+    api.stop(vllm["Id"], 2.5)
+    api.set_restart_no(vllm["Id"])
+    assert engine.requests[-2:] == [
+        ("POST", "/containers/%s/stop?t=3" % vllm["Id"], None),
+        ("POST", "/containers/%s/update" % vllm["Id"], '{"RestartPolicy": {"Name": "no"}}'),
+    ]
+
+
+def test_engine_api_on_a_dead_socket_is_unavailable(tmp_path):
+    with pytest.raises(containers.RuntimeUnavailable):
+        containers.EngineApi("docker", str(tmp_path / "nothing.sock")).ping()
+
+
+def test_runtimes_prefers_the_socket_and_docker_host_is_the_only_place_asked(engine, tmp_path):
+    assert isinstance(containers.Runtimes(environ={}, which=lambda n: None, sockets={"docker": ("DOCKER_HOST", (engine.path,))}).client("docker"),
+                      containers.EngineApi)
+    elsewhere = containers.Runtimes(environ={"DOCKER_HOST": "unix://" + str(tmp_path / "gone.sock")}, which=lambda n: None,
+                                    sockets={"docker": ("DOCKER_HOST", (engine.path,))})
+    assert elsewhere.client("docker") is None and "no docker socket" in elsewhere.error("docker")
+    named = containers.Runtimes(environ={"DOCKER_HOST": "unix://" + engine.path}, which=lambda n: None, sockets={"docker": ("DOCKER_HOST", ())})
+    assert named.client("docker").socket_path == engine.path
+
+
+class FakeCli(object):
+    """docker CLI answers, from the captures."""
+
+    def __init__(self, daemon_up=True):
+        self.calls = []
+        self.daemon_up = daemon_up
+
+    def __call__(self, argv, timeout):
+        self.calls.append((list(argv), timeout))
+        args = argv[1:]
+        if not self.daemon_up:
+            return 1, "", "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?\n"
+        if args[0] == "version":
+            return 0, "20.10.24+dfsg1\n", ""
+        if args[0] == "inspect":
+            if args[-1] == inspect_fixture("cli-inspect-vllm.json")["Id"]:
+                return 0, fixture("cli-inspect-vllm.json"), ""
+            return 1, "[]\n", fixture("cli-inspect-missing.stderr.txt")
+        if args[0] == "ps":
+            return 0, fixture("cli-ps-a-q-no-trunc.txt"), ""
+        if args[0] == "update":
+            return 0, fixture("cli-update-restart-no.stdout.txt"), ""
+        if args[0] == "stop":
+            return 0, args[-1] + "\n", ""
+        return 2, "", "unknown"
+
+
+def test_cli_serves_where_no_socket_answers():
+    cli = FakeCli()
+    runtimes = containers.Runtimes(run=cli, environ={}, which=lambda n: "/usr/bin/" + n if n == "docker" else None, sockets={"docker": ("DOCKER_HOST", ())})
+    vllm_id = inspect_fixture("cli-inspect-vllm.json")["Id"]
+    assert runtimes.inspect("docker", vllm_id)["restart_policy"] == "always"
+    assert runtimes.inspect("docker", "0" * 64) is None
+    runtimes.stop("docker", vllm_id, 10)
+    runtimes.set_restart_no("docker", vllm_id)
+    assert [c[0][1:] for c in cli.calls[-2:]] == [["stop", "-t", "10", vllm_id], ["update", "--restart=no", vllm_id]]
+    # The stop may take its grace and Docker's SIGKILL: the command's own limit allows for both.
+    assert cli.calls[-2][1] == 10 + containers.STOP_MARGIN_S
+
+
+def test_cli_of_a_daemon_that_is_down_is_unavailable_with_its_message():
+    runtimes = containers.Runtimes(run=FakeCli(daemon_up=False), environ={}, which=lambda n: "/usr/bin/docker", sockets={"docker": ("DOCKER_HOST", ())})
+    assert runtimes.client("docker") is None and "Cannot connect to the Docker daemon" in runtimes.error("docker")
+    with pytest.raises(containers.RuntimeUnavailable):
+        runtimes.inspect("docker", ID64)
+
+
+# ------------------------------------------------------------------ annotate, plan, act
+
+
+class FakeRuntimes(object):
+    """Runtimes with containers in memory: {id: record}, per runtime."""
+
+    def __init__(self, records=None, runtime="docker", reachable=True, pods=None, stop_delay=0.0, fail_stop=()):
+        self.records = {(runtime, r["id"]): dict(r) for r in records or []}
+        self.reachable = reachable
+        self.pods = pods or {}
+        self.log = []
+        self.stop_delay = stop_delay
+        self.fail_stop = set(fail_stop)
+
+    def client(self, runtime):
+        return self if self.reachable else None
+
+    def error(self, runtime):
+        return "no %s here" % runtime
+
+    def inspect(self, runtime, cid):
+        if not self.reachable:
+            raise containers.RuntimeUnavailable("no %s here" % runtime)
+        record = self.records.get((runtime, cid))
+        return dict(record) if record else None
+
+    def find(self, glob):
+        import fnmatch
+
+        return [(runtime, dict(r)) for (runtime, _cid), r in sorted(self.records.items()) if fnmatch.fnmatchcase(r["name"], glob)]
+
+    def stop(self, runtime, cid, grace):
+        self.log.append(("stop", cid, grace))
+        time.sleep(self.stop_delay)
+        if cid in self.fail_stop:
+            raise containers.RuntimeUnavailable("daemon said no")
+        self.records[(runtime, cid)]["running"] = False
+
+    def set_restart_no(self, runtime, cid):
+        self.log.append(("update", cid))
+        self.records[(runtime, cid)]["restart_policy"] = "no"
+
+    def pod_of(self, cid):
+        return self.pods.get(cid)
+
+
+def record(cid, name, restart="always", running=True, pod=None, pod_uid=None, image="vllm/vllm-openai:v0.11.0"):
+    return {"id": cid, "name": name, "image": image, "restart_policy": restart, "running": running, "status": "running" if running else "exited",
+            "pod": pod, "pod_uid": pod_uid}
+
+
+def holder(pid, cgroup, gpus=(0,), protected=False, name="python3"):
+    return {"pid": pid, "name": name, "cmdline": "python3 -m vllm.entrypoints.openai.api_server", "cgroup": cgroup, "gpu_indexes": list(gpus),
+            "protected": protected, "container": containers.container_of(cgroup), "unit": None, "user": "root"}
+
+
+A, B, C = "a" * 64, "b" * 64, "c" * 64
+
+
+def test_annotate_names_container_image_and_pod():
+    runtimes = FakeRuntimes([record(A, "vllm"), record(B, "k8s_vllm_vllm-0", pod="inference/vllm-0", pod_uid=UID)], pods={C: "ml/trainer-7"})
+    holders = containers.annotate(
+        [
+            holder(1, "/docker/%s" % A),
+            holder(2, "/kubepods/burstable/pod%s/%s" % (UID, B)),
+            holder(3, "/kubepods.slice/kubepods-pod%s.slice/cri-containerd-%s.scope" % (UID.replace("-", "_"), C)),
+            holder(4, "/user.slice/user-0.slice/session-1.scope"),
+        ],
+        runtimes,
+    )
+    assert [(h["container_runtime"], h["container_name"], h["container_image"], h["pod"], h["pod_uid"]) for h in holders] == [
+        ("docker", "vllm", "vllm/vllm-openai:v0.11.0", None, None),
+        ("docker", "k8s_vllm_vllm-0", "vllm/vllm-openai:v0.11.0", "inference/vllm-0", UID),
+        ("containerd", None, None, "ml/trainer-7", UID),
+        (None, None, None, None, None),
+    ]
+
+
+def test_annotate_without_a_runtime_keeps_what_the_cgroup_says():
+    [h] = containers.annotate([holder(1, "/system.slice/docker-%s.scope" % A)], FakeRuntimes(reachable=False))
+    assert (h["container"], h["container_runtime"], h["container_name"]) == (A, "docker", None)
+
+
+def plan(runtimes, holders, named=(), state="stopped", own=(), stop_found=True):
+    holders = containers.annotate(holders, runtimes)
+    targets = [h for h in holders if not h["protected"]]
+    return containers.plan(runtimes, holders, targets, list(named), state, set(own), {"killed": []}, stop_found=stop_found)
+
+
+def test_found_container_is_stopped_not_signalled_and_bare_process_is_signalled():
+    runtimes = FakeRuntimes([record(A, "vllm")])
+    steps = plan(runtimes, [holder(1, "/docker/%s" % A, gpus=(0, 1)), holder(2, "/docker/%s" % A, gpus=(2,)), holder(3, "/user.slice/x.scope")])
+    assert [(e["name"], e["gpu_indexes"], e["restart_policy"]) for e in steps.stop] == [("vllm", [0, 1, 2], "always")]
+    assert [h["pid"] for h in steps.signal] == [3] and steps.disable == [] and steps.outside == [] and steps.warnings == []
+
+
+def test_container_the_runtime_cannot_be_asked_for_is_signalled_from_outside_with_a_warning():
+    steps = plan(FakeRuntimes(reachable=False), [holder(1, "/docker/%s" % A)])
+    assert steps.stop == [] and [h["pid"] for h in steps.signal] == [1]
+    assert [reason for _h, reason in steps.outside] == ["no docker here"]
+    assert "container %s (docker) could not be stopped through its runtime (no docker here)" % A[:12] in steps.warnings[0]
+
+
+def test_containers_of_runtimes_it_cannot_stop_are_signalled_from_outside():
+    steps = plan(FakeRuntimes(), [holder(1, "/system.slice/nerdctl-%s.scope" % A)])
+    assert [h["pid"] for h in steps.signal] == [1] and [reason for _h, reason in steps.outside] == ["gpu_release cannot stop containerd containers"]
+
+
+def test_container_that_also_runs_a_protected_process_is_not_stopped():
+    steps = plan(FakeRuntimes([record(A, "gpu-tools")]), [holder(1, "/docker/%s" % A), holder(2, "/docker/%s" % A, protected=True, name="nv-hostengine")])
+    assert steps.stop == [] and [reason for _h, reason in steps.outside] == ["it also runs a protected process"]
+
+
+def test_kill_false_stops_no_found_container():
+    steps = plan(FakeRuntimes([record(A, "vllm")]), [holder(1, "/docker/%s" % A)], stop_found=False)
+    assert steps.stop == [] and steps.warnings == []
+
+
+def test_named_containers_get_service_state_and_found_ones_are_only_stopped():
+    runtimes = FakeRuntimes([record(A, "vllm-a"), record(B, "vllm-b", restart="no", running=False), record(C, "other")])
+    steps = plan(runtimes, [holder(1, "/docker/%s" % C)], named=["vllm*", "sglang*"], state="disabled")
+    assert [e["name"] for e in steps.disable] == ["vllm-a"]
+    assert [e["name"] for e in steps.stop] == ["vllm-a", "other"] and steps.not_found == ["container:sglang*"]
+
+
+def test_masked_leaves_named_containers_as_disabled_does():
+    steps = plan(FakeRuntimes([record(A, "vllm-a", restart="unless-stopped")]), [], named=["vllm-a"], state="masked")
+    assert [e["name"] for e in steps.disable] == ["vllm-a"]
+
+
+def test_a_pod_is_refused_before_anything_is_done():
+    runtimes = FakeRuntimes([record(B, "k8s_vllm", pod="inference/vllm-0", pod_uid=UID)])
+    with pytest.raises(ReleaseError) as info:
+        plan(runtimes, [holder(1, "/docker/%s" % A), holder(2, "/kubepods/burstable/pod%s/%s" % (UID, B), gpus=(3,)),
+                        holder(3, "/kubepods/besteffort/pod%s/%s" % ("9" * 32, C))])
+    message = info.value.msg
+    assert "pod inference/vllm-0 (pid 2 python3 on GPU 3, container bbbbbbbbbbbb)" in message
+    assert "pod UID %s (pid 3" % ("9" * 32) in message and "kubectl cordon" in message and "kubectl drain" in message
+    assert runtimes.log == []
+
+
+def test_a_named_pod_container_or_own_container_is_refused():
+    runtimes = FakeRuntimes([record(B, "vllm-pod", pod="inference/vllm-0", pod_uid=UID), record(A, "ansible-runner")])
+    with pytest.raises(ReleaseError, match="belongs to Kubernetes pod inference/vllm-0"):
+        plan(runtimes, [], named=["vllm*"])
+    with pytest.raises(ReleaseError, match="refusing to stop container ansible-runner .* runs this Ansible session"):
+        plan(runtimes, [], named=["ansible*"], own=[A])
+
+
+def test_act_disables_first_then_stops_every_container_at_once():
+    runtimes = FakeRuntimes([record(A, "vllm-a"), record(B, "vllm-b")], stop_delay=0.3)
+    steps = plan(runtimes, [], named=["vllm*"], state="disabled")
+    result = {"stopped_containers": [], "disabled_containers": [], "warnings": []}
+    started = time.monotonic()
+    assert containers.act(runtimes, steps, 7.5, result) == {}
+    assert time.monotonic() - started < 0.55, "both stops ran side by side"
+    assert [entry[0] for entry in runtimes.log[:2]] == ["update", "update"] and sorted(runtimes.log[2:]) == [("stop", A, 7.5), ("stop", B, 7.5)]
+    assert [(e["name"], e["restart_policy"], e["restart_policy_before"]) for e in result["disabled_containers"]] == [
+        ("vllm-a", "no", "always"),
+        ("vllm-b", "no", "always"),
+    ]
+    assert [e["name"] for e in result["stopped_containers"]] == ["vllm-a", "vllm-b"]
+    assert all(e["stopped_after_s"] >= 0.3 for e in result["stopped_containers"])
+
+
+def test_act_reports_a_container_it_could_not_stop():
+    runtimes = FakeRuntimes([record(A, "vllm-a")], fail_stop=[A])
+    steps = plan(runtimes, [holder(1, "/docker/%s" % A)])
+    result = {"stopped_containers": [], "disabled_containers": [], "warnings": []}
+    assert containers.act(runtimes, steps, 1, result) == {A: "daemon said no"}
+    assert result["stopped_containers"] == [] and "could not stop container vllm-a" in result["warnings"][0]
+
+
+def test_grace_is_whole_seconds_rounded_up():
+    assert [containers.grace_seconds(x) for x in (0, 0.2, 1, 1.5, 10)] == [0, 1, 1, 2, 10]
