@@ -346,6 +346,7 @@ WORKLOADS = {
     "train": "a stray training process started over SSH (session scope)",
     "ignore-term": "a holder started over SSH that ignores SIGTERM",
     "orphan": "a holder that forked a child after 'CUDA init'; the parent is SIGKILLed",
+    "monitor": "`nvidia-smi dmon` started over SSH: an NVML client (every device file open, no GPU memory)",
 }
 
 
@@ -899,7 +900,7 @@ class Fleet:
         units = {"vllm": "vllm.service", "sglang": "sglang.service",
                  "persistenced": "nvidia-persistenced.service"}
         session = {"train": "train.py", "ignore-term": "stubborn_train.py --ignore-term",
-                   "orphan": "orphan_parent.py --fork-child"}
+                   "orphan": "orphan_parent.py --fork-child", "monitor": "nvidia-smi --monitor dmon"}
         if workload in units:
             unit = units[workload]
             verb = "enable --now" if workload == "sglang" else "start"  # sglang comes back at boot
