@@ -122,8 +122,8 @@ _value:
         dirty_gpus: {description: Indexes of the GPUs that are not clean., type: list, elements: int}
         footprint_gpus:
           description:
-            - Indexes of the GPUs that are clean although they read more than C(max_used_mib): only the cross-GPU
-              footprint of contexts on other GPUs (C(cross_gpu_footprint)).
+            - Indexes of the GPUs that are clean although they read more than C(max_used_mib), because what they
+              read is only the cross-GPU footprint of contexts on other GPUs (C(cross_gpu_footprint)).
           type: list
           elements: int
         nvml_clients:
