@@ -141,7 +141,7 @@ _value:
           description:
             - The host's holders as C(gpu_facts) returns them, plus C(host), C(used_memory_mib)
               (what nvidia-smi attributes to the PID, V(null) if nothing), C(nvml_client) (its C(attribution)
-              is V(nvml_client): it uses no GPU) and C(blocking) (unprotected and using a GPU, or V(undecided),
+              is V(nvml_client), so it uses no GPU) and C(blocking) (unprotected and using a GPU, or V(undecided),
               so it makes the host dirty).
           type: list
           elements: dict
