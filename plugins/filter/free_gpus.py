@@ -30,6 +30,11 @@ def _container(entry):
     return "%s (%s)" % (name, entry["image"]) if entry.get("image") else name
 
 
+def _footprint_note(outcome):
+    gpus = outcome.get("footprint_gpus") or []
+    return "GPU%s %s (%s MiB)" % ("" if len(gpus) == 1 else "s", ",".join(str(g) for g in gpus), outcome.get("footprint_mib"))
+
+
 def free_gpus_outcome(result, host, expected_count=0, check_mode=False):
     """A gpu_release result -> the `free_gpus_result` fact: status, MiB before/after, a message."""
     if not isinstance(result, Mapping):
@@ -52,6 +57,12 @@ def free_gpus_outcome(result, host, expected_count=0, check_mode=False):
         "disabled_containers": [_container(c) for c in result.get("disabled_containers") or []],
         "killed": [{"pid": k.get("pid"), "name": k.get("name"), "signal": k.get("signal"), "container": k.get("container")} for k in killed],
         "protected": result.get("protected") or [],
+        # Selected GPUs that read only the cross-GPU footprint of contexts on other GPUs (clean),
+        # and the NVML clients (monitors, exporters) left running: they use no GPU memory.
+        "footprint_gpus": [g.get("index") for g in after if g.get("cross_gpu_footprint")],
+        "footprint_mib": _mib([g for g in after if g.get("cross_gpu_footprint")]),
+        "nvml_clients": [{"pid": h.get("pid"), "name": h.get("name")} for h in result.get("holders") or []
+                         if isinstance(h, Mapping) and h.get("attribution") == "nvml_client"],
         "elapsed_s": result.get("elapsed_s"),
         "check_mode": bool(check_mode),
     }
@@ -88,6 +99,10 @@ def free_gpus_outcome(result, host, expected_count=0, check_mode=False):
         did.append("disabled container%s %s" % ("" if len(outcome["disabled_containers"]) == 1 else "s", ", ".join(outcome["disabled_containers"])))
     if killed:
         did.append("killed %d process%s" % (len(killed), "" if len(killed) == 1 else "es"))
+    if outcome["footprint_gpus"]:
+        did.append("%s at the cross-GPU footprint" % _footprint_note(outcome))
+    if outcome["nvml_clients"]:
+        did.append("%d NVML client%s left running" % (len(outcome["nvml_clients"]), "" if len(outcome["nvml_clients"]) == 1 else "s"))
     changed = bool(result.get("changed"))
     outcome["status"] = ("would free" if result.get("released") is False or changed else "clean") if outcome["check_mode"] else (
         "freed" if changed else "clean")
@@ -115,6 +130,17 @@ def _outcomes(data, hosts):
                 continue
         return found
     return list(data or [])
+
+
+def _note(outcome):
+    """Why an OK host reads above 0 MiB, and what was left running on purpose."""
+    notes = []
+    if outcome.get("footprint_gpus"):
+        notes.append("%s: cross-GPU footprint" % _footprint_note(outcome))
+    clients = outcome.get("nvml_clients") or []
+    if clients:
+        notes.append("%d NVML client%s kept" % (len(clients), "" if len(clients) == 1 else "s"))
+    return "; ".join(notes)
 
 
 def free_gpus_summary(data, hosts=None):
@@ -146,7 +172,7 @@ def free_gpus_summary(data, hosts=None):
             ", ".join(units) or "-",
             str(len(killed)) if killed else "-",
             "%s s" % outcome.get("elapsed_s") if outcome.get("elapsed_s") is not None else "-",
-            "" if outcome.get("ok") else outcome.get("message", ""),
+            _note(outcome) if outcome.get("ok") else outcome.get("message", ""),
         ))
     rows.sort(key=lambda r: (_STATUS_ORDER.get(r[0], 1), r[1]))
     header = ("STATUS", "HOST", "GPUS", "MIB BEFORE -> AFTER", "UNITS/CONTAINERS STOPPED", "KILLED", "TIME", "")

@@ -97,7 +97,13 @@ _value:
         gpus_dirty: {description: GPUs above it., type: int}
         memory_used_mib: {description: MiB used over all GPUs., type: int}
         memory_total_mib: {description: MiB installed over all GPUs., type: int}
-        holders: {description: Unprotected processes holding a GPU device file., type: int}
+        holders: {description: Unprotected processes using GPU memory (C(attribution) other than V(nvml_client))., type: int}
+        nvml_clients:
+          description:
+            - NVML clients on the hosts that answered (C(attribution=nvml_client)), protected ones included,
+              such as C(nvidia-smi dmon), exporters or C(nvidia-persistenced). They open the device files but use no
+              GPU memory and never make a host dirty.
+          type: int
     hosts:
       description: One entry per host, sorted by name.
       type: list
@@ -114,6 +120,16 @@ _value:
         memory_total_mib: {description: MiB installed over the host's GPUs., type: int}
         used_pct: {description: Used share of the host's GPU memory in percent, one decimal., type: float}
         dirty_gpus: {description: Indexes of the GPUs that are not clean., type: list, elements: int}
+        footprint_gpus:
+          description:
+            - Indexes of the GPUs that are clean although they read more than C(max_used_mib), because what they
+              read is only the cross-GPU footprint of contexts on other GPUs (C(cross_gpu_footprint)).
+          type: list
+          elements: int
+        nvml_clients:
+          description: The host's holders whose C(attribution) is V(nvml_client) (also in C(holders)).
+          type: list
+          elements: dict
         gpus:
           description:
             - The host's GPUs as C(gpu_facts) returns them, plus C(host), C(used_pct) (one
@@ -124,8 +140,9 @@ _value:
         holders:
           description:
             - The host's holders as C(gpu_facts) returns them, plus C(host), C(used_memory_mib)
-              (what nvidia-smi attributes to the PID, V(null) if nothing), C(blocking)
-              (unprotected and holding a per-GPU device node, so it makes the host dirty) and
+              (what nvidia-smi attributes to the PID, V(null) if nothing), C(nvml_client) (its C(attribution)
+              is V(nvml_client), so it uses no GPU), C(blocking) (unprotected and using a GPU, or V(undecided),
+              so it makes the host dirty) and
               C(container_label) (the container as the report shows it next to the PID, V(vllm (vllm/vllm-openai:v0.11.0))
               with the name and image its runtime gave, else the short id; prefixed with the Kubernetes pod; V(null) outside containers).
           type: list
@@ -202,7 +219,9 @@ def _gpu_records(host, facts):
         record["gpu_indexes"] = list(record.get("gpu_indexes") or [])
         record["protected"] = bool(record.get("protected"))
         record["used_memory_mib"] = mib_by_pid.get(record.get("pid"))
-        record["blocking"] = bool(record["gpu_indexes"]) and not record["protected"]
+        record["nvml_client"] = record.get("attribution") == "nvml_client"
+        uses = bool(record["gpu_indexes"]) or record.get("attribution") == "undecided"
+        record["blocking"] = uses and not record["nvml_client"] and not record["protected"]
         record["container_label"] = _container_label(record)
         holders.append(record)
     holders.sort(key=lambda h: (not h["blocking"], h["gpu_indexes"][:1] or [1 << 30], h.get("pid") or 0))
@@ -219,6 +238,7 @@ def _gpu_records(host, facts):
         total = _int_or_none(record.get("memory_total_mib"))
         record["used_pct"] = _pct(used, total)
         record["clean"] = bool(record.get("clean"))
+        record["cross_gpu_footprint"] = bool(record.get("cross_gpu_footprint"))
         index = record.get("index")
         record["holders"] = [h for h in holders if index in h["gpu_indexes"]]
         record["processes"] = [
@@ -293,6 +313,8 @@ def _host_record(entry):
         "memory_total_mib": sum(total) if total else None,
         "used_pct": None,
         "dirty_gpus": [g.get("index") for g in gpus if not g["clean"]],
+        "footprint_gpus": [g.get("index") for g in gpus if g["clean"] and g["cross_gpu_footprint"]],
+        "nvml_clients": [h for h in holders if h["nvml_client"]],
         "gpus": gpus,
         "holders": holders,
         "stale_processes": stale,
@@ -361,6 +383,7 @@ def gpu_audit_model(hosts, generated_at=None, expected_hosts=None):
         "memory_used_mib": sum(r["memory_used_mib"] or 0 for r in records if r["up"]),
         "memory_total_mib": sum(r["memory_total_mib"] or 0 for r in records if r["up"]),
         "holders": sum(1 for r in records if r["up"] for h in r["holders"] if h["blocking"]),
+        "nvml_clients": sum(len(r["nvml_clients"]) for r in records if r["up"]),
     }
     return {
         "schema_version": SCHEMA_VERSION,

@@ -18,7 +18,7 @@ description:
   - "Metrics: C(zeromib_gpu_audit_timestamp_seconds), C(zeromib_gpu_audit_hosts{status}),
     C(zeromib_gpu_host_up{host}), C(zeromib_gpu_host_clean{host}),
     C(zeromib_gpu_host_info{host,status,driver_version,cuda_version}), C(zeromib_gpu_devices{host}),
-    C(zeromib_gpu_holders{host}), C(zeromib_gpu_memory_used_mib{host,gpu,uuid,name}),
+    C(zeromib_gpu_holders{host}), C(zeromib_gpu_nvml_clients{host}), C(zeromib_gpu_memory_used_mib{host,gpu,uuid,name}),
     C(zeromib_gpu_memory_total_mib{host,gpu,uuid,name}), C(zeromib_gpu_clean{host,gpu,uuid})."
 options:
   _input:
@@ -62,7 +62,8 @@ _FAMILIES = (
     ("zeromib_gpu_host_clean", "1 when every GPU of the host is clean and no unprotected process holds one."),
     ("zeromib_gpu_host_info", "Audit status, NVIDIA driver and CUDA version of the host; always 1."),
     ("zeromib_gpu_devices", "GPUs the host reported."),
-    ("zeromib_gpu_holders", "Unprotected processes holding a GPU device file of the host."),
+    ("zeromib_gpu_holders", "Unprotected processes using a GPU of the host."),
+    ("zeromib_gpu_nvml_clients", "NVML clients of the host: they open GPU device files but use no GPU memory."),
     ("zeromib_gpu_memory_used_mib", "GPU memory used in MiB, as nvidia-smi reports memory.used."),
     ("zeromib_gpu_memory_total_mib", "GPU memory installed in MiB."),
     ("zeromib_gpu_clean", "1 when the GPU's memory used is at or below the audit's max_used_mib."),
@@ -124,6 +125,7 @@ def gpu_audit_prom(model):
         if _is_number(host.get("gpu_count")):
             add("zeromib_gpu_devices", [("host", name)], host["gpu_count"])
         add("zeromib_gpu_holders", [("host", name)], sum(1 for h in host.get("holders") or [] if h.get("blocking")))
+        add("zeromib_gpu_nvml_clients", [("host", name)], len(host.get("nvml_clients") or []))
         for gpu in host.get("gpus") or []:
             gpu_labels = [("host", name), ("gpu", gpu.get("index")), ("uuid", gpu.get("uuid")), ("name", gpu.get("name"))]
             if _is_number(gpu.get("memory_used_mib")):

@@ -405,6 +405,7 @@ WORKLOADS = {
     "cron-job": "a cron job (@reboot in /etc/cron.d, cron restarted; runs inside cron.service)",
     "slurm-job": "a batch job of the host's own one-node Slurm cluster (sbatch; runs inside slurmd.service)",
     "hub-kernel": "a kernel spawned by notebook-hub.service (a child of the hub, inside its unit)",
+    "monitor": "`nvidia-smi dmon` started over SSH: an NVML client (every device file open, no GPU memory)",
 }
 
 # Each host is a one-node Slurm cluster of its own. Debian 12's slurmd (22.05) refuses the
@@ -1006,7 +1007,7 @@ class Fleet:
                            "mv /run/nvidia-sim/hub/spawn/.k$$ /run/nvidia-sim/hub/spawn/k$$.json; ", 30),
         }
         session = {"train": "train.py", "ignore-term": "stubborn_train.py --ignore-term",
-                   "orphan": "orphan_parent.py --fork-child"}
+                   "orphan": "orphan_parent.py --fork-child", "monitor": "nvidia-smi --monitor dmon"}
         if workload in units:
             unit = units[workload]
             verb = "enable --now" if workload == "sglang" else "start"  # sglang comes back at boot

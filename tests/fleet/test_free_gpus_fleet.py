@@ -16,6 +16,7 @@ from scenarios import (ASSERT_TASK, PLAYBOOK, RELEASE_TASK, ROLE, Cast, alive, b
 pytestmark = pytest.mark.usefixtures("fleet_baselines")
 
 KILL_TIMEOUT = 2
+FOOTPRINT = 4  # MiB a GPU without a context reads while contexts live on other GPUs (H200)
 
 
 # --------------------------------------------------------------------------- one busy fleet, one run
@@ -210,13 +211,58 @@ def test_freeing_gpu_1_only_leaves_the_holders_of_other_gpus_running_and_their_m
     assert res["selected_gpus"] == [1]
     assert {k["pid"] for k in res["killed"]} == {on[1]["pid"], both["pid"]}
     after = fleet.gpu_memory(host)
-    assert after[1] == 0
+    # GPU 1 runs nothing any more; the contexts left on GPUs 0 and 2 put their cross-GPU
+    # footprint (4 MiB) on it, and gpu_release counts that clean, saying so per GPU
+    assert after[1] == FOOTPRINT
     for g, mib in before.items():
         if g not in (1, 3):
             assert after[g] == mib, (g, before, after)
-    assert after[3] == 0  # GPU 3 was held only by the process that also held GPU 1
+    assert after[3] == FOOTPRINT  # GPU 3 was held only by the process that also held GPU 1
+    gpu1 = [g for g in res["gpus"] if g["index"] == 1][0]
+    assert gpu1["clean"] is True and gpu1["cross_gpu_footprint"] is True and res["released"] is True
     live = alive(fleet, host, [on[0]["pid"], on[2]["pid"], on[1]["pid"]])
     assert live == {on[0]["pid"]: True, on[2]["pid"]: True, on[1]["pid"]: False}
+
+
+def test_per_gpu_freeing_next_to_trainers_and_a_monitor_keeps_them_and_reads_the_footprint(clean_fleet):
+    """free_gpus_gpus [2, 3] on two nodes (an H200, and the H100 whose minors differ from its
+    indexes when the fleet has one) with a trainer on each of GPUs 0-3 and `nvidia-smi dmon`
+    running: only the trainers of GPUs 2 and 3 go; the others and the monitor stay; GPUs 2 and 3
+    read the 4 MiB cross-GPU footprint, clean; the summary says freed and why."""
+    fleet = clean_fleet
+    cast = Cast(fleet)
+    hosts = [cast.train] + ([cast.h100] if cast.h100 else [cast.stubborn])
+
+    def start(host):
+        trainers = {g: fleet.workload(host, "train", gpus=str(g), mib=1024 * (g + 1)) for g in range(4)}
+        return host, {"trainers": trainers, "monitor": fleet.workload(host, "monitor")}
+
+    started = dict(parallel(start, hosts))
+    before = memory(fleet, hosts)
+    run = fleet.ansible_playbook(PLAYBOOK, limit=",".join(hosts), extra_vars={"free_gpus_gpus": [2, 3]})
+    assert run.rc == 0, run
+    after = memory(fleet, hosts)
+    lines = summary_lines(run)
+    assert lines, run
+    for host in hosts:
+        res = run.result(RELEASE_TASK, host)
+        trainers, monitor = started[host]["trainers"], started[host]["monitor"]
+        assert res["selected_gpus"] == [2, 3] and res["released"] is True, res
+        assert {k["pid"] for k in res["killed"]} == {trainers[2]["pid"], trainers[3]["pid"]}, res["killed"]
+        keep = [trainers[0]["pid"], trainers[1]["pid"], monitor["pid"]]
+        assert all(alive(fleet, host, keep).values()), (host, alive(fleet, host, keep))
+        assert not any(alive(fleet, host, [trainers[2]["pid"], trainers[3]["pid"]]).values())
+        assert after[host][2] == after[host][3] == FOOTPRINT, (host, after[host])
+        assert after[host][0] == before[host][0] and after[host][1] == before[host][1], (host, before[host], after[host])
+        for g in (2, 3):
+            gpu = [x for x in res["gpus"] if x["index"] == g][0]
+            assert gpu["clean"] is True and gpu["cross_gpu_footprint"] is True, gpu
+        [mon] = [h for h in res["holders"] if h["pid"] == monitor["pid"]]
+        assert mon["attribution"] == "nvml_client" and mon["gpu_indexes"] == []
+        assert summary_status(lines, host) == "freed", "\n".join(lines)
+        row = [line for line in lines if line.split()[1:2] == [host]][0]
+        assert "GPUs 2,3 (8 MiB): cross-GPU footprint" in row and "1 NVML client kept" in row, row
+    assert lines[-1] == f"{len(hosts)} hosts: {len(hosts)} freed"
 
 
 def test_check_mode_across_the_fleet_changes_nothing_and_reports_the_plan(clean_fleet):

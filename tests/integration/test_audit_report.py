@@ -33,13 +33,17 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 H200_TOTAL = 143771
+FOOTPRINT = 4
 L40S_TOTAL = 46068
 
 
 # --------------------------------------------------------------------------- fleet data
 
 
-def _gpu(index, used=0, total=H200_TOTAL, name="NVIDIA H200", max_used=0, mig="Disabled", host_no=0):
+def _gpu(index, used=0, total=H200_TOTAL, name="NVIDIA H200", max_used=0, mig="Disabled", host_no=0, footprint=False):
+    """footprint: the GPU runs nothing and reads the 4 MiB cross-GPU footprint of contexts on the
+    host's other GPUs (as gpu_facts reports it: clean, cross_gpu_footprint true)."""
+    used = FOOTPRINT if footprint else used
     return {
         "index": index,
         "uuid": "GPU-%08x-%04x-%04x-%04x-%012x" % (0xAB0C0000 + host_no, index, 0xBE7E, 0xF16B, 0x963690D7C5C5 + index),
@@ -55,16 +59,20 @@ def _gpu(index, used=0, total=H200_TOTAL, name="NVIDIA H200", max_used=0, mig="D
         "power_draw_w": round(118.0 + (used or 0) / 400.0, 2),
         "persistence_mode": "Enabled",
         "mig_mode": mig,
-        "clean": used is not None and used <= max_used,
+        "cross_gpu_footprint": footprint,
+        "clean": footprint or (used is not None and used <= max_used),
     }
 
 
-def _holder(pid, name, cmdline, gpus, unit=None, container=None, user="root", protected=False, state="S"):
+def _holder(pid, name, cmdline, gpus, unit=None, container=None, user="root", protected=False, state="S", attribution=None):
+    """Every process, CUDA program or NVML client, has every GPU's node open (as measured on a
+    real 2-GPU H200): `attribution` and `gpu_indexes` say which GPUs it really uses."""
     return {
         "pid": pid, "ppid": 1, "name": name, "cmdline": cmdline, "user": user, "state": state,
         "start_time": 1234567 + pid,
-        "devices": ["/dev/nvidia%d" % i for i in gpus] + ["/dev/nvidiactl", "/dev/nvidia-uvm"],
+        "devices": ["/dev/nvidia%d" % i for i in range(8)] + ["/dev/nvidiactl", "/dev/nvidia-uvm"],
         "gpu_indexes": list(gpus), "unit": unit, "container": container, "protected": protected,
+        "attribution": attribution or ("listed" if gpus else "nvml_client"), "candidate_gpu_indexes": [],
     }
 
 
@@ -98,24 +106,29 @@ def build_fleet():
                                [i], unit="vllm.service") for i in range(8)]
             procs = [_proc(2211 + i, gpus[i]) for i in range(8)]
         elif n == 7:  # an interactive training run left on two GPUs
-            gpus = [_gpu(i, used=[40960, 38912][i] if i < 2 else 0, host_no=n) for i in range(8)]
+            gpus = [_gpu(i, used=[40960, 38912][i] if i < 2 else 0, host_no=n, footprint=i >= 2) for i in range(8)]
             holders = [_holder(48211, "python3", "python3 train.py --config configs/llama-8b.yaml --gpus 0,1", [0, 1], user="alice")]
             procs = [{"pid": 48211, "name": "python3", "used_memory_mib": 40960, "gpu_uuid": gpus[0]["uuid"], "gpu_index": 0, "alive": True},
                      {"pid": 48211, "name": "python3", "used_memory_mib": 38912, "gpu_uuid": gpus[1]["uuid"], "gpu_index": 1, "alive": True}]
         elif n == 11:  # orphaned fork child keeps the dead parent's memory
-            gpus = [_gpu(i, used=6662 if i == 3 else 0, host_no=n) for i in range(8)]
-            holders = [_holder(9127, "python3", 'python3 -c "import torch; torch.zeros(1).cuda(); os.fork()"', [3], user="bob")]
+            gpus = [_gpu(i, used=6662 if i == 3 else 0, host_no=n, footprint=i != 3) for i in range(8)]
+            holders = [_holder(9127, "python3", 'python3 -c "import torch; torch.zeros(1).cuda(); os.fork()"', [3], user="bob",
+                               attribution="mapped")]
             procs = [{"pid": 9120, "name": "[Not Found]", "used_memory_mib": 6662, "gpu_uuid": gpus[3]["uuid"], "gpu_index": 3, "alive": False}]
         elif n == 14:  # sglang in a container on GPUs 4-7
-            gpus = [_gpu(i, used=70144 + 512 * i if i >= 4 else 0, host_no=n) for i in range(8)]
+            gpus = [_gpu(i, used=70144 + 512 * i if i >= 4 else 0, host_no=n, footprint=i < 4) for i in range(8)]
             holders = [_holder(77001, "sglang::scheduler", "python3 -m sglang.launch_server --model-path /models/qwen2.5-72b --tp 4 --port 30000", [4, 5, 6, 7],
                                container="3f9c2d1ab4e8a7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2", user="svc-infer")]
             holders[0].update(container_runtime="docker", container_name="sglang", container_image="lmsysorg/sglang:v0.4.9-cu124")
             procs = [_proc(77001, g) for g in gpus[4:]]
+        elif n == 5:  # only monitors: NVML clients, no GPU memory, clean
+            holders = [_holder(3301, "nvidia-smi", "nvidia-smi dmon -s mu", []),
+                       _holder(3302, "dcgm-exporter", "/usr/bin/dcgm-exporter -f /etc/dcgm-exporter/default-counters.csv", [],
+                               unit="dcgm-exporter.service", user="dcgm")]
         elif n == 18:  # MIG host idles at 55 MiB, audited with max_used_mib 60
             gpus = [_gpu(i, used=55, max_used=60, mig="Enabled", host_no=n) for i in range(8)]
         elif n == 21:  # a small leftover: a notebook kernel with <1 % of GPU 6, plus a protected NVML client
-            gpus = [_gpu(i, used=1210 if i == 6 else 0, host_no=n) for i in range(8)]
+            gpus = [_gpu(i, used=1210 if i == 6 else 0, host_no=n, footprint=i != 6) for i in range(8)]
             kernel = "/usr/bin/python3 -m ipykernel_launcher -f /root/.local/share/jupyter/runtime/kernel-<'\"&>.json"
             holders = [_holder(5120, "python3", kernel, [6], user="carol"),
                        _holder(812, "nvidia-persistenced", "/usr/bin/nvidia-persistenced --user nvidia-persistenced", [], protected=True)]
@@ -222,7 +235,7 @@ def test_report_json_counts_every_kind_of_host(fleet_report):
         "hosts_total": 30, "hosts_clean": 22, "hosts_dirty": 5, "hosts_error": 2, "hosts_unreachable": 1,
         "gpus_total": 8 * 26 + 4, "gpus_clean": 8 * 26 + 4 - 16, "gpus_dirty": 16,
         "memory_used_mib": report["summary"]["memory_used_mib"], "memory_total_mib": 26 * 8 * H200_TOTAL + 4 * L40S_TOTAL,
-        "holders": 8 + 1 + 1 + 1 + 1,
+        "holders": 8 + 1 + 1 + 1 + 1, "nvml_clients": 2 + 1,
     }
     status = {h["host"]: h["status"] for h in report["hosts"]}
     assert [h for h, s in status.items() if s != "clean"] == [
@@ -234,6 +247,11 @@ def test_report_json_counts_every_kind_of_host(fleet_report):
     assert [p["pid"] for p in findings["stale_processes"]] == [9120]
     assert report["queries"] == {"busiest_gpu": ["gpu-node03", 7]}
     assert next(a for a in findings["attention"] if a["host"] == "gpu-node24")["reason"] == "nvidia-smi timed out after 10 s"
+    hosts = {h["host"]: h for h in report["hosts"]}
+    assert [(c["host"], c["pid"]) for c in findings["nvml_clients"]] == [("gpu-node05", 3301), ("gpu-node05", 3302), ("gpu-node21", 812)]
+    assert all(c["pid"] not in {h["pid"] for h in findings["holders"]} for c in findings["nvml_clients"])
+    assert hosts["gpu-node07"]["footprint_gpus"] == [2, 3, 4, 5, 6, 7] and hosts["gpu-node03"]["footprint_gpus"] == []
+    assert hosts["gpu-node05"]["status"] == "clean" and len(hosts["gpu-node05"]["nvml_clients"]) == 2
 
 
 def test_prom_file_passes_promtool(fleet_report):
@@ -248,6 +266,8 @@ def test_prom_file_passes_promtool(fleet_report):
     assert 'zeromib_gpu_host_clean{host="gpu-node18"} 1' in text
     assert 'zeromib_gpu_memory_used_mib{host="gpu-node07",gpu="0",' in text
     assert 'zeromib_gpu_holders{host="gpu-node03"} 8' in text
+    assert 'zeromib_gpu_nvml_clients{host="gpu-node05"} 2' in text and 'zeromib_gpu_holders{host="gpu-node05"} 0' in text
+    assert 'zeromib_gpu_clean{host="gpu-node07",gpu="2",' in text
 
 
 def test_markdown_lists_every_problem_host(fleet_report):
@@ -258,6 +278,15 @@ def test_markdown_lists_every_problem_host(fleet_report):
     assert "| gpu-node21 | 5120 | python3 | carol |" in md
     # A holder in a container shows the container's name and image next to its PID.
     assert "| gpu-node14 | 77001 | sglang::scheduler | svc-infer | - | sglang (lmsysorg/sglang:v0.4.9-cu124) |" in md
+    # NVML clients are listed apart from the holders (GPU users), and counted
+    holders, clients = md.split("\n## Holders\n")[1].split("\n## NVML clients\n")
+    assert "| gpu-node05 |" not in holders and "| gpu-node05 | 3301 | nvidia-smi | root | - | no | `nvidia-smi dmon -s mu` |" in clients
+    assert "| gpu-node21 | 812 | nvidia-persistenced | root | - | yes |" in clients
+    assert "| holders | NVML clients |" in md and "| 12 | 3 |" in md
+    # a GPU clean at the cross-GPU footprint says so
+    node07 = next(line for line in md.splitlines() if line.startswith("| gpu-node07 | dirty |"))
+    assert "0:40960! 1:38912! 2:4 (footprint) 3:4 (footprint)" in node07
+    assert "`(footprint)`: the GPU runs nothing of its own" in md
 
 
 class _Dom(HTMLParser):
@@ -317,6 +346,11 @@ def test_heat_map_renders_in_chromium(fleet_report):
     node07 = next(c for c in gpu_cells if c["data-host"] == "gpu-node07" and c["data-gpu"] == "0")
     assert node07["data-used-mib"] == "40960" and "pid 48211 python3" in node07["title"] and "user alice" in node07["title"]
     assert "unit vllm.service" in next(c for c in gpu_cells if c["data-host"] == "gpu-node03")["title"]
+    footprint = {(c["data-host"], int(c["data-gpu"])) for c in gpu_cells if c.get("data-footprint") == "true"}
+    assert ("gpu-node07", 2) in footprint and ("gpu-node14", 0) in footprint and not any(h == "gpu-node03" for h, _ in footprint)
+    node07_2 = next(c for c in gpu_cells if c["data-host"] == "gpu-node07" and c["data-gpu"] == "2")
+    assert node07_2["data-state"] == "clean" and "4 MiB footprint of contexts on other GPUs" in node07_2["title"]
+    assert "NVML clients" in proc.stdout and 'id="nvml-clients"' in proc.stdout
     assert sum(1 for c in dom.cells if c.get("data-state") == "absent") == 4, "the 4-GPU host pads its row"
     rows = {r["data-host"]: r["data-status"] for r in dom.rows}
     assert len(rows) == 30 and rows["gpu-node29"] == "unreachable" and rows["gpu-node24"] == "error" and rows["gpu-node18"] == "clean"

@@ -23,6 +23,11 @@ def start_daemon(host, name="nvidia-persistenced"):
     return int(open(ready).read())
 
 
+def by_pid(records, pid):
+    [record] = [r for r in records if r["pid"] == pid]
+    return record
+
+
 def facts(run):
     assert not run.failed, run.msg
     return run["ansible_facts"]["gpu"]
@@ -38,6 +43,7 @@ def test_idle_8_gpu_node_reads_clean_and_maps_minor_numbers(nshost):
     assert first["memory_total_mib"] == 143771 and first["memory_reserved_mib"] == 616 and first["name"] == "NVIDIA H200"
     assert isinstance(first["power_draw_w"], float) and first["mig_mode"] == "Disabled"
     assert gpu["holders"] == [] and gpu["processes"] == []
+    assert not any(g["cross_gpu_footprint"] for g in gpu["gpus"])
 
 
 def test_holder_on_gpu0_is_found_through_its_minor_node(nshost):
@@ -47,10 +53,13 @@ def test_holder_on_gpu0_is_found_through_its_minor_node(nshost):
     holder = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "40960"])
     gpu = facts(run_module(host, "gpu_facts"))
     assert gpu["clean"] is False
-    assert gpu["gpus"][0]["memory_used_mib"] >= 40960 and gpu["gpus"][0]["clean"] is False
-    assert all(g["clean"] for g in gpu["gpus"][1:])
+    assert gpu["gpus"][0]["memory_used_mib"] == 40960 + 9 and gpu["gpus"][0]["clean"] is False
+    # the other seven read the cross-GPU footprint of the context on GPU 0: clean, and said so
+    assert all(g["clean"] and g["cross_gpu_footprint"] and g["memory_used_mib"] == 4 for g in gpu["gpus"][1:])
     [record] = [h for h in gpu["holders"] if h["pid"] == holder.pid]
-    assert record["gpu_indexes"] == [0] and "/dev/nvidia1" in record["devices"] and "/dev/nvidiactl" in record["devices"]
+    # it has every GPU's node open (a real CUDA process does), but nvidia-smi lists it on GPU 0 only
+    assert record["gpu_indexes"] == [0] and record["attribution"] == "listed"
+    assert "/dev/nvidia1" in record["devices"] and "/dev/nvidia0" in record["devices"] and "/dev/nvidiactl" in record["devices"]
     assert record["protected"] is False and record["state"] in ("S", "R") and record["start_time"] > 0
     assert record["user"] == "root" and "gpu_holder" in record["cmdline"]
     [app] = [a for a in gpu["processes"] if a["pid"] == holder.pid]
@@ -68,7 +77,7 @@ def test_orphaned_fork_child_keeps_memory_behind_a_not_found_owner(nshost):
     [app] = gpu["processes"]
     assert app["pid"] == parent.pid and app["name"] in ("[Not Found]", "[No data]") and app["alive"] is False
     [orphan] = [h for h in gpu["holders"] if h["pid"] == child]
-    assert orphan["gpu_indexes"] == [0] and orphan["ppid"] == 1
+    assert orphan["gpu_indexes"] == [0] and orphan["ppid"] == 1 and orphan["attribution"] == "mapped"
 
 
 def test_persistenced_holding_every_node_does_not_make_the_host_dirty(nshost):
@@ -78,16 +87,31 @@ def test_persistenced_holding_every_node_does_not_make_the_host_dirty(nshost):
     [record] = [h for h in gpu["holders"] if h["pid"] == daemon]
     # The kernel truncates comm to 15 characters; argv[0] still carries the full name.
     assert record["name"] == "nvidia-persiste" and record["protected"] is True
-    assert record["gpu_indexes"] == list(range(8))
+    # It has every GPU's node open but maps none: an NVML client, which uses no GPU.
+    assert sum(1 for d in record["devices"] if d[len("/dev/nvidia"):].isdigit()) == 8
+    assert record["gpu_indexes"] == [] and record["attribution"] == "nvml_client"
     assert gpu["clean"] is True
 
 
 def test_user_protected_name_keeps_a_holder_out_of_the_verdict(nshost):
+    # An agent with a (tiny) context of its own uses the GPU: dirty until `protect` names it.
+    # (A process with device files and no mapping is an NVML client and never dirty anyway.)
+    host = nshost("h200x1")
+    agent = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "0", "--name", "my-gpu-agent"])
+    gpu = facts(run_module(host, "gpu_facts", {"max_used_mib": 16}))
+    record = by_pid(gpu["holders"], agent.pid)
+    assert record["attribution"] == "listed" and record["gpu_indexes"] == [0] and record["protected"] is False
+    assert gpu["gpus"][0]["clean"] is True and gpu["clean"] is False
+    gpu = facts(run_module(host, "gpu_facts", {"max_used_mib": 16, "protect": ["my-gpu-agent"]}))
+    assert by_pid(gpu["holders"], agent.pid)["protected"] is True and gpu["clean"] is True
+
+
+def test_fake_daemon_with_device_files_only_is_an_nvml_client_never_dirty(nshost):
     host = nshost("h200x1")
     daemon = start_daemon(host, "my-gpu-agent")
-    assert facts(run_module(host, "gpu_facts"))["clean"] is False
-    gpu = facts(run_module(host, "gpu_facts", {"protect": ["my-gpu-agent"]}))
-    assert [h["protected"] for h in gpu["holders"] if h["pid"] == daemon] == [True] and gpu["clean"] is True
+    gpu = facts(run_module(host, "gpu_facts"))
+    record = by_pid(gpu["holders"], daemon)
+    assert record["attribution"] == "nvml_client" and record["protected"] is False and gpu["clean"] is True
 
 
 def test_control_node_only_client_is_listed_but_not_dirty(nshost):
@@ -95,14 +119,14 @@ def test_control_node_only_client_is_listed_but_not_dirty(nshost):
     client = host.spawn(["gpu_holder", "--control-only"])
     gpu = facts(run_module(host, "gpu_facts"))
     [record] = [h for h in gpu["holders"] if h["pid"] == client.pid]
-    assert record["gpu_indexes"] == [] and gpu["clean"] is True
+    assert record["gpu_indexes"] == [] and record["attribution"] == "nvml_client" and gpu["clean"] is True
 
 
 def test_map_only_holder_is_found_through_proc_maps(nshost):
     host = nshost("h200x1")
     holder = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "1024", "--map-only"])
     gpu = facts(run_module(host, "gpu_facts"))
-    assert [h["gpu_indexes"] for h in gpu["holders"] if h["pid"] == holder.pid] == [[0]]
+    assert [(h["gpu_indexes"], h["attribution"]) for h in gpu["holders"] if h["pid"] == holder.pid] == [([0], "listed")]
 
 
 def test_mig_node_idles_at_55_mib_and_needs_a_baseline(nshost):

@@ -12,7 +12,7 @@ import copy
 H200_TOTAL = 143771
 
 
-def gpu(index, used=0, max_used=0, mig="Disabled", total=H200_TOTAL):
+def gpu(index, used=0, max_used=0, mig="Disabled", total=H200_TOTAL, footprint=False):
     return {
         "index": index,
         "uuid": "GPU-ab0cf4f6-818d-be7e-f16b-96369%07x" % index,
@@ -28,7 +28,8 @@ def gpu(index, used=0, max_used=0, mig="Disabled", total=H200_TOTAL):
         "power_draw_w": 126.02,
         "persistence_mode": "Enabled",
         "mig_mode": mig,
-        "clean": used <= max_used,
+        "cross_gpu_footprint": footprint,
+        "clean": used <= max_used or footprint,
     }
 
 
@@ -49,12 +50,15 @@ def facts(gpus, holders=(), processes=(), clean=None):
     }
 
 
-def holder(pid, name, gpu_indexes, cmdline=None, unit=None, container=None, user="root", protected=False):
+def holder(pid, name, gpu_indexes, cmdline=None, unit=None, container=None, user="root", protected=False, attribution=None):
+    """Every process, CUDA or NVML client, opens every GPU's node (measured on a 2-GPU H200):
+    `attribution` says which GPUs it really uses (listed or mapped), or none (nvml_client)."""
     return {
         "pid": pid, "ppid": 1, "name": name, "cmdline": cmdline or name, "user": user, "state": "S",
         "start_time": 123456 + pid,
-        "devices": ["/dev/nvidia%d" % (7 - i) for i in gpu_indexes] + ["/dev/nvidiactl", "/dev/nvidia-uvm"],
+        "devices": ["/dev/nvidia%d" % minor for minor in range(8)] + ["/dev/nvidiactl", "/dev/nvidia-uvm"],
         "gpu_indexes": list(gpu_indexes), "unit": unit, "container": container, "protected": protected,
+        "attribution": attribution or ("listed" if gpu_indexes else "nvml_client"), "candidate_gpu_indexes": [],
     }
 
 
@@ -77,6 +81,28 @@ def dirty_with_holders(host="dirty-h200"):
             {"pid": 427, "name": "[Not Found]", "used_memory_mib": 3590, "gpu_uuid": uuid, "gpu_index": 0, "alive": False},
         ],
     )}
+
+
+def trainer_footprint_and_monitors(host="trainer-h200"):
+    """A trainer on GPU 0; GPU 1 reads the 4 MiB cross-GPU footprint (clean); `nvidia-smi dmon`
+    and a pynvml exporter are NVML clients."""
+    gpus = [gpu(0, used=41487), gpu(1, used=4, footprint=True)]
+    uuid = gpus[0]["uuid"]
+    return {"host": host, "status": "ok", "error": None, "gpu": facts(
+        gpus,
+        holders=[
+            holder(700, "python3", [0], cmdline="python3 train.py"),
+            holder(701, "nvidia-smi", [], cmdline="nvidia-smi dmon"),
+            holder(702, "python3", [], cmdline="python3 gpu_exporter.py", unit="gpu-exporter.service"),
+        ],
+        processes=[{"pid": 700, "name": "python3", "used_memory_mib": 41478, "gpu_uuid": uuid, "gpu_index": 0, "alive": True}],
+    )}
+
+
+def monitors_only(host="watched-h200"):
+    """Only NVML clients: the host is clean."""
+    return {"host": host, "status": "ok", "error": None, "gpu": facts(
+        [gpu(0), gpu(1)], holders=[holder(801, "nvidia-smi", [], cmdline="nvidia-smi dmon")])}
 
 
 def mig_baseline(host="mig-h200"):

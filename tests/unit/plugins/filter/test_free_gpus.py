@@ -107,3 +107,32 @@ def test_containers_stopped_and_disabled_show_name_and_image():
     lines = free_gpus_summary([outcome])
     assert "UNITS/CONTAINERS STOPPED" in lines[0]
     assert "container vllm (vllm/vllm-openai:v0.11.0) (disabled), container tgi (ghcr.io/huggingface/text-generation-inference:3.3)" in lines[1]
+
+
+def test_gpu_freed_next_to_a_trainer_reads_the_footprint_and_the_summary_says_why():
+    # gpus: ["1"] on a 2-GPU H200 with a trainer on GPU 0: GPU 1 reads 4 MiB, clean by the footprint.
+    after = [gpu(0, 41487, clean=False), dict(gpu(1, 4, clean=True), cross_gpu_footprint=True)]
+    result = release([gpu(0, 41487, clean=False), gpu(1, 2575, clean=False)], after, selected_gpus=[1], released=True,
+                     killed=[{"pid": 812, "name": "python3", "signal": "SIGTERM"}],
+                     holders=[{"pid": 700, "name": "python3", "attribution": "listed", "gpu_indexes": [0]},
+                              {"pid": 701, "name": "nvidia-smi", "attribution": "nvml_client", "gpu_indexes": []}])
+    outcome = free_gpus_outcome(result, "node01", 2)
+    assert outcome["ok"] and outcome["status"] == "freed"
+    assert (outcome["mib_before"], outcome["mib_after"]) == (2575, 4)
+    assert outcome["footprint_gpus"] == [1] and outcome["nvml_clients"] == [{"pid": 701, "name": "nvidia-smi"}]
+    assert outcome["message"] == ("node01: 1 GPU free (2575 -> 4 MiB), killed 1 process, GPU 1 (4 MiB) at the cross-GPU footprint, "
+                                  "1 NVML client left running in 0.41 s")
+    lines = free_gpus_summary([outcome], ["node01"])
+    assert lines[1].split()[:2] == ["freed", "node01"]
+    assert lines[1].endswith("GPU 1 (4 MiB): cross-GPU footprint; 1 NVML client kept")
+    assert lines[-1] == "1 host: 1 freed"
+
+
+def test_clean_host_with_only_monitors_notes_them_and_stays_clean():
+    result = release([gpu(0, 0), gpu(1, 0)], [gpu(0, 0), gpu(1, 0)], changed=False,
+                     holders=[{"pid": 9, "name": "nvidia-smi", "attribution": "nvml_client"},
+                              {"pid": 10, "name": "python3", "attribution": "nvml_client"}])
+    outcome = free_gpus_outcome(result, "node02")
+    assert outcome["ok"] and outcome["status"] == "clean" and outcome["footprint_gpus"] == []
+    line = free_gpus_summary([outcome], ["node02"])[1]
+    assert line.split()[:2] == ["clean", "node02"] and line.endswith("2 NVML clients kept")

@@ -46,7 +46,7 @@ def test_fleet_summary_counts_hosts_gpus_and_blocking_holders():
         "hosts_total": 5, "hosts_clean": 2, "hosts_dirty": 1, "hosts_error": 1, "hosts_unreachable": 1,
         "gpus_total": 24, "gpus_clean": 23, "gpus_dirty": 1,
         "memory_used_mib": 10267 + 8 * 55, "memory_total_mib": 24 * ah.H200_TOTAL,
-        "holders": 1,
+        "holders": 1, "nvml_clients": 2,
     }
     assert model["schema_version"] == 1
     assert model["generated_at"] == "2025-06-01T12:00:00Z" and model["generated_epoch"] == EPOCH
@@ -176,3 +176,38 @@ def test_holder_in_a_container_shows_its_name_and_image_next_to_the_pid():
     assert labels == {77: "vllm (vllm/vllm-openai:v0.11.0)", 78: "pod inference/sglang-0: 9a8b7c6d5e4f"}
     assert host["reason"] == ("held by 77 python3 (container vllm (vllm/vllm-openai:v0.11.0)), "
                               "78 python3 (container pod inference/sglang-0: 9a8b7c6d5e4f)")
+
+
+def test_nvml_clients_are_listed_apart_from_gpu_users_and_never_block():
+    host = _one(ah.trainer_footprint_and_monitors())
+    assert host["status"] == "dirty" and host["reason"] == "GPU 0 41487 MiB; held by 700 python3"
+    assert [h["pid"] for h in host["holders"] if h["blocking"]] == [700]
+    assert [(h["pid"], h["nvml_client"], h["attribution"]) for h in host["nvml_clients"]] == [
+        (701, True, "nvml_client"), (702, True, "nvml_client")]
+    assert [h["pid"] for h in host["gpus"][0]["holders"]] == [700] and host["gpus"][1]["holders"] == []
+
+
+def test_a_gpu_reading_only_the_cross_gpu_footprint_is_clean_and_named():
+    host = _one(ah.trainer_footprint_and_monitors())
+    gpu1 = host["gpus"][1]
+    assert gpu1["clean"] is True and gpu1["cross_gpu_footprint"] is True and gpu1["memory_used_mib"] == 4
+    assert host["footprint_gpus"] == [1] and host["dirty_gpus"] == [0]
+    assert host["gpus"][0]["cross_gpu_footprint"] is False
+
+
+def test_a_host_with_only_nvml_clients_is_clean_and_counts_them():
+    model = gpu_audit_model([ah.monitors_only(), ah.trainer_footprint_and_monitors()], EPOCH)
+    watched = model["hosts"][1]
+    assert watched["host"] == "watched-h200" and watched["status"] == "clean" and watched["reason"] is None
+    assert [h["pid"] for h in watched["nvml_clients"]] == [801] and not any(h["blocking"] for h in watched["holders"])
+    assert model["summary"]["nvml_clients"] == 3 and model["summary"]["holders"] == 1
+
+
+def test_an_undecided_holder_blocks_although_it_has_no_gpu_index():
+    record = ah.monitors_only()
+    record["gpu"]["holders"].append(ah.holder(900, "python3", [], attribution="undecided"))
+    record["gpu"]["holders"][-1]["candidate_gpu_indexes"] = [0, 1]
+    record["gpu"]["clean"] = False
+    host = _one(record)
+    assert host["status"] == "dirty" and [h["pid"] for h in host["holders"] if h["blocking"]] == [900]
+    assert [h["pid"] for h in host["nvml_clients"]] == [801]

@@ -20,7 +20,7 @@ from ansible_collections.zeromib.gpu.tests.unit.plugins.filter import audit_host
 EPOCH = 1748779200.0
 FAMILIES = [
     "zeromib_gpu_audit_timestamp_seconds", "zeromib_gpu_audit_hosts", "zeromib_gpu_host_up", "zeromib_gpu_host_clean",
-    "zeromib_gpu_host_info", "zeromib_gpu_devices", "zeromib_gpu_holders", "zeromib_gpu_memory_used_mib",
+    "zeromib_gpu_host_info", "zeromib_gpu_devices", "zeromib_gpu_holders", "zeromib_gpu_nvml_clients", "zeromib_gpu_memory_used_mib",
     "zeromib_gpu_memory_total_mib", "zeromib_gpu_clean",
 ]
 # A sample line: name, optional {labels}, value. Label values may hold escaped quotes and backslashes.
@@ -86,7 +86,9 @@ def test_fleet_metrics():
         "clean-h200": 1, "dirty-h200": 0, "mig-h200": 1, "hung-driver": 0, "gone": 0}
     assert _value(samples, "zeromib_gpu_host_info", host="dirty-h200", status="dirty", driver_version="580.159.04", cuda_version="13.0") == 1
     assert _value(samples, "zeromib_gpu_host_info", host="gone", status="unreachable", driver_version="", cuda_version="") == 1
-    assert _value(samples, "zeromib_gpu_holders", host="dirty-h200") == 1, "protected and control-node holders do not count"
+    assert _value(samples, "zeromib_gpu_holders", host="dirty-h200") == 1, "protected holders and NVML clients do not count"
+    assert _value(samples, "zeromib_gpu_nvml_clients", host="dirty-h200") == 2
+    assert _value(samples, "zeromib_gpu_nvml_clients", host="clean-h200") == 0
     uuid = "GPU-ab0cf4f6-818d-be7e-f16b-963690000000"
     assert _value(samples, "zeromib_gpu_memory_used_mib", host="dirty-h200", gpu=0, uuid=uuid, name="NVIDIA H200") == 10267
     assert _value(samples, "zeromib_gpu_memory_used_mib", host="mig-h200", gpu=7) == 55
