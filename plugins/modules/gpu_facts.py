@@ -22,7 +22,7 @@ description:
     file is an NVML client (C(attribution=nvml_client)), such as C(nvidia-smi dmon) or an exporter, and never makes a host dirty.
   - Maps each GPU to its device file through C(Device Minor) in C(/proc/driver/nvidia/gpus/*/information);
     the minor number is not always the index.
-  - Says whether each GPU is ready for work, not just free (C(healthy), C(health_issues)): uncorrectable ECC errors, pending
+  - Says whether each GPU is ready for work, not just free (C(healthy), C(health_issues)) - uncorrectable ECC errors, pending
     or failed row remaps (retired pages before Ampere), a PCIe link below its generation or width, hardware or thermal
     slowdown, persistence mode, MIG mode, and critical Xid errors of the GPU in the kernel log. The readings come from the same
     C(nvidia-smi --query-gpu) call; see the collection's C(docs/health.md).
@@ -154,7 +154,7 @@ ansible_facts:
           type: bool
           returned: always
         health_issues:
-          description: Every GPU's health issues as C(GPU <index> (<bus id>): <issue>), then a failed DCGM diagnostic.
+          description: "Every GPU's health issues as C(GPU <index> (<bus id>): <issue>), then a failed DCGM diagnostic."
           type: list
           elements: str
           returned: always

@@ -240,7 +240,7 @@ health_checked:
   type: bool
   returned: always
 health_issues:
-  description: Every GPU's health issues as C(GPU <index> (<bus id>): <issue>), then a failed DCGM diagnostic.
+  description: "Every GPU's health issues as C(GPU <index> (<bus id>): <issue>), then a failed DCGM diagnostic."
   type: list
   elements: str
   returned: always
