@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from ansible.errors import AnsibleFilterError
 
 # Summary order: what needs the operator's eyes first.
-_STATUS_ORDER = {"unreachable": 0, "failed": 1, "dirty": 2, "would free": 3, "freed": 4, "clean": 5}
+_STATUS_ORDER = {"unreachable": 0, "failed": 1, "unhealthy": 1, "dirty": 2, "would free": 3, "freed": 4, "clean": 5}
 
 
 def _selected(result):
@@ -35,7 +35,14 @@ def _footprint_note(outcome):
     return "GPU%s %s (%s MiB)" % ("" if len(gpus) == 1 else "s", ",".join(str(g) for g in gpus), outcome.get("footprint_mib"))
 
 
-def free_gpus_outcome(result, host, expected_count=0, check_mode=False):
+def _health_problems(result):
+    """The gpu_release result's health issues, or a sentence when it has no health verdict."""
+    if result.get("healthy") is True:
+        return []
+    return list(result.get("health_issues") or []) or ["GPU health unknown (gpu_release read no health)"]
+
+
+def free_gpus_outcome(result, host, expected_count=0, check_mode=False, require_healthy=False):
     """A gpu_release result -> the `free_gpus_result` fact: status, MiB before/after, a message."""
     if not isinstance(result, Mapping):
         raise AnsibleFilterError("free_gpus_outcome expects the registered result of zeromib.gpu.gpu_release, got %s" % type(result).__name__)
@@ -80,6 +87,13 @@ def free_gpus_outcome(result, host, expected_count=0, check_mode=False):
     if expected_count and count != expected_count:
         problems.append("expected %d GPUs, nvidia-smi shows %d: a GPU may have fallen off the bus" % (expected_count, count))
         status = "failed"
+    outcome["healthy"] = result.get("healthy")
+    outcome["health_issues"] = list(result.get("health_issues") or [])
+    # Health is read, never changed: a dry run reports an unhealthy GPU as the real run would.
+    if require_healthy and result.get("gpus") and _health_problems(result):
+        problems.append("unhealthy: " + "; ".join(_health_problems(result)))
+        if status == "dirty" and not problems[:-1]:
+            status = "unhealthy"
     if problems:
         outcome["status"] = status
         outcome["ok"] = False
@@ -116,6 +130,9 @@ def free_gpus_outcome(result, host, expected_count=0, check_mode=False):
         ", " + ", ".join(did) if did else "",
         outcome["elapsed_s"],
     )
+    if require_healthy and result.get("health_checked") is False:
+        outcome["message"] += "; health not fully checked: " + "; ".join(sorted(set(
+            note for g in result.get("gpus") or [] for note in ((g.get("health") or {}).get("unchecked") or []))))
     return outcome
 
 

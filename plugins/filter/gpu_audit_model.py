@@ -94,6 +94,8 @@ _value:
         hosts_unreachable: {description: Hosts Ansible could not reach., type: int}
         gpus_total: {description: GPUs reported by the hosts that answered., type: int}
         gpus_clean: {description: GPUs at or below the host's C(max_used_mib)., type: int}
+        gpus_unhealthy: {description: GPUs with a health issue (C(healthy=false))., type: int}
+        hosts_unhealthy: {description: Hosts that answered with at least one unhealthy GPU., type: int}
         gpus_dirty: {description: GPUs above it., type: int}
         memory_used_mib: {description: MiB used over all GPUs., type: int}
         memory_total_mib: {description: MiB installed over all GPUs., type: int}
@@ -130,6 +132,9 @@ _value:
           description: The host's holders whose C(attribution) is V(nvml_client) (also in C(holders)).
           type: list
           elements: dict
+        healthy: {description: "gpu_facts' host verdict on GPU health; V(null) when it read none.", type: bool}
+        health_issues: {description: "Every GPU's health issues, C(GPU <index> (<bus id>): <issue>).", type: list, elements: str}
+        unhealthy_gpus: {description: Indexes of the GPUs with a health issue., type: list, elements: int}
         gpus:
           description:
             - The host's GPUs as C(gpu_facts) returns them, plus C(host), C(used_pct) (one
@@ -239,6 +244,7 @@ def _gpu_records(host, facts):
         record["used_pct"] = _pct(used, total)
         record["clean"] = bool(record.get("clean"))
         record["cross_gpu_footprint"] = bool(record.get("cross_gpu_footprint"))
+        record.update(_gpu_health(record))
         index = record.get("index")
         record["holders"] = [h for h in holders if index in h["gpu_indexes"]]
         record["processes"] = [
@@ -248,6 +254,19 @@ def _gpu_records(host, facts):
         gpus.append(record)
     gpus.sort(key=lambda g: (_int_or_none(g.get("index")) is None, _int_or_none(g.get("index")) or 0))
     return gpus, holders, stale
+
+
+def _gpu_health(gpu):
+    """Health columns of one GPU: healthy (None when gpu_facts read no health), its issues,
+    uncorrected ECC errors and the number of recent Xids."""
+    health = gpu.get("health") if isinstance(gpu.get("health"), Mapping) else {}
+    healthy = gpu.get("healthy")
+    return {
+        "healthy": None if healthy is None else bool(healthy),
+        "health_issues": [str(issue) for issue in gpu.get("health_issues") or []],
+        "ecc_uncorrected": _int_or_none(health.get("ecc_uncorrected_volatile")),
+        "xid_recent": len(health.get("xids") or []) if health else None,
+    }
 
 
 def _dirty_reason(gpus, holders, stale):
@@ -315,6 +334,9 @@ def _host_record(entry):
         "dirty_gpus": [g.get("index") for g in gpus if not g["clean"]],
         "footprint_gpus": [g.get("index") for g in gpus if g["clean"] and g["cross_gpu_footprint"]],
         "nvml_clients": [h for h in holders if h["nvml_client"]],
+        "healthy": facts.get("healthy") if facts.get("healthy") is None else bool(facts.get("healthy")),
+        "health_issues": [str(issue) for issue in facts.get("health_issues") or []] if not facts.get("error") else [],
+        "unhealthy_gpus": [g.get("index") for g in gpus if g["healthy"] is False],
         "gpus": gpus,
         "holders": holders,
         "stale_processes": stale,
@@ -384,6 +406,8 @@ def gpu_audit_model(hosts, generated_at=None, expected_hosts=None):
         "memory_total_mib": sum(r["memory_total_mib"] or 0 for r in records if r["up"]),
         "holders": sum(1 for r in records if r["up"] for h in r["holders"] if h["blocking"]),
         "nvml_clients": sum(len(r["nvml_clients"]) for r in records if r["up"]),
+        "hosts_unhealthy": sum(1 for r in records if r["up"] and r["healthy"] is False),
+        "gpus_unhealthy": sum(1 for g in up_gpus if g["healthy"] is False),
     }
     return {
         "schema_version": SCHEMA_VERSION,

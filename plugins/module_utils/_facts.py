@@ -15,6 +15,7 @@ import os
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _attribution
 from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
+from ansible_collections.zeromib.gpu.plugins.module_utils import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
 from ansible_collections.zeromib.gpu.plugins.module_utils import _nvidia_smi as smi_mod
 
@@ -35,6 +36,10 @@ GPU_KEYS = (
     "mig_mode",
     "clean",
     "cross_gpu_footprint",
+    "healthy",
+    "health_checked",
+    "health_issues",
+    "health",
 )
 
 HOLDER_KEYS = (
@@ -116,14 +121,28 @@ def dirty_holders(holders, selected=None):
     return dirty
 
 
-def assemble(gpus, apps, holders, max_used_mib, with_processes, cuda_version=None, footprint=()):
-    """The `ansible_facts.gpu` dict. `gpus` carry minor numbers, `holders` are attributed."""
+def health_summary(public_gpus, health=None, dcgm=None):
+    """Host-level health keys: healthy, health_checked, health_issues (each GPU's, prefixed
+    with it), and the kernel log read and DCGM's verdict under `health`."""
+    if health is None:
+        return {"healthy": None, "health_checked": False, "health_issues": [], "health": None}
+    healthy, issues = _health.host_verdict(public_gpus, dcgm)
+    return {
+        "healthy": healthy and bool(public_gpus),
+        "health_checked": all(gpu.get("health_checked") for gpu in public_gpus) and bool(public_gpus),
+        "health_issues": issues,
+        "health": health.host_record(dcgm),
+    }
+
+
+def assemble(gpus, apps, holders, max_used_mib, with_processes, cuda_version=None, footprint=(), health=None, dcgm=None):
+    """The `ansible_facts.gpu` dict. `gpus` carry minor numbers and health, `holders` are attributed."""
     public_gpus = [public_gpu(gpu, max_used_mib, footprint) for gpu in gpus]
     used = [gpu["memory_used_mib"] for gpu in public_gpus]
     clean = bool(public_gpus) and all(gpu["clean"] for gpu in public_gpus)
     if with_processes:
         clean = clean and not dirty_holders(holders)
-    return {
+    return dict(health_summary(public_gpus, health, dcgm), **{
         "driver_version": gpus[0].get("driver_version") if gpus else None,
         "cuda_version": cuda_version,
         "count": len(public_gpus),
@@ -133,7 +152,7 @@ def assemble(gpus, apps, holders, max_used_mib, with_processes, cuda_version=Non
         "gpus": public_gpus,
         "processes": apps if with_processes else [],
         "holders": [public_holder(h) for h in holders] if with_processes else [],
-    }
+    })
 
 
 def failed_facts(error):
@@ -148,6 +167,10 @@ def failed_facts(error):
         "gpus": [],
         "processes": [],
         "holders": [],
+        "healthy": False,
+        "health_checked": False,
+        "health_issues": [error],
+        "health": None,
     }
 
 
@@ -171,8 +194,10 @@ def alive(pid, proc="/proc"):
 class Snapshot(object):
     """One look at the node: what gpu_facts returns and what gpu_release plans from."""
 
-    def __init__(self, gpus, apps, holders, unreadable=None, footprint=()):
+    def __init__(self, gpus, apps, holders, unreadable=None, footprint=(), health=None):
         self.gpus = gpus
+        # The _health.Health of this look: annotates later readings of the same GPUs alike.
+        self.health = health
         self.apps = apps
         self.holders = holders
         # PIDs whose device files we may not read (not root): holders may hide among them.
@@ -201,16 +226,30 @@ def scan_and_attribute(gpus, apps, fetch_apps, protect_names, protect_pids, own_
 
 
 def look(smi, protect, with_processes=True, proc="/proc", driver_root="/proc/driver/nvidia/gpus", with_apps=None, max_used_mib=0,
-         footprint_mib=_attribution.CROSS_GPU_FOOTPRINT_MIB, runtimes=None):
-    """nvidia-smi (GPUs and, side by side, compute apps) then the /proc scan -> Snapshot.
+         footprint_mib=_attribution.CROSS_GPU_FOOTPRINT_MIB, runtimes=None, checks=None):
+    """nvidia-smi (GPUs and, side by side, compute apps, and the kernel log for Xids) then the
+    /proc scan -> Snapshot. GPU records carry their health (`checks`: a _health.Checks).
 
     `with_apps` defaults to `with_processes`; gpu_release looks without them and asks for them
-    only when some process maps a per-GPU node (a clean node: one nvidia-smi call)."""
+    only when some process maps a per-GPU node (a clean node: one nvidia-smi call). Without
+    `checks`, health is not read (the GPUs' `healthy` reads None)."""
     with_apps = with_processes if with_apps is None else with_apps
-    gpus, apps = smi.query_all(with_apps=with_apps)
+    health = None
+    if checks is None:
+        gpus, apps = smi.query_all(with_apps=with_apps)
+    else:
+        kernel_log = _health.KernelLog(checks.xid_window_hours)
+        kernel_log.start()
+        try:
+            gpus, apps = smi.query_all(smi_mod.GPU_FIELDS + smi_mod.HEALTH_FIELDS, with_apps=with_apps)
+        except BaseException:
+            kernel_log.abandon()
+            raise
+        health = _health.Health(checks, kernel_log.xids(), kernel_log=kernel_log)
+        gpus = health.annotate(gpus)
     gpus = with_minor_numbers(gpus, smi_mod.read_minor_numbers(driver_root))
     if not with_processes:
-        return Snapshot(gpus, [], [])
+        return Snapshot(gpus, [], [], health=health)
     names, pids = holders_mod.split_protect(protect)
     lineage = holders_mod.lineage(os.getpid(), proc)
     unreadable = []
@@ -224,7 +263,7 @@ def look(smi, protect, with_processes=True, proc="/proc", driver_root="/proc/dri
     )
     _containers.annotate(holders, runtimes or _containers.Runtimes())
     footprint = _attribution.footprint_gpus(gpus, holders, apps, max_used_mib, footprint_mib)
-    return Snapshot(gpus, apps, holders, unreadable, footprint)
+    return Snapshot(gpus, apps, holders, unreadable, footprint, health)
 
 
 def unreadable_warning(unreadable):

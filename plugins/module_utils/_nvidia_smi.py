@@ -21,6 +21,31 @@ import signal
 import subprocess
 import time
 
+# Health readings, asked in the same --query-gpu call as GPU_FIELDS by a look that checks
+# health (they cost nothing measurable there; docs/health.md), not by gpu_release's memory
+# polls. Read by _health.py. A driver that rejects one (rc 2) is asked again without it, and
+# the GPU's health is reported as not fully checked.
+HEALTH_FIELDS = (
+    ("ecc.errors.uncorrected.volatile.total", "ecc_uncorrected_volatile", "int"),
+    ("remapped_rows.pending", "remapped_rows_pending", "str"),
+    ("remapped_rows.failure", "remapped_rows_failure", "str"),
+    ("retired_pages.pending", "retired_pages_pending", "str"),
+    ("pcie.link.gen.current", "pcie_link_gen_current", "int"),
+    ("pcie.link.gen.max", "pcie_link_gen_max", "int"),
+    ("pcie.link.width.current", "pcie_link_width_current", "int"),
+    ("pcie.link.width.max", "pcie_link_width_max", "int"),
+    ("pstate", "pstate", "str"),
+    ("clocks_event_reasons.hw_slowdown", "slowdown_hw", "str"),
+    ("clocks_event_reasons.hw_thermal_slowdown", "slowdown_hw_thermal", "str"),
+    ("clocks_event_reasons.hw_power_brake_slowdown", "slowdown_hw_power_brake", "str"),
+    ("clocks_event_reasons.sw_thermal_slowdown", "slowdown_sw_thermal", "str"),
+)
+
+# Fields an older driver may not know: asked again without them (value None). Drivers before
+# R535 know the clock reasons only by their old name, so those are renamed first.
+OPTIONAL_FIELDS = frozenset(["memory.reserved"] + [f for f, _k, _t in HEALTH_FIELDS])
+RENAMED_FIELDS = {"clocks_event_reasons.": "clocks_throttle_reasons."}
+
 # nvidia-smi fields we ask for, mapped to the record keys of DESIGN.md. The order is the
 # order of the CSV columns.
 GPU_FIELDS = (
@@ -357,9 +382,15 @@ class NvidiaSmi(object):
         self.path = path
         self.timeout = timeout
         self.calls = 0
-        # Set once a driver older than R5xx rejected memory.reserved, so that polls do not pay
-        # for the rejected call again.
-        self.without_reserved = False
+        # Optional fields this driver rejected, and whether it wants the old clock-reason names:
+        # learnt once, so that polls do not pay for the rejected call again.
+        self.rejected = set()
+        self.old_names = False
+
+    @property
+    def without_reserved(self):
+        """A driver older than R5xx rejected memory.reserved."""
+        return "memory.reserved" in self.rejected
 
     @classmethod
     def find(cls, path=None, search_path=None):
@@ -443,25 +474,46 @@ class NvidiaSmi(object):
     def app_args(fields=APP_FIELDS):
         return ["--query-compute-apps=" + ",".join(f for f, _k, _t in fields), "--format=csv,noheader,nounits"]
 
-    def query_gpus(self, fields=GPU_FIELDS, gpus=None):
-        """--query-gpu; drivers without memory.reserved (older than R5xx) get it as None."""
-        asks_reserved = any(f == "memory.reserved" for f, _k, _t in fields)
-        if asks_reserved and self.without_reserved:
-            return self._without_reserved(fields, gpus)
-        args = self.gpu_args(fields, gpus)
-        try:
-            return parse_gpus(self.run(args), fields, cmd=[self.path] + args)
-        except BadField as exc:
-            if exc.field != "memory.reserved" or not asks_reserved:
-                raise
-        self.without_reserved = True
-        return self._without_reserved(fields, gpus)
+    def _spelled(self, field):
+        if self.old_names:
+            for new_prefix, old_prefix in RENAMED_FIELDS.items():
+                if field.startswith(new_prefix):
+                    return old_prefix + field[len(new_prefix):]
+        return field
 
-    def _without_reserved(self, fields, gpus):
-        records = self.query_gpus(tuple(f for f in fields if f[0] != "memory.reserved"), gpus)
-        for record in records:
-            record["memory_reserved_mib"] = None
-        return records
+    def _learn(self, bad_field):
+        """Remember a rejected optional field; False when it is not one we can do without."""
+        if bad_field is None:
+            return False
+        for new_prefix, old_prefix in RENAMED_FIELDS.items():
+            if bad_field.startswith(new_prefix) and not self.old_names:
+                self.old_names = True
+                return True
+            if bad_field.startswith(old_prefix):
+                bad_field = new_prefix + bad_field[len(old_prefix):]
+        if bad_field in OPTIONAL_FIELDS and bad_field not in self.rejected:
+            self.rejected.add(bad_field)
+            return True
+        return False
+
+    def query_gpus(self, fields=GPU_FIELDS, gpus=None):
+        """--query-gpu. Optional fields the driver rejects (memory.reserved before R5xx, health
+        fields) read None, and each record lists them in `_rejected`."""
+        while True:
+            asked = tuple((self._spelled(f), k, t) for f, k, t in fields if f not in self.rejected)
+            args = self.gpu_args(asked, gpus)
+            try:
+                records = parse_gpus(self.run(args), asked, cmd=[self.path] + args)
+            except BadField as exc:
+                if not self._learn(exc.field):
+                    raise
+                continue
+            dropped = [(f, k) for f, k, _t in fields if f in self.rejected]
+            for record in records:
+                for _field, key in dropped:
+                    record[key] = None
+                record["_rejected"] = [f for f, _k in dropped if f != "memory.reserved"]
+            return records
 
     def query_all(self, fields=GPU_FIELDS, with_apps=True):
         """GPUs and compute apps, the two calls run side by side (each ~24 ms on an H200)."""

@@ -21,6 +21,7 @@ import time
 from ansible_collections.zeromib.gpu.plugins.module_utils import _attribution
 from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
+from ansible_collections.zeromib.gpu.plugins.module_utils import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
 from ansible_collections.zeromib.gpu.plugins.module_utils import _settle
 from ansible_collections.zeromib.gpu.plugins.module_utils import _signals
@@ -253,6 +254,8 @@ class Release(object):
         self.apps = []
         # Minor numbers by bus id, from the look; the verify loop's readings reuse them.
         self.minors_by_bus = {}
+        # The look's _health.Health: the final readings are judged with the same checks and Xids.
+        self.health = None
         self.result = {
             "changed": False,
             "released": False,
@@ -301,8 +304,9 @@ class Release(object):
     def look(self):
         snapshot = _facts.look(self.smi, self.params.get("protect"), True, self.system.proc, self.driver_root, with_apps=False,
                                max_used_mib=self.params.get("max_used_mib") or 0, footprint_mib=self.footprint_mib(),
-                               runtimes=self.system.runtimes)
+                               runtimes=self.system.runtimes, checks=_health.Checks.from_params(self.params))
         self.apps = snapshot.apps
+        self.health = snapshot.health
         return snapshot
 
     # --- plan
@@ -499,6 +503,8 @@ class Release(object):
                 final_gpus = self._read_gpus()
         final_holders = self.scan(final_gpus)
         footprint |= self.footprint(final_gpus, final_holders)
+        if self.health is not None:
+            final_gpus = self.health.carry(final_gpus, gpus)
         self.result["gpus"] = [_facts.public_gpu(g, limit, footprint) for g in final_gpus]
         self.result["holders"] = [_facts.public_holder(h) for h in final_holders]
         self.result["released"] = clean
@@ -539,6 +545,7 @@ class Release(object):
         return _facts.join_apps(apps, gpus, lambda pid: _facts.alive(pid, self.system.proc))
 
     def _finish(self, gpus_before, holders_before, gpus_after=None, holders_after=None):
+        self.result.update(_facts.health_summary(self.result["gpus"] or self.result["gpus_before"], self.health))
         self.result["diff"] = {
             "before": summarize_diff(gpus_before, holders_before),
             "after": summarize_diff(gpus_after if gpus_after is not None else gpus_before,

@@ -22,6 +22,10 @@ description:
     file is an NVML client (C(attribution=nvml_client)), such as C(nvidia-smi dmon) or an exporter, and never makes a host dirty.
   - Maps each GPU to its device file through C(Device Minor) in C(/proc/driver/nvidia/gpus/*/information);
     the minor number is not always the index.
+  - Says whether each GPU is ready for work, not just free (C(healthy), C(health_issues)) - uncorrectable ECC errors, pending
+    or failed row remaps (retired pages before Ampere), a PCIe link below its generation or width, hardware or thermal
+    slowdown, persistence mode, MIG mode, and critical Xid errors of the GPU in the kernel log. The readings come from the same
+    C(nvidia-smi --query-gpu) call; see the collection's C(docs/health.md).
   - Returns the result as the fact C(ansible_facts.gpu). Changes nothing.
 author:
   - zeromib.gpu contributors (@zeromib)
@@ -29,6 +33,7 @@ extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.facts
   - zeromib.gpu.nvidia_smi
+  - zeromib.gpu.health
 attributes:
   check_mode:
     support: full
@@ -53,7 +58,7 @@ options:
     default: true
 notes:
   - Reading other users' C(/proc/PID/fd) needs root; run with O(ignore:become=true) or holders of other users stay unseen.
-  - Takes two C(nvidia-smi) calls, run in parallel, and one pass over C(/proc).
+  - Takes two C(nvidia-smi) calls and one kernel log read, run in parallel, and one pass over C(/proc).
   - The attribution rule and the readings it is derived from are in the collection's C(docs/gpu_facts.md).
   - Managed nodes need Python 3.8 or later and the NVIDIA driver's C(nvidia-smi); no Python package.
 seealso:
@@ -76,6 +81,17 @@ EXAMPLES = r"""
     fail_on_error: false
     max_used_mib: 64
     timeout: 5
+
+- name: Ready for training - accept PCIe Gen4, require MIG off, look back 48 h for Xids
+  zeromib.gpu.gpu_facts:
+    min_pcie_gen: 4
+    expected_mig_mode: disabled
+    xid_window_hours: 48
+
+- name: Fail unless every GPU is healthy
+  ansible.builtin.assert:
+    that: ansible_facts.gpu.healthy
+    fail_msg: "{{ ansible_facts.gpu.health_issues }}"
 
 - name: Memory only, no process scan
   zeromib.gpu.gpu_facts:
@@ -125,9 +141,43 @@ ansible_facts:
           type: str
           returned: always
           sample: nvidia-smi timed out after 10 s (a hung driver or a GPU that fell off the bus); it was killed
+        healthy:
+          description:
+            - V(true) when no GPU has a health issue (and C(dcgmi diag), when asked for, passed). See RV(ansible_facts.gpu.health_issues).
+            - V(false) when RV(ansible_facts.gpu.error) is set.
+          type: bool
+          returned: always
+        health_checked:
+          description:
+            - V(false) when some check could not be made on some GPU - a driver that does not know a health field, an unreadable
+              kernel log; each GPU's C(health.unchecked) says what. V([N/A]) readings (a GPU without ECC) are not a gap.
+          type: bool
+          returned: always
+        health_issues:
+          description: "Every GPU's health issues as C(GPU <index> (<bus id>): <issue>), then a failed DCGM diagnostic."
+          type: list
+          elements: str
+          returned: always
+          sample: ["GPU 3 (00000000:5D:00.0): 1 uncorrectable ECC error since the driver loaded"]
+        health:
+          description:
+            - C(kernel_log) - where the Xids were read (C(source) V(journalctl) or V(dmesg)), C(error) when it could not be read,
+              C(window_hours), C(elapsed_s).
+            - C(dcgm_diag) - V(null) unless O(dcgm_diag) was set; else C(level), C(ran), C(passed), C(summary), C(elapsed_s).
+          type: dict
+          returned: always
+          sample:
+            kernel_log: {source: journalctl, error: null, window_hours: 24, elapsed_s: 0.012}
+            dcgm_diag: null
         gpus:
           description:
             - One entry per GPU. V([N/A]) and other bracketed values read as V(null).
+            - C(healthy) is V(false) when C(health_issues) (plain sentences) is not empty; C(health_checked) is V(false) when a check
+              could not be made (C(health.unchecked) says which).
+            - C(health) holds the readings - C(ecc_uncorrected_volatile), C(remapped_rows_pending), C(remapped_rows_failure),
+              C(retired_pages_pending), C(pcie_link_gen_current), C(pcie_link_gen_max), C(pcie_link_width_current),
+              C(pcie_link_width_max), C(pstate), C(slowdown) (active hardware or thermal slowdown reasons), C(xids) (this GPU's
+              Xid lines of the kernel log in the window, each C(xid), C(time), C(message)) and C(unchecked).
             - C(clean) is V(true) when C(memory_used_mib) is at most O(max_used_mib), or when C(cross_gpu_footprint) is V(true).
             - C(cross_gpu_footprint) is V(true) for a GPU that no process uses and whose memory above O(max_used_mib) is at most
               O(cross_gpu_footprint_mib), while contexts live on other GPUs.
@@ -151,6 +201,22 @@ ansible_facts:
               mig_mode: Disabled
               clean: false
               cross_gpu_footprint: false
+              healthy: true
+              health_checked: true
+              health_issues: []
+              health:
+                ecc_uncorrected_volatile: 0
+                remapped_rows_pending: false
+                remapped_rows_failure: false
+                retired_pages_pending: null
+                pcie_link_gen_current: 5
+                pcie_link_gen_max: 5
+                pcie_link_width_current: 16
+                pcie_link_width_max: 16
+                pstate: P0
+                slowdown: []
+                xids: []
+                unchecked: []
         processes:
           description:
             - Compute apps from nvidia-smi, joined to GPUs by UUID. C(name) is nvidia-smi's raw process name,
@@ -202,6 +268,7 @@ ansible_facts:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
+from ansible_collections.zeromib.gpu.plugins.module_utils import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import NvidiaSmi, NvidiaSmiError
 
 ARGUMENT_SPEC = dict(
@@ -212,17 +279,26 @@ ARGUMENT_SPEC = dict(
     processes=dict(type="bool", default=True),
     fail_on_error=dict(type="bool", default=True),
     protect=dict(type="list", elements="str", default=[]),
+    health=dict(type="bool", default=True),
+    min_pcie_gen=dict(type="int", default=0),
+    min_pcie_width=dict(type="int", default=0),
+    require_persistence=dict(type="bool", default=True),
+    expected_mig_mode=dict(type="str", choices=["enabled", "disabled"]),
+    xid_window_hours=dict(type="float", default=24),
+    dcgm_diag=dict(type="int", default=0, choices=[0, 1, 2, 3, 4]),
 )
 
 
-def gather(params):
-    """Options -> (the ansible_facts.gpu dict, a warning or None). Raises NvidiaSmiError."""
+def gather(params, which=None):
+    """Options -> (the ansible_facts.gpu dict, a warning or None). Raises NvidiaSmiError.
+    `which(name)` finds dcgmi (None: not installed)."""
     smi = NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), params["timeout"])
     snapshot = _facts.look(smi, params["protect"], with_processes=params["processes"], max_used_mib=params["max_used_mib"],
-                           footprint_mib=params["cross_gpu_footprint_mib"])
+                           footprint_mib=params["cross_gpu_footprint_mib"], checks=_health.Checks.from_params(params))
+    dcgm = _health.dcgm_diag(params.get("dcgm_diag") or 0, which or (lambda name: None))
     facts = _facts.assemble(
         snapshot.gpus, snapshot.apps, snapshot.holders, params["max_used_mib"], params["processes"], _facts.cuda_driver_version(),
-        snapshot.footprint,
+        snapshot.footprint, snapshot.health, dcgm,
     )
     return facts, _facts.unreadable_warning(snapshot.unreadable)
 
@@ -231,10 +307,13 @@ def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     if module.params["timeout"] <= 0:
         module.fail_json(msg="timeout must be greater than 0, got %s" % module.params["timeout"])
+    for name in ("min_pcie_gen", "min_pcie_width", "xid_window_hours"):
+        if module.params[name] < 0:
+            module.fail_json(msg="%s must be 0 or more, got %s" % (name, module.params[name]))
     if module.params["cross_gpu_footprint_mib"] < 0:
         module.fail_json(msg="cross_gpu_footprint_mib must be 0 or more, got %s" % module.params["cross_gpu_footprint_mib"])
     try:
-        facts, warning = gather(module.params)
+        facts, warning = gather(module.params, lambda name: module.get_bin_path(name))
     except NvidiaSmiError as exc:
         if module.params["fail_on_error"]:
             module.fail_json(**exc.details())

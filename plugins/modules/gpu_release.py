@@ -37,6 +37,7 @@ author:
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - zeromib.gpu.nvidia_smi
+  - zeromib.gpu.health
 attributes:
   check_mode:
     support: full
@@ -325,6 +326,27 @@ holders:
   type: list
   elements: dict
   returned: always
+healthy:
+  description:
+    - V(true) when no GPU has a health issue at the end, and C(dcgmi diag), when asked for and installed, passed.
+      Health does not change RV(released); the P(zeromib.gpu.free_gpus#role) role asserts both.
+    - The checks are those of M(zeromib.gpu.gpu_facts) (ECC, row remaps, PCIe link, slowdown, persistence and MIG mode, Xids).
+  type: bool
+  returned: always
+health_checked:
+  description: V(false) when some health check could not be made (see C(health.unchecked) of each GPU).
+  type: bool
+  returned: always
+health_issues:
+  description: "Every GPU's health issues as C(GPU <index> (<bus id>): <issue>), then a failed DCGM diagnostic."
+  type: list
+  elements: str
+  returned: always
+  sample: ["GPU 0 (00000000:18:00.0): Xid 79 (GPU has fallen off the bus) in the kernel log at 2026-11-29T09:08:01+0000"]
+health:
+  description: The kernel log read (C(kernel_log)) and the DCGM diagnostic (C(dcgm_diag), V(null) unless O(dcgm_diag) is set).
+  type: dict
+  returned: always
 elapsed_s:
   description: Seconds spent in the module.
   type: float
@@ -343,6 +365,8 @@ import re
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
+from ansible_collections.zeromib.gpu.plugins.module_utils import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import NvidiaSmi, NvidiaSmiError
 from ansible_collections.zeromib.gpu.plugins.module_utils._release import Release, ReleaseError, System
 
@@ -361,6 +385,13 @@ ARGUMENT_SPEC = dict(
     cross_gpu_footprint_mib=dict(type="int", default=4),
     nvidia_smi=dict(type="path"),
     timeout=dict(type="float", default=10),
+    health=dict(type="bool", default=True),
+    min_pcie_gen=dict(type="int", default=0),
+    min_pcie_width=dict(type="int", default=0),
+    require_persistence=dict(type="bool", default=True),
+    expected_mig_mode=dict(type="str", choices=["enabled", "disabled"]),
+    xid_window_hours=dict(type="float", default=24),
+    dcgm_diag=dict(type="int", default=0, choices=[0, 1, 2, 3, 4]),
 )
 
 
@@ -371,7 +402,7 @@ def checked_params(params):
             raise ValueError("%s must be greater than 0, got %s" % (name, params[name]))
     if params["poll_interval"] <= 0:
         raise ValueError("poll_interval must be greater than 0, got %s" % params["poll_interval"])
-    for name in ("max_used_mib", "cross_gpu_footprint_mib"):
+    for name in ("max_used_mib", "cross_gpu_footprint_mib", "min_pcie_gen", "min_pcie_width", "xid_window_hours"):
         if params[name] < 0:
             raise ValueError("%s must be 0 or more, got %s" % (name, params[name]))
     regexes = []
@@ -393,6 +424,10 @@ def main():
         smi = NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), params["timeout"])
         release = Release(smi, System(module.get_bin_path("systemctl")), params, check_mode=module.check_mode)
         result = release.run()
+        if params["dcgm_diag"] and result.get("released") and not module.check_mode:
+            # The diagnostic runs work on the GPUs: only once they are free.
+            dcgm = _health.dcgm_diag(params["dcgm_diag"], lambda name: module.get_bin_path(name))
+            result.update(_facts.health_summary(result["gpus"], release.health, dcgm))
     except NvidiaSmiError as exc:
         module.fail_json(**exc.details())
     except ReleaseError as exc:

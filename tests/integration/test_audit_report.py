@@ -61,6 +61,9 @@ def _gpu(index, used=0, total=H200_TOTAL, name="NVIDIA H200", max_used=0, mig="D
         "mig_mode": mig,
         "cross_gpu_footprint": footprint,
         "clean": footprint or (used is not None and used <= max_used),
+        "healthy": True,
+        "health_issues": [],
+        "health": {"ecc_uncorrected_volatile": 0, "xids": []},
     }
 
 
@@ -125,6 +128,10 @@ def build_fleet():
             holders = [_holder(3301, "nvidia-smi", "nvidia-smi dmon -s mu", []),
                        _holder(3302, "dcgm-exporter", "/usr/bin/dcgm-exporter -f /etc/dcgm-exporter/default-counters.csv", [],
                                unit="dcgm-exporter.service", user="dcgm")]
+        elif n == 9:  # free but not ready: GPU 5 logged an Xid 79 and an uncorrectable ECC error
+            gpus[5].update(healthy=False, health_issues=["1 uncorrectable ECC error since the driver loaded",
+                                                         "Xid 79 (GPU has fallen off the bus) in the kernel log at 2026-11-29T09:08:01+0000"],
+                           health={"ecc_uncorrected_volatile": 1, "xids": [{"xid": 79, "time": "2026-11-29T09:08:01+0000", "message": "NVRM: Xid"}]})
         elif n == 18:  # MIG host idles at 55 MiB, audited with max_used_mib 60
             gpus = [_gpu(i, used=55, max_used=60, mig="Enabled", host_no=n) for i in range(8)]
         elif n == 21:  # a small leftover: a notebook kernel with <1 % of GPU 6, plus a protected NVML client
@@ -145,6 +152,7 @@ def build_fleet():
             gpus = [_gpu(i, total=L40S_TOTAL, name="NVIDIA L40S", host_no=n) for i in range(4)]
         if status == "ok" and facts is None:
             facts = _facts(gpus, holders, procs)
+            facts["healthy"] = all(g["healthy"] for g in gpus)
         hosts.append({"host": name, "status": status, "error": error, "gpu": facts if status == "ok" else None})
     return hosts
 
@@ -236,8 +244,11 @@ def test_report_json_counts_every_kind_of_host(fleet_report):
         "gpus_total": 8 * 26 + 4, "gpus_clean": 8 * 26 + 4 - 16, "gpus_dirty": 16,
         "memory_used_mib": report["summary"]["memory_used_mib"], "memory_total_mib": 26 * 8 * H200_TOTAL + 4 * L40S_TOTAL,
         "holders": 8 + 1 + 1 + 1 + 1, "nvml_clients": 2 + 1,
+        "hosts_unhealthy": 1, "gpus_unhealthy": 1,
     }
     status = {h["host"]: h["status"] for h in report["hosts"]}
+    node09 = next(h for h in report["hosts"] if h["host"] == "gpu-node09")
+    assert node09["healthy"] is False and node09["unhealthy_gpus"] == [5] and node09["gpus"][5]["xid_recent"] == 1
     assert [h for h, s in status.items() if s != "clean"] == [
         "gpu-node03", "gpu-node07", "gpu-node11", "gpu-node14", "gpu-node21", "gpu-node24", "gpu-node26", "gpu-node29"]
     assert status["gpu-node18"] == "clean", "the MIG host's 55 MiB baseline is under its max_used_mib"
@@ -268,6 +279,11 @@ def test_prom_file_passes_promtool(fleet_report):
     assert 'zeromib_gpu_holders{host="gpu-node03"} 8' in text
     assert 'zeromib_gpu_nvml_clients{host="gpu-node05"} 2' in text and 'zeromib_gpu_holders{host="gpu-node05"} 0' in text
     assert 'zeromib_gpu_clean{host="gpu-node07",gpu="2",' in text
+    assert 'zeromib_gpu_healthy{host="gpu-node09",gpu="5",' in text and 'zeromib_gpu_healthy{host="gpu-node09",gpu="4",' in text
+    node09 = [line for line in text.splitlines() if line.startswith(("zeromib_gpu_healthy{host=\"gpu-node09\",gpu=\"5\"",
+                                                                    "zeromib_gpu_ecc_uncorrected{host=\"gpu-node09\",gpu=\"5\"",
+                                                                    "zeromib_gpu_xid_recent{host=\"gpu-node09\",gpu=\"5\""))]
+    assert [line.rsplit(" ", 1)[1] for line in node09] == ["0", "1", "1"], node09
 
 
 def test_markdown_lists_every_problem_host(fleet_report):
@@ -287,6 +303,7 @@ def test_markdown_lists_every_problem_host(fleet_report):
     node07 = next(line for line in md.splitlines() if line.startswith("| gpu-node07 | dirty |"))
     assert "0:40960! 1:38912! 2:4 (footprint) 3:4 (footprint)" in node07
     assert "`(footprint)`: the GPU runs nothing of its own" in md
+    assert "## Unhealthy GPUs" in md and "| gpu-node09 | 5 | 00000000:68:00.0 | 1 | 1 | 1 uncorrectable ECC error" in md
 
 
 class _Dom(HTMLParser):
@@ -355,6 +372,10 @@ def test_heat_map_renders_in_chromium(fleet_report):
     rows = {r["data-host"]: r["data-status"] for r in dom.rows}
     assert len(rows) == 30 and rows["gpu-node29"] == "unreachable" and rows["gpu-node24"] == "error" and rows["gpu-node18"] == "clean"
     assert "No route to host" in proc.stdout
+    unhealthy = [c for c in gpu_cells if "unhealthy" in c["class"].split()]
+    assert [(c["data-host"], c["data-gpu"]) for c in unhealthy] == [("gpu-node09", "5")]
+    assert "UNHEALTHY: 1 uncorrectable ECC error" in unhealthy[0]["title"] and "Xid 79" in unhealthy[0]["title"]
+    assert unhealthy[0]["data-state"] == "clean", "free but not ready: clean memory, marked unhealthy"
 
 
 def _png_summary(path):

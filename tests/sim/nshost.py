@@ -17,7 +17,8 @@
   the real driver's format (Device Minor: is where the minor number comes from).
 * /etc, /run and /usr/bin are overlays: /etc/nvidia-sim/config.json is the sim config,
   /run/nvidia-sim is a bind of the host-visible state dir, /usr/bin/nvidia-smi and
-  /usr/bin/gpu_holder are symlinks to tests/sim, and /usr/bin/python -> python3 is added
+  /usr/bin/gpu_holder are symlinks to tests/sim (and /usr/bin/journalctl and /usr/bin/dmesg to
+  tests/sim/kernel-log, the simulated kernel log), and /usr/bin/python -> python3 is added
   when the machine has no /usr/bin/python (the two scripts use `#!/usr/bin/env python`).
 * the host name (UTS namespace) is the seed.
 
@@ -47,6 +48,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIM = os.path.join(HERE, "nvidia-smi")
 HOLDER = os.path.join(HERE, "gpu_holder")
+# journalctl and dmesg inside: the Xids a test injects, never the machine's own kernel log
+KERNEL_LOG = os.path.join(HERE, "kernel-log")
 sys.path.insert(0, HERE)
 import make_config  # noqa: E402
 
@@ -172,7 +175,7 @@ class NsHost(object):
         with open(self.root.config, "w") as f:
             json.dump(self.config, f, indent=2)
         spec = {"dir": self.dir, "config": self.root.config, "hostname": self.seed,
-                "state": self.root.state, "sim": SIM, "holder": HOLDER}
+                "state": self.root.state, "sim": SIM, "holder": HOLDER, "kernel_log": KERNEL_LOG}
         spec_path = os.path.join(self.dir, "spec.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f)
@@ -688,7 +691,9 @@ def _setup(spec):
     os.makedirs("/run/nvidia-sim", exist_ok=True)
     _mount(spec["state"], "/run/nvidia-sim", None, MS_BIND)
     _overlay("/usr/bin", base)
-    for name, target in (("nvidia-smi", spec["sim"]), ("gpu_holder", spec["holder"])):
+    links = [("nvidia-smi", spec["sim"]), ("gpu_holder", spec["holder"])]
+    links += [(name, spec["kernel_log"]) for name in ("journalctl", "dmesg") if spec.get("kernel_log")]
+    for name, target in links:
         if os.path.lexists("/usr/bin/" + name):
             os.unlink("/usr/bin/" + name)
         os.symlink(target, "/usr/bin/" + name)

@@ -21,7 +21,7 @@ EPOCH = 1748779200.0
 FAMILIES = [
     "zeromib_gpu_audit_timestamp_seconds", "zeromib_gpu_audit_hosts", "zeromib_gpu_host_up", "zeromib_gpu_host_clean",
     "zeromib_gpu_host_info", "zeromib_gpu_devices", "zeromib_gpu_holders", "zeromib_gpu_nvml_clients", "zeromib_gpu_memory_used_mib",
-    "zeromib_gpu_memory_total_mib", "zeromib_gpu_clean",
+    "zeromib_gpu_memory_total_mib", "zeromib_gpu_clean", "zeromib_gpu_healthy", "zeromib_gpu_ecc_uncorrected", "zeromib_gpu_xid_recent",
 ]
 # A sample line: name, optional {labels}, value. Label values may hold escaped quotes and backslashes.
 SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*",?)*)\})? (?P<value>\S+)$')
@@ -140,3 +140,18 @@ def test_anything_but_a_model_fails_clearly(model):
 
 def test_filter_is_registered():
     assert FilterModule().filters() == {"gpu_audit_prom": gpu_audit_prom}
+
+
+def test_health_metrics_from_gpu_facts_health():
+    from ansible_collections.zeromib.gpu.plugins.filter.gpu_audit_model import gpu_audit_model
+    from ansible_collections.zeromib.gpu.plugins.filter.gpu_audit_prom import gpu_audit_prom
+
+    gpu = {"index": 0, "uuid": "GPU-1", "name": "NVIDIA H200", "memory_used_mib": 0, "memory_total_mib": 143771, "clean": True,
+           "healthy": False, "health_issues": ["Xid 79 (GPU has fallen off the bus) in the kernel log recently"],
+           "health": {"ecc_uncorrected_volatile": 2, "xids": [{"xid": 79, "time": None, "message": "NVRM: Xid ..."}]}}
+    model = gpu_audit_model([{"host": "node01", "gpu": {"count": 1, "clean": True, "healthy": False, "gpus": [gpu]}}], generated_at=0)
+    assert model["hosts"][0]["unhealthy_gpus"] == [0] and model["summary"]["gpus_unhealthy"] == 1
+    text = gpu_audit_prom(model)
+    assert 'zeromib_gpu_healthy{host="node01",gpu="0",uuid="GPU-1"} 0' in text
+    assert 'zeromib_gpu_ecc_uncorrected{host="node01",gpu="0",uuid="GPU-1"} 2' in text
+    assert 'zeromib_gpu_xid_recent{host="node01",gpu="0",uuid="GPU-1"} 1' in text

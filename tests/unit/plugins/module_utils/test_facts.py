@@ -173,6 +173,10 @@ def test_failed_facts_shape():
         "gpus": [],
         "processes": [],
         "holders": [],
+        "healthy": False,
+        "health_checked": False,
+        "health_issues": ["nvidia-smi timed out after 10 s"],
+        "health": None,
     }
 
 

@@ -1,0 +1,63 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+
+class ModuleDocFragment(object):
+
+    # Options of the GPU health verdict, shared by every module that reads the GPUs.
+    DOCUMENTATION = r"""
+options:
+  health:
+    description:
+      - Read each GPU's health (in the same C(nvidia-smi --query-gpu) call) and the kernel log's Xid errors, and say whether
+        the GPU is ready for work (C(healthy), C(health_issues)).
+      - V(false) reads memory and holders only; C(healthy) is then V(null).
+    type: bool
+    default: true
+  min_pcie_gen:
+    description:
+      - A GPU whose PCIe link runs below this generation is unhealthy. V(0) expects the GPU's own C(pcie.link.gen.max)
+        (the most that the GPU and its slot support together).
+      - Compared only while the GPU is in P-state P0, since idle GPUs in a power-saving P-state train their link down
+        (a desktop GPU at P8 reads Gen1); data-center GPUs idle at P0 at full speed.
+      - Set V(4) to accept Gen4 on a node that never had Gen5.
+    type: int
+    default: 0
+  min_pcie_width:
+    description:
+      - A GPU whose PCIe link is narrower than this many lanes is unhealthy. V(0) expects the GPU's own C(pcie.link.width.max).
+    type: int
+    default: 0
+  require_persistence:
+    description:
+      - A GPU with persistence mode off is unhealthy (the driver state is torn down between jobs, and the first CUDA call pays
+        for it). V(false) accepts it. Where nvidia-smi reports no persistence mode (V([N/A]), Windows), nothing is checked.
+    type: bool
+    default: true
+  expected_mig_mode:
+    description:
+      - When set, a GPU whose current MIG mode differs is unhealthy. Not set, MIG mode is not checked.
+    type: str
+    choices: [enabled, disabled]
+  xid_window_hours:
+    description:
+      - Hours of kernel log searched for Xid errors of each GPU (C(journalctl -k), else C(dmesg); read-only, bounded to
+        5 s and 32 MiB). A critical Xid (48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140) in that window makes the GPU
+        unhealthy; the others are listed in C(health.xids) only.
+      - V(0) does not read the kernel log.
+    type: float
+    default: 24
+  dcgm_diag:
+    description:
+      - When not V(0), run C(dcgmi diag -r) at this level (V(1) takes seconds, V(3) many minutes) and report its verdict in
+        C(health.dcgm_diag); a failed diagnostic makes the host unhealthy.
+      - Where C(dcgmi) is not installed nothing runs, C(health.dcgm_diag.summary) says V(dcgmi not installed), and the host's
+        health does not change.
+    type: int
+    choices: [0, 1, 2, 3, 4]
+    default: 0
+"""
