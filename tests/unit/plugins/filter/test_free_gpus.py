@@ -93,3 +93,10 @@ def test_summary_names_a_stopped_and_disabled_unit_once():
     result = release([gpu(0, 30000)], [gpu(0, 0)], stopped_units=["sglang.service"], disabled_units=["sglang.service"])
     lines = free_gpus_summary([free_gpus_outcome(result, "node-a")], ["node-a"])
     assert "sglang.service (disabled)" in lines[1] and lines[1].count("sglang.service") == 1
+
+
+def test_summary_of_one_host_says_host_not_hosts():
+    lines = free_gpus_summary([free_gpus_outcome(release([gpu(0, 40970)], [gpu(0, 0)]), "node-a")], ["node-a"])
+    assert lines[-1] == "1 host: 1 freed"
+    lines = free_gpus_summary([], ["node-a", "node-b"])
+    assert lines[-1] == "2 hosts: 2 unreachable"
