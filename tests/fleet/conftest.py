@@ -191,7 +191,7 @@ class FleetHandle:
         return env
 
     def _run(self, argv: list[str], extra_vars: dict | None, check: bool, diff: bool,
-             timeout: float, cwd: Path | str | None) -> AnsibleResult:
+             timeout: float, cwd: Path | str | None, env: dict | None = None) -> AnsibleResult:
         with tempfile.TemporaryDirectory(prefix="fleet-ansible-") as tmp:
             out = os.path.join(tmp, "result.json")
             if extra_vars:
@@ -203,7 +203,8 @@ class FleetHandle:
             if diff:
                 argv.append("--diff")
             t0 = time.monotonic()
-            r = subprocess.run(argv, cwd=cwd or REPO, env=self._env(out), stdin=subprocess.DEVNULL, check=False,
+            r = subprocess.run(argv, cwd=cwd or REPO, env={**self._env(out), **(env or {})},
+                               stdin=subprocess.DEVNULL, check=False,
                                capture_output=True, text=True, timeout=timeout)
             elapsed = round(time.monotonic() - t0, 2)
             data = json.loads(Path(out).read_text()) if os.path.exists(out) else {}
@@ -212,20 +213,22 @@ class FleetHandle:
     def ansible_playbook(self, playbook: str | Path | list | dict, limit: str | list | None = None,
                          extra_vars: dict | None = None, check: bool = False, diff: bool = False,
                          args: list[str] | None = None, timeout: float = 600,
-                         cwd: Path | str | None = None) -> AnsibleResult:
+                         cwd: Path | str | None = None, bin_dir: Path | None = None,
+                         env: dict | None = None) -> AnsibleResult:
         """Runs ansible-playbook against the fleet. PLAYBOOK is a path (relative to the repo),
-        a collection playbook (zeromib.gpu.free_gpus), or plays as Python data."""
+        a collection playbook (zeromib.gpu.free_gpus), or plays as Python data. BIN_DIR: the
+        ansible-playbook of another venv (the ansible-core matrix); ENV: added variables."""
         with tempfile.NamedTemporaryFile("w", suffix=".yml", prefix="fleet-play-", delete=False) as f:
             inline = f.name
         try:
             if isinstance(playbook, (list, dict)):
                 Path(inline).write_text(json.dumps(playbook if isinstance(playbook, list) else [playbook]))
                 playbook = inline
-            argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(self.inventory), str(playbook)]
+            argv = [str((bin_dir or VENV_BIN) / "ansible-playbook"), "-i", str(self.inventory), str(playbook)]
             if limit:
                 argv += ["--limit", ",".join(limit) if isinstance(limit, list) else limit]
             argv += list(args or [])
-            return self._run(argv, extra_vars, check, diff, timeout, cwd)
+            return self._run(argv, extra_vars, check, diff, timeout, cwd, env)
         finally:
             os.unlink(inline)
 
