@@ -336,3 +336,34 @@ def _raise_interrupt(signum, frame):
 def threading_main() -> bool:
     import threading
     return threading.current_thread() is threading.main_thread()
+
+
+@pytest.fixture
+def molecule(molecule_scenario, fleet, tmp_path, monkeypatch):
+    """A Molecule scenario of this repository, ready to run against two H200 hosts of the fleet:
+    `molecule.test()` runs `molecule test -s NAME` in the scenario's role and returns the
+    CompletedProcess (its output goes to pytest's capture).
+
+    The only place that touches pytest-ansible's Molecule support (`molecule_scenario`: it finds
+    every scenario git tracks and parametrizes over them). pytest-ansible announces its end of
+    life for December 2026: then `subprocess.run([sys.executable, "-m", "molecule", "test", "-s",
+    name], cwd=role_dir)` over `git ls-files '**/molecule/*/molecule.yml'` replaces it here."""
+    hosts = [h for h in fleet.hosts if h.preset == "h200x8"][:2]
+    assert len(hosts) == 2, "the Molecule scenario needs two H200 hosts in the fleet"
+    key = fleet.inventory.parent / "id_ed25519"
+    lines = ["all:", "  hosts:"]
+    for i, h in enumerate(hosts, 1):
+        lines.append(f"    gpu-node-{i}: {{ansible_host: {h.addr}, fleet_gpu_count: {h.gpu_count}}}")
+    lines += ["  vars:", "    ansible_user: root", f"    ansible_ssh_private_key_file: {key}",
+              "    ansible_python_interpreter: /usr/bin/python3",
+              "    ansible_ssh_common_args: '-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null'"]
+    inventory = tmp_path / "molecule-inventory.yml"
+    inventory.write_text("\n".join(lines) + "\n")
+    monkeypatch.setenv("ZEROMIB_MOLECULE_INVENTORY", str(inventory))
+    monkeypatch.setenv("ANSIBLE_COLLECTIONS_PATH", str(REPO / ".build" / "collections"))
+    monkeypatch.setenv("PATH", f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}")  # molecule runs ansible-*
+    monkeypatch.setenv("ANSIBLE_NOCOLOR", "1")
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.delenv("ANSIBLE_CONFIG", raising=False)
+    yield molecule_scenario
+    fleet.reset([h.name for h in hosts])
