@@ -83,6 +83,10 @@ def write_inventory(fleet, where: Path) -> Path:
     return where / "inventory.ini"
 
 
+def idle(fleet, host: str) -> bool:
+    return max(fleet.gpu_memory(host).values()) <= fleet.host(host).idle_mib
+
+
 def test_readme_set_up_then_headline_command_from_a_fresh_checkout(clean_fleet, checkout):
     fleet = clean_fleet
     steps = readme_block("## Run it from a checkout")
@@ -99,7 +103,7 @@ def test_readme_set_up_then_headline_command_from_a_fresh_checkout(clean_fleet, 
         outputs[step] = sh(step, checkout)
     out = outputs[headline].stdout
     assert f"{len(fleet.names)} hosts: 1 freed, {len(fleet.names) - 1} clean" in out, out
-    assert set(fleet.gpu_memory(busy).values()) == {0}
+    assert idle(fleet, busy)
     # The collection that ran is the checkout's own, found through its ansible.cfg.
     listed = sh("ansible-galaxy collection list zeromib.gpu --format json", checkout).stdout
     assert str(checkout / ".build" / "collections") in listed, listed
@@ -111,7 +115,7 @@ def test_install_from_git_and_from_tarball_without_galaxy_then_run_installed_for
     fleet = clean_fleet
     install = readme_block("## Install")
     assert any(s.startswith("ansible-galaxy collection install git+") for s in install), install
-    assert "ansible-galaxy collection build" in install, install
+    assert any(s.startswith("ansible-galaxy collection build && ansible-galaxy collection install zeromib-gpu-") for s in install), install
     inventory = write_inventory(fleet, tmp_path / "ops")
 
     from_git = tmp_path / "from-git"
@@ -129,7 +133,7 @@ def test_install_from_git_and_from_tarball_without_galaxy_then_run_installed_for
         env = user_env(ANSIBLE_COLLECTIONS_PATH=str(installed))
         r = sh(["ansible-playbook", "zeromib.gpu.free_gpus", "-i", str(inventory), "-l", host], inventory.parent, env)
         assert "1 host: 1 freed" in r.stdout, r.stdout
-        assert set(fleet.gpu_memory(host).values()) == {0}
+        assert idle(fleet, host)
 
 
 def test_free_gpus_job_through_ansible_runner_in_two_slices(clean_fleet, checkout, tmp_path):
@@ -170,4 +174,4 @@ def test_free_gpus_job_through_ansible_runner_in_two_slices(clean_fleet, checkou
         assert set(r.stats["ok"]) == set(hosts), r.stats
     assert seen == set(names), seen
     for host in (names[0], names[-1]):
-        assert set(fleet.gpu_memory(host).values()) == {0}
+        assert idle(fleet, host)
