@@ -247,3 +247,21 @@ def test_galaxy_tarball_holds_the_collection_and_its_docs_only(tmp_path: Path) -
     shipped = {name for name in working_tree_files() if name.startswith(("plugins/", "roles/free_gpus/", "playbooks/"))
                and "/molecule/" not in name and not name.endswith(".pyc")}
     assert shipped <= set(members), sorted(shipped - set(members))
+
+
+def test_execution_environment_definition_builds_a_context(tmp_path: Path) -> None:
+    """ansible-builder create (schema version 3, context only, no image): execution-environment.yml
+    is valid and its context installs requirements.txt's ansible-core, jmespath and this collection;
+    the collection's meta/execution-environment.yml gives any EE that installs it jmespath."""
+    ensure_collection_link()
+    context = tmp_path / "context"
+    require_rc0(run_tool([str(BIN / "ansible-builder"), "create", "-f", "execution-environment.yml", "-c", str(context),
+                          "--output-filename", "Containerfile"]), "ansible-builder create")
+    containerfile = (context / "Containerfile").read_text()
+    core_pin = next(line for line in (REPO / "requirements.txt").read_text().splitlines() if line.startswith("ansible-core=="))
+    assert core_pin in containerfile, f"the EE must install {core_pin}"
+    assert "jmespath" in (context / "_build" / "requirements.txt").read_text()
+    assert "zeromib/gpu" in (context / "_build" / "requirements.yml").read_text()
+    introspect = run_tool([str(BIN / "ansible-builder"), "introspect", "--sanitize", str(COLLECTIONS_PATH)])
+    require_rc0(introspect, "ansible-builder introspect")
+    assert "jmespath>=1.0  # from collection zeromib.gpu" in introspect.stdout, introspect.stdout
