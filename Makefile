@@ -28,7 +28,7 @@ demo-deps: $(VENV)/.installed-run collection
 ## test: everything CI runs (unit, sanity, lint, module tests on simulated hosts, the fleet, the
 ## ansible-core / Python matrix, Molecule, ansible-runner, ansible-builder)
 test: deps
-	$(VENV)/bin/pytest tests
+	$(VENV)/bin/pytest
 
 ## deps: the demo's, plus test and lint tooling in .venv and the test rigs' Debian packages
 deps: venv collection

@@ -3,6 +3,7 @@
 #
 #   tests/tools/apt-deps.sh demo    what `make demo` uses: the systemd-nspawn fleet (mmdebstrap,
 #                                   systemd-nspawn, ssh, ip, unshare)
+#   tests/tools/apt-deps.sh --list demo|test   print the packages of a set, install nothing
 #   tests/tools/apt-deps.sh test    the demo's, plus what `make test` adds: shellcheck (ansible-test
 #                                   sanity), chromium (the audit report's heat map, headless), and
 #                                   promtool (the .prom file), taken out of Debian's prometheus
@@ -13,6 +14,8 @@
 # package this script installed is listed in /var/lib/zeromib-gpu/apt-installed.txt.
 set -euo pipefail
 
+list_only=""
+if [[ "${1:-}" = --list ]]; then list_only=1; shift; fi
 set_name="${1:-test}"
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 demo=(mmdebstrap systemd-container openssh-client iproute2 util-linux procps tar)
@@ -21,6 +24,12 @@ case "$set_name" in
   test) want=("${demo[@]}" psmisc shellcheck chromium) ;;
   *) echo "usage: $0 demo|test" >&2; exit 2 ;;
 esac
+
+if [[ -n "$list_only" ]]; then
+  printf '%s\n' "${want[@]}"
+  [[ "$set_name" != test ]] || echo "promtool (from prometheus, unpacked; the package is not installed)"
+  exit 0
+fi
 
 record=/var/lib/zeromib-gpu/apt-installed.txt
 wants_links() { find /etc/systemd/system \( -path '*.wants/*' -o -path '*.requires/*' \) 2>/dev/null | sort; }
