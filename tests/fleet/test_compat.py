@@ -22,7 +22,7 @@ AUDIT = "playbooks/audit_gpus.yml"
 
 @pytest.fixture
 def h200_host(fleet):
-    host = next(h.name for h in fleet.hosts if h.preset == "h200x8")
+    host = [h.name for h in fleet.hosts if h.preset == "h200x8"][0]
     yield host
     fleet.reset([host])
 
