@@ -7,10 +7,11 @@ COLLECTION_LINK := .build/collections/ansible_collections/zeromib/gpu
 
 .PHONY: install collection demo demo-deps test deps venv bench clean uninstall-packages
 
-## install: link this checkout as zeromib.gpu where ./ansible.cfg looks (.build/collections), so
-## that `ansible-playbook playbooks/free_gpus.yml ...` runs from the checkout. Needs no network.
-install: collection
-	@echo "zeromib.gpu -> $(CURDIR) (through $(COLLECTION_LINK); ./ansible.cfg puts .build/collections on Ansible's path)"
+## install: what running the playbooks from this checkout needs: .venv with requirements.txt
+## (ansible-core, jmespath), and the checkout linked as zeromib.gpu where ./ansible.cfg looks
+## (.build/collections). `make collection` makes only the link.
+install: $(VENV)/.installed-run collection
+	@echo "zeromib.gpu -> $(CURDIR) (through $(COLLECTION_LINK)); now: . $(VENV)/bin/activate"
 
 collection: $(COLLECTION_LINK)
 $(COLLECTION_LINK):
@@ -22,7 +23,7 @@ $(COLLECTION_LINK):
 demo: demo-deps
 	$(PY) tests/fleet/demo.py
 
-demo-deps: $(VENV)/.installed-run collection
+demo-deps: install
 	@tests/tools/apt-deps.sh demo
 
 ## test: everything CI runs (unit, sanity, lint, module tests on simulated hosts, the fleet, the
