@@ -2,36 +2,62 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip install -q --disable-pip-version-check
 COLLECTION_LINK := .build/collections/ansible_collections/zeromib/gpu
 
-.PHONY: demo test bench venv deps collection clean
+.PHONY: install collection demo demo-deps test deps venv bench clean uninstall-packages
 
-## demo: bring up a small simulated fleet with busy GPUs, free it, audit it, tear it down
-demo: deps
-	$(PY) tests/fleet/demo.py
-
-## test: everything CI runs (unit, sanity, lint, module tests on simulated hosts, fleet tests)
-test: deps
-	$(VENV)/bin/pytest tests
-
-## bench: benchmarks on the fleet rig and a namespace host; writes docs/benchmarks.md
-bench: deps
-	$(PY) benchmarks/run.py
-
-venv: $(VENV)/.installed
-$(VENV)/.installed: requirements-dev.txt requirements-lint.txt
-	python3 -m venv $(VENV)
-	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt -r requirements-lint.txt
-	touch $@
-
-## deps: Python tools in .venv, Debian packages the test rigs use, the collection on Ansible's path
-deps: venv collection
-	@tests/tools/apt-deps.sh
+## install: what running the playbooks from this checkout needs: .venv with requirements.txt
+## (ansible-core, jmespath), and the checkout linked as zeromib.gpu where ./ansible.cfg looks
+## (.build/collections). `make collection` makes only the link.
+install: $(VENV)/.installed-run collection
+	@echo "zeromib.gpu -> $(CURDIR) (through $(COLLECTION_LINK)); now: . $(VENV)/bin/activate"
 
 collection: $(COLLECTION_LINK)
 $(COLLECTION_LINK):
 	mkdir -p $(dir $@)
 	ln -sfn ../../../.. $@
 
+## demo: bring up a small simulated fleet with busy GPUs, free it, audit it, tear it down.
+## Installs only what the demo uses: ansible-core + jmespath in .venv, the fleet rig's Debian packages.
+demo: demo-deps
+	$(PY) tests/fleet/demo.py
+
+demo-deps: install
+	@tests/tools/apt-deps.sh demo
+
+## test: everything CI runs (unit, sanity, lint, module tests on simulated hosts, the fleet, the
+## ansible-core / Python matrix, Molecule, ansible-runner, ansible-builder)
+test: deps
+	$(VENV)/bin/pytest
+
+## deps: the demo's, plus test and lint tooling in .venv and the test rigs' Debian packages
+deps: venv collection
+	@tests/tools/apt-deps.sh test
+
+venv: $(VENV)/.installed-test
+
+$(VENV)/.installed-run: requirements.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) -r requirements.txt
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed-run requirements-dev.txt requirements-lint.txt
+	$(PIP) -r requirements-dev.txt -r requirements-lint.txt
+	touch $@
+
+## bench: benchmarks on the fleet rig and a namespace host; writes docs/benchmarks.md
+bench: deps
+	$(PY) benchmarks/run.py
+
+## clean: what make made: this checkout's fleets (also left over from a killed run), the fleet's
+## base rootfs cache /var/cache/zeromib-fleet (~500 MB; kept while another checkout's fleet is
+## up), .venv, .build (collection link, matrix venvs, ansible-test copies, promtool), caches and
+## reports. Debian packages stay: `make uninstall-packages` removes the ones make installed.
 clean:
-	rm -rf .build .pytest_cache tests/output
+	-@if [ "$$(id -u)" = 0 ]; then python3 tests/fleet/fleet.py clean; fi
+	rm -rf $(VENV) .build .pytest_cache .hypothesis .ansible collections tests/output gpu_audit_report
+
+uninstall-packages:
+	@f=/var/lib/zeromib-gpu/apt-installed.txt; if [ -s $$f ]; then \
+	  set -x; apt-get remove -y $$(sort -u $$f) && rm -f $$f; else echo "make installed no Debian package"; fi

@@ -194,7 +194,7 @@ class FleetHandle:
         return env
 
     def _run(self, argv: list[str], extra_vars: dict | None, check: bool, diff: bool,
-             timeout: float, cwd: Path | str | None) -> AnsibleResult:
+             timeout: float, cwd: Path | str | None, env: dict | None = None) -> AnsibleResult:
         with tempfile.TemporaryDirectory(prefix="fleet-ansible-") as tmp:
             out = os.path.join(tmp, "result.json")
             if extra_vars:
@@ -206,7 +206,8 @@ class FleetHandle:
             if diff:
                 argv.append("--diff")
             t0 = time.monotonic()
-            r = subprocess.run(argv, cwd=cwd or REPO, env=self._env(out), stdin=subprocess.DEVNULL, check=False,
+            r = subprocess.run(argv, cwd=cwd or REPO, env={**self._env(out), **(env or {})},
+                               stdin=subprocess.DEVNULL, check=False,
                                capture_output=True, text=True, timeout=timeout)
             elapsed = round(time.monotonic() - t0, 2)
             data = json.loads(Path(out).read_text()) if os.path.exists(out) else {}
@@ -215,20 +216,22 @@ class FleetHandle:
     def ansible_playbook(self, playbook: str | Path | list | dict, limit: str | list | None = None,
                          extra_vars: dict | None = None, check: bool = False, diff: bool = False,
                          args: list[str] | None = None, timeout: float = 600,
-                         cwd: Path | str | None = None) -> AnsibleResult:
+                         cwd: Path | str | None = None, bin_dir: Path | None = None,
+                         env: dict | None = None) -> AnsibleResult:
         """Runs ansible-playbook against the fleet. PLAYBOOK is a path (relative to the repo),
-        a collection playbook (zeromib.gpu.free_gpus), or plays as Python data."""
+        a collection playbook (zeromib.gpu.free_gpus), or plays as Python data. BIN_DIR: the
+        ansible-playbook of another venv (the ansible-core matrix); ENV: added variables."""
         with tempfile.NamedTemporaryFile("w", suffix=".yml", prefix="fleet-play-", delete=False) as f:
             inline = f.name
         try:
             if isinstance(playbook, (list, dict)):
                 Path(inline).write_text(json.dumps(playbook if isinstance(playbook, list) else [playbook]))
                 playbook = inline
-            argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(self.inventory), str(playbook)]
+            argv = [str((bin_dir or VENV_BIN) / "ansible-playbook"), "-i", str(self.inventory), str(playbook)]
             if limit:
                 argv += ["--limit", ",".join(limit) if isinstance(limit, list) else limit]
             argv += list(args or [])
-            return self._run(argv, extra_vars, check, diff, timeout, cwd)
+            return self._run(argv, extra_vars, check, diff, timeout, cwd, env)
         finally:
             os.unlink(inline)
 
@@ -336,3 +339,34 @@ def _raise_interrupt(signum, frame):
 def threading_main() -> bool:
     import threading
     return threading.current_thread() is threading.main_thread()
+
+
+@pytest.fixture
+def molecule(molecule_scenario, fleet, tmp_path, monkeypatch):
+    """A Molecule scenario of this repository, ready to run against two H200 hosts of the fleet:
+    `molecule.test()` runs `molecule test -s NAME` in the scenario's role and returns the
+    CompletedProcess (its output goes to pytest's capture).
+
+    The only place that touches pytest-ansible's Molecule support (`molecule_scenario`: it finds
+    every scenario git tracks and parametrizes over them). pytest-ansible announces its end of
+    life for December 2026: then `subprocess.run([sys.executable, "-m", "molecule", "test", "-s",
+    name], cwd=role_dir)` over `git ls-files '**/molecule/*/molecule.yml'` replaces it here."""
+    hosts = [h for h in fleet.hosts if h.preset == "h200x8"][:2]
+    assert len(hosts) == 2, "the Molecule scenario needs two H200 hosts in the fleet"
+    key = fleet.inventory.parent / "id_ed25519"
+    lines = ["all:", "  hosts:"]
+    for i, h in enumerate(hosts, 1):
+        lines.append(f"    gpu-node-{i}: {{ansible_host: {h.addr}, fleet_gpu_count: {h.gpu_count}}}")
+    lines += ["  vars:", "    ansible_user: root", f"    ansible_ssh_private_key_file: {key}",
+              "    ansible_python_interpreter: /usr/bin/python3",
+              "    ansible_ssh_common_args: '-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null'"]
+    inventory = tmp_path / "molecule-inventory.yml"
+    inventory.write_text("\n".join(lines) + "\n")
+    monkeypatch.setenv("ZEROMIB_MOLECULE_INVENTORY", str(inventory))
+    monkeypatch.setenv("ANSIBLE_COLLECTIONS_PATH", str(REPO / ".build" / "collections"))
+    monkeypatch.setenv("PATH", f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}")  # molecule runs ansible-*
+    monkeypatch.setenv("ANSIBLE_NOCOLOR", "1")
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.delenv("ANSIBLE_CONFIG", raising=False)
+    yield molecule_scenario
+    fleet.reset([h.name for h in hosts])

@@ -52,9 +52,9 @@ def prerequisites() -> str | None:
         return "the demo needs root (network namespaces, cgroups, systemd-nspawn): run it as root"
     for tool in ("systemd-nspawn", "mmdebstrap", "ssh", "ip"):
         if not shutil.which(tool):
-            return f"{tool} is missing: run `make deps` (tests/tools/apt-deps.sh installs it)"
+            return f"{tool} is missing: run `make demo-deps` (tests/tools/apt-deps.sh installs it)"
     if not (VENV_BIN / "ansible-playbook").exists():
-        return f"no ansible-playbook in {VENV_BIN}: run `make deps`"
+        return f"no ansible-playbook in {VENV_BIN}: run `make demo-deps`"
     return None
 
 

@@ -12,6 +12,7 @@ into its own overlay upper dir, which also carries the GPU simulator and the wor
     fleet.py ssh HOST COMMAND... [--name PREFIX]
     fleet.py down [--name PREFIX]
     fleet.py base
+    fleet.py clean              # every fleet of this checkout down, the base rootfs cache removed
 
 Everything a fleet creates is written to its state dir (default /run/zeromib-fleet/PREFIX/)
 before it is created, and `down` acts only on what that state dir records: processes are ended
@@ -1148,6 +1149,58 @@ class Fleet:
         return found
 
 
+# ---------------------------------------------------------------------------- clean
+
+def dir_size_mib(path: Path) -> float:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+    return round(total / 2**20, 1)
+
+
+def clean(repo: Path = REPO) -> dict:
+    """`make clean`: tears down every fleet of this checkout (the tests', the demo's, the
+    benchmarks', also one left over from a killed run), then removes the base rootfs cache,
+    unless a fleet of another checkout is still up on it (it is that fleet's read-only lower
+    layer)."""
+    downed, others = [], []
+    if STATE_ROOT.is_dir():
+        for sf in sorted(STATE_ROOT.glob("*/state.json")):
+            source = None
+            with contextlib.suppress(OSError, ValueError):
+                source = Path(json.loads(sf.read_text()).get("sim_source", ""))
+            if source == repo / "tests" / "sim":
+                Fleet(sf.parent.name).down()
+                downed.append(sf.parent.name)
+            else:
+                others.append(sf.parent.name)
+    out = {"fleets_down": downed, "cache": str(CACHE_DIR)}
+    if not CACHE_DIR.exists():
+        out["cache_removed_mib"] = 0.0
+        return out
+    with open(CACHE_DIR / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # no `up` of another checkout restores the base meanwhile
+        others += [sf.parent.name for sf in STATE_ROOT.glob("*/state.json")
+                   if sf.parent.name not in downed + others] if STATE_ROOT.is_dir() else []
+        if others:
+            out["cache_kept_for"] = others
+            return out
+        size = dir_size_mib(CACHE_DIR)
+        for entry in CACHE_DIR.iterdir():
+            if entry.name != ".lock":
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+    with contextlib.suppress(OSError):
+        (CACHE_DIR / ".lock").unlink()
+        CACHE_DIR.rmdir()
+    out["cache_removed_mib"] = size
+    return out
+
+
 # ---------------------------------------------------------------------------- CLI
 
 def main(argv: list[str] | None = None) -> int:
@@ -1169,6 +1222,8 @@ def main(argv: list[str] | None = None) -> int:
     p_ssh.add_argument("host")
     p_ssh.add_argument("command", nargs=argparse.REMAINDER)
     sub.add_parser("base", help="build/restore the cached base rootfs only")
+    sub.add_parser("clean", help="down every fleet of this checkout; remove the base rootfs cache "
+                                 "unless another checkout's fleet uses it")
     for p in (p_up, p_down, p_st, p_wl, p_rb, p_ssh):
         p.add_argument("--name", default=DEFAULT_PREFIX, help="fleet prefix (hosts PREFIX-01..)")
     a = ap.parse_args(argv)
@@ -1176,6 +1231,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "base":
         t: dict = {}
         print(json.dumps({"base": str(ensure_base(t)), **t}))
+        return 0
+    if a.cmd == "clean":
+        print(json.dumps(clean()))
         return 0
     fleet = Fleet(a.name)
     if a.cmd == "up":

@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import tarfile
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 import pytest
@@ -203,3 +204,64 @@ def test_galaxy_build_ships_only_working_tree_files(tmp_path: Path) -> None:
         problems.extend(f"  {name}" for name in strays[:40])
     if problems:
         pytest.fail(f"{tarball.name}:\n" + "\n".join(problems), pytrace=False)
+
+
+# What the built tarball may hold (fnmatch globs; `*` also crosses `/`), and what it must hold.
+TARBALL_ALLOWED = (
+    "MANIFEST.json", "FILES.json", "README.md", "COPYING",
+    "meta/runtime.yml", "meta/execution-environment.yml", "meta/ee-requirements.txt",
+    "plugins/*.py", "plugins/filter/*.yml", "plugins/test/*.yml",
+    "roles/free_gpus/defaults/*.yml", "roles/free_gpus/meta/*.yml", "roles/free_gpus/tasks/*.yml",
+    "roles/free_gpus/templates/*", "roles/free_gpus/handlers/*.yml", "roles/free_gpus/vars/*.yml",
+    "playbooks/*.yml", "playbooks/tasks/templates/*.j2",
+    "docs/*.md", "docs/images/*.png",
+    "changelogs/changelog.yaml", "changelogs/config.yaml", "CHANGELOG.rst",
+)
+TARBALL_REQUIRED = (
+    "MANIFEST.json", "FILES.json", "README.md", "COPYING", "meta/runtime.yml", "meta/execution-environment.yml",
+    "plugins/modules/gpu_facts.py", "plugins/modules/gpu_release.py", "plugins/filter/free_gpus.py",
+    "plugins/filter/fleet_query.py", "roles/free_gpus/tasks/main.yml", "roles/free_gpus/meta/argument_specs.yml",
+    "playbooks/free_gpus.yml", "playbooks/audit_gpus.yml", "playbooks/example_training.yml",
+    "docs/gpu_release.md", "changelogs/changelog.yaml",
+)
+
+
+def built_tarball_members(out: Path) -> list[str]:
+    build = run_tool([str(BIN / "ansible-galaxy"), "collection", "build", "--output-path", str(out)])
+    require_rc0(build, "ansible-galaxy collection build")
+    (tarball,) = out.glob("zeromib-gpu-*.tar.gz")
+    with tarfile.open(tarball) as archive:
+        return sorted(member.name for member in archive.getmembers() if not member.isdir())
+
+
+def test_galaxy_tarball_holds_the_collection_and_its_docs_only(tmp_path: Path) -> None:
+    """galaxy.yml's build_ignore, judged by an allow-list: no raw run logs, benchmark outputs,
+    test rigs, Molecule scenarios, changelog fragments or build set-up in the tarball, and
+    every file a user needs is there."""
+    members = built_tarball_members(tmp_path)
+    stray = [name for name in members if not any(fnmatchcase(name, pattern) for pattern in TARBALL_ALLOWED)]
+    missing = [name for name in TARBALL_REQUIRED if name not in members]
+    assert not stray, "files that must not ship (add them to build_ignore in galaxy.yml):\n  " + "\n  ".join(stray)
+    assert not missing, f"files the tarball must hold: {missing}"
+    # Every plugin and role file git knows ships (build_ignore must not drop one by accident).
+    shipped = {name for name in working_tree_files() if name.startswith(("plugins/", "roles/free_gpus/", "playbooks/"))
+               and "/molecule/" not in name and not name.endswith(".pyc")}
+    assert shipped <= set(members), sorted(shipped - set(members))
+
+
+def test_execution_environment_definition_builds_a_context(tmp_path: Path) -> None:
+    """ansible-builder create (schema version 3, context only, no image): execution-environment.yml
+    is valid and its context installs requirements.txt's ansible-core, jmespath and this collection;
+    the collection's meta/execution-environment.yml gives any EE that installs it jmespath."""
+    ensure_collection_link()
+    context = tmp_path / "context"
+    require_rc0(run_tool([str(BIN / "ansible-builder"), "create", "-f", "execution-environment.yml", "-c", str(context),
+                          "--output-filename", "Containerfile"]), "ansible-builder create")
+    containerfile = (context / "Containerfile").read_text()
+    core_pin = next(line for line in (REPO / "requirements.txt").read_text().splitlines() if line.startswith("ansible-core=="))
+    assert core_pin in containerfile, f"the EE must install {core_pin}"
+    assert "jmespath" in (context / "_build" / "requirements.txt").read_text()
+    assert "zeromib/gpu" in (context / "_build" / "requirements.yml").read_text()
+    introspect = run_tool([str(BIN / "ansible-builder"), "introspect", "--sanitize", str(COLLECTIONS_PATH)])
+    require_rc0(introspect, "ansible-builder introspect")
+    assert "jmespath>=1.0  # from collection zeromib.gpu" in introspect.stdout, introspect.stdout

@@ -136,3 +136,10 @@ def test_clean_host_with_only_monitors_notes_them_and_stays_clean():
     assert outcome["ok"] and outcome["status"] == "clean" and outcome["footprint_gpus"] == []
     line = free_gpus_summary([outcome], ["node02"])[1]
     assert line.split()[:2] == ["clean", "node02"] and line.endswith("2 NVML clients kept")
+
+
+def test_summary_of_one_host_says_host_not_hosts():
+    lines = free_gpus_summary([free_gpus_outcome(release([gpu(0, 40970)], [gpu(0, 0)]), "node-a")], ["node-a"])
+    assert lines[-1] == "1 host: 1 freed"
+    lines = free_gpus_summary([], ["node-a", "node-b"])
+    assert lines[-1] == "2 hosts: 2 unreachable"

@@ -1,0 +1,91 @@
+"""The compatibility matrix of zeromib.gpu: which ansible-core runs the controller on which
+Python, and which Pythons run the modules on managed nodes. Every entry is really run by
+`make test` (tests/fleet/test_compat.py, tests/compat/test_managed_pythons.py); README.md,
+docs/development.md and meta/runtime.yml state exactly this.
+
+Controller venvs are built once per entry under .build/compat/ (ansible-core and jmespath, pinned)
+and reused while their recipe is unchanged. A missing interpreter is an error, never a skip.
+"""
+from __future__ import annotations
+
+import fcntl
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+MAIN_VENV_BIN = REPO / ".venv" / "bin"
+CACHE = Path(os.environ.get("ZEROMIB_COMPAT_CACHE", str(REPO / ".build" / "compat")))
+PYENV_ROOT = Path(os.environ.get("PYENV_ROOT", str(Path.home() / ".pyenv")))
+
+# (ansible-core, controller Python). The oldest Python each release supports on the controller
+# where the machine has it, so that the matrix spans controller Pythons 3.10-3.13 as well.
+# 2.19.14 is requirements.txt's: the main .venv, which runs every other test too.
+CONTROLLER = (
+    ("2.17.14", "3.10"),
+    ("2.18.19", "3.11"),
+    ("2.19.14", "3.11"),
+    ("2.20.10", "3.12"),
+    ("2.21.5", "3.13"),
+)
+# Managed-node Pythons: the modules run under each (ansible-core 2.19 supports targets 3.8-3.14).
+MANAGED_PYTHONS = ("3.8", "3.9", "3.10", "3.11", "3.12", "3.13")
+JMESPATH = "jmespath==1.1.0"
+
+
+class MissingInterpreter(RuntimeError):
+    pass
+
+
+def find_python(minor: str) -> Path:
+    """The CPython MINOR (e.g. "3.8") of this machine: pythonMINOR on PATH, else pyenv's."""
+    found = shutil.which(f"python{minor}")
+    candidates = [found] if found and "/shims/" not in found else []
+    candidates += sorted(glob.glob(str(PYENV_ROOT / "versions" / f"{minor}.*" / "bin" / f"python{minor}")), reverse=True)
+    for c in candidates:
+        r = subprocess.run([c, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                           capture_output=True, text=True, check=False)
+        if r.returncode == 0 and r.stdout.strip() == minor:
+            return Path(c)
+    raise MissingInterpreter(
+        f"Python {minor} is part of the tested matrix (tests/compat/matrix.py) but is not on this machine: "
+        f"neither python{minor} on PATH nor {PYENV_ROOT}/versions/{minor}.*; install it (e.g. `pyenv install {minor}`)")
+
+
+def controller_bin(core: str, minor: str) -> Path:
+    """The bin dir of a venv with ansible-core CORE on Python MINOR, built when missing."""
+    if f"ansible-core=={core}" in (REPO / "requirements.txt").read_text().split():
+        have = subprocess.run([str(MAIN_VENV_BIN / "python"), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                              capture_output=True, text=True, check=False).stdout.strip()
+        if have == minor:
+            return MAIN_VENV_BIN
+    python = find_python(minor)
+    venv = CACHE / f"ansible-core-{core}-py{minor}"
+    recipe = {"python": str(python), "requirements": [f"ansible-core=={core}", JMESPATH]}
+    stamp = venv / ".zeromib-recipe.json"
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if stamp.exists() and json.loads(stamp.read_text()) == recipe and (venv / "bin" / "ansible-playbook").exists():
+            return venv / "bin"
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([str(python), "-m", "venv", str(venv)], check=True, capture_output=True, text=True)
+        r = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
+                            *recipe["requirements"]], capture_output=True, text=True, check=False)
+        if r.returncode != 0:
+            shutil.rmtree(venv, ignore_errors=True)
+            raise RuntimeError(f"cannot build {venv.name}: {r.stdout[-2000:]}{r.stderr[-2000:]}")
+        stamp.write_text(json.dumps(recipe))
+    return venv / "bin"
+
+
+if __name__ == "__main__":  # python tests/compat/matrix.py: build every venv, print the matrix
+    for core, minor in CONTROLLER:
+        print(core, minor, controller_bin(core, minor))
+    for minor in MANAGED_PYTHONS:
+        print("managed", minor, find_python(minor))
+    sys.exit(0)

@@ -1,0 +1,73 @@
+"""The Makefile keeps its promises: `make demo` installs only what the demo uses, `make clean`
+removes what make made (the fleet's base rootfs cache included, unless another checkout's fleet
+still runs on it)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "fleet"))
+import fleet as rig  # noqa: E402
+
+TEST_ONLY_PACKAGES = ("chromium", "prometheus", "shellcheck")
+
+
+def make_dry_run(target: str, tmp_path: Path) -> str:
+    r = subprocess.run(["make", "-n", target, f"VENV={tmp_path / 'venv'}"], cwd=REPO, capture_output=True, text=True,
+                       check=True)
+    return r.stdout
+
+
+def test_demo_installs_only_ansible_core_jmespath_and_the_fleet_rig(tmp_path):
+    recipe = make_dry_run("demo", tmp_path)
+    assert "-r requirements.txt" in recipe and "tests/tools/apt-deps.sh demo" in recipe, recipe
+    assert "requirements-dev" not in recipe and "requirements-lint" not in recipe, recipe
+    runtime = [line.split("==")[0] for line in (REPO / "requirements.txt").read_text().splitlines()
+               if line and not line.startswith("#")]
+    assert runtime == ["ansible-core", "jmespath"]
+    packages = subprocess.run([str(REPO / "tests/tools/apt-deps.sh"), "--list", "demo"], capture_output=True, text=True,
+                              check=True).stdout.split()
+    assert not set(packages) & set(TEST_ONLY_PACKAGES), packages
+    assert {"mmdebstrap", "systemd-container", "openssh-client"} <= set(packages)
+    test_packages = subprocess.run([str(REPO / "tests/tools/apt-deps.sh"), "--list", "test"], capture_output=True,
+                                   text=True, check=True).stdout
+    assert "prometheus" not in test_packages.split(), "prometheus.service must never be installed: unpack promtool only"
+
+
+def test_clean_recipe_downs_fleets_and_removes_venv_build_and_reports(tmp_path):
+    recipe = make_dry_run("clean", tmp_path)
+    assert "tests/fleet/fleet.py clean" in recipe
+    for path in (str(tmp_path / "venv"), ".build", "gpu_audit_report", "tests/output", ".pytest_cache"):
+        assert f" {path}" in recipe, (path, recipe)
+
+
+def test_fleet_clean_keeps_the_cache_while_another_checkouts_fleet_uses_it(tmp_path, monkeypatch):
+    state, cache = tmp_path / "run", tmp_path / "cache"
+    monkeypatch.setattr(rig, "STATE_ROOT", state)
+    monkeypatch.setattr(rig, "CACHE_DIR", cache)
+    (cache / "base-bookworm-x").mkdir(parents=True)
+    (cache / "base-bookworm-x.tar").write_bytes(b"x" * 2048)
+    # A leftover fleet of this checkout (killed before its teardown) and a live one of another.
+    for prefix, source in (("tmine", rig.SIM_DIR), ("tother", Path("/elsewhere/tests/sim"))):
+        (state / prefix).mkdir(parents=True)
+        (state / prefix / "state.json").write_text(json.dumps({"prefix": prefix, "sim_source": str(source), "hosts": []}))
+    out = rig.clean()
+    assert out["fleets_down"] == ["tmine"] and out["cache_kept_for"] == ["tother"]
+    assert not (state / "tmine").exists() and (cache / "base-bookworm-x.tar").exists()
+    (state / "tother" / "state.json").unlink()
+    (state / "tother").rmdir()
+    out = rig.clean()
+    assert out["cache_removed_mib"] >= 0 and not cache.exists(), out
+
+
+def test_pytest_ini_runs_every_test_directory():
+    """`make test` runs plain `pytest`, whose testpaths set the order: a test directory missing
+    from them would never run."""
+    ini = (REPO / "pytest.ini").read_text()
+    testpaths = next(line for line in ini.splitlines() if line.startswith("testpaths")).split("=", 1)[1].split()
+    with_tests = {str(p.parent.relative_to(REPO)) for p in (REPO / "tests").glob("*/test_*.py")}
+    with_tests |= {"tests/unit"} if any((REPO / "tests" / "unit").rglob("test_*.py")) else set()
+    assert with_tests - {"tests/gpu"} <= set(testpaths), sorted(with_tests - set(testpaths))
