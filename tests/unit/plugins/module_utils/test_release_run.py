@@ -1078,3 +1078,30 @@ def test_without_pidfd_the_start_time_is_checked_again_before_sigkill(world):
     result = release.Release(FakeSmi(world), system, params(kill_timeout=1.0), driver_root="/none").run()
     assert [(pid, name) for _t, pid, name in world.signals] == [(495, "SIGTERM")]
     assert world.procs[495].spec["comm"] == "bash" and result["killed"][0]["signal"] == "SIGTERM"
+
+
+# ------------------------------------------------------------------ names as bytes, device spellings
+
+
+def test_holder_whose_comm_ends_inside_a_multibyte_character_is_found_and_freed(world):
+    """A 15-byte comm cut inside a CJK character: read as text, /proc raised, the holder was
+    skipped and the run waited 60 s, then advised a GPU reset."""
+    world.spawn(495, {0: 40960}, comm="x", argv=("训练脚本.py",))
+    stat_path = os.path.join(str(world.root), "495", "stat")
+    with open(stat_path, "rb") as handle:
+        stat = handle.read()
+    with open(stat_path, "wb") as handle:
+        handle.write(stat.replace(b"(x)", b"(" + "训练脚本\u3042".encode("utf-8")[:14] + b")"))
+    result = run(world, wait_timeout=60.0)
+    assert [(pid, name) for _t, pid, name in world.signals] == [(495, "SIGTERM")]
+    assert result["released"] is True and world.t < 1.0 and result["killed"][0]["name"] == "训练脚本\ufffd"
+
+
+def test_gpu_operator_device_spellings_are_found_and_freed(world):
+    """On GPU Operator nodes the driver's /dev shows through as /run/nvidia/driver/dev."""
+    fds, maps = fakeproc.cuda_process(0, [0, 1])
+    world.spawn(495, {0: 40960}, devices=["/run/nvidia/driver" + p for p in fds], maps=[("/run/nvidia/driver" + p, kib) for p, kib in maps])
+    fds, maps = fakeproc.cuda_process(1, [0, 1])
+    world.spawn(496, {1: 1024}, devices=[p + " (deleted)" for p in fds], maps=[(p + " (deleted)", kib) for p, kib in maps])
+    result = run(world)
+    assert sorted(pid for _t, pid, _name in world.signals) == [495, 496] and result["released"] is True
