@@ -485,6 +485,16 @@ class Run(object):
                               apps=facts["processes"], gpus_after=result.get("gpus"))
         self.end_all()
 
+    def scenario_health(self):
+        """Issue 15 on real hardware: an idle, healthy H200 reads healthy, health read in the same
+        nvidia-smi call (the raw facts are in the ansible log of this run)."""
+        facts, wall = self.playbook("health-facts", action="facts")
+        gpu = facts["ansible_facts"]["gpu"]
+        per_gpu = [(g["index"], g.get("healthy"), g.get("health_issues"), g.get("health")) for g in gpu["gpus"]]
+        ok = gpu.get("healthy") is True and all(h is True for _i, h, _issues, _raw in per_gpu)
+        self.record("health: an idle H200 reads healthy (ECC, row remaps, PCIe link, slowdown, persistence, MIG, Xids)", ok,
+                    host_healthy=gpu.get("healthy"), health_checked=gpu.get("health_checked"), gpus=per_gpu, wall_s=wall)
+
     def wait_gone_mib(self, timeout=10):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and sum(v for v in self.used_all().values()) > 8:
@@ -531,6 +541,7 @@ class Run(object):
             self.scenario_role,
             self.scenario_multi_gpu,
             self.scenario_attribution,
+            self.scenario_health,
         ]
         if self.only:
             scenarios = [getattr(self, "scenario_" + name) for name in self.only]
