@@ -313,7 +313,7 @@ def main():
     if module.params["cross_gpu_footprint_mib"] < 0:
         module.fail_json(msg="cross_gpu_footprint_mib must be 0 or more, got %s" % module.params["cross_gpu_footprint_mib"])
     try:
-        facts, warning = gather(module.params, lambda name: module.get_bin_path(name))
+        facts, warning = gather(module.params, module.get_bin_path)
     except NvidiaSmiError as exc:
         if module.params["fail_on_error"]:
             module.fail_json(**exc.details())

@@ -426,7 +426,7 @@ def main():
         result = release.run()
         if params["dcgm_diag"] and result.get("released") and not module.check_mode:
             # The diagnostic runs work on the GPUs: only once they are free.
-            dcgm = _health.dcgm_diag(params["dcgm_diag"], lambda name: module.get_bin_path(name))
+            dcgm = _health.dcgm_diag(params["dcgm_diag"], module.get_bin_path)
             result.update(_facts.health_summary(result["gpus"], release.health, dcgm))
     except NvidiaSmiError as exc:
         module.fail_json(**exc.details())

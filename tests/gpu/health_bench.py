@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Cost of the health readings on a real node: gpu_facts' look with and without health
 (the extra --query-gpu fields and the kernel log read), 20 runs each, medians in ms, and
 one look's GPU health as JSON. Read-only. Stdlib only; run from the repository root:
@@ -24,7 +23,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import Nvi
 
 def timed(fn, runs=20):
     times = []
-    for _ in range(runs):
+    for _run in range(runs):
         began = time.monotonic()
         fn()
         times.append((time.monotonic() - began) * 1000.0)
@@ -36,7 +35,7 @@ checks = _health.Checks()
 report = {
     "look_ms_without_health": timed(lambda: _facts.look(smi, [], with_processes=True)),
     "look_ms_with_health": timed(lambda: _facts.look(smi, [], with_processes=True, checks=checks)),
-    "query_gpu_ms_base": timed(lambda: smi.query_gpus()),
+    "query_gpu_ms_base": timed(smi.query_gpus),
     "query_gpu_ms_with_health": timed(lambda: smi.query_gpus(_facts.smi_mod.GPU_FIELDS + _facts.smi_mod.HEALTH_FIELDS)),
 }
 log = _health.KernelLog(24)

@@ -27,8 +27,8 @@ framed_sh health_dmesg_xid.txt 'dmesg 2>&1 | grep -i xid | tail -n 20'
 framed_sh health_dcgmi.txt 'command -v dcgmi || echo "dcgmi not installed"'
 # Cost: 20 runs each, the median in ms.
 timeit() {  # timeit LABEL CMD...
-    local i t0 t1 times=()
-    for i in $(seq 20); do
+    local t0 t1 times=()
+    for _ in $(seq 20); do
         t0=$(date +%s%N); "$@" > /dev/null 2>&1; t1=$(date +%s%N); times+=($(( (t1 - t0) / 1000 )))
     done
     printf '%s median_us=%s min_us=%s\n' "$1" \

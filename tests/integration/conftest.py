@@ -34,6 +34,31 @@ def _rig_missing():
 requires_nshost = pytest.mark.skipif(_rig_missing() is not None, reason=_rig_missing() or "")
 
 
+def _hosts():
+    """A factory of started NsHosts and the list to stop at the end."""
+    reason = _rig_missing()
+    if reason:
+        pytest.skip(reason)
+    hosts = []
+
+    def make(preset="h200x8", **kw):
+        h = NsHost(preset=preset, **kw)
+        hosts.append(h)
+        h.start()
+        return h
+
+    return make, hosts
+
+
+@pytest.fixture(scope="module")
+def module_nshost():
+    """As `nshost`, for hosts shared by the tests of one module."""
+    make, hosts = _hosts()
+    yield make
+    for h in reversed(hosts):
+        h.stop()
+
+
 @pytest.fixture
 def nshost():
     """Factory: nshost(preset="h200x8", **NsHost kwargs) -> started NsHost."""

@@ -280,9 +280,8 @@ def test_prom_file_passes_promtool(fleet_report):
     assert 'zeromib_gpu_nvml_clients{host="gpu-node05"} 2' in text and 'zeromib_gpu_holders{host="gpu-node05"} 0' in text
     assert 'zeromib_gpu_clean{host="gpu-node07",gpu="2",' in text
     assert 'zeromib_gpu_healthy{host="gpu-node09",gpu="5",' in text and 'zeromib_gpu_healthy{host="gpu-node09",gpu="4",' in text
-    node09 = [line for line in text.splitlines() if line.startswith(("zeromib_gpu_healthy{host=\"gpu-node09\",gpu=\"5\"",
-                                                                    "zeromib_gpu_ecc_uncorrected{host=\"gpu-node09\",gpu=\"5\"",
-                                                                    "zeromib_gpu_xid_recent{host=\"gpu-node09\",gpu=\"5\""))]
+    prefixes = tuple('zeromib_gpu_%s{host="gpu-node09",gpu="5"' % name for name in ("healthy", "ecc_uncorrected", "xid_recent"))
+    node09 = [line for line in text.splitlines() if line.startswith(prefixes)]
     assert [line.rsplit(" ", 1)[1] for line in node09] == ["0", "1", "1"], node09
 
 
@@ -364,7 +363,7 @@ def test_heat_map_renders_in_chromium(fleet_report):
     assert node07["data-used-mib"] == "40960" and "pid 48211 python3" in node07["title"] and "user alice" in node07["title"]
     assert "unit vllm.service" in next(c for c in gpu_cells if c["data-host"] == "gpu-node03")["title"]
     footprint = {(c["data-host"], int(c["data-gpu"])) for c in gpu_cells if c.get("data-footprint") == "true"}
-    assert ("gpu-node07", 2) in footprint and ("gpu-node14", 0) in footprint and not any(h == "gpu-node03" for h, _ in footprint)
+    assert ("gpu-node07", 2) in footprint and ("gpu-node14", 0) in footprint and not any(h == "gpu-node03" for h, _gpu in footprint)
     node07_2 = next(c for c in gpu_cells if c["data-host"] == "gpu-node07" and c["data-gpu"] == "2")
     assert node07_2["data-state"] == "clean" and "4 MiB footprint of contexts on other GPUs" in node07_2["title"]
     assert "NVML clients" in proc.stdout and 'id="nvml-clients"' in proc.stdout

@@ -77,17 +77,8 @@ FAULTS = [
 
 
 @pytest.fixture(scope="module")
-def h200x2():
-    from conftest import _rig_missing  # noqa: E402
-    from nshost import NsHost
-
-    reason = _rig_missing()
-    if reason:
-        pytest.skip(reason)
-    host = NsHost(preset="h200x2", seed="health01")
-    host.start()
-    yield host
-    host.stop()
+def h200x2(module_nshost):
+    return module_nshost("h200x2", seed="health01")
 
 
 def test_healthy_h200_host_passes_the_gate(h200x2):

@@ -142,7 +142,8 @@ echo "$*" >> "{log}"
 case "$*" in
   *clocks_event_reasons*) echo 'Field "clocks_event_reasons.hw_slowdown" is not a valid field to query.'; echo; exit 2 ;;
   *remapped_rows.pending*) echo 'Field "remapped_rows.pending" is not a valid field to query.'; echo; exit 2 ;;
-  *--query-gpu=*) echo "0, GPU-1, Tesla V100, 00000000:07:00.0, 470.57.02, 32510, 0, 3, 32500, 0, 33, 55.12, Enabled, Disabled, 0, No, [N/A], 3, 3, 16, 16, P0, Not Active, Not Active, Not Active, Not Active" ;;
+  *--query-gpu=*) echo "0, GPU-1, Tesla V100, 00000000:07:00.0, 470.57.02, 32510, 0, 3, 32500, 0, 33, 55.12, Enabled, Disabled, \
+0, No, [N/A], 3, 3, 16, 16, P0, Not Active, Not Active, Not Active, Not Active" ;;
 esac
 """
 
