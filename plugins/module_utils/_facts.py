@@ -215,7 +215,7 @@ def scan_and_attribute(gpus, apps, fetch_apps, protect_names, protect_pids, own_
     raw = holders_mod.scan_holders(proc, unreadable, with_maps=False, without_devices=others)
     if apps is None and (any_dirty(gpus, limit) or _attribution.needs_listing(raw)):
         apps = fetch_apps()
-    if any(unexplained_gpus(gpus, apps or [], raw, limit)):
+    if unexplained_gpus(gpus, apps or [], raw, limit):
         raw += holders_mod.scan_mapped(others, proc)
     apps = apps or []
     attributed = _attribution.attribute(raw, apps, minor_to_index(gpus))
