@@ -340,8 +340,8 @@ signal.pause()
                 out.append(line)
             sizes = sorted(self.rows["clean"])
             if 16 in sizes and 32 in sizes:
-                out += ["", "Growth 16 -> 32 hosts: " + ", ".join("%s x%.2f" % (name, self.rows["clean"][32][name] / self.rows["clean"][16][name])
-                                                             for name in names if name != RAW) + "."]
+                growth = ["%s x%.2f" % (name, self.rows["clean"][32][name] / self.rows["clean"][16][name]) for name in names if name != RAW]
+                out += ["", "Growth 16 -> 32 hosts: " + ", ".join(growth) + "."]
             out.append("")
         if "dirty" in self.rows:
             out += ["## Dirty fleet: busy to verified clean", "",

@@ -50,7 +50,6 @@ notes:
   - Ansible keeps no facts from a failed task; the role's rescue sets C(free_gpus_result) on a failed host from this task's result.
 seealso:
   - module: zeromib.gpu.gpu_release
-  - role: zeromib.gpu.free_gpus
 """
 
 EXAMPLES = r"""
