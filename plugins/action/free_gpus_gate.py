@@ -16,11 +16,17 @@ from __future__ import annotations
 
 import os
 
+import yaml
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.zeromib.gpu.plugins.filter.free_gpus import free_gpus_outcome
+
+try:
+    _YamlLoader = yaml.CSafeLoader
+except AttributeError:
+    _YamlLoader = yaml.SafeLoader
 
 ROLE_PREFIX = "free_gpus_"
 ENTRY_POINT = "main"
@@ -65,6 +71,33 @@ def module_args(params):
     return args
 
 
+_SPECS = {}
+
+
+def role_options(role_path):
+    """The `options` of the role's main entry point, or None without a spec file. Cached: the
+    strategy imports this plugin on the controller before it forks a worker per host, and the
+    collection's own role is read here at import, so no worker parses the YAML again
+    (~10 ms each with Ansible's loader)."""
+    role_path = os.path.realpath(role_path)
+    if role_path not in _SPECS:
+        _SPECS[role_path] = None
+        for ext in (".yml", ".yaml"):
+            path = os.path.join(role_path, "meta", "argument_specs" + ext)
+            if os.path.exists(path):
+                with open(path, "rb") as handle:
+                    specs = yaml.load(handle, Loader=_YamlLoader) or {}
+                _SPECS[role_path] = ((specs.get("argument_specs") or {}).get(ENTRY_POINT) or {}).get("options") or {}
+                break
+    return _SPECS[role_path]
+
+
+try:
+    role_options(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "roles", "free_gpus"))
+except (OSError, yaml.YAMLError):
+    pass
+
+
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _VALID_ARGS = frozenset()
@@ -75,12 +108,10 @@ class ActionModule(ActionBase):
         role_path = task_vars.get("role_path")
         if not role_path:
             raise AnsibleActionFail("zeromib.gpu.free_gpus_gate runs inside the zeromib.gpu.free_gpus role only")
-        for ext in (".yml", ".yaml"):
-            path = os.path.join(role_path, "meta", "argument_specs" + ext)
-            if os.path.exists(path):
-                specs = self._loader.load_from_file(path) or {}
-                return ((specs.get("argument_specs") or {}).get(ENTRY_POINT) or {}).get("options") or {}
-        raise AnsibleActionFail("no meta/argument_specs.yml in %s" % role_path)
+        spec = role_options(role_path)
+        if spec is None:
+            raise AnsibleActionFail("no meta/argument_specs.yml in %s" % role_path)
+        return spec
 
     def _validated(self, task_vars):
         """The role's variables, checked and typed as Ansible's automatic validation task checks
