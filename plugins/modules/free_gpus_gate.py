@@ -48,6 +48,8 @@ notes:
   - When the role is run with C(rolespec_validate=false) (as C(playbooks/free_gpus.yml) does), this task is the only validation, and
     the play saves Ansible's automatic validation task on every host.
   - Ansible keeps no facts from a failed task; the role's rescue sets C(free_gpus_result) on a failed host from this task's result.
+  - C(free_gpus_result) is returned as a fact (also C(ansible_facts.free_gpus_result)); with fact caching it is cached like any fact,
+    so a summary should read it only for the hosts of the current play (C(ansible_play_hosts)), as C(playbooks/free_gpus.yml) does.
 seealso:
   - module: zeromib.gpu.gpu_release
 """
