@@ -13,9 +13,11 @@ Needs root (the rigs do). Acts only inside the hosts it creates.
 """
 import argparse
 import concurrent.futures
+import glob
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -29,6 +31,21 @@ import fleet as rig  # noqa: E402
 from nshost import NsHost  # noqa: E402
 
 VENV = os.path.join(REPO, ".venv", "bin")
+CALLBACKS = os.path.join(REPO, "tests", "fleet", "callback_plugins")
+# The role as it was before issue 14 (an argument-validation task, the module, a set_fact and an
+# assert per host), run side by side from a `git archive` of this commit.
+BEFORE_REV = "caeff72"
+OURS = "free_gpus.yml"
+BEFORE = "free_gpus.yml before (%s, 4 tasks a host)" % BEFORE_REV
+ONE = "one-task nvidia-smi play"
+MITO = "free_gpus.yml, mitogen_linear"
+ONE_MITO = "one-task play, mitogen_linear"
+RAW = "raw parallel ssh"
+# Targets of issue 14 (ratios in one run).
+TARGET_GATE = 1.2
+TARGET_GROWTH = 2.0
+TARGET_DIRTY = 1.5
+TARGET_FACTS_MS = 50.0
 ONE_TASK = """---
 - name: One nvidia-smi task
   hosts: gpu_nodes
@@ -48,23 +65,51 @@ def median(values):
     return round(statistics.median(values), 3) if values else None
 
 
+def mitogen_strategy_dir():
+    """<site-packages>/ansible_mitogen/plugins/strategy of the venv, or None without mitogen."""
+    found = glob.glob(os.path.join(REPO, ".venv", "lib", "python*", "site-packages", "ansible_mitogen", "plugins", "strategy"))
+    return found[0] if found else None
+
+
+def before_collection(rev):
+    """A `git archive` of `rev` as a collection tree -> (collections path, its free_gpus.yml)."""
+    root = tempfile.mkdtemp(prefix="zeromib-before-")
+    tree = os.path.join(root, "ansible_collections", "zeromib", "gpu")
+    os.makedirs(tree)
+    archive = subprocess.run(["git", "-C", REPO, "archive", rev], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+    return root, os.path.join(tree, "playbooks", "free_gpus.yml")
+
+
 class Bench(object):
     def __init__(self, args):
         self.args = args
         self.rows = {}
         self.notes = []
+        self.mitogen = mitogen_strategy_dir()
+        self.before = before_collection(args.before) if args.before else None
 
     # ------------------------------------------------------------ fleet contenders
 
-    def env(self, fleet):
-        return dict(rig.ansible_env(fleet.ansible_cfg), ANSIBLE_NOCOLOR="1")
+    def env(self, fleet, variant=None, json_out=None):
+        env = dict(rig.ansible_env(fleet.ansible_cfg), ANSIBLE_NOCOLOR="1")
+        if variant == "mitogen":
+            env.update(ANSIBLE_STRATEGY_PLUGINS=self.mitogen, ANSIBLE_STRATEGY="mitogen_linear")
+        elif variant == "before":
+            env["ANSIBLE_COLLECTIONS_PATH"] = self.before[0]
+        if json_out:
+            env.update(ANSIBLE_CALLBACK_PLUGINS=CALLBACKS, ANSIBLE_CALLBACKS_ENABLED="fleet_json",
+                       ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ZEROMIB_FLEET_JSON_OUT=json_out)
+        return env
 
-    def playbook(self, fleet, playbook, extra=None):
+    def playbook(self, fleet, playbook, extra=None, variant=None, json_out=None):
+        if variant == "before" and playbook.endswith("free_gpus.yml"):
+            playbook = self.before[1]
         cmd = [os.path.join(VENV, "ansible-playbook"), "-i", str(fleet.inventory), playbook, "-l", "gpu_nodes"]
         if extra:
             cmd += ["-e", json.dumps(extra)]
         started = time.monotonic()
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=self.env(fleet), cwd=REPO)
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=self.env(fleet, variant, json_out), cwd=REPO)
         return round(time.monotonic() - started, 3), proc
 
     def parallel_ssh(self, fleet, command):
@@ -79,18 +124,28 @@ class Bench(object):
         _took, outputs = self.parallel_ssh(fleet, "nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits")
         return {h["name"]: [int(x) for x in out.split()] for h, out in zip(fleet.hosts, outputs)}
 
+    def gate_contenders(self, play_file):
+        """name -> (playbook, variant), alternated within each repetition."""
+        ours = os.path.join(REPO, "playbooks", "free_gpus.yml")
+        contenders = {OURS: (ours, None), ONE: (play_file, None)}
+        if self.before:
+            contenders[BEFORE] = (ours, "before")
+        if self.mitogen:
+            contenders[MITO] = (ours, "mitogen")
+            contenders[ONE_MITO] = (play_file, "mitogen")
+        return contenders
+
     def clean_gate(self, fleet, n, play_file):
-        results = {"free_gpus.yml": [], "one-task nvidia-smi play": [], "raw parallel ssh": []}
+        contenders = self.gate_contenders(play_file)
+        results = {name: [] for name in list(contenders) + [RAW]}
         for _rep in range(self.args.reps):
-            took, proc = self.playbook(fleet, os.path.join(REPO, "playbooks", "free_gpus.yml"))
-            assert proc.returncode == 0, proc.stdout[-3000:]
-            results["free_gpus.yml"].append(took)
-            took, proc = self.playbook(fleet, play_file)
-            assert proc.returncode == 0, proc.stdout[-3000:]
-            results["one-task nvidia-smi play"].append(took)
+            for name, (playbook, variant) in contenders.items():
+                took, proc = self.playbook(fleet, playbook, variant=variant)
+                assert proc.returncode == 0, (name, proc.stdout[-3000:], proc.stderr[-2000:])
+                results[name].append(took)
             took, out = self.parallel_ssh(fleet, QUERY)
             assert all(line.strip() for line in out), "raw ssh got no answer from some host"
-            results["raw parallel ssh"].append(took)
+            results[RAW].append(took)
         self.rows.setdefault("clean", {})[n] = {k: median(v) for k, v in results.items()}
         self.rows.setdefault("clean_runs", {})[n] = results
 
@@ -123,19 +178,27 @@ class Bench(object):
         return dirty, lost_daemon
 
     def dirty_fleet(self, fleet, n):
-        ours = {"free_gpus.yml, kill_timeout 2": 2, "free_gpus.yml, kill_timeout 0 (SIGKILL at once, as by hand)": 0}
+        ours = {"free_gpus.yml, kill_timeout 2": (2, None),
+                "free_gpus.yml, kill_timeout 0 (SIGKILL at once, as by hand)": (0, None)}
+        if self.mitogen:
+            ours["free_gpus.yml, kill_timeout 0, mitogen_linear"] = (0, "mitogen")
+        if self.before:
+            ours["free_gpus.yml before (%s), kill_timeout 0" % BEFORE_REV] = (0, "before")
         results = {name: [] for name in ours}
         results["hand procedure over parallel ssh"] = []
         outcome = {}
+        playbook = os.path.join(REPO, "playbooks", "free_gpus.yml")
         for _rep in range(self.args.reps):
-            for name, kill_timeout in ours.items():
+            for name, (kill_timeout, variant) in ours.items():
                 self.make_dirty(fleet)
                 daemons = self.daemon_pids(fleet)
-                took, proc = self.playbook(fleet, os.path.join(REPO, "playbooks", "free_gpus.yml"),
-                                           {"free_gpus_kill_timeout": kill_timeout, "free_gpus_services": ["vllm*.service"]})
+                took, proc = self.playbook(fleet, playbook, {"free_gpus_kill_timeout": kill_timeout,
+                                                             "free_gpus_services": ["vllm*.service"]}, variant=variant)
                 results[name].append(took)
                 dirty, lost = self.verdict(fleet, daemons)
-                outcome[name] = {"rc": proc.returncode, "dirty_hosts": len(dirty), "lost_persistenced": len(lost)}
+                worst = outcome.get(name, {"rc": 0, "dirty_hosts": 0, "lost_persistenced": 0})
+                outcome[name] = {"rc": proc.returncode or worst["rc"], "dirty_hosts": max(len(dirty), worst["dirty_hosts"]),
+                                 "lost_persistenced": max(len(lost), worst["lost_persistenced"])}
                 fleet_reset(fleet)
             self.make_dirty(fleet)
             daemons = self.daemon_pids(fleet)
@@ -145,13 +208,34 @@ class Bench(object):
             outcome["hand procedure over parallel ssh"] = {"rc": None, "dirty_hosts": len(dirty), "lost_persistenced": len(lost)}
             fleet_reset(fleet)
         self.rows.setdefault("dirty", {})[n] = {k: (median(v), outcome[k]) for k, v in results.items()}
+        self.rows.setdefault("profile", {})[n] = self.dirty_profile(fleet, playbook)
+
+    def dirty_profile(self, fleet, playbook):
+        """One more kill_timeout 0 run, with every task result recorded: where the wall time goes
+        (module time on the node, by step, against ansible-playbook's start to exit)."""
+        self.make_dirty(fleet)
+        with tempfile.TemporaryDirectory(prefix="zeromib-profile-") as tmp:
+            out = os.path.join(tmp, "result.json")
+            took, proc = self.playbook(fleet, playbook, {"free_gpus_kill_timeout": 0, "free_gpus_services": ["vllm*.service"]},
+                                       json_out=out)
+            data = json.load(open(out)) if os.path.exists(out) else {"tasks": []}
+        fleet_reset(fleet)
+        gates = [t["result"] for t in data["tasks"] if t["action"].endswith("free_gpus_gate")]
+        steps = ("look_s", "plan_s", "stop_s", "kill_s", "wait_s")
+        row = {"wall": took, "rc": proc.returncode, "hosts": len(gates),
+               "elapsed_max": max((g.get("elapsed_s") or 0 for g in gates), default=None),
+               "elapsed_median": median([g.get("elapsed_s") or 0 for g in gates])}
+        for step in steps:
+            row[step] = median([(g.get("timings") or {}).get(step) or 0 for g in gates])
+        return row
 
     def fleet_part(self):
         sizes = [int(x) for x in self.args.hosts.split(",") if x]
         with tempfile.NamedTemporaryFile("w", suffix=".yml", delete=False) as handle:
             handle.write(ONE_TASK)
             play_file = handle.name
-        fleet = rig.Fleet("zmb")
+        # A prefix of this checkout: two checkouts benchmarking on one machine never share a fleet.
+        fleet = rig.Fleet(rig.checkout_prefix("b"))
         try:
             for n in sizes:
                 fleet.down()
@@ -164,6 +248,8 @@ class Bench(object):
         finally:
             fleet.down()
             os.unlink(play_file)
+            if self.before:
+                shutil.rmtree(self.before[0], ignore_errors=True)
 
     # ------------------------------------------------------------ gpu_facts inside the module
 
@@ -223,43 +309,72 @@ signal.pause()
     # ------------------------------------------------------------ report
 
     def report(self):
+        load = os.getloadavg()
         out = ["# Benchmarks", "",
-               "Generated by `%s` on %s (%s, %d cores, Python %s). Every number is a median of %d runs; contenders "
-               "alternate within each run. Hosts are systemd-nspawn Debian 12 containers on this one machine "
-               "(real sshd, systemd and processes; simulated GPUs), so Ansible, SSH and the hosts share its cores." % (
+               "Generated by `%s` on %s (%s, %d cores, Python %s; load average at the start %.2f / %.2f / %.2f, at the end "
+               "%.2f / %.2f / %.2f). Every number is a median of %d runs; contenders alternate within each run. Hosts are "
+               "systemd-nspawn Debian 12 containers on this one machine (real sshd, systemd and processes; simulated GPUs), "
+               "so Ansible, SSH and the hosts share its cores." % (
                    " ".join(["benchmarks/run.py"] + sys.argv[1:]), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                   platform.node() or "this machine", os.cpu_count(), platform.python_version(), self.args.reps), ""]
+                   platform.node() or "this machine", os.cpu_count(), platform.python_version(),
+                   self.load_at_start[0], self.load_at_start[1], self.load_at_start[2], load[0], load[1], load[2],
+                   self.args.reps), ""]
+        if self.before:
+            out += ["`%s` is the collection at commit %s (before issue 14), run from a `git archive` of it: the role was an "
+                    "argument-validation task, gpu_release, a set_fact and an assert per host. mitogen: %s." % (
+                        BEFORE, BEFORE_REV, "mitogen %s, `ANSIBLE_STRATEGY=mitogen_linear`" % mitogen_version()
+                        if self.mitogen else "not installed, not measured"), ""]
+        out += self.targets()
         if "clean" in self.rows:
+            names = [OURS, BEFORE, ONE, MITO, ONE_MITO, RAW]
+            names = [name for name in names if name in next(iter(self.rows["clean"].values()))]
             out += ["## Clean-fleet gate (wall seconds, `ansible-playbook` start to exit)", "",
-                    "| hosts | bring-up | free_gpus.yml | one-task nvidia-smi play | raw parallel ssh | free_gpus / one-task |",
-                    "|---|---|---|---|---|---|"]
+                    "| hosts | bring-up | " + " | ".join(names) + " | free_gpus / one-task |" + (
+                        " mitogen: free_gpus / one-task |" if MITO in names else ""),
+                    "|---|---|" + "---|" * (len(names) + 1 + (MITO in names))]
             for n, row in sorted(self.rows["clean"].items()):
-                out.append("| %d | %.1f s | %.2f s | %.2f s | %.2f s | %.2fx |" % (
-                    n, self.rows["bringup"][n], row["free_gpus.yml"], row["one-task nvidia-smi play"], row["raw parallel ssh"],
-                    row["free_gpus.yml"] / row["one-task nvidia-smi play"]))
+                cells = ["%.2f s" % row[name] for name in names]
+                line = "| %d | %.1f s | %s | %.2fx |" % (n, self.rows["bringup"][n], " | ".join(cells), row[OURS] / row[ONE])
+                if MITO in names:
+                    line += " %.2fx |" % (row[MITO] / row[ONE_MITO])
+                out.append(line)
             sizes = sorted(self.rows["clean"])
             if 16 in sizes and 32 in sizes:
-                out += ["", "Growth 16 -> 32 hosts: free_gpus.yml x%.2f, one-task play x%.2f." % (
-                    self.rows["clean"][32]["free_gpus.yml"] / self.rows["clean"][16]["free_gpus.yml"],
-                    self.rows["clean"][32]["one-task nvidia-smi play"] / self.rows["clean"][16]["one-task nvidia-smi play"])]
+                growth = ["%s x%.2f" % (name, self.rows["clean"][32][name] / self.rows["clean"][16][name]) for name in names if name != RAW]
+                out += ["", "Growth 16 -> 32 hosts: " + ", ".join(growth) + "."]
             out.append("")
         if "dirty" in self.rows:
             out += ["## Dirty fleet: busy to verified clean", "",
                     "Each host: a 40 GiB trainer (cooperative), a 20 GiB holder ignoring SIGTERM (`kill_timeout: 2`), an orphaned "
                     "child forked after CUDA init (10 GiB), on every other host a `Restart=always` vllm.service (TP=2), and "
-                    "nvidia-persistenced. Clean is checked 3 s after the contender returns (a respawned unit counts as dirty).", "",
-                    "| hosts | contender | wall | hosts dirty after | hosts where nvidia-persistenced was killed | rc |", "|---|---|---|---|---|---|"]
+                    "nvidia-persistenced. Clean is checked 3 s after the contender returns (a respawned unit counts as dirty); the "
+                    "dirty and killed counts are the worst of the runs.", "",
+                    "| hosts | contender | wall | / hand | hosts dirty after | hosts where nvidia-persistenced was killed | rc |",
+                    "|---|---|---|---|---|---|---|"]
             for n, row in sorted(self.rows["dirty"].items()):
+                hand = row["hand procedure over parallel ssh"][0]
                 for name, (took, outcome) in row.items():
-                    out.append("| %d | %s | %.2f s | %d | %d | %s |" % (
-                        n, name, took, outcome["dirty_hosts"], outcome["lost_persistenced"], outcome["rc"]))
+                    out.append("| %d | %s | %.2f s | %.2fx | %d | %d | %s |" % (
+                        n, name, took, took / hand, outcome["dirty_hosts"], outcome["lost_persistenced"], outcome["rc"]))
             out += ["", "Hand procedure: `%s`" % HAND, ""]
+        if "profile" in self.rows:
+            out += ["### Where the dirty fleet's seconds go (one more kill_timeout 0 run, every result recorded)", "",
+                    "Module time is gpu_release's `elapsed_s` on each node (median and slowest host), by step (`timings`, "
+                    "medians over hosts); the rest of the wall time is Ansible (start-up, connections, module transfer, "
+                    "results) and the summary.", "",
+                    "| hosts | wall | module median | module slowest | look | plan | systemd stop | signals | verify loop | Ansible and the rest |",
+                    "|---|---|---|---|---|---|---|---|---|---|"]
+            for n, row in sorted(self.rows["profile"].items()):
+                out.append("| %d | %.2f s | %.2f s | %.2f s | %.3f s | %.3f s | %.3f s | %.3f s | %.3f s | %.2f s |" % (
+                    n, row["wall"], row["elapsed_median"] or 0, row["elapsed_max"] or 0, row["look_s"], row["plan_s"],
+                    row["stop_s"], row["kill_s"], row["wait_s"], row["wall"] - (row["elapsed_max"] or 0)))
+            out.append("")
         if "facts" in self.rows:
             out += ["## gpu_facts inside the module, one host", "",
                     "Time of one look as gpu_facts makes it (two nvidia-smi calls side by side, the /proc scan, assembly), median "
                     "of %d: with idle GPUs (the gate before every job: device files only) and with a 1 GiB holder on each GPU "
-                    "(then /proc/PID/maps is read too). Last column: a full fd+maps scan alone. The crowd is idle processes "
-                    "(forked Python, ~100 mappings each)." % self.args.facts_reps, "",
+                    "(listed by nvidia-smi, so the maps of processes without a device file open are not read). Last column: a "
+                    "full fd+maps scan alone. The crowd is idle processes (forked Python, ~100 mappings each)." % self.args.facts_reps, "",
                     "| GPUs | processes on the host | idle GPUs | busy GPUs | full fd+maps scan | nvidia-smi calls |",
                     "|---|---|---|---|---|---|"]
             for (preset, _crowd), row in sorted(self.rows["facts"].items(), key=lambda kv: (kv[0][0], kv[0][1])):
@@ -271,6 +386,50 @@ signal.pause()
         if os.path.exists(changes):
             out += ["", open(changes).read().strip()]
         return "\n".join(out) + "\n"
+
+    def facts_slope(self, preset, phase):
+        """ms per 1,000 processes over the smallest crowd, at the largest crowd measured."""
+        rows = sorted(((c, r) for (p, c), r in self.rows["facts"].items() if p == preset), key=lambda cr: cr[0])
+        (_c0, low), (_c1, high) = rows[0], rows[-1]
+        return 1000.0 * (high[phase + "_ms"] - low[phase + "_ms"]) / max(1, high["pids"] - low["pids"])
+
+    def targets(self):
+        """Issue 14's targets, each with what this run measured and met / not met."""
+        lines = ["## Against the targets (issue 14, this run)", ""]
+
+        def verdict(ok):
+            return "**met**" if ok else "**not met**"
+        clean = self.rows.get("clean", {})
+        for n in sorted(clean):
+            ratio = clean[n][OURS] / clean[n][ONE]
+            lines.append("- Clean gate <= %.1fx the one-task nvidia-smi play, %d hosts: %s - %.2fx (%.2f s against %.2f s%s)." % (
+                TARGET_GATE, n, verdict(ratio <= TARGET_GATE), ratio, clean[n][OURS], clean[n][ONE],
+                "; before: %.2fx" % (clean[n][BEFORE] / clean[n][ONE]) if BEFORE in clean[n] else ""))
+        if 16 in clean and 32 in clean:
+            growth = clean[32][OURS] / clean[16][OURS]
+            lines.append("- 32 hosts <= %.0fx 16 hosts: %s - x%.2f." % (TARGET_GROWTH, verdict(growth <= TARGET_GROWTH), growth))
+        for n, row in sorted(self.rows.get("dirty", {}).items()):
+            hand = row["hand procedure over parallel ssh"]
+            took, outcome = row["free_gpus.yml, kill_timeout 0 (SIGKILL at once, as by hand)"]
+            ok = took / hand[0] <= TARGET_DIRTY and outcome["dirty_hosts"] == 0 and outcome["lost_persistenced"] == 0 and outcome["rc"] == 0
+            lines.append("- Dirty fleet to verified clean (kill_timeout 0) <= %.1fx the hand procedure, %d hosts, 0 dirty 3 s later, no "
+                         "daemon killed: %s - %.2fx (%.2f s against %.2f s), %d dirty, %d daemons killed (hand: %d dirty, %d killed)." % (
+                             TARGET_DIRTY, n, verdict(ok), took / hand[0], took, hand[0], outcome["dirty_hosts"],
+                             outcome["lost_persistenced"], hand[1]["dirty_hosts"], hand[1]["lost_persistenced"]))
+        if "facts" in self.rows:
+            for preset in sorted({p for p, _c in self.rows["facts"]}):
+                slope = self.facts_slope(preset, "busy")
+                lines.append("- gpu_facts with busy GPUs <= %.0f ms per 1,000 processes, %s GPUs: %s - %.1f ms per 1,000 (idle: %.1f)." % (
+                    TARGET_FACTS_MS, preset[-1], verdict(slope <= TARGET_FACTS_MS), slope, self.facts_slope(preset, "idle")))
+        lines.append("- Real H200, a cooperative 40 GiB holder within floor + 0.1 s on 1 and 2 GPUs: not measured by this script "
+                     "(no GPU here; see docs/real-gpu.md).")
+        return lines + [""]
+
+
+def mitogen_version():
+    proc = subprocess.run([os.path.join(VENV, "python"), "-c", "import mitogen; print('.'.join(map(str, mitogen.__version__)))"],
+                          capture_output=True, text=True, check=False)
+    return proc.stdout.strip() or "?"
 
 
 def fleet_reset(fleet):
@@ -289,8 +448,10 @@ def main():
     parser.add_argument("--skip-fleet", action="store_true")
     parser.add_argument("--skip-facts", action="store_true")
     parser.add_argument("--out", default=os.path.join(REPO, "docs", "benchmarks.md"))
+    parser.add_argument("--before", default=BEFORE_REV, help="commit to run side by side as 'before' ('' for none)")
     args = parser.parse_args()
     bench = Bench(args)
+    bench.load_at_start = os.getloadavg()
     if not args.skip_facts:
         bench.facts_part()
     if not args.skip_fleet:

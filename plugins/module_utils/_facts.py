@@ -210,17 +210,40 @@ def any_dirty(gpus, max_used_mib):
     return any(not gpu_is_clean(gpu, max_used_mib) for gpu in gpus)
 
 
+def unexplained_gpus(gpus, apps, holders, limit):
+    """Indexes of the GPUs above `limit` MiB whose memory the processes found with a device file
+    open may not explain: no compute app is listed on it, or one listed is dead (its orphaned
+    child may hold the memory) or not among `holders`."""
+    holding = {holder["pid"] for holder in holders}
+    unexplained = []
+    for gpu in gpus:
+        if gpu_is_clean(gpu, limit):
+            continue
+        listed = [app for app in apps if app.get("gpu_index") == gpu["index"]]
+        if not listed or not all(app.get("alive") and app["pid"] in holding for app in listed):
+            unexplained.append(gpu["index"])
+    return unexplained
+
+
 def scan_and_attribute(gpus, apps, fetch_apps, protect_names, protect_pids, own_lineage, proc="/proc", unreadable=None,
                        max_used_mib=0, footprint_mib=_attribution.CROSS_GPU_FOOTPRINT_MIB):
     """The /proc scan, attributed to GPUs and marked protected -> (holders, apps).
 
     `apps` are joined compute apps, or None when not fetched yet: `fetch_apps()` is then called
     only if the answer depends on them (see _attribution.needs_listing)."""
-    # Processes that mapped a device file and closed it matter only where a GPU holds more than
-    # the footprint could explain: all maps are read then (see scan_holders).
-    raw = holders_mod.scan_holders(proc, unreadable, with_maps=any_dirty(gpus, max_used_mib + (footprint_mib or 0)))
-    if apps is None:
-        apps = fetch_apps() if _attribution.needs_listing(raw) else []
+    # Processes that mapped a device file and closed it (CUDA never does) matter only where a GPU
+    # holds more than the footprint and than what live, listed processes with the device files
+    # open explain: only then are the maps of processes without a device file open read. Speed:
+    # a busy node with 1,000 processes looked in 120-144 ms reading them all, in about the time of
+    # an idle look without (benchmarks/changes.md).
+    limit = max_used_mib + (footprint_mib or 0)
+    others = []
+    raw = holders_mod.scan_holders(proc, unreadable, with_maps=False, without_devices=others)
+    if apps is None and (any_dirty(gpus, limit) or _attribution.needs_listing(raw)):
+        apps = fetch_apps()
+    if unexplained_gpus(gpus, apps or [], raw, limit):
+        raw += holders_mod.scan_mapped(others, proc)
+    apps = apps or []
     attributed = _attribution.attribute(raw, apps, minor_to_index(gpus))
     return holders_mod.protect(attributed, protect_names, protect_pids, own_lineage), apps
 
@@ -257,8 +280,19 @@ def look(smi, protect, with_processes=True, proc="/proc", driver_root="/proc/dri
     def joined(raw_apps):
         return join_apps(raw_apps, gpus, lambda pid: alive(pid, proc))
 
+    # A dirty GPU always needs the compute apps (see scan_and_attribute): their call then runs
+    # while /proc is scanned, instead of after it. Speed: one nvidia-smi call (~25 ms on H200,
+    # ~0.1 s for the fleet's simulated one) off every dirty look (benchmarks/changes.md).
+    app_call = None
+    if not with_apps and any_dirty(gpus, max_used_mib + (footprint_mib or 0)):
+        app_call = smi.start(smi.app_args())
+
+    def fetch_apps():
+        started = app_call if app_call is not None else smi.start(smi.app_args())
+        return joined(smi_mod.parse_compute_apps(smi.finish(started)))
+
     holders, apps = scan_and_attribute(
-        gpus, joined(apps) if with_apps else None, lambda: joined(smi_mod.parse_compute_apps(smi.run(smi.app_args()))),
+        gpus, joined(apps) if with_apps else None, fetch_apps,
         names, pids, lineage, proc, unreadable, max_used_mib, footprint_mib,
     )
     _containers.annotate(holders, runtimes or _containers.Runtimes())

@@ -276,7 +276,7 @@ def list_pids(proc="/proc"):
     return sorted(int(entry) for entry in os.listdir(proc) if entry.isdigit())
 
 
-def scan_holders(proc="/proc", unreadable=None, with_maps=True):
+def scan_holders(proc="/proc", unreadable=None, with_maps=True, without_devices=None):
     """Every live process with a /dev/nvidia* node open or (with `with_maps`) mapped, with its
     mappings of those nodes (`mapped`). Processes that vanish mid-scan or that we may not read
     are skipped (the PIDs we may not read are appended to `unreadable`, if given); a zombie
@@ -285,8 +285,9 @@ def scan_holders(proc="/proc", unreadable=None, with_maps=True):
     The maps of every process that has a device file open are read: attribution needs their
     sizes. Reading the maps of all the others is two thirds of a full scan's cost (~70 of ~100 us
     a process, docs/benchmarks.md) and finds only processes that mapped a device file and then
-    closed it, which CUDA never does; callers ask for that (`with_maps`) when a GPU reads dirty,
-    where such a process could be the one holding it."""
+    closed it, which CUDA never does; callers ask for that (`with_maps`) only where such a
+    process could be what holds a GPU. Without `with_maps`, the PIDs skipped for having no
+    device file open are appended to `without_devices`, if given, for `scan_mapped` later."""
     holders = []
     users = {}
     for pid in list_pids(proc):
@@ -299,18 +300,41 @@ def scan_holders(proc="/proc", unreadable=None, with_maps=True):
         except OSError:
             continue
         if not devices and not with_maps:
+            if without_devices is not None:
+                without_devices.append(pid)
             continue
-        mapped = read_maps(pid, proc)
-        if not devices and not mapped:
-            continue
-        record = read_process(pid, proc, users)
-        if record is None or record["state"] in ("Z", "X"):
-            continue
-        record["devices"] = sorted(devices | set(mapped or ()))
-        # None: the maps could not be read, so the mapping sizes are unknown.
-        record["mapped"] = None if mapped is None else {device: {"count": n, "kib": kib} for device, (n, kib) in mapped.items()}
-        holders.append(record)
+        record = _holder(pid, devices, proc, users)
+        if record is not None:
+            holders.append(record)
     return holders
+
+
+def scan_mapped(pids, proc="/proc"):
+    """The processes among `pids` (which had no device file open) that map a /dev/nvidia* node:
+    the second half of a full scan, done only when a GPU's memory is not explained without it.
+    Speed: it saves re-listing every process's fds (measured, benchmarks/changes.md)."""
+    holders = []
+    users = {}
+    for pid in pids:
+        record = _holder(pid, set(), proc, users)
+        if record is not None:
+            holders.append(record)
+    return holders
+
+
+def _holder(pid, devices, proc, users):
+    """A holder record for a process with `devices` open, its maps read; None when it holds
+    nothing or is gone (or a zombie)."""
+    mapped = read_maps(pid, proc)
+    if not devices and not mapped:
+        return None
+    record = read_process(pid, proc, users)
+    if record is None or record["state"] in ("Z", "X"):
+        return None
+    record["devices"] = sorted(devices | set(mapped or ()))
+    # None: the maps could not be read, so the mapping sizes are unknown.
+    record["mapped"] = None if mapped is None else {device: {"count": n, "kib": kib} for device, (n, kib) in mapped.items()}
+    return record
 
 
 def start_time_of(pid, proc="/proc"):

@@ -10,7 +10,10 @@ PLAYBOOK = "playbooks/free_gpus.yml"
 AUDIT = "playbooks/audit_gpus.yml"
 TRAINING = "playbooks/example_training.yml"
 ROLE = "zeromib.gpu.free_gpus"
+# The role's one task per host (the free_gpus_gate action: gpu_release's result, the verdict).
 RELEASE_TASK = "zeromib.gpu.free_gpus : Free the GPUs and verify that they read at most the baseline"
+GATE_TASK = RELEASE_TASK
+# The role's rescue: a host that failed the gate fails again here, with the gate's message.
 ASSERT_TASK = "zeromib.gpu.free_gpus : Assert that every selected GPU is free"
 SUMMARY_TASK = "Fleet summary (unreachable, failed and dirty hosts first)"
 # The MIG host idles at 55 MiB per GPU; inventory group_vars give it this threshold.

@@ -91,9 +91,10 @@ def test_leaked_gpu_fails_the_host_naming_gpu_mib_and_reset_or_reboot(faulty):
 def test_leaked_gpu_fails_in_the_roles_assert_with_a_message_naming_the_host(faulty):
     run, leaky = faulty["run"], faulty["leaky"]
     failed = [t for t in run.results(host=leaky) if t["status"] == "failed" and not t["result"].get("ignore_errors")]
-    # The role's assert fails (rescued by free_gpus.yml), then the playbook fails the host with it.
-    assert [t["task"] for t in failed] == [ASSERT_TASK, FAIL_TASK], [t["task"] for t in failed]
-    assert failed[0]["result"]["msg"] == failed[1]["result"]["msg"]
+    # The role's gate fails (rescued by the role, which fails the host with its message, rescued by
+    # free_gpus.yml), then the playbook fails the host with it.
+    assert [t["task"] for t in failed] == [RELEASE_TASK, ASSERT_TASK, FAIL_TASK], [t["task"] for t in failed]
+    assert failed[0]["result"]["msg"] == failed[1]["result"]["msg"] == failed[2]["result"]["msg"]
     msg = failed[0]["result"]["msg"]
     assert leaky in msg and "GPU 1" in msg and f"{LEAK_MIB} MiB" in msg and "reset" in msg, msg
 

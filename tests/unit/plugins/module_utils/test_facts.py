@@ -280,3 +280,42 @@ def test_look_without_processes_scans_nothing(node):
     snapshot = facts.look(canned, protect=[], with_processes=False, proc=str(proc), driver_root=str(driver))
     assert (snapshot.apps, snapshot.holders, canned.calls) == ([], [], [False])
     assert [g["minor_number"] for g in snapshot.gpus] == [1, 0]
+
+
+def _mapping_only_process(proc, pid, minor):
+    """A process that mapped a GPU's device file with a context-sized mapping, then closed every
+    device file: only a scan of /proc/PID/maps finds it."""
+    fakeproc.write_process(proc, pid, maps=(("/dev/nvidia%d" % minor, 2176),), start_time=9000)
+
+
+def test_busy_gpu_explained_by_its_listed_live_holder_does_not_read_other_maps(node):
+    proc, driver, canned = node
+    canned.apps = canned.apps[:1]  # 426 listed and alive on GPU 0: it explains GPU 0
+    _mapping_only_process(proc, 900, 0)  # maps GPU index 1's node, which reads 0 MiB
+    snapshot = facts.look(canned, protect=[], proc=str(proc), driver_root=str(driver))
+    assert 900 not in {h["pid"] for h in snapshot.holders}
+
+
+def test_dirty_gpu_with_a_dead_owner_reads_every_maps_and_finds_the_mapping_only_holder(node):
+    proc, driver, canned = node
+    _mapping_only_process(proc, 900, 1)  # index 0 is /dev/nvidia1; 427 ([Not Found]) is listed there
+    snapshot = facts.look(canned, protect=[], proc=str(proc), driver_root=str(driver))
+    by_pid = {h["pid"]: h for h in snapshot.holders}
+    assert (by_pid[900]["gpu_indexes"], by_pid[900]["attribution"]) == ([0], "mapped")
+
+
+def test_dirty_gpu_without_any_listed_app_reads_every_maps(node):
+    proc, driver, canned = node
+    canned.gpus = [h200_row(0, 0), h200_row(1, 2048)]
+    canned.apps = []
+    _mapping_only_process(proc, 900, 0)  # GPU index 1
+    snapshot = facts.look(canned, protect=[], proc=str(proc), driver_root=str(driver))
+    assert 900 in {h["pid"] for h in snapshot.holders}
+
+
+def test_unexplained_gpus_are_those_above_the_limit_without_only_live_listed_holders():
+    gpus = h200_host({0: 1000, 1: 1000, 2: 1000, 3: 4}, count=4)
+    apps = [{"pid": 1, "gpu_index": 0, "alive": True}, {"pid": 2, "gpu_index": 1, "alive": False},
+            {"pid": 3, "gpu_index": 2, "alive": True}]
+    holding = [{"pid": 1}, {"pid": 2}]  # 3 is listed but has no device file open
+    assert facts.unexplained_gpus(gpus, apps, holding, 4) == [1, 2]

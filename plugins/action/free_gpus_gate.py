@@ -1,0 +1,162 @@
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The free_gpus role's gate in one task per host (documented in plugins/modules/free_gpus_gate.py).
+
+On the controller: validate the role's variables against its meta/argument_specs.yml, run
+zeromib.gpu.gpu_release once on the node, turn its result into the `free_gpus_result` fact with
+the free_gpus_outcome filter, and fail with that fact's message when the verdict says so.
+
+Why an action and not four tasks (validation, module, set_fact, assert): every task costs
+Ansible a worker process per host on the controller (~0.05-0.1 s of CPU each on 2 cores,
+docs/benchmarks.md); the three that ran no SSH were most of the gate's cost over a one-task play.
+"""
+
+from __future__ import annotations
+
+import os
+
+import yaml
+from ansible.errors import AnsibleActionFail
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.zeromib.gpu.plugins.filter.free_gpus import free_gpus_outcome
+
+try:
+    _YamlLoader = yaml.CSafeLoader
+except AttributeError:
+    _YamlLoader = yaml.SafeLoader
+
+ROLE_PREFIX = "free_gpus_"
+ENTRY_POINT = "main"
+# Role variables that are not gpu_release options: the gate itself uses them.
+GATE_ONLY = frozenset(["free_gpus_expected_count", "free_gpus_require_healthy"])
+# Options dropped when empty, so that gpu_release's own default applies (search PATH for nvidia-smi).
+OMIT_WHEN_EMPTY = frozenset(["nvidia_smi", "expected_mig_mode"])
+
+
+def gate_failures(release, params, check_mode):
+    """The role's verdict on one host -> the names of the checks that fail (empty: the host passes).
+
+    The checks of the assert this replaces, in its order. A new condition (a health threshold, say)
+    is one more `if` here, with its message added to free_gpus_outcome's problems."""
+    failures = []
+    if release.get("failed") or "released" not in release:
+        # gpu_release could not look or act (nvidia-smi missing or hung, GPU lost, plan refused):
+        # that fails a dry run as it fails the real one.
+        failures.append("gpu_release failed")
+    if not check_mode:
+        if not release.get("released", False):
+            failures.append("released")
+        selected = release.get("selected_gpus") or []
+        if any(not gpu.get("clean") for gpu in release.get("gpus") or [] if gpu.get("index") in selected):
+            failures.append("every selected GPU clean")
+    expected = int(params.get("free_gpus_expected_count") or 0)
+    if expected and len(release.get("gpus") or []) != expected:
+        failures.append("free_gpus_expected_count")
+    # Health is read, never changed: a dry run fails on an unhealthy GPU as the real run does.
+    if params.get("free_gpus_require_healthy", True) and release.get("gpus") and release.get("healthy") is not True:
+        failures.append("free_gpus_require_healthy")
+    return failures
+
+
+def module_args(params):
+    """Validated role variables -> gpu_release's options (free_gpus_X -> X)."""
+    args = {}
+    for name, value in params.items():
+        if not name.startswith(ROLE_PREFIX) or name in GATE_ONLY:
+            continue
+        option = name[len(ROLE_PREFIX):]
+        if option in OMIT_WHEN_EMPTY and not value:
+            continue
+        args[option] = value
+    return args
+
+
+_SPECS = {}
+
+
+def role_options(role_path):
+    """The `options` of the role's main entry point, or None without a spec file. Cached: the
+    strategy imports this plugin on the controller before it forks a worker per host, and the
+    collection's own role is read here at import, so no worker parses the YAML again
+    (~10 ms each with Ansible's loader)."""
+    role_path = os.path.realpath(role_path)
+    if role_path not in _SPECS:
+        _SPECS[role_path] = None
+        for ext in (".yml", ".yaml"):
+            path = os.path.join(role_path, "meta", "argument_specs" + ext)
+            if os.path.exists(path):
+                with open(path, "rb") as handle:
+                    specs = yaml.load(handle, Loader=_YamlLoader) or {}
+                _SPECS[role_path] = ((specs.get("argument_specs") or {}).get(ENTRY_POINT) or {}).get("options") or {}
+                break
+    return _SPECS[role_path]
+
+
+try:
+    role_options(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "roles", "free_gpus"))
+except (OSError, yaml.YAMLError):
+    pass
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _VALID_ARGS = frozenset()
+    _supports_check_mode = True
+    _supports_async = False
+
+    def _argument_spec(self, task_vars):
+        role_path = task_vars.get("role_path")
+        if not role_path:
+            raise AnsibleActionFail("zeromib.gpu.free_gpus_gate runs inside the zeromib.gpu.free_gpus role only")
+        spec = role_options(role_path)
+        if spec is None:
+            raise AnsibleActionFail("no meta/argument_specs.yml in %s" % role_path)
+        return spec
+
+    def _validated(self, task_vars):
+        """The role's variables, checked and typed as Ansible's automatic validation task checks
+        them (ansible.builtin.validate_argument_spec: same validator, same message)."""
+        spec = self._argument_spec(task_vars)
+        provided = self._templar.template({name: task_vars[name] for name in spec if name in task_vars})
+        validator = ArgumentSpecValidator(spec)
+        try:
+            checked = validator.validate(provided, validate_role_argument_spec=True)
+        except TypeError:  # ansible-core before 2.16: no role mode
+            checked = validator.validate(provided)
+        if checked.error_messages:
+            return None, {
+                "failed": True,
+                "msg": "Validation of arguments failed:\n%s" % "\n".join(checked.error_messages),
+                "argument_errors": checked.error_messages,
+                "argument_spec_data": spec,
+            }
+        return checked.validated_parameters, None
+
+    def run(self, tmp=None, task_vars=None):
+        task_vars = task_vars or {}
+        result = super(ActionModule, self).run(tmp, task_vars)
+        del tmp
+        params, invalid = self._validated(task_vars)
+        if invalid:
+            result.update(invalid)
+            return result
+        release = self._execute_module(module_name="zeromib.gpu.gpu_release", module_args=module_args(params),
+                                       task_vars=task_vars)
+        check_mode = bool(self._task.check_mode)
+        outcome = free_gpus_outcome(release, task_vars.get("inventory_hostname"), params.get("free_gpus_expected_count"),
+                                    check_mode, params.get("free_gpus_require_healthy", True))
+        result.update(release)
+        # Ansible drops the facts of a failed task; the role's rescue sets them from here.
+        result["ansible_facts"] = {"free_gpus_result": outcome}
+        failures = gate_failures(release, params, check_mode)
+        if failures:
+            result["failed"] = True
+            result["msg"] = outcome["message"]
+            result["failed_checks"] = failures
+        else:
+            result.pop("failed", None)
+            result["msg"] = outcome["message"]
+        return result

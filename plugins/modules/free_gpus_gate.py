@@ -1,0 +1,80 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# Documentation only: the gate is the action plugin plugins/action/free_gpus_gate.py.
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: free_gpus_gate
+short_description: The free_gpus role's gate - free the GPUs and fail unless they read free, in one task
+version_added: 0.2.0
+description:
+  - The single task of the role P(zeromib.gpu.free_gpus#role); use the role, not this plugin.
+  - On the controller, checks the role's variables (C(free_gpus_*)) against the role's C(meta/argument_specs.yml), as Ansible's
+    automatic role argument validation does, with the same message.
+  - Runs M(zeromib.gpu.gpu_release) once on the node with those variables, and returns its result.
+  - Sets the fact C(free_gpus_result) (see the filter P(zeromib.gpu.free_gpus_outcome#filter)).
+  - Fails, with the message of C(free_gpus_result), unless every selected GPU reads at most C(free_gpus_max_used_mib) and the node
+    has C(free_gpus_expected_count) GPUs. In check mode a dirty node passes (it would be freed); a node whose GPUs cannot be read,
+    or whose plan is refused, fails.
+  - One task per host, where a validation task, the module, a C(set_fact) and an C(assert) cost four.
+author:
+  - zeromib.gpu contributors (@zeromib)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
+attributes:
+  action:
+    support: full
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
+  check_mode:
+    support: full
+    details: Runs M(zeromib.gpu.gpu_release) in check mode; a dirty node passes, a node that cannot be read fails.
+  diff_mode:
+    support: full
+    details: M(zeromib.gpu.gpu_release)'s diff.
+  platform:
+    platforms: posix
+options: {}
+notes:
+  - Takes no options; it reads the role's variables. It fails outside the role.
+  - When the role is run with C(rolespec_validate=false) (as C(playbooks/free_gpus.yml) does), this task is the only validation, and
+    the play saves Ansible's automatic validation task on every host.
+  - Ansible keeps no facts from a failed task; the role's rescue sets C(free_gpus_result) on a failed host from this task's result.
+  - C(free_gpus_result) is returned as a fact (also C(ansible_facts.free_gpus_result)); with fact caching it is cached like any fact,
+    so a summary should read it only for the hosts of the current play (C(ansible_play_hosts)), as C(playbooks/free_gpus.yml) does.
+seealso:
+  - module: zeromib.gpu.gpu_release
+"""
+
+EXAMPLES = r"""
+- name: Free the GPUs and prove it (what the role does)
+  ansible.builtin.import_role:
+    name: zeromib.gpu.free_gpus
+    rolespec_validate: false
+  vars:
+    free_gpus_services: [vllm*.service]
+"""
+
+RETURN = r"""
+msg:
+  description: The message of C(free_gpus_result) - host, GPUs, MiB before and after, what was done, or why the node is not free.
+  type: str
+  returned: always
+failed_checks:
+  description: The checks that failed - V(gpu_release failed), V(released), V(every selected GPU clean), V(free_gpus_expected_count).
+  type: list
+  elements: str
+  returned: failure
+released:
+  description: Every other key of M(zeromib.gpu.gpu_release)'s result is returned as it returns it.
+  type: bool
+  returned: when gpu_release ran
+"""
