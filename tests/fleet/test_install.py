@@ -172,7 +172,7 @@ def test_free_gpus_job_through_ansible_runner_in_two_slices(clean_fleet, checkou
                                ident=f"slice-{n}", quiet=True)
         assert (r.status, r.rc) == ("successful", 0), f"slice {n}: {r.status} rc {r.rc}\n{r.stdout.read()[-6000:]}"
         released = {e["event_data"]["host"] for e in r.events if e.get("event") == "runner_on_ok"
-                    and e["event_data"].get("task_action", "").endswith("gpu_release")}
+                    and e["event_data"].get("task_action", "").endswith("free_gpus_gate")}
         assert released == set(hosts), released
         seen |= released
         assert set(r.stats["ok"]) == set(hosts), r.stats
