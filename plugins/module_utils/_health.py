@@ -20,7 +20,7 @@ import re
 import subprocess
 import time
 
-from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import normalize_bus_id
+from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import kill_group, normalize_bus_id
 
 try:
     from typing import Any, Dict, List, Optional, Tuple  # noqa: F401 (type comments)
@@ -299,7 +299,7 @@ class KernelLog(object):
         # type: () -> None
         """nvidia-smi failed: the Xids are not wanted, do not leave the reader behind."""
         if self._started is not None:
-            _kill(self._started[1])
+            kill_group(self._started[1])
             self._started = None
         self._queue = []
 
@@ -317,7 +317,7 @@ class KernelLog(object):
             try:
                 stdout, stderr = process.communicate(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                _kill(process)
+                kill_group(process)
                 self.error = "%s took longer than %g s" % (source, self.timeout)
                 break
             text = stdout[-self.max_bytes:].decode("utf-8", "replace")
@@ -346,18 +346,6 @@ def uptime(path="/proc/uptime"):
             return float(handle.read().split()[0])
     except (OSError, ValueError, IndexError):
         return None
-
-
-def _kill(process):
-    # type: (Any) -> None
-    try:
-        os.killpg(process.pid, 9)
-    except OSError:
-        pass
-    try:
-        process.wait(timeout=1.0)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 HEALTH_KEYS = ("healthy", "health_checked", "health_issues", "health")
@@ -476,7 +464,7 @@ def dcgm_diag(level, which, run_timeout=None):
         record["summary"] = "cannot run dcgmi: %s" % exc
         return record
     except subprocess.TimeoutExpired:
-        _kill(process)
+        kill_group(process)
         record.update(ran=True, passed=False, summary="timed out after %g s" % timeout)
         return record
     passed, summary = parse_dcgm_diag(process.returncode, stdout.decode("utf-8", "replace"))

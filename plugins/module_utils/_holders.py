@@ -174,11 +174,6 @@ def mapped_devices(maps):
     return found
 
 
-def devices_in_maps(maps):
-    """The NVIDIA device paths a maps text (bytes or str) maps."""
-    return set(mapped_devices(maps if isinstance(maps, bytes) else maps.encode("utf-8")))
-
-
 def _read(path):
     with open(path, "rb") as handle:
         return handle.read()

@@ -118,6 +118,25 @@ _TOKEN = re.compile(r"^\[[^\]]*\]$")
 _BAD_FIELD = re.compile(r'Field "([^"]+)" is not a valid field to query')
 
 
+def kill_group(process):
+    """SIGKILL a command started in a session of its own and everything it forked; wait for it
+    at most 1 s and close its pipes."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    # A child stuck in the driver (D state) cannot die; do not wait on it forever.
+    try:
+        process.wait(timeout=1.0)
+    except subprocess.TimeoutExpired:
+        pass
+    for stream in (process.stdout, process.stderr):
+        try:
+            stream.close()
+        except (OSError, AttributeError):
+            pass
+
+
 class NvidiaSmiError(Exception):
     """nvidia-smi did not give a usable answer. Carries what it printed."""
 
@@ -447,20 +466,7 @@ class NvidiaSmi(object):
 
     @staticmethod
     def _kill(process):
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        # A child stuck in the driver (D state) cannot die; do not wait on it forever.
-        try:
-            process.wait(timeout=1.0)
-        except subprocess.TimeoutExpired:
-            pass
-        for stream in (process.stdout, process.stderr):
-            try:
-                stream.close()
-            except (OSError, AttributeError):
-                pass
+        kill_group(process)
 
     # The queries the modules make.
     @staticmethod

@@ -298,6 +298,12 @@ class Release(object):
         )
         return _containers.annotate(holders, self.system.runtimes)
 
+    def may_be_footprint(self, dirty):
+        """Whether some dirty GPU reads little enough to be only the cross-GPU footprint (then a
+        scan decides it; otherwise none is needed)."""
+        allowance = (self.params.get("max_used_mib") or 0) + self.footprint_mib()
+        return bool(self.footprint_mib()) and any(g["memory_used_mib"] is not None and g["memory_used_mib"] <= allowance for g in dirty)
+
     def footprint(self, gpus, holders):
         return _attribution.footprint_gpus(gpus, holders, self.apps, self.params.get("max_used_mib") or 0, self.footprint_mib())
 
@@ -372,21 +378,20 @@ class Release(object):
         added to the interval). Right after acting, memory is expected to drop 20-130 ms after
         the holders exit, so the costlier look at who still holds the GPUs waits RESCAN_S."""
         limit = self.params.get("max_used_mib")
-        allowance = limit + self.footprint_mib()
         poll = self.params.get("poll_interval")
         last_scan = self.system.now() if acted else None
         # The footprint decision holds while the readings do (or for RESCAN_S): one scan, not one a poll.
         footprint, footprint_key, footprint_at = set(), None, None
         while True:
             poll_started = self.system.now()
-            gpus = _facts.with_minor_numbers(self.smi.query_gpus(GPU_FIELDS), self.minors_by_bus)
+            gpus = self._read_gpus()
             dirty = [g for g in gpus if g["index"] in selected and not _facts.gpu_is_clean(g, limit)]
             if not dirty:
                 return gpus, True, None, set()
             if any(g.get("memory_used_mib") is None for g in dirty):
                 return gpus, False, "unreadable", set()
             now = self.system.now()
-            if self.footprint_mib() and any(g["memory_used_mib"] is not None and g["memory_used_mib"] <= allowance for g in dirty):
+            if self.may_be_footprint(dirty):
                 key = tuple(g["memory_used_mib"] for g in gpus)
                 if key != footprint_key or now - footprint_at >= RESCAN_S:
                     footprint, footprint_key, footprint_at = self.footprint(gpus, self.scan(gpus)), key, now
@@ -396,7 +401,8 @@ class Release(object):
             if last_scan is None or now - last_scan >= RESCAN_S:
                 holders = self.scan(gpus)
                 last_scan = now
-                if only_protected(dirty, holders, self._apps(gpus)):
+                # The scan fetched the compute apps whenever a listing can decide this.
+                if only_protected(dirty, holders, self.apps):
                     return gpus, False, "protected", set()
                 if not self.params.get("kill", True) and _facts.dirty_holders(holders, [g["index"] for g in dirty]):
                     return gpus, False, "not_killed", set()
@@ -530,8 +536,7 @@ class Release(object):
         limit = self.params.get("max_used_mib")
         gpus = self._read_gpus()
         dirty = [g for g in gpus if g["index"] in selected and not _facts.gpu_is_clean(g, limit)]
-        if dirty and self.footprint_mib() and all(g["memory_used_mib"] is not None and g["memory_used_mib"] <= limit + self.footprint_mib()
-                                                  for g in dirty):
+        if self.may_be_footprint(dirty):
             footprint = self.footprint(gpus, self.scan(gpus))
             dirty = [g for g in dirty if g["index"] not in footprint]
         return dirty

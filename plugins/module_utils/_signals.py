@@ -74,35 +74,27 @@ def signal_checked(system, pid, start_time, signum, pidfd=None):
                 return GONE
             fd = None  # EMFILE and the like: this signal goes the start-time way
         if fd is not None:
-            return _through_pidfd(system, pid, start_time, signum, pidfd, fd)
+            try:
+                # Checked after the pidfd pins the process: if this start time matches, the pidfd
+                # is the planned process, whatever happens to the PID from now on.
+                return _send_if_same(system, pid, start_time, lambda: pidfd.send(fd, signum))
+            finally:
+                pidfd.close(fd)
+    return _send_if_same(system, pid, start_time, lambda: system.signal(pid, signum))
+
+
+def _send_if_same(system, pid, start_time, send):
+    """The identity check before a signal -> SENT, GONE or REUSED."""
     now_start = system.start_time(pid)
     if now_start is None:
         return GONE
     if now_start != start_time:
         return REUSED
     try:
-        system.signal(pid, signum)
+        send()
     except ProcessLookupError:
         return GONE
     return SENT
-
-
-def _through_pidfd(system, pid, start_time, signum, pidfd, fd):
-    try:
-        # Checked after the pidfd pins the process: if this start time matches, the pidfd is
-        # the planned process, whatever happens to the PID from now on.
-        now_start = system.start_time(pid)
-        if now_start is None:
-            return GONE
-        if now_start != start_time:
-            return REUSED
-        try:
-            pidfd.send(fd, signum)
-        except ProcessLookupError:
-            return GONE
-        return SENT
-    finally:
-        pidfd.close(fd)
 
 
 def entry_of(holder):

@@ -62,17 +62,7 @@ def module_nshost():
 @pytest.fixture
 def nshost():
     """Factory: nshost(preset="h200x8", **NsHost kwargs) -> started NsHost."""
-    reason = _rig_missing()
-    if reason:
-        pytest.skip(reason)
-    hosts = []
-
-    def make(preset="h200x8", **kw):
-        h = NsHost(preset=preset, **kw)
-        hosts.append(h)
-        h.start()
-        return h
-
+    make, hosts = _hosts()
     yield make
     for h in reversed(hosts):
         h.stop()

@@ -364,12 +364,12 @@ def test_maps_scan_finds_device_mappings():
         "7f1a30000000-7f1a30001000 rw-s 00000000 00:05 1113 /dev/nvidia-uvm (deleted)\n"
         "7f1a32000000-7f1a32100000 r-xp 00000000 08:01 5524 /usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04\n"
     )
-    assert holders.devices_in_maps(maps) == {"/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia-uvm"}
+    assert set(holders.mapped_devices(maps.encode())) == {"/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia-uvm"}
 
 
 def test_library_under_a_dev_nvidia_named_directory_is_not_a_device():
     maps = "7f1a32000000-7f1a32100000 r-xp 00000000 08:01 5524 /home/alice/dev/nvidia-apex/build/amp_C.so\n"
-    assert holders.devices_in_maps(maps) == set()
+    assert holders.mapped_devices(maps.encode()) == {}
 
 
 def test_processes_we_may_not_read_are_counted_so_a_non_root_run_can_say_so(monkeypatch, tmp_path):

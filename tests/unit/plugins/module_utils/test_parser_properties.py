@@ -304,7 +304,7 @@ def test_systemctl_parsers_never_raise(text):
 @SETTINGS
 @given(text=st.text())
 def test_maps_scan_finds_only_device_paths(text):
-    assert all(device.startswith("/dev/nvidia") for device in holders.devices_in_maps(text))
+    assert all(device.startswith("/dev/nvidia") for device in holders.mapped_devices(text.encode("utf-8")))
 
 
 @pytest.mark.parametrize("text", ["", "(", ")", ")(", "1 (a) S", "1 (a) S x"], ids=repr)
