@@ -136,6 +136,7 @@ def record_of(inspect):
         "name": (inspect.get("Name") or "").lstrip("/") or None,
         "image": config.get("Image") or inspect.get("ImageName") or inspect.get("Image"),
         "restart_policy": restart,
+        "restart_max_retries": int((host_config.get("RestartPolicy") or {}).get("MaximumRetryCount") or 0),
         "running": bool(state.get("Running")) or state.get("Status") == "restarting" or bool(state.get("Restarting")),
         "status": state.get("Status"),
         "pod": "%s/%s" % (namespace, name) if namespace and name else (name or None),
@@ -225,6 +226,20 @@ class EngineApi(object):
         if status != 200:
             raise RuntimeUnavailable("%s: update --restart=no %s answered %d: %s" % (self.via, cid, status, _message(text)))
 
+    # gpu_restore puts back what gpu_release changed (_restore).
+    def set_restart_policy(self, cid, name, max_retries=0):
+        policy = {"Name": name}
+        if name == "on-failure" and max_retries:
+            policy["MaximumRetryCount"] = int(max_retries)
+        status, text = self._request("POST", "/containers/%s/update" % cid, body={"RestartPolicy": policy})
+        if status != 200:
+            raise RuntimeUnavailable("%s: update --restart=%s %s answered %d: %s" % (self.via, name, cid, status, _message(text)))
+
+    def start(self, cid, timeout):
+        status, text = self._request("POST", "/containers/%s/start" % cid, timeout=timeout)
+        if status not in (204, 304):
+            raise RuntimeUnavailable("%s: start %s answered %d: %s" % (self.via, cid, status, _message(text)))
+
 
 class EngineCli(object):
     """The docker or podman command line, where no API socket answers."""
@@ -276,6 +291,18 @@ class EngineCli(object):
         rc, _out, err = self._call(["update", "--restart=no", cid])
         if rc != 0:
             raise RuntimeUnavailable("%s: update --restart=no %s (rc %d): %s" % (self.via, cid, rc, err.strip()))
+
+    # gpu_restore puts back what gpu_release changed (_restore).
+    def set_restart_policy(self, cid, name, max_retries=0):
+        value = "%s:%d" % (name, max_retries) if name == "on-failure" and max_retries else name
+        rc, _out, err = self._call(["update", "--restart=" + value, cid])
+        if rc != 0:
+            raise RuntimeUnavailable("%s: update --restart=%s %s (rc %d): %s" % (self.via, value, cid, rc, err.strip()))
+
+    def start(self, cid, timeout):
+        rc, _out, err = self._call(["start", cid], timeout=timeout)
+        if rc != 0:
+            raise RuntimeUnavailable("%s: start %s (rc %d): %s" % (self.via, cid, rc, err.strip()))
 
 
 # How long a stop may take beyond its grace: the daemon's SIGKILL and exit (seen: < 0.1 s).
@@ -415,6 +442,20 @@ class Runtimes(object):
         client.set_restart_no(cid)
         self.forget(runtime, cid)
 
+    def set_restart_policy(self, runtime, cid, name, max_retries=0):
+        client = self.client(runtime)
+        if client is None:
+            raise RuntimeUnavailable(self.error(runtime))
+        client.set_restart_policy(cid, name, max_retries)
+        self.forget(runtime, cid)
+
+    def start(self, runtime, cid, timeout):
+        client = self.client(runtime)
+        if client is None:
+            raise RuntimeUnavailable(self.error(runtime))
+        client.start(cid, timeout)
+        self.forget(runtime, cid)
+
     def pod_of(self, cid):
         """namespace/name of the pod a CRI container belongs to, from crictl, or None."""
         if cid not in self._pods:
@@ -539,6 +580,7 @@ def _entry(runtime, record, gpu_indexes=()):
         "image": record["image"],
         "runtime": runtime,
         "restart_policy": record["restart_policy"],
+        "restart_max_retries": record.get("restart_max_retries") or 0,
         "gpu_indexes": sorted(set(gpu_indexes)),
     }
 

@@ -23,6 +23,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
+from ansible_collections.zeromib.gpu.plugins.module_utils import _record
 from ansible_collections.zeromib.gpu.plugins.module_utils import _settle
 from ansible_collections.zeromib.gpu.plugins.module_utils import _signals
 from ansible_collections.zeromib.gpu.plugins.module_utils import _units
@@ -36,9 +37,11 @@ RESCAN_S = 1.0
 class System(object):
     """Everything gpu_release does to the node, in one replaceable place."""
 
-    def __init__(self, systemctl_path=None, proc="/proc", runtimes=None):
+    def __init__(self, systemctl_path=None, proc="/proc", runtimes=None, record_path=None):
         self.systemctl_path = systemctl_path
         self.proc = proc
+        # Where the restore record goes (_record.PATH for the module); None writes none.
+        self.record_path = record_path
         # pidfds pin a process of this kernel's /proc only.
         self.pidfd = _signals.pidfd_or_none() if proc == "/proc" else None
         # Docker and Podman, asked only when a holder runs in a container or services names one.
@@ -272,6 +275,8 @@ class Release(object):
             "reused_pids": [],
             "unkillable": [],
             "undecided": [],
+            # {path, entries} when this run added to the record gpu_restore reads (_record).
+            "restore_record": None,
             "warnings": [],
             "gpus_before": [],
             "gpus": [],
@@ -471,10 +476,14 @@ class Release(object):
             return self._finish(gpus, holders)
 
         outside = {h["container"]: reason for h, reason in container_plan.outside}
-        if container_plan:
-            outside.update(self.act_containers(container_plan))
-        if unit_plan["stop"] or unit_plan["disable"] or unit_plan["mask"]:
-            self.act_units(unit_plan)
+        try:
+            if container_plan:
+                outside.update(self.act_containers(container_plan))
+            if unit_plan["stop"] or unit_plan["disable"] or unit_plan["mask"]:
+                self.act_units(unit_plan)
+        finally:
+            # Also when a step failed: what was already done must be put back by gpu_restore.
+            self.write_record(unit_plan.get("before") or {}, holders)
         if container_plan.stop or unit_plan["stop"]:
             # Stopping a unit or a container ended its processes; see who is left before signalling anyone.
             holders = self.scan(gpus)
@@ -527,6 +536,20 @@ class Release(object):
                 message += ". Also: " + hidden
             raise ReleaseError(message, self._finish(gpus, holders, final_gpus, final_holders))
         return self._finish(gpus, holders, final_gpus, final_holders)
+
+    def write_record(self, unit_before, holders):
+        """Add what this run stopped, disabled or masked to the restore record (_record)."""
+        path = getattr(self.system, "record_path", None)
+        if not path:
+            return
+        entries = _record.release_entries(self.result, unit_before, holders, _record.now_iso())
+        try:
+            record = _record.add(path, entries)
+        except (_record.RecordError, OSError) as exc:
+            self.result["warnings"].append("the restore record was not written, so gpu_restore cannot put back what this run changed: %s" % exc)
+            return
+        if record is not None:
+            self.result["restore_record"] = {"path": path, "entries": len(record["entries"])}
 
     def _read_gpus(self):
         return _facts.with_minor_numbers(self.smi.query_gpus(GPU_FIELDS), self.minors_by_bus)

@@ -377,6 +377,8 @@ def plan(systemctl, named, owned, service_state, forbidden, result, protect_name
         props.update(_show(systemctl, triggers, result))
         named_units += triggers
     all_units = named_units + [u for u in owned if u not in named_units]
+    # The state before, for the restore record (_record): what gpu_restore puts back.
+    steps["before"] = {unit: props.get(unit, {}) for unit in all_units}
     unmaskable = []
     for unit in all_units:
         unit_props = props.get(unit, {})

@@ -156,9 +156,13 @@ notes:
     3 s after the GPUs read clean (Docker restarts a killed container within ~0.3-0.5 s, measured; systemd's C(RestartSec) defaults to
     100 ms). A new process in that container's or unit's cgroup, or a selected GPU that reads dirty again, fails the run naming it;
     RV(released) is V(true) only when the window passed quietly. Without such a process there is no window (C(settle_s) of RV(timings) is 0).
+  - B(Restore.) What the run stopped, disabled or masked (units, containers), with its state before, is added to a root-only record,
+    C(/var/lib/zeromib-gpu/released.json); M(zeromib.gpu.gpu_restore) puts it back after training. Nothing is written in check mode
+    or when the run changed nothing. See RV(restore_record).
   - The role P(zeromib.gpu.free_gpus#role) runs this module and asserts the result, for C(pre_tasks) of a training play.
 seealso:
   - module: zeromib.gpu.gpu_facts
+  - module: zeromib.gpu.gpu_restore
 requirements:
   - nvidia-smi from the NVIDIA driver on the managed node
   - systemd, when O(services) or O(stop_owning_units) are used
@@ -306,6 +310,14 @@ unkillable:
   type: list
   elements: dict
   returned: always
+restore_record:
+  description:
+    - Where this run recorded what it stopped, disabled or masked, with the state before, for M(zeromib.gpu.gpu_restore)
+      (C(/var/lib/zeromib-gpu/released.json), root-only), and how many entries the record holds now.
+    - V(null) when the run changed nothing (and in check mode): then nothing is written.
+  type: dict
+  returned: always
+  sample: {path: /var/lib/zeromib-gpu/released.json, entries: 2}
 warnings:
   description: Things the operator should know, such as a container that could not be stopped through its runtime.
   type: list
@@ -367,6 +379,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _health
+from ansible_collections.zeromib.gpu.plugins.module_utils import _record
 from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import NvidiaSmi, NvidiaSmiError
 from ansible_collections.zeromib.gpu.plugins.module_utils._release import Release, ReleaseError, System
 
@@ -422,7 +435,7 @@ def main():
         module.fail_json(msg=str(exc))
     try:
         smi = NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), params["timeout"])
-        release = Release(smi, System(module.get_bin_path("systemctl")), params, check_mode=module.check_mode)
+        release = Release(smi, System(module.get_bin_path("systemctl"), record_path=_record.PATH), params, check_mode=module.check_mode)
         result = release.run()
         if params["dcgm_diag"] and result.get("released") and not module.check_mode:
             # The diagnostic runs work on the GPUs: only once they are free.

@@ -691,6 +691,8 @@ def _setup(spec):
     os.makedirs("/run/nvidia-sim", exist_ok=True)
     _mount(spec["state"], "/run/nvidia-sim", None, MS_BIND)
     _overlay("/usr/bin", base)
+    # gpu_release writes its restore record to /var/lib/zeromib-gpu: each host has its own.
+    _overlay("/var/lib", base)
     links = [("nvidia-smi", spec["sim"]), ("gpu_holder", spec["holder"])]
     links += [(name, spec["kernel_log"]) for name in ("journalctl", "dmesg") if spec.get("kernel_log")]
     for name, target in links:

@@ -121,6 +121,7 @@ def test_record_of_a_running_restart_always_container():
         "name": "vllm",
         "image": "zeromib/holder:test",
         "restart_policy": "always",
+        "restart_max_retries": 0,
         "running": True,
         "status": "running",
         "pod": None,

@@ -1,0 +1,324 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE: it may change without notice. Only the modules of
+# zeromib.gpu may use it.
+
+"""The record of what gpu_release changed on a node, for gpu_restore to put back.
+
+`/var/lib/zeromib-gpu/released.json`, root-only (file 0600, a directory it creates 0700), written
+atomically (a temporary file in the same directory, fsync, rename, fsync of the directory) under a
+lock, so that a crash or two runs at once never leave half a record. Format (docs/restore_gpus.md):
+
+    {"format": 1, "updated_at": "...", "entries": [ENTRY, ...]}       # entries in release order
+    unit:       {"kind": "unit", "name": "vllm.service", "actions": ["stopped", "disabled"],
+                 "active": true, "active_state": "active", "unit_file_state": "enabled",
+                 "gpu_indexes": [0, 1], "released_at": "2026-12-01T10:00:00Z"}
+    container:  {"kind": "container", "name": "vllm", "id": "<64 hex>", "runtime": "docker",
+                 "actions": ["stopped", "disabled"], "running": true, "restart_policy": "always",
+                 "restart_max_retries": 0, "gpu_indexes": [0], "released_at": "..."}
+    supervisor: {"kind": "supervisor", "name": "vllm", "actions": ["stopped"], "running": true,
+                 "released_at": "..."}
+
+Each entry holds the state BEFORE the first release that changed it. A later release that finds
+the thing already changed adds only the actions it took itself (merge): a unit stopped by one
+release and disabled by the next is restored once, to the state before the first.
+
+Pure functions except `read`, `write` and `locked`, which take the path."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import stat
+import time
+
+PATH = "/var/lib/zeromib-gpu/released.json"
+FORMAT = 1
+KINDS = ("unit", "container", "supervisor")
+# Actions in the order a release takes them; a restore undoes them in reverse.
+ACTIONS = ("stopped", "disabled", "masked")
+
+
+class RecordError(Exception):
+    """The record cannot be read or written safely (named path, the reason, what to do)."""
+
+
+def now_iso(clock=time.time):
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(clock()))
+
+
+def key(entry):
+    """What identifies one thing across releases: a unit by name, a container by runtime and id."""
+    if entry.get("kind") == "container":
+        return ("container", entry.get("runtime"), entry.get("id"))
+    return (entry.get("kind"), entry.get("name"))
+
+
+def empty():
+    return {"format": FORMAT, "updated_at": None, "entries": []}
+
+
+def merge(record, new_entries, at=None):
+    """The record after a release that made `new_entries` (state before it, actions it took).
+
+    An entry already in the record keeps its state before (that of the first release) and gains
+    the new actions; a new one is appended, so the entries stay in release order. Returns a new
+    record; `record` is not changed."""
+    merged = {"format": FORMAT, "updated_at": at or record.get("updated_at"), "entries": [dict(e) for e in record.get("entries") or []]}
+    by_key = {key(e): e for e in merged["entries"]}
+    for entry in new_entries:
+        if not entry.get("actions"):
+            continue
+        old = by_key.get(key(entry))
+        if old is None:
+            fresh = dict(entry)
+            fresh["actions"] = [a for a in ACTIONS if a in entry["actions"]]
+            merged["entries"].append(fresh)
+            by_key[key(fresh)] = fresh
+            continue
+        old["actions"] = [a for a in ACTIONS if a in old.get("actions", []) or a in entry["actions"]]
+        old["gpu_indexes"] = sorted(set(old.get("gpu_indexes") or []) | set(entry.get("gpu_indexes") or []))
+        old.setdefault("released_again_at", [])
+        old["released_again_at"].append(entry.get("released_at"))
+    return merged
+
+
+def without(record, restored_keys, at=None):
+    """The record without the entries restored."""
+    gone = set(restored_keys)
+    return {"format": FORMAT, "updated_at": at or record.get("updated_at"),
+            "entries": [e for e in record.get("entries") or [] if key(e) not in gone]}
+
+
+# ---------------------------------------------------------------- what a release changed
+
+
+def unit_entries(result, before, holders, at):
+    """Entries for the units a gpu_release result says it acted on. `before`: {unit: systemctl
+    show props} read when planning; `holders`: the look's holders (which GPUs each unit held).
+    A unit that was not active and that the release only stopped changed nothing: no entry."""
+    actions = {}
+    for name, action in (("stopped_units", "stopped"), ("disabled_units", "disabled"), ("masked_units", "masked")):
+        for unit in result.get(name) or []:
+            actions.setdefault(unit, []).append(action)
+    entries = []
+    for unit in list(actions):
+        props = before.get(unit) or {}
+        active_state = props.get("ActiveState") or "unknown"
+        active = active_state in ("active", "activating", "reloading", "refreshing") or props.get("SubState") == "auto-restart"
+        taken = [a for a in actions[unit] if a != "stopped" or active]
+        if not taken:
+            continue
+        entries.append({
+            "kind": "unit",
+            "name": unit,
+            "actions": taken,
+            "active": active,
+            "active_state": active_state,
+            "unit_file_state": props.get("UnitFileState") or "",
+            "gpu_indexes": sorted({i for h in holders if h.get("unit") == unit for i in h.get("gpu_indexes") or []}),
+            "released_at": at,
+        })
+    return entries
+
+
+def container_entries(result, at):
+    """Entries for the containers a gpu_release result stopped or disabled (restart policy `no`)."""
+    entries = {}
+    order = []
+    for item in result.get("disabled_containers") or []:
+        cid = item.get("id")
+        entries[cid] = {
+            "kind": "container", "name": item.get("name"), "id": cid, "runtime": item.get("runtime"), "image": item.get("image"),
+            "actions": ["disabled"], "running": False,
+            "restart_policy": item.get("restart_policy_before") or "no",
+            "restart_max_retries": item.get("restart_max_retries") or 0,
+            "gpu_indexes": list(item.get("gpu_indexes") or []), "released_at": at,
+        }
+        order.append(cid)
+    for item in result.get("stopped_containers") or []:
+        cid = item.get("id")
+        entry = entries.get(cid)
+        if entry is None:
+            entry = entries[cid] = {
+                "kind": "container", "name": item.get("name"), "id": cid, "runtime": item.get("runtime"), "image": item.get("image"),
+                "actions": [], "running": True, "restart_policy": item.get("restart_policy") or "no",
+                "restart_max_retries": item.get("restart_max_retries") or 0,
+                "gpu_indexes": [], "released_at": at,
+            }
+            order.append(cid)
+        entry["running"] = True
+        entry["actions"] = ["stopped"] + [a for a in entry["actions"] if a != "stopped"]
+        entry["gpu_indexes"] = sorted(set(entry["gpu_indexes"]) | set(item.get("gpu_indexes") or []))
+    return [entries[cid] for cid in order]
+
+
+def supervisor_entries(result, at):
+    """Entries for supervisord programs (`supervisor:<glob>` in services), from the result keys
+    `stopped_programs` / `disabled_programs` when gpu_release has them: [{name, running,
+    autostart, autorestart}] or plain names. The hook for supervisor support (issue A2)."""
+    entries = {}
+    for name, action in (("stopped_programs", "stopped"), ("disabled_programs", "disabled")):
+        for item in result.get(name) or []:
+            item = item if isinstance(item, dict) else {"name": item}
+            entry = entries.setdefault(item.get("name"), {"kind": "supervisor", "name": item.get("name"), "actions": [],
+                                                           "running": action == "stopped", "released_at": at})
+            for field in ("autostart", "autorestart", "config"):
+                if field in item:
+                    entry[field] = item[field]
+            if action == "stopped":
+                entry["running"] = True
+            entry["actions"].append(action)
+    return list(entries.values())
+
+
+def release_entries(result, unit_before, holders, at):
+    """Everything a gpu_release result changed, in the order it acted: containers, then units,
+    then supervisor programs."""
+    return container_entries(result, at) + unit_entries(result, unit_before, holders, at) + supervisor_entries(result, at)
+
+
+# ---------------------------------------------------------------- the file
+
+
+def _check_dir(path, create):
+    """The record's directory: root's (or this user's), not a link, not writable by others."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        if not create:
+            return False
+        os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
+        os.mkdir(path, 0o700)
+        info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        raise RecordError("%s is not a directory (a link or a file): the restore record is not written there" % path)
+    if info.st_uid not in (0, os.geteuid()) or info.st_mode & 0o022:
+        raise RecordError("%s is writable by others or not owned by root (mode %o, uid %d): the restore record is not trusted there"
+                          % (path, stat.S_IMODE(info.st_mode), info.st_uid))
+    return True
+
+
+def read(path=PATH):
+    """The record at `path` (an empty one when there is none). Raises RecordError when it cannot
+    be trusted or read: a link, a file others may write, bad JSON, an unknown format."""
+    if not _check_dir(os.path.dirname(path), create=False):
+        return empty()
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        return empty()
+    except OSError as exc:
+        raise RecordError("cannot open the restore record %s: %s" % (path, exc))
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if info.st_uid not in (0, os.geteuid()) or info.st_mode & 0o022:
+            raise RecordError("the restore record %s is writable by others or not owned by root (mode %o, uid %d): not trusted"
+                              % (path, stat.S_IMODE(info.st_mode), info.st_uid))
+        data = handle.read()
+    try:
+        record = json.loads(data.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RecordError("the restore record %s is not valid JSON (%s): move it away to start a new one" % (path, exc))
+    return validated(record, path)
+
+
+def validated(record, path=PATH):
+    if not isinstance(record, dict) or not isinstance(record.get("entries"), list):
+        raise RecordError("the restore record %s has no list of entries: move it away to start a new one" % path)
+    if record.get("format") != FORMAT:
+        raise RecordError("the restore record %s has format %r; this version of zeromib.gpu reads format %d" % (path, record.get("format"), FORMAT))
+    for entry in record["entries"]:
+        if not isinstance(entry, dict) or entry.get("kind") not in KINDS or not entry.get("name") and not entry.get("id"):
+            raise RecordError("the restore record %s has an entry it cannot read: %r" % (path, entry))
+    return record
+
+
+def write(record, path=PATH):
+    """Write `record` atomically (or remove the file when it has no entries)."""
+    directory = os.path.dirname(path)
+    _check_dir(directory, create=True)
+    if not record.get("entries"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        _fsync_dir(directory)
+        return
+    data = (json.dumps(record, indent=1, sort_keys=True) + "\n").encode("utf-8")
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.rename(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory):
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def locked(path=PATH, create=True):
+    """Hold an exclusive lock on the record (its `.lock` file) for a read-change-write."""
+    directory = os.path.dirname(path)
+    if not _check_dir(directory, create=create):
+        yield
+        return
+    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def add(path, new_entries, at=None):
+    """Merge a release's entries into the record at `path`; returns the record written (None
+    when the release changed nothing, and then nothing is written)."""
+    new_entries = [e for e in new_entries if e.get("actions")]
+    if not new_entries:
+        return None
+    with locked(path):
+        record = merge(read(path), new_entries, at or now_iso())
+        write(record, path)
+    return record
+
+
+# ---------------------------------------------------------------- reading it for people
+
+
+def describe(entry):
+    """`vllm.service stopped, disabled by zeromib at 2026-12-01T10:00:00Z`."""
+    what = {"unit": "", "container": "container ", "supervisor": "supervisor program "}.get(entry.get("kind"), "")
+    return "%s%s %s by zeromib at %s" % (what, entry.get("name") or (entry.get("id") or "")[:12], ", ".join(entry.get("actions") or []),
+                                         entry.get("released_at") or "an unknown time")
+
+
+def pending(path=PATH):
+    """What gpu_facts reports: {path, entries, summary} of a record waiting for gpu_restore,
+    None when there is none, or {path, error} when it cannot be read."""
+    try:
+        record = read(path)
+    except (RecordError, OSError) as exc:
+        return {"path": path, "error": str(exc), "entries": [], "summary": []}
+    if not record["entries"]:
+        return None
+    return {"path": path, "updated_at": record.get("updated_at"), "entries": record["entries"],
+            "summary": [describe(e) for e in record["entries"]], "error": None}
