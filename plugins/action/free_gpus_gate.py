@@ -32,6 +32,8 @@ ROLE_PREFIX = "free_gpus_"
 ENTRY_POINT = "main"
 # Role variables that are not gpu_release options: the gate itself uses them.
 GATE_ONLY = frozenset(["free_gpus_expected_count", "free_gpus_require_healthy"])
+# Role variables of the role's rescue (tasks/drain.yml), not of gpu_release.
+GATE_ONLY = GATE_ONLY | frozenset(["free_gpus_on_failure", "free_gpus_slurm_node_name"])
 # Options dropped when empty, so that gpu_release's own default applies (search PATH for nvidia-smi).
 OMIT_WHEN_EMPTY = frozenset(["nvidia_smi", "expected_mig_mode"])
 

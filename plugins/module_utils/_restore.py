@@ -1,0 +1,338 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE: it may change without notice. Only the modules of
+# zeromib.gpu may use it.
+
+"""Put back what gpu_release changed: read the record (_record), compare each entry with what the
+node has now, and undo only what is still undone, newest release first.
+
+Per unit: unmask (when the release masked it), enable (when it was enabled before and is not
+now), start (when it was active before and is not now). Per container: its restart policy, then a
+start when it was running. An entry whose steps all succeed leaves the record; one that fails
+stays, and the run fails naming it. Every step is bounded (`step_timeout`).
+
+No AnsibleModule in here; side effects go through `System` (systemctl with a time bound, the
+container runtimes, the clock), as in _release."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import subprocess
+import time
+
+from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
+from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
+from ansible_collections.zeromib.gpu.plugins.module_utils import _record
+from ansible_collections.zeromib.gpu.plugins.module_utils import _units
+
+# How often a wait for the GPUs looks (one nvidia-smi call and a /proc scan each time).
+GPU_POLL_S = 0.5
+WAIT_FOR_GPUS_DEFAULT_S = 60.0
+
+
+class RestoreError(Exception):
+    def __init__(self, msg, result=None):
+        super().__init__(msg)
+        self.msg = msg
+        self.result = result or {}
+
+
+class System(object):
+    """What gpu_restore does to the node, in one replaceable place."""
+
+    def __init__(self, systemctl_path=None, runtimes=None, record_path=_record.PATH, proc="/proc"):
+        self.systemctl_path = systemctl_path
+        self.runtimes = runtimes if runtimes is not None else _containers.Runtimes()
+        self.record_path = record_path
+        self.proc = proc
+
+    def systemctl(self, args, timeout=30.0):
+        """(rc, out, err); a call that outlasts `timeout` is ended and reads rc 124 (systemd goes on with its job)."""
+        if not self.systemctl_path:
+            return 127, "", "systemctl not found"
+        try:
+            process = subprocess.run(
+                [self.systemctl_path] + list(args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=dict(os.environ, LC_ALL="C", LANG="C", SYSTEMD_PAGER="", SYSTEMD_COLORS="0"), timeout=timeout, check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return 124, "", "no answer within %.0f s" % timeout
+        return process.returncode, process.stdout.decode("utf-8", "replace"), process.stderr.decode("utf-8", "replace")
+
+    @staticmethod
+    def now():
+        return time.monotonic()
+
+    @staticmethod
+    def sleep(seconds):
+        time.sleep(max(0.0, seconds))
+
+
+# ---------------------------------------------------------------- pure: what is left to undo
+
+
+def unit_steps(entry, props):
+    """The steps that put one unit back, given its `systemctl show` props now (in order)."""
+    actions = entry.get("actions") or []
+    steps = []
+    file_state_now = props.get("UnitFileState") or ""
+    masked_now = file_state_now in _units.MASKED_STATES or props.get("LoadState") == "masked"
+    if "masked" in actions and masked_now:
+        steps.append("unmask")
+        # systemctl mask leaves the .wants/ links of an enabled unit: after unmask it reads enabled again.
+        file_state_now = entry.get("unit_file_state") or ""
+    was_enabled = (entry.get("unit_file_state") or "") in _units.ENABLED_STATES
+    if ("disabled" in actions or "masked" in actions) and was_enabled and file_state_now not in _units.ENABLED_STATES:
+        steps.append("enable")
+    if "stopped" in actions and entry.get("active") and (props.get("ActiveState") not in ("active", "reloading", "refreshing")):
+        steps.append("start")
+    return steps
+
+
+def container_steps(entry, record):
+    """The steps that put one container back, given the runtime's record of it now."""
+    steps = []
+    if "disabled" in (entry.get("actions") or []) and record.get("restart_policy") != entry.get("restart_policy"):
+        steps.append("restart_policy")
+    if entry.get("running") and not record.get("running"):
+        steps.append("start")
+    return steps
+
+
+def parse_wait(value):
+    """`wait_for_gpus` (false, true or seconds) -> seconds, 0 for no wait. Raises ValueError."""
+    if value is None or value is False:
+        return 0.0
+    if value is True:
+        return WAIT_FOR_GPUS_DEFAULT_S
+    text = str(value).strip().lower()
+    if text in ("", "false", "no", "off", "0"):
+        return 0.0
+    if text in ("true", "yes", "on"):
+        return WAIT_FOR_GPUS_DEFAULT_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise ValueError("wait_for_gpus must be true, false or a number of seconds, got %r" % (value,))
+    if seconds < 0:
+        raise ValueError("wait_for_gpus must be 0 or more seconds, got %s" % seconds)
+    return seconds
+
+
+def forgotten(entries, patterns):
+    """Entries that `forget` names (unit or container names, globs allowed)."""
+    return [e for e in entries if any(fnmatch.fnmatchcase(e.get("name") or "", p) or (e.get("id") or "").startswith(p) for p in patterns)]
+
+
+# ---------------------------------------------------------------- the run
+
+
+class Restore(object):
+    def __init__(self, system, params, check_mode=False, look=None):
+        self.system = system
+        self.params = params
+        self.check_mode = check_mode
+        # look() -> holders of the node now (for wait_for_gpus); None when it cannot be asked.
+        self.look = look
+        self.step_timeout = float(params.get("step_timeout") or 30)
+        self.result = {
+            "changed": False,
+            "record_path": system.record_path,
+            "restored": [],
+            "unmasked_units": [],
+            "enabled_units": [],
+            "started_units": [],
+            "restored_policies": [],
+            "started_containers": [],
+            "started_programs": [],
+            "forgotten": [],
+            "not_restored": [],
+            "pending": [],
+            "gpus_held": {},
+            "timings": {"restore_s": 0.0, "wait_s": 0.0},
+        }
+
+    # --- units
+
+    def _show(self, units):
+        rc, out, err = self.system.systemctl(["show", "--property=Id,LoadState,ActiveState,SubState,UnitFileState,Result", "--no-pager"]
+                                             + units, timeout=self.step_timeout)
+        if rc != 0:
+            raise RestoreError("systemctl show failed (rc %s): %s" % (rc, (err or out).strip()), self.result)
+        return _units.parse_show(out)
+
+    def _unit_step(self, unit, step, before):
+        args = {"unmask": ["unmask"], "enable": ["enable"], "start": ["start"]}[step]
+        if step == "enable" and (before.get("unit_file_state") or "").endswith("-runtime"):
+            args = ["enable", "--runtime"]
+        rc, out, err = self.system.systemctl(args + ["--no-ask-password", unit], timeout=self.step_timeout)
+        if rc == 124:
+            return "systemctl %s %s did not finish within %.0f s (step_timeout)" % (step, unit, self.step_timeout)
+        if rc != 0:
+            return "systemctl %s %s failed (rc %d): %s" % (step, unit, rc, (err or out).strip())
+        if step == "start":
+            # `systemctl start` returns when the start job is done; a unit that died at once reads failed.
+            state = self._show([unit]).get(unit, {})
+            if state.get("ActiveState") not in ("active", "activating", "reloading") or state.get("SubState") == "auto-restart":
+                return "%s did not start: it reads %s (%s, result %s)" % (unit, state.get("ActiveState"), state.get("SubState"), state.get("Result"))
+        return None
+
+    def restore_unit(self, entry, props):
+        unit = entry["name"]
+        if (props.get("LoadState") or "not-found") == "not-found":
+            return [], "%s is no longer known to systemd (its unit file was removed?)" % unit
+        steps = unit_steps(entry, props)
+        if self.check_mode:
+            return steps, None
+        for step in steps:
+            why = self._unit_step(unit, step, entry)
+            if why:
+                return steps, why
+            {"unmask": self.result["unmasked_units"], "enable": self.result["enabled_units"], "start": self.result["started_units"]}[step].append(unit)
+        return steps, None
+
+    # --- containers
+
+    def restore_container(self, entry):
+        runtimes = self.system.runtimes
+        runtime, cid = entry.get("runtime"), entry.get("id")
+        try:
+            record = runtimes.inspect(runtime, cid)
+        except _containers.RuntimeUnavailable as exc:
+            return [], "cannot ask %s: %s" % (runtime, exc)
+        if record is None:
+            return [], "%s no longer knows it (removed since the release?); forget it with forget: [%s]" % (runtime, entry.get("name"))
+        steps = container_steps(entry, record)
+        if self.check_mode:
+            return steps, None
+        try:
+            if "restart_policy" in steps:
+                runtimes.set_restart_policy(runtime, cid, entry["restart_policy"], entry.get("restart_max_retries") or 0)
+                self.result["restored_policies"].append({"name": entry.get("name"), "id": cid, "restart_policy": entry["restart_policy"]})
+            if "start" in steps:
+                runtimes.start(runtime, cid, self.step_timeout)
+                now = runtimes.inspect(runtime, cid)
+                if not now or not now.get("running"):
+                    return steps, "it did not stay running after the start (status %s)" % (now or {}).get("status")
+                self.result["started_containers"].append(entry.get("name") or cid)
+        except _containers.RuntimeUnavailable as exc:
+            return steps, str(exc)
+        return steps, None
+
+    # --- supervisor programs
+
+    def restore_program(self, entry):
+        try:
+            from ansible_collections.zeromib.gpu.plugins.module_utils import _supervisor  # pylint: disable=import-outside-toplevel
+        except ImportError:
+            _supervisor = None
+        restore = getattr(_supervisor, "restore_program", None)
+        if restore is None:
+            return [], "this version of zeromib.gpu cannot restore supervisord programs; start it with supervisorctl start %s" % entry["name"]
+        return restore(entry, self.step_timeout, self.check_mode, self.result)
+
+    # --- the whole run
+
+    def run(self):
+        started = self.system.now()
+        path = self.system.record_path
+        with _record.locked(path, create=False):
+            try:
+                record = _record.read(path)
+            except _record.RecordError as exc:
+                raise RestoreError(str(exc), self.result)
+            return self._run(record, path, started)
+
+    def _run(self, record, path, started):
+        entries = record["entries"]
+        forget = forgotten(entries, self.params.get("forget") or [])
+        self.result["forgotten"] = [_record.describe(e) for e in forget]
+        forget_keys = {_record.key(e) for e in forget}
+        todo = [e for e in entries if _record.key(e) not in forget_keys]
+        units = [e["name"] for e in todo if e["kind"] == "unit"]
+        props = self._show(units) if units else {}
+        restored, kept, before_lines, after_lines = [], [], [], []
+        for entry in reversed(todo):
+            if entry["kind"] == "unit":
+                steps, why = self.restore_unit(entry, props.get(entry["name"], {}))
+            elif entry["kind"] == "container":
+                steps, why = self.restore_container(entry)
+            else:
+                steps, why = self.restore_program(entry)
+            text = _record.describe(entry)
+            before_lines.append(text)
+            if why:
+                kept.append(entry)
+                self.result["not_restored"].append({"kind": entry["kind"], "name": entry.get("name"), "id": entry.get("id"), "steps": steps,
+                                                    "reason": why})
+                after_lines.append(text + " (not restored: %s)" % why)
+            else:
+                restored.append(entry)
+                if steps:
+                    self.result["restored"].append({"kind": entry["kind"], "name": entry.get("name"), "steps": steps})
+        self.result["timings"]["restore_s"] = round(self.system.now() - started, 3)
+        self.result["diff"] = {"before": "".join(line + "\n" for line in before_lines),
+                               "after": "".join(line + "\n" for line in after_lines)}
+        self.result["changed"] = bool(restored or forget)
+        left = [e for e in entries if e in kept]
+        self.result["pending"] = [_record.describe(e) for e in left]
+        if not self.check_mode and (restored or forget):
+            try:
+                _record.write(_record.without(record, [_record.key(e) for e in restored + forget], _record.now_iso()), path)
+            except (_record.RecordError, OSError) as exc:
+                raise RestoreError("restored, but the record %s could not be updated: %s" % (path, exc), self.result)
+        if self.result["not_restored"]:
+            raise RestoreError(self.failure_message(), self.result)
+        wait = parse_wait(self.params.get("wait_for_gpus"))
+        if wait and not self.check_mode:
+            self.wait_for_gpus([e for e in restored if e.get("gpu_indexes")], wait)
+        self.result["elapsed_s"] = round(self.system.now() - started, 3)
+        return self.result
+
+    def failure_message(self):
+        parts = ["%s %s: %s" % (item["kind"], item["name"] or (item.get("id") or "")[:12], item["reason"]) for item in self.result["not_restored"]]
+        return "could not restore %s. Kept in %s for the next run of gpu_restore" % ("; ".join(parts), self.system.record_path)
+
+    def wait_for_gpus(self, entries, seconds):
+        """Until every restored entry that held GPUs at the release holds a GPU again."""
+        wanted = [e for e in entries if e["kind"] in ("unit", "container")]
+        if not wanted or self.look is None:
+            return
+        started = self.system.now()
+        deadline = started + seconds
+        while True:
+            holders = self.look()
+            held = {}
+            for entry in wanted:
+                gpus = sorted({i for h in holders if _holds(entry, h) for i in h.get("gpu_indexes") or []})
+                if gpus:
+                    held[entry.get("name")] = gpus
+            self.result["gpus_held"] = held
+            missing = [e for e in wanted if e.get("name") not in held]
+            now = self.system.now()
+            if not missing or now >= deadline:
+                break
+            self.system.sleep(min(GPU_POLL_S, deadline - now))
+        self.result["timings"]["wait_s"] = round(self.system.now() - started, 3)
+        if missing:
+            raise RestoreError(
+                "restored, but %s %s not holding a GPU again after %.0f s (wait_for_gpus); they held GPU %s at the release"
+                % (", ".join(e.get("name") for e in missing), "is" if len(missing) == 1 else "are", seconds,
+                   "; ".join("%s: %s" % (e.get("name"), ",".join(str(i) for i in e["gpu_indexes"])) for e in missing)),
+                self.result,
+            )
+
+
+def _holds(entry, holder):
+    if entry["kind"] == "unit":
+        return holder.get("unit") == entry["name"] and holder.get("system_service", True)
+    return bool(holder.get("container")) and (entry.get("id") or "").startswith(holder["container"])
+
+
+def holders_now(smi, proc="/proc"):
+    """A look for wait_for_gpus: the holders of the node now, attributed to GPUs."""
+    return _facts.look(smi, [], True, proc).holders

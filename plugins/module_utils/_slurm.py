@@ -1,0 +1,146 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE: it may change without notice. Only the modules of
+# zeromib.gpu may use it.
+
+"""Slurm: drain a node whose GPUs cannot be freed, and resume only the nodes zeromib drained.
+
+As LBNL NHC does: our drains carry a reason that starts with `zeromib:`; a drain with any other
+reason (an admin's `maintenance`) is never overwritten and never resumed. Pure parsing and
+decisions here; `scontrol` and `slurmd` run through one `run(argv) -> (rc, out, err)` callable."""
+
+from __future__ import annotations
+
+import re
+import socket
+
+PREFIX = "zeromib:"
+# Slurm keeps a reason as given; a long one makes sinfo -R unreadable.
+REASON_MAX = 120
+_FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:]*)=")
+
+
+class SlurmError(Exception):
+    pass
+
+
+def parse_node(text):
+    """One node of `scontrol show node -o NAME` (one line, KEY=VALUE; Reason's value has spaces,
+    and runs to the next KEY=) -> {key: value}."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    fields = {}
+    matches = list(_FIELD.finditer(line))
+    for i, match in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
+        fields[match.group(1)] = line[match.end():end].strip()
+    return fields
+
+
+def parse_nodes(text):
+    return [parse_node(line) for line in text.splitlines() if line.strip()]
+
+
+def slurmd_node_name(text):
+    """NodeName= of `slurmd -C` (the first line)."""
+    match = re.search(r"(?:^|\s)NodeName=(\S+)", text or "")
+    return match.group(1) if match else None
+
+
+def states(node):
+    """`IDLE+DRAIN` -> {"IDLE", "DRAIN"}; `DRAINED`, `DRAINING` count as DRAIN."""
+    words = set(re.split(r"[+*~#!%$@^-]", (node.get("State") or "").upper())) - {""}
+    if words & {"DRAINED", "DRAINING"}:
+        words.add("DRAIN")
+    return words
+
+
+def reason_text(node):
+    """The reason without Slurm's ` [user@time]` suffix."""
+    reason = node.get("Reason") or ""
+    return re.sub(r"\s*\[[^\]]*@[^\]]*\]\s*$", "", reason).strip()
+
+
+def ours(node):
+    return reason_text(node).startswith(PREFIX)
+
+
+def short_reason(text):
+    """`zeromib: <text>`, one line, at most REASON_MAX characters."""
+    text = " ".join(str(text or "").split())
+    if text.startswith(PREFIX):
+        text = text[len(PREFIX):].strip()
+    reason = "%s %s" % (PREFIX, text or "GPUs could not be freed")
+    # scontrol takes the reason as one argument; a double quote would end it in slurm.conf-style output.
+    # An = would read as the start of another field in scontrol show node's one-line output.
+    reason = reason.replace('"', "'").replace("=", " ")
+    return reason if len(reason) <= REASON_MAX else reason[:REASON_MAX - 3].rstrip() + "..."
+
+
+def drain_decision(node, reason):
+    """(act, why): whether to drain `node` with `reason`."""
+    if "DRAIN" in states(node):
+        if not ours(node):
+            return False, "drained already by someone else (reason %r): left as it is" % reason_text(node)
+        if reason_text(node) == reason:
+            return False, "drained already by zeromib with the same reason"
+        return True, "drained by zeromib before: the reason is updated"
+    return True, "not drained"
+
+
+def resume_decision(node):
+    """(act, why): whether to resume `node`."""
+    if "DRAIN" not in states(node):
+        return False, "not drained"
+    if not ours(node):
+        return False, "drained by someone else (reason %r): never resumed by zeromib" % reason_text(node)
+    return True, "drained by zeromib (reason %r)" % reason_text(node)
+
+
+class Slurm(object):
+    def __init__(self, run, scontrol, slurmd=None, hostname=None):
+        self.run = run
+        self.scontrol = scontrol
+        self.slurmd = slurmd
+        self.hostname = hostname or socket.gethostname().split(".")[0]
+
+    def show(self, name):
+        rc, out, err = self.run([self.scontrol, "show", "node", "-o", name])
+        if rc != 0 or not out.strip():
+            return None, (err or out).strip()
+        return parse_node(out), None
+
+    def node_name(self, given=None):
+        """The Slurm node name of this host: `given`, else slurmd -C's NodeName if scontrol knows it,
+        else the node whose NodeHostName or NodeName is this host's short name."""
+        if given:
+            node, err = self.show(given)
+            if node is None:
+                raise SlurmError("Slurm does not know node %s: %s" % (given, err))
+            return given, node
+        candidates = []
+        if self.slurmd:
+            rc, out, _err = self.run([self.slurmd, "-C"])
+            name = slurmd_node_name(out) if rc == 0 else None
+            if name:
+                candidates.append(name)
+        if self.hostname not in candidates:
+            candidates.append(self.hostname)
+        for name in candidates:
+            node, _err = self.show(name)
+            if node is not None and node.get("NodeName") == name:
+                return name, node
+        rc, out, err = self.run([self.scontrol, "show", "node", "-o"])
+        if rc == 0:
+            for node in parse_nodes(out):
+                if self.hostname in (node.get("NodeHostName"), node.get("NodeAddr")):
+                    return node.get("NodeName"), node
+        raise SlurmError("cannot tell the Slurm node name of %s (tried %s; %s): set it (free_gpus_slurm_node_name, "
+                         "restore_gpus_slurm_node_name)" % (self.hostname, ", ".join(candidates), (err or "").strip() or "no node has that host name"))
+
+    def update(self, name, *args):
+        rc, out, err = self.run([self.scontrol, "update", "nodename=" + name] + list(args))
+        if rc != 0:
+            raise SlurmError("scontrol update nodename=%s %s failed (rc %d): %s" % (name, " ".join(args), rc, (err or out).strip()))

@@ -1,0 +1,211 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: gpu_restore
+short_description: Put back the inference services that gpu_release stopped, exactly as they were
+version_added: 0.2.0
+description:
+  - Reads the record that M(zeromib.gpu.gpu_release) keeps on the node (C(/var/lib/zeromib-gpu/released.json), root-only) of every
+    unit and container it stopped, disabled or masked, with its state before, and puts each back, newest release first.
+  - B(Units) - C(systemctl unmask) what the release masked, C(systemctl enable) what was enabled before and is not now,
+    C(systemctl start) what was active before and is not now. A unit that was already stopped or disabled before the release stays so.
+  - B(Containers) (Docker, Podman) - the restart policy they had before (C(docker update --restart=always)), then a start when they
+    were running.
+  - Only what is still undone is done, so a second run changes nothing. An entry put back leaves the record (the file is removed when
+    it is empty); an entry that cannot be put back stays, and the module fails naming it and why.
+  - Every step is bounded by O(step_timeout). With O(wait_for_gpus) it also waits until the services it started hold their GPUs again,
+    so that a play knows the inference servers are back.
+author:
+  - zeromib.gpu contributors (@zeromib)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: Reports what would be put back (RV(restored), RV(pending)) and changes neither the node nor the record.
+  diff_mode:
+    support: full
+    details: The entries of the record before, and those left after.
+  platform:
+    platforms: posix
+options:
+  step_timeout:
+    description:
+      - Seconds each step may take - one C(systemctl) call (a C(start) waits for the unit's start job, so a C(Type=notify) server that
+        takes longer is reported, not waited on), one container start.
+    type: float
+    default: 30
+  wait_for_gpus:
+    description:
+      - V(false) does not wait. V(true) waits up to 60 s, a number up to that many seconds, until every unit and container that held
+        GPUs at the release and was started again holds a GPU again (a C(/proc) scan and one C(nvidia-smi) call every 0.5 s).
+      - When the time runs out the module fails, naming the services without GPU; what was restored has left the record.
+    type: raw
+    default: false
+  forget:
+    description:
+      - Names (globs allowed) of units or containers, or container id prefixes, to drop from the record without restoring them, for
+        example a container removed since the release.
+    type: list
+    elements: str
+    default: []
+  nvidia_smi:
+    description: Path of C(nvidia-smi), used only by O(wait_for_gpus); searched like M(zeromib.gpu.gpu_facts) does when not set.
+    type: path
+notes:
+  - Needs root (O(ignore:become=true)); the record is readable by root only.
+  - The record, its format and how several releases before one restore merge, are described in C(docs/restore_gpus.md).
+  - The role P(zeromib.gpu.restore_gpus#role) runs this module, for C(post_tasks) of a training play.
+  - Supervisord programs (C(supervisor:) in O(zeromib.gpu.gpu_release#module:services)) are put back only where this collection's
+    supervisor support is present; otherwise their entries stay in the record and the module fails naming them.
+seealso:
+  - module: zeromib.gpu.gpu_release
+  - module: zeromib.gpu.gpu_facts
+requirements:
+  - systemd, for units; Docker or Podman on the node, for containers (no Python package)
+"""
+
+EXAMPLES = r"""
+- name: Put back the inference servers stopped before training
+  zeromib.gpu.gpu_restore:
+  become: true
+
+- name: Put them back and wait until they hold their GPUs again
+  zeromib.gpu.gpu_restore:
+    wait_for_gpus: 120
+  become: true
+
+- name: What would be put back?
+  zeromib.gpu.gpu_restore:
+  check_mode: true
+  become: true
+  register: __restore_plan
+
+- name: Drop a container removed since the release from the record, restore the rest
+  zeromib.gpu.gpu_restore:
+    forget: [old-vllm]
+  become: true
+"""
+
+RETURN = r"""
+record_path:
+  description: The record read.
+  type: str
+  returned: always
+  sample: /var/lib/zeromib-gpu/released.json
+restored:
+  description: What was put back (in check mode, what would be), newest release first, with the steps taken.
+  type: list
+  elements: dict
+  returned: always
+  sample: [{kind: unit, name: vllm.service, steps: [enable, start]}]
+unmasked_units:
+  description: Units unmasked.
+  type: list
+  elements: str
+  returned: always
+enabled_units:
+  description: Units enabled again.
+  type: list
+  elements: str
+  returned: always
+  sample: [vllm.service]
+started_units:
+  description: Units started again.
+  type: list
+  elements: str
+  returned: always
+  sample: [vllm.service]
+restored_policies:
+  description: Containers whose restart policy was put back.
+  type: list
+  elements: dict
+  returned: always
+  sample: [{name: vllm, id: 4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a, restart_policy: always}]
+started_containers:
+  description: Containers started again.
+  type: list
+  elements: str
+  returned: always
+  sample: [vllm]
+started_programs:
+  description: Supervisord programs started again (where supervisor support is present).
+  type: list
+  elements: str
+  returned: always
+forgotten:
+  description: Entries dropped from the record through O(forget).
+  type: list
+  elements: str
+  returned: always
+not_restored:
+  description: Entries that could not be put back, with why; they stay in the record.
+  type: list
+  elements: dict
+  returned: always
+  sample: [{kind: unit, name: broken.service, id: null, steps: [start], reason: "systemctl start broken.service failed (rc 1): ..."}]
+pending:
+  description: The entries left in the record after this run (those of RV(not_restored)).
+  type: list
+  elements: str
+  returned: always
+  sample: ["broken.service stopped by zeromib at 2026-12-01T10:00:00Z"]
+gpus_held:
+  description: With O(wait_for_gpus), the GPU indexes each started service holds at the end.
+  type: dict
+  returned: always
+  sample: {vllm.service: [0, 1, 2, 3, 4, 5, 6, 7]}
+elapsed_s:
+  description: Seconds spent in the module.
+  type: float
+  returned: success
+timings:
+  description: Seconds spent restoring (C(restore_s)) and waiting for the GPUs (C(wait_s)).
+  type: dict
+  returned: always
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.zeromib.gpu.plugins.module_utils import _restore
+from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import NvidiaSmi, NvidiaSmiError
+
+ARGUMENT_SPEC = dict(
+    step_timeout=dict(type="float", default=30),
+    wait_for_gpus=dict(type="raw", default=False),
+    forget=dict(type="list", elements="str", default=[]),
+    nvidia_smi=dict(type="path"),
+)
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    params = module.params
+    try:
+        wait = _restore.parse_wait(params["wait_for_gpus"])
+    except ValueError as exc:
+        module.fail_json(msg=str(exc))
+    if params["step_timeout"] <= 0:
+        module.fail_json(msg="step_timeout must be greater than 0, got %s" % params["step_timeout"])
+
+    def look():
+        return _restore.holders_now(NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), 10))
+
+    restore = _restore.Restore(_restore.System(module.get_bin_path("systemctl")), params, module.check_mode, look if wait else None)
+    try:
+        result = restore.run()
+    except _restore.RestoreError as exc:
+        module.fail_json(msg=exc.msg, **exc.result)
+    except NvidiaSmiError as exc:
+        module.fail_json(**dict(restore.result, **exc.details()))
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
