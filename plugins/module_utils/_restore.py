@@ -83,7 +83,8 @@ def unit_steps(entry, props):
     masked_now = file_state_now in _units.MASKED_STATES or props.get("LoadState") == "masked"
     if "masked" in actions and masked_now:
         steps.append("unmask")
-        # systemctl mask leaves the .wants/ links of an enabled unit: after unmask it reads enabled again.
+        # Planned as if unmask gave back the state before (systemctl mask leaves an enabled unit's
+        # .wants/ links); the run reads the unit again after unmasking.
         file_state_now = entry.get("unit_file_state") or ""
     was_enabled = (entry.get("unit_file_state") or "") in _units.ENABLED_STATES
     if ("disabled" in actions or "masked" in actions) and was_enabled and file_state_now not in _units.ENABLED_STATES:
@@ -188,12 +189,20 @@ class Restore(object):
         steps = unit_steps(entry, props)
         if self.check_mode:
             return steps, None
-        for step in steps:
+        done = []
+        while steps:
+            step = steps[0]
             why = self._unit_step(unit, step, entry)
             if why:
-                return steps, why
+                return done + steps, why
+            done.append(step)
             {"unmask": self.result["unmasked_units"], "enable": self.result["enabled_units"], "start": self.result["started_units"]}[step].append(unit)
-        return steps, None
+            if step == "unmask":
+                # Whether the unit reads enabled again after unmask depends on its links: read it, do not assume.
+                steps = [s for s in unit_steps(entry, self._show([unit]).get(unit, {})) if s != "unmask"]
+            else:
+                steps = steps[1:]
+        return done, None
 
     # --- containers
 

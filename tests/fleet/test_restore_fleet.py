@@ -1,0 +1,301 @@
+"""Putting back what was stopped (issue 24), on real systemd hosts over SSH: free_gpus.yml stops,
+disables or masks units, restore_gpus.yml puts every one back to exactly its state before, read
+through systemctl (never through the module's return values); a unit whose start fails at restore
+is named and kept; the training play restores on every host also when training fails on one; and
+the Slurm drain: an admin's drain (reason=maintenance) is kept, only zeromib's are resumed.
+
+Runs on a fleet of 2 or more hosts: `ZEROMIB_FLEET_HOSTS=2 pytest tests/fleet/test_restore_fleet.py`."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scenarios import PLAYBOOK, TRAINING, wait_for
+
+pytestmark = pytest.mark.usefixtures("fleet_baselines")
+
+RESTORE = "playbooks/restore_gpus.yml"
+RESTORE_TASK = "zeromib.gpu.restore_gpus : Put back the units and containers gpu_release stopped, disabled or masked"
+RECORD = "/var/lib/zeromib-gpu/released.json"
+UNIT_DIR = "/usr/local/lib/systemd/system"  # systemctl mask cannot mask a unit whose file is in /etc
+KILL_TIMEOUT = 2
+
+# name -> (GPU, MiB, how it is before the release)
+UNITS = {
+    "zr-enabled-active": (0, 1000, "enable --now"),
+    "zr-enabled-inactive": (1, 1100, "enable"),
+    "zr-disabled-active": (2, 1200, "start"),
+    "zr-disabled-inactive": (3, 1300, None),
+    "zr-masked": (4, 1400, "mask"),
+}
+UNIT_FILE = """[Unit]
+Description=zeromib restore test: {name}
+After=nvidia-sim-devices.service
+[Service]
+ExecStartPre=-/bin/rm -f /run/nvidia-sim/ready/{name}
+ExecStart=/usr/local/bin/gpu_holder --gpus {gpu} --mib {mib} --name {name} --ready-file /run/nvidia-sim/ready/{name}
+Restart=always
+RestartSec=1
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def h200(fleet, n=1):
+    hosts = [h.name for h in fleet.hosts if h.gpu_count >= 8 and h.idle_mib == 0]
+    assert len(hosts) >= n, "these tests need %d hosts with 8 GPUs" % n
+    return hosts[:n]
+
+
+def states(fleet, host, units) -> dict:
+    """{unit: (ActiveState, UnitFileState)} as systemctl shows them."""
+    out = fleet.ssh(host, "systemctl show -p Id,ActiveState,UnitFileState --no-pager " + " ".join(units), check=True).stdout
+    found, cur = {}, {}
+    for line in out.splitlines() + [""]:
+        if not line.strip():
+            if cur.get("Id"):
+                found[cur["Id"]] = (cur.get("ActiveState"), cur.get("UnitFileState"))
+            cur = {}
+            continue
+        k, _, v = line.partition("=")
+        cur[k] = v
+    return found
+
+
+def record(fleet, host):
+    r = fleet.ssh(host, f"cat {RECORD} 2>/dev/null")
+    return json.loads(r.stdout) if r.stdout.strip() else None
+
+
+def install_units(fleet, host, extra_failing=False):
+    script = [f"mkdir -p {UNIT_DIR}"]
+    for name, (gpu, mib, _how) in UNITS.items():
+        script.append(f"cat > {UNIT_DIR}/{name}.service <<'EOF'\n{UNIT_FILE.format(name=name, gpu=gpu, mib=mib)}EOF")
+    script.append("systemctl daemon-reload")
+    for name, (_gpu, _mib, how) in UNITS.items():
+        if how:
+            script.append(f"systemctl {how} {name}.service")
+    fleet.ssh(host, "\n".join(script) + "\n", check=True)
+
+
+def remove_units(fleet, host):
+    names = " ".join(f"{n}.service" for n in UNITS) + " zr-fails.service"
+    fleet.ssh(host, f"systemctl unmask {names} 2>/dev/null; systemctl disable --now {names} 2>/dev/null; "
+                    f"rm -rf {UNIT_DIR}/zr-* /etc/systemd/system/zr-fails.service.d; systemctl daemon-reload; "
+                    f"systemctl reset-failed; rm -f {RECORD}")
+
+
+@pytest.fixture
+def units_host(clean_fleet):
+    fleet = clean_fleet
+    [host] = h200(fleet)
+    fleet.reset([host])
+    install_units(fleet, host)
+    fleet.ssh(host, "systemctl enable --now vllm.service", check=True)
+    assert wait_for(lambda: fleet.gpu_memory(host)[0] >= 40960 + 1000, timeout=20)
+    try:
+        yield fleet, host
+    finally:
+        remove_units(fleet, host)
+
+
+ALL = [f"{n}.service" for n in UNITS]
+
+
+@pytest.mark.parametrize("service_state", ["disabled", "masked"])
+def test_free_then_restore_puts_every_unit_back_to_its_state_before_twice_in_a_row(units_host, service_state):
+    fleet, host = units_host
+    units = ALL + (["vllm.service"] if service_state == "disabled" else [])  # vllm's file is in /etc: it cannot be masked
+    before = states(fleet, host, units)
+    assert before["zr-enabled-active.service"] == ("active", "enabled")
+    assert before["zr-enabled-inactive.service"] == ("inactive", "enabled")
+    assert before["zr-disabled-active.service"] == ("active", "disabled")
+    assert before["zr-disabled-inactive.service"] == ("inactive", "disabled")
+    assert before["zr-masked.service"] == ("inactive", "masked")
+    memory_before = fleet.gpu_memory(host)
+    services = ["zr-*"] + (["vllm.service"] if service_state == "disabled" else [])
+    for round_ in (1, 2):
+        free = fleet.ansible_playbook(PLAYBOOK, limit=host, extra_vars={
+            "free_gpus_services": services, "free_gpus_service_state": service_state, "free_gpus_kill_timeout": KILL_TIMEOUT})
+        assert free.rc == 0, free
+        freed = states(fleet, host, units)
+        assert all(s[0] == "inactive" for s in freed.values()), freed
+        if service_state == "disabled":
+            assert {u: s[1] for u, s in freed.items()} == {u: ("masked" if u == "zr-masked.service" else "disabled") for u in units}
+        else:
+            assert {u: s[1] for u, s in freed.items() if u != "zr-masked.service"} == {u: "masked" for u in ALL if u != "zr-masked.service"}
+        pending = record(fleet, host)
+        assert pending is not None and pending["format"] == 1, pending
+        assert "zr-masked.service" not in {e["name"] for e in pending["entries"]}  # masked before: nothing changed, nothing recorded
+        mode = fleet.ssh(host, f"stat -c '%a %U' {RECORD} $(dirname {RECORD})", check=True).stdout.split("\n")
+        assert mode[0] == "600 root", mode
+
+        check = fleet.ansible_playbook(RESTORE, limit=host, check=True)
+        assert check.rc == 0, check
+        assert states(fleet, host, units) == freed, "check mode changed the node"
+        assert record(fleet, host) == pending, "check mode changed the record"
+
+        restore = fleet.ansible_playbook(RESTORE, limit=host, extra_vars={"restore_gpus_wait_for_gpus": 30})
+        assert restore.rc == 0, restore
+        assert states(fleet, host, units) == before, (round_, states(fleet, host, units), before)
+        assert record(fleet, host) is None, "every entry restored: the record is gone"
+        res = restore.result(RESTORE_TASK, host)
+        assert set(res["gpus_held"]) >= {"zr-enabled-active.service", "zr-disabled-active.service"}
+        assert wait_for(lambda: fleet.gpu_memory(host) == memory_before, timeout=20), (fleet.gpu_memory(host), memory_before)
+
+        again = fleet.ansible_playbook(RESTORE, limit=host)
+        assert again.rc == 0 and again.stats[host]["changed"] == 0, again
+
+
+def test_two_releases_before_one_restore_restore_once_to_the_state_before_the_first(units_host):
+    fleet, host = units_host
+    units = ["zr-enabled-active.service", "vllm.service"]
+    before = states(fleet, host, units)
+    first = fleet.ansible_playbook(PLAYBOOK, limit=host, extra_vars={"free_gpus_services": units, "free_gpus_kill_timeout": KILL_TIMEOUT})
+    second = fleet.ansible_playbook(PLAYBOOK, limit=host, extra_vars={
+        "free_gpus_services": units, "free_gpus_service_state": "disabled", "free_gpus_kill_timeout": KILL_TIMEOUT})
+    assert first.rc == 0 and second.rc == 0, (first, second)
+    assert states(fleet, host, units) == {u: ("inactive", "disabled") for u in units}
+    entries = {e["name"]: e for e in record(fleet, host)["entries"]}
+    assert {u: (entries[u]["actions"], entries[u]["active"], entries[u]["unit_file_state"]) for u in units} == {
+        u: (["stopped", "disabled"], True, "enabled") for u in units}
+    restore = fleet.ansible_playbook(RESTORE, limit=host)
+    assert restore.rc == 0, restore
+    assert states(fleet, host, units) == before
+    res = restore.result(RESTORE_TASK, host)
+    assert sorted(res["started_units"]) == sorted(units) and sorted(res["enabled_units"]) == sorted(units)
+
+
+FAILING_DROPIN = "[Service]\nExecStartPre=/bin/false\n"
+
+
+def test_a_unit_whose_start_fails_at_restore_is_named_and_kept_and_the_others_come_back(units_host):
+    fleet, host = units_host
+    fleet.ssh(host, f"cp {UNIT_DIR}/zr-enabled-active.service {UNIT_DIR}/zr-fails.service && "
+                    "sed -i 's/zr-enabled-active/zr-fails/g' " + f"{UNIT_DIR}/zr-fails.service && systemctl daemon-reload && "
+                    "systemctl enable --now zr-fails.service", check=True)
+    units = ["zr-fails.service", "zr-disabled-active.service"]
+    before = states(fleet, host, units)
+    assert before == {"zr-fails.service": ("active", "enabled"), "zr-disabled-active.service": ("active", "disabled")}
+    free = fleet.ansible_playbook(PLAYBOOK, limit=host, extra_vars={
+        "free_gpus_services": units, "free_gpus_service_state": "disabled", "free_gpus_kill_timeout": KILL_TIMEOUT})
+    assert free.rc == 0, free
+    # Between release and restore the unit is broken: its start fails.
+    fleet.ssh(host, "mkdir -p /etc/systemd/system/zr-fails.service.d && printf '%s' "
+                    f"'{FAILING_DROPIN}' > /etc/systemd/system/zr-fails.service.d/broken.conf && systemctl daemon-reload", check=True)
+    restore = fleet.ansible_playbook(RESTORE, limit=host, extra_vars={"restore_gpus_step_timeout": 10})
+    assert restore.rc != 0, restore
+    res = restore.result(RESTORE_TASK, host)
+    assert "zr-fails.service" in res["msg"] and "could not restore" in res["msg"], res["msg"]
+    assert [(n["name"], n["steps"]) for n in res["not_restored"]] == [("zr-fails.service", ["start"])], res["not_restored"]
+    assert [e["name"] for e in record(fleet, host)["entries"]] == ["zr-fails.service"], "only the failed entry is kept"
+    now = states(fleet, host, units)
+    assert now["zr-disabled-active.service"] == ("active", "disabled")
+    assert now["zr-fails.service"][1] == "enabled"  # enabled again; only its start failed
+    # Repaired, the next restore finishes the job and the record is gone.
+    fleet.ssh(host, "rm -rf /etc/systemd/system/zr-fails.service.d && systemctl daemon-reload && systemctl reset-failed zr-fails.service",
+              check=True)
+    again = fleet.ansible_playbook(RESTORE, limit=host)
+    assert again.rc == 0, again
+    assert states(fleet, host, units) == before and record(fleet, host) is None
+
+
+# --------------------------------------------------------------------------- the training play
+
+def test_training_play_restores_the_servers_on_every_host_when_training_fails_on_one(clean_fleet):
+    fleet = clean_fleet
+    hosts = h200(fleet, 2)
+    fleet.reset(hosts)
+    fleet.ssh_all("systemctl enable --now vllm.service && rm -f " + RECORD, hosts=hosts, check=True)
+    assert wait_for(lambda: all(fleet.gpu_memory(h)[0] >= 40960 for h in hosts), timeout=20)
+    before = {h: states(fleet, h, ["vllm.service", "sglang.service"]) for h in hosts}
+    assert all(b["vllm.service"] == ("active", "enabled") for b in before.values())
+    memory_before = {h: fleet.gpu_memory(h) for h in hosts}
+    failing = hosts[1]
+    try:
+        run = fleet.ansible_playbook(TRAINING, limit=",".join(hosts), extra_vars={
+            "training_command": "{{ 'false' if inventory_hostname == '%s' else 'true' }}" % failing,
+            "restore_wait_for_gpus": 30, "free_gpus_kill_timeout": KILL_TIMEOUT})
+        assert run.rc != 0, run  # training failed on one host
+        assert run.stats[failing]["failures"] == 1, run.stats
+        for h in hosts:
+            assert states(fleet, h, ["vllm.service", "sglang.service"]) == before[h], h
+            assert record(fleet, h) is None, h
+            assert wait_for(lambda h=h: fleet.gpu_memory(h) == memory_before[h], timeout=20), h
+        freed = [t for t in run.results(task="Start the training job") if t["host"] in hosts]
+        assert {t["host"]: t["status"] for t in freed} == {hosts[0]: "ok", failing: "failed"}
+    finally:
+        fleet.ssh_all("systemctl disable --now vllm.service", hosts=hosts)
+
+
+# --------------------------------------------------------------------------- Slurm
+
+def node(fleet, host) -> dict:
+    out = fleet.ssh(host, f"scontrol show node -o {host}", check=True).stdout
+    fields = dict(part.split("=", 1) for part in out.split() if "=" in part)
+    reason = out.split("Reason=", 1)[1].strip() if "Reason=" in out else ""
+    fields["Reason"] = reason.split(" [", 1)[0]
+    return fields
+
+
+def drained(fields) -> bool:
+    return "DRAIN" in fields["State"]
+
+
+@pytest.fixture
+def slurm_host(clean_fleet):
+    fleet = clean_fleet
+    [host] = h200(fleet)
+    fleet.ssh(host, "systemctl start munge slurmctld slurmd", check=True)
+    assert wait_for(lambda: fleet.ssh(host, f"scontrol show node -o {host}").returncode == 0, timeout=30)
+    fleet.ssh(host, f"scontrol update nodename={host} state=resume 2>/dev/null; true")
+    assert wait_for(lambda: not drained(node(fleet, host)), timeout=15), node(fleet, host)
+    try:
+        yield fleet, host
+    finally:
+        fleet.clear_faults(host)
+        fleet.ssh(host, f"scontrol update nodename={host} state=resume 2>/dev/null; true")
+
+
+def test_a_node_that_cannot_be_freed_is_drained_with_a_zeromib_reason_and_resumed_after_a_clean_look(slurm_host):
+    fleet, host = slurm_host
+    fleet.set_fault(host, leak={"0": 4096})  # memory with no holder: a reset or reboot is needed
+    free = fleet.ansible_playbook(PLAYBOOK, limit=host, extra_vars={"free_gpus_on_failure": "drain", "free_gpus_wait_timeout": 5})
+    assert free.rc != 0, free
+    fields = node(fleet, host)
+    assert drained(fields) and fields["Reason"].startswith("zeromib: "), fields
+    assert "GPU 0" in fields["Reason"], fields
+
+    # Still dirty: the fresh look keeps it drained.
+    kept = fleet.ansible_playbook(RESTORE, limit=host, extra_vars={"restore_gpus_resume_drained": True})
+    assert kept.rc == 0, kept
+    assert drained(node(fleet, host)), node(fleet, host)
+
+    fleet.clear_faults(host)
+    resumed = fleet.ansible_playbook(RESTORE, limit=host, extra_vars={"restore_gpus_resume_drained": True})
+    assert resumed.rc == 0, resumed
+    assert not drained(node(fleet, host)), node(fleet, host)
+
+
+def test_an_admins_drain_is_never_overwritten_nor_resumed(slurm_host):
+    fleet, host = slurm_host
+    fleet.ssh(host, f"scontrol update nodename={host} state=drain reason=maintenance", check=True)
+    fleet.set_fault(host, leak={"0": 4096})
+    free = fleet.ansible_playbook(PLAYBOOK, limit=host, extra_vars={"free_gpus_on_failure": "drain", "free_gpus_wait_timeout": 5})
+    assert free.rc != 0, free
+    fields = node(fleet, host)
+    assert drained(fields) and fields["Reason"] == "maintenance", fields
+    fleet.clear_faults(host)
+    restore = fleet.ansible_playbook(RESTORE, limit=host, extra_vars={"restore_gpus_resume_drained": True})
+    assert restore.rc == 0, restore
+    fields = node(fleet, host)
+    assert drained(fields) and fields["Reason"] == "maintenance", fields
+
+
+def test_a_node_that_frees_cleanly_is_not_drained(slurm_host):
+    fleet, host = slurm_host
+    fleet.workload(host, "train", gpus="0", mib=1000)
+    free = fleet.ansible_playbook(PLAYBOOK, limit=host, extra_vars={"free_gpus_on_failure": "drain", "free_gpus_kill_timeout": KILL_TIMEOUT})
+    assert free.rc == 0, free
+    assert not drained(node(fleet, host)), node(fleet, host)
