@@ -118,7 +118,7 @@ def test_free_then_restore_puts_every_unit_back_to_its_state_before_twice_in_a_r
     for round_ in (1, 2):
         free = fleet.ansible_playbook(PLAYBOOK, limit=host, extra_vars={
             "free_gpus_services": services, "free_gpus_service_state": service_state, "free_gpus_kill_timeout": KILL_TIMEOUT})
-        assert free.rc == 0, free
+        assert free.rc == 0, str(free)
         freed = states(fleet, host, units)
         assert all(s[0] == "inactive" for s in freed.values()), freed
         if service_state == "disabled":
@@ -132,12 +132,12 @@ def test_free_then_restore_puts_every_unit_back_to_its_state_before_twice_in_a_r
         assert mode[0] == "600 root", mode
 
         check = fleet.ansible_playbook(RESTORE, limit=host, check=True)
-        assert check.rc == 0, check
+        assert check.rc == 0, str(check)
         assert states(fleet, host, units) == freed, "check mode changed the node"
         assert record(fleet, host) == pending, "check mode changed the record"
 
         restore = fleet.ansible_playbook(RESTORE, limit=host, extra_vars={"restore_gpus_wait_for_gpus": 30})
-        assert restore.rc == 0, restore
+        assert restore.rc == 0, str(restore)
         assert states(fleet, host, units) == before, (round_, states(fleet, host, units), before)
         assert record(fleet, host) is None, "every entry restored: the record is gone"
         res = restore.result(RESTORE_TASK, host)
@@ -145,7 +145,7 @@ def test_free_then_restore_puts_every_unit_back_to_its_state_before_twice_in_a_r
         assert wait_for(lambda: fleet.gpu_memory(host) == memory_before, timeout=20), (fleet.gpu_memory(host), memory_before)
 
         again = fleet.ansible_playbook(RESTORE, limit=host)
-        assert again.rc == 0 and again.stats[host]["changed"] == 0, again
+        assert again.rc == 0 and again.stats[host]["changed"] == 0, str(again)
 
 
 def test_two_releases_before_one_restore_restore_once_to_the_state_before_the_first(units_host):
@@ -155,13 +155,13 @@ def test_two_releases_before_one_restore_restore_once_to_the_state_before_the_fi
     first = fleet.ansible_playbook(PLAYBOOK, limit=host, extra_vars={"free_gpus_services": units, "free_gpus_kill_timeout": KILL_TIMEOUT})
     second = fleet.ansible_playbook(PLAYBOOK, limit=host, extra_vars={
         "free_gpus_services": units, "free_gpus_service_state": "disabled", "free_gpus_kill_timeout": KILL_TIMEOUT})
-    assert first.rc == 0 and second.rc == 0, (first, second)
+    assert first.rc == 0 and second.rc == 0, str(first) + str(second)
     assert states(fleet, host, units) == {u: ("inactive", "disabled") for u in units}
     entries = {e["name"]: e for e in record(fleet, host)["entries"]}
     assert {u: (entries[u]["actions"], entries[u]["active"], entries[u]["unit_file_state"]) for u in units} == {
         u: (["stopped", "disabled"], True, "enabled") for u in units}
     restore = fleet.ansible_playbook(RESTORE, limit=host)
-    assert restore.rc == 0, restore
+    assert restore.rc == 0, str(restore)
     assert states(fleet, host, units) == before
     res = restore.result(RESTORE_TASK, host)
     assert sorted(res["started_units"]) == sorted(units) and sorted(res["enabled_units"]) == sorted(units)
@@ -180,12 +180,12 @@ def test_a_unit_whose_start_fails_at_restore_is_named_and_kept_and_the_others_co
     assert before == {"zr-fails.service": ("active", "enabled"), "zr-disabled-active.service": ("active", "disabled")}
     free = fleet.ansible_playbook(PLAYBOOK, limit=host, extra_vars={
         "free_gpus_services": units, "free_gpus_service_state": "disabled", "free_gpus_kill_timeout": KILL_TIMEOUT})
-    assert free.rc == 0, free
+    assert free.rc == 0, str(free)
     # Between release and restore the unit is broken: its start fails.
     fleet.ssh(host, "mkdir -p /etc/systemd/system/zr-fails.service.d && printf '%s' "
                     f"'{FAILING_DROPIN}' > /etc/systemd/system/zr-fails.service.d/broken.conf && systemctl daemon-reload", check=True)
     restore = fleet.ansible_playbook(RESTORE, limit=host, extra_vars={"restore_gpus_step_timeout": 10})
-    assert restore.rc != 0, restore
+    assert restore.rc != 0, str(restore)
     res = restore.result(RESTORE_TASK, host)
     assert "zr-fails.service" in res["msg"] and "could not restore" in res["msg"], res["msg"]
     assert [(n["name"], n["steps"]) for n in res["not_restored"]] == [("zr-fails.service", ["start"])], res["not_restored"]
@@ -197,7 +197,7 @@ def test_a_unit_whose_start_fails_at_restore_is_named_and_kept_and_the_others_co
     fleet.ssh(host, "rm -rf /etc/systemd/system/zr-fails.service.d && systemctl daemon-reload && systemctl reset-failed zr-fails.service",
               check=True)
     again = fleet.ansible_playbook(RESTORE, limit=host)
-    assert again.rc == 0, again
+    assert again.rc == 0, str(again)
     assert states(fleet, host, units) == before and record(fleet, host) is None
 
 
@@ -262,19 +262,19 @@ def test_a_node_that_cannot_be_freed_is_drained_with_a_zeromib_reason_and_resume
     fleet, host = slurm_host
     fleet.set_fault(host, leak={"0": 4096})  # memory with no holder: a reset or reboot is needed
     free = fleet.ansible_playbook(PLAYBOOK, limit=host, extra_vars={"free_gpus_on_failure": "drain", "free_gpus_wait_timeout": 5})
-    assert free.rc != 0, free
+    assert free.rc != 0, str(free)
     fields = node(fleet, host)
     assert drained(fields) and fields["Reason"].startswith("zeromib: "), fields
     assert "GPU 0" in fields["Reason"], fields
 
     # Still dirty: the fresh look keeps it drained.
     kept = fleet.ansible_playbook(RESTORE, limit=host, extra_vars={"restore_gpus_resume_drained": True})
-    assert kept.rc == 0, kept
+    assert kept.rc == 0, str(kept)
     assert drained(node(fleet, host)), node(fleet, host)
 
     fleet.clear_faults(host)
     resumed = fleet.ansible_playbook(RESTORE, limit=host, extra_vars={"restore_gpus_resume_drained": True})
-    assert resumed.rc == 0, resumed
+    assert resumed.rc == 0, str(resumed)
     assert not drained(node(fleet, host)), node(fleet, host)
 
 
@@ -283,12 +283,12 @@ def test_an_admins_drain_is_never_overwritten_nor_resumed(slurm_host):
     fleet.ssh(host, f"scontrol update nodename={host} state=drain reason=maintenance", check=True)
     fleet.set_fault(host, leak={"0": 4096})
     free = fleet.ansible_playbook(PLAYBOOK, limit=host, extra_vars={"free_gpus_on_failure": "drain", "free_gpus_wait_timeout": 5})
-    assert free.rc != 0, free
+    assert free.rc != 0, str(free)
     fields = node(fleet, host)
     assert drained(fields) and fields["Reason"] == "maintenance", fields
     fleet.clear_faults(host)
     restore = fleet.ansible_playbook(RESTORE, limit=host, extra_vars={"restore_gpus_resume_drained": True})
-    assert restore.rc == 0, restore
+    assert restore.rc == 0, str(restore)
     fields = node(fleet, host)
     assert drained(fields) and fields["Reason"] == "maintenance", fields
 
@@ -297,5 +297,5 @@ def test_a_node_that_frees_cleanly_is_not_drained(slurm_host):
     fleet, host = slurm_host
     fleet.workload(host, "train", gpus="0", mib=1000)
     free = fleet.ansible_playbook(PLAYBOOK, limit=host, extra_vars={"free_gpus_on_failure": "drain", "free_gpus_kill_timeout": KILL_TIMEOUT})
-    assert free.rc == 0, free
+    assert free.rc == 0, str(free)
     assert not drained(node(fleet, host)), node(fleet, host)
