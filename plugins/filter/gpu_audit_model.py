@@ -115,6 +115,12 @@ _value:
         status: {description: "V(clean), V(dirty), V(error) or V(unreachable).", type: str}
         up: {description: Whether the host answered with GPU facts (V(clean) or V(dirty))., type: bool}
         reason: {description: Why the host is not clean; V(null) when it is., type: str}
+        pending_restore:
+          description:
+            - What zeromib stopped on the host and C(zeromib.gpu.gpu_restore) has not put back yet, one line per unit or container
+              (V(vllm.service stopped, disabled by zeromib at 2026-12-01T10:00:00Z)); empty when nothing is pending.
+          type: list
+          elements: str
         driver_version: {description: NVIDIA driver version., type: str}
         cuda_version: {description: CUDA version the driver supports., type: str}
         gpu_count: {description: GPUs found; V(null) when the host did not answer., type: int}
@@ -301,6 +307,18 @@ def _dirty_reason(gpus, holders, stale):
     return "; ".join(parts) or "gpu_facts reports the host not clean"
 
 
+# ---- pending restore (issue 24): what zeromib.gpu.gpu_release stopped and gpu_restore has not put
+# back yet, from gpu_facts' `pending_restore`. One line per entry; an unreadable record is a line too.
+def _pending_restore(facts):
+    pending = facts.get("pending_restore")
+    if not isinstance(pending, Mapping):
+        return []
+    lines = [str(line) for line in pending.get("summary") or []]
+    if pending.get("error"):
+        lines.append("restore record not read: %s" % _first_line(pending["error"]))
+    return lines
+
+
 def _host_record(entry):
     if not isinstance(entry, Mapping):
         raise AnsibleFilterError("zeromib.gpu.gpu_audit_model: each host must be a dictionary, got %r" % (entry,))
@@ -340,6 +358,7 @@ def _host_record(entry):
         "gpus": gpus,
         "holders": holders,
         "stale_processes": stale,
+        "pending_restore": _pending_restore(facts),
     }
     if record["gpu_count"] is None and facts:
         record["gpu_count"] = len(gpus)

@@ -316,6 +316,9 @@ def pending(path=PATH):
     None when there is none, or {path, error} when it cannot be read."""
     try:
         record = read(path)
+    except PermissionError:
+        return {"path": path, "error": "%s is readable by root only (uid %d): run with become to see it" % (path, os.geteuid()),
+                "entries": [], "summary": []}
     except (RecordError, OSError) as exc:
         return {"path": path, "error": str(exc), "entries": [], "summary": []}
     if not record["entries"]:

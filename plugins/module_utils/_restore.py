@@ -194,7 +194,7 @@ class Restore(object):
             step = steps[0]
             why = self._unit_step(unit, step, entry)
             if why:
-                return done + steps, why
+                return steps, why
             done.append(step)
             {"unmask": self.result["unmasked_units"], "enable": self.result["enabled_units"], "start": self.result["started_units"]}[step].append(unit)
             if step == "unmask":

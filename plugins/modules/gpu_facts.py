@@ -141,6 +141,20 @@ ansible_facts:
           type: str
           returned: always
           sample: nvidia-smi timed out after 10 s (a hung driver or a GPU that fell off the bus); it was killed
+        pending_restore:
+          description:
+            - What M(zeromib.gpu.gpu_release) stopped, disabled or masked on this host and M(zeromib.gpu.gpu_restore) has not put back
+              yet (its record, C(/var/lib/zeromib-gpu/released.json)), V(null) when nothing is pending.
+            - C(summary) has one line per entry (V(vllm.service stopped, disabled by zeromib at 2026-12-01T10:00:00Z)), C(entries)
+              the record's entries; C(error) says why the record could not be read (it is root-only; run with O(ignore:become=true)).
+          type: dict
+          returned: always
+          sample:
+            path: /var/lib/zeromib-gpu/released.json
+            updated_at: "2026-12-01T10:00:00Z"
+            summary: ["vllm.service stopped, disabled by zeromib at 2026-12-01T10:00:00Z"]
+            entries: [{kind: unit, name: vllm.service, actions: [stopped, disabled], active: true, unit_file_state: enabled}]
+            error: null
         healthy:
           description:
             - V(true) when no GPU has a health issue (and C(dcgmi diag), when asked for, passed). See RV(ansible_facts.gpu.health_issues).
@@ -269,6 +283,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _health
+from ansible_collections.zeromib.gpu.plugins.module_utils import _record
 from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import NvidiaSmi, NvidiaSmiError
 
 ARGUMENT_SPEC = dict(
@@ -320,6 +335,8 @@ def main():
         facts, warning = _facts.failed_facts(exc.msg), None
     if warning:
         module.warn(warning)
+    # A host whose inference servers are still stopped by zeromib (gpu_restore not run yet).
+    facts["pending_restore"] = _record.pending()
     module.exit_json(changed=False, ansible_facts={"gpu": facts})
 
 

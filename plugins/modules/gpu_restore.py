@@ -145,7 +145,7 @@ forgotten:
   elements: str
   returned: always
 not_restored:
-  description: Entries that could not be put back, with why; they stay in the record.
+  description: Entries that could not be put back, with the steps left to do and why; they stay in the record.
   type: list
   elements: dict
   returned: always

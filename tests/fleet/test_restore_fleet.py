@@ -164,7 +164,9 @@ def test_two_releases_before_one_restore_restore_once_to_the_state_before_the_fi
     assert restore.rc == 0, str(restore)
     assert states(fleet, host, units) == before
     res = restore.result(RESTORE_TASK, host)
-    assert sorted(res["started_units"]) == sorted(units) and sorted(res["enabled_units"]) == sorted(units)
+    # zr-disabled-active held GPU 2: the first release stopped it as the owner of a holder, so it is started again too.
+    assert sorted(res["started_units"]) == sorted(units + ["zr-disabled-active.service"]), res["started_units"]
+    assert sorted(res["enabled_units"]) == sorted(units), res["enabled_units"]
 
 
 FAILING_DROPIN = "[Service]\nExecStartPre=/bin/false\n"
@@ -224,7 +226,7 @@ def test_training_play_restores_the_servers_on_every_host_when_training_fails_on
             assert record(fleet, h) is None, h
             assert wait_for(lambda h=h: fleet.gpu_memory(h) == memory_before[h], timeout=20), h
         freed = [t for t in run.results(task="Start the training job") if t["host"] in hosts]
-        assert {t["host"]: t["status"] for t in freed} == {hosts[0]: "ok", failing: "failed"}
+        assert {t["host"]: t["status"] for t in freed} == {hosts[0]: "changed", failing: "failed"}
     finally:
         fleet.ssh_all("systemctl disable --now vllm.service", hosts=hosts)
 
