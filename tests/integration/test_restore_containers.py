@@ -1,0 +1,80 @@
+"""gpu_release then gpu_restore against a real Docker Engine on a simulated GPU host (issue 24):
+every container comes back to exactly its state before - running or not, its restart policy -
+read through the Docker API (docker inspect), never through the module's return values; twice
+in a row; and a second restore changes nothing. The rig is test_container_engines.py's."""
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "sim")]
+from ansible_in_ns import run_module  # noqa: E402
+from docker_rig import used  # noqa: E402
+from test_container_engines import docker, rig  # noqa: E402,F401 (fixtures)
+
+RECORD = "/var/lib/zeromib-gpu/released.json"
+
+
+def state(docker_rig, names):
+    """{name: (running, restart policy)} as the Docker API reports them."""
+    out = {}
+    for name in names:
+        record = docker_rig.inspect(name)
+        out[name] = (record["State"]["Running"], record["HostConfig"]["RestartPolicy"]["Name"])
+    return out
+
+
+def record(host):
+    proc = host.run(["cat", RECORD])
+    return json.loads(proc.stdout) if proc.returncode == 0 and proc.stdout.strip() else None
+
+
+def test_free_then_restore_puts_every_container_back_as_it_was_twice_in_a_row(docker):
+    docker.host.run(["rm", "-f", RECORD])
+    docker.run_holder("vllm", [0, 1], restart="always")  # named: stopped, restart policy no
+    docker.run_holder("sglang", [2], restart="unless-stopped")
+    docker.docker("stop", "sglang")  # named, already stopped: restart policy no only
+    docker.run_holder("found", [3], restart="on-failure")  # not named, holds GPU 3: stopped only
+    names = ["vllm", "sglang", "found"]
+    before = state(docker, names)
+    assert before == {"vllm": (True, "always"), "sglang": (False, "unless-stopped"), "found": (True, "on-failure")}
+    memory_before = [used(docker.host, i) for i in range(4)]
+    assert memory_before[0] >= 20480 and memory_before[2] == 0
+    args = {"services": ["container:vllm", "container:sglang"], "service_state": "disabled", "kill_timeout": 5}
+    for round_ in (1, 2):
+        free = run_module(docker.host, "gpu_release", args)
+        assert not free.failed, free.msg
+        assert state(docker, names) == {"vllm": (False, "no"), "sglang": (False, "no"), "found": (False, "on-failure")}
+        entries = {e["name"]: (e["actions"], e["running"], e["restart_policy"]) for e in record(docker.host)["entries"]}
+        assert entries == {"vllm": (["stopped", "disabled"], True, "always"), "sglang": (["disabled"], False, "unless-stopped"),
+                           "found": (["stopped"], True, "on-failure")}, entries
+
+        plan = run_module(docker.host, "gpu_restore", check=True)
+        assert not plan.failed and plan["changed"] is True, plan.msg
+        assert state(docker, names) == {"vllm": (False, "no"), "sglang": (False, "no"), "found": (False, "on-failure")}
+
+        restore = run_module(docker.host, "gpu_restore", {"wait_for_gpus": 30})
+        assert not restore.failed, restore.msg
+        assert state(docker, names) == before, round_
+        assert record(docker.host) is None
+        assert [used(docker.host, i) for i in range(4)] == memory_before
+        assert sorted(restore["gpus_held"]) == ["found", "vllm"], restore["gpus_held"]
+
+        again = run_module(docker.host, "gpu_restore")
+        assert not again.failed and again["changed"] is False and again["started_containers"] == []
+
+
+def test_a_container_removed_since_the_release_is_named_kept_and_can_be_forgotten(docker):
+    docker.host.run(["rm", "-f", RECORD])
+    docker.run_holder("gone", [0], restart="always")
+    docker.run_holder("stays", [1], restart="always")
+    free = run_module(docker.host, "gpu_release", {"services": ["container:*"], "service_state": "disabled", "kill_timeout": 5})
+    assert not free.failed, free.msg
+    docker.docker("rm", "gone")
+    restore = run_module(docker.host, "gpu_restore")
+    assert restore.failed and "container gone" in restore.msg and "no longer knows it" in restore.msg, restore.msg
+    assert state(docker, ["stays"]) == {"stays": (True, "always")}
+    assert [e["name"] for e in record(docker.host)["entries"]] == ["gone"]
+    forget = run_module(docker.host, "gpu_restore", {"forget": ["gone"]})
+    assert not forget.failed and forget["changed"] is True, forget.msg
+    assert record(docker.host) is None
