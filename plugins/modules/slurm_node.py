@@ -11,8 +11,8 @@ module: slurm_node
 short_description: Drain this host in Slurm when its GPUs cannot be freed, resume it only when zeromib drained it
 version_added: 0.2.0
 description:
-  - O(state=drained) drains the Slurm node of this host (C(scontrol update nodename=NODE state=drain reason="zeromib: ...")), so that
-    the scheduler sends it no more work. A node already drained with a reason that does not start with C(zeromib:) (an admin's
+  - O(state=drained) drains the Slurm node of this host (C(scontrol update nodename=NODE state=drain reason=...), the reason starting
+    with C(zeromib:)), so that the scheduler sends it no more work. A node already drained with a reason that does not start with C(zeromib:) (an admin's
     C(maintenance)) is left exactly as it is.
   - O(state=resumed) resumes the node (C(state=resume)) only when its drain reason starts with C(zeromib:); a drain by anyone else
     is never resumed. The role P(zeromib.gpu.restore_gpus#role) calls it only after a fresh look reads the GPUs clean and healthy.

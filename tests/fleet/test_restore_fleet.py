@@ -301,3 +301,24 @@ def test_a_node_that_frees_cleanly_is_not_drained(slurm_host):
     free = fleet.ansible_playbook(PLAYBOOK, limit=host, extra_vars={"free_gpus_on_failure": "drain", "free_gpus_kill_timeout": KILL_TIMEOUT})
     assert free.rc == 0, str(free)
     assert not drained(node(fleet, host)), node(fleet, host)
+
+
+# --------------------------------------------------------------------------- the audit
+
+def test_the_audit_shows_a_pending_restore_until_gpu_restore_runs(units_host, tmp_path):
+    fleet, host = units_host
+    free = fleet.ansible_playbook(PLAYBOOK, limit=host, extra_vars={
+        "free_gpus_services": ["zr-enabled-active.service"], "free_gpus_service_state": "disabled", "free_gpus_kill_timeout": KILL_TIMEOUT})
+    assert free.rc == 0, str(free)
+
+    def audit(name):
+        run = fleet.ansible_playbook("playbooks/audit_gpus.yml", limit=host, extra_vars={"gpu_audit_report_dir": str(tmp_path / name)})
+        assert run.rc == 0, str(run)
+        [entry] = json.loads((tmp_path / name / "report.json").read_text())["hosts"]
+        return entry["pending_restore"]
+
+    pending = audit("before")
+    assert any(line.startswith("zr-enabled-active.service stopped, disabled by zeromib at 20") for line in pending), pending
+    restore = fleet.ansible_playbook(RESTORE, limit=host)
+    assert restore.rc == 0, str(restore)
+    assert audit("after") == []

@@ -16,7 +16,7 @@ import sys
 import yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MODULES = ("gpu_facts", "gpu_release")
+MODULES = ("gpu_facts", "gpu_release", "gpu_restore", "slurm_node")
 MARKUP = [
     (re.compile(r"O\(ignore:([^)=]+)(=[^)]*)?\)"), r"`\1\2`"),
     (re.compile(r"RV\(([^)]*)\)"), r"`\1`"),
