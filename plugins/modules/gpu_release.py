@@ -314,7 +314,7 @@ restore_record:
   description:
     - Where this run recorded what it stopped, disabled or masked, with the state before, for M(zeromib.gpu.gpu_restore)
       (C(/var/lib/zeromib-gpu/released.json), root-only), and how many entries the record holds now.
-    - V(null) when the run changed nothing (and in check mode): then nothing is written.
+    - V(null) when the run changed nothing, and in check mode; then nothing is written.
   type: dict
   returned: always
   sample: {path: /var/lib/zeromib-gpu/released.json, entries: 2}

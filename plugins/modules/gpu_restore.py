@@ -61,7 +61,7 @@ options:
 notes:
   - Needs root (O(ignore:become=true)); the record is readable by root only.
   - The record, its format and how several releases before one restore merge, are described in C(docs/restore_gpus.md).
-  - The role P(zeromib.gpu.restore_gpus#role) runs this module, for C(post_tasks) of a training play.
+  - The role P(zeromib.gpu.restore_gpus#role) runs this module, for the C(always) of a C(block) around training.
   - Supervisord programs (C(supervisor:) in O(zeromib.gpu.gpu_release#module:services)) are put back only where this collection's
     supervisor support is present; otherwise their entries stay in the record and the module fails naming them.
 seealso:
