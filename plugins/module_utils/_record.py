@@ -166,8 +166,8 @@ def supervisor_entries(result, at):
     for name, action in (("stopped_programs", "stopped"), ("disabled_programs", "disabled")):
         for item in result.get(name) or []:
             item = item if isinstance(item, dict) else {"name": item}
-            entry = entries.setdefault(item.get("name"), {"kind": "supervisor", "name": item.get("name"), "actions": [],
-                                                           "running": action == "stopped", "released_at": at})
+            fresh = {"kind": "supervisor", "name": item.get("name"), "actions": [], "running": action == "stopped", "released_at": at}
+            entry = entries.setdefault(item.get("name"), fresh)
             for field in ("autostart", "autorestart", "config"):
                 if field in item:
                     entry[field] = item[field]

@@ -121,7 +121,8 @@ class FleetHandle:
 
     # Stops every workload; then waits for the sim to read idle memory (it keeps a dead
     # context's memory for release_delay_s after the first nvidia-smi call that sees it dead).
-    RESET = ("rm -f /run/nvidia-sim/faults.json /var/lib/zeromib-gpu/released.json; if ! fuser -s /dev/nvidia* && [ -z \"$(ls -A /run/nvidia-sim/contexts 2>/dev/null)\" ] "
+    RESET = ("rm -f /run/nvidia-sim/faults.json /var/lib/zeromib-gpu/released.json; "
+             "if ! fuser -s /dev/nvidia* && [ -z \"$(ls -A /run/nvidia-sim/contexts 2>/dev/null)\" ] "
              "&& ! systemctl -q is-active vllm sglang nvidia-persistenced vllm-v1 stubborn "
              "&& ! systemctl -q is-enabled sglang 2>/dev/null; then exit 0; fi; "
              # stubborn.service ignores SIGTERM with a 90 s stop timeout: killed, not waited for

@@ -58,8 +58,8 @@ def states(fleet, host, units) -> dict:
                 found[cur["Id"]] = (cur.get("ActiveState"), cur.get("UnitFileState"))
             cur = {}
             continue
-        k, _, v = line.partition("=")
-        cur[k] = v
+        key, _sep, value = line.partition("=")
+        cur[key] = value
     return found
 
 

@@ -10,7 +10,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "sim")]
 from ansible_in_ns import run_module  # noqa: E402
 from docker_rig import used  # noqa: E402
-from test_container_engines import docker, rig  # noqa: E402,F401 (fixtures)
+# The Docker rig's fixtures, used by name.
+from test_container_engines import docker, rig  # noqa: E402,F401 pylint: disable=unused-import
 
 RECORD = "/var/lib/zeromib-gpu/released.json"
 

@@ -31,8 +31,9 @@ def test_drain_with_the_same_reason_changes_nothing():
         False, "drained already by zeromib with the same reason")
 
 
-@pytest.mark.parametrize("line, act", [(IDLE, False), (ADMIN, False), (OURS, True),
-                                        (OURS.replace("IDLE+DRAIN", "DRAINED"), True), (ADMIN.replace("IDLE+DRAIN", "MIXED+DRAIN"), False)])
+@pytest.mark.parametrize("line, act", [
+    (IDLE, False), (ADMIN, False), (OURS, True), (OURS.replace("IDLE+DRAIN", "DRAINED"), True), (ADMIN.replace("IDLE+DRAIN", "MIXED+DRAIN"), False),
+])
 def test_resume_only_our_drains(line, act):
     assert slurm.resume_decision(slurm.parse_node(line))[0] is act
 
