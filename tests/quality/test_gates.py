@@ -213,6 +213,7 @@ TARBALL_ALLOWED = (
     "plugins/*.py", "plugins/filter/*.yml", "plugins/test/*.yml",
     "roles/free_gpus/defaults/*.yml", "roles/free_gpus/meta/*.yml", "roles/free_gpus/tasks/*.yml",
     "roles/free_gpus/templates/*", "roles/free_gpus/handlers/*.yml", "roles/free_gpus/vars/*.yml",
+    "roles/restore_gpus/defaults/*.yml", "roles/restore_gpus/meta/*.yml", "roles/restore_gpus/tasks/*.yml",
     "playbooks/*.yml", "playbooks/tasks/templates/*.j2",
     "docs/*.md", "docs/images/*.png",
     "changelogs/changelog.yaml", "changelogs/config.yaml", "CHANGELOG.rst",
@@ -222,6 +223,8 @@ TARBALL_REQUIRED = (
     "plugins/modules/gpu_facts.py", "plugins/modules/gpu_release.py", "plugins/filter/free_gpus.py",
     "plugins/filter/fleet_query.py", "roles/free_gpus/tasks/main.yml", "roles/free_gpus/meta/argument_specs.yml",
     "playbooks/free_gpus.yml", "playbooks/audit_gpus.yml", "playbooks/example_training.yml",
+    "plugins/modules/gpu_restore.py", "roles/restore_gpus/tasks/main.yml", "roles/restore_gpus/meta/argument_specs.yml",
+    "playbooks/restore_gpus.yml",
     "docs/gpu_release.md", "changelogs/changelog.yaml",
 )
 
