@@ -330,11 +330,14 @@ healthy:
   description:
     - V(true) when no GPU has a health issue at the end, and C(dcgmi diag), when asked for and installed, passed.
       Health does not change RV(released); the P(zeromib.gpu.free_gpus#role) role asserts both.
-    - The checks are those of M(zeromib.gpu.gpu_facts) (ECC, row remaps, PCIe link, slowdown, persistence and MIG mode, Xids).
+    - The checks are those of M(zeromib.gpu.gpu_facts) (ECC, row remaps, PCIe link, slowdown, persistence and MIG mode, recovery
+      action, NVSwitch fabric and Fabric Manager, Xids judged by NVIDIA's Xid catalog).
   type: bool
   returned: always
 health_checked:
-  description: V(false) when some health check could not be made (see C(health.unchecked) of each GPU).
+  description:
+    - V(false) when some health check could not be made; each GPU's C(health_unchecked) names the checks (C(health.unchecked)
+      says why). Memory is freed and verified all the same.
   type: bool
   returned: always
 health_issues:
@@ -344,7 +347,9 @@ health_issues:
   returned: always
   sample: ["GPU 0 (00000000:18:00.0): Xid 79 (GPU has fallen off the bus) in the kernel log at 2026-11-29T09:08:01+0000"]
 health:
-  description: The kernel log read (C(kernel_log)) and the DCGM diagnostic (C(dcgm_diag), V(null) unless O(dcgm_diag) is set).
+  description:
+    - The kernel log read (C(kernel_log)), Fabric Manager on an NVSwitch node (C(fabric_manager)) and the DCGM diagnostic
+      (C(dcgm_diag), V(null) unless O(dcgm_diag) is set), as in M(zeromib.gpu.gpu_facts).
   type: dict
   returned: always
 elapsed_s:
@@ -391,6 +396,8 @@ ARGUMENT_SPEC = dict(
     require_persistence=dict(type="bool", default=True),
     expected_mig_mode=dict(type="str", choices=["enabled", "disabled"]),
     xid_window_hours=dict(type="float", default=24),
+    xid_ignore=dict(type="list", elements="int", default=[]),
+    xid_fatal=dict(type="list", elements="int", default=[]),
     dcgm_diag=dict(type="int", default=0, choices=[0, 1, 2, 3, 4]),
 )
 
