@@ -10,6 +10,8 @@ from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.zeromib.gpu.plugins.module_utils._health import CHECKS
+
 # Summary order: what needs the operator's eyes first.
 _STATUS_ORDER = {"unreachable": 0, "failed": 1, "unhealthy": 1, "dirty": 2, "would free": 3, "freed": 4, "clean": 5}
 
@@ -40,6 +42,12 @@ def _health_problems(result):
     if result.get("healthy") is True:
         return []
     return list(result.get("health_issues") or []) or ["GPU health unknown (gpu_release read no health)"]
+
+
+def _unchecked(result):
+    """The health checks that could not run on some GPU (each GPU's health_unchecked), in docs order."""
+    names = set(name for g in result.get("gpus") or [] if isinstance(g, Mapping) for name in g.get("health_unchecked") or [])
+    return sorted(names, key=lambda name: (CHECKS.index(name) if name in CHECKS else len(CHECKS), name))
 
 
 def free_gpus_outcome(result, host, expected_count=0, check_mode=False, require_healthy=False):
@@ -89,6 +97,7 @@ def free_gpus_outcome(result, host, expected_count=0, check_mode=False, require_
         status = "failed"
     outcome["healthy"] = result.get("healthy")
     outcome["health_issues"] = list(result.get("health_issues") or [])
+    outcome["health_unchecked"] = _unchecked(result)
     # Health is read, never changed: a dry run reports an unhealthy GPU as the real run would.
     if require_healthy and result.get("gpus") and _health_problems(result):
         problems.append("unhealthy: " + "; ".join(_health_problems(result)))
@@ -130,9 +139,9 @@ def free_gpus_outcome(result, host, expected_count=0, check_mode=False, require_
         ", " + ", ".join(did) if did else "",
         outcome["elapsed_s"],
     )
-    if require_healthy and result.get("health_checked") is False:
-        outcome["message"] += "; health not fully checked: " + "; ".join(sorted(set(
-            note for g in result.get("gpus") or [] for note in ((g.get("health") or {}).get("unchecked") or []))))
+    if outcome["health_unchecked"]:
+        # Said aloud: a check that could not run is no proof of health (docs/health.md).
+        outcome["message"] += "; not checked on this driver or GPU: " + ", ".join(outcome["health_unchecked"])
     return outcome
 
 
@@ -157,6 +166,8 @@ def _note(outcome):
     clients = outcome.get("nvml_clients") or []
     if clients:
         notes.append("%d NVML client%s kept" % (len(clients), "" if len(clients) == 1 else "s"))
+    if outcome.get("health_unchecked"):
+        notes.append("not checked: " + ", ".join(outcome["health_unchecked"]))
     return "; ".join(notes)
 
 

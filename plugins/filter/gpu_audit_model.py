@@ -266,6 +266,9 @@ def _gpu_health(gpu):
         "health_issues": [str(issue) for issue in gpu.get("health_issues") or []],
         "ecc_uncorrected": _int_or_none(health.get("ecc_uncorrected_volatile")),
         "xid_recent": len(health.get("xids") or []) if health else None,
+        # Which checks could not run on this GPU (gpu_facts' health_unchecked); None without health.
+        "health_checked": None if healthy is None else bool(gpu.get("health_checked")),
+        "health_unchecked": [str(name) for name in gpu.get("health_unchecked") or []],
     }
 
 
