@@ -52,7 +52,7 @@ options:
     description:
       - Hours of kernel log searched for Xid errors of each GPU (C(journalctl -k); C(dmesg) when journalctl is missing,
         fails, says V(No journal files were found.) or answers with no line; read-only, bounded to 5 s and 32 MiB). An upper
-        bound - only Xids logged since the NVIDIA driver last loaded count (its C(NVRM: loading NVIDIA UNIX ... Kernel Module)
+        bound - only Xids logged since the NVIDIA driver last loaded count (its C(loading NVIDIA UNIX ... Kernel Module)
         line, when it is in the window); older ones are listed in C(health.xids_before_driver_load).
       - An Xid is a fault when NVIDIA's Xid catalog gives it an immediate action other than C(RESTART_APP) or C(IGNORE)
         (C(RESET_GPU), C(RESTART_BM), C(WORKFLOW_*), ...; see the collection's C(docs/health.md)); the others (13, 31, 43, 45,

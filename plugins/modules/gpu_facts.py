@@ -162,8 +162,8 @@ ansible_facts:
         health:
           description:
             - C(kernel_log) - where the Xids were read (C(source) V(journalctl) or V(dmesg)), C(error) when it could not be read,
-              C(fallback) (why journalctl was passed over for dmesg, e.g. V(journalctl: No journal files were found.)),
-              C(driver_loaded) (the driver's load line in the window, or V(null): loaded before it), C(window_hours), C(elapsed_s).
+              C(fallback) (why journalctl was passed over for dmesg, such as a journalctl that has no journal),
+              C(driver_loaded) (the driver's load line in the window; V(null) when it loaded before the window), C(window_hours), C(elapsed_s).
             - C(fabric_manager) - on an NVSwitch node (a GPU whose C(fabric.state) is not N/A) C(state) (C(systemctl is-active
               nvidia-fabricmanager)), C(installed), C(version) (C(nv-fabricmanager --version)), C(error); else V(null).
             - C(dcgm_diag) - V(null) unless O(dcgm_diag) was set; else C(level), C(ran), C(passed), C(summary), C(elapsed_s).
