@@ -40,7 +40,8 @@ options:
   require_persistence:
     description:
       - A GPU with persistence mode off is unhealthy (the driver state is torn down between jobs, and the first CUDA call pays
-        for it). V(false) accepts it. Where nvidia-smi reports no persistence mode (V([N/A]), Windows), nothing is checked.
+        for it). V(false) accepts it. Where nvidia-smi reports no persistence mode (V([N/A]), Windows), nothing is checked
+        and C(persistence) is listed in the GPU's C(health_unchecked).
     type: bool
     default: true
   expected_mig_mode:
