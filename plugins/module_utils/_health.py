@@ -137,6 +137,7 @@ CHECK_KEYS = (
     ("fabric", ("fabric_state", "fabric_status")),
 )
 CHECKS = tuple(name for name, _keys in CHECK_KEYS) + ("xid",)
+_CHECKED_KEYS = frozenset(key for _name, keys in CHECK_KEYS for key in keys)
 
 # Values nvidia-smi prints in a field when the GPU is in trouble, not when it lacks the feature.
 FAULT_TOKENS = ("[GPU requires reset]", "[Unknown Error]", "[GPU is lost]")
@@ -268,8 +269,7 @@ def fault_tokens(gpu):
     # type: (Dict[str, Any]) -> Dict[str, str]
     """{record key: token} of the health readings that read [GPU requires reset] or the like."""
     unavailable = gpu.get("_unavailable") or {}
-    keys = set(key for _name, check_keys in CHECK_KEYS for key in check_keys)
-    return dict((key, token) for key, token in unavailable.items() if key in keys and token in FAULT_TOKENS)
+    return dict((key, token) for key, token in unavailable.items() if key in _CHECKED_KEYS and token in FAULT_TOKENS)
 
 
 def has_fabric(gpu):
@@ -419,13 +419,6 @@ def unchecked_checks(gpu, checks, kernel_log_error=None, fabric_manager_error=No
         found.append(("xid", "recent Xid errors not checked: %s" % kernel_log_error))
     order = dict((name, i) for i, name in enumerate(CHECKS))
     return sorted(found, key=lambda item: order[item[0]])
-
-
-def unchecked(gpu, rejected, kernel_log_error, checks):
-    # type: (Dict[str, Any], Any, Optional[str], Checks) -> List[str]
-    """What could not be checked on this GPU, as sentences ('<check>: <why>')."""
-    record = dict(gpu, _rejected=sorted(set(gpu.get("_rejected") or ()) | set(rejected or ())))
-    return ["%s: %s" % item for item in unchecked_checks(record, checks, kernel_log_error)]
 
 
 def bus_key(bus_id):

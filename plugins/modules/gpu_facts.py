@@ -24,8 +24,10 @@ description:
     the minor number is not always the index.
   - Says whether each GPU is ready for work, not just free (C(healthy), C(health_issues)) - uncorrectable ECC errors, pending
     or failed row remaps (retired pages before Ampere), a PCIe link below its generation or width, hardware or thermal
-    slowdown, persistence mode, MIG mode, and critical Xid errors of the GPU in the kernel log. The readings come from the same
-    C(nvidia-smi --query-gpu) call; see the collection's C(docs/health.md).
+    slowdown, persistence mode, MIG mode, the driver's recovery action, the NVSwitch fabric and Fabric Manager, and Xid errors of
+    the GPU in the kernel log that NVIDIA's Xid catalog says need a reset or a reboot. The readings come from the same
+    C(nvidia-smi --query-gpu) call; each GPU's C(health_unchecked) names the checks that could not run. See the collection's
+    C(docs/health.md).
   - Returns the result as the fact C(ansible_facts.gpu). Changes nothing.
 author:
   - zeromib.gpu contributors (@zeromib)
