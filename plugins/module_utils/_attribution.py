@@ -129,14 +129,34 @@ def needs_listing(holders):
     return False
 
 
-def may_signal_for(holder, selected):
-    """Whether freeing `selected` may signal this holder: it uses a selected GPU, or (undecided)
-    every GPU it may use is selected."""
+def outside_gpus(holder, selected):
+    """GPUs outside `selected` that a holder of a selected GPU uses (listed or mapped there):
+    a *spanning* process (JAX preallocates on every visible GPU, a DataParallel trainer, an MPS
+    server). Empty when it uses no selected GPU, or only selected ones. An undecided holder
+    spans nothing here: it may not use a selected GPU at all (see undecided_for)."""
+    gpus = set(holder.get("gpu_indexes") or [])
+    selected = set(selected)
+    if not gpus & selected:
+        return []
+    return sorted(gpus - selected)
+
+
+def may_signal_for(holder, selected, kill_spanning=False):
+    """Whether freeing `selected` may signal this holder: it uses a selected GPU and no other
+    (or `kill_spanning`: ending its work on the unselected GPUs too was asked for), or,
+    undecided, every GPU it may use is selected."""
     selected = set(selected)
     if holder.get("attribution") == UNDECIDED:
         candidates = set(holder.get("candidate_gpu_indexes") or [])
         return bool(candidates) and candidates <= selected
-    return bool(set(holder.get("gpu_indexes") or []) & selected)
+    if not set(holder.get("gpu_indexes") or []) & selected:
+        return False
+    return kill_spanning or not outside_gpus(holder, selected)
+
+
+def spanning_for(holders, selected):
+    """Holders of a selected GPU that also use GPUs outside the selection (outside_gpus)."""
+    return [holder for holder in holders if outside_gpus(holder, selected)]
 
 
 def undecided_for(holders, selected):
