@@ -468,8 +468,9 @@ def plan(systemctl, named, owned, service_state, forbidden, result, protect_name
     `result`) before anything is done when a named unit is forbidden, essential, runs a
     protected process, cannot be masked, or systemd cannot be asked. A glob never selects
     such a unit, nor a launcher (built in, or of the `launchers` option), nor what keeps the
-    node reachable and its data safe (NODE_KEEPING_UNITS): those matches are kept, listed in
-    result["kept_units"] ({unit, reason}) and named in one warning."""
+    node reachable and its data safe (NODE_KEEPING_UNITS): those matches are kept and, where the
+    glob would have changed them, listed in result["kept_units"] ({unit, kind, reason}) and
+    named in one warning."""
     no_match = []
     expanded = expand_services(named, set(known_units(systemctl, named, service_state)), no_match)
     for pattern in no_match:
@@ -479,42 +480,59 @@ def plan(systemctl, named, owned, service_state, forbidden, result, protect_name
     steps = {"stop": [], "disable": [], "mask": [], "not_found": []}
     props = _show(systemctl, expanded + [u for u in owned if u not in expanded], result) if expanded or owned else {}
 
-    def refusal(unit):
+    def refused(unit):
+        """(kind, reason) when UNIT is never stopped, named or not, else None."""
         if unit in forbidden:
-            return "it runs this Ansible session or a protected process"
+            return "session", "it runs this Ansible session or a protected process"
         if matches(unit, ESSENTIAL_UNITS):
-            return "the node needs it (systemd's own units, D-Bus, login, SSH, consoles and networking are never stopped)"
+            return "essential", "the node needs it (systemd's own units, D-Bus, login, SSH, consoles and networking are never stopped)"
         protected = _runs_protected(props.get(unit, {}), protect_names, proc)
         if protected:
-            return "its main process %s is protected" % protected
+            return "protected", "its main process %s is protected" % protected
         return None
 
+    def refusal(unit):
+        found = refused(unit)
+        return found[1] if found else None
+
     def kept_from_globs(unit):
+        """(kind, reason) when a glob never selects UNIT, else None."""
         kind = keeps_node(unit)
         if kind:
-            return "%s: the node needs it to stay reachable and its data safe; name it exactly to stop it" % kind
+            return kind, "%s: the node needs it to stay reachable and its data safe; name it exactly to stop it" % kind
         if matches(unit, LAUNCHER_UNITS) or matches(unit, site[0]):
-            return "it is a launcher of other jobs; name it to stop it"
+            return "launcher", "it is a launcher of other jobs; name it to stop it"
         launcher = _launcher_by_main(props.get(unit, {}), site, proc)
         if launcher:
-            return "it is a launcher of other jobs (its main process is %s); name it to stop it" % launcher
+            return "launcher", "it is a launcher of other jobs (its main process is %s); name it to stop it" % launcher
         return None
 
     kept = result.setdefault("kept_units", [])
     named_units = []
     for unit in expanded:
-        why = refusal(unit)
-        if why and unit in explicit:
-            raise ReleaseError("refusing to stop %s: %s" % (unit, why), result)
-        if not why and unit not in explicit:
-            why = kept_from_globs(unit)
-        if why:
-            kept.append({"unit": unit, "reason": why})
+        kept_as = refused(unit)
+        if kept_as and unit in explicit:
+            raise ReleaseError("refusing to stop %s: %s" % (unit, kept_as[1]), result)
+        if not kept_as and unit not in explicit:
+            kept_as = kept_from_globs(unit)
+        if kept_as:
+            # Only what the glob would have changed is worth a line: `*` matches every inactive
+            # unit of systemd's too.
+            if any(unit_actions(props.get(unit, {}), service_state)):
+                kept.append({"unit": unit, "kind": kept_as[0], "reason": kept_as[1]})
             continue
         named_units.append(unit)
     if kept:
-        result["warnings"].append("services: kept %d unit%s that a glob matched: %s" % (
-            len(kept), "" if len(kept) == 1 else "s", "; ".join("%s (%s)" % (k["unit"], k["reason"]) for k in kept)))
+        groups = []
+        for entry in kept:
+            group = next((g for g in groups if g[0] == entry["kind"]), None)
+            if group is None:
+                group = (entry["kind"], [])
+                groups.append(group)
+            group[1].append(entry["unit"])
+        result["warnings"].append(
+            "services: kept %d unit%s that a glob matched (see kept_units; name one exactly to stop it, where allowed): %s" % (
+                len(kept), "" if len(kept) == 1 else "s", "; ".join("%s: %s" % (kind, ", ".join(names)) for kind, names in groups)))
     # A socket or timer would start a stopped service again: it gets the service's state.
     triggers = []
     for unit in named_units:

@@ -365,7 +365,17 @@ def test_star_never_stops_systemd_dbus_ssh_logind_or_launchers(proc):
     assert "name it to stop it" in kept["cron.service"] and "jupyterhub" in kept["notebook-hub.service"]
     # one warning names them all
     [warning] = result["warnings"]
-    assert warning.startswith("services: kept 10 units that a glob matched: ") and all(u in warning for u in kept)
+    assert warning.startswith("services: kept 10 units that a glob matched (see kept_units") and all(u in warning for u in kept)
+    assert "launcher: atd.service, cron.service, notebook-hub.service" in warning and "; protected: gpu-sshd.service" in warning
+
+
+def test_a_glob_lists_only_the_kept_units_it_would_have_changed():
+    listed = ["tailscaled.service", "chrony.service", "vllm.service"]
+    props = {u: loaded() for u in listed}
+    props["chrony.service"] = loaded(ActiveState="inactive", SubState="dead", UnitFileState="disabled")  # nothing to do to it
+    result = {"warnings": []}
+    units.plan(Systemctl(props, listed), ["*"], [], "stopped", set(), result)
+    assert [(k["unit"], k["kind"]) for k in result["kept_units"]] == [("tailscaled.service", "network")]
 
 
 NODE_KEEPING = ["networking.service", "ifup@eth9.service", "NetworkManager.service", "systemd-networkd.service", "wg-quick@wg0.service",
