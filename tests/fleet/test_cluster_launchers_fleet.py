@@ -23,7 +23,8 @@ import time
 
 import pytest
 
-from scenarios import PLAYBOOK, RELEASE_TASK, alive, baseline, failure_messages, main_pid, unit_states, wait_for
+from scenarios import (PLAYBOOK, RELEASE_TASK, alive, baseline, failure_messages, main_pid, summary_lines, summary_row, summary_status,
+                       unit_states, wait_for)
 
 pytestmark = pytest.mark.usefixtures("fleet_baselines")
 
@@ -315,3 +316,37 @@ def test_a_glob_that_matches_nothing_warns_naming_the_host(clean_fleet):
     assert run.rc == 0, run
     assert f"[WARNING]: {host}: services: tgi-none*.service matches no unit on this host" in run.stdout + run.stderr, run.stdout + run.stderr
     assert not failure_messages(run, host)
+
+
+# --------------------------------------------------------------------------- spanning units (issue 20.3)
+
+def test_a_unit_whose_workers_span_gpus_fails_before_acting_for_a_partial_selection_and_kill_spanning_stops_it(clean_fleet):
+    """vllm.service runs one TP worker per GPU: freeing GPU 1 alone would end the engine on every
+    GPU. The host fails before anything is stopped or signalled (--check says the same), the
+    summary names the unit and its GPUs; with free_gpus_kill_spanning the unit is stopped."""
+    fleet = clean_fleet
+    host = gpu_host(fleet)
+    vllm = fleet.workload(host, "vllm")
+    before = fleet.gpu_memory(host)
+    for check in (True, False):
+        run = fleet.ansible_playbook(PLAYBOOK, limit=host, check=check, extra_vars={"free_gpus_gpus": [1]})
+        assert run.rc != 0 and run.stats[host]["failures"] >= 1, run
+        res = run.result(RELEASE_TASK, host)
+        assert res["stopped_units"] == [] and res["killed"] == [], res
+        assert "refusing to free GPU 1" in res["msg"] and "unit vllm.service" in res["msg"] and "kill_spanning" in res["msg"], res["msg"]
+        [entry] = res["spanning"]
+        assert entry["unit"] == "vllm.service" and 1 not in entry["outside_gpus"] and 0 in entry["outside_gpus"]
+        assert any("refusing to free GPU 1" in m for m in failure_messages(run, host))
+        row = summary_row(summary_lines(run) or [], host)
+        assert row and row.startswith("failed") and "unit vllm.service" in row and "GPU 0,2,3,4,5,6,7 are outside the selection" in row, row
+        assert unit_states(fleet, host, "vllm.service")["vllm.service"][0] == "active"
+        assert alive(fleet, host, [vllm["pid"], *vllm["workers"]]) == {p: True for p in [vllm["pid"], *vllm["workers"]]}
+        assert fleet.gpu_memory(host) == before
+    run = fleet.ansible_playbook(PLAYBOOK, limit=host, extra_vars={"free_gpus_gpus": [1], "free_gpus_kill_spanning": True,
+                                                                   "free_gpus_kill_timeout": KILL_TIMEOUT})
+    assert run.rc == 0, run
+    res = run.result(RELEASE_TASK, host)
+    assert res["stopped_units"] == ["vllm.service"] and res["spanning"][0]["unit"] == "vllm.service"
+    assert summary_status(summary_lines(run), host) == "freed"
+    assert "spanning: vllm.service uses GPUs" in summary_row(summary_lines(run), host)
+    assert fleet.gpu_memory(host) == baseline(fleet, host)
