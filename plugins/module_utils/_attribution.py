@@ -28,6 +28,11 @@ What does tell them apart, in this order:
    exporters, the Kubernetes device plugin, nvidia-persistenced). It uses no GPU memory: never
    dirty, never signalled unless `match` names it.
 
+Spanning: a process placed on a selected GPU and on one outside the selection (listed or
+mapped on both: JAX on every visible GPU, a DataParallel trainer, an MPS server) is never
+signalled for that selection unless the caller says kill_spanning (`may_signal_for`,
+`spanning_for`): ending it would end its work on the GPUs the selection kept out.
+
 A GPU with no context of its own still reads the footprint of contexts on the other GPUs: 4 MiB
 on H200 (GPU 1 while a process without CUDA_VISIBLE_DEVICES has its context on GPU 0, also with
 two such processes; GPU 0 next to the orphaned child of a GPU-1 owner). That allowance is

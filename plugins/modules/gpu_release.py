@@ -121,7 +121,7 @@ options:
   kill_spanning:
     description:
       - What to do with a B(spanning) process, one that uses a selected GPU and also GPUs outside O(gpus) (nvidia-smi lists it on
-        both, or it maps both context-sized): JAX preallocates on every visible GPU, a DataParallel trainer, an MPS server.
+        both, or it maps both context-sized) - JAX preallocates on every visible GPU, a DataParallel trainer, an MPS server.
         Ending it would end its work on the GPUs the selection kept out.
       - V(false) - the run fails before anything is stopped or signalled (check mode fails the same way), naming each such process
         (pid, name, command line) and the unselected GPUs it uses, listed in RV(spanning). The same holds for a workload unit
