@@ -37,6 +37,25 @@ def _footprint_note(outcome):
     return "GPU%s %s (%s MiB)" % ("" if len(gpus) == 1 else "s", ",".join(str(g) for g in gpus), outcome.get("footprint_mib"))
 
 
+def _spanning(result):
+    """gpu_release's `spanning` -> what the summary shows of each: who, and the GPUs it uses."""
+    found = []
+    for entry in result.get("spanning") or []:
+        if isinstance(entry, Mapping):
+            found.append({key: entry.get(key) for key in ("pid", "name", "unit", "container", "gpu_indexes", "outside_gpus")})
+    return found
+
+
+def _spanning_note(spanning):
+    """`pid 700 python3 uses GPUs 0,1`, `vllm.service uses GPUs 0,1`, one per entry."""
+    notes = []
+    for entry in spanning:
+        who = ("pid %s %s" % (entry["pid"], entry.get("name") or "?") if entry.get("pid") is not None
+               else entry.get("unit") or "container %s" % str(entry.get("container") or "?")[:12])
+        notes.append("%s uses GPUs %s" % (who, ",".join(str(i) for i in entry.get("gpu_indexes") or [])))
+    return ", ".join(notes)
+
+
 def _health_problems(result):
     """The gpu_release result's health issues, or a sentence when it has no health verdict."""
     if result.get("healthy") is True:
@@ -72,6 +91,7 @@ def free_gpus_outcome(result, host, expected_count=0, check_mode=False, require_
         "disabled_containers": [_container(c) for c in result.get("disabled_containers") or []],
         "killed": [{"pid": k.get("pid"), "name": k.get("name"), "signal": k.get("signal"), "container": k.get("container")} for k in killed],
         "protected": result.get("protected") or [],
+        "spanning": _spanning(result),
         # Selected GPUs that read only the cross-GPU footprint of contexts on other GPUs (clean),
         # and the NVML clients (monitors, exporters) left running: they use no GPU memory.
         "footprint_gpus": [g.get("index") for g in after if g.get("cross_gpu_footprint")],
@@ -122,6 +142,8 @@ def free_gpus_outcome(result, host, expected_count=0, check_mode=False, require_
         did.append("disabled container%s %s" % ("" if len(outcome["disabled_containers"]) == 1 else "s", ", ".join(outcome["disabled_containers"])))
     if killed:
         did.append("killed %d process%s" % (len(killed), "" if len(killed) == 1 else "es"))
+    if outcome["spanning"]:
+        did.append("ended spanning %s (kill_spanning)" % _spanning_note(outcome["spanning"]))
     if outcome["footprint_gpus"]:
         did.append("%s at the cross-GPU footprint" % _footprint_note(outcome))
     if outcome["nvml_clients"]:
@@ -163,6 +185,8 @@ def _note(outcome):
     notes = []
     if outcome.get("footprint_gpus"):
         notes.append("%s: cross-GPU footprint" % _footprint_note(outcome))
+    if outcome.get("spanning"):
+        notes.append("spanning: %s" % _spanning_note(outcome["spanning"]))
     clients = outcome.get("nvml_clients") or []
     if clients:
         notes.append("%d NVML client%s kept" % (len(clients), "" if len(clients) == 1 else "s"))

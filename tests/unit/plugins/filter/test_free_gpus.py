@@ -160,3 +160,19 @@ def test_every_check_ran_says_nothing_more():
     after = [dict(gpu(0, 0), healthy=True, health_checked=True, health_unchecked=[])]
     outcome = free_gpus_outcome(release([gpu(0, 0)], after, changed=False, healthy=True, health_checked=True), "node01", 1, require_healthy=True)
     assert outcome["message"] == "node01: 1 GPU free (0 -> 0 MiB) in 0.41 s" and outcome["health_unchecked"] == []
+
+
+def test_spanning_holders_are_in_the_outcome_and_the_summary():
+    refused = {"failed": True, "msg": "refusing to free GPU 1: pid 700 python3 [python3 jax.py] (state S) uses GPUs 0,1; GPU 0 is "
+               "outside the selection", "selected_gpus": [1], "gpus": [], "spanning": [
+                   {"pid": 700, "name": "python3", "cmdline": "python3 jax.py", "unit": None, "container": None, "pids": [700],
+                    "gpu_indexes": [0, 1], "outside_gpus": [0]}]}
+    outcome = free_gpus_outcome(refused, "node1")
+    assert outcome["ok"] is False and outcome["spanning"][0]["outside_gpus"] == [0] and "uses GPUs 0,1" in outcome["message"]
+    ended = {"changed": True, "released": True, "selected_gpus": [1], "gpus": [{"index": 1, "memory_used_mib": 0, "clean": True}],
+             "gpus_before": [{"index": 1, "memory_used_mib": 60000}], "killed": [{"pid": 700, "name": "python3", "signal": "SIGTERM"}],
+             "spanning": [{"pid": None, "unit": "vllm.service", "gpu_indexes": [0, 1], "outside_gpus": [0]}], "elapsed_s": 0.3}
+    outcome = free_gpus_outcome(ended, "node2")
+    assert outcome["ok"] is True and "ended spanning vllm.service uses GPUs 0,1 (kill_spanning)" in outcome["message"]
+    lines = free_gpus_summary([outcome])
+    assert "spanning: vllm.service uses GPUs 0,1" in lines[1]
