@@ -160,15 +160,17 @@ def container_entries(result, at):
 
 def supervisor_entries(result, at):
     """Entries for supervisord programs (`supervisor:<glob>` in services), from the result keys
-    `stopped_programs` / `disabled_programs` when gpu_release has them: [{name, running,
-    autostart, autorestart}] or plain names. The hook for supervisor support (issue A2)."""
+    `stopped_programs` ({name, supervisor_pid, config, state_before}) and `disabled_programs`
+    (the same, and file, autostart_before, autorestart_before) of gpu_release's supervisor
+    support (module_utils/_supervisor.py), or plain names. The values before are kept for
+    gpu_restore."""
     entries = {}
     for name, action in (("stopped_programs", "stopped"), ("disabled_programs", "disabled")):
         for item in result.get(name) or []:
             item = item if isinstance(item, dict) else {"name": item}
             fresh = {"kind": "supervisor", "name": item.get("name"), "actions": [], "running": action == "stopped", "released_at": at}
             entry = entries.setdefault(item.get("name"), fresh)
-            for field in ("autostart", "autorestart", "config"):
+            for field in ("supervisor_pid", "config", "state_before", "file", "autostart_before", "autorestart_before"):
                 if field in item:
                     entry[field] = item[field]
             if action == "stopped":

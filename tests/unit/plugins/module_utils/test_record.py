@@ -140,3 +140,14 @@ def test_pending_describes_each_entry_for_the_audit(tmp_path):
     record_mod.add(path, unit_release(["vllm.service"], ["vllm.service"], before={"vllm.service": ACTIVE_ENABLED}), AT1)
     found = record_mod.pending(path)
     assert found["summary"] == ["vllm.service stopped, disabled by zeromib at %s" % AT1] and found["error"] is None
+
+
+def test_supervisor_programs_are_recorded_with_their_options_before():
+    # The keys of gpu_release's supervisor support (respawn's _supervisor.act).
+    result = {"stopped_programs": [{"name": "vllm", "supervisor_pid": 42, "config": "/etc/supervisor/supervisord.conf", "state_before": "RUNNING"}],
+              "disabled_programs": [{"name": "vllm", "supervisor_pid": 42, "config": "/etc/supervisor/supervisord.conf", "state_before": "RUNNING",
+                                     "file": "/etc/supervisor/conf.d/vllm.conf", "autostart_before": "true", "autorestart_before": None}]}
+    [entry] = record_mod.release_entries(result, {}, [], AT1)
+    assert (entry["kind"], entry["name"], entry["actions"], entry["running"]) == ("supervisor", "vllm", ["stopped", "disabled"], True)
+    assert (entry["file"], entry["autostart_before"], entry["autorestart_before"]) == ("/etc/supervisor/conf.d/vllm.conf", "true", None)
+    assert record_mod.describe(entry) == "supervisor program vllm stopped, disabled by zeromib at %s" % AT1
