@@ -326,8 +326,9 @@ def users_of(index, holders):
     return [h for h in holders if index in set(h.get("gpu_indexes") or []) | set(h.get("candidate_gpu_indexes") or [])]
 
 
-def skip_reason(gpu, holders, check_mode, max_used_mib):
-    """Why a GPU must not be tested now, or None."""
+def skip_reason(gpu, holders, check_mode, max_used_mib, footprint=()):
+    """Why a GPU must not be tested now, or None. `footprint`: indexes of GPUs that read only
+    the cross-GPU footprint of contexts on other GPUs (free)."""
     if check_mode:
         return "check mode: the smoke test runs CUDA work and runs only in a real run"
     if gpu.get("mig_mode") == "Enabled":
@@ -339,14 +340,14 @@ def skip_reason(gpu, holders, check_mode, max_used_mib):
     if users:
         return "in use by %s" % ", ".join("PID %s (%s)" % (h["pid"], h.get("name")) for h in users[:5])
     used = gpu.get("memory_used_mib")
-    if used is None or used > max_used_mib:
+    if (used is None or used > max_used_mib) and gpu["index"] not in footprint:
         return "not free: reads %s MiB (max_used_mib %d)" % (used, max_used_mib)
     return None
 
 
 def issues(gpus):
-    """'GPU 0 (00000000:18:00.0): smoke test failed: ...' for each failed GPU."""
-    return ["GPU %s (%s): smoke test failed: %s" % (g["index"], g.get("pci_bus_id"), g["smoke_test"]["error"])
+    """'GPU 0 (00000000:18:00.0): CUDA_ERROR_... (802) at cuCtxCreate: ...' for each failed GPU."""
+    return ["GPU %s (%s): %s" % (g["index"], g.get("pci_bus_id"), g["smoke_test"]["error"])
             for g in gpus if (g.get("smoke_test") or {}).get("ok") is False]
 
 
@@ -361,13 +362,14 @@ def verdict(gpus):
     return None
 
 
-def settle(tested, read_used, max_used_mib, window=SETTLE_S, interval=0.05, clock=time.monotonic, sleep=time.sleep):
-    """Poll memory until every tested GPU (index -> record) reads <= max_used_mib again, at most
-    `window` seconds; a GPU that does not fails its record. `read_used()` -> {index: MiB}."""
+def settle(tested, read_used, limits, window=SETTLE_S, interval=0.05, clock=time.monotonic, sleep=time.sleep):
+    """Poll memory until every tested GPU (index -> record) reads at most its limit (index ->
+    MiB) again, at most `window` seconds; a GPU that does not fails its record.
+    `read_used()` -> {index: MiB}."""
     deadline = clock() + window
     while True:
         used = read_used()
-        high = {i: used.get(i) for i in tested if used.get(i) is None or used[i] > max_used_mib}
+        high = {i: used.get(i) for i in tested if used.get(i) is None or used[i] > limits[i]}
         if not high or clock() >= deadline:
             break
         sleep(interval)
@@ -375,22 +377,24 @@ def settle(tested, read_used, max_used_mib, window=SETTLE_S, interval=0.05, cloc
         record["memory_used_mib_after"] = used.get(index)
         if index in high and record["ok"] is not False:
             record["ok"] = False
-            record["error"] = "the GPU reads %s MiB %s s after the smoke test (max_used_mib %d): the driver did not free its memory" % (
-                used.get(index), _seconds(window), max_used_mib)
+            record["error"] = "the GPU reads %s MiB %s s after the smoke test (at most %d expected): the driver did not free its memory" % (
+                used.get(index), _seconds(window), limits[index])
 
 
 def smoke_test(gpus, holders, mib, timeout, max_used_mib, read_used, check_mode=False, selected=None, held_fails=False,
-               runner=run_in_child):
+               footprint=(), runner=run_in_child):
     """Run the test on the `selected` indexes of `gpus` (all when None) -> (records by index, init_s).
 
     `holders`: a fresh attribution of who uses which GPU. With `held_fails` (gpu_release: the
-    GPUs were just proven free) a GPU found in use is a failure, else (gpu_facts) a skip."""
+    GPUs were just proven free) a GPU found in use is a failure, else (gpu_facts) a skip. A GPU
+    of `footprint` is free and must read no more than before afterwards; the others at most
+    `max_used_mib`."""
     records = {}
     to_test = []
     for gpu in gpus:
         if selected is not None and gpu["index"] not in selected:
             continue
-        reason = skip_reason(gpu, holders, check_mode, max_used_mib)
+        reason = skip_reason(gpu, holders, check_mode, max_used_mib, footprint)
         if reason and held_fails and reason.startswith(("in use", "not free")):
             records[gpu["index"]] = result(False, reason + " right before the smoke test: not tested")
         elif reason:
@@ -402,10 +406,80 @@ def smoke_test(gpus, holders, mib, timeout, max_used_mib, read_used, check_mode=
         by_bus, init_s = runner([g["pci_bus_id"] for g in to_test], mib, timeout)
         for gpu in to_test:
             records[gpu["index"]] = by_bus[gpu["pci_bus_id"]]
-        settle({g["index"]: records[g["index"]] for g in to_test}, read_used, max_used_mib)
+        limits = {g["index"]: max(max_used_mib, g.get("memory_used_mib") or 0) if g["index"] in footprint else max_used_mib
+                  for g in to_test}
+        settle({g["index"]: records[g["index"]] for g in to_test}, read_used, limits)
     return records, init_s
 
 
 def annotate(gpus, records):
     """GPU records with their `smoke_test` (None for a GPU not asked about)."""
     return [dict(g, smoke_test=records.get(g["index"])) for g in gpus]
+
+
+# --- the modules' entry points
+
+
+def summary(gpus, records=None, asked=True, seconds=None):
+    """The host-level keys: `smoke_test_passed` (see verdict; None when not asked),
+    `smoke_test_issues`, and `smoke_test_s` (the whole test's time, None when nothing ran)."""
+    if not asked:
+        return {"smoke_test_passed": None, "smoke_test_issues": []}
+    tested = annotate(gpus, records or {})
+    chosen = [g for g in tested if g.get("smoke_test")]
+    return {"smoke_test_passed": verdict(chosen), "smoke_test_issues": issues(chosen), "smoke_test_s": seconds}
+
+
+def _read_used(smi):
+    def read():
+        return {g["index"]: g.get("memory_used_mib") for g in smi.query_gpus()}
+    return read
+
+
+def after_release(smi, params, result, check_mode, look):
+    """gpu_release: test the selected GPUs once they are proven free. `look()` is a fresh
+    _facts.Snapshot: who holds what right before the test. Updates `result` in place."""
+    if not params.get("smoke_test"):
+        result.update(summary(result.get("gpus") or [], asked=False))
+        return result
+    selected = result.get("selected_gpus") or []
+    started = time.monotonic()
+    if check_mode:
+        records = {i: result_skipped(skip_reason({}, [], True, 0)) for i in selected}
+    elif not result.get("released"):
+        records = {i: result_skipped("not released: the smoke test runs only on GPUs proven free") for i in selected}
+    else:
+        snapshot = look()
+        records, _init_s = smoke_test(snapshot.gpus, snapshot.holders, params["smoke_test_mib"], params["timeout"],
+                                      params.get("max_used_mib") or 0, _read_used(smi), selected=selected, held_fails=True,
+                                      footprint=snapshot.footprint)
+    seconds = round(time.monotonic() - started, 3) if not check_mode and result.get("released") else None
+    result["gpus"] = annotate(result.get("gpus") or [], records)
+    result.update(summary(result["gpus"], records, seconds=seconds))
+    if seconds is not None and isinstance(result.get("timings"), dict):
+        result["timings"]["smoke_test_s"] = seconds
+    return result
+
+
+def for_facts(smi, params, facts, snapshot, check_mode):
+    """gpu_facts: test the GPUs that are free now (read-only otherwise: a GPU in use, or any
+    GPU in check mode, is skipped with the reason). Updates `facts` in place."""
+    if not params.get("smoke_test") or facts.get("error"):
+        facts.update(summary(facts.get("gpus") or [], asked=False))
+        return facts
+    started = time.monotonic()
+    if not params.get("processes", True):
+        records = {g["index"]: result_skipped("holders not read (processes: false): the smoke test needs to know the GPU is free")
+                   for g in facts["gpus"]}
+    else:
+        records, _init_s = smoke_test(facts["gpus"], snapshot.holders, params["smoke_test_mib"], params["timeout"],
+                                      params.get("max_used_mib") or 0, _read_used(smi), check_mode=check_mode,
+                                      footprint=snapshot.footprint)
+    ran = any(r.get("skipped") is None for r in records.values())
+    facts["gpus"] = annotate(facts["gpus"], records)
+    facts.update(summary(facts["gpus"], records, seconds=round(time.monotonic() - started, 3) if ran else None))
+    return facts
+
+
+def result_skipped(reason):
+    return result(None, skipped=reason)

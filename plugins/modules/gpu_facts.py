@@ -34,6 +34,7 @@ extends_documentation_fragment:
   - ansible.builtin.action_common_attributes.facts
   - zeromib.gpu.nvidia_smi
   - zeromib.gpu.health
+  - zeromib.gpu.smoke_test
 attributes:
   check_mode:
     support: full
@@ -267,6 +268,7 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _cuda_smoke
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import NvidiaSmi, NvidiaSmiError
@@ -286,10 +288,12 @@ ARGUMENT_SPEC = dict(
     expected_mig_mode=dict(type="str", choices=["enabled", "disabled"]),
     xid_window_hours=dict(type="float", default=24),
     dcgm_diag=dict(type="int", default=0, choices=[0, 1, 2, 3, 4]),
+    smoke_test=dict(type="bool", default=False),
+    smoke_test_mib=dict(type="int", default=1024),
 )
 
 
-def gather(params, which=None):
+def gather(params, which=None, check_mode=False):
     """Options -> (the ansible_facts.gpu dict, a warning or None). Raises NvidiaSmiError.
     `which(name)` finds dcgmi (None: not installed)."""
     smi = NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), params["timeout"])
@@ -300,6 +304,7 @@ def gather(params, which=None):
         snapshot.gpus, snapshot.apps, snapshot.holders, params["max_used_mib"], params["processes"], _facts.cuda_driver_version(),
         snapshot.footprint, snapshot.health, dcgm,
     )
+    _cuda_smoke.for_facts(smi, params, facts, snapshot, check_mode)
     return facts, _facts.unreadable_warning(snapshot.unreadable)
 
 
@@ -312,12 +317,15 @@ def main():
             module.fail_json(msg="%s must be 0 or more, got %s" % (name, module.params[name]))
     if module.params["cross_gpu_footprint_mib"] < 0:
         module.fail_json(msg="cross_gpu_footprint_mib must be 0 or more, got %s" % module.params["cross_gpu_footprint_mib"])
+    if module.params["smoke_test_mib"] < 0:
+        module.fail_json(msg="smoke_test_mib must be 0 or more, got %s" % module.params["smoke_test_mib"])
     try:
-        facts, warning = gather(module.params, module.get_bin_path)
+        facts, warning = gather(module.params, module.get_bin_path, module.check_mode)
     except NvidiaSmiError as exc:
         if module.params["fail_on_error"]:
             module.fail_json(**exc.details())
         facts, warning = _facts.failed_facts(exc.msg), None
+        facts.update(_cuda_smoke.summary([], asked=False))
     if warning:
         module.warn(warning)
     module.exit_json(changed=False, ansible_facts={"gpu": facts})

@@ -38,6 +38,7 @@ extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - zeromib.gpu.nvidia_smi
   - zeromib.gpu.health
+  - zeromib.gpu.smoke_test
 attributes:
   check_mode:
     support: full
@@ -365,6 +366,7 @@ import re
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _cuda_smoke
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import NvidiaSmi, NvidiaSmiError
@@ -392,6 +394,8 @@ ARGUMENT_SPEC = dict(
     expected_mig_mode=dict(type="str", choices=["enabled", "disabled"]),
     xid_window_hours=dict(type="float", default=24),
     dcgm_diag=dict(type="int", default=0, choices=[0, 1, 2, 3, 4]),
+    smoke_test=dict(type="bool", default=False),
+    smoke_test_mib=dict(type="int", default=1024),
 )
 
 
@@ -405,6 +409,8 @@ def checked_params(params):
     for name in ("max_used_mib", "cross_gpu_footprint_mib", "min_pcie_gen", "min_pcie_width", "xid_window_hours"):
         if params[name] < 0:
             raise ValueError("%s must be 0 or more, got %s" % (name, params[name]))
+    if params["smoke_test_mib"] < 0:
+        raise ValueError("smoke_test_mib must be 0 or more, got %s" % params["smoke_test_mib"])
     regexes = []
     for pattern in params["match"]:
         try:
@@ -428,6 +434,9 @@ def main():
             # The diagnostic runs work on the GPUs: only once they are free.
             dcgm = _health.dcgm_diag(params["dcgm_diag"], module.get_bin_path)
             result.update(_facts.health_summary(result["gpus"], release.health, dcgm))
+        # Last: CUDA work on GPUs proven free, after a fresh look at who holds them.
+        _cuda_smoke.after_release(smi, params, result, module.check_mode, lambda: _facts.look(
+            smi, params["protect"], max_used_mib=params["max_used_mib"], footprint_mib=params["cross_gpu_footprint_mib"]))
     except NvidiaSmiError as exc:
         module.fail_json(**exc.details())
     except ReleaseError as exc:
