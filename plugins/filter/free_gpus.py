@@ -135,7 +135,8 @@ def free_gpus_outcome(result, host, expected_count=0, check_mode=False, require_
         did.append("killed %d process%s" % (len(killed), "" if len(killed) == 1 else "es"))
     if outcome["footprint_gpus"]:
         did.append("%s at the cross-GPU footprint" % _footprint_note(outcome))
-    did.extend(_smoke_notes(after))
+    outcome["smoke_test_notes"] = _smoke_notes(after)
+    did.extend(outcome["smoke_test_notes"])
     if outcome["nvml_clients"]:
         did.append("%d NVML client%s left running" % (len(outcome["nvml_clients"]), "" if len(outcome["nvml_clients"]) == 1 else "s"))
     changed = bool(result.get("changed"))
@@ -178,6 +179,7 @@ def _note(outcome):
     clients = outcome.get("nvml_clients") or []
     if clients:
         notes.append("%d NVML client%s kept" % (len(clients), "" if len(clients) == 1 else "s"))
+    notes.extend(outcome.get("smoke_test_notes") or [])
     return "; ".join(notes)
 
 
