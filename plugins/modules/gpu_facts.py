@@ -26,7 +26,8 @@ description:
     or failed row remaps (retired pages before Ampere), a PCIe link below its generation or width, hardware or thermal
     slowdown, persistence mode, MIG mode, and critical Xid errors of the GPU in the kernel log. The readings come from the same
     C(nvidia-smi --query-gpu) call; see the collection's C(docs/health.md).
-  - Returns the result as the fact C(ansible_facts.gpu). Changes nothing.
+  - Returns the result as the fact C(ansible_facts.gpu). Changes nothing (the optional O(smoke_test) allocates and frees GPU memory
+    on free GPUs only, and never in check mode).
 author:
   - zeromib.gpu contributors (@zeromib)
 extends_documentation_fragment:
@@ -170,9 +171,27 @@ ansible_facts:
           sample:
             kernel_log: {source: journalctl, error: null, window_hours: 24, elapsed_s: 0.012}
             dcgm_diag: null
+        smoke_test_passed:
+          description:
+            - With O(smoke_test), V(true) when every GPU passed the CUDA smoke test, V(false) when one failed, V(null) when some GPU
+              was not tested (in use, MIG mode, check mode) - a skipped test is never reported as passed. V(null) when not asked.
+          type: bool
+          returned: always
+        smoke_test_issues:
+          description: "Each GPU that failed the smoke test as C(GPU <index> (<bus id>): <error>)."
+          type: list
+          elements: str
+          returned: always
+          sample: ["GPU 0 (00000000:18:00.0): CUDA_ERROR_SYSTEM_NOT_READY (802) at cuCtxCreate: system not yet initialized"]
+        smoke_test_s:
+          description: Seconds the smoke test took (a test process for all GPUs, the memory read after it); V(null) when none ran.
+          type: float
+          returned: when O(smoke_test=true)
         gpus:
           description:
             - One entry per GPU. V([N/A]) and other bracketed values read as V(null).
+            - With O(smoke_test), C(smoke_test) - C(ok) (V(null) when not tested), C(error), C(seconds), C(mib), C(skipped) (why not
+              tested - in use by a process, MIG mode, check mode) and C(memory_used_mib_after); V(null) without O(smoke_test).
             - C(healthy) is V(false) when C(health_issues) (plain sentences) is not empty; C(health_checked) is V(false) when a check
               could not be made (C(health.unchecked) says which).
             - C(health) holds the readings - C(ecc_uncorrected_volatile), C(remapped_rows_pending), C(remapped_rows_failure),

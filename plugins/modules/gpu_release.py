@@ -318,10 +318,27 @@ gpus_before:
   elements: dict
   returned: always
 gpus:
-  description: Per-GPU state at the end, shaped like the C(gpus) of M(zeromib.gpu.gpu_facts).
+  description:
+    - Per-GPU state at the end, shaped like the C(gpus) of M(zeromib.gpu.gpu_facts).
+    - With O(smoke_test), each selected GPU also has C(smoke_test) - C(ok) (V(null) when not tested), C(error) (the CUDA error by name
+      and number and the call, or why the GPU failed), C(seconds) (context creation to destruction), C(mib) (allocated and written),
+      C(skipped) (why not tested - check mode, MIG mode, not released) and C(memory_used_mib_after) (read by C(nvidia-smi) after it).
   type: list
   elements: dict
   returned: always
+smoke_test_passed:
+  description:
+    - V(true) when O(smoke_test) ran and every selected GPU passed; V(false) when one failed (a CUDA error, a hung call, memory
+      not freed after it, or a GPU found in use right before it); V(null) when not asked, in check mode, or when a GPU was skipped
+      (MIG mode). Does not change RV(released); the P(zeromib.gpu.free_gpus#role) role fails on V(false).
+  type: bool
+  returned: always
+smoke_test_issues:
+  description: "Each failed GPU as C(GPU <index> (<bus id>): <error>)."
+  type: list
+  elements: str
+  returned: always
+  sample: ["GPU 3 (00000000:5D:00.0): CUDA_ERROR_SYSTEM_NOT_READY (802) at cuCtxCreate: system not yet initialized"]
 holders:
   description: Holders left at the end, protected ones included, shaped like the C(holders) of M(zeromib.gpu.gpu_facts).
   type: list
@@ -357,6 +374,7 @@ timings:
   description:
     - Seconds spent stopping units and containers (C(stop_s)), signalling processes (C(kill_s)), waiting for memory to read free
       (C(wait_s)), and watching for a respawn (C(settle_s), 0 when nothing could respawn).
+    - C(smoke_test_s) - the CUDA smoke test (a fresh look, the test process, the memory read after it), only when it ran.
   type: dict
   returned: always
   sample: {look_s: 0.05, plan_s: 0.0, stop_s: 0.0, kill_s: 0.15, wait_s: 0.12, settle_s: 0.0}

@@ -170,3 +170,27 @@ def test_smoke_test_mib_below_zero_is_refused(h200x2):
 def test_fake_libcuda_is_only_inside_the_host(h200x2):
     assert not os.path.exists("/usr/lib/x86_64-linux-gnu/libcuda.so.1") or os.path.realpath(
         "/usr/lib/x86_64-linux-gnu/libcuda.so.1") != os.path.realpath(fake_libcuda.build())
+
+
+def test_the_audit_shows_each_gpus_last_smoke_test(h200x2):
+    import json
+
+    from ansible_in_ns import COLLECTIONS, REPO, VENV_BIN
+
+    configure(h200x2, fail={"cuMemAlloc": 2})
+    out = os.path.join(h200x2.dir, "audit")
+    cmd = [os.path.join(VENV_BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local", os.path.join(REPO, "playbooks", "audit_gpus.yml"),
+           "-e", "ansible_python_interpreter=/usr/bin/python3", "-e", json.dumps({"gpu_audit_smoke_test": True, "gpu_audit_report_dir": out})]
+    env = {"ANSIBLE_COLLECTIONS_PATH": COLLECTIONS, "HOME": "/root", "ANSIBLE_NOCOLOR": "1", "ANSIBLE_LOCALHOST_WARNING": "False",
+           "ANSIBLE_DEPRECATION_WARNINGS": "False"}
+    proc = h200x2.run(cmd, env=env, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(os.path.join(out, "report.json")) as handle:
+        gpus = json.load(handle)["hosts"][0]["gpus"]
+    assert [g["smoke_test"]["result"] for g in gpus] == ["FAILED", "FAILED"]
+    with open(os.path.join(out, "report.md")) as handle:
+        markdown = handle.read()
+    assert "## CUDA smoke test" in markdown
+    assert "| localhost | 0 | %s | FAILED |" % BUS[0] in markdown and "CUDA_ERROR_OUT_OF_MEMORY (2) at cuMemAlloc" in markdown
+    with open(os.path.join(out, "report.html")) as handle:
+        assert "CUDA smoke test: FAILED: CUDA_ERROR_OUT_OF_MEMORY (2) at cuMemAlloc" in handle.read()

@@ -288,3 +288,16 @@ def test_a_passed_smoke_test_is_said_and_a_skipped_gpu_named():
     outcome = free_gpus_outcome(result, "node01", require_healthy=True)
     assert outcome["ok"] and "smoke test passed on 1 GPU (1024 MiB, 0.2 s)" in outcome["message"]
     assert "smoke test skipped on GPU 1: MIG" in outcome["message"]
+
+
+# --- the audit
+
+
+def test_the_audit_model_carries_each_gpus_last_smoke_test():
+    from ansible_collections.zeromib.gpu.plugins.filter.gpu_audit_model import gpu_audit_model
+
+    gpus = [dict(g, memory_used_mib=0, memory_total_mib=143771, clean=True) for g in records(True, False, None)]
+    gpus.append({"index": 3, "pci_bus_id": "b3", "memory_used_mib": 0, "memory_total_mib": 143771, "clean": True})
+    facts = {"count": 4, "clean": True, "memory_used_mib": 0, "error": None, "gpus": gpus, "processes": [], "holders": []}
+    model = gpu_audit_model([{"host": "node01", "status": "ok", "gpu": facts}], 0.0)
+    assert [(g["smoke_test"] or {}).get("result") for g in model["hosts"][0]["gpus"]] == ["passed", "FAILED", "skipped", None]
