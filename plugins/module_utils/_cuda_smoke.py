@@ -31,6 +31,11 @@ import select
 import signal
 import time
 
+try:
+    from typing import Any, Callable, Dict, List, Optional, Tuple  # noqa: F401 (type comments)
+except ImportError:  # pragma: no cover
+    pass
+
 LIBRARY = "libcuda.so.1"
 MIB = 1 << 20
 # At most this share of the GPU's free memory is allocated, whatever smoke_test_mib asks: the
@@ -59,7 +64,7 @@ class CudaError(Exception):
 
 
 def error_text(call, code, name=None, description=None):
-    # type: (str, int, str | None, str | None) -> str
+    # type: (str, int, Optional[str], Optional[str]) -> str
     """'CUDA_ERROR_SYSTEM_NOT_READY (802) at cuCtxCreate: system not yet initialized'."""
     text = "%s (%d) at %s" % (name or "CUDA error", code, call)
     return text + (": " + description if description else "")
@@ -132,6 +137,7 @@ class Driver(object):
 
 
 def test_gpu(driver, bus_id, mib, progress=lambda step: None, clock=time.monotonic):
+    # type: (Any, str, int, Callable[[str], None], Callable[[], float]) -> Dict[str, Any]
     """One GPU's test on an initialized driver -> {ok, error, seconds, mib}. What was created is
     torn down also on a failure (a context left behind would keep the GPU's memory)."""
     started = clock()
@@ -166,6 +172,7 @@ def test_gpu(driver, bus_id, mib, progress=lambda step: None, clock=time.monoton
 
 
 def result(ok, error=None, seconds=None, mib=None, skipped=None):
+    # type: (Optional[bool], Optional[str], Optional[float], Optional[int], Optional[str]) -> Dict[str, Any]
     """A GPU's `smoke_test` record. `ok` is None for a GPU not tested (then `skipped` says why)."""
     return {"ok": ok, "error": error, "seconds": None if seconds is None else round(seconds, 3), "mib": mib, "skipped": skipped}
 
@@ -235,13 +242,22 @@ def _reap(pid, timeout):
 
 
 def run_in_child(bus_ids, mib, timeout, library=LIBRARY, driver_factory=Driver):
+    # type: (List[str], int, float, str, Callable[[str], Any]) -> Tuple[Dict[str, Dict[str, Any]], Optional[float]]
     """Test each GPU (bus ids, in order) in one forked child -> ({bus id: result}, init_s).
 
     `timeout` bounds cuInit, and each GPU's test on its own. A GPU whose test outlasts it fails
     naming the call that hung; the child is killed as a process group and the GPUs after it are
     not reached (ok None, skipped says why)."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
+    try:
+        read_fd, write_fd = os.pipe()
+    except OSError as exc:
+        return {b: result(False, "cannot start the test process: %s" % exc) for b in bus_ids}, None
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        os.close(read_fd)
+        os.close(write_fd)
+        return {b: result(False, "cannot start the test process: %s" % exc) for b in bus_ids}, None
     if pid == 0:
         os.close(read_fd)
         try:
@@ -327,6 +343,7 @@ def users_of(index, holders):
 
 
 def skip_reason(gpu, holders, check_mode, max_used_mib, footprint=()):
+    # type: (Dict[str, Any], List[Dict[str, Any]], bool, int, Any) -> Optional[str]
     """Why a GPU must not be tested now, or None. `footprint`: indexes of GPUs that read only
     the cross-GPU footprint of contexts on other GPUs (free)."""
     if check_mode:
@@ -346,12 +363,14 @@ def skip_reason(gpu, holders, check_mode, max_used_mib, footprint=()):
 
 
 def issues(gpus):
+    # type: (List[Dict[str, Any]]) -> List[str]
     """'GPU 0 (00000000:18:00.0): CUDA_ERROR_... (802) at cuCtxCreate: ...' for each failed GPU."""
     return ["GPU %s (%s): %s" % (g["index"], g.get("pci_bus_id"), g["smoke_test"]["error"])
             for g in gpus if (g.get("smoke_test") or {}).get("ok") is False]
 
 
 def verdict(gpus):
+    # type: (List[Dict[str, Any]]) -> Optional[bool]
     """Host-level: False when a GPU failed; True when every GPU asked for passed; None when none
     was tested or some were skipped (a skipped test is never reported as passed)."""
     records = [g["smoke_test"] for g in gpus if g.get("smoke_test")]

@@ -530,7 +530,7 @@ class Run(object):
                 % (os.path.join(self.tmp, "collections"), mib))
         rows = self.smi("--query-gpu=index,pci.bus_id", "--format=csv,noheader")[1].strip()
         runs = []
-        for _ in range(repeat):
+        for _run in range(repeat):
             proc = subprocess.run([sys.executable, "-c", code, rows], capture_output=True, text=True, check=False)
             runs.append(json.loads(proc.stdout) if proc.returncode == 0 else {"error": proc.stderr[-2000:]})
             runs[-1]["used_after"] = self.used_all()
