@@ -7,7 +7,6 @@ proves what ran, on which bus id, and that check mode ran nothing. The host find
 driver's packages put libcuda (the multiarch lib dir, inside the host's overlay).
 """
 import os
-import time
 
 import pytest
 
@@ -96,17 +95,19 @@ def test_each_failing_cuda_call_fails_the_gate_naming_gpu_and_error(h200x2, call
 
 def test_a_hung_call_fails_within_the_timeout_and_its_process_is_killed(h200x2):
     configure(h200x2, hang=["cuCtxSynchronize"])
-    started = time.monotonic()
     outcome = run_role(h200x2, {"free_gpus_smoke_test": True, "free_gpus_timeout": 2})
-    took = time.monotonic() - started
     assert outcome["failed"], outcome
     assert "GPU 0 (%s): timed out after 2 s in cuCtxSynchronize" % BUS[0] in outcome["msg"], outcome["msg"]
     assert "a hung CUDA call is a failure" in outcome["msg"]
-    assert took < 2 + 15, took  # the timeout plus Ansible's own start-up
     hung = {int(pid) for pid, call, _arg in fake_libcuda.calls(h200x2.root.state) if call == "cuCtxSynchronize"}
     assert hung and not any(h200x2.alive(pid) for pid in hung), hung
     # GPU 1 was not reached: not tested, never reported as passed.
     assert [arg for call, arg in cuda_calls(h200x2) if call == "cuDeviceGetByPCIBusId"] == [BUS[0]]
+    # The module's own clock (Ansible's start-up on a loaded 2-core machine is not the bound):
+    # the timeout, the kill, the memory read after it.
+    fake_libcuda.clear_log(h200x2.root.state)
+    release = run_module(h200x2, "gpu_release", {"smoke_test": True, "timeout": 2})
+    assert release["smoke_test_passed"] is False and 2 <= release["timings"]["smoke_test_s"] < 2 + 3, release["timings"]
 
 
 def test_check_mode_never_runs_it(h200x2):
