@@ -244,7 +244,7 @@ def test_report_json_counts_every_kind_of_host(fleet_report):
         "gpus_total": 8 * 26 + 4, "gpus_clean": 8 * 26 + 4 - 16, "gpus_dirty": 16,
         "memory_used_mib": report["summary"]["memory_used_mib"], "memory_total_mib": 26 * 8 * H200_TOTAL + 4 * L40S_TOTAL,
         "holders": 8 + 1 + 1 + 1 + 1, "nvml_clients": 2 + 1,
-        "hosts_unhealthy": 1, "gpus_unhealthy": 1,
+        "hosts_unhealthy": 1, "gpus_unhealthy": 1, "hosts_health_unchecked": 0, "gpus_health_unchecked": 0,
     }
     status = {h["host"]: h["status"] for h in report["hosts"]}
     node09 = next(h for h in report["hosts"] if h["host"] == "gpu-node09")
@@ -253,7 +253,10 @@ def test_report_json_counts_every_kind_of_host(fleet_report):
         "gpu-node03", "gpu-node07", "gpu-node11", "gpu-node14", "gpu-node21", "gpu-node24", "gpu-node26", "gpu-node29"]
     assert status["gpu-node18"] == "clean", "the MIG host's 55 MiB baseline is under its max_used_mib"
     findings = report["findings"]
-    assert [a["host"] for a in findings["attention"]] == [h for h, s in status.items() if s != "clean"]
+    # Hosts that need attention: every host that is not clean, and the unhealthy one whose memory is clean.
+    assert [a["host"] for a in findings["attention"]] == sorted([h for h, s in status.items() if s != "clean"] + ["gpu-node09"])
+    node09_attention = next(a for a in findings["attention"] if a["host"] == "gpu-node09")
+    assert node09_attention["status"] == "clean" and node09_attention["health"].startswith("GPU 5 (00000000:68:00.0): 1 uncorrectable")
     assert {(g["host"], g["index"]) for g in findings["dirty_gpus"]} >= {("gpu-node07", 0), ("gpu-node07", 1), ("gpu-node11", 3), ("gpu-node21", 6)}
     assert [p["pid"] for p in findings["stale_processes"]] == [9120]
     assert report["queries"] == {"busiest_gpu": ["gpu-node03", 7]}
@@ -458,6 +461,7 @@ def _stand_in_collection(tmp_path):
         (coll / name).symlink_to(REPO / name)
     (coll / "plugins" / "filter").symlink_to(REPO / "plugins" / "filter")
     (coll / "plugins" / "plugin_utils").symlink_to(REPO / "plugins" / "plugin_utils")
+    (coll / "plugins" / "action").symlink_to(REPO / "plugins" / "action")
     (coll / "plugins" / "modules" / "gpu_facts.py").write_text(STAND_IN)
     return root
 

@@ -1,0 +1,187 @@
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Benchmark of the audit report at fleet scale (issue 26): wall time and controller memory.
+
+    .venv/bin/python benchmarks/audit_report.py                       # after: 100, 1000, 4000 hosts
+    .venv/bin/python benchmarks/audit_report.py --before --hosts 100,1000
+    .venv/bin/python benchmarks/audit_report.py --summary 1000        # free_gpus.yml's summary task
+
+Each contender is what a user runs: `ansible-playbook` of a localhost play that imports
+playbooks/tasks/audit_report.yml, fed with the saved results of N hosts (the 30-host mixed fleet of
+tests/integration/test_audit_report.py, repeated under new names). "before" runs the task file of
+BEFORE_REV from a `git archive` (set_fact of the model, JMESPath through the templar, copy/template
+of every file); "after" runs this checkout's (the zeromib.gpu.gpu_audit_report action plugin). The
+input goes in as `-e @hosts_data.json` for both: Ansible's own loading of it is part of the time.
+
+Memory is the largest resident set of any process of the run (getrusage of the children: the
+ansible-playbook parent and its forked worker, which runs the report). Not a timed test: a
+benchmark, printed as a Markdown table (docs/benchmarks.md quotes it).
+"""
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tests", "integration"))
+from test_audit_report import build_fleet  # noqa: E402  (the fleet the report tests use)
+
+VENV = os.path.join(REPO, ".venv", "bin")
+# Landed main before issue 26: the task-file report.
+BEFORE_REV = "7476bfa"
+
+
+def fleet(count):
+    """`count` host records: the 30-host sample fleet repeated, every host renamed (rackNN-...)."""
+    base = build_fleet()
+    hosts = []
+    rack = 0
+    while len(hosts) < count:
+        for record in base:
+            if len(hosts) == count:
+                break
+            copy = json.loads(json.dumps(record))
+            copy["host"] = "rack%03d-%s" % (rack, record["host"])
+            hosts.append(copy)
+        rack += 1
+    return hosts
+
+
+def collection(rev, where):
+    """A collections path whose zeromib.gpu is `rev` (None: this checkout)."""
+    root = os.path.join(where, "collections")
+    target = os.path.join(root, "ansible_collections", "zeromib", "gpu")
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    if rev is None:
+        os.symlink(REPO, target)
+    else:
+        os.makedirs(target)
+        archive = subprocess.run(["git", "-C", REPO, "archive", rev], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", target], input=archive, check=True)
+    return root, target
+
+
+PLAY = """\
+- name: Write a GPU audit report from saved per-host results
+  hosts: localhost
+  gather_facts: false
+  connection: local
+  tasks:
+    - name: Build, query and write the report
+      ansible.builtin.import_tasks: %s
+"""
+
+
+def run_report(rev, count, where):
+    root, target = collection(rev, where)
+    data = os.path.join(where, "hosts_data.json")
+    with open(data, "w") as handle:
+        json.dump({"gpu_audit_hosts_data": fleet(count)}, handle)
+    play = os.path.join(where, "report.yml")
+    with open(play, "w") as handle:
+        handle.write(PLAY % os.path.join(target, "playbooks", "tasks", "audit_report.yml"))
+    out = os.path.join(where, "out")
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=root, ANSIBLE_LOCALHOST_WARNING="false",
+               ANSIBLE_INVENTORY_UNPARSED_WARNING="false", ANSIBLE_NOCOLOR="1",
+               ANSIBLE_PYTHON_INTERPRETER=sys.executable)
+    env.pop("ANSIBLE_CONFIG", None)
+    return _timed([os.path.join(VENV, "ansible-playbook"), play, "-e", "@" + data, "-e", "gpu_audit_report_dir=" + out],
+                  env, where, out)
+
+
+def _timed(argv, env, cwd, out=None):
+    """(wall s, max RSS MiB of any process of the run, file sizes) of one run in a child."""
+    code = textwrap.dedent("""\
+        import json, resource, subprocess, sys, time
+        argv, cwd = json.loads(sys.argv[1]), sys.argv[2]
+        start = time.monotonic()
+        proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
+        wall = time.monotonic() - start
+        rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0
+        print(json.dumps({"rc": proc.returncode, "wall": wall, "rss": rss, "tail": (proc.stdout + proc.stderr)[-3000:]}))
+        """)
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(argv), cwd], env=env, capture_output=True, text=True, check=True)
+    result = json.loads(proc.stdout)
+    if result["rc"] != 0:
+        raise SystemExit("run failed (rc %s):\n%s" % (result["rc"], result["tail"]))
+    sizes = {}
+    if out:
+        for name in ("report.json", "report.html", "report.md", "gpu_audit.prom"):
+            sizes[name] = os.path.getsize(os.path.join(out, name)) / 1e6
+    return result["wall"], result["rss"], sizes
+
+
+SUMMARY_PLAY = """\
+- name: The fleet summary of free_gpus.yml over saved per-host results
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Every host has its free_gpus_result (as the role leaves it)
+      ansible.builtin.set_fact:
+        free_gpus_result: "{{ saved_results[inventory_hostname] }}"
+%s
+"""
+
+
+def run_summary(count, where):
+    """free_gpus.yml's summary task (copied from the playbook) over `count` hosts' saved results."""
+    import yaml
+
+    root, dummy = collection(None, where)
+    with open(os.path.join(REPO, "playbooks", "free_gpus.yml")) as handle:
+        play = yaml.safe_load(handle)[0]
+    summary = next(t for t in play["tasks"] if t.get("name", "").startswith("Fleet summary"))
+    outcome = {"host": None, "status": "freed", "message": "8 GPUs free", "gpus": 8, "before_mib": 1028316, "after_mib": 0,
+               "stopped_units": ["vllm.service"], "killed": [], "healthy": True, "health_issues": []}
+    results = {"node%04d" % n: dict(outcome, host="node%04d" % n) for n in range(count)}
+    with open(os.path.join(where, "results.json"), "w") as handle:
+        json.dump({"saved_results": results}, handle)
+    with open(os.path.join(where, "inventory.json"), "w") as handle:
+        json.dump({"all": {"hosts": {h: {"ansible_connection": "local"} for h in results}}}, handle)
+    with open(os.path.join(where, "summary.yml"), "w") as handle:
+        handle.write(SUMMARY_PLAY % textwrap.indent(yaml.safe_dump([summary], sort_keys=False), "    "))
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=root, ANSIBLE_NOCOLOR="1", ANSIBLE_PYTHON_INTERPRETER=sys.executable)
+    env.pop("ANSIBLE_CONFIG", None)
+    argv = [os.path.join(VENV, "ansible-playbook"), "-i", os.path.join(where, "inventory.json"), "-e",
+            "@" + os.path.join(where, "results.json"), os.path.join(where, "summary.yml"), "-f", "8"]
+    whole = _timed(argv, env, where)
+    # The same play without the summary task: the difference is the summary's own cost.
+    with open(os.path.join(where, "summary.yml"), "w") as handle:
+        handle.write(SUMMARY_PLAY % "")
+    bare = _timed(argv, env, where)
+    return whole, bare
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hosts", default="100,1000,4000")
+    parser.add_argument("--before", action="store_true", help="run the task file of %s instead of this checkout's" % BEFORE_REV)
+    parser.add_argument("--summary", type=int, metavar="N", help="time free_gpus.yml's summary task at N hosts instead")
+    args = parser.parse_args()
+    print("<!-- %s, %s, %d CPUs, %s -->" % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), platform.node(),
+                                            os.cpu_count(), " ".join(sys.argv)))
+    if args.summary:
+        with tempfile.TemporaryDirectory(prefix="zeromib-bench-") as where:
+            (wall, rss, dummy), (bare, bare_rss, dummy) = run_summary(args.summary, where)
+        print("| free_gpus.yml summary, %d hosts | %.1f s (play without it: %.1f s) | %.0f MiB |" % (args.summary, wall, bare, rss))
+        return
+    print("| contender | hosts | wall | controller max RSS | report.json | report.html | report.md | gpu_audit.prom |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for count in [int(n) for n in args.hosts.split(",")]:
+        with tempfile.TemporaryDirectory(prefix="zeromib-bench-") as where:
+            wall, rss, sizes = run_report(BEFORE_REV if args.before else None, count, where)
+        print("| %s | %s | %.1f s | %.0f MiB | %.1f MB | %.1f MB | %.1f MB | %.1f MB |" % (
+            "before (%s, task file)" % BEFORE_REV if args.before else "after (gpu_audit_report)", "{:,}".format(count), wall, rss,
+            sizes["report.json"], sizes["report.html"], sizes["report.md"], sizes["gpu_audit.prom"]), flush=True)
+
+
+if __name__ == "__main__":
+    resource.setrlimit(resource.RLIMIT_NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE))
+    main()
