@@ -79,11 +79,17 @@ PLAY = """\
 """
 
 
-def run_report(rev, count, where):
+def run_report(rev, count, where, from_part=False):
+    """from_part: the hosts' data in a part file (gpu_audit_parts, as audit_merge.yml reads the
+    slices' parts) instead of an extra var that Ansible parses and tags first."""
     root, target = collection(rev, where)
     data = os.path.join(where, "hosts_data.json")
     with open(data, "w") as handle:
-        json.dump({"gpu_audit_hosts_data": fleet(count)}, handle)
+        if from_part:
+            json.dump({"format": "zeromib.gpu audit part", "version": 1, "generated_epoch": time.time(), "expected_hosts": [],
+                       "hosts_data": fleet(count)}, handle)
+        else:
+            json.dump({"gpu_audit_hosts_data": fleet(count)}, handle)
     play = os.path.join(where, "report.yml")
     with open(play, "w") as handle:
         handle.write(PLAY % os.path.join(target, "playbooks", "tasks", "audit_report.yml"))
@@ -92,8 +98,8 @@ def run_report(rev, count, where):
                ANSIBLE_INVENTORY_UNPARSED_WARNING="false", ANSIBLE_NOCOLOR="1",
                ANSIBLE_PYTHON_INTERPRETER=sys.executable)
     env.pop("ANSIBLE_CONFIG", None)
-    return _timed([os.path.join(VENV, "ansible-playbook"), play, "-e", "@" + data, "-e", "gpu_audit_report_dir=" + out],
-                  env, where, out)
+    given = ["-e", json.dumps({"gpu_audit_parts": [data]})] if from_part else ["-e", "@" + data]
+    return _timed([os.path.join(VENV, "ansible-playbook"), play, *given, "-e", "gpu_audit_report_dir=" + out], env, where, out)
 
 
 def _timed(argv, env, cwd, out=None):
@@ -163,6 +169,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", default="100,1000,4000")
     parser.add_argument("--before", action="store_true", help="run the task file of %s instead of this checkout's" % BEFORE_REV)
+    parser.add_argument("--part", action="store_true", help="after: feed the hosts' data as a part file (gpu_audit_parts)")
     parser.add_argument("--summary", type=int, metavar="N", help="time free_gpus.yml's summary task at N hosts instead")
     args = parser.parse_args()
     print("<!-- %s, %s, %d CPUs, %s -->" % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), platform.node(),
@@ -172,14 +179,18 @@ def main():
             (wall, rss, dummy), (bare, bare_rss, dummy) = run_summary(args.summary, where)
         print("| free_gpus.yml summary, %d hosts | %.1f s (play without it: %.1f s) | %.0f MiB |" % (args.summary, wall, bare, rss))
         return
-    print("| contender | hosts | wall | controller max RSS | report.json | report.html | report.md | gpu_audit.prom |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| contender | hosts | wall | controller max RSS | report.json | report.html | report.md | gpu_audit.prom | load avg |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for count in [int(n) for n in args.hosts.split(",")]:
         with tempfile.TemporaryDirectory(prefix="zeromib-bench-") as where:
-            wall, rss, sizes = run_report(BEFORE_REV if args.before else None, count, where)
-        print("| %s | %s | %.1f s | %.0f MiB | %.1f MB | %.1f MB | %.1f MB | %.1f MB |" % (
-            "before (%s, task file)" % BEFORE_REV if args.before else "after (gpu_audit_report)", "{:,}".format(count), wall, rss,
-            sizes["report.json"], sizes["report.html"], sizes["report.md"], sizes["gpu_audit.prom"]), flush=True)
+            wall, rss, sizes = run_report(BEFORE_REV if args.before else None, count, where, from_part=args.part and not args.before)
+        if args.before:
+            name = "before (%s, task file), `-e @hosts_data.json`" % BEFORE_REV
+        else:
+            name = "after (gpu_audit_report), %s" % ("part file (`gpu_audit_parts`)" if args.part else "`-e @hosts_data.json`")
+        print("| %s | %s | %.1f s | %.0f MiB | %.1f MB | %.2f MB | %.2f MB | %.1f MB | %.1f |" % (
+            name, "{:,}".format(count), wall, rss,
+            sizes["report.json"], sizes["report.html"], sizes["report.md"], sizes["gpu_audit.prom"], os.getloadavg()[0]), flush=True)
 
 
 if __name__ == "__main__":

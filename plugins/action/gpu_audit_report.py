@@ -25,12 +25,12 @@ import re
 import tempfile
 import time
 
-from ansible.errors import AnsibleActionFail, AnsibleError
+from ansible.errors import AnsibleActionFail, AnsibleError, AnsibleFilterError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.zeromib.gpu.plugins.filter.fleet_query import fleet_query
-from ansible_collections.zeromib.gpu.plugins.filter.gpu_audit_model import gpu_audit_model
+from ansible_collections.zeromib.gpu.plugins.filter.fleet_query import fleet_query, search_plain
+from ansible_collections.zeromib.gpu.plugins.filter.gpu_audit_model import model_of
 from ansible_collections.zeromib.gpu.plugins.filter.gpu_audit_prom import gpu_audit_prom
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._plain import plain
 
@@ -63,12 +63,17 @@ NEEDS_ATTENTION = "status != 'clean' || health_reason != null"
 
 
 def queries(busy_pct):
-    """The report's own JMESPath queries (findings)."""
+    """The report's own JMESPath queries (findings).
+
+    The GPU queries pick the hosts first (a dirty GPU sits on a host with dirty_gpus, a busy one on
+    a host that uses memory): the same answer as filtering every GPU, without visiting 32,000 of them."""
+    busy = json.dumps(float(busy_pct))
     return {
         "attention": "hosts[?%s].{host: host, status: status, reason: reason, health: health_reason}" % NEEDS_ATTENTION,
-        "dirty_gpus": ("hosts[?up].gpus[] | [?!clean].{host: host, index: index, uuid: uuid, name: name, "
+        "dirty_gpus": ("hosts[?up && length(dirty_gpus) > `0`].gpus[] | [?!clean].{host: host, index: index, uuid: uuid, name: name, "
                        "memory_used_mib: memory_used_mib, memory_total_mib: memory_total_mib, used_pct: used_pct, holders: holders[].pid}"),
-        "busy_gpus": "hosts[?up].gpus[] | [?used_pct >= `%s`].{host: host, index: index, used_pct: used_pct}" % json.dumps(float(busy_pct)),
+        "busy_gpus": "hosts[?up%s].gpus[] | [?used_pct >= `%s`].{host: host, index: index, used_pct: used_pct}" % (
+            " && memory_used_mib > `0`" if float(busy_pct) > 0 else "", busy),
         "holders": ("hosts[].holders[] | [?blocking].{host: host, pid: pid, name: name, user: user, unit: unit, container: container, "
                     "container_label: container_label, gpu_indexes: gpu_indexes, used_memory_mib: used_memory_mib, cmdline: cmdline}"),
         "stale_processes": "hosts[].stale_processes[]",
@@ -179,9 +184,16 @@ def read_parts(paths):
 def build_report(hosts_data, expected_hosts=None, generated_at=None, max_used_mib=0, busy_pct=50.0, title="GPU fleet audit",
                  custom_queries=None):
     """The report.json document: the model, its findings, the custom queries and the settings."""
-    model = gpu_audit_model(hosts_data, generated_at=generated_at, expected_hosts=expected_hosts or [])
-    model["findings"] = fleet_query(model, queries(busy_pct))
-    model["queries"] = fleet_query(model, dict(custom_queries)) if custom_queries else {}
+    if not isinstance(hosts_data, list):
+        raise AnsibleActionFail("zeromib.gpu.gpu_audit_report: the hosts' data must be a list of host records, got %s"
+                                % type(hosts_data).__name__)
+    try:
+        model = model_of(hosts_data, generated_at=generated_at, expected_hosts=expected_hosts or [])
+        # The model is plain Python already: no copy before JMESPath (fleet_query's would be most of its time).
+        model["findings"] = {name: search_plain(model, expr) for name, expr in queries(busy_pct).items()}
+        model["queries"] = {str(name): search_plain(model, expr) for name, expr in plain(custom_queries).items()} if custom_queries else {}
+    except AnsibleFilterError as exc:
+        raise AnsibleActionFail(str(exc).replace("zeromib.gpu.gpu_audit_model", "zeromib.gpu.gpu_audit_report")) from exc
     model["settings"] = {"max_used_mib": int(max_used_mib), "busy_pct": float(busy_pct), "title": title}
     return model
 
@@ -363,10 +375,11 @@ def heat_data(report):
     (a 4,000-host table of 32,000 cells with their tooltips was 16 MB of HTML).
 
     Repeated strings (GPU names, bus ids, MIG modes, drivers) are stored once in `s` and referred
-    to by index. Per host: [name, status, reason, used, total, pct, driver, cuda, blocking holders,
-    holder tip, needs attention, health, gpus]; per GPU: [index, used, total, pct, flags, util, temp,
-    power, name, uuid, bus, mig, blocking holders, tip] with flags 1 clean, 2 footprint, 4 unhealthy,
-    8 not fully checked."""
+    to by index; a holder's tooltip line is stored once per host, and its GPUs refer to it. Per host:
+    [name, status, reason, used, total, pct, driver, cuda, blocking holders, holder lines, needs
+    attention, health, gpus, indexes of the blocking holders' lines]; per GPU: [index, used, total,
+    pct, flags, util, temp, power, name, uuid, bus, mig, blocking holders, indexes of its holders'
+    lines, other notes] with flags 1 clean, 2 footprint, 4 unhealthy, 8 not fully checked."""
     strings, index = [], {}
 
     def s(value):
@@ -381,26 +394,33 @@ def heat_data(report):
     attention = set(e["host"] for e in report["findings"]["attention"])
     rows = []
     for h in report["hosts"]:
-        blocking = [x for x in h["holders"] if x["blocking"]]
+        lines, line_of = [], {}
+
+        def line(holder):
+            key = id(holder)
+            if key not in line_of:
+                line_of[key] = len(lines)
+                lines.append(_tip_holder(holder))
+            return line_of[key]
+
+        blocking = [line(x) for x in h["holders"] if x["blocking"]]
         gpus = []
         for g in h["gpus"] if h["up"] else []:
             flags = (1 if g["clean"] else 0) | (2 if g["clean"] and g.get("cross_gpu_footprint") else 0) \
                 | (4 if g.get("healthy") is False else 0) | (8 if g.get("health_checked") is False else 0)
-            tip = [_tip_holder(x) for x in g["holders"]]
-            tip = ["holders:"] + tip if tip else []
-            tip += ["nvidia-smi counts %s MiB for gone PID %s (%s)" % (p.get("used_memory_mib"), p.get("pid"), p.get("name"))
-                    for p in g["processes"] if p.get("alive") is False]
+            notes = ["nvidia-smi counts %s MiB for gone PID %s (%s)" % (p.get("used_memory_mib"), p.get("pid"), p.get("name"))
+                     for p in g["processes"] if p.get("alive") is False]
             if g.get("healthy") is False:
-                tip.append("UNHEALTHY: " + "; ".join(g["health_issues"]))
+                notes.append("UNHEALTHY: " + "; ".join(g["health_issues"]))
             if g.get("health_checked") is False:
-                tip.append("health not fully checked: " + ", ".join(_unchecked_notes_of(g)))
+                notes.append("health not fully checked: " + ", ".join(_unchecked_notes_of(g)))
             gpus.append([g.get("index"), g.get("memory_used_mib"), g.get("memory_total_mib"), g.get("used_pct"), flags,
                          g.get("utilization_gpu_pct"), g.get("temperature_c"), g.get("power_draw_w"), s(g.get("name")), g.get("uuid"),
                          s(g.get("pci_bus_id")), s(g.get("mig_mode")), sum(1 for x in g["holders"] if x["blocking"]),
-                         "\n".join(tip) or 0])
+                         [line(x) for x in g["holders"]] or 0, "\n".join(notes) or 0])
         rows.append([h["host"], h["status"], h["reason"], h["memory_used_mib"], h["memory_total_mib"], h["used_pct"],
-                     s(h.get("driver_version")), s(h.get("cuda_version")), len(blocking),
-                     "\n".join(_tip_holder(x) for x in blocking) or 0, 1 if h["host"] in attention else 0, h["health_reason"], gpus])
+                     s(h.get("driver_version")), s(h.get("cuda_version")), len(blocking), lines or 0,
+                     1 if h["host"] in attention else 0, h["health_reason"], gpus, blocking or 0])
     return {"w": report["max_gpu_count"], "s": strings, "h": rows}
 
 
@@ -411,13 +431,41 @@ def _unchecked_notes_of(gpu):
     return [str(n) for n in ((gpu.get("health") or {}).get("unchecked") or [])] or ["some checks"]
 
 
+def report_json(report):
+    """report.json: one host per line inside an indented document.
+
+    Python's JSON encoder indents in pure Python (3.4 s for 4,000 hosts here, the C encoder 0.3 s);
+    a line per host also keeps the diff of two audits to the hosts that changed."""
+    def compact(value):
+        return json.dumps(value, sort_keys=True, separators=(",", ": "))
+
+    lines = ["{"]
+    keys = sorted(report)
+    for n, key in enumerate(keys):
+        comma = "," if n < len(keys) - 1 else ""
+        value = report[key]
+        if key == "hosts" and value:
+            lines.append('  "hosts": [')
+            lines.extend("    %s%s" % (compact(h), "," if i < len(value) - 1 else "") for i, h in enumerate(value))
+            lines.append("  ]" + comma)
+        elif isinstance(value, dict) and value:
+            lines.append("  %s: {" % compact(key))
+            inner = sorted(value)
+            lines.extend("    %s: %s%s" % (compact(k), compact(value[k]), "," if i < len(inner) - 1 else "") for i, k in enumerate(inner))
+            lines.append("  }" + comma)
+        else:
+            lines.append("  %s: %s%s" % (compact(key), compact(value), comma))
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
 def render(report):
     """{file name: text} of the four report files."""
     env = environment()
     context = {"_gpu_audit_report": report, "attention_groups": attention_groups(report)}
     html_context = dict(context, heat_data=heat_data(report))
     return {
-        "report.json": json.dumps(report, indent=2, sort_keys=True, separators=(",", ": ")) + "\n",
+        "report.json": report_json(report),
         "report.md": env.get_template("gpu_audit_report.md.j2").render(context),
         "report.html": env.get_template("gpu_audit_report.html.j2").render(html_context),
         "gpu_audit.prom": gpu_audit_prom(report),

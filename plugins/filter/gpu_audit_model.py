@@ -440,9 +440,15 @@ def _host_record(entry):
 def gpu_audit_model(hosts, generated_at=None, expected_hosts=None):
     if isinstance(hosts, Mapping) or not isinstance(hosts, Sequence) or isinstance(hosts, str):
         raise AnsibleFilterError("zeromib.gpu.gpu_audit_model expects a list of host records, got %s" % type(hosts).__name__)
-    records = [_host_record(plain(entry)) for entry in hosts]
+    return model_of([plain(entry) for entry in hosts], generated_at, plain(expected_hosts))
+
+
+def model_of(hosts, generated_at=None, expected_hosts=None):
+    """The model from host records that are plain Python already (json.load, or plain() once):
+    the report plugin's way in, which copies nothing twice."""
+    records = [_host_record(entry) for entry in hosts]
     recorded = set(r["host"] for r in records)
-    for name in plain(expected_hosts) or []:
+    for name in expected_hosts or []:
         if str(name) not in recorded:
             recorded.add(str(name))
             records.append(_host_record({"host": str(name), "status": "error", "gpu": None,
