@@ -165,15 +165,66 @@ def run_summary(count, where):
     return whole, bare
 
 
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
+
+
+def chromium(args, profile):
+    import shutil
+
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    start = time.monotonic()
+    proc = subprocess.run([binary, *CHROMIUM_FLAGS, "--user-data-dir=" + profile, *args], capture_output=True, text=True,
+                          timeout=300, check=False)
+    return time.monotonic() - start, proc
+
+
+def run_page(count, where, shot=None):
+    """The report page of `count` hosts in headless Chromium: the page's own mark (navigation to
+    the first page of the heat map drawn, `data-drawn-ms`), the wall time of a screenshot, and
+    the same for an empty page (Chromium's own start-up)."""
+    import re
+
+    sys.path.insert(0, os.path.join(REPO, ".build", "collections"))
+    from ansible_collections.zeromib.gpu.plugins.action import gpu_audit_report as plugin
+
+    report = plugin.build_report(fleet(count), title="GPU fleet audit (%s hosts, sample)" % "{:,}".format(count))
+    page = os.path.join(where, "report.html")
+    with open(page, "w") as handle:
+        handle.write(plugin.render(report)["report.html"])
+    empty = os.path.join(where, "empty.html")
+    with open(empty, "w") as handle:
+        handle.write("<!DOCTYPE html><title>empty</title><p>empty</p>")
+    uri = "file://" + page
+    dummy, dom = chromium(["--dump-dom", uri], os.path.join(where, "p1"))
+    drawn = re.search(r'data-drawn-ms="(\d+)"', dom.stdout)
+    rows = dom.stdout.count('<tr class="host ')
+    png = shot or os.path.join(where, "shot.png")
+    shot_s, dummy = chromium(["--screenshot=" + png, "--window-size=1400,1400", uri], os.path.join(where, "p2"))
+    blank_s, dummy = chromium(["--screenshot=" + os.path.join(where, "blank.png"), "--window-size=1400,1400", "file://" + empty],
+                              os.path.join(where, "p3"))
+    return {"html_mb": os.path.getsize(page) / 1e6, "drawn_ms": int(drawn.group(1)) if drawn else None, "rows": rows,
+            "screenshot_s": shot_s, "blank_s": blank_s}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", default="100,1000,4000")
     parser.add_argument("--before", action="store_true", help="run the task file of %s instead of this checkout's" % BEFORE_REV)
     parser.add_argument("--part", action="store_true", help="after: feed the hosts' data as a part file (gpu_audit_parts)")
     parser.add_argument("--summary", type=int, metavar="N", help="time free_gpus.yml's summary task at N hosts instead")
+    parser.add_argument("--page", type=int, metavar="N", help="load the report page of N hosts in headless Chromium instead")
+    parser.add_argument("--screenshot", help="with --page: keep the screenshot here (docs/images/audit-report-4000.png)")
     args = parser.parse_args()
     print("<!-- %s, %s, %d CPUs, %s -->" % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), platform.node(),
                                             os.cpu_count(), " ".join(sys.argv)))
+    if args.page:
+        with tempfile.TemporaryDirectory(prefix="zeromib-bench-") as where:
+            page = run_page(args.page, where, os.path.abspath(args.screenshot) if args.screenshot else None)
+        print("| report.html, %s hosts | %.2f MB | heat map drawn %s ms after navigation (%d rows) | screenshot %.2f s, "
+              "empty page %.2f s |" % ("{:,}".format(args.page), page["html_mb"], page["drawn_ms"], page["rows"],
+                                       page["screenshot_s"], page["blank_s"]))
+        return
     if args.summary:
         with tempfile.TemporaryDirectory(prefix="zeromib-bench-") as where:
             (wall, rss, dummy), (bare, bare_rss, dummy) = run_summary(args.summary, where)

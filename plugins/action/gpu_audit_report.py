@@ -344,9 +344,9 @@ def attention_groups(report):
             add(kind, "dirty", entry)
         elif host["status"] in ("error", "unreachable"):
             add(_reason_kind(host["reason"] or host["status"]), host["status"], entry)
-        if host["health_issues"]:
-            for kind in sorted(set(_health_kind(i) for i in host["health_issues"])):
-                add(kind, "unhealthy", entry)
+        issues = host["health_issues"] or [i for g in host["gpus"] for i in g["health_issues"]]
+        for kind in sorted(set(_health_kind(i) for i in issues)):
+            add(kind, "unhealthy", entry)
         if host["unchecked_gpus"]:
             add("health not fully checked", "unchecked", entry)
     order = {"unreachable": 0, "error": 1, "dirty": 2, "unhealthy": 3, "unchecked": 4}
