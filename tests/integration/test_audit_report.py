@@ -214,7 +214,8 @@ def report_only(tmp_path, collections_path, hosts_data, extra=()):
         """ % (REPO / "playbooks" / "tasks" / "audit_report.yml")))
     cwd = tmp_path / "cwd"
     cwd.mkdir(exist_ok=True)
-    return run_playbook([str(tmp_path / "report_only.yml"), "-e", "@%s" % (tmp_path / "hosts_data.json"), *extra], cwd, collections_path), cwd
+    given = [] if hosts_data is None else ["-e", "@%s" % (tmp_path / "hosts_data.json")]
+    return run_playbook([str(tmp_path / "report_only.yml"), *given, *extra], cwd, collections_path), cwd
 
 
 @pytest.fixture(scope="module")
@@ -514,3 +515,77 @@ def test_audit_playbook_with_the_real_module_reports_a_host_without_nvidia_smi(t
     report = json.loads((tmp_path / "gpu_audit_report" / "report.json").read_text())
     assert [(h["host"], h["status"]) for h in report["hosts"]] == [("gone", "unreachable"), ("no-driver", "error")]
     assert report["hosts"][1]["reason"]
+
+
+# --------------------------------------------------------------------------- health, check mode, scale
+
+
+def _unhealthy_fleet():
+    """A clean host with an Xid 79 read from dmesg 2 hours ago, an R440-like host whose driver has
+    no mig.mode.current (MIG mode unchecked on every GPU), and a clean healthy host."""
+    hosts = clean_fleet(1)
+    xid = clean_fleet(2)[1]
+    xid["host"] = "xid_node|01"
+    g = xid["gpu"]["gpus"][2]
+    g.update(healthy=False, health_issues=["Xid 79 (GPU has fallen off the bus) in the kernel log at 7200 s ago"],
+             health={"ecc_uncorrected_volatile": 0, "xids": [{"xid": 79, "time": "7200 s ago", "message": "NVRM: Xid (PCI:0000:38:00): 79"}],
+                     "unchecked": []}, health_checked=True)
+    xid["gpu"].update(healthy=False, health_checked=True,
+                      health_issues=["GPU 2 (00000000:38:00.0): Xid 79 (GPU has fallen off the bus) in the kernel log at 7200 s ago"])
+    old = clean_fleet(3)[2]
+    old["host"] = "r440-node"
+    for g in old["gpu"]["gpus"]:
+        g.update(health_checked=False, health={"unchecked": ["the driver does not know mig.mode.current: not checked"]}, mig_mode=None)
+    old["gpu"].update(healthy=True, health_checked=False)
+    return hosts + [xid, old]
+
+
+def test_unhealthy_and_unchecked_gpus_need_attention_and_fail_on_unhealthy_fails_on_them(tmp_path, collections_path):
+    proc, cwd = report_only(tmp_path, collections_path, _unhealthy_fleet(), ["-e", "gpu_audit_fail_on_unhealthy=true"])
+    assert proc.returncode == 2, proc.output
+    assert "2 of 3 hosts are not known healthy" in proc.output
+    assert "xid_node|01 (clean; GPU 2 (00000000:38:00.0): Xid 79 (GPU has fallen off the bus) in the kernel log 2 h ago)" in proc.output
+    assert "r440-node (clean; health not checked on GPU 0, 1, 2, 3, 4, 5, 6, 7: the driver does not know mig.mode.current" in proc.output
+    out = cwd / "gpu_audit_report"
+    report = json.loads((out / "report.json").read_text())
+    assert [a["host"] for a in report["findings"]["attention"]] == ["r440-node", "xid_node|01"]
+    md = (out / "report.md").read_text()
+    # A user-chosen name is escaped in Markdown (the pipe would split the cell, the underscore start emphasis).
+    assert "| xid\\_node\\|01 | **clean** | - | GPU 2 (00000000:38:00.0): Xid 79 (GPU has fallen off the bus) in the kernel log 2 h ago |" in md
+    assert "7200 s" not in md and "7200 s" not in (out / "report.html").read_text()
+    assert "- **unhealthy**, Xid 79 (GPU has fallen off the bus): 1 host (xid\\_node\\|01)" in md
+    assert "- **unchecked**, health not fully checked: 1 host (r440-node)" in md
+
+    proc, dummy = report_only(tmp_path, collections_path, _unhealthy_fleet(), ["-e", "gpu_audit_fail_on_dirty=true"])
+    assert proc.returncode == 0, "fail_on_dirty is about memory: clean but unhealthy hosts pass it\n" + proc.output
+
+
+def test_check_mode_writes_nothing(tmp_path, collections_path):
+    proc, cwd = report_only(tmp_path, collections_path, build_fleet(), ["--check", "-e", "gpu_audit_fail_on_dirty=true"])
+    assert proc.returncode == 2, proc.output
+    assert "8 of 30 hosts are not clean" in proc.output
+    assert not (cwd / "gpu_audit_report").exists()
+
+
+def test_a_4000_host_page_groups_what_needs_attention_and_draws_one_page_of_the_heat_map(tmp_path, collections_path):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from audit_report import fleet
+
+    hosts = fleet(4000)
+    part = tmp_path / "part.json"
+    part.write_text(json.dumps({"format": "zeromib.gpu audit part", "version": 1, "generated_epoch": 1748779200.0,
+                                "expected_hosts": [], "hosts_data": hosts}))
+    proc, cwd = report_only(tmp_path, collections_path, None, ["-e", json.dumps({"gpu_audit_parts": [str(part)]})])
+    assert proc.returncode == 0, proc.output
+    page = cwd / "gpu_audit_report" / "report.html"
+    assert page.stat().st_size <= 5_000_000, page.stat().st_size
+    proc = _chromium("--dump-dom", page.as_uri())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    dom = _Dom()
+    dom.feed(proc.stdout)
+    assert len(dom.rows) == 100, "one page of 100 hosts"
+    assert "hosts 1-100 of 4,000, page 1 of 40" in proc.stdout
+    groups = proc.stdout.count('<details class="group"')
+    assert 6 <= groups <= 12, groups
+    assert "held by vllm.service</b> <span class=\"count\">134 hosts</span>" in proc.stdout
+    assert "and 129 more" in proc.stdout
