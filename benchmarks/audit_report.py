@@ -79,7 +79,19 @@ PLAY = """\
 """
 
 
-def run_report(rev, count, where, from_part=False):
+NOOP = """\
+- name: The same input, no report (what Ansible's loading of it costs)
+  hosts: localhost
+  gather_facts: false
+  connection: local
+  tasks:
+    - name: Nothing
+      ansible.builtin.debug:
+        msg: loaded
+"""
+
+
+def run_report(rev, count, where, from_part=False, noop=False):
     """from_part: the hosts' data in a part file (gpu_audit_parts, as audit_merge.yml reads the
     slices' parts) instead of an extra var that Ansible parses and tags first."""
     root, target = collection(rev, where)
@@ -92,7 +104,7 @@ def run_report(rev, count, where, from_part=False):
             json.dump({"gpu_audit_hosts_data": fleet(count)}, handle)
     play = os.path.join(where, "report.yml")
     with open(play, "w") as handle:
-        handle.write(PLAY % os.path.join(target, "playbooks", "tasks", "audit_report.yml"))
+        handle.write(NOOP if noop else PLAY % os.path.join(target, "playbooks", "tasks", "audit_report.yml"))
     out = os.path.join(where, "out")
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=root, ANSIBLE_LOCALHOST_WARNING="false",
                ANSIBLE_INVENTORY_UNPARSED_WARNING="false", ANSIBLE_NOCOLOR="1",
@@ -110,15 +122,16 @@ def _timed(argv, env, cwd, out=None):
         start = time.monotonic()
         proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
         wall = time.monotonic() - start
-        rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0
-        print(json.dumps({"rc": proc.returncode, "wall": wall, "rss": rss, "tail": (proc.stdout + proc.stderr)[-3000:]}))
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        print(json.dumps({"rc": proc.returncode, "wall": wall, "rss": usage.ru_maxrss / 1024.0, "cpu": usage.ru_utime + usage.ru_stime,
+                          "tail": (proc.stdout + proc.stderr)[-3000:]}))
         """)
     proc = subprocess.run([sys.executable, "-c", code, json.dumps(argv), cwd], env=env, capture_output=True, text=True, check=True)
     result = json.loads(proc.stdout)
     if result["rc"] != 0:
         raise SystemExit("run failed (rc %s):\n%s" % (result["rc"], result["tail"]))
-    sizes = {}
-    if out:
+    sizes = {"cpu": result["cpu"]}
+    if out and os.path.isdir(out):
         for name in ("report.json", "report.html", "report.md", "gpu_audit.prom"):
             sizes[name] = os.path.getsize(os.path.join(out, name)) / 1e6
     return result["wall"], result["rss"], sizes
@@ -212,6 +225,7 @@ def main():
     parser.add_argument("--hosts", default="100,1000,4000")
     parser.add_argument("--before", action="store_true", help="run the task file of %s instead of this checkout's" % BEFORE_REV)
     parser.add_argument("--part", action="store_true", help="after: feed the hosts' data as a part file (gpu_audit_parts)")
+    parser.add_argument("--noop", action="store_true", help="the same -e @hosts_data.json into a play that writes no report")
     parser.add_argument("--summary", type=int, metavar="N", help="time free_gpus.yml's summary task at N hosts instead")
     parser.add_argument("--page", type=int, metavar="N", help="load the report page of N hosts in headless Chromium instead")
     parser.add_argument("--screenshot", help="with --page: keep the screenshot here (docs/images/audit-report-4000.png)")
@@ -230,17 +244,22 @@ def main():
             (wall, rss, dummy), (bare, bare_rss, dummy) = run_summary(args.summary, where)
         print("| free_gpus.yml summary, %d hosts | %.1f s (play without it: %.1f s) | %.0f MiB |" % (args.summary, wall, bare, rss))
         return
-    print("| contender | hosts | wall | controller max RSS | report.json | report.html | report.md | gpu_audit.prom | load avg |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| contender | hosts | wall | CPU (user+sys) | controller max RSS | report.json | report.html | report.md | gpu_audit.prom | load avg |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for count in [int(n) for n in args.hosts.split(",")]:
         with tempfile.TemporaryDirectory(prefix="zeromib-bench-") as where:
-            wall, rss, sizes = run_report(BEFORE_REV if args.before else None, count, where, from_part=args.part and not args.before)
+            wall, rss, sizes = run_report(BEFORE_REV if args.before else None, count, where, from_part=args.part and not args.before,
+                                          noop=args.noop)
+        if args.noop:
+            print("| no report, `-e @hosts_data.json` only | %s | %.1f s | %.1f s | %.0f MiB | | | | | %.1f |" % (
+                "{:,}".format(count), wall, sizes["cpu"], rss, os.getloadavg()[0]), flush=True)
+            continue
         if args.before:
             name = "before (%s, task file), `-e @hosts_data.json`" % BEFORE_REV
         else:
             name = "after (gpu_audit_report), %s" % ("part file (`gpu_audit_parts`)" if args.part else "`-e @hosts_data.json`")
-        print("| %s | %s | %.1f s | %.0f MiB | %.1f MB | %.2f MB | %.2f MB | %.1f MB | %.1f |" % (
-            name, "{:,}".format(count), wall, rss,
+        print("| %s | %s | %.1f s | %.1f s | %.0f MiB | %.1f MB | %.2f MB | %.2f MB | %.1f MB | %.1f |" % (
+            name, "{:,}".format(count), wall, sizes["cpu"], rss,
             sizes["report.json"], sizes["report.html"], sizes["report.md"], sizes["gpu_audit.prom"], os.getloadavg()[0]), flush=True)
 
 

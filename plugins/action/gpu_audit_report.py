@@ -29,7 +29,7 @@ from ansible.errors import AnsibleActionFail, AnsibleError, AnsibleFilterError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.zeromib.gpu.plugins.filter.fleet_query import fleet_query, search_plain
+from ansible_collections.zeromib.gpu.plugins.filter.fleet_query import search_plain
 from ansible_collections.zeromib.gpu.plugins.filter.gpu_audit_model import model_of
 from ansible_collections.zeromib.gpu.plugins.filter.gpu_audit_prom import gpu_audit_prom
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._plain import plain

@@ -54,8 +54,8 @@ options:
     elements: dict
   hosts_data_var:
     description:
-      - The name of a variable that holds such records, read as it is, never templated (saved host data is not a template:
-        a command line may contain braces). Used when the variable is defined; C(playbooks/tasks/audit_report.yml) passes
+      - The name of a variable that holds such records, read as it is, never templated (saved host data is not a template,
+        and a command line may contain braces). Used when the variable is defined; C(playbooks/tasks/audit_report.yml) passes
         V(gpu_audit_hosts_data).
     type: str
   result_var:
@@ -105,7 +105,7 @@ options:
     type: float
     default: 50
   queries:
-    description: Your own JMESPath queries over the model, C({name: expression}); results land in C(report.json) under C(queries).
+    description: "Your own JMESPath queries over the model, C({name: expression}); results land in C(report.json) under C(queries)."
     type: dict
     default: {}
   fail_on_dirty:

@@ -20,7 +20,7 @@ def plain(value):
     if kind in _SCALARS:
         return value
     if kind is dict:
-        return {(k if type(k) is str else str(k)): plain(v) for k, v in value.items()}
+        return {str(k): plain(v) for k, v in value.items()}
     if kind is list:
         return [plain(v) for v in value]
     if isinstance(value, Mapping):
