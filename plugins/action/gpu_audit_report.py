@@ -75,7 +75,8 @@ def queries(busy_pct):
         "busy_gpus": "hosts[?up%s].gpus[] | [?used_pct >= `%s`].{host: host, index: index, used_pct: used_pct}" % (
             " && memory_used_mib > `0`" if float(busy_pct) > 0 else "", busy),
         "holders": ("hosts[].holders[] | [?blocking].{host: host, pid: pid, name: name, user: user, unit: unit, container: container, "
-                    "container_label: container_label, gpu_indexes: gpu_indexes, used_memory_mib: used_memory_mib, cmdline: cmdline}"),
+                    "container_label: container_label, gpu_indexes: gpu_indexes, spanning: spanning, used_memory_mib: used_memory_mib, "
+                    "cmdline: cmdline}"),
         "stale_processes": "hosts[].stale_processes[]",
         "nvml_clients": ("hosts[?up].nvml_clients[].{host: host, pid: pid, name: name, user: user, unit: unit, "
                          "container: container, protected: protected, cmdline: cmdline}"),

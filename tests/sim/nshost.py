@@ -50,6 +50,8 @@ SIM = os.path.join(HERE, "nvidia-smi")
 HOLDER = os.path.join(HERE, "gpu_holder")
 # journalctl and dmesg inside: the Xids a test injects, never the machine's own kernel log
 KERNEL_LOG = os.path.join(HERE, "kernel-log")
+# nv-fabricmanager and systemctl inside, for a config with "fabric_manager" (an NVSwitch node)
+FABRIC_MANAGER = os.path.join(HERE, "fabricmanager")
 sys.path.insert(0, HERE)
 import make_config  # noqa: E402
 
@@ -175,7 +177,8 @@ class NsHost(object):
         with open(self.root.config, "w") as f:
             json.dump(self.config, f, indent=2)
         spec = {"dir": self.dir, "config": self.root.config, "hostname": self.seed,
-                "state": self.root.state, "sim": SIM, "holder": HOLDER, "kernel_log": KERNEL_LOG}
+                "state": self.root.state, "sim": SIM, "holder": HOLDER, "kernel_log": KERNEL_LOG,
+                "fabric_manager": FABRIC_MANAGER}
         spec_path = os.path.join(self.dir, "spec.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f)
@@ -693,6 +696,8 @@ def _setup(spec):
     _overlay("/usr/bin", base)
     links = [("nvidia-smi", spec["sim"]), ("gpu_holder", spec["holder"])]
     links += [(name, spec["kernel_log"]) for name in ("journalctl", "dmesg") if spec.get("kernel_log")]
+    links += [(name, spec["fabric_manager"]) for name in ("nv-fabricmanager", "systemctl")
+              if spec.get("fabric_manager") and cfg.get("fabric_manager")]
     for name, target in links:
         if os.path.lexists("/usr/bin/" + name):
             os.unlink("/usr/bin/" + name)
