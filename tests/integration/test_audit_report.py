@@ -593,7 +593,7 @@ def test_a_4000_host_page_groups_what_needs_attention_and_draws_one_page_of_the_
 
 def test_saved_host_data_is_never_templated(tmp_path, collections_path):
     """A command line is the host's text, not a template of the controller: a saved one with braces
-    reads as it was (the former set_fact templated trusted extra vars)."""
+    reads as it was."""
     hosts = [h for h in build_fleet() if h["host"] == "gpu-node07"]
     hosts[0]["gpu"]["holders"][0]["cmdline"] = "python3 {{ 7 * 6 }} {{ lookup('env', 'HOME') }}"
     proc, cwd = report_only(tmp_path, collections_path, hosts)
