@@ -237,7 +237,9 @@ def summary_line(report, report_html):
 # --------------------------------------------------------------------------- rendering
 
 
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|~&])")
+# Markdown's punctuation that a name can carry; an underscore only where it could open or close
+# emphasis (CommonMark ignores one between two letters or digits: CUDA_ERROR_OUT_OF_MEMORY stays as is).
+_MD_SPECIAL = re.compile(r"([\\`*\[\]<>|~&]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9]))")
 
 
 def markdown_text(value):
@@ -415,6 +417,10 @@ def heat_data(report):
                 notes.append("UNHEALTHY: " + "; ".join(g["health_issues"]))
             if g.get("health_checked") is False:
                 notes.append("health not fully checked: " + ", ".join(_unchecked_notes_of(g)))
+            smoke = g.get("smoke_test")
+            if isinstance(smoke, dict):
+                notes.append("CUDA smoke test: %s%s" % (smoke.get("result"), (" in %s s" % smoke.get("seconds")) if smoke.get("ok")
+                                                        else ": %s" % (smoke.get("error") or smoke.get("skipped"))))
             gpus.append([g.get("index"), g.get("memory_used_mib"), g.get("memory_total_mib"), g.get("used_pct"), flags,
                          g.get("utilization_gpu_pct"), g.get("temperature_c"), g.get("power_draw_w"), s(g.get("name")), g.get("uuid"),
                          s(g.get("pci_bus_id")), s(g.get("mig_mode")), sum(1 for x in g["holders"] if x["blocking"]),

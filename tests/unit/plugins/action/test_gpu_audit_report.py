@@ -193,7 +193,8 @@ def test_attention_is_grouped_by_kind_of_reason_largest_first():
 
 
 @pytest.mark.parametrize("raw, escaped", [
-    ("node_01", "node\\_01"),
+    ("node_01", "node_01"),
+    ("_private_ and __x", "\\_private\\_ and \\_\\_x"),
     ("a|b", "a\\|b"),
     ("*x* `y` [z](u) <b> &amp;", "\\*x\\* \\`y\\` \\[z\\](u) \\<b\\> \\&amp;"),
     ("two\nlines", "two lines"),
