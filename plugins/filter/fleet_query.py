@@ -98,6 +98,16 @@ def fleet_query(data, expr):
     return _search(plain(data), expr)
 
 
+def search_plain(data, expr):
+    """One query over data that is plain Python already (no copy); the report plugin's way in."""
+    if jmespath is None:
+        raise AnsibleFilterError(
+            "zeromib.gpu.fleet_query needs the 'jmespath' Python library on the controller "
+            "(pip install jmespath in the Python that runs ansible-playbook)"
+        )
+    return _search(data, expr)
+
+
 def _search(data, expr):
     if not isinstance(expr, str) or not expr.strip():
         raise AnsibleFilterError("zeromib.gpu.fleet_query needs a non-empty JMESPath expression, got %r" % (expr,))

@@ -96,6 +96,8 @@ _value:
         gpus_clean: {description: GPUs at or below the host's C(max_used_mib)., type: int}
         gpus_unhealthy: {description: GPUs with a health issue (C(healthy=false))., type: int}
         hosts_unhealthy: {description: Hosts that answered with at least one unhealthy GPU., type: int}
+        gpus_health_unchecked: {description: GPUs whose health was not fully checked (C(health_checked=false))., type: int}
+        hosts_health_unchecked: {description: Hosts that answered with at least one such GPU., type: int}
         gpus_dirty: {description: GPUs above it., type: int}
         memory_used_mib: {description: MiB used over all GPUs., type: int}
         memory_total_mib: {description: MiB installed over all GPUs., type: int}
@@ -139,8 +141,23 @@ _value:
           type: list
           elements: dict
         healthy: {description: "gpu_facts' host verdict on GPU health; V(null) when it read none.", type: bool}
-        health_issues: {description: "Every GPU's health issues, C(GPU <index> (<bus id>): <issue>).", type: list, elements: str}
+        health_issues:
+          description:
+            - "Every GPU's health issues, C(GPU <index> (<bus id>): <issue>)."
+            - Ages in seconds read as people say them (V(Xid 79 ... 2 h ago), not V(at 7200 s ago)).
+          type: list
+          elements: str
         unhealthy_gpus: {description: Indexes of the GPUs with a health issue., type: list, elements: int}
+        health_checked:
+          description: "gpu_facts' C(health_checked) - V(false) when some health check could not be made on some GPU; V(null) when it read no health."
+          type: bool
+        unchecked_gpus: {description: Indexes of the GPUs whose health was not fully checked (C(health_checked=false))., type: list, elements: int}
+        health_reason:
+          description:
+            - Why the host's GPUs are not ready for work, or not known to be - its health issues, then what could not be checked on
+              which GPU; V(null) when every GPU is healthy and fully checked (or the host did not answer).
+            - A host with a health reason is listed under "Hosts that need attention" even when its memory is clean.
+          type: str
         gpus:
           description:
             - The host's GPUs as C(gpu_facts) returns them, plus C(host), C(used_pct) (one
@@ -204,6 +221,26 @@ def _first_line(text):
     line = text.splitlines()[0].strip() if text else ""
     # ansible-core 2.19 prefixes unreachable and module failures with this; the report says it already.
     return line[len("Task failed: "):] if line.startswith("Task failed: ") else line
+
+
+_SECONDS_AGO = re.compile(r"\b(?:at )?(\d+(?:\.\d+)?) s ago\b")
+
+
+def age_text(seconds):
+    """7200 -> '2 h', 90 -> '90 s': the unit a person would say."""
+    seconds = float(seconds)
+    if seconds < 120:
+        return "%d s" % round(seconds)
+    if seconds < 120 * 60:
+        return "%d min" % round(seconds / 60)
+    if seconds < 72 * 3600:
+        return "%d h" % round(seconds / 3600)
+    return "%d d" % round(seconds / 86400)
+
+
+def human_ages(text):
+    """'... in the kernel log at 7200 s ago' (a dmesg Xid) -> '... in the kernel log 2 h ago'."""
+    return _SECONDS_AGO.sub(lambda m: "%s ago" % age_text(m.group(1)), str(text))
 
 
 def _container_label(holder):
@@ -273,15 +310,43 @@ def _gpu_health(gpu):
     uncorrected ECC errors and the number of recent Xids."""
     health = gpu.get("health") if isinstance(gpu.get("health"), Mapping) else {}
     healthy = gpu.get("healthy")
+    checked = gpu.get("health_checked")
     return {
         "healthy": None if healthy is None else bool(healthy),
-        "health_issues": [str(issue) for issue in gpu.get("health_issues") or []],
+        # Which checks could not run on this GPU (gpu_facts' health_unchecked); None without health,
+        # or in saved records from before health_checked.
+        "health_checked": None if healthy is None or checked is None else bool(checked),
+        "health_issues": [human_ages(issue) for issue in gpu.get("health_issues") or []],
         "ecc_uncorrected": _int_or_none(health.get("ecc_uncorrected_volatile")),
         "xid_recent": len(health.get("xids") or []) if health else None,
-        # Which checks could not run on this GPU (gpu_facts' health_unchecked); None without health.
-        "health_checked": None if healthy is None else bool(gpu.get("health_checked")),
         "health_unchecked": [str(name) for name in gpu.get("health_unchecked") or []],
     }
+
+
+def _unchecked_notes(gpu):
+    """What could not be checked on one GPU: gpu_facts' check names (health_unchecked) where it
+    gives them, else its notes (health.unchecked)."""
+    names = gpu.get("health_unchecked")
+    if names:
+        return [str(name) for name in names]
+    health = gpu.get("health") if isinstance(gpu.get("health"), Mapping) else {}
+    return [str(note) for note in health.get("unchecked") or []]
+
+
+def _health_reason(record):
+    """The host's health issues, then what was not checked, grouped by GPU; None when all is well."""
+    # gpu_facts gives the host's list (every GPU's issues, then DCGM's); saved records may carry
+    # only the GPUs' own.
+    parts = list(record["health_issues"]) or [
+        "GPU %s (%s): %s" % (g.get("index"), g.get("pci_bus_id"), issue) for g in record["gpus"] for issue in g["health_issues"]]
+    by_notes = {}
+    for gpu in record["gpus"]:
+        if gpu["health_checked"] is False:
+            notes = ", ".join(_unchecked_notes(gpu)) or "some checks"
+            by_notes.setdefault(notes, []).append(str(gpu.get("index")))
+    for notes, indexes in by_notes.items():
+        parts.append("health not checked on GPU %s: %s" % (", ".join(indexes), notes))
+    return "; ".join(parts) or None
 
 
 def _smoke_test(gpu):
@@ -374,8 +439,11 @@ def _host_record(entry):
         "footprint_gpus": [g.get("index") for g in gpus if g["clean"] and g["cross_gpu_footprint"]],
         "nvml_clients": [h for h in holders if h["nvml_client"]],
         "healthy": facts.get("healthy") if facts.get("healthy") is None else bool(facts.get("healthy")),
-        "health_issues": [str(issue) for issue in facts.get("health_issues") or []] if not facts.get("error") else [],
+        "health_issues": [human_ages(issue) for issue in facts.get("health_issues") or []] if not facts.get("error") else [],
         "unhealthy_gpus": [g.get("index") for g in gpus if g["healthy"] is False],
+        "health_checked": None if facts.get("health_checked") is None or facts.get("error") else bool(facts.get("health_checked")),
+        "unchecked_gpus": [g.get("index") for g in gpus if g["health_checked"] is False],
+        "health_reason": None,
         "gpus": gpus,
         "holders": holders,
         "stale_processes": stale,
@@ -404,15 +472,23 @@ def _host_record(entry):
         record["status"] = "dirty"
         record["up"] = True
         record["reason"] = _dirty_reason(gpus, holders, stale)
+    if record["up"]:
+        record["health_reason"] = _health_reason(record)
     return record
 
 
 def gpu_audit_model(hosts, generated_at=None, expected_hosts=None):
     if isinstance(hosts, Mapping) or not isinstance(hosts, Sequence) or isinstance(hosts, str):
         raise AnsibleFilterError("zeromib.gpu.gpu_audit_model expects a list of host records, got %s" % type(hosts).__name__)
-    records = [_host_record(plain(entry)) for entry in hosts]
+    return model_of([plain(entry) for entry in hosts], generated_at, plain(expected_hosts))
+
+
+def model_of(hosts, generated_at=None, expected_hosts=None):
+    """The model from host records that are plain Python already (json.load, or plain() once):
+    the report plugin's way in, which copies nothing twice."""
+    records = [_host_record(entry) for entry in hosts]
     recorded = set(r["host"] for r in records)
-    for name in plain(expected_hosts) or []:
+    for name in expected_hosts or []:
         if str(name) not in recorded:
             recorded.add(str(name))
             records.append(_host_record({"host": str(name), "status": "error", "gpu": None,
@@ -448,6 +524,8 @@ def gpu_audit_model(hosts, generated_at=None, expected_hosts=None):
         "nvml_clients": sum(len(r["nvml_clients"]) for r in records if r["up"]),
         "hosts_unhealthy": sum(1 for r in records if r["up"] and r["healthy"] is False),
         "gpus_unhealthy": sum(1 for g in up_gpus if g["healthy"] is False),
+        "hosts_health_unchecked": sum(1 for r in records if r["up"] and r["unchecked_gpus"]),
+        "gpus_health_unchecked": sum(1 for g in up_gpus if g["health_checked"] is False),
     }
     return {
         "schema_version": SCHEMA_VERSION,

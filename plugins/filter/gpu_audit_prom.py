@@ -111,7 +111,8 @@ def gpu_audit_prom(model):
     samples = {name: [] for name, dummy in _FAMILIES}
 
     def add(name, labels, value):
-        samples[name].append("%s%s %s" % (name, _labels(labels), _number(value)))
+        # labels: (name, value) pairs, or a label set rendered once (a GPU's, used by several families).
+        samples[name].append("%s%s %s" % (name, labels if isinstance(labels, str) else _labels(labels), _number(value)))
 
     add("zeromib_gpu_audit_timestamp_seconds", [], float(model.get("generated_epoch") or 0.0))
     for status in _STATUSES:
@@ -134,19 +135,20 @@ def gpu_audit_prom(model):
         add("zeromib_gpu_nvml_clients", [("host", name)], len(host.get("nvml_clients") or []))
         for gpu in host.get("gpus") or []:
             gpu_labels = [("host", name), ("gpu", gpu.get("index")), ("uuid", gpu.get("uuid")), ("name", gpu.get("name"))]
+            named, keyed = _labels(gpu_labels), _labels(gpu_labels[:3])
             if _is_number(gpu.get("memory_used_mib")):
-                add("zeromib_gpu_memory_used_mib", gpu_labels, gpu["memory_used_mib"])
+                add("zeromib_gpu_memory_used_mib", named, gpu["memory_used_mib"])
             if _is_number(gpu.get("memory_total_mib")):
-                add("zeromib_gpu_memory_total_mib", gpu_labels, gpu["memory_total_mib"])
-            add("zeromib_gpu_clean", gpu_labels[:3], bool(gpu.get("clean")))
+                add("zeromib_gpu_memory_total_mib", named, gpu["memory_total_mib"])
+            add("zeromib_gpu_clean", keyed, bool(gpu.get("clean")))
             if isinstance(gpu.get("healthy"), bool):
-                add("zeromib_gpu_healthy", gpu_labels[:3], gpu["healthy"])
+                add("zeromib_gpu_healthy", keyed, gpu["healthy"])
             if isinstance(gpu.get("health_checked"), bool):
-                add("zeromib_gpu_health_checked", gpu_labels[:3], gpu["health_checked"])
+                add("zeromib_gpu_health_checked", keyed, gpu["health_checked"])
             if _is_number(gpu.get("ecc_uncorrected")):
-                add("zeromib_gpu_ecc_uncorrected", gpu_labels[:3], gpu["ecc_uncorrected"])
+                add("zeromib_gpu_ecc_uncorrected", keyed, gpu["ecc_uncorrected"])
             if _is_number(gpu.get("xid_recent")):
-                add("zeromib_gpu_xid_recent", gpu_labels[:3], gpu["xid_recent"])
+                add("zeromib_gpu_xid_recent", keyed, gpu["xid_recent"])
 
     lines = []
     for name, help_text in _FAMILIES:

@@ -9,8 +9,20 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 
+_SCALARS = frozenset([str, int, float, bool, type(None)])
+
+
 def plain(value):
     """Ansible's tagged str/list/dict subclasses confuse JMESPath's type checks; copy to plain types."""
+    # Exact types first: a 4,000-host audit holds millions of values, and the ABC checks below
+    # cost several times the copy itself.
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is dict:
+        return {str(k): plain(v) for k, v in value.items()}
+    if kind is list:
+        return [plain(v) for v in value]
     if isinstance(value, Mapping):
         return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, (str, bytes)):

@@ -117,3 +117,68 @@ def test_fail_on_dirty_fails_the_run_after_writing_the_report_and_passes_a_clean
     control = fleet.ansible_playbook(AUDIT, limit=[clean], extra_vars={
         "gpu_audit_fail_on_dirty": True, "gpu_audit_report_dir": str(tmp_path / "clean")})
     assert control.rc == 0, control
+
+
+def _same_report(path):
+    """A report's files without what only says when it ran."""
+    report = json.loads((path / "report.json").read_text())
+    for key in ("generated_at", "generated_epoch"):
+        report.pop(key)
+    prom = [line for line in (path / "gpu_audit.prom").read_text().splitlines() if not line.startswith("zeromib_gpu_audit_timestamp_seconds ")]
+    md = [line for line in (path / "report.md").read_text().splitlines() if not line.startswith("Generated ")]
+    return report, prom, md
+
+
+def test_audit_in_two_slices_through_ansible_runner_merges_into_the_unsliced_report(fleet, tmp_path):
+    """What an AWX workflow does with job slicing 2: each slice's job (ansible-runner, the engine
+    under AWX) audits its half of the inventory and writes its part; a second workflow node runs
+    audit_merge.yml over the parts. The merged report equals one unsliced audit's."""
+    import ansible_runner
+
+    fleet.reset()
+    names = fleet.names
+    holder = fleet.workload(names[1], "train", gpus="0", mib=900)
+    env = {k: v for k, v in fleet._env(str(tmp_path / "events.json")).items() if isinstance(v, str)}
+    env["PATH"] = "%s:%s" % (rig_repo() / ".venv" / "bin", env.get("PATH", "/usr/bin:/bin"))
+    data = tmp_path / "runner"
+    (data / "env").mkdir(parents=True)
+    parts = tmp_path / "parts" / "workflow-42"
+    common = {"gpu_audit_timeout": 5, "gpu_audit_title": "Sliced audit"}
+
+    def job(playbook, ident, limit=None, **extra):
+        r = ansible_runner.run(private_data_dir=str(data), project_dir=str(rig_repo()), playbook=playbook,
+                               inventory=str(fleet.inventory), limit=limit, envvars=env, extravars={**common, **extra},
+                               ident=ident, quiet=True)
+        assert (r.status, r.rc) == ("successful", 0), f"{ident}: {r.status} rc {r.rc}\n{r.stdout.read()[-6000:]}"
+        return r
+
+    try:
+        job("playbooks/audit_gpus.yml", "unsliced", gpu_audit_report_dir=str(tmp_path / "unsliced"))
+        slices = [names[i::2] for i in range(2)]
+        for n, hosts in enumerate(slices, 1):
+            r = job("playbooks/audit_gpus.yml", f"slice-{n}", limit=",".join(hosts), gpu_audit_parts_dir=str(parts),
+                    gpu_audit_report_dir=str(tmp_path / f"slice-{n}-report"))
+            audited = {e["event_data"]["host"] for e in r.events if e.get("event") == "runner_on_ok"
+                       and e["event_data"].get("task_action", "").endswith("gpu_facts")}
+            assert audited == set(hosts), audited
+            assert not (tmp_path / f"slice-{n}-report").exists(), "a slice writes its part, not a partial report"
+        assert len(list(parts.glob("*.json"))) == 2
+        # A slice run again (AWX relaunch) replaces its own part: still two.
+        job("playbooks/audit_gpus.yml", "slice-1-again", limit=",".join(slices[0]), gpu_audit_parts_dir=str(parts))
+        assert len(list(parts.glob("*.json"))) == 2
+        job("playbooks/audit_merge.yml", "merge", gpu_audit_parts_dir=str(parts), gpu_audit_report_dir=str(tmp_path / "merged"))
+    finally:
+        fleet.reset()
+
+    unsliced, merged = _same_report(tmp_path / "unsliced"), _same_report(tmp_path / "merged")
+    assert merged[0]["summary"]["hosts_total"] == len(names)
+    assert [h["host"] for h in merged[0]["hosts"]] == [h["host"] for h in unsliced[0]["hosts"]]
+    assert merged[0] == unsliced[0]
+    assert merged[1] == unsliced[1] and merged[2] == unsliced[2]
+    dirty = next(h for h in merged[0]["hosts"] if h["host"] == names[1])
+    assert dirty["status"] == "dirty" and str(holder["pid"]) in dirty["reason"]
+
+
+def rig_repo():
+    from fleet import REPO
+    return REPO

@@ -214,7 +214,8 @@ def report_only(tmp_path, collections_path, hosts_data, extra=()):
         """ % (REPO / "playbooks" / "tasks" / "audit_report.yml")))
     cwd = tmp_path / "cwd"
     cwd.mkdir(exist_ok=True)
-    return run_playbook([str(tmp_path / "report_only.yml"), "-e", "@%s" % (tmp_path / "hosts_data.json"), *extra], cwd, collections_path), cwd
+    given = [] if hosts_data is None else ["-e", "@%s" % (tmp_path / "hosts_data.json")]
+    return run_playbook([str(tmp_path / "report_only.yml"), *given, *extra], cwd, collections_path), cwd
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +245,7 @@ def test_report_json_counts_every_kind_of_host(fleet_report):
         "gpus_total": 8 * 26 + 4, "gpus_clean": 8 * 26 + 4 - 16, "gpus_dirty": 16,
         "memory_used_mib": report["summary"]["memory_used_mib"], "memory_total_mib": 26 * 8 * H200_TOTAL + 4 * L40S_TOTAL,
         "holders": 8 + 1 + 1 + 1 + 1, "nvml_clients": 2 + 1,
-        "hosts_unhealthy": 1, "gpus_unhealthy": 1,
+        "hosts_unhealthy": 1, "gpus_unhealthy": 1, "hosts_health_unchecked": 0, "gpus_health_unchecked": 0,
     }
     status = {h["host"]: h["status"] for h in report["hosts"]}
     node09 = next(h for h in report["hosts"] if h["host"] == "gpu-node09")
@@ -253,7 +254,10 @@ def test_report_json_counts_every_kind_of_host(fleet_report):
         "gpu-node03", "gpu-node07", "gpu-node11", "gpu-node14", "gpu-node21", "gpu-node24", "gpu-node26", "gpu-node29"]
     assert status["gpu-node18"] == "clean", "the MIG host's 55 MiB baseline is under its max_used_mib"
     findings = report["findings"]
-    assert [a["host"] for a in findings["attention"]] == [h for h, s in status.items() if s != "clean"]
+    # Hosts that need attention: every host that is not clean, and the unhealthy one whose memory is clean.
+    assert [a["host"] for a in findings["attention"]] == sorted([h for h, s in status.items() if s != "clean"] + ["gpu-node09"])
+    node09_attention = next(a for a in findings["attention"] if a["host"] == "gpu-node09")
+    assert node09_attention["status"] == "clean" and node09_attention["health"].startswith("GPU 5 (00000000:68:00.0): 1 uncorrectable")
     assert {(g["host"], g["index"]) for g in findings["dirty_gpus"]} >= {("gpu-node07", 0), ("gpu-node07", 1), ("gpu-node11", 3), ("gpu-node21", 6)}
     assert [p["pid"] for p in findings["stale_processes"]] == [9120]
     assert report["queries"] == {"busiest_gpu": ["gpu-node03", 7]}
@@ -438,7 +442,7 @@ def main():
     module = AnsibleModule(argument_spec=dict(
         nvidia_smi=dict(type="path"), timeout=dict(type="float", default=10), max_used_mib=dict(type="int", default=0),
         processes=dict(type="bool", default=True), fail_on_error=dict(type="bool", default=True),
-        protect=dict(type="list", elements="str", default=[])), supports_check_mode=True)
+        protect=dict(type="list", elements="str", default=[]), smoke_test=dict(type="bool", default=False)), supports_check_mode=True)
     with open(module.params["nvidia_smi"]) as handle:
         answer = json.load(handle)
     if "fail" in answer:
@@ -458,6 +462,7 @@ def _stand_in_collection(tmp_path):
         (coll / name).symlink_to(REPO / name)
     (coll / "plugins" / "filter").symlink_to(REPO / "plugins" / "filter")
     (coll / "plugins" / "plugin_utils").symlink_to(REPO / "plugins" / "plugin_utils")
+    (coll / "plugins" / "action").symlink_to(REPO / "plugins" / "action")
     (coll / "plugins" / "modules" / "gpu_facts.py").write_text(STAND_IN)
     return root
 
@@ -510,3 +515,89 @@ def test_audit_playbook_with_the_real_module_reports_a_host_without_nvidia_smi(t
     report = json.loads((tmp_path / "gpu_audit_report" / "report.json").read_text())
     assert [(h["host"], h["status"]) for h in report["hosts"]] == [("gone", "unreachable"), ("no-driver", "error")]
     assert report["hosts"][1]["reason"]
+
+
+# --------------------------------------------------------------------------- health, check mode, scale
+
+
+def _unhealthy_fleet():
+    """A clean host with an Xid 79 read from dmesg 2 hours ago, an R440-like host whose driver has
+    no mig.mode.current (MIG mode unchecked on every GPU), and a clean healthy host."""
+    hosts = clean_fleet(1)
+    xid = clean_fleet(2)[1]
+    xid["host"] = "xid_node|01"
+    g = xid["gpu"]["gpus"][2]
+    g.update(healthy=False, health_issues=["Xid 79 (GPU has fallen off the bus) in the kernel log at 7200 s ago"],
+             health={"ecc_uncorrected_volatile": 0, "xids": [{"xid": 79, "time": "7200 s ago", "message": "NVRM: Xid (PCI:0000:38:00): 79"}],
+                     "unchecked": []}, health_checked=True)
+    xid["gpu"].update(healthy=False, health_checked=True,
+                      health_issues=["GPU 2 (00000000:38:00.0): Xid 79 (GPU has fallen off the bus) in the kernel log at 7200 s ago"])
+    old = clean_fleet(3)[2]
+    old["host"] = "r440-node"
+    for g in old["gpu"]["gpus"]:
+        g.update(health_checked=False, health={"unchecked": ["the driver does not know mig.mode.current: not checked"]}, mig_mode=None)
+    old["gpu"].update(healthy=True, health_checked=False)
+    return hosts + [xid, old]
+
+
+def test_unhealthy_and_unchecked_gpus_need_attention_and_fail_on_unhealthy_fails_on_them(tmp_path, collections_path):
+    proc, cwd = report_only(tmp_path, collections_path, _unhealthy_fleet(), ["-e", "gpu_audit_fail_on_unhealthy=true"])
+    assert proc.returncode == 2, proc.output
+    assert "2 of 3 hosts are not known healthy" in proc.output
+    assert "xid_node|01 (clean; GPU 2 (00000000:38:00.0): Xid 79 (GPU has fallen off the bus) in the kernel log 2 h ago)" in proc.output
+    assert "r440-node (clean; health not checked on GPU 0, 1, 2, 3, 4, 5, 6, 7: the driver does not know mig.mode.current" in proc.output
+    out = cwd / "gpu_audit_report"
+    report = json.loads((out / "report.json").read_text())
+    assert [a["host"] for a in report["findings"]["attention"]] == ["r440-node", "xid_node|01"]
+    md = (out / "report.md").read_text()
+    # A user-chosen name is escaped in Markdown (the pipe would split the cell).
+    assert "| xid_node\\|01 | **clean** | - | GPU 2 (00000000:38:00.0): Xid 79 (GPU has fallen off the bus) in the kernel log 2 h ago |" in md
+    assert "7200 s" not in md and "7200 s" not in (out / "report.html").read_text()
+    assert "- **unhealthy**, Xid 79 (GPU has fallen off the bus): 1 host (xid_node\\|01)" in md
+    assert "- **unchecked**, health not fully checked: 1 host (r440-node)" in md
+
+    proc, dummy = report_only(tmp_path, collections_path, _unhealthy_fleet(), ["-e", "gpu_audit_fail_on_dirty=true"])
+    assert proc.returncode == 0, "fail_on_dirty is about memory: clean but unhealthy hosts pass it\n" + proc.output
+
+
+def test_check_mode_writes_nothing(tmp_path, collections_path):
+    proc, cwd = report_only(tmp_path, collections_path, build_fleet(), ["--check", "-e", "gpu_audit_fail_on_dirty=true"])
+    assert proc.returncode == 2, proc.output
+    assert "8 of 30 hosts are not clean" in proc.output
+    assert not (cwd / "gpu_audit_report").exists()
+
+
+def test_a_4000_host_page_groups_what_needs_attention_and_draws_one_page_of_the_heat_map(tmp_path, collections_path):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from audit_report import fleet
+
+    hosts = fleet(4000)
+    part = tmp_path / "part.json"
+    part.write_text(json.dumps({"format": "zeromib.gpu audit part", "version": 1, "generated_epoch": 1748779200.0,
+                                "expected_hosts": [], "hosts_data": hosts}))
+    proc, cwd = report_only(tmp_path, collections_path, None, ["-e", json.dumps({"gpu_audit_parts": [str(part)]})])
+    assert proc.returncode == 0, proc.output
+    page = cwd / "gpu_audit_report" / "report.html"
+    assert page.stat().st_size <= 5_000_000, page.stat().st_size
+    proc = _chromium("--dump-dom", page.as_uri())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    dom = _Dom()
+    dom.feed(proc.stdout)
+    assert len(dom.rows) == 100, "one page of 100 hosts"
+    assert "hosts 1-100 of 4,000, page 1 of 40" in proc.stdout
+    groups = proc.stdout.count('<details class="group"')
+    assert 6 <= groups <= 12, groups
+    assert "held by vllm.service</b> <span class=\"count\">134 hosts</span>" in proc.stdout
+    assert "and 129 more" in proc.stdout
+
+
+def test_saved_host_data_is_never_templated(tmp_path, collections_path):
+    """A command line is the host's text, not a template of the controller: a saved one with braces
+    reads as it was."""
+    hosts = [h for h in build_fleet() if h["host"] == "gpu-node07"]
+    hosts[0]["gpu"]["holders"][0]["cmdline"] = "python3 {{ 7 * 6 }} {{ lookup('env', 'HOME') }}"
+    proc, cwd = report_only(tmp_path, collections_path, hosts)
+    assert proc.returncode == 0, proc.output
+    report = json.loads((cwd / "gpu_audit_report" / "report.json").read_text())
+    assert report["hosts"][0]["holders"][0]["cmdline"] == "python3 {{ 7 * 6 }} {{ lookup('env', 'HOME') }}"
+    assert "`python3 {{ 7 * 6 }} {{ lookup('env', 'HOME') }}`" in (cwd / "gpu_audit_report" / "report.md").read_text()

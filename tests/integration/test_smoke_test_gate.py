@@ -145,7 +145,7 @@ def test_a_held_gpu_is_never_tested(h200x2):
 
 def test_a_mig_gpu_is_skipped_with_the_reason(h200x2):
     configure(h200x2)
-    h200x2.set_fault({"field_values": {"1": {"mig.mode.current": "Enabled"}}})
+    h200x2.set_fault({"field_values": {"1": {"mig.mode.current": "Enabled", "mig.mode.pending": "Enabled"}}})
     try:
         outcome = run_role(h200x2, {"free_gpus_smoke_test": True})
     finally:

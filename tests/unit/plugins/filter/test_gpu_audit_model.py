@@ -47,6 +47,7 @@ def test_fleet_summary_counts_hosts_gpus_and_blocking_holders():
         "gpus_total": 24, "gpus_clean": 23, "gpus_dirty": 1,
         "memory_used_mib": 10267 + 8 * 55, "memory_total_mib": 24 * ah.H200_TOTAL,
         "holders": 1, "nvml_clients": 2, "hosts_unhealthy": 0, "gpus_unhealthy": 0,
+        "hosts_health_unchecked": 0, "gpus_health_unchecked": 0,
     }
     assert model["schema_version"] == 1
     assert model["generated_at"] == "2025-06-01T12:00:00Z" and model["generated_epoch"] == EPOCH
@@ -220,3 +221,17 @@ def test_an_undecided_holder_blocks_although_it_has_no_gpu_index():
     host = _one(record)
     assert host["status"] == "dirty" and [h["pid"] for h in host["holders"] if h["blocking"]] == [900]
     assert [h["pid"] for h in host["nvml_clients"]] == [801]
+
+
+@pytest.mark.parametrize("seconds, text", [(45, "45 s"), (119, "119 s"), (600, "10 min"), (7200, "2 h"), (5 * 86400, "5 d")])
+def test_ages_read_in_the_unit_a_person_would_say(seconds, text):
+    from ansible_collections.zeromib.gpu.plugins.filter.gpu_audit_model import age_text, human_ages
+
+    assert age_text(seconds) == text
+    assert human_ages("Xid 79 (GPU has fallen off the bus) in the kernel log at %d s ago" % seconds) == \
+        "Xid 79 (GPU has fallen off the bus) in the kernel log %s ago" % text
+
+
+def test_a_healthy_fully_checked_host_has_no_health_reason():
+    host = _one(ah.clean_h200x8())
+    assert host["health_reason"] is None and host["unchecked_gpus"] == []

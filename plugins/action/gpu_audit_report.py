@@ -1,0 +1,594 @@
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The fleet audit's report in one controller step (documented in plugins/modules/gpu_audit_report.py).
+
+hosts' data (the play's registered gpu_facts results, a variable of saved records, or part files
+written by slices) -> the model (gpu_audit_model) -> JMESPath findings (the jmespath library) ->
+report.json, report.md, report.html, gpu_audit.prom, each written through a temporary file and a
+rename.
+
+Why an action and not set_fact/copy/template tasks: at 4,000 hosts those templated the whole model
+three times through Ansible's templar and sent every file through module arguments - 210 s where
+the collection's own Python needs about 2 s (issue 26, docs/benchmarks.md). Here the data is read
+once, raw (saved host data is never a template: a command line may contain braces), and rendered
+with Jinja directly.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import re
+import tempfile
+import time
+
+from ansible.errors import AnsibleActionFail, AnsibleError, AnsibleFilterError
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.zeromib.gpu.plugins.filter.fleet_query import search_plain
+from ansible_collections.zeromib.gpu.plugins.filter.gpu_audit_model import model_of
+from ansible_collections.zeromib.gpu.plugins.filter.gpu_audit_prom import gpu_audit_prom
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._plain import plain
+
+PART_FORMAT = "zeromib.gpu audit part"
+PART_VERSION = 1
+TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "playbooks", "tasks", "templates")
+FILES = ("report.json", "report.md", "report.html", "gpu_audit.prom")
+# Hosts named per group in the summary line of "Needs attention"; the rest behind "and N more".
+FIRST_HOSTS = 5
+
+ARGUMENT_SPEC = {
+    "hosts_data": {"type": "list", "elements": "dict"},
+    "hosts_data_var": {"type": "str"},
+    "result_var": {"type": "str", "default": "__gpu_audit_facts"},
+    "expected_hosts": {"type": "list", "elements": "str"},
+    "parts": {"type": "list", "elements": "path", "default": []},
+    "write_part": {"type": "path"},
+    "report": {"type": "bool", "default": True},
+    "report_dir": {"type": "path", "default": "gpu_audit_report"},
+    "title": {"type": "str", "default": "GPU fleet audit"},
+    "max_used_mib": {"type": "int", "default": 0},
+    "busy_pct": {"type": "float", "default": 50.0},
+    "queries": {"type": "dict", "default": {}},
+    "fail_on_dirty": {"type": "bool", "default": False},
+    "fail_on_unhealthy": {"type": "bool", "default": False},
+    "generated_at": {"type": "float"},
+}
+
+NEEDS_ATTENTION = "status != 'clean' || health_reason != null"
+
+
+def queries(busy_pct):
+    """The report's own JMESPath queries (findings).
+
+    The GPU queries pick the hosts first (a dirty GPU sits on a host with dirty_gpus, a busy one on
+    a host that uses memory): the same answer as filtering every GPU, without visiting 32,000 of them."""
+    busy = json.dumps(float(busy_pct))
+    return {
+        "attention": "hosts[?%s].{host: host, status: status, reason: reason, health: health_reason}" % NEEDS_ATTENTION,
+        "dirty_gpus": ("hosts[?up && length(dirty_gpus) > `0`].gpus[] | [?!clean].{host: host, index: index, uuid: uuid, name: name, "
+                       "memory_used_mib: memory_used_mib, memory_total_mib: memory_total_mib, used_pct: used_pct, holders: holders[].pid}"),
+        "busy_gpus": "hosts[?up%s].gpus[] | [?used_pct >= `%s`].{host: host, index: index, used_pct: used_pct}" % (
+            " && memory_used_mib > `0`" if float(busy_pct) > 0 else "", busy),
+        "holders": ("hosts[].holders[] | [?blocking].{host: host, pid: pid, name: name, user: user, unit: unit, container: container, "
+                    "container_label: container_label, gpu_indexes: gpu_indexes, spanning: spanning, used_memory_mib: used_memory_mib, "
+                    "cmdline: cmdline}"),
+        "stale_processes": "hosts[].stale_processes[]",
+        "nvml_clients": ("hosts[?up].nvml_clients[].{host: host, pid: pid, name: name, user: user, unit: unit, "
+                         "container: container, protected: protected, cmdline: cmdline}"),
+    }
+
+
+# --------------------------------------------------------------------------- the hosts' data
+
+
+def host_record(host, result):
+    """One host's registered gpu_facts result -> {host, status, error, gpu} (what the model reads).
+
+    As audit_gpus.yml's per-host set_fact did: unreachable when Ansible could not connect, ok when
+    the module returned ansible_facts.gpu, else error with the module's message and the last line
+    of its stderr (ansible-core 2.19 puts a crashed module's exception there)."""
+    result = result if isinstance(result, dict) else {}
+    facts = (result.get("ansible_facts") or {}).get("gpu") if isinstance(result.get("ansible_facts"), dict) else None
+    if result.get("unreachable"):
+        status = "unreachable"
+    else:
+        status = "ok" if facts is not None else "error"
+    error = None
+    if facts is None:
+        message = re.sub(r"[.]$", "", str(result.get("msg") or "zeromib.gpu.gpu_facts failed"))
+        stderr = str(result.get("module_stderr") or "").strip().splitlines()[-1:]
+        error = ": ".join(part for part in [message] + stderr if part)
+    return {"host": str(host), "status": status, "error": error, "gpu": facts}
+
+
+def play_results(task_vars, hosts, result_var):
+    """The registered result of each host, read once and raw (never templated).
+
+    set_fact and register keep per-host values in the variable manager's non-persistent cache;
+    reading it there costs nothing per host, where hostvars[host] merges every variable of the
+    host (inventory, groups, facts) first. HostVars.raw_get is the public fallback."""
+    hostvars = task_vars.get("hostvars")
+    cache = getattr(getattr(hostvars, "_variable_manager", None), "_nonpersistent_fact_cache", None)
+    records = []
+    for host in hosts:
+        result = None
+        if cache is not None and result_var in (cache.get(host) or {}):
+            result = cache[host][result_var]
+        elif hostvars is not None:
+            try:
+                variables = hostvars.raw_get(host)
+            except (AnsibleError, KeyError):
+                variables = {}
+            result = variables.get(result_var) if isinstance(variables, dict) else None
+        if result is not None:
+            records.append(host_record(host, plain(result)))
+    return records
+
+
+def part_name(hosts):
+    """A part's file name, the same for the same hosts: a rerun of one slice replaces its part."""
+    digest = hashlib.sha256("\n".join(sorted(hosts)).encode("utf-8")).hexdigest()[:16]
+    return "gpu-audit-part-%s.json" % digest
+
+
+def part_document(hosts_data, expected_hosts, epoch):
+    return {"format": PART_FORMAT, "version": PART_VERSION, "generated_epoch": epoch,
+            "expected_hosts": sorted(set(expected_hosts)), "hosts_data": hosts_data}
+
+
+def part_files(paths):
+    """Part paths as given: a file, a directory (its *.json), or a glob; sorted, no duplicates."""
+    found = []
+    for path in paths:
+        path = os.path.expanduser(str(path))
+        if os.path.isdir(path):
+            matches = sorted(glob.glob(os.path.join(path, "*.json")))
+        elif glob.has_magic(path):
+            matches = sorted(glob.glob(path))
+        else:
+            matches = [path]
+        if not matches:
+            raise AnsibleActionFail("zeromib.gpu.gpu_audit_report: no part in %s" % path)
+        found.extend(m for m in matches if m not in found)
+    return found
+
+
+def read_parts(paths):
+    """[part file] -> (hosts_data, expected_hosts, earliest generated_epoch)."""
+    hosts_data, expected, epochs = [], [], []
+    for path in part_files(paths):
+        try:
+            with open(path, "rb") as handle:
+                part = json.load(handle)
+        except (OSError, ValueError) as exc:
+            raise AnsibleActionFail("zeromib.gpu.gpu_audit_report: cannot read the part %s: %s" % (path, exc)) from exc
+        if not isinstance(part, dict) or part.get("format") != PART_FORMAT or not isinstance(part.get("hosts_data"), list):
+            raise AnsibleActionFail("zeromib.gpu.gpu_audit_report: %s is not an audit part (written with write_part)" % path)
+        if part.get("version") != PART_VERSION:
+            raise AnsibleActionFail("zeromib.gpu.gpu_audit_report: %s is an audit part of version %r; this collection reads version %d"
+                                    % (path, part.get("version"), PART_VERSION))
+        hosts_data.extend(part["hosts_data"])
+        expected.extend(part.get("expected_hosts") or [])
+        if isinstance(part.get("generated_epoch"), (int, float)):
+            epochs.append(float(part["generated_epoch"]))
+    return hosts_data, expected, (min(epochs) if epochs else None)
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def build_report(hosts_data, expected_hosts=None, generated_at=None, max_used_mib=0, busy_pct=50.0, title="GPU fleet audit",
+                 custom_queries=None):
+    """The report.json document: the model, its findings, the custom queries and the settings."""
+    if not isinstance(hosts_data, list):
+        raise AnsibleActionFail("zeromib.gpu.gpu_audit_report: the hosts' data must be a list of host records, got %s"
+                                % type(hosts_data).__name__)
+    try:
+        model = model_of(hosts_data, generated_at=generated_at, expected_hosts=expected_hosts or [])
+        # The model is plain Python already: no copy before JMESPath (fleet_query's would be most of its time).
+        model["findings"] = {name: search_plain(model, expr) for name, expr in queries(busy_pct).items()}
+        model["queries"] = {str(name): search_plain(model, expr) for name, expr in plain(custom_queries).items()} if custom_queries else {}
+    except AnsibleFilterError as exc:
+        raise AnsibleActionFail(str(exc).replace("zeromib.gpu.gpu_audit_model", "zeromib.gpu.gpu_audit_report")) from exc
+    model["settings"] = {"max_used_mib": int(max_used_mib), "busy_pct": float(busy_pct), "title": title}
+    return model
+
+
+def not_ready(report, fail_on_dirty, fail_on_unhealthy):
+    """The attention entries that fail the run as asked: not clean, and/or unhealthy or unchecked."""
+    failing = []
+    for entry in report["findings"]["attention"]:
+        if (fail_on_dirty and entry["status"] != "clean") or (fail_on_unhealthy and entry.get("health")):
+            failing.append(entry)
+    return failing
+
+
+def verdict(report, failing, fail_on_dirty, fail_on_unhealthy, report_html):
+    """(failed, message) as the task file's assert says it."""
+    total = report["summary"]["hosts_total"]
+    hosts = "host" if total == 1 else "hosts"
+    what = " or ".join(w for w, asked in (("not clean", fail_on_dirty), ("not known healthy", fail_on_unhealthy)) if asked)
+    if failing:
+        details = "; ".join("%s (%s)" % (e["host"], ": ".join(x for x in (e["status"], e.get("reason")) if x)
+                                         + ("; %s" % e["health"] if e.get("health") else "")) for e in failing)
+        return True, "%d of %d %s %s %s: %s. Report: %s" % (len(failing), total, hosts, "is" if len(failing) == 1 else "are",
+                                                           what, details, report_html)
+    if total == 1:
+        return False, "The host is clean" + (" and healthy" if fail_on_unhealthy else "")
+    return False, "All %d hosts are clean" % total + (" and healthy" if fail_on_unhealthy else "")
+
+
+def summary_line(report, report_html):
+    s = report["summary"]
+    line = "%d host%s: %d clean, %d dirty, %d error, %d unreachable; %d of %d GPUs dirty, %d MiB used." % (
+        s["hosts_total"], "" if s["hosts_total"] == 1 else "s", s["hosts_clean"], s["hosts_dirty"], s["hosts_error"],
+        s["hosts_unreachable"], s["gpus_dirty"], s["gpus_total"], s["memory_used_mib"])
+    if s.get("gpus_unhealthy") or s.get("gpus_health_unchecked"):
+        line += " %d GPU%s unhealthy, %d not fully checked." % (s["gpus_unhealthy"], "" if s["gpus_unhealthy"] == 1 else "s",
+                                                                s["gpus_health_unchecked"])
+    return line + " Report: %s" % report_html
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+# Markdown's punctuation that a name can carry; an underscore only where it could open or close
+# emphasis (CommonMark ignores one between two letters or digits: CUDA_ERROR_OUT_OF_MEMORY stays as is).
+_MD_SPECIAL = re.compile(r"([\\`*\[\]<>|~&]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9]))")
+
+
+def markdown_text(value):
+    """A value from the fleet (a host, unit or process name, a command line) as literal text in a
+    Markdown table cell: Markdown's punctuation backslash-escaped, lines joined, '-' for none."""
+    if value is None:
+        return "-"
+    return _MD_SPECIAL.sub(r"\\\1", str(value).replace("\r", " ").replace("\n", " "))
+
+
+def markdown_code(value):
+    """A command line inside a Markdown code span of a table cell: spans take no backslash escapes,
+    so a backtick (which would end the span) becomes a quote and a pipe (which would end the cell) is escaped."""
+    return str(value or "").replace("\r", " ").replace("\n", " ").replace("`", "'").replace("|", "\\|")
+
+
+def json_for_script(value):
+    """JSON for a <script type="application/json"> block: no '<', '>' or '&' can end it early."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+
+
+def _flatten(value, levels=None):
+    out = []
+    for item in value:
+        if isinstance(item, (list, tuple)) and (levels is None or levels > 0):
+            out.extend(_flatten(item, None if levels is None else levels - 1))
+        else:
+            out.append(item)
+    return out
+
+
+def to_nice_json(value, indent=4, sort_keys=True):
+    """As ansible.builtin.to_nice_json writes it."""
+    return json.dumps(value, indent=indent, sort_keys=sort_keys, separators=(",", ": "))
+
+
+_ENV = None
+
+
+def environment():
+    """Jinja as the template module configures it (trim_blocks), with the filters the templates use."""
+    global _ENV  # pylint: disable=global-statement
+    if _ENV is None:
+        import jinja2
+
+        env = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.realpath(TEMPLATES)), trim_blocks=True,
+                                 keep_trailing_newline=False, autoescape=False)
+        env.filters.update({"md": markdown_text, "md_code": markdown_code, "flatten": _flatten, "to_nice_json": to_nice_json,
+                            "ansible.builtin.to_nice_json": to_nice_json, "json_for_script": json_for_script})
+        _ENV = env
+    return _ENV
+
+
+def _reason_kind(text):
+    """A reason without what is particular to one host: IP addresses, ports, counts, MiB, PIDs."""
+    text = re.sub(r"\b\d{1,3}(?:\.\d{1,3}){3}\b", "<address>", text)
+    text = re.sub(r"\bport \d+", "port <n>", text)
+    return re.sub(r"\b\d+(?:\.\d+)?\b", "N", text)
+
+
+def _owner(holder):
+    if holder.get("unit"):
+        return holder["unit"]
+    if holder.get("container_label"):
+        return "container " + holder["container_label"].split(" (")[0]
+    return "%s (no unit)" % (holder.get("name") or "?")
+
+
+_HEALTH_CUT = re.compile(r" (?:in the kernel log|since the driver loaded|: reset|, expected).*$")
+
+
+def _health_kind(issue):
+    issue = re.sub(r"^GPU \S+ \([^)]*\): ", "", issue)
+    issue = _HEALTH_CUT.sub("", issue)
+    return re.sub(r"^\d+ ", "", issue)
+
+
+def attention_groups(report):
+    """The hosts that need attention, grouped by kind of reason, largest group first.
+
+    A 4,000-host fleet had 1,066 such hosts; one line each buries the one reason that matters.
+    Grouping: dirty hosts by what holds their GPUs (unit, container, process name), hosts in error
+    or unreachable by their message with addresses and numbers taken out, unhealthy hosts by kind
+    of issue (Xid 79, uncorrectable ECC...). A host can sit in more than one group."""
+    hosts = {h["host"]: h for h in report["hosts"]}
+    groups = {}
+
+    def add(kind, status, entry):
+        group = groups.setdefault((status, kind), {"status": status, "title": kind, "hosts": [], "_seen": set()})
+        if entry["host"] not in group["_seen"]:
+            group["_seen"].add(entry["host"])
+            group["hosts"].append(entry)
+
+    for entry in report["findings"]["attention"]:
+        host = hosts[entry["host"]]
+        if host["status"] == "dirty":
+            owners = sorted(set(_owner(h) for h in host["holders"] if h["blocking"]))
+            if owners:
+                kind = "held by " + ", ".join(owners[:3]) + (" and %d more" % (len(owners) - 3) if len(owners) > 3 else "")
+            elif host["stale_processes"]:
+                kind = "memory counted for a gone PID"
+            else:
+                kind = "memory used, no holder found"
+            add(kind, "dirty", entry)
+        elif host["status"] in ("error", "unreachable"):
+            add(_reason_kind(host["reason"] or host["status"]), host["status"], entry)
+        issues = host["health_issues"] or [i for g in host["gpus"] for i in g["health_issues"]]
+        for kind in sorted(set(_health_kind(i) for i in issues)):
+            add(kind, "unhealthy", entry)
+        if host["unchecked_gpus"]:
+            add("health not fully checked", "unchecked", entry)
+    order = {"unreachable": 0, "error": 1, "dirty": 2, "unhealthy": 3, "unchecked": 4}
+    result = sorted(groups.values(), key=lambda g: (-len(g["hosts"]), order[g["status"]], g["title"]))
+    for group in result:
+        del group["_seen"]
+        group["count"] = len(group["hosts"])
+        group["first"] = [e["host"] for e in group["hosts"][:FIRST_HOSTS]]
+    return result
+
+
+def _tip_holder(h):
+    line = "pid %s %s%s%s · user %s" % (h.get("pid"), h.get("name") or "?", " [protected]" if h.get("protected") else "",
+                                        " (%s MiB)" % h["used_memory_mib"] if h.get("used_memory_mib") is not None else "",
+                                        h.get("user") or "?")
+    if h.get("unit"):
+        line += " · unit %s" % h["unit"]
+    if h.get("container"):
+        line += " · container %s" % (h.get("container_label") or str(h["container"])[:12])
+    gpus = ",".join(str(i) for i in h.get("gpu_indexes") or []) or ("none (NVML client)" if h.get("nvml_client") else "none")
+    return line + " · GPUs %s\n    %s" % (gpus, h.get("cmdline") or "")
+
+
+def heat_data(report):
+    """The heat map as compact rows for the page's script, which draws one page of hosts at a time
+    (a 4,000-host table of 32,000 cells with their tooltips was 16 MB of HTML).
+
+    Repeated strings (GPU names, bus ids, MIG modes, drivers) are stored once in `s` and referred
+    to by index; a holder's tooltip line is stored once per host, and its GPUs refer to it. Per host:
+    [name, status, reason, used, total, pct, driver, cuda, blocking holders, holder lines, needs
+    attention, health, gpus, indexes of the blocking holders' lines]; per GPU: [index, used, total,
+    pct, flags, util, temp, power, name, uuid, bus, mig, blocking holders, indexes of its holders'
+    lines, other notes] with flags 1 clean, 2 footprint, 4 unhealthy, 8 not fully checked."""
+    strings, index = [], {}
+
+    def s(value):
+        if value is None:
+            return -1
+        value = str(value)
+        if value not in index:
+            index[value] = len(strings)
+            strings.append(value)
+        return index[value]
+
+    attention = set(e["host"] for e in report["findings"]["attention"])
+    rows = []
+    for h in report["hosts"]:
+        lines, line_of = [], {}
+
+        def line(holder):
+            key = id(holder)
+            if key not in line_of:
+                line_of[key] = len(lines)
+                lines.append(_tip_holder(holder))
+            return line_of[key]
+
+        blocking = [line(x) for x in h["holders"] if x["blocking"]]
+        gpus = []
+        for g in h["gpus"] if h["up"] else []:
+            flags = (1 if g["clean"] else 0) | (2 if g["clean"] and g.get("cross_gpu_footprint") else 0) \
+                | (4 if g.get("healthy") is False else 0) | (8 if g.get("health_checked") is False else 0)
+            notes = ["nvidia-smi counts %s MiB for gone PID %s (%s)" % (p.get("used_memory_mib"), p.get("pid"), p.get("name"))
+                     for p in g["processes"] if p.get("alive") is False]
+            if g.get("healthy") is False:
+                notes.append("UNHEALTHY: " + "; ".join(g["health_issues"]))
+            if g.get("health_checked") is False:
+                notes.append("health not fully checked: " + ", ".join(_unchecked_notes_of(g)))
+            smoke = g.get("smoke_test")
+            if isinstance(smoke, dict):
+                notes.append("CUDA smoke test: %s%s" % (smoke.get("result"), (" in %s s" % smoke.get("seconds")) if smoke.get("ok")
+                                                        else ": %s" % (smoke.get("error") or smoke.get("skipped"))))
+            gpus.append([g.get("index"), g.get("memory_used_mib"), g.get("memory_total_mib"), g.get("used_pct"), flags,
+                         g.get("utilization_gpu_pct"), g.get("temperature_c"), g.get("power_draw_w"), s(g.get("name")), g.get("uuid"),
+                         s(g.get("pci_bus_id")), s(g.get("mig_mode")), sum(1 for x in g["holders"] if x["blocking"]),
+                         [line(x) for x in g["holders"]] or 0, "\n".join(notes) or 0])
+        rows.append([h["host"], h["status"], h["reason"], h["memory_used_mib"], h["memory_total_mib"], h["used_pct"],
+                     s(h.get("driver_version")), s(h.get("cuda_version")), len(blocking), lines or 0,
+                     1 if h["host"] in attention else 0, h["health_reason"], gpus, blocking or 0])
+    return {"w": report["max_gpu_count"], "s": strings, "h": rows}
+
+
+def _unchecked_notes_of(gpu):
+    names = gpu.get("health_unchecked")
+    if names:
+        return [str(n) for n in names]
+    return [str(n) for n in ((gpu.get("health") or {}).get("unchecked") or [])] or ["some checks"]
+
+
+def report_json(report):
+    """report.json: one host per line inside an indented document.
+
+    Python's JSON encoder indents in pure Python (3.4 s for 4,000 hosts here, the C encoder 0.3 s);
+    a line per host also keeps the diff of two audits to the hosts that changed."""
+    def compact(value):
+        return json.dumps(value, sort_keys=True, separators=(",", ": "))
+
+    lines = ["{"]
+    keys = sorted(report)
+    for n, key in enumerate(keys):
+        comma = "," if n < len(keys) - 1 else ""
+        value = report[key]
+        if key == "hosts" and value:
+            lines.append('  "hosts": [')
+            lines.extend("    %s%s" % (compact(h), "," if i < len(value) - 1 else "") for i, h in enumerate(value))
+            lines.append("  ]" + comma)
+        elif isinstance(value, dict) and value:
+            lines.append("  %s: {" % compact(key))
+            inner = sorted(value)
+            lines.extend("    %s: %s%s" % (compact(k), compact(value[k]), "," if i < len(inner) - 1 else "") for i, k in enumerate(inner))
+            lines.append("  }" + comma)
+        else:
+            lines.append("  %s: %s%s" % (compact(key), compact(value), comma))
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def render(report):
+    """{file name: text} of the four report files."""
+    env = environment()
+    context = {"_gpu_audit_report": report, "attention_groups": attention_groups(report)}
+    html_context = dict(context, heat_data=heat_data(report))
+    return {
+        "report.json": report_json(report),
+        "report.md": env.get_template("gpu_audit_report.md.j2").render(context),
+        "report.html": env.get_template("gpu_audit_report.html.j2").render(html_context),
+        "gpu_audit.prom": gpu_audit_prom(report),
+    }
+
+
+def write_atomically(path, text, mode=0o644):
+    """Write through a temporary file in the same directory and rename it: a reader (the textfile
+    collector, a browser, a script) sees the old file or the new one, never half of one.
+    Returns whether the content changed."""
+    data = text.encode("utf-8")
+    try:
+        with open(path, "rb") as handle:
+            if handle.read() == data:
+                return False
+    except OSError:
+        pass
+    directory = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return True
+
+
+def report_dir_of(path):
+    """A relative directory is relative to the controller's working directory (where
+    ansible-playbook runs), not to the playbook."""
+    return os.path.realpath(os.path.expanduser(str(path)))
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _VALID_ARGS = frozenset(ARGUMENT_SPEC)
+    _supports_check_mode = True
+    _supports_async = False
+
+    def _params(self):
+        validator = ArgumentSpecValidator(ARGUMENT_SPEC)
+        checked = validator.validate(dict(self._task.args))
+        if checked.error_messages:
+            raise AnsibleActionFail("zeromib.gpu.gpu_audit_report: %s" % "; ".join(checked.error_messages))
+        return checked.validated_parameters
+
+    def _hosts_data(self, params, task_vars):
+        """(records, expected hosts, generated_at) from the one source the task names."""
+        expected = params["expected_hosts"]
+        if params["hosts_data"] is not None:
+            return plain(params["hosts_data"]), expected, None
+        if params["hosts_data_var"] and params["hosts_data_var"] in task_vars:
+            records = task_vars[params["hosts_data_var"]]
+            if not isinstance(records, list):
+                raise AnsibleActionFail("zeromib.gpu.gpu_audit_report: %s must be a list of host records, got %s"
+                                        % (params["hosts_data_var"], type(records).__name__))
+            return plain(records), expected, None
+        if params["parts"]:
+            records, from_parts, epoch = read_parts(params["parts"])
+            return records, sorted(set(from_parts) | set(expected or [])), epoch
+        hosts = [str(h) for h in task_vars.get("ansible_play_hosts_all") or []]
+        return play_results(task_vars, hosts, params["result_var"]), (expected if expected is not None else hosts), None
+
+    def run(self, tmp=None, task_vars=None):
+        task_vars = task_vars or {}
+        result = super(ActionModule, self).run(tmp, task_vars)
+        del tmp
+        started = time.monotonic()
+        params = self._params()
+        check_mode = bool(self._task.check_mode)
+        try:
+            records, expected, parts_epoch = self._hosts_data(params, task_vars)
+            epoch = params["generated_at"] if params["generated_at"] is not None else (parts_epoch or time.time())
+            report_dir = report_dir_of(params["report_dir"])
+            written = {}
+            if params["write_part"]:
+                part_path = os.path.expanduser(params["write_part"])
+                hosts = [str(r.get("host")) for r in records if isinstance(r, dict)]
+                if os.path.isdir(part_path) or part_path.endswith(os.sep):
+                    part_path = os.path.join(part_path, part_name(sorted(set(hosts) | set(expected or []))))
+                part_path = os.path.realpath(part_path)
+                result["part"] = part_path
+                if not check_mode:
+                    os.makedirs(os.path.dirname(part_path), exist_ok=True)
+                    written[part_path] = write_atomically(part_path, json.dumps(part_document(records, expected or [], epoch)) + "\n")
+            report = build_report(records, expected, epoch, params["max_used_mib"], params["busy_pct"], params["title"], params["queries"])
+        except AnsibleError:
+            raise
+        except (TypeError, ValueError, OSError) as exc:
+            raise AnsibleActionFail("zeromib.gpu.gpu_audit_report: %s" % exc) from exc
+        report_html = os.path.join(report_dir, "report.html")
+        if params["report"]:
+            files = render(report)
+            if not check_mode:
+                os.makedirs(report_dir, mode=0o755, exist_ok=True)
+                for name in FILES:
+                    written[os.path.join(report_dir, name)] = write_atomically(os.path.join(report_dir, name), files[name])
+            result["files"] = [os.path.join(report_dir, name) for name in FILES]
+        failing = not_ready(report, params["fail_on_dirty"], params["fail_on_unhealthy"])
+        failed, message = verdict(report, failing, params["fail_on_dirty"], params["fail_on_unhealthy"], report_html)
+        result.update({
+            "changed": check_mode or any(written.values()),
+            "report_dir": report_dir,
+            "summary": report["summary"],
+            "attention": report["findings"]["attention"],
+            "summary_msg": summary_line(report, report_html),
+            "verdict": {"failed": failed, "msg": message, "hosts": [e["host"] for e in failing]},
+            "elapsed_s": round(time.monotonic() - started, 3),
+            "msg": summary_line(report, report_html),
+        })
+        return result

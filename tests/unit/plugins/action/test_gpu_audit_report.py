@@ -1,0 +1,256 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""gpu_audit_report's pure parts: the record of a registered result, parts, health in "needs
+attention", the verdict, grouping, escaping, the heat map data and report.json's layout."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from ansible.errors import AnsibleActionFail
+
+from ansible_collections.zeromib.gpu.plugins.action import gpu_audit_report as plugin
+from ansible_collections.zeromib.gpu.tests.unit.plugins.filter import audit_hosts as ah
+
+EPOCH = 1748779200.0
+
+
+def unhealthy(host="xid-h200"):
+    record = ah.clean_h200x8(host)
+    gpu = record["gpu"]["gpus"][5]
+    gpu.update(healthy=False, health_checked=True,
+               health_issues=["Xid 79 (GPU has fallen off the bus) in the kernel log at 7200 s ago"],
+               health={"ecc_uncorrected_volatile": 0, "xids": [{"xid": 79, "time": "7200 s ago", "message": "NVRM: Xid"}], "unchecked": []})
+    record["gpu"]["healthy"] = False
+    record["gpu"]["health_checked"] = True
+    record["gpu"]["health_issues"] = ["GPU 5 (00000000:1D:00.0): Xid 79 (GPU has fallen off the bus) in the kernel log at 7200 s ago"]
+    return record
+
+
+def unchecked(host="old-driver"):
+    """An R440-like driver: no mig.mode.current, so MIG mode could not be checked."""
+    record = ah.clean_h200x8(host)
+    for gpu in record["gpu"]["gpus"]:
+        gpu.update(healthy=True, health_checked=False, health_issues=[],
+                   health={"unchecked": ["the driver does not know mig.mode.current: not checked"]})
+    record["gpu"]["healthy"] = True
+    record["gpu"]["health_checked"] = False
+    return record
+
+
+def report(*records, **kw):
+    return plugin.build_report(list(records), generated_at=EPOCH, **kw)
+
+
+# --------------------------------------------------------------------------- reading results
+
+
+@pytest.mark.parametrize("result, status, error", [
+    pytest.param({"changed": False, "ansible_facts": {"gpu": {"count": 0}}}, "ok", None, id="answered"),
+    pytest.param({"unreachable": True, "msg": "Failed to connect to the host via ssh: timed out."}, "unreachable",
+                 "Failed to connect to the host via ssh: timed out", id="unreachable"),
+    pytest.param({"failed": True, "msg": "MODULE FAILURE.", "module_stderr": "Traceback...\nOSError: boom\n"}, "error",
+                 "MODULE FAILURE: OSError: boom", id="module-crash-keeps-the-last-stderr-line"),
+    pytest.param({"failed": True}, "error", "zeromib.gpu.gpu_facts failed", id="no-message"),
+])
+def test_a_registered_result_becomes_the_record_audit_gpus_used_to_set(result, status, error):
+    record = plugin.host_record("node01", result)
+    assert (record["host"], record["status"], record["error"]) == ("node01", status, error)
+    assert (record["gpu"] is None) == (status != "ok")
+
+
+class _Cache:
+    def __init__(self, facts):
+        self._nonpersistent_fact_cache = facts
+
+
+class _HostVars:
+    def __init__(self, facts, others):
+        self._variable_manager = _Cache(facts)
+        self.others = others
+        self.raw_reads = []
+
+    def raw_get(self, host):
+        self.raw_reads.append(host)
+        return self.others.get(host, {})
+
+
+def test_play_results_are_read_once_from_the_cache_and_hosts_without_one_are_left_to_expected_hosts():
+    answered = {"ansible_facts": {"gpu": ah.clean_h200x8()["gpu"]}}
+    hostvars = _HostVars({"a": {"__gpu_audit_facts": answered}}, {"b": {"__gpu_audit_facts": {"unreachable": True, "msg": "x"}}})
+    records = plugin.play_results({"hostvars": hostvars}, ["a", "b", "c"], "__gpu_audit_facts")
+    assert [(r["host"], r["status"]) for r in records] == [("a", "ok"), ("b", "unreachable")]
+    assert hostvars.raw_reads == ["b", "c"], "only hosts missing from the cache go through raw_get"
+
+
+# --------------------------------------------------------------------------- parts
+
+
+def test_parts_merge_into_the_report_of_the_whole_fleet(tmp_path):
+    fleet = ah.fleet()
+    whole = report(*copy.deepcopy(fleet))
+    halves = [fleet[0::2], fleet[1::2]]
+    for n, half in enumerate(halves):
+        names = [r["host"] for r in half]
+        (tmp_path / plugin.part_name(names)).write_text(json.dumps(plugin.part_document(half, names, EPOCH + n)))
+    records, expected, epoch = plugin.read_parts([str(tmp_path)])
+    merged = plugin.build_report(records, expected, epoch)
+    assert epoch == EPOCH, "the earliest part says when the audit ran"
+    assert merged == whole
+
+
+def test_a_part_name_depends_on_its_hosts_only():
+    assert plugin.part_name(["b", "a"]) == plugin.part_name(["a", "b"]) != plugin.part_name(["a"])
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", "cannot read the part"),
+    (json.dumps({"hosts": []}), "is not an audit part"),
+    (json.dumps({"format": plugin.PART_FORMAT, "version": 9, "hosts_data": []}), "of version 9"),
+])
+def test_a_bad_part_fails_naming_the_file(tmp_path, content, message):
+    path = tmp_path / "part.json"
+    path.write_text(content)
+    with pytest.raises(AnsibleActionFail, match=message):
+        plugin.read_parts([str(path)])
+
+
+def test_no_part_found_fails_naming_the_place(tmp_path):
+    with pytest.raises(AnsibleActionFail, match="no part in"):
+        plugin.read_parts([str(tmp_path / "*.json")])
+
+
+def test_a_host_in_two_parts_fails_naming_it():
+    with pytest.raises(AnsibleActionFail, match="host clean-h200 appears twice"):
+        report(ah.clean_h200x8(), ah.clean_h200x8())
+
+
+# --------------------------------------------------------------------------- health
+
+
+def test_an_unhealthy_gpu_on_a_clean_host_needs_attention_and_its_xid_age_reads_in_hours():
+    r = report(ah.clean_h200x8(), unhealthy())
+    (entry,) = r["findings"]["attention"]
+    assert entry == {"host": "xid-h200", "status": "clean", "reason": None,
+                     "health": "GPU 5 (00000000:1D:00.0): Xid 79 (GPU has fallen off the bus) in the kernel log 2 h ago"}
+    assert "7200 s" not in json.dumps(r["hosts"][1]["health_issues"])
+
+
+def test_a_gpu_whose_health_was_not_fully_checked_needs_attention_saying_what():
+    r = report(unchecked())
+    (entry,) = r["findings"]["attention"]
+    assert entry["health"] == "health not checked on GPU 0, 1, 2, 3, 4, 5, 6, 7: the driver does not know mig.mode.current: not checked"
+    assert r["summary"]["gpus_health_unchecked"] == 8 and r["summary"]["hosts_health_unchecked"] == 1
+
+
+def test_check_names_from_gpu_facts_are_preferred_to_its_notes():
+    record = unchecked()
+    for gpu in record["gpu"]["gpus"]:
+        gpu["health_unchecked"] = ["mig_mode"]
+    assert report(record)["hosts"][0]["health_reason"] == "health not checked on GPU 0, 1, 2, 3, 4, 5, 6, 7: mig_mode"
+
+
+@pytest.mark.parametrize("dirty, unhealthy_, failing", [
+    (True, False, ["dirty-h200"]),
+    (False, True, ["xid-h200", "old-driver"]),
+    (True, True, ["dirty-h200", "xid-h200", "old-driver"]),
+    (False, False, []),
+])
+def test_the_verdict_fails_on_what_it_was_asked_to(dirty, unhealthy_, failing):
+    r = report(ah.dirty_with_holders(), unhealthy(), unchecked(), ah.clean_h200x8())
+    found = plugin.not_ready(r, dirty, unhealthy_)
+    assert sorted(e["host"] for e in found) == sorted(failing)
+    failed, msg = plugin.verdict(r, found, dirty, unhealthy_, "/r/report.html")
+    assert failed == bool(failing)
+    if failing:
+        assert msg.startswith("%d of 4 hosts" % len(failing)) and msg.endswith("Report: /r/report.html")
+
+
+def test_an_all_clean_fleet_says_so():
+    r = report(ah.clean_h200x8("a"), ah.clean_h200x8("b"))
+    assert plugin.verdict(r, [], True, True, "x") == (False, "All 2 hosts are clean and healthy")
+
+
+# --------------------------------------------------------------------------- the page
+
+
+def test_attention_is_grouped_by_kind_of_reason_largest_first():
+    records = [ah.dirty_with_holders("dirty%02d" % n) for n in range(7)] + [ah.unreachable("gone%d" % n) for n in range(3)]
+    records[-1]["error"] = records[-1]["error"].replace("10.0.3.29", "10.0.9.1")
+    records += [unhealthy("xid%d" % n) for n in range(2)]
+    groups = plugin.attention_groups(report(*records))
+    assert [(g["status"], g["title"], g["count"]) for g in groups] == [
+        ("dirty", "held by vllm.service", 7),
+        ("unreachable", "Failed to connect to the host via ssh: ssh: connect to host <address> port <n>: No route to host", 3),
+        ("unhealthy", "Xid 79 (GPU has fallen off the bus)", 2),
+    ]
+    assert groups[0]["first"] == ["dirty00", "dirty01", "dirty02", "dirty03", "dirty04"]
+
+
+@pytest.mark.parametrize("raw, escaped", [
+    ("node_01", "node_01"),
+    ("_private_ and __x", "\\_private\\_ and \\_\\_x"),
+    ("a|b", "a\\|b"),
+    ("*x* `y` [z](u) <b> &amp;", "\\*x\\* \\`y\\` \\[z\\](u) \\<b\\> \\&amp;"),
+    ("two\nlines", "two lines"),
+    (None, "-"),
+    (12, "12"),
+])
+def test_a_name_from_the_fleet_is_literal_text_in_markdown(raw, escaped):
+    assert plugin.markdown_text(raw) == escaped
+
+
+def test_a_command_line_in_a_code_span_cannot_end_the_span_or_the_cell():
+    assert plugin.markdown_code("python -c 'a|b' `x`") == "python -c 'a\\|b' 'x'"
+
+
+def test_data_for_the_page_script_cannot_end_the_script_element():
+    text = plugin.json_for_script({"cmd": "</script><script>alert(1)</script> & <!--"})
+    assert "<" not in text and ">" not in text and "&" not in text
+    assert json.loads(text) == {"cmd": "</script><script>alert(1)</script> & <!--"}
+
+
+def test_heat_map_data_keeps_each_holder_line_once_per_host():
+    r = report(ah.dirty_with_holders())
+    data = plugin.heat_data(r)
+    (row,) = data["h"]
+    assert row[0] == "dirty-h200" and row[1] == "dirty" and row[8] == 1
+    lines = row[9]
+    assert len(lines) == len(set(lines))
+    gpu0 = row[12][0]
+    assert [lines[i] for i in gpu0[13]][0].startswith("pid 495 python3")
+    assert data["s"][gpu0[8]] == "NVIDIA H200" and gpu0[4] & 1 == 0, "GPU 0 is dirty"
+
+
+def test_report_json_is_the_model_with_a_line_per_host():
+    r = report(*ah.fleet())
+    text = plugin.report_json(r)
+    assert json.loads(text) == json.loads(json.dumps(r))
+    host_lines = [line for line in text.splitlines() if line.startswith('    {"') and '"host": ' in line]
+    assert len(host_lines) == len(r["hosts"])
+
+
+def test_every_file_renders_for_an_empty_fleet():
+    files = plugin.render(report())
+    assert set(files) == set(plugin.FILES)
+    assert "None: every host is clean" in files["report.md"]
+
+
+def test_files_are_written_atomically_and_unchanged_content_is_not_rewritten(tmp_path):
+    path = tmp_path / "report.json"
+    assert plugin.write_atomically(str(path), "one\n") is True
+    mtime = path.stat().st_mtime_ns
+    assert plugin.write_atomically(str(path), "one\n") is False and path.stat().st_mtime_ns == mtime
+    assert plugin.write_atomically(str(path), "two\n") is True and path.read_text() == "two\n"
+    assert oct(path.stat().st_mode & 0o777) == "0o644"
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"], "no temporary file left behind"
+
+
+def test_a_list_is_required():
+    with pytest.raises(AnsibleActionFail, match="must be a list of host records"):
+        plugin.build_report({"host": "a"})
