@@ -156,6 +156,7 @@ EARLY_HEADS = {
     "protected": "GPUs are held only by protected processes, which gpu_release never signals",
     "unreadable": "GPU memory cannot be read, so the GPUs cannot be proven free (waiting would not change that)",
     "not_killed": "GPUs are held by processes that kill=false leaves running (waiting would not free them)",
+    "respawned": "GPUs are held again by a process started again by a restarter that this run does not stop",
 }
 
 
@@ -256,6 +257,8 @@ class Release(object):
         self.minors_by_bus = {}
         # The look's _health.Health: the final readings are judged with the same checks and Xids.
         self.health = None
+        # What may start a signalled holder again (_settle), set when something is signalled.
+        self.watch = None
         self.result = {
             "changed": False,
             "released": False,
@@ -284,6 +287,10 @@ class Release(object):
             self.result[state_key] = []
 
     # --- look
+
+    def settle_timeout(self):
+        value = self.params.get("settle_timeout")
+        return _settle.SETTLE_S if value is None else value
 
     def footprint_mib(self):
         value = self.params.get("cross_gpu_footprint_mib")
@@ -406,6 +413,8 @@ class Release(object):
                     return gpus, False, "protected", set()
                 if not self.params.get("kill", True) and _facts.dirty_holders(holders, [g["index"] for g in dirty]):
                     return gpus, False, "not_killed", set()
+                if self.watch and self.watch.respawned():
+                    return gpus, False, "respawned", set()
             if now >= deadline:
                 return gpus, False, None, set()
             self.system.sleep(min(poll_started + poll, deadline) - self.system.now())
@@ -480,9 +489,9 @@ class Release(object):
             holders = self.scan(gpus)
             targets, _protected = plan_targets(holders, selected, self.regexes)
             targets = [t for t in targets if not _containers.pod_holders([t])]
-        watch = None
         if targets and self.params.get("kill", True):
-            watch = _settle.Watch(_settle.watch_list(targets, outside, self.system.systemctl), self.system.proc)
+            minors = [g["minor_number"] for g in gpus if g["index"] in selected]
+            self.watch = _settle.watch_for(targets, outside, self.system.systemctl, self.lineage, minors, self.system.proc)
             self.act_signals(targets)
         self.result["changed"] = bool(
             self.result["stopped_units"] or self.result.get("disabled_units") or self.result.get("masked_units") or self.result["killed"]
@@ -500,13 +509,18 @@ class Release(object):
             raise ReleaseError(exc.msg + done, self._finish(gpus, holders))
         self.result["timings"]["wait_s"] = round(self.system.now() - verify_started, 3)
         came_back = None
-        if clean and watch:
+        if clean and self.watch:
             settle_started = self.system.now()
-            came_back = watch.settle(self.system, lambda: self._dirty_now(selected))
+            came_back = self.watch.settle(self.system, lambda: self._dirty_now(selected), self.settle_timeout())
             self.result["timings"]["settle_s"] = round(self.system.now() - settle_started, 3)
             if came_back:
                 clean = False
                 final_gpus = self._read_gpus()
+        elif not clean and self.watch:
+            # Dirty because a restarter started a killed holder again: name the restarter.
+            again = self.watch.respawned()
+            if again:
+                came_back = self.watch.message([], [], 0.0, again, clean=False)
         final_holders = self.scan(final_gpus)
         footprint |= self.footprint(final_gpus, final_holders)
         if self.health is not None:

@@ -138,6 +138,15 @@ options:
       - Seconds between memory reads while waiting. The driver frees memory 20-130 ms after a process exits.
     type: float
     default: 0.1
+  settle_timeout:
+    description:
+      - Seconds to keep watching, once the selected GPUs read clean, for a signalled holder that something starts again (the respawn
+        watch, see the notes). Only spent when such a restarter survived the signals; a window over parents ends as soon as the last
+        of them exits.
+      - The default covers a shell loop without C(sleep), supervisord, pm2, runsv, s6-supervise, torchrun's elastic agent, systemd's
+        C(RestartSec) and Docker's first restart. Raise it for a restarter that waits longer (a loop with C(sleep 30)).
+    type: float
+    default: 5
 notes:
   - Needs root (O(ignore:become=true)) to see and signal other users' processes and to manage systemd units.
   - The module never resets a GPU. Memory that nvidia-smi attributes to a process that no longer exists, with no live holder left,
@@ -153,9 +162,16 @@ notes:
     pod (namespace/name where the runtime says it, else its UID), and says to cordon and drain the node.
   - B(No false released.) When this run signalled, from outside, a process whose restart is outside its control (in a container it
     could not stop through the runtime, or in a C(.service) of a user's systemd manager whose C(Restart=) is not C(no)), it watches for
-    3 s after the GPUs read clean (Docker restarts a killed container within ~0.3-0.5 s, measured; systemd's C(RestartSec) defaults to
-    100 ms). A new process in that container's or unit's cgroup, or a selected GPU that reads dirty again, fails the run naming it;
-    RV(released) is V(true) only when the window passed quietly. Without such a process there is no window (C(settle_s) of RV(timings) is 0).
+    O(settle_timeout) seconds after the GPUs read clean (Docker restarts a killed container within ~0.3-0.5 s, measured; systemd's
+    C(RestartSec) defaults to 100 ms). A new process in that container's or unit's cgroup, or a selected GPU that reads dirty again,
+    fails the run naming it; RV(released) is V(true) only when the window passed quietly.
+  - B(Respawn watch.) Likewise for a signalled holder whose parent is still alive (walking up from its parent to its session leader
+    or a launcher; never PID 1, a protected daemon or the Ansible session): a C(while true; do python train.py; done) loop, supervisord,
+    pm2, runsv, s6-supervise, circusd, monit, torchrun's elastic agent. A new process under that parent that runs the killed command
+    line again, or that maps a selected GPU's device file (a new holder), fails the run naming the parent (PID, name, command line)
+    and what stops it (C(supervisorctl stop NAME), C(pm2 stop NAME), C(sv down DIR), C(s6-svc -d DIR); torchrun's agent goes first).
+    Without such a parent there is no window (C(settle_s) of RV(timings) is 0); a parent that exits with its holder ends the window at
+    once.
   - The role P(zeromib.gpu.free_gpus#role) runs this module and asserts the result, for C(pre_tasks) of a training play.
 seealso:
   - module: zeromib.gpu.gpu_facts
@@ -381,6 +397,7 @@ ARGUMENT_SPEC = dict(
     kill_timeout=dict(type="float", default=10),
     wait_timeout=dict(type="float", default=60),
     poll_interval=dict(type="float", default=0.1),
+    settle_timeout=dict(type="float", default=5),
     max_used_mib=dict(type="int", default=0),
     cross_gpu_footprint_mib=dict(type="int", default=4),
     nvidia_smi=dict(type="path"),
@@ -397,7 +414,7 @@ ARGUMENT_SPEC = dict(
 
 def checked_params(params):
     """Option values that the argument spec cannot check -> a clear message, or compiled regexes."""
-    for name in ("kill_timeout", "wait_timeout", "timeout"):
+    for name in ("kill_timeout", "wait_timeout", "timeout", "settle_timeout"):
         if params[name] < 0 or (name == "timeout" and params[name] == 0):
             raise ValueError("%s must be greater than 0, got %s" % (name, params[name]))
     if params["poll_interval"] <= 0:
