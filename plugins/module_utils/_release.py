@@ -25,6 +25,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
 from ansible_collections.zeromib.gpu.plugins.module_utils import _settle
 from ansible_collections.zeromib.gpu.plugins.module_utils import _signals
+from ansible_collections.zeromib.gpu.plugins.module_utils import _supervisor
 from ansible_collections.zeromib.gpu.plugins.module_utils import _units
 from ansible_collections.zeromib.gpu.plugins.module_utils._errors import ReleaseError  # noqa: F401 (the modules' import)
 from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import GPU_FIELDS, NvidiaSmiError, normalize_bus_id, parse_compute_apps
@@ -59,6 +60,10 @@ class System(object):
 
     def start_time(self, pid):
         return holders_mod.start_time_of(pid, self.proc)
+
+    def supervisors(self):
+        """Running supervisord processes of root (asked only when services names a program)."""
+        return _supervisor.find_supervisors(self.proc)
 
     def state(self, pid):
         try:
@@ -268,6 +273,8 @@ class Release(object):
             "launchers": [],
             "stopped_containers": [],
             "disabled_containers": [],
+            "stopped_programs": [],
+            "disabled_programs": [],
             "killed": [],
             "protected": [],
             # Not "skipped": Ansible reads a result with that key as a skipped task and then
@@ -342,6 +349,7 @@ class Release(object):
                                                                   self.system.proc, self.names)
         self.result["warnings"].extend(warnings)
         unit_services, _globs = _containers.split_services(self.params.get("services"))
+        unit_services, _programs = _supervisor.split_services(unit_services)
         return _units.plan(self.system.systemctl, unit_services, owned if self.params.get("stop_owning_units") else [],
                            self.params.get("service_state"), forbidden, self.result, self.names, self.system.proc)
 
@@ -351,6 +359,14 @@ class Release(object):
         own = _containers.own_containers(self.lineage, self.system.proc) if globs or any(t.get("container") for t in targets) else set()
         return _containers.plan(self.system.runtimes, holders, targets, globs, self.params.get("service_state"), own, self.result,
                                 stop_found=self.params.get("kill", True))
+
+    def plan_programs(self):
+        """supervisord programs named in services as supervisor:<glob> (_supervisor)."""
+        _units_and_programs, _globs = _containers.split_services(self.params.get("services"))
+        _unit_services, programs = _supervisor.split_services(_units_and_programs)
+        if not programs:
+            return {"stop": [], "disable": [], "not_found": []}
+        return _supervisor.plan(programs, self.params.get("service_state"), self.system.supervisors(), self.result)
 
     # --- act
 
@@ -442,10 +458,12 @@ class Release(object):
         self.result["warnings"].extend(container_plan.warnings)
         targets = container_plan.signal
         unit_plan = self.plan_units(targets, holders, selected)
+        program_plan = self.plan_programs()
         self.result["timings"]["plan_s"] = round(self.system.now() - planning, 3)
-        self.result["services_not_found"] = unit_plan["not_found"] + container_plan.not_found
+        self.result["services_not_found"] = unit_plan["not_found"] + container_plan.not_found + program_plan["not_found"]
         gpus_clean = all(g["clean"] for g in self.result["gpus_before"] if g["index"] in selected)
-        to_do = bool(container_plan or unit_plan["stop"] or unit_plan["disable"] or unit_plan["mask"] or (targets and self.params.get("kill", True)))
+        to_do = bool(container_plan or unit_plan["stop"] or unit_plan["disable"] or unit_plan["mask"] or (targets and self.params.get("kill", True))
+                     or program_plan["stop"] or program_plan["disable"])
 
         if self.check_mode:
             self.result["changed"] = to_do
@@ -453,6 +471,8 @@ class Release(object):
             self.result["stopped_units"] = unit_plan["stop"]
             self.result["stopped_containers"] = container_plan.stop
             self.result["disabled_containers"] = container_plan.disable
+            self.result["stopped_programs"] = [_supervisor.public(e) for e in program_plan["stop"]]
+            self.result["disabled_programs"] = [_supervisor.public(e) for e in program_plan["disable"]]
             if self.state_key == "disabled_units":
                 self.result["disabled_units"] = unit_plan["disable"]
             elif self.state_key == "masked_units":
@@ -484,7 +504,11 @@ class Release(object):
             outside.update(self.act_containers(container_plan))
         if unit_plan["stop"] or unit_plan["disable"] or unit_plan["mask"]:
             self.act_units(unit_plan)
-        if container_plan.stop or unit_plan["stop"]:
+        if program_plan["stop"] or program_plan["disable"]:
+            stopping = self.system.now()
+            _supervisor.act(program_plan, self.params.get("kill_timeout"), self.result)
+            self.result["timings"]["stop_s"] = round(self.result["timings"]["stop_s"] + self.system.now() - stopping, 3)
+        if container_plan.stop or unit_plan["stop"] or program_plan["stop"]:
             # Stopping a unit or a container ended its processes; see who is left before signalling anyone.
             holders = self.scan(gpus)
             targets, _protected = plan_targets(holders, selected, self.regexes)
@@ -496,6 +520,7 @@ class Release(object):
         self.result["changed"] = bool(
             self.result["stopped_units"] or self.result.get("disabled_units") or self.result.get("masked_units") or self.result["killed"]
             or self.result["stopped_containers"] or self.result["disabled_containers"]
+            or self.result["stopped_programs"] or self.result["disabled_programs"]
         )
 
         verify_started = self.system.now()

@@ -174,6 +174,8 @@ def _names(record):
     return names
 
 
+KIND_LABELS = {"supervisord": "supervisord", "pm2": "pm2", "runit": "runit's runsv", "s6": "s6-supervise", "circus": "circusd",
+               "monit": "monit", "torchrun": "torchrun's elastic agent"}
 TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch", "torch.distributed.elastic")
 
 
@@ -405,7 +407,10 @@ class Watch(object):
         named = set()
         for root, record in again:
             parent = self.parents[root]
-            text = "%s, started again by its parent %s" % (describe_process(record), describe_process(parent["record"]))
+            who = describe_process(parent["record"])
+            if parent["kind"]:
+                who = "%s (%s)" % (who, KIND_LABELS[parent["kind"]])
+            text = "%s, started again by its parent %s" % (describe_process(record), who)
             if root not in named:
                 text += ": " + parent["hint"]
                 named.add(root)
