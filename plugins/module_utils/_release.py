@@ -23,6 +23,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
+from ansible_collections.zeromib.gpu.plugins.module_utils import _mps
 from ansible_collections.zeromib.gpu.plugins.module_utils import _settle
 from ansible_collections.zeromib.gpu.plugins.module_utils import _signals
 from ansible_collections.zeromib.gpu.plugins.module_utils import _supervisor
@@ -275,6 +276,7 @@ class Release(object):
             "disabled_containers": [],
             "stopped_programs": [],
             "disabled_programs": [],
+            "stopped_mps_servers": [],
             "killed": [],
             "protected": [],
             # Not "skipped": Ansible reads a result with that key as a skipped task and then
@@ -368,6 +370,16 @@ class Release(object):
             return {"stop": [], "disable": [], "not_found": []}
         return _supervisor.plan(programs, self.params.get("service_state"), self.system.supervisors(), self.result)
 
+    def plan_mps(self, targets, selected):
+        """(targets, MPS servers to quit through their control daemon): _mps. Fails before acting
+        for a server that also serves unselected GPUs."""
+        if not self.params.get("kill", True):
+            return targets, []
+        try:
+            return _mps.plan(targets, selected, self.params.get("kill_spanning"))
+        except ReleaseError as exc:
+            raise ReleaseError(exc.msg, self.result)
+
     # --- act
 
     def act_containers(self, plan):
@@ -451,6 +463,7 @@ class Release(object):
         self.result["gpus_before"] = [_facts.public_gpu(g, limit, snapshot.footprint) for g in gpus]
         self.result["selected_gpus"] = selected
         targets, protected = plan_targets(holders, selected, self.regexes)
+        targets, mps_servers = self.plan_mps(targets, selected)
         self.result["undecided"] = undecided_record(_attribution.undecided_for(holders, selected))
         self.result["protected"] = [{"pid": h["pid"], "name": h["name"], "unit": h.get("unit"), "gpu_indexes": h["gpu_indexes"]} for h in protected]
         planning = self.system.now()
@@ -463,7 +476,7 @@ class Release(object):
         self.result["services_not_found"] = unit_plan["not_found"] + container_plan.not_found + program_plan["not_found"]
         gpus_clean = all(g["clean"] for g in self.result["gpus_before"] if g["index"] in selected)
         to_do = bool(container_plan or unit_plan["stop"] or unit_plan["disable"] or unit_plan["mask"] or (targets and self.params.get("kill", True))
-                     or program_plan["stop"] or program_plan["disable"])
+                     or program_plan["stop"] or program_plan["disable"] or mps_servers)
 
         if self.check_mode:
             self.result["changed"] = to_do
@@ -473,6 +486,8 @@ class Release(object):
             self.result["disabled_containers"] = container_plan.disable
             self.result["stopped_programs"] = [_supervisor.public(e) for e in program_plan["stop"]]
             self.result["disabled_programs"] = [_supervisor.public(e) for e in program_plan["disable"]]
+            self.result["stopped_mps_servers"] = [{"pid": h["pid"], "name": h["name"], "pipe_directory": _mps.pipe_directory(h, self.system.proc),
+                                                   "gpu_indexes": h["gpu_indexes"], "how": None} for h in mps_servers]
             if self.state_key == "disabled_units":
                 self.result["disabled_units"] = unit_plan["disable"]
             elif self.state_key == "masked_units":
@@ -512,15 +527,20 @@ class Release(object):
             # Stopping a unit or a container ended its processes; see who is left before signalling anyone.
             holders = self.scan(gpus)
             targets, _protected = plan_targets(holders, selected, self.regexes)
-            targets = [t for t in targets if not _containers.pod_holders([t])]
+            targets = [t for t in targets if not _containers.pod_holders([t]) and t["pid"] not in {s["pid"] for s in mps_servers}]
         if targets and self.params.get("kill", True):
             minors = [g["minor_number"] for g in gpus if g["index"] in selected]
             self.watch = _settle.watch_for(targets, outside, self.system.systemctl, self.lineage, minors, self.system.proc)
             self.act_signals(targets)
+        if mps_servers:
+            # After the clients: the control daemon's quit waits for them.
+            left = _mps.stop(self.system, mps_servers, self.params.get("kill_timeout"), self.result)
+            if left:
+                self.act_signals(left)
         self.result["changed"] = bool(
             self.result["stopped_units"] or self.result.get("disabled_units") or self.result.get("masked_units") or self.result["killed"]
             or self.result["stopped_containers"] or self.result["disabled_containers"]
-            or self.result["stopped_programs"] or self.result["disabled_programs"]
+            or self.result["stopped_programs"] or self.result["disabled_programs"] or self.result["stopped_mps_servers"]
         )
 
         verify_started = self.system.now()
