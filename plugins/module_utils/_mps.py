@@ -13,7 +13,8 @@ under the client's own PID); the control daemon holds device files without a con
 client to attribution: never signalled). On a multi-GPU node one server serves the clients of
 every GPU it was started on, and nvidia-smi lists it on each of them.
 
-- Clients are freed like any holder.
+- Clients are freed like any holder. The control daemon is never signalled (on a real H200 it maps
+  the GPU's node without a context, so attribution reads it undecided): quit ends it.
 - The server is stopped through its control daemon when every GPU it serves is selected: `quit`
   sent to the daemon of its pipe directory (CUDA_MPS_PIPE_DIRECTORY from the daemon's environment,
   default /tmp/nvidia-mps), after the clients have been signalled (quit waits for them), through
@@ -66,11 +67,15 @@ def server_gpus(holder):
 
 
 def plan(targets, selected, kill_spanning=False):
-    """(targets left to signal, servers to quit). Raises ReleaseError naming each server that
+    """(targets left to signal, servers to quit); control daemons are dropped. Raises ReleaseError naming each server that
     also serves GPUs outside the selection (unless kill_spanning)."""
     selected = set(selected)
     left, servers, spanning = [], [], []
     for holder in targets:
+        if is_control(holder):
+            # It maps GPU nodes without a context (undecided on a real H200): never signalled; quit
+            # ends it with its server.
+            continue
         if not is_server(holder):
             left.append(holder)
             continue

@@ -573,17 +573,21 @@ class Run(object):
             time.sleep(0.05)
         return None
 
-    def scenario_shell_loop(self):
+    def scenario_shell_loop_sleep(self):
+        """The same loop with a restart delay: `sleep 3` between runs, inside the settle window."""
+        self.scenario_shell_loop("while true; do rm -f {ready}; {holder}; sleep 3; done", " with sleep 3")
+
+    def scenario_shell_loop(self, script="while true; do rm -f {ready}; {holder}; done", label=""):
         """The measured false release: `while true; do python holder.py; done`."""
-        loop, ready = self.under_shell("while true; do rm -f {ready}; {holder}; done", 4096, "loop")
+        loop, ready = self.under_shell(script, 4096, "loop" + str(len(label)))
         first = self.wait_ready(ready)[0]
         self.started.append(first)
-        result, wall = self.playbook("respawn-shell-loop", action="release", wait_timeout=30)
+        result, wall = self.playbook("respawn-shell-loop" + label.replace(" ", "-"), action="release", wait_timeout=30)
         msg = result.get("msg") or ""
         came_back_s = self.wait_used_above(1000, 20)
         named = "started again by its parent pid %d sh" % loop.pid in msg
         ok = result.get("released") is False and named and first in [k["pid"] for k in result.get("killed", [])] and came_back_s is not None
-        self.record("shell loop restarting a PyTorch holder: caught and named, never released: true", ok, released=result.get("released"),
+        self.record("shell loop%s restarting a PyTorch holder: caught and named, never released: true" % label, ok, released=result.get("released"),
                     elapsed_s=result.get("elapsed_s"), timings=result.get("timings"), gpu_dirty_again_after_s=came_back_s, msg=msg[:700],
                     wall_s=wall)
         self.end_tree(loop)

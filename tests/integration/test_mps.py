@@ -32,6 +32,10 @@ def test_every_gpu_selected_frees_the_clients_and_quits_the_server(nshost):
     env, control, server = start_mps(host)
     client = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "8802"], env=env)
     assert used(host, 0) == 8802 + 66 + 15  # H200: two apps read their sum + 15 MiB
+    facts = run_module(host, "gpu_facts")["ansible_facts"]["gpu"]
+    placed = {h["pid"]: (h["gpu_indexes"], h["attribution"]) for h in facts["holders"]}
+    # As gpu_facts placed them on a real H200 (docs/real-gpu.md, MPS run of 2026-12-01).
+    assert placed == {control: ([], "undecided"), server: ([0], "listed"), client.pid: ([0], "listed")}
     run = run_module(host, "gpu_release")
     assert not run.failed and run["released"] is True, run.msg
     assert list(killed_pids(run)) == [client.pid]
@@ -39,7 +43,7 @@ def test_every_gpu_selected_frees_the_clients_and_quits_the_server(nshost):
     assert stopped["pid"] == server and stopped["pipe_directory"] == env["CUDA_MPS_PIPE_DIRECTORY"]
     assert stopped["how"] == "echo quit | /usr/bin/nvidia-cuda-mps-control" and stopped["gpu_indexes"] == [0]
     assert host.wait_gone(server, 2) and host.wait_gone(control, 2) and used(host, 0) == 0
-    # The control daemon held device files without a context: an NVML client, never signalled.
+    # The control daemon maps the GPU node without a context (undecided, as on the H200): never signalled.
     assert control not in killed_pids(run)
 
 
