@@ -534,7 +534,9 @@ class Release(object):
             self.act_signals(targets)
         if mps_servers:
             # After the clients: the control daemon's quit waits for them.
+            stopping = self.system.now()
             left = _mps.stop(self.system, mps_servers, self.params.get("kill_timeout"), self.result)
+            self.result["timings"]["stop_s"] = round(self.result["timings"]["stop_s"] + self.system.now() - stopping, 3)
             if left:
                 self.act_signals(left)
         self.result["changed"] = bool(

@@ -267,7 +267,7 @@ def parent_chain(holder, table, own_lineage, signalled, proc="/proc"):
     return chain
 
 
-def restarters(targets, own_lineage, proc="/proc", skip=()):
+def restarters(targets, own_lineage, proc="/proc", skip=(), table=None):
     """{pid: restarter} for the parents of `targets` (holders about to be signalled) that may
     restart them; `skip` are the PIDs of holders watched through their cgroup instead. Each
     restarter: its process record, the start time that identifies it, the command lines of the
@@ -275,7 +275,7 @@ def restarters(targets, own_lineage, proc="/proc", skip=()):
     candidates = [t for t in targets if t["pid"] not in skip and (t.get("ppid") or 0) > 1]
     if not candidates:
         return {}
-    table = read_table(proc)
+    table = read_table(proc) if table is None else table
     signalled = {t["pid"] for t in targets}
     found = {}
     for holder in candidates:
@@ -333,7 +333,7 @@ class Watch(object):
     `watched`: {cgroup: description} (watch_list); `parents`: restarters(); `minors`: the device
     minors of the selected GPUs."""
 
-    def __init__(self, watched, proc="/proc", parents=None, minors=()):
+    def __init__(self, watched, proc="/proc", parents=None, minors=(), table=None):
         self.watched = watched
         self.proc = proc
         self.parents = parents or {}
@@ -341,7 +341,7 @@ class Watch(object):
         self.before = members(list(watched), proc)
         self.known = set()
         if self.parents:
-            table = read_table(proc)
+            table = read_table(proc) if table is None else table
             self.known = {(pid, table[pid][2]) for pid in descendants(table, self.roots())}
 
     def __bool__(self):
@@ -433,4 +433,6 @@ def watch_for(targets, outside_reasons, systemctl, own_lineage, minors, proc="/p
     run's control (watch_list) and, for the others, the parents that may restart them."""
     watched = watch_list(targets, outside_reasons, systemctl)
     in_cgroups = {t["pid"] for t in targets if any(_within(t.get("cgroup") or "", cgroup) for cgroup in watched)}
-    return Watch(watched, proc, restarters(targets, own_lineage, proc, skip=in_cgroups), minors)
+    # One read of the process table serves both the walk and the snapshot of what runs now.
+    table = read_table(proc) if any(t["pid"] not in in_cgroups and (t.get("ppid") or 0) > 1 for t in targets) else {}
+    return Watch(watched, proc, restarters(targets, own_lineage, proc, skip=in_cgroups, table=table), minors, table=table)

@@ -69,6 +69,10 @@ options:
         engines, ...) either - name it to stop it. So V(*) cannot take the node down.
       - V(container:<name glob>) names Docker or Podman containers instead (V(container:vllm*)), in any state; a glob that matches no
         container (or a host without Docker and Podman) is listed in RV(services_not_found).
+      - V(supervisor:<program glob>) names programs of supervisord (V(supervisor:vllm*)), matched against the names
+        C(supervisorctl status) prints (V(name), V(group:name)); they are stopped through C(supervisorctl stop), at most O(kill_timeout)
+        (+ 5 s) per call. Only a supervisord running as root is asked, through its own configuration (C(-c) of its command line).
+        A glob that matches no program (or a host without supervisord) is listed in RV(services_not_found).
     type: list
     elements: str
     default: []
@@ -85,6 +89,10 @@ options:
         leaves named containers as V(disabled) does, and they are reported in RV(disabled_containers).
       - Containers found holding a selected GPU are only stopped; with restart policy V(always) Docker starts them again when its
         daemon restarts. Name them in O(services) to disable them.
+      - For supervisord programs named in O(services), V(disabled) (and V(masked), since supervisord has no mask) sets C(autostart=false) and
+        C(autorestart=false) in the program's section of its configuration file (a file only root can write) and runs
+        C(supervisorctl reread) and C(update GROUP); the file is what supervisord reads again at its restart and at boot, so the program
+        stays stopped across both. The values before are returned in RV(disabled_programs).
     type: str
     choices: [stopped, disabled, masked]
     default: stopped
@@ -166,12 +174,19 @@ notes:
     C(RestartSec) defaults to 100 ms). A new process in that container's or unit's cgroup, or a selected GPU that reads dirty again,
     fails the run naming it; RV(released) is V(true) only when the window passed quietly.
   - B(Respawn watch.) Likewise for a signalled holder whose parent is still alive (walking up from its parent to its session leader
-    or a launcher; never PID 1, a protected daemon or the Ansible session): a C(while true; do python train.py; done) loop, supervisord,
+    or a launcher; never PID 1, a protected daemon or the Ansible session) - a C(while true; do python train.py; done) loop, supervisord,
     pm2, runsv, s6-supervise, circusd, monit, torchrun's elastic agent. A new process under that parent that runs the killed command
     line again, or that maps a selected GPU's device file (a new holder), fails the run naming the parent (PID, name, command line)
     and what stops it (C(supervisorctl stop NAME), C(pm2 stop NAME), C(sv down DIR), C(s6-svc -d DIR); torchrun's agent goes first).
     Without such a parent there is no window (C(settle_s) of RV(timings) is 0); a parent that exits with its holder ends the window at
     once.
+  - B(MPS.) C(nvidia-cuda-mps-control) (the control daemon) and C(nvidia-cuda-mps-server) are recognised by executable, C(argv[0])
+    or script name. Clients are freed like any holder; the control daemon is never signalled. The server is stopped through its control
+    daemon when every GPU it serves (where nvidia-smi lists it) is selected - C(echo quit | nvidia-cuda-mps-control) with the daemon's
+    C(CUDA_MPS_PIPE_DIRECTORY) (default C(/tmp/nvidia-mps)), or C(quit) written into that directory's C(control) FIFO without the
+    program - after its clients are signalled; a server still alive after O(kill_timeout) is signalled. A server that also serves a GPU
+    outside the selection fails the run before anything is done (check mode too), naming it and those GPUs, since stopping it would end the
+    MPS clients of the other GPUs. See RV(stopped_mps_servers).
   - The role P(zeromib.gpu.free_gpus#role) runs this module and asserts the result, for C(pre_tasks) of a training play.
 seealso:
   - module: zeromib.gpu.gpu_facts
@@ -253,6 +268,36 @@ disabled_containers:
   sample:
     - {name: vllm, id: 4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a, image: "vllm/vllm-openai:v0.11.0", runtime: docker,
        restart_policy: "no", restart_policy_before: always, gpu_indexes: []}
+stopped_programs:
+  description:
+    - supervisord programs named in O(services) (V(supervisor:<glob>)) that were running and were stopped through C(supervisorctl stop)
+      (in check mode, to be stopped).
+  type: list
+  elements: dict
+  returned: always
+  sample:
+    - {name: vllm, supervisor_pid: 812, config: /etc/supervisor/supervisord.conf, state_before: RUNNING}
+disabled_programs:
+  description:
+    - supervisord programs named in O(services) whose C(autostart) and C(autorestart) were set to C(false), with O(service_state=disabled)
+      or O(service_state=masked); C(file) is the configuration file changed, C(autostart_before)/C(autorestart_before) the values it had
+      (null when the option was not set).
+  type: list
+  elements: dict
+  returned: always
+  sample:
+    - {name: vllm, supervisor_pid: 812, config: /etc/supervisor/supervisord.conf, state_before: RUNNING,
+       file: /etc/supervisor/conf.d/vllm.conf, autostart_before: "true", autorestart_before: "true"}
+stopped_mps_servers:
+  description:
+    - MPS servers stopped through their control daemon (in check mode, to be stopped, with C(how=null)). C(how) is the command used,
+      null when C(quit) could not be sent and the server was signalled instead (see RV(killed)).
+  type: list
+  elements: dict
+  returned: always
+  sample:
+    - {pid: 475, name: nvidia-cuda-mps, pipe_directory: /tmp/nvidia-mps, gpu_indexes: [0, 1],
+       how: "echo quit | /usr/local/nvidia/bin/nvidia-cuda-mps-control"}
 disabled_units:
   description: Units disabled, with O(service_state=disabled).
   type: list
