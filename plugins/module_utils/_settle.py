@@ -116,7 +116,6 @@ def members(cgroups, proc="/proc"):
     return found
 
 
-
 # ---------------------------------------------------------------- parents that restart
 
 

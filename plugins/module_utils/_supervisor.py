@@ -331,8 +331,8 @@ def disable(entry):
                 raise ReleaseError("supervisor:%s: not editing %s: it is not a file only root can write" % (entry["name"], real), {})
             write_atomically(real, new_text)
             return {"file": real, "autostart_before": before["autostart"], "autorestart_before": before["autorestart"]}
-    raise ReleaseError("supervisor:%s: no [program:...] section for it in %s" % (entry["name"], ", ".join(supervisor.config_files()) or
-                                                                           "supervisord's configuration"), {})
+    where = ", ".join(supervisor.config_files()) or "supervisord's configuration"
+    raise ReleaseError("supervisor:%s: no [program:...] section for it in %s" % (entry["name"], where), {})
 
 
 def act(steps, kill_timeout, result):

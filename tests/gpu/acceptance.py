@@ -594,8 +594,8 @@ class Run(object):
         self.wait_gone_mib()
 
     def supervisord_path(self):
-        for directory in os.environ.get("PATH", "").split(os.pathsep) + [os.path.join(p, "bin") for p in
-                                                                          os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]:
+        site_bins = [os.path.join(p, "bin") for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        for directory in os.environ.get("PATH", "").split(os.pathsep) + site_bins:
             path = os.path.join(directory, "supervisord")
             if directory and os.access(path, os.X_OK):
                 return path
@@ -721,7 +721,7 @@ class Run(object):
                     proc, ready = self.under_shell(script, self.mib, "cost-%d-%d" % (run, len(label)))
                 pid = self.wait_ready(ready)[0]
                 self.started.append(pid)
-                result, wall = self.playbook("watch-cost-%d-%s" % (run, label.split(":")[0] + str(len(label))), action="release")
+                result, wall = self.playbook("watch-cost-%d-%s" % (run, label.split(":", maxsplit=1)[0] + str(len(label))), action="release")
                 elapsed = result.get("elapsed_s")
                 ok = result.get("released") is True and self.used() == 0
                 self.record("respawn watch %s, cooperative %d MiB holder, run %d" % (label, self.mib, run), ok, elapsed_s=elapsed,
