@@ -22,8 +22,8 @@ every GPU it was started on, and nvidia-smi lists it on each of them.
   the directory's `control` FIFO. A server still alive after kill_timeout is signalled as a holder.
 - When it also serves a GPU outside the selection it spans GPUs: freeing the selection must not
   end the clients of the other GPUs, so the run fails before acting, naming the server and the
-  unselected GPUs (the generic spanning refusal of _attribution covers it the same way, since
-  the server's GPUs are where nvidia-smi lists it; `kill_spanning: true` ends it anyway).
+  unselected GPUs. That is the generic spanning refusal (_release.refuse_spanning): the server's
+  GPUs are where nvidia-smi lists it. `kill_spanning: true` ends it anyway, through quit.
 
 Names: the daemon and the server are recognised by executable, argv[0] or script name (their
 15-character comm, `nvidia-cuda-mps`, is the same for both). A user can take these names; what a
@@ -40,7 +40,6 @@ import subprocess
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
 from ansible_collections.zeromib.gpu.plugins.module_utils import _units
-from ansible_collections.zeromib.gpu.plugins.module_utils._errors import ReleaseError
 
 CONTROL = "nvidia-cuda-mps-control"
 SERVER = "nvidia-cuda-mps-server"
@@ -61,41 +60,18 @@ def is_control(record):
     return CONTROL in names_of(record)
 
 
-def server_gpus(holder):
-    """The GPUs an MPS server serves: where nvidia-smi lists it (or may, when undecided)."""
-    return set(holder.get("gpu_indexes") or []) | set(holder.get("candidate_gpu_indexes") or [])
-
-
-def plan(targets, selected, kill_spanning=False):
-    """(targets left to signal, servers to quit); control daemons are dropped. Raises ReleaseError naming each server that
-    also serves GPUs outside the selection (unless kill_spanning)."""
-    selected = set(selected)
-    left, servers, spanning = [], [], []
+def plan(targets):
+    """(targets left to signal, MPS servers to quit); control daemons are dropped. Which servers are
+    targets at all is the spanning rule's (_release.plan_targets): a server that also serves GPUs
+    outside the selection is refused before acting, unless kill_spanning."""
+    left, servers = [], []
     for holder in targets:
         if is_control(holder):
             # It maps GPU nodes without a context (undecided on a real H200): never signalled; quit
             # ends it with its server.
             continue
-        if not is_server(holder):
-            left.append(holder)
-            continue
-        outside = sorted(server_gpus(holder) - selected)
-        if outside and not kill_spanning:
-            spanning.append((holder, outside))
-        else:
-            servers.append(holder)
-    if spanning:
-        raise ReleaseError(refusal(spanning), {})
+        (servers if is_server(holder) else left).append(holder)
     return left, servers
-
-
-def refusal(spanning):
-    parts = []
-    for holder, outside in spanning:
-        parts.append("MPS server pid %d (%s) also serves GPU %s, outside the selection: stopping it would end the MPS clients there"
-                     % (holder["pid"], SERVER, ", ".join(str(i) for i in outside)))
-    return ("%s. Nothing was stopped or signalled. Select every GPU it serves, or set kill_spanning: true to end it anyway"
-            % "; ".join(parts))
 
 
 def environ_of(pid, proc="/proc"):

@@ -24,8 +24,10 @@ description:
     the minor number is not always the index.
   - Says whether each GPU is ready for work, not just free (C(healthy), C(health_issues)) - uncorrectable ECC errors, pending
     or failed row remaps (retired pages before Ampere), a PCIe link below its generation or width, hardware or thermal
-    slowdown, persistence mode, MIG mode, and critical Xid errors of the GPU in the kernel log. The readings come from the same
-    C(nvidia-smi --query-gpu) call; see the collection's C(docs/health.md).
+    slowdown, persistence mode, MIG mode, the driver's recovery action, the NVSwitch fabric and Fabric Manager, and Xid errors of
+    the GPU in the kernel log that NVIDIA's Xid catalog says need a reset or a reboot. The readings come from the same
+    C(nvidia-smi --query-gpu) call; each GPU's C(health_unchecked) names the checks that could not run. See the collection's
+    C(docs/health.md).
   - Returns the result as the fact C(ansible_facts.gpu). Changes nothing.
 author:
   - zeromib.gpu contributors (@zeromib)
@@ -149,8 +151,8 @@ ansible_facts:
           returned: always
         health_checked:
           description:
-            - V(false) when some check could not be made on some GPU - a driver that does not know a health field, an unreadable
-              kernel log; each GPU's C(health.unchecked) says what. V([N/A]) readings (a GPU without ECC) are not a gap.
+            - V(false) when some check could not be made on some GPU - a driver that does not know a health field, a reading of
+              V([N/A]), an unreadable kernel log; each GPU's C(health_unchecked) names the checks and C(health.unchecked) says why.
           type: bool
           returned: always
         health_issues:
@@ -162,22 +164,30 @@ ansible_facts:
         health:
           description:
             - C(kernel_log) - where the Xids were read (C(source) V(journalctl) or V(dmesg)), C(error) when it could not be read,
-              C(window_hours), C(elapsed_s).
+              C(fallback) (why journalctl was passed over for dmesg, such as a journalctl that has no journal),
+              C(driver_loaded) (the driver's load line in the window; V(null) when it loaded before the window), C(window_hours), C(elapsed_s).
+            - C(fabric_manager) - on an NVSwitch node (a GPU whose C(fabric.state) is not N/A) C(state) (C(systemctl is-active
+              nvidia-fabricmanager)), C(installed), C(version) (C(nv-fabricmanager --version)), C(error); else V(null).
             - C(dcgm_diag) - V(null) unless O(dcgm_diag) was set; else C(level), C(ran), C(passed), C(summary), C(elapsed_s).
           type: dict
           returned: always
           sample:
-            kernel_log: {source: journalctl, error: null, window_hours: 24, elapsed_s: 0.012}
+            kernel_log: {source: journalctl, error: null, fallback: null, driver_loaded: null, window_hours: 24, elapsed_s: 0.012}
+            fabric_manager: null
             dcgm_diag: null
         gpus:
           description:
             - One entry per GPU. V([N/A]) and other bracketed values read as V(null).
-            - C(healthy) is V(false) when C(health_issues) (plain sentences) is not empty; C(health_checked) is V(false) when a check
-              could not be made (C(health.unchecked) says which).
+            - C(healthy) is V(false) when C(health_issues) (plain sentences) is not empty; C(health_unchecked) lists the checks that
+              could not run (V(ecc), V(row_remap), V(retired_pages), V(pcie), V(clocks), V(persistence), V(mig),
+              V(recovery_action), V(fabric), V(xid); C(health.unchecked) says why); C(health_checked) is V(true) only when it is
+              empty.
             - C(health) holds the readings - C(ecc_uncorrected_volatile), C(remapped_rows_pending), C(remapped_rows_failure),
               C(retired_pages_pending), C(pcie_link_gen_current), C(pcie_link_gen_max), C(pcie_link_width_current),
-              C(pcie_link_width_max), C(pstate), C(slowdown) (active hardware or thermal slowdown reasons), C(xids) (this GPU's
-              Xid lines of the kernel log in the window, each C(xid), C(time), C(message)) and C(unchecked).
+              C(pcie_link_width_max), C(pstate), C(slowdown) (active hardware or thermal slowdown reasons), C(mig_mode_pending),
+              C(recovery_action), C(fabric_state), C(fabric_status), C(xids) (this GPU's Xid lines of the kernel log in the window
+              since the driver loaded, each C(xid), C(time), C(message), C(action) (NVIDIA's catalog) and C(fault)),
+              C(xids_before_driver_load) and C(unchecked).
             - C(clean) is V(true) when C(memory_used_mib) is at most O(max_used_mib), or when C(cross_gpu_footprint) is V(true).
             - C(cross_gpu_footprint) is V(true) for a GPU that no process uses and whose memory above O(max_used_mib) is at most
               O(cross_gpu_footprint_mib), while contexts live on other GPUs.
@@ -203,6 +213,7 @@ ansible_facts:
               cross_gpu_footprint: false
               healthy: true
               health_checked: true
+              health_unchecked: []
               health_issues: []
               health:
                 ecc_uncorrected_volatile: 0
@@ -215,7 +226,12 @@ ansible_facts:
                 pcie_link_width_max: 16
                 pstate: P0
                 slowdown: []
+                mig_mode_pending: Disabled
+                recovery_action: None
+                fabric_state: null
+                fabric_status: null
                 xids: []
+                xids_before_driver_load: []
                 unchecked: []
         processes:
           description:
@@ -285,6 +301,8 @@ ARGUMENT_SPEC = dict(
     require_persistence=dict(type="bool", default=True),
     expected_mig_mode=dict(type="str", choices=["enabled", "disabled"]),
     xid_window_hours=dict(type="float", default=24),
+    xid_ignore=dict(type="list", elements="int", default=[]),
+    xid_fatal=dict(type="list", elements="int", default=[]),
     dcgm_diag=dict(type="int", default=0, choices=[0, 1, 2, 3, 4]),
 )
 

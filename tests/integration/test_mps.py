@@ -1,7 +1,7 @@
 """CUDA MPS on simulated hosts (tests/sim/nvidia-cuda-mps-control) through real ansible-playbook:
 the clients are freed like any holder and the server is stopped through its control daemon's
 quit when every GPU it serves is selected; when it also serves an unselected GPU, the run fails
-before acting, naming it. The readings the simulator reproduces are in tests/sim/README.md."""
+before acting, naming it (the spanning rule), and with kill_spanning it is quit anyway. The readings the simulator reproduces are in tests/sim/README.md."""
 import os
 import sys
 import time
@@ -54,7 +54,9 @@ def test_server_that_also_serves_an_unselected_gpu_is_refused_before_acting(nsho
     client1 = host.spawn(["gpu_holder", "--gpus", "1", "--mib", "4096"], env=env)
     for check in (True, False):
         run = run_module(host, "gpu_release", {"gpus": ["0"]}, check=check)
-        assert run.failed and "MPS server pid %d (nvidia-cuda-mps-server) also serves GPU 1, outside the selection" % server in run.msg, run.msg
+        # The generic spanning refusal: the server is listed on both GPUs.
+        assert run.failed and "refusing to free GPU 0" in run.msg, run.msg
+        assert "pid %d nvidia-cuda-mps [nvidia-cuda-mps-server " % server in run.msg and "GPU 1 is outside the selection" in run.msg, run.msg
         assert "Nothing was stopped or signalled" in run.msg and run["killed"] == [] and run["stopped_mps_servers"] == []
     assert all(host.alive(pid) for pid in (control, server, client0.pid, client1.pid))
     assert used(host, 0) >= 8802 and used(host, 1) >= 4096
@@ -64,3 +66,14 @@ def test_server_that_also_serves_an_unselected_gpu_is_refused_before_acting(nsho
     assert sorted(run["stopped_mps_servers"][0]["gpu_indexes"]) == [0, 1]
     time.sleep(0.2)
     assert used(host, 0) == 0 and used(host, 1) == 0 and not host.alive(control)
+
+
+def test_kill_spanning_quits_a_server_that_serves_an_unselected_gpu(nshost):
+    host = nshost("h200x2")
+    env, control, server = start_mps(host)
+    client0 = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "8802"], env=env)
+    client1 = host.spawn(["gpu_holder", "--gpus", "1", "--mib", "4096"], env=env)
+    run = run_module(host, "gpu_release", {"gpus": ["0"], "kill_spanning": True})
+    assert [s["pid"] for s in run["stopped_mps_servers"]] == [server] and client0.pid in killed_pids(run), run.msg
+    # GPU 1's client keeps running (its own context); only the server serving both is gone.
+    assert host.alive(client1.pid) and host.wait_gone(server, 2) and host.wait_gone(control, 2)

@@ -50,6 +50,8 @@ SIM = os.path.join(HERE, "nvidia-smi")
 HOLDER = os.path.join(HERE, "gpu_holder")
 # journalctl and dmesg inside: the Xids a test injects, never the machine's own kernel log
 KERNEL_LOG = os.path.join(HERE, "kernel-log")
+# nv-fabricmanager and systemctl inside, for a config with "fabric_manager" (an NVSwitch node)
+FABRIC_MANAGER = os.path.join(HERE, "fabricmanager")
 sys.path.insert(0, HERE)
 import make_config  # noqa: E402
 
@@ -175,7 +177,8 @@ class NsHost(object):
         with open(self.root.config, "w") as f:
             json.dump(self.config, f, indent=2)
         spec = {"dir": self.dir, "config": self.root.config, "hostname": self.seed,
-                "state": self.root.state, "sim": SIM, "holder": HOLDER, "kernel_log": KERNEL_LOG}
+                "state": self.root.state, "sim": SIM, "holder": HOLDER, "kernel_log": KERNEL_LOG,
+                "fabric_manager": FABRIC_MANAGER}
         spec_path = os.path.join(self.dir, "spec.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f)
@@ -695,6 +698,8 @@ def _setup(spec):
     links += [(name, spec["kernel_log"]) for name in ("journalctl", "dmesg") if spec.get("kernel_log")]
     # The simulated MPS control daemon (and client) beside gpu_holder.
     links.append(("nvidia-cuda-mps-control", os.path.join(os.path.dirname(spec["holder"]), "nvidia-cuda-mps-control")))
+    links += [(name, spec["fabric_manager"]) for name in ("nv-fabricmanager", "systemctl")
+              if spec.get("fabric_manager") and cfg.get("fabric_manager")]
     for name, target in links:
         if os.path.lexists("/usr/bin/" + name):
             os.unlink("/usr/bin/" + name)

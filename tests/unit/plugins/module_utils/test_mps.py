@@ -13,7 +13,6 @@ import os
 import pytest
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _mps
-from ansible_collections.zeromib.gpu.plugins.module_utils._errors import ReleaseError
 from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils import fakeproc
 
 
@@ -26,17 +25,11 @@ def client(pid, gpus):
     return {"pid": pid, "name": "python3", "argv0": "python3", "exe": "python3.12", "cmdline": "python3 serve.py", "gpu_indexes": gpus}
 
 
-def test_server_of_selected_gpus_is_quit_and_clients_signalled():
-    left, servers = _mps.plan([client(50, [0]), server([0, 1])], [0, 1])
+def test_servers_are_quit_clients_signalled_and_the_control_daemon_left_alone():
+    control = {"pid": 30, "name": "nvidia-cuda-mps", "argv0": "nvidia-cuda-mps-control", "exe": "nvidia-cuda-mps-control",
+               "cmdline": "nvidia-cuda-mps-control -d", "gpu_indexes": []}
+    left, servers = _mps.plan([client(50, [0]), server([0, 1]), control])
     assert [h["pid"] for h in left] == [50] and [h["pid"] for h in servers] == [40]
-
-
-def test_server_that_spans_the_selection_is_refused_naming_the_gpus():
-    with pytest.raises(ReleaseError) as error:
-        _mps.plan([client(50, [0]), server([0, 1, 3])], [0])
-    assert "MPS server pid 40 (nvidia-cuda-mps-server) also serves GPU 1, 3, outside the selection" in error.value.msg
-    left, servers = _mps.plan([server([0, 1])], [0], kill_spanning=True)
-    assert left == [] and [h["pid"] for h in servers] == [40]
 
 
 def test_comm_alone_does_not_make_an_mps_server():
