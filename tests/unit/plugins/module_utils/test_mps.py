@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 
-
 from ansible_collections.zeromib.gpu.plugins.module_utils import _mps
 from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils import fakeproc
 
