@@ -69,6 +69,19 @@ def _unchecked(result):
     return sorted(names, key=lambda name: (CHECKS.index(name) if name in CHECKS else len(CHECKS), name))
 
 
+def _smoke_notes(gpus):
+    """'smoke test passed on 2 GPUs (1024 MiB each, 0.41 s)' and each GPU skipped, with why."""
+    records = [(g.get("index"), g["smoke_test"]) for g in gpus if isinstance(g.get("smoke_test"), Mapping)]
+    passed = [r for _i, r in records if r.get("ok") is True]
+    notes = []
+    if passed:
+        notes.append("smoke test passed on %d GPU%s (%s MiB, %s s)" % (
+            len(passed), "" if len(passed) == 1 else "s", "/".join(sorted(set(str(r.get("mib")) for r in passed))),
+            round(sum(r.get("seconds") or 0 for r in passed), 3)))
+    notes.extend("smoke test skipped on GPU %s: %s" % (i, r.get("skipped")) for i, r in records if r.get("ok") is None)
+    return notes
+
+
 def free_gpus_outcome(result, host, expected_count=0, check_mode=False, require_healthy=False):
     """A gpu_release result -> the `free_gpus_result` fact: status, MiB before/after, a message."""
     if not isinstance(result, Mapping):
@@ -123,6 +136,13 @@ def free_gpus_outcome(result, host, expected_count=0, check_mode=False, require_
         problems.append("unhealthy: " + "; ".join(_health_problems(result)))
         if status == "dirty" and not problems[:-1]:
             status = "unhealthy"
+    outcome["smoke_test_passed"] = result.get("smoke_test_passed")
+    outcome["smoke_test_issues"] = list(result.get("smoke_test_issues") or [])
+    # A GPU that failed the CUDA smoke test is not ready, however free it reads.
+    if result.get("smoke_test_passed") is False:
+        problems.append("smoke test failed: " + "; ".join(outcome["smoke_test_issues"] or ["(no detail)"]))
+        if status == "dirty" and not problems[:-1]:
+            status = "unhealthy"
     if problems:
         outcome["status"] = status
         outcome["ok"] = False
@@ -146,6 +166,8 @@ def free_gpus_outcome(result, host, expected_count=0, check_mode=False, require_
         did.append("ended spanning %s (kill_spanning)" % _spanning_note(outcome["spanning"]))
     if outcome["footprint_gpus"]:
         did.append("%s at the cross-GPU footprint" % _footprint_note(outcome))
+    outcome["smoke_test_notes"] = _smoke_notes(after)
+    did.extend(outcome["smoke_test_notes"])
     if outcome["nvml_clients"]:
         did.append("%d NVML client%s left running" % (len(outcome["nvml_clients"]), "" if len(outcome["nvml_clients"]) == 1 else "s"))
     changed = bool(result.get("changed"))
@@ -192,6 +214,7 @@ def _note(outcome):
         notes.append("%d NVML client%s kept" % (len(clients), "" if len(clients) == 1 else "s"))
     if outcome.get("health_unchecked"):
         notes.append("not checked: " + ", ".join(outcome["health_unchecked"]))
+    notes.extend(outcome.get("smoke_test_notes") or [])
     return "; ".join(notes)
 
 

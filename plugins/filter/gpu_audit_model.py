@@ -140,6 +140,8 @@ _value:
             - The host's GPUs as C(gpu_facts) returns them, plus C(host), C(used_pct) (one
               decimal, V(null) when unknown), C(holders) (the holders of this GPU, protected ones
               included) and C(processes) (nvidia-smi's compute apps on it).
+            - C(smoke_test) is the GPU's last CUDA smoke test when the facts carry one (C(gpu_audit_smoke_test)),
+              with C(result) V(passed), V(FAILED) or V(skipped); V(null) otherwise.
           type: list
           elements: dict
         holders:
@@ -248,6 +250,7 @@ def _gpu_records(host, facts):
         record["clean"] = bool(record.get("clean"))
         record["cross_gpu_footprint"] = bool(record.get("cross_gpu_footprint"))
         record.update(_gpu_health(record))
+        record["smoke_test"] = _smoke_test(record)
         index = record.get("index")
         record["holders"] = [h for h in holders if index in h["gpu_indexes"]]
         record["processes"] = [
@@ -273,6 +276,16 @@ def _gpu_health(gpu):
         "health_checked": None if healthy is None else bool(gpu.get("health_checked")),
         "health_unchecked": [str(name) for name in gpu.get("health_unchecked") or []],
     }
+
+
+def _smoke_test(gpu):
+    """The GPU's last CUDA smoke test (gpu_facts with smoke_test), with a one-word `result`
+    (passed, FAILED, skipped); None when the facts carry none."""
+    test = gpu.get("smoke_test")
+    if not isinstance(test, Mapping):
+        return None
+    result = "passed" if test.get("ok") is True else "FAILED" if test.get("ok") is False else "skipped"
+    return dict(test, result=result)
 
 
 def _dirty_reason(gpus, holders, stale):

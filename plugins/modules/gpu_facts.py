@@ -28,7 +28,8 @@ description:
     the GPU in the kernel log that NVIDIA's Xid catalog says need a reset or a reboot. The readings come from the same
     C(nvidia-smi --query-gpu) call; each GPU's C(health_unchecked) names the checks that could not run. See the collection's
     C(docs/health.md).
-  - Returns the result as the fact C(ansible_facts.gpu). Changes nothing.
+  - Returns the result as the fact C(ansible_facts.gpu). Changes nothing (the optional O(smoke_test) allocates and frees GPU memory
+    on free GPUs only, and never in check mode).
 author:
   - zeromib.gpu contributors (@zeromib)
 extends_documentation_fragment:
@@ -36,6 +37,7 @@ extends_documentation_fragment:
   - ansible.builtin.action_common_attributes.facts
   - zeromib.gpu.nvidia_smi
   - zeromib.gpu.health
+  - zeromib.gpu.smoke_test
 attributes:
   check_mode:
     support: full
@@ -175,9 +177,27 @@ ansible_facts:
             kernel_log: {source: journalctl, error: null, fallback: null, driver_loaded: null, window_hours: 24, elapsed_s: 0.012}
             fabric_manager: null
             dcgm_diag: null
+        smoke_test_passed:
+          description:
+            - With O(smoke_test), V(true) when every GPU passed the CUDA smoke test, V(false) when one failed, V(null) when some GPU
+              was not tested (in use, MIG mode, check mode) - a skipped test is never reported as passed. V(null) when not asked.
+          type: bool
+          returned: always
+        smoke_test_issues:
+          description: "Each GPU that failed the smoke test as C(GPU <index> (<bus id>): <error>)."
+          type: list
+          elements: str
+          returned: always
+          sample: ["GPU 0 (00000000:18:00.0): CUDA_ERROR_SYSTEM_NOT_READY (802) at cuCtxCreate: system not yet initialized"]
+        smoke_test_s:
+          description: Seconds the smoke test took (a test process for all GPUs, the memory read after it); V(null) when none ran.
+          type: float
+          returned: when O(smoke_test=true)
         gpus:
           description:
             - One entry per GPU. V([N/A]) and other bracketed values read as V(null).
+            - With O(smoke_test), C(smoke_test) - C(ok) (V(null) when not tested), C(error), C(seconds), C(mib), C(skipped) (why not
+              tested - in use by a process, MIG mode, check mode) and C(memory_used_mib_after); V(null) without O(smoke_test).
             - C(healthy) is V(false) when C(health_issues) (plain sentences) is not empty; C(health_unchecked) lists the checks that
               could not run (V(ecc), V(row_remap), V(retired_pages), V(pcie), V(clocks), V(persistence), V(mig),
               V(recovery_action), V(fabric), V(xid); C(health.unchecked) says why); C(health_checked) is V(true) only when it is
@@ -283,6 +303,7 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _cuda_smoke
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import NvidiaSmi, NvidiaSmiError
@@ -304,10 +325,12 @@ ARGUMENT_SPEC = dict(
     xid_ignore=dict(type="list", elements="int", default=[]),
     xid_fatal=dict(type="list", elements="int", default=[]),
     dcgm_diag=dict(type="int", default=0, choices=[0, 1, 2, 3, 4]),
+    smoke_test=dict(type="bool", default=False),
+    smoke_test_mib=dict(type="int", default=1024),
 )
 
 
-def gather(params, which=None):
+def gather(params, which=None, check_mode=False):
     """Options -> (the ansible_facts.gpu dict, a warning or None). Raises NvidiaSmiError.
     `which(name)` finds dcgmi (None: not installed)."""
     smi = NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), params["timeout"])
@@ -318,6 +341,7 @@ def gather(params, which=None):
         snapshot.gpus, snapshot.apps, snapshot.holders, params["max_used_mib"], params["processes"], _facts.cuda_driver_version(),
         snapshot.footprint, snapshot.health, dcgm,
     )
+    _cuda_smoke.for_facts(smi, params, facts, snapshot, check_mode)
     return facts, _facts.unreadable_warning(snapshot.unreadable)
 
 
@@ -330,12 +354,15 @@ def main():
             module.fail_json(msg="%s must be 0 or more, got %s" % (name, module.params[name]))
     if module.params["cross_gpu_footprint_mib"] < 0:
         module.fail_json(msg="cross_gpu_footprint_mib must be 0 or more, got %s" % module.params["cross_gpu_footprint_mib"])
+    if module.params["smoke_test_mib"] < 0:
+        module.fail_json(msg="smoke_test_mib must be 0 or more, got %s" % module.params["smoke_test_mib"])
     try:
-        facts, warning = gather(module.params, module.get_bin_path)
+        facts, warning = gather(module.params, module.get_bin_path, module.check_mode)
     except NvidiaSmiError as exc:
         if module.params["fail_on_error"]:
             module.fail_json(**exc.details())
         facts, warning = _facts.failed_facts(exc.msg), None
+        facts.update(_cuda_smoke.summary([], asked=False))
     if warning:
         module.warn(warning)
     module.exit_json(changed=False, ansible_facts={"gpu": facts})

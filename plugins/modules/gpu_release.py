@@ -38,6 +38,7 @@ extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - zeromib.gpu.nvidia_smi
   - zeromib.gpu.health
+  - zeromib.gpu.smoke_test
 attributes:
   check_mode:
     support: full
@@ -439,10 +440,27 @@ gpus_before:
   elements: dict
   returned: always
 gpus:
-  description: Per-GPU state at the end, shaped like the C(gpus) of M(zeromib.gpu.gpu_facts).
+  description:
+    - Per-GPU state at the end, shaped like the C(gpus) of M(zeromib.gpu.gpu_facts).
+    - With O(smoke_test), each selected GPU also has C(smoke_test) - C(ok) (V(null) when not tested), C(error) (the CUDA error by name
+      and number and the call, or why the GPU failed), C(seconds) (context creation to destruction), C(mib) (allocated and written),
+      C(skipped) (why not tested - check mode, MIG mode, not released) and C(memory_used_mib_after) (read by C(nvidia-smi) after it).
   type: list
   elements: dict
   returned: always
+smoke_test_passed:
+  description:
+    - V(true) when O(smoke_test) ran and every selected GPU passed; V(false) when one failed (a CUDA error, a hung call, memory
+      not freed after it, or a GPU found in use right before it); V(null) when not asked, in check mode, or when a GPU was skipped
+      (MIG mode). Does not change RV(released); the P(zeromib.gpu.free_gpus#role) role fails on V(false).
+  type: bool
+  returned: always
+smoke_test_issues:
+  description: "Each failed GPU as C(GPU <index> (<bus id>): <error>)."
+  type: list
+  elements: str
+  returned: always
+  sample: ["GPU 3 (00000000:5D:00.0): CUDA_ERROR_SYSTEM_NOT_READY (802) at cuCtxCreate: system not yet initialized"]
 holders:
   description: Holders left at the end, protected ones included, shaped like the C(holders) of M(zeromib.gpu.gpu_facts).
   type: list
@@ -483,6 +501,7 @@ timings:
   description:
     - Seconds spent stopping units and containers (C(stop_s)), signalling processes (C(kill_s)), waiting for memory to read free
       (C(wait_s)), and watching for a respawn (C(settle_s), 0 when nothing could respawn).
+    - C(smoke_test_s) - the CUDA smoke test (a fresh look, the test process, the memory read after it), only when it ran.
   type: dict
   returned: always
   sample: {look_s: 0.05, plan_s: 0.0, stop_s: 0.0, kill_s: 0.15, wait_s: 0.12, settle_s: 0.0}
@@ -493,6 +512,7 @@ import re
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _cuda_smoke
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import NvidiaSmi, NvidiaSmiError
@@ -525,6 +545,8 @@ ARGUMENT_SPEC = dict(
     xid_ignore=dict(type="list", elements="int", default=[]),
     xid_fatal=dict(type="list", elements="int", default=[]),
     dcgm_diag=dict(type="int", default=0, choices=[0, 1, 2, 3, 4]),
+    smoke_test=dict(type="bool", default=False),
+    smoke_test_mib=dict(type="int", default=1024),
 )
 
 
@@ -538,6 +560,8 @@ def checked_params(params):
     for name in ("max_used_mib", "cross_gpu_footprint_mib", "min_pcie_gen", "min_pcie_width", "xid_window_hours"):
         if params[name] < 0:
             raise ValueError("%s must be 0 or more, got %s" % (name, params[name]))
+    if params["smoke_test_mib"] < 0:
+        raise ValueError("smoke_test_mib must be 0 or more, got %s" % params["smoke_test_mib"])
     regexes = []
     for pattern in params["match"]:
         try:
@@ -568,6 +592,9 @@ def main():
             # The diagnostic runs work on the GPUs: only once they are free.
             dcgm = _health.dcgm_diag(params["dcgm_diag"], module.get_bin_path)
             result.update(_facts.health_summary(result["gpus"], release.health, dcgm))
+        # Last: CUDA work on GPUs proven free, after a fresh look at who holds them.
+        _cuda_smoke.after_release(smi, params, result, module.check_mode, lambda: _facts.look(
+            smi, params["protect"], max_used_mib=params["max_used_mib"], footprint_mib=params["cross_gpu_footprint_mib"]))
     except NvidiaSmiError as exc:
         module.fail_json(**exc.details())
     except ReleaseError as exc:

@@ -33,10 +33,11 @@ ROLE_PLAY = """---
         content: "{{{{ {{'failed': __failed_msg is defined, 'msg': __failed_msg | default(''), 'result': free_gpus_result | default(none)}} | to_json }}}}"
         dest: {out}
         mode: "0600"
+      check_mode: false
 """
 
 
-def run_role(host, variables, timeout=180):
+def run_role(host, variables, timeout=180, check=False):
     host._seq = getattr(host, "_seq", 0) + 1
     out = os.path.join(host.dir, "role-%d.json" % host._seq)
     play = os.path.join(host.dir, "role-%d.yml" % host._seq)
@@ -46,7 +47,7 @@ def run_role(host, variables, timeout=180):
     with open(extra, "w") as handle:
         json.dump(dict({"free_gpus_wait_timeout": 5, "free_gpus_kill_timeout": 1}, **variables), handle)
     cmd = [os.path.join(VENV_BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local", play,
-           "-e", "ansible_python_interpreter=/usr/bin/python3", "-e", "@" + extra]
+           "-e", "ansible_python_interpreter=/usr/bin/python3", "-e", "@" + extra] + (["--check"] if check else [])
     env = {"ANSIBLE_COLLECTIONS_PATH": COLLECTIONS, "HOME": "/root", "ANSIBLE_NOCOLOR": "1",
            "ANSIBLE_LOCALHOST_WARNING": "False", "ANSIBLE_DEPRECATION_WARNINGS": "False"}
     proc = host.run(cmd, env=env, timeout=timeout)
