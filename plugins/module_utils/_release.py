@@ -23,8 +23,10 @@ from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
+from ansible_collections.zeromib.gpu.plugins.module_utils import _mps
 from ansible_collections.zeromib.gpu.plugins.module_utils import _settle
 from ansible_collections.zeromib.gpu.plugins.module_utils import _signals
+from ansible_collections.zeromib.gpu.plugins.module_utils import _supervisor
 from ansible_collections.zeromib.gpu.plugins.module_utils import _units
 from ansible_collections.zeromib.gpu.plugins.module_utils._errors import ReleaseError  # noqa: F401 (the modules' import)
 from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import GPU_FIELDS, NvidiaSmiError, normalize_bus_id, parse_compute_apps
@@ -59,6 +61,10 @@ class System(object):
 
     def start_time(self, pid):
         return holders_mod.start_time_of(pid, self.proc)
+
+    def supervisors(self):
+        """Running supervisord processes of root (asked only when services names a program)."""
+        return _supervisor.find_supervisors(self.proc)
 
     def state(self, pid):
         try:
@@ -222,6 +228,7 @@ EARLY_HEADS = {
     "protected": "GPUs are held only by protected processes, which gpu_release never signals",
     "unreadable": "GPU memory cannot be read, so the GPUs cannot be proven free (waiting would not change that)",
     "not_killed": "GPUs are held by processes that kill=false leaves running (waiting would not free them)",
+    "respawned": "GPUs are held again by a process started again by a restarter that this run does not stop",
 }
 
 
@@ -324,6 +331,8 @@ class Release(object):
         self.minors_by_bus = {}
         # The look's _health.Health: the final readings are judged with the same checks and Xids.
         self.health = None
+        # What may start a signalled holder again (_settle), set when something is signalled.
+        self.watch = None
         self.result = {
             "changed": False,
             "released": False,
@@ -333,6 +342,9 @@ class Release(object):
             "launchers": [],
             "stopped_containers": [],
             "disabled_containers": [],
+            "stopped_programs": [],
+            "disabled_programs": [],
+            "stopped_mps_servers": [],
             "killed": [],
             "protected": [],
             # Not "skipped": Ansible reads a result with that key as a skipped task and then
@@ -356,6 +368,10 @@ class Release(object):
             self.result[state_key] = []
 
     # --- look
+
+    def settle_timeout(self):
+        value = self.params.get("settle_timeout")
+        return _settle.SETTLE_S if value is None else value
 
     def footprint_mib(self):
         value = self.params.get("cross_gpu_footprint_mib")
@@ -407,6 +423,7 @@ class Release(object):
             self.system.systemctl, targets, holders, selected, forbidden, self.system.proc, self.names,
             self.params.get("launchers") or (), bool(self.params.get("kill_spanning")))
         unit_services, _globs = _containers.split_services(self.params.get("services"))
+        unit_services, _programs = _supervisor.split_services(unit_services)
         return _units.plan(self.system.systemctl, unit_services, owned if self.params.get("stop_owning_units") else [],
                            self.params.get("service_state"), forbidden, self.result, self.names, self.system.proc,
                            self.params.get("launchers") or ())
@@ -426,6 +443,21 @@ class Release(object):
         own = _containers.own_containers(self.lineage, self.system.proc) if globs or any(t.get("container") for t in targets) else set()
         return _containers.plan(self.system.runtimes, holders, targets, globs, self.params.get("service_state"), own, self.result,
                                 stop_found=self.params.get("kill", True))
+
+    def plan_programs(self):
+        """supervisord programs named in services as supervisor:<glob> (_supervisor)."""
+        _units_and_programs, _globs = _containers.split_services(self.params.get("services"))
+        _unit_services, programs = _supervisor.split_services(_units_and_programs)
+        if not programs:
+            return {"stop": [], "disable": [], "not_found": []}
+        return _supervisor.plan(programs, self.params.get("service_state"), self.system.supervisors(), self.result)
+
+    def plan_mps(self, targets):
+        """(targets, MPS servers to quit through their control daemon): _mps. A server that also
+        serves unselected GPUs is a spanning process: it is a target only with kill_spanning."""
+        if not self.params.get("kill", True):
+            return targets, []
+        return _mps.plan(targets)
 
     # --- act
 
@@ -488,6 +520,8 @@ class Release(object):
                     return gpus, False, "protected", set()
                 if not self.params.get("kill", True) and _facts.dirty_holders(holders, [g["index"] for g in dirty]):
                     return gpus, False, "not_killed", set()
+                if self.watch and self.watch.respawned():
+                    return gpus, False, "respawned", set()
             if now >= deadline:
                 return gpus, False, None, set()
             self.system.sleep(min(poll_started + poll, deadline) - self.system.now())
@@ -509,6 +543,7 @@ class Release(object):
         self.result["selected_gpus"] = selected
         kill_spanning = bool(self.params.get("kill_spanning"))
         targets, protected = plan_targets(holders, selected, self.regexes, kill_spanning)
+        targets, mps_servers = self.plan_mps(targets)
         self.result["undecided"] = undecided_record(_attribution.undecided_for(holders, selected))
         self.result["protected"] = [{"pid": h["pid"], "name": h["name"], "unit": h.get("unit"), "gpu_indexes": h["gpu_indexes"]} for h in protected]
         planning = self.system.now()
@@ -516,11 +551,13 @@ class Release(object):
         self.result["warnings"].extend(container_plan.warnings)
         targets = container_plan.signal
         unit_plan = self.plan_units(targets, holders, selected)
+        program_plan = self.plan_programs()
         self.refuse_spanning(holders, selected, container_plan)
         self.result["timings"]["plan_s"] = round(self.system.now() - planning, 3)
-        self.result["services_not_found"] = unit_plan["not_found"] + container_plan.not_found
+        self.result["services_not_found"] = unit_plan["not_found"] + container_plan.not_found + program_plan["not_found"]
         gpus_clean = all(g["clean"] for g in self.result["gpus_before"] if g["index"] in selected)
-        to_do = bool(container_plan or unit_plan["stop"] or unit_plan["disable"] or unit_plan["mask"] or (targets and self.params.get("kill", True)))
+        to_do = bool(container_plan or unit_plan["stop"] or unit_plan["disable"] or unit_plan["mask"] or (targets and self.params.get("kill", True))
+                     or program_plan["stop"] or program_plan["disable"] or mps_servers)
 
         if self.check_mode:
             self.result["changed"] = to_do
@@ -528,6 +565,10 @@ class Release(object):
             self.result["stopped_units"] = unit_plan["stop"]
             self.result["stopped_containers"] = container_plan.stop
             self.result["disabled_containers"] = container_plan.disable
+            self.result["stopped_programs"] = [_supervisor.public(e) for e in program_plan["stop"]]
+            self.result["disabled_programs"] = [_supervisor.public(e) for e in program_plan["disable"]]
+            self.result["stopped_mps_servers"] = [{"pid": h["pid"], "name": h["name"], "pipe_directory": _mps.pipe_directory(h, self.system.proc),
+                                                   "gpu_indexes": h["gpu_indexes"], "how": None} for h in mps_servers]
             if self.state_key == "disabled_units":
                 self.result["disabled_units"] = unit_plan["disable"]
             elif self.state_key == "masked_units":
@@ -559,18 +600,30 @@ class Release(object):
             outside.update(self.act_containers(container_plan))
         if unit_plan["stop"] or unit_plan["disable"] or unit_plan["mask"]:
             self.act_units(unit_plan)
-        if container_plan.stop or unit_plan["stop"]:
+        if program_plan["stop"] or program_plan["disable"]:
+            stopping = self.system.now()
+            _supervisor.act(program_plan, self.params.get("kill_timeout"), self.result)
+            self.result["timings"]["stop_s"] = round(self.result["timings"]["stop_s"] + self.system.now() - stopping, 3)
+        if container_plan.stop or unit_plan["stop"] or program_plan["stop"]:
             # Stopping a unit or a container ended its processes; see who is left before signalling anyone.
             holders = self.scan(gpus)
             targets, _protected = plan_targets(holders, selected, self.regexes, kill_spanning)
-            targets = [t for t in targets if not _containers.pod_holders([t])]
-        watch = None
+            targets = [t for t in targets if not _containers.pod_holders([t]) and t["pid"] not in {s["pid"] for s in mps_servers}]
         if targets and self.params.get("kill", True):
-            watch = _settle.Watch(_settle.watch_list(targets, outside, self.system.systemctl), self.system.proc)
+            minors = [g["minor_number"] for g in gpus if g["index"] in selected]
+            self.watch = _settle.watch_for(targets, outside, self.system.systemctl, self.lineage, minors, self.system.proc)
             self.act_signals(targets)
+        if mps_servers:
+            # After the clients: the control daemon's quit waits for them.
+            stopping = self.system.now()
+            left = _mps.stop(self.system, mps_servers, self.params.get("kill_timeout"), self.result)
+            self.result["timings"]["stop_s"] = round(self.result["timings"]["stop_s"] + self.system.now() - stopping, 3)
+            if left:
+                self.act_signals(left)
         self.result["changed"] = bool(
             self.result["stopped_units"] or self.result.get("disabled_units") or self.result.get("masked_units") or self.result["killed"]
             or self.result["stopped_containers"] or self.result["disabled_containers"]
+            or self.result["stopped_programs"] or self.result["disabled_programs"] or self.result["stopped_mps_servers"]
         )
 
         verify_started = self.system.now()
@@ -584,13 +637,18 @@ class Release(object):
             raise ReleaseError(exc.msg + done, self._finish(gpus, holders))
         self.result["timings"]["wait_s"] = round(self.system.now() - verify_started, 3)
         came_back = None
-        if clean and watch:
+        if clean and self.watch:
             settle_started = self.system.now()
-            came_back = watch.settle(self.system, lambda: self._dirty_now(selected))
+            came_back = self.watch.settle(self.system, lambda: self._dirty_now(selected), self.settle_timeout())
             self.result["timings"]["settle_s"] = round(self.system.now() - settle_started, 3)
             if came_back:
                 clean = False
                 final_gpus = self._read_gpus()
+        elif not clean and self.watch:
+            # Dirty because a restarter started a killed holder again: name the restarter.
+            again = self.watch.respawned()
+            if again:
+                came_back = self.watch.message([], [], 0.0, again, clean=False)
         final_holders = self.scan(final_gpus)
         footprint |= self.footprint(final_gpus, final_holders)
         if self.health is not None:

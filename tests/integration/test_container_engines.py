@@ -19,7 +19,7 @@ from ansible_in_ns import COLLECTIONS, run_module  # noqa: E402
 from docker_rig import IMAGE, DockerHost, used  # noqa: E402
 from nshost import NsHost  # noqa: E402
 
-SETTLE_S = 3.0  # plugins/module_utils/_settle.py
+SETTLE_S = 5.0  # plugins/module_utils/_settle.py (settle_timeout default)
 POD_UID = "1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901"
 
 

@@ -17,7 +17,7 @@
   the real driver's format (Device Minor: is where the minor number comes from).
 * /etc, /run and /usr/bin are overlays: /etc/nvidia-sim/config.json is the sim config,
   /run/nvidia-sim is a bind of the host-visible state dir, /usr/bin/nvidia-smi and
-  /usr/bin/gpu_holder are symlinks to tests/sim (and /usr/bin/journalctl and /usr/bin/dmesg to
+  /usr/bin/gpu_holder and /usr/bin/nvidia-cuda-mps-control (simulated MPS) are symlinks to tests/sim (and /usr/bin/journalctl and /usr/bin/dmesg to
   tests/sim/kernel-log, the simulated kernel log), and /usr/bin/python -> python3 is added
   when the machine has no /usr/bin/python (the two scripts use `#!/usr/bin/env python`).
 * the host name (UTS namespace) is the seed.
@@ -700,6 +700,8 @@ def _setup(spec):
     _overlay("/usr/bin", base)
     links = [("nvidia-smi", spec["sim"]), ("gpu_holder", spec["holder"])]
     links += [(name, spec["kernel_log"]) for name in ("journalctl", "dmesg") if spec.get("kernel_log")]
+    # The simulated MPS control daemon (and client) beside gpu_holder.
+    links.append(("nvidia-cuda-mps-control", os.path.join(os.path.dirname(spec["holder"]), "nvidia-cuda-mps-control")))
     links += [(name, spec["fabric_manager"]) for name in ("nv-fabricmanager", "systemctl")
               if spec.get("fabric_manager") and cfg.get("fabric_manager")]
     for name, target in links:

@@ -19,6 +19,7 @@ import pytest
 from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
 from ansible_collections.zeromib.gpu.plugins.module_utils import _nvidia_smi as smi
 from ansible_collections.zeromib.gpu.plugins.module_utils import _release as release
+from ansible_collections.zeromib.gpu.plugins.module_utils import _settle
 from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils import fakeproc
 
 SESSION_SCOPE = "0::/user.slice/user-0.slice/session-7.scope\n"
@@ -570,7 +571,7 @@ def test_holder_in_a_container_whose_runtime_cannot_be_asked_is_signalled_and_wa
     assert [pid for _t, pid, _name in world.signals] == [495] and result["killed"][0]["container"] == container
     assert any("container 4f3c2b1a4f3c (docker) could not be stopped through its runtime" in warning for warning in result["warnings"])
     # Nothing came back within the settle window (see _settle): released, after watching for it.
-    assert result["released"] is True and result["timings"]["settle_s"] == pytest.approx(3.0, abs=0.3)
+    assert result["released"] is True and result["timings"]["settle_s"] == pytest.approx(_settle.SETTLE_S, abs=0.3)
 
 
 # ------------------------------------------------------------------ units
