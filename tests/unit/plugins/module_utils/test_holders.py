@@ -69,7 +69,11 @@ def test_parse_cgroup(text, path):
         ("/system.slice/docker-%s.scope" % ID64, "docker-%s.scope" % ID64, False, ID64),
         ("/docker/%s" % ID64, None, False, ID64),
         ("/machine.slice/libpod-%s.scope/container" % ID64, "libpod-%s.scope" % ID64, False, ID64),
-        ("/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-%s.scope/container" % ID64, "libpod-%s.scope" % ID64, False, ID64),
+        # A user's own subtree: they may name a cgroup docker-<anyone's id>.scope there (docs/security.md).
+        ("/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-%s.scope/container" % ID64, "libpod-%s.scope" % ID64, False, None),
+        ("/user.slice/user-4242.slice/user@4242.service/app.slice/docker-%s.scope" % ID64, "docker-%s.scope" % ID64, False, None),
+        ("/user.slice/user-4242.slice/user@4242.service/kubepods.slice/kubepods-%s.slice/cri-containerd-%s.scope" % (POD, ID64),
+         "cri-containerd-%s.scope" % ID64, False, None),
         (
             "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-%s.slice/cri-containerd-%s.scope" % (POD, ID64),
             "cri-containerd-%s.scope" % ID64,
@@ -93,7 +97,9 @@ def test_parse_cgroup(text, path):
         "docker-systemd-driver",
         "docker-cgroupfs",
         "podman",
-        "podman-rootless",
+        "podman-rootless-is-the-users-own",
+        "docker-id-named-in-a-user-subtree",
+        "kubepods-in-a-user-subtree",
         "k8s-cri-containerd",
         "k8s-crio",
         "k8s-cgroupfs-burstable",
