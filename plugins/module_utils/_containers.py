@@ -495,7 +495,18 @@ def delegated_to(cgroup_path, mounts):
     return None
 
 
-def confirmed(holder, record, proc="/proc"):
+def cgroup_reader(proc="/proc"):
+    """pid -> its systemd cgroup path (see _holders.parse_cgroup), None when gone."""
+    def cgroup_of(pid):
+        try:
+            with open("%s/%d/cgroup" % (proc, pid), "rb") as handle:
+                return _holders.parse_cgroup(handle.read())
+        except OSError:
+            return None
+    return cgroup_of
+
+
+def confirmed(holder, record, cgroup_of):
     """Whether the runtime's own record places the holder in that container: the holder is its
     State.Pid, or it runs in the cgroup of State.Pid (or below it), which only the runtime (root)
     could have put it in."""
@@ -504,11 +515,7 @@ def confirmed(holder, record, proc="/proc"):
         return False
     if init == holder["pid"]:
         return True
-    try:
-        with open("%s/%d/cgroup" % (proc, init), "rb") as handle:
-            path = _holders.parse_cgroup(handle.read())
-    except OSError:
-        return False
+    path = cgroup_of(init)
     own = holder.get("cgroup") or ""
     return bool(path) and path != "/" and (own == path or own.startswith(path.rstrip("/") + "/"))
 
@@ -521,11 +528,12 @@ def _ordinary(holder, note):
     holder["container_note"] = note
 
 
-def annotate(holders, runtimes, proc="/proc", mounts=None):
+def annotate(holders, runtimes, proc="/proc", mounts=None, cgroup_of=None):
     """Add HOLDER_KEYS to each holder (in place; returns the list): the runtime from the cgroup
     path, and name, image and pod from the runtime where it answers. Holders outside containers
     cost a regex each; the runtime is asked once per container. A path in a delegated subtree,
     or a container its runtime does not confirm, makes an ordinary holder with a note."""
+    cgroup_of = cgroup_of or cgroup_reader(proc)
     for holder in holders:
         ref = container_ref(holder.get("cgroup"))
         holder["_container_ref"] = ref
@@ -559,7 +567,7 @@ def annotate(holders, runtimes, proc="/proc", mounts=None):
                 record = None
             if record is not None:
                 holder["container_runtime"] = DOCKER
-        if record is not None and not confirmed(holder, record, proc):
+        if record is not None and not confirmed(holder, record, cgroup_of):
             _ordinary(holder, "cgroup %s names %s container %s, but %s does not run this process in it: an ordinary holder"
                       % (holder.get("cgroup"), holder.get("container_runtime"), ref["id"][:12], holder.get("container_runtime")))
             continue

@@ -336,7 +336,7 @@ def parse_compute_apps(text, fields=APP_FIELDS, cmd=None):
     the driver's form; anything else rejects the answer (it is not the driver's)."""
     records = parse_csv(text, fields, cmd=cmd)
     for record in records:
-        if record.get("pid") is None or record["pid"] <= 0:
+        if record.get("pid") is None or (isinstance(record["pid"], int) and record["pid"] <= 0):
             raise UnparsableOutput("nvidia-smi printed a compute app without PID: %r" % record, cmd=cmd, rc=0, stdout=text)
         uuid = record.get("gpu_uuid")
         if "gpu_uuid" in record and (uuid is None or not _GPU_UUID.match(uuid)):
