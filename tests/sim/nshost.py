@@ -834,7 +834,9 @@ def _init(spec_path):
             req = json.loads(buf.decode())
             reap()
             if req["op"] == "spawn":
-                reply = _spawn(req)
+                # A reused PID (tests make the namespace reuse one) must not read the status of
+                # the process that had it before.
+                reply = _spawn(req, statuses)
             elif req["op"] == "status":
                 pid = int(req["pid"])
                 reply = {"status": statuses.get(pid)}
@@ -850,9 +852,11 @@ def _init(spec_path):
             conn.close()
 
 
-def _spawn(req):
+def _spawn(req, statuses=None):
     r, w = os.pipe()
     pid = os.fork()
+    if statuses is not None and pid > 0:
+        statuses.pop(pid, None)
     if pid == 0:
         try:
             os.close(r)
