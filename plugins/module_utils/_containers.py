@@ -102,6 +102,13 @@ def container_ref(cgroup_path):
     process of a pod outside any container cgroup has `id` None."""
     if not cgroup_path or _USER_MANAGER.search(cgroup_path):
         return None
+    return _named_ref(cgroup_path)
+
+
+def _named_ref(cgroup_path):
+    """What a cgroup path names, wherever it lies (see container_ref)."""
+    if not cgroup_path:
+        return None
     kubernetes = bool(_KUBEPODS.search(cgroup_path))
     pod = _POD_UID.search(cgroup_path) if kubernetes else None
     pod_uid = pod.group(1).replace("_", "-") if pod else None
@@ -542,6 +549,10 @@ def annotate(holders, runtimes, proc="/proc", mounts=None, cgroup_of=None):
             holder.setdefault(key, None)
         if ref is None:
             holder["container"] = None
+            manager = _USER_MANAGER.search(holder.get("cgroup") or "")
+            if manager and _named_ref(holder["cgroup"]) is not None:
+                holder["container_note"] = ("cgroup %s lies in the subtree systemd delegates to %s, whose user may name it at will: "
+                                            "no container or pod" % (holder["cgroup"], manager.group(0).strip("/")))
             continue
         if mounts is None:
             mounts = cgroup_mounts()

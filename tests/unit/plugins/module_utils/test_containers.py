@@ -555,3 +555,12 @@ def test_cgroup_mounts_are_cgroup2_and_v1_name_systemd(tmp_path):
         "30 25 0:27 / /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory\n"
     )
     assert containers.cgroup_mounts(str(mountinfo)) == ["/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd"]
+
+
+def test_container_named_in_a_user_managers_subtree_is_an_ordinary_holder_with_a_note():
+    path = "/user.slice/user-4242.slice/user@4242.service/app.slice/docker-%s.scope" % A
+    runtimes = FakeRuntimes([record(A, "victim-db")])
+    [h] = annotate([holder(7, path), ], runtimes)
+    assert h["container"] is None and "user@4242.service" in h["container_note"] and "no container or pod" in h["container_note"]
+    [plain] = annotate([holder(8, "/user.slice/user-4242.slice/user@4242.service/app.slice/foo.service")], runtimes)
+    assert plain["container_note"] is None
