@@ -127,6 +127,33 @@ class DeviceTable(object):
         self.by_rdev = dict(by_rdev or {})
         self.by_inode = dict(by_inode or {})
         self.inode_numbers = set(str(ino).encode() for _dev, ino in self.by_inode)
+        self.maps_by_inode = _maps_by_inode(self.inode_numbers)
+        # Answers already read in this scan (see known_fd, known_mapping).
+        self._fds = {}
+        self._mappings = {}
+        try:
+            self.mount_ns = os.readlink("/proc/self/ns/mnt")
+        except OSError:
+            self.mount_ns = None
+
+    def known_fd(self, link, target, mount_ns):
+        """name_of an fd. For a process in this module's own mount namespace the path it shows is
+        a path of this namespace's tree, which only root can mount on, so one stat per path serves
+        every such process (a busy node: thousands of fds on /dev/null and log files); a process
+        elsewhere, or a deleted file, is asked fd by fd. Raises OSError as os.stat does."""
+        if mount_ns is None or mount_ns != self.mount_ns or target.endswith(DELETED_SUFFIX):
+            return self.name_of(os.stat(link))
+        if target not in self._fds:
+            self._fds[target] = self.name_of(os.stat(link))
+        return self._fds[target]
+
+    def known_mapping(self, map_file, dev, inode):
+        """name_of a mapping through /proc/PID/map_files: the maps `dev` and `inode` columns name
+        one inode of the kernel, so one stat per (dev, inode) serves every mapping of it."""
+        key = (dev, inode)
+        if key not in self._mappings:
+            self._mappings[key] = self.name_of(os.stat(map_file))
+        return self._mappings[key]
 
     @classmethod
     def read(cls, dev_dirs=DEV_DIRS, proc_devices="/proc/devices"):
@@ -320,7 +347,9 @@ def open_devices(pid, proc="/proc", table=None):
     table = table if table is not None else DeviceTable()
     devices = set()
     fd_dir = "%s/%d/fd" % (proc, pid)
-    for entry in os.listdir(fd_dir):
+    entries = os.listdir(fd_dir)
+    mount_ns = None
+    for entry in entries:
         link = fd_dir + "/" + entry
         try:
             target = os.readlink(link)
@@ -329,8 +358,13 @@ def open_devices(pid, proc="/proc", table=None):
         # socket:[..], pipe:[..], anon_inode:..: never a device file.
         if not target.startswith("/"):
             continue
+        if mount_ns is None:
+            try:
+                mount_ns = os.readlink("%s/%d/ns/mnt" % (proc, pid))
+            except OSError:
+                mount_ns = ""
         try:
-            device = table.name_of(os.stat(link))
+            device = table.known_fd(link, target, mount_ns or None)
         except OSError:
             device = device_path(target)
         if device is not None:
@@ -338,7 +372,17 @@ def open_devices(pid, proc="/proc", table=None):
     return devices
 
 
-_MAPS_FIELDS = re.compile(rb"^([0-9a-f]+)-([0-9a-f]+) \S+ \S+ \S+ (\d+)\s+(/.*)$", re.MULTILINE)
+# A maps line whose path mentions nvidia (a spelling of a device file), and, built per table, one
+# whose inode is a device node's: the regex engine picks the few candidate lines of a CUDA
+# process's thousands.
+_MAPS_SPELLED = re.compile(rb"^([0-9a-f]+)-([0-9a-f]+) \S+ \S+ (\S+) (\d+)\s+(/\S*nvidia.*)$", re.MULTILINE)
+
+
+def _maps_by_inode(inode_numbers):
+    if not inode_numbers:
+        return None
+    alternatives = b"|".join(sorted(inode_numbers))
+    return re.compile(rb"^([0-9a-f]+)-([0-9a-f]+) \S+ \S+ (\S+) (" + alternatives + rb")\s+(/.*)$", re.MULTILINE)
 
 
 def mapped_by_identity(maps, table, map_files=None):
@@ -348,22 +392,26 @@ def mapped_by_identity(maps, table, map_files=None):
     dev and inode). Without map_files (not root, a fake /proc) a candidate counts by its path's
     spelling only, as the scan did before."""
     found = {}
-    for match in _MAPS_FIELDS.finditer(maps):
-        start, end, inode, path = match.groups()
-        spelled = device_path(path.decode("utf-8", "replace")) if b"nvidia" in path else None
-        if spelled is None and inode not in table.inode_numbers:
-            continue
-        device = spelled
-        if map_files is not None:
-            try:
-                device = table.name_of(os.stat(b"%s/%s-%s" % (map_files, start, end)))
-            except OSError:
-                device = spelled
-        if device is None:
-            continue
-        entry = found.setdefault(device, [0, 0])
-        entry[0] += 1
-        entry[1] += (int(end, 16) - int(start, 16)) // 1024
+    seen = set()
+    patterns = [_MAPS_SPELLED] + ([table.maps_by_inode] if table.maps_by_inode is not None else [])
+    for pattern in patterns:
+        for match in pattern.finditer(maps):
+            start, end, dev, inode, path = match.groups()
+            if start in seen:
+                continue
+            seen.add(start)
+            spelled = device_path(path.decode("utf-8", "replace")) if b"nvidia" in path else None
+            device = spelled
+            if map_files is not None:
+                try:
+                    device = table.known_mapping(b"%s/%s-%s" % (map_files, start, end), dev, inode)
+                except OSError:
+                    device = spelled
+            if device is None:
+                continue
+            entry = found.setdefault(device, [0, 0])
+            entry[0] += 1
+            entry[1] += (int(end, 16) - int(start, 16)) // 1024
     return found
 
 
