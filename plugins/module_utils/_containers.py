@@ -44,7 +44,8 @@ import subprocess
 import threading
 import time
 
-from ansible_collections.zeromib.gpu.plugins.module_utils import _holders  # pylint: disable=cyclic-import  (parse_cgroup, used at call time)
+# _holders imports this module too: only parse_cgroup is used, at call time.
+from ansible_collections.zeromib.gpu.plugins.module_utils import _holders  # pylint: disable=cyclic-import
 from ansible_collections.zeromib.gpu.plugins.module_utils._errors import ReleaseError
 
 DOCKER = "docker"

@@ -27,7 +27,9 @@ from ansible_collections.zeromib.gpu.plugins.module_utils import _settle
 from ansible_collections.zeromib.gpu.plugins.module_utils import _signals
 from ansible_collections.zeromib.gpu.plugins.module_utils import _units
 from ansible_collections.zeromib.gpu.plugins.module_utils._errors import ReleaseError  # noqa: F401 (the modules' import)
-from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import GPU_FIELDS, NvidiaSmiError, check_against_driver, normalize_bus_id, parse_compute_apps
+from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import (
+    GPU_FIELDS, NvidiaSmiError, check_against_driver, normalize_bus_id, parse_compute_apps,
+)
 
 # While GPUs stay dirty, look for who holds them this often (a /proc scan, a few ms).
 RESCAN_S = 1.0

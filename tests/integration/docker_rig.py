@@ -17,9 +17,10 @@ The rig (found to work on this machine kind; TEST_RIGS.md "Docker Engine"):
   libnvidia-container (docker --gpus) mounts them: the simulated nodes are all char 1:5 and are
   known by their inode (the real driver's by their device number 195:N, which a --device node
   mknod'ed by runc keeps; a 1:5 node of its own would be /dev/zero to gpu_release and to the
-  simulator alike). The simulator's config and state come with -v; the container shares the host's PID namespace (--pid=host): gpu_holder registers its context under its
-  own PID, and the simulated nvidia-smi, running on the host like the real one, must see the
-  same PID the driver would report (a container's PIDs as the host sees them).
+  simulator alike). The simulator's config and state come with -v; the container shares the
+  host's PID namespace (--pid=host): gpu_holder registers its context under its own PID, and
+  the simulated nvidia-smi, running on the host like the real one, must see the same PID the
+  driver would report (a container's PIDs as the host sees them).
 * With the cgroupfs driver (no systemd here) a container's processes sit in /docker/<id>, the
   layout of Docker on cgroup v1 nodes; --cgroup-parent=/kubepods/burstable/pod<uid> gives the
   layout of the kubelet with dockershim. Those cgroups live in the machine's cgroup tree (the
