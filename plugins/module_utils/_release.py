@@ -29,7 +29,9 @@ from ansible_collections.zeromib.gpu.plugins.module_utils import _signals
 from ansible_collections.zeromib.gpu.plugins.module_utils import _supervisor
 from ansible_collections.zeromib.gpu.plugins.module_utils import _units
 from ansible_collections.zeromib.gpu.plugins.module_utils._errors import ReleaseError  # noqa: F401 (the modules' import)
-from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import GPU_FIELDS, NvidiaSmiError, normalize_bus_id, parse_compute_apps
+from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import (
+    GPU_FIELDS, NvidiaSmiError, check_against_driver, normalize_bus_id, parse_compute_apps,
+)
 
 # While GPUs stay dirty, look for who holds them this often (a /proc scan, a few ms).
 RESCAN_S = 1.0
@@ -252,6 +254,9 @@ def failure_message(dirty_gpus, holders, apps, waited_s, unkillable, protected_o
             # Never signalled for a selection it may not belong to (see _attribution).
             text += (", possibly held by %s, not signalled because it may use GPUs outside the selection: select them all, "
                      "or name it in match" % "; ".join(describe_holder(h) for h in undecided))
+        elif unplaced_claims(claims, holders, gpu["index"]):
+            # Never "no live process" while nvidia-smi lists a live PID: name it and say why it was not placed.
+            text += ", " + "; ".join(describe_unplaced(app, holders, gpu["index"]) for app in unplaced_claims(claims, holders, gpu["index"]))
         elif dead_claims:
             text += (
                 ", attributed to exited process(es) %s and no live process holds the GPU: the driver has not freed this "
@@ -277,6 +282,37 @@ def failure_message(dirty_gpus, holders, apps, waited_s, unkillable, protected_o
     if unkillable:
         lines.append("unkillable (outlived SIGKILL, likely D state in the driver): " + "; ".join(describe_holder(h) for h in unkillable))
     return "%s: %s" % (head, ". ".join(lines))
+
+
+def unplaced_claims(claims, holders, index):
+    """Live compute apps of a GPU that the scan did not place on it."""
+    placed = {h["pid"] for h in holders if index in (h.get("gpu_indexes") or [])}
+    return [a for a in claims if a.get("alive") and a["pid"] not in placed]
+
+
+def describe_unplaced(app, holders, index):
+    holder = next((h for h in holders if h["pid"] == app["pid"]), None)
+    text = "listed by nvidia-smi for live pid %d %s, which the scan could not place on this GPU: " % (app["pid"], app.get("name"))
+    if holder is None:
+        return text + ("it has no device file open or mapped that this node's /dev/nvidia* nodes or the driver's device numbers "
+                       "identify (a node of its own, or a file system this module cannot stat); it is not signalled on a listing alone")
+    if holder.get("gpu_indexes"):
+        return text + ("it holds GPU %s context-sized and this GPU's device only as every CUDA process does: a PID reused since the "
+                       "listed owner exited? it is not signalled for this GPU" % ",".join(str(i) for i in holder["gpu_indexes"]))
+    return text + "it does not hold this GPU's device file; it is not signalled on a listing alone"
+
+
+def trust_notes(holders, selected):
+    """Notes on holders of the selected GPUs that a name or a cgroup path could have passed off as
+    something they are not (see docs/security.md)."""
+    notes = []
+    for holder in holders:
+        if not _attribution.may_signal_for(holder, selected):
+            continue
+        for note in (holder.get("protection_note"), holder.get("container_note")):
+            if note and note not in notes:
+                notes.append(note)
+    return notes
 
 
 def only_protected(dirty, holders, apps):
@@ -327,6 +363,7 @@ class Release(object):
         self.spanning_units = []
         # The compute apps of the latest scan ([] when none was needed).
         self.apps = []
+        self._main_pids = {}
         # Minor numbers by bus id, from the look; the verify loop's readings reuse them.
         self.minors_by_bus = {}
         # The look's _health.Health: the final readings are judged with the same checks and Xids.
@@ -382,9 +419,17 @@ class Release(object):
         The apps seen are kept in self.apps."""
         holders, self.apps = _facts.scan_and_attribute(
             gpus, None, lambda: self._apps(gpus), self.names, self.pids, self.lineage, self.system.proc, None,
-            self.params.get("max_used_mib") or 0, self.footprint_mib(),
+            self.params.get("max_used_mib") or 0, self.footprint_mib(), self.main_pid_of,
         )
-        return _containers.annotate(holders, self.system.runtimes)
+        return _containers.annotate(holders, self.system.runtimes, self.system.proc)
+
+    def main_pid_of(self, unit):
+        """systemd's MainPID of a system unit (asked only for a process named like a protected
+        daemon that its uid and executable do not vouch for)."""
+        if unit not in self._main_pids:
+            rc, out, _err = self.system.systemctl(["show", "-p", "MainPID", "--value", unit])
+            self._main_pids[unit] = int(out.strip()) if rc == 0 and out.strip().isdigit() else None
+        return self._main_pids[unit]
 
     def may_be_footprint(self, dirty):
         """Whether some dirty GPU reads little enough to be only the cross-GPU footprint (then a
@@ -398,7 +443,7 @@ class Release(object):
     def look(self):
         snapshot = _facts.look(self.smi, self.params.get("protect"), True, self.system.proc, self.driver_root, with_apps=False,
                                max_used_mib=self.params.get("max_used_mib") or 0, footprint_mib=self.footprint_mib(),
-                               runtimes=self.system.runtimes, checks=_health.Checks.from_params(self.params))
+                               runtimes=self.system.runtimes, checks=_health.Checks.from_params(self.params), main_pid_of=self.main_pid_of)
         self.apps = snapshot.apps
         self.health = snapshot.health
         return snapshot
@@ -544,6 +589,7 @@ class Release(object):
         kill_spanning = bool(self.params.get("kill_spanning"))
         targets, protected = plan_targets(holders, selected, self.regexes, kill_spanning)
         targets, mps_servers = self.plan_mps(targets)
+        self.result["warnings"].extend(trust_notes(holders, selected))
         self.result["undecided"] = undecided_record(_attribution.undecided_for(holders, selected))
         self.result["protected"] = [{"pid": h["pid"], "name": h["name"], "unit": h.get("unit"), "gpu_indexes": h["gpu_indexes"]} for h in protected]
         planning = self.system.now()
@@ -671,7 +717,10 @@ class Release(object):
         return self._finish(gpus, holders, final_gpus, final_holders)
 
     def _read_gpus(self):
-        return _facts.with_minor_numbers(self.smi.query_gpus(GPU_FIELDS), self.minors_by_bus)
+        gpus = self.smi.query_gpus(GPU_FIELDS)
+        # A GPU that drops out of nvidia-smi's answer later is never read as released either.
+        check_against_driver(gpus, self.minors_by_bus)
+        return _facts.with_minor_numbers(gpus, self.minors_by_bus)
 
     def _dirty_now(self, selected):
         """Selected GPUs dirty right now; a GPU that reads only the cross-GPU footprint is not."""
@@ -689,7 +738,8 @@ class Release(object):
             apps = parse_compute_apps(text)
         except NvidiaSmiError:  # best effort: the verdict comes from memory.used, not from this list
             return []
-        return _facts.join_apps(apps, gpus, lambda pid: _facts.alive(pid, self.system.proc))
+        return _facts.join_apps(apps, gpus, lambda pid: _facts.alive(pid, self.system.proc),
+                                lambda pid: holders_mod.display_name(pid, self.system.proc))
 
     def _finish(self, gpus_before, holders_before, gpus_after=None, holders_after=None):
         self.result.update(_facts.health_summary(self.result["gpus"] or self.result["gpus_before"], self.health))

@@ -209,8 +209,9 @@ class World(object):
         for proc in self.procs.values():
             for index, mib in sorted(proc.mem.items()):
                 if proc.smi_pid is not None:
-                    rows.append("%d, %s, %d, %s" % (proc.smi_pid, proc.smi_name, mib, uuid(index)))
-        rows += ["%d, %s, %d, %s" % (pid, name, mib, uuid(i)) for i, pid, name, mib in self.leaked]
+                    rows.append("%d, %s, %d" % (proc.smi_pid, uuid(index), mib))
+        # pid, gpu_uuid, used_memory: the module never asks nvidia-smi for names (docs/security.md).
+        rows += ["%d, %s, %d" % (pid, uuid(i), mib) for i, pid, _name, mib in self.leaked]
         return "".join(row + "\n" for row in rows)
 
 
