@@ -46,6 +46,11 @@ options:
         C(gnome-shell), C(kwin_wayland), C(sshd), C(systemd)).
       - A name matches the executable's basename, the basename of C(argv[0]), or the kernel's C(comm), which is
         truncated to 15 characters (C(nvidia-persistenced) shows as C(nvidia-persiste)).
+      - A name (built-in or given here) protects only a process whose identity backs it, since any user can name a process
+        so - run by root or a system account (uid up to 999) from a root-owned executable in a system directory (C(/usr/bin),
+        C(/usr/sbin), C(/usr/lib...), C(/usr/local/bin), C(/usr/local/nvidia/bin), ...), as the kernel resolved it; or the
+        main process of the system unit it runs in. Any other process so named is an ordinary holder, with a warning. Give a
+        PID for a daemon that is neither. See the collection's C(docs/security.md).
     type: list
     elements: str
     default: []

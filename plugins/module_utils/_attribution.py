@@ -14,7 +14,11 @@ multi-GPU node every CUDA process and every NVML client opens every /dev/nvidia<
 What does tell them apart, in this order:
 
 1. listed: a live PID that `nvidia-smi --query-compute-apps` lists on GPU X uses GPU X, and
-   only the GPUs where it is listed.
+   only the GPUs where it is listed, while it really holds X's device file (open or mapped: a
+   listing alone moves nothing, `held_listing`). Where it maps some GPU's node context-sized, a
+   listing counts only on such a GPU: a PID reused by a new process after its listed owner died
+   (the owner's orphaned child keeps the context, nvidia-smi keeps listing the old PID) maps the
+   old owner's GPU only as every CUDA process maps its peers.
 2. mapped: a process nvidia-smi does not list (the child of a CUDA process, orphaned or not;
    nvidia-smi charges its memory to the owner, `[Not Found]` once the owner is dead) uses the
    GPUs whose per-GPU node it maps context-sized. Measured: its context GPU's node in 3
@@ -87,11 +91,19 @@ def open_gpus(devices, minor_to_index):
     return indexes
 
 
+def held_listing(listed, mapped_kib, devices_gpus):
+    """The GPUs of a listing that the process really holds (rule 1 above)."""
+    held = set(listed or ()) & set(devices_gpus)
+    context = {index for index, kib in (mapped_kib or {}).items() if kib >= CONTEXT_MAP_MIN_KIB}
+    return held & context if context else held
+
+
 def place(listed, mapped_kib, devices_gpus):
     """The rule above for one process -> (gpu_indexes, attribution, candidate_gpu_indexes).
 
     `listed`: GPUs where nvidia-smi lists the PID; `mapped_kib`: {GPU: KiB mapped}, or None
     when the maps could not be read; `devices_gpus`: GPUs whose node it has open or mapped."""
+    listed = held_listing(listed, mapped_kib, devices_gpus)
     if listed:
         return sorted(listed), LISTED, []
     if mapped_kib is None:

@@ -20,6 +20,14 @@ on a Kubernetes pod: the kubelet would restart it behind the scheduler's back.
    else their CLI) for a container's name, image, restart policy and labels; stops it with a
    grace period; sets its restart policy to `no`. crictl, where present, names a pod.
 3. `annotate`, `plan`, `act`: what gpu_release does with them.
+
+A cgroup path is what a user can write inside the subtree systemd delegates to them
+(`user@UID.service`, or any cgroup directory they own): there they can name a cgroup
+`docker-<any id>.scope` or `kubepods.slice`. So a container or pod is believed only from a path
+outside such subtrees (`container_ref`, `delegated_to`: the cgroup file system's owners, the
+kernel's word), and a container only once its runtime confirms that the process runs in it (its
+State.Pid, or a process in the cgroup of State.Pid: `confirmed`). Anything else is an ordinary
+holder, reported with a note (docs/security.md).
 """
 
 from __future__ import annotations
@@ -36,6 +44,8 @@ import subprocess
 import threading
 import time
 
+# _holders imports this module too: only parse_cgroup is used, at call time.
+from ansible_collections.zeromib.gpu.plugins.module_utils import _holders  # pylint: disable=cyclic-import
 from ansible_collections.zeromib.gpu.plugins.module_utils._errors import ReleaseError
 
 DOCKER = "docker"
@@ -76,6 +86,8 @@ _PATTERNS = (
 )
 _POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}|[0-9a-f]{32})(?:\.slice)?(?=[/:]|$)")
 _KUBEPODS = re.compile(r"(?:^|/)kubepods(?:[.\-/]|$)")
+# The subtree systemd delegates to a user's own manager: everything below it is theirs to name.
+_USER_MANAGER = re.compile(r"(?:^|/)user@\d+\.service(?:/|$)")
 
 K8S_NAMESPACE = "io.kubernetes.pod.namespace"
 K8S_NAME = "io.kubernetes.pod.name"
@@ -89,6 +101,13 @@ def container_ref(cgroup_path):
     """The container a cgroup path belongs to: {id, runtime, kubernetes, pod_uid}, or None.
     `runtime` is None where the path does not say (Kubernetes with the cgroupfs driver); a
     process of a pod outside any container cgroup has `id` None."""
+    if not cgroup_path or _USER_MANAGER.search(cgroup_path):
+        return None
+    return _named_ref(cgroup_path)
+
+
+def _named_ref(cgroup_path):
+    """What a cgroup path names, wherever it lies (see container_ref)."""
     if not cgroup_path:
         return None
     kubernetes = bool(_KUBEPODS.search(cgroup_path))
@@ -141,6 +160,8 @@ def record_of(inspect):
         "status": state.get("Status"),
         "pod": "%s/%s" % (namespace, name) if namespace and name else (name or None),
         "pod_uid": labels.get(K8S_UID),
+        # The container's init process as the runtime reports it (0 when not running).
+        "pid": state.get("Pid") or None,
     }
 
 
@@ -486,16 +507,101 @@ def _which(name):
 # ---------------------------------------------------------------- holders
 
 
-def annotate(holders, runtimes):
+def cgroup_mounts(mountinfo="/proc/self/mountinfo"):
+    """Mount points of the cgroup hierarchies systemd paths live in: cgroup2, and v1's
+    name=systemd (hybrid nodes)."""
+    mounts = []
+    try:
+        with open(mountinfo, "rb") as handle:
+            lines = handle.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return mounts
+    for line in lines:
+        left, _sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) < 5 or len(tail) < 3:
+            continue
+        point = fields[4].replace("\\040", " ")
+        if tail[0] == "cgroup2" or (tail[0] == "cgroup" and "name=systemd" in tail[2].split(",")):
+            mounts.append(point)
+    return mounts
+
+
+def delegated_to(cgroup_path, mounts):
+    """The uid that owns a cgroup directory on `cgroup_path` (or one above it), or None when
+    root owns all of them: only a delegated subtree (a user manager's, or a unit with
+    Delegate=yes and User=) is owned by anyone else, and its owner may create and name cgroups
+    there at will."""
+    parts = [part for part in (cgroup_path or "").split("/") if part]
+    for mount in mounts:
+        for depth in range(len(parts), 0, -1):
+            try:
+                owner = os.stat(os.path.join(mount, *parts[:depth])).st_uid
+            except OSError:
+                continue
+            if owner != 0:
+                return owner
+    return None
+
+
+def cgroup_reader(proc="/proc"):
+    """pid -> its systemd cgroup path (see _holders.parse_cgroup), None when gone."""
+    def cgroup_of(pid):
+        try:
+            with open("%s/%d/cgroup" % (proc, pid), "rb") as handle:
+                return _holders.parse_cgroup(handle.read())
+        except OSError:
+            return None
+    return cgroup_of
+
+
+def confirmed(holder, record, cgroup_of):
+    """Whether the runtime's own record places the holder in that container: the holder is its
+    State.Pid, or it runs in the cgroup of State.Pid (or below it), which only the runtime (root)
+    could have put it in."""
+    init = record.get("pid")
+    if not init:
+        return False
+    if init == holder["pid"]:
+        return True
+    path = cgroup_of(init)
+    own = holder.get("cgroup") or ""
+    return bool(path) and path != "/" and (own == path or own.startswith(path.rstrip("/") + "/"))
+
+
+def _ordinary(holder, note):
+    for key in HOLDER_KEYS:
+        holder[key] = None
+    holder["container"] = None
+    holder["_container_ref"] = None
+    holder["container_note"] = note
+
+
+def annotate(holders, runtimes, proc="/proc", mounts=None, cgroup_of=None):
     """Add HOLDER_KEYS to each holder (in place; returns the list): the runtime from the cgroup
     path, and name, image and pod from the runtime where it answers. Holders outside containers
-    cost a regex each; the runtime is asked once per container."""
+    cost a regex each; the runtime is asked once per container. A path in a delegated subtree,
+    or a container its runtime does not confirm, makes an ordinary holder with a note."""
+    cgroup_of = cgroup_of or cgroup_reader(proc)
     for holder in holders:
         ref = container_ref(holder.get("cgroup"))
         holder["_container_ref"] = ref
+        holder.setdefault("container_note", None)
         for key in HOLDER_KEYS:
             holder.setdefault(key, None)
         if ref is None:
+            holder["container"] = None
+            manager = _USER_MANAGER.search(holder.get("cgroup") or "")
+            if manager and _named_ref(holder["cgroup"]) is not None:
+                holder["container_note"] = ("cgroup %s lies in the subtree systemd delegates to %s, whose user may name it at will: "
+                                            "no container or pod" % (holder["cgroup"], manager.group(0).strip("/")))
+            continue
+        if mounts is None:
+            mounts = cgroup_mounts()
+        owner = delegated_to(holder.get("cgroup"), mounts)
+        if owner is not None:
+            _ordinary(holder, "cgroup %s lies in a subtree owned by uid %d, who may name it at will: no container or pod"
+                      % (holder.get("cgroup"), owner))
             continue
         holder["container"] = ref["id"]
         holder["container_runtime"] = ref["runtime"]
@@ -514,6 +620,10 @@ def annotate(holders, runtimes):
                 record = None
             if record is not None:
                 holder["container_runtime"] = DOCKER
+        if record is not None and not confirmed(holder, record, cgroup_of):
+            _ordinary(holder, "cgroup %s names %s container %s, but %s does not run this process in it: an ordinary holder"
+                      % (holder.get("cgroup"), holder.get("container_runtime"), ref["id"][:12], holder.get("container_runtime")))
+            continue
         if record is not None:
             holder["container_name"] = record["name"]
             holder["container_image"] = record["image"]
@@ -660,10 +770,10 @@ def plan(runtimes, holders, targets, named_globs, service_state, own_containers,
         elif cid in own_containers:
             reason = "it runs this Ansible session"
         elif record is None:
+            # Never stopped through a runtime that has not confirmed the holder runs in it (annotate).
             runtime = holder.get("container_runtime")
             try:
-                record = runtimes.inspect(runtime, cid)
-                reason = None if record else "%s does not know it" % runtime
+                reason = "%s did not confirm it" % runtime if runtimes.inspect(runtime, cid) else "%s does not know it" % runtime
             except RuntimeUnavailable as exc:
                 reason = str(exc)
         if reason is None and record is not None:

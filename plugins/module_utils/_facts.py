@@ -58,6 +58,8 @@ HOLDER_KEYS = (
     "unit",
     "container",
     "protected",
+    "protection_note",
+    "container_note",
 ) + _containers.HOLDER_KEYS
 
 
@@ -95,20 +97,29 @@ def public_holder(holder):
     return {key: holder.get(key) for key in HOLDER_KEYS}
 
 
-def join_apps(apps, gpus, alive):
-    """Compute apps joined to their GPU by UUID (MIG apps report the parent GPU's UUID)."""
+# The name nvidia-smi gives an owner it cannot find; a dead owner's row lists nobody.
+DEAD_OWNER_NAME = "[Not Found]"
+
+
+def join_apps(apps, gpus, alive, name_of=None):
+    """Compute apps joined to their GPU by UUID (MIG apps report the parent GPU's UUID). Names
+    come from /proc (`name_of`), for display only; a dead owner reads DEAD_OWNER_NAME."""
     index_of = {gpu["uuid"]: gpu["index"] for gpu in gpus}
-    return [
-        {
+    joined = []
+    for app in apps:
+        live = alive(app["pid"])
+        name = app.get("name")
+        if name_of is not None:
+            name = (name_of(app["pid"]) if live else None) or DEAD_OWNER_NAME
+        joined.append({
             "pid": app["pid"],
-            "name": app["name"],
+            "name": name,
             "used_memory_mib": app.get("used_memory_mib"),
             "gpu_uuid": app.get("gpu_uuid"),
             "gpu_index": index_of.get(app.get("gpu_uuid")),
-            "alive": alive(app["pid"]),
-        }
-        for app in apps
-    ]
+            "alive": live,
+        })
+    return joined
 
 
 def dirty_holders(holders, selected=None):
@@ -227,7 +238,7 @@ def unexplained_gpus(gpus, apps, holders, limit):
 
 
 def scan_and_attribute(gpus, apps, fetch_apps, protect_names, protect_pids, own_lineage, proc="/proc", unreadable=None,
-                       max_used_mib=0, footprint_mib=_attribution.CROSS_GPU_FOOTPRINT_MIB):
+                       max_used_mib=0, footprint_mib=_attribution.CROSS_GPU_FOOTPRINT_MIB, main_pid_of=None):
     """The /proc scan, attributed to GPUs and marked protected -> (holders, apps).
 
     `apps` are joined compute apps, or None when not fetched yet: `fetch_apps()` is then called
@@ -239,18 +250,19 @@ def scan_and_attribute(gpus, apps, fetch_apps, protect_names, protect_pids, own_
     # an idle look without (benchmarks/changes.md).
     limit = max_used_mib + (footprint_mib or 0)
     others = []
-    raw = holders_mod.scan_holders(proc, unreadable, with_maps=False, without_devices=others)
+    table = holders_mod.DeviceTable.read()
+    raw = holders_mod.scan_holders(proc, unreadable, with_maps=False, without_devices=others, table=table)
     if apps is None and (any_dirty(gpus, limit) or _attribution.needs_listing(raw)):
         apps = fetch_apps()
     if unexplained_gpus(gpus, apps or [], raw, limit):
-        raw += holders_mod.scan_mapped(others, proc)
+        raw += holders_mod.scan_mapped(others, proc, table)
     apps = apps or []
     attributed = _attribution.attribute(raw, apps, minor_to_index(gpus))
-    return holders_mod.protect(attributed, protect_names, protect_pids, own_lineage), apps
+    return holders_mod.protect(attributed, protect_names, protect_pids, own_lineage, main_pid_of), apps
 
 
 def look(smi, protect, with_processes=True, proc="/proc", driver_root="/proc/driver/nvidia/gpus", with_apps=None, max_used_mib=0,
-         footprint_mib=_attribution.CROSS_GPU_FOOTPRINT_MIB, runtimes=None, checks=None):
+         footprint_mib=_attribution.CROSS_GPU_FOOTPRINT_MIB, runtimes=None, checks=None, main_pid_of=None):
     """nvidia-smi (GPUs and, side by side, compute apps, and the kernel log for Xids) then the
     /proc scan -> Snapshot. GPU records carry their health (`checks`: a _health.Checks).
 
@@ -275,7 +287,10 @@ def look(smi, protect, with_processes=True, proc="/proc", driver_root="/proc/dri
         health = _health.Health(checks, xids, kernel_log=kernel_log, history_by_bus=history, fabric_manager=fabric_manager,
                                 driver_version=gpus[0].get("driver_version") if gpus else None)
         gpus = health.annotate(gpus)
-    gpus = with_minor_numbers(gpus, smi_mod.read_minor_numbers(driver_root))
+    driver_gpus = smi_mod.read_driver_gpus(driver_root)
+    # A GPU the driver has and nvidia-smi left out (rc 0, one row fewer) is never read as clean.
+    smi_mod.check_against_driver(gpus, driver_gpus, cmd=[smi.path] if getattr(smi, "path", None) else None)
+    gpus = with_minor_numbers(gpus, {bus: minor for bus, minor in driver_gpus.items() if minor is not None})
     if not with_processes:
         return Snapshot(gpus, [], [], health=health)
     names, pids = holders_mod.split_protect(protect)
@@ -283,7 +298,7 @@ def look(smi, protect, with_processes=True, proc="/proc", driver_root="/proc/dri
     unreadable = []
 
     def joined(raw_apps):
-        return join_apps(raw_apps, gpus, lambda pid: alive(pid, proc))
+        return join_apps(raw_apps, gpus, lambda pid: alive(pid, proc), lambda pid: holders_mod.display_name(pid, proc))
 
     # A dirty GPU always needs the compute apps (see scan_and_attribute): their call then runs
     # while /proc is scanned, instead of after it. Speed: one nvidia-smi call (~25 ms on H200,
@@ -298,9 +313,9 @@ def look(smi, protect, with_processes=True, proc="/proc", driver_root="/proc/dri
 
     holders, apps = scan_and_attribute(
         gpus, joined(apps) if with_apps else None, fetch_apps,
-        names, pids, lineage, proc, unreadable, max_used_mib, footprint_mib,
+        names, pids, lineage, proc, unreadable, max_used_mib, footprint_mib, main_pid_of,
     )
-    _containers.annotate(holders, runtimes or _containers.Runtimes())
+    _containers.annotate(holders, runtimes or _containers.Runtimes(), proc)
     footprint = _attribution.footprint_gpus(gpus, holders, apps, max_used_mib, footprint_mib)
     return Snapshot(gpus, apps, holders, unreadable, footprint, health)
 

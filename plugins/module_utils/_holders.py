@@ -16,12 +16,18 @@ nvidia-smi's compute apps and the mapping sizes this scan records.
 
 /proc is read as bytes and decoded once, with replacement: a 15-byte comm can end inside a
 multi-byte character (CJK names, setproctitle).
+
+What a user controls decides nothing here (docs/security.md): a device file is known by what the
+kernel says it is (`DeviceTable`: its device number, or the very inode of this node's own
+/dev/nvidia* node), never by the path a process opened it through; a protected daemon is known by
+its real uid and its executable as the kernel resolves it, never by its name alone.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat as stat_mod
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
 
@@ -44,7 +50,8 @@ DELETED_SUFFIX = " (deleted)"
 _UNIT = re.compile(r"^[^/]+\.(?:service|scope)$")
 
 # Daemons a GPU node needs and a desktop lives on (DESIGN.md). Names are matched against the
-# executable's basename, argv[0]'s basename and the kernel's 15-character comm.
+# executable's basename, argv[0]'s basename and the kernel's 15-character comm, and protect only
+# a process whose identity backs them (`vouched`): any user can name a process so.
 BUILTIN_PROTECTED_NAMES = (
     "nvidia-persistenced",
     "nv-hostengine",
@@ -71,6 +78,146 @@ def device_path(target):
         if target.startswith(prefix + "/dev/"):
             target = target[len(prefix):]
     return target if _DEVICE_NODE.match(target) else None
+
+
+# /proc/devices names of the driver's character devices. The frontend (/dev/nvidiaN, nvidiactl,
+# nvidia-modeset) is major 195 on every driver; the others are given a major at load time.
+FRONTEND_MAJOR = 195
+_FRONTEND_NAMES = ("nvidia-frontend", "nvidia")
+_CONTROL_MINORS = {255: "/dev/nvidiactl", 254: "/dev/nvidia-modeset"}
+_OTHER_MAJORS = {
+    "nvidia-uvm": ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"),
+    "nvidia-caps": None,
+    "nvidia-nvlink": ("/dev/nvidia-nvlink",),
+    "nvidia-nvswitch": None,
+    "nvidia-caps-imex-channels": None,
+}
+DEV_DIRS = ("/dev",) + tuple(prefix + "/dev" for prefix in DRIVER_ROOT_PREFIXES)
+
+
+def parse_proc_devices(text):
+    """/proc/devices -> {name: major} of its character devices."""
+    majors = {}
+    block = False
+    for line in _text(text).splitlines():
+        if line.startswith("Block devices"):
+            block = True
+        parts = line.split()
+        if not block and len(parts) == 2 and parts[0].isdigit():
+            majors.setdefault(parts[1], int(parts[0]))
+    return majors
+
+
+class DeviceTable(object):
+    """The NVIDIA device files of this node, by kernel identity.
+
+    A file a process has open or mapped is a GPU device file when the kernel says so, whatever
+    path it was opened through (a bind mount in a user's own mount namespace shows /dev/nvidia0
+    under any name):
+    - `by_rdev`: its device number is the driver's (char 195:N /dev/nvidiaN, 195:255 nvidiactl;
+      nvidia-uvm's and the caps' majors from /proc/devices). Only root creates device nodes, and
+      any node of that number IS the device. The real driver; docker --device nodes too.
+    - `by_inode`: it is the very inode (st_dev, st_ino) of a root-owned character node
+      /dev/nvidia* (or /run/nvidia/driver/dev/nvidia*) as this module's mount namespace sees it: a
+      bind mount keeps the inode. This is what knows the simulator's nodes (all char 1:5).
+    `inode_numbers` pre-filter /proc/PID/maps lines (its `dev` column is the file system's, which
+    an overlay reports differently from stat: the inode column and map_files decide)."""
+
+    def __init__(self, by_rdev=None, by_inode=None):
+        self.by_rdev = dict(by_rdev or {})
+        self.by_inode = dict(by_inode or {})
+        self.inode_numbers = set(str(ino).encode() for _dev, ino in self.by_inode)
+        self.maps_by_inode = _maps_by_inode(self.inode_numbers)
+        # Answers already read in this scan (see known_fd, known_mapping).
+        self._fds = {}
+        self._mappings = {}
+        try:
+            self.mount_ns = os.readlink("/proc/self/ns/mnt")
+        except OSError:
+            self.mount_ns = None
+
+    def known_fd(self, link, target, mount_ns):
+        """name_of an fd. For a process in this module's own mount namespace the path it shows is
+        a path of this namespace's tree, which only root can mount on, so one stat per path serves
+        every such process (a busy node: thousands of fds on /dev/null and log files); a process
+        elsewhere, or a deleted file, is asked fd by fd. Raises OSError as os.stat does."""
+        if mount_ns is None or mount_ns != self.mount_ns or target.endswith(DELETED_SUFFIX):
+            return self.name_of(os.stat(link))
+        if target not in self._fds:
+            self._fds[target] = self.name_of(os.stat(link))
+        return self._fds[target]
+
+    def known_mapping(self, map_file, dev, inode):
+        """name_of a mapping through /proc/PID/map_files: the maps `dev` and `inode` columns name
+        one inode of the kernel, so one stat per (dev, inode) serves every mapping of it."""
+        key = (dev, inode)
+        if key not in self._mappings:
+            self._mappings[key] = self.name_of(os.stat(map_file))
+        return self._mappings[key]
+
+    @classmethod
+    def read(cls, dev_dirs=DEV_DIRS, proc_devices="/proc/devices"):
+        try:
+            majors = parse_proc_devices(_read(proc_devices))
+        except OSError:
+            majors = {}
+        by_rdev = {}
+        frontend = [majors[name] for name in _FRONTEND_NAMES if name in majors] or [FRONTEND_MAJOR]
+        nvidia_majors = set(frontend)
+        for name, nodes in _OTHER_MAJORS.items():
+            if name in majors:
+                nvidia_majors.add(majors[name])
+                for minor, node in enumerate(nodes or ()):
+                    by_rdev[os.makedev(majors[name], minor)] = node
+        by_inode = {}
+        for directory in dev_dirs:
+            for path in _candidate_nodes(directory):
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue
+                # Only root can create a character device node; a user's file named so is no device.
+                if not stat_mod.S_ISCHR(st.st_mode) or st.st_uid != 0:
+                    continue
+                canonical = "/dev/" + path[len(directory) + 1:]
+                by_inode[(st.st_dev, st.st_ino)] = canonical
+                if os.major(st.st_rdev) in nvidia_majors:
+                    by_rdev.setdefault(st.st_rdev, canonical)
+        table = cls(by_rdev, by_inode)
+        table.frontend = set(frontend)
+        return table
+
+    frontend = (FRONTEND_MAJOR,)
+
+    def name_of(self, st):
+        """The canonical /dev/nvidia* name of a stat result, or None when it is no NVIDIA device."""
+        if not stat_mod.S_ISCHR(st.st_mode):
+            return None
+        name = self.by_inode.get((st.st_dev, st.st_ino)) or self.by_rdev.get(st.st_rdev)
+        if name is None and os.major(st.st_rdev) in self.frontend:
+            minor = os.minor(st.st_rdev)
+            name = _CONTROL_MINORS.get(minor) or "/dev/nvidia%d" % minor
+        return name
+
+
+def _candidate_nodes(directory):
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return []
+    paths = []
+    for entry in entries:
+        if not entry.startswith("nvidia"):
+            continue
+        path = directory + "/" + entry
+        if entry.startswith("nvidia-caps"):
+            try:
+                paths.extend(path + "/" + sub for sub in os.listdir(path))
+            except OSError:
+                pass
+            continue
+        paths.append(path)
+    return [p for p in paths if _DEVICE_NODE.match("/dev/" + p[len(directory) + 1:])]
 
 
 def gpu_minor(device):
@@ -160,18 +307,11 @@ def parse_cmdline(raw):
 
 
 def mapped_devices(maps):
-    """/proc/PID/maps (bytes) -> {device path: [mappings, KiB]} for NVIDIA device files.
-    The sizes tell a GPU's context from the small mappings every CUDA process makes of the
-    other GPUs' nodes (see _attribution)."""
-    found = {}
-    for match in _MAPS_LINE.finditer(maps):
-        device = device_path(match.group(3).decode("utf-8", "replace"))
-        if device is None:
-            continue
-        entry = found.setdefault(device, [0, 0])
-        entry[0] += 1
-        entry[1] += (int(match.group(2), 16) - int(match.group(1), 16)) // 1024
-    return found
+    """/proc/PID/maps (bytes) -> {device path: [mappings, KiB]} for NVIDIA device files, by the
+    spelling of their paths (what a fake /proc, or a reader without map_files, can tell). The
+    sizes tell a GPU's context from the small mappings every CUDA process makes of the other
+    GPUs' nodes (see _attribution)."""
+    return mapped_by_identity(maps, DeviceTable())
 
 
 def _read(path):
@@ -198,31 +338,132 @@ def _uid_from_status(text):
     return None
 
 
-def open_devices(pid, proc="/proc"):
-    """The /dev/nvidia* paths a process has open. Raises OSError when the process is gone or
-    not ours to read."""
+def open_devices(pid, proc="/proc", table=None):
+    """The /dev/nvidia* names of the device files a process has open, known by identity (see
+    DeviceTable): os.stat of /proc/PID/fd/N follows the kernel's link to the opened inode,
+    whatever path or namespace it was opened through. Only where the kernel cannot be asked
+    (the fd closed meanwhile, a test's fake /proc) does the path's spelling count. Raises
+    OSError when the process is gone or not ours to read."""
+    table = table if table is not None else DeviceTable()
     devices = set()
     fd_dir = "%s/%d/fd" % (proc, pid)
-    for entry in os.listdir(fd_dir):
+    entries = os.listdir(fd_dir)
+    mount_ns = None
+    for entry in entries:
+        link = fd_dir + "/" + entry
         try:
-            target = os.readlink(fd_dir + "/" + entry)
+            target = os.readlink(link)
         except OSError:
             continue
-        if "nvidia" in target:
+        # socket:[..], pipe:[..], anon_inode:..: never a device file.
+        if not target.startswith("/"):
+            continue
+        if mount_ns is None:
+            try:
+                mount_ns = os.readlink("%s/%d/ns/mnt" % (proc, pid))
+            except OSError:
+                mount_ns = ""
+        try:
+            device = table.known_fd(link, target, mount_ns or None)
+        except OSError:
             device = device_path(target)
-            if device is not None:
-                devices.add(device)
+        if device is not None:
+            devices.add(device)
     return devices
 
 
-def read_maps(pid, proc="/proc"):
+# A maps line whose path mentions nvidia (a spelling of a device file), and, built per table, one
+# whose inode is a device node's: the regex engine picks the few candidate lines of a CUDA
+# process's thousands.
+_MAPS_SPELLED = re.compile(rb"^([0-9a-f]+)-([0-9a-f]+) \S+ \S+ (\S+) (\d+)\s+(/\S*nvidia.*)$", re.MULTILINE)
+
+
+def _maps_by_inode(inode_numbers):
+    if not inode_numbers:
+        return None
+    alternatives = b"|".join(sorted(inode_numbers))
+    return re.compile(rb"^([0-9a-f]+)-([0-9a-f]+) \S+ \S+ (\S+) (" + alternatives + rb")\s+(/.*)$", re.MULTILINE)
+
+
+def mapped_by_identity(maps, table, map_files=None):
+    """/proc/PID/maps (bytes) -> {device name: [mappings, KiB]}, known by identity: a line is a
+    candidate when its inode is one of the table's or its path is spelled like a device file;
+    /proc/PID/map_files/<range> (root) then says what the mapped file is (os.stat: its rdev,
+    dev and inode). Without map_files (not root, a fake /proc) a candidate counts by its path's
+    spelling only, as the scan did before."""
+    found = {}
+    seen = set()
+    patterns = [_MAPS_SPELLED] + ([table.maps_by_inode] if table.maps_by_inode is not None else [])
+    for pattern in patterns:
+        for match in pattern.finditer(maps):
+            start, end, dev, inode, path = match.groups()
+            if start in seen:
+                continue
+            seen.add(start)
+            spelled = device_path(path.decode("utf-8", "replace")) if b"nvidia" in path else None
+            device = spelled
+            if map_files is not None:
+                try:
+                    device = table.known_mapping(b"%s/%s-%s" % (map_files, start, end), dev, inode)
+                except OSError:
+                    device = spelled
+            if device is None:
+                continue
+            entry = found.setdefault(device, [0, 0])
+            entry[0] += 1
+            entry[1] += (int(end, 16) - int(start, 16)) // 1024
+    return found
+
+
+def read_maps(pid, proc="/proc", table=None):
     """{device: [mappings, KiB]} of a process, or None when its maps cannot be read."""
+    table = table if table is not None else DeviceTable()
     try:
         maps = _read("%s/%d/maps" % (proc, pid))
     except OSError:
         return None
-    # Most processes map no device file: a byte search skips the regex for them.
-    return mapped_devices(maps) if b"nvidia" in maps else {}
+    # Most processes map no device file: byte searches skip the regex for them.
+    if b"nvidia" not in maps and not any(b" " + ino + b" " in maps for ino in table.inode_numbers):
+        return {}
+    return mapped_by_identity(maps, table, ("%s/%d/map_files" % (proc, pid)).encode())
+
+
+# Where a daemon a node needs is installed: only root writes there. /proc/PID/exe names the
+# executable as the kernel resolved it at exec (no symlink, no argv[0]).
+SYSTEM_DIRS = ("/usr/bin/", "/usr/sbin/", "/bin/", "/sbin/", "/usr/lib/", "/usr/lib64/", "/usr/libexec/", "/lib/", "/lib64/",
+               "/usr/local/bin/", "/usr/local/sbin/", "/usr/local/nvidia/bin/", "/run/nvidia/driver/usr/bin/")
+# Accounts below this uid are system accounts (login.defs SYS_UID_MAX, 999 on Debian and RHEL):
+# only root creates them.
+SYSTEM_UID_MAX = 999
+
+
+def _fs_root(proc):
+    """The root the executables of `proc`'s processes are found under: "" for the kernel's
+    /proc; a fake /proc tree of the unit tests keeps them in the sibling `<proc>-fs`."""
+    return "" if proc == "/proc" else proc.rstrip("/") + "-fs"
+
+
+def read_executable(base, fs_root=""):
+    """(path, owner uid, verified) of /proc/PID/exe: the path as the kernel shows it, the owner
+    of the executable it resolved at exec (os.stat follows the link to that very inode), and
+    whether that path names the same inode in this module's own mount namespace (a user's bind
+    mount of /usr/bin/python3 onto /usr/bin/Xorg in a namespace of their own does not). A
+    deleted executable (a package upgraded under a running daemon) cannot be verified by inode:
+    its path and owner then speak. (None, None, False) where the kernel does not answer."""
+    try:
+        path = os.readlink(base + "/exe")
+        st = os.stat(base + "/exe")
+    except OSError:
+        return None, None, False
+    if fs_root and path.startswith(fs_root + "/"):
+        path = path[len(fs_root):]
+    if path.endswith(DELETED_SUFFIX):
+        return path[: -len(DELETED_SUFFIX)], st.st_uid, True
+    try:
+        here = os.stat(fs_root + path)
+    except OSError:
+        return path, st.st_uid, False
+    return path, st.st_uid, (here.st_dev, here.st_ino) == (st.st_dev, st.st_ino)
 
 
 def read_process(pid, proc="/proc", users=None):
@@ -239,10 +480,7 @@ def read_process(pid, proc="/proc", users=None):
         cgroup = _read(base + "/cgroup")
     except (OSError, ValueError, IndexError):
         return None
-    try:
-        exe = os.readlink(base + "/exe")
-    except OSError:
-        exe = None
+    exe, exe_owner, exe_verified = read_executable(base, _fs_root(proc))
     uid = _uid_from_status(status)
     cgroup_path = parse_cgroup(cgroup)
     return {
@@ -251,7 +489,11 @@ def read_process(pid, proc="/proc", users=None):
         "name": comm,
         "cmdline": cmdline,
         "argv0": os.path.basename(argv[0]) if argv else None,
-        "exe": os.path.basename(exe.replace(" (deleted)", "")) if exe else None,
+        "exe": os.path.basename(exe) if exe else None,
+        "exe_path": exe,
+        "exe_owner": exe_owner,
+        "exe_verified": exe_verified,
+        "uid": uid,
         "user": _user_name(uid, users) if uid is not None else None,
         "state": state,
         "start_time": start_time,
@@ -271,7 +513,7 @@ def list_pids(proc="/proc"):
     return sorted(int(entry) for entry in os.listdir(proc) if entry.isdigit())
 
 
-def scan_holders(proc="/proc", unreadable=None, with_maps=True, without_devices=None):
+def scan_holders(proc="/proc", unreadable=None, with_maps=True, without_devices=None, table=None):
     """Every live process with a /dev/nvidia* node open or (with `with_maps`) mapped, with its
     mappings of those nodes (`mapped`). Processes that vanish mid-scan or that we may not read
     are skipped (the PIDs we may not read are appended to `unreadable`, if given); a zombie
@@ -285,9 +527,10 @@ def scan_holders(proc="/proc", unreadable=None, with_maps=True, without_devices=
     device file open are appended to `without_devices`, if given, for `scan_mapped` later."""
     holders = []
     users = {}
+    table = table if table is not None else DeviceTable.read()
     for pid in list_pids(proc):
         try:
-            devices = open_devices(pid, proc)
+            devices = open_devices(pid, proc, table)
         except PermissionError:
             if unreadable is not None:
                 unreadable.append(pid)
@@ -298,29 +541,30 @@ def scan_holders(proc="/proc", unreadable=None, with_maps=True, without_devices=
             if without_devices is not None:
                 without_devices.append(pid)
             continue
-        record = _holder(pid, devices, proc, users)
+        record = _holder(pid, devices, proc, users, table)
         if record is not None:
             holders.append(record)
     return holders
 
 
-def scan_mapped(pids, proc="/proc"):
+def scan_mapped(pids, proc="/proc", table=None):
     """The processes among `pids` (which had no device file open) that map a /dev/nvidia* node:
     the second half of a full scan, done only when a GPU's memory is not explained without it.
     Speed: it saves re-listing every process's fds (measured, benchmarks/changes.md)."""
     holders = []
     users = {}
+    table = table if table is not None else DeviceTable.read()
     for pid in pids:
-        record = _holder(pid, set(), proc, users)
+        record = _holder(pid, set(), proc, users, table)
         if record is not None:
             holders.append(record)
     return holders
 
 
-def _holder(pid, devices, proc, users):
+def _holder(pid, devices, proc, users, table):
     """A holder record for a process with `devices` open, its maps read; None when it holds
     nothing or is gone (or a zombie)."""
-    mapped = read_maps(pid, proc)
+    mapped = read_maps(pid, proc, table)
     if not devices and not mapped:
         return None
     record = read_process(pid, proc, users)
@@ -330,6 +574,18 @@ def _holder(pid, devices, proc, users):
     # None: the maps could not be read, so the mapping sizes are unknown.
     record["mapped"] = None if mapped is None else {device: {"count": n, "kib": kib} for device, (n, kib) in mapped.items()}
     return record
+
+
+def display_name(pid, proc="/proc"):
+    """A live process's argv[0] (what nvidia-smi would print as its name), else its comm; None
+    when it is gone. For display only: the process chose it."""
+    try:
+        argv, _cmdline = parse_cmdline(_read("%s/%d/cmdline" % (proc, pid)))
+        if argv and argv[0]:
+            return argv[0]
+        return parse_stat(_read("%s/%d/stat" % (proc, pid)))[0]
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def start_time_of(pid, proc="/proc"):
@@ -380,8 +636,36 @@ def name_matches(record, names):
     return False
 
 
-def protection_reason(record, names, pids, own_lineage):
-    """Why a process must never be signalled, or None. Built-in rules first."""
+def vouched(record):
+    """Whether the kernel vouches for a process as a daemon of the node: its real uid is root or
+    a system account (/proc/PID/status), and it runs a root-owned executable in a system
+    directory, as /proc/PID/exe resolves it (see read_executable). Nothing a user can set
+    (comm, argv[0], a copied or bind-mounted interpreter, their own uid) passes."""
+    uid = record.get("uid")
+    path = record.get("exe_path")
+    if uid is None or uid > SYSTEM_UID_MAX or not path:
+        return False
+    return record.get("exe_owner") == 0 and bool(record.get("exe_verified")) and path.startswith(SYSTEM_DIRS)
+
+
+def impostor_note(record, name):
+    """What to tell about a process named like a protected daemon that is not one."""
+    return "pid %d is named like %s but is run by uid %s from %s: not protected, an ordinary holder (docs/security.md)" % (
+        record["pid"], name, record.get("uid") if record.get("uid") is not None else "?",
+        record.get("exe_path") or "an executable the kernel does not show")
+
+
+def matched_name(record, names):
+    for name in names:
+        if name_matches(record, (name,)):
+            return name
+    return None
+
+
+def protection_reason(record, names, pids, own_lineage, main_pid_of=None):
+    """Why a process must never be signalled, or None. Built-in rules first. A name (built-in or
+    from `protect`) protects only a process whose identity backs it (`vouched`), or the main
+    process of the system unit it runs in (`main_pid_of(unit)`, where given: systemd's word)."""
     pid = record["pid"]
     if pid == 1:
         return "PID 1"
@@ -391,19 +675,33 @@ def protection_reason(record, names, pids, own_lineage):
         return "kernel thread"
     if pid in pids:
         return "protect"
-    if name_matches(record, BUILTIN_PROTECTED_NAMES):
-        return "protected daemon"
-    if name_matches(record, names):
-        return "protect"
+    for names_, reason in ((BUILTIN_PROTECTED_NAMES, "protected daemon"), (names, "protect")):
+        name = matched_name(record, names_)
+        if name is None:
+            continue
+        if vouched(record) or _unit_main(record, main_pid_of):
+            return reason
+        record["protection_note"] = impostor_note(record, name)
+        return None
     return None
 
 
-def protect(holders, protect_names, protect_pids, own_lineage):
-    """Fill in protected and protected_reason for each holder (returns new records)."""
+def _unit_main(record, main_pid_of):
+    if main_pid_of is None or not record.get("system_service") or not record.get("unit"):
+        return False
+    try:
+        return main_pid_of(record["unit"]) == record["pid"]
+    except (OSError, ValueError):
+        return False
+
+
+def protect(holders, protect_names, protect_pids, own_lineage, main_pid_of=None):
+    """Fill in protected, protected_reason and protection_note for each holder (returns new records)."""
     result = []
     for holder in holders:
         record = dict(holder)
-        reason = protection_reason(record, protect_names, protect_pids, own_lineage)
+        record["protection_note"] = None
+        reason = protection_reason(record, protect_names, protect_pids, own_lineage, main_pid_of)
         record["protected"] = reason is not None
         record["protected_reason"] = reason
         result.append(record)

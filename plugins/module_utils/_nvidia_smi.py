@@ -80,11 +80,15 @@ MEMORY_FIELDS = (
     ("memory.used", "memory_used_mib", "int"),
 )
 
+# No process_name: nvidia-smi prints a process's name as the process set it (argv[0], comm),
+# commas and line feeds included, so a name could add a row that "lists" another user's PID on
+# any GPU (docs/security.md). Without it every cell is the driver's: a number or a UUID, and a
+# row either parses as exactly these typed columns or the answer is rejected. Names for display
+# come from /proc (_facts.join_apps).
 APP_FIELDS = (
     ("pid", "pid", "int"),
-    ("process_name", "name", "raw"),
-    ("used_memory", "used_memory_mib", "int"),
     ("gpu_uuid", "gpu_uuid", "str"),
+    ("used_memory", "used_memory_mib", "int"),
 )
 
 # nvidia-smi prints canonical names in its header, not the aliases that were asked for
@@ -331,12 +335,21 @@ def parse_gpus(text, fields=GPU_FIELDS, cmd=None):
     return records
 
 
+_GPU_UUID = re.compile(r"^GPU-[0-9A-Fa-f]{8}(?:-[0-9A-Fa-f]{4}){3}-[0-9A-Fa-f]{12}$")
+
+
 def parse_compute_apps(text, fields=APP_FIELDS, cmd=None):
-    """Records of a --query-compute-apps answer (no rows at all is a valid, idle answer)."""
+    """Records of a --query-compute-apps answer (no rows at all is a valid, idle answer). Each
+    row must be exactly the typed columns asked: a positive PID and, where asked, a GPU UUID in
+    the driver's form; anything else rejects the answer (it is not the driver's)."""
     records = parse_csv(text, fields, cmd=cmd)
     for record in records:
-        if record.get("pid") is None:
+        if record.get("pid") is None or (isinstance(record["pid"], int) and record["pid"] <= 0):
             raise UnparsableOutput("nvidia-smi printed a compute app without PID: %r" % record, cmd=cmd, rc=0, stdout=text)
+        uuid = record.get("gpu_uuid")
+        if "gpu_uuid" in record and (uuid is None or not _GPU_UUID.match(uuid)):
+            raise UnparsableOutput("nvidia-smi printed a compute app with GPU UUID %r, not a GPU UUID" % uuid, cmd=cmd, rc=0, stdout=text)
+        record.setdefault("name", None)
     return records
 
 
@@ -379,6 +392,44 @@ def parse_gpu_information(text):
         elif key == "Bus Location":
             bus = value.strip()
     return bus, minor
+
+
+def read_driver_gpus(root="/proc/driver/nvidia/gpus"):
+    """{normalized bus id: minor number or None} of every GPU the driver has (its proc files),
+    without the GPUs it excludes (`GPU Excluded: Yes`, NVreg_ExcludedGpus); {} where there are none."""
+    gpus = {}
+    try:
+        entries = os.listdir(root)
+    except OSError:
+        return gpus
+    for entry in entries:
+        try:
+            with open(os.path.join(root, entry, "information")) as handle:
+                text = handle.read()
+        except OSError:
+            continue
+        bus, minor = parse_gpu_information(text)
+        if re.search(r"^GPU Excluded:\s*Yes", text, re.MULTILINE):
+            continue
+        gpus[normalize_bus_id(bus or entry)] = minor
+    return gpus
+
+
+class GpuMissing(NvidiaSmiError):
+    pass
+
+
+def check_against_driver(gpus, driver_gpus, cmd=None):
+    """Raise GpuMissing when the driver has a GPU that nvidia-smi's answer (rc 0) left out: such a
+    GPU is never clean, and its processes' small mappings would be read as another GPU's."""
+    listed = {normalize_bus_id(gpu.get("pci_bus_id")) for gpu in gpus}
+    missing = sorted(bus for bus in driver_gpus if bus not in listed)
+    if missing:
+        raise GpuMissing(
+            "nvidia-smi listed %d GPU(s) but the driver has %d: GPU(s) at %s missing from its answer (/proc/driver/nvidia/gpus); "
+            "a GPU nvidia-smi cannot see cannot be proven free" % (len(gpus), len(driver_gpus), ", ".join(missing)),
+            cmd=cmd, rc=0,
+        )
 
 
 def read_minor_numbers(root="/proc/driver/nvidia/gpus"):

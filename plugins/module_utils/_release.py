@@ -23,12 +23,16 @@ from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
+from ansible_collections.zeromib.gpu.plugins.module_utils import _mps
 from ansible_collections.zeromib.gpu.plugins.module_utils import _record
 from ansible_collections.zeromib.gpu.plugins.module_utils import _settle
 from ansible_collections.zeromib.gpu.plugins.module_utils import _signals
+from ansible_collections.zeromib.gpu.plugins.module_utils import _supervisor
 from ansible_collections.zeromib.gpu.plugins.module_utils import _units
 from ansible_collections.zeromib.gpu.plugins.module_utils._errors import ReleaseError  # noqa: F401 (the modules' import)
-from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import GPU_FIELDS, NvidiaSmiError, normalize_bus_id, parse_compute_apps
+from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import (
+    GPU_FIELDS, NvidiaSmiError, check_against_driver, normalize_bus_id, parse_compute_apps,
+)
 
 # While GPUs stay dirty, look for who holds them this often (a /proc scan, a few ms).
 RESCAN_S = 1.0
@@ -62,6 +66,10 @@ class System(object):
 
     def start_time(self, pid):
         return holders_mod.start_time_of(pid, self.proc)
+
+    def supervisors(self):
+        """Running supervisord processes of root (asked only when services names a program)."""
+        return _supervisor.find_supervisors(self.proc)
 
     def state(self, pid):
         try:
@@ -225,6 +233,7 @@ EARLY_HEADS = {
     "protected": "GPUs are held only by protected processes, which gpu_release never signals",
     "unreadable": "GPU memory cannot be read, so the GPUs cannot be proven free (waiting would not change that)",
     "not_killed": "GPUs are held by processes that kill=false leaves running (waiting would not free them)",
+    "respawned": "GPUs are held again by a process started again by a restarter that this run does not stop",
 }
 
 
@@ -248,6 +257,9 @@ def failure_message(dirty_gpus, holders, apps, waited_s, unkillable, protected_o
             # Never signalled for a selection it may not belong to (see _attribution).
             text += (", possibly held by %s, not signalled because it may use GPUs outside the selection: select them all, "
                      "or name it in match" % "; ".join(describe_holder(h) for h in undecided))
+        elif unplaced_claims(claims, holders, gpu["index"]):
+            # Never "no live process" while nvidia-smi lists a live PID: name it and say why it was not placed.
+            text += ", " + "; ".join(describe_unplaced(app, holders, gpu["index"]) for app in unplaced_claims(claims, holders, gpu["index"]))
         elif dead_claims:
             text += (
                 ", attributed to exited process(es) %s and no live process holds the GPU: the driver has not freed this "
@@ -273,6 +285,37 @@ def failure_message(dirty_gpus, holders, apps, waited_s, unkillable, protected_o
     if unkillable:
         lines.append("unkillable (outlived SIGKILL, likely D state in the driver): " + "; ".join(describe_holder(h) for h in unkillable))
     return "%s: %s" % (head, ". ".join(lines))
+
+
+def unplaced_claims(claims, holders, index):
+    """Live compute apps of a GPU that the scan did not place on it."""
+    placed = {h["pid"] for h in holders if index in (h.get("gpu_indexes") or [])}
+    return [a for a in claims if a.get("alive") and a["pid"] not in placed]
+
+
+def describe_unplaced(app, holders, index):
+    holder = next((h for h in holders if h["pid"] == app["pid"]), None)
+    text = "listed by nvidia-smi for live pid %d %s, which the scan could not place on this GPU: " % (app["pid"], app.get("name"))
+    if holder is None:
+        return text + ("it has no device file open or mapped that this node's /dev/nvidia* nodes or the driver's device numbers "
+                       "identify (a node of its own, or a file system this module cannot stat); it is not signalled on a listing alone")
+    if holder.get("gpu_indexes"):
+        return text + ("it holds GPU %s context-sized and this GPU's device only as every CUDA process does: a PID reused since the "
+                       "listed owner exited? it is not signalled for this GPU" % ",".join(str(i) for i in holder["gpu_indexes"]))
+    return text + "it does not hold this GPU's device file; it is not signalled on a listing alone"
+
+
+def trust_notes(holders, selected):
+    """Notes on holders of the selected GPUs that a name or a cgroup path could have passed off as
+    something they are not (see docs/security.md)."""
+    notes = []
+    for holder in holders:
+        if not _attribution.may_signal_for(holder, selected):
+            continue
+        for note in (holder.get("protection_note"), holder.get("container_note")):
+            if note and note not in notes:
+                notes.append(note)
+    return notes
 
 
 def only_protected(dirty, holders, apps):
@@ -323,10 +366,13 @@ class Release(object):
         self.spanning_units = []
         # The compute apps of the latest scan ([] when none was needed).
         self.apps = []
+        self._main_pids = {}
         # Minor numbers by bus id, from the look; the verify loop's readings reuse them.
         self.minors_by_bus = {}
         # The look's _health.Health: the final readings are judged with the same checks and Xids.
         self.health = None
+        # What may start a signalled holder again (_settle), set when something is signalled.
+        self.watch = None
         self.result = {
             "changed": False,
             "released": False,
@@ -336,6 +382,9 @@ class Release(object):
             "launchers": [],
             "stopped_containers": [],
             "disabled_containers": [],
+            "stopped_programs": [],
+            "disabled_programs": [],
+            "stopped_mps_servers": [],
             "killed": [],
             "protected": [],
             # Not "skipped": Ansible reads a result with that key as a skipped task and then
@@ -362,6 +411,10 @@ class Release(object):
 
     # --- look
 
+    def settle_timeout(self):
+        value = self.params.get("settle_timeout")
+        return _settle.SETTLE_S if value is None else value
+
     def footprint_mib(self):
         value = self.params.get("cross_gpu_footprint_mib")
         return _attribution.CROSS_GPU_FOOTPRINT_MIB if value is None else value
@@ -371,9 +424,17 @@ class Release(object):
         The apps seen are kept in self.apps."""
         holders, self.apps = _facts.scan_and_attribute(
             gpus, None, lambda: self._apps(gpus), self.names, self.pids, self.lineage, self.system.proc, None,
-            self.params.get("max_used_mib") or 0, self.footprint_mib(),
+            self.params.get("max_used_mib") or 0, self.footprint_mib(), self.main_pid_of,
         )
-        return _containers.annotate(holders, self.system.runtimes)
+        return _containers.annotate(holders, self.system.runtimes, self.system.proc)
+
+    def main_pid_of(self, unit):
+        """systemd's MainPID of a system unit (asked only for a process named like a protected
+        daemon that its uid and executable do not vouch for)."""
+        if unit not in self._main_pids:
+            rc, out, _err = self.system.systemctl(["show", "-p", "MainPID", "--value", unit])
+            self._main_pids[unit] = int(out.strip()) if rc == 0 and out.strip().isdigit() else None
+        return self._main_pids[unit]
 
     def may_be_footprint(self, dirty):
         """Whether some dirty GPU reads little enough to be only the cross-GPU footprint (then a
@@ -387,7 +448,7 @@ class Release(object):
     def look(self):
         snapshot = _facts.look(self.smi, self.params.get("protect"), True, self.system.proc, self.driver_root, with_apps=False,
                                max_used_mib=self.params.get("max_used_mib") or 0, footprint_mib=self.footprint_mib(),
-                               runtimes=self.system.runtimes, checks=_health.Checks.from_params(self.params))
+                               runtimes=self.system.runtimes, checks=_health.Checks.from_params(self.params), main_pid_of=self.main_pid_of)
         self.apps = snapshot.apps
         self.health = snapshot.health
         return snapshot
@@ -412,6 +473,7 @@ class Release(object):
             self.system.systemctl, targets, holders, selected, forbidden, self.system.proc, self.names,
             self.params.get("launchers") or (), bool(self.params.get("kill_spanning")))
         unit_services, _globs = _containers.split_services(self.params.get("services"))
+        unit_services, _programs = _supervisor.split_services(unit_services)
         return _units.plan(self.system.systemctl, unit_services, owned if self.params.get("stop_owning_units") else [],
                            self.params.get("service_state"), forbidden, self.result, self.names, self.system.proc,
                            self.params.get("launchers") or ())
@@ -431,6 +493,21 @@ class Release(object):
         own = _containers.own_containers(self.lineage, self.system.proc) if globs or any(t.get("container") for t in targets) else set()
         return _containers.plan(self.system.runtimes, holders, targets, globs, self.params.get("service_state"), own, self.result,
                                 stop_found=self.params.get("kill", True))
+
+    def plan_programs(self):
+        """supervisord programs named in services as supervisor:<glob> (_supervisor)."""
+        _units_and_programs, _globs = _containers.split_services(self.params.get("services"))
+        _unit_services, programs = _supervisor.split_services(_units_and_programs)
+        if not programs:
+            return {"stop": [], "disable": [], "not_found": []}
+        return _supervisor.plan(programs, self.params.get("service_state"), self.system.supervisors(), self.result)
+
+    def plan_mps(self, targets):
+        """(targets, MPS servers to quit through their control daemon): _mps. A server that also
+        serves unselected GPUs is a spanning process: it is a target only with kill_spanning."""
+        if not self.params.get("kill", True):
+            return targets, []
+        return _mps.plan(targets)
 
     # --- act
 
@@ -493,6 +570,8 @@ class Release(object):
                     return gpus, False, "protected", set()
                 if not self.params.get("kill", True) and _facts.dirty_holders(holders, [g["index"] for g in dirty]):
                     return gpus, False, "not_killed", set()
+                if self.watch and self.watch.respawned():
+                    return gpus, False, "respawned", set()
             if now >= deadline:
                 return gpus, False, None, set()
             self.system.sleep(min(poll_started + poll, deadline) - self.system.now())
@@ -514,6 +593,8 @@ class Release(object):
         self.result["selected_gpus"] = selected
         kill_spanning = bool(self.params.get("kill_spanning"))
         targets, protected = plan_targets(holders, selected, self.regexes, kill_spanning)
+        targets, mps_servers = self.plan_mps(targets)
+        self.result["warnings"].extend(trust_notes(holders, selected))
         self.result["undecided"] = undecided_record(_attribution.undecided_for(holders, selected))
         self.result["protected"] = [{"pid": h["pid"], "name": h["name"], "unit": h.get("unit"), "gpu_indexes": h["gpu_indexes"]} for h in protected]
         planning = self.system.now()
@@ -521,11 +602,13 @@ class Release(object):
         self.result["warnings"].extend(container_plan.warnings)
         targets = container_plan.signal
         unit_plan = self.plan_units(targets, holders, selected)
+        program_plan = self.plan_programs()
         self.refuse_spanning(holders, selected, container_plan)
         self.result["timings"]["plan_s"] = round(self.system.now() - planning, 3)
-        self.result["services_not_found"] = unit_plan["not_found"] + container_plan.not_found
+        self.result["services_not_found"] = unit_plan["not_found"] + container_plan.not_found + program_plan["not_found"]
         gpus_clean = all(g["clean"] for g in self.result["gpus_before"] if g["index"] in selected)
-        to_do = bool(container_plan or unit_plan["stop"] or unit_plan["disable"] or unit_plan["mask"] or (targets and self.params.get("kill", True)))
+        to_do = bool(container_plan or unit_plan["stop"] or unit_plan["disable"] or unit_plan["mask"] or (targets and self.params.get("kill", True))
+                     or program_plan["stop"] or program_plan["disable"] or mps_servers)
 
         if self.check_mode:
             self.result["changed"] = to_do
@@ -533,6 +616,10 @@ class Release(object):
             self.result["stopped_units"] = unit_plan["stop"]
             self.result["stopped_containers"] = container_plan.stop
             self.result["disabled_containers"] = container_plan.disable
+            self.result["stopped_programs"] = [_supervisor.public(e) for e in program_plan["stop"]]
+            self.result["disabled_programs"] = [_supervisor.public(e) for e in program_plan["disable"]]
+            self.result["stopped_mps_servers"] = [{"pid": h["pid"], "name": h["name"], "pipe_directory": _mps.pipe_directory(h, self.system.proc),
+                                                   "gpu_indexes": h["gpu_indexes"], "how": None} for h in mps_servers]
             if self.state_key == "disabled_units":
                 self.result["disabled_units"] = unit_plan["disable"]
             elif self.state_key == "masked_units":
@@ -565,21 +652,33 @@ class Release(object):
                 outside.update(self.act_containers(container_plan))
             if unit_plan["stop"] or unit_plan["disable"] or unit_plan["mask"]:
                 self.act_units(unit_plan)
+            if program_plan["stop"] or program_plan["disable"]:
+                stopping = self.system.now()
+                _supervisor.act(program_plan, self.params.get("kill_timeout"), self.result)
+                self.result["timings"]["stop_s"] = round(self.result["timings"]["stop_s"] + self.system.now() - stopping, 3)
         finally:
             # Also when a step failed: what was already done must be put back by gpu_restore.
             self.write_record(unit_plan.get("before") or {}, holders)
-        if container_plan.stop or unit_plan["stop"]:
+        if container_plan.stop or unit_plan["stop"] or program_plan["stop"]:
             # Stopping a unit or a container ended its processes; see who is left before signalling anyone.
             holders = self.scan(gpus)
             targets, _protected = plan_targets(holders, selected, self.regexes, kill_spanning)
-            targets = [t for t in targets if not _containers.pod_holders([t])]
-        watch = None
+            targets = [t for t in targets if not _containers.pod_holders([t]) and t["pid"] not in {s["pid"] for s in mps_servers}]
         if targets and self.params.get("kill", True):
-            watch = _settle.Watch(_settle.watch_list(targets, outside, self.system.systemctl), self.system.proc)
+            minors = [g["minor_number"] for g in gpus if g["index"] in selected]
+            self.watch = _settle.watch_for(targets, outside, self.system.systemctl, self.lineage, minors, self.system.proc)
             self.act_signals(targets)
+        if mps_servers:
+            # After the clients: the control daemon's quit waits for them.
+            stopping = self.system.now()
+            left = _mps.stop(self.system, mps_servers, self.params.get("kill_timeout"), self.result)
+            self.result["timings"]["stop_s"] = round(self.result["timings"]["stop_s"] + self.system.now() - stopping, 3)
+            if left:
+                self.act_signals(left)
         self.result["changed"] = bool(
             self.result["stopped_units"] or self.result.get("disabled_units") or self.result.get("masked_units") or self.result["killed"]
             or self.result["stopped_containers"] or self.result["disabled_containers"]
+            or self.result["stopped_programs"] or self.result["disabled_programs"] or self.result["stopped_mps_servers"]
         )
 
         verify_started = self.system.now()
@@ -593,13 +692,18 @@ class Release(object):
             raise ReleaseError(exc.msg + done, self._finish(gpus, holders))
         self.result["timings"]["wait_s"] = round(self.system.now() - verify_started, 3)
         came_back = None
-        if clean and watch:
+        if clean and self.watch:
             settle_started = self.system.now()
-            came_back = watch.settle(self.system, lambda: self._dirty_now(selected))
+            came_back = self.watch.settle(self.system, lambda: self._dirty_now(selected), self.settle_timeout())
             self.result["timings"]["settle_s"] = round(self.system.now() - settle_started, 3)
             if came_back:
                 clean = False
                 final_gpus = self._read_gpus()
+        elif not clean and self.watch:
+            # Dirty because a restarter started a killed holder again: name the restarter.
+            again = self.watch.respawned()
+            if again:
+                came_back = self.watch.message([], [], 0.0, again, clean=False)
         final_holders = self.scan(final_gpus)
         footprint |= self.footprint(final_gpus, final_holders)
         if self.health is not None:
@@ -636,7 +740,10 @@ class Release(object):
             self.result["restore_record"] = {"path": path, "entries": len(record["entries"])}
 
     def _read_gpus(self):
-        return _facts.with_minor_numbers(self.smi.query_gpus(GPU_FIELDS), self.minors_by_bus)
+        gpus = self.smi.query_gpus(GPU_FIELDS)
+        # A GPU that drops out of nvidia-smi's answer later is never read as released either.
+        check_against_driver(gpus, self.minors_by_bus)
+        return _facts.with_minor_numbers(gpus, self.minors_by_bus)
 
     def _dirty_now(self, selected):
         """Selected GPUs dirty right now; a GPU that reads only the cross-GPU footprint is not."""
@@ -654,7 +761,8 @@ class Release(object):
             apps = parse_compute_apps(text)
         except NvidiaSmiError:  # best effort: the verdict comes from memory.used, not from this list
             return []
-        return _facts.join_apps(apps, gpus, lambda pid: _facts.alive(pid, self.system.proc))
+        return _facts.join_apps(apps, gpus, lambda pid: _facts.alive(pid, self.system.proc),
+                                lambda pid: holders_mod.display_name(pid, self.system.proc))
 
     def _finish(self, gpus_before, holders_before, gpus_after=None, holders_after=None):
         self.result.update(_facts.health_summary(self.result["gpus"] or self.result["gpus_before"], self.health))

@@ -15,6 +15,8 @@ description:
     run side by side in the C locale and bounded by O(timeout).
   - Scans C(/proc/*/fd) and C(/proc/*/maps) for processes that hold C(/dev/nvidia*), as C(fuser -v /dev/nvidia*) does.
     This finds what nvidia-smi cannot see, such as a child forked after CUDA init whose parent is gone.
+  - Nothing a user of the node can set (a process name, a path, a cgroup in their own subtree) is believed; the collection's
+    C(docs/security.md) says what is.
   - Says which GPUs each of them really uses, and why. Every CUDA process and every NVML client opens every GPU's device
     file, so an open file says nothing. A live process that nvidia-smi lists as a compute app on a GPU uses that GPU
     (C(attribution=listed)); one it does not list uses the GPUs whose device file it maps with a context-sized mapping
@@ -269,8 +271,8 @@ ansible_facts:
                 unchecked: []
         processes:
           description:
-            - Compute apps from nvidia-smi, joined to GPUs by UUID. C(name) is nvidia-smi's raw process name,
-              V([Not Found]) or V([No data]) for a process it cannot see.
+            - Compute apps from nvidia-smi (asked as C(pid,gpu_uuid,used_memory), never with process names), joined to GPUs by
+              UUID. C(name) is the process's C(argv[0]) from C(/proc), for display only, V([Not Found]) for a dead owner.
           type: list
           elements: dict
           returned: always
@@ -290,6 +292,10 @@ ansible_facts:
               runtime (Docker or Podman, through its API socket or its CLI) and are V(null) where it cannot be asked.
             - C(pod) is V(namespace/name) of the Kubernetes pod (from the container's C(io.kubernetes.pod.*) labels, or crictl), C(pod_uid)
               its UID (from the cgroup path); both V(null) outside Kubernetes.
+            - Device files are known by kernel identity (device number, or the inode of the node's own C(/dev/nvidiaN)), not by path.
+              A name protects only a process whose identity backs it; C(protection_note) says why a process named like a protected
+              daemon is not protected, C(container_note) why a cgroup path naming a container or pod was not believed (a user-delegated
+              subtree, or the runtime does not run the process there). See the collection's C(docs/security.md).
           type: list
           elements: dict
           returned: always
@@ -313,6 +319,8 @@ ansible_facts:
               pod: null
               pod_uid: null
               protected: false
+              protection_note: null
+              container_note: null
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -78,6 +78,10 @@ options:
         one warning names them. So V(*) cannot take the node down.
       - V(container:<name glob>) names Docker or Podman containers instead (V(container:vllm*)), in any state; a glob that matches no
         container (or a host without Docker and Podman) is listed in RV(services_not_found).
+      - V(supervisor:<program glob>) names programs of supervisord (V(supervisor:vllm*)), matched against the names
+        C(supervisorctl status) prints (V(name), V(group:name)); they are stopped through C(supervisorctl stop), at most O(kill_timeout)
+        (+ 5 s) per call. Only a supervisord running as root is asked, through its own configuration (C(-c) of its command line).
+        A glob that matches no program (or a host without supervisord) is listed in RV(services_not_found).
     type: list
     elements: str
     default: []
@@ -94,6 +98,10 @@ options:
         leaves named containers as V(disabled) does, and they are reported in RV(disabled_containers).
       - Containers found holding a selected GPU are only stopped; with restart policy V(always) Docker starts them again when its
         daemon restarts. Name them in O(services) to disable them.
+      - For supervisord programs named in O(services), V(disabled) (and V(masked), since supervisord has no mask) sets C(autostart=false) and
+        C(autorestart=false) in the program's section of its configuration file (a file only root can write) and runs
+        C(supervisorctl reread) and C(update GROUP); the file is what supervisord reads again at its restart and at boot, so the program
+        stays stopped across both. The values before are returned in RV(disabled_programs).
     type: str
     choices: [stopped, disabled, masked]
     default: stopped
@@ -176,6 +184,15 @@ options:
       - Seconds between memory reads while waiting. The driver frees memory 20-130 ms after a process exits.
     type: float
     default: 0.1
+  settle_timeout:
+    description:
+      - Seconds to keep watching, once the selected GPUs read clean, for a signalled holder that something starts again (the respawn
+        watch, see the notes). Only spent when such a restarter survived the signals; a window over parents ends as soon as the last
+        of them exits.
+      - The default covers a shell loop without C(sleep), supervisord, pm2, runsv, s6-supervise, torchrun's elastic agent, systemd's
+        C(RestartSec) and Docker's first restart. Raise it for a restarter that waits longer (a loop with C(sleep 30)).
+    type: float
+    default: 5
 notes:
   - Needs root (O(ignore:become=true)) to see and signal other users' processes and to manage systemd units.
   - The module never resets a GPU. Memory that nvidia-smi attributes to a process that no longer exists, with no live holder left,
@@ -191,12 +208,26 @@ notes:
     pod (namespace/name where the runtime says it, else its UID), and says to cordon and drain the node.
   - B(No false released.) When this run signalled, from outside, a process whose restart is outside its control (in a container it
     could not stop through the runtime, or in a C(.service) of a user's systemd manager whose C(Restart=) is not C(no)), it watches for
-    3 s after the GPUs read clean (Docker restarts a killed container within ~0.3-0.5 s, measured; systemd's C(RestartSec) defaults to
-    100 ms). A new process in that container's or unit's cgroup, or a selected GPU that reads dirty again, fails the run naming it;
-    RV(released) is V(true) only when the window passed quietly. Without such a process there is no window (C(settle_s) of RV(timings) is 0).
-  - B(Restore.) What the run stopped, disabled or masked (units, containers), with its state before, is added to a root-only record,
-    C(/var/lib/zeromib-gpu/released.json); M(zeromib.gpu.gpu_restore) puts it back after training. Nothing is written in check mode
-    or when the run changed nothing. See RV(restore_record).
+    O(settle_timeout) seconds after the GPUs read clean (Docker restarts a killed container within ~0.3-0.5 s, measured; systemd's
+    C(RestartSec) defaults to 100 ms). A new process in that container's or unit's cgroup, or a selected GPU that reads dirty again,
+    fails the run naming it; RV(released) is V(true) only when the window passed quietly.
+  - B(Respawn watch.) Likewise for a signalled holder whose parent is still alive (walking up from its parent to its session leader
+    or a launcher; never PID 1, a protected daemon or the Ansible session) - a C(while true; do python train.py; done) loop, supervisord,
+    pm2, runsv, s6-supervise, circusd, monit, torchrun's elastic agent. A new process under that parent that runs the killed command
+    line again, or that maps a selected GPU's device file (a new holder), fails the run naming the parent (PID, name, command line)
+    and what stops it (C(supervisorctl stop NAME), C(pm2 stop NAME), C(sv down DIR), C(s6-svc -d DIR); torchrun's agent goes first).
+    Without such a parent there is no window (C(settle_s) of RV(timings) is 0); a parent that exits with its holder ends the window at
+    once.
+  - B(MPS.) C(nvidia-cuda-mps-control) (the control daemon) and C(nvidia-cuda-mps-server) are recognised by executable, C(argv[0])
+    or script name. Clients are freed like any holder; the control daemon is never signalled. The server is stopped through its control
+    daemon when every GPU it serves (where nvidia-smi lists it) is selected - C(echo quit | nvidia-cuda-mps-control) with the daemon's
+    C(CUDA_MPS_PIPE_DIRECTORY) (default C(/tmp/nvidia-mps)), or C(quit) written into that directory's C(control) FIFO without the
+    program - after its clients are signalled; a server still alive after O(kill_timeout) is signalled. A server that also serves a GPU
+    outside the selection fails the run before anything is done (check mode too), naming it and those GPUs, since stopping it would end the
+    MPS clients of the other GPUs. See RV(stopped_mps_servers).
+  - B(Restore.) What the run stopped, disabled or masked (units, containers, supervisord programs), with its state before, is added to a
+    root-only record, C(/var/lib/zeromib-gpu/released.json); M(zeromib.gpu.gpu_restore) puts it back after training. Nothing is written
+    in check mode or when the run changed nothing. See RV(restore_record).
   - The role P(zeromib.gpu.free_gpus#role) runs this module and asserts the result, for C(pre_tasks) of a training play.
 seealso:
   - module: zeromib.gpu.gpu_facts
@@ -279,6 +310,36 @@ disabled_containers:
   sample:
     - {name: vllm, id: 4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a4f3c2b1a, image: "vllm/vllm-openai:v0.11.0", runtime: docker,
        restart_policy: "no", restart_policy_before: always, gpu_indexes: []}
+stopped_programs:
+  description:
+    - supervisord programs named in O(services) (V(supervisor:<glob>)) that were running and were stopped through C(supervisorctl stop)
+      (in check mode, to be stopped).
+  type: list
+  elements: dict
+  returned: always
+  sample:
+    - {name: vllm, supervisor_pid: 812, config: /etc/supervisor/supervisord.conf, state_before: RUNNING}
+disabled_programs:
+  description:
+    - supervisord programs named in O(services) whose C(autostart) and C(autorestart) were set to C(false), with O(service_state=disabled)
+      or O(service_state=masked); C(file) is the configuration file changed, C(autostart_before)/C(autorestart_before) the values it had
+      (null when the option was not set).
+  type: list
+  elements: dict
+  returned: always
+  sample:
+    - {name: vllm, supervisor_pid: 812, config: /etc/supervisor/supervisord.conf, state_before: RUNNING,
+       file: /etc/supervisor/conf.d/vllm.conf, autostart_before: "true", autorestart_before: "true"}
+stopped_mps_servers:
+  description:
+    - MPS servers stopped through their control daemon (in check mode, to be stopped, with C(how=null)). C(how) is the command used,
+      null when C(quit) could not be sent and the server was signalled instead (see RV(killed)).
+  type: list
+  elements: dict
+  returned: always
+  sample:
+    - {pid: 475, name: nvidia-cuda-mps, pipe_directory: /tmp/nvidia-mps, gpu_indexes: [0, 1],
+       how: "echo quit | /usr/local/nvidia/bin/nvidia-cuda-mps-control"}
 disabled_units:
   description: Units disabled, with O(service_state=disabled).
   type: list
@@ -483,6 +544,7 @@ ARGUMENT_SPEC = dict(
     kill_timeout=dict(type="float", default=10),
     wait_timeout=dict(type="float", default=60),
     poll_interval=dict(type="float", default=0.1),
+    settle_timeout=dict(type="float", default=5),
     max_used_mib=dict(type="int", default=0),
     cross_gpu_footprint_mib=dict(type="int", default=4),
     nvidia_smi=dict(type="path"),
@@ -503,7 +565,7 @@ ARGUMENT_SPEC = dict(
 
 def checked_params(params):
     """Option values that the argument spec cannot check -> a clear message, or compiled regexes."""
-    for name in ("kill_timeout", "wait_timeout", "timeout"):
+    for name in ("kill_timeout", "wait_timeout", "timeout", "settle_timeout"):
         if params[name] < 0 or (name == "timeout" and params[name] == 0):
             raise ValueError("%s must be greater than 0, got %s" % (name, params[name]))
     if params["poll_interval"] <= 0:

@@ -13,6 +13,7 @@ Writes results.json, the raw logs and the nvidia-smi captures it saw into --out.
 import argparse
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -519,6 +520,217 @@ class Run(object):
         ok = run.returncode == 0 and not self.alive(pid) and self.used() == 0
         self.record("playbooks/free_gpus.yml (the role) frees a real 40 GiB holder", ok, rc=run.returncode, wall_s=wall, summary=summary)
         self.end_all()
+
+    # ---- what comes back (issue 20): restarters, supervisord, MPS, JAX, the watch's cost
+
+    def holder_argv(self, ready, mib, *extra):
+        return [sys.executable, os.path.join(HERE, "cuda_holder.py"), "--gpu", str(self.gpu), "--ready", ready, "--mib", str(mib)] + list(extra)
+
+    def under_shell(self, script_format, mib, name):
+        """`sh -c SCRIPT` in a session of its own, SCRIPT holding the holder's command line where
+        {holder} is: -> (Popen of the shell, ready file)."""
+        ready = os.path.join(self.tmp, "ready-%s" % name)
+        holder = " ".join(shlex.quote(a) for a in self.holder_argv(ready, mib))
+        proc = subprocess.Popen(["sh", "-c", script_format.format(holder=holder, ready=shlex.quote(ready))], stdin=subprocess.DEVNULL,
+                                stdout=self.log, stderr=self.log, start_new_session=True)
+        self.started.append(proc)
+        return proc, ready
+
+    def descendants(self, pid):
+        children = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open("/proc/%s/stat" % entry) as handle:
+                        children.setdefault(int(handle.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+                except (OSError, ValueError, IndexError):
+                    pass
+        found, stack = [], [pid]
+        while stack:
+            kids = children.get(stack.pop(), [])
+            found += kids
+            stack += kids
+        return found
+
+    def end_tree(self, proc):
+        """SIGKILL a process this run started, then everything it started (parent first, so that
+        nothing is restarted in between)."""
+        below = self.descendants(proc.pid)
+        self.end(proc.pid)
+        for pid in below:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.reap()
+
+    def wait_used_above(self, mib, timeout):
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            used = self.used()
+            if used is not None and used > mib:
+                return round(time.monotonic() - started, 3)
+            time.sleep(0.05)
+        return None
+
+    def scenario_shell_loop_sleep(self):
+        """The same loop with a restart delay: `sleep 3` between runs, inside the settle window."""
+        self.scenario_shell_loop("while true; do rm -f {ready}; {holder}; sleep 3; done", " with sleep 3")
+
+    def scenario_shell_loop(self, script="while true; do rm -f {ready}; {holder}; done", label=""):
+        """The measured false release: `while true; do python holder.py; done`."""
+        loop, ready = self.under_shell(script, 4096, "loop" + str(len(label)))
+        first = self.wait_ready(ready)[0]
+        self.started.append(first)
+        result, wall = self.playbook("respawn-shell-loop" + label.replace(" ", "-"), action="release", wait_timeout=30)
+        msg = result.get("msg") or ""
+        came_back_s = self.wait_used_above(1000, 20)
+        named = "started again by its parent pid %d sh" % loop.pid in msg
+        ok = result.get("released") is False and named and first in [k["pid"] for k in result.get("killed", [])] and came_back_s is not None
+        self.record("shell loop%s restarting a PyTorch holder: caught and named, never released: true" % label, ok, released=result.get("released"),
+                    elapsed_s=result.get("elapsed_s"), timings=result.get("timings"), gpu_dirty_again_after_s=came_back_s, msg=msg[:700],
+                    wall_s=wall)
+        self.end_tree(loop)
+        self.wait_gone_mib()
+
+    def supervisord_path(self):
+        site_bins = [os.path.join(p, "bin") for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        for directory in os.environ.get("PATH", "").split(os.pathsep) + site_bins:
+            path = os.path.join(directory, "supervisord")
+            if directory and os.access(path, os.X_OK):
+                return path
+        return None
+
+    def scenario_supervisor(self):
+        supervisord = self.supervisord_path()
+        if not supervisord:
+            self.results.setdefault("not_run", []).append("supervisord: the supervisor package is not installed here")
+            return
+        base = os.path.join(self.tmp, "supervisor")
+        os.makedirs(os.path.join(base, "conf.d"))
+        ready = os.path.join(base, "ready")
+        conf = os.path.join(base, "supervisord.conf")
+        with open(conf, "w") as handle:
+            handle.write("[unix_http_server]\nfile=%s/sock\n[supervisord]\nlogfile=%s/supervisord.log\npidfile=%s/pid\nchildlogdir=%s\n"
+                         "[rpcinterface:supervisor]\nsupervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface\n"
+                         "[supervisorctl]\nserverurl=unix://%s/sock\n[include]\nfiles = conf.d/*.conf\n" % (base, base, base, base, base))
+        with open(os.path.join(base, "conf.d", "gpuholder.conf"), "w") as handle:
+            handle.write("[program:gpuholder]\ncommand=%s\nautostart=true\nautorestart=true\nstartsecs=0\nstopwaitsecs=5\n"
+                         % " ".join(self.holder_argv(ready, 4096)))
+        daemon = subprocess.Popen([supervisord, "-n", "-c", conf], stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log,
+                                  start_new_session=True)
+        self.started.append(daemon)
+        ctl = [os.path.join(os.path.dirname(supervisord), "supervisorctl"), "-c", conf]
+        try:
+            first = self.wait_ready(ready)[0]
+            result, wall = self.playbook("supervisor-not-named", action="release", wait_timeout=30)
+            msg = result.get("msg") or ""
+            back_s = self.wait_used_above(1000, 20)
+            ok = (result.get("released") is False and "supervisorctl stop gpuholder" in msg and "(supervisord)" in msg
+                  and back_s is not None)
+            self.record("supervisord autorestart=true, not named: the run fails naming supervisord and supervisorctl stop NAME", ok,
+                        released=result.get("released"), killed=[k["pid"] for k in result.get("killed", [])], first=first,
+                        gpu_dirty_again_after_s=back_s, elapsed_s=result.get("elapsed_s"), timings=result.get("timings"), msg=msg[:700],
+                        wall_s=wall)
+            result, wall = self.playbook("supervisor-named", action="release", services=["supervisor:gpuholder"],
+                                         service_state="disabled", wait_timeout=30)
+            time.sleep(10)
+            status = subprocess.run(ctl + ["status", "gpuholder"], capture_output=True, text=True, check=False).stdout.strip()
+            after = self.used()
+            conf_text = open(os.path.join(base, "conf.d", "gpuholder.conf")).read()
+            ok = (result.get("released") is True and [p["name"] for p in result.get("stopped_programs", [])] == ["gpuholder"]
+                  and "STOPPED" in status and after == 0 and "autorestart=false" in conf_text)
+            self.record("supervisor:gpuholder with service_state disabled: stopped through supervisorctl, still stopped and 0 MiB 10 s later",
+                        ok, released=result.get("released"), stopped_programs=result.get("stopped_programs"),
+                        disabled_programs=result.get("disabled_programs"), status_10s_later=status, memory_used_10s_later_mib=after,
+                        elapsed_s=result.get("elapsed_s"), timings=result.get("timings"), msg=result.get("msg"), wall_s=wall)
+        finally:
+            self.end_tree(daemon)
+            self.wait_gone_mib()
+
+    def processes_named(self, name):
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open("/proc/%s/cmdline" % entry, "rb") as handle:
+                        argv0 = handle.read().split(b"\0")[0].decode("utf-8", "replace")
+                except OSError:
+                    continue
+                if os.path.basename(argv0) == name:
+                    found.append(int(entry))
+        return found
+
+    def scenario_mps(self):
+        ctl = shutil.which("nvidia-cuda-mps-control") or "/usr/local/nvidia/bin/nvidia-cuda-mps-control"
+        if not os.access(ctl, os.X_OK):
+            self.results.setdefault("not_run", []).append("MPS: nvidia-cuda-mps-control not found")
+            return
+        env = {"CUDA_MPS_PIPE_DIRECTORY": os.path.join(self.tmp, "mps"), "CUDA_MPS_LOG_DIRECTORY": os.path.join(self.tmp, "mps-log")}
+        for path in env.values():
+            os.makedirs(path, exist_ok=True)
+        full_env = dict(os.environ, **env)
+        started = subprocess.run([ctl, "-d"], env=full_env, capture_output=True, text=True, check=False)
+        try:
+            client = self.wait_ready(self.holder(mib=8192, env=env)[1])[0]
+            apps = self.capture("mps_apps_csv", "--query-compute-apps=pid,process_name,used_memory,gpu_uuid", "--format=csv")
+            daemons, servers = self.processes_named("nvidia-cuda-mps-control"), self.processes_named("nvidia-cuda-mps-server")
+            self.started.extend(daemons + servers)
+            facts = self.playbook("mps-facts", action="facts")[0]["ansible_facts"]["gpu"]
+            placed = {h["pid"]: (h["gpu_indexes"], h.get("attribution")) for h in facts["holders"]}
+            result, wall = self.playbook("mps-release", action="release")
+            time.sleep(0.5)
+            stopped = result.get("stopped_mps_servers", [])
+            ok = (result.get("released") is True and [k["pid"] for k in result.get("killed", [])] == [client]
+                  and [s["pid"] for s in stopped] == servers and stopped and stopped[0]["how"]
+                  and not any(self.alive(p) for p in daemons + servers) and self.used() == 0)
+            self.record("MPS: client freed as a holder, server stopped through its control daemon's quit, 0 MiB", ok,
+                        daemon_start_rc=started.returncode, apps=apps.strip().splitlines(), daemons=daemons, servers=servers,
+                        placed={str(k): v for k, v in placed.items()}, killed=[k["pid"] for k in result.get("killed", [])],
+                        stopped_mps_servers=stopped, alive_after=[p for p in daemons + servers if self.alive(p)], memory_used_after_mib=self.used(),
+                        elapsed_s=result.get("elapsed_s"), timings=result.get("timings"), msg=result.get("msg"), wall_s=wall)
+        finally:
+            if self.processes_named("nvidia-cuda-mps-control"):
+                subprocess.run([ctl], input="quit\n", env=full_env, capture_output=True, text=True, check=False, timeout=30)
+            self.end_all()
+
+    def scenario_jax(self):
+        proc, ready = self.holder("--jax", mib=0)
+        pid = self.wait_ready(ready, timeout=180)[0]
+        before = self.used_all()
+        result, wall = self.playbook("jax-release", action="release")
+        after = self.used_all()
+        ok = result.get("released") is True and [k["pid"] for k in result.get("killed", [])] == [pid] and all(v == 0 for v in after.values())
+        self.record("JAX process preallocating on every visible GPU (here: one): freed, 0 MiB", ok, before_mib=before, after_mib=after,
+                    elapsed_s=result.get("elapsed_s"), timings=result.get("timings"), wall_s=wall, msg=result.get("msg"))
+        if self.gpu_count() < 2:
+            self.results.setdefault("not_run", []).append("JAX process spanning GPUs with a partial selection (needs 2 GPUs)")
+        self.end_all()
+
+    def scenario_watch_cost(self, runs=2):
+        """A cooperative holder's release time over the floor: no parent to watch (started by this
+        run, which is the Ansible session's ancestor), a parent that exits with it, a parent that
+        lives on (the whole settle window)."""
+        for run in range(1, runs + 1):
+            floor = self.floor(signal.SIGTERM)
+            for label, script in (("off: no parent to watch", None), ("on: parent exits with the holder", "{holder}; true"),
+                                  ("on: parent lives on (window spent)", "{holder}; sleep 600")):
+                if script is None:
+                    proc, ready = self.holder()
+                else:
+                    proc, ready = self.under_shell(script, self.mib, "cost-%d-%d" % (run, len(label)))
+                pid = self.wait_ready(ready)[0]
+                self.started.append(pid)
+                result, wall = self.playbook("watch-cost-%d-%s" % (run, label.split(":", maxsplit=1)[0] + str(len(label))), action="release")
+                elapsed = result.get("elapsed_s")
+                ok = result.get("released") is True and self.used() == 0
+                self.record("respawn watch %s, cooperative %d MiB holder, run %d" % (label, self.mib, run), ok, elapsed_s=elapsed,
+                            floor_s=floor, over_floor_s=round(elapsed - floor, 3) if elapsed is not None and floor is not None else None,
+                            settle_s=(result.get("timings") or {}).get("settle_s"), timings=result.get("timings"), wall_s=wall,
+                            msg=result.get("msg"))
+                if isinstance(proc, subprocess.Popen):
+                    self.end_tree(proc)
+                self.end_all()
 
     def bare_smoke(self, mib, repeat):
         """The smoke test's own cost, without Ansible: _cuda_smoke.run_in_child on every GPU."""

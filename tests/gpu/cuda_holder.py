@@ -11,6 +11,8 @@ parent (the orphan of DESIGN.md). --name: pose as another program (kernel comm a
 --no-context: open the device files only, no CUDA context (like nvidia-persistenced).
 --nvml-loop: no CUDA at all: an NVML client reading every GPU's memory once a second through
 pynvml (nvidia-ml-py), as a metrics exporter does.
+--jax: a JAX process instead of PyTorch: JAX preallocates (XLA_PYTHON_CLIENT_PREALLOCATE, 75 %
+of each GPU's memory by default) on EVERY visible GPU, then holds one array on each (--mib ignored).
 """
 import argparse
 import ctypes
@@ -33,6 +35,7 @@ def main():
     parser.add_argument("--fork-child", action="store_true")
     parser.add_argument("--no-context", action="store_true")
     parser.add_argument("--nvml-loop", action="store_true")
+    parser.add_argument("--jax", action="store_true")
     parser.add_argument("--name")
     parser.add_argument("--ready", required=True)
     args = parser.parse_args()
@@ -56,7 +59,12 @@ def main():
             for device in handles:
                 pynvml.nvmlDeviceGetMemoryInfo(device)
             time.sleep(1)
-    if args.no_context:
+    if args.jax:
+        import jax
+        import jax.numpy as jnp
+
+        keep.extend(jax.device_put(jnp.ones(1024), device).block_until_ready() for device in jax.devices())
+    elif args.no_context:
         for path in ("/dev/nvidiactl", "/dev/nvidia%d" % args.gpu, "/dev/nvidia-uvm"):
             try:
                 keep.append(os.open(path, os.O_RDWR))

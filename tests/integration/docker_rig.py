@@ -13,10 +13,14 @@ The rig (found to work on this machine kind; TEST_RIGS.md "Docker Engine"):
 * The image is built locally with `docker import` from a root filesystem of a few empty dirs and
   the usr-merge links; the host's /usr (its python3) and tests/sim are bind-mounted read-only, so
   the container's process is the simulator's gpu_holder, unchanged.
-* The container gets the simulated nodes with --device, the simulator's config and state with
-  -v, and shares the host's PID namespace (--pid=host): gpu_holder registers its context under its
-  own PID, and the simulated nvidia-smi, running on the host like the real one, must see the
-  same PID the driver would report (a container's PIDs as the host sees them).
+* The container gets the simulated nodes by bind mount (-v /dev/nvidia0:/dev/nvidia0), as
+  libnvidia-container (docker --gpus) mounts them: the simulated nodes are all char 1:5 and are
+  known by their inode (the real driver's by their device number 195:N, which a --device node
+  mknod'ed by runc keeps; a 1:5 node of its own would be /dev/zero to gpu_release and to the
+  simulator alike). The simulator's config and state come with -v; the container shares the
+  host's PID namespace (--pid=host): gpu_holder registers its context under its own PID, and
+  the simulated nvidia-smi, running on the host like the real one, must see the same PID the
+  driver would report (a container's PIDs as the host sees them).
 * With the cgroupfs driver (no systemd here) a container's processes sit in /docker/<id>, the
   layout of Docker on cgroup v1 nodes; --cgroup-parent=/kubepods/burstable/pod<uid> gives the
   layout of the kubelet with dockershim. Those cgroups live in the machine's cgroup tree (the
@@ -177,10 +181,13 @@ class DockerHost(object):
         """`docker run -d` a gpu_holder on `gpus` (indexes); waits for its CUDA init. Returns
         the container's inspect record."""
         config = self.host.config
-        devices = ["--device=/dev/nvidiactl", "--device=/dev/nvidia-uvm"]
+        nodes = ["/dev/nvidiactl", "/dev/nvidia-uvm"]
         for index in gpus:
             minor = [g for g in config["gpus"] if g["index"] == int(index)][0]["minor"]
-            devices.append("--device=/dev/nvidia%d" % minor)
+            nodes.append("/dev/nvidia%d" % minor)
+        devices = []
+        for node in nodes:
+            devices += ["-v", "%s:%s" % (node, node)]
         ready_file = "/run/nvidia-sim/ready-%s.json" % name
         argv = ["run", "-d", "--name", name, "--restart=%s" % restart, "--pid=host", "--network=none"] + devices + [
             "-v", "/usr:/usr:ro", "-v", "%s:%s:ro" % (SIM_DIR, SIM_DIR), "-v", "/etc/nvidia-sim:/etc/nvidia-sim:ro",

@@ -19,7 +19,7 @@ from ansible_in_ns import COLLECTIONS, run_module  # noqa: E402
 from docker_rig import IMAGE, DockerHost, used  # noqa: E402
 from nshost import NsHost  # noqa: E402
 
-SETTLE_S = 3.0  # plugins/module_utils/_settle.py
+SETTLE_S = 5.0  # plugins/module_utils/_settle.py (settle_timeout default)
 POD_UID = "1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901"
 
 
@@ -321,3 +321,38 @@ def test_podman_disabled_fails_clearly_where_podman_cannot_change_a_restart_poli
     assert "this Podman cannot change a restart policy" in run.msg
     # Refused before anything was stopped.
     assert podman.inspect("pvllm-d")["State"]["Running"] is True and run["stopped_containers"] == []
+
+
+# ------------------------------------------------------------------ what a user may name (issue 19, docs/security.md)
+
+USER = 4242
+
+
+@pytest.mark.parametrize("subtree", ["user-manager", "delegated-unit"])
+def test_users_holder_in_a_cgroup_named_after_anothers_container_never_stops_that_container(docker, subtree):
+    """Stopping someone else's container: uid 4242 moves its GPU-1 process into a cgroup of its own
+    delegated subtree named docker-<victim id>.scope (container ids are world-readable in
+    /proc/PID/cgroup). The victim (a database holding no GPU) keeps running; the attacker's holder is
+    signalled as the ordinary process it is."""
+    out = docker.docker("run", "-d", "--name", "victim-db", "--restart=always", "--pid=host", "--network=none", "-v", "/usr:/usr:ro",
+                        IMAGE, "sleep", "1000000").stdout
+    victim = out.strip().splitlines()[-1]
+    docker.created.append(victim)
+    if subtree == "user-manager":
+        relative = "user.slice/user-%d.slice/user@%d.service/app.slice/docker-%s.scope" % (USER, USER, victim)
+    else:  # a unit with Delegate=yes and User=4242: no user@ in the path, the cgroup file system's owner tells
+        relative = "system.slice/delegated.service/docker-%s.scope" % victim
+    cgroup = docker.host.user_cgroup(relative, owner=USER)
+    attacker = docker.host.spawn_as(USER, ["gpu_holder", "--gpus", "1", "--mib", "10240"])
+    docker.bare.append(attacker)
+    docker.host.move_to_cgroup(attacker.pid, cgroup)
+    assert "docker-%s.scope" % victim in docker.host.read("/proc/%d/cgroup" % attacker.pid)
+
+    run = run_module(docker.host, "gpu_release", {"gpus": [1]})
+    assert not run.failed, run.msg
+    assert run["stopped_containers"] == [] and run["disabled_containers"] == []
+    assert [k["pid"] for k in run["killed"]] == [attacker.pid] and run["released"] is True
+    assert any("no container or pod" in w for w in run.get("warnings", [])), run.get("warnings")
+    state = docker.inspect("victim-db")["State"]
+    assert state["Running"] is True and docker.inspect("victim-db")["RestartCount"] == 0
+    assert not docker.host.alive(attacker.pid) and used(docker.host, 1) == 0

@@ -17,7 +17,7 @@
   the real driver's format (Device Minor: is where the minor number comes from).
 * /etc, /run and /usr/bin are overlays: /etc/nvidia-sim/config.json is the sim config,
   /run/nvidia-sim is a bind of the host-visible state dir, /usr/bin/nvidia-smi and
-  /usr/bin/gpu_holder are symlinks to tests/sim (and /usr/bin/journalctl and /usr/bin/dmesg to
+  /usr/bin/gpu_holder and /usr/bin/nvidia-cuda-mps-control (simulated MPS) are symlinks to tests/sim (and /usr/bin/journalctl and /usr/bin/dmesg to
   tests/sim/kernel-log, the simulated kernel log), and /usr/bin/python -> python3 is added
   when the machine has no /usr/bin/python (the two scripts use `#!/usr/bin/env python`).
 * the host name (UTS namespace) is the seed.
@@ -175,8 +175,12 @@ class NsHost(object):
         return self
 
     def _start(self):
-        for sub in ("state", "ready", "logs"):
+        for sub in ("state", "ready", "logs", "state/contexts"):
             os.mkdir(os.path.join(self.dir, sub))
+        # An unprivileged user's holder (spawn_as) registers its context and its ready file
+        # here, as a CUDA process's context lives in the driver whoever runs it.
+        for sub in ("state", "ready", "state/contexts"):
+            os.chmod(os.path.join(self.dir, sub), 0o1777)
         with open(self.root.config, "w") as f:
             json.dump(self.config, f, indent=2)
         spec = {"dir": self.dir, "config": self.root.config, "hostname": self.seed,
@@ -251,6 +255,7 @@ class NsHost(object):
             except subprocess.TimeoutExpired:
                 self._unshare.kill()
                 self._unshare.wait(timeout=15)
+        self._remove_cgroups()
         if self.dir:
             for _try in range(50):
                 try:
@@ -344,6 +349,67 @@ class NsHost(object):
             with open(ready_file) as f:
                 info = json.load(f)
         return HostProc(self, pid, argv, log, info)
+
+    def spawn_as(self, uid, argv, **kw):
+        """spawn() as an unprivileged user: `setpriv --reuid UID --regid UID --clear-groups`
+        (no passwd entry needed; the real uid is UID, as for any user's job). A gpu_holder
+        argv waits for its CUDA init, as spawn() does."""
+        argv = list(argv)
+        if kw.get("ready") is None:
+            kw["ready"] = any(os.path.basename(a) == "gpu_holder" for a in argv[:3]) and "--ready-file" not in argv
+        return self.spawn(["setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups", "--"] + argv, **kw)
+
+    # ------------------------------------------------------------ cgroups a user may name
+    def user_cgroup(self, relative, owner):
+        """Create the cgroup `relative` (e.g. user.slice/user-4242.slice/user@4242.service/app.slice/
+        docker-<id>.scope) below a cgroup of this host's own on the machine's cgroup2 hierarchy,
+        each directory from the first one named in `relative` down chowned to `owner`, as systemd
+        delegates a user's subtree (with `owner` None, root keeps them). Returns the path as
+        /proc/PID/cgroup shows it. Removed by stop() (depth first, once the namespace's processes
+        are gone)."""
+        self._need()
+        mount = _cgroup2_mount()
+        if mount is None:
+            raise NsError("no cgroup2 hierarchy mounted")
+        top = "zeromib-nshost-%d-%d" % (os.getpid(), id(self) % 100000)
+        made = getattr(self, "_cgroups", None)
+        if made is None:
+            made = self._cgroups = []
+        path = os.path.join(mount, top)
+        if not os.path.isdir(path):
+            os.mkdir(path)
+            made.append(path)
+        for part in relative.strip("/").split("/"):
+            path = os.path.join(path, part)
+            if not os.path.isdir(path):
+                os.mkdir(path)
+                made.append(path)
+            if owner is not None:
+                os.chown(path, owner, owner)
+                for name in ("cgroup.procs", "cgroup.subtree_control", "cgroup.threads"):
+                    try:
+                        os.chown(os.path.join(path, name), owner, owner)
+                    except OSError:
+                        pass
+        return "/" + os.path.relpath(path, mount)
+
+    def move_to_cgroup(self, pid, cgroup):
+        """Move namespace pid `pid` into `cgroup` (a path user_cgroup returned): what its user can
+        do for their own processes inside their delegated subtree."""
+        with open(os.path.join(_cgroup2_mount(), cgroup.lstrip("/"), "cgroup.procs"), "w") as handle:
+            handle.write(str(self.host_pid(pid)))
+
+    def _remove_cgroups(self):
+        for path in reversed(getattr(self, "_cgroups", None) or []):
+            for _try in range(100):
+                try:
+                    os.rmdir(path)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.05)
+        self._cgroups = []
 
     def exit_status(self, pid):
         """Exit status of a process spawn() started: returncode style, None if running."""
@@ -510,6 +576,20 @@ def _ns_alive(d):
         except OSError:
             continue
     return False
+
+
+def _cgroup2_mount():
+    """Where the machine's cgroup2 hierarchy is mounted (/sys/fs/cgroup, or
+    /sys/fs/cgroup/unified on a hybrid machine), or None."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _sep, right = line.partition(" - ")
+                if right.split()[:1] == ["cgroup2"]:
+                    return left.split()[4]
+    except OSError:
+        pass
+    return None
 
 
 def _pdeathsig():
@@ -702,6 +782,8 @@ def _setup(spec):
     _overlay("/var/lib", base)
     links = [("nvidia-smi", spec["sim"]), ("gpu_holder", spec["holder"])]
     links += [(name, spec["kernel_log"]) for name in ("journalctl", "dmesg") if spec.get("kernel_log")]
+    # The simulated MPS control daemon (and client) beside gpu_holder.
+    links.append(("nvidia-cuda-mps-control", os.path.join(os.path.dirname(spec["holder"]), "nvidia-cuda-mps-control")))
     links += [(name, spec["fabric_manager"]) for name in ("nv-fabricmanager", "systemctl")
               if spec.get("fabric_manager") and cfg.get("fabric_manager")]
     for name, target in links:
@@ -780,7 +862,9 @@ def _init(spec_path):
             req = json.loads(buf.decode())
             reap()
             if req["op"] == "spawn":
-                reply = _spawn(req)
+                # A reused PID (tests make the namespace reuse one) must not read the status of
+                # the process that had it before.
+                reply = _spawn(req, statuses)
             elif req["op"] == "status":
                 pid = int(req["pid"])
                 reply = {"status": statuses.get(pid)}
@@ -796,9 +880,11 @@ def _init(spec_path):
             conn.close()
 
 
-def _spawn(req):
+def _spawn(req, statuses=None):
     r, w = os.pipe()
     pid = os.fork()
+    if statuses is not None and pid > 0:
+        statuses.pop(pid, None)
     if pid == 0:
         try:
             os.close(r)

@@ -58,10 +58,13 @@ def write_process(
     maps=(),
     exe="/usr/bin/python3.12",
     kernel_thread=False,
+    exe_owner=0,
 ):
     """One /proc/<pid> directory. `fds` are device paths (one fd each; repeat a path for more);
     `maps` are device paths (one 4 KiB mapping) or (path, KiB) pairs; a few ordinary fds and
-    mappings are always there, as in a real process."""
+    mappings are always there, as in a real process. `exe` is a file of `exe_owner` under the
+    tree's own file system root `<root>-fs` (see _holders._fs_root), so that /proc/PID/exe
+    resolves to a real inode with an owner, as the kernel's does."""
     base = os.path.join(str(root), str(pid))
     if os.path.exists(base):
         shutil.rmtree(base)
@@ -90,8 +93,21 @@ def write_process(
     for number, target in enumerate(ordinary + list(fds)):
         os.symlink(target, os.path.join(base, "fd", str(number)))
     if exe:
-        os.symlink(exe, os.path.join(base, "exe"))
+        os.symlink(executable(root, exe, exe_owner), os.path.join(base, "exe"))
     return base
+
+
+def executable(root, path, owner=0):
+    """The file `path` (e.g. /usr/bin/Xorg) under the fake tree's file system root, owned by `owner`."""
+    real = str(root).rstrip("/") + "-fs" + path
+    os.makedirs(os.path.dirname(real), exist_ok=True)
+    if not os.path.exists(real):
+        with open(real, "w") as handle:
+            handle.write("#!/bin/sh\n")
+        os.chmod(real, 0o755)
+    if os.stat(real).st_uid != owner:
+        os.chown(real, owner, owner)
+    return real
 
 
 def remove_process(root, pid):

@@ -218,7 +218,15 @@ def test_footprint_stacks_on_a_baseline():
     [
         ({3}, {3: 2176, 0: 128}, {0, 3}, ([3], "listed", [])),
         ({0, 1}, {0: 2176, 1: 2176}, {0, 1}, ([0, 1], "listed", [])),
-        ({1}, {0: 2176, 1: 128}, {0, 1}, ([1], "listed", [])),  # nvidia-smi's list wins over the maps
+        # Listed on GPU 1, context-sized on GPU 0 only: the PID a dead GPU-1 owner left to nvidia-smi's list,
+        # reused by a GPU-0 trainer (issue 19). The listing on a GPU it maps only as a peer moves nothing.
+        ({0, 1}, {0: 2176, 1: 128}, {0, 1}, ([0], "listed", [])),
+        ({1}, {0: 2176, 1: 128}, {0, 1}, ([0], "mapped", [])),
+        ({2}, {0: 2176}, {0}, ([0], "mapped", [])),  # listed on a GPU whose device it does not hold
+        ({2}, {}, set(), ([], "nvml_client", [])),
+        ({1}, None, {0, 1}, ([1], "listed", [])),  # maps unreadable: the listing of a held device counts
+        ({1}, None, {0}, ([], "undecided", [0])),
+        ({1}, {0: 512, 1: 512}, {0, 1}, ([1], "listed", [])),  # no context-sized mapping (another driver): held is enough
         (None, {1: 2176, 0: 128}, {0, 1}, ([1], "mapped", [])),
         (None, {0: 2176, 1: 2176}, {0, 1}, ([0, 1], "mapped", [])),  # an orphan of a process that used two GPUs
         (None, {0: 128, 1: 128}, {0, 1}, ([], "undecided", [0, 1])),
@@ -227,7 +235,9 @@ def test_footprint_stacks_on_a_baseline():
         (None, {}, set(), ([], "nvml_client", [])),  # control nodes only
         (None, None, set(), ([], "nvml_client", [])),
     ],
-    ids=["listed", "listed-two-gpus", "listed-wins", "mapped", "mapped-two", "undecided-small-maps", "undecided-unreadable",
+    ids=["listed", "listed-two-gpus", "reused-pid-listed-on-its-gpu-and-a-peer", "reused-pid-listed-on-a-peer-only",
+         "listed-without-the-device", "listed-holding-nothing", "listed-maps-unreadable", "listed-other-gpu-maps-unreadable",
+         "listed-unmeasured-mapping-sizes", "mapped", "mapped-two", "undecided-small-maps", "undecided-unreadable",
          "nvml-client", "control-only", "control-only-unreadable"],
 )
 def test_place(listed, mapped_kib, open_gpus, expected):

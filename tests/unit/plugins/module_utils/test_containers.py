@@ -44,7 +44,10 @@ def inspect_fixture(name):
         ("/docker/%s" % ID64, (ID64, "docker", False, None)),
         ("/system.slice/docker-%s.scope" % ID64, (ID64, "docker", False, None)),
         ("/machine.slice/libpod-%s.scope/container" % ID64, (ID64, "podman", False, None)),
-        ("/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-%s.scope/container" % ID64, (ID64, "podman", False, None)),
+        # A user's own subtree: whatever they name there is theirs (rootless Podman too): no container.
+        ("/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-%s.scope/container" % ID64, None),
+        ("/user.slice/user-4242.slice/user@4242.service/app.slice/docker-%s.scope" % ID64, None),
+        ("/user.slice/user-4242.slice/user@4242.service/kubepods.slice/kubepods-besteffort-pod%s.slice" % UID.replace("-", "_"), None),
         ("/libpod_parent/libpod-%s" % ID64, (ID64, "podman", False, None)),
         ("/machine.slice/libpod-conmon-%s.scope" % ID64, None),
         ("/system.slice/containerd.service", None),
@@ -71,7 +74,9 @@ def inspect_fixture(name):
         "docker-cgroupfs",
         "docker-systemd",
         "podman-systemd",
-        "podman-rootless",
+        "podman-rootless-is-the-users-own",
+        "docker-id-named-in-a-user-subtree",
+        "kubepods-in-a-user-subtree",
         "podman-cgroupfs",
         "podman-conmon-is-not-the-container",
         "containerd-daemon-itself",
@@ -126,6 +131,7 @@ def test_record_of_a_running_restart_always_container():
         "status": "running",
         "pod": None,
         "pod_uid": None,
+        "pid": inspect_fixture("api-inspect-vllm.json")["State"]["Pid"],
     }
     assert containers.record_of(inspect_fixture("cli-inspect-vllm.json")) == record
 
@@ -305,11 +311,16 @@ class FakeRuntimes(object):
     def error(self, runtime):
         return "no %s here" % runtime
 
+    # State.Pid of each container: set by annotate() below from the holders in its cgroup.
+    members = {}
+
     def inspect(self, runtime, cid):
         if not self.reachable:
             raise containers.RuntimeUnavailable("no %s here" % runtime)
         record = self.records.get((runtime, cid))
-        return dict(record) if record else None
+        if not record:
+            return None
+        return dict(record, pid=record.get("pid", self.members.get(cid)))
 
     def find(self, glob):
         import fnmatch
@@ -344,9 +355,22 @@ def holder(pid, cgroup, gpus=(0,), protected=False, name="python3"):
 A, B, C = "a" * 64, "b" * 64, "c" * 64
 
 
+def annotate(holders, runtimes, mounts=()):
+    """containers.annotate on holders whose /proc/PID/cgroup are their `cgroup`; each container's
+    State.Pid is its first holder (as Docker reports its init), unless its record says otherwise."""
+    cgroups = {h["pid"]: h["cgroup"] for h in holders}
+    members = {}
+    for h in sorted(holders, key=lambda h: h["pid"]):
+        ref = containers.container_ref(h["cgroup"])
+        if ref and ref["id"]:
+            members.setdefault(ref["id"], h["pid"])
+    runtimes.members = members
+    return containers.annotate(holders, runtimes, mounts=list(mounts), cgroup_of=cgroups.get)
+
+
 def test_annotate_names_container_image_and_pod():
     runtimes = FakeRuntimes([record(A, "vllm"), record(B, "k8s_vllm_vllm-0", pod="inference/vllm-0", pod_uid=UID)], pods={C: "ml/trainer-7"})
-    holders = containers.annotate(
+    holders = annotate(
         [
             holder(1, "/docker/%s" % A),
             holder(2, "/kubepods/burstable/pod%s/%s" % (UID, B)),
@@ -364,12 +388,12 @@ def test_annotate_names_container_image_and_pod():
 
 
 def test_annotate_without_a_runtime_keeps_what_the_cgroup_says():
-    [h] = containers.annotate([holder(1, "/system.slice/docker-%s.scope" % A)], FakeRuntimes(reachable=False))
+    [h] = annotate([holder(1, "/system.slice/docker-%s.scope" % A)], FakeRuntimes(reachable=False))
     assert (h["container"], h["container_runtime"], h["container_name"]) == (A, "docker", None)
 
 
 def plan(runtimes, holders, named=(), state="stopped", own=(), stop_found=True):
-    holders = containers.annotate(holders, runtimes)
+    holders = annotate(holders, runtimes)
     targets = [h for h in holders if not h["protected"]]
     return containers.plan(runtimes, holders, targets, list(named), state, set(own), {"killed": []}, stop_found=stop_found)
 
@@ -460,3 +484,84 @@ def test_act_reports_a_container_it_could_not_stop():
 
 def test_grace_is_whole_seconds_rounded_up():
     assert [containers.grace_seconds(x) for x in (0, 0.2, 1, 1.5, 10)] == [0, 1, 1, 2, 10]
+
+
+# ------------------------------------------------------------------ what a user may name (docs/security.md)
+
+
+def test_cgroup_in_a_directory_a_user_owns_is_no_container(tmp_path):
+    """The kernel's word: systemd chowns a delegated subtree to its user, who may then create and
+    name cgroups in it (docker-<victim id>.scope, kubepods.slice) without any user@ in the path."""
+    mount = tmp_path / "cgroup"
+    leaf = mount / "system.slice" / "delegated.service" / ("docker-%s.scope" % A)
+    leaf.mkdir(parents=True)
+    os.chown(str(mount / "system.slice" / "delegated.service"), 4242, 4242)
+    path = "/system.slice/delegated.service/docker-%s.scope" % A
+    assert containers.delegated_to(path, [str(mount)]) == 4242
+    assert containers.delegated_to("/system.slice", [str(mount)]) is None
+    runtimes = FakeRuntimes([record(A, "victim-db")])
+    [h] = annotate([holder(7, path)], runtimes, mounts=[str(mount)])
+    assert h["container"] is None and h["_container_ref"] is None and "owned by uid 4242" in h["container_note"]
+    steps = containers.plan(runtimes, [h], [h], [], "stopped", set(), {"killed": []})
+    assert steps.stop == [] and [t["pid"] for t in steps.signal] == [7] and runtimes.log == []
+
+
+def test_kubepods_cgroup_a_user_made_is_no_pod_and_blocks_nothing(tmp_path):
+    mount = tmp_path / "cgroup"
+    path = "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod%s.slice/cri-containerd-%s.scope" % (UID.replace("-", "_"), C)
+    (mount / path.lstrip("/")).mkdir(parents=True)
+    os.chown(str(mount / "kubepods.slice"), 4242, 4242)
+    [h] = annotate([holder(8, path)], FakeRuntimes(), mounts=[str(mount)])
+    assert containers.pod_holders([h]) == [] and h["pod_uid"] is None
+    steps = containers.plan(FakeRuntimes(), [h], [h], [], "stopped", set(), {"killed": []})
+    assert [t["pid"] for t in steps.signal] == [8]
+
+
+def test_container_its_runtime_does_not_run_the_holder_in_is_never_stopped():
+    """A cgroup path naming the victim's container (outside any delegated subtree, e.g. a runtime's
+    cgroupfs layout copied) is believed only when Docker's State.Pid, or its cgroup, holds the process."""
+    runtimes = FakeRuntimes([dict(record(A, "victim-db"), pid=300)])
+    attacker = holder(9, "/docker/%s/evil" % A)
+    cgroups = {9: attacker["cgroup"], 300: "/docker/%s" % B}
+    [h] = containers.annotate([attacker], runtimes, mounts=[], cgroup_of=cgroups.get)
+    assert h["container"] is None and "does not run this process in it" in h["container_note"]
+    steps = containers.plan(runtimes, [h], [h], [], "stopped", set(), {"killed": []})
+    assert steps.stop == [] and runtimes.log == []
+
+
+@pytest.mark.parametrize(
+    "holder_pid, holder_cgroup, init_cgroup, expected",
+    [
+        (300, "/docker/" + A, "/docker/" + A, True),  # the container's init itself
+        (301, "/docker/" + A, "/docker/" + A, True),  # a process beside it
+        (302, "/system.slice/docker-%s.scope/sub" % A, "/system.slice/docker-%s.scope" % A, True),  # below it
+        (303, "/docker/%sx" % A, "/docker/" + A, False),  # a sibling whose name starts alike
+        (304, "/docker/" + A, None, False),  # State.Pid gone
+        (305, "/", "/", False),
+    ],
+    ids=["init", "beside-init", "below-init", "prefix-sibling", "init-gone", "root-cgroup"],
+)
+def test_confirmed_by_state_pid_or_its_cgroup(holder_pid, holder_cgroup, init_cgroup, expected):
+    cgroups = {300: init_cgroup}
+    assert containers.confirmed({"pid": holder_pid, "cgroup": holder_cgroup}, {"pid": 300}, cgroups.get) is expected
+    assert containers.confirmed({"pid": holder_pid, "cgroup": holder_cgroup}, {"pid": None}, cgroups.get) is False
+
+
+def test_cgroup_mounts_are_cgroup2_and_v1_name_systemd(tmp_path):
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        "25 21 0:22 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755\n"
+        "26 25 0:23 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+        "27 25 0:24 / /sys/fs/cgroup/systemd rw,nosuid - cgroup cgroup rw,xattr,name=systemd\n"
+        "30 25 0:27 / /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory\n"
+    )
+    assert containers.cgroup_mounts(str(mountinfo)) == ["/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd"]
+
+
+def test_container_named_in_a_user_managers_subtree_is_an_ordinary_holder_with_a_note():
+    path = "/user.slice/user-4242.slice/user@4242.service/app.slice/docker-%s.scope" % A
+    runtimes = FakeRuntimes([record(A, "victim-db")])
+    [h] = annotate([holder(7, path), ], runtimes)
+    assert h["container"] is None and "user@4242.service" in h["container_note"] and "no container or pod" in h["container_note"]
+    [plain] = annotate([holder(8, "/user.slice/user-4242.slice/user@4242.service/app.slice/foo.service")], runtimes)
+    assert plain["container_note"] is None

@@ -319,3 +319,29 @@ def test_unexplained_gpus_are_those_above_the_limit_without_only_live_listed_hol
             {"pid": 3, "gpu_index": 2, "alive": True}]
     holding = [{"pid": 1}, {"pid": 2}]  # 3 is listed but has no device file open
     assert facts.unexplained_gpus(gpus, apps, holding, 4) == [1, 2]
+
+
+# ------------------------------------------------------------------ the driver's own list of GPUs (docs/security.md)
+
+
+def _information(bus, minor, excluded="No"):
+    return "Model: \t\t NVIDIA H200\nBus Location: \t %s\nDevice Minor: \t %d\nGPU Excluded:\t %s\n" % (bus, minor, excluded)
+
+
+def test_gpu_the_driver_has_and_nvidia_smi_omits_is_an_error_naming_its_bus(tmp_path):
+    for bus, minor, excluded in (("0000:00:06.0", 0, "No"), ("0000:00:07.0", 1, "No"), ("0000:00:08.0", 2, "Yes")):
+        (tmp_path / bus).mkdir()
+        (tmp_path / bus / "information").write_text(_information(bus, minor, excluded))
+    driver = smi.read_driver_gpus(str(tmp_path))
+    assert driver == {"0000:00:06.0": 0, "0000:00:07.0": 1}  # an excluded GPU is not the driver's to show
+    smi.check_against_driver([{"pci_bus_id": "00000000:00:06.0"}, {"pci_bus_id": "00000000:00:07.0"}], driver)
+    with pytest.raises(smi.GpuMissing, match=r"0000:00:07\.0 missing"):
+        smi.check_against_driver([{"pci_bus_id": "00000000:00:06.0"}], driver)
+    smi.check_against_driver([{"pci_bus_id": "00000000:00:06.0"}], {})  # no driver files (a container): nothing to check
+
+
+def test_compute_apps_are_named_from_proc_and_a_dead_owner_reads_not_found():
+    gpus = [{"uuid": "GPU-a", "index": 0}]
+    apps = [{"pid": 7, "gpu_uuid": "GPU-a", "used_memory_mib": 5, "name": None}, {"pid": 8, "gpu_uuid": "GPU-a", "used_memory_mib": 6, "name": None}]
+    joined = facts.join_apps(apps, gpus, lambda pid: pid == 7, lambda pid: "python3" if pid == 7 else "never asked")
+    assert [(a["pid"], a["name"], a["alive"], a["gpu_index"]) for a in joined] == [(7, "python3", True, 0), (8, "[Not Found]", False, 0)]

@@ -69,7 +69,11 @@ def test_parse_cgroup(text, path):
         ("/system.slice/docker-%s.scope" % ID64, "docker-%s.scope" % ID64, False, ID64),
         ("/docker/%s" % ID64, None, False, ID64),
         ("/machine.slice/libpod-%s.scope/container" % ID64, "libpod-%s.scope" % ID64, False, ID64),
-        ("/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-%s.scope/container" % ID64, "libpod-%s.scope" % ID64, False, ID64),
+        # A user's own subtree: they may name a cgroup docker-<anyone's id>.scope there (docs/security.md).
+        ("/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-%s.scope/container" % ID64, "libpod-%s.scope" % ID64, False, None),
+        ("/user.slice/user-4242.slice/user@4242.service/app.slice/docker-%s.scope" % ID64, "docker-%s.scope" % ID64, False, None),
+        ("/user.slice/user-4242.slice/user@4242.service/kubepods.slice/kubepods-%s.slice/cri-containerd-%s.scope" % (POD, ID64),
+         "cri-containerd-%s.scope" % ID64, False, None),
         (
             "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-%s.slice/cri-containerd-%s.scope" % (POD, ID64),
             "cri-containerd-%s.scope" % ID64,
@@ -93,7 +97,9 @@ def test_parse_cgroup(text, path):
         "docker-systemd-driver",
         "docker-cgroupfs",
         "podman",
-        "podman-rootless",
+        "podman-rootless-is-the-users-own",
+        "docker-id-named-in-a-user-subtree",
+        "kubepods-in-a-user-subtree",
         "k8s-cri-containerd",
         "k8s-crio",
         "k8s-cgroupfs-burstable",
@@ -112,8 +118,12 @@ def test_unit_and_container_of_a_cgroup_path(path, unit, system_service, contain
 # ------------------------------------------------------------------ names and protection
 
 
-def _record(pid=500, ppid=1, name="python3", exe="python3.12", argv0="python3", kernel_thread=False):
-    return {"pid": pid, "ppid": ppid, "name": name, "exe": exe, "argv0": argv0, "kernel_thread": kernel_thread}
+def _record(pid=500, ppid=1, name="python3", exe="python3.12", argv0="python3", kernel_thread=False, uid=0, exe_path=None,
+            exe_owner=0, exe_verified=True):
+    """A process record; by default one the kernel vouches for (root, a root-owned executable in
+    /usr/bin, verified by inode)."""
+    return {"pid": pid, "ppid": ppid, "name": name, "exe": exe, "argv0": argv0, "kernel_thread": kernel_thread, "uid": uid,
+            "exe_path": exe_path or "/usr/bin/%s" % (exe or "python3.12"), "exe_owner": exe_owner, "exe_verified": exe_verified}
 
 
 @pytest.mark.parametrize(
@@ -185,6 +195,44 @@ def test_comm_truncated_to_15_chars_still_protects_persistenced():
 )
 def test_protection_reason(record, names, pids, expected):
     assert holders.protection_reason(record, names, pids, [4242, 4000, 1]) == expected
+
+
+@pytest.mark.parametrize(
+    "record, names",
+    [
+        (_record(pid=950, name="python3", argv0="Xorg", uid=4242), []),  # exec -a Xorg python3 ...
+        (_record(pid=951, name="nvidia-persiste", argv0="nvidia-persistenced", uid=4242), []),  # prctl(PR_SET_NAME) + argv[0]
+        (_record(pid=952, name="Xorg", exe="Xorg", argv0="Xorg", uid=4242, exe_path="/home/u/bin/Xorg", exe_owner=4242), []),  # a copy
+        (_record(pid=953, name="Xorg", exe="Xorg", uid=0, exe_path="/tmp/Xorg", exe_owner=0), []),  # root's file, not a system dir
+        (_record(pid=954, name="Xorg", exe="Xorg", uid=0, exe_path="/usr/bin/Xorg", exe_verified=False), []),  # a bind mount of python3
+        (_record(pid=955, name="jupyter-lab", argv0="jupyter-lab", uid=4242), ["jupyter-lab"]),  # protect: by name, same check
+        (_record(pid=956, name="Xorg", exe=None, argv0=None, uid=0, exe_path="", exe_owner=None, exe_verified=False), []),  # exe unreadable
+    ],
+    ids=["exec-a-xorg", "prctl-persistenced", "copied-interpreter", "root-file-outside-system-dirs", "bind-mounted-over-a-system-path",
+         "protect-name-run-by-a-user", "executable-unreadable"],
+)
+def test_a_name_alone_protects_nobody_and_says_so(record, names):
+    assert holders.protection_reason(record, names, set(), [1]) is None
+    assert "not protected" in record["protection_note"] and "uid %s" % record["uid"] in record["protection_note"]
+
+
+def test_system_account_running_a_system_daemon_is_protected():
+    record = _record(pid=960, name="nvidia-persiste", exe="nvidia-persistenced", argv0="nvidia-persistenced", uid=116)
+    assert holders.protection_reason(record, [], set(), [1]) == "protected daemon"
+
+
+def test_impostor_in_a_system_unit_is_protected_only_as_its_main_process():
+    record = dict(_record(pid=961, name="Xorg", exe="Xorg", uid=4242, exe_path="/home/u/Xorg", exe_owner=4242), unit="display.service",
+                  system_service=True)
+    assert holders.protection_reason(dict(record), [], set(), [1], main_pid_of=lambda unit: 961) == "protected daemon"
+    assert holders.protection_reason(dict(record), [], set(), [1], main_pid_of=lambda unit: 7) is None
+    assert holders.protection_reason(dict(record, system_service=False), [], set(), [1], main_pid_of=lambda unit: 961) is None
+
+
+def test_executable_identity_is_read_from_the_kernels_link(tmp_path):
+    """read_executable on this very process: the path /proc/self/exe shows, its owner, verified by inode."""
+    path, owner, verified = holders.read_executable("/proc/self")
+    assert path == os.path.realpath("/proc/self/exe") and owner == os.stat(path).st_uid and verified is True
 
 
 def test_split_protect_tells_pids_from_names():
@@ -447,3 +495,102 @@ def test_comm_cut_inside_a_multibyte_character_is_read_not_skipped(proc):
     (found,) = [h for h in holders.scan_holders(str(proc), with_maps=False) if h["pid"] == 702]
     assert found["name"] == "训练脚本\ufffd" and found["devices"] == ["/dev/nvidia0"]
     assert holders.start_time_of(702, str(proc)) == 1000
+
+
+# ------------------------------------------------------------------ device files by kernel identity (docs/security.md)
+
+PROC_DEVICES = """Character devices:
+  1 mem
+195 nvidia-frontend
+195 nvidia
+234 nvidia-uvm
+237 nvidia-caps
+238 nvidia-nvswitch
+
+Block devices:
+  7 loop
+234 fake-block
+"""
+
+
+def test_proc_devices_gives_the_drivers_majors():
+    majors = holders.parse_proc_devices(PROC_DEVICES)
+    assert (majors["nvidia-frontend"], majors["nvidia-uvm"], majors["nvidia-caps"]) == (195, 234, 237) and "loop" not in majors
+
+
+class _Stat(object):
+    def __init__(self, rdev, dev=99, ino=1, mode=0o020666):
+        self.st_rdev, self.st_dev, self.st_ino, self.st_mode = rdev, dev, ino, mode
+
+
+@pytest.mark.parametrize(
+    "rdev, name",
+    [
+        (os.makedev(195, 0), "/dev/nvidia0"),
+        (os.makedev(195, 7), "/dev/nvidia7"),
+        (os.makedev(195, 255), "/dev/nvidiactl"),
+        (os.makedev(195, 254), "/dev/nvidia-modeset"),
+        (os.makedev(234, 0), "/dev/nvidia-uvm"),
+        (os.makedev(234, 1), "/dev/nvidia-uvm-tools"),
+        (os.makedev(1, 5), None),  # /dev/zero under any name
+        (os.makedev(196, 0), None),
+    ],
+)
+def test_device_number_names_the_device_whatever_its_path(tmp_path, rdev, name):
+    devices = tmp_path / "devices"
+    devices.write_text(PROC_DEVICES)
+    table = holders.DeviceTable.read(dev_dirs=(), proc_devices=str(devices))
+    assert table.name_of(_Stat(rdev)) == name
+    assert table.name_of(_Stat(rdev, mode=0o100644)) is None  # a regular file is no device, whatever it is called
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
+def test_table_knows_only_root_owned_character_nodes(tmp_path):
+    dev = tmp_path / "dev"
+    (dev / "nvidia-caps").mkdir(parents=True)
+    os.mknod(str(dev / "nvidia0"), 0o666 | 0o020000, os.makedev(1, 5))
+    os.mknod(str(dev / "nvidia-caps" / "nvidia-cap1"), 0o666 | 0o020000, os.makedev(1, 5))
+    os.mknod(str(dev / "nvidia1"), 0o666 | 0o020000, os.makedev(1, 5))
+    os.chown(str(dev / "nvidia1"), 4242, 4242)  # only root makes nodes; this one is a user's (a test stand-in)
+    (dev / "nvidiactl").write_text("")  # a regular file named like the control node
+    table = holders.DeviceTable.read(dev_dirs=(str(dev),), proc_devices=str(tmp_path / "none"))
+    assert sorted(table.by_inode.values()) == ["/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia0"]
+    assert table.name_of(os.stat(str(dev / "nvidia0"))) == "/dev/nvidia0"
+    assert table.name_of(os.stat(str(dev / "nvidia1"))) is None
+
+
+def test_open_file_is_known_by_its_inode_not_its_path():
+    """This very process opens /dev/null; a table that knows /dev/null's inode as /dev/nvidia0 finds
+    it through /proc/self/fd, although no path says nvidia (a bind mount elsewhere reads the same)."""
+    st = os.stat("/dev/null")
+    table = holders.DeviceTable(by_inode={(st.st_dev, st.st_ino): "/dev/nvidia0"})
+    fd = os.open("/dev/null", os.O_RDONLY)
+    try:
+        assert "/dev/nvidia0" in holders.open_devices(os.getpid(), "/proc", table)
+        assert "/dev/nvidia0" not in holders.open_devices(os.getpid(), "/proc", holders.DeviceTable())
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="/proc/PID/map_files needs CAP_SYS_ADMIN")
+def test_mapping_is_known_by_its_inode_through_map_files():
+    import mmap
+
+    st = os.stat("/dev/zero")
+    table = holders.DeviceTable(by_inode={(st.st_dev, st.st_ino): "/dev/nvidia3"})
+    with open("/dev/zero", "rb") as handle:
+        mapping = mmap.mmap(handle.fileno(), 8 * 4096, mmap.MAP_SHARED, mmap.PROT_READ)
+    try:
+        found = holders.read_maps(os.getpid(), "/proc", table)
+        assert found.get("/dev/nvidia3", [0, 0])[1] >= 32
+    finally:
+        mapping.close()
+
+
+def test_maps_line_spelled_like_a_device_counts_only_where_map_files_cannot_say(tmp_path):
+    line = b"7f0000000000-7f0000220000 r--s 00000000 00:05 1234 /dev/nvidia0\n"
+    assert holders.mapped_by_identity(line, holders.DeviceTable()) == {"/dev/nvidia0": [1, 2176]}
+    # map_files answers: the mapped file is a regular file (a user's, mounted at /dev/nvidia0 in a
+    # namespace of their own): the spelling decides nothing.
+    (tmp_path / "7f0000000000-7f0000220000").write_text("")
+    assert holders.mapped_by_identity(line, holders.DeviceTable(), map_files=str(tmp_path).encode()) == {}

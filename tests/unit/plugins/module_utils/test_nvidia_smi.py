@@ -25,6 +25,8 @@ from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils import capt
 _KNOWN = {field: (key, kind) for field, key, kind in smi.GPU_FIELDS + smi.APP_FIELDS}
 _KNOWN.update(
     {
+        # The captures asked for names; the module no longer does (docs/security.md).
+        "process_name": ("name", "raw"),
         "used_gpu_memory": ("used_memory_mib", "int"),
         "gpu_bus_id": ("gpu_bus_id", "str"),
         "gpu_name": ("gpu_name", "str"),
@@ -424,8 +426,46 @@ def test_exporter_version_section(name):
 
 # ------------------------------------------------------------------ synthesised edge cases
 
-APPS = smi.APP_FIELDS
+# The column set the captures (and the module before docs/security.md) asked for: names included.
+APPS = (("pid", "pid", "int"), ("process_name", "name", "raw"), ("used_memory", "used_memory_mib", "int"), ("gpu_uuid", "gpu_uuid", "str"))
 U = "GPU-ab0cf4f6-818d-be7e-f16b-963690d7c5c5"
+V = "GPU-0d1e2f30-4152-6374-8596-a7b8c9d0e1f2"
+
+
+def test_compute_apps_are_asked_without_names():
+    assert [field for field, _key, _kind in smi.APP_FIELDS] == ["pid", "gpu_uuid", "used_memory"]
+
+
+def test_compute_apps_rows_are_exactly_pid_uuid_memory():
+    apps = smi.parse_compute_apps("427, %s, 3590\n9, %s, [N/A]\n" % (U, V))
+    assert [(a["pid"], a["gpu_uuid"], a["used_memory_mib"], a["name"]) for a in apps] == [(427, U, 3590, None), (9, V, None, None)]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "427, %s, 3590, python3\n" % U,  # a name where none was asked: not the driver's answer
+        "427, python3, 3590\n",  # a name where the UUID belongs
+        "427, GPU-1, 3590\n",  # a UUID not of the driver's form
+        "427, %s\n" % U,
+        "0, %s, 5\n" % U,  # PID 0
+        "-4, %s, 5\n" % U,
+        "x, 0, G\n427, %s, 5\n" % U,  # what a forged name would add, were names asked
+    ],
+    ids=["extra-name-column", "name-for-uuid", "short-uuid", "missing-memory", "pid-zero", "negative-pid", "forged-row-fragment"],
+)
+def test_compute_apps_row_that_is_not_exactly_the_typed_columns_rejects_the_answer(text):
+    with pytest.raises(smi.UnparsableOutput):
+        smi.parse_compute_apps(text)
+
+
+def test_a_name_with_commas_and_a_line_feed_forges_a_row_only_where_names_are_asked():
+    """The attack (issue 19): argv[0] `x, 0, G<LF><victim pid>, y` printed verbatim adds a row that
+    lists the victim on the attacker's GPU. Asked without names, nvidia-smi prints no user text."""
+    forged = "4242, x, 0, %s\n777, y, 500, %s\n" % (V, V)
+    # The old column set: the forged row parses as the driver's, listing pid 777 on GPU V.
+    assert [(a["pid"], a["gpu_uuid"]) for a in smi.parse_compute_apps(forged, APPS)] == [(4242, V), (777, V)]
+    assert smi.parse_compute_apps("4242, %s, 500\n" % V) == [{"pid": 4242, "gpu_uuid": V, "used_memory_mib": 500, "name": None, "_unavailable": {}}]
 
 
 @pytest.mark.parametrize(
@@ -783,7 +823,7 @@ echo "$*" >> "{log}"
 case "$*" in
   *memory.reserved*) echo 'Field "memory.reserved" is not a valid field to query.'; echo; exit 2 ;;
   *--query-gpu=*) echo "0, GPU-1, NVIDIA A100-SXM4-40GB, 00000000:07:00.0, 470.57.02, 40536, 3, 40533, 0, 33, 55.12, Enabled, Disabled" ;;
-  *--query-compute-apps=*) echo "495, python3, 1200, GPU-1" ;;
+  *--query-compute-apps=*) echo "495, GPU-ab0cf4f6-818d-be7e-f16b-963690d7c5c5, 1200" ;;
 esac
 """
 
@@ -815,7 +855,7 @@ def test_bad_field_other_than_memory_reserved_is_not_swallowed(tmp_path):
 MODERN_DRIVER = """\
 case "$*" in
   *--query-gpu=*) echo "0, GPU-1, NVIDIA H200, 00000000:18:00.0, 580.159.04, 143771, 616, 1200, 141955, 0, 37, 126.02, Enabled, Disabled" ;;
-  *--query-compute-apps=*) echo "495, python3, 1200, GPU-1" ;;
+  *--query-compute-apps=*) echo "495, GPU-ab0cf4f6-818d-be7e-f16b-963690d7c5c5, 1200" ;;
 esac
 """
 
@@ -825,7 +865,7 @@ def test_query_all_runs_the_gpu_and_the_apps_call(tmp_path):
     gpus, apps = runner.query_all()
     assert runner.calls == 2
     assert [(g["index"], g["memory_reserved_mib"], g["memory_used_mib"]) for g in gpus] == [(0, 616, 1200)]
-    assert [(a["pid"], a["name"], a["used_memory_mib"], a["gpu_uuid"]) for a in apps] == [(495, "python3", 1200, "GPU-1")]
+    assert [(a["pid"], a["name"], a["used_memory_mib"], a["gpu_uuid"]) for a in apps] == [(495, None, 1200, "GPU-ab0cf4f6-818d-be7e-f16b-963690d7c5c5")]
 
 
 def test_query_all_on_an_old_driver_retries_the_gpu_call_only(tmp_path):
@@ -870,4 +910,4 @@ def test_gpu_args(gpus, expected):
 
 
 def test_app_args_ask_for_the_app_fields():
-    assert smi.NvidiaSmi.app_args() == ["--query-compute-apps=pid,process_name,used_memory,gpu_uuid", "--format=csv,noheader,nounits"]
+    assert smi.NvidiaSmi.app_args() == ["--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits"]

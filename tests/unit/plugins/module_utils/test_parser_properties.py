@@ -206,8 +206,21 @@ def test_compute_apps_round_trip_whatever_the_process_is_called(apps, header, un
     for pid, name, used, gpu in apps:
         memory = "[N/A]" if used is None else ("%d MiB" % used if units else str(used))
         lines.append("%d, %s, %s, %s" % (pid, name, memory, gpu))
-    parsed = smi.parse_compute_apps("\n".join(lines) + "\n")
+    named = (("pid", "pid", "int"), ("process_name", "name", "raw"), ("used_memory", "used_memory_mib", "int"), ("gpu_uuid", "gpu_uuid", "str"))
+    parsed = smi.parse_compute_apps("\n".join(lines) + "\n", named)
     assert [(a["pid"], a["name"], a["used_memory_mib"], a["gpu_uuid"]) for a in parsed] == apps
+
+
+@SETTINGS
+@given(apps=st.lists(st.tuples(st.integers(1, 2**22), uuid, mib), max_size=6), units=st.booleans())
+def test_compute_apps_as_the_module_asks_them_round_trip(apps, units):
+    """pid, gpu_uuid, used_memory: nothing a process chose is in the answer."""
+    lines = []
+    for pid, gpu, used in apps:
+        memory = "[N/A]" if used is None else ("%d MiB" % used if units else str(used))
+        lines.append("%d, %s, %s" % (pid, gpu, memory))
+    parsed = smi.parse_compute_apps("\n".join(lines) + "\n")
+    assert [(a["pid"], a["gpu_uuid"], a["used_memory_mib"]) for a in parsed] == apps
 
 
 @SETTINGS

@@ -37,7 +37,11 @@ class NodeRuntime(object):
 
     def inspect(self, runtime, cid):
         record = self.containers.get(cid)
-        return dict(record) if record else None
+        if not record:
+            return None
+        # State.Pid: the container's first process, as Docker reports it (0 when stopped).
+        members = sorted(pid for pid, proc in self.world.procs.items() if cid in proc.spec["cgroup"])
+        return dict(record, pid=members[0] if members and record["running"] else None)
 
     def find(self, glob):
         import fnmatch

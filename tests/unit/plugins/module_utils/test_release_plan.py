@@ -317,6 +317,19 @@ def test_dead_owner_with_empty_name_reads_no_data():
     assert "427 [No data]" in message
 
 
+def test_live_listed_pid_the_scan_could_not_place_is_named_never_no_live_process():
+    """A holder hidden from the scan (a node it knows no identity of) that nvidia-smi lists alive."""
+    message = release.failure_message([{"index": 0, "uuid": UUIDS[0], "memory_used_mib": 3590}], [], [app(427, 0, mib=3590)], 60.0, [])
+    assert "no live process" not in message
+    assert "listed by nvidia-smi for live pid 427 python3, which the scan could not place on this GPU: it has no device file" in message
+
+
+def test_live_listed_pid_holding_another_gpu_is_named_as_a_possibly_reused_pid():
+    message = release.failure_message([{"index": 1, "uuid": UUIDS[1], "memory_used_mib": 3590}], [holder(427, [0])], [app(427, 1, mib=3590)],
+                                      60.0, [])
+    assert "no live process" not in message and "pid 427" in message and "holds GPU 0 context-sized" in message and "PID reused" in message
+
+
 def test_unknown_memory_cannot_be_proven_free():
     message = release.failure_message([{"index": 0, "uuid": UUIDS[0], "memory_used_mib": None}], [], [], 60.0, [])
     assert "GPU 0 (%s) reads unknown MiB: nvidia-smi cannot report its memory, so it cannot be proven free" % UUIDS[0] in message

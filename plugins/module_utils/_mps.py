@@ -1,0 +1,178 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE: it may change without notice. Only the modules of
+# zeromib.gpu may use it.
+
+"""CUDA MPS: the control daemon (nvidia-cuda-mps-control) and its server (nvidia-cuda-mps-server).
+
+Measured on a real H200: the server is a compute app (66 MiB) beside each client (8802 MiB, listed
+under the client's own PID); the control daemon holds device files without a context (an NVML
+client to attribution: never signalled). On a multi-GPU node one server serves the clients of
+every GPU it was started on, and nvidia-smi lists it on each of them.
+
+- Clients are freed like any holder. The control daemon is never signalled (on a real H200 it maps
+  the GPU's node without a context, so attribution reads it undecided): quit ends it.
+- The server is stopped through its control daemon when every GPU it serves is selected: `quit`
+  sent to the daemon of its pipe directory (CUDA_MPS_PIPE_DIRECTORY from the daemon's environment,
+  default /tmp/nvidia-mps), after the clients have been signalled (quit waits for them), through
+  the daemon's own client `nvidia-cuda-mps-control`; without that program, `quit` is written into
+  the directory's `control` FIFO. A server still alive after kill_timeout is signalled as a holder.
+- When it also serves a GPU outside the selection it spans GPUs: freeing the selection must not
+  end the clients of the other GPUs, so the run fails before acting, naming the server and the
+  unselected GPUs. That is the generic spanning refusal (_release.refuse_spanning): the server's
+  GPUs are where nvidia-smi lists it. `kill_spanning: true` ends it anyway, through quit.
+
+Names: the daemon and the server are recognised by executable, argv[0] or script name (their
+15-character comm, `nvidia-cuda-mps`, is the same for both). A user can take these names; what a
+posed server gains is nothing: its GPUs are still those nvidia-smi lists, `quit` goes only to a
+FIFO (opened without following links, checked to be one), and the server is signalled as a holder
+if it does not exit."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import subprocess
+
+from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
+from ansible_collections.zeromib.gpu.plugins.module_utils import _units
+
+CONTROL = "nvidia-cuda-mps-control"
+SERVER = "nvidia-cuda-mps-server"
+DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"
+BIN_DIRS = ("/usr/bin", "/usr/local/nvidia/bin", "/usr/local/bin", "/run/nvidia/driver/usr/bin")
+QUIT_TIMEOUT_S = 10.0
+
+
+def names_of(record):
+    return _units.process_names(record) if record else set()
+
+
+def is_server(record):
+    return SERVER in names_of(record)
+
+
+def is_control(record):
+    return CONTROL in names_of(record)
+
+
+def plan(targets):
+    """(targets left to signal, MPS servers to quit); control daemons are dropped. Which servers are
+    targets at all is the spanning rule's (_release.plan_targets): a server that also serves GPUs
+    outside the selection is refused before acting, unless kill_spanning."""
+    left, servers = [], []
+    for holder in targets:
+        if is_control(holder):
+            # It maps GPU nodes without a context (undecided on a real H200): never signalled; quit
+            # ends it with its server.
+            continue
+        (servers if is_server(holder) else left).append(holder)
+    return left, servers
+
+
+def environ_of(pid, proc="/proc"):
+    try:
+        with open("%s/%d/environ" % (proc, pid), "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return {}
+    pairs = {}
+    for entry in data.split(b"\0"):
+        name, sep, value = entry.partition(b"=")
+        if sep:
+            pairs[name.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return pairs
+
+
+def control_of(server, proc="/proc"):
+    """The server's control daemon (its parent, when that is one), or None."""
+    parent = holders_mod.read_process(server.get("ppid") or 0, proc) if (server.get("ppid") or 0) > 1 else None
+    return parent if parent and is_control(parent) else None
+
+
+def pipe_directory(server, proc="/proc"):
+    """CUDA_MPS_PIPE_DIRECTORY of the server's control daemon (else of the server), or the default."""
+    control = control_of(server, proc)
+    for pid in ([control["pid"]] if control else []) + [server["pid"]]:
+        value = environ_of(pid, proc).get("CUDA_MPS_PIPE_DIRECTORY")
+        if value:
+            return value
+    return DEFAULT_PIPE_DIR
+
+
+def find_client_program(which=None):
+    which = which or _which
+    return which(CONTROL)
+
+
+def _which(name):
+    for directory in os.environ.get("PATH", "").split(os.pathsep) + list(BIN_DIRS):
+        path = os.path.join(directory, name)
+        if directory and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def write_to_fifo(path, text):
+    """Write `text` into the FIFO at `path`, never following a link and never into anything but a
+    FIFO with a reader. Returns None, or why it could not."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            return "no control daemon reads %s" % path
+        return "%s: %s" % (path, exc.strerror)
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return "%s is not a FIFO" % path
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    return None
+
+
+def send_quit(directory, which=None, timeout=QUIT_TIMEOUT_S):
+    """`quit` to the control daemon of `directory` -> (how, error or None)."""
+    program = find_client_program(which)
+    if program:
+        env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=directory, LC_ALL="C", LANG="C")
+        try:
+            done = subprocess.run([program], input=b"quit\n", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                                  timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            return program, "%s did not answer within %.0f s" % (program, timeout)
+        except OSError as exc:
+            return program, str(exc)
+        if done.returncode == 0:
+            return "echo quit | %s" % program, None
+        return program, "%s (rc %d): %s" % (program, done.returncode, done.stdout.decode("utf-8", "replace").strip()[:200])
+    fifo = os.path.join(directory, "control")
+    return "quit > %s" % fifo, write_to_fifo(fifo, "quit\n")
+
+
+def stop(system, servers, kill_timeout, result, which=None):
+    """Quit each server's control daemon, wait for those servers to exit at most kill_timeout, and
+    return the servers still alive (to be signalled as holders), those whose quit failed first."""
+    failed, waiting = [], []
+    for server in servers:
+        directory = pipe_directory(server, system.proc)
+        how, error = send_quit(directory, which)
+        result["stopped_mps_servers"].append({"pid": server["pid"], "name": server.get("name"), "pipe_directory": directory,
+                                              "gpu_indexes": server.get("gpu_indexes"), "how": None if error else how})
+        if error:
+            result["warnings"].append("MPS server pid %d: quit through its control daemon failed (%s); it is signalled instead"
+                                      % (server["pid"], error))
+            failed.append(server)
+        else:
+            waiting.append(server)
+    deadline = system.now() + float(kill_timeout or 0)
+    while waiting:
+        waiting = [s for s in waiting if system.start_time(s["pid"]) == s["start_time"]]
+        if not waiting or system.now() >= deadline:
+            break
+        system.sleep(0.02)
+    return failed + waiting

@@ -1,0 +1,112 @@
+"""Debian's `supervisor` package (supervisord 4.2.5) running inside a namespace host.
+
+The .deb is fetched once with `apt-get download supervisor` into .build/supervisor/ and unpacked
+there with `dpkg -x` (nothing is installed on this machine). Inside the host, /usr/bin/supervisord
+and /usr/bin/supervisorctl are two-line wrappers (in the host's /usr/bin overlay) that run the
+package's own scripts with its Python package on PYTHONPATH; its configuration lives in the host's
+/etc overlay and its socket and logs in the host's /run, so the machine's own files are untouched.
+supervisord runs in the foreground (`-n`), started by the namespace's init, as root: as
+supervisor.service runs it on Debian."""
+import glob
+import os
+import subprocess
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CACHE = os.path.join(REPO, ".build", "supervisor")
+
+MAIN_CONF = """[unix_http_server]
+file=/run/supervisor.sock
+chmod=0700
+
+[supervisord]
+logfile=/run/supervisor-log/supervisord.log
+pidfile=/run/supervisord.pid
+childlogdir=/run/supervisor-log
+
+[rpcinterface:supervisor]
+supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
+
+[supervisorctl]
+serverurl=unix:///run/supervisor.sock
+
+[include]
+files = /etc/supervisor/conf.d/*.conf
+"""
+
+PROGRAM = """[program:{name}]
+command={command}
+autostart=true
+autorestart=true
+startsecs=0
+stopwaitsecs=5
+"""
+
+
+def unpacked():
+    """The unpacked package root, fetching and unpacking it the first time."""
+    root = os.path.join(CACHE, "root")
+    if os.path.exists(os.path.join(root, "usr", "bin", "supervisord")):
+        return root
+    os.makedirs(CACHE, exist_ok=True)
+    debs = glob.glob(os.path.join(CACHE, "supervisor_*.deb"))
+    if not debs:
+        got = subprocess.run(["apt-get", "download", "supervisor"], cwd=CACHE, capture_output=True, text=True, check=False)
+        debs = glob.glob(os.path.join(CACHE, "supervisor_*.deb"))
+        if not debs:
+            raise AssertionError("cannot fetch Debian's supervisor package (apt-get download supervisor): %s" % got.stderr[-500:])
+    subprocess.run(["dpkg", "-x", debs[0], root + ".tmp"], check=True)
+    os.rename(root + ".tmp", root)
+    return root
+
+
+class Supervisord(object):
+    """supervisord in a host, with programs; `ctl(...)` runs supervisorctl there."""
+
+    def __init__(self, host, programs):
+        self.host = host
+        self.root = unpacked()
+        site = os.path.join(self.root, "usr", "lib", "python3", "dist-packages")
+        script = "#!/bin/sh\nPYTHONPATH=%s exec /usr/bin/python3 %s/usr/bin/{tool} \"$@\"\n" % (site, self.root)
+        files = {"/usr/bin/supervisord": script.format(tool="supervisord"),
+                 "/usr/bin/supervisorctl": script.format(tool="supervisorctl"),
+                 "/etc/supervisor/supervisord.conf": MAIN_CONF}
+        for name, command in programs.items():
+            files["/etc/supervisor/conf.d/%s.conf" % name] = PROGRAM.format(name=name, command=command)
+        for path, text in files.items():
+            self.write(path, text, mode="0755" if path.startswith("/usr/bin/") else "0644")
+        host.run(["mkdir", "-p", "/run/supervisor-log"], check=True)
+        self.start()
+
+    def write(self, path, text, mode="0644"):
+        self.host.run(["sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1" && chmod %s "$1"' % mode, "sh", path], input=text, check=True)
+
+    def read(self, path):
+        return self.host.run(["cat", path], check=True).stdout
+
+    def start(self):
+        self.proc = self.host.spawn(["/usr/bin/supervisord", "-n", "-c", "/etc/supervisor/supervisord.conf"])
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if self.ctl("pid").stdout.strip().isdigit():
+                return
+            time.sleep(0.1)
+        raise AssertionError("supervisord did not answer: %s" % self.proc.output())
+
+    def stop(self):
+        """Ends supervisord as its unit would (SIGTERM: it stops its programs first)."""
+        self.host.kill(self.proc.pid, 15)
+        assert self.host.wait_gone(self.proc.pid, 15)
+
+    def ctl(self, *args):
+        return self.host.run(["/usr/bin/supervisorctl", "-c", "/etc/supervisor/supervisord.conf"] + list(args))
+
+    def state(self, name):
+        for line in self.ctl("status", name).stdout.splitlines():
+            if line.split() and line.split()[0] == name:
+                return line.split()[1]
+        return None
+
+    def pid_of(self, name):
+        out = self.ctl("pid", name).stdout.strip()
+        return int(out) if out.isdigit() and out != "0" else None

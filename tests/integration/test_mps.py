@@ -1,0 +1,79 @@
+"""CUDA MPS on simulated hosts (tests/sim/nvidia-cuda-mps-control) through real ansible-playbook:
+the clients are freed like any holder and the server is stopped through its control daemon's
+quit when every GPU it serves is selected; when it also serves an unselected GPU, the run fails
+before acting, naming it (the spanning rule), and with kill_spanning it is quit anyway. The readings the simulator reproduces are in tests/sim/README.md."""
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ansible_in_ns import run_module  # noqa: E402
+from test_gpu_release import killed_pids, used  # noqa: E402
+from test_respawn import wait_used  # noqa: E402
+
+
+def start_mps(host):
+    """Control daemon (with its server on every GPU) and the environment its clients use."""
+    env = {"CUDA_MPS_PIPE_DIRECTORY": os.path.join(host.dir, "mps")}
+    assert host.run(["nvidia-cuda-mps-control", "-d"], env=env).returncode == 0
+    assert wait_used(host, 0, 66)
+    procs = host.run(["ps", "-eo", "pid=,args="]).stdout.splitlines()
+    pids = {}
+    for line in procs:
+        pid, args = line.strip().split(" ", 1)
+        for name in ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server"):
+            if args.startswith(name + " "):
+                pids[name] = int(pid)
+    return env, pids["nvidia-cuda-mps-control"], pids["nvidia-cuda-mps-server"]
+
+
+def test_every_gpu_selected_frees_the_clients_and_quits_the_server(nshost):
+    host = nshost("h200x1")
+    env, control, server = start_mps(host)
+    client = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "8802"], env=env)
+    assert used(host, 0) == 8802 + 66 + 15  # H200: two apps read their sum + 15 MiB
+    facts = run_module(host, "gpu_facts")["ansible_facts"]["gpu"]
+    placed = {h["pid"]: (h["gpu_indexes"], h["attribution"]) for h in facts["holders"]}
+    # As gpu_facts placed them on a real H200 (docs/real-gpu.md, MPS run of 2026-12-01).
+    assert placed == {control: ([], "undecided"), server: ([0], "listed"), client.pid: ([0], "listed")}
+    run = run_module(host, "gpu_release")
+    assert not run.failed and run["released"] is True, run.msg
+    assert list(killed_pids(run)) == [client.pid]
+    [stopped] = run["stopped_mps_servers"]
+    assert stopped["pid"] == server and stopped["pipe_directory"] == env["CUDA_MPS_PIPE_DIRECTORY"]
+    assert stopped["how"] == "echo quit | /usr/bin/nvidia-cuda-mps-control" and stopped["gpu_indexes"] == [0]
+    assert host.wait_gone(server, 2) and host.wait_gone(control, 2) and used(host, 0) == 0
+    # The control daemon maps the GPU node without a context (undecided, as on the H200): never signalled.
+    assert control not in killed_pids(run)
+
+
+def test_server_that_also_serves_an_unselected_gpu_is_refused_before_acting(nshost):
+    host = nshost("h200x2")
+    env, control, server = start_mps(host)
+    client0 = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "8802"], env=env)
+    client1 = host.spawn(["gpu_holder", "--gpus", "1", "--mib", "4096"], env=env)
+    for check in (True, False):
+        run = run_module(host, "gpu_release", {"gpus": ["0"]}, check=check)
+        # The generic spanning refusal: the server is listed on both GPUs.
+        assert run.failed and "refusing to free GPU 0" in run.msg, run.msg
+        assert "pid %d nvidia-cuda-mps [nvidia-cuda-mps-server " % server in run.msg and "GPU 1 is outside the selection" in run.msg, run.msg
+        assert "Nothing was stopped or signalled" in run.msg and run["killed"] == [] and run["stopped_mps_servers"] == []
+    assert all(host.alive(pid) for pid in (control, server, client0.pid, client1.pid))
+    assert used(host, 0) >= 8802 and used(host, 1) >= 4096
+    run = run_module(host, "gpu_release", {"gpus": ["0", "1"]})
+    assert not run.failed and run["released"] is True, run.msg
+    assert sorted(killed_pids(run)) == sorted([client0.pid, client1.pid]) and [s["pid"] for s in run["stopped_mps_servers"]] == [server]
+    assert sorted(run["stopped_mps_servers"][0]["gpu_indexes"]) == [0, 1]
+    time.sleep(0.2)
+    assert used(host, 0) == 0 and used(host, 1) == 0 and not host.alive(control)
+
+
+def test_kill_spanning_quits_a_server_that_serves_an_unselected_gpu(nshost):
+    host = nshost("h200x2")
+    env, control, server = start_mps(host)
+    client0 = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "8802"], env=env)
+    client1 = host.spawn(["gpu_holder", "--gpus", "1", "--mib", "4096"], env=env)
+    run = run_module(host, "gpu_release", {"gpus": ["0"], "kill_spanning": True})
+    assert [s["pid"] for s in run["stopped_mps_servers"]] == [server] and client0.pid in killed_pids(run), run.msg
+    # GPU 1's client keeps running (its own context); only the server serving both is gone.
+    assert host.alive(client1.pid) and host.wait_gone(server, 2) and host.wait_gone(control, 2)

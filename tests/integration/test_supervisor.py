@@ -1,0 +1,69 @@
+"""supervisord (Debian's supervisor package, running in a namespace host) through real
+ansible-playbook: a program with autorestart=true holding a GPU comes back when its process is
+killed, so a run without `supervisor:` fails naming supervisord and `supervisorctl stop NAME`;
+with `services: [supervisor:NAME]` it is stopped through supervisorctl and, with
+service_state=disabled, stays stopped, also across a restart of supervisord."""
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ansible_in_ns import run_module  # noqa: E402
+from supervisor_rig import Supervisord  # noqa: E402
+from test_gpu_release import used  # noqa: E402
+from test_respawn import wait_used  # noqa: E402
+
+HOLDER = "/usr/bin/gpu_holder --gpus 0 --mib 8192 --name vllm"
+
+
+def test_autorestart_program_fails_the_run_naming_supervisord_and_its_stop_command(nshost):
+    host = nshost("h200x1")
+    sup = Supervisord(host, {"vllm": HOLDER})
+    assert wait_used(host, 0, 8192)
+    first = sup.pid_of("vllm")
+    run = run_module(host, "gpu_release", {"wait_timeout": 20})
+    assert run.failed and run["released"] is False, run.msg
+    assert first in [k["pid"] for k in run["killed"]]
+    assert "started again by its parent pid %d python3 [/usr/bin/python3 " % sup.proc.pid in run.msg
+    assert "/usr/bin/supervisord -n -c...] (supervisord)" in run.msg or "(supervisord): supervisord restarts" in run.msg, run.msg
+    assert "supervisord restarts program vllm (autorestart): stop it with `supervisorctl stop vllm`" in run.msg
+    assert "supervisor:vllm" in run.msg
+    # It did come back: the message was not a guess.
+    assert wait_used(host, 0, 8192) and sup.pid_of("vllm") not in (None, first)
+
+
+def test_named_program_is_stopped_disabled_and_stays_stopped(nshost):
+    host = nshost("h200x1")
+    sup = Supervisord(host, {"vllm": HOLDER})
+    assert wait_used(host, 0, 8192)
+    run = run_module(host, "gpu_release", {"services": ["supervisor:vll*"], "service_state": "disabled"})
+    assert not run.failed and run["released"] is True and run["changed"] is True, run.msg
+    assert [p["name"] for p in run["stopped_programs"]] == ["vllm"] and run["killed"] == []
+    [disabled] = run["disabled_programs"]
+    assert disabled["name"] == "vllm" and disabled["file"] == "/etc/supervisor/conf.d/vllm.conf"
+    assert disabled["autostart_before"] == "true" and disabled["autorestart_before"] == "true"
+    conf = sup.read("/etc/supervisor/conf.d/vllm.conf")
+    assert "autostart=false" in conf and "autorestart=false" in conf and "autostart=true" not in conf
+    assert run["timings"]["settle_s"] == 0.0
+    time.sleep(10)
+    assert sup.state("vllm") == "STOPPED" and used(host, 0) == 0
+    # What a reboot or `systemctl restart supervisor` does: supervisord reads the file again.
+    sup.stop()
+    sup.start()
+    time.sleep(2)
+    assert sup.state("vllm") == "STOPPED" and used(host, 0) == 0
+    again = run_module(host, "gpu_release", {"services": ["supervisor:vllm"], "service_state": "disabled"})
+    assert not again.failed and again["changed"] is False and again["stopped_programs"] == [] and again["disabled_programs"] == []
+
+
+def test_stopped_only_and_a_glob_that_matches_nothing(nshost):
+    host = nshost("h200x1")
+    sup = Supervisord(host, {"vllm": HOLDER})
+    assert wait_used(host, 0, 8192)
+    check = run_module(host, "gpu_release", {"services": ["supervisor:vllm", "supervisor:sglang*"]}, check=True)
+    assert not check.failed and check["changed"] is True and [p["name"] for p in check["stopped_programs"]] == ["vllm"]
+    assert sup.state("vllm") == "RUNNING"
+    run = run_module(host, "gpu_release", {"services": ["supervisor:vllm", "supervisor:sglang*"]})
+    assert not run.failed and run["released"] is True, run.msg
+    assert run["services_not_found"] == ["supervisor:sglang*"] and run["disabled_programs"] == []
+    assert sup.state("vllm") == "STOPPED" and "autostart=true" in sup.read("/etc/supervisor/conf.d/vllm.conf")
