@@ -235,14 +235,38 @@ class Restore(object):
     # --- supervisor programs
 
     def restore_program(self, entry):
+        """A supervisord program: its autostart/autorestart lines as they were (gpu_release marked
+        the ones it wrote), `reread` + `update`, then `supervisorctl start` when it was running."""
         try:
             from ansible_collections.zeromib.gpu.plugins.module_utils import _supervisor  # pylint: disable=import-outside-toplevel
         except ImportError:
-            _supervisor = None
-        restore = getattr(_supervisor, "restore_program", None)
-        if restore is None:
             return [], "this version of zeromib.gpu cannot restore supervisord programs; start it with supervisorctl start %s" % entry["name"]
-        return restore(entry, self.step_timeout, self.check_mode, self.result)
+        running = [s for s in _supervisor.find_supervisors(self.system.proc) if s.ctl]
+        supervisor = next((s for s in running if s.config == entry.get("config")), None) or (running[0] if len(running) == 1 else None)
+        if supervisor is None:
+            return [], "no running supervisord (with supervisorctl) for its configuration %s" % (entry.get("config") or "(default)")
+        steps = []
+        edit = program_edit(entry, _supervisor) if "disabled" in (entry.get("actions") or []) and entry.get("file") else None
+        if edit is not None:
+            steps.append("autostart")
+        try:
+            state = next((p["state"] for p in supervisor.status(self.step_timeout) if p["name"] == entry["name"]), None)
+        except Exception as exc:  # _errors.ReleaseError from supervisorctl status; pylint: disable=broad-except
+            return steps, str(getattr(exc, "msg", exc))
+        if entry.get("running") and state not in _supervisor.RUNNING_STATES:
+            steps.append("start")
+        if self.check_mode or not steps:
+            return steps, None
+        if edit is not None:
+            _supervisor.write_atomically(entry["file"], edit)
+            supervisor.call(["reread"], self.step_timeout)
+            supervisor.call(["update", entry["name"].split(":")[0]], self.step_timeout)
+        if "start" in steps:
+            rc, out = supervisor.call(["start", entry["name"]], self.step_timeout)
+            if rc != 0 and "already started" not in (out or ""):
+                return ["start"], "supervisorctl start %s failed (rc %s): %s" % (entry["name"], rc, (out or "").strip()[:300])
+            self.result["started_programs"].append(entry["name"])
+        return steps, None
 
     # --- the whole run
 
@@ -334,6 +358,32 @@ class Restore(object):
                    "; ".join("%s: %s" % (e.get("name"), ",".join(str(i) for i in e["gpu_indexes"])) for e in missing)),
                 self.result,
             )
+
+
+def program_edit(entry, supervisor_mod):
+    """The text of the program's file with the autostart/autorestart lines gpu_release wrote put
+    back as they were (a line it added removed), or None when there is nothing to put back."""
+    try:
+        with open(entry["file"]) as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    before = {"autostart": entry.get("autostart_before"), "autorestart": entry.get("autorestart_before")}
+    sections = supervisor_mod.section_names(entry["name"])
+    out, section, changed = [], None, False
+    for line in text.splitlines(True):
+        header = supervisor_mod._SECTION.match(line)  # pylint: disable=protected-access
+        if header:
+            section = header.group(1).strip()
+        match = supervisor_mod._OPTION.match(line)  # pylint: disable=protected-access
+        if section in sections and match and supervisor_mod.MARK in line:
+            option = match.group(2).lower()
+            changed = True
+            if before.get(option) is None:
+                continue
+            line = "%s%s=%s\n" % (match.group(1), option, before[option])
+        out.append(line)
+    return "".join(out) if changed else None
 
 
 def _holds(entry, holder):

@@ -15,6 +15,7 @@ description:
     unit and container it stopped, disabled or masked, with its state before, and puts each back, newest release first.
   - B(Units) - C(systemctl unmask) what the release masked, C(systemctl enable) what was enabled before and is not now,
     C(systemctl start) what was active before and is not now. A unit that was already stopped or disabled before the release stays so.
+  - B(Supervisord programs) - their C(autostart)/C(autorestart) as they were, then C(supervisorctl start) when they were running.
   - B(Containers) (Docker, Podman) - the restart policy they had before (C(docker update --restart=always)), then a start when they
     were running.
   - Only what is still undone is done, so a second run changes nothing. An entry put back leaves the record (the file is removed when
@@ -62,8 +63,9 @@ notes:
   - Needs root (O(ignore:become=true)); the record is readable by root only.
   - The record, its format and how several releases before one restore merge, are described in C(docs/restore_gpus.md).
   - The role P(zeromib.gpu.restore_gpus#role) runs this module, for the C(always) of a C(block) around training.
-  - Supervisord programs (C(supervisor:) in O(zeromib.gpu.gpu_release#module:services)) are put back only where this collection's
-    supervisor support is present; otherwise their entries stay in the record and the module fails naming them.
+  - B(Supervisord programs) (C(supervisor:) in O(zeromib.gpu.gpu_release#module:services)) - the C(autostart)/C(autorestart) lines that
+    M(zeromib.gpu.gpu_release) wrote (marked with its comment) are put back as they were, C(supervisorctl reread) and C(update) read
+    them, and a program that was running is started (C(supervisorctl start)). O(wait_for_gpus) waits for units and containers only.
 seealso:
   - module: zeromib.gpu.gpu_release
   - module: zeromib.gpu.gpu_facts

@@ -127,12 +127,15 @@ def test_a_unit_removed_since_the_release_is_kept_and_forget_drops_it(tmp_path):
     assert result["forgotten"] == ["gone.service stopped by zeromib at %s" % AT] and not path.exists()
 
 
-def test_a_supervisor_program_without_supervisor_support_is_named_and_kept(tmp_path):
+def test_a_supervisor_program_without_its_supervisord_running_is_named_and_kept(tmp_path):
     path = tmp_path / "d" / "released.json"
-    write(path, [{"kind": "supervisor", "name": "vllm", "actions": ["stopped"], "running": True, "released_at": AT},
+    write(path, [{"kind": "supervisor", "name": "vllm", "actions": ["stopped"], "running": True, "released_at": AT,
+                  "config": "/etc/supervisor/supervisord.conf"},
                  unit_entry("a.service", ["stopped"])])
     system = FakeSystemd(str(path), {"a.service": props()})
-    with pytest.raises(restore.RestoreError, match="supervisor vllm: .*supervisorctl start vllm") as info:
+    (tmp_path / "proc").mkdir()
+    system.proc = str(tmp_path / "proc")  # a node without supervisord
+    with pytest.raises(restore.RestoreError, match="supervisor vllm: no running supervisord") as info:
         restore.Restore(system, {}).run()
     assert info.value.result["started_units"] == ["a.service"]
     assert [e["name"] for e in json.loads(path.read_text())["entries"]] == ["vllm"]
