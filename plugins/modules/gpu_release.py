@@ -367,6 +367,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _health
+from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import NvidiaSmi, NvidiaSmiError
 from ansible_collections.zeromib.gpu.plugins.module_utils._release import Release, ReleaseError, System
 
@@ -397,14 +398,9 @@ ARGUMENT_SPEC = dict(
 
 def checked_params(params):
     """Option values that the argument spec cannot check -> a clear message, or compiled regexes."""
-    for name in ("kill_timeout", "wait_timeout", "timeout"):
-        if params[name] < 0 or (name == "timeout" and params[name] == 0):
-            raise ValueError("%s must be greater than 0, got %s" % (name, params[name]))
-    if params["poll_interval"] <= 0:
-        raise ValueError("poll_interval must be greater than 0, got %s" % params["poll_interval"])
-    for name in ("max_used_mib", "cross_gpu_footprint_mib", "min_pcie_gen", "min_pcie_width", "xid_window_hours"):
-        if params[name] < 0:
-            raise ValueError("%s must be 0 or more, got %s" % (name, params[name]))
+    problems = _options.check(params)
+    if problems:
+        raise ValueError("; ".join(problems))
     regexes = []
     for pattern in params["match"]:
         try:
