@@ -264,11 +264,37 @@ def undecided_record(holders):
     ]
 
 
-def summarize_diff(gpus, holders):
-    """Diff-mode text: per-GPU memory and the holders, one line each."""
+def summarize_diff(gpus, holders, changes=()):
+    """Diff-mode text: per-GPU memory and the holders, one line each, then `changes` (lines of
+    plan_diff: what is, or will be, stopped, disabled, masked and signalled)."""
     lines = ["GPU %d %s: %s MiB" % (g["index"], g.get("uuid"), g.get("memory_used_mib")) for g in gpus]
     lines += ["holder %s: %s" % (describe_holder(h), ",".join(str(i) for i in h["gpu_indexes"]) or "control nodes") for h in holders]
+    lines += list(changes)
     return "\n".join(lines) + "\n"
+
+
+def plan_diff(result, check_mode):
+    """(before, after) lines for the units, containers and processes the run acts on: their state
+    before, and after (or, in check mode, what the real run would leave)."""
+    before, after = [], []
+    disabled = set(result.get("disabled_units") or [])
+    masked = set(result.get("masked_units") or [])
+    stopped = list(result.get("stopped_units") or [])
+    for unit in stopped + sorted((disabled | masked) - set(stopped)):
+        before.append("unit %s: %s" % (unit, "active" if unit in stopped else "enabled"))
+        state = "masked" if unit in masked else "disabled" if unit in disabled else None
+        after.append("unit %s: %s" % (unit, ", ".join(x for x in ("stopped" if unit in stopped else None, state) if x)))
+    stopped_c = [_containers.describe_entry(c) for c in result.get("stopped_containers") or []]
+    disabled_c = [_containers.describe_entry(c) for c in result.get("disabled_containers") or []]
+    for name in stopped_c + [c for c in disabled_c if c not in stopped_c]:
+        before.append("container %s: %s" % (name, "running" if name in stopped_c else "restart policy set"))
+        after.append("container %s: %s" % (name, ", ".join(x for x in ("stopped" if name in stopped_c else None,
+                                                                           "restart policy no" if name in disabled_c else None) if x)))
+    for entry in result.get("killed") or []:
+        label = "process %s %s" % (entry.get("pid"), entry.get("name"))
+        before.append("%s: running" % label)
+        after.append("%s: %s" % (label, "SIGTERM, then SIGKILL after kill_timeout" if check_mode else "ended by %s" % entry.get("signal")))
+    return before, after
 
 
 # ---------------------------------------------------------------- the run
@@ -638,9 +664,14 @@ class Release(object):
 
     def _finish(self, gpus_before, holders_before, gpus_after=None, holders_after=None):
         self.result.update(_facts.health_summary(self.result["gpus"] or self.result["gpus_before"], self.health))
+        changes_before, changes_after = plan_diff(self.result, self.check_mode)
+        if self.check_mode:
+            # Memory and holders are what a dry run cannot change: the plan is the difference.
+            gpus_after, holders_after = gpus_before, [h for h in holders_before
+                                                      if h["pid"] not in {k["pid"] for k in self.result.get("killed") or []}]
         self.result["diff"] = {
-            "before": summarize_diff(gpus_before, holders_before),
+            "before": summarize_diff(gpus_before, holders_before, changes_before),
             "after": summarize_diff(gpus_after if gpus_after is not None else gpus_before,
-                                    holders_after if holders_after is not None else holders_before),
+                                    holders_after if holders_after is not None else holders_before, changes_after),
         }
         return self.result

@@ -1189,3 +1189,23 @@ def test_failure_message_does_not_call_a_gpu_the_result_reports_clean_through_th
     assert (gpu1["memory_used_mib"], gpu1["clean"], gpu1["cross_gpu_footprint"]) == (FOOTPRINT_MIB, True, True)
     assert "GPU 0 (" in error.msg and "GPU 1 (" not in error.msg, error.msg
     assert "reset" not in error.msg
+
+
+def test_check_mode_diff_shows_the_plan_units_and_processes_as_before_and_after(world):
+    world.unit("vllm.service")
+    world.spawn(495, {0: 70000}, unit="vllm.service")
+    world.spawn(497, {1: 1000}, argv=("python3", "train.py"))
+    diff = run(world, check_mode=True, services=["vllm.service"], service_state="disabled")["diff"]
+    assert diff["before"] != diff["after"]
+    assert "unit vllm.service: active" in diff["before"] and "unit vllm.service: stopped, disabled" in diff["after"]
+    assert "process 497 python3: running" in diff["before"]
+    assert "process 497 python3: SIGTERM, then SIGKILL after kill_timeout" in diff["after"]
+
+
+def test_real_run_diff_shows_the_units_stopped_and_the_processes_ended(world):
+    world.unit("vllm.service")
+    world.spawn(495, {0: 70000}, unit="vllm.service")
+    world.spawn(497, {1: 1000}, argv=("python3", "train.py"))
+    diff = run(world, services=["vllm.service"], service_state="disabled")["diff"]
+    assert "unit vllm.service: active" in diff["before"] and "unit vllm.service: stopped, disabled" in diff["after"]
+    assert "process 497 python3: ended by SIGTERM" in diff["after"]
