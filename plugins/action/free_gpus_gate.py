@@ -40,20 +40,20 @@ OMIT_WHEN_EMPTY = frozenset(["nvidia_smi", "expected_mig_mode"])
 # free_gpus_* names that are not role variables and are no typo: the fact the role sets, and
 # free_gpus.yml's host pattern.
 NOT_OPTIONS = frozenset(["free_gpus_result", "free_gpus_hosts"])
-# What a failed gate shows without -v: the message and the verdict, not every GPU record (those
-# come with -v, and stay in free_gpus_result's figures).
-FAILED_KEYS = ("failed", "changed", "msg", "failed_checks", "argument_errors", "released", "selected_gpus", "warnings",
-               "deprecations", "diff", "ansible_facts")
+# What a failed gate leaves out without -v: the GPU and holder records (a screen each on an
+# 8-GPU node; free_gpus_result keeps their figures) and the role's whole argument spec.
+RECORD_KEYS = ("gpus", "gpus_before", "holders", "argument_spec_data")
 
 
 def unknown_variables(names, spec):
     """free_gpus_* variables the role does not know -> warnings naming the closest known one."""
     warnings = []
-    known = sorted(spec)
+    # Compared without the prefix they all share, which would make every name look close.
+    known = sorted(name[len(ROLE_PREFIX):] for name in spec if name.startswith(ROLE_PREFIX))
     for name in sorted(n for n in names if n.startswith(ROLE_PREFIX) and n not in spec and n not in NOT_OPTIONS):
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        close = difflib.get_close_matches(name[len(ROLE_PREFIX):], known, n=1, cutoff=0.6)
         warnings.append("%s is not a variable of the zeromib.gpu.free_gpus role and is ignored%s" % (
-            name, "; did you mean %s?" % close[0] if close else " (its variables: meta/argument_specs.yml)"))
+            name, "; did you mean %s%s?" % (ROLE_PREFIX, close[0]) if close else " (its variables: meta/argument_specs.yml)"))
     return warnings
 
 
@@ -67,7 +67,7 @@ def compact(result, verbosity):
     """A failed gate's result as shown without -v: the message once, no GPU records."""
     if verbosity > 0:
         return result
-    shown = {key: result[key] for key in FAILED_KEYS if key in result}
+    shown = {key: value for key, value in result.items() if key not in RECORD_KEYS}
     # The message is `msg`; the rescue puts it back into free_gpus_result (free_gpus_rescued).
     outcome = dict(shown["ansible_facts"]["free_gpus_result"])
     outcome.pop("message", None)

@@ -79,11 +79,11 @@ def test_hung_host_fails_with_a_message_that_says_nvidia_smi_timed_out(faulty):
 def test_leaked_gpu_fails_the_host_naming_gpu_mib_and_reset_or_reboot(faulty):
     run, leaky = faulty["run"], faulty["leaky"]
     assert run.stats[leaky]["failures"] == 1, run.stats[leaky]
-    msgs = failure_messages(run, leaky)
-    assert len(msgs) == 1, msgs
-    msg = msgs[0]
+    msg = run.result(RELEASE_TASK, leaky)["msg"]
     assert "GPU 1" in msg and f"{LEAK_MIB} MiB" in msg, msg
     assert "reset" in msg and "reboot" in msg, msg
+    # printed once: the tasks that fail the host afterwards point to it instead of repeating it
+    assert sum(msg in m for m in failure_messages(run, leaky)) == 1, failure_messages(run, leaky)
     # the holder of GPU 0 on that host was freed all the same
     assert faulty["after"][leaky][0] == 0 and faulty["after"][leaky][1] == LEAK_MIB
 
@@ -91,12 +91,13 @@ def test_leaked_gpu_fails_the_host_naming_gpu_mib_and_reset_or_reboot(faulty):
 def test_leaked_gpu_fails_in_the_roles_assert_with_a_message_naming_the_host(faulty):
     run, leaky = faulty["run"], faulty["leaky"]
     failed = [t for t in run.results(host=leaky) if t["status"] == "failed" and not t["result"].get("ignore_errors")]
-    # The role's gate fails (rescued by the role, which fails the host with its message, rescued by
-    # free_gpus.yml), then the playbook fails the host with it.
+    # The role's gate fails (rescued by the role, which fails the host pointing to it, rescued by
+    # free_gpus.yml), then the playbook fails the host pointing to the summary.
     assert [t["task"] for t in failed] == [RELEASE_TASK, ASSERT_TASK, FAIL_TASK], [t["task"] for t in failed]
-    assert failed[0]["result"]["msg"] == failed[1]["result"]["msg"] == failed[2]["result"]["msg"]
     msg = failed[0]["result"]["msg"]
     assert leaky in msg and "GPU 1" in msg and f"{LEAK_MIB} MiB" in msg and "reset" in msg, msg
+    assert failed[1]["result"]["msg"] == f"{leaky}: free_gpus failed; the reason is in the failure of the gate just above"
+    assert failed[2]["result"]["msg"] == f"{leaky}: not free (see its line in the fleet summary above)"
 
 
 def test_summary_lists_the_unreachable_hung_and_leaked_hosts_first(faulty, fleet):
