@@ -295,7 +295,7 @@ def test_markdown_lists_every_problem_host(fleet_report):
     assert "| gpu-node14 | 77001 | sglang::scheduler | svc-infer | - | sglang (lmsysorg/sglang:v0.4.9-cu124) |" in md
     # NVML clients are listed apart from the holders (GPU users), and counted
     holders, clients = md.split("\n## Holders\n")[1].split("\n## NVML clients\n")
-    assert "| gpu-node05 |" not in holders and "| gpu-node05 | 3301 | nvidia-smi | root | - | no | `nvidia-smi dmon -s mu` |" in clients
+    assert "| gpu-node05 |" not in holders and "| gpu-node05 | 3301 | nvidia-smi | root | - | no | nvidia-smi dmon -s mu |" in clients
     assert "| gpu-node21 | 812 | nvidia-persistenced | root | - | yes |" in clients
     assert "| holders | NVML clients |" in md and "| 12 | 3 |" in md
     # a GPU clean at the cross-GPU footprint says so
@@ -510,3 +510,34 @@ def test_audit_playbook_with_the_real_module_reports_a_host_without_nvidia_smi(t
     report = json.loads((tmp_path / "gpu_audit_report" / "report.json").read_text())
     assert [(h["host"], h["status"]) for h in report["hosts"]] == [("gone", "unreachable"), ("no-driver", "error")]
     assert report["hosts"][1]["reason"]
+
+
+HOSTILE = {
+    "name": "<svg onload=alert(1)>|*x*_y_`z`[a](b)\nrow",
+    "cmdline": "python3 -c 'x' | `rm` <img src=x onerror=alert(2)>\n| forged | row |",
+    "unit": "evil|<b>unit</b>_*.service",
+    "container": "[click](http://x)`c`",
+}
+
+
+def test_markdown_escapes_every_user_chosen_name_html_and_markdown_control_characters(tmp_path, collections_path):
+    """report.md goes into tickets and chats: process, unit and container names and command lines
+    (chosen by any user of the node) must not become HTML, table cells, emphasis, links or rows."""
+    gpus = [_gpu(0, used=1024, host_no=1)]
+    holder = _holder(4242, HOSTILE["name"], HOSTILE["cmdline"], [0], unit=HOSTILE["unit"], container="4f3c2b1a4f3c")
+    holder.update({"container_name": HOSTILE["container"], "container_runtime": "docker", "container_image": "img<x>|y"})
+    proc_row = _proc(4243, gpus[0], name=HOSTILE["name"], alive=False)
+    hosts = [{"host": "node01", "status": "ok", "error": None, "gpu": _facts(gpus, [holder], [proc_row])}]
+    proc, cwd = report_only(tmp_path, collections_path, hosts)
+    assert proc.returncode == 0, proc.output
+    md = (cwd / "gpu_audit_report" / "report.md").read_text()
+    for raw in ("<svg", "<img", "<b>", "[click](", "*x*", "_y_", "\nrow", "\n| forged"):
+        assert raw not in md, (raw, md)
+    assert "&lt;svg onload=alert(1)&gt;\\|\\*x\\*\\_y\\_\\`z\\`\\[a\\](b) row" in md, md
+    assert "evil\\|&lt;b&gt;unit&lt;/b&gt;\\_\\*.service" in md
+    assert "\\[click\\](http://x)\\`c\\`" in md
+    assert "python3 -c 'x' \\| \\`rm\\` &lt;img src=x onerror=alert(2)&gt; \\| forged \\| row \\|" in md
+    # every table row still has its own number of cells
+    holders = md.split("\n## Holders\n")[1].split("\n## ")[0]
+    rows = [line for line in holders.splitlines() if line.startswith("| node01 |")]
+    assert len(rows) == 1 and rows[0].replace("\\|", "").count("|") == 10, rows
