@@ -667,8 +667,10 @@ class Release(object):
         changes_before, changes_after = plan_diff(self.result, self.check_mode)
         if self.check_mode:
             # Memory and holders are what a dry run cannot change: the plan is the difference.
-            gpus_after, holders_after = gpus_before, [h for h in holders_before
-                                                      if h["pid"] not in {k["pid"] for k in self.result.get("killed") or []}]
+            ending = {k["pid"] for k in self.result.get("killed") or []}
+            stopping = set(self.result.get("stopped_units") or [])
+            gpus_after, holders_after = gpus_before, [h for h in holders_before if h["pid"] not in ending
+                                                      and not (h.get("system_service") and h.get("unit") in stopping)]
         self.result["diff"] = {
             "before": summarize_diff(gpus_before, holders_before, changes_before),
             "after": summarize_diff(gpus_after if gpus_after is not None else gpus_before,

@@ -1200,6 +1200,9 @@ def test_check_mode_diff_shows_the_plan_units_and_processes_as_before_and_after(
     assert "unit vllm.service: active" in diff["before"] and "unit vllm.service: stopped, disabled" in diff["after"]
     assert "process 497 python3: running" in diff["before"]
     assert "process 497 python3: SIGTERM, then SIGKILL after kill_timeout" in diff["after"]
+    # the holders that the plan ends (with their unit, or signalled) are gone from `after`
+    assert "holder pid 495" in diff["before"] and "holder pid 495" not in diff["after"]
+    assert "holder pid 497" in diff["before"] and "holder pid 497" not in diff["after"]
 
 
 def test_real_run_diff_shows_the_units_stopped_and_the_processes_ended(world):
