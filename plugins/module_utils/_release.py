@@ -288,8 +288,8 @@ def plan_diff(result, check_mode):
     disabled_c = [_containers.describe_entry(c) for c in result.get("disabled_containers") or []]
     for name in stopped_c + [c for c in disabled_c if c not in stopped_c]:
         before.append("container %s: %s" % (name, "running" if name in stopped_c else "restart policy set"))
-        after.append("container %s: %s" % (name, ", ".join(x for x in ("stopped" if name in stopped_c else None,
-                                                                           "restart policy no" if name in disabled_c else None) if x)))
+        states = ("stopped" if name in stopped_c else None, "restart policy no" if name in disabled_c else None)
+        after.append("container %s: %s" % (name, ", ".join(x for x in states if x)))
     for entry in result.get("killed") or []:
         label = "process %s %s" % (entry.get("pid"), entry.get("name"))
         before.append("%s: running" % label)

@@ -117,6 +117,23 @@ def test_bad_variable_value_fails_that_host_only_and_the_summary_lists_it_with_i
     assert "HostVarsVars" not in run.stdout and "is undefined" not in run.stdout
 
 
+def test_nan_and_a_template_error_fail_their_hosts_before_gpu_release_with_a_clear_message(trio):
+    fleet, (nan, broken), mig = trio
+    mig_baseline(fleet)
+    host_vars(fleet, nan, {"free_gpus_wait_timeout": "nan"})
+    host_vars(fleet, broken, {"free_gpus_gpus": "{{ no_such_variable }}"})
+    run = fleet.ansible_playbook(PLAYBOOK, limit=[nan, broken, mig])
+    assert run.rc == 2, run
+    for host in (nan, broken):
+        expect(run, host, NOT_FREE)
+    expect(run, mig, FREE)
+    lines = summary_lines(run)
+    assert summary_status(lines, nan) == "failed" and "free_gpus_wait_timeout must be a finite number, got nan" in summary_row(lines, nan)
+    assert summary_status(lines, broken) == "failed" and "cannot be templated" in summary_row(lines, broken), lines
+    assert "no_such_variable" in summary_row(lines, broken)
+    assert "Traceback" not in run.stdout + run.stderr
+
+
 def test_misspelled_variable_is_warned_about_naming_the_closest_known_one(trio):
     fleet, (good, typo), _mig = trio
     host_vars(fleet, typo, {"free_gpus_sevices": ["sglang.service"], "free_gpus_kil_timeout": 2})
