@@ -97,6 +97,9 @@ def gate_failures(release, params, check_mode):
     # Health is read, never changed: a dry run fails on an unhealthy GPU as the real run does.
     if params.get("free_gpus_require_healthy", True) and release.get("gpus") and release.get("healthy") is not True:
         failures.append("free_gpus_require_healthy")
+    # A GPU that failed the CUDA smoke test (free_gpus_smoke_test) is not ready, however free it reads.
+    if release.get("smoke_test_passed") is False:
+        failures.append("free_gpus_smoke_test")
     return failures
 
 

@@ -15,6 +15,11 @@ options:
     description:
       - Read each GPU's health (in the same C(nvidia-smi --query-gpu) call) and the kernel log's Xid errors, and say whether
         the GPU is ready for work (C(healthy), C(health_issues)).
+      - Checks - C(ecc), C(row_remap), C(retired_pages), C(pcie), C(clocks), C(persistence), C(mig) (the expected mode, and a
+        pending change), C(recovery_action) (C(gpu_recovery_action) other than V(None)), C(fabric) (NVSwitch registration and
+        nvidia-fabricmanager, where the GPU has a fabric), C(xid). Each GPU's C(health_unchecked) names those that could not run
+        (a field the driver does not know or reads V([N/A]), an unreadable kernel log); C(health_checked) is V(true) only when it
+        is empty. A reading of V([GPU requires reset]) or V([Unknown Error]) is a fault, naming the field.
       - V(false) reads memory and holders only; C(healthy) is then V(null).
     type: bool
     default: true
@@ -35,7 +40,8 @@ options:
   require_persistence:
     description:
       - A GPU with persistence mode off is unhealthy (the driver state is torn down between jobs, and the first CUDA call pays
-        for it). V(false) accepts it. Where nvidia-smi reports no persistence mode (V([N/A]), Windows), nothing is checked.
+        for it). V(false) accepts it. Where nvidia-smi reports no persistence mode (V([N/A]), Windows), nothing is checked
+        and C(persistence) is listed in the GPU's C(health_unchecked).
     type: bool
     default: true
   expected_mig_mode:
@@ -45,12 +51,28 @@ options:
     choices: [enabled, disabled]
   xid_window_hours:
     description:
-      - Hours of kernel log searched for Xid errors of each GPU (C(journalctl -k), else C(dmesg); read-only, bounded to
-        5 s and 32 MiB). A critical Xid (48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140) in that window makes the GPU
-        unhealthy; the others are listed in C(health.xids) only.
+      - Hours of kernel log searched for Xid errors of each GPU (C(journalctl -k); C(dmesg) when journalctl is missing,
+        fails, says V(No journal files were found.) or answers with no line; read-only, bounded to 5 s and 32 MiB). An upper
+        bound - only Xids logged since the NVIDIA driver last loaded count (its C(loading NVIDIA UNIX ... Kernel Module)
+        line, when it is in the window); older ones are listed in C(health.xids_before_driver_load).
+      - An Xid is a fault when NVIDIA's Xid catalog gives it an immediate action other than C(RESTART_APP) or C(IGNORE)
+        (C(RESET_GPU), C(RESTART_BM), C(WORKFLOW_*), ...; see the collection's C(docs/health.md)); the others (13, 31, 43, 45,
+        63, 94, ...) and Xids the catalog does not list are in C(health.xids) only. O(xid_ignore) and O(xid_fatal) change that.
       - V(0) does not read the kernel log.
     type: float
     default: 24
+  xid_ignore:
+    description:
+      - Xid numbers never counted as a fault of the GPU, whatever NVIDIA's catalog says (they stay in C(health.xids)).
+    type: list
+    elements: int
+    default: []
+  xid_fatal:
+    description:
+      - Xid numbers always counted as a fault of the GPU (also ones the catalog does not list). A number in both lists is fatal.
+    type: list
+    elements: int
+    default: []
   dcgm_diag:
     description:
       - When not V(0), run C(dcgmi diag -r) at this level (V(1) takes seconds, V(3) many minutes) and report its verdict in

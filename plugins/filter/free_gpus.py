@@ -10,6 +10,8 @@ from collections.abc import Mapping
 
 from ansible.errors import AnsibleError, AnsibleFilterError
 
+from ansible_collections.zeromib.gpu.plugins.module_utils._health import CHECKS
+
 # Summary order: what needs the operator's eyes first.
 _STATUS_ORDER = {"unreachable": 0, "failed": 1, "unhealthy": 1, "dirty": 2, "stopped": 3, "would free": 3, "freed": 4, "clean": 5}
 
@@ -35,11 +37,49 @@ def _footprint_note(outcome):
     return "GPU%s %s (%s MiB)" % ("" if len(gpus) == 1 else "s", ",".join(str(g) for g in gpus), outcome.get("footprint_mib"))
 
 
+def _spanning(result):
+    """gpu_release's `spanning` -> what the summary shows of each: who, and the GPUs it uses."""
+    found = []
+    for entry in result.get("spanning") or []:
+        if isinstance(entry, Mapping):
+            found.append({key: entry.get(key) for key in ("pid", "name", "unit", "container", "gpu_indexes", "outside_gpus")})
+    return found
+
+
+def _spanning_note(spanning):
+    """`pid 700 python3 uses GPUs 0,1`, `vllm.service uses GPUs 0,1`, one per entry."""
+    notes = []
+    for entry in spanning:
+        who = ("pid %s %s" % (entry["pid"], entry.get("name") or "?") if entry.get("pid") is not None
+               else entry.get("unit") or "container %s" % str(entry.get("container") or "?")[:12])
+        notes.append("%s uses GPUs %s" % (who, ",".join(str(i) for i in entry.get("gpu_indexes") or [])))
+    return ", ".join(notes)
+
+
 def _health_problems(result):
     """The gpu_release result's health issues, or a sentence when it has no health verdict."""
     if result.get("healthy") is True:
         return []
     return list(result.get("health_issues") or []) or ["GPU health unknown (gpu_release read no health)"]
+
+
+def _unchecked(result):
+    """The health checks that could not run on some GPU (each GPU's health_unchecked), in docs order."""
+    names = set(name for g in result.get("gpus") or [] if isinstance(g, Mapping) for name in g.get("health_unchecked") or [])
+    return sorted(names, key=lambda name: (CHECKS.index(name) if name in CHECKS else len(CHECKS), name))
+
+
+def _smoke_notes(gpus):
+    """'smoke test passed on 2 GPUs (1024 MiB each, 0.41 s)' and each GPU skipped, with why."""
+    records = [(g.get("index"), g["smoke_test"]) for g in gpus if isinstance(g.get("smoke_test"), Mapping)]
+    passed = [r for _i, r in records if r.get("ok") is True]
+    notes = []
+    if passed:
+        notes.append("smoke test passed on %d GPU%s (%s MiB, %s s)" % (
+            len(passed), "" if len(passed) == 1 else "s", "/".join(sorted(set(str(r.get("mib")) for r in passed))),
+            round(sum(r.get("seconds") or 0 for r in passed), 3)))
+    notes.extend("smoke test skipped on GPU %s: %s" % (i, r.get("skipped")) for i, r in records if r.get("ok") is None)
+    return notes
 
 
 def free_gpus_outcome(result, host, expected_count=0, check_mode=False, require_healthy=False):
@@ -64,6 +104,7 @@ def free_gpus_outcome(result, host, expected_count=0, check_mode=False, require_
         "disabled_containers": [_container(c) for c in result.get("disabled_containers") or []],
         "killed": [{"pid": k.get("pid"), "name": k.get("name"), "signal": k.get("signal"), "container": k.get("container")} for k in killed],
         "protected": result.get("protected") or [],
+        "spanning": _spanning(result),
         # Selected GPUs that read only the cross-GPU footprint of contexts on other GPUs (clean),
         # and the NVML clients (monitors, exporters) left running: they use no GPU memory.
         "footprint_gpus": [g.get("index") for g in after if g.get("cross_gpu_footprint")],
@@ -89,9 +130,17 @@ def free_gpus_outcome(result, host, expected_count=0, check_mode=False, require_
         status = "failed"
     outcome["healthy"] = result.get("healthy")
     outcome["health_issues"] = list(result.get("health_issues") or [])
+    outcome["health_unchecked"] = _unchecked(result)
     # Health is read, never changed: a dry run reports an unhealthy GPU as the real run would.
     if require_healthy and result.get("gpus") and _health_problems(result):
         problems.append("unhealthy: " + "; ".join(_health_problems(result)))
+        if status == "dirty" and not problems[:-1]:
+            status = "unhealthy"
+    outcome["smoke_test_passed"] = result.get("smoke_test_passed")
+    outcome["smoke_test_issues"] = list(result.get("smoke_test_issues") or [])
+    # A GPU that failed the CUDA smoke test is not ready, however free it reads.
+    if result.get("smoke_test_passed") is False:
+        problems.append("smoke test failed: " + "; ".join(outcome["smoke_test_issues"] or ["(no detail)"]))
         if status == "dirty" and not problems[:-1]:
             status = "unhealthy"
     if problems:
@@ -113,8 +162,12 @@ def free_gpus_outcome(result, host, expected_count=0, check_mode=False, require_
         did.append("disabled container%s %s" % ("" if len(outcome["disabled_containers"]) == 1 else "s", ", ".join(outcome["disabled_containers"])))
     if killed:
         did.append("killed %d process%s" % (len(killed), "" if len(killed) == 1 else "es"))
+    if outcome["spanning"]:
+        did.append("ended spanning %s (kill_spanning)" % _spanning_note(outcome["spanning"]))
     if outcome["footprint_gpus"]:
         did.append("%s at the cross-GPU footprint" % _footprint_note(outcome))
+    outcome["smoke_test_notes"] = _smoke_notes(after)
+    did.extend(outcome["smoke_test_notes"])
     if outcome["nvml_clients"]:
         did.append("%d NVML client%s left running" % (len(outcome["nvml_clients"]), "" if len(outcome["nvml_clients"]) == 1 else "s"))
     changed = bool(result.get("changed"))
@@ -130,9 +183,9 @@ def free_gpus_outcome(result, host, expected_count=0, check_mode=False, require_
         ", " + ", ".join(did) if did else "",
         outcome["elapsed_s"],
     )
-    if require_healthy and result.get("health_checked") is False:
-        outcome["message"] += "; health not fully checked: " + "; ".join(sorted(set(
-            note for g in result.get("gpus") or [] for note in ((g.get("health") or {}).get("unchecked") or []))))
+    if outcome["health_unchecked"]:
+        # Said aloud: a check that could not run is no proof of health (docs/health.md).
+        outcome["message"] += "; not checked on this driver or GPU: " + ", ".join(outcome["health_unchecked"])
     return outcome
 
 
@@ -231,9 +284,14 @@ def _note(outcome):
     notes = []
     if outcome.get("footprint_gpus"):
         notes.append("%s: cross-GPU footprint" % _footprint_note(outcome))
+    if outcome.get("spanning"):
+        notes.append("spanning: %s" % _spanning_note(outcome["spanning"]))
     clients = outcome.get("nvml_clients") or []
     if clients:
         notes.append("%d NVML client%s kept" % (len(clients), "" if len(clients) == 1 else "s"))
+    if outcome.get("health_unchecked"):
+        notes.append("not checked: " + ", ".join(outcome["health_unchecked"]))
+    notes.extend(outcome.get("smoke_test_notes") or [])
     return "; ".join(notes)
 
 

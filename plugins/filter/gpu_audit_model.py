@@ -140,6 +140,8 @@ _value:
             - The host's GPUs as C(gpu_facts) returns them, plus C(host), C(used_pct) (one
               decimal, V(null) when unknown), C(holders) (the holders of this GPU, protected ones
               included) and C(processes) (nvidia-smi's compute apps on it).
+            - C(smoke_test) is the GPU's last CUDA smoke test when the facts carry one (C(gpu_audit_smoke_test)),
+              with C(result) V(passed), V(FAILED) or V(skipped); V(null) otherwise.
           type: list
           elements: dict
         holders:
@@ -147,7 +149,8 @@ _value:
             - The host's holders as C(gpu_facts) returns them, plus C(host), C(used_memory_mib)
               (what nvidia-smi attributes to the PID, V(null) if nothing), C(nvml_client) (its C(attribution)
               is V(nvml_client), so it uses no GPU), C(blocking) (unprotected and using a GPU, or V(undecided),
-              so it makes the host dirty) and
+              so it makes the host dirty), C(spanning) (it uses more than one GPU - JAX, DataParallel, an MPS server - so
+              freeing only some of them fails unless C(kill_spanning) is set; the reason says V(uses GPUs 0,1)) and
               C(container_label) (the container as the report shows it next to the PID, V(vllm (vllm/vllm-openai:v0.11.0))
               with the name and image its runtime gave, else the short id; prefixed with the Kubernetes pod; V(null) outside containers).
           type: list
@@ -227,6 +230,8 @@ def _gpu_records(host, facts):
         record["nvml_client"] = record.get("attribution") == "nvml_client"
         uses = bool(record["gpu_indexes"]) or record.get("attribution") == "undecided"
         record["blocking"] = uses and not record["nvml_client"] and not record["protected"]
+        # Freeing a subset of its GPUs refuses it (gpu_release's kill_spanning): worth a note.
+        record["spanning"] = len(set(record["gpu_indexes"])) > 1
         record["container_label"] = _container_label(record)
         holders.append(record)
     holders.sort(key=lambda h: (not h["blocking"], h["gpu_indexes"][:1] or [1 << 30], h.get("pid") or 0))
@@ -245,6 +250,7 @@ def _gpu_records(host, facts):
         record["clean"] = bool(record.get("clean"))
         record["cross_gpu_footprint"] = bool(record.get("cross_gpu_footprint"))
         record.update(_gpu_health(record))
+        record["smoke_test"] = _smoke_test(record)
         index = record.get("index")
         record["holders"] = [h for h in holders if index in h["gpu_indexes"]]
         record["processes"] = [
@@ -266,7 +272,20 @@ def _gpu_health(gpu):
         "health_issues": [str(issue) for issue in gpu.get("health_issues") or []],
         "ecc_uncorrected": _int_or_none(health.get("ecc_uncorrected_volatile")),
         "xid_recent": len(health.get("xids") or []) if health else None,
+        # Which checks could not run on this GPU (gpu_facts' health_unchecked); None without health.
+        "health_checked": None if healthy is None else bool(gpu.get("health_checked")),
+        "health_unchecked": [str(name) for name in gpu.get("health_unchecked") or []],
     }
+
+
+def _smoke_test(gpu):
+    """The GPU's last CUDA smoke test (gpu_facts with smoke_test), with a one-word `result`
+    (passed, FAILED, skipped); None when the facts carry none."""
+    test = gpu.get("smoke_test")
+    if not isinstance(test, Mapping):
+        return None
+    result = "passed" if test.get("ok") is True else "FAILED" if test.get("ok") is False else "skipped"
+    return dict(test, result=result)
 
 
 def _dirty_reason(gpus, holders, stale):
@@ -288,12 +307,14 @@ def _dirty_reason(gpus, holders, stale):
             owners.setdefault(owner or "pid %s" % h.get("pid"), []).append(h)
         shown = []
         for owner, members in owners.items():
+            spans = sorted(set(g for h in members if h.get("spanning") for g in h["gpu_indexes"]))
+            note = " uses GPUs %s" % ",".join(str(g) for g in spans) if spans else ""
             if owner.startswith("pid "):
-                shown.append("%s %s" % (members[0].get("pid"), members[0].get("name") or "?"))
+                shown.append("%s %s%s" % (members[0].get("pid"), members[0].get("name") or "?", note))
             elif len(members) == 1:
-                shown.append("%s %s (%s)" % (members[0].get("pid"), members[0].get("name") or "?", owner))
+                shown.append("%s %s (%s)%s" % (members[0].get("pid"), members[0].get("name") or "?", owner, note))
             else:
-                shown.append("%s (%d processes)" % (owner, len(members)))
+                shown.append("%s (%d processes)%s" % (owner, len(members), note))
         more = " and %d more" % (len(shown) - 3) if len(shown) > 3 else ""
         parts.append("held by " + ", ".join(shown[:3]) + more)
     if stale and not blocking:

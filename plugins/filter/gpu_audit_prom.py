@@ -20,7 +20,8 @@ description:
     C(zeromib_gpu_host_info{host,status,driver_version,cuda_version}), C(zeromib_gpu_devices{host}),
     C(zeromib_gpu_holders{host}), C(zeromib_gpu_nvml_clients{host}), C(zeromib_gpu_memory_used_mib{host,gpu,uuid,name}),
     C(zeromib_gpu_memory_total_mib{host,gpu,uuid,name}), C(zeromib_gpu_clean{host,gpu,uuid}), C(zeromib_gpu_healthy{host,gpu,uuid}),
-    C(zeromib_gpu_ecc_uncorrected{host,gpu,uuid}), C(zeromib_gpu_xid_recent{host,gpu,uuid}) (the last three only where gpu_facts read health)."
+    C(zeromib_gpu_health_checked{host,gpu,uuid}), C(zeromib_gpu_ecc_uncorrected{host,gpu,uuid}), C(zeromib_gpu_xid_recent{host,gpu,uuid})
+    (the last four only where gpu_facts read health)."
 options:
   _input:
     description: The report model from P(zeromib.gpu.gpu_audit_model#filter).
@@ -69,6 +70,7 @@ _FAMILIES = (
     ("zeromib_gpu_memory_total_mib", "GPU memory installed in MiB."),
     ("zeromib_gpu_clean", "1 when the GPU's memory used is at or below the audit's max_used_mib."),
     ("zeromib_gpu_healthy", "1 when gpu_facts found no health issue on the GPU (ECC, row remaps, PCIe link, slowdown, persistence, MIG, Xid)."),
+    ("zeromib_gpu_health_checked", "1 when every health check could run on the GPU; 0 when some could not (its health_unchecked)."),
     ("zeromib_gpu_ecc_uncorrected", "Uncorrected volatile ECC errors of the GPU since the driver loaded."),
     ("zeromib_gpu_xid_recent", "Xid errors of the GPU in the kernel log within the audit's window."),
 )
@@ -139,6 +141,8 @@ def gpu_audit_prom(model):
             add("zeromib_gpu_clean", gpu_labels[:3], bool(gpu.get("clean")))
             if isinstance(gpu.get("healthy"), bool):
                 add("zeromib_gpu_healthy", gpu_labels[:3], gpu["healthy"])
+            if isinstance(gpu.get("health_checked"), bool):
+                add("zeromib_gpu_health_checked", gpu_labels[:3], gpu["health_checked"])
             if _is_number(gpu.get("ecc_uncorrected")):
                 add("zeromib_gpu_ecc_uncorrected", gpu_labels[:3], gpu["ecc_uncorrected"])
             if _is_number(gpu.get("xid_recent")):

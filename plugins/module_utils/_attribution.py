@@ -28,6 +28,11 @@ What does tell them apart, in this order:
    exporters, the Kubernetes device plugin, nvidia-persistenced). It uses no GPU memory: never
    dirty, never signalled unless `match` names it.
 
+Spanning: a process placed on a selected GPU and on one outside the selection (listed or
+mapped on both: JAX on every visible GPU, a DataParallel trainer, an MPS server) is never
+signalled for that selection unless the caller says kill_spanning (`may_signal_for`,
+`spanning_for`): ending it would end its work on the GPUs the selection kept out.
+
 A GPU with no context of its own still reads the footprint of contexts on the other GPUs: 4 MiB
 on H200 (GPU 1 while a process without CUDA_VISIBLE_DEVICES has its context on GPU 0, also with
 two such processes; GPU 0 next to the orphaned child of a GPU-1 owner). That allowance is
@@ -129,14 +134,34 @@ def needs_listing(holders):
     return False
 
 
-def may_signal_for(holder, selected):
-    """Whether freeing `selected` may signal this holder: it uses a selected GPU, or (undecided)
-    every GPU it may use is selected."""
+def outside_gpus(holder, selected):
+    """GPUs outside `selected` that a holder of a selected GPU uses (listed or mapped there):
+    a *spanning* process (JAX preallocates on every visible GPU, a DataParallel trainer, an MPS
+    server). Empty when it uses no selected GPU, or only selected ones. An undecided holder
+    spans nothing here: it may not use a selected GPU at all (see undecided_for)."""
+    gpus = set(holder.get("gpu_indexes") or [])
+    selected = set(selected)
+    if not gpus & selected:
+        return []
+    return sorted(gpus - selected)
+
+
+def may_signal_for(holder, selected, kill_spanning=False):
+    """Whether freeing `selected` may signal this holder: it uses a selected GPU and no other
+    (or `kill_spanning`: ending its work on the unselected GPUs too was asked for), or,
+    undecided, every GPU it may use is selected."""
     selected = set(selected)
     if holder.get("attribution") == UNDECIDED:
         candidates = set(holder.get("candidate_gpu_indexes") or [])
         return bool(candidates) and candidates <= selected
-    return bool(set(holder.get("gpu_indexes") or []) & selected)
+    if not set(holder.get("gpu_indexes") or []) & selected:
+        return False
+    return kill_spanning or not outside_gpus(holder, selected)
+
+
+def spanning_for(holders, selected):
+    """Holders of a selected GPU that also use GPUs outside the selection (outside_gpus)."""
+    return [holder for holder in holders if outside_gpus(holder, selected)]
 
 
 def undecided_for(holders, selected):

@@ -38,6 +38,7 @@ GPU_KEYS = (
     "cross_gpu_footprint",
     "healthy",
     "health_checked",
+    "health_unchecked",
     "health_issues",
     "health",
 )
@@ -126,7 +127,7 @@ def health_summary(public_gpus, health=None, dcgm=None):
     with it), and the kernel log read and DCGM's verdict under `health`."""
     if health is None:
         return {"healthy": None, "health_checked": False, "health_issues": [], "health": None}
-    healthy, issues = _health.host_verdict(public_gpus, dcgm)
+    healthy, issues = _health.host_verdict(public_gpus, dcgm, health.host_issues)
     return {
         "healthy": healthy and bool(public_gpus),
         "health_checked": all(gpu.get("health_checked") for gpu in public_gpus) and bool(public_gpus),
@@ -268,7 +269,11 @@ def look(smi, protect, with_processes=True, proc="/proc", driver_root="/proc/dri
         except BaseException:
             kernel_log.abandon()
             raise
-        health = _health.Health(checks, kernel_log.xids(), kernel_log=kernel_log)
+        xids, history = kernel_log.xids()
+        # Fabric Manager is asked only where a GPU sits on an NVSwitch fabric (fabric.state not N/A).
+        fabric_manager = _health.read_fabric_manager() if any(_health.has_fabric(g) for g in gpus) else None
+        health = _health.Health(checks, xids, kernel_log=kernel_log, history_by_bus=history, fabric_manager=fabric_manager,
+                                driver_version=gpus[0].get("driver_version") if gpus else None)
         gpus = health.annotate(gpus)
     gpus = with_minor_numbers(gpus, smi_mod.read_minor_numbers(driver_root))
     if not with_processes:

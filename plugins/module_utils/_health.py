@@ -9,8 +9,9 @@
 """Is a GPU ready, not just free: nvidia-smi health readings and kernel-log Xids -> issues.
 
 Pure functions turn records (from _nvidia_smi) and kernel log lines into plain sentences per
-GPU. Two thin readers run commands, each bounded in time and size: the kernel log
-(journalctl, else dmesg) and, when asked, `dcgmi diag`.
+GPU, and say which checks could not run (`health_unchecked`). Thin readers run commands, each
+bounded in time and size: the kernel log (journalctl, else dmesg), Fabric Manager's unit and
+version on an NVSwitch node, and, when asked, `dcgmi diag`.
 """
 
 from __future__ import annotations
@@ -20,30 +21,98 @@ import re
 import subprocess
 import time
 
-from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import kill_group, normalize_bus_id
+from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import GPU_FIELDS, HEALTH_FIELDS, kill_group, normalize_bus_id
 
 try:
     from typing import Any, Dict, List, Optional, Tuple  # noqa: F401 (type comments)
 except ImportError:  # pragma: no cover
     pass
 
-# Xids that mean the GPU (or its memory, NVLink or firmware) needs a reset, a reboot or a
-# replacement before a job can trust it, per NVIDIA's Xid catalog and the fleet checks that
-# act on them (DCGM health watches, GCM, NHC). Application faults (13, 31, 43, 45) are not.
-CRITICAL_XIDS = {
-    48: "double-bit ECC error",
-    61: "internal micro-controller breakpoint",
-    62: "internal micro-controller halt",
-    63: "ECC page retirement or row remapping event",
-    64: "ECC page retirement or row remapper failure",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    92: "high single-bit ECC error rate",
-    94: "contained ECC error",
-    95: "uncontained ECC error",
-    119: "GSP RPC timeout",
-    120: "GSP error",
-    140: "unrecovered ECC error",
+# NVIDIA's Xid catalog: Xid -> (immediate action, description). Source: "Analyzing Xid Errors with
+# the Xid Catalog" (https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, the
+# catalog for Ampere and newer GPUs, columns "Resolution Bucket (Immediate Action)"), read
+# 2026-12-01: rows 1-13 from the page itself, the others as that catalog is quoted row by row in a
+# public Xid triage reference ("NVIDIA Xid Triage Reference", which cites the page above and
+# NVIDIA's GPU Debug Guidelines). Xids not listed here are reported, not judged (xid_fatal judges
+# them). Unused Xids the catalog maps to CONTACT_SUPPORT (1-7, 9, 10, 12, 56-58, 61) are kept: if
+# one ever fires, the GPU is in a state nobody documented.
+XID_CATALOG = {
+    1: ("CONTACT_SUPPORT", "unused Xid"),
+    2: ("CONTACT_SUPPORT", "unused Xid"),
+    3: ("CONTACT_SUPPORT", "unused Xid"),
+    4: ("CONTACT_SUPPORT", "unused Xid"),
+    5: ("CONTACT_SUPPORT", "unused Xid"),
+    6: ("CONTACT_SUPPORT", "unused Xid"),
+    7: ("CONTACT_SUPPORT", "unused Xid"),
+    8: ("RESTART_APP", "GPU stopped processing"),
+    9: ("CONTACT_SUPPORT", "unused Xid"),
+    10: ("CONTACT_SUPPORT", "unused Xid"),
+    11: ("RESTART_APP", "invalid or corrupted push buffer stream"),
+    12: ("CONTACT_SUPPORT", "unused Xid"),
+    13: ("RESTART_APP", "graphics engine exception"),
+    25: ("RESTART_APP", "invalid or illegal push buffer stream"),
+    31: ("RESTART_APP", "GPU memory page fault"),
+    32: ("RESTART_APP", "invalid or corrupted push buffer stream"),
+    43: ("IGNORE", "GPU stopped processing"),
+    44: ("IGNORE", "graphics engine fault during context switch"),
+    45: ("WORKFLOW_XID_45", "preemptive cleanup, due to previous errors"),
+    46: ("RESET_GPU", "GPU stopped processing"),
+    48: ("WORKFLOW_XID_48", "double-bit ECC error"),
+    56: ("CONTACT_SUPPORT", "unused Xid (display channel exception)"),
+    57: ("CONTACT_SUPPORT", "unused Xid (framebuffer link training failure)"),
+    58: ("CONTACT_SUPPORT", "unused Xid (framebuffer memory error)"),
+    61: ("CONTACT_SUPPORT", "internal micro-controller breakpoint"),
+    62: ("RESET_GPU", "internal micro-controller halt"),
+    63: ("IGNORE", "ECC page retirement or row remapping event"),
+    64: ("RESET_GPU", "ECC page retirement or row remapper failure"),
+    69: ("RESTART_APP", "graphics engine class error"),
+    74: ("WORKFLOW_NVLINK_ERR", "NVLink error"),
+    79: ("RESTART_BM", "GPU has fallen off the bus"),
+    92: ("IGNORE", "high single-bit ECC error rate"),
+    94: ("RESTART_APP", "contained ECC error"),
+    95: ("RESET_GPU", "uncontained ECC error"),
+    109: ("RESET_GPU", "context switch timeout"),
+    110: ("RESET_GPU", "security fault"),
+    119: ("RESET_GPU", "GSP RPC timeout"),
+    120: ("RESET_GPU", "GSP error"),
+    136: ("RESET_GPU", "link training failed"),
+    137: ("IGNORE", "NVLink privilege error (an application's illegal peer access)"),
+    140: ("RESET_GPU", "unrecovered ECC error"),
+    143: ("RESET_GPU", "GPU initialization error"),
+    144: ("WORKFLOW_NVLINK5_ERR", "NVLink SAW error"),
+    145: ("WORKFLOW_NVLINK5_ERR", "NVLink RLW error"),
+    146: ("WORKFLOW_NVLINK5_ERR", "NVLink TLW error"),
+    147: ("WORKFLOW_NVLINK5_ERR", "NVLink TREX error"),
+    148: ("WORKFLOW_NVLINK5_ERR", "NVLink NVLPW_CTRL error"),
+    149: ("WORKFLOW_NVLINK5_ERR", "NVLink NETIR error"),
+    150: ("WORKFLOW_NVLINK5_ERR", "NVLink MSE error"),
+    151: ("RESTART_VM", "key rotation error"),
+    154: ("XID_154", "GPU recovery action changed"),
+    155: ("RESET_GPU", "NVLink software-defined error"),
+    156: ("RESET_GPU", "resource retirement event"),
+    157: ("IGNORE", "resource retirement failure"),
+    158: ("RESET_GPU", "GPU fatal timeout"),
+}
+
+# The fault set, derived from the immediate action: the application's own faults (RESTART_APP) and
+# what NVIDIA says to ignore are not faults of the GPU; a reset, a reboot (RESTART_BM, RESTART_VM),
+# a workflow (WORKFLOW_*) or support are.
+NOT_GPU_FAULTS = frozenset(["RESTART_APP", "IGNORE"])
+# Xid 45 is logged when a process with GPU work is killed (channels torn down on a normal exit or
+# kill, public fleet reports): gpu_release's own SIGKILLs would make every later run fail. Its
+# workflow judges it by the Xid it follows, which is judged itself. xid_fatal: [45] restores it.
+NOT_FAULT_XIDS = frozenset([45])
+
+# What the operator is told for each action (the catalog's bucket names, in words).
+ACTION_WORDS = {
+    "RESET_GPU": "reset the GPU",
+    "RESTART_BM": "reboot the node",
+    "RESTART_VM": "restart the VM",
+    "WORKFLOW_XID_48": "reset the GPU; with Xid 63/64 drain and reset",
+    "WORKFLOW_NVLINK_ERR": "check the NVLink, then reset the GPU or reboot",
+    "WORKFLOW_NVLINK5_ERR": "decode it with NVIDIA's Xid 144-150 table",
+    "CONTACT_SUPPORT": "contact NVIDIA support",
+    "XID_154": "follow the GPU's recovery action",
 }
 
 # The reasons nvidia-smi gives for lowered clocks that point at the hardware or its cooling.
@@ -55,30 +124,64 @@ SLOWDOWN_REASONS = (
     ("slowdown_sw_thermal", "software thermal slowdown"),
 )
 
+# Health checks by name (the values of `health_unchecked`), and the readings each rests on.
+CHECK_KEYS = (
+    ("ecc", ("ecc_uncorrected_volatile",)),
+    ("row_remap", ("remapped_rows_pending", "remapped_rows_failure")),
+    ("retired_pages", ("retired_pages_pending",)),
+    ("pcie", ("pcie_link_gen_current", "pcie_link_gen_max", "pcie_link_width_current", "pcie_link_width_max", "pstate")),
+    ("clocks", tuple(key for key, _text in SLOWDOWN_REASONS)),
+    ("persistence", ("persistence_mode",)),
+    ("mig", ("mig_mode", "mig_mode_pending")),
+    ("recovery_action", ("recovery_action",)),
+    ("fabric", ("fabric_state", "fabric_status")),
+)
+CHECKS = tuple(name for name, _keys in CHECK_KEYS) + ("xid",)
+_CHECKED_KEYS = frozenset(key for _name, keys in CHECK_KEYS for key in keys)
+
+# Values nvidia-smi prints in a field when the GPU is in trouble, not when it lacks the feature.
+FAULT_TOKENS = ("[GPU requires reset]", "[Unknown Error]", "[GPU is lost]")
+
+# nvidia-smi's name of each record key, for messages that name the field.
+FIELD_OF = dict((key, field) for field, key, _kind in GPU_FIELDS + HEALTH_FIELDS)
+
 # "NVRM: Xid (PCI:0000:18:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
 # Older drivers print the bus without "PCI:", some with the function.
 _XID = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9a-fA-F]{1,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?\): (?P<xid>\d+)(?:, (?P<rest>.*))?"
 )
+# What the driver prints when its kernel module loads (open and proprietary modules alike):
+# "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  580.105.08 ..." (public dmesg reports);
+# "NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build ..."
+# (the open module's banner, the text of /proc/driver/nvidia/version).
+_DRIVER_LOAD = re.compile(r"NVRM: loading NVIDIA UNIX .*?Kernel Module(?: for \S+)?\s+(?P<version>\d[\w.-]*)")
 _DMESG_TIME = re.compile(r"^\[\s*(\d+(?:\.\d+)?)\]")
 _ISO_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\S*)")
 
 # Bounds of the kernel log read: the last 24 h of kernel messages is usually well under 1 MiB.
 KERNEL_LOG_MAX_BYTES = 32 * 1024 * 1024
 KERNEL_LOG_TIMEOUT_S = 5.0
+FABRIC_MANAGER_TIMEOUT_S = 5.0
 DCGM_DIAG_TIMEOUT_S = {1: 120.0, 2: 900.0, 3: 3600.0, 4: 7200.0}
+# journalctl without a journal (Storage=none, volatile journal not kept): systemd 252 prints this
+# on stderr and exits 0 (issue 23's field report).
+NO_JOURNAL = "No journal files were found"
 
 
 class Checks(object):
     """What a healthy GPU must read. 0/None thresholds mean: the GPU's own max / no check."""
 
-    def __init__(self, min_pcie_gen=0, min_pcie_width=0, require_persistence=True, expected_mig_mode=None, xid_window_hours=24.0):
-        # type: (int, int, bool, Optional[str], float) -> None
+    def __init__(self, min_pcie_gen=0, min_pcie_width=0, require_persistence=True, expected_mig_mode=None, xid_window_hours=24.0,
+                 xid_ignore=(), xid_fatal=()):
+        # type: (int, int, bool, Optional[str], float, Any, Any) -> None
         self.min_pcie_gen = min_pcie_gen or 0
         self.min_pcie_width = min_pcie_width or 0
         self.require_persistence = require_persistence
         self.expected_mig_mode = expected_mig_mode.lower() if expected_mig_mode else None
         self.xid_window_hours = xid_window_hours
+        self.xid_ignore = frozenset(int(x) for x in xid_ignore or ())
+        # In both lists: fatal (never a wrong "healthy").
+        self.xid_fatal = frozenset(int(x) for x in xid_fatal or ())
 
     @classmethod
     def from_params(cls, params):
@@ -92,7 +195,22 @@ class Checks(object):
             params.get("require_persistence", True),
             params.get("expected_mig_mode"),
             24.0 if params.get("xid_window_hours") is None else params["xid_window_hours"],
+            params.get("xid_ignore") or (),
+            params.get("xid_fatal") or (),
         )
+
+    def xid_fault(self, number, recovery_action=None):
+        # type: (int, Optional[str]) -> bool
+        """Whether Xid `number` is a fault of the GPU (the catalog's action, then the overrides)."""
+        if number in self.xid_fatal:
+            return True
+        if number in self.xid_ignore or number in NOT_FAULT_XIDS:
+            return False
+        action = XID_CATALOG.get(number, (None, None))[0]
+        if action == "XID_154":
+            # The change it reports is read directly: history once the GPU says None again.
+            return not (recovery_action and recovery_action.lower() == "none")
+        return action is not None and action not in NOT_GPU_FAULTS
 
 
 def _yes(value):
@@ -113,6 +231,19 @@ def _plural(count, word):
     return "%d %s%s" % (count, word, "" if count == 1 else "s")
 
 
+def age_text(seconds):
+    # type: (float) -> str
+    """Seconds -> '45 s ago', '12 min ago', '2 h ago', '3 days ago'."""
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return "%d s ago" % round(seconds)
+    if seconds < 90 * 60:
+        return "%d min ago" % round(seconds / 60)
+    if seconds < 48 * 3600:
+        return "%d h ago" % round(seconds / 3600)
+    return "%d days ago" % round(seconds / 86400)
+
+
 def readings(gpu):
     # type: (Dict[str, Any]) -> Dict[str, Any]
     """The health readings of one --query-gpu record, typed ([N/A] stays None)."""
@@ -127,14 +258,50 @@ def readings(gpu):
         "pcie_link_width_max": gpu.get("pcie_link_width_max"),
         "pstate": gpu.get("pstate"),
         "slowdown": [text for key, text in SLOWDOWN_REASONS if _yes(gpu.get(key))],
+        "mig_mode_pending": gpu.get("mig_mode_pending"),
+        "recovery_action": gpu.get("recovery_action"),
+        "fabric_state": gpu.get("fabric_state"),
+        "fabric_status": gpu.get("fabric_status"),
     }
 
 
-def gpu_issues(gpu, checks, xids=()):
-    # type: (Dict[str, Any], Checks, Any) -> List[str]
-    """Plain sentences, one per problem, for one GPU record ([N/A] is never a problem)."""
+def fault_tokens(gpu):
+    # type: (Dict[str, Any]) -> Dict[str, str]
+    """{record key: token} of the health readings that read [GPU requires reset] or the like."""
+    unavailable = gpu.get("_unavailable") or {}
+    return dict((key, token) for key, token in unavailable.items() if key in _CHECKED_KEYS and token in FAULT_TOKENS)
+
+
+def has_fabric(gpu):
+    # type: (Dict[str, Any]) -> bool
+    """A GPU registered (or to be registered) with an NVSwitch fabric; N/A is no fabric."""
+    state = gpu.get("fabric_state")
+    return state is not None and str(state).strip().lower() not in ("not supported", "n/a")
+
+
+def _fabric_issues(gpu):
+    # type: (Dict[str, Any]) -> List[str]
+    if not has_fabric(gpu):
+        return []
+    state, status = str(gpu["fabric_state"]).strip(), gpu.get("fabric_status")
+    if state.lower() != "completed":
+        return ["NVSwitch fabric registration is %s, expected Completed: NCCL jobs fail (CUDA error 802, system not yet "
+                "initialized) until Fabric Manager completes it" % state]
+    if status is not None and str(status).strip().lower() != "success":
+        return ["NVSwitch fabric registration failed (%s): check nvidia-fabricmanager" % status]
+    return []
+
+
+def gpu_issues(gpu, checks, xids=(), host_issues=()):
+    # type: (Dict[str, Any], Checks, Any, Any) -> List[str]
+    """Plain sentences, one per problem, for one GPU record ([N/A] is never a problem; a field
+    that reads [GPU requires reset] or [Unknown Error] is). `host_issues`: the node's (Fabric
+    Manager), added to a GPU on the fabric."""
     r = readings(gpu)
     issues = []
+    for key, token in sorted(fault_tokens(gpu).items()):
+        issues.append("%s reads %s%s" % (FIELD_OF.get(key, key), token,
+                                         ": reset the GPU (or reboot)" if token == "[GPU requires reset]" else ""))
     ecc = r["ecc_uncorrected_volatile"]
     if ecc:
         issues.append("%s since the driver loaded" % _plural(ecc, "uncorrectable ECC error"))
@@ -163,29 +330,95 @@ def gpu_issues(gpu, checks, xids=()):
     mig = gpu.get("mig_mode")
     if checks.expected_mig_mode and mig is not None and str(mig).lower() != checks.expected_mig_mode:
         issues.append("MIG mode is %s, expected %s" % (mig, checks.expected_mig_mode.capitalize()))
-    if checks.expected_mig_mode == "enabled" and mig is None:
+    if checks.expected_mig_mode == "enabled" and mig is None and "mig_mode" not in fault_tokens(gpu) and \
+            "mig.mode.current" not in (gpu.get("_rejected") or ()):
         issues.append("MIG mode is not supported, expected Enabled")
-    critical = {}
-    for xid in xids:
-        if xid["xid"] in CRITICAL_XIDS:
-            critical.setdefault(xid["xid"], []).append(xid)
-    for number in sorted(critical):
-        seen = critical[number]
-        issues.append("Xid %d (%s) in the kernel log %s%s" % (
-            number, CRITICAL_XIDS[number], "at %s" % seen[-1]["time"] if seen[-1].get("time") else "recently",
-            "" if len(seen) == 1 else " (%d times)" % len(seen)))
+    pending = r["mig_mode_pending"]
+    if mig is not None and pending is not None and str(pending).lower() != str(mig).lower():
+        issues.append("a MIG mode change to %s is pending: reset the GPU to apply it" % pending)
+    action = r["recovery_action"]
+    if action is not None and str(action).strip().lower() != "none":
+        issues.append("the driver asks for a recovery action: %s (gpu_recovery_action; NVML: None means no action needed)" % action)
+    issues.extend(_fabric_issues(gpu))
+    if has_fabric(gpu):
+        issues.extend(host_issues)
+    issues.extend(xid_issues(xids, checks, action))
     return issues
 
 
-def unchecked(gpu, rejected, kernel_log_error, checks):
-    # type: (Dict[str, Any], Any, Optional[str], Checks) -> List[str]
-    """What could not be checked on this GPU: fields the driver rejected, an unread kernel log."""
-    notes = []
-    if rejected:
-        notes.append("the driver does not know %s: not checked" % ", ".join(sorted(rejected)))
+def xid_issues(xids, checks, recovery_action=None):
+    # type: (Any, Checks, Optional[str]) -> List[str]
+    """One sentence per Xid number that is a fault (NVIDIA's catalog, then xid_ignore/xid_fatal)."""
+    faults = {}  # type: Dict[int, List[Dict[str, Any]]]
+    for xid in xids:
+        if checks.xid_fault(xid["xid"], recovery_action):
+            faults.setdefault(xid["xid"], []).append(xid)
+    issues = []
+    for number in sorted(faults):
+        seen = faults[number]
+        action, text = XID_CATALOG.get(number, (None, "in xid_fatal"))
+        when = seen[-1].get("time")
+        issues.append("Xid %d (%s) in the kernel log %s%s%s" % (
+            number, text, ("at " + when if _ISO_TIME.match(when or "") else when) if when else "recently",
+            "" if len(seen) == 1 else " (%d times)" % len(seen),
+            "; NVIDIA's Xid catalog: %s (%s)" % (action, ACTION_WORDS.get(action, action)) if action else "; listed in xid_fatal"))
+    return issues
+
+
+def _missing(gpu, keys):
+    # type: (Dict[str, Any], Any) -> List[str]
+    """The keys that read no value (rejected by the driver or a bracketed token), a fault token aside."""
+    faulty = fault_tokens(gpu)
+    return [key for key in keys if gpu.get(key) is None and key not in faulty]
+
+
+def _rejected_fields(gpu, keys):
+    # type: (Dict[str, Any], Any) -> List[str]
+    rejected = set(gpu.get("_rejected") or ())
+    return [FIELD_OF[key] for key in keys if FIELD_OF.get(key) in rejected]
+
+
+def unchecked_checks(gpu, checks, kernel_log_error=None, fabric_manager_error=None):
+    # type: (Dict[str, Any], Checks, Optional[str], Optional[str]) -> List[Tuple[str, str]]
+    """[(check, why)] of the checks that could not run on this GPU, in CHECKS order.
+
+    A check whose reading is [N/A] on every GPU of its kind is still unchecked (ECC off, no
+    recovery action); what a GPU lacks by design is not: MIG and the fabric read N/A on GPUs
+    without them (unchecked only when the driver does not know the field), and row remapping
+    (Ampere+) and page retirement (before Ampere) stand in for each other."""
+    found = []
+    keys = dict(CHECK_KEYS)
+
+    def why(check_keys):
+        rejected = _rejected_fields(gpu, check_keys)
+        if rejected:
+            return "the driver does not know %s" % ", ".join(rejected)
+        tokens = gpu.get("_unavailable") or {}
+        return "%s reads %s" % (", ".join(FIELD_OF.get(k, k) for k in _missing(gpu, check_keys)),
+                                "/".join(sorted(set(tokens.get(k, "no value") for k in _missing(gpu, check_keys)))))
+
+    for name in ("ecc", "pcie", "clocks"):
+        if _missing(gpu, keys[name]):
+            found.append((name, why(keys[name])))
+    remap_missing = len(_missing(gpu, keys["row_remap"])) == len(keys["row_remap"])
+    retired_missing = bool(_missing(gpu, keys["retired_pages"]))
+    if remap_missing and retired_missing:
+        found.append(("row_remap", why(keys["row_remap"])))
+        found.append(("retired_pages", why(keys["retired_pages"])))
+    if checks.require_persistence and _missing(gpu, keys["persistence"]):
+        found.append(("persistence", why(keys["persistence"])))
+    if _rejected_fields(gpu, keys["mig"]):
+        found.append(("mig", why(keys["mig"])))
+    if _missing(gpu, keys["recovery_action"]):
+        found.append(("recovery_action", why(keys["recovery_action"])))
+    if _rejected_fields(gpu, keys["fabric"]):
+        found.append(("fabric", why(keys["fabric"])))
+    elif has_fabric(gpu) and fabric_manager_error:
+        found.append(("fabric", "nvidia-fabricmanager not checked: %s" % fabric_manager_error))
     if checks.xid_window_hours and kernel_log_error:
-        notes.append("recent Xid errors not checked: %s" % kernel_log_error)
-    return notes
+        found.append(("xid", "recent Xid errors not checked: %s" % kernel_log_error))
+    order = dict((name, i) for i, name in enumerate(CHECKS))
+    return sorted(found, key=lambda item: order[item[0]])
 
 
 def bus_key(bus_id):
@@ -197,9 +430,23 @@ def bus_key(bus_id):
     return normalized.rsplit(".", 1)[0] if normalized else None
 
 
+def split_at_driver_load(lines):
+    # type: (Any) -> Tuple[List[str], List[str], Optional[str]]
+    """Kernel log lines in time order -> (lines since the last driver load, lines before it, that
+    load's line). Without a load line in the window the driver loaded before it: all count."""
+    lines = list(lines)
+    last = None
+    for position, line in enumerate(lines):
+        if _DRIVER_LOAD.search(line):
+            last = position
+    if last is None:
+        return lines, [], None
+    return lines[last + 1:], lines[:last], lines[last].strip()
+
+
 def parse_xids(lines, uptime_s=None, window_s=None):
     # type: (Any, Optional[float], Optional[float]) -> Dict[str, List[Dict[str, Any]]]
-    """Kernel log lines (journalctl short-iso or dmesg) -> {bus key: [{xid, time, message}]}.
+    """Kernel log lines (journalctl short-iso or dmesg) -> {bus key: [{xid, time, message, action}]}.
 
     dmesg lines carry seconds since boot: with `uptime_s` and `window_s` the older ones are
     dropped (journalctl is asked for the window itself)."""
@@ -214,14 +461,16 @@ def parse_xids(lines, uptime_s=None, window_s=None):
             since_boot = float(stamp.group(1))
             if uptime_s is not None and window_s and uptime_s - since_boot > window_s:
                 continue
-            when = "%.0f s ago" % (uptime_s - since_boot) if uptime_s is not None else "%s s after boot" % stamp.group(1)
+            when = age_text(uptime_s - since_boot) if uptime_s is not None else "%s s after boot" % stamp.group(1)
         else:
             iso = _ISO_TIME.match(line)
             when = iso.group(1) if iso else None
+        number = int(match.group("xid"))
         found.setdefault(bus_key(match.group("bus")), []).append({
-            "xid": int(match.group("xid")),
+            "xid": number,
             "time": when,
             "message": line[match.start():].strip(),
+            "action": XID_CATALOG.get(number, (None, None))[0],
         })
     return found
 
@@ -231,9 +480,29 @@ def xids_of(gpu, xids_by_bus):
     return list(xids_by_bus.get(bus_key(gpu.get("pci_bus_id")), []))
 
 
+def which(name, search_path=None):
+    # type: (str, Optional[str]) -> Optional[str]
+    """A program on PATH or in the system directories (where root's tools live), or None."""
+    path = search_path if search_path is not None else os.environ.get("PATH", "")
+    for directory in [d for d in path.split(os.pathsep) if d] + ["/usr/bin", "/bin", "/usr/sbin", "/sbin"]:
+        candidate = os.path.join(directory, name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def _spawn(argv, stderr=subprocess.PIPE):
+    # type: (List[str], Any) -> Any
+    env = dict(os.environ, LC_ALL="C", LANG="C", SYSTEMD_PAGER="", SYSTEMD_COLORS="0")
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, env=env, start_new_session=True)
+
+
 class KernelLog(object):
     """The one reader of the kernel log: journalctl -k for the window, else dmesg. Read-only,
-    bounded in time and bytes; started before nvidia-smi runs and collected after it."""
+    bounded in time and bytes; started before nvidia-smi runs and collected after it.
+
+    journalctl that has no journal ("No journal files were found." with rc 0, or an answer with
+    no line at all while dmesg has some) is passed over for dmesg; `fallback` says why."""
 
     def __init__(self, window_hours, timeout=KERNEL_LOG_TIMEOUT_S, max_bytes=KERNEL_LOG_MAX_BYTES, search_path=None):
         # type: (float, float, int, Optional[str]) -> None
@@ -243,6 +512,8 @@ class KernelLog(object):
         self.search_path = search_path
         self.source = None  # type: Optional[str]
         self.error = None  # type: Optional[str]
+        self.fallback = None  # type: Optional[str]
+        self.driver_loaded = None  # type: Optional[str]
         self.elapsed_s = 0.0
         self._started = None  # type: Any
         self._queue = []  # type: List[Tuple[str, List[str]]]
@@ -250,12 +521,7 @@ class KernelLog(object):
 
     def _which(self, name):
         # type: (str) -> Optional[str]
-        path = self.search_path if self.search_path is not None else os.environ.get("PATH", "")
-        for directory in [d for d in path.split(os.pathsep) if d] + ["/usr/bin", "/bin", "/usr/sbin", "/sbin"]:
-            candidate = os.path.join(directory, name)
-            if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-                return candidate
-        return None
+        return which(name, self.search_path)
 
     def _commands(self):
         # type: () -> List[Tuple[str, List[str]]]
@@ -272,9 +538,7 @@ class KernelLog(object):
     @staticmethod
     def _spawn(argv):
         # type: (List[str]) -> Any
-        env = dict(os.environ, LC_ALL="C", LANG="C", SYSTEMD_PAGER="", SYSTEMD_COLORS="0")
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                                start_new_session=True)
+        return _spawn(argv)
 
     def start(self):
         # type: () -> None
@@ -305,12 +569,14 @@ class KernelLog(object):
 
     def lines(self):
         # type: () -> List[str]
-        """The kernel log lines that mention an Xid; [] (with .error set) when none was readable."""
+        """The kernel log lines that mention an Xid or a driver load; [] (with .error set) when
+        none was readable."""
         if not self.window_hours:
             return []
         if not self._queue and self._started is None and self.error is None:
             self.error = "neither journalctl nor dmesg found"
         found = []  # type: List[str]
+        kept = None  # type: Optional[Tuple[bool, List[str]]]
         while self._started is not None:
             source, process = self._started
             deadline = self._began + self.timeout
@@ -323,20 +589,41 @@ class KernelLog(object):
             text = stdout[-self.max_bytes:].decode("utf-8", "replace")
             said = stderr.decode("utf-8", "replace").strip().splitlines()
             if process.returncode == 0:
-                self.source, self.error = source, None
-                found = [line for line in text.splitlines() if "Xid" in line]
+                wanted = [line for line in text.splitlines() if "Xid" in line or "NVRM: loading" in line]
+                no_journal = source == "journalctl" and any(NO_JOURNAL in line for line in said)
+                if source == "journalctl" and (no_journal or not text.strip()):
+                    # No journal, or one that kept no kernel message: dmesg may still hold the Xids.
+                    self.fallback = "journalctl: %s" % (said[0] if no_journal else "no kernel message in the window")
+                    kept = (no_journal, wanted)
+                    self._next()
+                    continue
+                self.source, self.error, found = source, None, wanted
                 break
             self.error = "%s failed (rc %s)%s" % (source, process.returncode, ": " + said[0] if said else "")
             self._next()
+        if self.source is None and kept is not None:
+            no_journal, wanted = kept
+            if no_journal:
+                # Nothing was read: journalctl has no journal and dmesg could not be read.
+                self.error = "%s; %s" % (self.fallback, self.error or "no dmesg")
+            else:
+                # journalctl answered, with nothing, and dmesg could not say otherwise: it stands.
+                self.source, found = "journalctl", wanted
+                if self.error:
+                    self.fallback, self.error = "%s; %s" % (self.fallback, self.error), None
         self.elapsed_s = round(time.monotonic() - self._began, 3)
         return found
 
     def xids(self):
-        # type: () -> Dict[str, List[Dict[str, Any]]]
-        found = self.lines()
+        # type: () -> Tuple[Dict[str, List[Dict[str, Any]]], Dict[str, List[Dict[str, Any]]]]
+        """({bus: Xids since the driver loaded}, {bus: Xids before it}): only the first count."""
+        after, before, loaded = split_at_driver_load(self.lines())
+        self.driver_loaded = loaded
         if self.source == "dmesg":
-            return parse_xids(found, uptime(), self.window_hours * 3600.0)
-        return parse_xids(found)
+            up = uptime()
+            window = self.window_hours * 3600.0
+            return parse_xids(after, up, window), parse_xids(before, up, window)
+        return parse_xids(after), parse_xids(before)
 
 
 def uptime(path="/proc/uptime"):
@@ -348,35 +635,117 @@ def uptime(path="/proc/uptime"):
         return None
 
 
-HEALTH_KEYS = ("healthy", "health_checked", "health_issues", "health")
+_FM_VERSION = re.compile(r"Fabric Manager version is\s*:?\s*(?P<version>\d[\w.-]*)")
+
+
+def parse_fabric_manager_version(text):
+    # type: (str) -> Optional[str]
+    """`nv-fabricmanager --version` ('Fabric Manager version is : 580.159.04') -> '580.159.04'."""
+    match = _FM_VERSION.search(text or "")
+    return match.group("version") if match else None
+
+
+def _run_bounded(argv, timeout):
+    # type: (List[str], float) -> Tuple[Optional[int], str]
+    """(rc, stdout + stderr) of a short command; rc None when it ran past `timeout` (killed)."""
+    process = _spawn(argv, stderr=subprocess.STDOUT)
+    try:
+        out, _err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(process)
+        return None, ""
+    return process.returncode, out.decode("utf-8", "replace")
+
+
+def read_fabric_manager(timeout=FABRIC_MANAGER_TIMEOUT_S, search_path=None):
+    # type: (float, Optional[str]) -> Dict[str, Any]
+    """On an NVSwitch node: {state (systemctl is-active nvidia-fabricmanager), version
+    (nv-fabricmanager --version), error (what could not be asked)}. Read-only, bounded."""
+    record = {"state": None, "version": None, "installed": False, "error": None}  # type: Dict[str, Any]
+    systemctl = which("systemctl", search_path)
+    if not systemctl:
+        record["error"] = "systemctl not found"
+    else:
+        try:
+            rc, out = _run_bounded([systemctl, "is-active", "nvidia-fabricmanager"], timeout)
+        except OSError as exc:
+            rc, out = 1, str(exc)
+        words = out.strip().splitlines()
+        # is-active prints one state word (active, inactive, failed, activating, ...); anything
+        # else is systemctl failing to ask (no systemd as PID 1, no bus).
+        if rc is None:
+            record["error"] = "systemctl is-active took longer than %g s" % timeout
+        elif len(words) == 1 and re.match(r"^[a-z-]+$", words[0]):
+            record["state"] = words[0]
+        else:
+            record["error"] = "systemctl is-active nvidia-fabricmanager failed (rc %s)%s" % (rc, ": " + words[0] if words else "")
+    binary = which("nv-fabricmanager", search_path)
+    if binary:
+        record["installed"] = True
+        try:
+            rc, out = _run_bounded([binary, "--version"], timeout)
+        except OSError as exc:
+            rc, out = 1, str(exc)
+        record["version"] = parse_fabric_manager_version(out) if rc == 0 else None
+    return record
+
+
+def fabric_manager_issues(fabric_manager, driver_version):
+    # type: (Optional[Dict[str, Any]], Optional[str]) -> List[str]
+    """What is wrong with Fabric Manager on an NVSwitch node (empty: nothing, or not readable)."""
+    if not fabric_manager:
+        return []
+    issues = []
+    state = fabric_manager.get("state")
+    if state is not None and state != "active":
+        issues.append("nvidia-fabricmanager is %s: NVSwitch jobs fail (CUDA error 802) until it runs" % state)
+    if not fabric_manager.get("installed"):
+        issues.append("nv-fabricmanager is not installed: an NVSwitch node needs Fabric Manager of the driver's version")
+    elif fabric_manager.get("version") is None:
+        issues.append("nv-fabricmanager --version printed no version")
+    elif driver_version and fabric_manager["version"] != driver_version:
+        issues.append("nv-fabricmanager is version %s, the driver %s: Fabric Manager must match the driver exactly"
+                      % (fabric_manager["version"], driver_version))
+    return issues
+
+
+HEALTH_KEYS = ("healthy", "health_checked", "health_unchecked", "health_issues", "health")
 
 
 class Health(object):
-    """One look's health context: the checks, the Xids read, the fields the driver rejected."""
+    """One look's health context: the checks, the Xids read, the fields the driver rejected,
+    Fabric Manager where the GPUs sit on an NVSwitch fabric."""
 
-    def __init__(self, checks, xids_by_bus=None, rejected=(), kernel_log=None):
-        # type: (Checks, Optional[Dict[str, List[Dict[str, Any]]]], Any, Optional[KernelLog]) -> None
+    def __init__(self, checks, xids_by_bus=None, rejected=(), kernel_log=None, history_by_bus=None, fabric_manager=None,
+                 driver_version=None):
+        # type: (Checks, Optional[Dict[str, List[Dict[str, Any]]]], Any, Optional[KernelLog], Any, Any, Optional[str]) -> None
         self.checks = checks
         self.xids_by_bus = xids_by_bus or {}
+        self.history_by_bus = history_by_bus or {}
         self.rejected = set(rejected)
         self.kernel_log = kernel_log
+        self.fabric_manager = fabric_manager
+        self.host_issues = fabric_manager_issues(fabric_manager, driver_version)
 
     def annotate(self, gpus):
         # type: (List[Dict[str, Any]]) -> List[Dict[str, Any]]
-        """Copies of the records with healthy, health_issues, health_checked and health."""
+        """Copies of the records with healthy, health_issues, health_checked, health_unchecked and health."""
         error = self.kernel_log.error if self.kernel_log is not None else None
+        fm_error = (self.fabric_manager or {}).get("error")
         result = []
         for gpu in gpus:
             record = dict(gpu)
-            rejected = set(self.rejected) | set(gpu.get("_rejected") or ())
+            record["_rejected"] = sorted(set(self.rejected) | set(gpu.get("_rejected") or ()))
             xids = xids_of(gpu, self.xids_by_bus)
-            record["health_issues"] = gpu_issues(gpu, self.checks, xids)
-            notes = unchecked(gpu, rejected, error, self.checks)
+            record["health_issues"] = gpu_issues(record, self.checks, xids, self.host_issues)
+            missing = unchecked_checks(record, self.checks, error, fm_error)
             record["healthy"] = not record["health_issues"]
-            record["health_checked"] = not notes
+            record["health_unchecked"] = [name for name, _why in missing]
+            record["health_checked"] = not missing
             details = readings(gpu)
-            details["xids"] = xids
-            details["unchecked"] = notes
+            details["xids"] = [dict(x, fault=self.checks.xid_fault(x["xid"], gpu.get("recovery_action"))) for x in xids]
+            details["xids_before_driver_load"] = xids_of(gpu, self.history_by_bus)
+            details["unchecked"] = ["%s: %s" % item for item in missing]
             record["health"] = details
             result.append(record)
         return result
@@ -403,20 +772,27 @@ class Health(object):
             "kernel_log": {
                 "source": log.source if log else None,
                 "error": log.error if log else None,
+                "fallback": log.fallback if log else None,
+                "driver_loaded": log.driver_loaded if log else None,
                 "window_hours": self.checks.xid_window_hours,
                 "elapsed_s": log.elapsed_s if log else 0.0,
             },
+            "fabric_manager": self.fabric_manager,
             "dcgm_diag": dcgm,
         }
 
 
-def host_verdict(gpus, dcgm=None):
-    # type: (List[Dict[str, Any]], Optional[Dict[str, Any]]) -> Tuple[bool, List[str]]
-    """(healthy, issues) of a host: every GPU's issues as 'GPU i (bus): issue', and DCGM's."""
+def host_verdict(gpus, dcgm=None, host_issues=()):
+    # type: (List[Dict[str, Any]], Optional[Dict[str, Any]], Any) -> Tuple[bool, List[str]]
+    """(healthy, issues) of a host: every GPU's issues as 'GPU i (bus): issue', the node's own
+    (Fabric Manager, once, not per GPU), and DCGM's."""
     issues = []
+    node = [issue for issue in host_issues if any(issue in (gpu.get("health_issues") or []) for gpu in gpus)]
     for gpu in gpus:
         for issue in gpu.get("health_issues") or []:
-            issues.append("GPU %s (%s): %s" % (gpu.get("index"), gpu.get("pci_bus_id"), issue))
+            if issue not in node:
+                issues.append("GPU %s (%s): %s" % (gpu.get("index"), gpu.get("pci_bus_id"), issue))
+    issues.extend(node)
     if dcgm and dcgm.get("passed") is False:
         issues.append("dcgmi diag -r %s failed: %s" % (dcgm.get("level"), dcgm.get("summary")))
     return not issues, issues

@@ -39,11 +39,19 @@ HEALTH_FIELDS = (
     ("clocks_event_reasons.hw_thermal_slowdown", "slowdown_hw_thermal", "str"),
     ("clocks_event_reasons.hw_power_brake_slowdown", "slowdown_hw_power_brake", "str"),
     ("clocks_event_reasons.sw_thermal_slowdown", "slowdown_sw_thermal", "str"),
+    ("mig.mode.pending", "mig_mode_pending", "str"),
+    # R550+ (the H200 capture of 580.159.04 answers "None"); N/A where the GPU has none.
+    ("gpu_recovery_action", "recovery_action", "str"),
+    # NVSwitch fabric registration; "N/A" on a GPU without a fabric (the same capture).
+    ("fabric.state", "fabric_state", "str"),
+    ("fabric.status", "fabric_status", "str"),
 )
 
 # Fields an older driver may not know: asked again without them (value None). Drivers before
-# R535 know the clock reasons only by their old name, so those are renamed first.
-OPTIONAL_FIELDS = frozenset(["memory.reserved"] + [f for f, _k, _t in HEALTH_FIELDS])
+# R535 know the clock reasons only by their old name, so those are renamed first. Every health
+# reading is optional, MIG mode and persistence mode included (an R440 driver knows no
+# mig.mode.current): a driver that rejects one loses that check only, never memory freeing.
+OPTIONAL_FIELDS = frozenset(["memory.reserved", "persistence_mode", "mig.mode.current"] + [f for f, _k, _t in HEALTH_FIELDS])
 RENAMED_FIELDS = {"clocks_event_reasons.": "clocks_throttle_reasons."}
 
 # nvidia-smi fields we ask for, mapped to the record keys of DESIGN.md. The order is the
@@ -502,6 +510,16 @@ class NvidiaSmi(object):
             return True
         return False
 
+    def _reject_unnamed(self, bad_field, fields):
+        """rc 2 with a message that names no field (not the wording of any capture): ask again
+        without every optional field at once rather than lose the memory reading. False when
+        there is none left to drop."""
+        left = [f for f, _k, _t in fields if f in OPTIONAL_FIELDS and f not in self.rejected]
+        if bad_field is not None or not left:
+            return False
+        self.rejected.update(left)
+        return True
+
     def query_gpus(self, fields=GPU_FIELDS, gpus=None):
         """--query-gpu. Optional fields the driver rejects (memory.reserved before R5xx, health
         fields) read None, and each record lists them in `_rejected`."""
@@ -511,7 +529,7 @@ class NvidiaSmi(object):
             try:
                 records = parse_gpus(self.run(args), asked, cmd=[self.path] + args)
             except BadField as exc:
-                if not self._learn(exc.field):
+                if not self._learn(exc.field) and not self._reject_unnamed(exc.field, fields):
                     raise
                 continue
             dropped = [(f, k) for f, k, _t in fields if f in self.rejected]

@@ -47,6 +47,7 @@ RANGES = {
     "min_pcie_width": (0, True),
     "xid_window_hours": (0, True),
     "expected_count": (0, True),
+    "smoke_test_mib": (0, True),
 }
 
 # systemd refuses unit names longer than 255 characters (UNIT_NAME_MAX); the count keeps every

@@ -124,16 +124,18 @@ def matches_any(holder, regexes):
     return any(regex.search(holder.get("cmdline") or "") for regex in regexes)
 
 
-def plan_targets(holders, selected, regexes):
+def plan_targets(holders, selected, regexes, kill_spanning=False):
     """(to signal, protected holders of the selected GPUs). A holder is signalled for the GPUs it
-    uses (see _attribution: an undecided one only when every GPU it may use is selected); `match`
-    narrows that, and an NVML client is signalled only when `match` names it."""
+    uses (see _attribution: an undecided one only when every GPU it may use is selected, a
+    spanning one only with kill_spanning); `match` narrows that, and an NVML client is signalled
+    only when `match` names it."""
     targets, protected = [], []
     for holder in holders:
-        for_selection = _attribution.may_signal_for(holder, selected)
+        for_selection = _attribution.may_signal_for(holder, selected, kill_spanning)
         named = bool(regexes) and matches_any(holder, regexes)
         if holder["protected"]:
-            if for_selection or named:
+            # Reported when it holds a selected GPU, spanning or not: it is never signalled anyway.
+            if _attribution.may_signal_for(holder, selected, kill_spanning=True) or named:
                 protected.append(holder)
             continue
         if regexes and not named:
@@ -141,6 +143,70 @@ def plan_targets(holders, selected, regexes):
         if for_selection or (named and holder.get("attribution") == _attribution.NVML_CLIENT):
             targets.append(holder)
     return targets, protected
+
+
+def spanning_targets(holders, selected, regexes):
+    """Unprotected holders that freeing `selected` would signal (those `match` names, when set)
+    but that also use GPUs outside it: [(holder, outside GPUs)]."""
+    found = []
+    for holder in _attribution.spanning_for(holders, selected):
+        if not holder["protected"] and (not regexes or matches_any(holder, regexes)):
+            found.append((holder, _attribution.outside_gpus(holder, selected)))
+    return found
+
+
+def spanning_containers(holders, selected, stopping):
+    """Containers planned to be stopped because they hold a selected GPU, whose processes also
+    use GPUs outside the selection: [{container, name, pids, gpu_indexes, outside_gpus}]."""
+    found = []
+    for entry in stopping:
+        if not entry.get("gpu_indexes"):
+            continue  # named in services: stopped because the user named it
+        inside = [h for h in holders if h.get("container") and h["container"] == entry.get("id")]
+        used = set(g for h in inside for g in h.get("gpu_indexes") or [])
+        if used - set(selected):
+            found.append({"container": entry.get("id"), "name": entry.get("name"), "pids": sorted(h["pid"] for h in inside),
+                          "gpu_indexes": sorted(used), "outside_gpus": sorted(used - set(selected))})
+    return found
+
+
+def _gpu_list(indexes):
+    return ",".join(str(i) for i in indexes)
+
+
+def spanning_record(processes, units, containers):
+    """The `spanning` return value: what uses a selected GPU and GPUs outside the selection."""
+    record = [
+        {"pid": h["pid"], "name": h.get("name"), "cmdline": h.get("cmdline"), "unit": h.get("unit"), "container": h.get("container"),
+         "pids": [h["pid"]], "gpu_indexes": list(h.get("gpu_indexes") or []), "outside_gpus": outside}
+        for h, outside in processes
+    ]
+    record += [dict(u, pid=None, name=None, cmdline=None, container=None) for u in units]
+    record += [{"pid": None, "name": c.get("name"), "cmdline": None, "unit": None, "container": c["container"], "pids": c["pids"],
+                "gpu_indexes": c["gpu_indexes"], "outside_gpus": c["outside_gpus"]} for c in containers]
+    return record
+
+
+def spanning_message(processes, units, containers, selected):
+    """Why a partial selection is refused before anything is done, naming each spanning process
+    (pid, name, command line) or unit or container and the unselected GPUs it uses."""
+    parts = []
+    for holder, outside in processes:
+        parts.append("%s uses GPUs %s; GPU %s %s outside the selection" % (
+            describe_holder(holder), _gpu_list(holder.get("gpu_indexes") or []), _gpu_list(outside), "is" if len(outside) == 1 else "are"))
+    for unit in units:
+        parts.append("unit %s (pids %s) holds GPUs %s; GPU %s %s outside the selection" % (
+            unit["unit"], _gpu_list(unit["pids"]), _gpu_list(unit["gpu_indexes"]), _gpu_list(unit["outside_gpus"]),
+            "is" if len(unit["outside_gpus"]) == 1 else "are"))
+    for container in containers:
+        parts.append("container %s (pids %s) holds GPUs %s; GPU %s %s outside the selection" % (
+            container.get("name") or str(container["container"])[:12], _gpu_list(container["pids"]), _gpu_list(container["gpu_indexes"]),
+            _gpu_list(container["outside_gpus"]), "is" if len(container["outside_gpus"]) == 1 else "are"))
+    return (
+        "refusing to free GPU %s: ending these would also end their work on GPUs outside the selection: %s. Nothing was stopped or "
+        "signalled. Select every GPU they use, or set kill_spanning: true (role: free_gpus_kill_spanning) to end them anyway"
+        % (_gpu_list(selected), "; ".join(parts))
+    )
 
 
 def describe_holder(holder):
@@ -312,6 +378,8 @@ class Release(object):
         self.names, self.pids = holders_mod.split_protect(params.get("protect"))
         self.lineage = holders_mod.lineage(os.getpid(), system.proc)
         self.regexes = params.get("_match_regexes") or []
+        # Workload units that also hold GPUs outside the selection (plan_units).
+        self.spanning_units = []
         # The compute apps of the latest scan ([] when none was needed).
         self.apps = []
         # Minor numbers by bus id, from the look; the verify loop's readings reuse them.
@@ -334,6 +402,10 @@ class Release(object):
             "reused_pids": [],
             "unkillable": [],
             "undecided": [],
+            # Holders of a selected GPU that also use GPUs outside the selection (kill_spanning).
+            "spanning": [],
+            # Units a glob in services matched but that are never selected by one (reason given).
+            "kept_units": [],
             "warnings": [],
             "gpus_before": [],
             "gpus": [],
@@ -393,12 +465,22 @@ class Release(object):
 
     def plan_units(self, targets, holders, selected):
         forbidden = self.forbidden_units(holders)
-        owned, self.result["launchers"], warnings = _units.owners(self.system.systemctl, targets, holders, selected, forbidden,
-                                                                  self.system.proc, self.names)
-        self.result["warnings"].extend(warnings)
+        owned, self.result["launchers"], self.spanning_units = _units.owners(
+            self.system.systemctl, targets, holders, selected, forbidden, self.system.proc, self.names,
+            self.params.get("launchers") or (), bool(self.params.get("kill_spanning")))
         unit_services, _globs = _containers.split_services(self.params.get("services"))
         return _units.plan(self.system.systemctl, unit_services, owned if self.params.get("stop_owning_units") else [],
-                           self.params.get("service_state"), forbidden, self.result, self.names, self.system.proc)
+                           self.params.get("service_state"), forbidden, self.result, self.names, self.system.proc,
+                           self.params.get("launchers") or ())
+
+    def refuse_spanning(self, holders, selected, container_plan):
+        """Spanning processes, units and containers (see _attribution) -> result["spanning"];
+        without kill_spanning, a failure before anything is done (check mode says the same)."""
+        processes = spanning_targets(holders, selected, self.regexes)
+        containers = spanning_containers(holders, selected, container_plan.stop)
+        self.result["spanning"] = spanning_record(processes, self.spanning_units, containers)
+        if self.result["spanning"] and not self.params.get("kill_spanning"):
+            raise ReleaseError(spanning_message(processes, self.spanning_units, containers, selected), self.result)
 
     def plan_containers(self, holders, targets):
         """Containers to stop through their runtime, and the targets left to signal (_containers)."""
@@ -503,7 +585,8 @@ class Release(object):
         selected = select_gpus(gpus, self.params.get("gpus"))
         self.result["gpus_before"] = [_facts.public_gpu(g, limit, snapshot.footprint) for g in gpus]
         self.result["selected_gpus"] = selected
-        targets, protected = plan_targets(holders, selected, self.regexes)
+        kill_spanning = bool(self.params.get("kill_spanning"))
+        targets, protected = plan_targets(holders, selected, self.regexes, kill_spanning)
         self.result["undecided"] = undecided_record(_attribution.undecided_for(holders, selected))
         self.result["protected"] = [{"pid": h["pid"], "name": h["name"], "unit": h.get("unit"), "gpu_indexes": h["gpu_indexes"]} for h in protected]
         planning = self.system.now()
@@ -511,6 +594,7 @@ class Release(object):
         self.result["warnings"].extend(container_plan.warnings)
         targets = container_plan.signal
         unit_plan = self.plan_units(targets, holders, selected)
+        self.refuse_spanning(holders, selected, container_plan)
         self.result["timings"]["plan_s"] = round(self.system.now() - planning, 3)
         self.result["services_not_found"] = unit_plan["not_found"] + container_plan.not_found
         gpus_clean = all(g["clean"] for g in self.result["gpus_before"] if g["index"] in selected)
@@ -564,7 +648,7 @@ class Release(object):
         if container_plan.stop or unit_plan["stop"]:
             # Stopping a unit or a container ended its processes; see who is left before signalling anyone.
             holders = self.scan(gpus)
-            targets, _protected = plan_targets(holders, selected, self.regexes)
+            targets, _protected = plan_targets(holders, selected, self.regexes, kill_spanning)
             targets = [t for t in targets if not _containers.pod_holders([t])]
         watch = None
         if targets and self.params.get("kill", True):

@@ -37,12 +37,22 @@ LAUNCHER_NAMES = (
     "slurmd", "slurmstepd", "slurmctld", "slurmdbd", "slurmrestd",
     "pbs_mom", "pbs_server", "pbs_server.bin", "pbs_sched", "pbs_comm", "trqauthd",
     "sbatchd", "mbatchd", "lsfd",
-    "condor_master", "condor_startd", "condor_starter", "condor_schedd", "condor_shadow",
+    "condor_master", "condor_startd", "condor_starter", "condor_schedd", "condor_shadow", "condor_procd",
     "sge_execd", "sge_qmaster", "sge_shepherd",
+    # cluster runtimes that run every job's tasks as their own children: Ray (a `ray start` node:
+    # raylet and gcs_server under it, the ray:: workers under raylet), Dask workers, Nomad agents.
+    # "tool subcommand" is the script or binary followed by its first argument (process_names).
+    "ray start", "raylet", "gcs_server",
+    "dask worker", "dask cuda", "dask-worker", "dask-cuda-worker", "distributed.cli.dask_worker", "distributed.cli.dask_spec",
+    "dask_cuda.cli", "dask_cuda.cli.dask_cuda_worker",
+    "nomad agent",
     # time-based launchers
     "cron", "crond", "CRON", "anacron", "atd", "fcron",
-    # notebook hubs
+    # notebook hubs, servers and kernel gateways: kernels are their children
     "jupyterhub", "jupyterhub-singleuser", "configurable-http-proxy",
+    "jupyter-lab", "jupyter-notebook", "jupyter-server", "jupyter-kernelgateway", "jupyter-labhub",
+    "jupyter lab", "jupyter notebook", "jupyter server", "jupyter kernelgateway", "jupyter labhub",
+    "jupyterlab", "notebook", "jupyter_server", "kernel_gateway", "voila",
     # CI runners
     "gitlab-runner", "Runner.Listener", "Runner.Worker", "runsvc.sh", "buildkite-agent", "jenkins-agent", "drone-runner-exec",
     # container engines and their shims
@@ -58,6 +68,30 @@ LAUNCHER_UNITS = (
     "jupyterhub*.service", "gitlab-runner*.service", "actions.runner.*.service", "buildkite-agent*.service", "jenkins*.service",
     "docker.service", "containerd.service", "kubelet.service", "crio.service", "cri-o.service", "podman*.service",
     "k3s*.service", "rke2*.service", "supervisor.service", "supervisord.service",
+    "ray.service", "raylet*.service", "dask-worker*.service", "dask-cuda-worker*.service", "nomad*.service",
+    "jupyter*.service",
+)
+# What `services: ["*"]` (any glob) never selects, because the node stops being reachable or its
+# data safe without it; named exactly, such a unit is stopped as asked. Matched by a glob, it is
+# kept and listed in `kept_units` with the reason. (ESSENTIAL_UNITS, below, are refused even
+# when named.)
+NODE_KEEPING_UNITS = (
+    ("network", (
+        "networking.service", "ifup@*.service", "ifupdown*.service", "NetworkManager*.service", "systemd-networkd*.service",
+        "wg-quick@*.service", "tailscaled.service", "zerotier-one.service", "openvpn*.service", "nftables.service",
+        "iptables.service", "ip6tables.service", "netfilter-persistent.service", "firewalld.service", "ufw.service",
+        "dhcpcd*.service", "isc-dhcp*.service", "openvswitch*.service", "ovs-*.service", "systemd-resolved.service",
+    )),
+    ("storage", (
+        "iscsid.service", "iscsi*.service", "open-iscsi.service", "multipathd.service", "nfs*.service", "rpcbind.service",
+        "rpc-*.service", "autofs.service", "lvm*.service", "zfs*.service", "mdmonitor.service", "mdadm*.service",
+        "blk-availability.service", "ceph*.service", "glusterd.service", "lnet.service", "lustre*.service", "beegfs*.service",
+        "gpfs*.service", "mmfs*.service", "smb*.service", "cachefilesd.service",
+    )),
+    ("identity", ("sssd*.service", "nslcd.service", "winbind.service", "nscd.service", "ypbind.service", "oddjobd.service")),
+    ("remote access", ("sshd*.service", "ssh*.service", "dropbear*.service", "teleport*.service")),
+    ("time", ("chrony.service", "chronyd.service", "ntp.service", "ntpd.service", "ntpsec.service", "openntpd.service",
+              "systemd-timesyncd.service")),
 )
 # Units the node needs to stay reachable and sane. Named in `services`, they are refused;
 # matched by a glob, skipped. systemd's own units, D-Bus, login, SSH, consoles, networking.
@@ -67,6 +101,7 @@ ESSENTIAL_UNITS = (
     "networking.service", "NetworkManager*", "wpa_supplicant*", "rsyslog.*", "auditd.service",
 )
 INTERPRETERS = re.compile(r"^(?:python[0-9.]*|perl[0-9.]*|ruby[0-9.]*|node|nodejs|bash|sh|dash|java)$")
+SUBCOMMAND = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 SLURM_JOB_CGROUP = re.compile(r"/job_(\d+)(?:/|$)")
 # systemctl show polls: first fast (a cooperative unit stops in ~0.1 s), then every STOP_POLL_MAX_S.
 STOP_POLL_S = 0.02
@@ -150,44 +185,103 @@ def unit_actions(props, service_state):
 
 def process_names(record):
     """The names a process goes by: comm, executable, argv[0] and, for an interpreter, the
-    script or module it runs (`python3 /usr/local/bin/jupyterhub`, `python3 -m jupyterhub`)."""
+    script or module it runs (`python3 /usr/local/bin/jupyterhub`, `python3 -m jupyterhub`);
+    also "tool subcommand" for the script or binary and its first argument (`ray start`,
+    `dask worker`, `nomad agent`, `jupyter lab`)."""
     if not record:
         return set()
     names = {record.get("name"), record.get("exe"), record.get("argv0")}
     words = (record.get("cmdline") or "").split()
-    if words and INTERPRETERS.match(words[0].rsplit("/", 1)[-1]):
-        rest = words[1:]
+    tool, rest = (words[0].rsplit("/", 1)[-1], words[1:]) if words else (None, [])
+    if tool and INTERPRETERS.match(tool):
         while rest and rest[0].startswith("-") and rest[0] != "-m":
             rest = rest[1:]
         if len(rest) >= 2 and rest[0] == "-m":
-            names.add(rest[1].split(".")[0])
+            names.update((rest[1], rest[1].split(".")[0]))
+            tool, rest = rest[1], rest[2:]
         elif rest:
-            names.add(rest[0].rsplit("/", 1)[-1])
+            tool, rest = rest[0].rsplit("/", 1)[-1], rest[1:]
+            names.add(tool)
+        else:
+            tool = None
+    if tool and rest and SUBCOMMAND.match(rest[0]):
+        names.add("%s %s" % (tool, rest[0]))
     return {name for name in names if name}
 
 
-def is_launcher_name(names):
-    """True when one of a process's names is a launcher's (comm is cut at 15 characters)."""
+def exec_start_names(text):
+    """The names of the commands in a unit's `ExecStart=` as `systemctl show` prints it
+    (`{ path=/usr/bin/ray ; argv[]=/usr/bin/ray start --block ; ... }`): what systemd itself
+    runs, whatever the process later calls itself."""
+    names = set()
+    for command in (text or "").split("{")[1:]:
+        fields = dict(
+            (key.strip(), value.strip()) for key, _sep, value in (part.partition("=") for part in command.split(" ; ")) if key.strip()
+        )
+        argv = fields.get("argv[]", "").split()
+        path = fields.get("path", "")
+        if argv or path:
+            names |= process_names({"exe": path.rsplit("/", 1)[-1], "argv0": argv[0].rsplit("/", 1)[-1] if argv else None,
+                                    "cmdline": " ".join(argv)})
+    return names
+
+
+def split_launchers(entries):
+    """The `launchers` option -> (unit globs, process name globs): an entry that ends with a unit
+    suffix (`mysched*.service`) names units, any other (`mysched`, `my-agent*`) processes."""
+    unit_globs, names = [], []
+    for entry in entries or []:
+        entry = str(entry).strip()
+        if not entry:
+            continue
+        if entry.rsplit(".", 1)[-1] in UNIT_SUFFIXES and "." in entry:
+            unit_globs.append(entry)
+        else:
+            names.append(entry)
+    return tuple(unit_globs), tuple(names)
+
+
+def is_launcher_name(names, site_names=()):
+    """True when one of a process's names is a launcher's (comm is cut at 15 characters), or
+    matches a name glob of the `launchers` option."""
+    return launcher_name(names, site_names) is not None
+
+
+def launcher_name(names, site_names=()):
+    """The launcher name that one of `names` is, or None."""
     for launcher in LAUNCHER_NAMES:
         if launcher in names or (len(launcher) > holders_mod.COMM_LENGTH and launcher[:holders_mod.COMM_LENGTH] in names):
-            return True
-    return False
+            return launcher
+    for pattern in site_names or ():
+        for name in names:
+            if fnmatch.fnmatchcase(name, pattern):
+                return name
+    return None
 
 
-def stop_verdict(unit, main_names, under_main, unit_gpus, selected):
+def stop_verdict(unit, main_names, under_main, unit_gpus, selected, site=((), ())):
     """Whether stopping UNIT through systemd is how to free the selected GPUs of its holders.
 
     None: stop it, it IS the workload (vllm.service: its main process or the main process's
-    descendants hold the GPUs; vLLM V1's API server holds none, its EngineCore child does).
+    descendants hold the GPUs; vLLM V1's API server holds none, its EngineCore child does; a
+    unit that also runs processes without a GPU - an API server, Python's multiprocessing
+    resource tracker, tokenizer workers - is no launcher for that).
     Otherwise (kind, why), its holders are signalled instead and the unit keeps running:
-    kind "launcher" for a unit that starts other people's jobs (recognised by the unit's name
-    or its main process's names, or because the holders are not its main process or its
-    descendants: slurmstepd is reparented to PID 1 inside slurmd.service), kind "other_gpus"
-    for a workload that also holds GPUs outside the selection."""
-    if matches(unit, LAUNCHER_UNITS):
-        return "launcher", "%s starts other jobs (scheduler, cron, hub, CI runner, container engine or supervisor)" % unit
-    if is_launcher_name(main_names):
-        return "launcher", "the main process of %s (%s) starts other jobs" % (unit, "/".join(sorted(main_names)))
+    kind "launcher" for a unit that starts other people's jobs (recognised by the unit's name,
+    by the names of its main process and of its ExecStart=, or because the holders are not its
+    main process or its descendants: slurmstepd is reparented to PID 1 inside slurmd.service;
+    `site` adds the `launchers` option's (unit globs, process names)), kind "other_gpus" for a
+    workload that also holds GPUs outside the selection: a spanning unit, never stopped for a
+    partial selection unless kill_spanning says so.
+
+    Recognising a launcher only ever keeps a unit running (its GPU holders are still signalled),
+    so names a process gives itself can make root stop less, never more."""
+    site_units, site_names = site
+    if matches(unit, LAUNCHER_UNITS) or matches(unit, site_units):
+        return "launcher", "%s starts other jobs (scheduler, cron, hub, CI runner, container engine, supervisor or cluster runtime)" % unit
+    launcher = launcher_name(main_names, site_names)
+    if launcher:
+        return "launcher", "the main process of %s (%s) starts other jobs" % (unit, launcher)
     if not under_main:
         return "launcher", "the GPU processes of %s are not its main process or its descendants" % unit
     outside = sorted(set(unit_gpus) - set(selected))
@@ -217,13 +311,20 @@ def _environ(pid, proc):
         return b""
 
 
-def owners(systemctl, targets, holders, selected, forbidden, proc="/proc", protect_names=()):
-    """The system services that own targets -> (to stop, launchers, warnings).
+def owners(systemctl, targets, holders, selected, forbidden, proc="/proc", protect_names=(), launchers=(), kill_spanning=False):
+    """The system services that own targets -> (to stop, launchers, spanning).
 
-    `launchers` lists, per unit (and Slurm job), the holders signalled instead of stopping it:
-    [{unit, reason, pids, slurm_job_id}]; holders in a Slurm job outside any service (a
-    slurmstepd scope) are listed too. `forbidden` units (this session's, a protected
-    process's) and units whose main process is protected are never stopped."""
+    `launchers` (returned) lists, per unit (and Slurm job), the holders signalled instead of
+    stopping it: [{unit, reason, pids, slurm_job_id}]; holders in a Slurm job outside any
+    service (a slurmstepd scope) are listed too. `forbidden` units (this session's, a protected
+    process's) and units whose main process is protected are never stopped. `spanning` lists
+    the workload units that also hold GPUs outside the selection: [{unit, pids, gpu_indexes,
+    outside_gpus}]; they are stopped (and still listed) only with `kill_spanning`: the caller
+    refuses to act otherwise. `launchers` (the option) adds a site's own (see split_launchers).
+
+    Which unit a holder is in comes from its cgroup (outside any user-delegated subtree), the
+    unit's main process and command from systemd (MainPID, ExecStart)."""
+    site = split_launchers(launchers)
     units = []
     for holder in targets:
         unit = holder.get("unit")
@@ -231,9 +332,9 @@ def owners(systemctl, targets, holders, selected, forbidden, proc="/proc", prote
             units.append(unit)
     props = {}
     if units:
-        rc, out, _err = systemctl(["show", "--property=Id,MainPID", "--no-pager"] + units)
+        rc, out, _err = systemctl(["show", "--property=Id,MainPID,ExecStart", "--no-pager"] + units)
         props = parse_show(out) if rc == 0 else {}
-    to_stop, warnings, reasons = [], [], {}
+    to_stop, spanning, reasons = [], [], {}
     for unit in units:
         in_unit = [h for h in targets if h.get("unit") == unit and h.get("system_service")]
         if unit in forbidden:
@@ -253,17 +354,17 @@ def owners(systemctl, targets, holders, selected, forbidden, proc="/proc", prote
         for holder in holders:
             if holder.get("unit") == unit and holder.get("system_service"):
                 unit_gpus.update(holder.get("gpu_indexes") or [])
-        verdict = stop_verdict(unit, process_names(main), under_main, unit_gpus, selected)
-        if verdict is None:
-            to_stop.append(unit)
-        elif verdict[0] == "launcher":
+        names = process_names(main) | exec_start_names(props.get(unit, {}).get("ExecStart"))
+        verdict = stop_verdict(unit, names, under_main, unit_gpus, selected, site)
+        if verdict is not None and verdict[0] == "launcher":
             reasons[unit] = verdict[1]
-        else:
-            warnings.append(
-                "%s: not stopped; its processes on the selected GPUs are signalled, and its Restart= setting may start them again"
-                % verdict[1]
-            )
-    launchers = []
+            continue
+        if verdict is not None:
+            spanning.append({"unit": unit, "pids": sorted(h["pid"] for h in in_unit), "gpu_indexes": sorted(unit_gpus),
+                             "outside_gpus": sorted(unit_gpus - set(selected))})
+        if verdict is None or kill_spanning:
+            to_stop.append(unit)
+    launcher_entries = []
     for holder in targets:
         unit = holder.get("unit")
         reason = reasons.get(unit) if holder.get("system_service") else None
@@ -272,36 +373,53 @@ def owners(systemctl, targets, holders, selected, forbidden, proc="/proc", prote
             continue
         if reason is None:
             reason = "Slurm job %s" % job
-        entry = next((e for e in launchers if e["unit"] == unit and e["slurm_job_id"] == job), None)
+        entry = next((e for e in launcher_entries if e["unit"] == unit and e["slurm_job_id"] == job), None)
         if entry is None:
             entry = {"unit": unit, "reason": reason, "pids": [], "slurm_job_id": job}
-            launchers.append(entry)
+            launcher_entries.append(entry)
         entry["pids"].append(holder["pid"])
-    return to_stop, launchers, warnings
+    return to_stop, launcher_entries, spanning
 
 
 # ---------------------------------------------------------------- named units
 
 
 def known_units(systemctl, named, service_state):
-    """The units systemd knows that the globs among `named` may match."""
+    """The units systemd knows that the globs among `named` may match: the loaded ones (what
+    runs, what restarts, what is wanted at boot) and the unit files nobody loaded (an enabled
+    vllm.service that is inactive, a disabled one to mask). The unit files are listed (~0.2 s)
+    only when they can change the answer: to disable or mask, or when a glob matched no loaded
+    unit (so no false "matches no unit" warning). Templates (`ifup@.service`) are no unit that
+    can be stopped: their instances are."""
     globs = [normalize_unit(p) for p in named if is_glob(p)]
     if not globs:
         return []
-    # Loaded units cover what runs, what restarts and what is enabled (wanted at boot); only
-    # masking also needs the unit files nobody loaded (listing them costs ~0.2 s).
-    listings = [["list-units", "--all"]]
-    if service_state == "masked":
-        listings.append(["list-unit-files"])
     known = []
-    for verb in listings:
-        rc, out, _err = systemctl(verb + ["--plain", "--no-legend", "--no-pager"] + globs)
+    rc, out, _err = systemctl(["list-units", "--all", "--plain", "--no-legend", "--no-pager"] + globs)
+    if rc == 0:
+        known.extend(parse_list_units(out))
+    unmatched = [g for g in globs if not any(fnmatch.fnmatchcase(unit, g) for unit in known)]
+    if service_state in ("disabled", "masked") or unmatched:
+        rc, out, _err = systemctl(["list-unit-files", "--plain", "--no-legend", "--no-pager"] + globs)
         if rc == 0:
-            known.extend(parse_list_units(out))
-    return known
+            known.extend(unit for unit in parse_list_units(out) if unit not in known)
+    return [unit for unit in known if not is_template(unit)]
 
 
-SHOW_PROPERTIES = "Id,LoadState,ActiveState,SubState,UnitFileState,MainPID,TriggeredBy,FragmentPath"
+def is_template(unit):
+    """`getty@.service`: a template, not a unit (its instances are `getty@tty1.service`)."""
+    return "@." in unit
+
+
+def keeps_node(unit):
+    """Why a glob never selects UNIT (network, storage, identity, remote access, time), or None."""
+    for kind, patterns in NODE_KEEPING_UNITS:
+        if matches(unit, patterns):
+            return kind
+    return None
+
+
+SHOW_PROPERTIES = "Id,LoadState,ActiveState,SubState,UnitFileState,MainPID,TriggeredBy,FragmentPath,ExecStart"
 
 
 def _show(systemctl, units, result):
@@ -332,41 +450,89 @@ def _cannot_mask(props):
     return fragment.startswith("/etc/systemd/system/") and props.get("LoadState") != "masked"
 
 
-def plan(systemctl, named, owned, service_state, forbidden, result, protect_names=(), proc="/proc"):
+def _launcher_by_main(props, site, proc):
+    """The launcher the main process (or ExecStart=) of a unit is, or None (see stop_verdict)."""
+    try:
+        main_pid = int(props.get("MainPID") or 0)
+    except ValueError:
+        main_pid = 0
+    names = exec_start_names(props.get("ExecStart"))
+    if main_pid > 0:
+        names |= process_names(holders_mod.read_process(main_pid, proc))
+    return launcher_name(names, site[1])
+
+
+def plan(systemctl, named, owned, service_state, forbidden, result, protect_names=(), proc="/proc", launchers=()):
     """{stop, disable, mask, not_found}: named units (and the sockets and timers that trigger
     them) get `service_state`, owned ones are stopped only. Raises ReleaseError (carrying
     `result`) before anything is done when a named unit is forbidden, essential, runs a
     protected process, cannot be masked, or systemd cannot be asked. A glob never selects
-    such a unit, nor a launcher: those matches are skipped with a warning."""
+    such a unit, nor a launcher (built in, or of the `launchers` option), nor what keeps the
+    node reachable and its data safe (NODE_KEEPING_UNITS): those matches are kept and, where the
+    glob would have changed them, listed in result["kept_units"] ({unit, kind, reason}) and
+    named in one warning."""
     no_match = []
     expanded = expand_services(named, set(known_units(systemctl, named, service_state)), no_match)
     for pattern in no_match:
         result["warnings"].append("services: %s matches no unit on this host" % pattern)
     explicit = {normalize_unit(p) for p in named or [] if not is_glob(p)}
+    site = split_launchers(launchers)
     steps = {"stop": [], "disable": [], "mask": [], "not_found": []}
     props = _show(systemctl, expanded + [u for u in owned if u not in expanded], result) if expanded or owned else {}
 
-    def refusal(unit):
+    def refused(unit):
+        """(kind, reason) when UNIT is never stopped, named or not, else None."""
         if unit in forbidden:
-            return "it runs this Ansible session or a protected process"
+            return "session", "it runs this Ansible session or a protected process"
         if matches(unit, ESSENTIAL_UNITS):
-            return "the node needs it (systemd's own units, D-Bus, login, SSH, consoles and networking are never stopped)"
+            return "essential", "the node needs it (systemd's own units, D-Bus, login, SSH, consoles and networking are never stopped)"
         protected = _runs_protected(props.get(unit, {}), protect_names, proc)
         if protected:
-            return "its main process %s is protected" % protected
+            return "protected", "its main process %s is protected" % protected
         return None
 
+    def refusal(unit):
+        found = refused(unit)
+        return found[1] if found else None
+
+    def kept_from_globs(unit):
+        """(kind, reason) when a glob never selects UNIT, else None."""
+        kind = keeps_node(unit)
+        if kind:
+            return kind, "%s: the node needs it to stay reachable and its data safe; name it exactly to stop it" % kind
+        if matches(unit, LAUNCHER_UNITS) or matches(unit, site[0]):
+            return "launcher", "it is a launcher of other jobs; name it to stop it"
+        launcher = _launcher_by_main(props.get(unit, {}), site, proc)
+        if launcher:
+            return "launcher", "it is a launcher of other jobs (its main process is %s); name it to stop it" % launcher
+        return None
+
+    kept = result.setdefault("kept_units", [])
     named_units = []
     for unit in expanded:
-        why = refusal(unit)
-        if why and unit in explicit:
-            raise ReleaseError("refusing to stop %s: %s" % (unit, why), result)
-        if why or (unit not in explicit and matches(unit, LAUNCHER_UNITS)):
-            result["warnings"].append(
-                "services: skipped %s, which a glob matched: %s" % (unit, why or "it is a launcher of other jobs; name it to stop it")
-            )
+        kept_as = refused(unit)
+        if kept_as and unit in explicit:
+            raise ReleaseError("refusing to stop %s: %s" % (unit, kept_as[1]), result)
+        if not kept_as and unit not in explicit:
+            kept_as = kept_from_globs(unit)
+        if kept_as:
+            # Only what the glob would have changed is worth a line: `*` matches every inactive
+            # unit of systemd's too.
+            if any(unit_actions(props.get(unit, {}), service_state)):
+                kept.append({"unit": unit, "kind": kept_as[0], "reason": kept_as[1]})
             continue
         named_units.append(unit)
+    if kept:
+        groups = []
+        for entry in kept:
+            group = next((g for g in groups if g[0] == entry["kind"]), None)
+            if group is None:
+                group = (entry["kind"], [])
+                groups.append(group)
+            group[1].append(entry["unit"])
+        result["warnings"].append(
+            "services: kept %d unit%s that a glob matched (see kept_units; name one exactly to stop it, where allowed): %s" % (
+                len(kept), "" if len(kept) == 1 else "s", "; ".join("%s: %s" % (kind, ", ".join(names)) for kind, names in groups)))
     # A socket or timer would start a stopped service again: it gets the service's state.
     triggers = []
     for unit in named_units:

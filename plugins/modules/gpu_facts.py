@@ -24,9 +24,12 @@ description:
     the minor number is not always the index.
   - Says whether each GPU is ready for work, not just free (C(healthy), C(health_issues)) - uncorrectable ECC errors, pending
     or failed row remaps (retired pages before Ampere), a PCIe link below its generation or width, hardware or thermal
-    slowdown, persistence mode, MIG mode, and critical Xid errors of the GPU in the kernel log. The readings come from the same
-    C(nvidia-smi --query-gpu) call; see the collection's C(docs/health.md).
-  - Returns the result as the fact C(ansible_facts.gpu). Changes nothing.
+    slowdown, persistence mode, MIG mode, the driver's recovery action, the NVSwitch fabric and Fabric Manager, and Xid errors of
+    the GPU in the kernel log that NVIDIA's Xid catalog says need a reset or a reboot. The readings come from the same
+    C(nvidia-smi --query-gpu) call; each GPU's C(health_unchecked) names the checks that could not run. See the collection's
+    C(docs/health.md).
+  - Returns the result as the fact C(ansible_facts.gpu). Changes nothing (the optional O(smoke_test) allocates and frees GPU memory
+    on free GPUs only, and never in check mode).
 author:
   - zeromib.gpu contributors (@zeromib)
 extends_documentation_fragment:
@@ -34,6 +37,7 @@ extends_documentation_fragment:
   - ansible.builtin.action_common_attributes.facts
   - zeromib.gpu.nvidia_smi
   - zeromib.gpu.health
+  - zeromib.gpu.smoke_test
 attributes:
   check_mode:
     support: full
@@ -151,8 +155,8 @@ ansible_facts:
           returned: always
         health_checked:
           description:
-            - V(false) when some check could not be made on some GPU - a driver that does not know a health field, an unreadable
-              kernel log; each GPU's C(health.unchecked) says what. V([N/A]) readings (a GPU without ECC) are not a gap.
+            - V(false) when some check could not be made on some GPU - a driver that does not know a health field, a reading of
+              V([N/A]), an unreadable kernel log; each GPU's C(health_unchecked) names the checks and C(health.unchecked) says why.
           type: bool
           returned: always
         health_issues:
@@ -164,22 +168,48 @@ ansible_facts:
         health:
           description:
             - C(kernel_log) - where the Xids were read (C(source) V(journalctl) or V(dmesg)), C(error) when it could not be read,
-              C(window_hours), C(elapsed_s).
+              C(fallback) (why journalctl was passed over for dmesg, such as a journalctl that has no journal),
+              C(driver_loaded) (the driver's load line in the window; V(null) when it loaded before the window), C(window_hours), C(elapsed_s).
+            - C(fabric_manager) - on an NVSwitch node (a GPU whose C(fabric.state) is not N/A) C(state) (C(systemctl is-active
+              nvidia-fabricmanager)), C(installed), C(version) (C(nv-fabricmanager --version)), C(error); else V(null).
             - C(dcgm_diag) - V(null) unless O(dcgm_diag) was set; else C(level), C(ran), C(passed), C(summary), C(elapsed_s).
           type: dict
           returned: always
           sample:
-            kernel_log: {source: journalctl, error: null, window_hours: 24, elapsed_s: 0.012}
+            kernel_log: {source: journalctl, error: null, fallback: null, driver_loaded: null, window_hours: 24, elapsed_s: 0.012}
+            fabric_manager: null
             dcgm_diag: null
+        smoke_test_passed:
+          description:
+            - With O(smoke_test), V(true) when every GPU passed the CUDA smoke test, V(false) when one failed, V(null) when some GPU
+              was not tested (in use, MIG mode, check mode) - a skipped test is never reported as passed. V(null) when not asked.
+          type: bool
+          returned: always
+        smoke_test_issues:
+          description: "Each GPU that failed the smoke test as C(GPU <index> (<bus id>): <error>)."
+          type: list
+          elements: str
+          returned: always
+          sample: ["GPU 0 (00000000:18:00.0): CUDA_ERROR_SYSTEM_NOT_READY (802) at cuCtxCreate: system not yet initialized"]
+        smoke_test_s:
+          description: Seconds the smoke test took (a test process for all GPUs, the memory read after it); V(null) when none ran.
+          type: float
+          returned: when O(smoke_test=true)
         gpus:
           description:
             - One entry per GPU. V([N/A]) and other bracketed values read as V(null).
-            - C(healthy) is V(false) when C(health_issues) (plain sentences) is not empty; C(health_checked) is V(false) when a check
-              could not be made (C(health.unchecked) says which).
+            - With O(smoke_test), C(smoke_test) - C(ok) (V(null) when not tested), C(error), C(seconds), C(mib), C(skipped) (why not
+              tested - in use by a process, MIG mode, check mode) and C(memory_used_mib_after); V(null) without O(smoke_test).
+            - C(healthy) is V(false) when C(health_issues) (plain sentences) is not empty; C(health_unchecked) lists the checks that
+              could not run (V(ecc), V(row_remap), V(retired_pages), V(pcie), V(clocks), V(persistence), V(mig),
+              V(recovery_action), V(fabric), V(xid); C(health.unchecked) says why); C(health_checked) is V(true) only when it is
+              empty.
             - C(health) holds the readings - C(ecc_uncorrected_volatile), C(remapped_rows_pending), C(remapped_rows_failure),
               C(retired_pages_pending), C(pcie_link_gen_current), C(pcie_link_gen_max), C(pcie_link_width_current),
-              C(pcie_link_width_max), C(pstate), C(slowdown) (active hardware or thermal slowdown reasons), C(xids) (this GPU's
-              Xid lines of the kernel log in the window, each C(xid), C(time), C(message)) and C(unchecked).
+              C(pcie_link_width_max), C(pstate), C(slowdown) (active hardware or thermal slowdown reasons), C(mig_mode_pending),
+              C(recovery_action), C(fabric_state), C(fabric_status), C(xids) (this GPU's Xid lines of the kernel log in the window
+              since the driver loaded, each C(xid), C(time), C(message), C(action) (NVIDIA's catalog) and C(fault)),
+              C(xids_before_driver_load) and C(unchecked).
             - C(clean) is V(true) when C(memory_used_mib) is at most O(max_used_mib), or when C(cross_gpu_footprint) is V(true).
             - C(cross_gpu_footprint) is V(true) for a GPU that no process uses and whose memory above O(max_used_mib) is at most
               O(cross_gpu_footprint_mib), while contexts live on other GPUs.
@@ -205,6 +235,7 @@ ansible_facts:
               cross_gpu_footprint: false
               healthy: true
               health_checked: true
+              health_unchecked: []
               health_issues: []
               health:
                 ecc_uncorrected_volatile: 0
@@ -217,7 +248,12 @@ ansible_facts:
                 pcie_link_width_max: 16
                 pstate: P0
                 slowdown: []
+                mig_mode_pending: Disabled
+                recovery_action: None
+                fabric_state: null
+                fabric_status: null
                 xids: []
+                xids_before_driver_load: []
                 unchecked: []
         processes:
           description:
@@ -269,6 +305,7 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _cuda_smoke
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
@@ -278,6 +315,10 @@ ARGUMENT_SPEC = dict(
     _options.SHARED_SPEC,
     processes=dict(type="bool", default=True),
     fail_on_error=dict(type="bool", default=True),
+    xid_ignore=dict(type="list", elements="int", default=[]),
+    xid_fatal=dict(type="list", elements="int", default=[]),
+    smoke_test=dict(type="bool", default=False),
+    smoke_test_mib=dict(type="int", default=1024),
 )
 
 
@@ -286,7 +327,7 @@ def checked_params(params):
     return "; ".join(_options.check(params)) or None
 
 
-def gather(params, which=None):
+def gather(params, which=None, check_mode=False):
     """Options -> (the ansible_facts.gpu dict, a warning or None). Raises NvidiaSmiError.
     `which(name)` finds dcgmi (None: not installed)."""
     smi = NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), params["timeout"])
@@ -297,6 +338,7 @@ def gather(params, which=None):
         snapshot.gpus, snapshot.apps, snapshot.holders, params["max_used_mib"], params["processes"], _facts.cuda_driver_version(),
         snapshot.footprint, snapshot.health, dcgm,
     )
+    _cuda_smoke.for_facts(smi, params, facts, snapshot, check_mode)
     return facts, _facts.unreadable_warning(snapshot.unreadable)
 
 
@@ -306,11 +348,12 @@ def main():
     if problem:
         module.fail_json(msg=problem)
     try:
-        facts, warning = gather(module.params, module.get_bin_path)
+        facts, warning = gather(module.params, module.get_bin_path, module.check_mode)
     except NvidiaSmiError as exc:
         if module.params["fail_on_error"]:
             module.fail_json(**exc.details())
         facts, warning = _facts.failed_facts(exc.msg), None
+        facts.update(_cuda_smoke.summary([], asked=False))
     if warning:
         module.warn(warning)
     module.exit_json(changed=False, ansible_facts={"gpu": facts})

@@ -38,6 +38,7 @@ extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - zeromib.gpu.nvidia_smi
   - zeromib.gpu.health
+  - zeromib.gpu.smoke_test
 attributes:
   check_mode:
     support: full
@@ -70,10 +71,18 @@ options:
       - Units that do not exist on the host are listed in RV(services_not_found), not an error, so one list fits a mixed fleet.
       - The C(.socket) and C(.timer) units that trigger a named unit (C(TriggeredBy=)) are stopped with it and get the same O(service_state),
         so that they cannot start it again.
+      - Globs match the units systemd has loaded and the installed unit files (C(systemctl list-unit-files)), so an enabled but
+        inactive V(vllm.service) is matched too (and disabled with O(service_state=disabled)). Templates (C(getty@.service)) are not
+        matched; their instances are.
       - Never stopped, named or not - the unit of the module's own session, a unit whose main process is protected (see O(protect)),
         systemd's own units, D-Bus, login, SSH, consoles and networking. Named, such a unit fails the task before anything is done;
-        matched by a glob, it is skipped with a warning. A glob never selects a launcher (cron, atd, Slurm, jupyterhub, container
-        engines, ...) either - name it to stop it. So V(*) cannot take the node down.
+        matched by a glob, it is kept (RV(kept_units)).
+      - Never selected by a glob, stopped only when named exactly - what keeps the node reachable and its data safe. Network
+        (networking, C(ifup@*), NetworkManager, systemd-networkd, C(wg-quick@*), tailscaled, nftables, iptables, firewalld, ufw, ...),
+        storage (iscsid, multipathd, C(nfs*), rpcbind, autofs, C(lvm*), C(zfs*), Lustre, BeeGFS, GPFS, Ceph, ...), identity (sssd, nslcd,
+        winbind, nscd), remote access (sshd, ssh, dropbear) and time (chrony, chronyd, ntp, ntpsec, systemd-timesyncd); and launchers
+        (cron, atd, Slurm, Ray, jupyterhub, container engines, O(launchers), ...). They are listed in RV(kept_units) with the reason, and
+        one warning names them. So V(*) cannot take the node down.
       - V(container:<name glob>) names Docker or Podman containers instead (V(container:vllm*)), in any state; a glob that matches no
         container (or a host without Docker and Podman) is listed in RV(services_not_found).
     type: list
@@ -100,16 +109,45 @@ options:
       - Stop a holder that runs inside a systemd C(.service) through its unit, so that C(Restart=) cannot start it again, when that unit
         B(is) the GPU workload (C(vllm.service)), that is when its main process or the main process's descendants hold the GPUs (also
         vLLM V1, whose API server holds no GPU and whose C(VLLM::EngineCore) child does).
-      - A B(launcher) that merely started a holder is never stopped - job schedulers (slurmd, slurmstepd, PBS, LSF, HTCondor), cron,
-        anacron, atd, notebook hubs (jupyterhub), CI runners (gitlab-runner, GitHub and Buildkite agents), container engines (dockerd,
-        containerd, kubelet, crio, podman), supervisord, login and SSH, C(user@.service), systemd's own units. It is known by the
-        unit's name or by its main process's name (a renamed unit file is still recognised), or because the holders are not its main
-        process or its descendants. Nor is a unit stopped that also holds GPUs outside O(gpus) (the result warns). Their holders are
-        signalled instead, and the launcher is listed in RV(launchers), with the Slurm job id where the holder runs in a Slurm job.
+      - A B(launcher) that merely started a holder is never stopped - job schedulers (slurmd, slurmstepd, PBS, LSF, HTCondor's
+        condor_master, condor_startd, condor_starter), cron, anacron, atd, cluster runtimes (a Ray node - C(ray start), raylet,
+        gcs_server; Dask workers - dask-worker, C(dask worker), C(dask cuda worker), distributed.cli; Nomad - C(nomad agent)), notebook
+        hubs, servers and kernel gateways (jupyterhub, jupyter-lab, jupyter-notebook, jupyter-server, jupyter-kernelgateway), CI
+        runners (gitlab-runner, GitHub and Buildkite agents), container engines (dockerd, containerd, kubelet, crio, podman),
+        supervisord, login and SSH, C(user@.service), systemd's own units, and those of O(launchers). It is known by the unit's name,
+        by the names of its main process (C(MainPID) from systemd) or of its C(ExecStart=) command (a renamed unit file is still
+        recognised), or because the holders are not its main process or its descendants. Their holders are signalled instead, and the
+        launcher is listed in RV(launchers), with the Slurm job id where the holder runs in a Slurm job.
+      - Running processes without a GPU is no sign of a launcher - an inference server's unit has those too (vLLM's API server,
+        Python's multiprocessing resource tracker, tokenizer workers) and is stopped as the workload. Nor are C(ray::) worker names - vLLM's
+        Ray executor starts raylet and C(ray::) workers under its own API server, and that unit is the workload.
+      - A workload unit that also holds GPUs outside O(gpus) is not stopped for a partial selection - see O(kill_spanning).
       - Holders in a C(.scope) (a login session, a container) are signalled as processes; the module never stops the unit
         or scope its own session runs in, nor one that runs a protected process.
     type: bool
     default: true
+  kill_spanning:
+    description:
+      - What to do with a B(spanning) process, one that uses a selected GPU and also GPUs outside O(gpus) (nvidia-smi lists it on
+        both, or it maps both context-sized) - JAX preallocates on every visible GPU, a DataParallel trainer, an MPS server.
+        Ending it would end its work on the GPUs the selection kept out.
+      - V(false) - the run fails before anything is stopped or signalled (check mode fails the same way), naming each such process
+        (pid, name, command line) and the unselected GPUs it uses, listed in RV(spanning). The same holds for a workload unit
+        (C(stop_owning_units)) or a container found holding a selected GPU whose processes also hold GPUs outside the selection.
+      - V(true) - end them anyway - signal the process, stop the unit or the container.
+      - With every GPU selected (the default) nothing spans.
+    type: bool
+    default: false
+  launchers:
+    description:
+      - A site's own launchers, added to the built-in ones (see O(stop_owning_units)) - a launcher's unit is never stopped to free
+        GPUs; its GPU holders are signalled and it is named in RV(launchers). A glob in O(services) never selects one either.
+      - An entry that ends in a unit suffix is a unit glob (V(mysched*.service)); any other is a process name glob (V(mysched),
+        V(my-agent*)), matched against the executable, C(argv[0]), the script an interpreter runs and C(comm) of the unit's main
+        process (C(MainPID) from systemd) and the command of its C(ExecStart=).
+    type: list
+    elements: str
+    default: []
   kill:
     description:
       - Signal the holders that remain after the units are stopped, and stop the containers found holding selected GPUs. With V(false)
@@ -280,6 +318,27 @@ launchers:
        pids: [4242], slurm_job_id: null}
     - {unit: slurmd.service, reason: slurmd.service starts other jobs (scheduler, cron, hub, CI runner, container engine or supervisor),
        pids: [5120], slurm_job_id: "1734"}
+spanning:
+  description:
+    - Processes (C(pid), C(name), C(cmdline), C(unit), C(container)), workload units (C(unit), C(pid=null)) and containers
+      (C(container)) that use a selected GPU and also GPUs outside the selection, with C(gpu_indexes) (all the GPUs they use),
+      C(outside_gpus) (the unselected ones) and C(pids).
+    - Without O(kill_spanning) the run fails before acting when this list is not empty; with it, they were ended.
+  type: list
+  elements: dict
+  returned: always
+  sample:
+    - {pid: 733, name: python3, cmdline: python3 jax_train.py, unit: null, container: null, pids: [733], gpu_indexes: [0, 1],
+       outside_gpus: [0]}
+kept_units:
+  description:
+    - Units that a glob in O(services) matched but that a glob never selects, with the reason - essential to the node, network,
+      storage, identity, remote access or time, a launcher, or a protected main process. Name one exactly to stop it, where allowed.
+  type: list
+  elements: dict
+  returned: always
+  sample:
+    - {unit: tailscaled.service, reason: "network: the node needs it to stay reachable and its data safe; name it exactly to stop it"}
 services_not_found:
   description: Units of O(services) that systemd does not know on this host, and V(container:<glob>) entries that match no container.
   type: list
@@ -320,7 +379,10 @@ unkillable:
   elements: dict
   returned: always
 warnings:
-  description: Things the operator should know, such as a container that could not be stopped through its runtime.
+  description:
+    - Things the operator should know, such as a container that could not be stopped through its runtime.
+    - Each starts with the node's host name (C(platform.node()); the module does not know the inventory name), so that a warning
+      of a fleet-wide run says which host it is about.
   type: list
   elements: str
   returned: always
@@ -330,10 +392,27 @@ gpus_before:
   elements: dict
   returned: always
 gpus:
-  description: Per-GPU state at the end, shaped like the C(gpus) of M(zeromib.gpu.gpu_facts).
+  description:
+    - Per-GPU state at the end, shaped like the C(gpus) of M(zeromib.gpu.gpu_facts).
+    - With O(smoke_test), each selected GPU also has C(smoke_test) - C(ok) (V(null) when not tested), C(error) (the CUDA error by name
+      and number and the call, or why the GPU failed), C(seconds) (context creation to destruction), C(mib) (allocated and written),
+      C(skipped) (why not tested - check mode, MIG mode, not released) and C(memory_used_mib_after) (read by C(nvidia-smi) after it).
   type: list
   elements: dict
   returned: always
+smoke_test_passed:
+  description:
+    - V(true) when O(smoke_test) ran and every selected GPU passed; V(false) when one failed (a CUDA error, a hung call, memory
+      not freed after it, or a GPU found in use right before it); V(null) when not asked, in check mode, or when a GPU was skipped
+      (MIG mode). Does not change RV(released); the P(zeromib.gpu.free_gpus#role) role fails on V(false).
+  type: bool
+  returned: always
+smoke_test_issues:
+  description: "Each failed GPU as C(GPU <index> (<bus id>): <error>)."
+  type: list
+  elements: str
+  returned: always
+  sample: ["GPU 3 (00000000:5D:00.0): CUDA_ERROR_SYSTEM_NOT_READY (802) at cuCtxCreate: system not yet initialized"]
 holders:
   description: Holders left at the end, protected ones included, shaped like the C(holders) of M(zeromib.gpu.gpu_facts).
   type: list
@@ -343,11 +422,14 @@ healthy:
   description:
     - V(true) when no GPU has a health issue at the end, and C(dcgmi diag), when asked for and installed, passed.
       Health does not change RV(released); the P(zeromib.gpu.free_gpus#role) role asserts both.
-    - The checks are those of M(zeromib.gpu.gpu_facts) (ECC, row remaps, PCIe link, slowdown, persistence and MIG mode, Xids).
+    - The checks are those of M(zeromib.gpu.gpu_facts) (ECC, row remaps, PCIe link, slowdown, persistence and MIG mode, recovery
+      action, NVSwitch fabric and Fabric Manager, Xids judged by NVIDIA's Xid catalog).
   type: bool
   returned: always
 health_checked:
-  description: V(false) when some health check could not be made (see C(health.unchecked) of each GPU).
+  description:
+    - V(false) when some health check could not be made; each GPU's C(health_unchecked) names the checks (C(health.unchecked)
+      says why). Memory is freed and verified all the same.
   type: bool
   returned: always
 health_issues:
@@ -357,7 +439,9 @@ health_issues:
   returned: always
   sample: ["GPU 0 (00000000:18:00.0): Xid 79 (GPU has fallen off the bus) in the kernel log at 2026-11-29T09:08:01+0000"]
 health:
-  description: The kernel log read (C(kernel_log)) and the DCGM diagnostic (C(dcgm_diag), V(null) unless O(dcgm_diag) is set).
+  description:
+    - The kernel log read (C(kernel_log)), Fabric Manager on an NVSwitch node (C(fabric_manager)) and the DCGM diagnostic
+      (C(dcgm_diag), V(null) unless O(dcgm_diag) is set), as in M(zeromib.gpu.gpu_facts).
   type: dict
   returned: always
 elapsed_s:
@@ -369,15 +453,18 @@ timings:
   description:
     - Seconds spent stopping units and containers (C(stop_s)), signalling processes (C(kill_s)), waiting for memory to read free
       (C(wait_s)), and watching for a respawn (C(settle_s), 0 when nothing could respawn).
+    - C(smoke_test_s) - the CUDA smoke test (a fresh look, the test process, the memory read after it), only when it ran.
   type: dict
   returned: always
   sample: {look_s: 0.05, plan_s: 0.0, stop_s: 0.0, kill_s: 0.15, wait_s: 0.12, settle_s: 0.0}
 """
 
+import platform
 import re
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _cuda_smoke
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
@@ -390,6 +477,8 @@ ARGUMENT_SPEC = dict(
     service_state=dict(type="str", default="stopped", choices=["stopped", "disabled", "masked"]),
     stop_owning_units=dict(type="bool", default=True),
     kill=dict(type="bool", default=True),
+    kill_spanning=dict(type="bool", default=False),
+    launchers=dict(type="list", elements="str", default=[]),
     match=dict(type="list", elements="str", default=[]),
     protect=dict(type="list", elements="str", default=[]),
     kill_timeout=dict(type="float", default=10),
@@ -405,7 +494,11 @@ ARGUMENT_SPEC = dict(
     require_persistence=dict(type="bool", default=True),
     expected_mig_mode=dict(type="str", choices=["enabled", "disabled"]),
     xid_window_hours=dict(type="float", default=24),
+    xid_ignore=dict(type="list", elements="int", default=[]),
+    xid_fatal=dict(type="list", elements="int", default=[]),
     dcgm_diag=dict(type="int", default=0, choices=[0, 1, 2, 3, 4]),
+    smoke_test=dict(type="bool", default=False),
+    smoke_test_mib=dict(type="int", default=1024),
 )
 
 
@@ -423,6 +516,13 @@ def checked_params(params):
     return dict(params, _match_regexes=regexes)
 
 
+def warn_all(module, warnings):
+    """Ansible prints a module's warnings without the host: name it (the node's host name)."""
+    host = platform.node() or "this host"
+    for warning in warnings:
+        module.warn("%s: %s" % (host, warning))
+
+
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     try:
@@ -437,14 +537,15 @@ def main():
             # The diagnostic runs work on the GPUs: only once they are free.
             dcgm = _health.dcgm_diag(params["dcgm_diag"], module.get_bin_path)
             result.update(_facts.health_summary(result["gpus"], release.health, dcgm))
+        # Last: CUDA work on GPUs proven free, after a fresh look at who holds them.
+        _cuda_smoke.after_release(smi, params, result, module.check_mode, lambda: _facts.look(
+            smi, params["protect"], max_used_mib=params["max_used_mib"], footprint_mib=params["cross_gpu_footprint_mib"]))
     except NvidiaSmiError as exc:
         module.fail_json(**exc.details())
     except ReleaseError as exc:
-        for warning in exc.result.pop("warnings", []):
-            module.warn(warning)
+        warn_all(module, exc.result.pop("warnings", []))
         module.fail_json(msg=exc.msg, **exc.result)
-    for warning in result.pop("warnings", []):
-        module.warn(warning)
+    warn_all(module, result.pop("warnings", []))
     module.exit_json(**result)
 
 

@@ -202,10 +202,10 @@ def test_freeing_gpu_1_only_leaves_the_holders_of_other_gpus_running_and_their_m
     fleet = clean_fleet
     host = Cast(fleet).train
     on = {g: fleet.workload(host, "train", gpus=str(g), mib=1000 * (g + 1)) for g in (0, 1, 2)}
-    both = fleet.workload(host, "train", gpus="1,3", mib=300)  # holds GPU 1 too: must go
+    both = fleet.workload(host, "train", gpus="1,3", mib=300)  # holds GPU 1 too: spanning, must go as asked
     fleet.workload(host, "persistenced")
     before = fleet.gpu_memory(host)
-    run = fleet.ansible_playbook(PLAYBOOK, limit=host, extra_vars={"free_gpus_gpus": [1]})
+    run = fleet.ansible_playbook(PLAYBOOK, limit=host, extra_vars={"free_gpus_gpus": [1], "free_gpus_kill_spanning": True})
     assert run.rc == 0, run
     res = run.result(RELEASE_TASK, host)
     assert res["selected_gpus"] == [1]

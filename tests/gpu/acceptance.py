@@ -520,6 +520,71 @@ class Run(object):
         self.record("playbooks/free_gpus.yml (the role) frees a real 40 GiB holder", ok, rc=run.returncode, wall_s=wall, summary=summary)
         self.end_all()
 
+    def bare_smoke(self, mib, repeat):
+        """The smoke test's own cost, without Ansible: _cuda_smoke.run_in_child on every GPU."""
+        code = ("import json, sys, time; sys.path.insert(0, %r)\n"
+                "from ansible_collections.zeromib.gpu.plugins.module_utils import _cuda_smoke as s\n"
+                "bus = [l.split(', ')[1] for l in sys.argv[1].splitlines()]\n"
+                "t = time.monotonic(); r, init = s.run_in_child(bus, %d, 30)\n"
+                "print(json.dumps({'results': r, 'init_s': init, 'wall_s': round(time.monotonic() - t, 3)}))\n"
+                % (os.path.join(self.tmp, "collections"), mib))
+        rows = self.smi("--query-gpu=index,pci.bus_id", "--format=csv,noheader")[1].strip()
+        runs = []
+        for _run in range(repeat):
+            proc = subprocess.run([sys.executable, "-c", code, rows], capture_output=True, text=True, check=False)
+            runs.append(json.loads(proc.stdout) if proc.returncode == 0 else {"error": proc.stderr[-2000:]})
+            runs[-1]["used_after"] = self.used_all()
+        return runs
+
+    def scenario_smoke(self):
+        """Issue 27: the CUDA smoke test through the driver's own libcuda.so.1, on every idle GPU:
+        passes, costs < 1 s per GPU at the default 1024 MiB, and each GPU reads 0 MiB after it."""
+        before = self.used_all()
+        bare = self.bare_smoke(1024, 3)
+        bare_big = self.bare_smoke(16384, 1)
+        facts, facts_wall = self.playbook("smoke-facts", action="facts", smoke_test=True)
+        after_facts = self.used_all()
+        release, release_wall = self.playbook("smoke-release", action="release", smoke_test=True)
+        after_release = self.used_all()
+        facts_gpus = facts["ansible_facts"]["gpu"]["gpus"]
+        per_gpu = [(g["index"], g.get("smoke_test")) for g in facts_gpus + release.get("gpus", [])]
+        seconds = [r["seconds"] for _i, r in per_gpu if r and r.get("ok")]
+        bare_seconds = [r["seconds"] for run in bare for r in (run.get("results") or {}).values() if r.get("ok")]
+        ok = (all(v == 0 for v in before.values()) and facts["ansible_facts"]["gpu"].get("smoke_test_passed") is True
+              and release.get("smoke_test_passed") is True and seconds and max(seconds) < 1
+              and all(v == 0 for v in list(after_facts.values()) + list(after_release.values()))
+              and all(r.get("memory_used_mib_after") == 0 for _i, r in per_gpu)
+              and bare_seconds and max(bare_seconds) < 1 and all(v == 0 for run in bare for v in run["used_after"].values()))
+        self.record("smoke test: every idle GPU runs CUDA (context, 1024 MiB alloc + memset, sync, free) in < 1 s and reads 0 MiB after",
+                    ok, before=before, per_gpu=per_gpu, after_facts=after_facts, after_release=after_release,
+                    facts_wall_s=facts_wall, release_wall_s=release_wall, release_timings=release.get("timings"),
+                    bare_1024=bare, bare_16384=bare_big)
+        # The role, as a training play's pre_tasks run it.
+        cmd = [shutil.which("ansible-playbook") or "ansible-playbook", "-i", "localhost,", "-c", "local",
+               os.path.join(REPO, "playbooks", "free_gpus.yml"), "-e", "ansible_python_interpreter=" + sys.executable,
+               "-e", json.dumps({"free_gpus_smoke_test": True})]
+        started = time.monotonic()
+        run = subprocess.run(cmd, capture_output=True, text=True, check=False, env=self.env)
+        wall = round(time.monotonic() - started, 3)
+        with open(os.path.join(self.out, "ansible-smoke-free_gpus-playbook.log"), "w") as handle:
+            handle.write("$ %s\n%s\n%s\nrc=%d wall=%.3f s\n" % (" ".join(cmd), run.stdout, run.stderr, run.returncode, wall))
+        lines = [l.strip() for l in run.stdout.splitlines() if "smoke test" in l]
+        self.record("smoke test: playbooks/free_gpus.yml with free_gpus_smoke_test passes and says so", run.returncode == 0 and
+                    any("smoke test passed" in l for l in lines), rc=run.returncode, wall_s=wall, lines=lines[:4],
+                    used_after=self.used_all())
+        # A GPU in use is never tested: a real PyTorch holder on the GPU, gpu_facts skips it.
+        try:
+            proc, ready = self.holder(mib=2048)
+            pid = self.wait_ready(ready)[0]
+        except Exception as exc:  # no PyTorch here: say so, never a pass
+            self.record("smoke test: a GPU in use is skipped, never tested", False, error="no holder: %r" % exc)
+            return
+        busy, _wall = self.playbook("smoke-busy-facts", action="facts", smoke_test=True)
+        self.end_all()
+        record = busy["ansible_facts"]["gpu"]["gpus"][self.gpu].get("smoke_test") or {}
+        self.record("smoke test: a GPU in use is skipped, never tested", record.get("ok") is None and
+                    str(record.get("skipped", "")).startswith("in use by PID %d" % pid), smoke_test=record)
+
     def main(self):
         rc, out = self.smi("--version")
         self.results["nvidia_smi_version"] = out
@@ -542,6 +607,7 @@ class Run(object):
             self.scenario_multi_gpu,
             self.scenario_attribution,
             self.scenario_health,
+            self.scenario_smoke,
         ]
         if self.only:
             scenarios = [getattr(self, "scenario_" + name) for name in self.only]

@@ -3,7 +3,9 @@ free_gpus role's assert with a message naming the host, the GPU and the issue; a
 host passes; gpu_facts reports health, and reports it as not checked on an older driver.
 
 Faults go in through the simulator (tests/sim/README.md): `field_values` of nvidia-smi, the
-simulated kernel log (`xid`), a GPU fewer than expected (`count`).
+simulated kernel log (`xid`, `no_journal`, `journal_empty`, `driver_loaded_age_s`), an older
+driver (`unsupported_fields`), Fabric Manager (`fabricmanager_state`, `fabricmanager_version`), a GPU
+fewer than expected (`count`).
 """
 import json
 import os
@@ -11,6 +13,7 @@ import os
 import pytest
 
 from ansible_in_ns import COLLECTIONS, VENV_BIN, run_module
+from make_config import R440_UNSUPPORTED_FIELDS, make_config
 
 ROLE_PLAY = """---
 - hosts: localhost
@@ -30,10 +33,11 @@ ROLE_PLAY = """---
         content: "{{{{ {{'failed': __failed_msg is defined, 'msg': __failed_msg | default(''), 'result': free_gpus_result | default(none)}} | to_json }}}}"
         dest: {out}
         mode: "0600"
+      check_mode: false
 """
 
 
-def run_role(host, variables, timeout=180):
+def run_role(host, variables, timeout=180, check=False):
     host._seq = getattr(host, "_seq", 0) + 1
     out = os.path.join(host.dir, "role-%d.json" % host._seq)
     play = os.path.join(host.dir, "role-%d.yml" % host._seq)
@@ -43,7 +47,7 @@ def run_role(host, variables, timeout=180):
     with open(extra, "w") as handle:
         json.dump(dict({"free_gpus_wait_timeout": 5, "free_gpus_kill_timeout": 1}, **variables), handle)
     cmd = [os.path.join(VENV_BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local", play,
-           "-e", "ansible_python_interpreter=/usr/bin/python3", "-e", "@" + extra]
+           "-e", "ansible_python_interpreter=/usr/bin/python3", "-e", "@" + extra] + (["--check"] if check else [])
     env = {"ANSIBLE_COLLECTIONS_PATH": COLLECTIONS, "HOME": "/root", "ANSIBLE_NOCOLOR": "1",
            "ANSIBLE_LOCALHOST_WARNING": "False", "ANSIBLE_DEPRECATION_WARNINGS": "False"}
     proc = host.run(cmd, env=env, timeout=timeout)
@@ -73,6 +77,25 @@ FAULTS = [
      ["GPU 1 (00000000:00:07.0)", "clocks lowered by hardware thermal slowdown"]),
     ("mig_mode_not_expected", {}, {"free_gpus_expected_mig_mode": "enabled"},
      ["GPU 0 (00000000:00:06.0)", "MIG mode is Disabled, expected Enabled"]),
+    # journald keeps nothing (systemd 252: "No journal files were found." on stderr, rc 0): the Xid is in dmesg.
+    ("no_journal_xid_79_in_dmesg", {"no_journal": True, "xid": [{"gpu": 1, "xid": 79, "age_s": 120}]}, {},
+     ["GPU 1 (00000000:00:07.0)", "Xid 79 (GPU has fallen off the bus) in the kernel log 2 min ago", "RESTART_BM"]),
+    ("empty_journal_xid_79_in_dmesg", {"journal_empty": True, "xid": [{"gpu": 0, "xid": 79, "age_s": 600}]}, {},
+     ["GPU 0 (00000000:00:06.0)", "Xid 79 (GPU has fallen off the bus) in the kernel log 10 min ago"]),
+    ("requires_reset_in_a_field", {"field_values": {"1": {"ecc.errors.uncorrected.volatile.total": "[GPU requires reset]"}}}, {},
+     ["GPU 1 (00000000:00:07.0)", "ecc.errors.uncorrected.volatile.total reads [GPU requires reset]"]),
+    ("unknown_error_in_a_field", {"field_values": {"0": {"remapped_rows.pending": "[Unknown Error]"}}}, {},
+     ["GPU 0 (00000000:00:06.0)", "remapped_rows.pending reads [Unknown Error]"]),
+    ("recovery_action_reset", {"field_values": {"0": {"gpu_recovery_action": "Reset"}}}, {},
+     ["GPU 0 (00000000:00:06.0)", "the driver asks for a recovery action: Reset"]),
+    ("recovery_action_reboot", {"field_values": {"1": {"gpu_recovery_action": "Reboot"}}}, {},
+     ["GPU 1 (00000000:00:07.0)", "the driver asks for a recovery action: Reboot"]),
+    ("xid_13_made_fatal", {"xid": [{"gpu": 1, "xid": 13, "age_s": 60}]}, {"free_gpus_xid_fatal": [13]},
+     ["GPU 1 (00000000:00:07.0)", "Xid 13 (graphics engine exception)"]),
+    ("xid_after_the_driver_load", {"driver_loaded_age_s": 7200, "xid": [{"gpu": 0, "xid": 79, "age_s": 600}]}, {},
+     ["GPU 0 (00000000:00:06.0)", "Xid 79"]),
+    ("mig_change_pending", {"field_values": {"0": {"mig.mode.pending": "Enabled"}}}, {},
+     ["GPU 0 (00000000:00:06.0)", "a MIG mode change to Enabled is pending"]),
 ]
 
 
@@ -122,6 +145,69 @@ def test_thresholds_accept_a_gen4_link_and_persistence_off(h200x2):
     finally:
         h200x2.clear_faults()
     assert not outcome["failed"], outcome["msg"]
+
+
+def test_no_journal_is_said_in_the_facts_and_dmesg_is_read(h200x2):
+    h200x2.set_fault({"no_journal": True, "xid": [{"gpu": 1, "xid": 79, "age_s": 120}]})
+    try:
+        facts = run_module(h200x2, "gpu_facts", {})
+    finally:
+        h200x2.clear_faults()
+    log = facts["ansible_facts"]["gpu"]["health"]["kernel_log"]
+    assert (log["source"], log["error"], log["fallback"]) == ("dmesg", None, "journalctl: No journal files were found.")
+    gpu1 = facts["ansible_facts"]["gpu"]["gpus"][1]
+    assert [(x["xid"], x["action"], x["fault"]) for x in gpu1["health"]["xids"]] == [(79, "RESTART_BM", True)]
+    assert gpu1["health_checked"] is True and gpu1["health_unchecked"] == []
+
+
+def test_restart_app_xid_is_not_a_fault_and_xid_ignore_overrides_the_catalog(h200x2):
+    h200x2.set_fault({"xid": [{"gpu": 1, "xid": 13, "age_s": 60}, {"gpu": 0, "xid": 79, "age_s": 60}]})
+    try:
+        ignored = run_role(h200x2, {"free_gpus_xid_ignore": [79]})
+        facts = run_module(h200x2, "gpu_facts", {"xid_ignore": [79]})
+    finally:
+        h200x2.clear_faults()
+    assert not ignored["failed"], ignored["msg"]
+    gpus = facts["ansible_facts"]["gpu"]["gpus"]
+    assert [(x["xid"], x["action"], x["fault"]) for x in gpus[1]["health"]["xids"]] == [(13, "RESTART_APP", False)]
+    assert [(x["xid"], x["fault"]) for x in gpus[0]["health"]["xids"]] == [(79, False)] and gpus[0]["healthy"] is True
+
+
+def test_xid_older_than_the_driver_load_does_not_count(h200x2):
+    h200x2.set_fault({"driver_loaded_age_s": 600, "xid": [{"gpu": 0, "xid": 79, "age_s": 3600}]})
+    try:
+        outcome = run_role(h200x2, {})
+        facts = run_module(h200x2, "gpu_facts", {})
+    finally:
+        h200x2.clear_faults()
+    assert not outcome["failed"], outcome["msg"]
+    gpu = facts["ansible_facts"]["gpu"]
+    assert gpu["gpus"][0]["health"]["xids"] == [] and [x["xid"] for x in gpu["gpus"][0]["health"]["xids_before_driver_load"]] == [79]
+    assert "NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  580.159.04" in gpu["health"]["kernel_log"]["driver_loaded"]
+
+
+def test_all_na_gpu_says_which_checks_did_not_run(h200x2):
+    fields = ["ecc.errors.uncorrected.volatile.total", "remapped_rows.pending", "remapped_rows.failure", "retired_pages.pending",
+              "pcie.link.gen.current", "pcie.link.gen.max", "pcie.link.width.current", "pcie.link.width.max", "pstate",
+              "clocks_event_reasons.hw_slowdown", "clocks_event_reasons.hw_thermal_slowdown",
+              "clocks_event_reasons.hw_power_brake_slowdown", "clocks_event_reasons.sw_thermal_slowdown", "persistence_mode",
+              "mig.mode.current", "mig.mode.pending", "gpu_recovery_action", "fabric.state", "fabric.status"]
+    h200x2.set_fault({"field_values": {"1": dict((f, "[N/A]") for f in fields)}})
+    try:
+        outcome = run_role(h200x2, {})
+        facts = run_module(h200x2, "gpu_facts", {})
+    finally:
+        h200x2.clear_faults()
+    names = ["ecc", "row_remap", "retired_pages", "pcie", "clocks", "persistence", "recovery_action"]
+    assert not outcome["failed"], outcome["msg"]
+    message = outcome["result"]["message"]  # the gate's success message
+    assert message.endswith("; not checked on this driver or GPU: " + ", ".join(names)), message
+    assert outcome["result"]["health_unchecked"] == names
+    gpu = facts["ansible_facts"]["gpu"]
+    assert gpu["healthy"] is True and gpu["health_checked"] is False
+    assert gpu["gpus"][1]["health_unchecked"] == names and gpu["gpus"][1]["health_checked"] is False
+    assert gpu["gpus"][0]["health_unchecked"] == [] and gpu["gpus"][0]["health_checked"] is True
+    assert gpu["gpus"][1]["health"]["unchecked"][0] == "ecc: ecc.errors.uncorrected.volatile.total reads [N/A]"
 
 
 def test_old_xid_outside_the_window_and_application_xid_do_not_fail(h200x2):
@@ -177,8 +263,6 @@ def test_a_gpu_missing_fails_the_gate_naming_the_host(nshost):
 
 
 def test_older_driver_without_health_fields_reports_health_unchecked(nshost):
-    from make_config import make_config
-
     old = ["remapped_rows.pending", "remapped_rows.failure", "clocks_event_reasons.hw_slowdown",
            "clocks_event_reasons.hw_thermal_slowdown", "clocks_event_reasons.hw_power_brake_slowdown",
            "clocks_event_reasons.sw_thermal_slowdown", "memory.reserved"]
@@ -186,6 +270,71 @@ def test_older_driver_without_health_fields_reports_health_unchecked(nshost):
     result = run_module(host, "gpu_facts", {})
     gpu = result["ansible_facts"]["gpu"]
     assert gpu["healthy"] is True and gpu["health_checked"] is False
+    # Remaps unknown and retired pages [N/A] (Hopper): neither memory-repair reading is there.
+    assert gpu["gpus"][0]["health_unchecked"] == ["row_remap", "retired_pages"]
     notes = gpu["gpus"][0]["health"]["unchecked"]
-    assert notes == ["the driver does not know remapped_rows.failure, remapped_rows.pending: not checked"], notes
+    assert notes[0] == "row_remap: the driver does not know remapped_rows.pending, remapped_rows.failure", notes
     assert gpu["gpus"][0]["health"]["slowdown"] == []  # read through the clocks_throttle_reasons names
+
+
+def test_r440_like_driver_still_frees_memory_and_reports_mig_unchecked(nshost):
+    host = nshost(config=make_config("h200x2", seed="health04", unsupported_fields=R440_UNSUPPORTED_FIELDS, driver_version="440.33.01"))
+    holder = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "4096"])
+    run = run_module(host, "gpu_release", {"kill_timeout": 1, "wait_timeout": 5})
+    assert not run.failed, run.msg
+    assert run["released"] is True and [k["pid"] for k in run["killed"]] == [holder.pid] and not host.alive(holder.pid)
+    assert [g["memory_used_mib"] for g in run["gpus"]] == [0, 0]
+    unchecked = ["row_remap", "retired_pages", "mig", "recovery_action", "fabric"]
+    assert all(g["health_unchecked"] == unchecked and g["mig_mode"] is None for g in run["gpus"]), run["gpus"]
+    assert run["healthy"] is True and run["health_checked"] is False
+    holder = host.spawn(["gpu_holder", "--gpus", "1", "--mib", "2048"])
+    outcome = run_role(host, {"free_gpus_expected_count": 2})
+    assert not outcome["failed"], outcome["msg"]
+    message = outcome["result"]["message"]
+    assert "2 GPUs free" in message and message.endswith("; not checked on this driver or GPU: " + ", ".join(unchecked)), message
+    assert not host.alive(holder.pid)
+
+
+FABRIC = {"fields": {"fabric.state": "Completed", "fabric.status": "Success"}}  # the exporter's HGX H200 (590.48.01)
+
+
+@pytest.fixture(scope="module")
+def hgx(module_nshost):
+    """An NVSwitch node: both GPUs registered with the fabric, nvidia-fabricmanager active, of the driver's version."""
+    return module_nshost(config=make_config("h200x2", seed="health05", gpu_overrides={0: FABRIC, 1: FABRIC},
+                                            fabric_manager={"state": "active"}))
+
+
+def test_fabric_node_with_fabric_manager_of_the_drivers_version_passes(hgx):
+    hgx.clear_faults()
+    outcome = run_role(hgx, {"free_gpus_expected_count": 2})
+    assert not outcome["failed"], outcome["msg"]
+    facts = run_module(hgx, "gpu_facts", {})
+    gpu = facts["ansible_facts"]["gpu"]
+    assert gpu["health"]["fabric_manager"] == {"state": "active", "installed": True, "version": "580.159.04", "error": None}
+    assert [g["health"]["fabric_state"] for g in gpu["gpus"]] == ["Completed", "Completed"] and gpu["health_checked"] is True
+
+
+FABRIC_FAULTS = [
+    ("fabric_in_progress", {"field_values": {"1": {"fabric.state": "In Progress", "fabric.status": "N/A"}}},
+     ["GPU 1 (00000000:00:07.0): NVSwitch fabric registration is In Progress, expected Completed"]),
+    ("fabric_manager_down", {"fabricmanager_state": "inactive"},
+     ["nvidia-fabricmanager is inactive: NVSwitch jobs fail (CUDA error 802)"]),
+    ("fabric_manager_failed", {"fabricmanager_state": "failed"}, ["nvidia-fabricmanager is failed"]),
+    ("fabric_manager_other_version", {"fabricmanager_version": "535.161.08"},
+     ["nv-fabricmanager is version 535.161.08, the driver 580.159.04: Fabric Manager must match the driver exactly"]),
+]
+
+
+@pytest.mark.parametrize("fault,words", [f[1:] for f in FABRIC_FAULTS], ids=[f[0] for f in FABRIC_FAULTS])
+def test_fabric_fault_fails_the_gate(hgx, fault, words):
+    hgx.set_fault(fault)
+    try:
+        outcome = run_role(hgx, {})
+    finally:
+        hgx.clear_faults()
+    assert outcome["failed"] and outcome["result"]["status"] == "unhealthy", outcome
+    for word in words:
+        assert word in outcome["msg"], outcome["msg"]
+    # The node's own fault is said once, not once per GPU.
+    assert outcome["msg"].count("nvidia-fabricmanager is") <= 1, outcome["msg"]

@@ -121,10 +121,13 @@ def test_gpus_option_frees_only_the_selected_gpu(nshost):
     assert gpu1["clean"] is True and gpu1["cross_gpu_footprint"] is True and run["released"] is True
 
 
-def test_holder_of_a_selected_and_an_unselected_gpu_is_freed(nshost):
+def test_holder_of_a_selected_and_an_unselected_gpu_is_freed_only_with_kill_spanning(nshost):
+    # DESIGN.md "Spanning": ending it would end its work on GPU 0, which the selection keeps out.
     host = nshost("h200x8")
     both = host.spawn(["gpu_holder", "--gpus", "0,1", "--mib", "1024"])
     run = run_module(host, "gpu_release", {"gpus": ["1"]})
+    assert run.failed and list(killed_pids(run)) == [] and host.alive(both.pid) and "GPU 0 is outside the selection" in run.msg
+    run = run_module(host, "gpu_release", {"gpus": ["1"], "kill_spanning": True})
     assert list(killed_pids(run)) == [both.pid] and run["released"] is True
 
 

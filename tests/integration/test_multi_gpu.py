@@ -134,7 +134,10 @@ def test_nvml_monitors_survive_every_run_and_a_host_with_only_monitors_is_clean(
     assert not any(g["cross_gpu_footprint"] for g in gpu["gpus"])
 
     trainer = host.spawn(["gpu_holder", "--gpus", "0,1", "--mib", "1024"])
-    for args in ({"gpus": ["1"]}, {}, {"gpus": ["0"]}):
+    # the trainer spans GPUs 0 and 1: freeing GPU 1 alone is refused, and nothing is signalled
+    refused = run_module(host, "gpu_release", {"gpus": ["1"]})
+    assert refused.failed and "pid %d" % trainer.pid in refused.msg and refused["killed"] == []
+    for args in ({}, {"gpus": ["0"]}):
         run = run_module(host, "gpu_release", args)
         assert not run.failed, (args, run.msg)
         assert dmon.pid not in killed_pids(run) and pynvml.pid not in killed_pids(run), args
@@ -162,3 +165,51 @@ def test_gpu_facts_says_per_holder_why_it_uses_which_gpu(nshost):
     footprint = [g["index"] for g in gpu["gpus"] if g["cross_gpu_footprint"]]
     assert footprint == [1, 3, 4, 5, 6, 7]
     assert all(g["memory_used_mib"] == FOOTPRINT and g["clean"] for g in gpu["gpus"] if g["index"] in footprint)
+
+
+# --------------------------------------------------------------------------- spanning (issue 20.3)
+
+
+@pytest.mark.parametrize("preset", ["h200x2", "h200x8"])
+@pytest.mark.parametrize("check", [False, True], ids=["real", "check-mode"])
+def test_process_listed_on_gpus_0_and_1_is_not_signalled_for_gpu_1_and_the_failure_names_it(nshost, preset, check):
+    # JAX preallocates on every visible GPU; a DataParallel trainer holds several: nvidia-smi lists
+    # the one PID on GPU 0 and on GPU 1. Freeing GPU 1 must not end its work on GPU 0.
+    host = nshost(preset)
+    spanning = host.spawn(["gpu_holder", "--gpus", "0,1", "--mib", "3000", "--name", "jax_train"])
+    alone = host.spawn(["gpu_holder", "--gpus", "1", "--mib", "1000"])
+    before = (used(host, 0), used(host, 1))
+    run = run_module(host, "gpu_release", {"gpus": ["1"]}, check=check)
+    assert run.failed, run.result
+    assert run.msg.startswith("refusing to free GPU 1:"), run.msg
+    assert "pid %d jax_train" % spanning.pid in run.msg and "uses GPUs 0,1; GPU 0 is outside the selection" in run.msg, run.msg
+    assert "Nothing was stopped or signalled" in run.msg and "kill_spanning" in run.msg
+    assert run["killed"] == [] and run["stopped_units"] == []
+    [entry] = run["spanning"]
+    assert (entry["pid"], entry["gpu_indexes"], entry["outside_gpus"]) == (spanning.pid, [0, 1], [0])
+    # nothing was signalled, not even the holder of GPU 1 alone: the run failed before acting
+    assert host.alive(spanning.pid) and host.alive(alone.pid) and (used(host, 0), used(host, 1)) == before
+
+
+@pytest.mark.parametrize("preset", ["h200x2", "h200x8"])
+def test_kill_spanning_frees_gpu_1_by_ending_the_process_on_gpus_0_and_1(nshost, preset):
+    host = nshost(preset)
+    spanning = host.spawn(["gpu_holder", "--gpus", "0,1", "--mib", "3000", "--name", "jax_train"])
+    check = run_module(host, "gpu_release", {"gpus": ["1"], "kill_spanning": True}, check=True)
+    assert not check.failed, check.msg
+    assert [k["pid"] for k in check["killed"]] == [spanning.pid] and host.alive(spanning.pid)
+    run = run_module(host, "gpu_release", {"gpus": ["1"], "kill_spanning": True})
+    assert not run.failed, run.msg
+    assert killed_pids(run) == [spanning.pid] and run["released"] is True and not host.alive(spanning.pid)
+    assert run["spanning"][0]["pid"] == spanning.pid and run["spanning"][0]["outside_gpus"] == [0]
+    assert all(used(host, i) == 0 for i in range(len(host.config["gpus"])))
+
+
+def test_selecting_every_gpu_a_process_uses_frees_it_without_kill_spanning(nshost):
+    host = nshost("h200x8")
+    spanning = host.spawn(["gpu_holder", "--gpus", "2,5", "--mib", "2000"])
+    refused = run_module(host, "gpu_release", {"gpus": ["2", "3"]})
+    assert refused.failed and "GPU 5 is outside the selection" in refused.msg and host.alive(spanning.pid)
+    run = run_module(host, "gpu_release", {"gpus": ["2", "5"]})
+    assert not run.failed, run.msg
+    assert killed_pids(run) == [spanning.pid] and run["spanning"] == [] and run["released"] is True

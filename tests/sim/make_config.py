@@ -32,6 +32,19 @@ DEFAULTS = {
     "dev_dir": "/dev",
 }
 
+# Fields an R440 driver (before MIG) does not know, for `unsupported_fields`: MIG mode needs R450+
+# (NVIDIA's MIG user guide: "driver R450 or later"); row remapping came with the A100 (NVIDIA's A100
+# memory error management guide) and its fields later; memory.reserved, gpu_recovery_action and
+# fabric.* are newer still (not in R4xx nvidia-smi's field list: a reading of its documentation,
+# not a capture). clocks_event_reasons.* exists there only under its old name
+# clocks_throttle_reasons.* (R535 renamed it), which the simulator answers to.
+R440_UNSUPPORTED_FIELDS = [
+    "mig.mode.current", "mig.mode.pending", "memory.reserved", "remapped_rows.pending", "remapped_rows.failure",
+    "gpu_recovery_action", "fabric.state", "fabric.status",
+    "clocks_event_reasons.hw_slowdown", "clocks_event_reasons.hw_thermal_slowdown",
+    "clocks_event_reasons.hw_power_brake_slowdown", "clocks_event_reasons.sw_thermal_slowdown",
+]
+
 # HGX H100/H200 8-GPU baseboards enumerate at these bus numbers on common servers.
 HGX_BUSES = ["18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"]
 

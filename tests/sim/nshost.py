@@ -50,6 +50,8 @@ SIM = os.path.join(HERE, "nvidia-smi")
 HOLDER = os.path.join(HERE, "gpu_holder")
 # journalctl and dmesg inside: the Xids a test injects, never the machine's own kernel log
 KERNEL_LOG = os.path.join(HERE, "kernel-log")
+# nv-fabricmanager and systemctl inside, for a config with "fabric_manager" (an NVSwitch node)
+FABRIC_MANAGER = os.path.join(HERE, "fabricmanager")
 sys.path.insert(0, HERE)
 import make_config  # noqa: E402
 
@@ -111,7 +113,10 @@ class NsHost(object):
     """A simulated GPU host. See the module docstring."""
 
     def __init__(self, preset="h200x8", minors=None, seed=None, config=None, count=None,
-                 release_delay_s=None, tmp_root=None, start_timeout=30.0):
+                 release_delay_s=None, tmp_root=None, start_timeout=30.0, libcuda=None):
+        # A libcuda.so.1 to put where the loader finds it inside (tests/sim/fake_libcuda.py builds
+        # the fake one); None: the host has no libcuda, as before.
+        self.libcuda = libcuda
         self.seed = seed or "simhost-%d-%d" % (os.getpid(), id(self) % 100000)
         if config is None:
             over = {}
@@ -175,7 +180,9 @@ class NsHost(object):
         with open(self.root.config, "w") as f:
             json.dump(self.config, f, indent=2)
         spec = {"dir": self.dir, "config": self.root.config, "hostname": self.seed,
-                "state": self.root.state, "sim": SIM, "holder": HOLDER, "kernel_log": KERNEL_LOG}
+                "state": self.root.state, "sim": SIM, "holder": HOLDER, "kernel_log": KERNEL_LOG,
+                "fabric_manager": FABRIC_MANAGER,
+                "libcuda": self.libcuda}
         spec_path = os.path.join(self.dir, "spec.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f)
@@ -693,6 +700,8 @@ def _setup(spec):
     _overlay("/usr/bin", base)
     links = [("nvidia-smi", spec["sim"]), ("gpu_holder", spec["holder"])]
     links += [(name, spec["kernel_log"]) for name in ("journalctl", "dmesg") if spec.get("kernel_log")]
+    links += [(name, spec["fabric_manager"]) for name in ("nv-fabricmanager", "systemctl")
+              if spec.get("fabric_manager") and cfg.get("fabric_manager")]
     for name, target in links:
         if os.path.lexists("/usr/bin/" + name):
             os.unlink("/usr/bin/" + name)
@@ -701,6 +710,21 @@ def _setup(spec):
     # allows): give the host a `python` as Debian's python-is-python3 does, when it has none.
     if not os.path.lexists("/usr/bin/python"):
         os.symlink("python3", "/usr/bin/python")
+    if spec.get("libcuda"):
+        _install_libcuda(spec["libcuda"], base)
+
+
+def _install_libcuda(library, base):
+    """libcuda.so.1 where the NVIDIA driver's packages put it (Debian/Ubuntu: the multiarch
+    directory, which the dynamic loader searches without ld.so.cache), in an overlay."""
+    import sysconfig
+    multiarch = sysconfig.get_config_var("MULTIARCH") or ""
+    libdir = "/usr/lib/" + multiarch if multiarch and os.path.isdir("/usr/lib/" + multiarch) else "/usr/lib"
+    _overlay(libdir, base)
+    target = os.path.join(libdir, "libcuda.so.1")
+    if os.path.lexists(target):
+        os.unlink(target)
+    os.symlink(library, target)
 
 
 def _init(spec_path):

@@ -23,7 +23,8 @@ case "$set_name" in
   demo) want=("${demo[@]}") ;;
   # docker.io and podman: real container engines for tests/integration/test_container_engines.py
   # (started there, inside namespaces; their units are disabled again below).
-  test) want=("${demo[@]}" psmisc shellcheck chromium docker.io podman) ;;
+  # gcc and libc6-dev: the fake libcuda.so.1 of the smoke-test tests (tests/sim/fake_libcuda.c).
+  test) want=("${demo[@]}" psmisc shellcheck chromium docker.io podman gcc libc6-dev) ;;
   *) echo "usage: $0 demo|test" >&2; exit 2 ;;
 esac
 

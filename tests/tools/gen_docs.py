@@ -45,11 +45,12 @@ def module_doc(name):
         if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id in ("DOCUMENTATION", "EXAMPLES", "RETURN"):
             found[node.targets[0].id] = node.value.value
     doc = yaml.safe_load(found["DOCUMENTATION"])
-    fragment = open(os.path.join(REPO, "plugins", "doc_fragments", "nvidia_smi.py")).read()
-    shared = yaml.safe_load(re.search(r'DOCUMENTATION = r"""(.*?)"""', fragment, re.S).group(1))["options"]
     options = dict(doc.get("options") or {})
-    if "zeromib.gpu.nvidia_smi" in doc.get("extends_documentation_fragment", []):
-        options.update(shared)
+    # The collection's own fragments (nvidia_smi, health) add their options to the page.
+    for name in ("nvidia_smi", "health"):
+        if "zeromib.gpu." + name in doc.get("extends_documentation_fragment", []):
+            fragment = open(os.path.join(REPO, "plugins", "doc_fragments", name + ".py")).read()
+            options.update(yaml.safe_load(re.search(r'DOCUMENTATION = r"""(.*?)"""', fragment, re.S).group(1))["options"])
     return doc, options, found.get("EXAMPLES", ""), yaml.safe_load(found.get("RETURN") or "{}") or {}
 
 

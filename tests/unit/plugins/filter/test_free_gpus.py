@@ -180,3 +180,36 @@ def test_summary_from_hostvars_lists_a_host_without_a_result_of_this_run_with_it
     assert lines[1].split()[:2] == ["unreachable", "n3"]  # a cached result of an earlier run is not read
     assert lines[2].split()[:3] == ["failed", "n2", "-"] and lines[2].endswith("n2: template error in free_gpus_gpus")
     assert lines[-1] == "3 hosts: 1 unreachable, 1 failed, 1 clean"
+
+
+def test_checks_that_could_not_run_are_said_in_the_message_and_the_summary():
+    after = [dict(gpu(i, 0), healthy=True, health_checked=False, health_unchecked=["row_remap", "mig"]) for i in range(8)]
+    after[0]["health_unchecked"] = ["xid", "mig"]
+    result = release([gpu(i, 0) for i in range(8)], after, changed=False, healthy=True, health_checked=False)
+    outcome = free_gpus_outcome(result, "node01", 8, require_healthy=True)
+    assert outcome["ok"] and outcome["health_unchecked"] == ["row_remap", "mig", "xid"]
+    assert outcome["message"] == "node01: 8 GPUs free (0 -> 0 MiB) in 0.41 s; not checked on this driver or GPU: row_remap, mig, xid"
+    line = [row for row in free_gpus_summary([outcome]) if row.startswith("clean")][0]
+    assert line.endswith("not checked: row_remap, mig, xid")
+
+
+def test_every_check_ran_says_nothing_more():
+    after = [dict(gpu(0, 0), healthy=True, health_checked=True, health_unchecked=[])]
+    outcome = free_gpus_outcome(release([gpu(0, 0)], after, changed=False, healthy=True, health_checked=True), "node01", 1, require_healthy=True)
+    assert outcome["message"] == "node01: 1 GPU free (0 -> 0 MiB) in 0.41 s" and outcome["health_unchecked"] == []
+
+
+def test_spanning_holders_are_in_the_outcome_and_the_summary():
+    refused = {"failed": True, "msg": "refusing to free GPU 1: pid 700 python3 [python3 jax.py] (state S) uses GPUs 0,1; GPU 0 is "
+               "outside the selection", "selected_gpus": [1], "gpus": [], "spanning": [
+                   {"pid": 700, "name": "python3", "cmdline": "python3 jax.py", "unit": None, "container": None, "pids": [700],
+                    "gpu_indexes": [0, 1], "outside_gpus": [0]}]}
+    outcome = free_gpus_outcome(refused, "node1")
+    assert outcome["ok"] is False and outcome["spanning"][0]["outside_gpus"] == [0] and "uses GPUs 0,1" in outcome["message"]
+    ended = {"changed": True, "released": True, "selected_gpus": [1], "gpus": [{"index": 1, "memory_used_mib": 0, "clean": True}],
+             "gpus_before": [{"index": 1, "memory_used_mib": 60000}], "killed": [{"pid": 700, "name": "python3", "signal": "SIGTERM"}],
+             "spanning": [{"pid": None, "unit": "vllm.service", "gpu_indexes": [0, 1], "outside_gpus": [0]}], "elapsed_s": 0.3}
+    outcome = free_gpus_outcome(ended, "node2")
+    assert outcome["ok"] is True and "ended spanning vllm.service uses GPUs 0,1 (kill_spanning)" in outcome["message"]
+    lines = free_gpus_summary([outcome])
+    assert "spanning: vllm.service uses GPUs 0,1" in lines[1]

@@ -174,8 +174,17 @@ def test_holder_in_a_container_shows_its_name_and_image_next_to_the_pid():
     host = _one(record)
     labels = {h["pid"]: h["container_label"] for h in host["holders"]}
     assert labels == {77: "vllm (vllm/vllm-openai:v0.11.0)", 78: "pod inference/sglang-0: 9a8b7c6d5e4f"}
-    assert host["reason"] == ("held by 77 python3 (container vllm (vllm/vllm-openai:v0.11.0)), "
+    assert host["reason"] == ("held by 77 python3 (container vllm (vllm/vllm-openai:v0.11.0)) uses GPUs 0,1, "
                               "78 python3 (container pod inference/sglang-0: 9a8b7c6d5e4f)")
+
+
+def test_a_holder_on_several_gpus_is_marked_spanning_and_the_reason_says_which():
+    record = ah.clean_h200x8("jax")
+    record["gpu"]["holders"] = [ah.holder(70, "python3", [0, 1, 2]), ah.holder(71, "python3", [3])]
+    record["gpu"]["clean"] = False
+    host = _one(record)
+    assert {h["pid"]: h["spanning"] for h in host["holders"]} == {70: True, 71: False}
+    assert host["reason"] == "held by 70 python3 uses GPUs 0,1,2, 71 python3"
 
 
 def test_nvml_clients_are_listed_apart_from_gpu_users_and_never_block():

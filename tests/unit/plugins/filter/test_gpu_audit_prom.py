@@ -21,7 +21,8 @@ EPOCH = 1748779200.0
 FAMILIES = [
     "zeromib_gpu_audit_timestamp_seconds", "zeromib_gpu_audit_hosts", "zeromib_gpu_host_up", "zeromib_gpu_host_clean",
     "zeromib_gpu_host_info", "zeromib_gpu_devices", "zeromib_gpu_holders", "zeromib_gpu_nvml_clients", "zeromib_gpu_memory_used_mib",
-    "zeromib_gpu_memory_total_mib", "zeromib_gpu_clean", "zeromib_gpu_healthy", "zeromib_gpu_ecc_uncorrected", "zeromib_gpu_xid_recent",
+    "zeromib_gpu_memory_total_mib", "zeromib_gpu_clean", "zeromib_gpu_healthy", "zeromib_gpu_health_checked", "zeromib_gpu_ecc_uncorrected",
+    "zeromib_gpu_xid_recent",
 ]
 # A sample line: name, optional {labels}, value. Label values may hold escaped quotes and backslashes.
 SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*",?)*)\})? (?P<value>\S+)$')
@@ -155,3 +156,20 @@ def test_health_metrics_from_gpu_facts_health():
     assert 'zeromib_gpu_healthy{host="node01",gpu="0",uuid="GPU-1"} 0' in text
     assert 'zeromib_gpu_ecc_uncorrected{host="node01",gpu="0",uuid="GPU-1"} 2' in text
     assert 'zeromib_gpu_xid_recent{host="node01",gpu="0",uuid="GPU-1"} 1' in text
+
+
+def test_health_checked_metric_says_when_checks_could_not_run():
+    from ansible_collections.zeromib.gpu.plugins.filter.gpu_audit_model import gpu_audit_model
+    from ansible_collections.zeromib.gpu.plugins.filter.gpu_audit_prom import gpu_audit_prom
+
+    # The GPU whose remap fields the driver rejected: healthy as far as was read, and said not checked.
+    base = {"uuid": "GPU-1", "name": "NVIDIA H200", "memory_used_mib": 0, "memory_total_mib": 143771, "clean": True, "healthy": True,
+            "health_issues": [], "health": {"ecc_uncorrected_volatile": 0, "xids": []}}
+    gpus = [dict(base, index=0, health_checked=False, health_unchecked=["row_remap", "mig"]),
+            dict(base, index=1, uuid="GPU-2", health_checked=True, health_unchecked=[])]
+    model = gpu_audit_model([{"host": "node01", "gpu": {"count": 2, "clean": True, "healthy": True, "gpus": gpus}}], generated_at=0)
+    assert model["hosts"][0]["gpus"][0]["health_unchecked"] == ["row_remap", "mig"]
+    text = gpu_audit_prom(model)
+    assert 'zeromib_gpu_healthy{host="node01",gpu="0",uuid="GPU-1"} 1' in text
+    assert 'zeromib_gpu_health_checked{host="node01",gpu="0",uuid="GPU-1"} 0' in text
+    assert 'zeromib_gpu_health_checked{host="node01",gpu="1",uuid="GPU-2"} 1' in text

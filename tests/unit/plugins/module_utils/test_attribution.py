@@ -241,6 +241,36 @@ def test_undecided_process_is_signalled_only_when_every_gpu_it_may_use_is_select
     assert bool(attribution.undecided_for([holder], selected)) is not signalled
 
 
+@pytest.mark.parametrize(
+    "attribution_, gpus, selected, kill_spanning, signalled, outside",
+    [
+        ("listed", [0], [0], False, True, []),
+        ("listed", [0], [1], False, False, []),  # uses only an unselected GPU: not ours
+        ("listed", [0, 1], [1], False, False, [0]),  # spans: JAX on every visible GPU
+        ("listed", [0, 1], [1], True, True, [0]),  # kill_spanning ends it anyway
+        ("listed", [0, 1], [0, 1], False, True, []),  # every GPU it uses is selected
+        ("listed", [0, 1, 2, 3], [1, 2], False, False, [0, 3]),
+        ("mapped", [0, 1], [0], False, False, [1]),  # context-sized maps on both
+        ("mapped", [1], [1], False, True, []),
+        ("nvml_client", [], [0, 1], False, False, []),
+        ("nvml_client", [], [0], True, False, []),
+    ],
+    ids=["one-gpu-selected", "other-gpu", "spans", "spans-kill-spanning", "spans-all-selected", "spans-two-outside", "mapped-spans",
+         "mapped-one", "nvml-client", "nvml-client-kill-spanning"],
+)
+def test_spanning_holder_is_signalled_only_for_every_gpu_it_uses_or_with_kill_spanning(
+        attribution_, gpus, selected, kill_spanning, signalled, outside):
+    holder = {"pid": 5, "gpu_indexes": gpus, "attribution": attribution_, "candidate_gpu_indexes": [], "protected": False}
+    assert attribution.may_signal_for(holder, selected, kill_spanning) is signalled
+    assert attribution.outside_gpus(holder, selected) == outside
+    assert attribution.spanning_for([holder], selected) == ([holder] if outside else [])
+
+
+def test_undecided_holder_never_spans_it_is_reported_as_undecided():
+    holder = {"pid": 5, "gpu_indexes": [], "attribution": "undecided", "candidate_gpu_indexes": [0, 1], "protected": False}
+    assert attribution.spanning_for([holder], [1]) == [] and attribution.may_signal_for(holder, [1], kill_spanning=True) is False
+
+
 def test_dead_owner_lists_nobody():
     apps = [{"pid": 751, "gpu_index": 1, "alive": False}, {"pid": 576, "gpu_index": 0, "alive": True}]
     assert attribution.listed_gpus(apps) == {576: {0}}

@@ -15,19 +15,29 @@ from ansible_collections.zeromib.gpu.plugins.module_utils import _nvidia_smi as 
 
 FIXTURES = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, os.pardir, "fixtures", "nvidia-smi")
 FIELDS = smi.GPU_FIELDS + smi.HEALTH_FIELDS
+# The 2-GPU capture of 2026-12-01 asked the first 13 health fields; the others (MIG pending, recovery
+# action, fabric) come from the single-field capture of the same driver (h200-580.159.04-q-2026-12-01).
+CAPTURE_FIELDS = smi.GPU_FIELDS + smi.HEALTH_FIELDS[:13]
+
+
+def _fields_txt():
+    with open(os.path.join(FIXTURES, "h200-580.159.04-q-2026-12-01", "fields.txt")) as handle:
+        return dict(line.split(": ", 1) for line in handle.read().splitlines() if ": " in line)
 
 
 def _capture_rows(name):
     with open(os.path.join(FIXTURES, "h200x2-580.159.04-health", name)) as handle:
         lines = [line for line in handle.read().splitlines() if not line.startswith("###")]
-    return smi.parse_gpus("\n".join(lines), FIELDS)
+    return smi.parse_gpus("\n".join(lines), CAPTURE_FIELDS)
 
 
 def _row(**values):
-    """An idle H200 of the real capture, with some readings changed (raw nvidia-smi text)."""
+    """An idle H200 of the real captures, with some readings changed (raw nvidia-smi text)."""
+    captured = _fields_txt()
     base = dict(zip([f for f, _k, _t in FIELDS], (
         "0, GPU-22d6f351-b711-b43e-634b-50b970b6a61e, NVIDIA H200, 00000000:00:06.0, 580.159.04, 143771, 616, 0, 143156, 0, 36, "
-        "80.26, Enabled, Disabled, 0, No, No, [N/A], 5, 5, 16, 16, P0, Not Active, Not Active, Not Active, Not Active").split(", ")))
+        "80.26, Enabled, Disabled, 0, No, No, [N/A], 5, 5, 16, 16, P0, Not Active, Not Active, Not Active, Not Active, Disabled, "
+        "%s, %s, %s" % (captured["gpu_recovery_action"], captured["fabric.state"], captured["fabric.status"])).split(", ")))
     base.update(values)
     return smi.parse_gpus(", ".join(base[f] for f, _k, _t in FIELDS), FIELDS)[0]
 
@@ -96,11 +106,182 @@ def test_dmesg_xids_older_than_the_window_are_dropped():
     assert found["0000:2a:00"][0]["time"] == "60 s ago"
 
 
-def test_critical_xid_is_an_issue_application_xid_is_not():
+def test_xid_judged_by_nvidias_catalog_restart_app_is_not_a_fault():
     found = health.parse_xids(XID_LINES)
     gpu = _row(**{"pci.bus_id": "00000000:2A:00.0"})
+    # 13 (graphics engine exception) and 94 (contained ECC error): RESTART_APP in the catalog.
+    assert health.gpu_issues(gpu, health.Checks(), health.xids_of(gpu, found)) == []
+    gpu = _row(**{"pci.bus_id": "00000000:18:00.0"})
     assert health.gpu_issues(gpu, health.Checks(), health.xids_of(gpu, found)) == [
-        "Xid 94 (contained ECC error) in the kernel log at 2026-11-29T09:09:01+0000"]
+        "Xid 79 (GPU has fallen off the bus) in the kernel log at 2026-11-29T09:08:01+0000; NVIDIA's Xid catalog: RESTART_BM "
+        "(reboot the node)"]
+
+
+@pytest.mark.parametrize("xid,checks,fault", [
+    (79, health.Checks(), True),
+    (48, health.Checks(), True),  # WORKFLOW_XID_48
+    (74, health.Checks(), True),  # WORKFLOW_NVLINK_ERR
+    (119, health.Checks(), True),  # RESET_GPU
+    (13, health.Checks(), False),  # RESTART_APP
+    (31, health.Checks(), False),
+    (63, health.Checks(), False),  # IGNORE
+    (45, health.Checks(), False),  # logged when a process is killed: see NOT_FAULT_XIDS
+    (45, health.Checks(xid_fatal=[45]), True),
+    (999, health.Checks(), False),  # not in the catalog: listed, not judged
+    (999, health.Checks(xid_fatal=[999]), True),
+    (79, health.Checks(xid_ignore=[79]), False),
+    (13, health.Checks(xid_fatal=[13]), True),
+    (13, health.Checks(xid_fatal=[13], xid_ignore=[13]), True),  # both: fatal
+], ids=lambda v: str(v) if isinstance(v, int) else "")
+def test_xid_fault_set_from_the_catalog_and_the_overrides(xid, checks, fault):
+    assert checks.xid_fault(xid) is fault
+
+
+def test_xid_fault_set_is_derived_from_the_immediate_action():
+    for number, (action, _text) in health.XID_CATALOG.items():
+        if number not in health.NOT_FAULT_XIDS and action != "XID_154":
+            assert health.Checks().xid_fault(number) is (action not in ("RESTART_APP", "IGNORE")), number
+
+
+def test_xid_154_is_history_once_the_gpu_reads_no_recovery_action():
+    assert health.Checks().xid_fault(154, "None") is False
+    assert health.Checks().xid_fault(154, "Reset") is True
+    assert health.Checks().xid_fault(154, None) is True
+
+
+def test_xid_older_than_the_driver_load_is_history():
+    lines = [
+        "[  100.000000] NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+        "[  200.000000] NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (dvs-builder@U22)",
+        "[  300.000000] NVRM: Xid (PCI:0000:18:00): 13, pid=1, name=python3, Graphics Exception",
+    ]
+    after, before, loaded = health.split_at_driver_load(lines)
+    assert after == lines[2:] and before == lines[:1] and "580.159.04" in loaded
+    assert health.split_at_driver_load(lines[2:]) == (lines[2:], [], None)
+    assert "580.105.08" in health.split_at_driver_load(["NVRM: loading NVIDIA UNIX x86_64 Kernel Module  580.105.08"])[2]
+
+
+@pytest.mark.parametrize("seconds,text", [(60, "60 s ago"), (7200, "2 h ago"), (600, "10 min ago"), (3 * 86400, "3 days ago")])
+def test_xid_age_reads_in_words(seconds, text):
+    assert health.age_text(seconds) == text
+
+
+def test_real_h200_recovery_action_and_fabric_read_healthy_and_checked():
+    gpu = _row()
+    assert gpu["recovery_action"] == "None" and gpu["fabric_state"] is None and not health.has_fabric(gpu)
+    assert health.gpu_issues(gpu, health.Checks()) == []
+    assert health.unchecked_checks(gpu, health.Checks()) == []
+
+
+FAULT_CASES = [
+    ("recovery-reset", {"gpu_recovery_action": "Reset"}, ["the driver asks for a recovery action: Reset"]),
+    ("recovery-reboot", {"gpu_recovery_action": "Reboot"}, ["the driver asks for a recovery action: Reboot"]),
+    ("fabric-in-progress", {"fabric.state": "In Progress", "fabric.status": "N/A"},
+     ["NVSwitch fabric registration is In Progress, expected Completed"]),
+    ("fabric-not-started", {"fabric.state": "Not Started"}, ["NVSwitch fabric registration is Not Started, expected Completed"]),
+    ("fabric-failed", {"fabric.state": "Completed", "fabric.status": "Failure"}, ["NVSwitch fabric registration failed (Failure)"]),
+    ("fabric-completed", {"fabric.state": "Completed", "fabric.status": "Success"}, []),
+    ("fabric-na-bracketed", {"fabric.state": "[N/A]", "fabric.status": "[N/A]"}, []),
+    ("mig-change-pending", {"mig.mode.pending": "Enabled"}, ["a MIG mode change to Enabled is pending: reset the GPU to apply it"]),
+    ("requires-reset", {"ecc.errors.uncorrected.volatile.total": "[GPU requires reset]"},
+     ["ecc.errors.uncorrected.volatile.total reads [GPU requires reset]: reset the GPU (or reboot)"]),
+    ("unknown-error", {"remapped_rows.pending": "[Unknown Error]"}, ["remapped_rows.pending reads [Unknown Error]"]),
+]
+
+
+@pytest.mark.parametrize("values,starts", [c[1:] for c in FAULT_CASES], ids=[c[0] for c in FAULT_CASES])
+def test_recovery_action_fabric_mig_pending_and_error_tokens(values, starts):
+    issues = health.gpu_issues(_row(**values), health.Checks())
+    assert len(issues) == len(starts) and all(issue.startswith(start) for issue, start in zip(issues, starts)), issues
+
+
+def test_error_token_is_a_fault_not_a_gap():
+    gpu = _row(**{"ecc.errors.uncorrected.volatile.total": "[GPU requires reset]"})
+    assert health.unchecked_checks(gpu, health.Checks()) == []
+
+
+ALL_NA = dict((f, "[N/A]") for f, _k, _t in smi.HEALTH_FIELDS + (("persistence_mode", None, None), ("mig.mode.current", None, None)))
+
+
+def test_all_na_gpu_says_which_checks_did_not_run():
+    gpu = _row(**ALL_NA)
+    assert health.gpu_issues(gpu, health.Checks()) == []
+    names = [name for name, _why in health.unchecked_checks(gpu, health.Checks())]
+    # MIG and the fabric read N/A on GPUs without them: not a gap.
+    assert names == ["ecc", "row_remap", "retired_pages", "pcie", "clocks", "persistence", "recovery_action"]
+    record = health.Health(health.Checks()).annotate([gpu])[0]
+    assert record["health_checked"] is False and record["health_unchecked"] == names
+    assert record["health"]["unchecked"][0] == "ecc: ecc.errors.uncorrected.volatile.total reads [N/A]"
+
+
+def test_row_remapping_and_page_retirement_stand_in_for_each_other():
+    assert health.unchecked_checks(_row(), health.Checks()) == []  # Hopper: retired pages [N/A], remaps read
+    pre_ampere = _row(**{"remapped_rows.pending": "[N/A]", "remapped_rows.failure": "[N/A]", "retired_pages.pending": "No"})
+    assert health.unchecked_checks(pre_ampere, health.Checks()) == []
+
+
+def test_a_field_the_driver_rejects_is_unchecked_by_name():
+    gpu = dict(_row(), mig_mode=None, mig_mode_pending=None, _rejected=["mig.mode.current", "mig.mode.pending"])
+    assert health.unchecked_checks(gpu, health.Checks()) == [("mig", "the driver does not know mig.mode.current, mig.mode.pending")]
+    assert health.gpu_issues(gpu, health.Checks(expected_mig_mode="enabled")) == []  # unknown, not "not supported"
+
+
+def test_fabric_manager_down_or_of_another_version_is_a_fault_on_fabric_gpus_once_per_host():
+    assert health.parse_fabric_manager_version("Fabric Manager version is : 450.102.04\n") == "450.102.04"
+    fm = {"state": "inactive", "installed": True, "version": "580.159.04", "error": None}
+    gpus = [_row(**{"fabric.state": "Completed", "fabric.status": "Success", "index": str(i)}) for i in range(2)]
+    records = health.Health(health.Checks(), fabric_manager=fm, driver_version="580.159.04").annotate(gpus)
+    assert all(r["health_issues"] == ["nvidia-fabricmanager is inactive: NVSwitch jobs fail (CUDA error 802) until it runs"]
+               for r in records)
+    healthy, issues = health.host_verdict(records, None, health.fabric_manager_issues(fm, "580.159.04"))
+    assert not healthy and issues == ["nvidia-fabricmanager is inactive: NVSwitch jobs fail (CUDA error 802) until it runs"]
+    other = dict(fm, state="active", version="535.161.08")
+    assert health.fabric_manager_issues(other, "580.159.04") == [
+        "nv-fabricmanager is version 535.161.08, the driver 580.159.04: Fabric Manager must match the driver exactly"]
+    assert health.fabric_manager_issues(dict(fm, state="active"), "580.159.04") == []
+    assert health.fabric_manager_issues(dict(fm, state="active", installed=False, version=None), "580.159.04") == [
+        "nv-fabricmanager is not installed: an NVSwitch node needs Fabric Manager of the driver's version"]
+    unreadable = dict(fm, state=None, error="systemctl not found")
+    record = health.Health(health.Checks(), fabric_manager=unreadable, driver_version="580.159.04").annotate(gpus[:1])[0]
+    assert record["health_unchecked"] == ["fabric"]
+
+
+def _kernel_log(tmp_path, journalctl, dmesg):
+    for name, body in (("journalctl", journalctl), ("dmesg", dmesg)):
+        if body is not None:
+            (tmp_path / name).write_text("#!/bin/sh\n" + body)
+            os.chmod(str(tmp_path / name), 0o755)
+    log = health.KernelLog(1e6, search_path=str(tmp_path))
+    log._which = lambda name: str(tmp_path / name) if (tmp_path / name).exists() else None
+    log.start()
+    return log
+
+
+DMESG_79 = "echo '[    5.000000] NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=x, GPU has fallen off the bus.'\n"
+
+
+def test_journalctl_without_a_journal_rc_0_falls_back_to_dmesg(tmp_path):
+    log = _kernel_log(tmp_path, "echo 'No journal files were found.' >&2\nexit 0\n", DMESG_79)
+    found, _history = log.xids()
+    assert log.source == "dmesg" and log.error is None and [x["xid"] for x in found["0000:18:00"]] == [79]
+    assert log.fallback == "journalctl: No journal files were found."
+
+
+def test_journalctl_with_nothing_while_dmesg_has_lines_reads_dmesg(tmp_path):
+    log = _kernel_log(tmp_path, "exit 0\n", DMESG_79)
+    found, _history = log.xids()
+    assert log.source == "dmesg" and [x["xid"] for x in found["0000:18:00"]] == [79]
+
+
+def test_no_journal_and_no_dmesg_is_not_checked(tmp_path):
+    log = _kernel_log(tmp_path, "echo 'No journal files were found.' >&2\nexit 0\n", "echo 'dmesg: read kernel buffer failed' >&2\nexit 1\n")
+    assert log.xids() == ({}, {}) and log.source is None
+    assert log.error == "journalctl: No journal files were found.; dmesg failed (rc 1): dmesg: read kernel buffer failed"
+
+
+def test_empty_journal_and_unreadable_dmesg_keeps_the_empty_answer(tmp_path):
+    log = _kernel_log(tmp_path, "exit 0\n", "exit 1\n")
+    assert log.xids() == ({}, {}) and log.source == "journalctl" and log.error is None
 
 
 def test_kernel_log_falls_back_to_dmesg_and_reads_xids(tmp_path):
@@ -111,7 +292,7 @@ def test_kernel_log_falls_back_to_dmesg_and_reads_xids(tmp_path):
     log = health.KernelLog(1e6, search_path=str(tmp_path))
     log._which = lambda name: str(tmp_path / name)
     log.start()
-    found = log.xids()
+    found, _history = log.xids()
     assert log.source == "dmesg" and log.error is None and [x["xid"] for x in found["0000:18:00"]] == [79]
 
 
@@ -119,10 +300,10 @@ def test_unreadable_kernel_log_is_reported_not_healthy_by_default(tmp_path):
     log = health.KernelLog(24)
     log._which = lambda name: None
     log.start()
-    assert log.xids() == {} and log.error == "neither journalctl nor dmesg found"
+    assert log.xids() == ({}, {}) and log.error == "neither journalctl nor dmesg found"
     gpu = health.Health(health.Checks(), {}, kernel_log=log).annotate([_row()])[0]
-    assert gpu["healthy"] is True and gpu["health_checked"] is False
-    assert gpu["health"]["unchecked"] == ["recent Xid errors not checked: neither journalctl nor dmesg found"]
+    assert gpu["healthy"] is True and gpu["health_checked"] is False and gpu["health_unchecked"] == ["xid"]
+    assert gpu["health"]["unchecked"] == ["xid: recent Xid errors not checked: neither journalctl nor dmesg found"]
 
 
 def test_dcgmi_absent_runs_nothing():
@@ -154,9 +335,37 @@ def test_older_driver_reads_throttle_names_and_drops_unknown_fields(tmp_path):
     path.write_text("#!/bin/sh\n" + OLD_DRIVER.format(log=log))
     os.chmod(str(path), 0o755)
     runner = smi.NvidiaSmi(str(path), timeout=5)
-    (gpu,) = runner.query_gpus(FIELDS)
+    (gpu,) = runner.query_gpus(CAPTURE_FIELDS)
     assert gpu["_rejected"] == ["remapped_rows.pending"] and gpu["remapped_rows_pending"] is None
     assert gpu["slowdown_hw"] == "Not Active" and runner.old_names
     assert "clocks_throttle_reasons.hw_slowdown" in log.read_text().splitlines()[-1]
-    runner.query_gpus(FIELDS)
+    runner.query_gpus(CAPTURE_FIELDS)
     assert runner.calls == 4  # learnt once: the second look is one call
+
+
+R440 = """\
+case "$*" in
+  *mig.mode.current*) echo 'Field "mig.mode.current" is not a valid field to query.'; echo; exit 2 ;;
+  *--query-gpu=*) echo "0, GPU-1, Tesla V100, 00000000:07:00.0, 440.33.01, 32510, 3, 32500, 0, 33, 55.12, Enabled" ;;
+esac
+"""
+
+
+def test_r440_without_mig_mode_still_reads_memory(tmp_path):
+    path = tmp_path / "nvidia-smi"
+    path.write_text("#!/bin/sh\n" + R440)
+    os.chmod(str(path), 0o755)
+    runner = smi.NvidiaSmi(str(path), timeout=5)
+    fields = tuple(f for f in smi.GPU_FIELDS if f[0] != "memory.reserved")
+    (gpu,) = runner.query_gpus(fields)
+    assert gpu["memory_used_mib"] == 3 and gpu["mig_mode"] is None and gpu["_rejected"] == ["mig.mode.current"]
+
+
+def test_a_rejection_that_names_no_field_drops_the_optional_fields_not_the_memory(tmp_path):
+    path = tmp_path / "nvidia-smi"
+    path.write_text("#!/bin/sh\ncase \"$*\" in *persistence_mode*) echo 'Invalid combination of input arguments.'; exit 2 ;;\n"
+                    "*) echo '0, GPU-1, Tesla V100, 00000000:07:00.0, 440.33.01, 32510, 3, 32500, 0, 33, 55.12' ;; esac\n")
+    os.chmod(str(path), 0o755)
+    runner = smi.NvidiaSmi(str(path), timeout=5)
+    (gpu,) = runner.query_gpus(smi.GPU_FIELDS)
+    assert gpu["memory_used_mib"] == 3 and set(gpu["_rejected"]) == {"persistence_mode", "mig.mode.current"}

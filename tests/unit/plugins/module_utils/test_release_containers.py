@@ -221,3 +221,27 @@ def test_watch_list_covers_only_what_can_respawn_outside_this_runs_control():
     }
     asked = _settle.watch_list(signalled[2:3], {}, systemctl=lambda args: (0, "no\n", ""))
     assert asked == {}, "Restart=no: nothing starts it again"
+
+
+def test_container_whose_processes_hold_gpus_on_both_sides_of_the_selection_is_refused_then_stopped_with_kill_spanning(world):
+    # one container, a worker on GPU 0 and one on GPU 1 (tensor parallel): stopping it for GPU 1 ends GPU 0's work too
+    world.runtimes.add(A, "vllm-tp")
+    world.spawn(495, {0: 30000}, cgroup="0::/docker/%s\n" % A, comm="VLLM::Worker_TP0")
+    world.spawn(496, {1: 30000}, cgroup="0::/docker/%s\n" % A, comm="VLLM::Worker_TP1")
+    for check_mode in (True, False):
+        with pytest.raises(release.ReleaseError) as info:
+            run(world, check_mode=check_mode, gpus=["1"])
+        assert world.runtimes.log == [] and world.signals == [] and {495, 496} <= set(world.procs)
+        assert "container vllm-tp (pids 495,496) holds GPUs 0,1; GPU 0 is outside the selection" in info.value.msg, info.value.msg
+        [entry] = info.value.result["spanning"]
+        assert (entry["container"], entry["outside_gpus"]) == (A, [0])
+    result = run(world, gpus=["1"], kill_spanning=True)
+    assert [e["name"] for e in result["stopped_containers"]] == ["vllm-tp"] and result["released"] is True and not world.procs
+
+
+def test_container_on_the_selected_gpus_only_is_no_spanning_container(world):
+    world.runtimes.add(A, "infer-gpu1")
+    world.spawn(495, {1: 30000}, cgroup="0::/docker/%s\n" % A)
+    world.spawn(600, {0: 1000})
+    result = run(world, gpus=["1"])
+    assert result["spanning"] == [] and [e["name"] for e in result["stopped_containers"]] == ["infer-gpu1"] and 600 in world.procs

@@ -215,16 +215,16 @@ HOLDERS = [
 @pytest.mark.parametrize(
     "selected, match, targets, protected",
     [
-        ([0], [], [10, 12], [13]),
+        ([0], [], [10], [13]),
         ([0, 1, 2], [], [10, 11, 12], [13, 16]),
-        ([1], [], [11, 12], [13]),
+        ([1], [], [11], [13]),
         ([0], ["vllm"], [10], [13, 16]),
         ([0], ["nvml_probe"], [15], [13]),
         ([0, 1, 2], ["persistenced"], [], [13, 16]),
         ([2], [], [], [16]),
     ],
     ids=[
-        "selected-gpu-holders-and-the-one-spanning-two",
+        "selected-gpu-holders-not-the-one-spanning-two",
         "all-gpus",
         "holder-of-unselected-gpu-only-is-left-alone",
         "match-narrows",
@@ -236,6 +236,14 @@ HOLDERS = [
 def test_plan_targets(selected, match, targets, protected):
     found, kept = release.plan_targets(HOLDERS, selected, [re.compile(m) for m in match])
     assert ([h["pid"] for h in found], [h["pid"] for h in kept]) == (targets, protected)
+
+
+@pytest.mark.parametrize("selected, targets", [([0], [10, 12]), ([1], [11, 12]), ([2], [])])
+def test_kill_spanning_targets_the_holder_that_also_uses_unselected_gpus(selected, targets):
+    found, kept = release.plan_targets(HOLDERS, selected, [], kill_spanning=True)
+    assert [h["pid"] for h in found] == targets
+    assert [(h["pid"], outside) for h, outside in release.spanning_targets(HOLDERS, selected, [])] == (
+        [(12, [1 - selected[0]])] if selected != [2] else [])
 
 
 def test_nvml_clients_are_not_targeted_without_match():

@@ -916,14 +916,58 @@ def test_vllm_v1_shape_main_without_gpu_is_stopped_through_its_unit_and_not_resp
     assert not world.procs and result["released"] is True
 
 
-def test_workload_unit_holding_other_gpus_is_not_stopped_and_the_user_is_warned(world):
+def test_workload_unit_holding_other_gpus_is_refused_before_acting_and_stopped_with_kill_spanning(world):
     world.unit("vllm.service")
     world.spawn(600, {}, unit="vllm.service", comm="VLLM::EngineCor", argv=("VLLM::EngineCore",), devices=["/dev/nvidiactl"])
     world.spawn(601, {0: 1000}, unit="vllm.service", comm="VLLM::Worker_TP", ppid=600)
     world.spawn(602, {1: 1000}, unit="vllm.service", comm="VLLM::Worker_TP", ppid=600)
-    result = run(world, gpus=["1"])
-    assert stops(world) == [] and [pid for _t, pid, _n in world.signals] == [602] and 601 in world.procs
-    assert any("vllm.service also holds GPU 0, outside the selection: not stopped" in w for w in result["warnings"])
+    for check_mode in (True, False):
+        with pytest.raises(release.ReleaseError) as info:
+            run(world, check_mode=check_mode, gpus=["1"])
+        assert stops(world) == [] and world.signals == [] and {600, 601, 602} <= set(world.procs)
+        assert "unit vllm.service (pids 602) holds GPUs 0,1; GPU 0 is outside the selection" in info.value.msg
+        assert "Nothing was stopped or signalled" in info.value.msg and "kill_spanning" in info.value.msg
+        [entry] = info.value.result["spanning"]
+        assert (entry["unit"], entry["gpu_indexes"], entry["outside_gpus"]) == ("vllm.service", [0, 1], [0])
+    result = run(world, gpus=["1"], kill_spanning=True)
+    assert result["stopped_units"] == ["vllm.service"] and result["released"] is True and not world.procs
+    assert result["spanning"][0]["unit"] == "vllm.service"
+
+
+def test_spanning_process_is_not_signalled_for_a_partial_selection_and_the_failure_names_it(world):
+    # JAX preallocates on every visible GPU: nvidia-smi lists the process on GPU 0 and GPU 1.
+    world.spawn(700, {0: 60000, 1: 60000}, comm="python3", argv=("python3", "jax_train.py"))
+    world.spawn(701, {1: 2000}, comm="python3", argv=("python3", "other.py"))
+    for check_mode in (True, False):
+        with pytest.raises(release.ReleaseError) as info:
+            run(world, check_mode=check_mode, gpus=["1"])
+        assert world.signals == [] and {700, 701} <= set(world.procs), "signalled before refusing"
+        msg = info.value.msg
+        assert msg.startswith("refusing to free GPU 1:") and "pid 700 python3 [python3 jax_train.py]" in msg
+        assert "uses GPUs 0,1; GPU 0 is outside the selection" in msg and "701" not in msg
+        assert info.value.result["killed"] == [] and info.value.result["stopped_units"] == []
+        [entry] = info.value.result["spanning"]
+        assert (entry["pid"], entry["cmdline"], entry["gpu_indexes"], entry["outside_gpus"]) == (700, "python3 jax_train.py", [0, 1], [0])
+
+
+def test_kill_spanning_ends_the_spanning_process(world):
+    world.spawn(700, {0: 60000, 1: 60000}, comm="python3", argv=("python3", "jax_train.py"))
+    result = run(world, gpus=["1"], kill_spanning=True)
+    assert [pid for _t, pid, _n in world.signals] == [700] and result["released"] is True
+    assert [k["pid"] for k in result["killed"]] == [700] and result["spanning"][0]["outside_gpus"] == [0]
+
+
+def test_nothing_spans_when_every_gpu_it_uses_is_selected(world):
+    world.spawn(700, {0: 60000, 1: 60000}, comm="python3", argv=("python3", "jax_train.py"))
+    result = run(world, gpus=["0", "1"])
+    assert result["spanning"] == [] and [k["pid"] for k in result["killed"]] == [700] and result["released"] is True
+
+
+def test_match_decides_what_would_be_signalled_and_so_what_spans(world):
+    world.spawn(700, {0: 60000, 1: 60000}, comm="python3", argv=("python3", "jax_train.py"))
+    world.spawn(701, {1: 2000}, comm="python3", argv=("python3", "other.py"))
+    result = run(world, check_mode=True, gpus=["1"], match=["other"])
+    assert result["spanning"] == [] and [k["pid"] for k in result["killed"]] == [701] and 700 in world.procs
 
 
 def test_check_mode_lists_the_launcher_plan_a_real_run_carries_out(tmp_path):
@@ -991,7 +1035,8 @@ def test_star_glob_stops_the_gpu_service_but_not_dbus_journald_or_ssh(world):
         world.unit(name)
     result = run(world, services=["*"])
     assert result["stopped_units"] == ["vllm.service"]
-    assert len([w for w in result["warnings"] if w.startswith("services: skipped")]) == 3
+    assert sorted(k["unit"] for k in result["kept_units"]) == ["dbus.service", "ssh.service", "systemd-journald.service"]
+    assert len([w for w in result["warnings"] if w.startswith("services: kept 3 units")]) == 1
 
 
 def test_glob_matching_nothing_warns(world):

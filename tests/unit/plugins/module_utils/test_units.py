@@ -46,6 +46,29 @@ from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils import fake
         ("gpu-jobs.service", {"python3"}, False, {0}, [0], "launcher"),
         # a workload that also holds GPUs outside the selection
         ("vllm.service", {"python3"}, True, {0, 1, 2, 3}, [1], "other_gpus"),
+        # cluster runtimes and notebook servers (issue 20.5), by unit name or main process
+        ("ray.service", {"python3"}, True, {0}, [0], "launcher"),
+        ("cluster.service", {"ray", "ray start", "python3"}, True, {0}, [0], "launcher"),
+        ("node.service", {"raylet"}, True, {0}, [0], "launcher"),
+        ("gcs.service", {"gcs_server"}, True, {0}, [0], "launcher"),
+        ("dw.service", {"dask", "dask worker", "python3"}, True, {0}, [0], "launcher"),
+        ("dcw.service", {"dask", "dask cuda", "python3"}, True, {0}, [0], "launcher"),
+        ("dw2.service", {"dask-worker"}, True, {0}, [0], "launcher"),
+        ("dw3.service", {"distributed", "distributed.cli.dask_worker"}, True, {0}, [0], "launcher"),
+        ("nomad.service", {"nomad"}, True, {0}, [0], "launcher"),
+        ("agent.service", {"nomad", "nomad agent"}, True, {0}, [0], "launcher"),
+        ("startd.service", {"condor_startd"}, True, {0}, [0], "launcher"),
+        ("starter.service", {"condor_starter"}, True, {0}, [0], "launcher"),
+        ("lab.service", {"jupyter-lab", "python3"}, True, {0}, [0], "launcher"),
+        ("lab2.service", {"jupyter", "jupyter lab"}, True, {0}, [0], "launcher"),
+        ("nb.service", {"jupyter-noteboo"}, True, {0}, [0], "launcher"),  # comm cut at 15 characters
+        ("srv.service", {"jupyter-server"}, True, {0}, [0], "launcher"),
+        ("kg.service", {"jupyter-kernelg"}, True, {0}, [0], "launcher"),
+        # vLLM with Ray's executor: raylet and ray:: workers run under the API server; the main
+        # process is vllm, so the unit is the workload
+        ("vllm-ray.service", {"vllm", "vllm serve", "python3"}, True, {0, 1}, [0, 1], None),
+        # an inference server with processes without a GPU is still the workload
+        ("sglang.service", {"python3", "sglang.launch_server", "sglang"}, True, {0}, [0], None),
     ],
     ids=[
         "vllm-is-the-workload",
@@ -68,11 +91,58 @@ from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils import fake
         "pbs",
         "holders-outside-main-process-tree",
         "holds-unselected-gpus",
+        "ray-unit-name",
+        "ray-start-main",
+        "raylet-main",
+        "gcs-server-main",
+        "dask-worker-subcommand",
+        "dask-cuda-worker",
+        "dask-worker-binary",
+        "dask-worker-module",
+        "nomad-unit-name",
+        "nomad-agent-main",
+        "htcondor-startd",
+        "htcondor-starter",
+        "jupyter-lab",
+        "jupyter-lab-subcommand",
+        "jupyter-notebook-comm",
+        "jupyter-server",
+        "jupyter-kernelgateway-comm",
+        "vllm-with-ray-executor-is-the-workload",
+        "server-with-cpu-helpers-is-the-workload",
     ],
 )
 def test_stop_verdict(unit, main_names, under_main, unit_gpus, selected, verdict):
     result = units.stop_verdict(unit, main_names, under_main, unit_gpus, selected)
     assert (result[0] if result else None) == verdict, result
+
+
+@pytest.mark.parametrize(
+    "unit, main_names, launchers, verdict",
+    [
+        ("mysched-node.service", {"python3"}, ["mysched*.service"], "launcher"),
+        ("gpu.service", {"mysched", "python3"}, ["mysched"], "launcher"),
+        ("gpu.service", {"my-agent-7", "python3"}, ["my-agent*"], "launcher"),
+        ("vllm.service", {"vllm", "python3"}, ["mysched*.service", "mysched"], None),
+    ],
+    ids=["unit-glob", "process-name", "process-name-glob", "not-a-site-launcher"],
+)
+def test_site_launchers_option(unit, main_names, launchers, verdict):
+    result = units.stop_verdict(unit, main_names, True, {0}, [0], units.split_launchers(launchers))
+    assert (result[0] if result else None) == verdict, result
+
+
+def test_split_launchers_tells_unit_globs_from_process_names():
+    assert units.split_launchers(["mysched*.service", "mysched", " ", "agent.socket", "ray.worker"]) == (
+        ("mysched*.service", "agent.socket"), ("mysched", "ray.worker"))
+
+
+def test_exec_start_names_come_from_what_systemd_runs():
+    text = ("{ path=/usr/bin/python3 ; argv[]=/usr/bin/python3 /usr/local/bin/ray start --head --block ; ignore_errors=no ; "
+            "start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }")
+    assert {"ray", "ray start"} <= units.exec_start_names(text)
+    assert units.exec_start_names("") == set()
+    assert "jupyterhub" in units.exec_start_names("{ path=/usr/local/bin/jupyterhub ; argv[]=/usr/local/bin/jupyterhub ; ignore_errors=no }")
 
 
 def test_stop_verdict_names_the_gpus_outside_the_selection():
@@ -90,11 +160,18 @@ def test_stop_verdict_names_the_gpus_outside_the_selection():
             {"name": "jupyterhub", "exe": "python3.11", "argv0": "python3", "cmdline": "/usr/bin/python3 /usr/local/bin/jupyterhub -f x"},
             {"jupyterhub", "python3.11", "python3"},
         ),
-        ({"name": "python3", "exe": "python3.11", "argv0": "python3", "cmdline": "python3 -u -m jupyterhub.app"}, {"jupyterhub", "python3", "python3.11"}),
+        ({"name": "python3", "exe": "python3.11", "argv0": "python3", "cmdline": "python3 -u -m jupyterhub.app"},
+         {"jupyterhub", "jupyterhub.app", "python3", "python3.11"}),
         ({"name": "bash", "exe": "bash", "argv0": "bash", "cmdline": "bash /opt/runner/runsvc.sh"}, {"bash", "runsvc.sh"}),
+        ({"name": "ray", "exe": "python3.11", "argv0": "/usr/bin/python3", "cmdline": "/usr/bin/python3 /usr/local/bin/ray start --head --block"},
+         {"ray", "ray start", "python3.11", "/usr/bin/python3"}),
+        ({"name": "nomad", "exe": "nomad", "argv0": "/usr/bin/nomad", "cmdline": "/usr/bin/nomad agent -config /etc/nomad.d"},
+         {"nomad", "nomad agent", "/usr/bin/nomad"}),
+        ({"name": "python3", "exe": "python3.11", "argv0": "python3", "cmdline": "python3 -m distributed.cli.dask_worker tcp://s:8786"},
+         {"python3", "python3.11", "distributed", "distributed.cli.dask_worker"}),
         (None, set()),
     ],
-    ids=["binary", "python-script", "python-module", "shell-script", "no-main-process"],
+    ids=["binary", "python-script", "python-module", "shell-script", "ray-start", "nomad-agent", "dask-worker-module", "no-main-process"],
 )
 def test_process_names(record, names):
     assert units.process_names(record) == names
@@ -180,8 +257,8 @@ def test_owners_stops_the_workload_and_names_launchers_with_their_slurm_job(proc
                holder(400, [3], "slurmstepd.scope", cgroup="/system.slice/slurmstepd.scope/job_8/step_0/user/task_0", service=False),
                holder(500, [3], "session-4.scope", service=False)]
     holders = targets + [{"pid": 100, "gpu_indexes": [], "unit": "vllm.service", "system_service": True}]
-    to_stop, launchers, warnings = units.owners(systemctl, targets, holders, [0, 1, 2, 3], set(), str(proc))
-    assert to_stop == ["vllm.service"] and warnings == []
+    to_stop, launchers, spanning = units.owners(systemctl, targets, holders, [0, 1, 2, 3], set(), str(proc))
+    assert to_stop == ["vllm.service"] and spanning == []
     assert [(e["unit"], e["pids"], e["slurm_job_id"]) for e in launchers] == [
         ("atd.service", [202], None),
         ("slurmd.service", [302], "7"),
@@ -192,17 +269,64 @@ def test_owners_stops_the_workload_and_names_launchers_with_their_slurm_job(proc
     assert [c[0] for c in systemctl.calls] == ["show"]
 
 
-def test_owners_never_stops_a_unit_that_holds_unselected_gpus_and_says_why(proc):
+def test_owners_never_stops_a_unit_that_holds_unselected_gpus_and_lists_it_as_spanning(proc):
     fakeproc.write_process(proc, 100, comm="VLLM::EngineCor", argv=("VLLM::EngineCore",), cgroup="0::/system.slice/vllm.service\n")
     for i in range(4):
         fakeproc.write_process(proc, 101 + i, comm="VLLM::Worker_TP%d" % i, ppid=100, cgroup="0::/system.slice/vllm.service\n")
     workers = [holder(101 + i, [i], "vllm.service") for i in range(4)]
-    to_stop, launchers, warnings = units.owners(Systemctl({"vllm.service": loaded(MainPID="100")}), [workers[1]], workers, [1], set(), str(proc))
+    to_stop, launchers, spanning = units.owners(Systemctl({"vllm.service": loaded(MainPID="100")}), [workers[1]], workers, [1], set(), str(proc))
     assert (to_stop, launchers) == ([], [])
-    assert warnings == [
-        "vllm.service also holds GPU 0, 2, 3, outside the selection: not stopped; its processes on the selected GPUs are signalled, "
-        "and its Restart= setting may start them again"
-    ]
+    assert spanning == [{"unit": "vllm.service", "pids": [102], "gpu_indexes": [0, 1, 2, 3], "outside_gpus": [0, 2, 3]}]
+    # kill_spanning: the unit is ended anyway, through systemd
+    to_stop, launchers, spanning = units.owners(Systemctl({"vllm.service": loaded(MainPID="100")}), [workers[1]], workers, [1], set(), str(proc),
+                                                kill_spanning=True)
+    assert (to_stop, launchers, [e["unit"] for e in spanning]) == (["vllm.service"], [], ["vllm.service"])
+
+
+def test_owners_tells_a_ray_like_launcher_from_a_vllm_v1_shaped_workload(proc):
+    # ray-like.service: `ray start` (main) -> a GPU worker of job A and a CPU worker of job B
+    fakeproc.write_process(proc, 100, comm="ray", argv=("/usr/bin/python3", "/usr/local/bin/ray", "start", "--block"),
+                           cgroup="0::/system.slice/compute.service\n")
+    fakeproc.write_process(proc, 101, comm="ray::job_a", ppid=100, cgroup="0::/system.slice/compute.service\n")
+    fakeproc.write_process(proc, 102, comm="ray::job_b", ppid=100, cgroup="0::/system.slice/compute.service\n")
+    # vllm-v1.service: API server (main, no GPU) -> resource tracker, EngineCore -> workers on GPU 0 and 1
+    cg = "0::/system.slice/llm.service\n"
+    fakeproc.write_process(proc, 200, comm="vllm", argv=("/usr/bin/python3", "/usr/bin/vllm", "serve", "m"), cgroup=cg)
+    fakeproc.write_process(proc, 201, comm="python3", ppid=200, argv=("python3", "-c", "from multiprocessing.resource_tracker import main;main(5)"),
+                           cgroup=cg)
+    fakeproc.write_process(proc, 202, comm="VLLM::EngineCor", ppid=200, cgroup=cg)
+    fakeproc.write_process(proc, 203, comm="VLLM::Worker_TP", ppid=202, cgroup=cg)
+    fakeproc.write_process(proc, 204, comm="VLLM::Worker_TP", ppid=202, cgroup=cg)
+    systemctl = Systemctl({"compute.service": loaded(MainPID="100"), "llm.service": loaded(MainPID="200")})
+    targets = [holder(101, [2], "compute.service"), holder(203, [0], "llm.service"), holder(204, [1], "llm.service")]
+    to_stop, launchers, spanning = units.owners(systemctl, targets, targets, [0, 1, 2], set(), str(proc))
+    assert to_stop == ["llm.service"] and spanning == []
+    assert [(e["unit"], e["pids"]) for e in launchers] == [("compute.service", [101])]
+    assert "ray start" in launchers[0]["reason"]
+    # asked for ExecStart too: the unit's command as systemd runs it
+    assert systemctl.calls[0][:2] == ["show", "--property=Id,MainPID,ExecStart"]
+
+
+def test_owners_knows_a_launcher_by_its_exec_start_when_the_main_process_renamed_itself(proc):
+    fakeproc.write_process(proc, 100, comm="worker", argv=("worker",), cgroup="0::/system.slice/cluster.service\n")
+    fakeproc.write_process(proc, 101, comm="train", ppid=100, cgroup="0::/system.slice/cluster.service\n")
+    exec_start = "{ path=/usr/local/bin/ray ; argv[]=/usr/local/bin/ray start --block ; ignore_errors=no }"
+    systemctl = Systemctl({"cluster.service": loaded(MainPID="100", ExecStart=exec_start)})
+    to_stop, launchers, _s = units.owners(systemctl, [holder(101, [0], "cluster.service")], [], [0], set(), str(proc))
+    assert to_stop == [] and launchers[0]["unit"] == "cluster.service"
+
+
+def test_owners_site_launchers_by_unit_glob_and_by_name(proc):
+    fakeproc.write_process(proc, 100, comm="python3", argv=("python3", "/opt/mysched/agent.py"), cgroup="0::/system.slice/mysched-a.service\n")
+    fakeproc.write_process(proc, 101, comm="train", ppid=100, cgroup="0::/system.slice/mysched-a.service\n")
+    fakeproc.write_process(proc, 200, comm="sched", argv=("/opt/bin/sched", "run"), exe="/opt/bin/sched", cgroup="0::/system.slice/b.service\n")
+    fakeproc.write_process(proc, 201, comm="train", ppid=200, cgroup="0::/system.slice/b.service\n")
+    systemctl = Systemctl({"mysched-a.service": loaded(MainPID="100"), "b.service": loaded(MainPID="200")})
+    targets = [holder(101, [0], "mysched-a.service"), holder(201, [1], "b.service")]
+    to_stop, _l, _s = units.owners(systemctl, targets, targets, [0, 1], set(), str(proc))
+    assert to_stop == ["mysched-a.service", "b.service"]
+    to_stop, launchers, _s = units.owners(systemctl, targets, targets, [0, 1], set(), str(proc), launchers=["mysched*.service", "sched"])
+    assert to_stop == [] and [e["unit"] for e in launchers] == ["mysched-a.service", "b.service"]
 
 
 def test_owners_reports_this_sessions_unit_as_a_launcher_never_to_stop(proc):
@@ -226,16 +350,104 @@ def test_glob_that_matches_nothing_is_a_warning():
 
 def test_star_never_stops_systemd_dbus_ssh_logind_or_launchers(proc):
     fakeproc.write_process(proc, 50, comm="sshd", exe="/usr/sbin/sshd")
+    fakeproc.write_process(proc, 51, comm="jupyterhub", argv=("/usr/bin/python3", "/usr/local/bin/jupyterhub"))
     listed = ["dbus.service", "systemd-journald.service", "systemd-logind.service", "ssh.service", "getty@tty1.service", "cron.service",
-              "atd.service", "vllm.service", "user@0.service", "gpu-sshd.service"]
+              "atd.service", "vllm.service", "user@0.service", "gpu-sshd.service", "notebook-hub.service"]
     props = {u: loaded() for u in listed}
     props["gpu-sshd.service"] = loaded(MainPID="50")  # runs a protected process under another name
-    steps, warnings = plan(Systemctl(props, listed), ["*"], proc=proc)
+    props["notebook-hub.service"] = loaded(MainPID="51")  # a launcher by its main process
+    result = {"warnings": []}
+    steps = units.plan(Systemctl(props, listed), ["*"], [], "stopped", set(), result, (), str(proc))
     assert steps["stop"] == ["vllm.service"]
-    skipped = sorted(w.split()[2].rstrip(",") for w in warnings)
-    assert skipped == sorted(u for u in listed if u != "vllm.service")
-    assert any("gpu-sshd.service" in w and "pid 50 sshd is protected" in w for w in warnings)
-    assert any("cron.service" in w and "name it to stop it" in w for w in warnings)
+    kept = {k["unit"]: k["reason"] for k in result["kept_units"]}
+    assert sorted(kept) == sorted(u for u in listed if u != "vllm.service")
+    assert "pid 50 sshd is protected" in kept["gpu-sshd.service"]
+    assert "name it to stop it" in kept["cron.service"] and "jupyterhub" in kept["notebook-hub.service"]
+    # one warning names them all
+    [warning] = result["warnings"]
+    assert warning.startswith("services: kept 10 units that a glob matched (see kept_units") and all(u in warning for u in kept)
+    assert "launcher: atd.service, cron.service, notebook-hub.service" in warning and "; protected: gpu-sshd.service" in warning
+
+
+def test_a_glob_lists_only_the_kept_units_it_would_have_changed():
+    listed = ["tailscaled.service", "chrony.service", "vllm.service"]
+    props = {u: loaded() for u in listed}
+    props["chrony.service"] = loaded(ActiveState="inactive", SubState="dead", UnitFileState="disabled")  # nothing to do to it
+    result = {"warnings": []}
+    units.plan(Systemctl(props, listed), ["*"], [], "stopped", set(), result)
+    assert [(k["unit"], k["kind"]) for k in result["kept_units"]] == [("tailscaled.service", "network")]
+
+
+NODE_KEEPING = ["networking.service", "ifup@eth9.service", "NetworkManager.service", "systemd-networkd.service", "wg-quick@wg0.service",
+                "tailscaled.service", "nftables.service", "iptables.service", "firewalld.service", "iscsid.service", "multipathd.service",
+                "nfs-server.service", "nfs-idmapd.service", "autofs.service", "lvm2-monitor.service", "zfs-zed.service", "sssd.service",
+                "nslcd.service", "winbind.service", "sshd.service", "dropbear.service", "chrony.service", "chronyd.service",
+                "ntp.service", "ntpsec.service", "systemd-timesyncd.service"]
+
+
+@pytest.mark.parametrize("unit", NODE_KEEPING)
+def test_a_glob_never_selects_what_keeps_the_node_reachable_and_its_data_safe(unit):
+    result = {"warnings": []}
+    listed = [unit, "vllm.service"]
+    steps = units.plan(Systemctl({u: loaded() for u in listed}, listed), ["*"], [], "disabled", set(), result)
+    assert steps["stop"] == ["vllm.service"] and steps["disable"] == ["vllm.service"]
+    assert [k["unit"] for k in result["kept_units"]] == [unit]
+
+
+@pytest.mark.parametrize("unit, kind", [("tailscaled", "network"), ("ifup@eth9", "network"), ("nftables", "network"),
+                                        ("iscsid", "storage"), ("sssd", "identity"), ("dropbear", "remote access"), ("chrony", "time")])
+def test_naming_a_node_keeping_unit_exactly_stops_it(unit, kind):
+    name = units.normalize_unit(unit)
+    assert units.keeps_node(name) == kind
+    result = {"warnings": []}
+    steps = units.plan(Systemctl({name: loaded()}), [unit], [], "stopped", set(), result)
+    assert steps["stop"] == [name] and result["kept_units"] == [] and result["warnings"] == []
+
+
+def test_a_site_launcher_unit_is_kept_from_globs_and_stopped_when_named():
+    listed = ["mysched-node.service", "vllm.service"]
+    systemctl = Systemctl({u: loaded() for u in listed}, listed)
+    result = {"warnings": []}
+    steps = units.plan(systemctl, ["*"], [], "stopped", set(), result, launchers=["mysched*.service"])
+    assert steps["stop"] == ["vllm.service"] and result["kept_units"][0]["unit"] == "mysched-node.service"
+    result = {"warnings": []}
+    steps = units.plan(systemctl, ["mysched-node"], [], "stopped", set(), result, launchers=["mysched*.service"])
+    assert steps["stop"] == ["mysched-node.service"]
+
+
+class UnitFiles(Systemctl):
+    """Loaded units and unit files differ: an installed, enabled, inactive unit is not loaded."""
+
+    def __init__(self, props, loaded_units, unit_files):
+        super(UnitFiles, self).__init__(props, loaded_units)
+        self.unit_files = list(unit_files)
+
+    def __call__(self, args):
+        if args[0] == "list-unit-files":
+            self.calls.append(list(args))
+            return 0, "".join("%s enabled enabled\n" % u for u in self.unit_files), ""
+        return super(UnitFiles, self).__call__(args)
+
+
+def test_a_glob_matches_an_installed_inactive_unit_file_and_disables_it_without_a_false_warning():
+    inactive = loaded(ActiveState="inactive", SubState="dead", UnitFileState="enabled")
+    systemctl = UnitFiles({"vllm.service": inactive}, [], ["vllm.service", "vllm-tp@.service"])
+    result = {"warnings": []}
+    steps = units.plan(systemctl, ["vllm*.service"], [], "disabled", set(), result)
+    assert steps["stop"] == [] and steps["disable"] == ["vllm.service"] and result["warnings"] == []
+    # the template is no unit to act on
+    assert "vllm-tp@.service" not in str([c for c in systemctl.calls if c[0] == "show"])
+
+
+def test_unit_files_are_listed_only_when_they_can_change_the_answer():
+    systemctl = UnitFiles({"vllm.service": loaded()}, ["vllm.service"], ["vllm.service"])
+    units.plan(systemctl, ["vllm*"], [], "stopped", set(), {"warnings": []})
+    assert [c[0] for c in systemctl.calls] == ["list-units", "show"]  # loaded and matched: no unit-file listing (~0.2 s)
+    systemctl = UnitFiles({}, [], [])
+    result = {"warnings": []}
+    units.plan(systemctl, ["tgi*"], [], "stopped", set(), result)
+    assert [c[0] for c in systemctl.calls] == ["list-units", "list-unit-files"]
+    assert result["warnings"] == ["services: tgi*.service matches no unit on this host"]
 
 
 @pytest.mark.parametrize("name", ["dbus", "systemd-journald.service", "ssh", "systemd-logind", "getty@tty1"])
