@@ -53,10 +53,13 @@ bench: deps
 ## clean: what make made: this checkout's fleets (also left over from a killed run), the fleet's
 ## base rootfs cache /var/cache/zeromib-fleet (~500 MB; kept while another checkout's fleet is
 ## up), .venv, .build (collection link, matrix venvs, ansible-test copies, promtool), caches and
-## reports. Debian packages stay: `make uninstall-packages` removes the ones make installed.
+## reports; then what the tests leave elsewhere (tests/tools/clean-test-leftovers.sh: __pycache__,
+## finished pytest temp folders, ~/.ansible/test when sanity.sh created it). Debian packages stay:
+## `make uninstall-packages` removes the ones make installed.
 clean:
 	-@if [ "$$(id -u)" = 0 ]; then python3 tests/fleet/fleet.py clean; fi
 	rm -rf $(VENV) .build .pytest_cache .hypothesis .ansible collections tests/output gpu_audit_report
+	tests/tools/clean-test-leftovers.sh
 
 uninstall-packages:
 	@f=/var/lib/zeromib-gpu/apt-installed.txt; if [ -s $$f ]; then \

@@ -14,14 +14,17 @@ docs/benchmarks.md); the three that ran no SSH were most of the gate's cost over
 
 from __future__ import annotations
 
+import difflib
 import os
 
 import yaml
-from ansible.errors import AnsibleActionFail
+from ansible.errors import AnsibleActionFail, AnsibleError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
 
-from ansible_collections.zeromib.gpu.plugins.filter.free_gpus import free_gpus_outcome
+from ansible_collections.zeromib.gpu.plugins.filter.free_gpus import free_gpus_failed, free_gpus_outcome
+from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 
 try:
     _YamlLoader = yaml.CSafeLoader
@@ -36,6 +39,42 @@ GATE_ONLY = frozenset(["free_gpus_expected_count", "free_gpus_require_healthy"])
 GATE_ONLY = GATE_ONLY | frozenset(["free_gpus_on_failure", "free_gpus_slurm_node_name"])
 # Options dropped when empty, so that gpu_release's own default applies (search PATH for nvidia-smi).
 OMIT_WHEN_EMPTY = frozenset(["nvidia_smi", "expected_mig_mode"])
+# free_gpus_* names that are not role variables and are no typo: the fact the role sets, and
+# free_gpus.yml's host pattern.
+NOT_OPTIONS = frozenset(["free_gpus_result", "free_gpus_hosts"])
+# What a failed gate leaves out without -v: the GPU and holder records (a screen each on an
+# 8-GPU node; free_gpus_result keeps their figures) and the role's whole argument spec.
+RECORD_KEYS = ("gpus", "gpus_before", "holders", "argument_spec_data")
+
+
+def unknown_variables(names, spec):
+    """free_gpus_* variables the role does not know -> warnings naming the closest known one."""
+    warnings = []
+    # Compared without the prefix they all share, which would make every name look close.
+    known = sorted(name[len(ROLE_PREFIX):] for name in spec if name.startswith(ROLE_PREFIX))
+    for name in sorted(n for n in names if n.startswith(ROLE_PREFIX) and n not in spec and n not in NOT_OPTIONS):
+        close = difflib.get_close_matches(name[len(ROLE_PREFIX):], known, n=1, cutoff=0.6)
+        warnings.append("%s is not a variable of the zeromib.gpu.free_gpus role and is ignored%s" % (
+            name, "; did you mean %s%s?" % (ROLE_PREFIX, close[0]) if close else " (its variables: meta/argument_specs.yml)"))
+    return warnings
+
+
+def range_problems(params):
+    """The role's numeric variables checked as gpu_release checks its options, named as the role names them."""
+    plain = {name[len(ROLE_PREFIX):]: value for name, value in params.items() if name.startswith(ROLE_PREFIX)}
+    return _options.check(plain, ROLE_PREFIX)
+
+
+def compact(result, verbosity):
+    """A failed gate's result as shown without -v: the message once, no GPU records."""
+    if verbosity > 0:
+        return result
+    shown = {key: value for key, value in result.items() if key not in RECORD_KEYS}
+    # The message is `msg`; the rescue puts it back into free_gpus_result (free_gpus_rescued).
+    outcome = dict(shown["ansible_facts"]["free_gpus_result"])
+    outcome.pop("message", None)
+    shown["ansible_facts"] = {"free_gpus_result": outcome}
+    return shown
 
 
 def gate_failures(release, params, check_mode):
@@ -123,14 +162,15 @@ class ActionModule(ActionBase):
 
     def _validated(self, task_vars):
         """The role's variables, checked and typed as Ansible's automatic validation task checks
-        them (ansible.builtin.validate_argument_spec: same validator, same message)."""
+        them (ansible.builtin.validate_argument_spec: same validator, same message), then their
+        ranges as gpu_release checks them."""
         spec = self._argument_spec(task_vars)
-        provided = self._templar.template({name: task_vars[name] for name in spec if name in task_vars})
-        validator = ArgumentSpecValidator(spec)
         try:
-            checked = validator.validate(provided, validate_role_argument_spec=True)
-        except TypeError:  # ansible-core before 2.16: no role mode
-            checked = validator.validate(provided)
+            provided = self._templar.template({name: task_vars[name] for name in spec if name in task_vars})
+        except AnsibleError as exc:
+            return None, {"failed": True, "msg": "a free_gpus_* variable cannot be templated: %s" % getattr(exc, "message", exc)}
+        validator = ArgumentSpecValidator(spec)
+        checked = validator.validate(provided, validate_role_argument_spec=True)
         if checked.error_messages:
             return None, {
                 "failed": True,
@@ -138,22 +178,31 @@ class ActionModule(ActionBase):
                 "argument_errors": checked.error_messages,
                 "argument_spec_data": spec,
             }
+        problems = range_problems(checked.validated_parameters)
+        if problems:
+            return None, {"failed": True, "msg": "; ".join(problems), "argument_errors": problems}
         return checked.validated_parameters, None
 
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
         result = super(ActionModule, self).run(tmp, task_vars)
         del tmp
+        host = task_vars.get("inventory_hostname")
+        warnings = ["%s: %s" % (host, warning) for warning in unknown_variables(task_vars, self._argument_spec(task_vars))]
         params, invalid = self._validated(task_vars)
         if invalid:
             result.update(invalid)
-            return result
+            # The summary of free_gpus.yml lists this host with its error, as any failed host.
+            result["ansible_facts"] = {"free_gpus_result": free_gpus_failed(host, invalid["msg"])}
+            result["warnings"] = warnings
+            return compact(result, Display().verbosity)
         release = self._execute_module(module_name="zeromib.gpu.gpu_release", module_args=module_args(params),
                                        task_vars=task_vars)
         check_mode = bool(self._task.check_mode)
-        outcome = free_gpus_outcome(release, task_vars.get("inventory_hostname"), params.get("free_gpus_expected_count"),
+        outcome = free_gpus_outcome(release, host, params.get("free_gpus_expected_count"),
                                     check_mode, params.get("free_gpus_require_healthy", True))
         result.update(release)
+        result["warnings"] = warnings + list(release.get("warnings") or [])
         # Ansible drops the facts of a failed task; the role's rescue sets them from here.
         result["ansible_facts"] = {"free_gpus_result": outcome}
         failures = gate_failures(release, params, check_mode)
@@ -161,7 +210,7 @@ class ActionModule(ActionBase):
             result["failed"] = True
             result["msg"] = outcome["message"]
             result["failed_checks"] = failures
-        else:
-            result.pop("failed", None)
-            result["msg"] = outcome["message"]
+            return compact(result, Display().verbosity)
+        result.pop("failed", None)
+        result["msg"] = outcome["message"]
         return result

@@ -32,6 +32,7 @@ from ansible.plugins.action import ActionBase
 from ansible_collections.zeromib.gpu.plugins.filter.fleet_query import search_plain
 from ansible_collections.zeromib.gpu.plugins.filter.gpu_audit_model import model_of
 from ansible_collections.zeromib.gpu.plugins.filter.gpu_audit_prom import gpu_audit_prom
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._markdown import markdown_code, markdown_escape
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._plain import plain
 
 PART_FORMAT = "zeromib.gpu audit part"
@@ -237,23 +238,8 @@ def summary_line(report, report_html):
 # --------------------------------------------------------------------------- rendering
 
 
-# Markdown's punctuation that a name can carry; an underscore only where it could open or close
-# emphasis (CommonMark ignores one between two letters or digits: CUDA_ERROR_OUT_OF_MEMORY stays as is).
-_MD_SPECIAL = re.compile(r"([\\`*\[\]<>|~&]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9]))")
-
-
-def markdown_text(value):
-    """A value from the fleet (a host, unit or process name, a command line) as literal text in a
-    Markdown table cell: Markdown's punctuation backslash-escaped, lines joined, '-' for none."""
-    if value is None:
-        return "-"
-    return _MD_SPECIAL.sub(r"\\\1", str(value).replace("\r", " ").replace("\n", " "))
-
-
-def markdown_code(value):
-    """A command line inside a Markdown code span of a table cell: spans take no backslash escapes,
-    so a backtick (which would end the span) becomes a quote and a pipe (which would end the cell) is escaped."""
-    return str(value or "").replace("\r", " ").replace("\n", " ").replace("`", "'").replace("|", "\\|")
+# One escaping for every Markdown the collection writes (plugin_utils/_markdown.py).
+markdown_text = markdown_escape
 
 
 def json_for_script(value):

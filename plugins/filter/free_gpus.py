@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ansible.errors import AnsibleFilterError
+from ansible.errors import AnsibleError, AnsibleFilterError
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._health import CHECKS
 
 # Summary order: what needs the operator's eyes first.
-_STATUS_ORDER = {"unreachable": 0, "failed": 1, "unhealthy": 1, "dirty": 2, "would free": 3, "freed": 4, "clean": 5}
+_STATUS_ORDER = {"unreachable": 0, "failed": 1, "unhealthy": 1, "dirty": 2, "stopped": 3, "would free": 3, "freed": 4, "clean": 5}
 
 
 def _selected(result):
@@ -189,15 +189,92 @@ def free_gpus_outcome(result, host, expected_count=0, check_mode=False, require_
     return outcome
 
 
-def _outcomes(data, hosts):
-    """A list of outcomes, or hostvars (a mapping of host to its variables)."""
+def free_gpus_failed(host, message, status="failed"):
+    """The `free_gpus_result` of a host that failed before gpu_release gave a result (a bad
+    variable, a template error): no GPU figures, the message."""
+    message = " ".join(str(message).split("\n"))
+    return {
+        "host": host, "status": status, "ok": False, "message": message if message.startswith("%s: " % host) else "%s: %s" % (host, message),
+        "count": None, "selected": [], "mib_before": None, "mib_after": None, "stopped_units": [], "disabled_units": [],
+        "masked_units": [], "stopped_containers": [], "disabled_containers": [], "killed": [], "protected": [],
+        "footprint_gpus": [], "footprint_mib": None, "nvml_clients": [], "elapsed_s": None, "check_mode": False,
+        "healthy": None, "health_issues": [],
+    }
+
+
+GATE_ACTIONS = ("zeromib.gpu.free_gpus_gate", "free_gpus_gate")
+
+
+def _failed_in_gate(failed_task):
+    return isinstance(failed_task, Mapping) and failed_task.get("action") in GATE_ACTIONS
+
+
+def free_gpus_rescued(failed_result, host, own_result=None, failed_task=None, hostvars=None, play_hosts_all=None, play_hosts=None):
+    """The role's rescue -> this host's `free_gpus_result`.
+
+    A host whose gate failed: the outcome the gate returned (a failed task keeps no facts), or one
+    made from its message. A host whose gate passed is here because another host failed under
+    any_errors_fatal (or max_fail_percentage): its own outcome, with `stopped_by` naming the
+    hosts that failed and a message saying so."""
+    if isinstance(failed_result, Mapping) and (failed_task is None or _failed_in_gate(failed_task)):
+        outcome = (failed_result.get("ansible_facts") or {}).get("free_gpus_result")
+        message = failed_result.get("msg") or "free_gpus failed"
+        if isinstance(outcome, Mapping) and outcome.get("host") == host:
+            outcome = dict(outcome)
+            outcome["ok"] = False
+            outcome["message"] = outcome.get("message") or message
+            return outcome
+        return free_gpus_failed(host, message)
+    failed = []
+    missing = []
+    hostvars = hostvars if hostvars is not None else {}
+    live = set(play_hosts or [])
+    for other in play_hosts_all or []:
+        if other == host:
+            continue
+        try:
+            variables = hostvars[other]
+            task = variables.get("ansible_failed_task")
+            result = variables.get("free_gpus_result")
+        except (KeyError, AttributeError, TypeError):
+            task, result = None, None
+        if _failed_in_gate(task):
+            failed.append(other)
+        elif other not in live and not isinstance(result, Mapping):
+            missing.append(other)
+    outcome = dict(own_result) if isinstance(own_result, Mapping) else free_gpus_failed(host, "stopped", "stopped")
+    outcome["stopped_by"] = failed or missing
+    if failed:
+        why = "%s failed" % ", ".join(failed)
+    elif missing:
+        why = "%s failed or %s unreachable" % (", ".join(missing), "was" if len(missing) == 1 else "were")
+    else:
+        why = "another host failed or was unreachable (see the recap)"
+    own = "its GPUs are free" if outcome.get("ok") else "it was not checked"
+    outcome["message"] = "%s: %s, but the play stops here because %s (any_errors_fatal)" % (host, own, why)
+    outcome["status"] = "stopped"
+    return outcome
+
+
+def _outcomes(data, hosts, live=None):
+    """A list of outcomes, or hostvars (a mapping of host to its variables). From hostvars only
+    the hosts of `live` (the play's hosts left: with fact caching, an unreachable host would show
+    its cached result of an earlier run) are read; a host that failed without an outcome of this
+    run (`_free_gpus_failure` set by free_gpus.yml's rescue) gets one from that message."""
     if isinstance(data, Mapping):
         found = []
         for host in hosts or []:
-            try:
-                found.append(data[host].get("free_gpus_result"))
-            except (KeyError, AttributeError):
+            if live is not None and host not in live:
                 continue
+            try:
+                variables = data[host]
+                outcome = variables.get("free_gpus_result")
+                failure = variables.get("_free_gpus_failure")
+            except (KeyError, AttributeError, AnsibleError):
+                continue
+            if failure and not (isinstance(outcome, Mapping) and outcome.get("host") == host and not outcome.get("ok")):
+                outcome = free_gpus_failed(host, failure)
+            found.append(outcome)
         return found
     return list(data or [])
 
@@ -218,12 +295,12 @@ def _note(outcome):
     return "; ".join(notes)
 
 
-def free_gpus_summary(data, hosts=None):
+def free_gpus_summary(data, hosts=None, live=None):
     """Outcomes, or hostvars, -> fleet summary lines, worst first. A host of `hosts` without an
-    outcome (unreachable, or failed before gpu_release ran) is listed too."""
+    outcome (unreachable, or failed before gpu_release ran) is listed too; `live`: see _outcomes."""
     rows = []
     by_host = {}
-    for outcome in _outcomes(data, hosts):
+    for outcome in _outcomes(data, hosts, live):
         if isinstance(outcome, Mapping) and outcome.get("host"):
             by_host[outcome["host"]] = outcome
     for host in hosts or sorted(by_host):
@@ -242,8 +319,9 @@ def free_gpus_summary(data, hosts=None):
         rows.append((
             outcome.get("status", "failed"),
             host,
-            str(len(outcome.get("selected") or [])) + "/" + str(outcome.get("count", "-")),
-            "%s -> %s" % (outcome.get("mib_before"), outcome.get("mib_after")),
+            "-" if outcome.get("count") is None else str(len(outcome.get("selected") or [])) + "/" + str(outcome["count"]),
+            "-" if outcome.get("mib_before") is None and outcome.get("mib_after") is None else "%s -> %s" % (
+                outcome.get("mib_before"), outcome.get("mib_after")),
             ", ".join(units) or "-",
             str(len(killed)) if killed else "-",
             "%s s" % outcome.get("elapsed_s") if outcome.get("elapsed_s") is not None else "-",
@@ -268,4 +346,4 @@ def free_gpus_summary(data, hosts=None):
 
 class FilterModule(object):
     def filters(self):
-        return {"free_gpus_outcome": free_gpus_outcome, "free_gpus_summary": free_gpus_summary}
+        return {"free_gpus_outcome": free_gpus_outcome, "free_gpus_summary": free_gpus_summary, "free_gpus_rescued": free_gpus_rescued}

@@ -612,11 +612,12 @@ def lineage(pid, proc="/proc"):
 
 
 def split_protect(items):
-    """User `protect` entries -> (names, pids): all-digit entries are PIDs."""
+    """User `protect` entries -> (names, pids): entries of ASCII digits are PIDs ('³'.isdigit()
+    is true, but int('³') fails: such an entry is a name)."""
     names, pids = [], set()
     for item in items or []:
         text = str(item).strip()
-        if text.isdigit():
+        if text.isdigit() and text.isascii():
             pids.add(int(text))
         elif text:
             names.append(text)

@@ -36,6 +36,14 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import (
 
 # While GPUs stay dirty, look for who holds them this often (a /proc scan, a few ms).
 RESCAN_S = 1.0
+# How long a dirty GPU that no process holds is given to free itself before the run fails: a
+# process that exited just before frees its memory within ~1 s on H200 (one still tearing down,
+# e.g. unpinning host memory in D state, is still in /proc, so still a holder).
+NO_HOLDER_GRACE_S = 1.0
+# A GPU that no process holds and that reads this little (or is in MIG mode) is taken for its
+# idle baseline: MIG-enabled H100/H200/A100 read 50-59 MiB idle (public reports, the fleet's
+# simulated A100 MIG host reads 55 MiB).
+BASELINE_MAX_MIB = 64
 
 
 class System(object):
@@ -111,7 +119,7 @@ def select_gpus(gpus, wanted):
     selected = set()
     for item in wanted:
         text = str(item).strip()
-        if text.isdigit() and int(text) in indexes:
+        if text.isdigit() and text.isascii() and int(text) in indexes:
             selected.add(int(text))
         elif text.lower() in by_uuid:
             selected.add(by_uuid[text.lower()])
@@ -231,6 +239,7 @@ def describe_holder(holder):
 
 EARLY_HEADS = {
     "protected": "GPUs are held only by protected processes, which gpu_release never signals",
+    "no_holder": "GPUs read above max_used_mib with no process holding them (waiting would not free them)",
     "unreadable": "GPU memory cannot be read, so the GPUs cannot be proven free (waiting would not change that)",
     "not_killed": "GPUs are held by processes that kill=false leaves running (waiting would not free them)",
     "respawned": "GPUs are held again by a process started again by a restarter that this run does not stop",
@@ -275,8 +284,13 @@ def failure_message(dirty_gpus, holders, apps, waited_s, unkillable, protected_o
                 "idle baseline (a desktop, MIG), set max_used_mib; otherwise the driver has not freed it and a GPU reset or a "
                 "reboot is needed" % "; ".join(describe_holder(h) for h in on_gpu)
             )
+        elif is_idle_baseline(gpu):
+            text += (", and no process holds the GPU: this is its idle baseline%s, not a leak; set max_used_mib: %s "
+                     "(role: free_gpus_max_used_mib, per host or group) to accept it"
+                     % (" (MIG mode is enabled)" if is_mig(gpu) else "", used))
         else:
-            text += ", and no live process holds the GPU: memory the driver has not freed; a GPU reset or a reboot is needed"
+            text += (", and no live process holds the GPU: memory the driver has not freed; a GPU reset or a reboot is needed "
+                     "(if %s MiB is this GPU's idle baseline, set max_used_mib: %s instead)" % (used, used))
         lines.append(text)
     if protected_only or early in EARLY_HEADS:
         head = EARLY_HEADS[early or "protected"]
@@ -318,6 +332,28 @@ def trust_notes(holders, selected):
     return notes
 
 
+def is_mig(gpu):
+    return str(gpu.get("mig_mode") or "").lower() == "enabled"
+
+
+def is_idle_baseline(gpu):
+    """A small steady reading that no process explains: MIG's 50-59 MiB, or a few MiB of a
+    desktop GPU. The caller has checked that nothing holds the GPU."""
+    used = gpu.get("memory_used_mib")
+    return used is not None and (used <= BASELINE_MAX_MIB or (is_mig(gpu) and used <= 2 * BASELINE_MAX_MIB))
+
+
+def unheld(dirty, holders, apps):
+    """The dirty GPUs that no process holds: no holder uses (or may use) them and no live
+    process is listed on them. Waiting frees such a GPU only when a process exited just before."""
+    live_claims = {a.get("gpu_index") for a in apps if a.get("alive")}
+    held = set(live_claims)
+    for holder in holders:
+        held.update(holder["gpu_indexes"])
+        held.update(holder.get("candidate_gpu_indexes") or [])
+    return [g for g in dirty if g["index"] not in held]
+
+
 def only_protected(dirty, holders, apps):
     """True when waiting cannot help: on every dirty GPU no unprotected process holds it and
     nvidia-smi attributes its memory only to live protected processes. A GPU whose memory
@@ -340,11 +376,37 @@ def undecided_record(holders):
     ]
 
 
-def summarize_diff(gpus, holders):
-    """Diff-mode text: per-GPU memory and the holders, one line each."""
+def summarize_diff(gpus, holders, changes=()):
+    """Diff-mode text: per-GPU memory and the holders, one line each, then `changes` (lines of
+    plan_diff: what is, or will be, stopped, disabled, masked and signalled)."""
     lines = ["GPU %d %s: %s MiB" % (g["index"], g.get("uuid"), g.get("memory_used_mib")) for g in gpus]
     lines += ["holder %s: %s" % (describe_holder(h), ",".join(str(i) for i in h["gpu_indexes"]) or "control nodes") for h in holders]
+    lines += list(changes)
     return "\n".join(lines) + "\n"
+
+
+def plan_diff(result, check_mode):
+    """(before, after) lines for the units, containers and processes the run acts on: their state
+    before, and after (or, in check mode, what the real run would leave)."""
+    before, after = [], []
+    disabled = set(result.get("disabled_units") or [])
+    masked = set(result.get("masked_units") or [])
+    stopped = list(result.get("stopped_units") or [])
+    for unit in stopped + sorted((disabled | masked) - set(stopped)):
+        before.append("unit %s: %s" % (unit, "active" if unit in stopped else "enabled"))
+        state = "masked" if unit in masked else "disabled" if unit in disabled else None
+        after.append("unit %s: %s" % (unit, ", ".join(x for x in ("stopped" if unit in stopped else None, state) if x)))
+    stopped_c = [_containers.describe_entry(c) for c in result.get("stopped_containers") or []]
+    disabled_c = [_containers.describe_entry(c) for c in result.get("disabled_containers") or []]
+    for name in stopped_c + [c for c in disabled_c if c not in stopped_c]:
+        before.append("container %s: %s" % (name, "running" if name in stopped_c else "restart policy set"))
+        states = ("stopped" if name in stopped_c else None, "restart policy no" if name in disabled_c else None)
+        after.append("container %s: %s" % (name, ", ".join(x for x in states if x)))
+    for entry in result.get("killed") or []:
+        label = "process %s %s" % (entry.get("pid"), entry.get("name"))
+        before.append("%s: running" % label)
+        after.append("%s: %s" % (label, "SIGTERM, then SIGKILL after kill_timeout" if check_mode else "ended by %s" % entry.get("signal")))
+    return before, after
 
 
 # ---------------------------------------------------------------- the run
@@ -529,10 +591,14 @@ class Release(object):
 
     # --- verify
 
-    def verify(self, selected, deadline, acted):
+    def verify(self, selected, deadline, acted, unheld_at_look=()):
         """Poll until every selected GPU is clean. Returns (gpus, clean, early, footprint): early
         says why it stopped before `deadline` because waiting cannot help (see EARLY_HEADS);
         footprint are the GPUs clean only through the cross-GPU footprint allowance.
+
+        A dirty GPU that no process holds, when nothing was done (or nothing was done for it: it
+        was unheld at the look, `unheld_at_look`), fails after NO_HOLDER_GRACE_S of readings that
+        do not drop, not after wait_timeout: an idle MIG GPU reads 55 MiB forever.
 
         A GPU that reads no more than the footprint above max_used_mib is clean when nothing uses
         it and contexts live on other GPUs: freeing GPU 1 next to training on GPU 0 leaves 4 MiB
@@ -546,6 +612,8 @@ class Release(object):
         last_scan = self.system.now() if acted else None
         # The footprint decision holds while the readings do (or for RESCAN_S): one scan, not one a poll.
         footprint, footprint_key, footprint_at = set(), None, None
+        # Since when every dirty GPU has read unheld, and what it read then.
+        unheld_since, unheld_mib = None, {}
         while True:
             poll_started = self.system.now()
             gpus = self._read_gpus()
@@ -572,6 +640,16 @@ class Release(object):
                     return gpus, False, "not_killed", set()
                 if self.watch and self.watch.respawned():
                     return gpus, False, "respawned", set()
+                nobody = unheld(dirty, holders, self.apps)
+                mib = {g["index"]: g["memory_used_mib"] for g in dirty}
+                if len(nobody) == len(dirty) and (not acted or all(g["index"] in unheld_at_look for g in dirty)):
+                    if unheld_since is None or any(mib.get(i, 0) < m for i, m in unheld_mib.items()):
+                        # Memory still dropping: a context is being freed right now.
+                        unheld_since, unheld_mib = now, mib
+                    elif now - unheld_since >= NO_HOLDER_GRACE_S:
+                        return gpus, False, "no_holder", set()
+                else:
+                    unheld_since, unheld_mib = None, {}
             if now >= deadline:
                 return gpus, False, None, set()
             self.system.sleep(min(poll_started + poll, deadline) - self.system.now())
@@ -610,6 +688,10 @@ class Release(object):
         to_do = bool(container_plan or unit_plan["stop"] or unit_plan["disable"] or unit_plan["mask"] or (targets and self.params.get("kill", True))
                      or program_plan["stop"] or program_plan["disable"] or mps_servers)
 
+        dirty_before = [g for g in gpus if g["index"] in selected and g["index"] not in snapshot.footprint
+                        and not _facts.gpu_is_clean(g, limit)]
+        unheld_at_look = {g["index"] for g in unheld(dirty_before, holders, self.apps)}
+
         if self.check_mode:
             self.result["changed"] = to_do
             self.result["released"] = gpus_clean and not targets and not any(e["gpu_indexes"] for e in container_plan.stop)
@@ -635,6 +717,10 @@ class Release(object):
             self.result["gpus"] = self.result["gpus_before"]
             self.result["holders"] = [_facts.public_holder(h) for h in holders]
             self.result["elapsed_s"] = round(self.system.now() - started, 3)
+            certain = self.certain_failure(selected, dirty_before, holders, signalled, bool(unheld_at_look) and not hidden)
+            if certain:
+                self.result["elapsed_s"] = round(self.system.now() - started, 3)
+                raise ReleaseError(certain, self._finish(gpus, holders))
             return self._finish(gpus, holders)
 
         if not to_do and gpus_clean:
@@ -684,7 +770,8 @@ class Release(object):
         verify_started = self.system.now()
         deadline = verify_started + self.params.get("wait_timeout")
         try:
-            final_gpus, clean, early, footprint = self.verify(selected, deadline, acted=self.result["changed"])
+            final_gpus, clean, early, footprint = self.verify(selected, deadline, acted=self.result["changed"],
+                                                              unheld_at_look=unheld_at_look if not hidden else ())
         except NvidiaSmiError as exc:
             # After acting, a failure still reports what was stopped and signalled.
             self.result.update({key: value for key, value in exc.details().items() if key != "msg"})
@@ -715,7 +802,9 @@ class Release(object):
         if came_back:
             raise ReleaseError(came_back, self._finish(gpus, holders, final_gpus, final_holders))
         if not clean:
-            dirty = [g for g in final_gpus if g["index"] in selected and not _facts.gpu_is_clean(g, limit)]
+            # A GPU that reads only the cross-GPU footprint is clean in this result: not in its message.
+            dirty = [g for g in final_gpus if g["index"] in selected and g["index"] not in footprint
+                     and not _facts.gpu_is_clean(g, limit)]
             apps = self._apps(final_gpus)
             message = failure_message(
                 dirty, final_holders, apps, self.result["timings"]["wait_s"], self.result["unkillable"], early == "protected", early
@@ -724,6 +813,30 @@ class Release(object):
                 message += ". Also: " + hidden
             raise ReleaseError(message, self._finish(gpus, holders, final_gpus, final_holders))
         return self._finish(gpus, holders, final_gpus, final_holders)
+
+    def certain_failure(self, selected, dirty, holders, signalled, may_be_unheld):
+        """Check mode: the message of a failure the real run cannot escape, or None. Waiting
+        cannot free a GPU held only by protected processes, one held by processes that kill=false
+        leaves running, or one that nothing holds (after the same grace as the real run: a
+        process that just exited may still free its memory)."""
+        if not dirty:
+            return None
+        apps = self.apps
+        protected = [g for g in dirty if only_protected([g], holders, apps)]
+        if protected:
+            return failure_message(protected, holders, apps, 0.0, [], True, "protected")
+        if not self.params.get("kill", True):
+            left = [h for h in _facts.dirty_holders(holders, selected) if h["pid"] in {t["pid"] for t in signalled}]
+            stuck = [g for g in dirty if any(g["index"] in h["gpu_indexes"] for h in left)]
+            if stuck:
+                return failure_message(stuck, holders, apps, 0.0, [], False, "not_killed")
+        nobody = [g["index"] for g in unheld(dirty, holders, apps)] if may_be_unheld else []
+        if nobody:
+            gpus, clean, early, _footprint = self.verify(nobody, self.system.now() + NO_HOLDER_GRACE_S + RESCAN_S, acted=False)
+            if not clean and early == "no_holder":
+                still = [g for g in gpus if g["index"] in nobody and not _facts.gpu_is_clean(g, self.params.get("max_used_mib"))]
+                return failure_message(still, self.scan(gpus), self.apps, 0.0, [], False, "no_holder")
+        return None
 
     def write_record(self, unit_before, holders):
         """Add what this run stopped, disabled or masked to the restore record (_record)."""
@@ -766,9 +879,16 @@ class Release(object):
 
     def _finish(self, gpus_before, holders_before, gpus_after=None, holders_after=None):
         self.result.update(_facts.health_summary(self.result["gpus"] or self.result["gpus_before"], self.health))
+        changes_before, changes_after = plan_diff(self.result, self.check_mode)
+        if self.check_mode:
+            # Memory and holders are what a dry run cannot change: the plan is the difference.
+            ending = {k["pid"] for k in self.result.get("killed") or []}
+            stopping = set(self.result.get("stopped_units") or [])
+            gpus_after, holders_after = gpus_before, [h for h in holders_before if h["pid"] not in ending
+                                                      and not (h.get("system_service") and h.get("unit") in stopping)]
         self.result["diff"] = {
-            "before": summarize_diff(gpus_before, holders_before),
+            "before": summarize_diff(gpus_before, holders_before, changes_before),
             "after": summarize_diff(gpus_after if gpus_after is not None else gpus_before,
-                                    holders_after if holders_after is not None else holders_before),
+                                    holders_after if holders_after is not None else holders_before, changes_after),
         }
         return self.result

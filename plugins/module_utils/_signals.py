@@ -26,6 +26,10 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._errors import Release
 
 # A process that has exited is seen within this; polling /proc is cheap (a stat per PID).
 EXIT_POLL_S = 0.01
+# How long a SIGKILLed holder may take to exit before it is called unkillable, whatever
+# kill_timeout says: the kernel tears down a 40 GiB CUDA process in ~0.15 s (real H200), so with
+# kill_timeout 0 a process that did die on SIGKILL was listed unkillable in a released run.
+SIGKILL_EXIT_FLOOR_S = 1.0
 
 SENT, GONE, REUSED = "sent", "gone", "reused"
 
@@ -176,7 +180,8 @@ class Signaller(object):
         for entry in survivors:
             if not self.send(entry, signal.SIGKILL) and "_reused" not in entry:
                 entry["exited_after_s"] = round(self.system.now() - entry.get("_first_signal", self.system.now()), 3)
-        unkillable = self.wait_exit([e for e in survivors if "_reused" not in e], self.kill_timeout) if survivors else []
+        unkillable = self.wait_exit([e for e in survivors if "_reused" not in e],
+                                    max(self.kill_timeout, SIGKILL_EXIT_FLOOR_S)) if survivors else []
         for entry in entries:
             if entry.get("_reused"):
                 self.result["reused_pids"].append(

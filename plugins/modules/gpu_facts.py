@@ -65,6 +65,8 @@ options:
 notes:
   - Reading other users' C(/proc/PID/fd) needs root; run with O(ignore:become=true) or holders of other users stay unseen.
   - Takes two C(nvidia-smi) calls and one kernel log read, run in parallel, and one pass over C(/proc).
+  - Every number is checked before anything runs - V(nan), V(inf) and negative values are refused, and O(timeout) must be greater
+    than 0 (the same check as M(zeromib.gpu.gpu_release)'s).
   - The attribution rule and the readings it is derived from are in the collection's C(docs/gpu_facts.md).
   - Managed nodes need Python 3.8 or later and the NVIDIA driver's C(nvidia-smi); no Python package.
 seealso:
@@ -329,28 +331,23 @@ from ansible_collections.zeromib.gpu.plugins.module_utils import _cuda_smoke
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils import _record
+from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import NvidiaSmi, NvidiaSmiError
 
 ARGUMENT_SPEC = dict(
-    nvidia_smi=dict(type="path"),
-    timeout=dict(type="float", default=10),
-    max_used_mib=dict(type="int", default=0),
-    cross_gpu_footprint_mib=dict(type="int", default=4),
+    _options.SHARED_SPEC,
     processes=dict(type="bool", default=True),
     fail_on_error=dict(type="bool", default=True),
-    protect=dict(type="list", elements="str", default=[]),
-    health=dict(type="bool", default=True),
-    min_pcie_gen=dict(type="int", default=0),
-    min_pcie_width=dict(type="int", default=0),
-    require_persistence=dict(type="bool", default=True),
-    expected_mig_mode=dict(type="str", choices=["enabled", "disabled"]),
-    xid_window_hours=dict(type="float", default=24),
     xid_ignore=dict(type="list", elements="int", default=[]),
     xid_fatal=dict(type="list", elements="int", default=[]),
-    dcgm_diag=dict(type="int", default=0, choices=[0, 1, 2, 3, 4]),
     smoke_test=dict(type="bool", default=False),
     smoke_test_mib=dict(type="int", default=1024),
 )
+
+
+def checked_params(params):
+    """A clear message for an option value the argument spec cannot check (NaN, a negative), or None."""
+    return "; ".join(_options.check(params)) or None
 
 
 def gather(params, which=None, check_mode=False):
@@ -370,15 +367,9 @@ def gather(params, which=None, check_mode=False):
 
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    if module.params["timeout"] <= 0:
-        module.fail_json(msg="timeout must be greater than 0, got %s" % module.params["timeout"])
-    for name in ("min_pcie_gen", "min_pcie_width", "xid_window_hours"):
-        if module.params[name] < 0:
-            module.fail_json(msg="%s must be 0 or more, got %s" % (name, module.params[name]))
-    if module.params["cross_gpu_footprint_mib"] < 0:
-        module.fail_json(msg="cross_gpu_footprint_mib must be 0 or more, got %s" % module.params["cross_gpu_footprint_mib"])
-    if module.params["smoke_test_mib"] < 0:
-        module.fail_json(msg="smoke_test_mib must be 0 or more, got %s" % module.params["smoke_test_mib"])
+    problem = checked_params(module.params)
+    if problem:
+        module.fail_json(msg=problem)
     try:
         facts, warning = gather(module.params, module.get_bin_path, module.check_mode)
     except NvidiaSmiError as exc:

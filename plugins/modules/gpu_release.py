@@ -42,10 +42,17 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: Reports the plan (RV(stopped_units), and RV(killed) with C(signal=null)) and never fails on a dirty host.
+    details:
+      - Reports the plan (RV(stopped_units), and RV(killed) with C(signal=null)) and does not fail on a dirty host that the real run
+        would free.
+      - It fails, with the message the real run would give, where the real run certainly fails - a dirty GPU that no process holds
+        (leaked memory, or an idle baseline above O(max_used_mib), after the same short grace), a GPU held only by protected processes,
+        and O(kill=false) with holders it would leave running - and where the plan is refused (a Kubernetes pod).
   diff_mode:
     support: full
-    details: Per-GPU memory and the holders, before and after.
+    details:
+      - Per-GPU memory and the holders, then the units, containers and processes acted on - before, and after (what is stopped,
+        disabled, masked, signalled). In check mode, C(after) is the plan.
   platform:
     platforms: posix
 options:
@@ -176,7 +183,10 @@ options:
     description:
       - Seconds to wait, after acting, for every selected GPU to read at most O(max_used_mib).
       - The wait ends early, with a failure, when it cannot help - the GPUs are held only by protected processes, a GPU's memory reads
-        V([N/A]) (it can never be proven free), or O(kill=false) leaves a holder running.
+        V([N/A]) (it can never be proven free), O(kill=false) leaves a holder running, or no process holds a dirty GPU and nothing was
+        done for it (after a 1 s grace of readings that do not drop, since a process that just exited frees its memory within ~1 s on
+        H200). A small steady reading with no holder (MIG GPUs idle at 50-59 MiB) is called the GPU's idle baseline, with the
+        O(max_used_mib) to set; a larger one leaked memory, which needs a GPU reset or a reboot.
     type: float
     default: 60
   poll_interval:
@@ -195,6 +205,9 @@ options:
     default: 5
 notes:
   - Needs root (O(ignore:become=true)) to see and signal other users' processes and to manage systemd units.
+  - Every number is checked before anything runs - V(nan) and V(inf) are refused, as are negative values; O(timeout) and
+    O(poll_interval) must be greater than 0. O(gpus) and O(protect) take indexes and PIDs in ASCII digits only. O(services) takes at
+    most 1000 entries (use globs), none longer than a unit name can be.
   - The module never resets a GPU. Memory that nvidia-smi attributes to a process that no longer exists, with no live holder left,
     is a context the driver has not freed; the failure message says that a GPU reset or a reboot is needed.
   - A failure after acting (nvidia-smi reports a GPU lost, a signal is not permitted, the GPUs stay dirty) still returns what was done
@@ -528,6 +541,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils import _cuda_smoke
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils import _record
+from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import NvidiaSmi, NvidiaSmiError
 from ansible_collections.zeromib.gpu.plugins.module_utils._release import Release, ReleaseError, System
 
@@ -565,16 +579,9 @@ ARGUMENT_SPEC = dict(
 
 def checked_params(params):
     """Option values that the argument spec cannot check -> a clear message, or compiled regexes."""
-    for name in ("kill_timeout", "wait_timeout", "timeout", "settle_timeout"):
-        if params[name] < 0 or (name == "timeout" and params[name] == 0):
-            raise ValueError("%s must be greater than 0, got %s" % (name, params[name]))
-    if params["poll_interval"] <= 0:
-        raise ValueError("poll_interval must be greater than 0, got %s" % params["poll_interval"])
-    for name in ("max_used_mib", "cross_gpu_footprint_mib", "min_pcie_gen", "min_pcie_width", "xid_window_hours"):
-        if params[name] < 0:
-            raise ValueError("%s must be 0 or more, got %s" % (name, params[name]))
-    if params["smoke_test_mib"] < 0:
-        raise ValueError("smoke_test_mib must be 0 or more, got %s" % params["smoke_test_mib"])
+    problems = _options.check(params)
+    if problems:
+        raise ValueError("; ".join(problems))
     regexes = []
     for pattern in params["match"]:
         try:

@@ -321,13 +321,7 @@ def fleet_baselines(fleet):
     """Inventory group_vars for hosts whose GPUs idle above 0 MiB (the MIG host: 55 MiB):
     `free_gpus_max_used_mib` and `gpu_audit_max_used_mib` of 64 for that group only, as an
     operator would set them. Written next to the fleet's inventory; removed at the end."""
-    groups = {}
-    for h in fleet.hosts:
-        if h.idle_mib > 0:
-            group = h.preset.replace("-", "_")
-            groups[group] = max(groups.get(group, 0), 64 if h.idle_mib <= 64 else h.idle_mib + 8)
-    for group, mib in groups.items():
-        fleet.write_group_vars(group, {"free_gpus_max_used_mib": mib, "gpu_audit_max_used_mib": mib})
+    groups = fleet.rig.write_baselines()  # what `fleet.py up` writes
     yield fleet
     for group in groups:
         fleet.remove_group_vars(group)

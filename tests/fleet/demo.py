@@ -30,7 +30,6 @@ VENV_BIN = Path(sys.executable).parent if (Path(sys.executable).parent / "ansibl
 # Its own prefix: never the tests' fleet (t.....), nor another checkout's demo.
 PREFIX = "demo" + hashlib.sha1(str(REPO).encode()).hexdigest()[:4]
 HOSTS = 4
-MIG_MAX_USED_MIB = 64
 REPORT_DIR = "gpu_audit_report"
 
 
@@ -125,10 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"    {len(fleet.hosts)} hosts up in {times['up']:.1f} s; inventory {fleet.inventory}")
         # The MIG node idles at 55 MiB per GPU: an inventory group_vars file gives that group,
         # and only it, a higher threshold (as README.md advises).
-        gv = fleet.inventory.parent / "group_vars"
-        gv.mkdir(exist_ok=True)
-        (gv / "a100_mig.yml").write_text(json.dumps(
-            {"free_gpus_max_used_mib": MIG_MAX_USED_MIB, "gpu_audit_max_used_mib": MIG_MAX_USED_MIB}) + "\n")
+        fleet.write_baselines()  # the same group_vars as `fleet.py up`
 
         banner("Starting what a busy GPU fleet runs")
         names = [h["name"] for h in fleet.hosts]

@@ -923,6 +923,27 @@ class Fleet:
             return None
         return pid if comm == "systemd-nspawn" and pid_in_cgroup(pid, h["cgroup_rel"]) else None
 
+    def baselines(self) -> dict[str, int]:
+        """{inventory group: max_used_mib} for the presets whose GPUs idle above 0 MiB (the MIG
+        host: 55 MiB -> 64), as an operator sets them (README.md, "A simulated fleet")."""
+        groups: dict[str, int] = {}
+        for h in self.hosts:
+            idle = int(h.get("idle_mib", 0))
+            if idle > 0:
+                group = h["preset"].replace("-", "_")
+                groups[group] = max(groups.get(group, 0), 64 if idle <= 64 else idle + 8)
+        return groups
+
+    def write_baselines(self) -> dict[str, int]:
+        """group_vars/<group>.yml next to the inventory with free_gpus_max_used_mib and
+        gpu_audit_max_used_mib for each group of baselines(): what `up` and the demo leave."""
+        d = self.inventory.parent / "group_vars"
+        d.mkdir(exist_ok=True)
+        groups = self.baselines()
+        for group, mib in groups.items():
+            (d / f"{group}.yml").write_text(json.dumps({"free_gpus_max_used_mib": mib, "gpu_audit_max_used_mib": mib}) + "\n")
+        return groups
+
     def _write_inventory(self) -> None:
         lines = ["# Written by tests/fleet/fleet.py; removed by `fleet.py down`.", "[gpu_nodes]"]
         for h in self.hosts:
@@ -1240,8 +1261,10 @@ def main(argv: list[str] | None = None) -> int:
         if os.geteuid() != 0:
             raise SystemExit("fleet.py up needs root (netns, cgroups, nspawn)")
         timings = fleet.up(a.hosts, a.profile)
+        baselines = fleet.write_baselines()
         st = fleet.status()
         print(json.dumps({"inventory": str(fleet.inventory), "ansible_cfg": str(fleet.ansible_cfg),
+                          "group_vars": {g: {"free_gpus_max_used_mib": m} for g, m in baselines.items()},
                           "key": str(fleet.key), "timings": timings,
                           "hosts": [{k: h[k] for k in ("name", "addr", "preset")} | {
                               "state": h.get("system_state"), "failed_units": h.get("failed_units")}

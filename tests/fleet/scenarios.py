@@ -130,9 +130,8 @@ FAIL_TASK = "Fail the hosts whose GPUs are not free"
 
 
 def failure_messages(result, host: str) -> list[str]:
-    """Distinct failure messages of a host, in order. free_gpus.yml rescues the role's failure so
-    that the host reaches the fleet summary, then fails it with the same message at the end;
-    gpu_release's own failure is ignored by the role (its message goes into the assert)."""
+    """Distinct failure messages of a host, in order. The role's gate fails with the reason; the
+    role's rescue and free_gpus.yml (after the fleet summary) fail the host again pointing to it."""
     messages = []
     for t in result.results(host=host):
         if t["status"] == "failed" and not t["result"].get("ignore_errors"):

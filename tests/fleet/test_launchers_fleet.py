@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from scenarios import ASSERT_TASK, PLAYBOOK, RELEASE_TASK, alive, baseline, failure_messages, main_pid, unit_states, wait_for
+from scenarios import FAIL_TASK, PLAYBOOK, RELEASE_TASK, alive, baseline, failure_messages, main_pid, unit_states, wait_for
 
 pytestmark = pytest.mark.usefixtures("fleet_baselines")
 
@@ -242,7 +242,8 @@ def test_check_mode_fails_on_a_node_whose_nvidia_smi_is_missing_or_hung(clean_fl
             fleet.clear_faults(host)
     assert run.rc != 0, run
     assert run.stats[host]["failures"] >= 1, run.stats
-    assert [t["status"] for t in run.results(task=ASSERT_TASK, host=host)] == ["failed"]
+    assert [t["status"] for t in run.results(task=RELEASE_TASK, host=host)] == ["failed"]
+    assert [t["status"] for t in run.results(task=FAIL_TASK, host=host)] == ["failed"]
     messages = " ".join(failure_messages(run, host))
     assert ("not found" in messages) if fault == "nvidia-smi missing" else ("timed out" in messages), messages
     assert alive(fleet, host, [train["pid"]])[train["pid"]]  # a dry run never acts

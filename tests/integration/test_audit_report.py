@@ -601,3 +601,35 @@ def test_saved_host_data_is_never_templated(tmp_path, collections_path):
     report = json.loads((cwd / "gpu_audit_report" / "report.json").read_text())
     assert report["hosts"][0]["holders"][0]["cmdline"] == "python3 {{ 7 * 6 }} {{ lookup('env', 'HOME') }}"
     assert "`python3 {{ 7 * 6 }} {{ lookup('env', 'HOME') }}`" in (cwd / "gpu_audit_report" / "report.md").read_text()
+
+
+HOSTILE = {
+    "name": "<svg onload=alert(1)>|*x*_y_`z`[a](b)\nrow",
+    "cmdline": "python3 -c 'x' | `rm` <img src=x onerror=alert(2)>\n| forged | row |",
+    "unit": "evil|<b>unit</b>_*.service",
+    "container": "[click](http://x)`c`",
+}
+
+
+def test_markdown_escapes_every_user_chosen_name_html_and_markdown_control_characters(tmp_path, collections_path):
+    """report.md goes into tickets and chats: process, unit and container names and command lines
+    (chosen by any user of the node) must not become HTML, table cells, emphasis, links or rows."""
+    gpus = [_gpu(0, used=1024, host_no=1)]
+    holder = _holder(4242, HOSTILE["name"], HOSTILE["cmdline"], [0], unit=HOSTILE["unit"], container="4f3c2b1a4f3c")
+    holder.update({"container_name": HOSTILE["container"], "container_runtime": "docker", "container_image": "img<x>|y"})
+    proc_row = _proc(4243, gpus[0], name=HOSTILE["name"], alive=False)
+    hosts = [{"host": "node01", "status": "ok", "error": None, "gpu": _facts(gpus, [holder], [proc_row])}]
+    proc, cwd = report_only(tmp_path, collections_path, hosts)
+    assert proc.returncode == 0, proc.output
+    md = (cwd / "gpu_audit_report" / "report.md").read_text()
+    for raw in ("<svg", "<b>", "[click](", "*x*", "_y_", "\nrow", "\n| forged"):
+        assert raw not in md, (raw, md)
+    assert "&lt;svg onload=alert(1)&gt;\\|\\*x\\*\\_y\\_\\`z\\`\\[a\\](b) row" in md, md
+    assert "evil\\|&lt;b&gt;unit&lt;/b&gt;\\_\\*.service" in md
+    assert "\\[click\\](http://x)\\`c\\`" in md
+    # a command line is a code span: literal text, its backtick made a quote, its pipes escaped, one line
+    assert "`python3 -c 'x' \\| 'rm' <img src=x onerror=alert(2)> \\| forged \\| row \\|`" in md
+    # every table row still has its own number of cells
+    holders = md.split("\n## Holders\n")[1].split("\n## ")[0]
+    rows = [line for line in holders.splitlines() if line.startswith("| node01 |")]
+    assert len(rows) == 1 and rows[0].replace("\\|", "").count("|") == 10, rows

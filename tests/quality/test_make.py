@@ -4,6 +4,7 @@ still runs on it)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,39 @@ def test_pytest_ini_runs_every_test_directory():
     with_tests = {str(p.parent.relative_to(REPO)) for p in (REPO / "tests").glob("*/test_*.py")}
     with_tests |= {"tests/unit"} if any((REPO / "tests" / "unit").rglob("test_*.py")) else set()
     assert with_tests - {"tests/gpu"} <= set(testpaths), sorted(with_tests - set(testpaths))
+
+
+def test_clean_removes_what_the_tests_leave_and_only_that(tmp_path):
+    """__pycache__ of the checkout, finished pytest temp folders (not a running pytest's), and
+    ~/.ansible/test only when sanity.sh made it: a fake HOME and TMPDIR, the real script."""
+    assert "tests/tools/clean-test-leftovers.sh" in make_dry_run("clean", tmp_path)
+    home, tmp = tmp_path / "home", tmp_path / "tmp"
+    root = tmp / ("pytest-of-" + subprocess.run(["id", "-un"], capture_output=True, text=True, check=True).stdout.strip())
+    finished, running = root / "pytest-7", root / "pytest-8"
+    for d in (finished, running, home / ".ansible" / "test" / "venv"):
+        d.mkdir(parents=True)
+    (running / ".lock").write_text(str(os.getpid()))
+    (finished / ".lock").write_text("999999999")
+    env = dict(os.environ, HOME=str(home), TMPDIR=str(tmp))
+    script = REPO / "tests" / "tools" / "clean-test-leftovers.sh"
+    subprocess.run([str(script)], env=env, check=True)
+    assert not finished.exists() and running.exists()
+    assert (home / ".ansible" / "test" / "venv").exists(), "not created by sanity.sh: kept"
+    (home / ".ansible" / "test" / ".created-by-zeromib-gpu").touch()
+    # With an ansible-test running (pgrep finds one), sanity.sh's venvs stay; once none runs, they go.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for found, kept in ((0, True), (1, False)):
+        (bin_dir / "pgrep").write_text("#!/bin/sh\nexit %d\n" % found)
+        (bin_dir / "pgrep").chmod(0o755)
+        subprocess.run([str(script)], env=dict(env, PATH="%s:%s" % (bin_dir, env["PATH"])), check=True)
+        assert (home / ".ansible").exists() is kept
+
+
+def test_readme_lists_every_package_make_test_installs():
+    packages = subprocess.run([str(REPO / "tests/tools/apt-deps.sh"), "--list", "test"], capture_output=True, text=True,
+                              check=True).stdout.splitlines()
+    readme = " ".join((REPO / "README.md").read_text().split())
+    for package in packages:
+        name = package.split()[0]
+        assert name in readme, (name, "README.md does not name it")

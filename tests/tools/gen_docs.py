@@ -103,9 +103,11 @@ def role_page():
             "    - name: Free the GPUs and prove they read 0 MiB", "      ansible.builtin.include_role:", "        name: zeromib.gpu.free_gpus",
             "      vars:", "        free_gpus_services: [vllm*.service, sglang.service]", "        free_gpus_service_state: disabled",
             "        free_gpus_expected_count: 8", "```", "",
-            "After the role, each host has the fact `free_gpus_result` (`status`: clean, freed, would free, dirty or failed; "
-            "`mib_before`, `mib_after`, `stopped_units`, `killed`, `elapsed_s`, `message`); `playbooks/free_gpus.yml` prints them "
-            "as a fleet summary with the `zeromib.gpu.free_gpus_summary` filter.", ""]
+            "After the role, each host has the fact `free_gpus_result` (`status`: clean, freed, would free, dirty, failed, or "
+            "stopped with `stopped_by` for a host that another host's failure stopped under `any_errors_fatal`; "
+            "`mib_before`, `mib_after`, `stopped_units`, `killed`, `elapsed_s`, `message`), also on a host that failed; "
+            "`playbooks/free_gpus.yml` prints them as a fleet summary with the `zeromib.gpu.free_gpus_summary` filter, and fails "
+            "the hosts that are not free after it.", ""]
     return "\n".join(out)
 
 

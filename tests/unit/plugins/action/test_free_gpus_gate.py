@@ -47,3 +47,30 @@ def test_role_variables_become_gpu_release_options_without_the_gate_only_ones():
               "free_gpus_require_healthy": True, "free_gpus_expected_mig_mode": ""}
     assert module_args(params) == {"gpus": ["1"], "kill_timeout": 0.0}
     assert module_args(dict(params, free_gpus_nvidia_smi="/opt/nvidia-smi"))["nvidia_smi"] == "/opt/nvidia-smi"
+
+
+def test_misspelled_role_variables_are_named_with_the_closest_known_one():
+    from ansible_collections.zeromib.gpu.plugins.action.free_gpus_gate import unknown_variables
+    spec = {"free_gpus_services": {}, "free_gpus_kill_timeout": {}, "free_gpus_gpus": {}}
+    names = ["free_gpus_sevices", "free_gpus_services", "free_gpus_result", "free_gpus_hosts", "free_gpus_zzz_qqq", "other_var"]
+    assert unknown_variables(names, spec) == [
+        "free_gpus_sevices is not a variable of the zeromib.gpu.free_gpus role and is ignored; did you mean free_gpus_services?",
+        "free_gpus_zzz_qqq is not a variable of the zeromib.gpu.free_gpus role and is ignored (its variables: meta/argument_specs.yml)",
+    ]
+
+
+def test_the_gate_checks_the_roles_numbers_with_the_modules_range_check():
+    from ansible_collections.zeromib.gpu.plugins.action.free_gpus_gate import range_problems
+    assert range_problems({"free_gpus_wait_timeout": float("nan"), "free_gpus_expected_count": -1, "free_gpus_gpus": ["\u00b2"]}) == [
+        "free_gpus_expected_count must be at least 0, got -1", "free_gpus_wait_timeout must be a finite number, got nan"]
+    assert range_problems({"free_gpus_kill_timeout": 0.0, "free_gpus_max_used_mib": 64}) == []
+
+
+def test_a_failed_gate_shows_no_gpu_records_and_its_message_once_without_verbosity():
+    from ansible_collections.zeromib.gpu.plugins.action.free_gpus_gate import compact
+    result = {"failed": True, "msg": "n1: GPU 0 reads 55 MiB", "gpus": [{"index": 0}], "gpus_before": [{"index": 0}], "holders": [],
+              "killed": [], "ansible_facts": {"free_gpus_result": {"host": "n1", "message": "n1: GPU 0 reads 55 MiB", "ok": False}}}
+    shown = compact(result, 0)
+    assert "gpus" not in shown and "gpus_before" not in shown and "holders" not in shown and shown["killed"] == []
+    assert str(shown).count("GPU 0 reads 55 MiB") == 1
+    assert compact(result, 1) is result  # -v shows everything

@@ -196,7 +196,7 @@ def test_attention_is_grouped_by_kind_of_reason_largest_first():
     ("node_01", "node_01"),
     ("_private_ and __x", "\\_private\\_ and \\_\\_x"),
     ("a|b", "a\\|b"),
-    ("*x* `y` [z](u) <b> &amp;", "\\*x\\* \\`y\\` \\[z\\](u) \\<b\\> \\&amp;"),
+    ("*x* `y` [z](u) <b> &amp;", "\\*x\\* \\`y\\` \\[z\\](u) &lt;b&gt; &amp;amp;"),
     ("two\nlines", "two lines"),
     (None, "-"),
     (12, "12"),

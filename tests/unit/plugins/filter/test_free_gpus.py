@@ -145,6 +145,43 @@ def test_summary_of_one_host_says_host_not_hosts():
     assert lines[-1] == "2 hosts: 2 unreachable"
 
 
+def test_rescued_host_keeps_its_gates_outcome_with_the_message_put_back():
+    from ansible_collections.zeromib.gpu.plugins.filter.free_gpus import free_gpus_rescued
+    failed = {"msg": "n2: GPU 1 reads 2000 MiB", "ansible_facts": {"free_gpus_result": {"host": "n2", "ok": False, "status": "dirty"}}}
+    outcome = free_gpus_rescued(failed, "n2", None, {"action": "zeromib.gpu.free_gpus_gate"})
+    assert outcome == {"host": "n2", "ok": False, "status": "dirty", "message": "n2: GPU 1 reads 2000 MiB"}
+
+
+def test_rescued_host_without_an_outcome_gets_one_from_its_message():
+    from ansible_collections.zeromib.gpu.plugins.filter.free_gpus import free_gpus_rescued
+    outcome = free_gpus_rescued({"msg": "Validation of arguments failed:\nvalue of x"}, "n2", None, {"action": "zeromib.gpu.free_gpus_gate"})
+    assert (outcome["status"], outcome["ok"], outcome["message"]) == ("failed", False, "n2: Validation of arguments failed: value of x")
+
+
+def test_host_stopped_by_another_hosts_failure_says_which_host():
+    from ansible_collections.zeromib.gpu.plugins.filter.free_gpus import free_gpus_rescued
+    hostvars = {"n1": {"free_gpus_result": {"host": "n1", "ok": True}},
+                "n2": {"ansible_failed_task": {"action": "zeromib.gpu.free_gpus_gate"}},
+                "n3": {}}
+    own = {"host": "n1", "ok": True, "status": "freed", "message": "n1: 8 GPUs free"}
+    outcome = free_gpus_rescued(None, "n1", own, None, hostvars, ["n1", "n2", "n3"], ["n2"])
+    assert outcome["status"] == "stopped" and outcome["stopped_by"] == ["n2"]
+    assert outcome["message"] == "n1: its GPUs are free, but the play stops here because n2 failed (any_errors_fatal)"
+    unreachable = free_gpus_rescued(None, "n1", own, None, {"n1": {}, "n3": {}}, ["n1", "n3"], [])
+    assert unreachable["message"].endswith("because n3 failed or was unreachable (any_errors_fatal)")
+
+
+def test_summary_from_hostvars_lists_a_host_without_a_result_of_this_run_with_its_error():
+    from ansible_collections.zeromib.gpu.plugins.filter.free_gpus import free_gpus_summary
+    ok = free_gpus_outcome(release([gpu(0, 0)], [gpu(0, 0)], changed=False), "n1")
+    hostvars = {"n1": {"free_gpus_result": ok}, "n2": {"_free_gpus_failure": "template error in free_gpus_gpus"},
+                "n3": {"free_gpus_result": dict(ok, host="n3")}}
+    lines = free_gpus_summary(hostvars, ["n1", "n2", "n3"], ["n1", "n2"])
+    assert lines[1].split()[:2] == ["unreachable", "n3"]  # a cached result of an earlier run is not read
+    assert lines[2].split()[:3] == ["failed", "n2", "-"] and lines[2].endswith("n2: template error in free_gpus_gpus")
+    assert lines[-1] == "3 hosts: 1 unreachable, 1 failed, 1 clean"
+
+
 def test_checks_that_could_not_run_are_said_in_the_message_and_the_summary():
     after = [dict(gpu(i, 0), healthy=True, health_checked=False, health_unchecked=["row_remap", "mig"]) for i in range(8)]
     after[0]["health_unchecked"] = ["xid", "mig"]

@@ -336,8 +336,21 @@ def test_unknown_memory_cannot_be_proven_free():
 
 
 def test_leaked_memory_without_any_claim_says_reset_or_reboot():
-    message = release.failure_message([{"index": 1, "uuid": UUIDS[1], "memory_used_mib": 12}], [], [], 60.0, [])
+    message = release.failure_message([{"index": 1, "uuid": UUIDS[1], "memory_used_mib": 2048}], [], [], 60.0, [])
     assert "no live process holds the GPU" in message and "a GPU reset or a reboot is needed" in message
+    assert "if 2048 MiB is this GPU's idle baseline, set max_used_mib: 2048 instead" in message
+
+
+def test_small_reading_without_any_claim_is_an_idle_baseline_not_a_reset():
+    message = release.failure_message([{"index": 1, "uuid": UUIDS[1], "memory_used_mib": 12}], [], [], 0.0, [], early="no_holder")
+    assert message.startswith(release.EARLY_HEADS["no_holder"])
+    assert "this is its idle baseline, not a leak; set max_used_mib: 12" in message and "reset" not in message
+
+
+def test_mig_gpu_reading_55_mib_without_any_claim_is_its_idle_baseline():
+    gpu = {"index": 0, "uuid": UUIDS[0], "memory_used_mib": 55, "mig_mode": "Enabled"}
+    message = release.failure_message([gpu], [], [], 0.0, [], early="no_holder")
+    assert "idle baseline (MIG mode is enabled), not a leak; set max_used_mib: 55" in message and "reboot" not in message
 
 
 def test_protected_only_failure_names_the_protected_process():

@@ -55,6 +55,9 @@ class World(object):
         self.events = []
         self.freeing = []
         self.leaked = []
+        # {GPU: MiB} read with no process and no compute app: a MIG GPU's idle baseline.
+        self.baseline = {}
+        self.mig = False
         self.systemctl_log = []
         self.signals = []
         self.unreadable = set()
@@ -187,7 +190,7 @@ class World(object):
     def memory_used(self, index):
         live = sum(p.mem.get(index, 0) for p in self.procs.values())
         freeing = sum(mib for until, i, mib in self.freeing if i == index and until > self.t)
-        used = live + freeing + sum(mib for i, _pid, _name, mib in self.leaked if i == index)
+        used = live + freeing + sum(mib for i, _pid, _name, mib in self.leaked if i == index) + self.baseline.get(index, 0)
         node = "/dev/nvidia%d" % index
         if not used and any(p.mem and node in [m[0] for m in p.spec["maps"] if not isinstance(m, str)] for p in self.procs.values()):
             used = FOOTPRINT_MIB
@@ -199,8 +202,9 @@ class World(object):
             return "[N/A]" if i in self.unreadable else str(value)
 
         return "".join(
-            "%d, %s, NVIDIA H200, 00000000:%02X:00.0, 580.159.04, 143771, 616, %s, %s, 0, 37, 126.02, Enabled, Disabled\n"
-            % (i, uuid(i), 0x18 + i, mib(i, self.memory_used(i)), mib(i, 143771 - 616 - self.memory_used(i)))
+            "%d, %s, NVIDIA H200, 00000000:%02X:00.0, 580.159.04, 143771, 616, %s, %s, 0, 37, 126.02, Enabled, %s\n"
+            % (i, uuid(i), 0x18 + i, mib(i, self.memory_used(i)), mib(i, 143771 - 616 - self.memory_used(i)),
+               "Enabled" if self.mig else "Disabled")
             for i in range(self.gpus)
         )
 
@@ -744,14 +748,75 @@ def test_user_protected_process_is_never_signalled(world):
     assert world.signals == [] and "pid 900 jupyter-lab" in error.msg and world.t < 2.0
 
 
-def test_leaked_memory_with_no_holder_fails_after_wait_timeout(world):
+def test_leaked_memory_with_no_holder_fails_after_a_short_grace_not_after_wait_timeout(world):
     world.leaked.append((0, 427, "[Not Found]", 3590))
     error = fail(world, wait_timeout=60.0)
-    assert world.t >= 60.0 and world.signals == []
-    assert error.msg.startswith("GPUs still in use after 60.0 s")
+    assert release.NO_HOLDER_GRACE_S <= world.t < 3.0 and world.signals == []
+    assert error.msg.startswith(release.EARLY_HEADS["no_holder"])
     assert "attributed to exited process(es) 427 [Not Found]" in error.msg
     assert "a GPU reset (nvidia-smi --gpu-reset -i 0) or a reboot is needed" in error.msg
     assert error.result["gpus"][0]["memory_used_mib"] == 3590 and error.result["released"] is False
+
+
+def test_leaked_memory_is_predicted_by_check_mode_with_the_real_runs_message(world):
+    world.leaked.append((0, 427, "[Not Found]", 3590))
+    real = fail(world, wait_timeout=60.0).msg
+    world.t = 0.0
+    predicted = fail(world, check_mode=True, wait_timeout=60.0)
+    assert predicted.msg == real and world.t < 3.0 and world.signals == []
+    assert predicted.result["released"] is False
+
+
+def test_idle_mig_gpus_with_the_default_baseline_fail_fast_with_the_max_used_mib_to_set(world):
+    world.mig, world.baseline = True, {0: 55, 1: 55}
+    error = fail(world, wait_timeout=60.0)
+    assert world.t < 3.0 and world.signals == []
+    assert "idle baseline (MIG mode is enabled), not a leak; set max_used_mib: 55" in error.msg, error.msg
+    assert "reset" not in error.msg and "reboot" not in error.msg
+    world.t = 0.0
+    assert fail(world, check_mode=True, wait_timeout=60.0).msg == error.msg and world.t < 3.0
+    assert run(world, max_used_mib=55)["released"] is True
+
+
+def test_memory_freeing_right_after_the_look_is_not_called_a_leak(world):
+    world.leaked.append((0, 427, "[Not Found]", 3590))
+
+    class Freeing(release.Release):
+        def _read_gpus(self):
+            world.leaked[:] = []  # the context the look saw is freed by the first reading
+            return super(Freeing, self)._read_gpus()
+
+    result = run(world, release_class=Freeing, check_mode=True)
+    assert result["released"] is False and world.t < 3.0
+
+
+def test_check_mode_predicts_gpus_held_only_by_protected_processes(world):
+    world.spawn(900, {0: 500}, comm="jupyter-lab", argv=("/opt/conda/bin/python3", "/opt/conda/bin/jupyter-lab"))
+    error = fail(world, check_mode=True, protect=["jupyter-lab"])
+    assert error.msg.startswith(release.EARLY_HEADS["protected"]) and "pid 900 jupyter-lab" in error.msg
+    assert world.signals == []
+
+
+def test_check_mode_predicts_kill_false_with_holders(world):
+    world.spawn(900, {1: 500})
+    error = fail(world, check_mode=True, kill=False)
+    assert error.msg.startswith(release.EARLY_HEADS["not_killed"]) and "GPU 1" in error.msg and "pid 900" in error.msg
+    assert world.signals == [] and world.procs
+
+
+def test_kill_timeout_0_does_not_call_a_process_that_died_on_sigkill_unkillable(world):
+    # The kernel takes ~0.15 s to tear down a large CUDA process after SIGKILL (real H200).
+    world.spawn(900, {0: 500}, on_term="ignore", on_kill=0.15)
+    result = run(world, kill_timeout=0.0)
+    assert result["released"] is True and result["unkillable"] == [], result["unkillable"]
+    assert [k["signal"] for k in result["killed"]] == ["SIGKILL"]
+
+
+def test_gpus_and_protect_accept_ascii_digits_only(world):
+    world.spawn(900, {0: 500})
+    error = fail(world, gpus=["\u00b2"])
+    assert "GPU '\u00b2' is not on this host" in error.msg
+    assert run(world, protect=["\u00b3"])["released"] is True
 
 
 def test_failure_result_carries_a_diff(world):
@@ -1159,3 +1224,38 @@ def test_gpu_operator_device_spellings_are_found_and_freed(world):
     world.spawn(496, {1: 1024}, devices=[p + " (deleted)" for p in fds], maps=[(p + " (deleted)", kib) for p, kib in maps])
     result = run(world)
     assert sorted(pid for _t, pid, _name in world.signals) == [495, 496] and result["released"] is True
+
+
+def test_failure_message_does_not_call_a_gpu_the_result_reports_clean_through_the_footprint_dirty(world):
+    """GPU 0 keeps an unkillable holder; GPU 1 reads only that context's cross-GPU footprint and
+    is clean in the result: the message names GPU 0 only, and no reset for GPU 1."""
+    world.spawn(495, {0: 40960}, on_term="ignore", on_kill="D")
+    world.spawn(497, {1: 20480})
+    error = fail(world, kill_timeout=1.0, wait_timeout=2.0)
+    gpu1 = error.result["gpus"][1]
+    assert (gpu1["memory_used_mib"], gpu1["clean"], gpu1["cross_gpu_footprint"]) == (FOOTPRINT_MIB, True, True)
+    assert "GPU 0 (" in error.msg and "GPU 1 (" not in error.msg, error.msg
+    assert "reset" not in error.msg
+
+
+def test_check_mode_diff_shows_the_plan_units_and_processes_as_before_and_after(world):
+    world.unit("vllm.service")
+    world.spawn(495, {0: 70000}, unit="vllm.service")
+    world.spawn(497, {1: 1000}, argv=("python3", "train.py"))
+    diff = run(world, check_mode=True, services=["vllm.service"], service_state="disabled")["diff"]
+    assert diff["before"] != diff["after"]
+    assert "unit vllm.service: active" in diff["before"] and "unit vllm.service: stopped, disabled" in diff["after"]
+    assert "process 497 python3: running" in diff["before"]
+    assert "process 497 python3: SIGTERM, then SIGKILL after kill_timeout" in diff["after"]
+    # the holders that the plan ends (with their unit, or signalled) are gone from `after`
+    assert "holder pid 495" in diff["before"] and "holder pid 495" not in diff["after"]
+    assert "holder pid 497" in diff["before"] and "holder pid 497" not in diff["after"]
+
+
+def test_real_run_diff_shows_the_units_stopped_and_the_processes_ended(world):
+    world.unit("vllm.service")
+    world.spawn(495, {0: 70000}, unit="vllm.service")
+    world.spawn(497, {1: 1000}, argv=("python3", "train.py"))
+    diff = run(world, services=["vllm.service"], service_state="disabled")["diff"]
+    assert "unit vllm.service: active" in diff["before"] and "unit vllm.service: stopped, disabled" in diff["after"]
+    assert "process 497 python3: ended by SIGTERM" in diff["after"]

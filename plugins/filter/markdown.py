@@ -1,0 +1,14 @@
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""markdown_escape: user-chosen text made inert in Markdown (the audit's report.md)."""
+
+from __future__ import annotations
+
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._markdown import markdown_escape
+
+
+class FilterModule(object):
+    def filters(self):
+        return {"markdown_escape": markdown_escape}

@@ -1,0 +1,100 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE: it may change without notice. Only the plugins of
+# zeromib.gpu may use it.
+
+"""The options gpu_facts and gpu_release share, and the one range check of every option.
+
+Ansible's argument spec types a value (`float` accepts "nan" and "inf") but checks no range:
+a NaN timeout compares false with everything, so `now >= deadline` never holds and a wait
+never ends. Every numeric option of both modules, and of the role's gate, goes through
+`check_ranges` before anything runs."""
+
+from __future__ import annotations
+
+import math
+
+# Options both modules take, with the same meaning and default.
+SHARED_SPEC = dict(
+    nvidia_smi=dict(type="path"),
+    timeout=dict(type="float", default=10),
+    max_used_mib=dict(type="int", default=0),
+    cross_gpu_footprint_mib=dict(type="int", default=4),
+    protect=dict(type="list", elements="str", default=[]),
+    health=dict(type="bool", default=True),
+    min_pcie_gen=dict(type="int", default=0),
+    min_pcie_width=dict(type="int", default=0),
+    require_persistence=dict(type="bool", default=True),
+    expected_mig_mode=dict(type="str", choices=["enabled", "disabled"]),
+    xid_window_hours=dict(type="float", default=24),
+    dcgm_diag=dict(type="int", default=0, choices=[0, 1, 2, 3, 4]),
+)
+
+# option -> the smallest value it accepts, and whether that bound itself is allowed.
+# 0 is a meaningful kill_timeout (SIGKILL at once) and wait_timeout (one reading); a 0 timeout or
+# poll_interval would never let nvidia-smi answer or would spin.
+RANGES = {
+    "timeout": (0, False),
+    "poll_interval": (0, False),
+    "kill_timeout": (0, True),
+    "wait_timeout": (0, True),
+    "max_used_mib": (0, True),
+    "cross_gpu_footprint_mib": (0, True),
+    "min_pcie_gen": (0, True),
+    "min_pcie_width": (0, True),
+    "xid_window_hours": (0, True),
+    "expected_count": (0, True),
+    "smoke_test_mib": (0, True),
+    "settle_timeout": (0, True),
+}
+
+# systemd refuses unit names longer than 255 characters (UNIT_NAME_MAX); the count keeps every
+# systemctl command line far below the kernel's limit on arguments (no "Argument list too long").
+MAX_SERVICES = 1000
+MAX_SERVICE_LEN = 255
+
+
+def range_problem(name, value):
+    """A sentence saying what is wrong with one numeric option, or None."""
+    if value is None or name not in RANGES or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return "%s must be a number, got %r" % (name, value)
+    if math.isnan(number) or math.isinf(number):
+        return "%s must be a finite number, got %s" % (name, value)
+    low, inclusive = RANGES[name]
+    if number < low or (number == low and not inclusive):
+        return "%s must be %s %s, got %s" % (name, "at least" if inclusive else "greater than", low, value)
+    return None
+
+
+def services_problem(services):
+    """A sentence when `services` is more than systemctl can be given, or None."""
+    services = services or []
+    if len(services) > MAX_SERVICES:
+        return "services: %d entries, more than the %d gpu_release accepts: use globs (vllm*.service)" % (len(services), MAX_SERVICES)
+    for entry in services:
+        if len(entry) > MAX_SERVICE_LEN + len("container:"):
+            return "services: an entry of %d characters (%s...) is longer than any unit or container name (%d)" % (
+                len(entry), entry[:40], MAX_SERVICE_LEN)
+    return None
+
+
+def check(params, prefix=""):
+    """Every problem of the numeric options and of `services` in `params` -> a list of sentences
+    (empty: fine). `prefix` names the options as the user wrote them (the role's free_gpus_)."""
+    problems = []
+    for name in sorted(params):
+        problem = range_problem(name, params[name])
+        if problem:
+            problems.append(prefix + problem)
+    if "services" in params:
+        problem = services_problem(params["services"])
+        if problem:
+            problems.append(prefix + problem)
+    return problems
