@@ -216,9 +216,10 @@ def verdict(report, failing, fail_on_dirty, fail_on_unhealthy, report_html):
     what = " or ".join(w for w, asked in (("not clean", fail_on_dirty), ("not known healthy", fail_on_unhealthy)) if asked)
     if failing:
         details = "; ".join("%s (%s)" % (e["host"], ": ".join(x for x in (e["status"], e.get("reason")) if x)
-                                         + ("; %s" % e["health"] if e.get("health") else "")) for e in failing)
-        return True, "%d of %d %s %s %s: %s. Report: %s" % (len(failing), total, hosts, "is" if len(failing) == 1 else "are",
-                                                           what, details, report_html)
+                                         + ("; %s" % e["health"] if e.get("health") else ""))
+                            for e in failing)
+        verb = "is" if len(failing) == 1 else "are"
+        return True, "%d of %d %s %s %s: %s. Report: %s" % (len(failing), total, hosts, verb, what, details, report_html)
     if total == 1:
         return False, "The host is clean" + (" and healthy" if fail_on_unhealthy else "")
     return False, "All %d hosts are clean" % total + (" and healthy" if fail_on_unhealthy else "")

@@ -8,7 +8,7 @@
 
 """Who holds /dev/nvidia*: a scan of /proc/*/fd and /proc/*/maps, as `fuser -v` does.
 
-nvidia-smi cannot see a child forked after CUDA init once its parent is gone (DESIGN.md,
+nvidia-smi cannot see a child forked after CUDA init once its parent is gone (docs/design.md,
 measured on an H200): only the device files tell the truth about who keeps GPU memory. Which
 GPU a holder uses is NOT which device files it has open (every CUDA process and every NVML
 client opens every /dev/nvidiaN of the node): that is decided in _attribution.py, from
@@ -49,7 +49,7 @@ _DEVICE_NODE = re.compile(
 DELETED_SUFFIX = " (deleted)"
 _UNIT = re.compile(r"^[^/]+\.(?:service|scope)$")
 
-# Daemons a GPU node needs and a desktop lives on (DESIGN.md). Names are matched against the
+# Daemons a GPU node needs and a desktop lives on (docs/design.md). Names are matched against the
 # executable's basename, argv[0]'s basename and the kernel's 15-character comm, and protect only
 # a process whose identity backs them (`vouched`): any user can name a process so.
 BUILTIN_PROTECTED_NAMES = (
@@ -467,7 +467,7 @@ def read_executable(base, fs_root=""):
 
 
 def read_process(pid, proc="/proc", users=None):
-    """Identity and placement of one process (the DESIGN.md holder shape, without the GPU
+    """Identity and placement of one process (the docs/design.md holder shape, without the GPU
     attribution), or None if it vanished."""
     users = {} if users is None else users
     base = "%s/%d" % (proc, pid)

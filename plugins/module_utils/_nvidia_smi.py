@@ -54,7 +54,7 @@ HEALTH_FIELDS = (
 OPTIONAL_FIELDS = frozenset(["memory.reserved", "persistence_mode", "mig.mode.current"] + [f for f, _k, _t in HEALTH_FIELDS])
 RENAMED_FIELDS = {"clocks_event_reasons.": "clocks_throttle_reasons."}
 
-# nvidia-smi fields we ask for, mapped to the record keys of DESIGN.md. The order is the
+# nvidia-smi fields we ask for, mapped to the record keys of docs/design.md. The order is the
 # order of the CSV columns.
 GPU_FIELDS = (
     ("index", "index", "int"),
@@ -121,7 +121,7 @@ NOT_AVAILABLE_TOKENS = (
 )
 
 # Names nvidia-smi gives a compute app whose process it cannot see (dead owner, other PID
-# namespace). DESIGN.md: "[Not Found]" right after a kill, "[No data]" 0.5 s later.
+# namespace). docs/design.md: "[Not Found]" right after a kill, "[No data]" 0.5 s later.
 UNKNOWN_PROCESS_NAMES = ("[Not Found]", "[No data]", "")
 
 _UNIT_SUFFIX = re.compile(r"\s+(?:MiB|MB|%|W|MHz|C)$")

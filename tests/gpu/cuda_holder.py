@@ -7,7 +7,7 @@ then waits. Like a training process or an inference server's worker.
   cuda_holder.py --gpu 0 --mib 40960 [--ignore-term] [--fork-child] [--name NAME] --ready FILE
 
 --fork-child: after CUDA init, fork a child that inherits the device files and outlives the
-parent (the orphan of DESIGN.md). --name: pose as another program (kernel comm and argv[0]).
+parent (the orphan of docs/design.md). --name: pose as another program (kernel comm and argv[0]).
 --no-context: open the device files only, no CUDA context (like nvidia-persistenced).
 --nvml-loop: no CUDA at all: an NVML client reading every GPU's memory once a second through
 pynvml (nvidia-ml-py), as a metrics exporter does.

@@ -122,7 +122,7 @@ def test_gpus_option_frees_only_the_selected_gpu(nshost):
 
 
 def test_holder_of_a_selected_and_an_unselected_gpu_is_freed_only_with_kill_spanning(nshost):
-    # DESIGN.md "Spanning": ending it would end its work on GPU 0, which the selection keeps out.
+    # docs/design.md "Spanning": ending it would end its work on GPU 0, which the selection keeps out.
     host = nshost("h200x8")
     both = host.spawn(["gpu_holder", "--gpus", "0,1", "--mib", "1024"])
     run = run_module(host, "gpu_release", {"gpus": ["1"]})

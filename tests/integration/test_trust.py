@@ -1,4 +1,4 @@
-"""What a user of a shared GPU node can write decides nothing root does (issue 19, DESIGN.md "What
+"""What a user of a shared GPU node can write decides nothing root does (issue 19, docs/design.md "What
 can be trusted on a shared node", docs/security.md).
 
 Each test is one attack of the issue, done as an unprivileged user would do it, inside a simulated

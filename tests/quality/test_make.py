@@ -108,3 +108,15 @@ def test_readme_lists_every_package_make_test_installs():
     for package in packages:
         name = package.split()[0]
         assert name in readme, (name, "README.md does not name it")
+
+
+def test_every_test_file_has_a_basename_of_its_own():
+    """`make test` collects every test folder in one pytest session without packages: two test
+    files of one basename (tests/unit/.../test_mps.py and tests/integration/test_mps.py) stop the
+    whole run at collection ("import file mismatch")."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted(REPO.glob("tests/**/test_*.py")):
+        if "output" in path.relative_to(REPO).parts:
+            continue
+        seen.setdefault(path.name, []).append(str(path.relative_to(REPO)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}

@@ -4,7 +4,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 
 """MPS: which server is quit, which is refused as spanning, where its control pipe is, and that
-quit is written only into a FIFO. The daemon itself is in tests/integration/test_mps.py."""
+quit is written only into a FIFO. The daemon itself is in tests/integration/test_mps_release.py."""
 
 from __future__ import annotations
 

@@ -198,7 +198,7 @@ class World(object):
 
     def gpu_text(self):
         def mib(i, value):
-            # WDDM rows and GPUs in an error state read [N/A] (DESIGN.md, field behaviour).
+            # WDDM rows and GPUs in an error state read [N/A] (docs/design.md, field behaviour).
             return "[N/A]" if i in self.unreadable else str(value)
 
         return "".join(

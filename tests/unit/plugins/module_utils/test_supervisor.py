@@ -4,7 +4,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 
 """supervisor:<glob> services: the pure parts (supervisorctl's output, supervisord's command line
-and configuration files). The real supervisord is in tests/integration/test_supervisor.py."""
+and configuration files). The real supervisord is in tests/integration/test_supervisor_release.py."""
 
 from __future__ import annotations
 
