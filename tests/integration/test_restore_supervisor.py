@@ -8,7 +8,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "sim")]
 from ansible_in_ns import run_module  # noqa: E402
 from supervisor_rig import Supervisord  # noqa: E402
-from test_supervisor import HOLDER, wait_used  # noqa: E402
+from test_supervisor_release import HOLDER, wait_used  # noqa: E402
 
 CONF = "/etc/supervisor/conf.d/vllm.conf"
 
