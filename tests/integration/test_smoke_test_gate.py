@@ -165,7 +165,7 @@ def test_without_libcuda_every_gpu_fails_saying_so(nshost):
 
 def test_smoke_test_mib_below_zero_is_refused(h200x2):
     result = run_module(h200x2, "gpu_release", {"smoke_test": True, "smoke_test_mib": -1})
-    assert result["failed"] and result["msg"] == "smoke_test_mib must be 0 or more, got -1"
+    assert result["failed"] and result["msg"] == "smoke_test_mib must be at least 0, got -1"
 
 
 def test_fake_libcuda_is_only_inside_the_host(h200x2):
