@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip install -q --disable-pip-version-check
 COLLECTION_LINK := .build/collections/ansible_collections/zeromib/gpu
 
-.PHONY: install collection demo demo-deps test deps venv bench clean uninstall-packages
+.PHONY: install collection demo demo-deps test lint deps venv bench clean uninstall-packages
 
 ## install: what running the playbooks from this checkout needs: .venv with requirements.txt
 ## (ansible-core, jmespath), and the checkout linked as zeromib.gpu where ./ansible.cfg looks
@@ -28,8 +28,14 @@ demo-deps: install
 
 ## test: everything CI runs (unit, sanity, lint, module tests on simulated hosts, the fleet, the
 ## ansible-core / Python matrix, Molecule, ansible-runner, ansible-builder)
-test: deps
+test: deps lint
 	$(VENV)/bin/pytest
+
+## lint: the fast gate (seconds), run first by `make test`: ruff (ruff.toml, community.crypto's
+## rules) on the whole checkout, and mypy (.mypy.ini) on plugins/ in the collection layout.
+lint: venv collection
+	$(VENV)/bin/ruff check --quiet .
+	cd $(dir $(COLLECTION_LINK))../.. && $(abspath $(VENV))/bin/mypy --config-file $(CURDIR)/.mypy.ini -p ansible_collections.zeromib.gpu.plugins
 
 ## deps: the demo's, plus test and lint tooling in .venv and the test rigs' Debian packages
 deps: venv collection

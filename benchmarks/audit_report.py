@@ -129,7 +129,7 @@ def _timed(argv, env, cwd, out=None):
     proc = subprocess.run([sys.executable, "-c", code, json.dumps(argv), cwd], env=env, capture_output=True, text=True, check=True)
     result = json.loads(proc.stdout)
     if result["rc"] != 0:
-        raise SystemExit("run failed (rc %s):\n%s" % (result["rc"], result["tail"]))
+        raise SystemExit("run failed (rc {}):\n{}".format(result["rc"], result["tail"]))
     sizes = {"cpu": result["cpu"]}
     if out and os.path.isdir(out):
         for name in ("report.json", "report.html", "report.md", "gpu_audit.prom"):
@@ -201,7 +201,7 @@ def run_page(count, where, shot=None):
     sys.path.insert(0, os.path.join(REPO, ".build", "collections"))
     from ansible_collections.zeromib.gpu.plugins.action import gpu_audit_report as plugin
 
-    report = plugin.build_report(fleet(count), title="GPU fleet audit (%s hosts, sample)" % "{:,}".format(count))
+    report = plugin.build_report(fleet(count), title="GPU fleet audit ({} hosts, sample)".format(f"{count:,}"))
     page = os.path.join(where, "report.html")
     with open(page, "w") as handle:
         handle.write(plugin.render(report)["report.html"])
@@ -223,7 +223,7 @@ def run_page(count, where, shot=None):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", default="100,1000,4000")
-    parser.add_argument("--before", action="store_true", help="run the task file of %s instead of this checkout's" % BEFORE_REV)
+    parser.add_argument("--before", action="store_true", help=f"run the task file of {BEFORE_REV} instead of this checkout's")
     parser.add_argument("--part", action="store_true", help="after: feed the hosts' data as a part file (gpu_audit_parts)")
     parser.add_argument("--noop", action="store_true", help="the same -e @hosts_data.json into a play that writes no report")
     parser.add_argument("--summary", type=int, metavar="N", help="time free_gpus.yml's summary task at N hosts instead")
@@ -236,7 +236,7 @@ def main():
         with tempfile.TemporaryDirectory(prefix="zeromib-bench-") as where:
             page = run_page(args.page, where, os.path.abspath(args.screenshot) if args.screenshot else None)
         print("| report.html, %s hosts | %.2f MB | heat map drawn %s ms after navigation (%d rows) | screenshot %.2f s, "
-              "empty page %.2f s |" % ("{:,}".format(args.page), page["html_mb"], page["drawn_ms"], page["rows"],
+              "empty page %.2f s |" % (f"{args.page:,}", page["html_mb"], page["drawn_ms"], page["rows"],
                                        page["screenshot_s"], page["blank_s"]))
         return
     if args.summary:
@@ -251,15 +251,15 @@ def main():
             wall, rss, sizes = run_report(BEFORE_REV if args.before else None, count, where, from_part=args.part and not args.before,
                                           noop=args.noop)
         if args.noop:
-            print("| no report, `-e @hosts_data.json` only | %s | %.1f s | %.1f s | %.0f MiB | | | | | %.1f |" % (
-                "{:,}".format(count), wall, sizes["cpu"], rss, os.getloadavg()[0]), flush=True)
+            print("| no report, `-e @hosts_data.json` only | {} | {:.1f} s | {:.1f} s | {:.0f} MiB | | | | | {:.1f} |".format(
+                f"{count:,}", wall, sizes["cpu"], rss, os.getloadavg()[0]), flush=True)
             continue
         if args.before:
-            name = "before (%s, task file), `-e @hosts_data.json`" % BEFORE_REV
+            name = f"before ({BEFORE_REV}, task file), `-e @hosts_data.json`"
         else:
             name = "after (gpu_audit_report), %s" % ("part file (`gpu_audit_parts`)" if args.part else "`-e @hosts_data.json`")
-        print("| %s | %s | %.1f s | %.1f s | %.0f MiB | %.1f MB | %.2f MB | %.2f MB | %.1f MB | %.1f |" % (
-            name, "{:,}".format(count), wall, sizes["cpu"], rss,
+        print("| {} | {} | {:.1f} s | {:.1f} s | {:.0f} MiB | {:.1f} MB | {:.2f} MB | {:.2f} MB | {:.1f} MB | {:.1f} |".format(
+            name, f"{count:,}", wall, sizes["cpu"], rss,
             sizes["report.json"], sizes["report.html"], sizes["report.md"], sizes["gpu_audit.prom"], os.getloadavg()[0]), flush=True)
 
 

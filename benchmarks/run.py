@@ -36,7 +36,7 @@ CALLBACKS = os.path.join(REPO, "tests", "fleet", "callback_plugins")
 # assert per host), run side by side from a `git archive` of this commit.
 BEFORE_REV = "caeff72"
 OURS = "free_gpus.yml"
-BEFORE = "free_gpus.yml before (%s, 4 tasks a host)" % BEFORE_REV
+BEFORE = f"free_gpus.yml before ({BEFORE_REV}, 4 tasks a host)"
 ONE = "one-task nvidia-smi play"
 MITO = "free_gpus.yml, mitogen_linear"
 ONE_MITO = "one-task play, mitogen_linear"
@@ -81,7 +81,7 @@ def before_collection(rev):
     return root, os.path.join(tree, "playbooks", "free_gpus.yml")
 
 
-class Bench(object):
+class Bench:
     def __init__(self, args):
         self.args = args
         self.rows = {}
@@ -183,7 +183,7 @@ class Bench(object):
         if self.mitogen:
             ours["free_gpus.yml, kill_timeout 0, mitogen_linear"] = (0, "mitogen")
         if self.before:
-            ours["free_gpus.yml before (%s), kill_timeout 0" % BEFORE_REV] = (0, "before")
+            ours[f"free_gpus.yml before ({BEFORE_REV}), kill_timeout 0"] = (0, "before")
         results = {name: [] for name in ours}
         results["hand procedure over parallel ssh"] = []
         outcome = {}
@@ -320,9 +320,9 @@ signal.pause()
                    self.load_at_start[0], self.load_at_start[1], self.load_at_start[2], load[0], load[1], load[2],
                    self.args.reps), ""]
         if self.before:
-            out += ["`%s` is the collection at commit %s (before issue 14), run from a `git archive` of it: the role was an "
-                    "argument-validation task, gpu_release, a set_fact and an assert per host. mitogen: %s." % (
-                        BEFORE, BEFORE_REV, "mitogen %s, `ANSIBLE_STRATEGY=mitogen_linear`" % mitogen_version()
+            out += ["`{}` is the collection at commit {} (before issue 14), run from a `git archive` of it: the role was an "
+                    "argument-validation task, gpu_release, a set_fact and an assert per host. mitogen: {}.".format(
+                        BEFORE, BEFORE_REV, f"mitogen {mitogen_version()}, `ANSIBLE_STRATEGY=mitogen_linear`"
                         if self.mitogen else "not installed, not measured"), ""]
         out += self.targets()
         if "clean" in self.rows:
@@ -333,14 +333,14 @@ signal.pause()
                         " mitogen: free_gpus / one-task |" if MITO in names else ""),
                     "|---|---|" + "---|" * (len(names) + 1 + (MITO in names))]
             for n, row in sorted(self.rows["clean"].items()):
-                cells = ["%.2f s" % row[name] for name in names]
+                cells = [f"{row[name]:.2f} s" for name in names]
                 line = "| %d | %.1f s | %s | %.2fx |" % (n, self.rows["bringup"][n], " | ".join(cells), row[OURS] / row[ONE])
                 if MITO in names:
                     line += " %.2fx |" % (row[MITO] / row[ONE_MITO])
                 out.append(line)
             sizes = sorted(self.rows["clean"])
             if 16 in sizes and 32 in sizes:
-                growth = ["%s x%.2f" % (name, self.rows["clean"][32][name] / self.rows["clean"][16][name]) for name in names if name != RAW]
+                growth = ["{} x{:.2f}".format(name, self.rows["clean"][32][name] / self.rows["clean"][16][name]) for name in names if name != RAW]
                 out += ["", "Growth 16 -> 32 hosts: " + ", ".join(growth) + "."]
             out.append("")
         if "dirty" in self.rows:
@@ -356,7 +356,7 @@ signal.pause()
                 for name, (took, outcome) in row.items():
                     out.append("| %d | %s | %.2f s | %.2fx | %d | %d | %s |" % (
                         n, name, took, took / hand, outcome["dirty_hosts"], outcome["lost_persistenced"], outcome["rc"]))
-            out += ["", "Hand procedure: `%s`" % HAND, ""]
+            out += ["", f"Hand procedure: `{HAND}`", ""]
         if "profile" in self.rows:
             out += ["### Where the dirty fleet's seconds go (one more kill_timeout 0 run, every result recorded)", "",
                     "Module time is gpu_release's `elapsed_s` on each node (median and slowest host), by step (`timings`, "
@@ -407,7 +407,7 @@ signal.pause()
                 "; before: %.2fx" % (clean[n][BEFORE] / clean[n][ONE]) if BEFORE in clean[n] else ""))
         if 16 in clean and 32 in clean:
             growth = clean[32][OURS] / clean[16][OURS]
-            lines.append("- 32 hosts <= %.0fx 16 hosts: %s - x%.2f." % (TARGET_GROWTH, verdict(growth <= TARGET_GROWTH), growth))
+            lines.append(f"- 32 hosts <= {TARGET_GROWTH:.0f}x 16 hosts: {verdict(growth <= TARGET_GROWTH)} - x{growth:.2f}.")
         for n, row in sorted(self.rows.get("dirty", {}).items()):
             hand = row["hand procedure over parallel ssh"]
             took, outcome = row["free_gpus.yml, kill_timeout 0 (SIGKILL at once, as by hand)"]
@@ -419,7 +419,7 @@ signal.pause()
         if "facts" in self.rows:
             for preset in sorted({p for p, _c in self.rows["facts"]}):
                 slope = self.facts_slope(preset, "busy")
-                lines.append("- gpu_facts with busy GPUs <= %.0f ms per 1,000 processes, %s GPUs: %s - %.1f ms per 1,000 (idle: %.1f)." % (
+                lines.append("- gpu_facts with busy GPUs <= {:.0f} ms per 1,000 processes, {} GPUs: {} - {:.1f} ms per 1,000 (idle: {:.1f}).".format(
                     TARGET_FACTS_MS, preset[-1], verdict(slope <= TARGET_FACTS_MS), slope, self.facts_slope(preset, "idle")))
         lines.append("- Real H200, a cooperative 40 GiB holder within floor + 0.1 s on 1 and 2 GPUs: not measured by this script "
                      "(no GPU here; see docs/real-gpu.md).")

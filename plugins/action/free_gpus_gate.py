@@ -54,8 +54,8 @@ def unknown_variables(names, spec):
     known = sorted(name[len(ROLE_PREFIX):] for name in spec if name.startswith(ROLE_PREFIX))
     for name in sorted(n for n in names if n.startswith(ROLE_PREFIX) and n not in spec and n not in NOT_OPTIONS):
         close = difflib.get_close_matches(name[len(ROLE_PREFIX):], known, n=1, cutoff=0.6)
-        warnings.append("%s is not a variable of the zeromib.gpu.free_gpus role and is ignored%s" % (
-            name, "; did you mean %s%s?" % (ROLE_PREFIX, close[0]) if close else " (its variables: meta/argument_specs.yml)"))
+        warnings.append("{} is not a variable of the zeromib.gpu.free_gpus role and is ignored{}".format(
+            name, f"; did you mean {ROLE_PREFIX}{close[0]}?" if close else " (its variables: meta/argument_specs.yml)"))
     return warnings
 
 
@@ -157,7 +157,7 @@ class ActionModule(ActionBase):
             raise AnsibleActionFail("zeromib.gpu.free_gpus_gate runs inside the zeromib.gpu.free_gpus role only")
         spec = role_options(role_path)
         if spec is None:
-            raise AnsibleActionFail("no meta/argument_specs.yml in %s" % role_path)
+            raise AnsibleActionFail(f"no meta/argument_specs.yml in {role_path}")
         return spec
 
     def _validated(self, task_vars):
@@ -168,13 +168,13 @@ class ActionModule(ActionBase):
         try:
             provided = self._templar.template({name: task_vars[name] for name in spec if name in task_vars})
         except AnsibleError as exc:
-            return None, {"failed": True, "msg": "a free_gpus_* variable cannot be templated: %s" % getattr(exc, "message", exc)}
+            return None, {"failed": True, "msg": "a free_gpus_* variable cannot be templated: {}".format(getattr(exc, "message", exc))}
         validator = ArgumentSpecValidator(spec)
         checked = validator.validate(provided, validate_role_argument_spec=True)
         if checked.error_messages:
             return None, {
                 "failed": True,
-                "msg": "Validation of arguments failed:\n%s" % "\n".join(checked.error_messages),
+                "msg": "Validation of arguments failed:\n{}".format("\n".join(checked.error_messages)),
                 "argument_errors": checked.error_messages,
                 "argument_spec_data": spec,
             }
@@ -185,10 +185,10 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
-        result = super(ActionModule, self).run(tmp, task_vars)
+        result = super().run(tmp, task_vars)
         del tmp
         host = task_vars.get("inventory_hostname")
-        warnings = ["%s: %s" % (host, warning) for warning in unknown_variables(task_vars, self._argument_spec(task_vars))]
+        warnings = [f"{host}: {warning}" for warning in unknown_variables(task_vars, self._argument_spec(task_vars))]
         params, invalid = self._validated(task_vars)
         if invalid:
             result.update(invalid)

@@ -70,10 +70,10 @@ def queries(busy_pct):
     a host that uses memory): the same answer as filtering every GPU, without visiting 32,000 of them."""
     busy = json.dumps(float(busy_pct))
     return {
-        "attention": "hosts[?%s].{host: host, status: status, reason: reason, health: health_reason}" % NEEDS_ATTENTION,
+        "attention": f"hosts[?{NEEDS_ATTENTION}].{{host: host, status: status, reason: reason, health: health_reason}}",
         "dirty_gpus": ("hosts[?up && length(dirty_gpus) > `0`].gpus[] | [?!clean].{host: host, index: index, uuid: uuid, name: name, "
                        "memory_used_mib: memory_used_mib, memory_total_mib: memory_total_mib, used_pct: used_pct, holders: holders[].pid}"),
-        "busy_gpus": "hosts[?up%s].gpus[] | [?used_pct >= `%s`].{host: host, index: index, used_pct: used_pct}" % (
+        "busy_gpus": "hosts[?up{}].gpus[] | [?used_pct >= `{}`].{{host: host, index: index, used_pct: used_pct}}".format(
             " && memory_used_mib > `0`" if float(busy_pct) > 0 else "", busy),
         "holders": ("hosts[].holders[] | [?blocking].{host: host, pid: pid, name: name, user: user, unit: unit, container: container, "
                     "container_label: container_label, gpu_indexes: gpu_indexes, spanning: spanning, used_memory_mib: used_memory_mib, "
@@ -134,7 +134,7 @@ def play_results(task_vars, hosts, result_var):
 def part_name(hosts):
     """A part's file name, the same for the same hosts: a rerun of one slice replaces its part."""
     digest = hashlib.sha256("\n".join(sorted(hosts)).encode("utf-8")).hexdigest()[:16]
-    return "gpu-audit-part-%s.json" % digest
+    return f"gpu-audit-part-{digest}.json"
 
 
 def part_document(hosts_data, expected_hosts, epoch):
@@ -154,7 +154,7 @@ def part_files(paths):
         else:
             matches = [path]
         if not matches:
-            raise AnsibleActionFail("zeromib.gpu.gpu_audit_report: no part in %s" % path)
+            raise AnsibleActionFail(f"zeromib.gpu.gpu_audit_report: no part in {path}")
         found.extend(m for m in matches if m not in found)
     return found
 
@@ -167,9 +167,9 @@ def read_parts(paths):
             with open(path, "rb") as handle:
                 part = json.load(handle)
         except (OSError, ValueError) as exc:
-            raise AnsibleActionFail("zeromib.gpu.gpu_audit_report: cannot read the part %s: %s" % (path, exc)) from exc
+            raise AnsibleActionFail(f"zeromib.gpu.gpu_audit_report: cannot read the part {path}: {exc}") from exc
         if not isinstance(part, dict) or part.get("format") != PART_FORMAT or not isinstance(part.get("hosts_data"), list):
-            raise AnsibleActionFail("zeromib.gpu.gpu_audit_report: %s is not an audit part (written with write_part)" % path)
+            raise AnsibleActionFail(f"zeromib.gpu.gpu_audit_report: {path} is not an audit part (written with write_part)")
         if part.get("version") != PART_VERSION:
             raise AnsibleActionFail("zeromib.gpu.gpu_audit_report: %s is an audit part of version %r; this collection reads version %d"
                                     % (path, part.get("version"), PART_VERSION))
@@ -187,8 +187,7 @@ def build_report(hosts_data, expected_hosts=None, generated_at=None, max_used_mi
                  custom_queries=None):
     """The report.json document: the model, its findings, the custom queries and the settings."""
     if not isinstance(hosts_data, list):
-        raise AnsibleActionFail("zeromib.gpu.gpu_audit_report: the hosts' data must be a list of host records, got %s"
-                                % type(hosts_data).__name__)
+        raise AnsibleActionFail(f"zeromib.gpu.gpu_audit_report: the hosts' data must be a list of host records, got {type(hosts_data).__name__}")
     try:
         model = model_of(hosts_data, generated_at=generated_at, expected_hosts=expected_hosts or [])
         # The model is plain Python already: no copy before JMESPath (fleet_query's would be most of its time).
@@ -209,15 +208,19 @@ def not_ready(report, fail_on_dirty, fail_on_unhealthy):
     return failing
 
 
+def _failing_detail(entry):
+    why = ": ".join(x for x in (entry["status"], entry.get("reason")) if x)
+    health = "; {}".format(entry["health"]) if entry.get("health") else ""
+    return "{} ({}{})".format(entry["host"], why, health)
+
+
 def verdict(report, failing, fail_on_dirty, fail_on_unhealthy, report_html):
     """(failed, message) as the task file's assert says it."""
     total = report["summary"]["hosts_total"]
     hosts = "host" if total == 1 else "hosts"
     what = " or ".join(w for w, asked in (("not clean", fail_on_dirty), ("not known healthy", fail_on_unhealthy)) if asked)
     if failing:
-        details = "; ".join("%s (%s)" % (e["host"], ": ".join(x for x in (e["status"], e.get("reason")) if x)
-                                         + ("; %s" % e["health"] if e.get("health") else ""))
-                            for e in failing)
+        details = "; ".join(_failing_detail(e) for e in failing)
         verb = "is" if len(failing) == 1 else "are"
         return True, "%d of %d %s %s %s: %s. Report: %s" % (len(failing), total, hosts, verb, what, details, report_html)
     if total == 1:
@@ -233,7 +236,7 @@ def summary_line(report, report_html):
     if s.get("gpus_unhealthy") or s.get("gpus_health_unchecked"):
         line += " %d GPU%s unhealthy, %d not fully checked." % (s["gpus_unhealthy"], "" if s["gpus_unhealthy"] == 1 else "s",
                                                                 s["gpus_health_unchecked"])
-    return line + " Report: %s" % report_html
+    return line + f" Report: {report_html}"
 
 
 # --------------------------------------------------------------------------- rendering
@@ -349,15 +352,15 @@ def attention_groups(report):
 
 
 def _tip_holder(h):
-    line = "pid %s %s%s%s · user %s" % (h.get("pid"), h.get("name") or "?", " [protected]" if h.get("protected") else "",
-                                        " (%s MiB)" % h["used_memory_mib"] if h.get("used_memory_mib") is not None else "",
-                                        h.get("user") or "?")
+    protected = " [protected]" if h.get("protected") else ""
+    memory = " ({} MiB)".format(h["used_memory_mib"]) if h.get("used_memory_mib") is not None else ""
+    line = "pid {} {}{}{} · user {}".format(h.get("pid"), h.get("name") or "?", protected, memory, h.get("user") or "?")
     if h.get("unit"):
-        line += " · unit %s" % h["unit"]
+        line += " · unit {}".format(h["unit"])
     if h.get("container"):
         line += " · container %s" % (h.get("container_label") or str(h["container"])[:12])
     gpus = ",".join(str(i) for i in h.get("gpu_indexes") or []) or ("none (NVML client)" if h.get("nvml_client") else "none")
-    return line + " · GPUs %s\n    %s" % (gpus, h.get("cmdline") or "")
+    return line + " · GPUs {}\n    {}".format(gpus, h.get("cmdline") or "")
 
 
 def heat_data(report):
@@ -398,7 +401,7 @@ def heat_data(report):
         for g in h["gpus"] if h["up"] else []:
             flags = (1 if g["clean"] else 0) | (2 if g["clean"] and g.get("cross_gpu_footprint") else 0) \
                 | (4 if g.get("healthy") is False else 0) | (8 if g.get("health_checked") is False else 0)
-            notes = ["nvidia-smi counts %s MiB for gone PID %s (%s)" % (p.get("used_memory_mib"), p.get("pid"), p.get("name"))
+            notes = ["nvidia-smi counts {} MiB for gone PID {} ({})".format(p.get("used_memory_mib"), p.get("pid"), p.get("name"))
                      for p in g["processes"] if p.get("alive") is False]
             if g.get("healthy") is False:
                 notes.append("UNHEALTHY: " + "; ".join(g["health_issues"]))
@@ -406,8 +409,8 @@ def heat_data(report):
                 notes.append("health not fully checked: " + ", ".join(_unchecked_notes_of(g)))
             smoke = g.get("smoke_test")
             if isinstance(smoke, dict):
-                notes.append("CUDA smoke test: %s%s" % (smoke.get("result"), (" in %s s" % smoke.get("seconds")) if smoke.get("ok")
-                                                        else ": %s" % (smoke.get("error") or smoke.get("skipped"))))
+                detail = " in {} s".format(smoke.get("seconds")) if smoke.get("ok") else ": {}".format(smoke.get("error") or smoke.get("skipped"))
+                notes.append("CUDA smoke test: {}{}".format(smoke.get("result"), detail))
             gpus.append([g.get("index"), g.get("memory_used_mib"), g.get("memory_total_mib"), g.get("used_pct"), flags,
                          g.get("utilization_gpu_pct"), g.get("temperature_c"), g.get("power_draw_w"), s(g.get("name")), g.get("uuid"),
                          s(g.get("pci_bus_id")), s(g.get("mig_mode")), sum(1 for x in g["holders"] if x["blocking"]),
@@ -440,15 +443,15 @@ def report_json(report):
         value = report[key]
         if key == "hosts" and value:
             lines.append('  "hosts": [')
-            lines.extend("    %s%s" % (compact(h), "," if i < len(value) - 1 else "") for i, h in enumerate(value))
+            lines.extend("    {}{}".format(compact(h), "," if i < len(value) - 1 else "") for i, h in enumerate(value))
             lines.append("  ]" + comma)
         elif isinstance(value, dict) and value:
-            lines.append("  %s: {" % compact(key))
+            lines.append(f"  {compact(key)}: {{")
             inner = sorted(value)
-            lines.extend("    %s: %s%s" % (compact(k), compact(value[k]), "," if i < len(inner) - 1 else "") for i, k in enumerate(inner))
+            lines.extend("    {}: {}{}".format(compact(k), compact(value[k]), "," if i < len(inner) - 1 else "") for i, k in enumerate(inner))
             lines.append("  }" + comma)
         else:
-            lines.append("  %s: %s%s" % (compact(key), compact(value), comma))
+            lines.append(f"  {compact(key)}: {compact(value)}{comma}")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -478,7 +481,7 @@ def write_atomically(path, text, mode=0o644):
     except OSError:
         pass
     directory = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -511,7 +514,7 @@ class ActionModule(ActionBase):
         validator = ArgumentSpecValidator(ARGUMENT_SPEC)
         checked = validator.validate(dict(self._task.args))
         if checked.error_messages:
-            raise AnsibleActionFail("zeromib.gpu.gpu_audit_report: %s" % "; ".join(checked.error_messages))
+            raise AnsibleActionFail("zeromib.gpu.gpu_audit_report: {}".format("; ".join(checked.error_messages)))
         return checked.validated_parameters
 
     def _hosts_data(self, params, task_vars):
@@ -522,8 +525,8 @@ class ActionModule(ActionBase):
         if params["hosts_data_var"] and params["hosts_data_var"] in task_vars:
             records = task_vars[params["hosts_data_var"]]
             if not isinstance(records, list):
-                raise AnsibleActionFail("zeromib.gpu.gpu_audit_report: %s must be a list of host records, got %s"
-                                        % (params["hosts_data_var"], type(records).__name__))
+                raise AnsibleActionFail("zeromib.gpu.gpu_audit_report: {} must be a list of host records, got {}".format(
+                    params["hosts_data_var"], type(records).__name__))
             return plain(records), expected, None
         if params["parts"]:
             records, from_parts, epoch = read_parts(params["parts"])
@@ -533,7 +536,7 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
-        result = super(ActionModule, self).run(tmp, task_vars)
+        result = super().run(tmp, task_vars)
         del tmp
         started = time.monotonic()
         params = self._params()
@@ -557,7 +560,7 @@ class ActionModule(ActionBase):
         except AnsibleError:
             raise
         except (TypeError, ValueError, OSError) as exc:
-            raise AnsibleActionFail("zeromib.gpu.gpu_audit_report: %s" % exc) from exc
+            raise AnsibleActionFail(f"zeromib.gpu.gpu_audit_report: {exc}") from exc
         report_html = os.path.join(report_dir, "report.html")
         if params["report"]:
             files = render(report)

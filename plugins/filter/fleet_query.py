@@ -110,15 +110,15 @@ def search_plain(data, expr):
 
 def _search(data, expr):
     if not isinstance(expr, str) or not expr.strip():
-        raise AnsibleFilterError("zeromib.gpu.fleet_query needs a non-empty JMESPath expression, got %r" % (expr,))
+        raise AnsibleFilterError(f"zeromib.gpu.fleet_query needs a non-empty JMESPath expression, got {expr!r}")
     try:
         compiled = jmespath.compile(str(expr))
     except jmespath.exceptions.JMESPathError as exc:
-        raise AnsibleFilterError("zeromib.gpu.fleet_query: bad JMESPath expression %r: %s" % (str(expr), exc)) from exc
+        raise AnsibleFilterError(f"zeromib.gpu.fleet_query: bad JMESPath expression {str(expr)!r}: {exc}") from exc
     try:
         return compiled.search(data)
     except jmespath.exceptions.JMESPathError as exc:
-        raise AnsibleFilterError("zeromib.gpu.fleet_query: JMESPath expression %r failed on this data: %s" % (str(expr), exc)) from exc
+        raise AnsibleFilterError(f"zeromib.gpu.fleet_query: JMESPath expression {str(expr)!r} failed on this data: {exc}") from exc
 
 
 class FilterModule:

@@ -29,12 +29,12 @@ def _mib(gpus):
 def _container(entry):
     """A stopped_containers entry of gpu_release -> `vllm (vllm/vllm-openai:v0.11.0)`."""
     name = entry.get("name") or str(entry.get("id") or "?")[:12]
-    return "%s (%s)" % (name, entry["image"]) if entry.get("image") else name
+    return "{} ({})".format(name, entry["image"]) if entry.get("image") else name
 
 
 def _footprint_note(outcome):
     gpus = outcome.get("footprint_gpus") or []
-    return "GPU%s %s (%s MiB)" % ("" if len(gpus) == 1 else "s", ",".join(str(g) for g in gpus), outcome.get("footprint_mib"))
+    return "GPU{} {} ({} MiB)".format("" if len(gpus) == 1 else "s", ",".join(str(g) for g in gpus), outcome.get("footprint_mib"))
 
 
 def _spanning(result):
@@ -50,9 +50,9 @@ def _spanning_note(spanning):
     """`pid 700 python3 uses GPUs 0,1`, `vllm.service uses GPUs 0,1`, one per entry."""
     notes = []
     for entry in spanning:
-        who = ("pid %s %s" % (entry["pid"], entry.get("name") or "?") if entry.get("pid") is not None
-               else entry.get("unit") or "container %s" % str(entry.get("container") or "?")[:12])
-        notes.append("%s uses GPUs %s" % (who, ",".join(str(i) for i in entry.get("gpu_indexes") or [])))
+        who = ("pid {} {}".format(entry["pid"], entry.get("name") or "?") if entry.get("pid") is not None
+               else entry.get("unit") or "container {}".format(str(entry.get("container") or "?")[:12]))
+        notes.append("{} uses GPUs {}".format(who, ",".join(str(i) for i in entry.get("gpu_indexes") or [])))
     return ", ".join(notes)
 
 
@@ -78,14 +78,14 @@ def _smoke_notes(gpus):
         notes.append("smoke test passed on %d GPU%s (%s MiB, %s s)" % (
             len(passed), "" if len(passed) == 1 else "s", "/".join(sorted(set(str(r.get("mib")) for r in passed))),
             round(sum(r.get("seconds") or 0 for r in passed), 3)))
-    notes.extend("smoke test skipped on GPU %s: %s" % (i, r.get("skipped")) for i, r in records if r.get("ok") is None)
+    notes.extend("smoke test skipped on GPU {}: {}".format(i, r.get("skipped")) for i, r in records if r.get("ok") is None)
     return notes
 
 
 def free_gpus_outcome(result, host, expected_count=0, check_mode=False, require_healthy=False):
     """A gpu_release result -> the `free_gpus_result` fact: status, MiB before/after, a message."""
     if not isinstance(result, Mapping):
-        raise AnsibleFilterError("free_gpus_outcome expects the registered result of zeromib.gpu.gpu_release, got %s" % type(result).__name__)
+        raise AnsibleFilterError(f"free_gpus_outcome expects the registered result of zeromib.gpu.gpu_release, got {type(result).__name__}")
     expected_count = int(expected_count or 0)
     before = [g for g in result.get("gpus_before") or [] if not result.get("selected_gpus") or g.get("index") in result["selected_gpus"]]
     after = _selected(result)
@@ -123,7 +123,7 @@ def free_gpus_outcome(result, host, expected_count=0, check_mode=False, require_
         if not result.get("gpus"):
             status = "failed"
     elif result.get("released") is False and not outcome["check_mode"]:
-        dirty = ["GPU %s reads %s MiB" % (g.get("index"), g.get("memory_used_mib")) for g in after if not g.get("clean")]
+        dirty = ["GPU {} reads {} MiB".format(g.get("index"), g.get("memory_used_mib")) for g in after if not g.get("clean")]
         problems.append("not released: " + ", ".join(dirty))
     if expected_count and count != expected_count:
         problems.append("expected %d GPUs, nvidia-smi shows %d: a GPU may have fallen off the bus" % (expected_count, count))
@@ -146,7 +146,7 @@ def free_gpus_outcome(result, host, expected_count=0, check_mode=False, require_
     if problems:
         outcome["status"] = status
         outcome["ok"] = False
-        outcome["message"] = "%s: %s" % (host, "; ".join(problems))
+        outcome["message"] = "{}: {}".format(host, "; ".join(problems))
         return outcome
     outcome["ok"] = True
     did = []
@@ -157,15 +157,15 @@ def free_gpus_outcome(result, host, expected_count=0, check_mode=False, require_
     if outcome["masked_units"]:
         did.append("masked " + ", ".join(outcome["masked_units"]))
     if outcome["stopped_containers"]:
-        did.append("stopped container%s %s" % ("" if len(outcome["stopped_containers"]) == 1 else "s", ", ".join(outcome["stopped_containers"])))
+        did.append("stopped container{} {}".format("" if len(outcome["stopped_containers"]) == 1 else "s", ", ".join(outcome["stopped_containers"])))
     if outcome["disabled_containers"]:
-        did.append("disabled container%s %s" % ("" if len(outcome["disabled_containers"]) == 1 else "s", ", ".join(outcome["disabled_containers"])))
+        did.append("disabled container{} {}".format("" if len(outcome["disabled_containers"]) == 1 else "s", ", ".join(outcome["disabled_containers"])))
     if killed:
         did.append("killed %d process%s" % (len(killed), "" if len(killed) == 1 else "es"))
     if outcome["spanning"]:
-        did.append("ended spanning %s (kill_spanning)" % _spanning_note(outcome["spanning"]))
+        did.append("ended spanning {} (kill_spanning)".format(_spanning_note(outcome["spanning"])))
     if outcome["footprint_gpus"]:
-        did.append("%s at the cross-GPU footprint" % _footprint_note(outcome))
+        did.append(f"{_footprint_note(outcome)} at the cross-GPU footprint")
     outcome["smoke_test_notes"] = _smoke_notes(after)
     did.extend(outcome["smoke_test_notes"])
     if outcome["nvml_clients"]:
@@ -194,7 +194,7 @@ def free_gpus_failed(host, message, status="failed"):
     variable, a template error): no GPU figures, the message."""
     message = " ".join(str(message).split("\n"))
     return {
-        "host": host, "status": status, "ok": False, "message": message if message.startswith("%s: " % host) else "%s: %s" % (host, message),
+        "host": host, "status": status, "ok": False, "message": message if message.startswith(f"{host}: ") else f"{host}: {message}",
         "count": None, "selected": [], "mib_before": None, "mib_after": None, "stopped_units": [], "disabled_units": [],
         "masked_units": [], "stopped_containers": [], "disabled_containers": [], "killed": [], "protected": [],
         "footprint_gpus": [], "footprint_mib": None, "nvml_clients": [], "elapsed_s": None, "check_mode": False,
@@ -245,13 +245,13 @@ def free_gpus_rescued(failed_result, host, own_result=None, failed_task=None, ho
     outcome = dict(own_result) if isinstance(own_result, Mapping) else free_gpus_failed(host, "stopped", "stopped")
     outcome["stopped_by"] = failed or missing
     if failed:
-        why = "%s failed" % ", ".join(failed)
+        why = "{} failed".format(", ".join(failed))
     elif missing:
-        why = "%s failed or %s unreachable" % (", ".join(missing), "was" if len(missing) == 1 else "were")
+        why = "{} failed or {} unreachable".format(", ".join(missing), "was" if len(missing) == 1 else "were")
     else:
         why = "another host failed or was unreachable (see the recap)"
     own = "its GPUs are free" if outcome.get("ok") else "it was not checked"
-    outcome["message"] = "%s: %s, but the play stops here because %s (any_errors_fatal)" % (host, own, why)
+    outcome["message"] = f"{host}: {own}, but the play stops here because {why} (any_errors_fatal)"
     outcome["status"] = "stopped"
     return outcome
 
@@ -283,9 +283,9 @@ def _note(outcome):
     """Why an OK host reads above 0 MiB, and what was left running on purpose."""
     notes = []
     if outcome.get("footprint_gpus"):
-        notes.append("%s: cross-GPU footprint" % _footprint_note(outcome))
+        notes.append(f"{_footprint_note(outcome)}: cross-GPU footprint")
     if outcome.get("spanning"):
-        notes.append("spanning: %s" % _spanning_note(outcome["spanning"]))
+        notes.append("spanning: {}".format(_spanning_note(outcome["spanning"])))
     clients = outcome.get("nvml_clients") or []
     if clients:
         notes.append("%d NVML client%s kept" % (len(clients), "" if len(clients) == 1 else "s"))
@@ -311,20 +311,20 @@ def free_gpus_summary(data, hosts=None, live=None):
         killed = outcome.get("killed") or []
         changed_state = {u: "disabled" for u in outcome.get("disabled_units") or []}
         changed_state.update({u: "masked" for u in outcome.get("masked_units") or []})
-        units = ["%s (%s)" % (u, changed_state[u]) if u in changed_state else u for u in outcome.get("stopped_units") or []]
-        units += ["%s (%s)" % (u, state) for u, state in changed_state.items() if u not in (outcome.get("stopped_units") or [])]
+        units = [f"{u} ({changed_state[u]})" if u in changed_state else u for u in outcome.get("stopped_units") or []]
+        units += [f"{u} ({state})" for u, state in changed_state.items() if u not in (outcome.get("stopped_units") or [])]
         disabled = outcome.get("disabled_containers") or []
-        units += ["container %s%s" % (c, " (disabled)" if c in disabled else "") for c in outcome.get("stopped_containers") or []]
-        units += ["container %s (disabled)" % c for c in disabled if c not in (outcome.get("stopped_containers") or [])]
+        units += ["container {}{}".format(c, " (disabled)" if c in disabled else "") for c in outcome.get("stopped_containers") or []]
+        units += [f"container {c} (disabled)" for c in disabled if c not in (outcome.get("stopped_containers") or [])]
         rows.append((
             outcome.get("status", "failed"),
             host,
             "-" if outcome.get("count") is None else str(len(outcome.get("selected") or [])) + "/" + str(outcome["count"]),
-            "-" if outcome.get("mib_before") is None and outcome.get("mib_after") is None else "%s -> %s" % (
+            "-" if outcome.get("mib_before") is None and outcome.get("mib_after") is None else "{} -> {}".format(
                 outcome.get("mib_before"), outcome.get("mib_after")),
             ", ".join(units) or "-",
             str(len(killed)) if killed else "-",
-            "%s s" % outcome.get("elapsed_s") if outcome.get("elapsed_s") is not None else "-",
+            "{} s".format(outcome.get("elapsed_s")) if outcome.get("elapsed_s") is not None else "-",
             _note(outcome) if outcome.get("ok") else outcome.get("message", ""),
         ))
     rows.sort(key=lambda r: (_STATUS_ORDER.get(r[0], 1), r[1]))
@@ -344,6 +344,6 @@ def free_gpus_summary(data, hosts=None, live=None):
     return lines
 
 
-class FilterModule(object):
+class FilterModule:
     def filters(self):
         return {"free_gpus_outcome": free_gpus_outcome, "free_gpus_summary": free_gpus_summary, "free_gpus_rescued": free_gpus_rescued}

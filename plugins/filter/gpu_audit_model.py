@@ -240,7 +240,7 @@ def age_text(seconds):
 
 def human_ages(text):
     """'... in the kernel log at 7200 s ago' (a dmesg Xid) -> '... in the kernel log 2 h ago'."""
-    return _SECONDS_AGO.sub(lambda m: "%s ago" % age_text(m.group(1)), str(text))
+    return _SECONDS_AGO.sub(lambda m: f"{age_text(m.group(1))} ago", str(text))
 
 
 def _container_label(holder):
@@ -249,10 +249,10 @@ def _container_label(holder):
     name, image = holder.get("container_name"), holder.get("container_image")
     label = name or (str(cid)[:12] if cid else None)
     if label and image:
-        label = "%s (%s)" % (label, image)
-    pod = holder.get("pod") or ("UID %s" % holder["pod_uid"] if holder.get("pod_uid") else None)
+        label = f"{label} ({image})"
+    pod = holder.get("pod") or ("UID {}".format(holder["pod_uid"]) if holder.get("pod_uid") else None)
     if pod:
-        label = "pod %s%s" % (pod, ": " + label if label else "")
+        label = "pod {}{}".format(pod, ": " + label if label else "")
     return label
 
 
@@ -338,14 +338,14 @@ def _health_reason(record):
     # gpu_facts gives the host's list (every GPU's issues, then DCGM's); saved records may carry
     # only the GPUs' own.
     parts = list(record["health_issues"]) or [
-        "GPU %s (%s): %s" % (g.get("index"), g.get("pci_bus_id"), issue) for g in record["gpus"] for issue in g["health_issues"]]
+        "GPU {} ({}): {}".format(g.get("index"), g.get("pci_bus_id"), issue) for g in record["gpus"] for issue in g["health_issues"]]
     by_notes = {}
     for gpu in record["gpus"]:
         if gpu["health_checked"] is False:
             notes = ", ".join(_unchecked_notes(gpu)) or "some checks"
             by_notes.setdefault(notes, []).append(str(gpu.get("index")))
     for notes, indexes in by_notes.items():
-        parts.append("health not checked on GPU %s: %s" % (", ".join(indexes), notes))
+        parts.append("health not checked on GPU {}: {}".format(", ".join(indexes), notes))
     return "; ".join(parts) or None
 
 
@@ -367,29 +367,29 @@ def _dirty_reason(gpus, holders, stale):
         parts.append("%d GPUs (%s) %d MiB in all" % (len(dirty), ", ".join(str(g.get("index")) for g in dirty), used))
     elif dirty:
         parts.append(", ".join(
-            "GPU %s %s MiB" % (g.get("index"), "?" if g.get("memory_used_mib") is None else g.get("memory_used_mib")) for g in dirty
+            "GPU {} {} MiB".format(g.get("index"), "?" if g.get("memory_used_mib") is None else g.get("memory_used_mib")) for g in dirty
         ))
     blocking = [h for h in holders if h["blocking"]]
     if blocking:
         # One line per owner: eight vLLM workers of one unit read as the unit, not eight PIDs.
         owners = {}
         for h in blocking:
-            owner = h.get("unit") or ("container %s" % h["container_label"] if h.get("container_label") else None)
-            owners.setdefault(owner or "pid %s" % h.get("pid"), []).append(h)
+            owner = h.get("unit") or ("container {}".format(h["container_label"]) if h.get("container_label") else None)
+            owners.setdefault(owner or "pid {}".format(h.get("pid")), []).append(h)
         shown = []
         for owner, members in owners.items():
             spans = sorted(set(g for h in members if h.get("spanning") for g in h["gpu_indexes"]))
-            note = " uses GPUs %s" % ",".join(str(g) for g in spans) if spans else ""
+            note = " uses GPUs {}".format(",".join(str(g) for g in spans)) if spans else ""
             if owner.startswith("pid "):
-                shown.append("%s %s%s" % (members[0].get("pid"), members[0].get("name") or "?", note))
+                shown.append("{} {}{}".format(members[0].get("pid"), members[0].get("name") or "?", note))
             elif len(members) == 1:
-                shown.append("%s %s (%s)%s" % (members[0].get("pid"), members[0].get("name") or "?", owner, note))
+                shown.append("{} {} ({}){}".format(members[0].get("pid"), members[0].get("name") or "?", owner, note))
             else:
                 shown.append("%s (%d processes)%s" % (owner, len(members), note))
         more = " and %d more" % (len(shown) - 3) if len(shown) > 3 else ""
         parts.append("held by " + ", ".join(shown[:3]) + more)
     if stale and not blocking:
-        parts.append("memory counted for gone PID %s" % ", ".join(str(p.get("pid")) for p in stale[:3]))
+        parts.append("memory counted for gone PID {}".format(", ".join(str(p.get("pid")) for p in stale[:3])))
     return "; ".join(parts) or "gpu_facts reports the host not clean"
 
 
@@ -401,21 +401,21 @@ def _pending_restore(facts):
         return []
     lines = [str(line) for line in pending.get("summary") or []]
     if pending.get("error"):
-        lines.append("restore record not read: %s" % _first_line(pending["error"]))
+        lines.append("restore record not read: {}".format(_first_line(pending["error"])))
     return lines
 
 
 def _host_record(entry):
     if not isinstance(entry, Mapping):
-        raise AnsibleFilterError("zeromib.gpu.gpu_audit_model: each host must be a dictionary, got %r" % (entry,))
+        raise AnsibleFilterError(f"zeromib.gpu.gpu_audit_model: each host must be a dictionary, got {entry!r}")
     host = entry.get("host")
     if not host:
-        raise AnsibleFilterError("zeromib.gpu.gpu_audit_model: a host record has no 'host': %r" % (dict(entry),))
+        raise AnsibleFilterError(f"zeromib.gpu.gpu_audit_model: a host record has no 'host': {dict(entry)!r}")
     host = str(host)
     raw_status = str(entry.get("status") or "ok").lower()
     if raw_status not in _INPUT_STATUSES:
         raise AnsibleFilterError(
-            "zeromib.gpu.gpu_audit_model: host %s has status %r; expected one of %s" % (host, raw_status, ", ".join(sorted(_INPUT_STATUSES)))
+            "zeromib.gpu.gpu_audit_model: host {} has status {!r}; expected one of {}".format(host, raw_status, ", ".join(sorted(_INPUT_STATUSES)))
         )
     raw_status = _INPUT_STATUSES[raw_status]
     facts = entry.get("gpu")
@@ -479,7 +479,7 @@ def _host_record(entry):
 
 def gpu_audit_model(hosts, generated_at=None, expected_hosts=None):
     if isinstance(hosts, Mapping) or not isinstance(hosts, Sequence) or isinstance(hosts, str):
-        raise AnsibleFilterError("zeromib.gpu.gpu_audit_model expects a list of host records, got %s" % type(hosts).__name__)
+        raise AnsibleFilterError(f"zeromib.gpu.gpu_audit_model expects a list of host records, got {type(hosts).__name__}")
     return model_of([plain(entry) for entry in hosts], generated_at, plain(expected_hosts))
 
 
@@ -496,14 +496,14 @@ def model_of(hosts, generated_at=None, expected_hosts=None):
     seen = set()
     for record in records:
         if record["host"] in seen:
-            raise AnsibleFilterError("zeromib.gpu.gpu_audit_model: host %s appears twice" % record["host"])
+            raise AnsibleFilterError("zeromib.gpu.gpu_audit_model: host {} appears twice".format(record["host"]))
         seen.add(record["host"])
     records.sort(key=lambda r: _natural_key(r["host"]))
 
     try:
         epoch = float(time.time() if generated_at is None else generated_at)
     except (TypeError, ValueError) as exc:
-        raise AnsibleFilterError("zeromib.gpu.gpu_audit_model: generated_at must be seconds since the epoch, got %r" % (generated_at,)) from exc
+        raise AnsibleFilterError(f"zeromib.gpu.gpu_audit_model: generated_at must be seconds since the epoch, got {generated_at!r}") from exc
 
     def count(status):
         return sum(1 for r in records if r["status"] == status)

@@ -84,7 +84,7 @@ def escape_label_value(value):
 def _labels(pairs):
     if not pairs:
         return ""
-    return "{" + ",".join('%s="%s"' % (k, escape_label_value(v)) for k, v in pairs) + "}"
+    return "{" + ",".join(f'{k}="{escape_label_value(v)}"' for k, v in pairs) + "}"
 
 
 def _number(value):
@@ -112,7 +112,7 @@ def gpu_audit_prom(model):
 
     def add(name, labels, value):
         # labels: (name, value) pairs, or a label set rendered once (a GPU's, used by several families).
-        samples[name].append("%s%s %s" % (name, labels if isinstance(labels, str) else _labels(labels), _number(value)))
+        samples[name].append(f"{name}{labels if isinstance(labels, str) else _labels(labels)} {_number(value)}")
 
     add("zeromib_gpu_audit_timestamp_seconds", [], float(model.get("generated_epoch") or 0.0))
     for status in _STATUSES:
@@ -152,8 +152,8 @@ def gpu_audit_prom(model):
 
     lines = []
     for name, help_text in _FAMILIES:
-        lines.append("# HELP %s %s" % (name, help_text))
-        lines.append("# TYPE %s gauge" % name)
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} gauge")
         lines.extend(samples[name])
     return "\n".join(lines) + "\n"
 

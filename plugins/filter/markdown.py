@@ -9,6 +9,6 @@ from __future__ import annotations
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._markdown import markdown_escape
 
 
-class FilterModule(object):
+class FilterModule:
     def filters(self):
         return {"markdown_escape": markdown_escape}

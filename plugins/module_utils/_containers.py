@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -158,7 +157,7 @@ def record_of(inspect):
         "restart_max_retries": int((host_config.get("RestartPolicy") or {}).get("MaximumRetryCount") or 0),
         "running": bool(state.get("Running")) or state.get("Status") == "restarting" or bool(state.get("Restarting")),
         "status": state.get("Status"),
-        "pod": "%s/%s" % (namespace, name) if namespace and name else (name or None),
+        "pod": f"{namespace}/{name}" if namespace and name else (name or None),
         "pod_uid": labels.get(K8S_UID),
         # The container's init process as the runtime reports it (0 when not running).
         "pid": state.get("Pid") or None,
@@ -174,7 +173,7 @@ class RuntimeUnavailable(Exception):
 
 class _UnixConnection(http.client.HTTPConnection):
     def __init__(self, path, timeout):
-        super(_UnixConnection, self).__init__("localhost", timeout=timeout)
+        super().__init__("localhost", timeout=timeout)
         self.unix_path = path
 
     def connect(self):
@@ -188,14 +187,14 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-class EngineApi(object):
+class EngineApi:
     """Docker's Engine API, or Podman's Docker-compatible API, on a unix socket (stdlib only)."""
 
     def __init__(self, runtime, socket_path, timeout=10.0):
         self.runtime = runtime
         self.socket_path = socket_path
         self.timeout = timeout
-        self.via = "%s API at %s" % (runtime, socket_path)
+        self.via = f"{runtime} API at {socket_path}"
 
     def _request(self, method, path, body=None, timeout=None):
         connection = _UnixConnection(self.socket_path, self.timeout if timeout is None else timeout)
@@ -209,7 +208,7 @@ class EngineApi(object):
             response = connection.getresponse()
             data = response.read()
         except (OSError, http.client.HTTPException) as exc:
-            raise RuntimeUnavailable("%s: %s" % (self.via, exc))
+            raise RuntimeUnavailable(f"{self.via}: {exc}")
         finally:
             connection.close()
         text = data.decode("utf-8", "replace")
@@ -222,7 +221,7 @@ class EngineApi(object):
         return status == 200
 
     def inspect(self, cid):
-        status, text = self._request("GET", "/containers/%s/json" % cid)
+        status, text = self._request("GET", f"/containers/{cid}/json")
         if status == 404:
             return None
         if status != 200:
@@ -243,7 +242,7 @@ class EngineApi(object):
             raise RuntimeUnavailable("%s: stop %s answered %d: %s" % (self.via, cid, status, _message(text)))
 
     def set_restart_no(self, cid):
-        status, text = self._request("POST", "/containers/%s/update" % cid, body={"RestartPolicy": {"Name": "no"}})
+        status, text = self._request("POST", f"/containers/{cid}/update", body={"RestartPolicy": {"Name": "no"}})
         if status != 200:
             raise RuntimeUnavailable("%s: update --restart=no %s answered %d: %s" % (self.via, cid, status, _message(text)))
 
@@ -252,36 +251,36 @@ class EngineApi(object):
         policy = {"Name": name}
         if name == "on-failure" and max_retries:
             policy["MaximumRetryCount"] = int(max_retries)
-        status, text = self._request("POST", "/containers/%s/update" % cid, body={"RestartPolicy": policy})
+        status, text = self._request("POST", f"/containers/{cid}/update", body={"RestartPolicy": policy})
         if status != 200:
             raise RuntimeUnavailable("%s: update --restart=%s %s answered %d: %s" % (self.via, name, cid, status, _message(text)))
 
     def start(self, cid, timeout):
-        status, text = self._request("POST", "/containers/%s/start" % cid, timeout=timeout)
+        status, text = self._request("POST", f"/containers/{cid}/start", timeout=timeout)
         if status not in (204, 304):
             raise RuntimeUnavailable("%s: start %s answered %d: %s" % (self.via, cid, status, _message(text)))
 
 
-class EngineCli(object):
+class EngineCli:
     """The docker or podman command line, where no API socket answers."""
 
     def __init__(self, runtime, path, run):
         self.runtime = runtime
         self.path = path
         self.run = run
-        self.via = "%s CLI %s" % (runtime, path)
+        self.via = f"{runtime} CLI {path}"
 
     def _call(self, args, timeout=10.0):
         try:
             rc, out, err = self.run([self.path] + list(args), timeout)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise RuntimeUnavailable("%s %s: %s" % (self.via, args[0], exc))
+            raise RuntimeUnavailable(f"{self.via} {args[0]}: {exc}")
         return rc, out, err
 
     def ping(self):
         rc, _out, err = self._call(["version", "--format", "{{.Server.Version}}"] if self.runtime == DOCKER else ["info", "--format", "{{.Host.OS}}"])
         if rc != 0:
-            raise RuntimeUnavailable("%s: %s" % (self.via, err.strip() or "rc %d" % rc))
+            raise RuntimeUnavailable("{}: {}".format(self.via, err.strip() or "rc %d" % rc))
         return True
 
     def inspect(self, cid):
@@ -293,7 +292,7 @@ class EngineCli(object):
         try:
             data = json.loads(out)
         except ValueError as exc:
-            raise RuntimeUnavailable("%s: inspect %s: unreadable output: %s" % (self.via, cid, exc))
+            raise RuntimeUnavailable(f"{self.via}: inspect {cid}: unreadable output: {exc}")
         return record_of(data[0]) if data else None
 
     def list_ids(self):
@@ -346,8 +345,7 @@ def _run(argv, timeout):
     process = subprocess.run(
         argv,
         stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        capture_output=True,
         env=dict(os.environ, LC_ALL="C", LANG="C"),
         timeout=timeout,
         check=False,
@@ -362,7 +360,7 @@ SOCKETS = {
 }
 
 
-class Runtimes(object):
+class Runtimes:
     """Docker and Podman as this node has them, found on first use and asked at most once per
     container. The API socket is preferred ($DOCKER_HOST / $CONTAINER_HOST when set, else the
     default paths); the CLI serves where no socket answers."""
@@ -386,11 +384,11 @@ class Runtimes(object):
             return self._clients[runtime]
 
     def error(self, runtime):
-        return self._errors.get(runtime) or "%s is not on this node" % runtime
+        return self._errors.get(runtime) or f"{runtime} is not on this node"
 
     def _connect(self, runtime):
         if runtime not in self.sockets:
-            self._errors[runtime] = "gpu_release cannot ask %s" % runtime
+            self._errors[runtime] = f"gpu_release cannot ask {runtime}"
             return None
         variable, defaults = self.sockets[runtime]
         value = self.environ.get(variable) or ""
@@ -418,7 +416,7 @@ class Runtimes(object):
                 return cli
             except RuntimeUnavailable as exc:
                 reasons.append(str(exc))
-        self._errors[runtime] = "; ".join(reasons) or "no %s socket (%s) and no %s command" % (runtime, ", ".join(candidates), runtime)
+        self._errors[runtime] = "; ".join(reasons) or "no {0} socket ({1}) and no {0} command".format(runtime, ", ".join(candidates))
         return None
 
     def inspect(self, runtime, cid):
@@ -489,7 +487,7 @@ class Runtimes(object):
                 except (OSError, ValueError, subprocess.TimeoutExpired, AttributeError):
                     labels = {}
                 if labels.get(K8S_NAME):
-                    self._pods[cid] = "%s/%s" % (labels.get(K8S_NAMESPACE) or "default", labels[K8S_NAME])
+                    self._pods[cid] = "{}/{}".format(labels.get(K8S_NAMESPACE) or "default", labels[K8S_NAME])
         return self._pods[cid]
 
 
@@ -593,8 +591,8 @@ def annotate(holders, runtimes, proc="/proc", mounts=None, cgroup_of=None):
             holder["container"] = None
             manager = _USER_MANAGER.search(holder.get("cgroup") or "")
             if manager and _named_ref(holder["cgroup"]) is not None:
-                holder["container_note"] = ("cgroup %s lies in the subtree systemd delegates to %s, whose user may name it at will: "
-                                            "no container or pod" % (holder["cgroup"], manager.group(0).strip("/")))
+                holder["container_note"] = ("cgroup {} lies in the subtree systemd delegates to {}, whose user may name it at will: "
+                                            "no container or pod".format(holder["cgroup"], manager.group(0).strip("/")))
             continue
         if mounts is None:
             mounts = cgroup_mounts()
@@ -621,8 +619,8 @@ def annotate(holders, runtimes, proc="/proc", mounts=None, cgroup_of=None):
             if record is not None:
                 holder["container_runtime"] = DOCKER
         if record is not None and not confirmed(holder, record, cgroup_of):
-            _ordinary(holder, "cgroup %s names %s container %s, but %s does not run this process in it: an ordinary holder"
-                      % (holder.get("cgroup"), holder.get("container_runtime"), ref["id"][:12], holder.get("container_runtime")))
+            _ordinary(holder, "cgroup {0} names {1} container {2}, but {1} does not run this process in it: an ordinary holder".format(
+                holder.get("cgroup"), holder.get("container_runtime"), ref["id"][:12]))
             continue
         if record is not None:
             holder["container_name"] = record["name"]
@@ -640,11 +638,11 @@ def describe_container(holder):
     name, cid = holder.get("container_name"), holder.get("container")
     runtime, image = holder.get("container_runtime"), holder.get("container_image")
     if not name:
-        return "%s (%s)" % ((cid or "?")[:12], runtime or "unknown runtime")
+        return "{} ({})".format((cid or "?")[:12], runtime or "unknown runtime")
     inner = " ".join(part for part in (runtime, (cid or "")[:12]) if part)
     if image:
         inner += (", " if inner else "") + image
-    return "%s (%s)" % (name, inner)
+    return f"{name} ({inner})"
 
 
 def describe_entry(entry):
@@ -662,21 +660,20 @@ def pod_message(holders, node=None):
     node = node or socket.gethostname()
     pods = []
     for holder in holders:
-        pod = holder.get("pod") or ("UID %s" % holder["pod_uid"] if holder.get("pod_uid") else "of unknown UID")
+        pod = holder.get("pod") or ("UID {}".format(holder["pod_uid"]) if holder.get("pod_uid") else "of unknown UID")
         text = "pod %s (pid %d %s on GPU %s%s)" % (
             pod,
             holder["pid"],
             holder.get("name"),
             ",".join(str(i) for i in holder.get("gpu_indexes") or []) or "-",
-            ", container %s" % holder["container"][:12] if holder.get("container") else "",
+            ", container {}".format(holder["container"][:12]) if holder.get("container") else "",
         )
         if text not in pods:
             pods.append(text)
     return (
-        "GPUs are held by Kubernetes pods: %s. gpu_release never signals or stops a pod's processes: the kubelet would start "
+        "GPUs are held by Kubernetes pods: {0}. gpu_release never signals or stops a pod's processes: the kubelet would start "
         "them again, and the pod's owner would lose its work without the scheduler knowing. Cordon and drain the node first "
-        "(kubectl cordon %s && kubectl drain %s --ignore-daemonsets --delete-emptydir-data), then run gpu_release again"
-        % ("; ".join(pods), node, node)
+        "(kubectl cordon {1} && kubectl drain {1} --ignore-daemonsets --delete-emptydir-data), then run gpu_release again".format("; ".join(pods), node)
     )
 
 
@@ -695,7 +692,7 @@ def _entry(runtime, record, gpu_indexes=()):
     }
 
 
-class Plan(object):
+class Plan:
     """What gpu_release does to containers: stop (found or named), disable (named), and the
     targets left to signal from outside (with why, for the respawn watch)."""
 
@@ -736,18 +733,18 @@ def plan(runtimes, holders, targets, named_globs, service_state, own_containers,
         try:
             matches = runtimes.find(glob)
         except RuntimeUnavailable as exc:
-            raise ReleaseError("cannot list containers for %s%s: %s" % (SERVICE_PREFIX, glob, exc), result)
+            raise ReleaseError(f"cannot list containers for {SERVICE_PREFIX}{glob}: {exc}", result)
         if not matches:
             steps.not_found.append(SERVICE_PREFIX + glob)
         for runtime, record in matches:
             if record["pod"] or record["pod_uid"]:
                 raise ReleaseError(
-                    "refusing to stop container %s: it belongs to Kubernetes pod %s; cordon and drain the node instead"
-                    % (describe_entry(dict(record, runtime=runtime)), record["pod"] or record["pod_uid"]),
+                    "refusing to stop container {}: it belongs to Kubernetes pod {}; cordon and drain the node instead".format(
+                        describe_entry(dict(record, runtime=runtime)), record["pod"] or record["pod_uid"]),
                     result,
                 )
             if record["id"] in own_containers:
-                raise ReleaseError("refusing to stop container %s: it runs this Ansible session" % describe_entry(dict(record, runtime=runtime)), result)
+                raise ReleaseError(f"refusing to stop container {describe_entry(dict(record, runtime=runtime))}: it runs this Ansible session", result)
             if service_state in ("disabled", "masked") and record["restart_policy"] != "no":
                 steps.disable.append(_entry(runtime, record))
             if record["running"]:
@@ -773,7 +770,7 @@ def plan(runtimes, holders, targets, named_globs, service_state, own_containers,
             # Never stopped through a runtime that has not confirmed the holder runs in it (annotate).
             runtime = holder.get("container_runtime")
             try:
-                reason = "%s did not confirm it" % runtime if runtimes.inspect(runtime, cid) else "%s does not know it" % runtime
+                reason = f"{runtime} did not confirm it" if runtimes.inspect(runtime, cid) else f"{runtime} does not know it"
             except RuntimeUnavailable as exc:
                 reason = str(exc)
         if reason is None and record is not None:
@@ -787,8 +784,8 @@ def plan(runtimes, holders, targets, named_globs, service_state, own_containers,
             continue
         warned.add(holder["container"])
         steps.warnings.append(
-            "container %s could not be stopped through its runtime (%s): its processes are signalled from outside, and "
-            "gpu_release watches whether its restart policy starts them again" % (describe_container(holder), reason)
+            f"container {describe_container(holder)} could not be stopped through its runtime ({reason}): its processes are signalled from outside, and "
+            "gpu_release watches whether its restart policy starts them again"
         )
     return steps
 
@@ -808,7 +805,7 @@ def act(runtimes, steps, grace, result, now=time.monotonic):
                 # Podman 4 (Debian 12's 4.3.1, tried) has no `update --restart`; a later Podman added it.
                 hint = (": this Podman cannot change a restart policy; recreate the container with --restart=no, or run it from a "
                         "systemd unit (Quadlet) and name that unit in services")
-            raise ReleaseError("could not set the restart policy of container %s to no: %s%s" % (describe_entry(entry), exc, hint), result)
+            raise ReleaseError(f"could not set the restart policy of container {describe_entry(entry)} to no: {exc}{hint}", result)
         result["disabled_containers"].append(dict(entry, restart_policy="no", restart_policy_before=entry["restart_policy"]))
 
     def stop(entry):
@@ -817,7 +814,7 @@ def act(runtimes, steps, grace, result, now=time.monotonic):
             runtimes.stop(entry["runtime"], entry["id"], grace)
             record = runtimes.inspect(entry["runtime"], entry["id"])
             if record is not None and record["running"]:
-                raise RuntimeUnavailable("still %s after the stop" % record["status"])
+                raise RuntimeUnavailable("still {} after the stop".format(record["status"]))
         except RuntimeUnavailable as exc:
             failed[entry["id"]] = str(exc)
             return
@@ -830,7 +827,7 @@ def act(runtimes, steps, grace, result, now=time.monotonic):
         thread.join()
     for entry in steps.stop:
         if entry["id"] in failed:
-            result["warnings"].append("could not stop container %s through %s: %s" % (describe_entry(entry), entry["runtime"], failed[entry["id"]]))
+            result["warnings"].append("could not stop container {} through {}: {}".format(describe_entry(entry), entry["runtime"], failed[entry["id"]]))
         else:
             result["stopped_containers"].append(entry)
     return failed

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -76,7 +75,7 @@ def alloc_bytes(requested_mib, free_bytes):
     return max(0, min(requested_mib * MIB, int(free_bytes * MAX_FREE_SHARE)))
 
 
-class Driver(object):
+class Driver:
     """The CUDA driver API through ctypes: the one seam of the smoke test. Raises CudaError."""
 
     def __init__(self, library=LIBRARY):
@@ -96,7 +95,7 @@ class Driver(object):
         try:
             code = getattr(self.lib, function)(*args)
         except AttributeError:
-            raise CudaError(step, -1, "missing entry point", "libcuda does not export %s" % function)
+            raise CudaError(step, -1, "missing entry point", f"libcuda does not export {function}")
         if code != 0:
             raise CudaError(step, code, self._string("cuGetErrorName", code), self._string("cuGetErrorString", code))
 
@@ -200,7 +199,7 @@ def _child(write_fd, bus_ids, mib, library, driver_factory):
             driver = driver_factory(library)
             driver.init()
         except OSError as exc:
-            send({"init_error": "cannot load %s: %s" % (library, exc)})
+            send({"init_error": f"cannot load {library}: {exc}"})
             os._exit(0)
         except CudaError as exc:
             send({"init_error": str(exc)})
@@ -251,13 +250,13 @@ def run_in_child(bus_ids, mib, timeout, library=LIBRARY, driver_factory=Driver):
     try:
         read_fd, write_fd = os.pipe()
     except OSError as exc:
-        return {b: result(False, "cannot start the test process: %s" % exc) for b in bus_ids}, None
+        return {b: result(False, f"cannot start the test process: {exc}") for b in bus_ids}, None
     try:
         pid = os.fork()
     except OSError as exc:
         os.close(read_fd)
         os.close(write_fd)
-        return {b: result(False, "cannot start the test process: %s" % exc) for b in bus_ids}, None
+        return {b: result(False, f"cannot start the test process: {exc}") for b in bus_ids}, None
     if pid == 0:
         os.close(read_fd)
         try:
@@ -312,9 +311,9 @@ def run_in_child(bus_ids, mib, timeout, library=LIBRARY, driver_factory=Driver):
         return results, init_s
     if ended == "timeout":
         _reap(pid, 0)
-        failure = "timed out after %s s in %s (a hung CUDA call is a failure); the test process was killed" % (_seconds(timeout), step)
+        failure = f"timed out after {_seconds(timeout)} s in {step} (a hung CUDA call is a failure); the test process was killed"
     elif ended == "eof":
-        failure = "%s in %s" % (_reap(pid, timeout), step)
+        failure = f"{_reap(pid, timeout)} in {step}"
     else:  # cuInit failed, or libcuda could not be loaded
         _reap(pid, timeout)
         failure = ended
@@ -326,12 +325,12 @@ def run_in_child(bus_ids, mib, timeout, library=LIBRARY, driver_factory=Driver):
         if current is None or bus_id == current:
             results[bus_id] = result(False, failure, timeout if ended == "timeout" else None)
         else:
-            results[bus_id] = result(None, skipped="not reached: the test of an earlier GPU failed (%s)" % failure)
+            results[bus_id] = result(None, skipped=f"not reached: the test of an earlier GPU failed ({failure})")
     return results, init_s
 
 
 def _seconds(value):
-    return ("%g" % value) if isinstance(value, float) else str(value)
+    return (f"{value:g}") if isinstance(value, float) else str(value)
 
 
 # --- which GPUs, and the verdict
@@ -355,7 +354,7 @@ def skip_reason(gpu, holders, check_mode, max_used_mib, footprint=()):
         return "no PCI bus id: the GPU cannot be addressed without guessing CUDA's order"
     users = users_of(gpu["index"], holders)
     if users:
-        return "in use by %s" % ", ".join("PID %s (%s)" % (h["pid"], h.get("name")) for h in users[:5])
+        return "in use by {}".format(", ".join("PID {} ({})".format(h["pid"], h.get("name")) for h in users[:5]))
     used = gpu.get("memory_used_mib")
     if (used is None or used > max_used_mib) and gpu["index"] not in footprint:
         return "not free: reads %s MiB (max_used_mib %d)" % (used, max_used_mib)
@@ -365,7 +364,7 @@ def skip_reason(gpu, holders, check_mode, max_used_mib, footprint=()):
 def issues(gpus):
     # type: (List[Dict[str, Any]]) -> List[str]
     """'GPU 0 (00000000:18:00.0): CUDA_ERROR_... (802) at cuCtxCreate: ...' for each failed GPU."""
-    return ["GPU %s (%s): %s" % (g["index"], g.get("pci_bus_id"), g["smoke_test"]["error"])
+    return ["GPU {} ({}): {}".format(g["index"], g.get("pci_bus_id"), g["smoke_test"]["error"])
             for g in gpus if (g.get("smoke_test") or {}).get("ok") is False]
 
 

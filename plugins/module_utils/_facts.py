@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -203,7 +202,7 @@ def alive(pid, proc="/proc"):
     return holders_mod.start_time_of(pid, proc) is not None
 
 
-class Snapshot(object):
+class Snapshot:
     """One look at the node: what gpu_facts returns and what gpu_release plans from."""
 
     def __init__(self, gpus, apps, holders, unreadable=None, footprint=(), health=None):

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -168,7 +167,7 @@ DCGM_DIAG_TIMEOUT_S = {1: 120.0, 2: 900.0, 3: 3600.0, 4: 7200.0}
 NO_JOURNAL = "No journal files were found"
 
 
-class Checks(object):
+class Checks:
     """What a healthy GPU must read. 0/None thresholds mean: the GPU's own max / no check."""
 
     def __init__(self, min_pcie_gen=0, min_pcie_width=0, require_persistence=True, expected_mig_mode=None, xid_window_hours=24.0,
@@ -285,10 +284,10 @@ def _fabric_issues(gpu):
         return []
     state, status = str(gpu["fabric_state"]).strip(), gpu.get("fabric_status")
     if state.lower() != "completed":
-        return ["NVSwitch fabric registration is %s, expected Completed: NCCL jobs fail (CUDA error 802, system not yet "
-                "initialized) until Fabric Manager completes it" % state]
+        return [f"NVSwitch fabric registration is {state}, expected Completed: NCCL jobs fail (CUDA error 802, system not yet "
+                "initialized) until Fabric Manager completes it"]
     if status is not None and str(status).strip().lower() != "success":
-        return ["NVSwitch fabric registration failed (%s): check nvidia-fabricmanager" % status]
+        return [f"NVSwitch fabric registration failed ({status}): check nvidia-fabricmanager"]
     return []
 
 
@@ -300,11 +299,11 @@ def gpu_issues(gpu, checks, xids=(), host_issues=()):
     r = readings(gpu)
     issues = []
     for key, token in sorted(fault_tokens(gpu).items()):
-        issues.append("%s reads %s%s" % (FIELD_OF.get(key, key), token,
-                                         ": reset the GPU (or reboot)" if token == "[GPU requires reset]" else ""))
+        advice = ": reset the GPU (or reboot)" if token == "[GPU requires reset]" else ""
+        issues.append(f"{FIELD_OF.get(key, key)} reads {token}{advice}")
     ecc = r["ecc_uncorrected_volatile"]
     if ecc:
-        issues.append("%s since the driver loaded" % _plural(ecc, "uncorrectable ECC error"))
+        issues.append("{} since the driver loaded".format(_plural(ecc, "uncorrectable ECC error")))
     if r["remapped_rows_failure"]:
         issues.append("row remapping failed: the GPU has run out of spare rows and needs replacing")
     if r["remapped_rows_pending"]:
@@ -323,22 +322,22 @@ def gpu_issues(gpu, checks, xids=(), host_issues=()):
     if gen is not None and want_gen and gen < want_gen and (r["pstate"] or "").upper() == "P0":
         issues.append("PCIe link runs at Gen%d, expected Gen%d" % (gen, want_gen))
     for text in r["slowdown"]:
-        issues.append("clocks lowered by %s" % text)
+        issues.append(f"clocks lowered by {text}")
     persistence = _yes(gpu.get("persistence_mode"))
     if checks.require_persistence and persistence is False:
         issues.append("persistence mode is off")
     mig = gpu.get("mig_mode")
     if checks.expected_mig_mode and mig is not None and str(mig).lower() != checks.expected_mig_mode:
-        issues.append("MIG mode is %s, expected %s" % (mig, checks.expected_mig_mode.capitalize()))
+        issues.append(f"MIG mode is {mig}, expected {checks.expected_mig_mode.capitalize()}")
     if checks.expected_mig_mode == "enabled" and mig is None and "mig_mode" not in fault_tokens(gpu) and \
             "mig.mode.current" not in (gpu.get("_rejected") or ()):
         issues.append("MIG mode is not supported, expected Enabled")
     pending = r["mig_mode_pending"]
     if mig is not None and pending is not None and str(pending).lower() != str(mig).lower():
-        issues.append("a MIG mode change to %s is pending: reset the GPU to apply it" % pending)
+        issues.append(f"a MIG mode change to {pending} is pending: reset the GPU to apply it")
     action = r["recovery_action"]
     if action is not None and str(action).strip().lower() != "none":
-        issues.append("the driver asks for a recovery action: %s (gpu_recovery_action; NVML: None means no action needed)" % action)
+        issues.append(f"the driver asks for a recovery action: {action} (gpu_recovery_action; NVML: None means no action needed)")
     issues.extend(_fabric_issues(gpu))
     if has_fabric(gpu):
         issues.extend(host_issues)
@@ -361,7 +360,7 @@ def xid_issues(xids, checks, recovery_action=None):
         issues.append("Xid %d (%s) in the kernel log %s%s%s" % (
             number, text, ("at " + when if _ISO_TIME.match(when or "") else when) if when else "recently",
             "" if len(seen) == 1 else " (%d times)" % len(seen),
-            "; NVIDIA's Xid catalog: %s (%s)" % (action, ACTION_WORDS.get(action, action)) if action else "; listed in xid_fatal"))
+            f"; NVIDIA's Xid catalog: {action} ({ACTION_WORDS.get(action, action)})" if action else "; listed in xid_fatal"))
     return issues
 
 
@@ -392,10 +391,11 @@ def unchecked_checks(gpu, checks, kernel_log_error=None, fabric_manager_error=No
     def why(check_keys):
         rejected = _rejected_fields(gpu, check_keys)
         if rejected:
-            return "the driver does not know %s" % ", ".join(rejected)
+            return "the driver does not know {}".format(", ".join(rejected))
         tokens = gpu.get("_unavailable") or {}
-        return "%s reads %s" % (", ".join(FIELD_OF.get(k, k) for k in _missing(gpu, check_keys)),
-                                "/".join(sorted(set(tokens.get(k, "no value") for k in _missing(gpu, check_keys)))))
+        missing = _missing(gpu, check_keys)
+        fields = ", ".join(FIELD_OF.get(k, k) for k in missing)
+        return "{} reads {}".format(fields, "/".join(sorted(set(tokens.get(k, "no value") for k in missing))))
 
     for name in ("ecc", "pcie", "clocks"):
         if _missing(gpu, keys[name]):
@@ -414,9 +414,9 @@ def unchecked_checks(gpu, checks, kernel_log_error=None, fabric_manager_error=No
     if _rejected_fields(gpu, keys["fabric"]):
         found.append(("fabric", why(keys["fabric"])))
     elif has_fabric(gpu) and fabric_manager_error:
-        found.append(("fabric", "nvidia-fabricmanager not checked: %s" % fabric_manager_error))
+        found.append(("fabric", f"nvidia-fabricmanager not checked: {fabric_manager_error}"))
     if checks.xid_window_hours and kernel_log_error:
-        found.append(("xid", "recent Xid errors not checked: %s" % kernel_log_error))
+        found.append(("xid", f"recent Xid errors not checked: {kernel_log_error}"))
     order = dict((name, i) for i, name in enumerate(CHECKS))
     return sorted(found, key=lambda item: order[item[0]])
 
@@ -461,7 +461,7 @@ def parse_xids(lines, uptime_s=None, window_s=None):
             since_boot = float(stamp.group(1))
             if uptime_s is not None and window_s and uptime_s - since_boot > window_s:
                 continue
-            when = age_text(uptime_s - since_boot) if uptime_s is not None else "%s s after boot" % stamp.group(1)
+            when = age_text(uptime_s - since_boot) if uptime_s is not None else f"{stamp.group(1)} s after boot"
         else:
             iso = _ISO_TIME.match(line)
             when = iso.group(1) if iso else None
@@ -497,7 +497,7 @@ def _spawn(argv, stderr=subprocess.PIPE):
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, env=env, start_new_session=True)
 
 
-class KernelLog(object):
+class KernelLog:
     """The one reader of the kernel log: journalctl -k for the window, else dmesg. Read-only,
     bounded in time and bytes; started before nvidia-smi runs and collected after it.
 
@@ -557,7 +557,7 @@ class KernelLog(object):
                 self._started = (source, self._spawn(argv))
                 return
             except OSError as exc:
-                self.error = "%s: %s" % (source, exc)
+                self.error = f"{source}: {exc}"
 
     def abandon(self):
         # type: () -> None
@@ -584,7 +584,7 @@ class KernelLog(object):
                 stdout, stderr = process.communicate(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 kill_group(process)
-                self.error = "%s took longer than %g s" % (source, self.timeout)
+                self.error = f"{source} took longer than {self.timeout:g} s"
                 break
             text = stdout[-self.max_bytes:].decode("utf-8", "replace")
             said = stderr.decode("utf-8", "replace").strip().splitlines()
@@ -599,18 +599,18 @@ class KernelLog(object):
                     continue
                 self.source, self.error, found = source, None, wanted
                 break
-            self.error = "%s failed (rc %s)%s" % (source, process.returncode, ": " + said[0] if said else "")
+            self.error = "{} failed (rc {}){}".format(source, process.returncode, ": " + said[0] if said else "")
             self._next()
         if self.source is None and kept is not None:
             no_journal, wanted = kept
             if no_journal:
                 # Nothing was read: journalctl has no journal and dmesg could not be read.
-                self.error = "%s; %s" % (self.fallback, self.error or "no dmesg")
+                self.error = "{}; {}".format(self.fallback, self.error or "no dmesg")
             else:
                 # journalctl answered, with nothing, and dmesg could not say otherwise: it stands.
                 self.source, found = "journalctl", wanted
                 if self.error:
-                    self.fallback, self.error = "%s; %s" % (self.fallback, self.error), None
+                    self.fallback, self.error = f"{self.fallback}; {self.error}", None
         self.elapsed_s = round(time.monotonic() - self._began, 3)
         return found
 
@@ -674,11 +674,11 @@ def read_fabric_manager(timeout=FABRIC_MANAGER_TIMEOUT_S, search_path=None):
         # is-active prints one state word (active, inactive, failed, activating, ...); anything
         # else is systemctl failing to ask (no systemd as PID 1, no bus).
         if rc is None:
-            record["error"] = "systemctl is-active took longer than %g s" % timeout
+            record["error"] = f"systemctl is-active took longer than {timeout:g} s"
         elif len(words) == 1 and re.match(r"^[a-z-]+$", words[0]):
             record["state"] = words[0]
         else:
-            record["error"] = "systemctl is-active nvidia-fabricmanager failed (rc %s)%s" % (rc, ": " + words[0] if words else "")
+            record["error"] = "systemctl is-active nvidia-fabricmanager failed (rc {}){}".format(rc, ": " + words[0] if words else "")
     binary = which("nv-fabricmanager", search_path)
     if binary:
         record["installed"] = True
@@ -698,21 +698,21 @@ def fabric_manager_issues(fabric_manager, driver_version):
     issues = []
     state = fabric_manager.get("state")
     if state is not None and state != "active":
-        issues.append("nvidia-fabricmanager is %s: NVSwitch jobs fail (CUDA error 802) until it runs" % state)
+        issues.append(f"nvidia-fabricmanager is {state}: NVSwitch jobs fail (CUDA error 802) until it runs")
     if not fabric_manager.get("installed"):
         issues.append("nv-fabricmanager is not installed: an NVSwitch node needs Fabric Manager of the driver's version")
     elif fabric_manager.get("version") is None:
         issues.append("nv-fabricmanager --version printed no version")
     elif driver_version and fabric_manager["version"] != driver_version:
-        issues.append("nv-fabricmanager is version %s, the driver %s: Fabric Manager must match the driver exactly"
-                      % (fabric_manager["version"], driver_version))
+        issues.append("nv-fabricmanager is version {}, the driver {}: Fabric Manager must match the driver exactly".format(
+            fabric_manager["version"], driver_version))
     return issues
 
 
 HEALTH_KEYS = ("healthy", "health_checked", "health_unchecked", "health_issues", "health")
 
 
-class Health(object):
+class Health:
     """One look's health context: the checks, the Xids read, the fields the driver rejected,
     Fabric Manager where the GPUs sit on an NVSwitch fabric."""
 
@@ -745,7 +745,7 @@ class Health(object):
             details = readings(gpu)
             details["xids"] = [dict(x, fault=self.checks.xid_fault(x["xid"], gpu.get("recovery_action"))) for x in xids]
             details["xids_before_driver_load"] = xids_of(gpu, self.history_by_bus)
-            details["unchecked"] = ["%s: %s" % item for item in missing]
+            details["unchecked"] = ["{}: {}".format(*item) for item in missing]
             record["health"] = details
             result.append(record)
         return result
@@ -791,10 +791,10 @@ def host_verdict(gpus, dcgm=None, host_issues=()):
     for gpu in gpus:
         for issue in gpu.get("health_issues") or []:
             if issue not in node:
-                issues.append("GPU %s (%s): %s" % (gpu.get("index"), gpu.get("pci_bus_id"), issue))
+                issues.append("GPU {} ({}): {}".format(gpu.get("index"), gpu.get("pci_bus_id"), issue))
     issues.extend(node)
     if dcgm and dcgm.get("passed") is False:
-        issues.append("dcgmi diag -r %s failed: %s" % (dcgm.get("level"), dcgm.get("summary")))
+        issues.append("dcgmi diag -r {} failed: {}".format(dcgm.get("level"), dcgm.get("summary")))
     return not issues, issues
 
 
@@ -815,7 +815,7 @@ def parse_dcgm_diag(rc, text):
         return False, "failed: " + ", ".join(failed)
     if rc != 0:
         lines = [line.strip() for line in text.splitlines() if line.strip()]
-        return False, "rc %s: %s" % (rc, lines[-1] if lines else "no output")
+        return False, "rc {}: {}".format(rc, lines[-1] if lines else "no output")
     return True, "passed"
 
 
@@ -837,11 +837,11 @@ def dcgm_diag(level, which, run_timeout=None):
                                    stderr=subprocess.STDOUT, start_new_session=True, env=dict(os.environ, LC_ALL="C", LANG="C"))
         stdout, _stderr = process.communicate(timeout=timeout)
     except OSError as exc:
-        record["summary"] = "cannot run dcgmi: %s" % exc
+        record["summary"] = f"cannot run dcgmi: {exc}"
         return record
     except subprocess.TimeoutExpired:
         kill_group(process)
-        record.update(ran=True, passed=False, summary="timed out after %g s" % timeout)
+        record.update(ran=True, passed=False, summary=f"timed out after {timeout:g} s")
         return record
     passed, summary = parse_dcgm_diag(process.returncode, stdout.decode("utf-8", "replace"))
     record.update(ran=True, passed=passed, summary=summary, elapsed_s=round(time.monotonic() - began, 3))

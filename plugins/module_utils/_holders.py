@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -108,7 +107,7 @@ def parse_proc_devices(text):
     return majors
 
 
-class DeviceTable(object):
+class DeviceTable:
     """The NVIDIA device files of this node, by kernel identity.
 
     A file a process has open or mapped is a GPU device file when the kernel says so, whatever
@@ -317,6 +316,34 @@ def mapped_devices(maps):
 def _read(path):
     with open(path, "rb") as handle:
         return handle.read()
+
+
+def parse_environ(raw):
+    """/proc/PID/environ (bytes) -> {name: value}; an entry without "=" is skipped."""
+    pairs = {}
+    for entry in raw.split(b"\0"):
+        name, sep, value = entry.partition(b"=")
+        if sep:
+            pairs[name.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return pairs
+
+
+def environ_of(pid, proc="/proc"):
+    """The environment a process started with, {} when it cannot be read (gone, or not ours to
+    read). Written by whoever started the process: a hint for display and lookups, never a
+    reason to signal or stop anything (docs/design.md, "What can be trusted")."""
+    try:
+        return parse_environ(_read("%s/%d/environ" % (proc, pid)))
+    except OSError:
+        return {}
+
+
+def cgroup_of(pid, proc="/proc"):
+    """The systemd-managed cgroup path of a process (parse_cgroup), None when it cannot be read."""
+    try:
+        return parse_cgroup(_read("%s/%d/cgroup" % (proc, pid)))
+    except OSError:
+        return None
 
 
 def _user_name(uid, cache):

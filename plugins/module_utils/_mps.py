@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -124,11 +123,11 @@ def write_to_fifo(path, text):
         fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         if exc.errno == errno.ENXIO:
-            return "no control daemon reads %s" % path
-        return "%s: %s" % (path, exc.strerror)
+            return f"no control daemon reads {path}"
+        return f"{path}: {exc.strerror}"
     try:
         if not stat.S_ISFIFO(os.fstat(fd).st_mode):
-            return "%s is not a FIFO" % path
+            return f"{path} is not a FIFO"
         os.write(fd, text.encode())
     finally:
         os.close(fd)
@@ -144,14 +143,14 @@ def send_quit(directory, which=None, timeout=QUIT_TIMEOUT_S):
             done = subprocess.run([program], input=b"quit\n", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                                   timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
-            return program, "%s did not answer within %.0f s" % (program, timeout)
+            return program, f"{program} did not answer within {timeout:.0f} s"
         except OSError as exc:
             return program, str(exc)
         if done.returncode == 0:
-            return "echo quit | %s" % program, None
+            return f"echo quit | {program}", None
         return program, "%s (rc %d): %s" % (program, done.returncode, done.stdout.decode("utf-8", "replace").strip()[:200])
     fifo = os.path.join(directory, "control")
-    return "quit > %s" % fifo, write_to_fifo(fifo, "quit\n")
+    return f"quit > {fifo}", write_to_fifo(fifo, "quit\n")
 
 
 def stop(system, servers, kill_timeout, result, which=None):

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -209,14 +208,14 @@ def classify_failure(cmd, rc, stdout, stderr):
     if rc == 2:
         match = _BAD_FIELD.search(stdout + stderr)
         field = match.group(1) if match else None
-        return BadField("nvidia-smi rejected a query field (rc 2): %s" % said, field=field, **kwargs)
+        return BadField(f"nvidia-smi rejected a query field (rc 2): {said}", field=field, **kwargs)
     if rc == 6:
-        return NoDevicesFound("nvidia-smi found no GPU (rc 6): %s" % said, **kwargs)
+        return NoDevicesFound(f"nvidia-smi found no GPU (rc 6): {said}", **kwargs)
     if rc == 9:
-        return DriverNotLoaded("the NVIDIA driver is not loaded (nvidia-smi rc 9): %s" % said, **kwargs)
+        return DriverNotLoaded(f"the NVIDIA driver is not loaded (nvidia-smi rc 9): {said}", **kwargs)
     if rc == 15:
-        return GpuLost("a GPU has fallen off the bus (nvidia-smi rc 15): %s" % said, **kwargs)
-    return NvidiaSmiError("nvidia-smi failed with rc %s: %s" % (rc, said), **kwargs)
+        return GpuLost(f"a GPU has fallen off the bus (nvidia-smi rc 15): {said}", **kwargs)
+    return NvidiaSmiError(f"nvidia-smi failed with rc {rc}: {said}", **kwargs)
 
 
 def _strip_header_unit(name):
@@ -264,16 +263,16 @@ def parse_value(text, kind):
         return text
     number = _UNIT_SUFFIX.sub("", text)
     if not math.isfinite(float(number)):
-        raise ValueError("not a finite number: %r" % text)
+        raise ValueError(f"not a finite number: {text!r}")
     if kind == "int":
         # Some drivers print whole numbers of a float field ("126.00 W" vs "126 W").
         value = float(number)
         if value != int(value):
-            raise ValueError("not a whole number: %r" % text)
+            raise ValueError(f"not a whole number: {text!r}")
         return int(value)
     if kind == "float":
         return float(number)
-    raise ValueError("unknown kind %r" % kind)
+    raise ValueError(f"unknown kind {kind!r}")
 
 
 def unavailable_reason(text):
@@ -300,7 +299,7 @@ def parse_csv(text, fields, cmd=None):
             lines = lines[1:]
         elif _looks_like_header(first):
             raise UnparsableOutput(
-                "nvidia-smi printed the columns %s, expected %s" % (", ".join(first), ", ".join(names)), cmd=cmd, rc=0, stdout=text
+                "nvidia-smi printed the columns {}, expected {}".format(", ".join(first), ", ".join(names)), cmd=cmd, rc=0, stdout=text
             )
     records = []
     for line in lines:
@@ -315,7 +314,7 @@ def parse_csv(text, fields, cmd=None):
             try:
                 record[key] = parse_value(cell, kind)
             except ValueError:
-                raise UnparsableOutput("nvidia-smi printed %r for %s in line %r" % (cell, field, line), cmd=cmd, rc=0, stdout=text)
+                raise UnparsableOutput(f"nvidia-smi printed {cell!r} for {field} in line {line!r}", cmd=cmd, rc=0, stdout=text)
             reason = unavailable_reason(cell) if kind != "raw" else None
             if reason:
                 unavailable[key] = reason
@@ -331,7 +330,7 @@ def parse_gpus(text, fields=GPU_FIELDS, cmd=None):
         raise UnparsableOutput("nvidia-smi printed no GPU and no error", cmd=cmd, rc=0, stdout=text)
     for record in records:
         if record.get("index") is None or record.get("uuid") is None:
-            raise UnparsableOutput("nvidia-smi printed a GPU without index or UUID: %r" % record, cmd=cmd, rc=0, stdout=text)
+            raise UnparsableOutput(f"nvidia-smi printed a GPU without index or UUID: {record!r}", cmd=cmd, rc=0, stdout=text)
     return records
 
 
@@ -345,10 +344,10 @@ def parse_compute_apps(text, fields=APP_FIELDS, cmd=None):
     records = parse_csv(text, fields, cmd=cmd)
     for record in records:
         if record.get("pid") is None or (isinstance(record["pid"], int) and record["pid"] <= 0):
-            raise UnparsableOutput("nvidia-smi printed a compute app without PID: %r" % record, cmd=cmd, rc=0, stdout=text)
+            raise UnparsableOutput(f"nvidia-smi printed a compute app without PID: {record!r}", cmd=cmd, rc=0, stdout=text)
         uuid = record.get("gpu_uuid")
         if "gpu_uuid" in record and (uuid is None or not _GPU_UUID.match(uuid)):
-            raise UnparsableOutput("nvidia-smi printed a compute app with GPU UUID %r, not a GPU UUID" % uuid, cmd=cmd, rc=0, stdout=text)
+            raise UnparsableOutput(f"nvidia-smi printed a compute app with GPU UUID {uuid!r}, not a GPU UUID", cmd=cmd, rc=0, stdout=text)
         record.setdefault("name", None)
     return records
 
@@ -373,7 +372,7 @@ def normalize_bus_id(bus_id):
     domain, _sep, rest = bus_id.strip().lower().rpartition(":")
     domain, _sep2, bus = domain.rpartition(":")
     try:
-        return "%04x:%s:%s" % (int(domain or "0", 16), bus, rest)
+        return "{:04x}:{}:{}".format(int(domain or "0", 16), bus, rest)
     except ValueError:
         return bus_id.strip().lower()
 
@@ -450,7 +449,7 @@ def read_minor_numbers(root="/proc/driver/nvidia/gpus"):
     return minors
 
 
-class NvidiaSmi(object):
+class NvidiaSmi:
     """The one seam through which nvidia-smi runs: bounded in time, in the C locale."""
 
     # The last one is where the NVIDIA GPU Operator's driver container shows its tools on the host.
@@ -476,14 +475,14 @@ class NvidiaSmi(object):
         if path:
             if os.path.isfile(path) and os.access(path, os.X_OK):
                 return path
-            raise NvidiaSmiNotFound("nvidia-smi not found or not executable at %s" % path, cmd=[path])
+            raise NvidiaSmiNotFound(f"nvidia-smi not found or not executable at {path}", cmd=[path])
         dirs = (search_path if search_path is not None else os.environ.get("PATH", "")).split(os.pathsep)
         for directory in [d for d in dirs if d] + list(cls.SEARCH_PATHS):
             candidate = os.path.join(directory, "nvidia-smi")
             if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
                 return candidate
         raise NvidiaSmiNotFound(
-            "nvidia-smi not found in PATH or %s: is the NVIDIA driver installed? Set nvidia_smi to its path." % ", ".join(cls.SEARCH_PATHS),
+            "nvidia-smi not found in PATH or {}: is the NVIDIA driver installed? Set nvidia_smi to its path.".format(", ".join(cls.SEARCH_PATHS)),
             cmd=["nvidia-smi"],
         )
 
@@ -498,7 +497,7 @@ class NvidiaSmi(object):
                 cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True
             )
         except OSError as exc:
-            raise NvidiaSmiNotFound("cannot run %s: %s" % (self.path, exc), cmd=cmd)
+            raise NvidiaSmiNotFound(f"cannot run {self.path}: {exc}", cmd=cmd)
         return cmd, process, time.monotonic()
 
     def finish(self, started):
@@ -510,7 +509,7 @@ class NvidiaSmi(object):
         except subprocess.TimeoutExpired:
             self._kill(process)
             raise NvidiaSmiTimeout(
-                "nvidia-smi timed out after %s s (a hung driver or a GPU that fell off the bus); it was killed" % _seconds(self.timeout),
+                f"nvidia-smi timed out after {_seconds(self.timeout)} s (a hung driver or a GPU that fell off the bus); it was killed",
                 cmd=cmd,
                 rc=None,
             )
@@ -605,4 +604,4 @@ class NvidiaSmi(object):
 
 
 def _seconds(value):
-    return ("%g" % value) if isinstance(value, float) else str(value)
+    return (f"{value:g}") if isinstance(value, float) else str(value)

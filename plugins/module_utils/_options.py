@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -64,12 +63,12 @@ def range_problem(name, value):
     try:
         number = float(value)
     except (TypeError, ValueError):
-        return "%s must be a number, got %r" % (name, value)
+        return f"{name} must be a number, got {value!r}"
     if math.isnan(number) or math.isinf(number):
-        return "%s must be a finite number, got %s" % (name, value)
+        return f"{name} must be a finite number, got {value}"
     low, inclusive = RANGES[name]
     if number < low or (number == low and not inclusive):
-        return "%s must be %s %s, got %s" % (name, "at least" if inclusive else "greater than", low, value)
+        return "{} must be {} {}, got {}".format(name, "at least" if inclusive else "greater than", low, value)
     return None
 
 

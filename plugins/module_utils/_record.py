@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -199,7 +198,7 @@ def _check_dir(path, create):
         os.mkdir(path, 0o700)
         info = os.lstat(path)
     if not stat.S_ISDIR(info.st_mode):
-        raise RecordError("%s is not a directory (a link or a file): the restore record is not written there" % path)
+        raise RecordError(f"{path} is not a directory (a link or a file): the restore record is not written there")
     if info.st_uid not in (0, os.geteuid()) or info.st_mode & 0o022:
         raise RecordError("%s is writable by others or not owned by root (mode %o, uid %d): the restore record is not trusted there"
                           % (path, stat.S_IMODE(info.st_mode), info.st_uid))
@@ -216,7 +215,7 @@ def read(path=PATH):
     except FileNotFoundError:
         return empty()
     except OSError as exc:
-        raise RecordError("cannot open the restore record %s: %s" % (path, exc))
+        raise RecordError(f"cannot open the restore record {path}: {exc}")
     with os.fdopen(fd, "rb") as handle:
         info = os.fstat(handle.fileno())
         if info.st_uid not in (0, os.geteuid()) or info.st_mode & 0o022:
@@ -226,18 +225,18 @@ def read(path=PATH):
     try:
         record = json.loads(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
-        raise RecordError("the restore record %s is not valid JSON (%s): move it away to start a new one" % (path, exc))
+        raise RecordError(f"the restore record {path} is not valid JSON ({exc}): move it away to start a new one")
     return validated(record, path)
 
 
 def validated(record, path=PATH):
     if not isinstance(record, dict) or not isinstance(record.get("entries"), list):
-        raise RecordError("the restore record %s has no list of entries: move it away to start a new one" % path)
+        raise RecordError(f"the restore record {path} has no list of entries: move it away to start a new one")
     if record.get("format") != FORMAT:
         raise RecordError("the restore record %s has format %r; this version of zeromib.gpu reads format %d" % (path, record.get("format"), FORMAT))
     for entry in record["entries"]:
         if not isinstance(entry, dict) or entry.get("kind") not in KINDS or not entry.get("name") and not entry.get("id"):
-            raise RecordError("the restore record %s has an entry it cannot read: %r" % (path, entry))
+            raise RecordError(f"the restore record {path} has an entry it cannot read: {entry!r}")
     return record
 
 
@@ -309,8 +308,8 @@ def add(path, new_entries, at=None):
 def describe(entry):
     """`vllm.service stopped, disabled by zeromib at 2026-12-01T10:00:00Z`."""
     what = {"unit": "", "container": "container ", "supervisor": "supervisor program "}.get(entry.get("kind"), "")
-    return "%s%s %s by zeromib at %s" % (what, entry.get("name") or (entry.get("id") or "")[:12], ", ".join(entry.get("actions") or []),
-                                         entry.get("released_at") or "an unknown time")
+    name = entry.get("name") or (entry.get("id") or "")[:12]
+    return "{}{} {} by zeromib at {}".format(what, name, ", ".join(entry.get("actions") or []), entry.get("released_at") or "an unknown time")
 
 
 def pending(path=PATH):

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -46,7 +45,7 @@ NO_HOLDER_GRACE_S = 1.0
 BASELINE_MAX_MIB = 64
 
 
-class System(object):
+class System:
     """Everything gpu_release does to the node, in one replaceable place."""
 
     def __init__(self, systemctl_path=None, proc="/proc", runtimes=None, record_path=None):
@@ -65,8 +64,7 @@ class System(object):
         process = subprocess.run(
             [self.systemctl_path] + list(args),
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            capture_output=True,
             env=dict(os.environ, LC_ALL="C", LANG="C", SYSTEMD_PAGER="", SYSTEMD_COLORS="0"),
             check=False,
         )
@@ -125,8 +123,8 @@ def select_gpus(gpus, wanted):
             selected.add(by_uuid[text.lower()])
         else:
             raise ReleaseError(
-                "GPU %r is not on this host: it has indexes %s and UUIDs %s"
-                % (text, ", ".join(str(i) for i in sorted(indexes)), ", ".join(sorted(by_uuid)) or "none")
+                "GPU {!r} is not on this host: it has indexes {} and UUIDs {}".format(
+                    text, ", ".join(str(i) for i in sorted(indexes)), ", ".join(sorted(by_uuid)) or "none")
             )
     return sorted(selected)
 
@@ -203,20 +201,20 @@ def spanning_message(processes, units, containers, selected):
     (pid, name, command line) or unit or container and the unselected GPUs it uses."""
     parts = []
     for holder, outside in processes:
-        parts.append("%s uses GPUs %s; GPU %s %s outside the selection" % (
+        parts.append("{} uses GPUs {}; GPU {} {} outside the selection".format(
             describe_holder(holder), _gpu_list(holder.get("gpu_indexes") or []), _gpu_list(outside), "is" if len(outside) == 1 else "are"))
     for unit in units:
-        parts.append("unit %s (pids %s) holds GPUs %s; GPU %s %s outside the selection" % (
+        parts.append("unit {} (pids {}) holds GPUs {}; GPU {} {} outside the selection".format(
             unit["unit"], _gpu_list(unit["pids"]), _gpu_list(unit["gpu_indexes"]), _gpu_list(unit["outside_gpus"]),
             "is" if len(unit["outside_gpus"]) == 1 else "are"))
     for container in containers:
-        parts.append("container %s (pids %s) holds GPUs %s; GPU %s %s outside the selection" % (
+        parts.append("container {} (pids {}) holds GPUs {}; GPU {} {} outside the selection".format(
             container.get("name") or str(container["container"])[:12], _gpu_list(container["pids"]), _gpu_list(container["gpu_indexes"]),
             _gpu_list(container["outside_gpus"]), "is" if len(container["outside_gpus"]) == 1 else "are"))
     return (
-        "refusing to free GPU %s: ending these would also end their work on GPUs outside the selection: %s. Nothing was stopped or "
-        "signalled. Select every GPU they use, or set kill_spanning: true (role: free_gpus_kill_spanning) to end them anyway"
-        % (_gpu_list(selected), "; ".join(parts))
+        "refusing to free GPU {}: ending these would also end their work on GPUs outside the selection: {}. Nothing was stopped or "
+        "signalled. Select every GPU they use, or set kill_spanning: true (role: free_gpus_kill_spanning) to end them anyway".format(
+            _gpu_list(selected), "; ".join(parts))
     )
 
 
@@ -226,15 +224,15 @@ def describe_holder(holder):
     if cmdline and cmdline != holder.get("name"):
         parts[0] += " [%s]" % (cmdline if len(cmdline) <= 60 else cmdline[:57] + "...")
     if holder.get("unit"):
-        parts.append("unit %s" % holder["unit"])
+        parts.append("unit {}".format(holder["unit"]))
     if holder.get("container"):
         parts.append("container %s" % (holder.get("container_name") or holder["container"][:12]))
-    parts.append("state %s" % holder.get("state"))
+    parts.append("state {}".format(holder.get("state")))
     if holder.get("protected"):
         parts.append("protected")
     if holder.get("attribution") == _attribution.UNDECIDED:
-        parts.append("may use GPU %s: maps their device files, none context-sized" % ",".join(str(i) for i in holder.get("candidate_gpu_indexes") or []))
-    return "%s (%s)" % (parts[0], ", ".join(parts[1:]))
+        parts.append("may use GPU {}: maps their device files, none context-sized".format(",".join(str(i) for i in holder.get("candidate_gpu_indexes") or [])))
+    return "{} ({})".format(parts[0], ", ".join(parts[1:]))
 
 
 EARLY_HEADS = {
@@ -264,8 +262,8 @@ def failure_message(dirty_gpus, holders, apps, waited_s, unkillable, protected_o
             text += ", held by " + "; ".join(describe_holder(h) for h in unprotected + protected_claimants)
         elif undecided:
             # Never signalled for a selection it may not belong to (see _attribution).
-            text += (", possibly held by %s, not signalled because it may use GPUs outside the selection: select them all, "
-                     "or name it in match" % "; ".join(describe_holder(h) for h in undecided))
+            text += (", possibly held by {}, not signalled because it may use GPUs outside the selection: select them all, "
+                     "or name it in match".format("; ".join(describe_holder(h) for h in undecided)))
         elif unplaced_claims(claims, holders, gpu["index"]):
             # Never "no live process" while nvidia-smi lists a live PID: name it and say why it was not placed.
             text += ", " + "; ".join(describe_unplaced(app, holders, gpu["index"]) for app in unplaced_claims(claims, holders, gpu["index"]))
@@ -280,25 +278,24 @@ def failure_message(dirty_gpus, holders, apps, waited_s, unkillable, protected_o
         elif on_gpu:
             # Graphics memory of a compositor (Xorg, gnome-shell) is not listed as a compute app.
             text += (
-                ", held only by protected process(es) %s that nvidia-smi does not charge with this memory: if this is the GPU's "
+                ", held only by protected process(es) {} that nvidia-smi does not charge with this memory: if this is the GPU's "
                 "idle baseline (a desktop, MIG), set max_used_mib; otherwise the driver has not freed it and a GPU reset or a "
-                "reboot is needed" % "; ".join(describe_holder(h) for h in on_gpu)
+                "reboot is needed".format("; ".join(describe_holder(h) for h in on_gpu))
             )
         elif is_idle_baseline(gpu):
-            text += (", and no process holds the GPU: this is its idle baseline%s, not a leak; set max_used_mib: %s "
-                     "(role: free_gpus_max_used_mib, per host or group) to accept it"
-                     % (" (MIG mode is enabled)" if is_mig(gpu) else "", used))
+            text += (", and no process holds the GPU: this is its idle baseline{}, not a leak; set max_used_mib: {} "
+                     "(role: free_gpus_max_used_mib, per host or group) to accept it".format(" (MIG mode is enabled)" if is_mig(gpu) else "", used))
         else:
             text += (", and no live process holds the GPU: memory the driver has not freed; a GPU reset or a reboot is needed "
-                     "(if %s MiB is this GPU's idle baseline, set max_used_mib: %s instead)" % (used, used))
+                     f"(if {used} MiB is this GPU's idle baseline, set max_used_mib: {used} instead)")
         lines.append(text)
     if protected_only or early in EARLY_HEADS:
         head = EARLY_HEADS[early or "protected"]
     else:
-        head = "GPUs still in use after %.1f s" % waited_s
+        head = f"GPUs still in use after {waited_s:.1f} s"
     if unkillable:
         lines.append("unkillable (outlived SIGKILL, likely D state in the driver): " + "; ".join(describe_holder(h) for h in unkillable))
-    return "%s: %s" % (head, ". ".join(lines))
+    return "{}: {}".format(head, ". ".join(lines))
 
 
 def unplaced_claims(claims, holders, index):
@@ -314,8 +311,8 @@ def describe_unplaced(app, holders, index):
         return text + ("it has no device file open or mapped that this node's /dev/nvidia* nodes or the driver's device numbers "
                        "identify (a node of its own, or a file system this module cannot stat); it is not signalled on a listing alone")
     if holder.get("gpu_indexes"):
-        return text + ("it holds GPU %s context-sized and this GPU's device only as every CUDA process does: a PID reused since the "
-                       "listed owner exited? it is not signalled for this GPU" % ",".join(str(i) for i in holder["gpu_indexes"]))
+        return text + ("it holds GPU {} context-sized and this GPU's device only as every CUDA process does: a PID reused since the "
+                       "listed owner exited? it is not signalled for this GPU".format(",".join(str(i) for i in holder["gpu_indexes"])))
     return text + "it does not hold this GPU's device file; it is not signalled on a listing alone"
 
 
@@ -380,7 +377,7 @@ def summarize_diff(gpus, holders, changes=()):
     """Diff-mode text: per-GPU memory and the holders, one line each, then `changes` (lines of
     plan_diff: what is, or will be, stopped, disabled, masked and signalled)."""
     lines = ["GPU %d %s: %s MiB" % (g["index"], g.get("uuid"), g.get("memory_used_mib")) for g in gpus]
-    lines += ["holder %s: %s" % (describe_holder(h), ",".join(str(i) for i in h["gpu_indexes"]) or "control nodes") for h in holders]
+    lines += ["holder {}: {}".format(describe_holder(h), ",".join(str(i) for i in h["gpu_indexes"]) or "control nodes") for h in holders]
     lines += list(changes)
     return "\n".join(lines) + "\n"
 
@@ -393,26 +390,26 @@ def plan_diff(result, check_mode):
     masked = set(result.get("masked_units") or [])
     stopped = list(result.get("stopped_units") or [])
     for unit in stopped + sorted((disabled | masked) - set(stopped)):
-        before.append("unit %s: %s" % (unit, "active" if unit in stopped else "enabled"))
+        before.append("unit {}: {}".format(unit, "active" if unit in stopped else "enabled"))
         state = "masked" if unit in masked else "disabled" if unit in disabled else None
-        after.append("unit %s: %s" % (unit, ", ".join(x for x in ("stopped" if unit in stopped else None, state) if x)))
+        after.append("unit {}: {}".format(unit, ", ".join(x for x in ("stopped" if unit in stopped else None, state) if x)))
     stopped_c = [_containers.describe_entry(c) for c in result.get("stopped_containers") or []]
     disabled_c = [_containers.describe_entry(c) for c in result.get("disabled_containers") or []]
     for name in stopped_c + [c for c in disabled_c if c not in stopped_c]:
-        before.append("container %s: %s" % (name, "running" if name in stopped_c else "restart policy set"))
+        before.append("container {}: {}".format(name, "running" if name in stopped_c else "restart policy set"))
         states = ("stopped" if name in stopped_c else None, "restart policy no" if name in disabled_c else None)
-        after.append("container %s: %s" % (name, ", ".join(x for x in states if x)))
+        after.append("container {}: {}".format(name, ", ".join(x for x in states if x)))
     for entry in result.get("killed") or []:
-        label = "process %s %s" % (entry.get("pid"), entry.get("name"))
-        before.append("%s: running" % label)
-        after.append("%s: %s" % (label, "SIGTERM, then SIGKILL after kill_timeout" if check_mode else "ended by %s" % entry.get("signal")))
+        label = "process {} {}".format(entry.get("pid"), entry.get("name"))
+        before.append(f"{label}: running")
+        after.append("{}: {}".format(label, "SIGTERM, then SIGKILL after kill_timeout" if check_mode else "ended by {}".format(entry.get("signal"))))
     return before, after
 
 
 # ---------------------------------------------------------------- the run
 
 
-class Release(object):
+class Release:
     """look -> plan -> act -> verify, for the options of gpu_release."""
 
     def __init__(self, smi, system, params, check_mode=False, driver_root="/proc/driver/nvidia/gpus"):
@@ -847,7 +844,7 @@ class Release(object):
         try:
             record = _record.add(path, entries)
         except (_record.RecordError, OSError) as exc:
-            self.result["warnings"].append("the restore record was not written, so gpu_restore cannot put back what this run changed: %s" % exc)
+            self.result["warnings"].append(f"the restore record was not written, so gpu_restore cannot put back what this run changed: {exc}")
             return
         if record is not None:
             self.result["restore_record"] = {"path": path, "entries": len(record["entries"])}

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -41,7 +40,7 @@ class RestoreError(Exception):
         self.result = result or {}
 
 
-class System(object):
+class System:
     """What gpu_restore does to the node, in one replaceable place."""
 
     def __init__(self, systemctl_path=None, runtimes=None, record_path=_record.PATH, proc="/proc"):
@@ -56,11 +55,11 @@ class System(object):
             return 127, "", "systemctl not found"
         try:
             process = subprocess.run(
-                [self.systemctl_path] + list(args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=dict(os.environ, LC_ALL="C", LANG="C", SYSTEMD_PAGER="", SYSTEMD_COLORS="0"), timeout=timeout, check=False,
+                [self.systemctl_path] + list(args), stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False,
+                env=dict(os.environ, LC_ALL="C", LANG="C", SYSTEMD_PAGER="", SYSTEMD_COLORS="0"),
             )
         except subprocess.TimeoutExpired:
-            return 124, "", "no answer within %.0f s" % timeout
+            return 124, "", f"no answer within {timeout:.0f} s"
         return process.returncode, process.stdout.decode("utf-8", "replace"), process.stderr.decode("utf-8", "replace")
 
     @staticmethod
@@ -118,9 +117,9 @@ def parse_wait(value):
     try:
         seconds = float(text)
     except ValueError:
-        raise ValueError("wait_for_gpus must be true, false or a number of seconds, got %r" % (value,))
+        raise ValueError(f"wait_for_gpus must be true, false or a number of seconds, got {value!r}")
     if seconds < 0:
-        raise ValueError("wait_for_gpus must be 0 or more seconds, got %s" % seconds)
+        raise ValueError(f"wait_for_gpus must be 0 or more seconds, got {seconds}")
     return seconds
 
 
@@ -132,7 +131,7 @@ def forgotten(entries, patterns):
 # ---------------------------------------------------------------- the run
 
 
-class Restore(object):
+class Restore:
     def __init__(self, system, params, check_mode=False, look=None):
         self.system = system
         self.params = params
@@ -163,7 +162,7 @@ class Restore(object):
         rc, out, err = self.system.systemctl(["show", "--property=Id,LoadState,ActiveState,SubState,UnitFileState,Result", "--no-pager"]
                                              + units, timeout=self.step_timeout)
         if rc != 0:
-            raise RestoreError("systemctl show failed (rc %s): %s" % (rc, (err or out).strip()), self.result)
+            raise RestoreError(f"systemctl show failed (rc {rc}): {(err or out).strip()}", self.result)
         return _units.parse_show(out)
 
     def _unit_step(self, unit, step, before):
@@ -172,20 +171,20 @@ class Restore(object):
             args = ["enable", "--runtime"]
         rc, out, err = self.system.systemctl(args + ["--no-ask-password", unit], timeout=self.step_timeout)
         if rc == 124:
-            return "systemctl %s %s did not finish within %.0f s (step_timeout)" % (step, unit, self.step_timeout)
+            return f"systemctl {step} {unit} did not finish within {self.step_timeout:.0f} s (step_timeout)"
         if rc != 0:
             return "systemctl %s %s failed (rc %d): %s" % (step, unit, rc, (err or out).strip())
         if step == "start":
             # `systemctl start` returns when the start job is done; a unit that died at once reads failed.
             state = self._show([unit]).get(unit, {})
             if state.get("ActiveState") not in ("active", "activating", "reloading") or state.get("SubState") == "auto-restart":
-                return "%s did not start: it reads %s (%s, result %s)" % (unit, state.get("ActiveState"), state.get("SubState"), state.get("Result"))
+                return "{} did not start: it reads {} ({}, result {})".format(unit, state.get("ActiveState"), state.get("SubState"), state.get("Result"))
         return None
 
     def restore_unit(self, entry, props):
         unit = entry["name"]
         if (props.get("LoadState") or "not-found") == "not-found":
-            return [], "%s is no longer known to systemd (its unit file was removed?)" % unit
+            return [], f"{unit} is no longer known to systemd (its unit file was removed?)"
         steps = unit_steps(entry, props)
         if self.check_mode:
             return steps, None
@@ -212,9 +211,9 @@ class Restore(object):
         try:
             record = runtimes.inspect(runtime, cid)
         except _containers.RuntimeUnavailable as exc:
-            return [], "cannot ask %s: %s" % (runtime, exc)
+            return [], f"cannot ask {runtime}: {exc}"
         if record is None:
-            return [], "%s no longer knows it (removed since the release?); forget it with forget: [%s]" % (runtime, entry.get("name"))
+            return [], "{} no longer knows it (removed since the release?); forget it with forget: [{}]".format(runtime, entry.get("name"))
         steps = container_steps(entry, record)
         if self.check_mode:
             return steps, None
@@ -226,7 +225,7 @@ class Restore(object):
                 runtimes.start(runtime, cid, self.step_timeout)
                 now = runtimes.inspect(runtime, cid)
                 if not now or not now.get("running"):
-                    return steps, "it did not stay running after the start (status %s)" % (now or {}).get("status")
+                    return steps, "it did not stay running after the start (status {})".format((now or {}).get("status"))
                 self.result["started_containers"].append(entry.get("name") or cid)
         except _containers.RuntimeUnavailable as exc:
             return steps, str(exc)
@@ -240,7 +239,7 @@ class Restore(object):
         try:
             from ansible_collections.zeromib.gpu.plugins.module_utils import _supervisor  # pylint: disable=import-outside-toplevel
         except ImportError:
-            return [], "this version of zeromib.gpu cannot restore supervisord programs; start it with supervisorctl start %s" % entry["name"]
+            return [], "this version of zeromib.gpu cannot restore supervisord programs; start it with supervisorctl start {}".format(entry["name"])
         running = [s for s in _supervisor.find_supervisors(self.system.proc) if s.ctl]
         supervisor = next((s for s in running if s.config == entry.get("config")), None) or (running[0] if len(running) == 1 else None)
         if supervisor is None:
@@ -264,7 +263,7 @@ class Restore(object):
         if "start" in steps:
             rc, out = supervisor.call(["start", entry["name"]], self.step_timeout)
             if rc != 0 and "already started" not in (out or ""):
-                return ["start"], "supervisorctl start %s failed (rc %s): %s" % (entry["name"], rc, (out or "").strip()[:300])
+                return ["start"], "supervisorctl start {} failed (rc {}): {}".format(entry["name"], rc, (out or "").strip()[:300])
             self.result["started_programs"].append(entry["name"])
         return steps, None
 
@@ -302,7 +301,7 @@ class Restore(object):
                 kept.append(entry)
                 self.result["not_restored"].append({"kind": entry["kind"], "name": entry.get("name"), "id": entry.get("id"), "steps": steps,
                                                     "reason": why})
-                after_lines.append(text + " (not restored: %s)" % why)
+                after_lines.append(text + f" (not restored: {why})")
             else:
                 restored.append(entry)
                 if steps:
@@ -317,7 +316,7 @@ class Restore(object):
             try:
                 _record.write(_record.without(record, [_record.key(e) for e in restored + forget], _record.now_iso()), path)
             except (_record.RecordError, OSError) as exc:
-                raise RestoreError("restored, but the record %s could not be updated: %s" % (path, exc), self.result)
+                raise RestoreError(f"restored, but the record {path} could not be updated: {exc}", self.result)
         if self.result["not_restored"]:
             raise RestoreError(self.failure_message(), self.result)
         wait = parse_wait(self.params.get("wait_for_gpus"))
@@ -327,8 +326,8 @@ class Restore(object):
         return self.result
 
     def failure_message(self):
-        parts = ["%s %s: %s" % (item["kind"], item["name"] or (item.get("id") or "")[:12], item["reason"]) for item in self.result["not_restored"]]
-        return "could not restore %s. Kept in %s for the next run of gpu_restore" % ("; ".join(parts), self.system.record_path)
+        parts = ["{} {}: {}".format(item["kind"], item["name"] or (item.get("id") or "")[:12], item["reason"]) for item in self.result["not_restored"]]
+        return "could not restore {}. Kept in {} for the next run of gpu_restore".format("; ".join(parts), self.system.record_path)
 
     def wait_for_gpus(self, entries, seconds):
         """Until every restored entry that held GPUs at the release holds a GPU again."""
@@ -353,9 +352,9 @@ class Restore(object):
         self.result["timings"]["wait_s"] = round(self.system.now() - started, 3)
         if missing:
             raise RestoreError(
-                "restored, but %s %s not holding a GPU again after %.0f s (wait_for_gpus); they held GPU %s at the release"
-                % (", ".join(e.get("name") for e in missing), "is" if len(missing) == 1 else "are", seconds,
-                   "; ".join("%s: %s" % (e.get("name"), ",".join(str(i) for i in e["gpu_indexes"])) for e in missing)),
+                "restored, but {} {} not holding a GPU again after {:.0f} s (wait_for_gpus); they held GPU {} at the release".format(
+                    ", ".join(e.get("name") for e in missing), "is" if len(missing) == 1 else "are", seconds,
+                    "; ".join("{}: {}".format(e.get("name"), ",".join(str(i) for i in e["gpu_indexes"])) for e in missing)),
                 self.result,
             )
 
@@ -381,7 +380,7 @@ def program_edit(entry, supervisor_mod):
             changed = True
             if before.get(option) is None:
                 continue
-            line = "%s%s=%s\n" % (match.group(1), option, before[option])
+            line = f"{match.group(1)}{option}={before[option]}\n"
         out.append(line)
     return "".join(out) if changed else None
 

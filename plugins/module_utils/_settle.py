@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -67,7 +66,7 @@ def user_restart(systemctl, holder):
     user = holder.get("user")
     if not user or systemctl is None:
         return None
-    rc, out, _err = systemctl(["--user", "--machine=%s@" % user, "show", "--property=Restart", "--value", holder["unit"]])
+    rc, out, _err = systemctl(["--user", f"--machine={user}@", "show", "--property=Restart", "--value", holder["unit"]])
     return (out.strip() or None) if rc == 0 else None
 
 
@@ -80,13 +79,13 @@ def watch_list(signalled, outside_reasons, systemctl=None):
             ref = _containers.container_ref(cgroup) or {}
             if ref.get("id"):
                 described = dict(holder, container_runtime=holder.get("container_runtime") or ref.get("runtime"))
-                watched.setdefault(cgroup, "container %s" % _containers.describe_container(described))
+                watched.setdefault(cgroup, f"container {_containers.describe_container(described)}")
             continue
         unit = holder.get("unit") or ""
         if unit.endswith(".service") and "/user@" in cgroup:
             path = unit_cgroup(cgroup, unit)
             if path and path not in watched and user_restart(systemctl, holder) != "no":
-                watched[path] = "unit %s of %s's systemd manager" % (unit, holder.get("user") or "a user")
+                watched[path] = "unit {} of {}'s systemd manager".format(unit, holder.get("user") or "a user")
     return watched
 
 
@@ -206,7 +205,7 @@ def supervisor_program(environ):
     group = environ.get("SUPERVISOR_GROUP_NAME")
     if not process:
         return None
-    return process if not group or group == process else "%s:%s" % (group, process)
+    return process if not group or group == process else f"{group}:{process}"
 
 
 def stop_hint(kind, parent, child_environ, proc="/proc"):
@@ -214,17 +213,17 @@ def stop_hint(kind, parent, child_environ, proc="/proc"):
     pid = parent["pid"]
     if kind == "supervisord":
         program = supervisor_program(child_environ) or "<program>"
-        return ("supervisord restarts program %s (autorestart): stop it with `supervisorctl stop %s`, or name it in services as "
-                "supervisor:%s (service_state: disabled also turns autostart and autorestart off)" % (program, program, program))
+        return (f"supervisord restarts program {program} (autorestart): stop it with `supervisorctl stop {program}`, or name it in services as "
+                f"supervisor:{program} (service_state: disabled also turns autostart and autorestart off)")
     if kind == "pm2":
         app = child_environ.get("name") or child_environ.get("pm_id") or "<app>"
-        return "pm2 restarts app %s: stop it with `pm2 stop %s` (as the user that runs pm2; `pm2 save` keeps it stopped)" % (app, app)
+        return f"pm2 restarts app {app}: stop it with `pm2 stop {app}` (as the user that runs pm2; `pm2 save` keeps it stopped)"
     if kind == "runit":
         service = _cwd(pid, proc) or "<service dir>"
-        return "runsv restarts its service: stop it with `sv down %s`" % service
+        return f"runsv restarts its service: stop it with `sv down {service}`"
     if kind == "s6":
         service = _cwd(pid, proc) or "<service dir>"
-        return "s6-supervise restarts its service: stop it with `s6-svc -d %s`" % service
+        return f"s6-supervise restarts its service: stop it with `s6-svc -d {service}`"
     if kind == "circus":
         return "circusd restarts its watcher: stop it with `circusctl stop <watcher>`"
     if kind == "monit":
@@ -239,7 +238,7 @@ def describe_process(record):
     text = "pid %d %s" % (record["pid"], record.get("name"))
     cmdline = record.get("cmdline")
     if cmdline and cmdline != record.get("name"):
-        text += " [%s]" % short(cmdline)
+        text += f" [{short(cmdline)}]"
     return text
 
 
@@ -326,7 +325,7 @@ def maps_selected_gpu(pid, minors, proc="/proc"):
     return any(kib >= CONTEXT_MAP_MIN_KIB for kib in sizes.values())
 
 
-class Watch(object):
+class Watch:
     """What may start a signalled holder again, seen before acting; what came back after.
 
     `watched`: {cgroup: description} (watch_list); `parents`: restarters(); `minors`: the device
@@ -401,29 +400,28 @@ class Watch(object):
         for (pid, _start), (cgroup, name, cmdline) in came:
             text = "pid %d %s" % (pid, name)
             if cmdline and cmdline != name:
-                text += " [%s]" % short(cmdline)
-            parts.append("%s in %s" % (text, self.watched[cgroup]))
+                text += f" [{short(cmdline)}]"
+            parts.append(f"{text} in {self.watched[cgroup]}")
         named = set()
         for root, record in again:
             parent = self.parents[root]
             who = describe_process(parent["record"])
             if parent["kind"]:
-                who = "%s (%s)" % (who, KIND_LABELS[parent["kind"]])
-            text = "%s, started again by its parent %s" % (describe_process(record), who)
+                who = "{} ({})".format(who, KIND_LABELS[parent["kind"]])
+            text = f"{describe_process(record)}, started again by its parent {who}"
             if root not in named:
                 text += ": " + parent["hint"]
                 named.add(root)
             parts.append(text)
         for gpu in dirty:
             parts.append("GPU %d reads %s MiB again" % (gpu["index"], gpu.get("memory_used_mib")))
-        head = "the GPUs read clean, but %.1f s later something this run killed came back" % after_s if clean else \
+        head = f"the GPUs read clean, but {after_s:.1f} s later something this run killed came back" if clean else \
             "something this run killed came back before the GPUs read clean"
         if again and not came:
-            return "%s: %s. Stop the restarter first, then run gpu_release again" % (head, "; ".join(parts))
+            return "{}: {}. Stop the restarter first, then run gpu_release again".format(head, "; ".join(parts))
         return (
-            "%s: %s. Its restart policy is outside gpu_release's control: stop it through its runtime or manager (name the container "
-            "in services as container:<name> with service_state: disabled, or stop the user's unit), then run gpu_release again"
-            % (head, "; ".join(parts))
+            "{}: {}. Its restart policy is outside gpu_release's control: stop it through its runtime or manager (name the container "
+            "in services as container:<name> with service_state: disabled, or stop the user's unit), then run gpu_release again".format(head, "; ".join(parts))
         )
 
 

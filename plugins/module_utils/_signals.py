@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -34,7 +33,7 @@ SIGKILL_EXIT_FLOOR_S = 1.0
 SENT, GONE, REUSED = "sent", "gone", "reused"
 
 
-class Pidfd(object):
+class Pidfd:
     """The kernel's pidfd calls; `available()` says whether this Python and kernel have them."""
 
     @staticmethod
@@ -118,7 +117,7 @@ def entry_of(holder):
 PRIVATE_KEYS = ("_first_signal", "_reused", "start_time")
 
 
-class Signaller(object):
+class Signaller:
     """TERM -> wait -> KILL -> wait for a list of planned holders.
 
     Each signalled holder enters the result's `killed` when its first signal is sent, so that a

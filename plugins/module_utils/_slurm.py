@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -72,7 +71,7 @@ def short_reason(text):
     text = " ".join(str(text or "").split())
     if text.startswith(PREFIX):
         text = text[len(PREFIX):].strip()
-    reason = "%s %s" % (PREFIX, text or "GPUs could not be freed")
+    reason = "{} {}".format(PREFIX, text or "GPUs could not be freed")
     # scontrol takes the reason as one argument; a double quote would end it in slurm.conf-style output.
     # An = would read as the start of another field in scontrol show node's one-line output.
     reason = reason.replace('"', "'").replace("=", " ")
@@ -83,7 +82,7 @@ def drain_decision(node, reason):
     """(act, why): whether to drain `node` with `reason`."""
     if "DRAIN" in states(node):
         if not ours(node):
-            return False, "drained already by someone else (reason %r): left as it is" % reason_text(node)
+            return False, f"drained already by someone else (reason {reason_text(node)!r}): left as it is"
         if reason_text(node) == reason:
             return False, "drained already by zeromib with the same reason"
         return True, "drained by zeromib before: the reason is updated"
@@ -95,11 +94,11 @@ def resume_decision(node):
     if "DRAIN" not in states(node):
         return False, "not drained"
     if not ours(node):
-        return False, "drained by someone else (reason %r): never resumed by zeromib" % reason_text(node)
-    return True, "drained by zeromib (reason %r)" % reason_text(node)
+        return False, f"drained by someone else (reason {reason_text(node)!r}): never resumed by zeromib"
+    return True, f"drained by zeromib (reason {reason_text(node)!r})"
 
 
-class Slurm(object):
+class Slurm:
     def __init__(self, run, scontrol, slurmd=None, hostname=None):
         self.run = run
         self.scontrol = scontrol
@@ -118,7 +117,7 @@ class Slurm(object):
         if given:
             node, err = self.show(given)
             if node is None:
-                raise SlurmError("Slurm does not know node %s: %s" % (given, err))
+                raise SlurmError(f"Slurm does not know node {given}: {err}")
             return given, node
         candidates = []
         if self.slurmd:
@@ -137,8 +136,8 @@ class Slurm(object):
             for node in parse_nodes(out):
                 if self.hostname in (node.get("NodeHostName"), node.get("NodeAddr")):
                     return node.get("NodeName"), node
-        raise SlurmError("cannot tell the Slurm node name of %s (tried %s; %s): set it (free_gpus_slurm_node_name, "
-                         "restore_gpus_slurm_node_name)" % (self.hostname, ", ".join(candidates), (err or "").strip() or "no node has that host name"))
+        raise SlurmError("cannot tell the Slurm node name of {} (tried {}; {}): set it (free_gpus_slurm_node_name, "
+                         "restore_gpus_slurm_node_name)".format(self.hostname, ", ".join(candidates), (err or "").strip() or "no node has that host name"))
 
     def update(self, name, *args):
         rc, out, err = self.run([self.scontrol, "update", "nodename=" + name] + list(args))

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -96,7 +95,7 @@ def section_names(name):
     """The `[program:X]` sections that may define a status name, most likely first."""
     group, _sep, process = name.partition(":")
     candidates = [process, group] if process else [group]
-    return ["program:%s" % c for c in candidates if c]
+    return [f"program:{c}" for c in candidates if c]
 
 
 def include_globs(text, config_dir):
@@ -139,10 +138,10 @@ def with_options_off(text, section):
         if match:
             option = match.group(2).lower()
             before[option] = match.group(3)
-            body.append("%s%s=false %s\n" % (match.group(1), option, MARK))
+            body.append(f"{match.group(1)}{option}=false {MARK}\n")
         else:
             body.append(line)
-    added = ["%s=false %s\n" % (option, MARK) for option in ("autostart", "autorestart") if before[option] is None]
+    added = [f"{option}=false {MARK}\n" for option in ("autostart", "autorestart") if before[option] is None]
     header = lines[start] if lines[start].endswith("\n") else lines[start] + "\n"
     return "".join(lines[:start] + [header] + added + body + lines[end:]), before
 
@@ -190,7 +189,7 @@ def _run(argv, timeout):
     return process.returncode, process.stdout.decode("utf-8", "replace")
 
 
-class Supervisor(object):
+class Supervisor:
     """One running supervisord of root: its pid, configuration and supervisorctl."""
 
     def __init__(self, pid, config, ctl, run=_run):
@@ -328,11 +327,11 @@ def disable(entry):
                 return None
             info = os.stat(real)
             if info.st_uid != 0 or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-                raise ReleaseError("supervisor:%s: not editing %s: it is not a file only root can write" % (entry["name"], real), {})
+                raise ReleaseError("supervisor:{}: not editing {}: it is not a file only root can write".format(entry["name"], real), {})
             write_atomically(real, new_text)
             return {"file": real, "autostart_before": before["autostart"], "autorestart_before": before["autorestart"]}
     where = ", ".join(supervisor.config_files()) or "supervisord's configuration"
-    raise ReleaseError("supervisor:%s: no [program:...] section for it in %s" % (entry["name"], where), {})
+    raise ReleaseError("supervisor:{}: no [program:...] section for it in {}".format(entry["name"], where), {})
 
 
 def act(steps, kill_timeout, result):
@@ -347,10 +346,10 @@ def act(steps, kill_timeout, result):
         result["stopped_programs"].extend(public(e) for e in entries)
         if rc is None:
             result["warnings"].append(
-                "supervisorctl stop %s did not finish within %.0f s: supervisord keeps stopping it (it will not restart it), and its "
-                "processes left holding GPUs are signalled" % (" ".join(e["name"] for e in entries), float(kill_timeout or 0) + CALL_MARGIN_S))
+                "supervisorctl stop {} did not finish within {:.0f} s: supervisord keeps stopping it (it will not restart it), and its "
+                "processes left holding GPUs are signalled".format(" ".join(e["name"] for e in entries), float(kill_timeout or 0) + CALL_MARGIN_S))
         elif rc != 0 and "ERROR" in out and "not running" not in out:
-            raise ReleaseError("supervisorctl stop %s failed (rc %s): %s" % (" ".join(e["name"] for e in entries), rc, out.strip()[:300]), result)
+            raise ReleaseError("supervisorctl stop {} failed (rc {}): {}".format(" ".join(e["name"] for e in entries), rc, out.strip()[:300]), result)
     groups = {}
     for entry in steps["disable"]:
         try:
@@ -365,5 +364,5 @@ def act(steps, kill_timeout, result):
         supervisor.call(["reread"], CALL_MARGIN_S + 5)
         rc, out = supervisor.call(["update"] + sorted(names), float(kill_timeout or 0) + CALL_MARGIN_S)
         if rc != 0:
-            result["warnings"].append("supervisorctl update %s (rc %s): %s; the file is changed, supervisord reads it at its next start"
-                                      % (" ".join(sorted(names)), rc, (out or "").strip()[:200]))
+            result["warnings"].append("supervisorctl update {} (rc {}): {}; the file is changed, supervisord reads it at its next start".format(
+                " ".join(sorted(names)), rc, (out or "").strip()[:200]))

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -205,7 +204,7 @@ def process_names(record):
         else:
             tool = None
     if tool and rest and SUBCOMMAND.match(rest[0]):
-        names.add("%s %s" % (tool, rest[0]))
+        names.add(f"{tool} {rest[0]}")
     return {name for name in names if name}
 
 
@@ -278,15 +277,15 @@ def stop_verdict(unit, main_names, under_main, unit_gpus, selected, site=((), ()
     so names a process gives itself can make root stop less, never more."""
     site_units, site_names = site
     if matches(unit, LAUNCHER_UNITS) or matches(unit, site_units):
-        return "launcher", "%s starts other jobs (scheduler, cron, hub, CI runner, container engine, supervisor or cluster runtime)" % unit
+        return "launcher", f"{unit} starts other jobs (scheduler, cron, hub, CI runner, container engine, supervisor or cluster runtime)"
     launcher = launcher_name(main_names, site_names)
     if launcher:
-        return "launcher", "the main process of %s (%s) starts other jobs" % (unit, launcher)
+        return "launcher", f"the main process of {unit} ({launcher}) starts other jobs"
     if not under_main:
-        return "launcher", "the GPU processes of %s are not its main process or its descendants" % unit
+        return "launcher", f"the GPU processes of {unit} are not its main process or its descendants"
     outside = sorted(set(unit_gpus) - set(selected))
     if outside:
-        return "other_gpus", "%s also holds GPU %s, outside the selection" % (unit, ", ".join(str(i) for i in outside))
+        return "other_gpus", "{} also holds GPU {}, outside the selection".format(unit, ", ".join(str(i) for i in outside))
     return None
 
 
@@ -338,7 +337,7 @@ def owners(systemctl, targets, holders, selected, forbidden, proc="/proc", prote
     for unit in units:
         in_unit = [h for h in targets if h.get("unit") == unit and h.get("system_service")]
         if unit in forbidden:
-            reasons[unit] = "%s runs this Ansible session or a protected process" % unit
+            reasons[unit] = f"{unit} runs this Ansible session or a protected process"
             continue
         try:
             main_pid = int(props.get(unit, {}).get("MainPID") or 0)
@@ -372,7 +371,7 @@ def owners(systemctl, targets, holders, selected, forbidden, proc="/proc", prote
         if reason is None and job is None:
             continue
         if reason is None:
-            reason = "Slurm job %s" % job
+            reason = f"Slurm job {job}"
         entry = next((e for e in launcher_entries if e["unit"] == unit and e["slurm_job_id"] == job), None)
         if entry is None:
             entry = {"unit": unit, "reason": reason, "pids": [], "slurm_job_id": job}
@@ -425,7 +424,7 @@ SHOW_PROPERTIES = "Id,LoadState,ActiveState,SubState,UnitFileState,MainPID,Trigg
 def _show(systemctl, units, result):
     rc, out, err = systemctl(["show", "--property=" + SHOW_PROPERTIES, "--no-pager"] + units)
     if rc != 0:
-        raise ReleaseError("systemctl show failed (rc %s): %s" % (rc, (err or out).strip()), result)
+        raise ReleaseError(f"systemctl show failed (rc {rc}): {(err or out).strip()}", result)
     return parse_show(out)
 
 
@@ -474,7 +473,7 @@ def plan(systemctl, named, owned, service_state, forbidden, result, protect_name
     no_match = []
     expanded = expand_services(named, set(known_units(systemctl, named, service_state)), no_match)
     for pattern in no_match:
-        result["warnings"].append("services: %s matches no unit on this host" % pattern)
+        result["warnings"].append(f"services: {pattern} matches no unit on this host")
     explicit = {normalize_unit(p) for p in named or [] if not is_glob(p)}
     site = split_launchers(launchers)
     steps = {"stop": [], "disable": [], "mask": [], "not_found": []}
@@ -488,7 +487,7 @@ def plan(systemctl, named, owned, service_state, forbidden, result, protect_name
             return "essential", "the node needs it (systemd's own units, D-Bus, login, SSH, consoles and networking are never stopped)"
         protected = _runs_protected(props.get(unit, {}), protect_names, proc)
         if protected:
-            return "protected", "its main process %s is protected" % protected
+            return "protected", f"its main process {protected} is protected"
         return None
 
     def refusal(unit):
@@ -499,12 +498,12 @@ def plan(systemctl, named, owned, service_state, forbidden, result, protect_name
         """(kind, reason) when a glob never selects UNIT, else None."""
         kind = keeps_node(unit)
         if kind:
-            return kind, "%s: the node needs it to stay reachable and its data safe; name it exactly to stop it" % kind
+            return kind, f"{kind}: the node needs it to stay reachable and its data safe; name it exactly to stop it"
         if matches(unit, LAUNCHER_UNITS) or matches(unit, site[0]):
             return "launcher", "it is a launcher of other jobs; name it to stop it"
         launcher = _launcher_by_main(props.get(unit, {}), site, proc)
         if launcher:
-            return "launcher", "it is a launcher of other jobs (its main process is %s); name it to stop it" % launcher
+            return "launcher", f"it is a launcher of other jobs (its main process is {launcher}); name it to stop it"
         return None
 
     kept = result.setdefault("kept_units", [])
@@ -512,7 +511,7 @@ def plan(systemctl, named, owned, service_state, forbidden, result, protect_name
     for unit in expanded:
         kept_as = refused(unit)
         if kept_as and unit in explicit:
-            raise ReleaseError("refusing to stop %s: %s" % (unit, kept_as[1]), result)
+            raise ReleaseError(f"refusing to stop {unit}: {kept_as[1]}", result)
         if not kept_as and unit not in explicit:
             kept_as = kept_from_globs(unit)
         if kept_as:
@@ -532,7 +531,7 @@ def plan(systemctl, named, owned, service_state, forbidden, result, protect_name
             group[1].append(entry["unit"])
         result["warnings"].append(
             "services: kept %d unit%s that a glob matched (see kept_units; name one exactly to stop it, where allowed): %s" % (
-                len(kept), "" if len(kept) == 1 else "s", "; ".join("%s: %s" % (kind, ", ".join(names)) for kind, names in groups)))
+                len(kept), "" if len(kept) == 1 else "s", "; ".join("{}: {}".format(kind, ", ".join(names)) for kind, names in groups)))
     # A socket or timer would start a stopped service again: it gets the service's state.
     triggers = []
     for unit in named_units:
@@ -560,12 +559,12 @@ def plan(systemctl, named, owned, service_state, forbidden, result, protect_name
         if mask:
             steps["mask"].append(unit)
             if _cannot_mask(unit_props):
-                unmaskable.append("%s (%s)" % (unit, unit_props.get("FragmentPath")))
+                unmaskable.append("{} ({})".format(unit, unit_props.get("FragmentPath")))
     if unmaskable:
         raise ReleaseError(
-            "service_state=masked: cannot mask %s: systemctl masks a unit by putting a link to /dev/null in /etc/systemd/system, "
+            "service_state=masked: cannot mask {}: systemctl masks a unit by putting a link to /dev/null in /etc/systemd/system, "
             "where this unit's own file is. Move the unit file to /usr/local/lib/systemd/system/ and run systemctl daemon-reload, "
-            "or use service_state=disabled. Nothing was stopped or signalled." % ", ".join(unmaskable),
+            "or use service_state=disabled. Nothing was stopped or signalled.".format(", ".join(unmaskable)),
             result,
         )
     return steps
@@ -577,7 +576,7 @@ def plan(systemctl, named, owned, service_state, forbidden, result, protect_name
 def _systemctl_or_fail(systemctl, args, units, result):
     rc, out, err = systemctl(args + ["--no-ask-password"] + units)
     if rc != 0:
-        raise ReleaseError("systemctl %s %s failed (rc %s): %s" % (args[0], " ".join(units), rc, (err or out).strip()), result)
+        raise ReleaseError("systemctl {} {} failed (rc {}): {}".format(args[0], " ".join(units), rc, (err or out).strip()), result)
 
 
 def wait_stopped(system, units, timeout):
@@ -611,7 +610,7 @@ def stop_bounded(system, units, kill_timeout, result):
     left = wait_stopped(system, left, kill_timeout)
     if left:
         result["warnings"].append(
-            "%s still not stopped %.0f s after SIGKILL (a process in D state?): see systemctl status" % (", ".join(left), kill_timeout)
+            "{} still not stopped {:.0f} s after SIGKILL (a process in D state?): see systemctl status".format(", ".join(left), kill_timeout)
         )
 
 

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -587,7 +586,7 @@ def checked_params(params):
         try:
             regexes.append(re.compile(pattern))
         except re.error as exc:
-            raise ValueError("match: %r is not a valid regular expression: %s" % (pattern, exc))
+            raise ValueError(f"match: {pattern!r} is not a valid regular expression: {exc}")
     return dict(params, _match_regexes=regexes)
 
 
@@ -595,7 +594,7 @@ def warn_all(module, warnings):
     """Ansible prints a module's warnings without the host: name it (the node's host name)."""
     host = platform.node() or "this host"
     for warning in warnings:
-        module.warn("%s: %s" % (host, warning))
+        module.warn(f"{host}: {warning}")
 
 
 def main():

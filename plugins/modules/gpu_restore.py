@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -194,7 +193,7 @@ def main():
     except ValueError as exc:
         module.fail_json(msg=str(exc))
     if params["step_timeout"] <= 0:
-        module.fail_json(msg="step_timeout must be greater than 0, got %s" % params["step_timeout"])
+        module.fail_json(msg="step_timeout must be greater than 0, got {}".format(params["step_timeout"]))
 
     def look():
         return _restore.holders_now(NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), 10))

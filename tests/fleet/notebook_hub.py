@@ -42,7 +42,7 @@ def main():
                 with open(path) as handle:
                     request = json.load(handle)
             except (OSError, ValueError) as exc:
-                print("bad request %s: %s" % (name, exc), file=sys.stderr, flush=True)
+                print(f"bad request {name}: {exc}", file=sys.stderr, flush=True)
                 request = None
             os.unlink(path)
             if request is not None:

@@ -69,16 +69,15 @@ def alive(fleet, host: str, pids) -> dict[int, bool]:
     pids = [int(p) for p in pids]
     if not pids:
         return {}
-    r = fleet.ssh(host, "for p in %s; do s=$(awk '{print $3}' /proc/$p/stat 2>/dev/null); "
-                        "[ -n \"$s\" ] && [ \"$s\" != Z ] && echo $p; done; true" % " ".join(map(str, pids)), check=True)
+    r = fleet.ssh(host, "for p in {}; do s=$(awk '{{print $3}}' /proc/$p/stat 2>/dev/null); "
+                        "[ -n \"$s\" ] && [ \"$s\" != Z ] && echo $p; done; true".format(" ".join(map(str, pids))), check=True)
     live = {int(x) for x in r.stdout.split()}
     return {p: p in live for p in pids}
 
 
 def unit_states(fleet, host: str, *units: str) -> dict[str, tuple[str, str]]:
     """{unit: (is-active, is-enabled)} on HOST."""
-    r = fleet.ssh(host, "for u in %s; do echo \"$u $(systemctl is-active $u) $(systemctl is-enabled $u 2>/dev/null || true)\"; done"
-                  % " ".join(units))
+    r = fleet.ssh(host, "for u in {}; do echo \"$u $(systemctl is-active $u) $(systemctl is-enabled $u 2>/dev/null || true)\"; done".format(" ".join(units)))
     out = {}
     for line in r.stdout.splitlines():
         parts = line.split()

@@ -139,7 +139,7 @@ def test_audit_in_two_slices_through_ansible_runner_merges_into_the_unsliced_rep
     names = fleet.names
     holder = fleet.workload(names[1], "train", gpus="0", mib=900)
     env = {k: v for k, v in fleet._env(str(tmp_path / "events.json")).items() if isinstance(v, str)}
-    env["PATH"] = "%s:%s" % (rig_repo() / ".venv" / "bin", env.get("PATH", "/usr/bin:/bin"))
+    env["PATH"] = "{}:{}".format(rig_repo() / ".venv" / "bin", env.get("PATH", "/usr/bin:/bin"))
     data = tmp_path / "runner"
     (data / "env").mkdir(parents=True)
     parts = tmp_path / "parts" / "workflow-42"

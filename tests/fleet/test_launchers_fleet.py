@@ -84,7 +84,7 @@ def test_each_launcher_is_named_in_the_result_and_the_slurm_job_with_its_id(laun
     slurm = by_unit["slurmd.service"]
     assert slurm["pids"] == [jobs["slurm-job"]["pid"]] and slurm["slurm_job_id"] and slurm["slurm_job_id"].isdigit()
     # the job is gone from Slurm's queue too (its batch step ended with its task)
-    assert wait_for(lambda: fleet.ssh(host, "squeue -h -j %s 2>/dev/null" % slurm["slurm_job_id"]).stdout.strip() == "", timeout=10)
+    assert wait_for(lambda: fleet.ssh(host, "squeue -h -j {} 2>/dev/null".format(slurm["slurm_job_id"])).stdout.strip() == "", timeout=10)
 
 
 def test_vllm_v1_shaped_unit_is_stopped_through_systemd_and_not_respawned(launched, fleet):

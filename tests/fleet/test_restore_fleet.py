@@ -217,7 +217,7 @@ def test_training_play_restores_the_servers_on_every_host_when_training_fails_on
     failing = hosts[1]
     try:
         run = fleet.ansible_playbook(TRAINING, limit=",".join(hosts), extra_vars={
-            "training_command": "{{ 'false' if inventory_hostname == '%s' else 'true' }}" % failing,
+            "training_command": f"{{{{ 'false' if inventory_hostname == '{failing}' else 'true' }}}}",
             "restore_wait_for_gpus": 30, "free_gpus_kill_timeout": KILL_TIMEOUT})
         assert run.rc != 0, run  # training failed on one host
         assert run.stats[failing]["failures"] == 1, run.stats

@@ -34,7 +34,7 @@ STATIC_FIELDS = {
 }
 
 
-class Run(object):
+class Run:
     def __init__(self, out, gpu, mib, repeat=1, only=None):
         self.only = only
         self.repeat = repeat
@@ -56,7 +56,7 @@ class Run(object):
     # ---- helpers
 
     def say(self, text):
-        line = "[%8.3f] %s" % (time.monotonic() % 100000, text)
+        line = f"[{time.monotonic() % 100000:8.3f}] {text}"
         print(line, flush=True)
         self.log.write(line + "\n")
         self.log.flush()
@@ -92,7 +92,7 @@ class Run(object):
                 self.started.extend(pids[1:])
                 return pids
             time.sleep(0.05)
-        raise RuntimeError("holder not ready after %s s" % timeout)
+        raise RuntimeError(f"holder not ready after {timeout} s")
 
     def alive(self, pid):
         try:
@@ -135,7 +135,7 @@ class Run(object):
         return None
 
     def playbook(self, name, check=False, **extra):
-        result_file = os.path.join(self.tmp, "result-%s.json" % name)
+        result_file = os.path.join(self.tmp, f"result-{name}.json")
         extra = dict(extra, result_file=result_file)
         cmd = [shutil.which("ansible-playbook") or "ansible-playbook", "-i", "localhost,", "-c", "local",
                os.path.join(HERE, "release.yml"), "-e", json.dumps(extra)]
@@ -147,7 +147,7 @@ class Run(object):
         slug = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
         while "--" in slug:
             slug = slug.replace("--", "-")
-        with open(os.path.join(self.out, "ansible-%s.log" % slug), "w") as handle:
+        with open(os.path.join(self.out, f"ansible-{slug}.log"), "w") as handle:
             handle.write("$ %s\n%s\n%s\nrc=%d wall=%.3f s\n" % (" ".join(cmd), proc.stdout, proc.stderr, proc.returncode, wall))
         self.reap()
         try:
@@ -159,7 +159,7 @@ class Run(object):
     def record(self, name, ok, **fields):
         entry = dict(name=name, ok=bool(ok), **fields)
         self.results["scenarios"].append(entry)
-        self.say("%s %s %s" % ("PASS" if ok else "FAIL", name, json.dumps(fields, default=str)[:400]))
+        self.say("{} {} {}".format("PASS" if ok else "FAIL", name, json.dumps(fields, default=str)[:400]))
 
     # ---- measurements outside Ansible
 
@@ -225,11 +225,11 @@ class Run(object):
                 if field.startswith("memory.") and got is not None and abs(int(want) - int(got)) <= 2:
                     continue
                 if str(got) != want:
-                    mismatches.append("%s: facts %r, nvidia-smi %r" % (field, got, want))
+                    mismatches.append(f"{field}: facts {got!r}, nvidia-smi {want!r}")
         rc, version = self.smi("--version")
         cuda = [l.split(":", 1)[1].strip() for l in version.splitlines() if l.startswith("CUDA Version")]
         if cuda and facts["cuda_version"] != cuda[0]:
-            mismatches.append("cuda_version: facts %r, nvidia-smi %r" % (facts["cuda_version"], cuda[0]))
+            mismatches.append("cuda_version: facts {!r}, nvidia-smi {!r}".format(facts["cuda_version"], cuda[0]))
         info = "/proc/driver/nvidia/gpus"
         if os.path.isdir(info):
             for entry in os.listdir(info):
@@ -237,7 +237,7 @@ class Run(object):
                 minor = int([l.split(":")[1] for l in text.splitlines() if l.startswith("Device Minor")][0])
                 gpu = [g for g in facts["gpus"] if g["pci_bus_id"].lower().endswith(entry.lower()[-12:])]
                 if not gpu or gpu[0]["minor_number"] != minor:
-                    mismatches.append("minor of %s: facts %r, driver %r" % (entry, gpu and gpu[0]["minor_number"], minor))
+                    mismatches.append("minor of {}: facts {!r}, driver {!r}".format(entry, gpu and gpu[0]["minor_number"], minor))
         return mismatches
 
     def scenario_idle(self):
@@ -529,7 +529,7 @@ class Run(object):
     def under_shell(self, script_format, mib, name):
         """`sh -c SCRIPT` in a session of its own, SCRIPT holding the holder's command line where
         {holder} is: -> (Popen of the shell, ready file)."""
-        ready = os.path.join(self.tmp, "ready-%s" % name)
+        ready = os.path.join(self.tmp, f"ready-{name}")
         holder = " ".join(shlex.quote(a) for a in self.holder_argv(ready, mib))
         proc = subprocess.Popen(["sh", "-c", script_format.format(holder=holder, ready=shlex.quote(ready))], stdin=subprocess.DEVNULL,
                                 stdout=self.log, stderr=self.log, start_new_session=True)
@@ -541,7 +541,7 @@ class Run(object):
         for entry in os.listdir("/proc"):
             if entry.isdigit():
                 try:
-                    with open("/proc/%s/stat" % entry) as handle:
+                    with open(f"/proc/{entry}/stat") as handle:
                         children.setdefault(int(handle.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
                 except (OSError, ValueError, IndexError):
                     pass
@@ -587,7 +587,7 @@ class Run(object):
         came_back_s = self.wait_used_above(1000, 20)
         named = "started again by its parent pid %d sh" % loop.pid in msg
         ok = result.get("released") is False and named and first in [k["pid"] for k in result.get("killed", [])] and came_back_s is not None
-        self.record("shell loop%s restarting a PyTorch holder: caught and named, never released: true" % label, ok, released=result.get("released"),
+        self.record(f"shell loop{label} restarting a PyTorch holder: caught and named, never released: true", ok, released=result.get("released"),
                     elapsed_s=result.get("elapsed_s"), timings=result.get("timings"), gpu_dirty_again_after_s=came_back_s, msg=msg[:700],
                     wall_s=wall)
         self.end_tree(loop)
@@ -611,12 +611,12 @@ class Run(object):
         ready = os.path.join(base, "ready")
         conf = os.path.join(base, "supervisord.conf")
         with open(conf, "w") as handle:
-            handle.write("[unix_http_server]\nfile=%s/sock\n[supervisord]\nlogfile=%s/supervisord.log\npidfile=%s/pid\nchildlogdir=%s\n"
+            handle.write(f"[unix_http_server]\nfile={base}/sock\n[supervisord]\nlogfile={base}/supervisord.log\npidfile={base}/pid\nchildlogdir={base}\n"
                          "[rpcinterface:supervisor]\nsupervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface\n"
-                         "[supervisorctl]\nserverurl=unix://%s/sock\n[include]\nfiles = conf.d/*.conf\n" % (base, base, base, base, base))
+                         f"[supervisorctl]\nserverurl=unix://{base}/sock\n[include]\nfiles = conf.d/*.conf\n")
         with open(os.path.join(base, "conf.d", "gpuholder.conf"), "w") as handle:
-            handle.write("[program:gpuholder]\ncommand=%s\nautostart=true\nautorestart=true\nstartsecs=0\nstopwaitsecs=5\n"
-                         % " ".join(self.holder_argv(ready, 4096)))
+            command = " ".join(self.holder_argv(ready, 4096))
+            handle.write(f"[program:gpuholder]\ncommand={command}\nautostart=true\nautorestart=true\nstartsecs=0\nstopwaitsecs=5\n")
         daemon = subprocess.Popen([supervisord, "-n", "-c", conf], stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log,
                                   start_new_session=True)
         self.started.append(daemon)
@@ -653,7 +653,7 @@ class Run(object):
         for entry in os.listdir("/proc"):
             if entry.isdigit():
                 try:
-                    with open("/proc/%s/cmdline" % entry, "rb") as handle:
+                    with open(f"/proc/{entry}/cmdline", "rb") as handle:
                         argv0 = handle.read().split(b"\0")[0].decode("utf-8", "replace")
                 except OSError:
                     continue
@@ -789,7 +789,7 @@ class Run(object):
             proc, ready = self.holder(mib=2048)
             pid = self.wait_ready(ready)[0]
         except Exception as exc:  # no PyTorch here: say so, never a pass
-            self.record("smoke test: a GPU in use is skipped, never tested", False, error="no holder: %r" % exc)
+            self.record("smoke test: a GPU in use is skipped, never tested", False, error=f"no holder: {exc!r}")
             return
         busy, _wall = self.playbook("smoke-busy-facts", action="facts", smoke_test=True)
         self.end_all()

@@ -11,7 +11,7 @@ import sys
 
 
 def fmt(value, unit=" s"):
-    return "-" if value is None else "%s%s" % (value, unit)
+    return "-" if value is None else f"{value}{unit}"
 
 
 def release_rows(scenarios):
@@ -20,11 +20,11 @@ def release_rows(scenarios):
     for s in scenarios:
         if "floor_s" not in s:
             continue
-        left = "%s MiB" % s.get("hand_procedure_mib_after")
+        left = "{} MiB".format(s.get("hand_procedure_mib_after"))
         if s.get("pkill_only_mib_after") is not None:
-            left += " (`pkill` alone: %s MiB)" % s["pkill_only_mib_after"]
-        signals = ", ".join("%s after %s s" % (sig, after) for _pid, sig, after in s.get("signals", []))
-        rows.append("| %s %s | %s | %s | %s | %s | %s | %s |" % (
+            left += " (`pkill` alone: {} MiB)".format(s["pkill_only_mib_after"])
+        signals = ", ".join(f"{sig} after {after} s" for _pid, sig, after in s.get("signals", []))
+        rows.append("| {} {} | {} | {} | {} | {} | {} | {} |".format(
             "PASS" if s["ok"] else "FAIL", s["name"], fmt(s.get("elapsed_s")), fmt(s.get("floor_s")), fmt(s.get("over_floor_s")),
             fmt(s.get("hand_procedure_s")), left, signals))
     return rows
@@ -42,7 +42,7 @@ def medians(scenarios):
         floors = [r["floor_s"] for r in runs if r.get("floor_s") is not None]
         rows.append("| %s | %d | %.3f s | %s | %s |" % (
             key, len(runs), statistics.median(r["elapsed_s"] for r in runs),
-            "%.3f s" % statistics.median(floors) if floors else "-", "%.3f s" % statistics.median(over) if over else "-"))
+            f"{statistics.median(floors):.3f} s" if floors else "-", f"{statistics.median(over):.3f} s" if over else "-"))
     return rows
 
 
@@ -53,13 +53,13 @@ def other_rows(scenarios):
             continue
         details = {k: v for k, v in s.items() if k in ("clean", "count", "memory_used_mib", "reserved", "cuda_version", "mismatches",
                                                        "elapsed_s", "changed", "still_alive", "comm", "killed", "rc", "summary")}
-        rows.append("| %s | %s | `%s` |" % (s["name"], "PASS" if s["ok"] else "FAIL", json.dumps(details).replace("|", "\\|")))
+        rows.append("| {} | {} | `{}` |".format(s["name"], "PASS" if s["ok"] else "FAIL", json.dumps(details).replace("|", "\\|")))
     return rows
 
 
 def main(path):
     data = json.load(open(path))
-    out = ["Driver: %s. GPU: %s. Run %s to %s, `%s`." % (
+    out = ["Driver: {}. GPU: {}. Run {} to {}, `{}`.".format(
         " / ".join(l.strip() for l in data["nvidia_smi_version"].splitlines() if l.strip()), data["gpu"], data["started"], data["finished"],
         data["command"])]
     out += ["", "### Release times"] + medians(data["scenarios"]) + ["", "Every run:", ""] + release_rows(data["scenarios"])

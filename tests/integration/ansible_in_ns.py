@@ -29,7 +29,7 @@ PLAY = """---
 """
 
 
-class ModuleRun(object):
+class ModuleRun:
     def __init__(self, result, wall_s, stdout, stderr, rc):
         self.result = result
         self.wall_s = wall_s
@@ -75,7 +75,7 @@ def run_module(host, module, args=None, check=False, diff=False, timeout=180, ex
         with open(out) as handle:
             result = json.load(handle)
     except (OSError, ValueError):
-        raise AssertionError("ansible-playbook wrote no result (rc %s):\n%s\n%s" % (proc.returncode, proc.stdout[-4000:], proc.stderr[-4000:]))
+        raise AssertionError(f"ansible-playbook wrote no result (rc {proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     assert "Traceback" not in result.get("module_stderr", "") + result.get("msg", ""), result
     record_timing(module, result, wall)
     return ModuleRun(result, wall, proc.stdout, proc.stderr, proc.returncode)

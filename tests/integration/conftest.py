@@ -27,7 +27,7 @@ def _rig_missing():
         return "simulated hosts need root (mount/pid namespaces)"
     for tool in ("unshare", "nsenter"):
         if shutil.which(tool) is None:
-            return "%s not found" % tool
+            return f"{tool} not found"
     return None
 
 

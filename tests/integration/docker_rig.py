@@ -52,7 +52,7 @@ def missing(paths=(DOCKERD, DOCKER)):
     """Why the rig cannot run here, or None."""
     for path in paths:
         if not os.access(path, os.X_OK):
-            return "%s not found: install Debian's %s (tests/tools/apt-deps.sh does)" % (path, "podman" if path == PODMAN else "docker.io")
+            return "{} not found: install Debian's {} (tests/tools/apt-deps.sh does)".format(path, "podman" if path == PODMAN else "docker.io")
     return None
 
 
@@ -60,7 +60,7 @@ class DockerError(RuntimeError):
     pass
 
 
-class DockerHost(object):
+class DockerHost:
     """dockerd inside an NsHost. `host` is the NsHost; `docker(*args)` runs the CLI inside it."""
 
     # The cgroup of a container: <parent>/<prefix><id> (cgroupfs driver).
@@ -83,7 +83,7 @@ class DockerHost(object):
             return
         result = self.host.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "zeromib-rig", "/var/lib"])
         if result.returncode != 0:
-            raise DockerError("mount tmpfs on /var/lib: %s" % result.stderr)
+            raise DockerError(f"mount tmpfs on /var/lib: {result.stderr}")
         self._contained = True
 
     def start(self, timeout=60):
@@ -94,14 +94,14 @@ class DockerHost(object):
         argv = [DOCKERD, "--data-root", os.path.join(self.base, "data"), "--exec-root", os.path.join(self.base, "exec"),
                 "-H", "unix://" + SOCKET, "--pidfile", os.path.join(self.base, "dockerd.pid"),
                 "--iptables=false", "--ip-masq=false", "--bridge=none", "--shutdown-timeout=2"]
-        proc = self.host.spawn(["sh", "-c", 'exec "$@" >>%s 2>&1' % log, "dockerd"] + argv, ready=False)
+        proc = self.host.spawn(["sh", "-c", f'exec "$@" >>{log} 2>&1', "dockerd"] + argv, ready=False)
         self.pid = proc.pid
         started = time.monotonic()
         while True:
             if self.docker("version", "--format", "{{.Server.Version}}", check=False).returncode == 0:
                 break
             if not self.host.alive(self.pid) or time.monotonic() - started > timeout:
-                raise DockerError("dockerd did not come up: %s" % _tail(log))
+                raise DockerError(f"dockerd did not come up: {_tail(log)}")
             time.sleep(0.1)
         self.start_s = time.monotonic() - started
         return self
@@ -172,10 +172,10 @@ class DockerHost(object):
             os.makedirs(os.path.join(root, sub))
         for link, target in (("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64"), ("sbin", "usr/sbin")):
             os.symlink(target, os.path.join(root, link))
-        result = self.host.run(["sh", "-c", "tar -C %s -c . | %s import - %s" % (root, " ".join(self.cli()), IMAGE)], timeout=120)
+        result = self.host.run(["sh", "-c", "tar -C {} -c . | {} import - {}".format(root, " ".join(self.cli()), IMAGE)], timeout=120)
         shutil.rmtree(root, ignore_errors=True)
         if result.returncode != 0:
-            raise DockerError("docker import: %s" % result.stderr)
+            raise DockerError(f"docker import: {result.stderr}")
 
     def run_holder(self, name, gpus, mib=20480, restart="always", holder_args=(), run_args=(), ready=True, timeout=30):
         """`docker run -d` a gpu_holder on `gpus` (indexes); waits for its CUDA init. Returns
@@ -187,10 +187,10 @@ class DockerHost(object):
             nodes.append("/dev/nvidia%d" % minor)
         devices = []
         for node in nodes:
-            devices += ["-v", "%s:%s" % (node, node)]
-        ready_file = "/run/nvidia-sim/ready-%s.json" % name
-        argv = ["run", "-d", "--name", name, "--restart=%s" % restart, "--pid=host", "--network=none"] + devices + [
-            "-v", "/usr:/usr:ro", "-v", "%s:%s:ro" % (SIM_DIR, SIM_DIR), "-v", "/etc/nvidia-sim:/etc/nvidia-sim:ro",
+            devices += ["-v", f"{node}:{node}"]
+        ready_file = f"/run/nvidia-sim/ready-{name}.json"
+        argv = ["run", "-d", "--name", name, f"--restart={restart}", "--pid=host", "--network=none"] + devices + [
+            "-v", "/usr:/usr:ro", "-v", f"{SIM_DIR}:{SIM_DIR}:ro", "-v", "/etc/nvidia-sim:/etc/nvidia-sim:ro",
             "-v", "/run/nvidia-sim:/run/nvidia-sim"] + list(run_args) + [
             IMAGE, "python3", os.path.join(SIM_DIR, "gpu_holder"), "--gpus", ",".join(str(g) for g in gpus), "--mib", str(mib),
             "--ready-file", ready_file] + list(holder_args)
@@ -202,7 +202,7 @@ class DockerHost(object):
 
     def ready_info(self, name):
         try:
-            with open(os.path.join(self.host.root.state, "ready-%s.json" % name)) as handle:
+            with open(os.path.join(self.host.root.state, f"ready-{name}.json")) as handle:
                 return json.load(handle)
         except (OSError, ValueError):
             return None
@@ -216,7 +216,7 @@ class DockerHost(object):
             if info and info["pid"] != not_pid and self.host.alive(info["pid"]):
                 return info["pid"]
             if time.monotonic() - started > timeout:
-                raise DockerError("container %s: holder not ready after %s s: %s" % (
+                raise DockerError("container {}: holder not ready after {} s: {}".format(
                     name, timeout, self.docker("logs", name, check=False).stderr[-2000:]))
             time.sleep(0.02)
 
@@ -240,7 +240,7 @@ class DockerHost(object):
                 handle.write("%d\n" % host_pid)
             placed = True
         if not placed:
-            raise DockerError("no name=systemd or unified cgroup hierarchy under %s" % CGROUP_ROOT)
+            raise DockerError(f"no name=systemd or unified cgroup hierarchy under {CGROUP_ROOT}")
 
 
 class PodmanHost(DockerHost):
@@ -255,7 +255,7 @@ class PodmanHost(DockerHost):
             os.makedirs(self.base, exist_ok=True)
             result = self.host.run(["sh", "-c", "mkdir -p /etc/containers && cat > /etc/containers/containers.conf"], input=self.CONF)
             if result.returncode != 0:
-                raise DockerError("podman setup: %s" % result.stderr)
+                raise DockerError(f"podman setup: {result.stderr}")
             self.pid = 0
         return self
 

@@ -54,32 +54,32 @@ def unpacked():
         got = subprocess.run(["apt-get", "download", "supervisor"], cwd=CACHE, capture_output=True, text=True, check=False)
         debs = glob.glob(os.path.join(CACHE, "supervisor_*.deb"))
         if not debs:
-            raise AssertionError("cannot fetch Debian's supervisor package (apt-get download supervisor): %s" % got.stderr[-500:])
+            raise AssertionError(f"cannot fetch Debian's supervisor package (apt-get download supervisor): {got.stderr[-500:]}")
     subprocess.run(["dpkg", "-x", debs[0], root + ".tmp"], check=True)
     os.rename(root + ".tmp", root)
     return root
 
 
-class Supervisord(object):
+class Supervisord:
     """supervisord in a host, with programs; `ctl(...)` runs supervisorctl there."""
 
     def __init__(self, host, programs):
         self.host = host
         self.root = unpacked()
         site = os.path.join(self.root, "usr", "lib", "python3", "dist-packages")
-        script = "#!/bin/sh\nPYTHONPATH=%s exec /usr/bin/python3 %s/usr/bin/{tool} \"$@\"\n" % (site, self.root)
+        script = f"#!/bin/sh\nPYTHONPATH={site} exec /usr/bin/python3 {self.root}/usr/bin/{{tool}} \"$@\"\n"
         files = {"/usr/bin/supervisord": script.format(tool="supervisord"),
                  "/usr/bin/supervisorctl": script.format(tool="supervisorctl"),
                  "/etc/supervisor/supervisord.conf": MAIN_CONF}
         for name, command in programs.items():
-            files["/etc/supervisor/conf.d/%s.conf" % name] = PROGRAM.format(name=name, command=command)
+            files[f"/etc/supervisor/conf.d/{name}.conf"] = PROGRAM.format(name=name, command=command)
         for path, text in files.items():
             self.write(path, text, mode="0755" if path.startswith("/usr/bin/") else "0644")
         host.run(["mkdir", "-p", "/run/supervisor-log"], check=True)
         self.start()
 
     def write(self, path, text, mode="0644"):
-        self.host.run(["sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1" && chmod %s "$1"' % mode, "sh", path], input=text, check=True)
+        self.host.run(["sh", "-c", f'mkdir -p "$(dirname "$1")" && cat > "$1" && chmod {mode} "$1"', "sh", path], input=text, check=True)
 
     def read(self, path):
         return self.host.run(["cat", path], check=True).stdout
@@ -91,7 +91,7 @@ class Supervisord(object):
             if self.ctl("pid").stdout.strip().isdigit():
                 return
             time.sleep(0.1)
-        raise AssertionError("supervisord did not answer: %s" % self.proc.output())
+        raise AssertionError(f"supervisord did not answer: {self.proc.output()}")
 
     def stop(self):
         """Ends supervisord as its unit would (SIGTERM: it stops its programs first)."""

@@ -46,7 +46,7 @@ def _gpu(index, used=0, total=H200_TOTAL, name="NVIDIA H200", max_used=0, mig="D
     used = FOOTPRINT if footprint else used
     return {
         "index": index,
-        "uuid": "GPU-%08x-%04x-%04x-%04x-%012x" % (0xAB0C0000 + host_no, index, 0xBE7E, 0xF16B, 0x963690D7C5C5 + index),
+        "uuid": f"GPU-{0xAB0C0000 + host_no:08x}-{index:04x}-{0xBE7E:04x}-{0xF16B:04x}-{0x963690D7C5C5 + index:012x}",
         "name": name,
         "pci_bus_id": "00000000:%02X:00.0" % (0x18 + 0x10 * index),
         "minor_number": index,
@@ -177,7 +177,7 @@ def _env(collections_path):
         "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
         "ANSIBLE_TIMEOUT": "5",
         "ANSIBLE_SSH_ARGS": "-o ControlMaster=no -o BatchMode=yes",
-        "PATH": "%s:%s" % (BIN, env.get("PATH", "")),
+        "PATH": "{}:{}".format(BIN, env.get("PATH", "")),
     })
     env.pop("ANSIBLE_CONFIG", None)
     return env
@@ -284,7 +284,7 @@ def test_prom_file_passes_promtool(fleet_report):
     assert 'zeromib_gpu_nvml_clients{host="gpu-node05"} 2' in text and 'zeromib_gpu_holders{host="gpu-node05"} 0' in text
     assert 'zeromib_gpu_clean{host="gpu-node07",gpu="2",' in text
     assert 'zeromib_gpu_healthy{host="gpu-node09",gpu="5",' in text and 'zeromib_gpu_healthy{host="gpu-node09",gpu="4",' in text
-    prefixes = tuple('zeromib_gpu_%s{host="gpu-node09",gpu="5"' % name for name in ("healthy", "ecc_uncorrected", "xid_recent"))
+    prefixes = tuple(f'zeromib_gpu_{name}{{host="gpu-node09",gpu="5"' for name in ("healthy", "ecc_uncorrected", "xid_recent"))
     node09 = [line for line in text.splitlines() if line.startswith(prefixes)]
     assert [line.rsplit(" ", 1)[1] for line in node09] == ["0", "1", "1"], node09
 
@@ -293,7 +293,7 @@ def test_markdown_lists_every_problem_host(fleet_report):
     md = (fleet_report[0] / "report.md").read_text()
     assert md.startswith("# H200 fleet audit (sample)\n")
     for host in ("gpu-node03", "gpu-node24", "gpu-node26", "gpu-node29"):
-        assert "| %s | **" % host in md
+        assert f"| {host} | **" in md
     assert "| gpu-node21 | 5120 | python3 | carol |" in md
     # A holder in a container shows the container's name and image next to its PID.
     assert "| gpu-node14 | 77001 | sglang::scheduler | svc-infer | - | sglang (lmsysorg/sglang:v0.4.9-cu124) |" in md
@@ -334,7 +334,7 @@ def _chromium(*args, timeout=120):
     try:
         return subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                               "--hide-scrollbars", "--user-data-dir=%s" % profile, *args],
+                               "--hide-scrollbars", f"--user-data-dir={profile}", *args],
                               capture_output=True, text=True, timeout=timeout, check=False)
     finally:
         shutil.rmtree(profile, ignore_errors=True)
@@ -397,7 +397,7 @@ def _png_summary(path):
 
 def test_screenshot_is_not_blank(fleet_report, tmp_path):
     shot = tmp_path / "audit-report.png"
-    proc = _chromium("--screenshot=%s" % shot, "--window-size=1280,2300", (fleet_report[0] / "report.html").as_uri())
+    proc = _chromium(f"--screenshot={shot}", "--window-size=1280,2300", (fleet_report[0] / "report.html").as_uri())
     assert shot.exists(), proc.stderr[-2000:]
     width, height, colours = _png_summary(shot)
     assert (width, height) == (1280, 2300)

@@ -201,22 +201,22 @@ def test_unknown_container_name_is_listed_not_found(docker):
 def test_kubernetes_pods_are_never_signalled_and_the_message_says_to_drain(docker):
     # dockershim's layout: the kubelet made Docker put the pod's container under its pod cgroup.
     pod = docker.run_holder(
-        "k8s_vllm_vllm-0_inference_%s_0" % POD_UID, [0],
-        run_args=["--cgroup-parent=/kubepods/burstable/pod%s" % POD_UID,
+        f"k8s_vllm_vllm-0_inference_{POD_UID}_0", [0],
+        run_args=[f"--cgroup-parent=/kubepods/burstable/pod{POD_UID}",
                   "--label", "io.kubernetes.pod.namespace=inference", "--label", "io.kubernetes.pod.name=vllm-0",
-                  "--label", "io.kubernetes.pod.uid=%s" % POD_UID, "--label", "io.kubernetes.container.name=vllm"])
-    docker.cgroups.append("/kubepods/burstable/pod%s" % POD_UID)
+                  "--label", f"io.kubernetes.pod.uid={POD_UID}", "--label", "io.kubernetes.container.name=vllm"])
+    docker.cgroups.append(f"/kubepods/burstable/pod{POD_UID}")
     pod_pid = docker.ready_info(pod["Name"].lstrip("/"))["pid"]
     # A pod whose runtime cannot be asked: a process in /kubepods/besteffort/pod<uid>/<id>.
     other_uid = "9f8e7d6c-5b4a-3928-1706-f5e4d3c2b1a0"
     bare = spawn_bare(docker, "1")
-    docker.make_cgroup("/kubepods/besteffort/pod%s/%s" % (other_uid, "ab" * 32), bare.host_pid)
+    docker.make_cgroup("/kubepods/besteffort/pod{}/{}".format(other_uid, "ab" * 32), bare.host_pid)
     starts = {pid: docker.host.read("/proc/%d/stat" % pid).split()[21] for pid in (pod_pid, bare.pid)}
 
     for check in (True, False):
         run = run_module(docker.host, "gpu_release", check=check)
         assert run.failed, run.result
-        assert "pod inference/vllm-0" in run.msg and "pod UID %s" % other_uid in run.msg
+        assert "pod inference/vllm-0" in run.msg and f"pod UID {other_uid}" in run.msg
         assert "cordon" in run.msg and "drain" in run.msg
         assert run.get("killed") == [] and run.get("stopped_containers") == []
     assert {pid: docker.host.read("/proc/%d/stat" % pid).split()[21] for pid in (pod_pid, bare.pid)} == starts, "never signalled"
@@ -245,11 +245,11 @@ def test_container_killed_from_outside_that_comes_back_fails_naming_it(docker):
 def test_engine_api_and_cli_read_the_same_record(docker):
     record = docker.run_holder("twins", [5], restart="unless-stopped", run_args=["--label", "team=infer"])
     script = (
-        "import json, sys; sys.path.insert(0, %r)\n"
+        "import json, sys; sys.path.insert(0, {!r})\n"
         "from ansible_collections.zeromib.gpu.plugins.module_utils import _containers as c\n"
-        "api = c.EngineApi('docker', %r).inspect(%r)\n"
-        "cli = c.EngineCli('docker', %r, c._run).inspect(%r)\n"
-        "print(json.dumps([api, cli]))\n" % (COLLECTIONS, docker_rig.SOCKET, record["Id"], docker_rig.DOCKER, record["Id"])
+        "api = c.EngineApi('docker', {!r}).inspect({!r})\n"
+        "cli = c.EngineCli('docker', {!r}, c._run).inspect({!r})\n"
+        "print(json.dumps([api, cli]))\n".format(COLLECTIONS, docker_rig.SOCKET, record["Id"], docker_rig.DOCKER, record["Id"])
     )
     result = docker.host.run(["python3", "-c", script], env={"DOCKER_HOST": "unix://" + docker_rig.SOCKET})
     assert result.returncode == 0, result.stderr
@@ -341,12 +341,12 @@ def test_users_holder_in_a_cgroup_named_after_anothers_container_never_stops_tha
     if subtree == "user-manager":
         relative = "user.slice/user-%d.slice/user@%d.service/app.slice/docker-%s.scope" % (USER, USER, victim)
     else:  # a unit with Delegate=yes and User=4242: no user@ in the path, the cgroup file system's owner tells
-        relative = "system.slice/delegated.service/docker-%s.scope" % victim
+        relative = f"system.slice/delegated.service/docker-{victim}.scope"
     cgroup = docker.host.user_cgroup(relative, owner=USER)
     attacker = docker.host.spawn_as(USER, ["gpu_holder", "--gpus", "1", "--mib", "10240"])
     docker.bare.append(attacker)
     docker.host.move_to_cgroup(attacker.pid, cgroup)
-    assert "docker-%s.scope" % victim in docker.host.read("/proc/%d/cgroup" % attacker.pid)
+    assert f"docker-{victim}.scope" in docker.host.read("/proc/%d/cgroup" % attacker.pid)
 
     run = run_module(docker.host, "gpu_release", {"gpus": [1]})
     assert not run.failed, run.msg

@@ -14,7 +14,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def start_daemon(host, name="nvidia-persistenced"):
     """A process posing as a GPU daemon that holds every /dev/nvidia* node, no memory."""
-    ready = os.path.join(host.dir, "daemon-%s-%f" % (name, time.monotonic()))
+    ready = os.path.join(host.dir, f"daemon-{name}-{time.monotonic():f}")
     host.spawn(["/usr/bin/python3", os.path.join(HERE, "fake_daemon.py"), name, ready], ready=False)
     deadline = time.monotonic() + 15
     while not os.path.exists(ready):

@@ -55,7 +55,7 @@ def run_role(host, variables, timeout=180, check=False):
         with open(out) as handle:
             return json.load(handle)
     except (OSError, ValueError):
-        raise AssertionError("no outcome (rc %s):\n%s\n%s" % (proc.returncode, proc.stdout[-4000:], proc.stderr[-4000:]))
+        raise AssertionError(f"no outcome (rc {proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
 
 
 # (test id, fault, role variables, the words the failure message must contain)

@@ -82,7 +82,7 @@ def wait_for(pred, timeout=5.0, step=0.02):
         if v:
             return time.monotonic() - t0
         if time.monotonic() - t0 > timeout:
-            raise AssertionError("condition not met after %.1f s" % timeout)
+            raise AssertionError(f"condition not met after {timeout:.1f} s")
         time.sleep(step)
 
 
@@ -540,7 +540,7 @@ def test_cuda_visible_devices_holder_leaves_no_footprint(host8):
     # UUIDs, in CUDA's order: logical 1 is physical 2; GPU 5 is visible (mapped), the rest hidden
     uuids = [g["uuid"] for g in host8.config["gpus"]]
     p = host8.spawn(["gpu_holder", "--gpus", "1", "--mib", "1000"],
-                    env={"CUDA_VISIBLE_DEVICES": "%s,%s" % (uuids[5], uuids[2])})
+                    env={"CUDA_VISIBLE_DEVICES": f"{uuids[5]},{uuids[2]}"})
     (got,) = probe(host8, [p.pid]).values()
     assert devices(got) == cuda_view(host8.config, [2], visible=[5, 2])
     assert used(host8) == [0, 0, 1000 + OVH, 0, 0, FOOT, 0, 0]

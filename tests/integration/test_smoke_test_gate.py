@@ -97,7 +97,7 @@ def test_a_hung_call_fails_within_the_timeout_and_its_process_is_killed(h200x2):
     configure(h200x2, hang=["cuCtxSynchronize"])
     outcome = run_role(h200x2, {"free_gpus_smoke_test": True, "free_gpus_timeout": 2})
     assert outcome["failed"], outcome
-    assert "GPU 0 (%s): timed out after 2 s in cuCtxSynchronize" % BUS[0] in outcome["msg"], outcome["msg"]
+    assert f"GPU 0 ({BUS[0]}): timed out after 2 s in cuCtxSynchronize" in outcome["msg"], outcome["msg"]
     assert "a hung CUDA call is a failure" in outcome["msg"]
     hung = {int(pid) for pid, call, _arg in fake_libcuda.calls(h200x2.root.state) if call == "cuCtxSynchronize"}
     assert hung and not any(h200x2.alive(pid) for pid in hung), hung
@@ -192,6 +192,6 @@ def test_the_audit_shows_each_gpus_last_smoke_test(h200x2):
     with open(os.path.join(out, "report.md")) as handle:
         markdown = handle.read()
     assert "## CUDA smoke test" in markdown
-    assert "| localhost | 0 | %s | FAILED |" % BUS[0] in markdown and "CUDA_ERROR_OUT_OF_MEMORY (2) at cuMemAlloc" in markdown
+    assert f"| localhost | 0 | {BUS[0]} | FAILED |" in markdown and "CUDA_ERROR_OUT_OF_MEMORY (2) at cuMemAlloc" in markdown
     with open(os.path.join(out, "report.html")) as handle:
         assert "CUDA smoke test: FAILED: CUDA_ERROR_OUT_OF_MEMORY (2) at cuMemAlloc" in handle.read()

@@ -115,7 +115,7 @@ def test_users_job_named_like_a_protected_daemon_is_signalled_and_the_real_ones_
     run = run_module(host, "gpu_release", {"gpus": [1]})
     assert not run.failed, run.msg
     assert killed(run) == [fake.pid] and run["released"] is True and not host.alive(fake.pid)
-    assert any("named like %s" % named in w and "uid %d" % USER in w for w in run["warnings"]), run["warnings"]
+    assert any(f"named like {named}" in w and "uid %d" % USER in w for w in run["warnings"]), run["warnings"]
     assert host.alive(persistenced.pid) and host.alive(xorg.pid)
 
     again = run_module(host, "gpu_release", {"gpus": [0], "wait_timeout": 2})

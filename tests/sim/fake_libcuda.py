@@ -43,9 +43,9 @@ def build(out_dir=BUILD):
 
 
 def write_config(state_dir, devices=(), fail=None, hang=(), free_mib=None):
-    lines = ["device %s" % d for d in devices]
+    lines = [f"device {d}" for d in devices]
     lines += ["fail %s %d" % (call, code) for call, code in (fail or {}).items()]
-    lines += ["hang %s" % call for call in hang]
+    lines += [f"hang {call}" for call in hang]
     if free_mib is not None:
         lines.append("free_mib %d" % free_mib)
     with open(os.path.join(state_dir, CONFIG_NAME), "w") as handle:

@@ -118,12 +118,12 @@ PRESETS = {
 
 
 def _hex(seed, what, n):
-    return hashlib.sha256(("%s:%s" % (seed, what)).encode()).hexdigest()[:n]
+    return hashlib.sha256((f"{seed}:{what}").encode()).hexdigest()[:n]
 
 
 def gpu_uuid(seed, index):
     h = _hex(seed, "uuid%d" % index, 32)
-    return "GPU-%s-%s-%s-%s-%s" % (h[:8], h[8:12], h[12:16], h[16:20], h[20:32])
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
 
 def bus_id(bus):
@@ -132,7 +132,7 @@ def bus_id(bus):
         b, d = bus.split(":")
     else:
         b, d = bus, "00"
-    return "00000000:%s:%s.0" % (b.upper(), d.upper())
+    return f"00000000:{b.upper()}:{d.upper()}.0"
 
 
 def make_config(preset="h200x8", seed="simhost", minors=None, count=None, gpu_overrides=None,
@@ -146,7 +146,7 @@ def make_config(preset="h200x8", seed="simhost", minors=None, count=None, gpu_ov
     overrides: top-level keys (driver_version, release_delay_s, ...).
     """
     if preset not in PRESETS:
-        raise ValueError("unknown preset %r (have %s)" % (preset, ", ".join(sorted(PRESETS))))
+        raise ValueError("unknown preset {!r} (have {})".format(preset, ", ".join(sorted(PRESETS))))
     p = PRESETS[preset]
     model = MODELS[p["model"]]
     n = p["count"] if count is None else int(count)

@@ -69,7 +69,7 @@ class NsError(RuntimeError):
     pass
 
 
-class HostProc(object):
+class HostProc:
     """A process started inside the namespace by NsHost.spawn()."""
 
     def __init__(self, host, pid, argv, log, info=None):
@@ -106,10 +106,10 @@ class HostProc(object):
             return ""
 
     def __repr__(self):
-        return "<HostProc pid=%s %r>" % (self.pid, self.argv[:3])
+        return f"<HostProc pid={self.pid} {self.argv[:3]!r}>"
 
 
-class NsHost(object):
+class NsHost:
     """A simulated GPU host. See the module docstring."""
 
     def __init__(self, preset="h200x8", minors=None, seed=None, config=None, count=None,
@@ -201,16 +201,14 @@ class NsHost(object):
         ready = os.path.join(self.dir, "init.ready")
         while not os.path.exists(ready):
             if self._unshare.poll() is not None:
-                raise NsError("namespace init failed (rc %s): %s" % (
-                    self._unshare.returncode, self._read_log()))
+                raise NsError(f"namespace init failed (rc {self._unshare.returncode}): {self._read_log()}")
             if time.monotonic() - t0 > self.start_timeout:
-                raise NsError("namespace init not ready after %.0f s: %s" % (
-                    self.start_timeout, self._read_log()))
+                raise NsError(f"namespace init not ready after {self.start_timeout:.0f} s: {self._read_log()}")
             time.sleep(0.005)
         with open(ready) as f:
             status = f.read()
         if status.strip() != "ok":
-            raise NsError("namespace init failed: %s" % status)
+            raise NsError(f"namespace init failed: {status}")
         self.init_pid = self._find_init()
         self._init_start = _start_time(self.init_pid)
         self._pidns = os.readlink("/proc/%d/ns/pid" % self.init_pid)
@@ -333,7 +331,7 @@ class NsHost(object):
         full_env.update(env or {})
         reply = self._ctl({"op": "spawn", "argv": argv, "env": full_env, "cwd": cwd, "log": log})
         if "error" in reply:
-            raise NsError("spawn %r: %s" % (argv, reply["error"]))
+            raise NsError("spawn {!r}: {}".format(argv, reply["error"]))
         pid = reply["pid"]
         info = None
         if ready_file:
@@ -341,10 +339,9 @@ class NsHost(object):
             while not os.path.exists(ready_file):
                 st = self.exit_status(pid)
                 if st is not None:
-                    raise NsError("%r exited with %s before ready: %s" % (
-                        argv, st, _read(log)))
+                    raise NsError(f"{argv!r} exited with {st} before ready: {_read(log)}")
                 if time.monotonic() - t0 > timeout:
-                    raise NsError("%r not ready after %.0f s: %s" % (argv, timeout, _read(log)))
+                    raise NsError(f"{argv!r} not ready after {timeout:.0f} s: {_read(log)}")
                 time.sleep(0.005)
             with open(ready_file) as f:
                 info = json.load(f)
@@ -672,14 +669,13 @@ def _mount(src, target, fstype=None, flags=0, data=None):
                    fstype.encode() if fstype else None, flags,
                    data.encode() if data else None) != 0:
         e = ctypes.get_errno()
-        raise OSError(e, "mount %s on %s (%s, %s): %s" % (src, target, fstype, data,
-                                                          os.strerror(e)))
+        raise OSError(e, f"mount {src} on {target} ({fstype}, {data}): {os.strerror(e)}")
 
 
 def _umount(target):
     if _libc.umount2(target.encode(), MNT_DETACH) != 0:
         e = ctypes.get_errno()
-        raise OSError(e, "umount %s: %s" % (target, os.strerror(e)))
+        raise OSError(e, f"umount {target}: {os.strerror(e)}")
 
 
 def _submounts(path):
@@ -698,14 +694,14 @@ def _submounts(path):
 def _overlay(path, base):
     """Put a writable overlay on path; keep what was mounted below it."""
     name = path.strip("/").replace("/", "_")
-    upper, work, keep = (os.path.join(base, "%s-%s" % (name, s)) for s in ("upper", "work", "keep"))
+    upper, work, keep = (os.path.join(base, f"{name}-{s}") for s in ("upper", "work", "keep"))
     for d in (upper, work, keep):
         os.makedirs(d)
     subs = _submounts(path)
     if subs:
         _mount(path, keep, None, MS_BIND | MS_REC)
     _mount("overlay", path, "overlay", 0,
-           "lowerdir=%s,upperdir=%s,workdir=%s" % (path, upper, work))
+           f"lowerdir={path},upperdir={upper},workdir={work}")
     for s in subs:
         _mount(os.path.join(keep, os.path.relpath(s, path)), s, None, MS_BIND | MS_REC)
     if subs:
@@ -720,18 +716,18 @@ def _mknod(path, minor=5):
 def _information(cfg, g):
     bus = g["pci_bus_id"].lower()
     dom, rest = bus.split(":", 1)
-    loc = "%s:%s" % (dom[-4:], rest)
+    loc = f"{dom[-4:]}:{rest}"
     vb = str(g.get("vbios_version", "??.??.??.??.??")).lower()
-    return loc, ("Model: \t\t %s\n" % g["name"] +
+    return loc, ("Model: \t\t {}\n".format(g["name"]) +
                  "IRQ:   \t\t %d\n" % (150 + g["index"]) +
-                 "GPU UUID: \t %s\n" % g["uuid"] +
-                 "Video BIOS: \t %s\n" % vb +
+                 "GPU UUID: \t {}\n".format(g["uuid"]) +
+                 f"Video BIOS: \t {vb}\n" +
                  "Bus Type: \t PCIe\n" +
                  "DMA Size: \t 52 bits\n" +
                  "DMA Mask: \t 0xfffffffffffff\n" +
-                 "Bus Location: \t %s\n" % loc +
+                 f"Bus Location: \t {loc}\n" +
                  "Device Minor: \t %d\n" % g["minor"] +
-                 "GPU Firmware: \t %s\n" % cfg.get("driver_version", "") +
+                 "GPU Firmware: \t {}\n".format(cfg.get("driver_version", "")) +
                  "GPU Excluded:\t No\n")
 
 
@@ -761,13 +757,13 @@ def _setup(spec):
     os.makedirs("/proc/driver/nvidia/gpus")
     dv = cfg.get("driver_version", "")
     with open("/proc/driver/nvidia/version", "w") as f:
-        f.write("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  %s  Release Build  "
+        f.write(f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {dv}  Release Build  "
                 "(dvs-builder@U22-I3-AF03-09-1)  Tue Jul  8 17:52:20 UTC 2025\n"
-                "GCC version:  gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04) \n" % dv)
+                "GCC version:  gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04) \n")
     for g in cfg["gpus"]:
         loc, text = _information(cfg, g)
         os.mkdir("/proc/driver/nvidia/gpus/" + loc)
-        with open("/proc/driver/nvidia/gpus/%s/information" % loc, "w") as f:
+        with open(f"/proc/driver/nvidia/gpus/{loc}/information", "w") as f:
             f.write(text)
     _mount(None, "/proc/driver", None, MS_REMOUNT | MS_RDONLY)
     # /etc/nvidia-sim, /run/nvidia-sim, /usr/bin/{nvidia-smi,gpu_holder}
@@ -825,7 +821,7 @@ def _init(spec_path):
         srv.bind(sock_path)
         srv.listen(64)
     except Exception as e:  # report and die; the host side raises
-        _atomic_write(ready, "setup failed: %r" % (e,))
+        _atomic_write(ready, f"setup failed: {e!r}")
         sys.exit(1)
 
     def reap(*_):

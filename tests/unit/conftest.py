@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -31,8 +30,8 @@ def pytest_sessionstart(session):
         import ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi  # noqa: F401
     except ImportError as exc:
         raise pytest.UsageError(
-            "ansible_collections.zeromib.gpu is not importable (%s): run `make -C %s collection`, "
-            "or run these tests through ansible-test units" % (exc, _REPO)
+            f"ansible_collections.zeromib.gpu is not importable ({exc}): run `make -C {_REPO} collection`, "
+            "or run these tests through ansible-test units"
         )
 
 

@@ -15,7 +15,7 @@ H200_TOTAL = 143771
 def gpu(index, used=0, max_used=0, mig="Disabled", total=H200_TOTAL, footprint=False):
     return {
         "index": index,
-        "uuid": "GPU-ab0cf4f6-818d-be7e-f16b-96369%07x" % index,
+        "uuid": f"GPU-ab0cf4f6-818d-be7e-f16b-96369{index:07x}",
         "name": "NVIDIA H200",
         "pci_bus_id": "00000000:%02X:00.0" % (0x18 + index),
         "minor_number": 7 - index,

@@ -229,7 +229,7 @@ def test_ages_read_in_the_unit_a_person_would_say(seconds, text):
 
     assert age_text(seconds) == text
     assert human_ages("Xid 79 (GPU has fallen off the bus) in the kernel log at %d s ago" % seconds) == \
-        "Xid 79 (GPU has fallen off the bus) in the kernel log %s ago" % text
+        f"Xid 79 (GPU has fallen off the bus) in the kernel log {text} ago"
 
 
 def test_a_healthy_fully_checked_host_has_no_health_reason():

@@ -46,11 +46,11 @@ def parse(text):
             typed.append(name)
             continue
         match = SAMPLE.match(line)
-        assert match, "not a valid sample line: %r" % line
+        assert match, f"not a valid sample line: {line!r}"
         labels = frozenset((k, _unescape(v)) for k, v in LABEL.findall(match.group("labels") or ""))
         key = (match.group("name"), labels)
-        assert key not in samples, "duplicate sample %r" % (key,)
-        assert match.group("name") == typed[-1], "sample outside its family: %r" % line
+        assert key not in samples, f"duplicate sample {key!r}"
+        assert match.group("name") == typed[-1], f"sample outside its family: {line!r}"
         samples[key] = float(match.group("value"))
     assert typed == FAMILIES
     return samples

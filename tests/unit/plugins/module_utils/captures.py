@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -64,7 +63,7 @@ def exporter_names():
 def model_of(name):
     """'linux-x86_64__nvidia-h200__590.48.01.txt' -> 'linux-h200-590.48.01'."""
     system, model, driver = name[: -len(".txt")].split("__")
-    return "%s-%s-%s" % (system.split("-")[0], model.replace("nvidia-", ""), driver)
+    return "{}-{}-{}".format(system.split("-")[0], model.replace("nvidia-", ""), driver)
 
 
 def exporter_sections(name):

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -41,30 +40,31 @@ def inspect_fixture(name):
 @pytest.mark.parametrize(
     "path, expected",
     [
-        ("/docker/%s" % ID64, (ID64, "docker", False, None)),
-        ("/system.slice/docker-%s.scope" % ID64, (ID64, "docker", False, None)),
-        ("/machine.slice/libpod-%s.scope/container" % ID64, (ID64, "podman", False, None)),
+        (f"/docker/{ID64}", (ID64, "docker", False, None)),
+        (f"/system.slice/docker-{ID64}.scope", (ID64, "docker", False, None)),
+        (f"/machine.slice/libpod-{ID64}.scope/container", (ID64, "podman", False, None)),
         # A user's own subtree: whatever they name there is theirs (rootless Podman too): no container.
-        ("/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-%s.scope/container" % ID64, None),
-        ("/user.slice/user-4242.slice/user@4242.service/app.slice/docker-%s.scope" % ID64, None),
-        ("/user.slice/user-4242.slice/user@4242.service/kubepods.slice/kubepods-besteffort-pod%s.slice" % UID.replace("-", "_"), None),
-        ("/libpod_parent/libpod-%s" % ID64, (ID64, "podman", False, None)),
-        ("/machine.slice/libpod-conmon-%s.scope" % ID64, None),
+        (f"/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID64}.scope/container", None),
+        (f"/user.slice/user-4242.slice/user@4242.service/app.slice/docker-{ID64}.scope", None),
+        ("/user.slice/user-4242.slice/user@4242.service/kubepods.slice/kubepods-besteffort-pod{}.slice".format(UID.replace("-", "_")), None),
+        (f"/libpod_parent/libpod-{ID64}", (ID64, "podman", False, None)),
+        (f"/machine.slice/libpod-conmon-{ID64}.scope", None),
         ("/system.slice/containerd.service", None),
-        ("/system.slice/nerdctl-%s.scope" % ID64, (ID64, "containerd", False, None)),
+        (f"/system.slice/nerdctl-{ID64}.scope", (ID64, "containerd", False, None)),
         (
-            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod%s.slice/cri-containerd-%s.scope" % (UID.replace("-", "_"), ID64),
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{}.scope".format(UID.replace("-", "_"), ID64),
             (ID64, "containerd", True, UID),
         ),
-        ("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod%s.slice/crio-%s.scope" % (UID.replace("-", "_"), ID64), (ID64, "cri-o", True, UID)),
-        ("/kubepods/burstable/pod%s/%s" % (UID, ID64), (ID64, None, True, UID)),
-        ("/kubepods/pod%s/%s" % (UID, ID64), (ID64, None, True, UID)),
-        ("/kubepods/burstable/pod%s" % UID, (None, None, True, UID)),
+        ("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/crio-{}.scope".format(UID.replace("-", "_"), ID64),
+         (ID64, "cri-o", True, UID)),
+        (f"/kubepods/burstable/pod{UID}/{ID64}", (ID64, None, True, UID)),
+        (f"/kubepods/pod{UID}/{ID64}", (ID64, None, True, UID)),
+        (f"/kubepods/burstable/pod{UID}", (None, None, True, UID)),
         (
-            "/system.slice/containerd.service/kubepods-burstable-pod%s.slice:cri-containerd:%s" % (UID.replace("-", "_"), ID64),
+            "/system.slice/containerd.service/kubepods-burstable-pod{}.slice:cri-containerd:{}".format(UID.replace("-", "_"), ID64),
             (ID64, "containerd", True, UID),
         ),
-        ("/kubepods/burstable/pod0123456789abcdef0123456789abcdef/%s" % ID64, (ID64, None, True, "0123456789abcdef0123456789abcdef")),
+        (f"/kubepods/burstable/pod0123456789abcdef0123456789abcdef/{ID64}", (ID64, None, True, "0123456789abcdef0123456789abcdef")),
         ("/system.slice/vllm.service", None),
         ("/", None),
         ("", None),
@@ -151,7 +151,7 @@ def test_empty_restart_policy_reads_no():
 # ------------------------------------------------------------------ the Engine API over a unix socket
 
 
-class FakeEngine(object):
+class FakeEngine:
     """A Docker Engine API on a unix socket answering with the captured readings."""
 
     def __init__(self, path):
@@ -181,8 +181,8 @@ class FakeEngine(object):
                 if self.path == "/containers/json?all=1":
                     return self._answer(200, fixture("api-containers-json-all.json"))
                 for name in ("vllm", "k8s", "stopped"):
-                    record = inspect_fixture("api-inspect-%s.json" % name)
-                    if self.path in ("/containers/%s/json" % record["Id"], "/containers/%s/json" % record["Name"].lstrip("/")):
+                    record = inspect_fixture(f"api-inspect-{name}.json")
+                    if self.path in ("/containers/{}/json".format(record["Id"]), "/containers/{}/json".format(record["Name"].lstrip("/"))):
                         return self._answer(200, json.dumps(record))
                 return self._answer(404, fixture("api-inspect-missing.json"))
 
@@ -224,8 +224,8 @@ def test_engine_api_inspects_lists_stops_and_disables(engine):
     api.stop(vllm["Id"], 2.5)
     api.set_restart_no(vllm["Id"])
     assert engine.requests[-2:] == [
-        ("POST", "/containers/%s/stop?t=3" % vllm["Id"], None),
-        ("POST", "/containers/%s/update" % vllm["Id"], '{"RestartPolicy": {"Name": "no"}}'),
+        ("POST", "/containers/{}/stop?t=3".format(vllm["Id"]), None),
+        ("POST", "/containers/{}/update".format(vllm["Id"]), '{"RestartPolicy": {"Name": "no"}}'),
     ]
 
 
@@ -244,7 +244,7 @@ def test_runtimes_prefers_the_socket_and_docker_host_is_the_only_place_asked(eng
     assert named.client("docker").socket_path == engine.path
 
 
-class FakeCli(object):
+class FakeCli:
     """docker CLI answers, from the captures."""
 
     def __init__(self, daemon_up=True):
@@ -294,7 +294,7 @@ def test_cli_of_a_daemon_that_is_down_is_unavailable_with_its_message():
 # ------------------------------------------------------------------ annotate, plan, act
 
 
-class FakeRuntimes(object):
+class FakeRuntimes:
     """Runtimes with containers in memory: {id: record}, per runtime."""
 
     def __init__(self, records=None, runtime="docker", reachable=True, pods=None, stop_delay=0.0, fail_stop=()):
@@ -309,14 +309,14 @@ class FakeRuntimes(object):
         return self if self.reachable else None
 
     def error(self, runtime):
-        return "no %s here" % runtime
+        return f"no {runtime} here"
 
     # State.Pid of each container: set by annotate() below from the holders in its cgroup.
     members = {}
 
     def inspect(self, runtime, cid):
         if not self.reachable:
-            raise containers.RuntimeUnavailable("no %s here" % runtime)
+            raise containers.RuntimeUnavailable(f"no {runtime} here")
         record = self.records.get((runtime, cid))
         if not record:
             return None
@@ -372,9 +372,9 @@ def test_annotate_names_container_image_and_pod():
     runtimes = FakeRuntimes([record(A, "vllm"), record(B, "k8s_vllm_vllm-0", pod="inference/vllm-0", pod_uid=UID)], pods={C: "ml/trainer-7"})
     holders = annotate(
         [
-            holder(1, "/docker/%s" % A),
-            holder(2, "/kubepods/burstable/pod%s/%s" % (UID, B)),
-            holder(3, "/kubepods.slice/kubepods-pod%s.slice/cri-containerd-%s.scope" % (UID.replace("-", "_"), C)),
+            holder(1, f"/docker/{A}"),
+            holder(2, f"/kubepods/burstable/pod{UID}/{B}"),
+            holder(3, "/kubepods.slice/kubepods-pod{}.slice/cri-containerd-{}.scope".format(UID.replace("-", "_"), C)),
             holder(4, "/user.slice/user-0.slice/session-1.scope"),
         ],
         runtimes,
@@ -388,7 +388,7 @@ def test_annotate_names_container_image_and_pod():
 
 
 def test_annotate_without_a_runtime_keeps_what_the_cgroup_says():
-    [h] = annotate([holder(1, "/system.slice/docker-%s.scope" % A)], FakeRuntimes(reachable=False))
+    [h] = annotate([holder(1, f"/system.slice/docker-{A}.scope")], FakeRuntimes(reachable=False))
     assert (h["container"], h["container_runtime"], h["container_name"]) == (A, "docker", None)
 
 
@@ -400,36 +400,36 @@ def plan(runtimes, holders, named=(), state="stopped", own=(), stop_found=True):
 
 def test_found_container_is_stopped_not_signalled_and_bare_process_is_signalled():
     runtimes = FakeRuntimes([record(A, "vllm")])
-    steps = plan(runtimes, [holder(1, "/docker/%s" % A, gpus=(0, 1)), holder(2, "/docker/%s" % A, gpus=(2,)), holder(3, "/user.slice/x.scope")])
+    steps = plan(runtimes, [holder(1, f"/docker/{A}", gpus=(0, 1)), holder(2, f"/docker/{A}", gpus=(2,)), holder(3, "/user.slice/x.scope")])
     assert [(e["name"], e["gpu_indexes"], e["restart_policy"]) for e in steps.stop] == [("vllm", [0, 1, 2], "always")]
     assert [h["pid"] for h in steps.signal] == [3] and steps.disable == [] and steps.outside == [] and steps.warnings == []
 
 
 def test_container_the_runtime_cannot_be_asked_for_is_signalled_from_outside_with_a_warning():
-    steps = plan(FakeRuntimes(reachable=False), [holder(1, "/docker/%s" % A)])
+    steps = plan(FakeRuntimes(reachable=False), [holder(1, f"/docker/{A}")])
     assert steps.stop == [] and [h["pid"] for h in steps.signal] == [1]
     assert [reason for _h, reason in steps.outside] == ["no docker here"]
-    assert "container %s (docker) could not be stopped through its runtime (no docker here)" % A[:12] in steps.warnings[0]
+    assert f"container {A[:12]} (docker) could not be stopped through its runtime (no docker here)" in steps.warnings[0]
 
 
 def test_containers_of_runtimes_it_cannot_stop_are_signalled_from_outside():
-    steps = plan(FakeRuntimes(), [holder(1, "/system.slice/nerdctl-%s.scope" % A)])
+    steps = plan(FakeRuntimes(), [holder(1, f"/system.slice/nerdctl-{A}.scope")])
     assert [h["pid"] for h in steps.signal] == [1] and [reason for _h, reason in steps.outside] == ["gpu_release cannot stop containerd containers"]
 
 
 def test_container_that_also_runs_a_protected_process_is_not_stopped():
-    steps = plan(FakeRuntimes([record(A, "gpu-tools")]), [holder(1, "/docker/%s" % A), holder(2, "/docker/%s" % A, protected=True, name="nv-hostengine")])
+    steps = plan(FakeRuntimes([record(A, "gpu-tools")]), [holder(1, f"/docker/{A}"), holder(2, f"/docker/{A}", protected=True, name="nv-hostengine")])
     assert steps.stop == [] and [reason for _h, reason in steps.outside] == ["it also runs a protected process"]
 
 
 def test_kill_false_stops_no_found_container():
-    steps = plan(FakeRuntimes([record(A, "vllm")]), [holder(1, "/docker/%s" % A)], stop_found=False)
+    steps = plan(FakeRuntimes([record(A, "vllm")]), [holder(1, f"/docker/{A}")], stop_found=False)
     assert steps.stop == [] and steps.warnings == []
 
 
 def test_named_containers_get_service_state_and_found_ones_are_only_stopped():
     runtimes = FakeRuntimes([record(A, "vllm-a"), record(B, "vllm-b", restart="no", running=False), record(C, "other")])
-    steps = plan(runtimes, [holder(1, "/docker/%s" % C)], named=["vllm*", "sglang*"], state="disabled")
+    steps = plan(runtimes, [holder(1, f"/docker/{C}")], named=["vllm*", "sglang*"], state="disabled")
     assert [e["name"] for e in steps.disable] == ["vllm-a"]
     assert [e["name"] for e in steps.stop] == ["vllm-a", "other"] and steps.not_found == ["container:sglang*"]
 
@@ -442,8 +442,8 @@ def test_masked_leaves_named_containers_as_disabled_does():
 def test_a_pod_is_refused_before_anything_is_done():
     runtimes = FakeRuntimes([record(B, "k8s_vllm", pod="inference/vllm-0", pod_uid=UID)])
     with pytest.raises(ReleaseError) as info:
-        plan(runtimes, [holder(1, "/docker/%s" % A), holder(2, "/kubepods/burstable/pod%s/%s" % (UID, B), gpus=(3,)),
-                        holder(3, "/kubepods/besteffort/pod%s/%s" % ("9" * 32, C))])
+        plan(runtimes, [holder(1, f"/docker/{A}"), holder(2, f"/kubepods/burstable/pod{UID}/{B}", gpus=(3,)),
+                        holder(3, "/kubepods/besteffort/pod{}/{}".format("9" * 32, C))])
     message = info.value.msg
     assert "pod inference/vllm-0 (pid 2 python3 on GPU 3, container bbbbbbbbbbbb)" in message
     assert "pod UID %s (pid 3" % ("9" * 32) in message and "kubectl cordon" in message and "kubectl drain" in message
@@ -476,7 +476,7 @@ def test_act_disables_first_then_stops_every_container_at_once():
 
 def test_act_reports_a_container_it_could_not_stop():
     runtimes = FakeRuntimes([record(A, "vllm-a")], fail_stop=[A])
-    steps = plan(runtimes, [holder(1, "/docker/%s" % A)])
+    steps = plan(runtimes, [holder(1, f"/docker/{A}")])
     result = {"stopped_containers": [], "disabled_containers": [], "warnings": []}
     assert containers.act(runtimes, steps, 1, result) == {A: "daemon said no"}
     assert result["stopped_containers"] == [] and "could not stop container vllm-a" in result["warnings"][0]
@@ -493,10 +493,10 @@ def test_cgroup_in_a_directory_a_user_owns_is_no_container(tmp_path):
     """The kernel's word: systemd chowns a delegated subtree to its user, who may then create and
     name cgroups in it (docker-<victim id>.scope, kubepods.slice) without any user@ in the path."""
     mount = tmp_path / "cgroup"
-    leaf = mount / "system.slice" / "delegated.service" / ("docker-%s.scope" % A)
+    leaf = mount / "system.slice" / "delegated.service" / (f"docker-{A}.scope")
     leaf.mkdir(parents=True)
     os.chown(str(mount / "system.slice" / "delegated.service"), 4242, 4242)
-    path = "/system.slice/delegated.service/docker-%s.scope" % A
+    path = f"/system.slice/delegated.service/docker-{A}.scope"
     assert containers.delegated_to(path, [str(mount)]) == 4242
     assert containers.delegated_to("/system.slice", [str(mount)]) is None
     runtimes = FakeRuntimes([record(A, "victim-db")])
@@ -508,7 +508,7 @@ def test_cgroup_in_a_directory_a_user_owns_is_no_container(tmp_path):
 
 def test_kubepods_cgroup_a_user_made_is_no_pod_and_blocks_nothing(tmp_path):
     mount = tmp_path / "cgroup"
-    path = "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod%s.slice/cri-containerd-%s.scope" % (UID.replace("-", "_"), C)
+    path = "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-{}.scope".format(UID.replace("-", "_"), C)
     (mount / path.lstrip("/")).mkdir(parents=True)
     os.chown(str(mount / "kubepods.slice"), 4242, 4242)
     [h] = annotate([holder(8, path)], FakeRuntimes(), mounts=[str(mount)])
@@ -521,8 +521,8 @@ def test_container_its_runtime_does_not_run_the_holder_in_is_never_stopped():
     """A cgroup path naming the victim's container (outside any delegated subtree, e.g. a runtime's
     cgroupfs layout copied) is believed only when Docker's State.Pid, or its cgroup, holds the process."""
     runtimes = FakeRuntimes([dict(record(A, "victim-db"), pid=300)])
-    attacker = holder(9, "/docker/%s/evil" % A)
-    cgroups = {9: attacker["cgroup"], 300: "/docker/%s" % B}
+    attacker = holder(9, f"/docker/{A}/evil")
+    cgroups = {9: attacker["cgroup"], 300: f"/docker/{B}"}
     [h] = containers.annotate([attacker], runtimes, mounts=[], cgroup_of=cgroups.get)
     assert h["container"] is None and "does not run this process in it" in h["container_note"]
     steps = containers.plan(runtimes, [h], [h], [], "stopped", set(), {"killed": []})
@@ -534,8 +534,8 @@ def test_container_its_runtime_does_not_run_the_holder_in_is_never_stopped():
     [
         (300, "/docker/" + A, "/docker/" + A, True),  # the container's init itself
         (301, "/docker/" + A, "/docker/" + A, True),  # a process beside it
-        (302, "/system.slice/docker-%s.scope/sub" % A, "/system.slice/docker-%s.scope" % A, True),  # below it
-        (303, "/docker/%sx" % A, "/docker/" + A, False),  # a sibling whose name starts alike
+        (302, f"/system.slice/docker-{A}.scope/sub", f"/system.slice/docker-{A}.scope", True),  # below it
+        (303, f"/docker/{A}x", "/docker/" + A, False),  # a sibling whose name starts alike
         (304, "/docker/" + A, None, False),  # State.Pid gone
         (305, "/", "/", False),
     ],
@@ -559,7 +559,7 @@ def test_cgroup_mounts_are_cgroup2_and_v1_name_systemd(tmp_path):
 
 
 def test_container_named_in_a_user_managers_subtree_is_an_ordinary_holder_with_a_note():
-    path = "/user.slice/user-4242.slice/user@4242.service/app.slice/docker-%s.scope" % A
+    path = f"/user.slice/user-4242.slice/user@4242.service/app.slice/docker-{A}.scope"
     runtimes = FakeRuntimes([record(A, "victim-db")])
     [h] = annotate([holder(7, path), ], runtimes)
     assert h["container"] is None and "user@4242.service" in h["container_note"] and "no container or pod" in h["container_note"]

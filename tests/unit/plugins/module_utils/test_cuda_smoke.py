@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -20,7 +19,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._cuda_smoke import Cud
 BUS0, BUS1 = "00000000:18:00.0", "00000000:2A:00.0"
 
 
-class FakeDriver(object):
+class FakeDriver:
     """The seam's methods; `fail` = {step: (code, name)}, `hang` = a step that sleeps."""
 
     def __init__(self, fail=None, hang=None, free_mib=143771, crash=None):
@@ -96,7 +95,7 @@ def test_each_failing_step_fails_the_gpu_naming_it_and_still_tears_down(step):
     driver = FakeDriver(fail={step: (999, "CUDA_ERROR_UNKNOWN")})
     record = smoke.test_gpu(driver, BUS0, 1024)
     assert record["ok"] is False
-    assert record["error"] == "CUDA_ERROR_UNKNOWN (999) at %s: described" % step
+    assert record["error"] == f"CUDA_ERROR_UNKNOWN (999) at {step}: described"
     created_context = smoke.STEPS.index(step) > smoke.STEPS.index("cuCtxCreate")
     if created_context:
         # A context left behind would keep the GPU's memory: destroyed also after a failure.
@@ -159,7 +158,7 @@ def test_issues_name_gpu_bus_id_and_error():
     assert smoke.issues(records(True, False)) == ["GPU 1 (b1): CUDA_ERROR_X (1) at cuInit"]
 
 
-class Clock(object):
+class Clock:
     def __init__(self):
         self.now = 0.0
 

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -54,7 +53,7 @@ def holder(pid, gpu_indexes, protected=False, devices=None, name="python3", unit
         "pid": pid,
         "ppid": 1,
         "name": name,
-        "cmdline": "%s train.py" % name,
+        "cmdline": f"{name} train.py",
         "user": "root",
         "state": "S",
         "start_time": 5000 + pid,
@@ -223,7 +222,7 @@ def test_cuda_version_without_libcuda_is_none():
 # ------------------------------------------------------------------ look() on a fake node
 
 
-class CannedSmi(object):
+class CannedSmi:
     def __init__(self, gpus, apps):
         self.gpus, self.apps, self.calls = gpus, apps, []
 

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -37,7 +36,7 @@ def _row(**values):
     base = dict(zip([f for f, _k, _t in FIELDS], (
         "0, GPU-22d6f351-b711-b43e-634b-50b970b6a61e, NVIDIA H200, 00000000:00:06.0, 580.159.04, 143771, 616, 0, 143156, 0, 36, "
         "80.26, Enabled, Disabled, 0, No, No, [N/A], 5, 5, 16, 16, P0, Not Active, Not Active, Not Active, Not Active, Disabled, "
-        "%s, %s, %s" % (captured["gpu_recovery_action"], captured["fabric.state"], captured["fabric.status"])).split(", ")))
+        "{}, {}, {}".format(captured["gpu_recovery_action"], captured["fabric.state"], captured["fabric.status"])).split(", ")))
     base.update(values)
     return smi.parse_gpus(", ".join(base[f] for f, _k, _t in FIELDS), FIELDS)[0]
 

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -45,7 +44,7 @@ def test_parse_stat_on_this_very_process():
         ("0::/system.slice/vllm.service\n", "/system.slice/vllm.service"),
         ("12:cpu,cpuacct:/system.slice/vllm.service\n1:name=systemd:/system.slice/vllm.service\n0::/\n", "/system.slice/vllm.service"),
         ("1:name=systemd:/user.slice/user-0.slice/session-4.scope\n0::/system.slice/vllm.service\n", "/system.slice/vllm.service"),
-        ("11:memory:/docker/%s\n1:name=systemd:/docker/%s\n" % (ID64, ID64), "/docker/%s" % ID64),
+        (f"11:memory:/docker/{ID64}\n1:name=systemd:/docker/{ID64}\n", f"/docker/{ID64}"),
         ("4:cpu:/x\n", None),
         ("0::/\n", "/"),
         ("", None),
@@ -66,23 +65,23 @@ def test_parse_cgroup(text, path):
         ("/user.slice/user-1000.slice/session-3.scope", "session-3.scope", False, None),
         ("/user.slice/user-1000.slice/user@1000.service/app.slice/foo.service", "foo.service", False, None),
         ("/user.slice/user-1000.slice/user@1000.service/init.scope", "init.scope", False, None),
-        ("/system.slice/docker-%s.scope" % ID64, "docker-%s.scope" % ID64, False, ID64),
-        ("/docker/%s" % ID64, None, False, ID64),
-        ("/machine.slice/libpod-%s.scope/container" % ID64, "libpod-%s.scope" % ID64, False, ID64),
+        (f"/system.slice/docker-{ID64}.scope", f"docker-{ID64}.scope", False, ID64),
+        (f"/docker/{ID64}", None, False, ID64),
+        (f"/machine.slice/libpod-{ID64}.scope/container", f"libpod-{ID64}.scope", False, ID64),
         # A user's own subtree: they may name a cgroup docker-<anyone's id>.scope there (docs/security.md).
-        ("/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-%s.scope/container" % ID64, "libpod-%s.scope" % ID64, False, None),
-        ("/user.slice/user-4242.slice/user@4242.service/app.slice/docker-%s.scope" % ID64, "docker-%s.scope" % ID64, False, None),
-        ("/user.slice/user-4242.slice/user@4242.service/kubepods.slice/kubepods-%s.slice/cri-containerd-%s.scope" % (POD, ID64),
-         "cri-containerd-%s.scope" % ID64, False, None),
+        (f"/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID64}.scope/container", f"libpod-{ID64}.scope", False, None),
+        (f"/user.slice/user-4242.slice/user@4242.service/app.slice/docker-{ID64}.scope", f"docker-{ID64}.scope", False, None),
+        (f"/user.slice/user-4242.slice/user@4242.service/kubepods.slice/kubepods-{POD}.slice/cri-containerd-{ID64}.scope",
+         f"cri-containerd-{ID64}.scope", False, None),
         (
-            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-%s.slice/cri-containerd-%s.scope" % (POD, ID64),
-            "cri-containerd-%s.scope" % ID64,
+            f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-{POD}.slice/cri-containerd-{ID64}.scope",
+            f"cri-containerd-{ID64}.scope",
             False,
             ID64,
         ),
-        ("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-%s.slice/crio-%s.scope" % (POD, ID64), "crio-%s.scope" % ID64, False, ID64),
-        ("/kubepods/burstable/pod1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901/%s" % ID64, None, False, ID64),
-        ("/kubepods/pod1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901/%s" % ID64, None, False, ID64),
+        (f"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-{POD}.slice/crio-{ID64}.scope", f"crio-{ID64}.scope", False, ID64),
+        (f"/kubepods/burstable/pod1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901/{ID64}", None, False, ID64),
+        (f"/kubepods/pod1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901/{ID64}", None, False, ID64),
         ("/", None, False, None),
         ("", None, False, None),
         (None, None, False, None),
@@ -213,7 +212,7 @@ def test_protection_reason(record, names, pids, expected):
 )
 def test_a_name_alone_protects_nobody_and_says_so(record, names):
     assert holders.protection_reason(record, names, set(), [1]) is None
-    assert "not protected" in record["protection_note"] and "uid %s" % record["uid"] in record["protection_note"]
+    assert "not protected" in record["protection_note"] and "uid {}".format(record["uid"]) in record["protection_note"]
 
 
 def test_system_account_running_a_system_daemon_is_protected():
@@ -308,7 +307,7 @@ def proc(tmp_path):
     os.symlink("/dev/nvidia0", str(root / "104" / "fd" / "3"))
     fakeproc.write_process(root, 106, comm="nv-hostengine", fds=("/dev/nvidiactl",), exe="/usr/bin/nv-hostengine")  # NVML client
     fakeproc.write_process(
-        root, 107, comm="python3", fds=fakeproc.cuda_fds(1), exe="/opt/venv/bin/python3.12 (deleted)", cgroup="0::/system.slice/docker-%s.scope\n" % ID64
+        root, 107, comm="python3", fds=fakeproc.cuda_fds(1), exe="/opt/venv/bin/python3.12 (deleted)", cgroup=f"0::/system.slice/docker-{ID64}.scope\n"
     )
     return root
 
@@ -397,7 +396,7 @@ def test_lineage_of_this_process_on_the_real_proc():
 
 # containerd >= 1.5 with the systemd cgroup driver but runc not using it (kind, k3s, a common
 # kubelet/containerd mismatch) puts pods under containerd.service with a colon form.
-CONTAINERD_COLON = "/system.slice/containerd.service/kubepods-burstable-%s.slice:cri-containerd:%s" % (POD, ID64)
+CONTAINERD_COLON = f"/system.slice/containerd.service/kubepods-burstable-{POD}.slice:cri-containerd:{ID64}"
 
 
 def test_pod_under_containerd_service_is_a_container_not_a_containerd_service():
@@ -518,7 +517,7 @@ def test_proc_devices_gives_the_drivers_majors():
     assert (majors["nvidia-frontend"], majors["nvidia-uvm"], majors["nvidia-caps"]) == (195, 234, 237) and "loop" not in majors
 
 
-class _Stat(object):
+class _Stat:
     def __init__(self, rdev, dev=99, ino=1, mode=0o020666):
         self.st_rdev, self.st_dev, self.st_ino, self.st_mode = rdev, dev, ino, mode
 

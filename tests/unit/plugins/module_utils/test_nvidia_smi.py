@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -195,7 +194,7 @@ def test_held_gpu_reads_at_least_what_its_compute_apps_claim():
 )
 def test_header_with_canonical_name_matches_the_alias_we_asked_for(asked, header):
     fields = (("pid", "pid", "int"), (asked, "value", "str"))
-    assert _public(smi.parse_csv("pid, %s\n7, x\n" % header, fields)) == [{"pid": 7, "value": "x"}]
+    assert _public(smi.parse_csv(f"pid, {header}\n7, x\n", fields)) == [{"pid": 7, "value": "x"}]
 
 
 def test_used_memory_header_in_the_real_h200_capture_is_the_canonical_name():
@@ -336,7 +335,7 @@ EXPORTER_APPS = {
     ("linux-l40s-595.80", "load"): [(20037, "ffmpeg", 538), (20038, "ffmpeg", 681)],
 }
 
-EXPORTER_CASES = [pytest.param(name, phase, id="%s-%s" % (captures.model_of(name), phase)) for name in EXPORTER for phase in PHASES]
+EXPORTER_CASES = [pytest.param(name, phase, id=f"{captures.model_of(name)}-{phase}") for name in EXPORTER for phase in PHASES]
 
 
 def _exporter_gpu_fields(names):
@@ -437,20 +436,20 @@ def test_compute_apps_are_asked_without_names():
 
 
 def test_compute_apps_rows_are_exactly_pid_uuid_memory():
-    apps = smi.parse_compute_apps("427, %s, 3590\n9, %s, [N/A]\n" % (U, V))
+    apps = smi.parse_compute_apps(f"427, {U}, 3590\n9, {V}, [N/A]\n")
     assert [(a["pid"], a["gpu_uuid"], a["used_memory_mib"], a["name"]) for a in apps] == [(427, U, 3590, None), (9, V, None, None)]
 
 
 @pytest.mark.parametrize(
     "text",
     [
-        "427, %s, 3590, python3\n" % U,  # a name where none was asked: not the driver's answer
+        f"427, {U}, 3590, python3\n",  # a name where none was asked: not the driver's answer
         "427, python3, 3590\n",  # a name where the UUID belongs
         "427, GPU-1, 3590\n",  # a UUID not of the driver's form
-        "427, %s\n" % U,
-        "0, %s, 5\n" % U,  # PID 0
-        "-4, %s, 5\n" % U,
-        "x, 0, G\n427, %s, 5\n" % U,  # what a forged name would add, were names asked
+        f"427, {U}\n",
+        f"0, {U}, 5\n",  # PID 0
+        f"-4, {U}, 5\n",
+        f"x, 0, G\n427, {U}, 5\n",  # what a forged name would add, were names asked
     ],
     ids=["extra-name-column", "name-for-uuid", "short-uuid", "missing-memory", "pid-zero", "negative-pid", "forged-row-fragment"],
 )
@@ -462,30 +461,30 @@ def test_compute_apps_row_that_is_not_exactly_the_typed_columns_rejects_the_answ
 def test_a_name_with_commas_and_a_line_feed_forges_a_row_only_where_names_are_asked():
     """The attack (issue 19): argv[0] `x, 0, G<LF><victim pid>, y` printed verbatim adds a row that
     lists the victim on the attacker's GPU. Asked without names, nvidia-smi prints no user text."""
-    forged = "4242, x, 0, %s\n777, y, 500, %s\n" % (V, V)
+    forged = f"4242, x, 0, {V}\n777, y, 500, {V}\n"
     # The old column set: the forged row parses as the driver's, listing pid 777 on GPU V.
     assert [(a["pid"], a["gpu_uuid"]) for a in smi.parse_compute_apps(forged, APPS)] == [(4242, V), (777, V)]
-    assert smi.parse_compute_apps("4242, %s, 500\n" % V) == [{"pid": 4242, "gpu_uuid": V, "used_memory_mib": 500, "name": None, "_unavailable": {}}]
+    assert smi.parse_compute_apps(f"4242, {V}, 500\n") == [{"pid": 4242, "gpu_uuid": V, "used_memory_mib": 500, "name": None, "_unavailable": {}}]
 
 
 @pytest.mark.parametrize(
     "line, name, memory, unavailable",
     [
-        ("427, [Not Found], 3590, %s" % U, "[Not Found]", 3590, {}),
-        ("427, [No data], 3590, %s" % U, "[No data]", 3590, {}),
+        (f"427, [Not Found], 3590, {U}", "[Not Found]", 3590, {}),
+        (f"427, [No data], 3590, {U}", "[No data]", 3590, {}),
         (
-            "427, [Insufficient Permissions], [Insufficient Permissions], %s" % U,
+            f"427, [Insufficient Permissions], [Insufficient Permissions], {U}",
             "[Insufficient Permissions]",
             None,
             {"used_memory_mib": "[Insufficient Permissions]"},
         ),
-        ("427, python3, [Unknown Error], %s" % U, "python3", None, {"used_memory_mib": "[Unknown Error]"}),
-        ("427, [Unknown Error], [Unknown Error], %s" % U, "[Unknown Error]", None, {"used_memory_mib": "[Unknown Error]"}),
-        ("427, , 3590, %s" % U, "", 3590, {}),
-        ("427, my, app, 3590, %s" % U, "my, app", 3590, {}),
-        ("427, a,b, c, 3590, %s" % U, "a,b, c", 3590, {}),
-        ("427, VLLM::EngineCore, 70000, %s" % U, "VLLM::EngineCore", 70000, {}),
-        ("427, C:\\Program Files\\NZXT CAM\\NZXT CAM.exe, [N/A], %s" % U, "C:\\Program Files\\NZXT CAM\\NZXT CAM.exe", None, {"used_memory_mib": "[N/A]"}),
+        (f"427, python3, [Unknown Error], {U}", "python3", None, {"used_memory_mib": "[Unknown Error]"}),
+        (f"427, [Unknown Error], [Unknown Error], {U}", "[Unknown Error]", None, {"used_memory_mib": "[Unknown Error]"}),
+        (f"427, , 3590, {U}", "", 3590, {}),
+        (f"427, my, app, 3590, {U}", "my, app", 3590, {}),
+        (f"427, a,b, c, 3590, {U}", "a,b, c", 3590, {}),
+        (f"427, VLLM::EngineCore, 70000, {U}", "VLLM::EngineCore", 70000, {}),
+        (f"427, C:\\Program Files\\NZXT CAM\\NZXT CAM.exe, [N/A], {U}", "C:\\Program Files\\NZXT CAM\\NZXT CAM.exe", None, {"used_memory_mib": "[N/A]"}),
     ],
     ids=[
         "not-found-name",
@@ -507,7 +506,7 @@ def test_compute_app_names_are_kept_raw_and_tokens_in_numbers_become_none(line, 
 
 
 def test_process_name_with_comma_space_behind_a_header():
-    text = "pid, process_name, used_gpu_memory [MiB], gpu_uuid\n9, serve, v2, 12 MiB, %s\n" % U
+    text = f"pid, process_name, used_gpu_memory [MiB], gpu_uuid\n9, serve, v2, 12 MiB, {U}\n"
     assert smi.parse_compute_apps(text, APPS)[0]["name"] == "serve, v2"
 
 
@@ -542,8 +541,8 @@ def test_empty_gpu_output_is_never_an_idle_host(text):
         ("0, GPU-1, 5, 6\n", smi.MEMORY_FIELDS, "4 columns, expected 3"),
         ("0, GPU-1, lots\n", smi.MEMORY_FIELDS, "'lots' for memory.used"),
         ("0, GPU-1, 12.5\n", smi.MEMORY_FIELDS, "'12.5' for memory.used"),
-        ("427, python3, lots, %s\n" % U, APPS, "'lots' for used_memory"),
-        ("[N/A], python3, 5, %s\n" % U, APPS, "without PID"),
+        (f"427, python3, lots, {U}\n", APPS, "'lots' for used_memory"),
+        (f"[N/A], python3, 5, {U}\n", APPS, "without PID"),
         ("[N/A], GPU-1, 5\n", smi.MEMORY_FIELDS, "without index or UUID"),
         ("0, [Unknown Error], 5\n", smi.MEMORY_FIELDS, "without index or UUID"),
     ],
@@ -592,7 +591,7 @@ def test_parse_value(cell, kind, value):
 @pytest.mark.parametrize("cell", ["inf", "-Infinity MiB", "1e999", "9" * 400], ids=["inf", "minus-infinity", "1e999", "400-digits"])
 def test_infinite_memory_reading_is_unparsable_not_a_crash(cell):
     with pytest.raises(smi.UnparsableOutput):
-        smi.parse_gpus("0, GPU-1, %s\n" % cell, smi.MEMORY_FIELDS)
+        smi.parse_gpus(f"0, GPU-1, {cell}\n", smi.MEMORY_FIELDS)
 
 
 # ------------------------------------------------------------------ failures by return code
@@ -743,7 +742,7 @@ def _gone(pid):
 
 def test_hung_nvidia_smi_is_killed_with_its_children_and_never_reads_clean(tmp_path):
     pidfile = tmp_path / "child.pid"
-    path = fake_binary(tmp_path, "sleep 30 &\necho $! > %s\nwait\n" % pidfile)
+    path = fake_binary(tmp_path, f"sleep 30 &\necho $! > {pidfile}\nwait\n")
     runner = smi.NvidiaSmi(path, timeout=0.5)
     started = time.monotonic()
     with pytest.raises(smi.NvidiaSmiTimeout, match="timed out after 0.5 s") as info:
@@ -780,7 +779,7 @@ def test_binary_that_cannot_be_executed_is_not_found(tmp_path):
 
 def test_find_explicit_path_that_does_not_exist(tmp_path):
     missing = str(tmp_path / "bin" / "nvidia-smi")
-    with pytest.raises(smi.NvidiaSmiNotFound, match="not found or not executable at %s" % missing):
+    with pytest.raises(smi.NvidiaSmiNotFound, match=f"not found or not executable at {missing}"):
         smi.NvidiaSmi.find(missing)
 
 

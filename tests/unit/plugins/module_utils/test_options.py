@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -34,25 +33,25 @@ FLOATS = ["kill_timeout", "wait_timeout", "poll_interval", "timeout", "xid_windo
 def test_gpu_release_refuses_nan_and_inf_in_every_float_option(name, value):
     with pytest.raises(ValueError) as info:
         gpu_release.checked_params(release_params(**{name: value}))
-    assert str(info.value) == "%s must be a finite number, got %s" % (name, value)
+    assert str(info.value) == f"{name} must be a finite number, got {value}"
 
 
 @pytest.mark.parametrize("name", ["timeout", "xid_window_hours"])
 def test_gpu_facts_refuses_nan_like_gpu_release(name):
-    assert gpu_facts.checked_params(facts_params(**{name: float("nan")})) == "%s must be a finite number, got nan" % name
+    assert gpu_facts.checked_params(facts_params(**{name: float("nan")})) == f"{name} must be a finite number, got nan"
 
 
 @pytest.mark.parametrize("name", ["max_used_mib", "cross_gpu_footprint_mib", "min_pcie_gen", "min_pcie_width"])
 def test_negative_counts_are_refused_by_both_modules(name):
-    assert gpu_facts.checked_params(facts_params(**{name: -1})) == "%s must be at least 0, got -1" % name
-    with pytest.raises(ValueError, match="%s must be at least 0, got -1" % name):
+    assert gpu_facts.checked_params(facts_params(**{name: -1})) == f"{name} must be at least 0, got -1"
+    with pytest.raises(ValueError, match=f"{name} must be at least 0, got -1"):
         gpu_release.checked_params(release_params(**{name: -1}))
 
 
 def test_zero_kill_and_wait_timeouts_are_meaningful_but_zero_timeout_and_poll_interval_are_not():
     assert gpu_release.checked_params(release_params(kill_timeout=0.0, wait_timeout=0.0))
     for name in ("timeout", "poll_interval"):
-        with pytest.raises(ValueError, match="%s must be greater than 0, got 0" % name):
+        with pytest.raises(ValueError, match=f"{name} must be greater than 0, got 0"):
             gpu_release.checked_params(release_params(**{name: 0}))
 
 

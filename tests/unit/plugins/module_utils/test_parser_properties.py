@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -195,7 +194,7 @@ def test_mutated_real_captures_through_our_own_fields(case):
 
 line_breaks = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 process_name = st.text(st.characters(blacklist_characters=line_breaks, blacklist_categories=("Cs",)), max_size=40).map(str.strip)
-uuid = st.integers(0, 2**128 - 1).map(lambda n: "GPU-%s" % uuid_mod.UUID(int=n))
+uuid = st.integers(0, 2**128 - 1).map(lambda n: f"GPU-{uuid_mod.UUID(int=n)}")
 mib = st.one_of(st.integers(0, 200000), st.just(None))
 
 
@@ -235,7 +234,7 @@ def test_gpu_rows_round_trip(gpus, units):
     lines = []
     for index, gpu, used, watts in gpus:
         memory = "[N/A]" if used is None else ("%d MiB" % used if units else str(used))
-        power = "[Not Supported]" if watts is None else ("%.2f W" % watts if units else "%.2f" % watts)
+        power = "[Not Supported]" if watts is None else (f"{watts:.2f} W" if units else f"{watts:.2f}")
         lines.append("%d, %s, %s, %s" % (index, gpu, memory, power))
     parsed = smi.parse_gpus("\n".join(lines), fields)
     assert [(g["index"], g["uuid"], g["memory_used_mib"], g["power_draw_w"]) for g in parsed] == gpus

@@ -139,7 +139,7 @@ def test_pending_describes_each_entry_for_the_audit(tmp_path):
     path = str(tmp_path / "d" / "released.json")
     record_mod.add(path, unit_release(["vllm.service"], ["vllm.service"], before={"vllm.service": ACTIVE_ENABLED}), AT1)
     found = record_mod.pending(path)
-    assert found["summary"] == ["vllm.service stopped, disabled by zeromib at %s" % AT1] and found["error"] is None
+    assert found["summary"] == [f"vllm.service stopped, disabled by zeromib at {AT1}"] and found["error"] is None
 
 
 def test_supervisor_programs_are_recorded_with_their_options_before():
@@ -150,4 +150,4 @@ def test_supervisor_programs_are_recorded_with_their_options_before():
     [entry] = record_mod.release_entries(result, {}, [], AT1)
     assert (entry["kind"], entry["name"], entry["actions"], entry["running"]) == ("supervisor", "vllm", ["stopped", "disabled"], True)
     assert (entry["file"], entry["autostart_before"], entry["autorestart_before"]) == ("/etc/supervisor/conf.d/vllm.conf", "true", None)
-    assert record_mod.describe(entry) == "supervisor program vllm stopped, disabled by zeromib at %s" % AT1
+    assert record_mod.describe(entry) == f"supervisor program vllm stopped, disabled by zeromib at {AT1}"

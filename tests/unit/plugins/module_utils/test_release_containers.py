@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -20,7 +19,7 @@ A, B = "a" * 64, "b" * 64
 USER_UNIT = "0::/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service\n"
 
 
-class NodeRuntime(object):
+class NodeRuntime:
     """Docker on the fake node: containers by id; stopping one ends its processes."""
 
     def __init__(self, world):
@@ -74,7 +73,7 @@ class UserSystem(node.FakeSystem):
             if self.user_restart is None:
                 return 1, "", "Failed to connect to bus: No medium found"
             return 0, self.user_restart + "\n", ""
-        return super(UserSystem, self).systemctl(args)
+        return super().systemctl(args)
 
 
 @pytest.fixture
@@ -117,8 +116,8 @@ def respawn_on_exit(world, pid, new_pid, after_s, mem=None):
 
 def test_holder_in_a_container_is_stopped_through_its_runtime_never_signalled(world):
     world.runtimes.add(A, "vllm")
-    world.spawn(495, {0: 40960, 1: 40960}, cgroup="0::/docker/%s\n" % A, argv=("python3", "-m", "vllm.entrypoints.openai.api_server"))
-    world.spawn(496, {0: 1000}, cgroup="0::/docker/%s\n" % A, comm="VLLM::Worker_TP0")
+    world.spawn(495, {0: 40960, 1: 40960}, cgroup=f"0::/docker/{A}\n", argv=("python3", "-m", "vllm.entrypoints.openai.api_server"))
+    world.spawn(496, {0: 1000}, cgroup=f"0::/docker/{A}\n", comm="VLLM::Worker_TP0")
     result = run(world, kill_timeout=4.0)
     assert world.signals == [] and result["killed"] == []
     assert world.runtimes.log == [("stop", A, 4.0, 0.0)]
@@ -132,7 +131,7 @@ def test_holder_in_a_container_is_stopped_through_its_runtime_never_signalled(wo
 
 def test_check_mode_lists_the_containers_it_would_stop_and_does_nothing(world):
     world.runtimes.add(A, "vllm")
-    world.spawn(495, {0: 40960}, cgroup="0::/docker/%s\n" % A)
+    world.spawn(495, {0: 40960}, cgroup=f"0::/docker/{A}\n")
     world.spawn(600, {1: 1000})
     result = run(world, check_mode=True)
     assert world.runtimes.log == [] and world.signals == [] and 495 in world.procs
@@ -144,7 +143,7 @@ def test_named_containers_are_disabled_then_stopped_and_reported(world):
     world.runtimes.add(A, "vllm-a")
     world.runtimes.add(B, "vllm-b", restart="no")
     world.runtimes.containers[B].update(running=False, status="exited")
-    world.spawn(495, {0: 40960}, cgroup="0::/docker/%s\n" % A)
+    world.spawn(495, {0: 40960}, cgroup=f"0::/docker/{A}\n")
     result = run(world, services=["container:vllm*", "container:tgi"], service_state="disabled")
     assert world.runtimes.log[0] == ("update", A) and world.runtimes.log[1][:2] == ("stop", A)
     assert [(e["name"], e["restart_policy"], e["restart_policy_before"]) for e in result["disabled_containers"]] == [("vllm-a", "no", "always")]
@@ -183,10 +182,10 @@ def test_bare_process_keeps_the_fast_path(world):
 
 def test_container_signalled_from_outside_that_comes_back_fails_naming_the_container(world):
     world.runtimes = _containers.Runtimes(which=lambda name: None, sockets={})  # no Docker to ask
-    world.spawn(495, {0: 40960}, cgroup="0::/system.slice/docker-%s.scope\n" % A)
+    world.spawn(495, {0: 40960}, cgroup=f"0::/system.slice/docker-{A}.scope\n")
     respawn_on_exit(world, 495, 901, after_s=0.5)
     error = fail(world)
-    assert "pid 901 python3 [python3 serve.py] in container %s (docker)" % A[:12] in error.msg
+    assert f"pid 901 python3 [python3 serve.py] in container {A[:12]} (docker)" in error.msg
     assert [k["pid"] for k in error.result["killed"]] == [495] and error.result["released"] is False
 
 
@@ -201,7 +200,7 @@ def test_respawn_that_fills_the_gpu_again_is_named_too(world):
 def test_pod_holder_fails_before_anything_is_done(world):
     world.unit("vllm.service")
     world.spawn(400, {1: 1000}, unit="vllm.service")
-    world.spawn(495, {0: 40960}, cgroup="0::/kubepods/burstable/pod1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901/%s\n" % B)
+    world.spawn(495, {0: 40960}, cgroup=f"0::/kubepods/burstable/pod1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901/{B}\n")
     error = fail(world, services=["vllm.service"])
     assert world.signals == [] and not [a for a in world.systemctl_log if a[0] == "stop"] and world.runtimes.log == []
     assert "pod UID 1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901 (pid 495" in error.msg and "drain" in error.msg
@@ -213,14 +212,14 @@ def test_watch_list_covers_only_what_can_respawn_outside_this_runs_control():
 
     user_unit = "/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service"
     signalled = [
-        h("/docker/%s" % A, container=A),  # its runtime could not be asked
-        h("/docker/%s" % B, container=B),  # not among those: not watched
+        h(f"/docker/{A}", container=A),  # its runtime could not be asked
+        h(f"/docker/{B}", container=B),  # not among those: not watched
         h(user_unit + "/sub", unit="vllm.service"),
         h("/system.slice/cron.service", unit="cron.service"),  # a system unit this run did not stop: a launcher
         h("/user.slice/user-1000.slice/session-3.scope", unit="session-3.scope"),
     ]
     assert _settle.watch_list(signalled, {A: "no docker"}, systemctl=None) == {
-        "/docker/%s" % A: "container %s (docker)" % A[:12],
+        f"/docker/{A}": f"container {A[:12]} (docker)",
         user_unit: "unit vllm.service of alice's systemd manager",
     }
     asked = _settle.watch_list(signalled[2:3], {}, systemctl=lambda args: (0, "no\n", ""))
@@ -230,8 +229,8 @@ def test_watch_list_covers_only_what_can_respawn_outside_this_runs_control():
 def test_container_whose_processes_hold_gpus_on_both_sides_of_the_selection_is_refused_then_stopped_with_kill_spanning(world):
     # one container, a worker on GPU 0 and one on GPU 1 (tensor parallel): stopping it for GPU 1 ends GPU 0's work too
     world.runtimes.add(A, "vllm-tp")
-    world.spawn(495, {0: 30000}, cgroup="0::/docker/%s\n" % A, comm="VLLM::Worker_TP0")
-    world.spawn(496, {1: 30000}, cgroup="0::/docker/%s\n" % A, comm="VLLM::Worker_TP1")
+    world.spawn(495, {0: 30000}, cgroup=f"0::/docker/{A}\n", comm="VLLM::Worker_TP0")
+    world.spawn(496, {1: 30000}, cgroup=f"0::/docker/{A}\n", comm="VLLM::Worker_TP1")
     for check_mode in (True, False):
         with pytest.raises(release.ReleaseError) as info:
             run(world, check_mode=check_mode, gpus=["1"])
@@ -245,7 +244,7 @@ def test_container_whose_processes_hold_gpus_on_both_sides_of_the_selection_is_r
 
 def test_container_on_the_selected_gpus_only_is_no_spanning_container(world):
     world.runtimes.add(A, "infer-gpu1")
-    world.spawn(495, {1: 30000}, cgroup="0::/docker/%s\n" % A)
+    world.spawn(495, {1: 30000}, cgroup=f"0::/docker/{A}\n")
     world.spawn(600, {0: 1000})
     result = run(world, gpus=["1"])
     assert result["spanning"] == [] and [e["name"] for e in result["stopped_containers"]] == ["infer-gpu1"] and 600 in world.procs

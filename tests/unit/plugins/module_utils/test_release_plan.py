@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -298,7 +297,7 @@ def test_failure_message_names_gpu_uuid_mib_and_holders():
         60.0,
         [],
     )
-    assert message.startswith("GPUs still in use after 60.0 s: GPU 3 (%s) reads 6662 MiB, held by " % UUIDS[0])
+    assert message.startswith(f"GPUs still in use after 60.0 s: GPU 3 ({UUIDS[0]}) reads 6662 MiB, held by ")
     assert "pid 426 python3 [python3 train.py] (unit vllm.service, state S)" in message
     assert "pid 500 python3 [python3 train.py] (container ffffffffffff, state D)" in message and "f" * 13 not in message
     assert "pid 501" not in message
@@ -332,7 +331,7 @@ def test_live_listed_pid_holding_another_gpu_is_named_as_a_possibly_reused_pid()
 
 def test_unknown_memory_cannot_be_proven_free():
     message = release.failure_message([{"index": 0, "uuid": UUIDS[0], "memory_used_mib": None}], [], [], 60.0, [])
-    assert "GPU 0 (%s) reads unknown MiB: nvidia-smi cannot report its memory, so it cannot be proven free" % UUIDS[0] in message
+    assert f"GPU 0 ({UUIDS[0]}) reads unknown MiB: nvidia-smi cannot report its memory, so it cannot be proven free" in message
 
 
 def test_leaked_memory_without_any_claim_says_reset_or_reboot():
@@ -386,8 +385,8 @@ def test_summarize_diff():
         [holder(426, [0, 1], unit="vllm.service"), holder(900, [], name="dcgm-exporter", cmdline="/usr/bin/dcgm-exporter")],
     )
     assert text == (
-        "GPU 0 %s: 6662 MiB\nGPU 1 %s: None MiB\n"
+        f"GPU 0 {UUIDS[0]}: 6662 MiB\nGPU 1 {UUIDS[1]}: None MiB\n"
         "holder pid 426 python3 [python3 train.py] (unit vllm.service, state S): 0,1\n"
-        "holder pid 900 dcgm-exporter [/usr/bin/dcgm-exporter] (state S): control nodes\n" % (UUIDS[0], UUIDS[1])
+        "holder pid 900 dcgm-exporter [/usr/bin/dcgm-exporter] (state S): control nodes\n"
     )
     assert release.summarize_diff([], []) == "\n"

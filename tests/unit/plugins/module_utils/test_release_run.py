@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -37,13 +36,13 @@ def uuid(index):
     return "GPU-%08x-818d-be7e-f16b-963690d7c5c5" % (0xAB0CF4F6 + index)
 
 
-class Proc(object):
+class Proc:
     def __init__(self, pid, mem, unit, on_term, on_kill, smi_pid, smi_name, spec):
         self.pid, self.mem, self.unit, self.on_term, self.on_kill = pid, mem, unit, on_term, on_kill
         self.smi_pid, self.smi_name, self.spec = smi_pid, smi_name, spec
 
 
-class World(object):
+class World:
     """The node: processes, units, GPU memory, time."""
 
     def __init__(self, root, gpus=2, session_cgroup=SESSION_SCOPE):
@@ -79,7 +78,7 @@ class World(object):
         TimeoutStopSec (90 s by default), after which systemd itself sends SIGKILL."""
         self.units[name] = {
             "props": {"Id": name, "LoadState": "loaded", "ActiveState": active, "SubState": sub, "UnitFileState": file_state,
-                      "FragmentPath": fragment or "/usr/lib/systemd/system/%s" % name, "TriggeredBy": triggered_by},
+                      "FragmentPath": fragment or f"/usr/lib/systemd/system/{name}", "TriggeredBy": triggered_by},
             "restart": restart,
             "pids": set(),
             "main": None,
@@ -120,7 +119,7 @@ class World(object):
         assert pid != self.mypid and pid not in self.procs
         mem = dict(mem or {})
         if cgroup is None:
-            cgroup = "0::/system.slice/%s\n" % unit if unit else "0::/user.slice/user-1000.slice/session-3.scope\n"
+            cgroup = f"0::/system.slice/{unit}\n" if unit else "0::/user.slice/user-1000.slice/session-3.scope\n"
         if devices is None and mem:
             devices, default_maps = fakeproc.cuda_process(set(mem), range(self.gpus), cuda_visible)
             maps = default_maps if maps is None else maps
@@ -131,7 +130,7 @@ class World(object):
         fakeproc.write_process(self.root, pid, start_time=self.next_start, **spec)
         if environ:
             with open(os.path.join(str(self.root), str(pid), "environ"), "wb") as handle:
-                handle.write(b"".join(("%s=%s" % item).encode() + b"\0" for item in sorted(environ.items())))
+                handle.write(b"".join(("{}={}".format(*item)).encode() + b"\0" for item in sorted(environ.items())))
         self.procs[pid] = Proc(pid, mem, unit, on_term, on_kill, smi_pid if smi_pid else pid, smi_name if smi_name else comm, spec)
         if not visible:
             self.procs[pid].smi_pid = None
@@ -219,7 +218,7 @@ class World(object):
         return "".join(row + "\n" for row in rows)
 
 
-class FakeSmi(object):
+class FakeSmi:
     """query_all / query_gpus / run / app_args, answering from the World through the real parsers."""
 
     def __init__(self, world):
@@ -257,7 +256,7 @@ class FakeSystem(release.System):
     def __init__(self, world):
         # No Docker or Podman on this node unless a test gives it one.
         runtimes = getattr(world, "runtimes", None) or _containers.Runtimes(which=lambda name: None, sockets={})
-        super(FakeSystem, self).__init__(systemctl_path="/usr/bin/systemctl", proc=str(world.root), runtimes=runtimes)
+        super().__init__(systemctl_path="/usr/bin/systemctl", proc=str(world.root), runtimes=runtimes)
         self.world = world
 
     def systemctl(self, args):
@@ -265,9 +264,10 @@ class FakeSystem(release.System):
         world.systemctl_log.append(list(args))
         verb, names = args[0], [a for a in args[1:] if not a.startswith("-")]
         if verb == "list-units":
-            return 0, "".join("%s loaded %s %s %s\n" % (n, u["props"]["ActiveState"], u["props"]["SubState"], n) for n, u in sorted(world.units.items())), ""
+            rows = ("{0} loaded {1} {2} {0}\n".format(n, u["props"]["ActiveState"], u["props"]["SubState"]) for n, u in sorted(world.units.items()))
+            return 0, "".join(rows), ""
         if verb == "list-unit-files":
-            return 0, "".join("%s %s enabled\n" % (n, u["props"]["UnitFileState"]) for n, u in sorted(world.units.items())), ""
+            return 0, "".join("{} {} enabled\n".format(n, u["props"]["UnitFileState"]) for n, u in sorted(world.units.items())), ""
         if verb == "show":
             wanted = [a.split("=", 1)[1].split(",") for a in args if a.startswith("--property=")][0]
             blocks = []
@@ -278,12 +278,12 @@ class FakeSystem(release.System):
                 else:
                     props = {"Id": name, "LoadState": "not-found", "ActiveState": "inactive", "SubState": "dead", "UnitFileState": "",
                              "MainPID": "0", "TriggeredBy": "", "FragmentPath": ""}
-                blocks.append("".join("%s=%s\n" % (key, props[key]) for key in wanted if key in props))
+                blocks.append("".join(f"{key}={props[key]}\n" for key in wanted if key in props))
             return 0, "\n".join(blocks), ""
         for name in names:
             unit = world.units[name]
             if verb == "stop":
-                assert "--no-block" in args, "an unbounded systemctl stop: %s" % args
+                assert "--no-block" in args, f"an unbounded systemctl stop: {args}"
                 if unit["props"]["ActiveState"] in ("inactive", "failed"):
                     continue
                 unit["props"].update(ActiveState="deactivating", SubState="stop-sigterm")
@@ -430,7 +430,7 @@ def test_pid_reused_between_scan_and_signal_is_not_signalled(world):
 
     class ReusedAfterLook(release.Release):
         def look(self):
-            snapshot = super(ReusedAfterLook, self).look()
+            snapshot = super().look()
             world.reuse_pid(495)
             return snapshot
 
@@ -446,7 +446,7 @@ def test_holder_gone_before_the_signal_is_not_reported_killed(world):
 
     class ExitedAfterLook(release.Release):
         def look(self):
-            snapshot = super(ExitedAfterLook, self).look()
+            snapshot = super().look()
             world.exit(495)
             return snapshot
 
@@ -469,7 +469,7 @@ def test_unkillable_holder_in_d_state_is_reported(world):
     assert [name for _t, _pid, name in world.signals] == ["SIGTERM", "SIGKILL"]
     assert error.result["unkillable"][0]["pid"] == 495 and error.result["unkillable"][0]["state"] == "D"
     assert "unkillable (outlived SIGKILL, likely D state in the driver): pid 495 python3 [python3 serve.py] (unit session-3.scope, state D)" in error.msg
-    assert "GPU 0 (%s) reads 40960 MiB, held by pid 495 python3" % uuid(0) in error.msg
+    assert f"GPU 0 ({uuid(0)}) reads 40960 MiB, held by pid 495 python3" in error.msg
 
 
 def test_holder_of_an_unselected_gpu_is_left_alone(world):
@@ -496,14 +496,14 @@ def test_footprint_allowance_off_means_the_other_gpus_context_keeps_it_dirty(wor
     world.spawn(495, {0: 40960})
     world.spawn(497, {1: 20480})
     error = fail(world, gpus=["1"], cross_gpu_footprint_mib=0, wait_timeout=1.0)
-    assert "GPU 1 (%s) reads 4 MiB" % uuid(1) in error.msg and 495 in world.procs
+    assert f"GPU 1 ({uuid(1)}) reads 4 MiB" in error.msg and 495 in world.procs
 
 
 def test_footprint_is_no_excuse_for_memory_a_process_still_uses(world):
     world.spawn(495, {0: 40960})
     world.spawn(497, {1: 3}, on_term="ignore", on_kill="ignore")
     error = fail(world, gpus=["1"], kill_timeout=0.5, wait_timeout=2.0)
-    assert "GPU 1 (%s) reads 3 MiB, held by pid 497" % uuid(1) in error.msg
+    assert f"GPU 1 ({uuid(1)}) reads 3 MiB, held by pid 497" in error.msg
 
 
 def test_cuda_visible_devices_trainer_on_the_other_gpu_is_left_alone(world):
@@ -560,7 +560,7 @@ def test_match_limits_who_is_signalled(world):
     world.spawn(496, {0: 2000}, argv=("python3", "train.py"))
     error = fail(world, match=["vllm"], wait_timeout=5.0)
     assert [pid for _t, pid, _name in world.signals] == [495]
-    assert "GPU 0 (%s) reads 2000 MiB, held by pid 496 python3" % uuid(0) in error.msg
+    assert f"GPU 0 ({uuid(0)}) reads 2000 MiB, held by pid 496 python3" in error.msg
 
 
 def test_kill_false_signals_nobody(world):
@@ -571,7 +571,7 @@ def test_kill_false_signals_nobody(world):
 
 def test_holder_in_a_container_whose_runtime_cannot_be_asked_is_signalled_and_watched(world):
     container = "4f3c2b1a" * 8
-    world.spawn(495, {0: 1000}, cgroup="0::/system.slice/docker-%s.scope\n" % container)
+    world.spawn(495, {0: 1000}, cgroup=f"0::/system.slice/docker-{container}.scope\n")
     result = run(world)
     assert [pid for _t, pid, _name in world.signals] == [495] and result["killed"][0]["container"] == container
     assert any("container 4f3c2b1a4f3c (docker) could not be stopped through its runtime" in warning for warning in result["warnings"])
@@ -703,7 +703,7 @@ def test_clean_host_changes_nothing(world):
     class Counting(release.Release):
         def run(self):
             try:
-                return super(Counting, self).run()
+                return super().run()
             finally:
                 smi_calls.append(self.smi.calls)
 
@@ -736,7 +736,7 @@ def test_persistenced_opening_every_gpu_is_an_nvml_client_left_alone(world):
 def test_protected_only_memory_fails_at_once_naming_the_protected_process(world):
     world.spawn(812, {0: 500}, comm="nvidia-persiste", exe="/usr/bin/nvidia-persistenced", argv=("/usr/bin/nvidia-persistenced",))
     error = fail(world, wait_timeout=60.0)
-    assert world.t < 2.0, "waited %.1f s for a GPU that only a protected process holds" % world.t
+    assert world.t < 2.0, f"waited {world.t:.1f} s for a GPU that only a protected process holds"
     assert error.msg.startswith("GPUs are held only by protected processes")
     assert "pid 812 nvidia-persiste [/usr/bin/nvidia-persistenced] (unit session-3.scope, state S, protected)" in error.msg
     assert world.signals == [] and error.result["released"] is False
@@ -784,7 +784,7 @@ def test_memory_freeing_right_after_the_look_is_not_called_a_leak(world):
     class Freeing(release.Release):
         def _read_gpus(self):
             world.leaked[:] = []  # the context the look saw is freed by the first reading
-            return super(Freeing, self)._read_gpus()
+            return super()._read_gpus()
 
     result = run(world, release_class=Freeing, check_mode=True)
     assert result["released"] is False and world.t < 3.0
@@ -822,7 +822,7 @@ def test_gpus_and_protect_accept_ascii_digits_only(world):
 def test_failure_result_carries_a_diff(world):
     world.leaked.append((1, 427, "[No data]", 12))
     error = fail(world, wait_timeout=1.0)
-    assert "GPU 1 %s: 12 MiB" % uuid(1) in error.result["diff"]["after"]
+    assert f"GPU 1 {uuid(1)}: 12 MiB" in error.result["diff"]["after"]
 
 
 def test_unknown_gpu_in_the_request_is_refused_before_anything_happens(world):
@@ -999,7 +999,7 @@ def test_term_ignoring_unit_with_the_default_timeoutstopsec_is_freed_within_kill
     world.unit("stubborn.service", restart=True, timeout_stop=90.0)
     world.spawn(700, {0: 4096}, unit="stubborn.service", on_term="ignore")
     result = run(world, kill_timeout=2.0)
-    assert result["released"] is True and world.t < 2.0 + 1.0, "waited %.1f s (TimeoutStopSec is 90 s)" % world.t
+    assert result["released"] is True and world.t < 2.0 + 1.0, f"waited {world.t:.1f} s (TimeoutStopSec is 90 s)"
     assert result["stopped_units"] == ["stubborn.service"] and result["killed_units"] == ["stubborn.service"]
     assert ["(systemd: TimeoutStopSec)", "stubborn.service"] not in world.systemctl_log
     assert ["kill", "--signal=SIGKILL", "--no-ask-password", "stubborn.service"] in world.systemctl_log
@@ -1052,7 +1052,7 @@ def test_glob_matching_nothing_warns(world):
 def test_kill_false_fails_at_once_naming_the_holders_it_leaves(world):
     world.spawn(495, {0: 1000})
     error = fail(world, kill=False, wait_timeout=60.0)
-    assert world.t < 2.0, "waited %.1f s for holders that kill=false never signals" % world.t
+    assert world.t < 2.0, f"waited {world.t:.1f} s for holders that kill=false never signals"
     assert error.msg.startswith("GPUs are held by processes that kill=false leaves running") and "pid 495 python3" in error.msg
 
 
@@ -1080,7 +1080,7 @@ def test_nvidia_smi_failing_after_the_signal_keeps_killed_and_stopped_units(worl
         def query_gpus(self, fields=smi.GPU_FIELDS, gpus=None):
             if world.signals:
                 raise smi.NvidiaSmiError("Unable to determine the device handle for GPU0000:18:00.0: GPU is lost", cmd=["nvidia-smi"], rc=15)
-            return super(LostAfterActing, self).query_gpus(fields, gpus)
+            return super().query_gpus(fields, gpus)
 
     worker = release.Release(LostAfterActing(world), FakeSystem(world), params(), driver_root=str(world.root.parent / "none"))
     with pytest.raises(release.ReleaseError) as info:
@@ -1098,7 +1098,7 @@ def test_permission_error_on_the_second_signal_keeps_the_first_in_killed(world):
         def signal(self, pid, signum):
             if signum == signal.SIGKILL:
                 raise PermissionError(1, "Operation not permitted")
-            return super(NoKill, self).signal(pid, signum)
+            return super().signal(pid, signum)
 
     worker = release.Release(FakeSmi(world), NoKill(world), params(kill_timeout=1.0), driver_root=str(world.root.parent / "none"))
     with pytest.raises(release.ReleaseError) as info:
@@ -1111,7 +1111,7 @@ def test_permission_error_on_the_second_signal_keeps_the_first_in_killed(world):
 # ------------------------------------------------------------------ pidfd signalling (issue 12)
 
 
-class FakePidfd(object):
+class FakePidfd:
     """pidfd_open pins the process that has the PID now; a signal through it reaches that
     process or, if it has exited, nobody (ESRCH), never a newcomer with the same PID."""
 

@@ -57,7 +57,7 @@ class FakeSystemd(restore.System):
     """systemctl show/unmask/enable/start over a dict of units; `broken` units fail to start."""
 
     def __init__(self, path, units, broken=()):
-        super(FakeSystemd, self).__init__("/usr/bin/systemctl", runtimes=_containers.Runtimes(which=lambda n: None, sockets={}), record_path=path)
+        super().__init__("/usr/bin/systemctl", runtimes=_containers.Runtimes(which=lambda n: None, sockets={}), record_path=path)
         self.units = units
         self.broken = set(broken)
         self.log = []
@@ -65,7 +65,7 @@ class FakeSystemd(restore.System):
     def systemctl(self, args, timeout=30.0):
         verb, names = args[0], [a for a in args[1:] if not a.startswith("-")]
         if verb == "show":
-            return 0, "\n".join("Id=%s\n%s" % (n, "".join("%s=%s\n" % kv for kv in self.units[n].items())) for n in names), ""
+            return 0, "\n".join("Id={}\n{}".format(n, "".join("{}={}\n".format(*kv) for kv in self.units[n].items())) for n in names), ""
         self.log.append((verb, names[0]))
         unit = self.units[names[0]]
         if verb == "unmask":
@@ -75,7 +75,7 @@ class FakeSystemd(restore.System):
         elif verb == "start":
             if names[0] in self.broken:
                 unit.update(ActiveState="failed", Result="exit-code")
-                return 1, "", "Job for %s failed because the control process exited with error code." % names[0]
+                return 1, "", f"Job for {names[0]} failed because the control process exited with error code."
             unit["ActiveState"] = "active"
         return 0, "", ""
 
@@ -124,7 +124,7 @@ def test_a_unit_removed_since_the_release_is_kept_and_forget_drops_it(tmp_path):
     with pytest.raises(restore.RestoreError, match="no longer known to systemd"):
         restore.Restore(system, {}).run()
     result = restore.Restore(system, {"forget": ["gone*"]}).run()
-    assert result["forgotten"] == ["gone.service stopped by zeromib at %s" % AT] and not path.exists()
+    assert result["forgotten"] == [f"gone.service stopped by zeromib at {AT}"] and not path.exists()
 
 
 def test_a_supervisor_program_without_its_supervisord_running_is_named_and_kept(tmp_path):

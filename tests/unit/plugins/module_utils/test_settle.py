@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -29,7 +28,7 @@ def process(root, pid, ppid, argv, comm=None, session=None, fds=(), maps=(), env
         handle.write(" ".join(fields))
     if environ:
         with open(os.path.join(str(root), str(pid), "environ"), "wb") as handle:
-            handle.write(b"".join(("%s=%s" % item).encode() + b"\0" for item in sorted(environ.items())))
+            handle.write(b"".join(("{}={}".format(*item)).encode() + b"\0" for item in sorted(environ.items())))
 
 
 def holder(pid, ppid, cmdline="python3 train.py"):
@@ -124,7 +123,7 @@ def test_a_parent_that_exited_leaves_no_window(proc):
     fakeproc.remove_process(proc, 300)
     fakeproc.remove_process(proc, 200)
 
-    class Clock(object):
+    class Clock:
         t = 0.0
 
         def now(self):

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -38,13 +37,13 @@ class Reaping(release.System):
     """The real System, reaping our own child so that it does not linger as a zombie."""
 
     def __init__(self, process, pidfd):
-        super(Reaping, self).__init__()
+        super().__init__()
         self.process = process
         self.pidfd = pidfd
 
     def start_time(self, pid):
         self.process.poll()
-        return super(Reaping, self).start_time(pid)
+        return super().start_time(pid)
 
 
 @pytest.mark.skipif(not HAS_PIDFD, reason="needs Python 3.9+ on Linux 5.3+")
@@ -125,11 +124,11 @@ def test_python_38_node_signals_with_the_start_time_recheck():
 
 
 def test_a_pidfd_that_cannot_be_opened_for_want_of_fds_falls_back_to_the_start_time_check():
-    class Full(object):
+    class Full:
         def open(self, pid):
             raise OSError(24, "Too many open files")
 
-    class System(object):
+    class System:
         sent = []
 
         def start_time(self, pid):

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -196,7 +195,7 @@ def test_slurm_job_id(cgroup, environ, job):
 # ------------------------------------------------------------------ owners: /proc and systemctl
 
 
-class Systemctl(object):
+class Systemctl:
     """Answers `systemctl show` from a dict of unit properties; records every call."""
 
     def __init__(self, props=None, listed=()):
@@ -211,10 +210,10 @@ class Systemctl(object):
             blocks = []
             for name in [a for a in args[1:] if not a.startswith("-")]:
                 props = dict({"Id": name, "LoadState": "not-found", "MainPID": "0"}, **self.props.get(name, {}))
-                blocks.append("".join("%s=%s\n" % (k, props[k]) for k in wanted if k in props))
+                blocks.append("".join(f"{k}={props[k]}\n" for k in wanted if k in props))
             return 0, "\n".join(blocks), ""
         if args[0] in ("list-units", "list-unit-files"):
-            return 0, "".join("%s loaded active running x\n" % u for u in self.listed), ""
+            return 0, "".join(f"{u} loaded active running x\n" for u in self.listed), ""
         return 0, "", ""
 
 
@@ -227,7 +226,7 @@ def loaded(**extra):
 
 def holder(pid, gpus, unit, cgroup=None, service=True):
     return {"pid": pid, "name": "python3", "gpu_indexes": gpus, "unit": unit, "system_service": service, "protected": False,
-            "cgroup": cgroup or "/system.slice/%s" % unit, "start_time": 1000 + pid}
+            "cgroup": cgroup or f"/system.slice/{unit}", "start_time": 1000 + pid}
 
 
 @pytest.fixture
@@ -419,14 +418,14 @@ class UnitFiles(Systemctl):
     """Loaded units and unit files differ: an installed, enabled, inactive unit is not loaded."""
 
     def __init__(self, props, loaded_units, unit_files):
-        super(UnitFiles, self).__init__(props, loaded_units)
+        super().__init__(props, loaded_units)
         self.unit_files = list(unit_files)
 
     def __call__(self, args):
         if args[0] == "list-unit-files":
             self.calls.append(list(args))
-            return 0, "".join("%s enabled enabled\n" % u for u in self.unit_files), ""
-        return super(UnitFiles, self).__call__(args)
+            return 0, "".join(f"{u} enabled enabled\n" for u in self.unit_files), ""
+        return super().__call__(args)
 
 
 def test_a_glob_matches_an_installed_inactive_unit_file_and_disables_it_without_a_false_warning():
@@ -455,7 +454,7 @@ def test_naming_an_essential_unit_is_refused_before_anything_is_done(name):
     systemctl = Systemctl({units.normalize_unit(name): loaded()})
     with pytest.raises(ReleaseError) as info:
         plan(systemctl, [name])
-    assert "refusing to stop %s: the node needs it" % units.normalize_unit(name) in info.value.msg
+    assert f"refusing to stop {units.normalize_unit(name)}: the node needs it" in info.value.msg
     assert [c[0] for c in systemctl.calls] == ["show"]
 
 
@@ -514,7 +513,7 @@ def test_masking_works_for_packaged_units_and_an_already_masked_etc_link_is_left
 # ------------------------------------------------------------------ the bounded stop
 
 
-class Node(object):
+class Node:
     """systemctl with units that stop after a delay, or never until SIGKILLed; a clock."""
 
     def __init__(self, stop_after):
@@ -549,7 +548,7 @@ class Node(object):
                 self.state[unit] = "failed"
                 self.stopping.pop(unit, None)
         elif args[0] == "show":
-            return 0, "\n".join("Id=%s\nActiveState=%s\nSubState=x\n" % (u, self.state[u]) for u in names), ""
+            return 0, "\n".join(f"Id={u}\nActiveState={self.state[u]}\nSubState=x\n" for u in names), ""
         return 0, "", ""
 
 
@@ -578,7 +577,7 @@ def test_a_failing_stop_is_reported_with_what_was_done_so_far():
     def systemctl(args):
         return (5, "", "Failed to stop vllm.service: Access denied") if args[0] == "stop" else (0, "", "")
 
-    class System(object):
+    class System:
         pass
 
     system = System()
