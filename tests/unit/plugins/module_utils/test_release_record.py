@@ -6,7 +6,7 @@ import pytest
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _release as release
 
-from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils.test_release_run import FakeSmi, FakeSystem, World, params
+from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils.fake_node import FakeSmi, FakeSystem, World, params
 
 
 @pytest.fixture

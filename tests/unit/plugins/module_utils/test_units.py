@@ -271,7 +271,7 @@ def test_owners_stops_the_workload_and_names_launchers_with_their_slurm_job(proc
 def test_owners_never_stops_a_unit_that_holds_unselected_gpus_and_lists_it_as_spanning(proc):
     fakeproc.write_process(proc, 100, comm="VLLM::EngineCor", argv=("VLLM::EngineCore",), cgroup="0::/system.slice/vllm.service\n")
     for i in range(4):
-        fakeproc.write_process(proc, 101 + i, comm="VLLM::Worker_TP%d" % i, ppid=100, cgroup="0::/system.slice/vllm.service\n")
+        fakeproc.write_process(proc, 101 + i, comm=f"VLLM::Worker_TP{i}", ppid=100, cgroup="0::/system.slice/vllm.service\n")
     workers = [holder(101 + i, [i], "vllm.service") for i in range(4)]
     to_stop, launchers, spanning = units.owners(Systemctl({"vllm.service": loaded(MainPID="100")}), [workers[1]], workers, [1], set(), str(proc))
     assert (to_stop, launchers) == ([], [])
