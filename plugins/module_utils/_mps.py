@@ -36,9 +36,29 @@ import errno
 import os
 import stat
 import subprocess
+import typing as t
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
 from ansible_collections.zeromib.gpu.plugins.module_utils import _units
+
+if t.TYPE_CHECKING:
+    from ansible_collections.zeromib.gpu.plugins.module_utils._records import Holder
+
+    class Node(t.Protocol):
+        """What stopping MPS servers needs of _release.System."""
+
+        proc: str
+
+        def start_time(self, pid: int) -> int | None: ...
+        def now(self) -> float: ...
+        def sleep(self, seconds: float) -> None: ...
+
+    class MpsDone(t.TypedDict):
+        """What stop() did, under the release result's keys (Release folds it in)."""
+
+        stopped_mps_servers: list[dict[str, t.Any]]
+        warnings: list[str]
 
 CONTROL = "nvidia-cuda-mps-control"
 SERVER = "nvidia-cuda-mps-server"
@@ -47,23 +67,24 @@ BIN_DIRS = ("/usr/bin", "/usr/local/nvidia/bin", "/usr/local/bin", "/run/nvidia/
 QUIT_TIMEOUT_S = 10.0
 
 
-def names_of(record):
+def names_of(record: dict[str, t.Any] | None) -> set[str]:
     return _units.process_names(record) if record else set()
 
 
-def is_server(record):
+def is_server(record: dict[str, t.Any] | None) -> bool:
     return SERVER in names_of(record)
 
 
-def is_control(record):
+def is_control(record: dict[str, t.Any] | None) -> bool:
     return CONTROL in names_of(record)
 
 
-def plan(targets):
+def plan(targets: list[Holder]) -> tuple[list[Holder], list[Holder]]:
     """(targets left to signal, MPS servers to quit); control daemons are dropped. Which servers are
     targets at all is the spanning rule's (_release.plan_targets): a server that also serves GPUs
     outside the selection is refused before acting, unless kill_spanning."""
-    left, servers = [], []
+    left: list[Holder] = []
+    servers: list[Holder] = []
     for holder in targets:
         if is_control(holder):
             # It maps GPU nodes without a context (undecided on a real H200): never signalled; quit
@@ -73,50 +94,32 @@ def plan(targets):
     return left, servers
 
 
-def environ_of(pid, proc="/proc"):
-    try:
-        with open("%s/%d/environ" % (proc, pid), "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return {}
-    pairs = {}
-    for entry in data.split(b"\0"):
-        name, sep, value = entry.partition(b"=")
-        if sep:
-            pairs[name.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
-    return pairs
-
-
-def control_of(server, proc="/proc"):
+def control_of(server: Holder, proc: str = "/proc") -> dict[str, t.Any] | None:
     """The server's control daemon (its parent, when that is one), or None."""
     parent = holders_mod.read_process(server.get("ppid") or 0, proc) if (server.get("ppid") or 0) > 1 else None
     return parent if parent and is_control(parent) else None
 
 
-def pipe_directory(server, proc="/proc"):
+def pipe_directory(server: Holder, proc: str = "/proc") -> str:
     """CUDA_MPS_PIPE_DIRECTORY of the server's control daemon (else of the server), or the default."""
     control = control_of(server, proc)
     for pid in ([control["pid"]] if control else []) + [server["pid"]]:
-        value = environ_of(pid, proc).get("CUDA_MPS_PIPE_DIRECTORY")
+        value = holders_mod.environ_of(pid, proc).get("CUDA_MPS_PIPE_DIRECTORY")
         if value:
             return value
     return DEFAULT_PIPE_DIR
 
 
-def find_client_program(which=None):
+def _which(name: str) -> str | None:
+    return _commands.which(name, dirs=BIN_DIRS)
+
+
+def find_client_program(which: t.Callable[[str], str | None] | None = None) -> str | None:
     which = which or _which
     return which(CONTROL)
 
 
-def _which(name):
-    for directory in os.environ.get("PATH", "").split(os.pathsep) + list(BIN_DIRS):
-        path = os.path.join(directory, name)
-        if directory and os.access(path, os.X_OK):
-            return path
-    return None
-
-
-def write_to_fifo(path, text):
+def write_to_fifo(path: str, text: str) -> str | None:
     """Write `text` into the FIFO at `path`, never following a link and never into anything but a
     FIFO with a reader. Returns None, or why it could not."""
     try:
@@ -134,11 +137,11 @@ def write_to_fifo(path, text):
     return None
 
 
-def send_quit(directory, which=None, timeout=QUIT_TIMEOUT_S):
+def send_quit(directory: str, which: t.Callable[[str], str | None] | None = None, timeout: float = QUIT_TIMEOUT_S) -> tuple[str, str | None]:
     """`quit` to the control daemon of `directory` -> (how, error or None)."""
     program = find_client_program(which)
     if program:
-        env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=directory, LC_ALL="C", LANG="C")
+        env = _commands.c_locale_env(CUDA_MPS_PIPE_DIRECTORY=directory)
         try:
             done = subprocess.run([program], input=b"quit\n", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                                   timeout=timeout, check=False)
@@ -153,18 +156,21 @@ def send_quit(directory, which=None, timeout=QUIT_TIMEOUT_S):
     return f"quit > {fifo}", write_to_fifo(fifo, "quit\n")
 
 
-def stop(system, servers, kill_timeout, result, which=None):
-    """Quit each server's control daemon, wait for those servers to exit at most kill_timeout, and
-    return the servers still alive (to be signalled as holders), those whose quit failed first."""
+def stop(system: Node, servers: list[Holder], kill_timeout: float | None, which: t.Callable[[str], str | None] | None = None
+         ) -> tuple[list[Holder], MpsDone]:
+    """Quit each server's control daemon, wait for those servers to exit at most kill_timeout ->
+    (the servers still alive, to be signalled as holders, those whose quit failed first; what was
+    done: stopped_mps_servers and warnings)."""
+    done: MpsDone = {"stopped_mps_servers": [], "warnings": []}
     failed, waiting = [], []
     for server in servers:
         directory = pipe_directory(server, system.proc)
         how, error = send_quit(directory, which)
-        result["stopped_mps_servers"].append({"pid": server["pid"], "name": server.get("name"), "pipe_directory": directory,
-                                              "gpu_indexes": server.get("gpu_indexes"), "how": None if error else how})
+        done["stopped_mps_servers"].append({"pid": server["pid"], "name": server.get("name"), "pipe_directory": directory,
+                                            "gpu_indexes": server.get("gpu_indexes"), "how": None if error else how})
         if error:
-            result["warnings"].append("MPS server pid %d: quit through its control daemon failed (%s); it is signalled instead"
-                                      % (server["pid"], error))
+            done["warnings"].append("MPS server pid {}: quit through its control daemon failed ({}); it is signalled instead".format(
+                server["pid"], error))
             failed.append(server)
         else:
             waiting.append(server)
@@ -174,4 +180,4 @@ def stop(system, servers, kill_timeout, result, which=None):
         if not waiting or system.now() >= deadline:
             break
         system.sleep(0.02)
-    return failed + waiting
+    return failed + waiting, done

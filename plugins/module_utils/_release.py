@@ -14,10 +14,11 @@ clock) so that the logic is tested without killing anything.
 from __future__ import annotations
 
 import os
-import subprocess
 import time
+import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _attribution
+from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
 from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _health
@@ -28,10 +29,15 @@ from ansible_collections.zeromib.gpu.plugins.module_utils import _settle
 from ansible_collections.zeromib.gpu.plugins.module_utils import _signals
 from ansible_collections.zeromib.gpu.plugins.module_utils import _supervisor
 from ansible_collections.zeromib.gpu.plugins.module_utils import _units
-from ansible_collections.zeromib.gpu.plugins.module_utils._errors import ReleaseError  # noqa: F401 (the modules' import)
+from ansible_collections.zeromib.gpu.plugins.module_utils._errors import ReleaseError, StepFailed
 from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import (
     GPU_FIELDS, NvidiaSmiError, check_against_driver, normalize_bus_id, parse_compute_apps,
 )
+
+if t.TYPE_CHECKING:
+    from ansible_collections.zeromib.gpu.plugins.module_utils._records import ComputeApp, Gpu, Holder, ReleaseResult
+    from ansible_collections.zeromib.gpu.plugins.module_utils._supervisor import ProgramPlan
+    from ansible_collections.zeromib.gpu.plugins.module_utils._units import UnitPlan
 
 # While GPUs stay dirty, look for who holds them this often (a /proc scan, a few ms).
 RESCAN_S = 1.0
@@ -58,17 +64,8 @@ class System:
         # Docker and Podman, asked only when a holder runs in a container or services names one.
         self.runtimes = runtimes if runtimes is not None else _containers.Runtimes()
 
-    def systemctl(self, args):
-        if not self.systemctl_path:
-            return 127, "", "systemctl not found"
-        process = subprocess.run(
-            [self.systemctl_path] + list(args),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            env=dict(os.environ, LC_ALL="C", LANG="C", SYSTEMD_PAGER="", SYSTEMD_COLORS="0"),
-            check=False,
-        )
-        return process.returncode, process.stdout.decode("utf-8", "replace"), process.stderr.decode("utf-8", "replace")
+    def systemctl(self, args: t.Sequence[str]) -> tuple[int, str, str]:
+        return _commands.systemctl(self.systemctl_path, args)
 
     def start_time(self, pid):
         return holders_mod.start_time_of(pid, self.proc)
@@ -87,12 +84,10 @@ class System:
     def signal(self, pid, signum):
         os.kill(pid, signum)
 
-    def cgroup_unit(self, pid):
+    def cgroup_unit(self, pid: int) -> tuple[str | None, bool]:
         """(unit, is a system service) of a PID, from its cgroup."""
-        try:
-            with open("%s/%d/cgroup" % (self.proc, pid), "rb") as handle:
-                path = holders_mod.parse_cgroup(handle.read())
-        except OSError:
+        path = holders_mod.cgroup_of(pid, self.proc)
+        if path is None:
             return None, False
         return holders_mod.unit_of(path), holders_mod.is_system_service(path)
 
@@ -122,7 +117,7 @@ def select_gpus(gpus, wanted):
         elif text.lower() in by_uuid:
             selected.add(by_uuid[text.lower()])
         else:
-            raise ReleaseError(
+            raise StepFailed(
                 "GPU {!r} is not on this host: it has indexes {} and UUIDs {}".format(
                     text, ", ".join(str(i) for i in sorted(indexes)), ", ".join(sorted(by_uuid)) or "none")
             )
@@ -409,10 +404,89 @@ def plan_diff(result, check_mode):
 # ---------------------------------------------------------------- the run
 
 
-class Release:
-    """look -> plan -> act -> verify, for the options of gpu_release."""
+STATE_KEYS = {"disabled": "disabled_units", "masked": "masked_units"}
 
-    def __init__(self, smi, system, params, check_mode=False, driver_root="/proc/driver/nvidia/gpus"):
+
+def new_result(state_key: str | None) -> ReleaseResult:
+    """The release result before anything is looked at or done."""
+    result: ReleaseResult = {
+        "changed": False,
+        "released": False,
+        "stopped_units": [],
+        # Units whose stop outlasted kill_timeout, killed through systemd.
+        "killed_units": [],
+        "launchers": [],
+        "stopped_containers": [],
+        "disabled_containers": [],
+        "stopped_programs": [],
+        "disabled_programs": [],
+        "stopped_mps_servers": [],
+        "killed": [],
+        "protected": [],
+        # Not "skipped": Ansible reads a result with that key as a skipped task and then
+        # ignores failed_when on it.
+        "reused_pids": [],
+        "unkillable": [],
+        "undecided": [],
+        # {path, entries} when this run added to the record gpu_restore reads (_record).
+        "restore_record": None,
+        # Holders of a selected GPU that also use GPUs outside the selection (kill_spanning).
+        "spanning": [],
+        # Units a glob in services matched but that are never selected by one (reason given).
+        "kept_units": [],
+        "warnings": [],
+        "gpus_before": [],
+        "gpus": [],
+        "holders": [],
+        "timings": {"look_s": 0.0, "plan_s": 0.0, "stop_s": 0.0, "kill_s": 0.0, "wait_s": 0.0, "settle_s": 0.0},
+    }
+    if state_key:
+        result[state_key] = []  # type: ignore[literal-required]
+    return result
+
+
+class Plan:
+    """What the look found and what the run is to do: made by Release.plan, read by the
+    check-mode answer, act and verify."""
+
+    def __init__(self, gpus: list[Gpu], holders: list[Holder], footprint: set[int], hidden: str | None, selected: list[int]) -> None:
+        self.gpus = gpus
+        self.holders = holders
+        # GPUs the look read as clean only through the cross-GPU footprint allowance.
+        self.footprint = footprint
+        # Why some GPU's memory cannot be read (a warning of _facts), or None.
+        self.hidden = hidden
+        self.selected = selected
+        self.targets: list[Holder] = []
+        self.mps_servers: list[Holder] = []
+        self.containers: t.Any = None
+        self.units: UnitPlan | None = None
+        self.programs: ProgramPlan | None = None
+        self.to_do = False
+        self.gpus_clean = False
+        self.dirty_before: list[Gpu] = []
+        self.unheld_at_look: set[int] = set()
+        # The compute apps the look saw ([] when none was needed).
+        self.apps: list[ComputeApp] = []
+
+    @property
+    def unit_steps(self) -> UnitPlan:
+        assert self.units is not None
+        return self.units
+
+    @property
+    def program_steps(self) -> ProgramPlan:
+        assert self.programs is not None
+        return self.programs
+
+
+class Release:
+    """look -> plan -> act -> verify, for the options of gpu_release. The one writer of the
+    result: the steps it calls return plans and records of what they did (StepFailed carries
+    the record of a step that failed), and it raises the one ReleaseError."""
+
+    def __init__(self, smi: t.Any, system: System, params: dict[str, t.Any], check_mode: bool = False,
+                 driver_root: str = "/proc/driver/nvidia/gpus") -> None:
         self.smi = smi
         self.system = system
         self.params = params
@@ -422,72 +496,91 @@ class Release:
         self.lineage = holders_mod.lineage(os.getpid(), system.proc)
         self.regexes = params.get("_match_regexes") or []
         # Workload units that also hold GPUs outside the selection (plan_units).
-        self.spanning_units = []
-        # The compute apps of the latest scan ([] when none was needed).
-        self.apps = []
-        self._main_pids = {}
+        self.spanning_units: list[dict[str, t.Any]] = []
+        self._main_pids: dict[str, int | None] = {}
         # Minor numbers by bus id, from the look; the verify loop's readings reuse them.
-        self.minors_by_bus = {}
+        self.minors_by_bus: dict[str, int] = {}
         # The look's _health.Health: the final readings are judged with the same checks and Xids.
-        self.health = None
+        self.health: t.Any = None
         # What may start a signalled holder again (_settle), set when something is signalled.
-        self.watch = None
-        self.result = {
-            "changed": False,
-            "released": False,
-            "stopped_units": [],
-            # Units whose stop outlasted kill_timeout, killed through systemd.
-            "killed_units": [],
-            "launchers": [],
-            "stopped_containers": [],
-            "disabled_containers": [],
-            "stopped_programs": [],
-            "disabled_programs": [],
-            "stopped_mps_servers": [],
-            "killed": [],
-            "protected": [],
-            # Not "skipped": Ansible reads a result with that key as a skipped task and then
-            # ignores failed_when on it.
-            "reused_pids": [],
-            "unkillable": [],
-            "undecided": [],
-            # {path, entries} when this run added to the record gpu_restore reads (_record).
-            "restore_record": None,
-            # Holders of a selected GPU that also use GPUs outside the selection (kill_spanning).
-            "spanning": [],
-            # Units a glob in services matched but that are never selected by one (reason given).
-            "kept_units": [],
-            "warnings": [],
-            "gpus_before": [],
-            "gpus": [],
-            "holders": [],
-            "timings": {"look_s": 0.0, "plan_s": 0.0, "stop_s": 0.0, "kill_s": 0.0, "wait_s": 0.0, "settle_s": 0.0},
-        }
-        state_key = {"disabled": "disabled_units", "masked": "masked_units"}.get(params.get("service_state"))
-        self.state_key = state_key
-        if state_key:
-            self.result[state_key] = []
+        self.watch: _settle.Watch | None = None
+        self.state_key = STATE_KEYS.get(params.get("service_state") or "")
+        self.result = new_result(self.state_key)
+        self.started = 0.0
+        # The look's (gpus, holders) and the last readings: the diff's before and after.
+        self.before: tuple[list[Gpu], list[Holder]] = ([], [])
+        self.after: tuple[list[Gpu], list[Holder]] | None = None
+        # Until the selection is made, a failure is about the request itself: its result is {}.
+        self.selected = False
+
+    # --- the whole run
+
+    def run(self) -> ReleaseResult:
+        """look -> plan -> (check mode: the answer) -> act -> verify and settle, all ending in
+        one tail. A step that fails (StepFailed) ends the run here, in the one ReleaseError,
+        with what was done folded into the result."""
+        try:
+            self.started = self.system.now()
+            plan = self.plan(self.look())
+            if self.check_mode:
+                return self.answer_check(plan)
+            if not plan.to_do and plan.gpus_clean:
+                # Nothing to act on and the look already proves the GPUs free: that reading is the
+                # verification (no second nvidia-smi call, no second scan on the fast path).
+                return self.tail(True, self.result["gpus_before"], plan.holders)
+            self.act(plan)
+            return self.verify_and_settle(plan)
+        except StepFailed as exc:
+            raise ReleaseError(exc.msg, self.failed(exc)) from exc
+
+    def failed(self, exc: StepFailed) -> ReleaseResult | dict[str, t.Any]:
+        """The result a failure carries: what the failed step did, folded in (a verdict's is the
+        finished result already); {} when the request itself was refused (no GPU selected)."""
+        if isinstance(exc, Verdict):
+            return exc.done
+        self.fold(exc.done)
+        return self.result if self.selected else {}
+
+    def fold(self, done: t.Mapping[str, t.Any] | None) -> None:
+        """A step's record (under the result's keys) into the result: lists are added to."""
+        for key, value in (done or {}).items():
+            if isinstance(value, list):
+                self.result.setdefault(key, []).extend(value)  # type: ignore[misc]
+            else:
+                self.result[key] = value  # type: ignore[literal-required]
+
+    def tail(self, released: bool, gpus: list[Gpu], holders: list[Holder], failure: str | None = None) -> ReleaseResult:
+        """The one end of every run: the readings, the verdict, the time, health and the diff;
+        `failure` (a message) ends the run in ReleaseError with this result."""
+        self.result["gpus"] = gpus
+        self.result["holders"] = [_facts.public_holder(h) for h in holders]
+        self.result["released"] = released
+        self.result["elapsed_s"] = round(self.system.now() - self.started, 3)
+        result = self._finish(*self.before, *(self.after or (None, None)))
+        if failure:
+            raise Verdict(failure, result)
+        return result
 
     # --- look
 
-    def settle_timeout(self):
+    def settle_timeout(self) -> float:
         value = self.params.get("settle_timeout")
         return _settle.SETTLE_S if value is None else value
 
-    def footprint_mib(self):
+    def footprint_mib(self) -> int:
         value = self.params.get("cross_gpu_footprint_mib")
         return _attribution.CROSS_GPU_FOOTPRINT_MIB if value is None else value
 
-    def scan(self, gpus):
-        """Who uses which GPU now (compute apps fetched only when they can change the answer).
-        The apps seen are kept in self.apps."""
-        holders, self.apps = _facts.scan_and_attribute(
+    def scan(self, gpus: list[Gpu]) -> tuple[list[Holder], list[ComputeApp]]:
+        """Who uses which GPU now -> (holders, the compute apps seen: fetched only when they can
+        change the answer, else [])."""
+        holders, apps = _facts.scan_and_attribute(
             gpus, None, lambda: self._apps(gpus), self.names, self.pids, self.lineage, self.system.proc, None,
             self.params.get("max_used_mib") or 0, self.footprint_mib(), self.main_pid_of,
         )
-        return _containers.annotate(holders, self.system.runtimes, self.system.proc)
+        return _containers.annotate(holders, self.system.runtimes, self.system.proc), apps
 
-    def main_pid_of(self, unit):
+    def main_pid_of(self, unit: str) -> int | None:
         """systemd's MainPID of a system unit (asked only for a process named like a protected
         daemon that its uid and executable do not vouch for)."""
         if unit not in self._main_pids:
@@ -495,26 +588,69 @@ class Release:
             self._main_pids[unit] = int(out.strip()) if rc == 0 and out.strip().isdigit() else None
         return self._main_pids[unit]
 
-    def may_be_footprint(self, dirty):
+    def may_be_footprint(self, dirty: list[Gpu]) -> bool:
         """Whether some dirty GPU reads little enough to be only the cross-GPU footprint (then a
         scan decides it; otherwise none is needed)."""
         allowance = (self.params.get("max_used_mib") or 0) + self.footprint_mib()
         return bool(self.footprint_mib()) and any(g["memory_used_mib"] is not None and g["memory_used_mib"] <= allowance for g in dirty)
 
-    def footprint(self, gpus, holders):
-        return _attribution.footprint_gpus(gpus, holders, self.apps, self.params.get("max_used_mib") or 0, self.footprint_mib())
+    def footprint(self, gpus: list[Gpu], holders: list[Holder], apps: list[ComputeApp]) -> set[int]:
+        return _attribution.footprint_gpus(gpus, holders, apps, self.params.get("max_used_mib") or 0, self.footprint_mib())
 
-    def look(self):
+    def look(self) -> t.Any:
         snapshot = _facts.look(self.smi, self.params.get("protect"), True, self.system.proc, self.driver_root, with_apps=False,
                                max_used_mib=self.params.get("max_used_mib") or 0, footprint_mib=self.footprint_mib(),
                                runtimes=self.system.runtimes, checks=_health.Checks.from_params(self.params), main_pid_of=self.main_pid_of)
-        self.apps = snapshot.apps
         self.health = snapshot.health
         return snapshot
 
     # --- plan
 
-    def forbidden_units(self, holders):
+    def plan(self, snapshot: t.Any) -> Plan:
+        """The look's readings into the result, then what to stop, disable and signal (every
+        planner returns its plan; the spanning refusal comes before anything is done)."""
+        self.result["timings"]["look_s"] = round(self.system.now() - self.started, 3)
+        gpus, holders = snapshot.gpus, snapshot.holders
+        self.before = (gpus, holders)
+        self.minors_by_bus = {normalize_bus_id(g.get("pci_bus_id")): g["minor_number"] for g in gpus}
+        hidden = _facts.unreadable_warning(getattr(snapshot, "unreadable", None))
+        if hidden:
+            self.result["warnings"].append(hidden)
+        limit = self.params.get("max_used_mib")
+        plan = Plan(gpus, holders, snapshot.footprint, hidden, select_gpus(gpus, self.params.get("gpus")))
+        self.selected = True
+        self.result["gpus_before"] = [_facts.public_gpu(g, limit, snapshot.footprint) for g in gpus]
+        self.result["selected_gpus"] = plan.selected
+        self.choose_targets(plan)
+        planning = self.system.now()
+        plan.containers = self.plan_containers(holders, plan.targets)
+        self.result["warnings"].extend(plan.containers.warnings)
+        plan.targets = plan.containers.signal
+        plan.units = self.plan_units(plan.targets, holders, plan.selected)
+        plan.programs = self.plan_programs()
+        self.refuse_spanning(holders, plan.selected, plan.containers)
+        self.result["timings"]["plan_s"] = round(self.system.now() - planning, 3)
+        self.result["services_not_found"] = plan.units["not_found"] + plan.containers.not_found + plan.programs["not_found"]
+        plan.gpus_clean = all(g["clean"] for g in self.result["gpus_before"] if g["index"] in plan.selected)
+        plan.to_do = bool(plan.containers or plan.units["stop"] or plan.units["disable"] or plan.units["mask"]
+                          or (plan.targets and self.params.get("kill", True)) or plan.programs["stop"] or plan.programs["disable"]
+                          or plan.mps_servers)
+        plan.dirty_before = [g for g in gpus if g["index"] in plan.selected and g["index"] not in snapshot.footprint
+                             and not _facts.gpu_is_clean(g, limit)]
+        plan.unheld_at_look = {g["index"] for g in unheld(plan.dirty_before, holders, snapshot.apps)}
+        plan.apps = snapshot.apps
+        return plan
+
+    def choose_targets(self, plan: Plan) -> None:
+        """Holders to signal and MPS servers to quit; the protected, undecided and trust notes."""
+        targets, protected = plan_targets(plan.holders, plan.selected, self.regexes, bool(self.params.get("kill_spanning")))
+        plan.targets, plan.mps_servers = self.plan_mps(targets)
+        self.result["warnings"].extend(trust_notes(plan.holders, plan.selected))
+        self.result["undecided"] = undecided_record(_attribution.undecided_for(plan.holders, plan.selected))
+        self.result["protected"] = [{"pid": h["pid"], "name": h["name"], "unit": h.get("unit"), "gpu_indexes": h["gpu_indexes"]}
+                                    for h in protected]
+
+    def forbidden_units(self, holders: list[Holder]) -> set[str]:
         """Units gpu_release must never stop: those of its own session and of protected processes."""
         forbidden = set()
         for pid in self.lineage:
@@ -523,72 +659,247 @@ class Release:
                 forbidden.add(unit)
         for holder in holders:
             if holder["protected"] and holder.get("unit"):
-                forbidden.add(holder["unit"])
+                forbidden.add(holder["unit"] or "")
         return forbidden
 
-    def plan_units(self, targets, holders, selected):
+    def plan_units(self, targets: list[Holder], holders: list[Holder], selected: list[int]) -> UnitPlan:
         forbidden = self.forbidden_units(holders)
         owned, self.result["launchers"], self.spanning_units = _units.owners(
             self.system.systemctl, targets, holders, selected, forbidden, self.system.proc, self.names,
             self.params.get("launchers") or (), bool(self.params.get("kill_spanning")))
         unit_services, _globs = _containers.split_services(self.params.get("services"))
         unit_services, _programs = _supervisor.split_services(unit_services)
-        return _units.plan(self.system.systemctl, unit_services, owned if self.params.get("stop_owning_units") else [],
-                           self.params.get("service_state"), forbidden, self.result, self.names, self.system.proc,
-                           self.params.get("launchers") or ())
+        steps = _units.plan(self.system.systemctl, unit_services, owned if self.params.get("stop_owning_units") else [],
+                            self.params.get("service_state"), forbidden, self.names, self.system.proc, self.params.get("launchers") or ())
+        self.result["kept_units"].extend(steps["kept_units"])
+        self.result["warnings"].extend(steps["warnings"])
+        return steps
 
-    def refuse_spanning(self, holders, selected, container_plan):
+    def refuse_spanning(self, holders: list[Holder], selected: list[int], container_plan: t.Any) -> None:
         """Spanning processes, units and containers (see _attribution) -> result["spanning"];
         without kill_spanning, a failure before anything is done (check mode says the same)."""
         processes = spanning_targets(holders, selected, self.regexes)
         containers = spanning_containers(holders, selected, container_plan.stop)
         self.result["spanning"] = spanning_record(processes, self.spanning_units, containers)
         if self.result["spanning"] and not self.params.get("kill_spanning"):
-            raise ReleaseError(spanning_message(processes, self.spanning_units, containers, selected), self.result)
+            raise StepFailed(spanning_message(processes, self.spanning_units, containers, selected))
 
-    def plan_containers(self, holders, targets):
+    def plan_containers(self, holders, targets):  # type: ignore[no-untyped-def]  # the containers helper's (issue 22)
         """Containers to stop through their runtime, and the targets left to signal (_containers)."""
         _patterns, globs = _containers.split_services(self.params.get("services"))
         own = _containers.own_containers(self.lineage, self.system.proc) if globs or any(t.get("container") for t in targets) else set()
         return _containers.plan(self.system.runtimes, holders, targets, globs, self.params.get("service_state"), own, self.result,
                                 stop_found=self.params.get("kill", True))
 
-    def plan_programs(self):
+    def plan_programs(self) -> ProgramPlan:
         """supervisord programs named in services as supervisor:<glob> (_supervisor)."""
         _units_and_programs, _globs = _containers.split_services(self.params.get("services"))
         _unit_services, programs = _supervisor.split_services(_units_and_programs)
         if not programs:
-            return {"stop": [], "disable": [], "not_found": []}
-        return _supervisor.plan(programs, self.params.get("service_state"), self.system.supervisors(), self.result)
+            return {"stop": [], "disable": [], "not_found": [], "warnings": []}
+        steps = _supervisor.plan(programs, self.params.get("service_state"), self.system.supervisors())
+        self.result["warnings"].extend(steps["warnings"])
+        return steps
 
-    def plan_mps(self, targets):
+    def plan_mps(self, targets: list[Holder]) -> tuple[list[Holder], list[Holder]]:
         """(targets, MPS servers to quit through their control daemon): _mps. A server that also
         serves unselected GPUs is a spanning process: it is a target only with kill_spanning."""
         if not self.params.get("kill", True):
             return targets, []
         return _mps.plan(targets)
 
+    # --- check mode
+
+    def answer_check(self, plan: Plan) -> ReleaseResult:
+        """Check mode: what the real run would stop, disable and signal, and its verdict when
+        the look already decides it."""
+        units, programs, containers = plan.unit_steps, plan.program_steps, plan.containers
+        self.result["changed"] = plan.to_do
+        self.result["stopped_units"] = units["stop"]
+        self.result["stopped_containers"] = containers.stop
+        self.result["disabled_containers"] = containers.disable
+        self.result["stopped_programs"] = [_supervisor.public(e) for e in programs["stop"]]
+        self.result["disabled_programs"] = [_supervisor.public(e) for e in programs["disable"]]
+        self.result["stopped_mps_servers"] = [{"pid": h["pid"], "name": h["name"], "pipe_directory": _mps.pipe_directory(h, self.system.proc),
+                                               "gpu_indexes": h["gpu_indexes"], "how": None} for h in plan.mps_servers]
+        if self.state_key == "disabled_units":
+            self.result["disabled_units"] = units["disable"]
+        elif self.state_key == "masked_units":
+            self.result["masked_units"] = units["mask"]
+        # What the real run would signal: holders whose unit is stopped end with it.
+        by_unit = set(units["stop"])
+        signalled = [h for h in plan.targets if not (h.get("system_service") and h.get("unit") in by_unit)]
+        self.result["killed"] = [] if not self.params.get("kill", True) else [
+            {"pid": h["pid"], "name": h["name"], "cmdline": h["cmdline"], "unit": h.get("unit"), "container": h.get("container"),
+             "gpu_indexes": h["gpu_indexes"], "signal": None, "exited_after_s": None}
+            for h in signalled
+        ]
+        released = plan.gpus_clean and not plan.targets and not any(e["gpu_indexes"] for e in containers.stop)
+        certain = self.certain_failure(plan.selected, plan.dirty_before, plan.holders, plan.apps,
+                                       signalled, bool(plan.unheld_at_look) and not plan.hidden)
+        return self.tail(released, self.result["gpus_before"], plan.holders, certain)
+
+    def certain_failure(self, selected: list[int], dirty: list[Gpu], holders: list[Holder], apps: list[ComputeApp],
+                        signalled: list[Holder], may_be_unheld: bool) -> str | None:
+        """Check mode: the message of a failure the real run cannot escape, or None. Waiting
+        cannot free a GPU held only by protected processes, one held by processes that kill=false
+        leaves running, or one that nothing holds (after the same grace as the real run: a
+        process that just exited may still free its memory)."""
+        if not dirty:
+            return None
+        protected = [g for g in dirty if only_protected([g], holders, apps)]
+        if protected:
+            return failure_message(protected, holders, apps, 0.0, [], True, "protected")
+        if not self.params.get("kill", True):
+            left = [h for h in _facts.dirty_holders(holders, selected) if h["pid"] in {t["pid"] for t in signalled}]
+            stuck = [g for g in dirty if any(g["index"] in h["gpu_indexes"] for h in left)]
+            if stuck:
+                return failure_message(stuck, holders, apps, 0.0, [], False, "not_killed")
+        nobody = [g["index"] for g in unheld(dirty, holders, apps)] if may_be_unheld else []
+        if nobody:
+            gpus, clean, early, _footprint = self.verify(nobody, self.system.now() + NO_HOLDER_GRACE_S + RESCAN_S, acted=False)
+            if not clean and early == "no_holder":
+                still = [g for g in gpus if g["index"] in nobody and not _facts.gpu_is_clean(g, self.params.get("max_used_mib"))]
+                holders_now, apps_now = self.scan(gpus)
+                return failure_message(still, holders_now, apps_now, 0.0, [], False, "no_holder")
+        return None
+
     # --- act
 
-    def act_containers(self, plan):
+    def act(self, plan: Plan) -> None:
+        """Stop containers, units and programs, then signal who is left, then quit MPS servers.
+        The restore record is written also when a stop failed: what was done must be put back."""
+        units, programs = plan.unit_steps, plan.program_steps
+        outside = {h["container"]: reason for h, reason in plan.containers.outside}
+        try:
+            if plan.containers:
+                outside.update(self.act_containers(plan.containers))
+            if units["stop"] or units["disable"] or units["mask"]:
+                self.act_units(units)
+            if programs["stop"] or programs["disable"]:
+                self.act_programs(programs)
+        except StepFailed as exc:
+            self.fold(exc.done)
+            exc.done = None
+            raise
+        finally:
+            self.write_record(units.get("before") or {}, plan.holders)
+        targets = plan.targets
+        if plan.containers.stop or units["stop"] or programs["stop"]:
+            # Stopping a unit or a container ended its processes; see who is left before signalling anyone.
+            holders, _apps = self.scan(plan.gpus)
+            targets, _protected = plan_targets(holders, plan.selected, self.regexes, bool(self.params.get("kill_spanning")))
+            targets = [t for t in targets if not _containers.pod_holders([t]) and t["pid"] not in {s["pid"] for s in plan.mps_servers}]
+        if targets and self.params.get("kill", True):
+            minors = [g["minor_number"] for g in plan.gpus if g["index"] in plan.selected]
+            self.watch = _settle.watch_for(targets, outside, self.system.systemctl, self.lineage, minors, self.system.proc)
+            self.act_signals(targets)
+        if plan.mps_servers:
+            self.act_mps(plan.mps_servers)
+        self.result["changed"] = bool(
+            self.result["stopped_units"] or self.result.get("disabled_units") or self.result.get("masked_units") or self.result["killed"]
+            or self.result["stopped_containers"] or self.result["disabled_containers"]
+            or self.result["stopped_programs"] or self.result["disabled_programs"] or self.result["stopped_mps_servers"]
+        )
+
+    def act_containers(self, plan):  # type: ignore[no-untyped-def]  # the containers helper's (issue 22)
         started = self.system.now()
         failed = _containers.act(self.system.runtimes, plan, self.params.get("kill_timeout"), self.result, now=self.system.now)
         self.result["timings"]["stop_s"] = round(self.system.now() - started, 3)
         return failed
 
-    def act_units(self, plan):
-        started = self.system.now()
-        _units.act(self.system, plan, self.result, self.params.get("kill_timeout"))
+    def _add_stop_time(self, started: float) -> None:
         self.result["timings"]["stop_s"] = round(self.result["timings"]["stop_s"] + self.system.now() - started, 3)
 
-    def act_signals(self, targets):
+    def act_units(self, plan: UnitPlan) -> None:
         started = self.system.now()
-        _signals.Signaller(self.system, self.params.get("kill_timeout"), self.result).terminate(targets)
-        self.result["timings"]["kill_s"] = round(self.system.now() - started, 3)
+        try:
+            self.fold(_units.act(self.system, plan, self.params.get("kill_timeout") or 0.0))
+        finally:
+            self._add_stop_time(started)
+
+    def act_programs(self, plan: ProgramPlan) -> None:
+        started = self.system.now()
+        try:
+            self.fold(_supervisor.act(plan, self.params.get("kill_timeout")))
+        finally:
+            self._add_stop_time(started)
+
+    def act_mps(self, servers: list[Holder]) -> None:
+        """After the clients: the control daemon's quit waits for them. Servers that do not
+        quit are signalled as holders."""
+        started = self.system.now()
+        left, done = _mps.stop(self.system, servers, self.params.get("kill_timeout"))
+        self.fold(done)
+        self._add_stop_time(started)
+        if left:
+            self.act_signals(left)
+
+    def act_signals(self, targets: list[Holder]) -> None:
+        started = self.system.now()
+        try:
+            self.fold(_signals.Signaller(self.system, self.params.get("kill_timeout") or 0.0).terminate(targets))
+        finally:
+            self.result["timings"]["kill_s"] = round(self.system.now() - started, 3)
 
     # --- verify
 
-    def verify(self, selected, deadline, acted, unheld_at_look=()):
+    def verify_and_settle(self, plan: Plan) -> ReleaseResult:
+        """After acting: wait until the selected GPUs read clean, watch that nothing comes back,
+        and end in the tail with the final readings (a failure names what still holds them)."""
+        verify_started = self.system.now()
+        deadline = verify_started + self.params.get("wait_timeout")
+        try:
+            gpus, clean, early, footprint = self.verify(plan.selected, deadline, acted=self.result["changed"],
+                                                        unheld_at_look=plan.unheld_at_look if not plan.hidden else ())
+        except NvidiaSmiError as exc:
+            # After acting, a failure still reports what was stopped and signalled.
+            self.result.update({key: value for key, value in exc.details().items() if key != "msg"})  # type: ignore[typeddict-item]
+            done = " (after acting: see stopped_units and killed)" if self.result["changed"] else ""
+            raise Verdict(exc.msg + done, self._finish(*self.before)) from exc
+        self.result["timings"]["wait_s"] = round(self.system.now() - verify_started, 3)
+        came_back, clean, gpus = self.settle(plan.selected, clean, gpus)
+        holders, apps = self.scan(gpus)
+        self.after = (gpus, holders)
+        footprint |= self.footprint(gpus, holders, apps)
+        if self.health is not None:
+            gpus = self.health.carry(gpus, plan.gpus)
+            self.after = (gpus, holders)
+        limit = self.params.get("max_used_mib")
+        public = [_facts.public_gpu(g, limit, footprint) for g in gpus]
+        failure = came_back or (None if clean else self.dirty_message(plan, gpus, holders, footprint, early))
+        return self.tail(clean, public, holders, failure)
+
+    def settle(self, selected: list[int], clean: bool, gpus: list[Gpu]) -> tuple[str | None, bool, list[Gpu]]:
+        """(why GPUs are held again or None, clean, readings): a clean run watches what may start
+        a signalled holder again (_settle); a dirty one names the restarter that did."""
+        came_back = None
+        if clean and self.watch:
+            settle_started = self.system.now()
+            came_back = self.watch.settle(self.system, lambda: self._dirty_now(selected), self.settle_timeout())
+            self.result["timings"]["settle_s"] = round(self.system.now() - settle_started, 3)
+            if came_back:
+                clean = False
+                gpus = self._read_gpus()
+        elif not clean and self.watch:
+            # Dirty because a restarter started a killed holder again: name the restarter.
+            again = self.watch.respawned()
+            if again:
+                came_back = self.watch.message([], [], 0.0, again, clean=False)
+        return came_back, clean, gpus
+
+    def dirty_message(self, plan: Plan, gpus: list[Gpu], holders: list[Holder], footprint: set[int], early: str | None) -> str:
+        # A GPU that reads only the cross-GPU footprint is clean in this result: not in its message.
+        limit = self.params.get("max_used_mib")
+        dirty = [g for g in gpus if g["index"] in plan.selected and g["index"] not in footprint and not _facts.gpu_is_clean(g, limit)]
+        message = failure_message(dirty, holders, self._apps(gpus), self.result["timings"]["wait_s"], self.result["unkillable"],
+                                  early == "protected", early)
+        if plan.hidden:
+            message += ". Also: " + plan.hidden
+        return message
+
+    def verify(self, selected: list[int], deadline: float, acted: bool, unheld_at_look: t.Collection[int] = ()
+               ) -> tuple[list[Gpu], bool, str | None, set[int]]:
         """Poll until every selected GPU is clean. Returns (gpus, clean, early, footprint): early
         says why it stopped before `deadline` because waiting cannot help (see EARLY_HEADS);
         footprint are the GPUs clean only through the cross-GPU footprint allowance.
@@ -607,10 +918,8 @@ class Release:
         limit = self.params.get("max_used_mib")
         poll = self.params.get("poll_interval")
         last_scan = self.system.now() if acted else None
-        # The footprint decision holds while the readings do (or for RESCAN_S): one scan, not one a poll.
-        footprint, footprint_key, footprint_at = set(), None, None
-        # Since when every dirty GPU has read unheld, and what it read then.
-        unheld_since, unheld_mib = None, {}
+        footprint = Footprint(self)
+        unheld_for = Unheld(acted, unheld_at_look)
         while True:
             poll_started = self.system.now()
             gpus = self._read_gpus()
@@ -621,221 +930,34 @@ class Release:
                 return gpus, False, "unreadable", set()
             now = self.system.now()
             if self.may_be_footprint(dirty):
-                key = tuple(g["memory_used_mib"] for g in gpus)
-                if key != footprint_key or now - footprint_at >= RESCAN_S:
-                    footprint, footprint_key, footprint_at = self.footprint(gpus, self.scan(gpus)), key, now
-                dirty = [g for g in dirty if g["index"] not in footprint]
+                dirty = [g for g in dirty if g["index"] not in footprint.of(gpus, now)]
                 if not dirty:
-                    return gpus, True, None, footprint
+                    return gpus, True, None, footprint.gpus
             if last_scan is None or now - last_scan >= RESCAN_S:
-                holders = self.scan(gpus)
                 last_scan = now
-                # The scan fetched the compute apps whenever a listing can decide this.
-                if only_protected(dirty, holders, self.apps):
-                    return gpus, False, "protected", set()
-                if not self.params.get("kill", True) and _facts.dirty_holders(holders, [g["index"] for g in dirty]):
-                    return gpus, False, "not_killed", set()
-                if self.watch and self.watch.respawned():
-                    return gpus, False, "respawned", set()
-                nobody = unheld(dirty, holders, self.apps)
-                mib = {g["index"]: g["memory_used_mib"] for g in dirty}
-                if len(nobody) == len(dirty) and (not acted or all(g["index"] in unheld_at_look for g in dirty)):
-                    if unheld_since is None or any(mib.get(i, 0) < m for i, m in unheld_mib.items()):
-                        # Memory still dropping: a context is being freed right now.
-                        unheld_since, unheld_mib = now, mib
-                    elif now - unheld_since >= NO_HOLDER_GRACE_S:
-                        return gpus, False, "no_holder", set()
-                else:
-                    unheld_since, unheld_mib = None, {}
+                early = self.why_waiting_cannot_help(gpus, dirty, unheld_for, now)
+                if early:
+                    return gpus, False, early, set()
             if now >= deadline:
                 return gpus, False, None, set()
             self.system.sleep(min(poll_started + poll, deadline) - self.system.now())
 
-    # --- the whole run
-
-    def run(self):
-        started = self.system.now()
-        snapshot = self.look()
-        self.result["timings"]["look_s"] = round(self.system.now() - started, 3)
-        gpus, holders = snapshot.gpus, snapshot.holders
-        self.minors_by_bus = {normalize_bus_id(g.get("pci_bus_id")): g["minor_number"] for g in gpus}
-        hidden = _facts.unreadable_warning(getattr(snapshot, "unreadable", None))
-        if hidden:
-            self.result["warnings"].append(hidden)
-        limit = self.params.get("max_used_mib")
-        selected = select_gpus(gpus, self.params.get("gpus"))
-        self.result["gpus_before"] = [_facts.public_gpu(g, limit, snapshot.footprint) for g in gpus]
-        self.result["selected_gpus"] = selected
-        kill_spanning = bool(self.params.get("kill_spanning"))
-        targets, protected = plan_targets(holders, selected, self.regexes, kill_spanning)
-        targets, mps_servers = self.plan_mps(targets)
-        self.result["warnings"].extend(trust_notes(holders, selected))
-        self.result["undecided"] = undecided_record(_attribution.undecided_for(holders, selected))
-        self.result["protected"] = [{"pid": h["pid"], "name": h["name"], "unit": h.get("unit"), "gpu_indexes": h["gpu_indexes"]} for h in protected]
-        planning = self.system.now()
-        container_plan = self.plan_containers(holders, targets)
-        self.result["warnings"].extend(container_plan.warnings)
-        targets = container_plan.signal
-        unit_plan = self.plan_units(targets, holders, selected)
-        program_plan = self.plan_programs()
-        self.refuse_spanning(holders, selected, container_plan)
-        self.result["timings"]["plan_s"] = round(self.system.now() - planning, 3)
-        self.result["services_not_found"] = unit_plan["not_found"] + container_plan.not_found + program_plan["not_found"]
-        gpus_clean = all(g["clean"] for g in self.result["gpus_before"] if g["index"] in selected)
-        to_do = bool(container_plan or unit_plan["stop"] or unit_plan["disable"] or unit_plan["mask"] or (targets and self.params.get("kill", True))
-                     or program_plan["stop"] or program_plan["disable"] or mps_servers)
-
-        dirty_before = [g for g in gpus if g["index"] in selected and g["index"] not in snapshot.footprint
-                        and not _facts.gpu_is_clean(g, limit)]
-        unheld_at_look = {g["index"] for g in unheld(dirty_before, holders, self.apps)}
-
-        if self.check_mode:
-            self.result["changed"] = to_do
-            self.result["released"] = gpus_clean and not targets and not any(e["gpu_indexes"] for e in container_plan.stop)
-            self.result["stopped_units"] = unit_plan["stop"]
-            self.result["stopped_containers"] = container_plan.stop
-            self.result["disabled_containers"] = container_plan.disable
-            self.result["stopped_programs"] = [_supervisor.public(e) for e in program_plan["stop"]]
-            self.result["disabled_programs"] = [_supervisor.public(e) for e in program_plan["disable"]]
-            self.result["stopped_mps_servers"] = [{"pid": h["pid"], "name": h["name"], "pipe_directory": _mps.pipe_directory(h, self.system.proc),
-                                                   "gpu_indexes": h["gpu_indexes"], "how": None} for h in mps_servers]
-            if self.state_key == "disabled_units":
-                self.result["disabled_units"] = unit_plan["disable"]
-            elif self.state_key == "masked_units":
-                self.result["masked_units"] = unit_plan["mask"]
-            # What the real run would signal: holders whose unit is stopped end with it.
-            by_unit = set(unit_plan["stop"])
-            signalled = [h for h in targets if not (h.get("system_service") and h.get("unit") in by_unit)]
-            self.result["killed"] = [] if not self.params.get("kill", True) else [
-                {"pid": h["pid"], "name": h["name"], "cmdline": h["cmdline"], "unit": h.get("unit"), "container": h.get("container"),
-                 "gpu_indexes": h["gpu_indexes"], "signal": None, "exited_after_s": None}
-                for h in signalled
-            ]
-            self.result["gpus"] = self.result["gpus_before"]
-            self.result["holders"] = [_facts.public_holder(h) for h in holders]
-            self.result["elapsed_s"] = round(self.system.now() - started, 3)
-            certain = self.certain_failure(selected, dirty_before, holders, signalled, bool(unheld_at_look) and not hidden)
-            if certain:
-                self.result["elapsed_s"] = round(self.system.now() - started, 3)
-                raise ReleaseError(certain, self._finish(gpus, holders))
-            return self._finish(gpus, holders)
-
-        if not to_do and gpus_clean:
-            # Nothing to act on and the look already proves the GPUs free: that reading is the
-            # verification (no second nvidia-smi call, no second scan on the fast path).
-            self.result["released"] = True
-            self.result["gpus"] = self.result["gpus_before"]
-            self.result["holders"] = [_facts.public_holder(h) for h in holders]
-            self.result["elapsed_s"] = round(self.system.now() - started, 3)
-            return self._finish(gpus, holders)
-
-        outside = {h["container"]: reason for h, reason in container_plan.outside}
-        try:
-            if container_plan:
-                outside.update(self.act_containers(container_plan))
-            if unit_plan["stop"] or unit_plan["disable"] or unit_plan["mask"]:
-                self.act_units(unit_plan)
-            if program_plan["stop"] or program_plan["disable"]:
-                stopping = self.system.now()
-                _supervisor.act(program_plan, self.params.get("kill_timeout"), self.result)
-                self.result["timings"]["stop_s"] = round(self.result["timings"]["stop_s"] + self.system.now() - stopping, 3)
-        finally:
-            # Also when a step failed: what was already done must be put back by gpu_restore.
-            self.write_record(unit_plan.get("before") or {}, holders)
-        if container_plan.stop or unit_plan["stop"] or program_plan["stop"]:
-            # Stopping a unit or a container ended its processes; see who is left before signalling anyone.
-            holders = self.scan(gpus)
-            targets, _protected = plan_targets(holders, selected, self.regexes, kill_spanning)
-            targets = [t for t in targets if not _containers.pod_holders([t]) and t["pid"] not in {s["pid"] for s in mps_servers}]
-        if targets and self.params.get("kill", True):
-            minors = [g["minor_number"] for g in gpus if g["index"] in selected]
-            self.watch = _settle.watch_for(targets, outside, self.system.systemctl, self.lineage, minors, self.system.proc)
-            self.act_signals(targets)
-        if mps_servers:
-            # After the clients: the control daemon's quit waits for them.
-            stopping = self.system.now()
-            left = _mps.stop(self.system, mps_servers, self.params.get("kill_timeout"), self.result)
-            self.result["timings"]["stop_s"] = round(self.result["timings"]["stop_s"] + self.system.now() - stopping, 3)
-            if left:
-                self.act_signals(left)
-        self.result["changed"] = bool(
-            self.result["stopped_units"] or self.result.get("disabled_units") or self.result.get("masked_units") or self.result["killed"]
-            or self.result["stopped_containers"] or self.result["disabled_containers"]
-            or self.result["stopped_programs"] or self.result["disabled_programs"] or self.result["stopped_mps_servers"]
-        )
-
-        verify_started = self.system.now()
-        deadline = verify_started + self.params.get("wait_timeout")
-        try:
-            final_gpus, clean, early, footprint = self.verify(selected, deadline, acted=self.result["changed"],
-                                                              unheld_at_look=unheld_at_look if not hidden else ())
-        except NvidiaSmiError as exc:
-            # After acting, a failure still reports what was stopped and signalled.
-            self.result.update({key: value for key, value in exc.details().items() if key != "msg"})
-            done = " (after acting: see stopped_units and killed)" if self.result["changed"] else ""
-            raise ReleaseError(exc.msg + done, self._finish(gpus, holders))
-        self.result["timings"]["wait_s"] = round(self.system.now() - verify_started, 3)
-        came_back = None
-        if clean and self.watch:
-            settle_started = self.system.now()
-            came_back = self.watch.settle(self.system, lambda: self._dirty_now(selected), self.settle_timeout())
-            self.result["timings"]["settle_s"] = round(self.system.now() - settle_started, 3)
-            if came_back:
-                clean = False
-                final_gpus = self._read_gpus()
-        elif not clean and self.watch:
-            # Dirty because a restarter started a killed holder again: name the restarter.
-            again = self.watch.respawned()
-            if again:
-                came_back = self.watch.message([], [], 0.0, again, clean=False)
-        final_holders = self.scan(final_gpus)
-        footprint |= self.footprint(final_gpus, final_holders)
-        if self.health is not None:
-            final_gpus = self.health.carry(final_gpus, gpus)
-        self.result["gpus"] = [_facts.public_gpu(g, limit, footprint) for g in final_gpus]
-        self.result["holders"] = [_facts.public_holder(h) for h in final_holders]
-        self.result["released"] = clean
-        self.result["elapsed_s"] = round(self.system.now() - started, 3)
-        if came_back:
-            raise ReleaseError(came_back, self._finish(gpus, holders, final_gpus, final_holders))
-        if not clean:
-            # A GPU that reads only the cross-GPU footprint is clean in this result: not in its message.
-            dirty = [g for g in final_gpus if g["index"] in selected and g["index"] not in footprint
-                     and not _facts.gpu_is_clean(g, limit)]
-            apps = self._apps(final_gpus)
-            message = failure_message(
-                dirty, final_holders, apps, self.result["timings"]["wait_s"], self.result["unkillable"], early == "protected", early
-            )
-            if hidden:
-                message += ". Also: " + hidden
-            raise ReleaseError(message, self._finish(gpus, holders, final_gpus, final_holders))
-        return self._finish(gpus, holders, final_gpus, final_holders)
-
-    def certain_failure(self, selected, dirty, holders, signalled, may_be_unheld):
-        """Check mode: the message of a failure the real run cannot escape, or None. Waiting
-        cannot free a GPU held only by protected processes, one held by processes that kill=false
-        leaves running, or one that nothing holds (after the same grace as the real run: a
-        process that just exited may still free its memory)."""
-        if not dirty:
-            return None
-        apps = self.apps
-        protected = [g for g in dirty if only_protected([g], holders, apps)]
-        if protected:
-            return failure_message(protected, holders, apps, 0.0, [], True, "protected")
-        if not self.params.get("kill", True):
-            left = [h for h in _facts.dirty_holders(holders, selected) if h["pid"] in {t["pid"] for t in signalled}]
-            stuck = [g for g in dirty if any(g["index"] in h["gpu_indexes"] for h in left)]
-            if stuck:
-                return failure_message(stuck, holders, apps, 0.0, [], False, "not_killed")
-        nobody = [g["index"] for g in unheld(dirty, holders, apps)] if may_be_unheld else []
-        if nobody:
-            gpus, clean, early, _footprint = self.verify(nobody, self.system.now() + NO_HOLDER_GRACE_S + RESCAN_S, acted=False)
-            if not clean and early == "no_holder":
-                still = [g for g in gpus if g["index"] in nobody and not _facts.gpu_is_clean(g, self.params.get("max_used_mib"))]
-                return failure_message(still, self.scan(gpus), self.apps, 0.0, [], False, "no_holder")
+    def why_waiting_cannot_help(self, gpus: list[Gpu], dirty: list[Gpu], unheld_for: Unheld, now: float) -> str | None:
+        """A scan of who holds the dirty GPUs -> a key of EARLY_HEADS when waiting cannot free
+        them, else None."""
+        holders, apps = self.scan(gpus)
+        # The scan fetched the compute apps whenever a listing can decide this.
+        if only_protected(dirty, holders, apps):
+            return "protected"
+        if not self.params.get("kill", True) and _facts.dirty_holders(holders, [g["index"] for g in dirty]):
+            return "not_killed"
+        if self.watch and self.watch.respawned():
+            return "respawned"
+        if unheld_for.long_enough(dirty, unheld(dirty, holders, apps), now):
+            return "no_holder"
         return None
 
-    def write_record(self, unit_before, holders):
+    def write_record(self, unit_before: dict[str, dict[str, str]], holders: list[Holder]) -> None:
         """Add what this run stopped, disabled or masked to the restore record (_record)."""
         path = getattr(self.system, "record_path", None)
         if not path:
@@ -849,23 +971,23 @@ class Release:
         if record is not None:
             self.result["restore_record"] = {"path": path, "entries": len(record["entries"])}
 
-    def _read_gpus(self):
+    def _read_gpus(self) -> list[Gpu]:
         gpus = self.smi.query_gpus(GPU_FIELDS)
         # A GPU that drops out of nvidia-smi's answer later is never read as released either.
         check_against_driver(gpus, self.minors_by_bus)
         return _facts.with_minor_numbers(gpus, self.minors_by_bus)
 
-    def _dirty_now(self, selected):
+    def _dirty_now(self, selected: list[int]) -> list[Gpu]:
         """Selected GPUs dirty right now; a GPU that reads only the cross-GPU footprint is not."""
         limit = self.params.get("max_used_mib")
         gpus = self._read_gpus()
         dirty = [g for g in gpus if g["index"] in selected and not _facts.gpu_is_clean(g, limit)]
         if self.may_be_footprint(dirty):
-            footprint = self.footprint(gpus, self.scan(gpus))
+            footprint = self.footprint(gpus, *self.scan(gpus))
             dirty = [g for g in dirty if g["index"] not in footprint]
         return dirty
 
-    def _apps(self, gpus):
+    def _apps(self, gpus: list[Gpu]) -> list[ComputeApp]:
         try:
             text = self.smi.run(self.smi.app_args())
             apps = parse_compute_apps(text)
@@ -874,8 +996,9 @@ class Release:
         return _facts.join_apps(apps, gpus, lambda pid: _facts.alive(pid, self.system.proc),
                                 lambda pid: holders_mod.display_name(pid, self.system.proc))
 
-    def _finish(self, gpus_before, holders_before, gpus_after=None, holders_after=None):
-        self.result.update(_facts.health_summary(self.result["gpus"] or self.result["gpus_before"], self.health))
+    def _finish(self, gpus_before: list[Gpu], holders_before: list[Holder], gpus_after: list[Gpu] | None = None,
+                holders_after: list[Holder] | None = None) -> ReleaseResult:
+        self.result.update(_facts.health_summary(self.result["gpus"] or self.result["gpus_before"], self.health))  # type: ignore[typeddict-item]
         changes_before, changes_after = plan_diff(self.result, self.check_mode)
         if self.check_mode:
             # Memory and holders are what a dry run cannot change: the plan is the difference.
@@ -883,9 +1006,55 @@ class Release:
             stopping = set(self.result.get("stopped_units") or [])
             gpus_after, holders_after = gpus_before, [h for h in holders_before if h["pid"] not in ending
                                                       and not (h.get("system_service") and h.get("unit") in stopping)]
-        self.result["diff"] = {
+        self.result["diff"] = {  # type: ignore[typeddict-unknown-key]
             "before": summarize_diff(gpus_before, holders_before, changes_before),
             "after": summarize_diff(gpus_after if gpus_after is not None else gpus_before,
                                     holders_after if holders_after is not None else holders_before, changes_after),
         }
         return self.result
+
+
+class Verdict(StepFailed):
+    """The run's own verdict of failure, raised by Release.tail with the finished result."""
+
+    done: t.Any
+
+
+class Footprint:
+    """The verify loop's footprint decision: it holds while the readings do (or for RESCAN_S),
+    so one scan decides it, not one a poll."""
+
+    def __init__(self, release: Release) -> None:
+        self.release = release
+        self.gpus: set[int] = set()
+        self.key: tuple[int | None, ...] | None = None
+        self.at = 0.0
+
+    def of(self, gpus: list[Gpu], now: float) -> set[int]:
+        key = tuple(g["memory_used_mib"] for g in gpus)
+        if key != self.key or now - self.at >= RESCAN_S:
+            self.gpus, self.key, self.at = self.release.footprint(gpus, *self.release.scan(gpus)), key, now
+        return self.gpus
+
+
+class Unheld:
+    """Since when every dirty GPU has read unheld, and what it read then: NO_HOLDER_GRACE_S of
+    readings that do not drop end the wait (only when nothing was done, or nothing for them)."""
+
+    def __init__(self, acted: bool, unheld_at_look: t.Collection[int]) -> None:
+        self.acted = acted
+        self.unheld_at_look = unheld_at_look
+        self.since: float | None = None
+        self.mib: dict[int, int | None] = {}
+
+    def long_enough(self, dirty: list[Gpu], nobody: list[Gpu], now: float) -> bool:
+        mib = {g["index"]: g["memory_used_mib"] for g in dirty}
+        if len(nobody) == len(dirty) and (not self.acted or all(g["index"] in self.unheld_at_look for g in dirty)):
+            if self.since is None or any((mib.get(i) or 0) < (m or 0) for i, m in self.mib.items()):
+                # Memory still dropping: a context is being freed right now.
+                self.since, self.mib = now, mib
+            elif now - self.since >= NO_HOLDER_GRACE_S:
+                return True
+        else:
+            self.since, self.mib = None, {}
+        return False

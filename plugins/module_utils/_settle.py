@@ -99,11 +99,7 @@ def members(cgroups, proc="/proc"):
     if not cgroups:
         return found
     for pid in holders_mod.list_pids(proc):
-        try:
-            with open("%s/%d/cgroup" % (proc, pid)) as handle:
-                path = holders_mod.parse_cgroup(handle.read())
-        except OSError:
-            continue
+        path = holders_mod.cgroup_of(pid, proc)
         if not path:
             continue
         for cgroup in cgroups:
@@ -141,20 +137,6 @@ def read_table(proc="/proc"):
         if state not in ("Z", "X"):
             table[pid] = (ppid, session, start_time)
     return table
-
-
-def environ_of(pid, proc="/proc"):
-    """{name: value} of a process's environment (text), {} when it cannot be read."""
-    try:
-        data = _read("%s/%d/environ" % (proc, pid))
-    except OSError:
-        return {}
-    pairs = {}
-    for entry in data.split(b"\0"):
-        name, sep, value = entry.partition(b"=")
-        if sep:
-            pairs[name.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
-    return pairs
 
 
 def _cwd(pid, proc):
@@ -282,7 +264,7 @@ def restarters(targets, own_lineage, proc="/proc", skip=(), table=None):
             entry = found.get(parent["pid"])
             if entry is None:
                 if environ is None:
-                    environ = environ_of(holder["pid"], proc)
+                    environ = holders_mod.environ_of(holder["pid"], proc)
                 kind = supervisor_kind(parent)
                 entry = found[parent["pid"]] = {
                     "record": parent, "start_time": parent["start_time"], "kind": kind,
@@ -344,8 +326,6 @@ class Watch:
 
     def __bool__(self):
         return bool(self.watched or self.parents)
-
-    __nonzero__ = __bool__
 
     def roots(self):
         """Watched parents, nearest to the holders first."""

@@ -20,8 +20,28 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import typing as t
 
-from ansible_collections.zeromib.gpu.plugins.module_utils._errors import ReleaseError
+from ansible_collections.zeromib.gpu.plugins.module_utils._errors import StepFailed
+
+if t.TYPE_CHECKING:
+    from ansible_collections.zeromib.gpu.plugins.module_utils._records import Holder
+
+    class Node(t.Protocol):
+        """What signalling needs of _release.System."""
+
+        def start_time(self, pid: int) -> int | None: ...
+        def signal(self, pid: int, signum: int) -> None: ...
+        def state(self, pid: int) -> str | None: ...
+        def now(self) -> float: ...
+        def sleep(self, seconds: float) -> None: ...
+
+    class SignalsDone(t.TypedDict):
+        """What a Signaller did, under the release result's keys (Release folds it in)."""
+
+        killed: list[dict[str, t.Any]]
+        reused_pids: list[dict[str, t.Any]]
+        unkillable: list[dict[str, t.Any]]
 
 # A process that has exited is seen within this; polling /proc is cheap (a stat per PID).
 EXIT_POLL_S = 0.01
@@ -37,7 +57,7 @@ class Pidfd:
     """The kernel's pidfd calls; `available()` says whether this Python and kernel have them."""
 
     @staticmethod
-    def available():
+    def available() -> bool:
         if not (hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")):
             return False
         try:
@@ -47,23 +67,23 @@ class Pidfd:
         return True
 
     @staticmethod
-    def open(pid):
+    def open(pid: int) -> int:
         return os.pidfd_open(pid)
 
     @staticmethod
-    def send(fd, signum):
+    def send(fd: int, signum: int) -> None:
         signal.pidfd_send_signal(fd, signum)
 
     @staticmethod
-    def close(fd):
+    def close(fd: int) -> None:
         os.close(fd)
 
 
-def pidfd_or_none():
+def pidfd_or_none() -> Pidfd | None:
     return Pidfd() if Pidfd.available() else None
 
 
-def signal_checked(system, pid, start_time, signum, pidfd=None):
+def signal_checked(system: Node, pid: int, start_time: int | None, signum: int, pidfd: Pidfd | None = None) -> str:
     """Send `signum` to PID if it is still the process that started at `start_time`.
     Returns SENT, GONE (exited) or REUSED (the PID now belongs to another process). Raises
     PermissionError from the kernel as it is."""
@@ -86,7 +106,7 @@ def signal_checked(system, pid, start_time, signum, pidfd=None):
     return _send_if_same(system, pid, start_time, lambda: system.signal(pid, signum))
 
 
-def _send_if_same(system, pid, start_time, send):
+def _send_if_same(system: Node, pid: int, start_time: int | None, send: t.Callable[[], None]) -> str:
     """The identity check before a signal -> SENT, GONE or REUSED."""
     now_start = system.start_time(pid)
     if now_start is None:
@@ -100,7 +120,7 @@ def _send_if_same(system, pid, start_time, send):
     return SENT
 
 
-def entry_of(holder):
+def entry_of(holder: Holder) -> dict[str, t.Any]:
     """What is recorded of one signalled holder (the `killed` shape), plus its identity."""
     return {
         "pid": holder["pid"],
@@ -120,21 +140,22 @@ PRIVATE_KEYS = ("_first_signal", "_reused", "start_time")
 class Signaller:
     """TERM -> wait -> KILL -> wait for a list of planned holders.
 
-    Each signalled holder enters the result's `killed` when its first signal is sent, so that a
-    failure later on (PermissionError on the second signal) still reports it."""
+    Each signalled holder enters the Signaller's record (`done["killed"]`) when its first
+    signal is sent, so that a failure later on (PermissionError on the second signal) still
+    reports it: StepFailed carries the record."""
 
-    def __init__(self, system, kill_timeout, result, pidfd=None):
+    def __init__(self, system: Node, kill_timeout: float, pidfd: Pidfd | None = None) -> None:
         self.system = system
         self.kill_timeout = kill_timeout
-        self.result = result
+        self.done: SignalsDone = {"killed": [], "reused_pids": [], "unkillable": []}
         self.pidfd = pidfd if pidfd is not None else getattr(system, "pidfd", None)
 
-    def send(self, entry, signum):
+    def send(self, entry: dict[str, t.Any], signum: int) -> bool:
         """Signal one target after checking it is still the same process (PID reuse)."""
         try:
             outcome = signal_checked(self.system, entry["pid"], entry["start_time"], signum, self.pidfd)
         except PermissionError as exc:
-            raise ReleaseError("not permitted to signal pid %d (%s): run with become: true" % (entry["pid"], exc), self.result)
+            raise StepFailed(f"not permitted to signal pid {entry['pid']} ({exc}): run with become: true", self.done) from exc
         if outcome == REUSED:
             entry["_reused"] = True
         if outcome != SENT:
@@ -142,13 +163,13 @@ class Signaller:
         entry["signal"] = signal.Signals(signum).name
         if "_first_signal" not in entry:
             entry["_first_signal"] = self.system.now()
-            self.result["killed"].append(entry)
+            self.done["killed"].append(entry)
         return True
 
-    def gone(self, entry):
+    def gone(self, entry: dict[str, t.Any]) -> bool:
         return self.system.start_time(entry["pid"]) != entry["start_time"]
 
-    def wait_exit(self, entries, timeout):
+    def wait_exit(self, entries: list[dict[str, t.Any]], timeout: float) -> list[dict[str, t.Any]]:
         deadline = self.system.now() + timeout
         while True:
             now = self.system.now()
@@ -160,9 +181,9 @@ class Signaller:
                 return waiting
             self.system.sleep(min(EXIT_POLL_S, deadline - now))
 
-    def terminate(self, holders):
-        """SIGTERM each holder, SIGKILL the survivors after kill_timeout. Records into the
-        result's `killed`, `reused_pids` and `unkillable`."""
+    def terminate(self, holders: list[Holder]) -> SignalsDone:
+        """SIGTERM each holder, SIGKILL the survivors after kill_timeout -> the record: `killed`,
+        `reused_pids` and `unkillable`, under the result's keys."""
         entries = [entry_of(holder) for holder in holders]
         try:
             self._terminate(entries)
@@ -170,8 +191,9 @@ class Signaller:
             for entry in entries:
                 for key in PRIVATE_KEYS:
                     entry.pop(key, None)
+        return self.done
 
-    def _terminate(self, entries):
+    def _terminate(self, entries: list[dict[str, t.Any]]) -> None:
         for entry in entries:
             if not self.send(entry, signal.SIGTERM) and "_reused" not in entry:
                 entry["exited_after_s"] = 0.0
@@ -183,9 +205,9 @@ class Signaller:
                                     max(self.kill_timeout, SIGKILL_EXIT_FLOOR_S)) if survivors else []
         for entry in entries:
             if entry.get("_reused"):
-                self.result["reused_pids"].append(
+                self.done["reused_pids"].append(
                     {"pid": entry["pid"], "name": entry["name"], "reason": "PID reused by another process since the scan; not signalled"}
                 )
             elif entry in unkillable:
                 entry["state"] = self.system.state(entry["pid"])
-                self.result["unkillable"].append({k: v for k, v in entry.items() if k not in PRIVATE_KEYS})
+                self.done["unkillable"].append({k: v for k, v in entry.items() if k not in PRIVATE_KEYS})

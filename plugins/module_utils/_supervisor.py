@@ -30,9 +30,31 @@ import shlex
 import stat
 import subprocess
 import tempfile
+import typing as t
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
-from ansible_collections.zeromib.gpu.plugins.module_utils._errors import ReleaseError
+from ansible_collections.zeromib.gpu.plugins.module_utils._errors import StepFailed
+
+if t.TYPE_CHECKING:
+    Run = t.Callable[[t.List[str], float], t.Tuple[t.Optional[int], str]]
+    Which = t.Callable[[str, t.Optional[str]], t.Optional[str]]
+
+    class ProgramPlan(t.TypedDict):
+        """plan(): programs to stop and to disable (entries: {name, supervisor_pid, config,
+        state_before, _supervisor}), the globs that matched none, and the plan's warnings."""
+
+        stop: list[dict[str, t.Any]]
+        disable: list[dict[str, t.Any]]
+        not_found: list[str]
+        warnings: list[str]
+
+    class ProgramsDone(t.TypedDict):
+        """What act() did, under the release result's keys (Release folds it in)."""
+
+        stopped_programs: list[dict[str, t.Any]]
+        disabled_programs: list[dict[str, t.Any]]
+        warnings: list[str]
 
 SERVICE_PREFIX = "supervisor:"
 BIN_DIRS = ("/usr/bin", "/usr/local/bin", "/bin")
@@ -167,21 +189,16 @@ def write_atomically(path, text):
         raise
 
 
-def _which(name, near=None):
-    found = None
-    for directory in os.environ.get("PATH", "").split(os.pathsep) + list(BIN_DIRS) + ([near] if near else []):
-        path = os.path.join(directory, name)
-        if directory and os.access(path, os.X_OK):
-            found = path
-            break
-    return found
+def _which(name: str, near: str | None = None) -> str | None:
+    """supervisorctl in PATH, BIN_DIRS, then next to supervisord (`near`)."""
+    return _commands.which(name, dirs=BIN_DIRS + ((near,) if near else ()))
 
 
-def _run(argv, timeout):
+def _run(argv: list[str], timeout: float) -> tuple[int | None, str]:
     """(rc, output) of a bounded command; rc None when it was killed at `timeout`."""
     try:
         process = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 env=dict(os.environ, LC_ALL="C", LANG="C"), timeout=timeout, check=False)
+                                 env=_commands.c_locale_env(), timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
         return None, (exc.output or b"").decode("utf-8", "replace")
     except OSError as exc:
@@ -192,25 +209,25 @@ def _run(argv, timeout):
 class Supervisor:
     """One running supervisord of root: its pid, configuration and supervisorctl."""
 
-    def __init__(self, pid, config, ctl, run=_run):
+    def __init__(self, pid: int, config: str | None, ctl: str | None, run: Run = _run) -> None:
         self.pid = pid
         self.config = config
         self.ctl = ctl
         self.run = run
 
-    def call(self, args, timeout):
-        argv = [self.ctl] + (["-c", self.config] if self.config else []) + list(args)
+    def call(self, args: list[str], timeout: float) -> tuple[int | None, str]:
+        argv = [self.ctl or "supervisorctl"] + (["-c", self.config] if self.config else []) + list(args)
         return self.run(argv, timeout)
 
-    def status(self, timeout=10.0):
+    def status(self, timeout: float = 10.0) -> list[dict[str, t.Any]]:
         rc, out = self.call(["status"], timeout)
         programs = parse_status(out)
         # supervisorctl status exits 3 when some program is not running: the listing decides.
         if not programs and rc not in (0, 3):
-            raise ReleaseError("supervisorctl status (supervisord pid %d) failed (rc %s): %s" % (self.pid, rc, out.strip()[:300]), {})
+            raise StepFailed(f"supervisorctl status (supervisord pid {self.pid}) failed (rc {rc}): {out.strip()[:300]}")
         return programs
 
-    def config_files(self):
+    def config_files(self) -> list[str]:
         """The main configuration and its includes, in the order supervisord reads them."""
         main = self.config or next((path for path in DEFAULT_CONFIGS if os.path.exists(path)), None)
         if not main:
@@ -226,7 +243,7 @@ class Supervisor:
         return files
 
 
-def find_supervisors(proc="/proc", which=_which, run=_run):
+def find_supervisors(proc: str = "/proc", which: Which = _which, run: Run = _run) -> list[Supervisor]:
     """Running supervisord processes of root (not their children: supervisord forks once)."""
     found = []
     for pid in holders_mod.list_pids(proc):
@@ -251,7 +268,7 @@ def find_supervisors(proc="/proc", which=_which, run=_run):
     return [s for s in found if _ppid(s.pid, proc) not in pids]
 
 
-def _real_uid(pid, proc):
+def _real_uid(pid: int, proc: str) -> int | None:
     try:
         with open("%s/%d/status" % (proc, pid)) as handle:
             for line in handle:
@@ -262,7 +279,7 @@ def _real_uid(pid, proc):
     return None
 
 
-def _ppid(pid, proc):
+def _ppid(pid: int, proc: str) -> int | None:
     try:
         with open("%s/%d/stat" % (proc, pid), "rb") as handle:
             return holders_mod.parse_stat(handle.read())[2]
@@ -270,22 +287,28 @@ def _ppid(pid, proc):
         return None
 
 
-def plan(patterns, service_state, supervisors, result):
-    """{stop: [entry], disable: [entry], not_found: [supervisor:<glob>]} for the named programs.
-    An entry: {name, supervisor_pid, config, state_before}."""
-    steps = {"stop": [], "disable": [], "not_found": []}
-    if not patterns:
-        return steps
+def _listed(supervisors: list[Supervisor], warnings: list[str]) -> list[tuple[Supervisor, dict[str, t.Any]]]:
+    """(supervisord, program) of every supervisord that has a supervisorctl."""
     listed = []
     for supervisor in supervisors:
         if not supervisor.ctl:
-            result["warnings"].append("supervisord pid %d runs, but no supervisorctl was found to stop its programs" % supervisor.pid)
+            warnings.append(f"supervisord pid {supervisor.pid} runs, but no supervisorctl was found to stop its programs")
             continue
         try:
             programs = supervisor.status()
-        except ReleaseError as exc:
-            raise ReleaseError(exc.msg, result)
+        except StepFailed as exc:
+            raise StepFailed(exc.msg, {"warnings": warnings}) from exc
         listed.extend((supervisor, program) for program in programs)
+    return listed
+
+
+def plan(patterns: list[str], service_state: str | None, supervisors: list[Supervisor]) -> ProgramPlan:
+    """{stop: [entry], disable: [entry], not_found: [supervisor:<glob>], warnings} for the named
+    programs. An entry: {name, supervisor_pid, config, state_before}."""
+    steps: ProgramPlan = {"stop": [], "disable": [], "not_found": [], "warnings": []}
+    if not patterns:
+        return steps
+    listed = _listed(supervisors, steps["warnings"])
     for pattern in patterns:
         matched = [(s, p) for s, p in listed if program_matches(p["name"], pattern)]
         if not matched:
@@ -302,13 +325,13 @@ def plan(patterns, service_state, supervisors, result):
     return steps
 
 
-def public(entry):
+def public(entry: dict[str, t.Any]) -> dict[str, t.Any]:
     return {k: v for k, v in entry.items() if not k.startswith("_")}
 
 
-def disable(entry):
+def disable(entry: dict[str, t.Any]) -> dict[str, t.Any] | None:
     """autostart/autorestart false in the program's section -> the file changed and the values
-    before, or None when both already read false. Raises ReleaseError naming the file when the
+    before, or None when both already read false. Raises StepFailed naming the file when the
     section is not found or the file is not root's."""
     supervisor = entry["_supervisor"]
     for path in supervisor.config_files():
@@ -327,42 +350,49 @@ def disable(entry):
                 return None
             info = os.stat(real)
             if info.st_uid != 0 or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-                raise ReleaseError("supervisor:{}: not editing {}: it is not a file only root can write".format(entry["name"], real), {})
+                raise StepFailed("supervisor:{}: not editing {}: it is not a file only root can write".format(entry["name"], real))
             write_atomically(real, new_text)
             return {"file": real, "autostart_before": before["autostart"], "autorestart_before": before["autorestart"]}
     where = ", ".join(supervisor.config_files()) or "supervisord's configuration"
-    raise ReleaseError("supervisor:{}: no [program:...] section for it in {}".format(entry["name"], where), {})
+    raise StepFailed("supervisor:{}: no [program:...] section for it in {}".format(entry["name"], where))
 
 
-def act(steps, kill_timeout, result):
-    """Stop the programs (one bounded supervisorctl call per supervisord), then turn autostart and
-    autorestart off for the ones to disable and let supervisord re-read them. Records into
-    result's stopped_programs / disabled_programs as it goes."""
-    by_supervisor = {}
+def _stop(steps: ProgramPlan, kill_timeout: float | None, done: ProgramsDone) -> None:
+    """One bounded supervisorctl stop per supervisord."""
+    by_supervisor: dict[int, tuple[Supervisor, list[dict[str, t.Any]]]] = {}
     for entry in steps["stop"]:
         by_supervisor.setdefault(entry["_supervisor"].pid, (entry["_supervisor"], []))[1].append(entry)
     for supervisor, entries in by_supervisor.values():
         rc, out = supervisor.call(["stop"] + [e["name"] for e in entries], float(kill_timeout or 0) + CALL_MARGIN_S)
-        result["stopped_programs"].extend(public(e) for e in entries)
+        done["stopped_programs"].extend(public(e) for e in entries)
         if rc is None:
-            result["warnings"].append(
+            done["warnings"].append(
                 "supervisorctl stop {} did not finish within {:.0f} s: supervisord keeps stopping it (it will not restart it), and its "
                 "processes left holding GPUs are signalled".format(" ".join(e["name"] for e in entries), float(kill_timeout or 0) + CALL_MARGIN_S))
         elif rc != 0 and "ERROR" in out and "not running" not in out:
-            raise ReleaseError("supervisorctl stop {} failed (rc {}): {}".format(" ".join(e["name"] for e in entries), rc, out.strip()[:300]), result)
-    groups = {}
+            raise StepFailed("supervisorctl stop {} failed (rc {}): {}".format(" ".join(e["name"] for e in entries), rc, out.strip()[:300]), done)
+
+
+def act(steps: ProgramPlan, kill_timeout: float | None) -> ProgramsDone:
+    """Stop the programs (one bounded supervisorctl call per supervisord), then turn autostart and
+    autorestart off for the ones to disable and let supervisord re-read them -> what was done
+    (stopped_programs, disabled_programs, warnings); a failure raises StepFailed with it."""
+    done: ProgramsDone = {"stopped_programs": [], "disabled_programs": [], "warnings": []}
+    _stop(steps, kill_timeout, done)
+    groups: dict[int, tuple[Supervisor, set[str]]] = {}
     for entry in steps["disable"]:
         try:
             edit = disable(entry)
-        except ReleaseError as exc:
-            raise ReleaseError(exc.msg, result)
+        except StepFailed as exc:
+            raise StepFailed(exc.msg, done) from exc
         if edit is None:
             continue
-        result["disabled_programs"].append(dict(public(entry), **edit))
+        done["disabled_programs"].append(dict(public(entry), **edit))
         groups.setdefault(entry["_supervisor"].pid, (entry["_supervisor"], set()))[1].add(entry["name"].split(":")[0])
     for supervisor, names in groups.values():
         supervisor.call(["reread"], CALL_MARGIN_S + 5)
         rc, out = supervisor.call(["update"] + sorted(names), float(kill_timeout or 0) + CALL_MARGIN_S)
         if rc != 0:
-            result["warnings"].append("supervisorctl update {} (rc {}): {}; the file is changed, supervisord reads it at its next start".format(
+            done["warnings"].append("supervisorctl update {} (rc {}): {}; the file is changed, supervisord reads it at its next start".format(
                 " ".join(sorted(names)), rc, (out or "").strip()[:200]))
+    return done

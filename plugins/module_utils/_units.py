@@ -16,9 +16,44 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
-from ansible_collections.zeromib.gpu.plugins.module_utils._errors import ReleaseError
+from ansible_collections.zeromib.gpu.plugins.module_utils._errors import StepFailed
+
+if t.TYPE_CHECKING:
+    from ansible_collections.zeromib.gpu.plugins.module_utils._records import Holder
+
+    Systemctl = t.Callable[[t.List[str]], t.Tuple[int, str, str]]
+
+    class Node(t.Protocol):
+        """What acting on units needs of _release.System."""
+
+        def systemctl(self, args: list[str]) -> tuple[int, str, str]: ...
+        def now(self) -> float: ...
+        def sleep(self, seconds: float) -> None: ...
+
+    class UnitPlan(t.TypedDict):
+        """plan(): what to do to which unit, and what the plan found (kept units, warnings)."""
+
+        stop: list[str]
+        disable: list[str]
+        mask: list[str]
+        not_found: list[str]
+        # systemctl show's properties before, by unit (the restore record's).
+        before: dict[str, dict[str, str]]
+        kept_units: list[dict[str, t.Any]]
+        warnings: list[str]
+
+    class UnitsDone(t.TypedDict, total=False):
+        """What acting on units did, under the release result's keys (Release folds it in)."""
+
+        stopped_units: list[str]
+        killed_units: list[str]
+        disabled_units: list[str]
+        masked_units: list[str]
+        kept_units: list[dict[str, t.Any]]
+        warnings: list[str]
 
 ACTIVE_STATES = ("active", "activating", "deactivating", "reloading", "refreshing")
 ENABLED_STATES = ("enabled", "enabled-runtime", "linked", "linked-runtime")
@@ -289,28 +324,73 @@ def stop_verdict(unit, main_names, under_main, unit_gpus, selected, site=((), ()
     return None
 
 
-def slurm_job_id(cgroup_path, environ=b""):
+def slurm_job_id(cgroup_path: str | None, environ: dict[str, str] | None = None) -> str | None:
     """The Slurm job a process runs in: `job_<id>` in its cgroup (cgroup v2, task/cgroup), else
     SLURM_JOB_ID in its environment (proctrack/linuxproc, cgroup v1: tasks sit in slurmd's cgroup)."""
     match = SLURM_JOB_CGROUP.search(cgroup_path or "")
     if match:
         return match.group(1)
-    for entry in (environ or b"").split(b"\0"):
-        if entry.startswith(b"SLURM_JOB_ID="):
-            value = entry.split(b"=", 1)[1].decode("ascii", "replace").strip()
-            return value or None
+    return (environ or {}).get("SLURM_JOB_ID", "").strip() or None
+
+
+def main_pid(props: dict[str, str]) -> int:
+    """A unit's MainPID from `systemctl show` (0 when none or unreadable)."""
+    try:
+        return int(props.get("MainPID") or 0)
+    except ValueError:
+        return 0
+
+
+def main_process(props: dict[str, str], proc: str) -> tuple[int, dict[str, t.Any] | None]:
+    """(MainPID, its /proc record or None) of a unit."""
+    pid = main_pid(props)
+    return pid, (holders_mod.read_process(pid, proc) if pid > 0 else None)
+
+
+def protected_main(pid: int, record: dict[str, t.Any] | None, protect_names: t.Iterable[str] = ()) -> str | None:
+    """"pid N name" when a unit's main process is protected (built-in names or `protect`), else
+    None: such a unit is never stopped, named or owning a holder."""
+    if record and holders_mod.name_matches(record, tuple(holders_mod.BUILTIN_PROTECTED_NAMES) + tuple(protect_names or ())):
+        return "pid {} {}".format(pid, record.get("name"))
     return None
 
 
-def _environ(pid, proc):
-    try:
-        with open("%s/%d/environ" % (proc, pid), "rb") as handle:
-            return handle.read()
-    except OSError:
-        return b""
+def _service_units(targets: list[Holder]) -> list[str]:
+    units: list[str] = []
+    for holder in targets:
+        unit = holder.get("unit")
+        if holder.get("system_service") and unit and unit not in units:
+            units.append(unit)
+    return units
 
 
-def owners(systemctl, targets, holders, selected, forbidden, proc="/proc", protect_names=(), launchers=(), kill_spanning=False):
+def _unit_gpus(unit: str, holders: list[Holder]) -> set[int]:
+    used: set[int] = set()
+    for holder in holders:
+        if holder.get("unit") == unit and holder.get("system_service"):
+            used.update(holder.get("gpu_indexes") or [])
+    return used
+
+
+def _owner_verdict(unit: str, props: dict[str, str], in_unit: list[Holder], unit_gpus: set[int], selected: list[int],
+                   forbidden: set[str], proc: str, protect_names: t.Iterable[str], site: tuple[tuple[str, ...], tuple[str, ...]]
+                   ) -> tuple[str, str] | None:
+    """stop_verdict for a unit that owns targets, with this session's and protected units first."""
+    if unit in forbidden:
+        return "launcher", f"{unit} runs this Ansible session or a protected process"
+    pid, main = main_process(props, proc)
+    protected = protected_main(pid, main, protect_names)
+    if protected:
+        return "launcher", f"the main process of {unit} ({protected}) is protected"
+    # Without a main process (MainPID=0, or gone) there is nothing to tell descendants by.
+    under_main = main is None or all(pid in holders_mod.lineage(h["pid"], proc) for h in in_unit)
+    names = process_names(main) | exec_start_names(props.get("ExecStart"))
+    return stop_verdict(unit, names, under_main, unit_gpus, selected, site)
+
+
+def owners(systemctl: Systemctl, targets: list[Holder], holders: list[Holder], selected: list[int], forbidden: set[str],
+           proc: str = "/proc", protect_names: t.Iterable[str] = (), launchers: t.Iterable[str] = (), kill_spanning: bool = False
+           ) -> tuple[list[str], list[dict[str, t.Any]], list[dict[str, t.Any]]]:
     """The system services that own targets -> (to stop, launchers, spanning).
 
     `launchers` (returned) lists, per unit (and Slurm job), the holders signalled instead of
@@ -324,37 +404,18 @@ def owners(systemctl, targets, holders, selected, forbidden, proc="/proc", prote
     Which unit a holder is in comes from its cgroup (outside any user-delegated subtree), the
     unit's main process and command from systemd (MainPID, ExecStart)."""
     site = split_launchers(launchers)
-    units = []
-    for holder in targets:
-        unit = holder.get("unit")
-        if holder.get("system_service") and unit and unit not in units:
-            units.append(unit)
-    props = {}
+    units = _service_units(targets)
+    props: dict[str, dict[str, str]] = {}
     if units:
         rc, out, _err = systemctl(["show", "--property=Id,MainPID,ExecStart", "--no-pager"] + units)
         props = parse_show(out) if rc == 0 else {}
-    to_stop, spanning, reasons = [], [], {}
+    to_stop: list[str] = []
+    spanning: list[dict[str, t.Any]] = []
+    reasons: dict[str, str] = {}
     for unit in units:
         in_unit = [h for h in targets if h.get("unit") == unit and h.get("system_service")]
-        if unit in forbidden:
-            reasons[unit] = f"{unit} runs this Ansible session or a protected process"
-            continue
-        try:
-            main_pid = int(props.get(unit, {}).get("MainPID") or 0)
-        except ValueError:
-            main_pid = 0
-        main = holders_mod.read_process(main_pid, proc) if main_pid > 0 else None
-        if main and holders_mod.name_matches(main, tuple(holders_mod.BUILTIN_PROTECTED_NAMES) + tuple(protect_names or ())):
-            reasons[unit] = "the main process of %s (pid %d %s) is protected" % (unit, main_pid, main.get("name"))
-            continue
-        # Without a main process (MainPID=0, or gone) there is nothing to tell descendants by.
-        under_main = main is None or all(main_pid in holders_mod.lineage(h["pid"], proc) for h in in_unit)
-        unit_gpus = set()
-        for holder in holders:
-            if holder.get("unit") == unit and holder.get("system_service"):
-                unit_gpus.update(holder.get("gpu_indexes") or [])
-        names = process_names(main) | exec_start_names(props.get(unit, {}).get("ExecStart"))
-        verdict = stop_verdict(unit, names, under_main, unit_gpus, selected, site)
+        unit_gpus = _unit_gpus(unit, holders)
+        verdict = _owner_verdict(unit, props.get(unit, {}), in_unit, unit_gpus, selected, forbidden, proc, protect_names, site)
         if verdict is not None and verdict[0] == "launcher":
             reasons[unit] = verdict[1]
             continue
@@ -363,27 +424,34 @@ def owners(systemctl, targets, holders, selected, forbidden, proc="/proc", prote
                              "outside_gpus": sorted(unit_gpus - set(selected))})
         if verdict is None or kill_spanning:
             to_stop.append(unit)
-    launcher_entries = []
+    return to_stop, launcher_entries(targets, reasons, proc), spanning
+
+
+def launcher_entries(targets: list[Holder], reasons: dict[str, str], proc: str = "/proc") -> list[dict[str, t.Any]]:
+    """[{unit, reason, pids, slurm_job_id}]: the targets signalled instead of stopping their unit
+    (`reasons`: why, by unit), and those in a Slurm job."""
+    entries: list[dict[str, t.Any]] = []
     for holder in targets:
         unit = holder.get("unit")
-        reason = reasons.get(unit) if holder.get("system_service") else None
-        job = slurm_job_id(holder.get("cgroup"), _environ(holder["pid"], proc)) if reason or not holder.get("system_service") else None
+        reason = reasons.get(unit or "") if holder.get("system_service") else None
+        job = (slurm_job_id(holder.get("cgroup"), holders_mod.environ_of(holder["pid"], proc))
+               if reason or not holder.get("system_service") else None)
         if reason is None and job is None:
             continue
         if reason is None:
             reason = f"Slurm job {job}"
-        entry = next((e for e in launcher_entries if e["unit"] == unit and e["slurm_job_id"] == job), None)
+        entry = next((e for e in entries if e["unit"] == unit and e["slurm_job_id"] == job), None)
         if entry is None:
             entry = {"unit": unit, "reason": reason, "pids": [], "slurm_job_id": job}
-            launcher_entries.append(entry)
+            entries.append(entry)
         entry["pids"].append(holder["pid"])
-    return to_stop, launcher_entries, spanning
+    return entries
 
 
 # ---------------------------------------------------------------- named units
 
 
-def known_units(systemctl, named, service_state):
+def known_units(systemctl: Systemctl, named: list[str], service_state: str | None) -> list[str]:
     """The units systemd knows that the globs among `named` may match: the loaded ones (what
     runs, what restarts, what is wanted at boot) and the unit files nobody loaded (an enabled
     vllm.service that is inactive, a disabled one to mask). The unit files are listed (~0.2 s)
@@ -393,7 +461,7 @@ def known_units(systemctl, named, service_state):
     globs = [normalize_unit(p) for p in named if is_glob(p)]
     if not globs:
         return []
-    known = []
+    known: list[str] = []
     rc, out, _err = systemctl(["list-units", "--all", "--plain", "--no-legend", "--no-pager"] + globs)
     if rc == 0:
         known.extend(parse_list_units(out))
@@ -405,12 +473,12 @@ def known_units(systemctl, named, service_state):
     return [unit for unit in known if not is_template(unit)]
 
 
-def is_template(unit):
+def is_template(unit: str) -> bool:
     """`getty@.service`: a template, not a unit (its instances are `getty@tty1.service`)."""
     return "@." in unit
 
 
-def keeps_node(unit):
+def keeps_node(unit: str) -> str | None:
     """Why a glob never selects UNIT (network, storage, identity, remote access, time), or None."""
     for kind, patterns in NODE_KEEPING_UNITS:
         if matches(unit, patterns):
@@ -421,126 +489,113 @@ def keeps_node(unit):
 SHOW_PROPERTIES = "Id,LoadState,ActiveState,SubState,UnitFileState,MainPID,TriggeredBy,FragmentPath,ExecStart"
 
 
-def _show(systemctl, units, result):
+def _show(systemctl: Systemctl, units: list[str], done: UnitPlan) -> dict[str, dict[str, str]]:
     rc, out, err = systemctl(["show", "--property=" + SHOW_PROPERTIES, "--no-pager"] + units)
     if rc != 0:
-        raise ReleaseError(f"systemctl show failed (rc {rc}): {(err or out).strip()}", result)
+        raise StepFailed(f"systemctl show failed (rc {rc}): {(err or out).strip()}", _planned(done))
     return parse_show(out)
 
 
-def _runs_protected(props, protect_names, proc):
-    """The main process of a unit, when it is protected (built-in names or `protect`)."""
-    try:
-        main_pid = int(props.get("MainPID") or 0)
-    except ValueError:
-        return None
-    if main_pid <= 0:
-        return None
-    record = holders_mod.read_process(main_pid, proc)
-    if record and holders_mod.name_matches(record, tuple(holders_mod.BUILTIN_PROTECTED_NAMES) + tuple(protect_names or ())):
-        return "pid %d %s" % (main_pid, record.get("name"))
-    return None
-
-
-def _cannot_mask(props):
+def _cannot_mask(props: dict[str, str]) -> bool:
     """systemctl mask puts a link to /dev/null in /etc/systemd/system: it fails for a unit whose
     own file (or link, `systemctl link`) is already there (measured, systemd 252)."""
     fragment = props.get("FragmentPath") or ""
     return fragment.startswith("/etc/systemd/system/") and props.get("LoadState") != "masked"
 
 
-def _launcher_by_main(props, site, proc):
+def _launcher_by_main(props: dict[str, str], site: tuple[tuple[str, ...], tuple[str, ...]], proc: str) -> str | None:
     """The launcher the main process (or ExecStart=) of a unit is, or None (see stop_verdict)."""
-    try:
-        main_pid = int(props.get("MainPID") or 0)
-    except ValueError:
-        main_pid = 0
+    pid, record = main_process(props, proc)
     names = exec_start_names(props.get("ExecStart"))
-    if main_pid > 0:
-        names |= process_names(holders_mod.read_process(main_pid, proc))
+    if pid > 0:
+        names |= process_names(record)
     return launcher_name(names, site[1])
 
 
-def plan(systemctl, named, owned, service_state, forbidden, result, protect_names=(), proc="/proc", launchers=()):
-    """{stop, disable, mask, not_found}: named units (and the sockets and timers that trigger
-    them) get `service_state`, owned ones are stopped only. Raises ReleaseError (carrying
-    `result`) before anything is done when a named unit is forbidden, essential, runs a
-    protected process, cannot be masked, or systemd cannot be asked. A glob never selects
-    such a unit, nor a launcher (built in, or of the `launchers` option), nor what keeps the
-    node reachable and its data safe (NODE_KEEPING_UNITS): those matches are kept and, where the
-    glob would have changed them, listed in result["kept_units"] ({unit, kind, reason}) and
-    named in one warning."""
-    no_match = []
-    expanded = expand_services(named, set(known_units(systemctl, named, service_state)), no_match)
-    for pattern in no_match:
-        result["warnings"].append(f"services: {pattern} matches no unit on this host")
-    explicit = {normalize_unit(p) for p in named or [] if not is_glob(p)}
-    site = split_launchers(launchers)
-    steps = {"stop": [], "disable": [], "mask": [], "not_found": []}
-    props = _show(systemctl, expanded + [u for u in owned if u not in expanded], result) if expanded or owned else {}
+class Judge:
+    """Which units a plan never touches: `refused` ones (named or not), and those a glob never
+    selects (`kept_from_globs`). `props` are systemctl show's, by unit."""
 
-    def refused(unit):
+    def __init__(self, props: dict[str, dict[str, str]], forbidden: set[str], protect_names: t.Iterable[str], proc: str,
+                 site: tuple[tuple[str, ...], tuple[str, ...]]) -> None:
+        self.props = props
+        self.forbidden = forbidden
+        self.protect_names = protect_names
+        self.proc = proc
+        self.site = site
+
+    def refused(self, unit: str) -> tuple[str, str] | None:
         """(kind, reason) when UNIT is never stopped, named or not, else None."""
-        if unit in forbidden:
+        if unit in self.forbidden:
             return "session", "it runs this Ansible session or a protected process"
         if matches(unit, ESSENTIAL_UNITS):
             return "essential", "the node needs it (systemd's own units, D-Bus, login, SSH, consoles and networking are never stopped)"
-        protected = _runs_protected(props.get(unit, {}), protect_names, proc)
+        protected = protected_main(*main_process(self.props.get(unit, {}), self.proc), self.protect_names)
         if protected:
             return "protected", f"its main process {protected} is protected"
         return None
 
-    def refusal(unit):
-        found = refused(unit)
-        return found[1] if found else None
-
-    def kept_from_globs(unit):
+    def kept_from_globs(self, unit: str) -> tuple[str, str] | None:
         """(kind, reason) when a glob never selects UNIT, else None."""
         kind = keeps_node(unit)
         if kind:
             return kind, f"{kind}: the node needs it to stay reachable and its data safe; name it exactly to stop it"
-        if matches(unit, LAUNCHER_UNITS) or matches(unit, site[0]):
+        if matches(unit, LAUNCHER_UNITS) or matches(unit, self.site[0]):
             return "launcher", "it is a launcher of other jobs; name it to stop it"
-        launcher = _launcher_by_main(props.get(unit, {}), site, proc)
+        launcher = _launcher_by_main(self.props.get(unit, {}), self.site, self.proc)
         if launcher:
             return "launcher", f"it is a launcher of other jobs (its main process is {launcher}); name it to stop it"
         return None
 
-    kept = result.setdefault("kept_units", [])
+
+def _planned(steps: UnitPlan) -> UnitsDone:
+    """What a plan that fails hands back: its warnings and kept units (nothing was done)."""
+    return {"warnings": list(steps["warnings"]), "kept_units": list(steps["kept_units"])}
+
+
+def _select_named(expanded: list[str], explicit: set[str], judge: Judge, service_state: str | None, steps: UnitPlan) -> list[str]:
+    """The expanded units to act on; those a glob matched but never selects go to kept_units."""
     named_units = []
     for unit in expanded:
-        kept_as = refused(unit)
+        kept_as = judge.refused(unit)
         if kept_as and unit in explicit:
-            raise ReleaseError(f"refusing to stop {unit}: {kept_as[1]}", result)
+            raise StepFailed(f"refusing to stop {unit}: {kept_as[1]}", _planned(steps))
         if not kept_as and unit not in explicit:
-            kept_as = kept_from_globs(unit)
+            kept_as = judge.kept_from_globs(unit)
         if kept_as:
             # Only what the glob would have changed is worth a line: `*` matches every inactive
             # unit of systemd's too.
-            if any(unit_actions(props.get(unit, {}), service_state)):
-                kept.append({"unit": unit, "kind": kept_as[0], "reason": kept_as[1]})
+            if any(unit_actions(judge.props.get(unit, {}), service_state)):
+                steps["kept_units"].append({"unit": unit, "kind": kept_as[0], "reason": kept_as[1]})
             continue
         named_units.append(unit)
-    if kept:
-        groups = []
-        for entry in kept:
-            group = next((g for g in groups if g[0] == entry["kind"]), None)
-            if group is None:
-                group = (entry["kind"], [])
-                groups.append(group)
-            group[1].append(entry["unit"])
-        result["warnings"].append(
-            "services: kept %d unit%s that a glob matched (see kept_units; name one exactly to stop it, where allowed): %s" % (
-                len(kept), "" if len(kept) == 1 else "s", "; ".join("{}: {}".format(kind, ", ".join(names)) for kind, names in groups)))
-    # A socket or timer would start a stopped service again: it gets the service's state.
-    triggers = []
+    return named_units
+
+
+def kept_warning(kept: list[dict[str, t.Any]]) -> str:
+    """One warning naming the units globs matched but kept, by kind."""
+    groups: list[tuple[str, list[str]]] = []
+    for entry in kept:
+        group = next((g for g in groups if g[0] == entry["kind"]), None)
+        if group is None:
+            group = (entry["kind"], [])
+            groups.append(group)
+        group[1].append(entry["unit"])
+    return "services: kept {} unit{} that a glob matched (see kept_units; name one exactly to stop it, where allowed): {}".format(
+        len(kept), "" if len(kept) == 1 else "s", "; ".join("{}: {}".format(kind, ", ".join(names)) for kind, names in groups))
+
+
+def _triggers(named_units: list[str], judge: Judge) -> list[str]:
+    """The sockets and timers that would start a named service again (they get its state)."""
+    triggers: list[str] = []
     for unit in named_units:
-        for trigger in (props.get(unit, {}).get("TriggeredBy") or "").split():
-            if trigger not in named_units and trigger not in triggers and not refusal(trigger):
+        for trigger in (judge.props.get(unit, {}).get("TriggeredBy") or "").split():
+            if trigger not in named_units and trigger not in triggers and not judge.refused(trigger):
                 triggers.append(trigger)
-    if triggers:
-        props.update(_show(systemctl, triggers, result))
-        named_units += triggers
+    return triggers
+
+
+def _fill_steps(steps: UnitPlan, named_units: list[str], owned: list[str], props: dict[str, dict[str, str]], service_state: str | None) -> None:
     all_units = named_units + [u for u in owned if u not in named_units]
     # The state before, for the restore record (_record): what gpu_restore puts back.
     steps["before"] = {unit: props.get(unit, {}) for unit in all_units}
@@ -561,25 +616,52 @@ def plan(systemctl, named, owned, service_state, forbidden, result, protect_name
             if _cannot_mask(unit_props):
                 unmaskable.append("{} ({})".format(unit, unit_props.get("FragmentPath")))
     if unmaskable:
-        raise ReleaseError(
+        raise StepFailed(
             "service_state=masked: cannot mask {}: systemctl masks a unit by putting a link to /dev/null in /etc/systemd/system, "
             "where this unit's own file is. Move the unit file to /usr/local/lib/systemd/system/ and run systemctl daemon-reload, "
             "or use service_state=disabled. Nothing was stopped or signalled.".format(", ".join(unmaskable)),
-            result,
+            _planned(steps),
         )
+
+
+def plan(systemctl: Systemctl, named: list[str], owned: list[str], service_state: str | None, forbidden: set[str],
+         protect_names: t.Iterable[str] = (), proc: str = "/proc", launchers: t.Iterable[str] = ()) -> UnitPlan:
+    """{stop, disable, mask, not_found, before, kept_units, warnings}: named units (and the
+    sockets and timers that trigger them) get `service_state`, owned ones are stopped only.
+    Raises StepFailed (with the warnings so far) before anything is done when a named unit is
+    forbidden, essential, runs a protected process, cannot be masked, or systemd cannot be
+    asked. A glob never selects such a unit, nor a launcher (built in, or of the `launchers`
+    option), nor what keeps the node reachable and its data safe (NODE_KEEPING_UNITS): those
+    matches are kept and, where the glob would have changed them, listed in kept_units ({unit,
+    kind, reason}) and named in one warning."""
+    steps: UnitPlan = {"stop": [], "disable": [], "mask": [], "not_found": [], "before": {}, "kept_units": [], "warnings": []}
+    no_match: list[str] = []
+    expanded = expand_services(named, set(known_units(systemctl, named, service_state)), no_match)
+    steps["warnings"] += [f"services: {pattern} matches no unit on this host" for pattern in no_match]
+    explicit = {normalize_unit(p) for p in named or [] if not is_glob(p)}
+    props = _show(systemctl, expanded + [u for u in owned if u not in expanded], steps) if expanded or owned else {}
+    judge = Judge(props, forbidden, protect_names, proc, split_launchers(launchers))
+    named_units = _select_named(expanded, explicit, judge, service_state, steps)
+    if steps["kept_units"]:
+        steps["warnings"].append(kept_warning(steps["kept_units"]))
+    triggers = _triggers(named_units, judge)
+    if triggers:
+        props.update(_show(systemctl, triggers, steps))
+        named_units += triggers
+    _fill_steps(steps, named_units, owned, props, service_state)
     return steps
 
 
 # ---------------------------------------------------------------- acting
 
 
-def _systemctl_or_fail(systemctl, args, units, result):
+def _systemctl_or_fail(systemctl: Systemctl, args: list[str], units: list[str], done: UnitsDone) -> None:
     rc, out, err = systemctl(args + ["--no-ask-password"] + units)
     if rc != 0:
-        raise ReleaseError("systemctl {} {} failed (rc {}): {}".format(args[0], " ".join(units), rc, (err or out).strip()), result)
+        raise StepFailed("systemctl {} {} failed (rc {}): {}".format(args[0], " ".join(units), rc, (err or out).strip()), done)
 
 
-def wait_stopped(system, units, timeout):
+def wait_stopped(system: Node, units: list[str], timeout: float) -> list[str]:
     """Poll until every unit reads inactive or failed; returns those that do not by `timeout`."""
     deadline = system.now() + timeout
     interval = STOP_POLL_S
@@ -594,33 +676,39 @@ def wait_stopped(system, units, timeout):
         interval = min(interval * 2, STOP_POLL_MAX_S)
 
 
-def stop_bounded(system, units, kill_timeout, result):
+def stop_bounded(system: Node, units: list[str], kill_timeout: float, done: UnitsDone | None = None) -> UnitsDone:
     """Stop units together (one `systemctl stop --no-block`), never waiting on TimeoutStopSec
     (90 s by default, or infinity): a unit still stopping after kill_timeout gets SIGKILL
-    through systemd, and its stop job is queued again, so that Restart= cannot start it."""
-    _systemctl_or_fail(system.systemctl, ["stop", "--no-block"], units, result)
-    result["stopped_units"] = list(units)
+    through systemd, and its stop job is queued again, so that Restart= cannot start it.
+    Returns (and fills in `done`) stopped_units, killed_units and warnings."""
+    done = done if done is not None else {"warnings": []}
+    _systemctl_or_fail(system.systemctl, ["stop", "--no-block"], units, done)
+    done["stopped_units"] = list(units)
     left = wait_stopped(system, units, kill_timeout)
     if not left:
-        return
+        return done
     # Not checked: a unit that ended between the poll and this call makes systemctl kill fail.
     system.systemctl(["kill", "--signal=SIGKILL", "--no-ask-password"] + left)
-    result["killed_units"] = list(left)
-    _systemctl_or_fail(system.systemctl, ["stop", "--no-block"], left, result)
+    done["killed_units"] = list(left)
+    _systemctl_or_fail(system.systemctl, ["stop", "--no-block"], left, done)
     left = wait_stopped(system, left, kill_timeout)
     if left:
-        result["warnings"].append(
+        done["warnings"].append(
             "{} still not stopped {:.0f} s after SIGKILL (a process in D state?): see systemctl status".format(", ".join(left), kill_timeout)
         )
+    return done
 
 
-def act(system, steps, result, kill_timeout):
-    """Carry out a plan; `result` records each step as it is done, so a failure keeps it."""
+def act(system: Node, steps: UnitPlan, kill_timeout: float) -> UnitsDone:
+    """Carry out a plan -> what was done (stopped, killed, disabled and masked units, warnings);
+    a failure raises StepFailed with what was done before it."""
+    done: UnitsDone = {"warnings": []}
     if steps["stop"]:
-        stop_bounded(system, steps["stop"], kill_timeout, result)
+        stop_bounded(system, steps["stop"], kill_timeout, done)
     if steps["disable"]:
-        _systemctl_or_fail(system.systemctl, ["disable"], steps["disable"], result)
-        result["disabled_units"] = list(steps["disable"])
+        _systemctl_or_fail(system.systemctl, ["disable"], steps["disable"], done)
+        done["disabled_units"] = list(steps["disable"])
     if steps["mask"]:
-        _systemctl_or_fail(system.systemctl, ["mask"], steps["mask"], result)
-        result["masked_units"] = list(steps["mask"])
+        _systemctl_or_fail(system.systemctl, ["mask"], steps["mask"], done)
+        done["masked_units"] = list(steps["mask"])
+    return done

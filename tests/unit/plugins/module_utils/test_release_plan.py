@@ -57,7 +57,7 @@ def test_select_gpus(wanted, selected):
 
 @pytest.mark.parametrize("wanted", [["7"], ["GPU-deadbeef"], ["-1"], ["0", "3"]], ids=["index-not-on-host", "unknown-uuid", "negative", "one-good-one-bad"])
 def test_unknown_gpu_is_refused_naming_what_the_host_has(wanted):
-    with pytest.raises(release.ReleaseError) as info:
+    with pytest.raises(release.StepFailed) as info:
         release.select_gpus(GPUS, wanted)
     assert "is not on this host: it has indexes 0, 1, 2" in info.value.msg
     assert UUIDS[0].lower() in info.value.msg

@@ -56,9 +56,8 @@ def test_real_system_uses_pidfds_where_the_kernel_has_them():
 def test_sigterm_reaches_the_planned_process(child, use_pidfd):
     if use_pidfd and not HAS_PIDFD:
         pytest.skip("needs Python 3.9+ on Linux 5.3+")
-    result = {"killed": [], "reused_pids": [], "unkillable": []}
     system = Reaping(child, signals.Pidfd() if use_pidfd else None)
-    signals.Signaller(system, 5.0, result).terminate([holder_of(child)])
+    result = signals.Signaller(system, 5.0).terminate([holder_of(child)])
     assert child.wait(timeout=5) == -signal.SIGTERM
     assert result["killed"][0]["signal"] == "SIGTERM" and result["killed"][0]["exited_after_s"] < 5.0
 
@@ -68,8 +67,7 @@ def test_a_process_with_another_start_time_is_not_signalled(child, use_pidfd):
     if use_pidfd and not HAS_PIDFD:
         pytest.skip("needs Python 3.9+ on Linux 5.3+")
     planned = dict(holder_of(child), start_time=holder_of(child)["start_time"] - 1)
-    result = {"killed": [], "reused_pids": [], "unkillable": []}
-    signals.Signaller(Reaping(child, signals.Pidfd() if use_pidfd else None), 1.0, result).terminate([planned])
+    result = signals.Signaller(Reaping(child, signals.Pidfd() if use_pidfd else None), 1.0).terminate([planned])
     assert child.poll() is None and result["killed"] == [] and result["reused_pids"][0]["pid"] == child.pid
 
 
@@ -102,7 +100,6 @@ import signal, subprocess
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders, _release, _signals
 assert _signals.pidfd_or_none() is None and _release.System().pidfd is None
 child = subprocess.Popen(["sleep", "60"])
-result = {"killed": [], "reused_pids": [], "unkillable": []}
 holder = {"pid": child.pid, "name": "sleep", "start_time": _holders.start_time_of(child.pid)}
 
 class Reaping(_release.System):
@@ -110,7 +107,7 @@ class Reaping(_release.System):
         child.poll()
         return super(Reaping, self).start_time(pid)
 
-_signals.Signaller(Reaping(), 5.0, result).terminate([holder])
+result = _signals.Signaller(Reaping(), 5.0).terminate([holder])
 assert child.wait(timeout=5) == -signal.SIGTERM, child.returncode
 print(result["killed"][0]["signal"])
 """

@@ -85,8 +85,7 @@ def test_plan_stops_running_programs_and_disables_named_ones():
         def status(self, timeout=10.0):
             return _supervisor.parse_status(STATUS)
 
-    result = {"warnings": []}
-    steps = _supervisor.plan(["vllm", "serve:*", "nothing*"], "disabled", [Fake(23, "/etc/s.conf", "/usr/bin/supervisorctl")], result)
+    steps = _supervisor.plan(["vllm", "serve:*", "nothing*"], "disabled", [Fake(23, "/etc/s.conf", "/usr/bin/supervisorctl")])
     assert [e["name"] for e in steps["stop"]] == ["vllm"]
     assert [e["name"] for e in steps["disable"]] == ["vllm", "serve:tokenizer"]
     assert steps["not_found"] == ["supervisor:nothing*"]

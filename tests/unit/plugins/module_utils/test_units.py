@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
 from ansible_collections.zeromib.gpu.plugins.module_utils import _units as units
-from ansible_collections.zeromib.gpu.plugins.module_utils._errors import ReleaseError
+from ansible_collections.zeromib.gpu.plugins.module_utils._errors import StepFailed
 from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils import fakeproc
 
 # ------------------------------------------------------------------ the launcher rule
@@ -189,7 +190,7 @@ def test_process_names(record, names):
     ids=["cgroup-v2-scope", "cgroup-v1", "environ-linuxproc", "no-job", "nothing", "job-in-a-unit-name-is-not-a-job-cgroup"],
 )
 def test_slurm_job_id(cgroup, environ, job):
-    assert units.slurm_job_id(cgroup, environ) == job
+    assert units.slurm_job_id(cgroup, holders_mod.parse_environ(environ)) == job
 
 
 # ------------------------------------------------------------------ owners: /proc and systemctl
@@ -337,9 +338,8 @@ def test_owners_reports_this_sessions_unit_as_a_launcher_never_to_stop(proc):
 
 
 def plan(systemctl, named, owned=(), state="stopped", forbidden=(), protect=(), proc="/nonexistent"):
-    result = {"warnings": []}
-    steps = units.plan(systemctl, named, list(owned), state, set(forbidden), result, protect, str(proc))
-    return steps, result["warnings"]
+    steps = units.plan(systemctl, named, list(owned), state, set(forbidden), protect, str(proc))
+    return steps, steps["warnings"]
 
 
 def test_glob_that_matches_nothing_is_a_warning():
@@ -355,8 +355,7 @@ def test_star_never_stops_systemd_dbus_ssh_logind_or_launchers(proc):
     props = {u: loaded() for u in listed}
     props["gpu-sshd.service"] = loaded(MainPID="50")  # runs a protected process under another name
     props["notebook-hub.service"] = loaded(MainPID="51")  # a launcher by its main process
-    result = {"warnings": []}
-    steps = units.plan(Systemctl(props, listed), ["*"], [], "stopped", set(), result, (), str(proc))
+    steps = result = units.plan(Systemctl(props, listed), ["*"], [], "stopped", set(), (), str(proc))
     assert steps["stop"] == ["vllm.service"]
     kept = {k["unit"]: k["reason"] for k in result["kept_units"]}
     assert sorted(kept) == sorted(u for u in listed if u != "vllm.service")
@@ -372,8 +371,7 @@ def test_a_glob_lists_only_the_kept_units_it_would_have_changed():
     listed = ["tailscaled.service", "chrony.service", "vllm.service"]
     props = {u: loaded() for u in listed}
     props["chrony.service"] = loaded(ActiveState="inactive", SubState="dead", UnitFileState="disabled")  # nothing to do to it
-    result = {"warnings": []}
-    units.plan(Systemctl(props, listed), ["*"], [], "stopped", set(), result)
+    result = units.plan(Systemctl(props, listed), ["*"], [], "stopped", set())
     assert [(k["unit"], k["kind"]) for k in result["kept_units"]] == [("tailscaled.service", "network")]
 
 
@@ -386,9 +384,8 @@ NODE_KEEPING = ["networking.service", "ifup@eth9.service", "NetworkManager.servi
 
 @pytest.mark.parametrize("unit", NODE_KEEPING)
 def test_a_glob_never_selects_what_keeps_the_node_reachable_and_its_data_safe(unit):
-    result = {"warnings": []}
     listed = [unit, "vllm.service"]
-    steps = units.plan(Systemctl({u: loaded() for u in listed}, listed), ["*"], [], "disabled", set(), result)
+    steps = result = units.plan(Systemctl({u: loaded() for u in listed}, listed), ["*"], [], "disabled", set())
     assert steps["stop"] == ["vllm.service"] and steps["disable"] == ["vllm.service"]
     assert [k["unit"] for k in result["kept_units"]] == [unit]
 
@@ -398,19 +395,16 @@ def test_a_glob_never_selects_what_keeps_the_node_reachable_and_its_data_safe(un
 def test_naming_a_node_keeping_unit_exactly_stops_it(unit, kind):
     name = units.normalize_unit(unit)
     assert units.keeps_node(name) == kind
-    result = {"warnings": []}
-    steps = units.plan(Systemctl({name: loaded()}), [unit], [], "stopped", set(), result)
+    steps = result = units.plan(Systemctl({name: loaded()}), [unit], [], "stopped", set())
     assert steps["stop"] == [name] and result["kept_units"] == [] and result["warnings"] == []
 
 
 def test_a_site_launcher_unit_is_kept_from_globs_and_stopped_when_named():
     listed = ["mysched-node.service", "vllm.service"]
     systemctl = Systemctl({u: loaded() for u in listed}, listed)
-    result = {"warnings": []}
-    steps = units.plan(systemctl, ["*"], [], "stopped", set(), result, launchers=["mysched*.service"])
+    steps = result = units.plan(systemctl, ["*"], [], "stopped", set(), launchers=["mysched*.service"])
     assert steps["stop"] == ["vllm.service"] and result["kept_units"][0]["unit"] == "mysched-node.service"
-    result = {"warnings": []}
-    steps = units.plan(systemctl, ["mysched-node"], [], "stopped", set(), result, launchers=["mysched*.service"])
+    steps = result = units.plan(systemctl, ["mysched-node"], [], "stopped", set(), launchers=["mysched*.service"])
     assert steps["stop"] == ["mysched-node.service"]
 
 
@@ -431,8 +425,7 @@ class UnitFiles(Systemctl):
 def test_a_glob_matches_an_installed_inactive_unit_file_and_disables_it_without_a_false_warning():
     inactive = loaded(ActiveState="inactive", SubState="dead", UnitFileState="enabled")
     systemctl = UnitFiles({"vllm.service": inactive}, [], ["vllm.service", "vllm-tp@.service"])
-    result = {"warnings": []}
-    steps = units.plan(systemctl, ["vllm*.service"], [], "disabled", set(), result)
+    steps = result = units.plan(systemctl, ["vllm*.service"], [], "disabled", set())
     assert steps["stop"] == [] and steps["disable"] == ["vllm.service"] and result["warnings"] == []
     # the template is no unit to act on
     assert "vllm-tp@.service" not in str([c for c in systemctl.calls if c[0] == "show"])
@@ -440,11 +433,10 @@ def test_a_glob_matches_an_installed_inactive_unit_file_and_disables_it_without_
 
 def test_unit_files_are_listed_only_when_they_can_change_the_answer():
     systemctl = UnitFiles({"vllm.service": loaded()}, ["vllm.service"], ["vllm.service"])
-    units.plan(systemctl, ["vllm*"], [], "stopped", set(), {"warnings": []})
+    units.plan(systemctl, ["vllm*"], [], "stopped", set())
     assert [c[0] for c in systemctl.calls] == ["list-units", "show"]  # loaded and matched: no unit-file listing (~0.2 s)
     systemctl = UnitFiles({}, [], [])
-    result = {"warnings": []}
-    units.plan(systemctl, ["tgi*"], [], "stopped", set(), result)
+    result = units.plan(systemctl, ["tgi*"], [], "stopped", set())
     assert [c[0] for c in systemctl.calls] == ["list-units", "list-unit-files"]
     assert result["warnings"] == ["services: tgi*.service matches no unit on this host"]
 
@@ -452,7 +444,7 @@ def test_unit_files_are_listed_only_when_they_can_change_the_answer():
 @pytest.mark.parametrize("name", ["dbus", "systemd-journald.service", "ssh", "systemd-logind", "getty@tty1"])
 def test_naming_an_essential_unit_is_refused_before_anything_is_done(name):
     systemctl = Systemctl({units.normalize_unit(name): loaded()})
-    with pytest.raises(ReleaseError) as info:
+    with pytest.raises(StepFailed) as info:
         plan(systemctl, [name])
     assert f"refusing to stop {units.normalize_unit(name)}: the node needs it" in info.value.msg
     assert [c[0] for c in systemctl.calls] == ["show"]
@@ -465,14 +457,14 @@ def test_naming_a_launcher_stops_it_because_the_user_asked():
 
 def test_naming_a_unit_whose_main_process_is_protected_is_refused(proc):
     fakeproc.write_process(proc, 60, comm="nvidia-persiste", exe="/usr/bin/nvidia-persistenced")
-    with pytest.raises(ReleaseError) as info:
+    with pytest.raises(StepFailed) as info:
         plan(Systemctl({"persist.service": loaded(MainPID="60")}), ["persist"], proc=proc)
     assert "refusing to stop persist.service: its main process pid 60 nvidia-persiste is protected" in info.value.msg
 
 
 def test_protect_option_names_count_for_units_too(proc):
     fakeproc.write_process(proc, 61, comm="jupyter-lab", exe="/usr/bin/python3.11")
-    with pytest.raises(ReleaseError):
+    with pytest.raises(StepFailed):
         plan(Systemctl({"lab.service": loaded(MainPID="61")}), ["lab"], protect=["jupyter-lab"], proc=proc)
 
 
@@ -494,7 +486,7 @@ def test_owned_units_do_not_bring_their_triggers():
 
 def test_masking_a_unit_whose_file_is_in_etc_is_refused_before_anything_is_done():
     systemctl = Systemctl({"vllm.service": loaded(FragmentPath="/etc/systemd/system/vllm.service")})
-    with pytest.raises(ReleaseError) as info:
+    with pytest.raises(StepFailed) as info:
         plan(systemctl, ["vllm"], state="masked")
     assert "cannot mask vllm.service (/etc/systemd/system/vllm.service)" in info.value.msg
     assert "Move the unit file to /usr/local/lib/systemd/system/" in info.value.msg and "service_state=disabled" in info.value.msg
@@ -554,8 +546,7 @@ class Node:
 
 def test_units_are_stopped_together_without_waiting_for_each():
     node = Node({"a.service": 0.3, "b.service": 0.3, "c.service": 0.3})
-    result = {"warnings": [], "stopped_units": []}
-    units.stop_bounded(node, ["a.service", "b.service", "c.service"], 10.0, result)
+    result = units.stop_bounded(node, ["a.service", "b.service", "c.service"], 10.0)
     assert node.calls[0] == (0.0, ["stop", "--no-block", "--no-ask-password", "a.service", "b.service", "c.service"])
     assert 0.3 <= node.t < 0.6, "stopped one after the other?"
     assert result["stopped_units"] == ["a.service", "b.service", "c.service"] and "killed_units" not in result
@@ -563,8 +554,7 @@ def test_units_are_stopped_together_without_waiting_for_each():
 
 def test_a_unit_ignoring_sigterm_is_killed_through_systemd_after_kill_timeout_not_after_timeoutstopsec():
     node = Node({"stubborn.service": None, "vllm.service": 0.2})
-    result = {"warnings": [], "stopped_units": []}
-    units.stop_bounded(node, ["stubborn.service", "vllm.service"], 2.0, result)
+    result = units.stop_bounded(node, ["stubborn.service", "vllm.service"], 2.0)
     kills = [(t, args) for t, args in node.calls if args[0] == "kill"]
     assert kills == [(pytest.approx(2.0, abs=0.25), ["kill", "--signal=SIGKILL", "--no-ask-password", "stubborn.service"])]
     # the stop job is queued again after the kill, so that Restart= cannot start the unit
@@ -583,10 +573,11 @@ def test_a_failing_stop_is_reported_with_what_was_done_so_far():
     system = System()
     system.systemctl = systemctl
     result = {"warnings": [], "stopped_units": [], "killed": [{"pid": 1}]}
-    with pytest.raises(ReleaseError) as info:
+    with pytest.raises(StepFailed) as info:
         units.stop_bounded(system, ["vllm.service"], 1.0, result)
     assert "systemctl stop vllm.service failed (rc 5): Failed to stop vllm.service: Access denied" in info.value.msg
-    assert info.value.result["killed"] == [{"pid": 1}]
+    # StepFailed hands back the record it was given, filled in so far: Release folds it into the result.
+    assert info.value.done["killed"] == [{"pid": 1}]
 
 
 def test_owners_never_stops_a_unit_whose_main_process_is_protected(proc):
