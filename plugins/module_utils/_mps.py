@@ -151,7 +151,7 @@ def send_quit(directory: str, which: t.Callable[[str], str | None] | None = None
             return program, str(exc)
         if done.returncode == 0:
             return f"echo quit | {program}", None
-        return program, "%s (rc %d): %s" % (program, done.returncode, done.stdout.decode("utf-8", "replace").strip()[:200])
+        return program, "{} (rc {}): {}".format(program, done.returncode, done.stdout.decode("utf-8", "replace").strip()[:200])
     fifo = os.path.join(directory, "control")
     return f"quit > {fifo}", write_to_fifo(fifo, "quit\n")
 

@@ -76,7 +76,7 @@ class System:
 
     def state(self, pid):
         try:
-            with open("%s/%d/stat" % (self.proc, pid), "rb") as handle:
+            with open(f"{self.proc}/{pid}/stat", "rb") as handle:
                 return holders_mod.parse_stat(handle.read())[1]
         except (OSError, ValueError, IndexError):
             return None
@@ -214,14 +214,14 @@ def spanning_message(processes, units, containers, selected):
 
 
 def describe_holder(holder):
-    parts = ["pid %d %s" % (holder["pid"], holder.get("name"))]
+    parts = ["pid {} {}".format(holder["pid"], holder.get("name"))]
     cmdline = holder.get("cmdline") or ""
     if cmdline and cmdline != holder.get("name"):
-        parts[0] += " [%s]" % (cmdline if len(cmdline) <= 60 else cmdline[:57] + "...")
+        parts[0] += " [{}]".format(cmdline if len(cmdline) <= 60 else cmdline[:57] + "...")
     if holder.get("unit"):
         parts.append("unit {}".format(holder["unit"]))
     if holder.get("container"):
-        parts.append("container %s" % (holder.get("container_name") or holder["container"][:12]))
+        parts.append("container {}".format(holder.get("container_name") or holder["container"][:12]))
     parts.append("state {}".format(holder.get("state")))
     if holder.get("protected"):
         parts.append("protected")
@@ -252,7 +252,7 @@ def failure_message(dirty_gpus, holders, apps, waited_s, unkillable, protected_o
         protected_claimants = [h for h in on_gpu if h["protected"] and h["pid"] in claimed_pids]
         undecided = [h for h in holders if h.get("attribution") == _attribution.UNDECIDED and gpu["index"] in (h.get("candidate_gpu_indexes") or [])]
         used = gpu.get("memory_used_mib")
-        text = "GPU %d (%s) reads %s MiB" % (gpu["index"], gpu.get("uuid"), "unknown" if used is None else used)
+        text = "GPU {} ({}) reads {} MiB".format(gpu["index"], gpu.get("uuid"), "unknown" if used is None else used)
         if unprotected or protected_claimants:
             text += ", held by " + "; ".join(describe_holder(h) for h in unprotected + protected_claimants)
         elif undecided:
@@ -264,9 +264,9 @@ def failure_message(dirty_gpus, holders, apps, waited_s, unkillable, protected_o
             text += ", " + "; ".join(describe_unplaced(app, holders, gpu["index"]) for app in unplaced_claims(claims, holders, gpu["index"]))
         elif dead_claims:
             text += (
-                ", attributed to exited process(es) %s and no live process holds the GPU: the driver has not freed this "
-                "context; a GPU reset (nvidia-smi --gpu-reset -i %d) or a reboot is needed"
-                % (", ".join("%d %s" % (a["pid"], a["name"] or "[No data]") for a in dead_claims), gpu["index"])
+                ", attributed to exited process(es) {} and no live process holds the GPU: the driver has not freed this "
+                "context; a GPU reset (nvidia-smi --gpu-reset -i {}) or a reboot is needed".format(
+                    ", ".join("{} {}".format(a["pid"], a["name"] or "[No data]") for a in dead_claims), gpu["index"])
             )
         elif used is None:
             text += ": nvidia-smi cannot report its memory, so it cannot be proven free"
@@ -301,7 +301,7 @@ def unplaced_claims(claims, holders, index):
 
 def describe_unplaced(app, holders, index):
     holder = next((h for h in holders if h["pid"] == app["pid"]), None)
-    text = "listed by nvidia-smi for live pid %d %s, which the scan could not place on this GPU: " % (app["pid"], app.get("name"))
+    text = "listed by nvidia-smi for live pid {} {}, which the scan could not place on this GPU: ".format(app["pid"], app.get("name"))
     if holder is None:
         return text + ("it has no device file open or mapped that this node's /dev/nvidia* nodes or the driver's device numbers "
                        "identify (a node of its own, or a file system this module cannot stat); it is not signalled on a listing alone")
@@ -371,7 +371,7 @@ def undecided_record(holders):
 def summarize_diff(gpus, holders, changes=()):
     """Diff-mode text: per-GPU memory and the holders, one line each, then `changes` (lines of
     plan_diff: what is, or will be, stopped, disabled, masked and signalled)."""
-    lines = ["GPU %d %s: %s MiB" % (g["index"], g.get("uuid"), g.get("memory_used_mib")) for g in gpus]
+    lines = ["GPU {} {}: {} MiB".format(g["index"], g.get("uuid"), g.get("memory_used_mib")) for g in gpus]
     lines += ["holder {}: {}".format(describe_holder(h), ",".join(str(i) for i in h["gpu_indexes"]) or "control nodes") for h in holders]
     lines += list(changes)
     return "\n".join(lines) + "\n"

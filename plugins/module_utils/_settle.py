@@ -129,7 +129,7 @@ def read_table(proc="/proc"):
     table = {}
     for pid in holders_mod.list_pids(proc):
         try:
-            data = _read("%s/%d/stat" % (proc, pid))
+            data = _read(f"{proc}/{pid}/stat")
             _comm, state, ppid, start_time = holders_mod.parse_stat(data)
             session = int(data[data.rindex(b")") + 2:].split()[3])
         except (OSError, ValueError, IndexError):
@@ -141,7 +141,7 @@ def read_table(proc="/proc"):
 
 def _cwd(pid, proc):
     try:
-        return os.readlink("%s/%d/cwd" % (proc, pid))
+        return os.readlink(f"{proc}/{pid}/cwd")
     except OSError:
         return None
 
@@ -211,13 +211,13 @@ def stop_hint(kind, parent, child_environ, proc="/proc"):
     if kind == "monit":
         return "monit restarts what it monitors: stop it with `monit stop <name>`"
     if kind == "torchrun":
-        return ("torchrun's elastic agent restarts its workers (--max-restarts): the agent goes first: end pid %d (kill -TERM %d; "
-                "its workers end with it)" % (pid, pid))
-    return "end pid %d first (kill %d), or stop what runs it" % (pid, pid)
+        return (f"torchrun's elastic agent restarts its workers (--max-restarts): the agent goes first: end pid {pid} (kill -TERM {pid}; "
+                "its workers end with it)")
+    return f"end pid {pid} first (kill {pid}), or stop what runs it"
 
 
 def describe_process(record):
-    text = "pid %d %s" % (record["pid"], record.get("name"))
+    text = "pid {} {}".format(record["pid"], record.get("name"))
     cmdline = record.get("cmdline")
     if cmdline and cmdline != record.get("name"):
         text += f" [{short(cmdline)}]"
@@ -378,7 +378,7 @@ class Watch:
     def message(self, came, dirty, after_s, again=(), clean=True):
         parts = []
         for (pid, _start), (cgroup, name, cmdline) in came:
-            text = "pid %d %s" % (pid, name)
+            text = f"pid {pid} {name}"
             if cmdline and cmdline != name:
                 text += f" [{short(cmdline)}]"
             parts.append(f"{text} in {self.watched[cgroup]}")
@@ -394,7 +394,7 @@ class Watch:
                 named.add(root)
             parts.append(text)
         for gpu in dirty:
-            parts.append("GPU %d reads %s MiB again" % (gpu["index"], gpu.get("memory_used_mib")))
+            parts.append("GPU {} reads {} MiB again".format(gpu["index"], gpu.get("memory_used_mib")))
         head = f"the GPUs read clean, but {after_s:.1f} s later something this run killed came back" if clean else \
             "something this run killed came back before the GPUs read clean"
         if again and not came:

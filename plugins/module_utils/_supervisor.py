@@ -251,7 +251,7 @@ def find_supervisors(proc: str = "/proc", which: Which = _which, run: Run = _run
         if record is None or record.get("state") in ("Z", "X"):
             continue
         try:
-            with open("%s/%d/cmdline" % (proc, pid), "rb") as handle:
+            with open(f"{proc}/{pid}/cmdline", "rb") as handle:
                 args = [a.decode("utf-8", "replace") for a in handle.read().split(b"\0") if a]
         except OSError:
             continue
@@ -270,7 +270,7 @@ def find_supervisors(proc: str = "/proc", which: Which = _which, run: Run = _run
 
 def _real_uid(pid: int, proc: str) -> int | None:
     try:
-        with open("%s/%d/status" % (proc, pid)) as handle:
+        with open(f"{proc}/{pid}/status") as handle:
             for line in handle:
                 if line.startswith("Uid:"):
                     return int(line.split()[1])
@@ -281,7 +281,7 @@ def _real_uid(pid: int, proc: str) -> int | None:
 
 def _ppid(pid: int, proc: str) -> int | None:
     try:
-        with open("%s/%d/stat" % (proc, pid), "rb") as handle:
+        with open(f"{proc}/{pid}/stat", "rb") as handle:
             return holders_mod.parse_stat(handle.read())[2]
     except (OSError, ValueError, IndexError):
         return None
