@@ -11,13 +11,15 @@ Release alone with the whole result."""
 
 from __future__ import annotations
 
+import typing as t
+
 
 class StepFailed(Exception):
     """A planner or actor cannot go on. `done` is its own record of what it did before (for
     example the containers it already stopped), which Release folds into the result before it
     raises ReleaseError: the failure keeps what gpu_restore must put back."""
 
-    def __init__(self, msg, done=None):
+    def __init__(self, msg: str, done: t.Any = None) -> None:
         super().__init__(msg)
         self.msg = msg
         self.done = done
@@ -27,7 +29,7 @@ class ReleaseError(Exception):
     """The GPUs could not be freed, or the request cannot be carried out. `result` is what
     was done up to then (a failure keeps the record of stopped units and signalled PIDs)."""
 
-    def __init__(self, msg, result=None):
+    def __init__(self, msg: str, result: t.Any = None) -> None:
         super().__init__(msg)
         self.msg = msg
         self.result = result or {}

@@ -67,15 +67,15 @@ BIN_DIRS = ("/usr/bin", "/usr/local/nvidia/bin", "/usr/local/bin", "/run/nvidia/
 QUIT_TIMEOUT_S = 10.0
 
 
-def names_of(record: dict[str, t.Any] | None) -> set[str]:
+def names_of(record: t.Mapping[str, t.Any] | None) -> set[str]:
     return _units.process_names(record) if record else set()
 
 
-def is_server(record: dict[str, t.Any] | None) -> bool:
+def is_server(record: t.Mapping[str, t.Any] | None) -> bool:
     return SERVER in names_of(record)
 
 
-def is_control(record: dict[str, t.Any] | None) -> bool:
+def is_control(record: t.Mapping[str, t.Any] | None) -> bool:
     return CONTROL in names_of(record)
 
 

@@ -168,8 +168,8 @@ class ReleaseResult(t.TypedDict, total=False):
     reused_pids: list[int]
     unkillable: list[dict[str, t.Any]]
     undecided: list[dict[str, t.Any]]
-    spanning: dict[str, t.Any] | None
-    restore_record: str | None
+    spanning: list[dict[str, t.Any]]
+    restore_record: dict[str, t.Any] | None
     warnings: list[str]
     gpus_before: list[Gpu]
     gpus: list[Gpu]

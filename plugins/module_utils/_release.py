@@ -54,7 +54,7 @@ BASELINE_MAX_MIB = 64
 class System:
     """Everything gpu_release does to the node, in one replaceable place."""
 
-    def __init__(self, systemctl_path=None, proc="/proc", runtimes=None, record_path=None):
+    def __init__(self, systemctl_path: str | None = None, proc: str = "/proc", runtimes: t.Any = None, record_path: str | None = None) -> None:
         self.systemctl_path = systemctl_path
         self.proc = proc
         # Where the restore record goes (_record.PATH for the module); None writes none.
@@ -67,21 +67,21 @@ class System:
     def systemctl(self, args: t.Sequence[str]) -> tuple[int, str, str]:
         return _commands.systemctl(self.systemctl_path, args)
 
-    def start_time(self, pid):
+    def start_time(self, pid: int) -> int | None:
         return holders_mod.start_time_of(pid, self.proc)
 
-    def supervisors(self):
+    def supervisors(self) -> list[_supervisor.Supervisor]:
         """Running supervisord processes of root (asked only when services names a program)."""
         return _supervisor.find_supervisors(self.proc)
 
-    def state(self, pid):
+    def state(self, pid: int) -> str | None:
         try:
             with open(f"{self.proc}/{pid}/stat", "rb") as handle:
                 return holders_mod.parse_stat(handle.read())[1]
         except (OSError, ValueError, IndexError):
             return None
 
-    def signal(self, pid, signum):
+    def signal(self, pid: int, signum: int) -> None:
         os.kill(pid, signum)
 
     def cgroup_unit(self, pid: int) -> tuple[str | None, bool]:
@@ -92,18 +92,18 @@ class System:
         return holders_mod.unit_of(path), holders_mod.is_system_service(path)
 
     @staticmethod
-    def now():
+    def now() -> float:
         return time.monotonic()
 
     @staticmethod
-    def sleep(seconds):
+    def sleep(seconds: float) -> None:
         time.sleep(max(0.0, seconds))
 
 
 # ---------------------------------------------------------------- pure planning steps
 
 
-def select_gpus(gpus, wanted):
+def select_gpus(gpus: list[Gpu], wanted: t.Iterable[t.Any] | None) -> list[int]:
     """`gpus` option (indexes or UUIDs) -> sorted indexes. Empty/None selects all."""
     if not wanted:
         return sorted(gpu["index"] for gpu in gpus)
@@ -124,11 +124,12 @@ def select_gpus(gpus, wanted):
     return sorted(selected)
 
 
-def matches_any(holder, regexes):
+def matches_any(holder: Holder, regexes: t.Iterable[t.Pattern[str]]) -> bool:
     return any(regex.search(holder.get("cmdline") or "") for regex in regexes)
 
 
-def plan_targets(holders, selected, regexes, kill_spanning=False):
+def plan_targets(holders: list[Holder], selected: list[int], regexes: t.Sequence[t.Pattern[str]], kill_spanning: bool = False
+                 ) -> tuple[list[Holder], list[Holder]]:
     """(to signal, protected holders of the selected GPUs). A holder is signalled for the GPUs it
     uses (see _attribution: an undecided one only when every GPU it may use is selected, a
     spanning one only with kill_spanning); `match` narrows that, and an NVML client is signalled
@@ -149,7 +150,7 @@ def plan_targets(holders, selected, regexes, kill_spanning=False):
     return targets, protected
 
 
-def spanning_targets(holders, selected, regexes):
+def spanning_targets(holders: list[Holder], selected: list[int], regexes: t.Sequence[t.Pattern[str]]) -> list[tuple[Holder, list[int]]]:
     """Unprotected holders that freeing `selected` would signal (those `match` names, when set)
     but that also use GPUs outside it: [(holder, outside GPUs)]."""
     found = []
@@ -159,7 +160,7 @@ def spanning_targets(holders, selected, regexes):
     return found
 
 
-def spanning_containers(holders, selected, stopping):
+def spanning_containers(holders: list[Holder], selected: list[int], stopping: t.Iterable[t.Any]) -> list[dict[str, t.Any]]:
     """Containers planned to be stopped because they hold a selected GPU, whose processes also
     use GPUs outside the selection: [{container, name, pids, gpu_indexes, outside_gpus}]."""
     found = []
@@ -174,11 +175,11 @@ def spanning_containers(holders, selected, stopping):
     return found
 
 
-def _gpu_list(indexes):
+def _gpu_list(indexes: t.Iterable[int]) -> str:
     return ",".join(str(i) for i in indexes)
 
 
-def spanning_record(processes, units, containers):
+def spanning_record(processes: list[tuple[Holder, list[int]]], units: list[dict[str, t.Any]], containers: list[dict[str, t.Any]]) -> list[dict[str, t.Any]]:
     """The `spanning` return value: what uses a selected GPU and GPUs outside the selection."""
     record = [
         {"pid": h["pid"], "name": h.get("name"), "cmdline": h.get("cmdline"), "unit": h.get("unit"), "container": h.get("container"),
@@ -191,7 +192,7 @@ def spanning_record(processes, units, containers):
     return record
 
 
-def spanning_message(processes, units, containers, selected):
+def spanning_message(processes: list[tuple[Holder, list[int]]], units: list[dict[str, t.Any]], containers: list[dict[str, t.Any]], selected: list[int]) -> str:
     """Why a partial selection is refused before anything is done, naming each spanning process
     (pid, name, command line) or unit or container and the unselected GPUs it uses."""
     parts = []
@@ -213,7 +214,7 @@ def spanning_message(processes, units, containers, selected):
     )
 
 
-def describe_holder(holder):
+def describe_holder(holder: Holder | dict[str, t.Any]) -> str:
     parts = ["pid {} {}".format(holder["pid"], holder.get("name"))]
     cmdline = holder.get("cmdline") or ""
     if cmdline and cmdline != holder.get("name"):
@@ -221,7 +222,7 @@ def describe_holder(holder):
     if holder.get("unit"):
         parts.append("unit {}".format(holder["unit"]))
     if holder.get("container"):
-        parts.append("container {}".format(holder.get("container_name") or holder["container"][:12]))
+        parts.append("container {}".format(holder.get("container_name") or (holder.get("container") or "")[:12]))
     parts.append("state {}".format(holder.get("state")))
     if holder.get("protected"):
         parts.append("protected")
@@ -239,7 +240,8 @@ EARLY_HEADS = {
 }
 
 
-def failure_message(dirty_gpus, holders, apps, waited_s, unkillable, protected_only=False, early=None):
+def failure_message(dirty_gpus: list[Gpu], holders: list[Holder], apps: list[ComputeApp], waited_s: float, unkillable: list[dict[str, t.Any]],
+                    protected_only: bool = False, early: str | None = None) -> str:
     """One message naming each dirty GPU, its MiB and what still holds it. `early`: why the
     wait stopped before wait_timeout (a key of EARLY_HEADS)."""
     lines = []
@@ -293,13 +295,13 @@ def failure_message(dirty_gpus, holders, apps, waited_s, unkillable, protected_o
     return "{}: {}".format(head, ". ".join(lines))
 
 
-def unplaced_claims(claims, holders, index):
+def unplaced_claims(claims: list[ComputeApp], holders: list[Holder], index: int) -> list[ComputeApp]:
     """Live compute apps of a GPU that the scan did not place on it."""
     placed = {h["pid"] for h in holders if index in (h.get("gpu_indexes") or [])}
     return [a for a in claims if a.get("alive") and a["pid"] not in placed]
 
 
-def describe_unplaced(app, holders, index):
+def describe_unplaced(app: ComputeApp, holders: list[Holder], index: int) -> str:
     holder = next((h for h in holders if h["pid"] == app["pid"]), None)
     text = "listed by nvidia-smi for live pid {} {}, which the scan could not place on this GPU: ".format(app["pid"], app.get("name"))
     if holder is None:
@@ -311,7 +313,7 @@ def describe_unplaced(app, holders, index):
     return text + "it does not hold this GPU's device file; it is not signalled on a listing alone"
 
 
-def trust_notes(holders, selected):
+def trust_notes(holders: list[Holder], selected: list[int]) -> list[str]:
     """Notes on holders of the selected GPUs that a name or a cgroup path could have passed off as
     something they are not (see docs/security.md)."""
     notes = []
@@ -324,18 +326,18 @@ def trust_notes(holders, selected):
     return notes
 
 
-def is_mig(gpu):
+def is_mig(gpu: Gpu) -> bool:
     return str(gpu.get("mig_mode") or "").lower() == "enabled"
 
 
-def is_idle_baseline(gpu):
+def is_idle_baseline(gpu: Gpu) -> bool:
     """A small steady reading that no process explains: MIG's 50-59 MiB, or a few MiB of a
     desktop GPU. The caller has checked that nothing holds the GPU."""
     used = gpu.get("memory_used_mib")
     return used is not None and (used <= BASELINE_MAX_MIB or (is_mig(gpu) and used <= 2 * BASELINE_MAX_MIB))
 
 
-def unheld(dirty, holders, apps):
+def unheld(dirty: list[Gpu], holders: list[Holder], apps: list[ComputeApp]) -> list[Gpu]:
     """The dirty GPUs that no process holds: no holder uses (or may use) them and no live
     process is listed on them. Waiting frees such a GPU only when a process exited just before."""
     live_claims = {a.get("gpu_index") for a in apps if a.get("alive")}
@@ -346,7 +348,7 @@ def unheld(dirty, holders, apps):
     return [g for g in dirty if g["index"] not in held]
 
 
-def only_protected(dirty, holders, apps):
+def only_protected(dirty: list[Gpu], holders: list[Holder], apps: list[ComputeApp]) -> bool:
     """True when waiting cannot help: on every dirty GPU no unprotected process holds it and
     nvidia-smi attributes its memory only to live protected processes. A GPU whose memory
     no app claims (a context being released right now) is never decided here."""
@@ -360,7 +362,7 @@ def only_protected(dirty, holders, apps):
     return True
 
 
-def undecided_record(holders):
+def undecided_record(holders: list[Holder]) -> list[dict[str, t.Any]]:
     """The `undecided` return value: holders that may use a selected GPU, not signalled."""
     return [
         {"pid": h["pid"], "name": h.get("name"), "cmdline": h.get("cmdline"), "candidate_gpu_indexes": h.get("candidate_gpu_indexes")}
@@ -368,7 +370,7 @@ def undecided_record(holders):
     ]
 
 
-def summarize_diff(gpus, holders, changes=()):
+def summarize_diff(gpus: list[Gpu], holders: list[Holder], changes: t.Iterable[str] = ()) -> str:
     """Diff-mode text: per-GPU memory and the holders, one line each, then `changes` (lines of
     plan_diff: what is, or will be, stopped, disabled, masked and signalled)."""
     lines = ["GPU {} {}: {} MiB".format(g["index"], g.get("uuid"), g.get("memory_used_mib")) for g in gpus]
@@ -377,7 +379,7 @@ def summarize_diff(gpus, holders, changes=()):
     return "\n".join(lines) + "\n"
 
 
-def plan_diff(result, check_mode):
+def plan_diff(result: ReleaseResult, check_mode: bool) -> tuple[list[str], list[str]]:
     """(before, after) lines for the units, containers and processes the run acts on: their state
     before, and after (or, in check mode, what the real run would leave)."""
     before, after = [], []
@@ -848,7 +850,7 @@ class Release:
         """After acting: wait until the selected GPUs read clean, watch that nothing comes back,
         and end in the tail with the final readings (a failure names what still holds them)."""
         verify_started = self.system.now()
-        deadline = verify_started + self.params.get("wait_timeout")
+        deadline = verify_started + self.params["wait_timeout"]
         try:
             gpus, clean, early, footprint = self.verify(plan.selected, deadline, acted=self.result["changed"],
                                                         unheld_at_look=plan.unheld_at_look if not plan.hidden else ())
@@ -916,7 +918,7 @@ class Release:
         added to the interval). Right after acting, memory is expected to drop 20-130 ms after
         the holders exit, so the costlier look at who still holds the GPUs waits RESCAN_S."""
         limit = self.params.get("max_used_mib")
-        poll = self.params.get("poll_interval")
+        poll = self.params["poll_interval"]
         last_scan = self.system.now() if acted else None
         footprint = Footprint(self)
         unheld_for = Unheld(acted, unheld_at_look)

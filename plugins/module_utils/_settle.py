@@ -42,17 +42,25 @@ raise settle_timeout, or stop the restarter first.
 from __future__ import annotations
 
 import os
+import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
 from ansible_collections.zeromib.gpu.plugins.module_utils import _units
 from ansible_collections.zeromib.gpu.plugins.module_utils._attribution import CONTEXT_MAP_MIN_KIB
 
+if t.TYPE_CHECKING:
+    from ansible_collections.zeromib.gpu.plugins.module_utils._records import Gpu, Holder
+
+    Systemctl = t.Callable[[t.List[str]], t.Tuple[int, str, str]]
+    # {pid: (ppid, session id, start time)} of every live process (read_table).
+    Table = t.Dict[int, t.Tuple[int, int, int]]
+
 SETTLE_S = 5.0
 POLL_S = 0.25
 
 
-def unit_cgroup(cgroup_path, unit):
+def unit_cgroup(cgroup_path: str | None, unit: str) -> str | None:
     """The cgroup of `unit` within a process's cgroup path (the path up to that component)."""
     parts = (cgroup_path or "").split("/")
     if unit in parts:
@@ -60,19 +68,19 @@ def unit_cgroup(cgroup_path, unit):
     return None
 
 
-def user_restart(systemctl, holder):
+def user_restart(systemctl: Systemctl | None, holder: Holder) -> str | None:
     """Restart= of a user-manager unit, asked through `systemctl --user --machine=USER@`, or
     None when it cannot be asked (then the unit is watched)."""
     user = holder.get("user")
     if not user or systemctl is None:
         return None
-    rc, out, _err = systemctl(["--user", f"--machine={user}@", "show", "--property=Restart", "--value", holder["unit"]])
+    rc, out, _err = systemctl(["--user", f"--machine={user}@", "show", "--property=Restart", "--value", holder.get("unit") or ""])
     return (out.strip() or None) if rc == 0 else None
 
 
-def watch_list(signalled, outside_reasons, systemctl=None):
+def watch_list(signalled: list[Holder], outside_reasons: t.Mapping[str, t.Any], systemctl: Systemctl | None = None) -> dict[str, str]:
     """The things to watch after signalling `signalled` (holders): {cgroup: description}."""
-    watched = {}
+    watched: dict[str, str] = {}
     for holder in signalled:
         cgroup = holder.get("cgroup") or ""
         if holder.get("container") and holder["container"] in outside_reasons:
@@ -89,13 +97,13 @@ def watch_list(signalled, outside_reasons, systemctl=None):
     return watched
 
 
-def _within(path, cgroup):
+def _within(path: str, cgroup: str) -> bool:
     return path == cgroup or path.startswith(cgroup + "/")
 
 
-def members(cgroups, proc="/proc"):
+def members(cgroups: list[str], proc: str = "/proc") -> dict[tuple[int, int], tuple[str, str, str]]:
     """{(pid, start_time): (cgroup watched, name, cmdline)} of live processes in the cgroups."""
-    found = {}
+    found: dict[tuple[int, int], tuple[str, str, str]] = {}
     if not cgroups:
         return found
     for pid in holders_mod.list_pids(proc):
@@ -114,19 +122,19 @@ def members(cgroups, proc="/proc"):
 # ---------------------------------------------------------------- parents that restart
 
 
-def short(text, limit=60):
+def short(text: str | None, limit: int = 60) -> str:
     text = text or ""
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _read(path):
+def _read(path: str) -> bytes:
     with open(path, "rb") as handle:
         return handle.read()
 
 
-def read_table(proc="/proc"):
+def read_table(proc: str = "/proc") -> Table:
     """{pid: (ppid, session id, start time)} of every live process (one read of each stat)."""
-    table = {}
+    table: Table = {}
     for pid in holders_mod.list_pids(proc):
         try:
             data = _read(f"{proc}/{pid}/stat")
@@ -139,14 +147,14 @@ def read_table(proc="/proc"):
     return table
 
 
-def _cwd(pid, proc):
+def _cwd(pid: int, proc: str) -> str | None:
     try:
         return os.readlink(f"{proc}/{pid}/cwd")
     except OSError:
         return None
 
 
-def _names(record):
+def _names(record: dict[str, t.Any]) -> set[str]:
     names = _units.process_names(record)
     words = (record.get("cmdline") or "").split()
     if words:
@@ -159,7 +167,7 @@ KIND_LABELS = {"supervisord": "supervisord", "pm2": "pm2", "runit": "runit's run
 TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch", "torch.distributed.elastic")
 
 
-def supervisor_kind(record):
+def supervisor_kind(record: dict[str, t.Any]) -> str | None:
     """The known supervisor a process is, or None: supervisord, pm2, runit, s6, circus, monit,
     torchrun (its elastic agent restarts failed workers up to --max-restarts)."""
     names = _names(record)
@@ -181,7 +189,7 @@ def supervisor_kind(record):
     return None
 
 
-def supervisor_program(environ):
+def supervisor_program(environ: dict[str, str]) -> str | None:
     """supervisord's name for a program from the environment it gives its children."""
     process = environ.get("SUPERVISOR_PROCESS_NAME")
     group = environ.get("SUPERVISOR_GROUP_NAME")
@@ -190,7 +198,7 @@ def supervisor_program(environ):
     return process if not group or group == process else f"{group}:{process}"
 
 
-def stop_hint(kind, parent, child_environ, proc="/proc"):
+def stop_hint(kind: str | None, parent: dict[str, t.Any], child_environ: dict[str, str], proc: str = "/proc") -> str:
     """What stops this restarter, in the user's words (a command to run, or what to name)."""
     pid = parent["pid"]
     if kind == "supervisord":
@@ -216,7 +224,7 @@ def stop_hint(kind, parent, child_environ, proc="/proc"):
     return f"end pid {pid} first (kill {pid}), or stop what runs it"
 
 
-def describe_process(record):
+def describe_process(record: dict[str, t.Any]) -> str:
     text = "pid {} {}".format(record["pid"], record.get("name"))
     cmdline = record.get("cmdline")
     if cmdline and cmdline != record.get("name"):
@@ -224,7 +232,8 @@ def describe_process(record):
     return text
 
 
-def parent_chain(holder, table, own_lineage, signalled, proc="/proc"):
+def parent_chain(holder: Holder, table: Table, own_lineage: t.Collection[int], signalled: t.Collection[int], proc: str = "/proc"
+                 ) -> list[dict[str, t.Any]]:
     """The ancestors of a holder that may start it again: from its parent up to its session leader
     or a launcher, never PID 1, a protected daemon (sshd, systemd, ...), a kernel thread or this
     Ansible session. Ancestors that are themselves being signalled are passed over."""
@@ -247,7 +256,8 @@ def parent_chain(holder, table, own_lineage, signalled, proc="/proc"):
     return chain
 
 
-def restarters(targets, own_lineage, proc="/proc", skip=(), table=None):
+def restarters(targets: list[Holder], own_lineage: t.Iterable[int] | None, proc: str = "/proc", skip: t.Collection[int] = (),
+               table: Table | None = None) -> dict[int, dict[str, t.Any]]:
     """{pid: restarter} for the parents of `targets` (holders about to be signalled) that may
     restart them; `skip` are the PIDs of holders watched through their cgroup instead. Each
     restarter: its process record, the start time that identifies it, the command lines of the
@@ -257,7 +267,7 @@ def restarters(targets, own_lineage, proc="/proc", skip=(), table=None):
         return {}
     table = read_table(proc) if table is None else table
     signalled = {t["pid"] for t in targets}
-    found = {}
+    found: dict[int, dict[str, t.Any]] = {}
     for holder in candidates:
         environ = None
         for depth, parent in enumerate(parent_chain(holder, table, set(own_lineage or ()), signalled, proc)):
@@ -275,12 +285,12 @@ def restarters(targets, own_lineage, proc="/proc", skip=(), table=None):
     return found
 
 
-def descendants(table, roots):
+def descendants(table: Table, roots: t.Iterable[int]) -> dict[int, int]:
     """{pid: the nearest of `roots` above it} for every live descendant of the roots."""
-    children = {}
+    children: dict[int, list[int]] = {}
     for pid, (ppid, _session, _start) in table.items():
         children.setdefault(ppid, []).append(pid)
-    below = {}
+    below: dict[int, int] = {}
     # Deepest roots first, so that a process under two roots is credited to the nearer one.
     for root in roots:
         stack = list(children.get(root, []))
@@ -293,13 +303,13 @@ def descendants(table, roots):
     return below
 
 
-def maps_selected_gpu(pid, minors, proc="/proc"):
+def maps_selected_gpu(pid: int, minors: t.Collection[int], proc: str = "/proc") -> bool:
     """Whether a process maps a selected GPU's node context-sized (a CUDA context there)."""
     try:
         mapped = holders_mod.read_maps(pid, proc)
     except OSError:
         return False
-    sizes = {}
+    sizes: dict[int, int] = {}
     for device, (_count, kib) in (mapped or {}).items():
         minor = holders_mod.gpu_minor(device)
         if minor is not None and minor in minors:
@@ -313,32 +323,33 @@ class Watch:
     `watched`: {cgroup: description} (watch_list); `parents`: restarters(); `minors`: the device
     minors of the selected GPUs."""
 
-    def __init__(self, watched, proc="/proc", parents=None, minors=(), table=None):
+    def __init__(self, watched: dict[str, str], proc: str = "/proc", parents: dict[int, dict[str, t.Any]] | None = None, minors: t.Iterable[int] = (),
+                 table: Table | None = None) -> None:
         self.watched = watched
         self.proc = proc
         self.parents = parents or {}
         self.minors = set(minors)
         self.before = members(list(watched), proc)
-        self.known = set()
+        self.known: set[tuple[int, int]] = set()
         if self.parents:
             table = read_table(proc) if table is None else table
             self.known = {(pid, table[pid][2]) for pid in descendants(table, self.roots())}
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return bool(self.watched or self.parents)
 
-    def roots(self):
+    def roots(self) -> list[int]:
         """Watched parents, nearest to the holders first."""
         return sorted(self.parents, key=lambda pid: self.parents[pid]["depth"])
 
-    def alive(self, table=None):
+    def alive(self, table: Table | None = None) -> list[int]:
         table = read_table(self.proc) if table is None else table
         return [pid for pid in self.roots() if pid in table and table[pid][2] == self.parents[pid]["start_time"]]
 
-    def newcomers(self):
+    def newcomers(self) -> list[tuple[tuple[int, int], tuple[str, str, str]]]:
         return [(key, value) for key, value in sorted(members(list(self.watched), self.proc).items()) if key not in self.before]
 
-    def respawned(self):
+    def respawned(self) -> list[tuple[int, dict[str, t.Any]]]:
         """[(parent pid, newcomer record)]: new descendants of a live watched parent that run a
         killed holder's command line again or hold a selected GPU."""
         if not self.parents:
@@ -356,7 +367,7 @@ class Watch:
                 found.append((root, record))
         return found
 
-    def settle(self, system, read_dirty, seconds=SETTLE_S, poll=POLL_S):
+    def settle(self, system: t.Any, read_dirty: t.Callable[[], list[Gpu]], seconds: float = SETTLE_S, poll: float = POLL_S) -> str | None:
         """Watch for `seconds`; returns None when nothing came back, else a message naming what
         did. `read_dirty()` returns the selected GPUs that read dirty now. No window at all when
         no cgroup is watched and no watched parent is alive; a window over parents only ends
@@ -375,7 +386,8 @@ class Watch:
                 return None
             system.sleep(min(poll, left))
 
-    def message(self, came, dirty, after_s, again=(), clean=True):
+    def message(self, came: t.Sequence[tuple[tuple[int, int], tuple[str, str, str]]], dirty: t.Sequence[Gpu], after_s: float,
+                again: t.Sequence[tuple[int, dict[str, t.Any]]] = (), clean: bool = True) -> str:
         parts = []
         for (pid, _start), (cgroup, name, cmdline) in came:
             text = f"pid {pid} {name}"
@@ -405,7 +417,8 @@ class Watch:
         )
 
 
-def watch_for(targets, outside_reasons, systemctl, own_lineage, minors, proc="/proc"):
+def watch_for(targets: list[Holder], outside_reasons: t.Mapping[str, t.Any], systemctl: Systemctl | None, own_lineage: t.Iterable[int],
+              minors: t.Iterable[int], proc: str = "/proc") -> Watch:
     """The Watch to start before signalling `targets`: their cgroups that restart outside this
     run's control (watch_list) and, for the others, the parents that may restart them."""
     watched = watch_list(targets, outside_reasons, systemctl)

@@ -69,7 +69,7 @@ _OPTION = re.compile(r"^(\s*)(autostart|autorestart)\s*[=:]\s*([^;#\s]*)", re.IG
 _STATUS = re.compile(r"^(\S+)\s+(STOPPED|STARTING|RUNNING|BACKOFF|STOPPING|EXITED|FATAL|UNKNOWN)\b(.*)$")
 
 
-def split_services(services):
+def split_services(services: t.Iterable[t.Any] | None) -> tuple[list[t.Any], list[str]]:
     """`services` (container: entries already removed) -> (units, program globs)."""
     units, programs = [], []
     for item in services or []:
@@ -83,7 +83,7 @@ def split_services(services):
     return units, programs
 
 
-def config_of(cmdline_args):
+def config_of(cmdline_args: list[str]) -> str | None:
     """The configuration file of a supervisord command line (`-c F`, `-cF`, `--configuration[=] F`), or None."""
     for position, arg in enumerate(cmdline_args):
         if arg in ("-c", "--configuration") and position + 1 < len(cmdline_args):
@@ -95,7 +95,7 @@ def config_of(cmdline_args):
     return None
 
 
-def parse_status(text):
+def parse_status(text: str) -> list[dict[str, t.Any]]:
     """`supervisorctl status` -> [{name, state, pid}] (pid None unless RUNNING)."""
     programs = []
     for line in text.splitlines():
@@ -107,20 +107,20 @@ def parse_status(text):
     return programs
 
 
-def program_matches(name, pattern):
+def program_matches(name: str, pattern: str) -> bool:
     """A status name (`prog`, `group:prog`, `prog:prog_00`) against a program glob."""
     parts = [name] + name.split(":")
     return any(fnmatch.fnmatchcase(part, pattern) for part in parts)
 
 
-def section_names(name):
+def section_names(name: str) -> list[str]:
     """The `[program:X]` sections that may define a status name, most likely first."""
     group, _sep, process = name.partition(":")
     candidates = [process, group] if process else [group]
     return [f"program:{c}" for c in candidates if c]
 
 
-def include_globs(text, config_dir):
+def include_globs(text: str, config_dir: str) -> list[str]:
     """`[include] files = a/*.conf /etc/b.conf` of a configuration -> absolute globs."""
     section, globs = None, []
     for line in text.splitlines():
@@ -136,7 +136,7 @@ def include_globs(text, config_dir):
     return globs
 
 
-def with_options_off(text, section):
+def with_options_off(text: str, section: str) -> tuple[str, dict[str, str | None]] | None:
     """`text` with autostart and autorestart false in `section` -> (new text, {option: value
     before or None}); None when the section is not there."""
     lines = text.splitlines(True)
@@ -153,7 +153,7 @@ def with_options_off(text, section):
         if _SECTION.match(lines[number]):
             end = number
             break
-    before = {"autostart": None, "autorestart": None}
+    before: dict[str, str | None] = {"autostart": None, "autorestart": None}
     body = []
     for line in lines[start + 1:end]:
         match = _OPTION.match(line)
@@ -164,15 +164,15 @@ def with_options_off(text, section):
         else:
             body.append(line)
     added = [f"{option}=false {MARK}\n" for option in ("autostart", "autorestart") if before[option] is None]
-    header = lines[start] if lines[start].endswith("\n") else lines[start] + "\n"
-    return "".join(lines[:start] + [header] + added + body + lines[end:]), before
+    heading = lines[start] if lines[start].endswith("\n") else lines[start] + "\n"
+    return "".join(lines[:start] + [heading] + added + body + lines[end:]), before
 
 
-def is_off(value):
+def is_off(value: str | None) -> bool:
     return value is not None and value.strip().lower() == "false"
 
 
-def write_atomically(path, text):
+def write_atomically(path: str, text: str) -> None:
     """Replace a root-owned file by a new one with the same mode, never through a link."""
     info = os.lstat(path)
     handle, tmp = tempfile.mkstemp(prefix=".zeromib-", dir=os.path.dirname(path))
@@ -289,7 +289,7 @@ def _ppid(pid: int, proc: str) -> int | None:
 
 def _listed(supervisors: list[Supervisor], warnings: list[str]) -> list[tuple[Supervisor, dict[str, t.Any]]]:
     """(supervisord, program) of every supervisord that has a supervisorctl."""
-    listed = []
+    listed: list[tuple[Supervisor, dict[str, t.Any]]] = []
     for supervisor in supervisors:
         if not supervisor.ctl:
             warnings.append(f"supervisord pid {supervisor.pid} runs, but no supervisorctl was found to stop its programs")

@@ -142,22 +142,22 @@ STOP_POLL_S = 0.02
 STOP_POLL_MAX_S = 0.2
 
 
-def normalize_unit(name):
+def normalize_unit(name: str) -> str:
     name = name.strip()
     if "." not in name.rsplit("/", 1)[-1] or name.rsplit(".", 1)[-1] not in UNIT_SUFFIXES:
         return name + ".service"
     return name
 
 
-def is_glob(pattern):
+def is_glob(pattern: str) -> bool:
     return any(char in pattern for char in "*?[")
 
 
-def matches(unit, patterns):
+def matches(unit: str, patterns: t.Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(unit, pattern) for pattern in patterns)
 
 
-def expand_services(patterns, known_units, no_match=None):
+def expand_services(patterns: t.Iterable[str] | None, known_units: t.Collection[str], no_match: list[str] | None = None) -> list[str]:
     """Unit names and globs -> unit names. A plain name is kept even if unknown (systemctl
     reports it not-found); a glob expands over the units systemd knows; globs that match
     nothing are appended to `no_match`, if given."""
@@ -176,7 +176,7 @@ def expand_services(patterns, known_units, no_match=None):
     return units
 
 
-def parse_list_units(text):
+def parse_list_units(text: str) -> list[str]:
     """First column of `systemctl list-units/list-unit-files --plain --no-legend`."""
     names = []
     for line in text.splitlines():
@@ -188,10 +188,10 @@ def parse_list_units(text):
     return names
 
 
-def parse_show(text):
+def parse_show(text: str) -> dict[str, dict[str, str]]:
     """`systemctl show -p Id,LoadState,ActiveState,SubState,UnitFileState u1 u2` -> {Id: props}."""
     units = {}
-    current = {}
+    current: dict[str, str] = {}
     for line in text.splitlines() + [""]:
         if not line.strip():
             if current.get("Id"):
@@ -203,7 +203,7 @@ def parse_show(text):
     return units
 
 
-def unit_actions(props, service_state):
+def unit_actions(props: dict[str, str], service_state: str | None) -> tuple[bool, bool, bool]:
     """What to do to one named unit: (stop, disable, mask)."""
     if props.get("LoadState") in (None, "not-found"):
         return False, False, False
@@ -217,7 +217,7 @@ def unit_actions(props, service_state):
 # ---------------------------------------------------------------- workload or launcher
 
 
-def process_names(record):
+def process_names(record: t.Mapping[str, t.Any] | None) -> set[str]:
     """The names a process goes by: comm, executable, argv[0] and, for an interpreter, the
     script or module it runs (`python3 /usr/local/bin/jupyterhub`, `python3 -m jupyterhub`);
     also "tool subcommand" for the script or binary and its first argument (`ray start`,
@@ -243,7 +243,7 @@ def process_names(record):
     return {name for name in names if name}
 
 
-def exec_start_names(text):
+def exec_start_names(text: str | None) -> set[str]:
     """The names of the commands in a unit's `ExecStart=` as `systemctl show` prints it
     (`{ path=/usr/bin/ray ; argv[]=/usr/bin/ray start --block ; ... }`): what systemd itself
     runs, whatever the process later calls itself."""
@@ -260,7 +260,7 @@ def exec_start_names(text):
     return names
 
 
-def split_launchers(entries):
+def split_launchers(entries: t.Iterable[str] | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The `launchers` option -> (unit globs, process name globs): an entry that ends with a unit
     suffix (`mysched*.service`) names units, any other (`mysched`, `my-agent*`) processes."""
     unit_globs, names = [], []
@@ -275,13 +275,13 @@ def split_launchers(entries):
     return tuple(unit_globs), tuple(names)
 
 
-def is_launcher_name(names, site_names=()):
+def is_launcher_name(names: t.Collection[str], site_names: t.Iterable[str] = ()) -> bool:
     """True when one of a process's names is a launcher's (comm is cut at 15 characters), or
     matches a name glob of the `launchers` option."""
     return launcher_name(names, site_names) is not None
 
 
-def launcher_name(names, site_names=()):
+def launcher_name(names: t.Collection[str], site_names: t.Iterable[str] = ()) -> str | None:
     """The launcher name that one of `names` is, or None."""
     for launcher in LAUNCHER_NAMES:
         if launcher in names or (len(launcher) > holders_mod.COMM_LENGTH and launcher[:holders_mod.COMM_LENGTH] in names):
@@ -293,7 +293,8 @@ def launcher_name(names, site_names=()):
     return None
 
 
-def stop_verdict(unit, main_names, under_main, unit_gpus, selected, site=((), ())):
+def stop_verdict(unit: str, main_names: t.Collection[str], under_main: bool, unit_gpus: t.Collection[int], selected: t.Collection[int],
+                 site: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())) -> tuple[str, str] | None:
     """Whether stopping UNIT through systemd is how to free the selected GPUs of its holders.
 
     None: stop it, it IS the workload (vllm.service: its main process or the main process's
