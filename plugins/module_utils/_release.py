@@ -240,52 +240,55 @@ EARLY_HEADS = {
 }
 
 
+def gpu_failure(gpu: Gpu, holders: list[Holder], apps: list[ComputeApp]) -> str:
+    """The part of the failure message of one dirty GPU: its MiB and what still holds it."""
+    on_gpu = [h for h in holders if gpu["index"] in h["gpu_indexes"]]
+    unprotected = [h for h in on_gpu if not h["protected"]]
+    claims = [a for a in apps if a.get("gpu_index") == gpu["index"]]
+    dead_claims = [a for a in claims if not a.get("alive")]
+    claimed_pids = {a["pid"] for a in claims if a.get("alive")}
+    protected_claimants = [h for h in on_gpu if h["protected"] and h["pid"] in claimed_pids]
+    undecided = [h for h in holders if h.get("attribution") == _attribution.UNDECIDED and gpu["index"] in (h.get("candidate_gpu_indexes") or [])]
+    used = gpu.get("memory_used_mib")
+    text = "GPU {} ({}) reads {} MiB".format(gpu["index"], gpu.get("uuid"), "unknown" if used is None else used)
+    if unprotected or protected_claimants:
+        text += ", held by " + "; ".join(describe_holder(h) for h in unprotected + protected_claimants)
+    elif undecided:
+        # Never signalled for a selection it may not belong to (see _attribution).
+        text += (", possibly held by {}, not signalled because it may use GPUs outside the selection: select them all, "
+                 "or name it in match".format("; ".join(describe_holder(h) for h in undecided)))
+    elif unplaced_claims(claims, holders, gpu["index"]):
+        # Never "no live process" while nvidia-smi lists a live PID: name it and say why it was not placed.
+        text += ", " + "; ".join(describe_unplaced(app, holders, gpu["index"]) for app in unplaced_claims(claims, holders, gpu["index"]))
+    elif dead_claims:
+        text += (
+            ", attributed to exited process(es) {} and no live process holds the GPU: the driver has not freed this "
+            "context; a GPU reset (nvidia-smi --gpu-reset -i {}) or a reboot is needed".format(
+                ", ".join("{} {}".format(a["pid"], a["name"] or "[No data]") for a in dead_claims), gpu["index"])
+        )
+    elif used is None:
+        text += ": nvidia-smi cannot report its memory, so it cannot be proven free"
+    elif on_gpu:
+        # Graphics memory of a compositor (Xorg, gnome-shell) is not listed as a compute app.
+        text += (
+            ", held only by protected process(es) {} that nvidia-smi does not charge with this memory: if this is the GPU's "
+            "idle baseline (a desktop, MIG), set max_used_mib; otherwise the driver has not freed it and a GPU reset or a "
+            "reboot is needed".format("; ".join(describe_holder(h) for h in on_gpu))
+        )
+    elif is_idle_baseline(gpu):
+        text += (", and no process holds the GPU: this is its idle baseline{}, not a leak; set max_used_mib: {} "
+                 "(role: free_gpus_max_used_mib, per host or group) to accept it".format(" (MIG mode is enabled)" if is_mig(gpu) else "", used))
+    else:
+        text += (", and no live process holds the GPU: memory the driver has not freed; a GPU reset or a reboot is needed "
+                 f"(if {used} MiB is this GPU's idle baseline, set max_used_mib: {used} instead)")
+    return text
+
+
 def failure_message(dirty_gpus: list[Gpu], holders: list[Holder], apps: list[ComputeApp], waited_s: float, unkillable: list[dict[str, t.Any]],
                     protected_only: bool = False, early: str | None = None) -> str:
     """One message naming each dirty GPU, its MiB and what still holds it. `early`: why the
     wait stopped before wait_timeout (a key of EARLY_HEADS)."""
-    lines = []
-    for gpu in dirty_gpus:
-        on_gpu = [h for h in holders if gpu["index"] in h["gpu_indexes"]]
-        unprotected = [h for h in on_gpu if not h["protected"]]
-        claims = [a for a in apps if a.get("gpu_index") == gpu["index"]]
-        dead_claims = [a for a in claims if not a.get("alive")]
-        claimed_pids = {a["pid"] for a in claims if a.get("alive")}
-        protected_claimants = [h for h in on_gpu if h["protected"] and h["pid"] in claimed_pids]
-        undecided = [h for h in holders if h.get("attribution") == _attribution.UNDECIDED and gpu["index"] in (h.get("candidate_gpu_indexes") or [])]
-        used = gpu.get("memory_used_mib")
-        text = "GPU {} ({}) reads {} MiB".format(gpu["index"], gpu.get("uuid"), "unknown" if used is None else used)
-        if unprotected or protected_claimants:
-            text += ", held by " + "; ".join(describe_holder(h) for h in unprotected + protected_claimants)
-        elif undecided:
-            # Never signalled for a selection it may not belong to (see _attribution).
-            text += (", possibly held by {}, not signalled because it may use GPUs outside the selection: select them all, "
-                     "or name it in match".format("; ".join(describe_holder(h) for h in undecided)))
-        elif unplaced_claims(claims, holders, gpu["index"]):
-            # Never "no live process" while nvidia-smi lists a live PID: name it and say why it was not placed.
-            text += ", " + "; ".join(describe_unplaced(app, holders, gpu["index"]) for app in unplaced_claims(claims, holders, gpu["index"]))
-        elif dead_claims:
-            text += (
-                ", attributed to exited process(es) {} and no live process holds the GPU: the driver has not freed this "
-                "context; a GPU reset (nvidia-smi --gpu-reset -i {}) or a reboot is needed".format(
-                    ", ".join("{} {}".format(a["pid"], a["name"] or "[No data]") for a in dead_claims), gpu["index"])
-            )
-        elif used is None:
-            text += ": nvidia-smi cannot report its memory, so it cannot be proven free"
-        elif on_gpu:
-            # Graphics memory of a compositor (Xorg, gnome-shell) is not listed as a compute app.
-            text += (
-                ", held only by protected process(es) {} that nvidia-smi does not charge with this memory: if this is the GPU's "
-                "idle baseline (a desktop, MIG), set max_used_mib; otherwise the driver has not freed it and a GPU reset or a "
-                "reboot is needed".format("; ".join(describe_holder(h) for h in on_gpu))
-            )
-        elif is_idle_baseline(gpu):
-            text += (", and no process holds the GPU: this is its idle baseline{}, not a leak; set max_used_mib: {} "
-                     "(role: free_gpus_max_used_mib, per host or group) to accept it".format(" (MIG mode is enabled)" if is_mig(gpu) else "", used))
-        else:
-            text += (", and no live process holds the GPU: memory the driver has not freed; a GPU reset or a reboot is needed "
-                     f"(if {used} MiB is this GPU's idle baseline, set max_used_mib: {used} instead)")
-        lines.append(text)
+    lines = [gpu_failure(gpu, holders, apps) for gpu in dirty_gpus]
     if protected_only or early in EARLY_HEADS:
         head = EARLY_HEADS[early or "protected"]
     else:

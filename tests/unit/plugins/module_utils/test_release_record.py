@@ -5,6 +5,8 @@ import json
 import pytest
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _release as release
+from ansible_collections.zeromib.gpu.plugins.module_utils import _units
+from ansible_collections.zeromib.gpu.plugins.module_utils._errors import StepFailed
 
 from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils.fake_node import FakeSmi, FakeSystem, World, params
 
@@ -73,3 +75,24 @@ def test_an_unwritable_record_is_a_warning_and_the_gpus_are_still_freed(world, t
     result = run(world, blocker / "released.json")
     assert result["released"] is True and result["restore_record"] is None
     assert any("restore record was not written" in w for w in result["warnings"]), result["warnings"]
+
+
+def test_a_unit_step_that_fails_hands_back_what_it_did_to_the_result_and_the_restore_record(world, tmp_path, monkeypatch):
+    """_units.act returns what it did and raises StepFailed with it; Release, the one writer of the
+    result, folds it in before the restore record is written and before the one ReleaseError."""
+    path = tmp_path / "var" / "released.json"
+    world.unit("vllm.service")
+    world.spawn(495, {0: 1000}, unit="vllm.service")
+    stop_then_fail = _units.act
+
+    def act(system, steps, kill_timeout):
+        done = stop_then_fail(system, steps, kill_timeout)
+        raise StepFailed("systemctl disable vllm.service failed (rc 1): Access denied", done)
+
+    monkeypatch.setattr(_units, "act", act)
+    with pytest.raises(release.ReleaseError) as info:
+        run(world, path, services=["vllm"], service_state="disabled")
+    assert info.value.msg == "systemctl disable vllm.service failed (rc 1): Access denied"
+    assert info.value.result["stopped_units"] == ["vllm.service"] and info.value.result["disabled_units"] == ["vllm.service"]
+    assert info.value.result["killed"] == [] and "diff" not in info.value.result
+    assert [(name, actions) for name, actions, _a, _f, _g in entries(path)] == [("vllm.service", ["stopped", "disabled"])]

@@ -483,6 +483,17 @@ def test_unknown_gpu_in_the_request_is_refused_before_anything_happens(world):
     assert "it has indexes 0, 1" in error.msg and world.signals == [] and world.systemctl_log == []
 
 
+def test_a_refused_request_fails_with_its_message_alone_and_a_refused_plan_with_the_result_so_far(world):
+    # The one ReleaseError of Release.run: before a GPU is selected the request itself is wrong (no
+    # result); a plan refused later (spanning) carries the result of the look, without a diff.
+    world.spawn(495, {0: 1000})
+    assert fail(world, gpus=["7"]).result == {}
+    world.spawn(496, {0: 1000, 1: 1000})
+    error = fail(world, gpus=[0])
+    assert error.msg.startswith("refusing to free GPU 0") and error.result["selected_gpus"] == [0]
+    assert [s["pid"] for s in error.result["spanning"]] == [496] and "diff" not in error.result
+
+
 # ------------------------------------------------------------------ regressions of bugs found in review
 
 
