@@ -231,13 +231,13 @@ def main():
     parser.add_argument("--screenshot", help="with --page: keep the screenshot here (docs/images/audit-report-4000.png)")
     args = parser.parse_args()
     print("<!-- {}, {}, {} CPUs, {} -->".format(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), platform.node(),
-                                            os.cpu_count(), " ".join(sys.argv)))
+                                                os.cpu_count(), " ".join(sys.argv)))
     if args.page:
         with tempfile.TemporaryDirectory(prefix="zeromib-bench-") as where:
             page = run_page(args.page, where, os.path.abspath(args.screenshot) if args.screenshot else None)
         print("| report.html, {} hosts | {:.2f} MB | heat map drawn {} ms after navigation ({} rows) | screenshot {:.2f} s, "
               "empty page {:.2f} s |".format(f"{args.page:,}", page["html_mb"], page["drawn_ms"], page["rows"],
-                                       page["screenshot_s"], page["blank_s"]))
+                                             page["screenshot_s"], page["blank_s"]))
         return
     if args.summary:
         with tempfile.TemporaryDirectory(prefix="zeromib-bench-") as where:
