@@ -6,11 +6,13 @@
 
 from __future__ import annotations
 
+import inspect
 import re
 import textwrap
 
 import pytest
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _mps, _settle, _signals, _supervisor
 from ansible_collections.zeromib.gpu.plugins.module_utils import _release as release
 from ansible_collections.zeromib.gpu.plugins.module_utils import _units as units_mod
 
@@ -390,3 +392,19 @@ def test_summarize_diff():
         "holder pid 900 dcgm-exporter [/usr/bin/dcgm-exporter] (state S): control nodes\n"
     )
     assert release.summarize_diff([], []) == "\n"
+
+
+# ------------------------------------------------------------------ one writer of the result (issue 22)
+
+
+@pytest.mark.parametrize("step", [units_mod.owners, units_mod.plan, units_mod.act, units_mod.stop_bounded, _signals.Signaller,
+                                  _supervisor.plan, _supervisor.act, _mps.stop, _settle.watch_for],
+                         ids=lambda f: f"{f.__module__.rsplit('.', 1)[-1]}.{f.__name__}")
+def test_the_steps_release_calls_are_given_no_result_to_write(step):
+    assert "result" not in inspect.signature(step).parameters
+
+
+@pytest.mark.parametrize("module", [units_mod, _signals, _supervisor, _mps, _settle], ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_only_release_raises_release_error(module):
+    assert "ReleaseError" not in inspect.getsource(module)
+    assert "ReleaseError(" in inspect.getsource(release) and inspect.getsource(release).count("raise ReleaseError") == 1
