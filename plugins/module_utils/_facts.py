@@ -14,6 +14,7 @@ import os
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _attribution
 from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
+from ansible_collections.zeromib.gpu.plugins.module_utils import _engines
 from ansible_collections.zeromib.gpu.plugins.module_utils import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
 from ansible_collections.zeromib.gpu.plugins.module_utils import _nvidia_smi as smi_mod
@@ -314,7 +315,7 @@ def look(smi, protect, with_processes=True, proc="/proc", driver_root="/proc/dri
         gpus, joined(apps) if with_apps else None, fetch_apps,
         names, pids, lineage, proc, unreadable, max_used_mib, footprint_mib, main_pid_of,
     )
-    _containers.annotate(holders, runtimes or _containers.Runtimes(), proc)
+    _containers.annotate(holders, runtimes or _engines.Runtimes(), proc)
     footprint = _attribution.footprint_gpus(gpus, holders, apps, max_used_mib, footprint_mib)
     return Snapshot(gpus, apps, holders, unreadable, footprint, health)
 

@@ -28,7 +28,7 @@ import os
 import re
 import stat as stat_mod
 
-from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
+from ansible_collections.zeromib.gpu.plugins.module_utils import _cgroups
 
 try:
     import pwd
@@ -294,7 +294,7 @@ def is_system_service(cgroup_path):
 
 
 def container_of(cgroup_path):
-    return _containers.container_of(cgroup_path)
+    return _cgroups.container_of(cgroup_path)
 
 
 def parse_cmdline(raw):

@@ -16,8 +16,10 @@ import time
 
 import pytest
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _cgroups
 from ansible_collections.zeromib.gpu.plugins.module_utils import _containers as containers
-from ansible_collections.zeromib.gpu.plugins.module_utils._errors import ReleaseError
+from ansible_collections.zeromib.gpu.plugins.module_utils import _engines as engines
+from ansible_collections.zeromib.gpu.plugins.module_utils._errors import StepFailed
 
 FIXTURES = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, os.pardir, "fixtures", "docker")
 ID64 = "4f3c2b1a" * 8
@@ -95,17 +97,17 @@ def inspect_fixture(name):
     ],
 )
 def test_container_ref_of_a_cgroup_path(path, expected):
-    ref = containers.container_ref(path)
+    ref = _cgroups.container_ref(path)
     assert (None if ref is None else (ref["id"], ref["runtime"], ref["kubernetes"], ref["pod_uid"])) == expected
-    assert containers.container_of(path) == (expected[0] if expected else None)
+    assert _cgroups.container_of(path) == (expected[0] if expected else None)
 
 
 def test_real_proc_cgroup_of_a_docker_and_a_dockershim_pod_container():
     from ansible_collections.zeromib.gpu.plugins.module_utils import _holders
 
-    vllm = containers.container_ref(_holders.parse_cgroup(fixture("proc-cgroup-vllm.txt")))
+    vllm = _cgroups.container_ref(_holders.parse_cgroup(fixture("proc-cgroup-vllm.txt")))
     assert vllm["runtime"] == "docker" and vllm["id"] == inspect_fixture("api-inspect-vllm.json")["Id"] and not vllm["kubernetes"]
-    pod = containers.container_ref(_holders.parse_cgroup(fixture("proc-cgroup-k8s.txt")))
+    pod = _cgroups.container_ref(_holders.parse_cgroup(fixture("proc-cgroup-k8s.txt")))
     assert pod["kubernetes"] and pod["pod_uid"] == UID and pod["id"] == inspect_fixture("api-inspect-k8s.json")["Id"]
 
 
@@ -120,7 +122,7 @@ def test_split_services_names_containers_with_a_prefix():
 
 
 def test_record_of_a_running_restart_always_container():
-    record = containers.record_of(inspect_fixture("api-inspect-vllm.json"))
+    record = engines.record_of(inspect_fixture("api-inspect-vllm.json"))
     assert record == {
         "id": inspect_fixture("api-inspect-vllm.json")["Id"],
         "name": "vllm",
@@ -133,19 +135,19 @@ def test_record_of_a_running_restart_always_container():
         "pod_uid": None,
         "pid": inspect_fixture("api-inspect-vllm.json")["State"]["Pid"],
     }
-    assert containers.record_of(inspect_fixture("cli-inspect-vllm.json")) == record
+    assert engines.record_of(inspect_fixture("cli-inspect-vllm.json")) == record
 
 
 def test_record_of_a_pod_container_and_of_a_stopped_one():
-    pod = containers.record_of(inspect_fixture("api-inspect-k8s.json"))
+    pod = engines.record_of(inspect_fixture("api-inspect-k8s.json"))
     assert (pod["pod"], pod["pod_uid"], pod["restart_policy"]) == ("inference/vllm-0", UID, "no")
-    stopped = containers.record_of(inspect_fixture("api-inspect-stopped.json"))
+    stopped = engines.record_of(inspect_fixture("api-inspect-stopped.json"))
     assert (stopped["name"], stopped["running"], stopped["status"], stopped["restart_policy"]) == ("stopped-one", False, "exited", "unless-stopped")
 
 
 def test_empty_restart_policy_reads_no():
-    assert containers.record_of({"Id": ID64, "Name": "/x", "HostConfig": {"RestartPolicy": {"Name": ""}}})["restart_policy"] == "no"
-    assert containers.record_of({"Id": ID64, "Name": "/x"})["restart_policy"] == "no"
+    assert engines.record_of({"Id": ID64, "Name": "/x", "HostConfig": {"RestartPolicy": {"Name": ""}}})["restart_policy"] == "no"
+    assert engines.record_of({"Id": ID64, "Name": "/x"})["restart_policy"] == "no"
 
 
 # ------------------------------------------------------------------ the Engine API over a unix socket
@@ -215,7 +217,7 @@ def engine(tmp_path):
 
 
 def test_engine_api_inspects_lists_stops_and_disables(engine):
-    api = containers.EngineApi("docker", engine.path)
+    api = engines.EngineApi("docker", engine.path)
     vllm = inspect_fixture("api-inspect-vllm.json")
     assert api.ping() is True
     assert api.inspect(vllm["Id"])["name"] == "vllm"
@@ -230,17 +232,17 @@ def test_engine_api_inspects_lists_stops_and_disables(engine):
 
 
 def test_engine_api_on_a_dead_socket_is_unavailable(tmp_path):
-    with pytest.raises(containers.RuntimeUnavailable):
-        containers.EngineApi("docker", str(tmp_path / "nothing.sock")).ping()
+    with pytest.raises(engines.RuntimeUnavailable):
+        engines.EngineApi("docker", str(tmp_path / "nothing.sock")).ping()
 
 
 def test_runtimes_prefers_the_socket_and_docker_host_is_the_only_place_asked(engine, tmp_path):
-    assert isinstance(containers.Runtimes(environ={}, which=lambda n: None, sockets={"docker": ("DOCKER_HOST", (engine.path,))}).client("docker"),
-                      containers.EngineApi)
-    elsewhere = containers.Runtimes(environ={"DOCKER_HOST": "unix://" + str(tmp_path / "gone.sock")}, which=lambda n: None,
+    assert isinstance(engines.Runtimes(environ={}, which=lambda n: None, sockets={"docker": ("DOCKER_HOST", (engine.path,))}).client("docker"),
+                      engines.EngineApi)
+    elsewhere = engines.Runtimes(environ={"DOCKER_HOST": "unix://" + str(tmp_path / "gone.sock")}, which=lambda n: None,
                                     sockets={"docker": ("DOCKER_HOST", (engine.path,))})
     assert elsewhere.client("docker") is None and "no docker socket" in elsewhere.error("docker")
-    named = containers.Runtimes(environ={"DOCKER_HOST": "unix://" + engine.path}, which=lambda n: None, sockets={"docker": ("DOCKER_HOST", ())})
+    named = engines.Runtimes(environ={"DOCKER_HOST": "unix://" + engine.path}, which=lambda n: None, sockets={"docker": ("DOCKER_HOST", ())})
     assert named.client("docker").socket_path == engine.path
 
 
@@ -273,7 +275,7 @@ class FakeCli:
 
 def test_cli_serves_where_no_socket_answers():
     cli = FakeCli()
-    runtimes = containers.Runtimes(run=cli, environ={}, which=lambda n: "/usr/bin/" + n if n == "docker" else None, sockets={"docker": ("DOCKER_HOST", ())})
+    runtimes = engines.Runtimes(run=cli, environ={}, which=lambda n: "/usr/bin/" + n if n == "docker" else None, sockets={"docker": ("DOCKER_HOST", ())})
     vllm_id = inspect_fixture("cli-inspect-vllm.json")["Id"]
     assert runtimes.inspect("docker", vllm_id)["restart_policy"] == "always"
     assert runtimes.inspect("docker", "0" * 64) is None
@@ -281,13 +283,13 @@ def test_cli_serves_where_no_socket_answers():
     runtimes.set_restart_no("docker", vllm_id)
     assert [c[0][1:] for c in cli.calls[-2:]] == [["stop", "-t", "10", vllm_id], ["update", "--restart=no", vllm_id]]
     # The stop may take its grace and Docker's SIGKILL: the command's own limit allows for both.
-    assert cli.calls[-2][1] == 10 + containers.STOP_MARGIN_S
+    assert cli.calls[-2][1] == 10 + engines.STOP_MARGIN_S
 
 
 def test_cli_of_a_daemon_that_is_down_is_unavailable_with_its_message():
-    runtimes = containers.Runtimes(run=FakeCli(daemon_up=False), environ={}, which=lambda n: "/usr/bin/docker", sockets={"docker": ("DOCKER_HOST", ())})
+    runtimes = engines.Runtimes(run=FakeCli(daemon_up=False), environ={}, which=lambda n: "/usr/bin/docker", sockets={"docker": ("DOCKER_HOST", ())})
     assert runtimes.client("docker") is None and "Cannot connect to the Docker daemon" in runtimes.error("docker")
-    with pytest.raises(containers.RuntimeUnavailable):
+    with pytest.raises(engines.RuntimeUnavailable):
         runtimes.inspect("docker", ID64)
 
 
@@ -316,7 +318,7 @@ class FakeRuntimes:
 
     def inspect(self, runtime, cid):
         if not self.reachable:
-            raise containers.RuntimeUnavailable(f"no {runtime} here")
+            raise engines.RuntimeUnavailable(f"no {runtime} here")
         record = self.records.get((runtime, cid))
         if not record:
             return None
@@ -331,7 +333,7 @@ class FakeRuntimes:
         self.log.append(("stop", cid, grace))
         time.sleep(self.stop_delay)
         if cid in self.fail_stop:
-            raise containers.RuntimeUnavailable("daemon said no")
+            raise engines.RuntimeUnavailable("daemon said no")
         self.records[(runtime, cid)]["running"] = False
 
     def set_restart_no(self, runtime, cid):
@@ -349,7 +351,7 @@ def record(cid, name, restart="always", running=True, pod=None, pod_uid=None, im
 
 def holder(pid, cgroup, gpus=(0,), protected=False, name="python3"):
     return {"pid": pid, "name": name, "cmdline": "python3 -m vllm.entrypoints.openai.api_server", "cgroup": cgroup, "gpu_indexes": list(gpus),
-            "protected": protected, "container": containers.container_of(cgroup), "unit": None, "user": "root"}
+            "protected": protected, "container": _cgroups.container_of(cgroup), "unit": None, "user": "root"}
 
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
@@ -361,7 +363,7 @@ def annotate(holders, runtimes, mounts=()):
     cgroups = {h["pid"]: h["cgroup"] for h in holders}
     members = {}
     for h in sorted(holders, key=lambda h: h["pid"]):
-        ref = containers.container_ref(h["cgroup"])
+        ref = _cgroups.container_ref(h["cgroup"])
         if ref and ref["id"]:
             members.setdefault(ref["id"], h["pid"])
     runtimes.members = members
@@ -395,7 +397,7 @@ def test_annotate_without_a_runtime_keeps_what_the_cgroup_says():
 def plan(runtimes, holders, named=(), state="stopped", own=(), stop_found=True):
     holders = annotate(holders, runtimes)
     targets = [h for h in holders if not h["protected"]]
-    return containers.plan(runtimes, holders, targets, list(named), state, set(own), {"killed": []}, stop_found=stop_found)
+    return containers.plan(runtimes, holders, targets, list(named), state, set(own), stop_found=stop_found)
 
 
 def test_found_container_is_stopped_not_signalled_and_bare_process_is_signalled():
@@ -441,7 +443,7 @@ def test_masked_leaves_named_containers_as_disabled_does():
 
 def test_a_pod_is_refused_before_anything_is_done():
     runtimes = FakeRuntimes([record(B, "k8s_vllm", pod="inference/vllm-0", pod_uid=UID)])
-    with pytest.raises(ReleaseError) as info:
+    with pytest.raises(StepFailed) as info:
         plan(runtimes, [holder(1, f"/docker/{A}"), holder(2, f"/kubepods/burstable/pod{UID}/{B}", gpus=(3,)),
                         holder(3, "/kubepods/besteffort/pod{}/{}".format("9" * 32, C))])
     message = info.value.msg
@@ -452,38 +454,38 @@ def test_a_pod_is_refused_before_anything_is_done():
 
 def test_a_named_pod_container_or_own_container_is_refused():
     runtimes = FakeRuntimes([record(B, "vllm-pod", pod="inference/vllm-0", pod_uid=UID), record(A, "ansible-runner")])
-    with pytest.raises(ReleaseError, match="belongs to Kubernetes pod inference/vllm-0"):
+    with pytest.raises(StepFailed, match="belongs to Kubernetes pod inference/vllm-0"):
         plan(runtimes, [], named=["vllm*"])
-    with pytest.raises(ReleaseError, match="refusing to stop container ansible-runner .* runs this Ansible session"):
+    with pytest.raises(StepFailed, match="refusing to stop container ansible-runner .* runs this Ansible session"):
         plan(runtimes, [], named=["ansible*"], own=[A])
 
 
 def test_act_disables_first_then_stops_every_container_at_once():
     runtimes = FakeRuntimes([record(A, "vllm-a"), record(B, "vllm-b")], stop_delay=0.3)
     steps = plan(runtimes, [], named=["vllm*"], state="disabled")
-    result = {"stopped_containers": [], "disabled_containers": [], "warnings": []}
     started = time.monotonic()
-    assert containers.act(runtimes, steps, 7.5, result) == {}
+    done = containers.act(runtimes, steps, 7.5)
+    assert done["failed"] == {}
     assert time.monotonic() - started < 0.55, "both stops ran side by side"
     assert [entry[0] for entry in runtimes.log[:2]] == ["update", "update"] and sorted(runtimes.log[2:]) == [("stop", A, 7.5), ("stop", B, 7.5)]
-    assert [(e["name"], e["restart_policy"], e["restart_policy_before"]) for e in result["disabled_containers"]] == [
+    assert [(e["name"], e["restart_policy"], e["restart_policy_before"]) for e in done["disabled"]] == [
         ("vllm-a", "no", "always"),
         ("vllm-b", "no", "always"),
     ]
-    assert [e["name"] for e in result["stopped_containers"]] == ["vllm-a", "vllm-b"]
-    assert all(e["stopped_after_s"] >= 0.3 for e in result["stopped_containers"])
+    assert [e["name"] for e in done["stopped"]] == ["vllm-a", "vllm-b"]
+    assert all(e["stopped_after_s"] >= 0.3 for e in done["stopped"])
 
 
 def test_act_reports_a_container_it_could_not_stop():
     runtimes = FakeRuntimes([record(A, "vllm-a")], fail_stop=[A])
     steps = plan(runtimes, [holder(1, f"/docker/{A}")])
-    result = {"stopped_containers": [], "disabled_containers": [], "warnings": []}
-    assert containers.act(runtimes, steps, 1, result) == {A: "daemon said no"}
-    assert result["stopped_containers"] == [] and "could not stop container vllm-a" in result["warnings"][0]
+    done = containers.act(runtimes, steps, 1)
+    assert done["failed"] == {A: "daemon said no"}
+    assert done["stopped"] == [] and "could not stop container vllm-a" in done["warnings"][0]
 
 
 def test_grace_is_whole_seconds_rounded_up():
-    assert [containers.grace_seconds(x) for x in (0, 0.2, 1, 1.5, 10)] == [0, 1, 1, 2, 10]
+    assert [engines.grace_seconds(x) for x in (0, 0.2, 1, 1.5, 10)] == [0, 1, 1, 2, 10]
 
 
 # ------------------------------------------------------------------ what a user may name (docs/security.md)
@@ -497,12 +499,12 @@ def test_cgroup_in_a_directory_a_user_owns_is_no_container(tmp_path):
     leaf.mkdir(parents=True)
     os.chown(str(mount / "system.slice" / "delegated.service"), 4242, 4242)
     path = f"/system.slice/delegated.service/docker-{A}.scope"
-    assert containers.delegated_to(path, [str(mount)]) == 4242
-    assert containers.delegated_to("/system.slice", [str(mount)]) is None
+    assert _cgroups.delegated_to(path, [str(mount)]) == 4242
+    assert _cgroups.delegated_to("/system.slice", [str(mount)]) is None
     runtimes = FakeRuntimes([record(A, "victim-db")])
     [h] = annotate([holder(7, path)], runtimes, mounts=[str(mount)])
     assert h["container"] is None and h["_container_ref"] is None and "owned by uid 4242" in h["container_note"]
-    steps = containers.plan(runtimes, [h], [h], [], "stopped", set(), {"killed": []})
+    steps = containers.plan(runtimes, [h], [h], [], "stopped", set())
     assert steps.stop == [] and [t["pid"] for t in steps.signal] == [7] and runtimes.log == []
 
 
@@ -513,7 +515,7 @@ def test_kubepods_cgroup_a_user_made_is_no_pod_and_blocks_nothing(tmp_path):
     os.chown(str(mount / "kubepods.slice"), 4242, 4242)
     [h] = annotate([holder(8, path)], FakeRuntimes(), mounts=[str(mount)])
     assert containers.pod_holders([h]) == [] and h["pod_uid"] is None
-    steps = containers.plan(FakeRuntimes(), [h], [h], [], "stopped", set(), {"killed": []})
+    steps = containers.plan(FakeRuntimes(), [h], [h], [], "stopped", set())
     assert [t["pid"] for t in steps.signal] == [8]
 
 
@@ -525,7 +527,7 @@ def test_container_its_runtime_does_not_run_the_holder_in_is_never_stopped():
     cgroups = {9: attacker["cgroup"], 300: f"/docker/{B}"}
     [h] = containers.annotate([attacker], runtimes, mounts=[], cgroup_of=cgroups.get)
     assert h["container"] is None and "does not run this process in it" in h["container_note"]
-    steps = containers.plan(runtimes, [h], [h], [], "stopped", set(), {"killed": []})
+    steps = containers.plan(runtimes, [h], [h], [], "stopped", set())
     assert steps.stop == [] and runtimes.log == []
 
 
@@ -555,7 +557,7 @@ def test_cgroup_mounts_are_cgroup2_and_v1_name_systemd(tmp_path):
         "27 25 0:24 / /sys/fs/cgroup/systemd rw,nosuid - cgroup cgroup rw,xattr,name=systemd\n"
         "30 25 0:27 / /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory\n"
     )
-    assert containers.cgroup_mounts(str(mountinfo)) == ["/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd"]
+    assert _cgroups.cgroup_mounts(str(mountinfo)) == ["/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd"]
 
 
 def test_container_named_in_a_user_managers_subtree_is_an_ordinary_holder_with_a_note():

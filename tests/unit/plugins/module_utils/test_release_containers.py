@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
+from ansible_collections.zeromib.gpu.plugins.module_utils import _engines
 from ansible_collections.zeromib.gpu.plugins.module_utils import _release as release
 from ansible_collections.zeromib.gpu.plugins.module_utils import _settle
 from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils import test_release_run as node
@@ -181,7 +181,7 @@ def test_bare_process_keeps_the_fast_path(world):
 
 
 def test_container_signalled_from_outside_that_comes_back_fails_naming_the_container(world):
-    world.runtimes = _containers.Runtimes(which=lambda name: None, sockets={})  # no Docker to ask
+    world.runtimes = _engines.Runtimes(which=lambda name: None, sockets={})  # no Docker to ask
     world.spawn(495, {0: 40960}, cgroup=f"0::/system.slice/docker-{A}.scope\n")
     respawn_on_exit(world, 495, 901, after_s=0.5)
     error = fail(world)
