@@ -39,11 +39,12 @@ if t.TYPE_CHECKING:
     from ansible_collections.zeromib.gpu.plugins.module_utils._records import (
         ContainerEntry,
         ContainerRecord,
+        ContainerRef,
         ContainersDone,
         Holder,
     )
 
-    CgroupOf = t.Callable[[int], str | None]
+    CgroupOf = t.Callable[[int], t.Optional[str]]
 
 SERVICE_PREFIX = "container:"
 
@@ -78,8 +79,10 @@ def confirmed(holder: Holder, record: ContainerRecord, cgroup_of: CgroupOf) -> b
     if init == holder["pid"]:
         return True
     path = cgroup_of(init)
+    if not path or path == "/":
+        return False
     own = holder.get("cgroup") or ""
-    return bool(path) and path != "/" and (own == path or own.startswith(path.rstrip("/") + "/"))
+    return own == path or own.startswith(path.rstrip("/") + "/")
 
 
 def _ordinary(holder: Holder, note: str | None) -> None:
@@ -99,7 +102,7 @@ def _runtime_record(holder: Holder, ref: ContainerRef, runtimes: Runtimes) -> Co
         return None
     try:
         if ref["runtime"] in MANAGED:
-            return runtimes.inspect(ref["runtime"], cid)  # type: ignore[arg-type]
+            return runtimes.inspect(ref["runtime"], cid)
         if ref["runtime"] is None and ref["kubernetes"] and runtimes.client(DOCKER):
             record = runtimes.inspect(DOCKER, cid)
             if record is not None:
@@ -120,7 +123,8 @@ def _annotate_one(holder: Holder, runtimes: Runtimes, mounts: t.Callable[[], lis
         holder["container"] = None
         manager = _cgroups.user_manager_claim(holder.get("cgroup"))
         if manager:
-            holder["container_note"] = f"cgroup {holder['cgroup']} lies in the subtree systemd delegates to {manager}, whose user may name it at will: no container or pod"
+            holder["container_note"] = (f"cgroup {holder['cgroup']} lies in the subtree systemd delegates to {manager}, whose user may name it at will: "
+                                        "no container or pod")
         return
     owner = _cgroups.delegated_to(holder.get("cgroup"), mounts())
     if owner is not None:
@@ -164,7 +168,7 @@ def annotate(holders: list[Holder], runtimes: Runtimes, proc: str = "/proc", mou
     return holders
 
 
-def holder_entry(holder: Holder) -> dict[str, t.Any]:
+def holder_entry(holder: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
     """A holder's container in the shape of a planned entry (describe_entry's)."""
     return {"name": holder.get("container_name"), "id": holder.get("container"), "runtime": holder.get("container_runtime"),
             "image": holder.get("container_image")}
@@ -184,7 +188,7 @@ def describe_entry(entry: t.Mapping[str, t.Any]) -> str:
 
 
 def pod_holders(holders: t.Iterable[Holder]) -> list[Holder]:
-    return [h for h in holders if (h.get("_container_ref") or {}).get("kubernetes")]
+    return [h for h in holders if (h.get("_container_ref") or {"kubernetes": False})["kubernetes"]]
 
 
 def pod_message(holders: t.Iterable[Holder], node: str | None = None) -> str:
@@ -223,7 +227,7 @@ def own_containers(lineage: t.Iterable[int], proc: str = "/proc") -> set[str]:
 
 
 def _entry(runtime: str | None, record: ContainerRecord, gpu_indexes: t.Iterable[int] = ()) -> ContainerEntry:
-    return {  # type: ignore[typeddict-item]
+    return t.cast("ContainerEntry", {
         "name": record["name"],
         "id": record["id"],
         "image": record["image"],
@@ -231,7 +235,7 @@ def _entry(runtime: str | None, record: ContainerRecord, gpu_indexes: t.Iterable
         "restart_policy": record["restart_policy"],
         "restart_max_retries": record.get("restart_max_retries") or 0,
         "gpu_indexes": sorted(set(gpu_indexes)),
-    }
+    })
 
 
 class Plan:
@@ -282,16 +286,17 @@ def _plan_named(steps: Plan, runtimes: Runtimes, named_globs: t.Iterable[str], s
                 steps.add_stop(runtime, record, ())
 
 
-def _outside_reason(holder: Holder, runtimes: Runtimes, protected_in: t.Container[str], own: t.Container[str | None],
+def _outside_reason(holder: Holder, runtimes: Runtimes, protected_in: t.Container[str | None], own: t.Container[str | None],
                     stop_found: bool) -> str | None:
     """Why a holder's container is not stopped through its runtime (it is signalled from
     outside instead), or None when it is."""
-    ref = holder.get("_container_ref") or {}
+    ref = holder.get("_container_ref")
+    ref_runtime = ref["runtime"] if ref else None
     cid = holder["container"] or ""
     if not stop_found:
         return "kill is false"
-    if ref.get("runtime") not in MANAGED and holder.get("container_runtime") not in MANAGED:
-        return "gpu_release cannot stop {} containers".format(ref.get("runtime") or "its runtime's")
+    if ref_runtime not in MANAGED and holder.get("container_runtime") not in MANAGED:
+        return "gpu_release cannot stop {} containers".format(ref_runtime or "its runtime's")
     if cid in protected_in:
         return "it also runs a protected process"
     if cid in own:
@@ -335,7 +340,7 @@ def plan(runtimes: Runtimes, holders: t.Iterable[Holder], targets: t.Iterable[Ho
         if not holder.get("container"):
             steps.signal.append(holder)
             continue
-        reason = _outside_reason(holder, runtimes, protected_in, own_containers, stop_found)  # type: ignore[arg-type]
+        reason = _outside_reason(holder, runtimes, protected_in, own_containers, stop_found)
         if reason is None:
             steps.add_stop(holder.get("container_runtime"), holder["_container_record"], holder.get("gpu_indexes") or ())
             continue
@@ -358,7 +363,7 @@ def _disable(runtimes: Runtimes, entries: t.Iterable[ContainerEntry], done: Cont
                 hint = (": this Podman cannot change a restart policy; recreate the container with --restart=no, or run it from a "
                         "systemd unit (Quadlet) and name that unit in services")
             raise StepFailed(f"could not set the restart policy of container {describe_entry(entry)} to no: {exc}{hint}", done=done) from exc
-        done["disabled"].append(dict(entry, restart_policy="no", restart_policy_before=entry["restart_policy"]))  # type: ignore[arg-type]
+        done["disabled"].append(t.cast("ContainerEntry", dict(entry, restart_policy="no", restart_policy_before=entry["restart_policy"])))
 
 
 def act(runtimes: Runtimes, steps: Plan, grace: float | None, now: t.Callable[[], float] = time.monotonic) -> ContainersDone:

@@ -33,8 +33,8 @@ if t.TYPE_CHECKING:
     from ansible_collections.zeromib.gpu.plugins.module_utils._records import ContainerRecord
 
     # (argv, timeout) -> (rc, stdout, stderr)
-    Run = t.Callable[[list[str], float], tuple[int, str, str]]
-    Which = t.Callable[[str], str | None]
+    Run = t.Callable[[t.List[str], float], t.Tuple[int, str, str]]
+    Which = t.Callable[[str], t.Optional[str]]
 
 # Runtimes gpu_release can ask and stop containers through.
 MANAGED = (DOCKER, PODMAN)
