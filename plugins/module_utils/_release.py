@@ -484,8 +484,8 @@ class Release:
         """Who uses which GPU now (compute apps fetched only when they can change the answer).
         The apps seen are kept in self.apps."""
         holders, self.apps = _facts.scan_and_attribute(
-            gpus, None, lambda: self._apps(gpus), self.names, self.pids, self.lineage, self.system.proc, None,
-            self.params.get("max_used_mib") or 0, self.footprint_mib(), self.main_pid_of,
+            gpus, None, lambda: self._apps(gpus), protect_names=self.names, protect_pids=self.pids, own_lineage=self.lineage, proc=self.system.proc,
+            max_used_mib=self.params.get("max_used_mib") or 0, footprint_mib=self.footprint_mib(), main_pid_of=self.main_pid_of,
         )
         return _containers.annotate(holders, self.system.runtimes, self.system.proc)
 
@@ -507,7 +507,7 @@ class Release:
         return _attribution.footprint_gpus(gpus, holders, self.apps, self.params.get("max_used_mib") or 0, self.footprint_mib())
 
     def look(self):
-        snapshot = _facts.look(self.smi, self.params.get("protect"), True, self.system.proc, self.driver_root, with_apps=False,
+        snapshot = _facts.look(self.smi, self.params.get("protect"), with_processes=True, proc=self.system.proc, driver_root=self.driver_root, with_apps=False,
                                max_used_mib=self.params.get("max_used_mib") or 0, footprint_mib=self.footprint_mib(),
                                runtimes=self.system.runtimes, checks=_health.Checks.from_params(self.params), main_pid_of=self.main_pid_of)
         self.apps = snapshot.apps

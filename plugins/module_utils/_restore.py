@@ -393,4 +393,4 @@ def _holds(entry, holder):
 
 def holders_now(smi, proc="/proc"):
     """A look for wait_for_gpus: the holders of the node now, attributed to GPUs."""
-    return _facts.look(smi, [], True, proc).holders
+    return _facts.look(smi, [], with_processes=True, proc=proc).holders
