@@ -205,7 +205,7 @@ def cuda_driver_version(library: str = "libcuda.so.1") -> str | None:
             return None
     except (OSError, AttributeError):
         return None
-    return "%d.%d" % (version.value // 1000, (version.value % 1000) // 10)
+    return f"{version.value // 1000:d}.{(version.value % 1000) // 10:d}"
 
 
 def alive(pid: int, proc: str = "/proc") -> bool:
@@ -248,7 +248,7 @@ def unexplained_gpus(gpus: t.Iterable[Gpu], apps: t.Iterable[ComputeApp], holder
 
 
 def scan_and_attribute(gpus: list[Gpu], apps: list[ComputeApp] | None, fetch_apps: t.Callable[[], list[ComputeApp]], *,
-                       protect_names: t.Iterable[str], protect_pids: t.Iterable[int], own_lineage: t.Iterable[int], proc: str = "/proc",
+                       protect_names: t.Iterable[str], protect_pids: t.Collection[int], own_lineage: t.Collection[int], proc: str = "/proc",
                        unreadable: list[int] | None = None, max_used_mib: float = 0, footprint_mib: float | None = _attribution.CROSS_GPU_FOOTPRINT_MIB,
                        main_pid_of: MainPidOf | None = None) -> tuple[list[Holder], list[ComputeApp]]:
     """The /proc scan, attributed to GPUs and marked protected -> (holders, apps).
@@ -342,6 +342,6 @@ def unreadable_warning(unreadable: t.Sized) -> str | None:
     if not unreadable:
         return None
     return (
-        "could not read the open files of %d process(es) (not root?): a holder among them is invisible to this module; "
-        "run with become: true" % len(unreadable)
+        f"could not read the open files of {len(unreadable):d} process(es) (not root?): a holder among them is invisible to this module; "
+        "run with become: true"
     )

@@ -72,8 +72,8 @@ class Holder(t.TypedDict, total=False):
     ppid: int
     name: str
     cmdline: str
-    user: str
-    uid: int
+    user: str | None
+    uid: int | None
     state: str
     start_time: int
     devices: list[str]
@@ -97,11 +97,13 @@ class Holder(t.TypedDict, total=False):
     exe_path: str | None
     exe_owner: int | None
     exe_verified: bool
-    # {device path: [mappings, KiB]} of the NVIDIA nodes this process maps.
-    mapped: dict[str, list[int]]
+    # {device path: {"count": mappings, "kib": KiB}} of the NVIDIA nodes this process maps (None: maps unreadable).
+    mapped: dict[str, dict[str, int]] | None
     # Internal: the container id a cgroup path names (unconfirmed) and the runtime's record.
     _container_ref: ContainerRef | None
     _container_record: ContainerRecord
+    argv0: str | None
+    protected_reason: str | None
 
 
 class ContainerEntry(t.TypedDict, total=False):
