@@ -337,7 +337,7 @@ def look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, *, with_proc
     return Snapshot(gpus, apps, holders, unreadable, footprint, health)
 
 
-def unreadable_warning(unreadable: t.Sized) -> str | None:
+def unreadable_warning(unreadable: t.Sized | None) -> str | None:
     """What to tell a user who ran without root, or None."""
     if not unreadable:
         return None
