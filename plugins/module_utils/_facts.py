@@ -276,6 +276,27 @@ def scan_and_attribute(gpus: list[Gpu], apps: list[ComputeApp] | None, fetch_app
     return holders_mod.protect(attributed, protect_names, protect_pids, own_lineage, main_pid_of), apps
 
 
+def _query_gpus(smi: smi_mod.NvidiaSmi, with_apps: bool, checks: _health.Checks | None) -> tuple[list[Gpu], list[dict[str, t.Any]], _health.Health | None]:
+    """nvidia-smi's GPUs and (`with_apps`) raw compute apps; with `checks`, the kernel log read
+    for Xids while nvidia-smi runs, and the GPUs annotated with their health."""
+    if checks is None:
+        gpus, apps = smi.query_all(with_apps=with_apps)
+        return gpus, apps, None
+    kernel_log = _health.KernelLog(checks.xid_window_hours)
+    kernel_log.start()
+    try:
+        gpus, apps = smi.query_all(smi_mod.GPU_FIELDS + smi_mod.HEALTH_FIELDS, with_apps=with_apps)
+    except BaseException:
+        kernel_log.abandon()
+        raise
+    xids, history = kernel_log.xids()
+    # Fabric Manager is asked only where a GPU sits on an NVSwitch fabric (fabric.state not N/A).
+    fabric_manager = _health.read_fabric_manager() if any(_health.has_fabric(g) for g in gpus) else None
+    health = _health.Health(checks, xids, kernel_log=kernel_log, history_by_bus=history, fabric_manager=fabric_manager,
+                            driver_version=gpus[0].get("driver_version") if gpus else None)
+    return t.cast("t.List[Gpu]", health.annotate(gpus)), apps, health
+
+
 def look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, *, with_processes: bool = True, proc: str = "/proc",
          driver_root: str = "/proc/driver/nvidia/gpus", with_apps: bool | None = None, max_used_mib: float = 0,
          footprint_mib: float | None = _attribution.CROSS_GPU_FOOTPRINT_MIB, runtimes: Runtimes | None = None, checks: _health.Checks | None = None,
@@ -287,23 +308,7 @@ def look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, *, with_proc
     only when some process maps a per-GPU node (a clean node: one nvidia-smi call). Without
     `checks`, health is not read (the GPUs' `healthy` reads None)."""
     with_apps = with_processes if with_apps is None else with_apps
-    health = None
-    if checks is None:
-        gpus, apps = smi.query_all(with_apps=with_apps)
-    else:
-        kernel_log = _health.KernelLog(checks.xid_window_hours)
-        kernel_log.start()
-        try:
-            gpus, apps = smi.query_all(smi_mod.GPU_FIELDS + smi_mod.HEALTH_FIELDS, with_apps=with_apps)
-        except BaseException:
-            kernel_log.abandon()
-            raise
-        xids, history = kernel_log.xids()
-        # Fabric Manager is asked only where a GPU sits on an NVSwitch fabric (fabric.state not N/A).
-        fabric_manager = _health.read_fabric_manager() if any(_health.has_fabric(g) for g in gpus) else None
-        health = _health.Health(checks, xids, kernel_log=kernel_log, history_by_bus=history, fabric_manager=fabric_manager,
-                                driver_version=gpus[0].get("driver_version") if gpus else None)
-        gpus = health.annotate(gpus)
+    gpus, listed, health = _query_gpus(smi, with_apps, checks)
     driver_gpus = smi_mod.read_driver_gpus(driver_root)
     # A GPU the driver has and nvidia-smi left out (rc 0, one row fewer) is never read as clean.
     smi_mod.check_against_driver(gpus, driver_gpus, cmd=[smi.path] if getattr(smi, "path", None) else None)
@@ -329,7 +334,7 @@ def look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, *, with_proc
         return joined(smi_mod.parse_compute_apps(smi.finish(started)))
 
     holders, apps = scan_and_attribute(
-        gpus, joined(apps) if with_apps else None, fetch_apps, protect_names=names, protect_pids=pids, own_lineage=lineage, proc=proc,
+        gpus, joined(listed) if with_apps else None, fetch_apps, protect_names=names, protect_pids=pids, own_lineage=lineage, proc=proc,
         unreadable=unreadable, max_used_mib=max_used_mib, footprint_mib=footprint_mib, main_pid_of=main_pid_of,
     )
     _containers.annotate(holders, runtimes or _engines.Runtimes(), proc)
