@@ -104,8 +104,6 @@ def test_real_proc_cgroup_of_a_docker_and_a_dockershim_pod_container():
     assert pod["kubernetes"] and pod["pod_uid"] == UID and pod["id"] == inspect_fixture("api-inspect-k8s.json")["Id"]
 
 
-
-
 def test_cgroup_mounts_are_cgroup2_and_v1_name_systemd(tmp_path):
     mountinfo = tmp_path / "mountinfo"
     mountinfo.write_text(

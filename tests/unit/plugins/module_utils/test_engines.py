@@ -154,7 +154,7 @@ def test_runtimes_prefers_the_socket_and_docker_host_is_the_only_place_asked(eng
     assert isinstance(engines.Runtimes(environ={}, which=lambda n: None, sockets={"docker": ("DOCKER_HOST", (engine.path,))}).client("docker"),
                       engines.EngineApi)
     elsewhere = engines.Runtimes(environ={"DOCKER_HOST": "unix://" + str(tmp_path / "gone.sock")}, which=lambda n: None,
-                                    sockets={"docker": ("DOCKER_HOST", (engine.path,))})
+                                 sockets={"docker": ("DOCKER_HOST", (engine.path,))})
     assert elsewhere.client("docker") is None and "no docker socket" in elsewhere.error("docker")
     named = engines.Runtimes(environ={"DOCKER_HOST": "unix://" + engine.path}, which=lambda n: None, sockets={"docker": ("DOCKER_HOST", ())})
     assert named.client("docker").socket_path == engine.path
