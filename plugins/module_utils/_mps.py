@@ -94,7 +94,7 @@ def plan(targets: list[Holder]) -> tuple[list[Holder], list[Holder]]:
     return left, servers
 
 
-def control_of(server: Holder, proc: str = "/proc") -> dict[str, t.Any] | None:
+def control_of(server: Holder, proc: str = "/proc") -> Holder | None:
     """The server's control daemon (its parent, when that is one), or None."""
     parent = holders_mod.read_process(server.get("ppid") or 0, proc) if (server.get("ppid") or 0) > 1 else None
     return parent if parent and is_control(parent) else None

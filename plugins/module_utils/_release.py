@@ -20,6 +20,7 @@ import typing as t
 from ansible_collections.zeromib.gpu.plugins.module_utils import _attribution
 from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
 from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
+from ansible_collections.zeromib.gpu.plugins.module_utils import _engines
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
@@ -35,7 +36,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import (
 )
 
 if t.TYPE_CHECKING:
-    from ansible_collections.zeromib.gpu.plugins.module_utils._records import ComputeApp, Gpu, Holder, ReleaseResult
+    from ansible_collections.zeromib.gpu.plugins.module_utils._records import ComputeApp, ContainersDone, Gpu, Holder, ReleaseResult
     from ansible_collections.zeromib.gpu.plugins.module_utils._supervisor import ProgramPlan
     from ansible_collections.zeromib.gpu.plugins.module_utils._units import UnitPlan
 
@@ -62,7 +63,7 @@ class System:
         # pidfds pin a process of this kernel's /proc only.
         self.pidfd = _signals.pidfd_or_none() if proc == "/proc" else None
         # Docker and Podman, asked only when a holder runs in a container or services names one.
-        self.runtimes = runtimes if runtimes is not None else _containers.Runtimes()
+        self.runtimes = runtimes if runtimes is not None else _engines.Runtimes()
 
     def systemctl(self, args: t.Sequence[str]) -> tuple[int, str, str]:
         return _commands.systemctl(self.systemctl_path, args)
@@ -504,7 +505,7 @@ class Release:
         self.spanning_units: list[dict[str, t.Any]] = []
         self._main_pids: dict[str, int | None] = {}
         # Minor numbers by bus id, from the look; the verify loop's readings reuse them.
-        self.minors_by_bus: dict[str, int] = {}
+        self.minors_by_bus: dict[str | None, int] = {}
         # The look's _health.Health: the final readings are judged with the same checks and Xids.
         self.health: t.Any = None
         # What may start a signalled holder again (_settle), set when something is signalled.
@@ -558,7 +559,7 @@ class Release:
         """The one end of every run: the readings, the verdict, the time, health and the diff;
         `failure` (a message) ends the run in ReleaseError with this result."""
         self.result["gpus"] = gpus
-        self.result["holders"] = [_facts.public_holder(h) for h in holders]
+        self.result["holders"] = t.cast("list[Holder]", [_facts.public_holder(h) for h in holders])
         self.result["released"] = released
         self.result["elapsed_s"] = round(self.system.now() - self.started, 3)
         result = self._finish(*self.before, *(self.after or (None, None)))
@@ -572,6 +573,9 @@ class Release:
         value = self.params.get("settle_timeout")
         return _settle.SETTLE_S if value is None else value
 
+    def max_used_mib(self) -> float:
+        return self.params.get("max_used_mib") or 0
+
     def footprint_mib(self) -> int:
         value = self.params.get("cross_gpu_footprint_mib")
         return _attribution.CROSS_GPU_FOOTPRINT_MIB if value is None else value
@@ -580,8 +584,8 @@ class Release:
         """Who uses which GPU now -> (holders, the compute apps seen: fetched only when they can
         change the answer, else [])."""
         holders, apps = _facts.scan_and_attribute(
-            gpus, None, lambda: self._apps(gpus), self.names, self.pids, self.lineage, self.system.proc, None,
-            self.params.get("max_used_mib") or 0, self.footprint_mib(), self.main_pid_of,
+            gpus, None, lambda: self._apps(gpus), protect_names=self.names, protect_pids=self.pids, own_lineage=self.lineage, proc=self.system.proc,
+            max_used_mib=self.max_used_mib(), footprint_mib=self.footprint_mib(), main_pid_of=self.main_pid_of,
         )
         return _containers.annotate(holders, self.system.runtimes, self.system.proc), apps
 
@@ -596,15 +600,15 @@ class Release:
     def may_be_footprint(self, dirty: list[Gpu]) -> bool:
         """Whether some dirty GPU reads little enough to be only the cross-GPU footprint (then a
         scan decides it; otherwise none is needed)."""
-        allowance = (self.params.get("max_used_mib") or 0) + self.footprint_mib()
+        allowance = self.max_used_mib() + self.footprint_mib()
         return bool(self.footprint_mib()) and any(g["memory_used_mib"] is not None and g["memory_used_mib"] <= allowance for g in dirty)
 
     def footprint(self, gpus: list[Gpu], holders: list[Holder], apps: list[ComputeApp]) -> set[int]:
-        return _attribution.footprint_gpus(gpus, holders, apps, self.params.get("max_used_mib") or 0, self.footprint_mib())
+        return _attribution.footprint_gpus(gpus, holders, apps, self.max_used_mib(), self.footprint_mib())
 
     def look(self) -> t.Any:
-        snapshot = _facts.look(self.smi, self.params.get("protect"), True, self.system.proc, self.driver_root, with_apps=False,
-                               max_used_mib=self.params.get("max_used_mib") or 0, footprint_mib=self.footprint_mib(),
+        snapshot = _facts.look(self.smi, self.params.get("protect"), with_processes=True, proc=self.system.proc, driver_root=self.driver_root, with_apps=False,
+                               max_used_mib=self.max_used_mib(), footprint_mib=self.footprint_mib(),
                                runtimes=self.system.runtimes, checks=_health.Checks.from_params(self.params), main_pid_of=self.main_pid_of)
         self.health = snapshot.health
         return snapshot
@@ -621,10 +625,10 @@ class Release:
         hidden = _facts.unreadable_warning(getattr(snapshot, "unreadable", None))
         if hidden:
             self.result["warnings"].append(hidden)
-        limit = self.params.get("max_used_mib")
+        limit = self.max_used_mib()
         plan = Plan(gpus, holders, snapshot.footprint, hidden, select_gpus(gpus, self.params.get("gpus")))
         self.selected = True
-        self.result["gpus_before"] = [_facts.public_gpu(g, limit, snapshot.footprint) for g in gpus]
+        self.result["gpus_before"] = t.cast("list[Gpu]", [_facts.public_gpu(g, limit, snapshot.footprint) for g in gpus])
         self.result["selected_gpus"] = plan.selected
         self.choose_targets(plan)
         planning = self.system.now()
@@ -680,7 +684,7 @@ class Release:
         self.result["warnings"].extend(steps["warnings"])
         return steps
 
-    def refuse_spanning(self, holders: list[Holder], selected: list[int], container_plan: t.Any) -> None:
+    def refuse_spanning(self, holders: list[Holder], selected: list[int], container_plan: _containers.Plan) -> None:
         """Spanning processes, units and containers (see _attribution) -> result["spanning"];
         without kill_spanning, a failure before anything is done (check mode says the same)."""
         processes = spanning_targets(holders, selected, self.regexes)
@@ -689,11 +693,12 @@ class Release:
         if self.result["spanning"] and not self.params.get("kill_spanning"):
             raise StepFailed(spanning_message(processes, self.spanning_units, containers, selected))
 
-    def plan_containers(self, holders, targets):  # type: ignore[no-untyped-def]  # the containers helper's (issue 22)
-        """Containers to stop through their runtime, and the targets left to signal (_containers)."""
+    def plan_containers(self, holders: list[Holder], targets: list[Holder]) -> _containers.Plan:
+        """Containers to stop through their runtime, and the targets left to signal (_containers).
+        A refusal (StepFailed) ends the run before anything is done."""
         _patterns, globs = _containers.split_services(self.params.get("services"))
         own = _containers.own_containers(self.lineage, self.system.proc) if globs or any(t.get("container") for t in targets) else set()
-        return _containers.plan(self.system.runtimes, holders, targets, globs, self.params.get("service_state"), own, self.result,
+        return _containers.plan(self.system.runtimes, holders, targets, globs, self.params.get("service_state"), own,
                                 stop_found=self.params.get("kill", True))
 
     def plan_programs(self) -> ProgramPlan:
@@ -764,7 +769,7 @@ class Release:
         if nobody:
             gpus, clean, early, _footprint = self.verify(nobody, self.system.now() + NO_HOLDER_GRACE_S + RESCAN_S, acted=False)
             if not clean and early == "no_holder":
-                still = [g for g in gpus if g["index"] in nobody and not _facts.gpu_is_clean(g, self.params.get("max_used_mib"))]
+                still = [g for g in gpus if g["index"] in nobody and not _facts.gpu_is_clean(g, self.max_used_mib())]
                 holders_now, apps_now = self.scan(gpus)
                 return failure_message(still, holders_now, apps_now, 0.0, [], False, "no_holder")
         return None
@@ -807,11 +812,26 @@ class Release:
             or self.result["stopped_programs"] or self.result["disabled_programs"] or self.result["stopped_mps_servers"]
         )
 
-    def act_containers(self, plan):  # type: ignore[no-untyped-def]  # the containers helper's (issue 22)
+    def act_containers(self, plan: _containers.Plan) -> dict[str, str]:
+        """Stop and disable containers -> {id: reason} of those that could not be stopped (they
+        are signalled and watched from outside). What was done goes into the result also when a
+        step failed."""
         started = self.system.now()
-        failed = _containers.act(self.system.runtimes, plan, self.params.get("kill_timeout"), self.result, now=self.system.now)
+        try:
+            done = _containers.act(self.system.runtimes, plan, self.params.get("kill_timeout"), now=self.system.now)
+        except StepFailed as exc:
+            self.fold_containers(exc.done)
+            raise StepFailed(exc.msg) from exc
+        self.fold_containers(done)
         self.result["timings"]["stop_s"] = round(self.system.now() - started, 3)
-        return failed
+        return done["failed"]
+
+    def fold_containers(self, done: ContainersDone | None) -> None:
+        """_containers.act's record (its own keys) into the result."""
+        if done:
+            self.result["disabled_containers"].extend(done.get("disabled") or [])
+            self.result["stopped_containers"].extend(done.get("stopped") or [])
+            self.result["warnings"].extend(done.get("warnings") or [])
 
     def _add_stop_time(self, started: float) -> None:
         self.result["timings"]["stop_s"] = round(self.result["timings"]["stop_s"] + self.system.now() - started, 3)
@@ -870,8 +890,8 @@ class Release:
         if self.health is not None:
             gpus = self.health.carry(gpus, plan.gpus)
             self.after = (gpus, holders)
-        limit = self.params.get("max_used_mib")
-        public = [_facts.public_gpu(g, limit, footprint) for g in gpus]
+        limit = self.max_used_mib()
+        public = t.cast("list[Gpu]", [_facts.public_gpu(g, limit, footprint) for g in gpus])
         failure = came_back or (None if clean else self.dirty_message(plan, gpus, holders, footprint, early))
         return self.tail(clean, public, holders, failure)
 
@@ -895,7 +915,7 @@ class Release:
 
     def dirty_message(self, plan: Plan, gpus: list[Gpu], holders: list[Holder], footprint: set[int], early: str | None) -> str:
         # A GPU that reads only the cross-GPU footprint is clean in this result: not in its message.
-        limit = self.params.get("max_used_mib")
+        limit = self.max_used_mib()
         dirty = [g for g in gpus if g["index"] in plan.selected and g["index"] not in footprint and not _facts.gpu_is_clean(g, limit)]
         message = failure_message(dirty, holders, self._apps(gpus), self.result["timings"]["wait_s"], self.result["unkillable"],
                                   early == "protected", early)
@@ -920,7 +940,7 @@ class Release:
         Reads start every poll_interval (a fixed rate: the ~25 ms of each nvidia-smi call is not
         added to the interval). Right after acting, memory is expected to drop 20-130 ms after
         the holders exit, so the costlier look at who still holds the GPUs waits RESCAN_S."""
-        limit = self.params.get("max_used_mib")
+        limit = self.max_used_mib()
         poll = self.params["poll_interval"]
         last_scan = self.system.now() if acted else None
         footprint = Footprint(self)
@@ -984,7 +1004,7 @@ class Release:
 
     def _dirty_now(self, selected: list[int]) -> list[Gpu]:
         """Selected GPUs dirty right now; a GPU that reads only the cross-GPU footprint is not."""
-        limit = self.params.get("max_used_mib")
+        limit = self.max_used_mib()
         gpus = self._read_gpus()
         dirty = [g for g in gpus if g["index"] in selected and not _facts.gpu_is_clean(g, limit)]
         if self.may_be_footprint(dirty):
@@ -1003,7 +1023,7 @@ class Release:
 
     def _finish(self, gpus_before: list[Gpu], holders_before: list[Holder], gpus_after: list[Gpu] | None = None,
                 holders_after: list[Holder] | None = None) -> ReleaseResult:
-        self.result.update(_facts.health_summary(self.result["gpus"] or self.result["gpus_before"], self.health))  # type: ignore[typeddict-item]
+        self.result.update(_facts.health_summary(self.result["gpus"] or self.result["gpus_before"], self.health))  # type: ignore[typeddict-item, arg-type]
         changes_before, changes_after = plan_diff(self.result, self.check_mode)
         if self.check_mode:
             # Memory and holders are what a dry run cannot change: the plan is the difference.

@@ -44,6 +44,7 @@ from __future__ import annotations
 import os
 import typing as t
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _cgroups
 from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
 from ansible_collections.zeromib.gpu.plugins.module_utils import _units
@@ -84,10 +85,10 @@ def watch_list(signalled: list[Holder], outside_reasons: t.Mapping[str, t.Any], 
     for holder in signalled:
         cgroup = holder.get("cgroup") or ""
         if holder.get("container") and holder["container"] in outside_reasons:
-            ref = _containers.container_ref(cgroup) or {}
+            ref: t.Mapping[str, t.Any] = _cgroups.container_ref(cgroup) or {}
             if ref.get("id"):
                 described = dict(holder, container_runtime=holder.get("container_runtime") or ref.get("runtime"))
-                watched.setdefault(cgroup, f"container {_containers.describe_container(described)}")
+                watched.setdefault(cgroup, f"container {_containers.describe_entry(_containers.holder_entry(described))}")
             continue
         unit = holder.get("unit") or ""
         if unit.endswith(".service") and "/user@" in cgroup:
@@ -154,7 +155,7 @@ def _cwd(pid: int, proc: str) -> str | None:
         return None
 
 
-def _names(record: dict[str, t.Any]) -> set[str]:
+def _names(record: t.Mapping[str, t.Any]) -> set[str]:
     names = _units.process_names(record)
     words = (record.get("cmdline") or "").split()
     if words:
@@ -167,7 +168,7 @@ KIND_LABELS = {"supervisord": "supervisord", "pm2": "pm2", "runit": "runit's run
 TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch", "torch.distributed.elastic")
 
 
-def supervisor_kind(record: dict[str, t.Any]) -> str | None:
+def supervisor_kind(record: t.Mapping[str, t.Any]) -> str | None:
     """The known supervisor a process is, or None: supervisord, pm2, runit, s6, circus, monit,
     torchrun (its elastic agent restarts failed workers up to --max-restarts)."""
     names = _names(record)
@@ -198,7 +199,7 @@ def supervisor_program(environ: dict[str, str]) -> str | None:
     return process if not group or group == process else f"{group}:{process}"
 
 
-def stop_hint(kind: str | None, parent: dict[str, t.Any], child_environ: dict[str, str], proc: str = "/proc") -> str:
+def stop_hint(kind: str | None, parent: t.Mapping[str, t.Any], child_environ: dict[str, str], proc: str = "/proc") -> str:
     """What stops this restarter, in the user's words (a command to run, or what to name)."""
     pid = parent["pid"]
     if kind == "supervisord":
@@ -224,7 +225,7 @@ def stop_hint(kind: str | None, parent: dict[str, t.Any], child_environ: dict[st
     return f"end pid {pid} first (kill {pid}), or stop what runs it"
 
 
-def describe_process(record: dict[str, t.Any]) -> str:
+def describe_process(record: t.Mapping[str, t.Any]) -> str:
     text = "pid {} {}".format(record["pid"], record.get("name"))
     cmdline = record.get("cmdline")
     if cmdline and cmdline != record.get("name"):
@@ -233,7 +234,7 @@ def describe_process(record: dict[str, t.Any]) -> str:
 
 
 def parent_chain(holder: Holder, table: Table, own_lineage: t.Collection[int], signalled: t.Collection[int], proc: str = "/proc"
-                 ) -> list[dict[str, t.Any]]:
+                 ) -> list[Holder]:
     """The ancestors of a holder that may start it again: from its parent up to its session leader
     or a launcher, never PID 1, a protected daemon (sshd, systemd, ...), a kernel thread or this
     Ansible session. Ancestors that are themselves being signalled are passed over."""
@@ -349,7 +350,7 @@ class Watch:
     def newcomers(self) -> list[tuple[tuple[int, int], tuple[str, str, str]]]:
         return [(key, value) for key, value in sorted(members(list(self.watched), self.proc).items()) if key not in self.before]
 
-    def respawned(self) -> list[tuple[int, dict[str, t.Any]]]:
+    def respawned(self) -> list[tuple[int, Holder]]:
         """[(parent pid, newcomer record)]: new descendants of a live watched parent that run a
         killed holder's command line again or hold a selected GPU."""
         if not self.parents:
@@ -387,7 +388,7 @@ class Watch:
             system.sleep(min(poll, left))
 
     def message(self, came: t.Sequence[tuple[tuple[int, int], tuple[str, str, str]]], dirty: t.Sequence[Gpu], after_s: float,
-                again: t.Sequence[tuple[int, dict[str, t.Any]]] = (), clean: bool = True) -> str:
+                again: t.Sequence[tuple[int, Holder]] = (), clean: bool = True) -> str:
         parts = []
         for (pid, _start), (cgroup, name, cmdline) in came:
             text = f"pid {pid} {name}"

@@ -342,13 +342,13 @@ def main_pid(props: dict[str, str]) -> int:
         return 0
 
 
-def main_process(props: dict[str, str], proc: str) -> tuple[int, dict[str, t.Any] | None]:
+def main_process(props: dict[str, str], proc: str) -> tuple[int, Holder | None]:
     """(MainPID, its /proc record or None) of a unit."""
     pid = main_pid(props)
     return pid, (holders_mod.read_process(pid, proc) if pid > 0 else None)
 
 
-def protected_main(pid: int, record: dict[str, t.Any] | None, protect_names: t.Iterable[str] = ()) -> str | None:
+def protected_main(pid: int, record: t.Mapping[str, t.Any] | None, protect_names: t.Iterable[str] = ()) -> str | None:
     """"pid N name" when a unit's main process is protected (built-in names or `protect`), else
     None: such a unit is never stopped, named or owning a holder."""
     if record and holders_mod.name_matches(record, tuple(holders_mod.BUILTIN_PROTECTED_NAMES) + tuple(protect_names or ())):
