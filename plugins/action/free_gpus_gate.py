@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import typing as t
 
 import yaml
 from ansible.errors import AnsibleActionFail, AnsibleError
@@ -23,8 +24,9 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-from ansible_collections.zeromib.gpu.plugins.filter.free_gpus import free_gpus_failed, free_gpus_outcome
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import failed, outcome_of
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._verdict import Verdict, verdict
 
 try:
     _YamlLoader = yaml.CSafeLoader
@@ -77,32 +79,14 @@ def compact(result, verbosity):
     return shown
 
 
-def gate_failures(release, params, check_mode):
-    """The role's verdict on one host -> the names of the checks that fail (empty: the host passes).
+def gate_failures(release: t.Mapping[str, t.Any], params: t.Mapping[str, t.Any], check_mode: bool) -> list[str]:
+    """The role's verdict on one host -> the names of the checks that fail (empty: the host passes)."""
+    return role_verdict(release, params, check_mode).failed_checks
 
-    The checks of the assert this replaces, in its order. A new condition (a health threshold, say)
-    is one more `if` here, with its message added to free_gpus_outcome's problems."""
-    failures = []
-    if release.get("failed") or "released" not in release:
-        # gpu_release could not look or act (nvidia-smi missing or hung, GPU lost, plan refused):
-        # that fails a dry run as it fails the real one.
-        failures.append("gpu_release failed")
-    if not check_mode:
-        if not release.get("released", False):
-            failures.append("released")
-        selected = release.get("selected_gpus") or []
-        if any(not gpu.get("clean") for gpu in release.get("gpus") or [] if gpu.get("index") in selected):
-            failures.append("every selected GPU clean")
-    expected = int(params.get("free_gpus_expected_count") or 0)
-    if expected and len(release.get("gpus") or []) != expected:
-        failures.append("free_gpus_expected_count")
-    # Health is read, never changed: a dry run fails on an unhealthy GPU as the real run does.
-    if params.get("free_gpus_require_healthy", True) and release.get("gpus") and release.get("healthy") is not True:
-        failures.append("free_gpus_require_healthy")
-    # A GPU that failed the CUDA smoke test (free_gpus_smoke_test) is not ready, however free it reads.
-    if release.get("smoke_test_passed") is False:
-        failures.append("free_gpus_smoke_test")
-    return failures
+
+def role_verdict(release: t.Mapping[str, t.Any], params: t.Mapping[str, t.Any], check_mode: bool) -> Verdict:
+    """The one verdict (plugin_utils/_verdict.py) with the role's settings."""
+    return verdict(release, params.get("free_gpus_expected_count"), check_mode, params.get("free_gpus_require_healthy", True))
 
 
 def module_args(params):
@@ -193,23 +177,22 @@ class ActionModule(ActionBase):
         if invalid:
             result.update(invalid)
             # The summary of free_gpus.yml lists this host with its error, as any failed host.
-            result["ansible_facts"] = {"free_gpus_result": free_gpus_failed(host, invalid["msg"])}
+            result["ansible_facts"] = {"free_gpus_result": failed(host, invalid["msg"])}
             result["warnings"] = warnings
             return compact(result, Display().verbosity)
         release = self._execute_module(module_name="zeromib.gpu.gpu_release", module_args=module_args(params),
                                        task_vars=task_vars)
         check_mode = bool(self._task.check_mode)
-        outcome = free_gpus_outcome(release, host, params.get("free_gpus_expected_count"),
-                                    check_mode, params.get("free_gpus_require_healthy", True))
+        found = role_verdict(release, params, check_mode)
+        outcome = outcome_of(release, host, found, check_mode)
         result.update(release)
         result["warnings"] = warnings + list(release.get("warnings") or [])
         # Ansible drops the facts of a failed task; the role's rescue sets them from here.
         result["ansible_facts"] = {"free_gpus_result": outcome}
-        failures = gate_failures(release, params, check_mode)
-        if failures:
+        if found.failed_checks:
             result["failed"] = True
             result["msg"] = outcome["message"]
-            result["failed_checks"] = failures
+            result["failed_checks"] = found.failed_checks
             return compact(result, Display().verbosity)
         result.pop("failed", None)
         result["msg"] = outcome["message"]
