@@ -188,6 +188,7 @@ _value:
 
 import re
 import time
+import typing as t
 from collections.abc import Mapping, Sequence
 
 from ansible.errors import AnsibleFilterError
@@ -405,7 +406,8 @@ def _pending_restore(facts):
     return lines
 
 
-def _host_record(entry):
+def _checked_entry(entry: t.Any) -> tuple[str, str, dict[str, t.Any]]:
+    """One host's input record -> (host, status ok/error/unreachable, its gpu_facts or {})."""
     if not isinstance(entry, Mapping):
         raise AnsibleFilterError(f"zeromib.gpu.gpu_audit_model: each host must be a dictionary, got {entry!r}")
     host = entry.get("host")
@@ -417,14 +419,31 @@ def _host_record(entry):
         raise AnsibleFilterError(
             "zeromib.gpu.gpu_audit_model: host {} has status {!r}; expected one of {}".format(host, raw_status, ", ".join(sorted(_INPUT_STATUSES)))
         )
-    raw_status = _INPUT_STATUSES[raw_status]
     facts = entry.get("gpu")
-    facts = facts if isinstance(facts, Mapping) else {}
+    return host, _INPUT_STATUSES[raw_status], dict(facts) if isinstance(facts, Mapping) else {}
 
+
+def _status(entry: t.Mapping[str, t.Any], raw_status: str, facts: t.Mapping[str, t.Any]) -> tuple[str, bool, str | None]:
+    """(status, up, reason) of one host: what it answered, or why it did not."""
+    if raw_status == "unreachable":
+        return "unreachable", False, _first_line(entry.get("error")) or "unreachable"
+    if raw_status == "error":
+        return "error", False, _first_line(entry.get("error")) or "zeromib.gpu.gpu_facts failed"
+    if not facts:
+        return "error", False, _first_line(entry.get("error")) or "zeromib.gpu.gpu_facts returned no ansible_facts.gpu"
+    if facts.get("error"):
+        return "error", False, _first_line(facts["error"])
+    if facts.get("clean") is True:
+        return "clean", True, None
+    return "dirty", True, None
+
+
+def _host_record(entry: t.Any) -> dict[str, t.Any]:
+    host, raw_status, facts = _checked_entry(entry)
     gpus, holders, stale = _gpu_records(host, facts)
     used = [g["memory_used_mib"] for g in gpus if _int_or_none(g.get("memory_used_mib")) is not None]
     total = [g["memory_total_mib"] for g in gpus if _int_or_none(g.get("memory_total_mib")) is not None]
-    record = {
+    record: dict[str, t.Any] = {
         "host": host,
         "status": None,
         "up": False,
@@ -452,25 +471,8 @@ def _host_record(entry):
     if record["gpu_count"] is None and facts:
         record["gpu_count"] = len(gpus)
     record["used_pct"] = _pct(record["memory_used_mib"], record["memory_total_mib"])
-
-    if raw_status == "unreachable":
-        record["status"] = "unreachable"
-        record["reason"] = _first_line(entry.get("error")) or "unreachable"
-    elif raw_status == "error":
-        record["status"] = "error"
-        record["reason"] = _first_line(entry.get("error")) or "zeromib.gpu.gpu_facts failed"
-    elif not facts:
-        record["status"] = "error"
-        record["reason"] = _first_line(entry.get("error")) or "zeromib.gpu.gpu_facts returned no ansible_facts.gpu"
-    elif facts.get("error"):
-        record["status"] = "error"
-        record["reason"] = _first_line(facts["error"])
-    elif facts.get("clean") is True:
-        record["status"] = "clean"
-        record["up"] = True
-    else:
-        record["status"] = "dirty"
-        record["up"] = True
+    record["status"], record["up"], record["reason"] = _status(entry, raw_status, facts)
+    if record["status"] == "dirty":
         record["reason"] = _dirty_reason(gpus, holders, stale)
     if record["up"]:
         record["health_reason"] = _health_reason(record)
@@ -505,11 +507,24 @@ def model_of(hosts, generated_at=None, expected_hosts=None):
     except (TypeError, ValueError) as exc:
         raise AnsibleFilterError(f"zeromib.gpu.gpu_audit_model: generated_at must be seconds since the epoch, got {generated_at!r}") from exc
 
-    def count(status):
+    summary = _summary(records)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch)),
+        "generated_epoch": epoch,
+        "max_gpu_count": max([len(r["gpus"]) for r in records] + [1]),
+        "summary": summary,
+        "hosts": records,
+    }
+
+
+def _summary(records: list[dict[str, t.Any]]) -> dict[str, int]:
+    """The fleet's counts: hosts by status, GPUs, MiB, holders, health."""
+    def count(status: str) -> int:
         return sum(1 for r in records if r["status"] == status)
 
     up_gpus = [g for r in records if r["up"] for g in r["gpus"]]
-    summary = {
+    return {
         "hosts_total": len(records),
         "hosts_clean": count("clean"),
         "hosts_dirty": count("dirty"),
@@ -526,14 +541,6 @@ def model_of(hosts, generated_at=None, expected_hosts=None):
         "gpus_unhealthy": sum(1 for g in up_gpus if g["healthy"] is False),
         "hosts_health_unchecked": sum(1 for r in records if r["up"] and r["unchecked_gpus"]),
         "gpus_health_unchecked": sum(1 for g in up_gpus if g["health_checked"] is False),
-    }
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch)),
-        "generated_epoch": epoch,
-        "max_gpu_count": max([len(r["gpus"]) for r in records] + [1]),
-        "summary": summary,
-        "hosts": records,
     }
 
 
