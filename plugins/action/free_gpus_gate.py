@@ -18,7 +18,7 @@ import difflib
 import os
 import typing as t
 
-import yaml
+import yaml  # type: ignore[import-untyped]  # no types-PyYAML in the lint tools
 from ansible.errors import AnsibleActionFail, AnsibleError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
@@ -49,7 +49,7 @@ NOT_OPTIONS = frozenset(["free_gpus_result", "free_gpus_hosts"])
 RECORD_KEYS = ("gpus", "gpus_before", "holders", "argument_spec_data")
 
 
-def unknown_variables(names, spec):
+def unknown_variables(names: t.Iterable[str], spec: t.Mapping[str, t.Any]) -> list[str]:
     """free_gpus_* variables the role does not know -> warnings naming the closest known one."""
     warnings = []
     # Compared without the prefix they all share, which would make every name look close.
@@ -61,13 +61,13 @@ def unknown_variables(names, spec):
     return warnings
 
 
-def range_problems(params):
+def range_problems(params: t.Mapping[str, t.Any]) -> list[str]:
     """The role's numeric variables checked as gpu_release checks its options, named as the role names them."""
     plain = {name[len(ROLE_PREFIX):]: value for name, value in params.items() if name.startswith(ROLE_PREFIX)}
     return _options.check(plain, ROLE_PREFIX)
 
 
-def compact(result, verbosity):
+def compact(result: dict[str, t.Any], verbosity: int) -> dict[str, t.Any]:
     """A failed gate's result as shown without -v: the message once, no GPU records."""
     if verbosity > 0:
         return result
@@ -89,7 +89,7 @@ def role_verdict(release: t.Mapping[str, t.Any], params: t.Mapping[str, t.Any], 
     return verdict(release, params.get("free_gpus_expected_count"), check_mode, params.get("free_gpus_require_healthy", True))
 
 
-def module_args(params):
+def module_args(params: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
     """Validated role variables -> gpu_release's options (free_gpus_X -> X)."""
     args = {}
     for name, value in params.items():
@@ -102,10 +102,10 @@ def module_args(params):
     return args
 
 
-_SPECS = {}
+_SPECS: dict[str, dict[str, t.Any] | None] = {}
 
 
-def role_options(role_path):
+def role_options(role_path: str) -> dict[str, t.Any] | None:
     """The `options` of the role's main entry point, or None without a spec file. Cached: the
     strategy imports this plugin on the controller before it forks a worker per host, and the
     collection's own role is read here at import, so no worker parses the YAML again
@@ -129,13 +129,21 @@ except (OSError, yaml.YAMLError):
     pass
 
 
+class _Invalid(Exception):
+    """The role's variables fail their checks: `result` is the task's failed result."""
+
+    def __init__(self, result: dict[str, t.Any]) -> None:
+        super().__init__(result["msg"])
+        self.result = result
+
+
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _VALID_ARGS = frozenset()
     _supports_check_mode = True
     _supports_async = False
 
-    def _argument_spec(self, task_vars):
+    def _argument_spec(self, task_vars: dict[str, t.Any]) -> dict[str, t.Any]:
         role_path = task_vars.get("role_path")
         if not role_path:
             raise AnsibleActionFail("zeromib.gpu.free_gpus_gate runs inside the zeromib.gpu.free_gpus role only")
@@ -144,7 +152,7 @@ class ActionModule(ActionBase):
             raise AnsibleActionFail(f"no meta/argument_specs.yml in {role_path}")
         return spec
 
-    def _validated(self, task_vars):
+    def _validated(self, task_vars: dict[str, t.Any]) -> dict[str, t.Any]:
         """The role's variables, checked and typed as Ansible's automatic validation task checks
         them (ansible.builtin.validate_argument_spec: same validator, same message), then their
         ranges as gpu_release checks them."""
@@ -152,29 +160,32 @@ class ActionModule(ActionBase):
         try:
             provided = self._templar.template({name: task_vars[name] for name in spec if name in task_vars})
         except AnsibleError as exc:
-            return None, {"failed": True, "msg": "a free_gpus_* variable cannot be templated: {}".format(getattr(exc, "message", exc))}
+            raise _Invalid({"failed": True, "msg": "a free_gpus_* variable cannot be templated: {}".format(getattr(exc, "message", exc))}) from exc
         validator = ArgumentSpecValidator(spec)
         checked = validator.validate(provided, validate_role_argument_spec=True)
         if checked.error_messages:
-            return None, {
+            raise _Invalid({
                 "failed": True,
                 "msg": "Validation of arguments failed:\n{}".format("\n".join(checked.error_messages)),
                 "argument_errors": checked.error_messages,
                 "argument_spec_data": spec,
-            }
+            })
         problems = range_problems(checked.validated_parameters)
         if problems:
-            return None, {"failed": True, "msg": "; ".join(problems), "argument_errors": problems}
-        return checked.validated_parameters, None
+            raise _Invalid({"failed": True, "msg": "; ".join(problems), "argument_errors": problems})
+        return checked.validated_parameters
 
-    def run(self, tmp=None, task_vars=None):
+    def run(self, tmp: str | None = None, task_vars: dict[str, t.Any] | None = None) -> dict[str, t.Any]:
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
         del tmp
-        host = task_vars.get("inventory_hostname")
+        # Ansible sets it for every task.
+        host = t.cast(str, task_vars.get("inventory_hostname"))
         warnings = [f"{host}: {warning}" for warning in unknown_variables(task_vars, self._argument_spec(task_vars))]
-        params, invalid = self._validated(task_vars)
-        if invalid:
+        try:
+            params = self._validated(task_vars)
+        except _Invalid as exc:
+            invalid = exc.result
             result.update(invalid)
             # The summary of free_gpus.yml lists this host with its error, as any failed host.
             result["ansible_facts"] = {"free_gpus_result": failed(host, invalid["msg"])}

@@ -74,6 +74,7 @@ _value:
   type: raw
 """
 
+import typing as t
 from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
@@ -81,12 +82,12 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._plain import plain
 
 try:
-    import jmespath
+    import jmespath  # type: ignore[import-untyped]  # no types-jmespath in the lint tools
 except ImportError:  # pragma: no cover - exercised through a test that hides the module
     jmespath = None
 
 
-def fleet_query(data, expr):
+def fleet_query(data: t.Any, expr: t.Any) -> t.Any:
     if jmespath is None:
         raise AnsibleFilterError(
             "zeromib.gpu.fleet_query needs the 'jmespath' Python library on the controller "
@@ -98,7 +99,7 @@ def fleet_query(data, expr):
     return _search(plain(data), expr)
 
 
-def search_plain(data, expr):
+def search_plain(data: t.Any, expr: str) -> t.Any:
     """One query over data that is plain Python already (no copy); the report plugin's way in."""
     if jmespath is None:
         raise AnsibleFilterError(
@@ -108,7 +109,7 @@ def search_plain(data, expr):
     return _search(data, expr)
 
 
-def _search(data, expr):
+def _search(data: t.Any, expr: str) -> t.Any:
     if not isinstance(expr, str) or not expr.strip():
         raise AnsibleFilterError(f"zeromib.gpu.fleet_query needs a non-empty JMESPath expression, got {expr!r}")
     try:
@@ -122,5 +123,5 @@ def _search(data, expr):
 
 
 class FilterModule:
-    def filters(self):
+    def filters(self) -> dict[str, t.Callable[..., t.Any]]:
         return {"fleet_query": fleet_query}

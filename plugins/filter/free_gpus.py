@@ -34,11 +34,12 @@ free_gpus_failed = _outcome.failed
 GATE_ACTIONS = ("zeromib.gpu.free_gpus_gate", "free_gpus_gate")
 
 
-def _failed_in_gate(failed_task):
+def _failed_in_gate(failed_task: object) -> bool:
     return isinstance(failed_task, Mapping) and failed_task.get("action") in GATE_ACTIONS
 
 
-def free_gpus_rescued(failed_result, host, own_result=None, failed_task=None, hostvars=None, play_hosts_all=None, play_hosts=None):
+def free_gpus_rescued(failed_result: t.Any, host: str, own_result: t.Any = None, failed_task: t.Any = None, hostvars: t.Any = None,
+                      play_hosts_all: t.Iterable[str] | None = None, play_hosts: t.Iterable[str] | None = None) -> Outcome:
     """The role's rescue -> this host's `free_gpus_result`.
 
     A host whose gate failed: the outcome the gate returned (a failed task keeps no facts), or one
@@ -49,7 +50,7 @@ def free_gpus_rescued(failed_result, host, own_result=None, failed_task=None, ho
         outcome = (failed_result.get("ansible_facts") or {}).get("free_gpus_result")
         message = failed_result.get("msg") or "free_gpus failed"
         if isinstance(outcome, Mapping) and outcome.get("host") == host:
-            outcome = dict(outcome)
+            outcome = t.cast(Outcome, dict(outcome))
             outcome["ok"] = False
             outcome["message"] = outcome.get("message") or message
             return outcome
@@ -71,7 +72,7 @@ def free_gpus_rescued(failed_result, host, own_result=None, failed_task=None, ho
             failed.append(other)
         elif other not in live and not isinstance(result, Mapping):
             missing.append(other)
-    outcome = dict(own_result) if isinstance(own_result, Mapping) else free_gpus_failed(host, "stopped", "stopped")
+    outcome = t.cast(Outcome, dict(own_result)) if isinstance(own_result, Mapping) else free_gpus_failed(host, "stopped", "stopped")
     outcome["stopped_by"] = failed or missing
     if failed:
         why = "{} failed".format(", ".join(failed))
@@ -85,7 +86,7 @@ def free_gpus_rescued(failed_result, host, own_result=None, failed_task=None, ho
     return outcome
 
 
-def _outcomes(data, hosts, live=None):
+def _outcomes(data: t.Any, hosts: t.Iterable[str] | None, live: t.Container[str] | None = None) -> list[t.Any]:
     """A list of outcomes, or hostvars (a mapping of host to its variables). From hostvars only
     the hosts of `live` (the play's hosts left: with fact caching, an unreachable host would show
     its cached result of an earlier run) are read; a host that failed without an outcome of this
@@ -108,7 +109,7 @@ def _outcomes(data, hosts, live=None):
     return list(data or [])
 
 
-def _note(outcome):
+def _note(outcome: t.Mapping[str, t.Any]) -> str:
     """Why an OK host reads above 0 MiB, and what was left running on purpose."""
     notes = []
     if outcome.get("footprint_gpus"):
@@ -117,14 +118,14 @@ def _note(outcome):
         notes.append("spanning: {}".format(spanning_note(outcome["spanning"])))
     clients = outcome.get("nvml_clients") or []
     if clients:
-        notes.append("%d NVML client%s kept" % (len(clients), "" if len(clients) == 1 else "s"))
+        notes.append("{} NVML client{} kept".format(len(clients), "" if len(clients) == 1 else "s"))
     if outcome.get("health_unchecked"):
         notes.append("not checked: " + ", ".join(outcome["health_unchecked"]))
     notes.extend(outcome.get("smoke_test_notes") or [])
     return "; ".join(notes)
 
 
-def free_gpus_summary(data, hosts=None, live=None):
+def free_gpus_summary(data: t.Any, hosts: list[str] | None = None, live: t.Container[str] | None = None) -> list[str]:
     """Outcomes, or hostvars, -> fleet summary lines, worst first. A host of `hosts` without an
     outcome (unreachable, or failed before gpu_release ran) is listed too; `live`: see _outcomes."""
     rows = []
@@ -165,14 +166,14 @@ def free_gpus_summary(data, hosts=None, live=None):
         if row[7]:
             line += "  " + row[7]
         lines.append(line.rstrip())
-    totals = {}
+    totals: dict[str, int] = {}
     for row in rows:
         totals[row[0]] = totals.get(row[0], 0) + 1
-    lines.append("%d host%s: %s" % (len(rows), "" if len(rows) == 1 else "s", ", ".join("%d %s" % (n, s) for s, n in sorted(
+    lines.append("{} host{}: {}".format(len(rows), "" if len(rows) == 1 else "s", ", ".join(f"{n} {s}" for s, n in sorted(
         totals.items(), key=lambda item: _STATUS_ORDER.get(item[0], 1)))))
     return lines
 
 
 class FilterModule:
-    def filters(self):
+    def filters(self) -> dict[str, t.Callable[..., t.Any]]:
         return {"free_gpus_outcome": free_gpus_outcome, "free_gpus_summary": free_gpus_summary, "free_gpus_rescued": free_gpus_rescued}

@@ -199,11 +199,11 @@ SCHEMA_VERSION = 1
 _INPUT_STATUSES = {"ok": "ok", "error": "error", "failed": "error", "unreachable": "unreachable"}
 
 
-def _natural_key(name):
+def _natural_key(name: str) -> list[tuple[int, int, str]]:
     return [(0, int(part), "") if part.isdigit() else (1, 0, part.lower()) for part in re.split(r"(\d+)", name)]
 
 
-def _int_or_none(value):
+def _int_or_none(value: object) -> int | None:
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, (int, float)):
@@ -211,13 +211,13 @@ def _int_or_none(value):
     return None
 
 
-def _pct(used, total):
+def _pct(used: float | None, total: float | None) -> float | None:
     if used is None or not total:
         return None
     return round(100.0 * used / total, 1)
 
 
-def _first_line(text):
+def _first_line(text: object) -> str:
     text = str(text or "").strip()
     line = text.splitlines()[0].strip() if text else ""
     # ansible-core 2.19 prefixes unreachable and module failures with this; the report says it already.
@@ -227,24 +227,24 @@ def _first_line(text):
 _SECONDS_AGO = re.compile(r"\b(?:at )?(\d+(?:\.\d+)?) s ago\b")
 
 
-def age_text(seconds):
+def age_text(seconds: float | str) -> str:
     """7200 -> '2 h', 90 -> '90 s': the unit a person would say."""
     seconds = float(seconds)
     if seconds < 120:
-        return "%d s" % round(seconds)
+        return f"{round(seconds)} s"
     if seconds < 120 * 60:
-        return "%d min" % round(seconds / 60)
+        return f"{round(seconds / 60)} min"
     if seconds < 72 * 3600:
-        return "%d h" % round(seconds / 3600)
-    return "%d d" % round(seconds / 86400)
+        return f"{round(seconds / 3600)} h"
+    return f"{round(seconds / 86400)} d"
 
 
-def human_ages(text):
+def human_ages(text: object) -> str:
     """'... in the kernel log at 7200 s ago' (a dmesg Xid) -> '... in the kernel log 2 h ago'."""
     return _SECONDS_AGO.sub(lambda m: f"{age_text(m.group(1))} ago", str(text))
 
 
-def _container_label(holder):
+def _container_label(holder: t.Mapping[str, t.Any]) -> str | None:
     """`vllm (vllm/vllm-openai:v0.11.0)`, or the short id where the runtime could not be asked; the pod first."""
     cid = holder.get("container")
     name, image = holder.get("container_name"), holder.get("container_image")
@@ -257,9 +257,9 @@ def _container_label(holder):
     return label
 
 
-def _gpu_records(host, facts):
+def _gpu_records(host: str, facts: t.Mapping[str, t.Any]) -> tuple[list[dict[str, t.Any]], list[dict[str, t.Any]], list[dict[str, t.Any]]]:
     holders = []
-    mib_by_pid = {}
+    mib_by_pid: dict[t.Any, int] = {}
     for proc in facts.get("processes") or []:
         if isinstance(proc, Mapping) and proc.get("alive", True) and _int_or_none(proc.get("used_memory_mib")) is not None:
             mib_by_pid[proc.get("pid")] = mib_by_pid.get(proc.get("pid"), 0) + int(proc["used_memory_mib"])
@@ -306,10 +306,11 @@ def _gpu_records(host, facts):
     return gpus, holders, stale
 
 
-def _gpu_health(gpu):
+def _gpu_health(gpu: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
     """Health columns of one GPU: healthy (None when gpu_facts read no health), its issues,
     uncorrected ECC errors and the number of recent Xids."""
-    health = gpu.get("health") if isinstance(gpu.get("health"), Mapping) else {}
+    raw_health = gpu.get("health")
+    health: t.Mapping[str, t.Any] = raw_health if isinstance(raw_health, Mapping) else {}
     healthy = gpu.get("healthy")
     checked = gpu.get("health_checked")
     return {
@@ -324,23 +325,24 @@ def _gpu_health(gpu):
     }
 
 
-def _unchecked_notes(gpu):
+def _unchecked_notes(gpu: t.Mapping[str, t.Any]) -> list[str]:
     """What could not be checked on one GPU: gpu_facts' check names (health_unchecked) where it
     gives them, else its notes (health.unchecked)."""
     names = gpu.get("health_unchecked")
     if names:
         return [str(name) for name in names]
-    health = gpu.get("health") if isinstance(gpu.get("health"), Mapping) else {}
+    raw_health = gpu.get("health")
+    health: t.Mapping[str, t.Any] = raw_health if isinstance(raw_health, Mapping) else {}
     return [str(note) for note in health.get("unchecked") or []]
 
 
-def _health_reason(record):
+def _health_reason(record: t.Mapping[str, t.Any]) -> str | None:
     """The host's health issues, then what was not checked, grouped by GPU; None when all is well."""
     # gpu_facts gives the host's list (every GPU's issues, then DCGM's); saved records may carry
     # only the GPUs' own.
     parts = list(record["health_issues"]) or [
         "GPU {} ({}): {}".format(g.get("index"), g.get("pci_bus_id"), issue) for g in record["gpus"] for issue in g["health_issues"]]
-    by_notes = {}
+    by_notes: dict[str, list[str]] = {}
     for gpu in record["gpus"]:
         if gpu["health_checked"] is False:
             notes = ", ".join(_unchecked_notes(gpu)) or "some checks"
@@ -350,7 +352,7 @@ def _health_reason(record):
     return "; ".join(parts) or None
 
 
-def _smoke_test(gpu):
+def _smoke_test(gpu: t.Mapping[str, t.Any]) -> dict[str, t.Any] | None:
     """The GPU's last CUDA smoke test (gpu_facts with smoke_test), with a one-word `result`
     (passed, FAILED, skipped); None when the facts carry none."""
     test = gpu.get("smoke_test")
@@ -360,12 +362,12 @@ def _smoke_test(gpu):
     return dict(test, result=result)
 
 
-def _dirty_reason(gpus, holders, stale):
+def _dirty_reason(gpus: list[dict[str, t.Any]], holders: list[dict[str, t.Any]], stale: list[dict[str, t.Any]]) -> str:
     parts = []
     dirty = [g for g in gpus if not g["clean"]]
     if len(dirty) > 3:
         used = sum(g.get("memory_used_mib") or 0 for g in dirty)
-        parts.append("%d GPUs (%s) %d MiB in all" % (len(dirty), ", ".join(str(g.get("index")) for g in dirty), used))
+        parts.append("{} GPUs ({}) {} MiB in all".format(len(dirty), ", ".join(str(g.get("index")) for g in dirty), int(used)))
     elif dirty:
         parts.append(", ".join(
             "GPU {} {} MiB".format(g.get("index"), "?" if g.get("memory_used_mib") is None else g.get("memory_used_mib")) for g in dirty
@@ -373,7 +375,7 @@ def _dirty_reason(gpus, holders, stale):
     blocking = [h for h in holders if h["blocking"]]
     if blocking:
         # One line per owner: eight vLLM workers of one unit read as the unit, not eight PIDs.
-        owners = {}
+        owners: dict[str, list[dict[str, t.Any]]] = {}
         for h in blocking:
             owner = h.get("unit") or ("container {}".format(h["container_label"]) if h.get("container_label") else None)
             owners.setdefault(owner or "pid {}".format(h.get("pid")), []).append(h)
@@ -386,8 +388,8 @@ def _dirty_reason(gpus, holders, stale):
             elif len(members) == 1:
                 shown.append("{} {} ({}){}".format(members[0].get("pid"), members[0].get("name") or "?", owner, note))
             else:
-                shown.append("%s (%d processes)%s" % (owner, len(members), note))
-        more = " and %d more" % (len(shown) - 3) if len(shown) > 3 else ""
+                shown.append(f"{owner} ({len(members)} processes){note}")
+        more = f" and {len(shown) - 3} more" if len(shown) > 3 else ""
         parts.append("held by " + ", ".join(shown[:3]) + more)
     if stale and not blocking:
         parts.append("memory counted for gone PID {}".format(", ".join(str(p.get("pid")) for p in stale[:3])))
@@ -396,7 +398,7 @@ def _dirty_reason(gpus, holders, stale):
 
 # ---- pending restore (issue 24): what zeromib.gpu.gpu_release stopped and gpu_restore has not put
 # back yet, from gpu_facts' `pending_restore`. One line per entry; an unreadable record is a line too.
-def _pending_restore(facts):
+def _pending_restore(facts: t.Mapping[str, t.Any]) -> list[str]:
     pending = facts.get("pending_restore")
     if not isinstance(pending, Mapping):
         return []
@@ -479,13 +481,13 @@ def _host_record(entry: t.Any) -> dict[str, t.Any]:
     return record
 
 
-def gpu_audit_model(hosts, generated_at=None, expected_hosts=None):
+def gpu_audit_model(hosts: t.Any, generated_at: t.Any = None, expected_hosts: t.Any = None) -> dict[str, t.Any]:
     if isinstance(hosts, Mapping) or not isinstance(hosts, Sequence) or isinstance(hosts, str):
         raise AnsibleFilterError(f"zeromib.gpu.gpu_audit_model expects a list of host records, got {type(hosts).__name__}")
     return model_of([plain(entry) for entry in hosts], generated_at, plain(expected_hosts))
 
 
-def model_of(hosts, generated_at=None, expected_hosts=None):
+def model_of(hosts: list[t.Any], generated_at: t.Any = None, expected_hosts: t.Iterable[t.Any] | None = None) -> dict[str, t.Any]:
     """The model from host records that are plain Python already (json.load, or plain() once):
     the report plugin's way in, which copies nothing twice."""
     records = [_host_record(entry) for entry in hosts]
@@ -545,5 +547,5 @@ def _summary(records: list[dict[str, t.Any]]) -> dict[str, int]:
 
 
 class FilterModule:
-    def filters(self):
+    def filters(self) -> dict[str, t.Callable[..., t.Any]]:
         return {"gpu_audit_model": gpu_audit_model}

@@ -51,6 +51,7 @@ _value:
 """
 
 import math
+import typing as t
 from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
@@ -76,18 +77,18 @@ _FAMILIES = (
 )
 
 
-def escape_label_value(value):
+def escape_label_value(value: object) -> str:
     """Escape per the text exposition format: backslash, double quote and line feed."""
     return "" if value is None else str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _labels(pairs):
+def _labels(pairs: list[tuple[str, t.Any]]) -> str:
     if not pairs:
         return ""
     return "{" + ",".join(f'{k}="{escape_label_value(v)}"' for k, v in pairs) + "}"
 
 
-def _number(value):
+def _number(value: object) -> str:
     if isinstance(value, bool):
         return "1" if value else "0"
     if isinstance(value, int):
@@ -101,55 +102,64 @@ def _number(value):
     raise TypeError(value)
 
 
-def _is_number(value):
+def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def gpu_audit_prom(model):
+_Samples = t.Dict[str, t.List[str]]
+
+
+def _add(samples: _Samples, name: str, labels: str | list[tuple[str, t.Any]], value: t.Any) -> None:
+    # labels: (name, value) pairs, or a label set rendered once (a GPU's, used by several families).
+    samples[name].append(f"{name}{labels if isinstance(labels, str) else _labels(labels)} {_number(value)}")
+
+
+def _gpu_samples(samples: _Samples, name: t.Any, gpu: t.Mapping[str, t.Any]) -> None:
+    gpu_labels = [("host", name), ("gpu", gpu.get("index")), ("uuid", gpu.get("uuid")), ("name", gpu.get("name"))]
+    named, keyed = _labels(gpu_labels), _labels(gpu_labels[:3])
+    if _is_number(gpu.get("memory_used_mib")):
+        _add(samples, "zeromib_gpu_memory_used_mib", named, gpu["memory_used_mib"])
+    if _is_number(gpu.get("memory_total_mib")):
+        _add(samples, "zeromib_gpu_memory_total_mib", named, gpu["memory_total_mib"])
+    _add(samples, "zeromib_gpu_clean", keyed, bool(gpu.get("clean")))
+    if isinstance(gpu.get("healthy"), bool):
+        _add(samples, "zeromib_gpu_healthy", keyed, gpu["healthy"])
+    if isinstance(gpu.get("health_checked"), bool):
+        _add(samples, "zeromib_gpu_health_checked", keyed, gpu["health_checked"])
+    if _is_number(gpu.get("ecc_uncorrected")):
+        _add(samples, "zeromib_gpu_ecc_uncorrected", keyed, gpu["ecc_uncorrected"])
+    if _is_number(gpu.get("xid_recent")):
+        _add(samples, "zeromib_gpu_xid_recent", keyed, gpu["xid_recent"])
+
+
+def _host_samples(samples: _Samples, host: t.Mapping[str, t.Any]) -> None:
+    name = host.get("host")
+    up = bool(host.get("up"))
+    _add(samples, "zeromib_gpu_host_up", [("host", name)], up)
+    _add(samples, "zeromib_gpu_host_clean", [("host", name)], host.get("status") == "clean")
+    _add(samples, "zeromib_gpu_host_info", [
+        ("host", name), ("status", host.get("status")),
+        ("driver_version", host.get("driver_version")), ("cuda_version", host.get("cuda_version")),
+    ], 1)
+    if not up:
+        return
+    if _is_number(host.get("gpu_count")):
+        _add(samples, "zeromib_gpu_devices", [("host", name)], host["gpu_count"])
+    _add(samples, "zeromib_gpu_holders", [("host", name)], sum(1 for h in host.get("holders") or [] if h.get("blocking")))
+    _add(samples, "zeromib_gpu_nvml_clients", [("host", name)], len(host.get("nvml_clients") or []))
+    for gpu in host.get("gpus") or []:
+        _gpu_samples(samples, name, gpu)
+
+
+def gpu_audit_prom(model: t.Any) -> str:
     if not isinstance(model, Mapping) or not isinstance(model.get("hosts"), list):
         raise AnsibleFilterError("zeromib.gpu.gpu_audit_prom expects the report model from zeromib.gpu.gpu_audit_model")
-    samples = {name: [] for name, dummy in _FAMILIES}
-
-    def add(name, labels, value):
-        # labels: (name, value) pairs, or a label set rendered once (a GPU's, used by several families).
-        samples[name].append(f"{name}{labels if isinstance(labels, str) else _labels(labels)} {_number(value)}")
-
-    add("zeromib_gpu_audit_timestamp_seconds", [], float(model.get("generated_epoch") or 0.0))
+    samples: _Samples = {name: [] for name, _help in _FAMILIES}
+    _add(samples, "zeromib_gpu_audit_timestamp_seconds", [], float(model.get("generated_epoch") or 0.0))
     for status in _STATUSES:
-        add("zeromib_gpu_audit_hosts", [("status", status)], sum(1 for h in model["hosts"] if h.get("status") == status))
-
+        _add(samples, "zeromib_gpu_audit_hosts", [("status", status)], sum(1 for h in model["hosts"] if h.get("status") == status))
     for host in model["hosts"]:
-        name = host.get("host")
-        up = bool(host.get("up"))
-        add("zeromib_gpu_host_up", [("host", name)], up)
-        add("zeromib_gpu_host_clean", [("host", name)], host.get("status") == "clean")
-        add("zeromib_gpu_host_info", [
-            ("host", name), ("status", host.get("status")),
-            ("driver_version", host.get("driver_version")), ("cuda_version", host.get("cuda_version")),
-        ], 1)
-        if not up:
-            continue
-        if _is_number(host.get("gpu_count")):
-            add("zeromib_gpu_devices", [("host", name)], host["gpu_count"])
-        add("zeromib_gpu_holders", [("host", name)], sum(1 for h in host.get("holders") or [] if h.get("blocking")))
-        add("zeromib_gpu_nvml_clients", [("host", name)], len(host.get("nvml_clients") or []))
-        for gpu in host.get("gpus") or []:
-            gpu_labels = [("host", name), ("gpu", gpu.get("index")), ("uuid", gpu.get("uuid")), ("name", gpu.get("name"))]
-            named, keyed = _labels(gpu_labels), _labels(gpu_labels[:3])
-            if _is_number(gpu.get("memory_used_mib")):
-                add("zeromib_gpu_memory_used_mib", named, gpu["memory_used_mib"])
-            if _is_number(gpu.get("memory_total_mib")):
-                add("zeromib_gpu_memory_total_mib", named, gpu["memory_total_mib"])
-            add("zeromib_gpu_clean", keyed, bool(gpu.get("clean")))
-            if isinstance(gpu.get("healthy"), bool):
-                add("zeromib_gpu_healthy", keyed, gpu["healthy"])
-            if isinstance(gpu.get("health_checked"), bool):
-                add("zeromib_gpu_health_checked", keyed, gpu["health_checked"])
-            if _is_number(gpu.get("ecc_uncorrected")):
-                add("zeromib_gpu_ecc_uncorrected", keyed, gpu["ecc_uncorrected"])
-            if _is_number(gpu.get("xid_recent")):
-                add("zeromib_gpu_xid_recent", keyed, gpu["xid_recent"])
-
+        _host_samples(samples, host)
     lines = []
     for name, help_text in _FAMILIES:
         lines.append(f"# HELP {name} {help_text}")
@@ -159,5 +169,5 @@ def gpu_audit_prom(model):
 
 
 class FilterModule:
-    def filters(self):
+    def filters(self) -> dict[str, t.Callable[..., t.Any]]:
         return {"gpu_audit_prom": gpu_audit_prom}

@@ -100,7 +100,7 @@ def _unchecked(result: t.Mapping[str, t.Any]) -> list[str]:
     return sorted(names, key=lambda name: (CHECKS.index(name) if name in CHECKS else len(CHECKS), name))
 
 
-def _smoke_notes(gpus: list[Gpu]) -> list[str]:
+def _smoke_notes(gpus: t.Sequence[t.Mapping[str, t.Any]]) -> list[str]:
     """'smoke test passed on 2 GPUs (1024 MiB each, 0.41 s)' and each GPU skipped, with why."""
     records = [(g.get("index"), g["smoke_test"]) for g in gpus if isinstance(g.get("smoke_test"), Mapping)]
     passed = [r for _i, r in records if r.get("ok") is True]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import typing as t
 
 if t.TYPE_CHECKING:
-    from ansible_collections.zeromib.gpu.plugins.module_utils._records import Gpu, ReleaseResult
+    from ansible_collections.zeromib.gpu.plugins.module_utils._records import Gpu
 
 # The gate's check names (its `failed_checks`), in the order of the assert the gate replaced.
 CHECKS = ("gpu_release failed", "released", "every selected GPU clean", "free_gpus_expected_count", "free_gpus_require_healthy",
@@ -75,7 +75,7 @@ def _release_failures(result: t.Mapping[str, t.Any], check_mode: bool) -> tuple[
     return checks, problems, status
 
 
-def verdict(result: ReleaseResult | t.Mapping[str, t.Any], expected_count: int | None = 0, check_mode: bool = False,
+def verdict(result: t.Mapping[str, t.Any], expected_count: int | None = 0, check_mode: bool = False,
             require_healthy: bool = False) -> Verdict:
     """gpu_release's result on one host, and the role's settings -> the Verdict."""
     checks, problems, status = _release_failures(result, check_mode)

@@ -167,7 +167,7 @@ def test_the_verdict_fails_on_what_it_was_asked_to(dirty, unhealthy_, failing):
     failed, msg = plugin.verdict(r, found, dirty, unhealthy_, "/r/report.html")
     assert failed == bool(failing)
     if failing:
-        assert msg.startswith("%d of 4 hosts" % len(failing)) and msg.endswith("Report: /r/report.html")
+        assert msg.startswith(f"{len(failing)} of 4 hosts") and msg.endswith("Report: /r/report.html")
 
 
 def test_an_all_clean_fleet_says_so():
@@ -179,9 +179,9 @@ def test_an_all_clean_fleet_says_so():
 
 
 def test_attention_is_grouped_by_kind_of_reason_largest_first():
-    records = [ah.dirty_with_holders("dirty%02d" % n) for n in range(7)] + [ah.unreachable("gone%d" % n) for n in range(3)]
+    records = [ah.dirty_with_holders(f"dirty{n:02d}") for n in range(7)] + [ah.unreachable(f"gone{n}") for n in range(3)]
     records[-1]["error"] = records[-1]["error"].replace("10.0.3.29", "10.0.9.1")
-    records += [unhealthy("xid%d" % n) for n in range(2)]
+    records += [unhealthy(f"xid{n}") for n in range(2)]
     groups = plugin.attention_groups(report(*records))
     assert [(g["status"], g["title"], g["count"]) for g in groups] == [
         ("dirty", "held by vllm.service", 7),
