@@ -172,3 +172,15 @@ def test_check_mode_fails_a_host_that_cannot_be_read():
     result = plugin.run(task_vars=task_vars)
     assert result["failed_checks"] == ["gpu_release failed"] and result["msg"] == "node01: nvidia-smi timed out after 10 s"
     assert result["ansible_facts"]["free_gpus_result"]["status"] == "failed"
+
+
+def test_the_gates_documented_failed_checks_are_the_verdicts_checks():
+    import yaml
+
+    from ansible_collections.zeromib.gpu.plugins.modules import free_gpus_gate as docs
+    from ansible_collections.zeromib.gpu.plugins.plugin_utils._verdict import CHECKS
+
+    described = " ".join(yaml.safe_load(docs.RETURN)["failed_checks"]["description"])
+    assert all(f"V({name})" in described for name in CHECKS)
+    assert sorted(CHECKS, key=lambda name: described.index(f"V({name})")) == list(CHECKS), "in the verdict's order"
+    assert described.count("V(") == len(CHECKS)
