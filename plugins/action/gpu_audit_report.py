@@ -30,11 +30,11 @@ from ansible.errors import AnsibleActionFail, AnsibleError, AnsibleFilterError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.zeromib.gpu.plugins.filter.fleet_query import search_plain
-from ansible_collections.zeromib.gpu.plugins.filter.gpu_audit_model import model_of
-from ansible_collections.zeromib.gpu.plugins.filter.gpu_audit_prom import gpu_audit_prom
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._audit_model import model_of
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._audit_prom import gpu_audit_prom
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._markdown import markdown_code, markdown_escape
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._plain import plain
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._query import search_plain
 
 if t.TYPE_CHECKING:
     import jinja2
