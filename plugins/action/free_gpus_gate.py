@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import typing as t
 
 import yaml
 from ansible.errors import AnsibleActionFail, AnsibleError
@@ -23,13 +24,12 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-from ansible_collections.zeromib.gpu.plugins.filter.free_gpus import free_gpus_failed, free_gpus_outcome
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import failed, outcome_of
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._verdict import Verdict, verdict
 
-try:
-    _YamlLoader = yaml.CSafeLoader
-except AttributeError:
-    _YamlLoader = yaml.SafeLoader
+# The C loader when PyYAML was built with libyaml (the argument specs load faster).
+_YamlLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 ROLE_PREFIX = "free_gpus_"
 ENTRY_POINT = "main"
@@ -47,7 +47,7 @@ NOT_OPTIONS = frozenset(["free_gpus_result", "free_gpus_hosts"])
 RECORD_KEYS = ("gpus", "gpus_before", "holders", "argument_spec_data")
 
 
-def unknown_variables(names, spec):
+def unknown_variables(names: t.Iterable[str], spec: t.Mapping[str, t.Any]) -> list[str]:
     """free_gpus_* variables the role does not know -> warnings naming the closest known one."""
     warnings = []
     # Compared without the prefix they all share, which would make every name look close.
@@ -59,13 +59,13 @@ def unknown_variables(names, spec):
     return warnings
 
 
-def range_problems(params):
+def range_problems(params: t.Mapping[str, t.Any]) -> list[str]:
     """The role's numeric variables checked as gpu_release checks its options, named as the role names them."""
     plain = {name[len(ROLE_PREFIX):]: value for name, value in params.items() if name.startswith(ROLE_PREFIX)}
     return _options.check(plain, ROLE_PREFIX)
 
 
-def compact(result, verbosity):
+def compact(result: dict[str, t.Any], verbosity: int) -> dict[str, t.Any]:
     """A failed gate's result as shown without -v: the message once, no GPU records."""
     if verbosity > 0:
         return result
@@ -77,35 +77,17 @@ def compact(result, verbosity):
     return shown
 
 
-def gate_failures(release, params, check_mode):
-    """The role's verdict on one host -> the names of the checks that fail (empty: the host passes).
-
-    The checks of the assert this replaces, in its order. A new condition (a health threshold, say)
-    is one more `if` here, with its message added to free_gpus_outcome's problems."""
-    failures = []
-    if release.get("failed") or "released" not in release:
-        # gpu_release could not look or act (nvidia-smi missing or hung, GPU lost, plan refused):
-        # that fails a dry run as it fails the real one.
-        failures.append("gpu_release failed")
-    if not check_mode:
-        if not release.get("released", False):
-            failures.append("released")
-        selected = release.get("selected_gpus") or []
-        if any(not gpu.get("clean") for gpu in release.get("gpus") or [] if gpu.get("index") in selected):
-            failures.append("every selected GPU clean")
-    expected = int(params.get("free_gpus_expected_count") or 0)
-    if expected and len(release.get("gpus") or []) != expected:
-        failures.append("free_gpus_expected_count")
-    # Health is read, never changed: a dry run fails on an unhealthy GPU as the real run does.
-    if params.get("free_gpus_require_healthy", True) and release.get("gpus") and release.get("healthy") is not True:
-        failures.append("free_gpus_require_healthy")
-    # A GPU that failed the CUDA smoke test (free_gpus_smoke_test) is not ready, however free it reads.
-    if release.get("smoke_test_passed") is False:
-        failures.append("free_gpus_smoke_test")
-    return failures
+def gate_failures(release: t.Mapping[str, t.Any], params: t.Mapping[str, t.Any], check_mode: bool) -> list[str]:
+    """The role's verdict on one host -> the names of the checks that fail (empty: the host passes)."""
+    return role_verdict(release, params, check_mode).failed_checks
 
 
-def module_args(params):
+def role_verdict(release: t.Mapping[str, t.Any], params: t.Mapping[str, t.Any], check_mode: bool) -> Verdict:
+    """The one verdict (plugin_utils/_verdict.py) with the role's settings."""
+    return verdict(release, params.get("free_gpus_expected_count"), check_mode, params.get("free_gpus_require_healthy", True))
+
+
+def module_args(params: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
     """Validated role variables -> gpu_release's options (free_gpus_X -> X)."""
     args = {}
     for name, value in params.items():
@@ -118,10 +100,10 @@ def module_args(params):
     return args
 
 
-_SPECS = {}
+_SPECS: dict[str, dict[str, t.Any] | None] = {}
 
 
-def role_options(role_path):
+def role_options(role_path: str) -> dict[str, t.Any] | None:
     """The `options` of the role's main entry point, or None without a spec file. Cached: the
     strategy imports this plugin on the controller before it forks a worker per host, and the
     collection's own role is read here at import, so no worker parses the YAML again
@@ -145,13 +127,21 @@ except (OSError, yaml.YAMLError):
     pass
 
 
+class _Invalid(Exception):
+    """The role's variables fail their checks: `result` is the task's failed result."""
+
+    def __init__(self, result: dict[str, t.Any]) -> None:
+        super().__init__(result["msg"])
+        self.result = result
+
+
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _VALID_ARGS = frozenset()
     _supports_check_mode = True
     _supports_async = False
 
-    def _argument_spec(self, task_vars):
+    def _argument_spec(self, task_vars: dict[str, t.Any]) -> dict[str, t.Any]:
         role_path = task_vars.get("role_path")
         if not role_path:
             raise AnsibleActionFail("zeromib.gpu.free_gpus_gate runs inside the zeromib.gpu.free_gpus role only")
@@ -160,7 +150,7 @@ class ActionModule(ActionBase):
             raise AnsibleActionFail(f"no meta/argument_specs.yml in {role_path}")
         return spec
 
-    def _validated(self, task_vars):
+    def _validated(self, task_vars: dict[str, t.Any]) -> dict[str, t.Any]:
         """The role's variables, checked and typed as Ansible's automatic validation task checks
         them (ansible.builtin.validate_argument_spec: same validator, same message), then their
         ranges as gpu_release checks them."""
@@ -168,48 +158,50 @@ class ActionModule(ActionBase):
         try:
             provided = self._templar.template({name: task_vars[name] for name in spec if name in task_vars})
         except AnsibleError as exc:
-            return None, {"failed": True, "msg": "a free_gpus_* variable cannot be templated: {}".format(getattr(exc, "message", exc))}
+            raise _Invalid({"failed": True, "msg": "a free_gpus_* variable cannot be templated: {}".format(getattr(exc, "message", exc))}) from exc
         validator = ArgumentSpecValidator(spec)
         checked = validator.validate(provided, validate_role_argument_spec=True)
         if checked.error_messages:
-            return None, {
+            raise _Invalid({
                 "failed": True,
                 "msg": "Validation of arguments failed:\n{}".format("\n".join(checked.error_messages)),
                 "argument_errors": checked.error_messages,
                 "argument_spec_data": spec,
-            }
+            })
         problems = range_problems(checked.validated_parameters)
         if problems:
-            return None, {"failed": True, "msg": "; ".join(problems), "argument_errors": problems}
-        return checked.validated_parameters, None
+            raise _Invalid({"failed": True, "msg": "; ".join(problems), "argument_errors": problems})
+        return checked.validated_parameters
 
-    def run(self, tmp=None, task_vars=None):
+    def run(self, tmp: str | None = None, task_vars: dict[str, t.Any] | None = None) -> dict[str, t.Any]:
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
         del tmp
-        host = task_vars.get("inventory_hostname")
+        # Ansible sets it for every task.
+        host = t.cast(str, task_vars.get("inventory_hostname"))
         warnings = [f"{host}: {warning}" for warning in unknown_variables(task_vars, self._argument_spec(task_vars))]
-        params, invalid = self._validated(task_vars)
-        if invalid:
+        try:
+            params = self._validated(task_vars)
+        except _Invalid as exc:
+            invalid = exc.result
             result.update(invalid)
             # The summary of free_gpus.yml lists this host with its error, as any failed host.
-            result["ansible_facts"] = {"free_gpus_result": free_gpus_failed(host, invalid["msg"])}
+            result["ansible_facts"] = {"free_gpus_result": failed(host, invalid["msg"])}
             result["warnings"] = warnings
             return compact(result, Display().verbosity)
         release = self._execute_module(module_name="zeromib.gpu.gpu_release", module_args=module_args(params),
                                        task_vars=task_vars)
         check_mode = bool(self._task.check_mode)
-        outcome = free_gpus_outcome(release, host, params.get("free_gpus_expected_count"),
-                                    check_mode, params.get("free_gpus_require_healthy", True))
+        found = role_verdict(release, params, check_mode)
+        outcome = outcome_of(release, host, found, check_mode)
         result.update(release)
         result["warnings"] = warnings + list(release.get("warnings") or [])
         # Ansible drops the facts of a failed task; the role's rescue sets them from here.
         result["ansible_facts"] = {"free_gpus_result": outcome}
-        failures = gate_failures(release, params, check_mode)
-        if failures:
+        if found.failed_checks:
             result["failed"] = True
             result["msg"] = outcome["message"]
-            result["failed_checks"] = failures
+            result["failed_checks"] = found.failed_checks
             return compact(result, Display().verbosity)
         result.pop("failed", None)
         result["msg"] = outcome["message"]

@@ -24,16 +24,20 @@ import os
 import re
 import tempfile
 import time
+import typing as t
 
 from ansible.errors import AnsibleActionFail, AnsibleError, AnsibleFilterError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.zeromib.gpu.plugins.filter.fleet_query import search_plain
-from ansible_collections.zeromib.gpu.plugins.filter.gpu_audit_model import model_of
-from ansible_collections.zeromib.gpu.plugins.filter.gpu_audit_prom import gpu_audit_prom
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._audit_model import model_of
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._audit_prom import gpu_audit_prom
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._markdown import markdown_code, markdown_escape
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._plain import plain
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._query import search_plain
+
+if t.TYPE_CHECKING:
+    import jinja2
 
 PART_FORMAT = "zeromib.gpu audit part"
 PART_VERSION = 1
@@ -63,7 +67,7 @@ ARGUMENT_SPEC = {
 NEEDS_ATTENTION = "status != 'clean' || health_reason != null"
 
 
-def queries(busy_pct):
+def queries(busy_pct: float) -> dict[str, str]:
     """The report's own JMESPath queries (findings).
 
     The GPU queries pick the hosts first (a dirty GPU sits on a host with dirty_gpus, a busy one on
@@ -87,7 +91,7 @@ def queries(busy_pct):
 # --------------------------------------------------------------------------- the hosts' data
 
 
-def host_record(host, result):
+def host_record(host: object, result: t.Any) -> dict[str, t.Any]:
     """One host's registered gpu_facts result -> {host, status, error, gpu} (what the model reads).
 
     As audit_gpus.yml's per-host set_fact did: unreachable when Ansible could not connect, ok when
@@ -107,7 +111,7 @@ def host_record(host, result):
     return {"host": str(host), "status": status, "error": error, "gpu": facts}
 
 
-def play_results(task_vars, hosts, result_var):
+def play_results(task_vars: t.Mapping[str, t.Any], hosts: list[str], result_var: str) -> list[dict[str, t.Any]]:
     """The registered result of each host, read once and raw (never templated).
 
     set_fact and register keep per-host values in the variable manager's non-persistent cache;
@@ -131,20 +135,20 @@ def play_results(task_vars, hosts, result_var):
     return records
 
 
-def part_name(hosts):
+def part_name(hosts: t.Iterable[str]) -> str:
     """A part's file name, the same for the same hosts: a rerun of one slice replaces its part."""
     digest = hashlib.sha256("\n".join(sorted(hosts)).encode("utf-8")).hexdigest()[:16]
     return f"gpu-audit-part-{digest}.json"
 
 
-def part_document(hosts_data, expected_hosts, epoch):
+def part_document(hosts_data: list[t.Any], expected_hosts: t.Iterable[str], epoch: float) -> dict[str, t.Any]:
     return {"format": PART_FORMAT, "version": PART_VERSION, "generated_epoch": epoch,
             "expected_hosts": sorted(set(expected_hosts)), "hosts_data": hosts_data}
 
 
-def part_files(paths):
+def part_files(paths: t.Iterable[str]) -> list[str]:
     """Part paths as given: a file, a directory (its *.json), or a glob; sorted, no duplicates."""
-    found = []
+    found: list[str] = []
     for path in paths:
         path = os.path.expanduser(str(path))
         if os.path.isdir(path):
@@ -159,9 +163,11 @@ def part_files(paths):
     return found
 
 
-def read_parts(paths):
+def read_parts(paths: t.Iterable[str]) -> tuple[list[t.Any], list[str], float | None]:
     """[part file] -> (hosts_data, expected_hosts, earliest generated_epoch)."""
-    hosts_data, expected, epochs = [], [], []
+    hosts_data: list[t.Any] = []
+    expected: list[str] = []
+    epochs: list[float] = []
     for path in part_files(paths):
         try:
             with open(path, "rb") as handle:
@@ -171,8 +177,8 @@ def read_parts(paths):
         if not isinstance(part, dict) or part.get("format") != PART_FORMAT or not isinstance(part.get("hosts_data"), list):
             raise AnsibleActionFail(f"zeromib.gpu.gpu_audit_report: {path} is not an audit part (written with write_part)")
         if part.get("version") != PART_VERSION:
-            raise AnsibleActionFail("zeromib.gpu.gpu_audit_report: %s is an audit part of version %r; this collection reads version %d"
-                                    % (path, part.get("version"), PART_VERSION))
+            raise AnsibleActionFail("zeromib.gpu.gpu_audit_report: {} is an audit part of version {!r}; this collection reads version {}".format(
+                path, part.get("version"), PART_VERSION))
         hosts_data.extend(part["hosts_data"])
         expected.extend(part.get("expected_hosts") or [])
         if isinstance(part.get("generated_epoch"), (int, float)):
@@ -183,8 +189,8 @@ def read_parts(paths):
 # --------------------------------------------------------------------------- the report
 
 
-def build_report(hosts_data, expected_hosts=None, generated_at=None, max_used_mib=0, busy_pct=50.0, title="GPU fleet audit",
-                 custom_queries=None):
+def build_report(hosts_data: t.Any, expected_hosts: list[str] | None = None, generated_at: float | None = None, max_used_mib: int = 0,
+                 busy_pct: float = 50.0, title: str = "GPU fleet audit", custom_queries: t.Mapping[str, str] | None = None) -> dict[str, t.Any]:
     """The report.json document: the model, its findings, the custom queries and the settings."""
     if not isinstance(hosts_data, list):
         raise AnsibleActionFail(f"zeromib.gpu.gpu_audit_report: the hosts' data must be a list of host records, got {type(hosts_data).__name__}")
@@ -199,7 +205,7 @@ def build_report(hosts_data, expected_hosts=None, generated_at=None, max_used_mi
     return model
 
 
-def not_ready(report, fail_on_dirty, fail_on_unhealthy):
+def not_ready(report: t.Mapping[str, t.Any], fail_on_dirty: bool, fail_on_unhealthy: bool) -> list[dict[str, t.Any]]:
     """The attention entries that fail the run as asked: not clean, and/or unhealthy or unchecked."""
     failing = []
     for entry in report["findings"]["attention"]:
@@ -208,13 +214,14 @@ def not_ready(report, fail_on_dirty, fail_on_unhealthy):
     return failing
 
 
-def _failing_detail(entry):
+def _failing_detail(entry: t.Mapping[str, t.Any]) -> str:
     why = ": ".join(x for x in (entry["status"], entry.get("reason")) if x)
     health = "; {}".format(entry["health"]) if entry.get("health") else ""
     return "{} ({}{})".format(entry["host"], why, health)
 
 
-def verdict(report, failing, fail_on_dirty, fail_on_unhealthy, report_html):
+def verdict(report: t.Mapping[str, t.Any], failing: list[dict[str, t.Any]], fail_on_dirty: bool, fail_on_unhealthy: bool,
+            report_html: str) -> tuple[bool, str]:
     """(failed, message) as the task file's assert says it."""
     total = report["summary"]["hosts_total"]
     hosts = "host" if total == 1 else "hosts"
@@ -222,20 +229,20 @@ def verdict(report, failing, fail_on_dirty, fail_on_unhealthy, report_html):
     if failing:
         details = "; ".join(_failing_detail(e) for e in failing)
         verb = "is" if len(failing) == 1 else "are"
-        return True, "%d of %d %s %s %s: %s. Report: %s" % (len(failing), total, hosts, verb, what, details, report_html)
+        return True, f"{len(failing)} of {total} {hosts} {verb} {what}: {details}. Report: {report_html}"
     if total == 1:
         return False, "The host is clean" + (" and healthy" if fail_on_unhealthy else "")
-    return False, "All %d hosts are clean" % total + (" and healthy" if fail_on_unhealthy else "")
+    return False, f"All {total} hosts are clean" + (" and healthy" if fail_on_unhealthy else "")
 
 
-def summary_line(report, report_html):
+def summary_line(report: t.Mapping[str, t.Any], report_html: str) -> str:
     s = report["summary"]
-    line = "%d host%s: %d clean, %d dirty, %d error, %d unreachable; %d of %d GPUs dirty, %d MiB used." % (
+    line = "{} host{}: {} clean, {} dirty, {} error, {} unreachable; {} of {} GPUs dirty, {} MiB used.".format(
         s["hosts_total"], "" if s["hosts_total"] == 1 else "s", s["hosts_clean"], s["hosts_dirty"], s["hosts_error"],
-        s["hosts_unreachable"], s["gpus_dirty"], s["gpus_total"], s["memory_used_mib"])
+        s["hosts_unreachable"], s["gpus_dirty"], s["gpus_total"], int(s["memory_used_mib"]))
     if s.get("gpus_unhealthy") or s.get("gpus_health_unchecked"):
-        line += " %d GPU%s unhealthy, %d not fully checked." % (s["gpus_unhealthy"], "" if s["gpus_unhealthy"] == 1 else "s",
-                                                                s["gpus_health_unchecked"])
+        line += " {} GPU{} unhealthy, {} not fully checked.".format(s["gpus_unhealthy"], "" if s["gpus_unhealthy"] == 1 else "s",
+                                                                    s["gpus_health_unchecked"])
     return line + f" Report: {report_html}"
 
 
@@ -246,13 +253,13 @@ def summary_line(report, report_html):
 markdown_text = markdown_escape
 
 
-def json_for_script(value):
+def json_for_script(value: t.Any) -> str:
     """JSON for a <script type="application/json"> block: no '<', '>' or '&' can end it early."""
     text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
 
 
-def _flatten(value, levels=None):
+def _flatten(value: t.Iterable[t.Any], levels: int | None = None) -> list[t.Any]:
     out = []
     for item in value:
         if isinstance(item, (list, tuple)) and (levels is None or levels > 0):
@@ -262,7 +269,7 @@ def _flatten(value, levels=None):
     return out
 
 
-def to_nice_json(value, indent=4, sort_keys=True):
+def to_nice_json(value: t.Any, indent: int = 4, sort_keys: bool = True) -> str:
     """As ansible.builtin.to_nice_json writes it."""
     return json.dumps(value, indent=indent, sort_keys=sort_keys, separators=(",", ": "))
 
@@ -270,7 +277,7 @@ def to_nice_json(value, indent=4, sort_keys=True):
 _ENV = None
 
 
-def environment():
+def environment() -> jinja2.Environment:
     """Jinja as the template module configures it (trim_blocks), with the filters the templates use."""
     global _ENV  # pylint: disable=global-statement
     if _ENV is None:
@@ -284,14 +291,14 @@ def environment():
     return _ENV
 
 
-def _reason_kind(text):
+def _reason_kind(text: str) -> str:
     """A reason without what is particular to one host: IP addresses, ports, counts, MiB, PIDs."""
     text = re.sub(r"\b\d{1,3}(?:\.\d{1,3}){3}\b", "<address>", text)
     text = re.sub(r"\bport \d+", "port <n>", text)
     return re.sub(r"\b\d+(?:\.\d+)?\b", "N", text)
 
 
-def _owner(holder):
+def _owner(holder: t.Mapping[str, t.Any]) -> str:
     if holder.get("unit"):
         return holder["unit"]
     if holder.get("container_label"):
@@ -302,13 +309,13 @@ def _owner(holder):
 _HEALTH_CUT = re.compile(r" (?:in the kernel log|since the driver loaded|: reset|, expected).*$")
 
 
-def _health_kind(issue):
+def _health_kind(issue: str) -> str:
     issue = re.sub(r"^GPU \S+ \([^)]*\): ", "", issue)
     issue = _HEALTH_CUT.sub("", issue)
     return re.sub(r"^\d+ ", "", issue)
 
 
-def attention_groups(report):
+def attention_groups(report: t.Mapping[str, t.Any]) -> list[dict[str, t.Any]]:
     """The hosts that need attention, grouped by kind of reason, largest group first.
 
     A 4,000-host fleet had 1,066 such hosts; one line each buries the one reason that matters.
@@ -316,9 +323,9 @@ def attention_groups(report):
     or unreachable by their message with addresses and numbers taken out, unhealthy hosts by kind
     of issue (Xid 79, uncorrectable ECC...). A host can sit in more than one group."""
     hosts = {h["host"]: h for h in report["hosts"]}
-    groups = {}
+    groups: dict[tuple[str, str], dict[str, t.Any]] = {}
 
-    def add(kind, status, entry):
+    def add(kind: str, status: str, entry: dict[str, t.Any]) -> None:
         group = groups.setdefault((status, kind), {"status": status, "title": kind, "hosts": [], "_seen": set()})
         if entry["host"] not in group["_seen"]:
             group["_seen"].add(entry["host"])
@@ -329,7 +336,7 @@ def attention_groups(report):
         if host["status"] == "dirty":
             owners = sorted(set(_owner(h) for h in host["holders"] if h["blocking"]))
             if owners:
-                kind = "held by " + ", ".join(owners[:3]) + (" and %d more" % (len(owners) - 3) if len(owners) > 3 else "")
+                kind = "held by " + ", ".join(owners[:3]) + (f" and {len(owners) - 3} more" if len(owners) > 3 else "")
             elif host["stale_processes"]:
                 kind = "memory counted for a gone PID"
             else:
@@ -351,7 +358,7 @@ def attention_groups(report):
     return result
 
 
-def _tip_holder(h):
+def _tip_holder(h: t.Mapping[str, t.Any]) -> str:
     protected = " [protected]" if h.get("protected") else ""
     memory = " ({} MiB)".format(h["used_memory_mib"]) if h.get("used_memory_mib") is not None else ""
     line = "pid {} {}{}{} · user {}".format(h.get("pid"), h.get("name") or "?", protected, memory, h.get("user") or "?")
@@ -363,7 +370,7 @@ def _tip_holder(h):
     return line + " · GPUs {}\n    {}".format(gpus, h.get("cmdline") or "")
 
 
-def heat_data(report):
+def heat_data(report: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
     """The heat map as compact rows for the page's script, which draws one page of hosts at a time
     (a 4,000-host table of 32,000 cells with their tooltips was 16 MB of HTML).
 
@@ -373,67 +380,75 @@ def heat_data(report):
     attention, health, gpus, indexes of the blocking holders' lines]; per GPU: [index, used, total,
     pct, flags, util, temp, power, name, uuid, bus, mig, blocking holders, indexes of its holders'
     lines, other notes] with flags 1 clean, 2 footprint, 4 unhealthy, 8 not fully checked."""
-    strings, index = [], {}
-
-    def s(value):
-        if value is None:
-            return -1
-        value = str(value)
-        if value not in index:
-            index[value] = len(strings)
-            strings.append(value)
-        return index[value]
-
-    attention = set(e["host"] for e in report["findings"]["attention"])
+    strings = _Interned()
+    attention = {e["host"] for e in report["findings"]["attention"]}
     rows = []
     for h in report["hosts"]:
-        lines, line_of = [], {}
-
-        def line(holder):
-            key = id(holder)
-            if key not in line_of:
-                line_of[key] = len(lines)
-                lines.append(_tip_holder(holder))
-            return line_of[key]
-
-        blocking = [line(x) for x in h["holders"] if x["blocking"]]
-        gpus = []
-        for g in h["gpus"] if h["up"] else []:
-            flags = (1 if g["clean"] else 0) | (2 if g["clean"] and g.get("cross_gpu_footprint") else 0) \
-                | (4 if g.get("healthy") is False else 0) | (8 if g.get("health_checked") is False else 0)
-            notes = ["nvidia-smi counts {} MiB for gone PID {} ({})".format(p.get("used_memory_mib"), p.get("pid"), p.get("name"))
-                     for p in g["processes"] if p.get("alive") is False]
-            if g.get("healthy") is False:
-                notes.append("UNHEALTHY: " + "; ".join(g["health_issues"]))
-            if g.get("health_checked") is False:
-                notes.append("health not fully checked: " + ", ".join(_unchecked_notes_of(g)))
-            smoke = g.get("smoke_test")
-            if isinstance(smoke, dict):
-                detail = " in {} s".format(smoke.get("seconds")) if smoke.get("ok") else ": {}".format(smoke.get("error") or smoke.get("skipped"))
-                notes.append("CUDA smoke test: {}{}".format(smoke.get("result"), detail))
-            gpus.append([g.get("index"), g.get("memory_used_mib"), g.get("memory_total_mib"), g.get("used_pct"), flags,
-                         g.get("utilization_gpu_pct"), g.get("temperature_c"), g.get("power_draw_w"), s(g.get("name")), g.get("uuid"),
-                         s(g.get("pci_bus_id")), s(g.get("mig_mode")), sum(1 for x in g["holders"] if x["blocking"]),
-                         [line(x) for x in g["holders"]] or 0, "\n".join(notes) or 0])
+        lines = _Interned(_tip_holder, key=id)
+        blocking = [lines(x) for x in h["holders"] if x["blocking"]]
+        gpus = [_heat_gpu(g, strings, lines) for g in (h["gpus"] if h["up"] else [])]
         rows.append([h["host"], h["status"], h["reason"], h["memory_used_mib"], h["memory_total_mib"], h["used_pct"],
-                     s(h.get("driver_version")), s(h.get("cuda_version")), len(blocking), lines or 0,
+                     strings(h.get("driver_version")), strings(h.get("cuda_version")), len(blocking), lines.values or 0,
                      1 if h["host"] in attention else 0, h["health_reason"], gpus, blocking or 0])
-    return {"w": report["max_gpu_count"], "s": strings, "h": rows}
+    return {"w": report["max_gpu_count"], "s": strings.values, "h": rows}
 
 
-def _unchecked_notes_of(gpu):
+class _Interned:
+    """Values stored once, referred to by index: `self(value)` -> its index (-1 for None)."""
+
+    def __init__(self, text: t.Callable[[t.Any], str] = str, key: t.Callable[[t.Any], t.Hashable] = str) -> None:
+        self.values: list[str] = []
+        self._index: dict[t.Hashable, int] = {}
+        self._text = text
+        self._key = key
+
+    def __call__(self, value: t.Any) -> int:
+        if value is None:
+            return -1
+        key = self._key(value)
+        if key not in self._index:
+            self._index[key] = len(self.values)
+            self.values.append(self._text(value))
+        return self._index[key]
+
+
+def _heat_notes(g: t.Mapping[str, t.Any]) -> list[str]:
+    """A GPU's tooltip notes: memory of gone PIDs, health, the CUDA smoke test."""
+    notes = ["nvidia-smi counts {} MiB for gone PID {} ({})".format(p.get("used_memory_mib"), p.get("pid"), p.get("name"))
+             for p in g["processes"] if p.get("alive") is False]
+    if g.get("healthy") is False:
+        notes.append("UNHEALTHY: " + "; ".join(g["health_issues"]))
+    if g.get("health_checked") is False:
+        notes.append("health not fully checked: " + ", ".join(_unchecked_notes_of(g)))
+    smoke = g.get("smoke_test")
+    if isinstance(smoke, dict):
+        detail = " in {} s".format(smoke.get("seconds")) if smoke.get("ok") else ": {}".format(smoke.get("error") or smoke.get("skipped"))
+        notes.append("CUDA smoke test: {}{}".format(smoke.get("result"), detail))
+    return notes
+
+
+def _heat_gpu(g: t.Mapping[str, t.Any], strings: _Interned, lines: _Interned) -> list[t.Any]:
+    flags = (1 if g["clean"] else 0) | (2 if g["clean"] and g.get("cross_gpu_footprint") else 0) \
+        | (4 if g.get("healthy") is False else 0) | (8 if g.get("health_checked") is False else 0)
+    return [g.get("index"), g.get("memory_used_mib"), g.get("memory_total_mib"), g.get("used_pct"), flags,
+            g.get("utilization_gpu_pct"), g.get("temperature_c"), g.get("power_draw_w"), strings(g.get("name")), g.get("uuid"),
+            strings(g.get("pci_bus_id")), strings(g.get("mig_mode")), sum(1 for x in g["holders"] if x["blocking"]),
+            [lines(x) for x in g["holders"]] or 0, "\n".join(_heat_notes(g)) or 0]
+
+
+def _unchecked_notes_of(gpu: t.Mapping[str, t.Any]) -> list[str]:
     names = gpu.get("health_unchecked")
     if names:
         return [str(n) for n in names]
     return [str(n) for n in ((gpu.get("health") or {}).get("unchecked") or [])] or ["some checks"]
 
 
-def report_json(report):
+def report_json(report: t.Mapping[str, t.Any]) -> str:
     """report.json: one host per line inside an indented document.
 
     Python's JSON encoder indents in pure Python (3.4 s for 4,000 hosts here, the C encoder 0.3 s);
     a line per host also keeps the diff of two audits to the hosts that changed."""
-    def compact(value):
+    def compact(value: t.Any) -> str:
         return json.dumps(value, sort_keys=True, separators=(",", ": "))
 
     lines = ["{"]
@@ -456,7 +471,7 @@ def report_json(report):
     return "\n".join(lines) + "\n"
 
 
-def render(report):
+def render(report: t.Mapping[str, t.Any]) -> dict[str, str]:
     """{file name: text} of the four report files."""
     env = environment()
     context = {"_gpu_audit_report": report, "attention_groups": attention_groups(report)}
@@ -469,7 +484,7 @@ def render(report):
     }
 
 
-def write_atomically(path, text, mode=0o644):
+def write_atomically(path: str, text: str, mode: int = 0o644) -> bool:
     """Write through a temporary file in the same directory and rename it: a reader (the textfile
     collector, a browser, a script) sees the old file or the new one, never half of one.
     Returns whether the content changed."""
@@ -498,7 +513,7 @@ def write_atomically(path, text, mode=0o644):
     return True
 
 
-def report_dir_of(path):
+def report_dir_of(path: object) -> str:
     """A relative directory is relative to the controller's working directory (where
     ansible-playbook runs), not to the playbook."""
     return os.path.realpath(os.path.expanduser(str(path)))
@@ -510,14 +525,14 @@ class ActionModule(ActionBase):
     _supports_check_mode = True
     _supports_async = False
 
-    def _params(self):
+    def _params(self) -> dict[str, t.Any]:
         validator = ArgumentSpecValidator(ARGUMENT_SPEC)
         checked = validator.validate(dict(self._task.args))
         if checked.error_messages:
             raise AnsibleActionFail("zeromib.gpu.gpu_audit_report: {}".format("; ".join(checked.error_messages)))
         return checked.validated_parameters
 
-    def _hosts_data(self, params, task_vars):
+    def _hosts_data(self, params: dict[str, t.Any], task_vars: dict[str, t.Any]) -> tuple[list[t.Any], list[str] | None, float | None]:
         """(records, expected hosts, generated_at) from the one source the task names."""
         expected = params["expected_hosts"]
         if params["hosts_data"] is not None:
@@ -534,7 +549,7 @@ class ActionModule(ActionBase):
         hosts = [str(h) for h in task_vars.get("ansible_play_hosts_all") or []]
         return play_results(task_vars, hosts, params["result_var"]), (expected if expected is not None else hosts), None
 
-    def run(self, tmp=None, task_vars=None):
+    def run(self, tmp: str | None = None, task_vars: dict[str, t.Any] | None = None) -> dict[str, t.Any]:
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
         del tmp

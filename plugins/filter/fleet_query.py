@@ -74,53 +74,27 @@ _value:
   type: raw
 """
 
+import typing as t
 from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._plain import plain
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._query import NO_JMESPATH, jmespath, search, search_plain
 
-try:
-    import jmespath
-except ImportError:  # pragma: no cover - exercised through a test that hides the module
-    jmespath = None
+# The queries are plugin_utils/_query.py's (the report action uses them too).
+__all__ = ["FilterModule", "fleet_query", "search_plain"]
 
 
-def fleet_query(data, expr):
+def fleet_query(data: t.Any, expr: t.Any) -> t.Any:
     if jmespath is None:
-        raise AnsibleFilterError(
-            "zeromib.gpu.fleet_query needs the 'jmespath' Python library on the controller "
-            "(pip install jmespath in the Python that runs ansible-playbook)"
-        )
+        raise AnsibleFilterError(NO_JMESPATH)
     if isinstance(expr, Mapping):
         data = plain(data)
-        return {str(name): _search(data, one) for name, one in expr.items()}
-    return _search(plain(data), expr)
-
-
-def search_plain(data, expr):
-    """One query over data that is plain Python already (no copy); the report plugin's way in."""
-    if jmespath is None:
-        raise AnsibleFilterError(
-            "zeromib.gpu.fleet_query needs the 'jmespath' Python library on the controller "
-            "(pip install jmespath in the Python that runs ansible-playbook)"
-        )
-    return _search(data, expr)
-
-
-def _search(data, expr):
-    if not isinstance(expr, str) or not expr.strip():
-        raise AnsibleFilterError(f"zeromib.gpu.fleet_query needs a non-empty JMESPath expression, got {expr!r}")
-    try:
-        compiled = jmespath.compile(str(expr))
-    except jmespath.exceptions.JMESPathError as exc:
-        raise AnsibleFilterError(f"zeromib.gpu.fleet_query: bad JMESPath expression {str(expr)!r}: {exc}") from exc
-    try:
-        return compiled.search(data)
-    except jmespath.exceptions.JMESPathError as exc:
-        raise AnsibleFilterError(f"zeromib.gpu.fleet_query: JMESPath expression {str(expr)!r} failed on this data: {exc}") from exc
+        return {str(name): search(data, one) for name, one in expr.items()}
+    return search(plain(data), expr)
 
 
 class FilterModule:
-    def filters(self):
+    def filters(self) -> dict[str, t.Callable[..., t.Any]]:
         return {"fleet_query": fleet_query}

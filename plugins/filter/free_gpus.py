@@ -6,210 +6,40 @@
 
 from __future__ import annotations
 
+import typing as t
 from collections.abc import Mapping
 
 from ansible.errors import AnsibleError, AnsibleFilterError
 
-from ansible_collections.zeromib.gpu.plugins.module_utils._health import CHECKS
+from ansible_collections.zeromib.gpu.plugins.plugin_utils import _outcome
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import Outcome, footprint_note, spanning_note
 
 # Summary order: what needs the operator's eyes first.
 _STATUS_ORDER = {"unreachable": 0, "failed": 1, "unhealthy": 1, "dirty": 2, "stopped": 3, "would free": 3, "freed": 4, "clean": 5}
 
 
-def _selected(result):
-    selected = set(result.get("selected_gpus") or [])
-    return [g for g in result.get("gpus") or [] if not selected or g.get("index") in selected]
+def free_gpus_outcome(result: t.Any, host: str, expected_count: int | None = 0, check_mode: bool = False,
+                      require_healthy: bool = False) -> Outcome:
+    """A gpu_release result -> the `free_gpus_result` fact: status, MiB before/after, a message.
 
-
-def _mib(gpus):
-    values = [g.get("memory_used_mib") for g in gpus]
-    return None if not values or any(v is None for v in values) else sum(values)
-
-
-def _container(entry):
-    """A stopped_containers entry of gpu_release -> `vllm (vllm/vllm-openai:v0.11.0)`."""
-    name = entry.get("name") or str(entry.get("id") or "?")[:12]
-    return "{} ({})".format(name, entry["image"]) if entry.get("image") else name
-
-
-def _footprint_note(outcome):
-    gpus = outcome.get("footprint_gpus") or []
-    return "GPU{} {} ({} MiB)".format("" if len(gpus) == 1 else "s", ",".join(str(g) for g in gpus), outcome.get("footprint_mib"))
-
-
-def _spanning(result):
-    """gpu_release's `spanning` -> what the summary shows of each: who, and the GPUs it uses."""
-    found = []
-    for entry in result.get("spanning") or []:
-        if isinstance(entry, Mapping):
-            found.append({key: entry.get(key) for key in ("pid", "name", "unit", "container", "gpu_indexes", "outside_gpus")})
-    return found
-
-
-def _spanning_note(spanning):
-    """`pid 700 python3 uses GPUs 0,1`, `vllm.service uses GPUs 0,1`, one per entry."""
-    notes = []
-    for entry in spanning:
-        who = ("pid {} {}".format(entry["pid"], entry.get("name") or "?") if entry.get("pid") is not None
-               else entry.get("unit") or "container {}".format(str(entry.get("container") or "?")[:12]))
-        notes.append("{} uses GPUs {}".format(who, ",".join(str(i) for i in entry.get("gpu_indexes") or [])))
-    return ", ".join(notes)
-
-
-def _health_problems(result):
-    """The gpu_release result's health issues, or a sentence when it has no health verdict."""
-    if result.get("healthy") is True:
-        return []
-    return list(result.get("health_issues") or []) or ["GPU health unknown (gpu_release read no health)"]
-
-
-def _unchecked(result):
-    """The health checks that could not run on some GPU (each GPU's health_unchecked), in docs order."""
-    names = set(name for g in result.get("gpus") or [] if isinstance(g, Mapping) for name in g.get("health_unchecked") or [])
-    return sorted(names, key=lambda name: (CHECKS.index(name) if name in CHECKS else len(CHECKS), name))
-
-
-def _smoke_notes(gpus):
-    """'smoke test passed on 2 GPUs (1024 MiB each, 0.41 s)' and each GPU skipped, with why."""
-    records = [(g.get("index"), g["smoke_test"]) for g in gpus if isinstance(g.get("smoke_test"), Mapping)]
-    passed = [r for _i, r in records if r.get("ok") is True]
-    notes = []
-    if passed:
-        notes.append("smoke test passed on %d GPU%s (%s MiB, %s s)" % (
-            len(passed), "" if len(passed) == 1 else "s", "/".join(sorted(set(str(r.get("mib")) for r in passed))),
-            round(sum(r.get("seconds") or 0 for r in passed), 3)))
-    notes.extend("smoke test skipped on GPU {}: {}".format(i, r.get("skipped")) for i, r in records if r.get("ok") is None)
-    return notes
-
-
-def free_gpus_outcome(result, host, expected_count=0, check_mode=False, require_healthy=False):
-    """A gpu_release result -> the `free_gpus_result` fact: status, MiB before/after, a message."""
+    The verdict (whether the host passes) is the role's gate's own (plugin_utils/_verdict.py)."""
     if not isinstance(result, Mapping):
         raise AnsibleFilterError(f"free_gpus_outcome expects the registered result of zeromib.gpu.gpu_release, got {type(result).__name__}")
-    expected_count = int(expected_count or 0)
-    before = [g for g in result.get("gpus_before") or [] if not result.get("selected_gpus") or g.get("index") in result["selected_gpus"]]
-    after = _selected(result)
-    count = len(result.get("gpus") or [])
-    killed = result.get("killed") or []
-    outcome = {
-        "host": host,
-        "count": count,
-        "selected": result.get("selected_gpus") or [],
-        "mib_before": _mib(before),
-        "mib_after": _mib(after),
-        "stopped_units": result.get("stopped_units") or [],
-        "disabled_units": result.get("disabled_units") or [],
-        "masked_units": result.get("masked_units") or [],
-        "stopped_containers": [_container(c) for c in result.get("stopped_containers") or []],
-        "disabled_containers": [_container(c) for c in result.get("disabled_containers") or []],
-        "killed": [{"pid": k.get("pid"), "name": k.get("name"), "signal": k.get("signal"), "container": k.get("container")} for k in killed],
-        "protected": result.get("protected") or [],
-        "spanning": _spanning(result),
-        # Selected GPUs that read only the cross-GPU footprint of contexts on other GPUs (clean),
-        # and the NVML clients (monitors, exporters) left running: they use no GPU memory.
-        "footprint_gpus": [g.get("index") for g in after if g.get("cross_gpu_footprint")],
-        "footprint_mib": _mib([g for g in after if g.get("cross_gpu_footprint")]),
-        "nvml_clients": [{"pid": h.get("pid"), "name": h.get("name")} for h in result.get("holders") or []
-                         if isinstance(h, Mapping) and h.get("attribution") == "nvml_client"],
-        "elapsed_s": result.get("elapsed_s"),
-        "check_mode": bool(check_mode),
-    }
-    problems = []
-    # gpu_release fails with a verdict (GPUs read dirty) or before one (nvidia-smi broken, bad option).
-    # A result without `released` is a failure even when failed_when cleared its flag.
-    status = "dirty"
-    if result.get("failed") or "released" not in result:
-        problems.append(result.get("msg") or "gpu_release failed")
-        if not result.get("gpus"):
-            status = "failed"
-    elif result.get("released") is False and not outcome["check_mode"]:
-        dirty = ["GPU {} reads {} MiB".format(g.get("index"), g.get("memory_used_mib")) for g in after if not g.get("clean")]
-        problems.append("not released: " + ", ".join(dirty))
-    if expected_count and count != expected_count:
-        problems.append("expected %d GPUs, nvidia-smi shows %d: a GPU may have fallen off the bus" % (expected_count, count))
-        status = "failed"
-    outcome["healthy"] = result.get("healthy")
-    outcome["health_issues"] = list(result.get("health_issues") or [])
-    outcome["health_unchecked"] = _unchecked(result)
-    # Health is read, never changed: a dry run reports an unhealthy GPU as the real run would.
-    if require_healthy and result.get("gpus") and _health_problems(result):
-        problems.append("unhealthy: " + "; ".join(_health_problems(result)))
-        if status == "dirty" and not problems[:-1]:
-            status = "unhealthy"
-    outcome["smoke_test_passed"] = result.get("smoke_test_passed")
-    outcome["smoke_test_issues"] = list(result.get("smoke_test_issues") or [])
-    # A GPU that failed the CUDA smoke test is not ready, however free it reads.
-    if result.get("smoke_test_passed") is False:
-        problems.append("smoke test failed: " + "; ".join(outcome["smoke_test_issues"] or ["(no detail)"]))
-        if status == "dirty" and not problems[:-1]:
-            status = "unhealthy"
-    if problems:
-        outcome["status"] = status
-        outcome["ok"] = False
-        outcome["message"] = "{}: {}".format(host, "; ".join(problems))
-        return outcome
-    outcome["ok"] = True
-    did = []
-    if outcome["stopped_units"]:
-        did.append("stopped " + ", ".join(outcome["stopped_units"]))
-    if outcome["disabled_units"]:
-        did.append("disabled " + ", ".join(outcome["disabled_units"]))
-    if outcome["masked_units"]:
-        did.append("masked " + ", ".join(outcome["masked_units"]))
-    if outcome["stopped_containers"]:
-        did.append("stopped container{} {}".format("" if len(outcome["stopped_containers"]) == 1 else "s", ", ".join(outcome["stopped_containers"])))
-    if outcome["disabled_containers"]:
-        did.append("disabled container{} {}".format("" if len(outcome["disabled_containers"]) == 1 else "s", ", ".join(outcome["disabled_containers"])))
-    if killed:
-        did.append("killed %d process%s" % (len(killed), "" if len(killed) == 1 else "es"))
-    if outcome["spanning"]:
-        did.append("ended spanning {} (kill_spanning)".format(_spanning_note(outcome["spanning"])))
-    if outcome["footprint_gpus"]:
-        did.append(f"{_footprint_note(outcome)} at the cross-GPU footprint")
-    outcome["smoke_test_notes"] = _smoke_notes(after)
-    did.extend(outcome["smoke_test_notes"])
-    if outcome["nvml_clients"]:
-        did.append("%d NVML client%s left running" % (len(outcome["nvml_clients"]), "" if len(outcome["nvml_clients"]) == 1 else "s"))
-    changed = bool(result.get("changed"))
-    outcome["status"] = ("would free" if result.get("released") is False or changed else "clean") if outcome["check_mode"] else (
-        "freed" if changed else "clean")
-    outcome["message"] = "%s: %d GPU%s %s (%s -> %s MiB)%s in %s s" % (
-        host,
-        len(after),
-        "" if len(after) == 1 else "s",
-        "free" if not outcome["check_mode"] else outcome["status"],
-        outcome["mib_before"],
-        outcome["mib_after"],
-        ", " + ", ".join(did) if did else "",
-        outcome["elapsed_s"],
-    )
-    if outcome["health_unchecked"]:
-        # Said aloud: a check that could not run is no proof of health (docs/health.md).
-        outcome["message"] += "; not checked on this driver or GPU: " + ", ".join(outcome["health_unchecked"])
-    return outcome
+    return _outcome.outcome(result, host, expected_count, check_mode, require_healthy)
 
 
-def free_gpus_failed(host, message, status="failed"):
-    """The `free_gpus_result` of a host that failed before gpu_release gave a result (a bad
-    variable, a template error): no GPU figures, the message."""
-    message = " ".join(str(message).split("\n"))
-    return {
-        "host": host, "status": status, "ok": False, "message": message if message.startswith(f"{host}: ") else f"{host}: {message}",
-        "count": None, "selected": [], "mib_before": None, "mib_after": None, "stopped_units": [], "disabled_units": [],
-        "masked_units": [], "stopped_containers": [], "disabled_containers": [], "killed": [], "protected": [],
-        "footprint_gpus": [], "footprint_mib": None, "nvml_clients": [], "elapsed_s": None, "check_mode": False,
-        "healthy": None, "health_issues": [],
-    }
+free_gpus_failed = _outcome.failed
 
 
 GATE_ACTIONS = ("zeromib.gpu.free_gpus_gate", "free_gpus_gate")
 
 
-def _failed_in_gate(failed_task):
+def _failed_in_gate(failed_task: object) -> bool:
     return isinstance(failed_task, Mapping) and failed_task.get("action") in GATE_ACTIONS
 
 
-def free_gpus_rescued(failed_result, host, own_result=None, failed_task=None, hostvars=None, play_hosts_all=None, play_hosts=None):
+def free_gpus_rescued(failed_result: t.Any, host: str, own_result: t.Any = None, failed_task: t.Any = None, hostvars: t.Any = None,
+                      play_hosts_all: t.Iterable[str] | None = None, play_hosts: t.Iterable[str] | None = None) -> Outcome:
     """The role's rescue -> this host's `free_gpus_result`.
 
     A host whose gate failed: the outcome the gate returned (a failed task keeps no facts), or one
@@ -220,7 +50,7 @@ def free_gpus_rescued(failed_result, host, own_result=None, failed_task=None, ho
         outcome = (failed_result.get("ansible_facts") or {}).get("free_gpus_result")
         message = failed_result.get("msg") or "free_gpus failed"
         if isinstance(outcome, Mapping) and outcome.get("host") == host:
-            outcome = dict(outcome)
+            outcome = t.cast(Outcome, dict(outcome))
             outcome["ok"] = False
             outcome["message"] = outcome.get("message") or message
             return outcome
@@ -242,7 +72,7 @@ def free_gpus_rescued(failed_result, host, own_result=None, failed_task=None, ho
             failed.append(other)
         elif other not in live and not isinstance(result, Mapping):
             missing.append(other)
-    outcome = dict(own_result) if isinstance(own_result, Mapping) else free_gpus_failed(host, "stopped", "stopped")
+    outcome = t.cast(Outcome, dict(own_result)) if isinstance(own_result, Mapping) else free_gpus_failed(host, "stopped", "stopped")
     outcome["stopped_by"] = failed or missing
     if failed:
         why = "{} failed".format(", ".join(failed))
@@ -256,7 +86,7 @@ def free_gpus_rescued(failed_result, host, own_result=None, failed_task=None, ho
     return outcome
 
 
-def _outcomes(data, hosts, live=None):
+def _outcomes(data: t.Any, hosts: t.Iterable[str] | None, live: t.Container[str] | None = None) -> list[t.Any]:
     """A list of outcomes, or hostvars (a mapping of host to its variables). From hostvars only
     the hosts of `live` (the play's hosts left: with fact caching, an unreachable host would show
     its cached result of an earlier run) are read; a host that failed without an outcome of this
@@ -279,23 +109,23 @@ def _outcomes(data, hosts, live=None):
     return list(data or [])
 
 
-def _note(outcome):
+def _note(outcome: t.Mapping[str, t.Any]) -> str:
     """Why an OK host reads above 0 MiB, and what was left running on purpose."""
     notes = []
     if outcome.get("footprint_gpus"):
-        notes.append(f"{_footprint_note(outcome)}: cross-GPU footprint")
+        notes.append(f"{footprint_note(outcome)}: cross-GPU footprint")
     if outcome.get("spanning"):
-        notes.append("spanning: {}".format(_spanning_note(outcome["spanning"])))
+        notes.append("spanning: {}".format(spanning_note(outcome["spanning"])))
     clients = outcome.get("nvml_clients") or []
     if clients:
-        notes.append("%d NVML client%s kept" % (len(clients), "" if len(clients) == 1 else "s"))
+        notes.append("{} NVML client{} kept".format(len(clients), "" if len(clients) == 1 else "s"))
     if outcome.get("health_unchecked"):
         notes.append("not checked: " + ", ".join(outcome["health_unchecked"]))
     notes.extend(outcome.get("smoke_test_notes") or [])
     return "; ".join(notes)
 
 
-def free_gpus_summary(data, hosts=None, live=None):
+def free_gpus_summary(data: t.Any, hosts: list[str] | None = None, live: t.Container[str] | None = None) -> list[str]:
     """Outcomes, or hostvars, -> fleet summary lines, worst first. A host of `hosts` without an
     outcome (unreachable, or failed before gpu_release ran) is listed too; `live`: see _outcomes."""
     rows = []
@@ -336,14 +166,14 @@ def free_gpus_summary(data, hosts=None, live=None):
         if row[7]:
             line += "  " + row[7]
         lines.append(line.rstrip())
-    totals = {}
+    totals: dict[str, int] = {}
     for row in rows:
         totals[row[0]] = totals.get(row[0], 0) + 1
-    lines.append("%d host%s: %s" % (len(rows), "" if len(rows) == 1 else "s", ", ".join("%d %s" % (n, s) for s, n in sorted(
+    lines.append("{} host{}: {}".format(len(rows), "" if len(rows) == 1 else "s", ", ".join(f"{n} {s}" for s, n in sorted(
         totals.items(), key=lambda item: _STATUS_ORDER.get(item[0], 1)))))
     return lines
 
 
 class FilterModule:
-    def filters(self):
+    def filters(self) -> dict[str, t.Callable[..., t.Any]]:
         return {"free_gpus_outcome": free_gpus_outcome, "free_gpus_summary": free_gpus_summary, "free_gpus_rescued": free_gpus_rescued}

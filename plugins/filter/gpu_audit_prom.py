@@ -50,114 +50,14 @@ _value:
     zeromib_gpu_host_up{host="node01"} 1
 """
 
-import math
-from collections.abc import Mapping
+import typing as t
 
-from ansible.errors import AnsibleFilterError
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._audit_prom import escape_label_value, gpu_audit_prom
 
-_STATUSES = ("clean", "dirty", "error", "unreachable")
-
-_FAMILIES = (
-    ("zeromib_gpu_audit_timestamp_seconds", "Unix time at which the GPU audit report was generated."),
-    ("zeromib_gpu_audit_hosts", "Hosts in the GPU audit by status (clean, dirty, error, unreachable)."),
-    ("zeromib_gpu_host_up", "1 when the host answered with GPU facts, 0 when unreachable or in error."),
-    ("zeromib_gpu_host_clean", "1 when every GPU of the host is clean and no unprotected process holds one."),
-    ("zeromib_gpu_host_info", "Audit status, NVIDIA driver and CUDA version of the host; always 1."),
-    ("zeromib_gpu_devices", "GPUs the host reported."),
-    ("zeromib_gpu_holders", "Unprotected processes using a GPU of the host."),
-    ("zeromib_gpu_nvml_clients", "NVML clients of the host: they open GPU device files but use no GPU memory."),
-    ("zeromib_gpu_memory_used_mib", "GPU memory used in MiB, as nvidia-smi reports memory.used."),
-    ("zeromib_gpu_memory_total_mib", "GPU memory installed in MiB."),
-    ("zeromib_gpu_clean", "1 when the GPU's memory used is at or below the audit's max_used_mib."),
-    ("zeromib_gpu_healthy", "1 when gpu_facts found no health issue on the GPU (ECC, row remaps, PCIe link, slowdown, persistence, MIG, Xid)."),
-    ("zeromib_gpu_health_checked", "1 when every health check could run on the GPU; 0 when some could not (its health_unchecked)."),
-    ("zeromib_gpu_ecc_uncorrected", "Uncorrected volatile ECC errors of the GPU since the driver loaded."),
-    ("zeromib_gpu_xid_recent", "Xid errors of the GPU in the kernel log within the audit's window."),
-)
-
-
-def escape_label_value(value):
-    """Escape per the text exposition format: backslash, double quote and line feed."""
-    return "" if value is None else str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _labels(pairs):
-    if not pairs:
-        return ""
-    return "{" + ",".join(f'{k}="{escape_label_value(v)}"' for k, v in pairs) + "}"
-
-
-def _number(value):
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "NaN"
-        if math.isinf(value):
-            return "+Inf" if value > 0 else "-Inf"
-        return repr(value)
-    raise TypeError(value)
-
-
-def _is_number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def gpu_audit_prom(model):
-    if not isinstance(model, Mapping) or not isinstance(model.get("hosts"), list):
-        raise AnsibleFilterError("zeromib.gpu.gpu_audit_prom expects the report model from zeromib.gpu.gpu_audit_model")
-    samples = {name: [] for name, dummy in _FAMILIES}
-
-    def add(name, labels, value):
-        # labels: (name, value) pairs, or a label set rendered once (a GPU's, used by several families).
-        samples[name].append(f"{name}{labels if isinstance(labels, str) else _labels(labels)} {_number(value)}")
-
-    add("zeromib_gpu_audit_timestamp_seconds", [], float(model.get("generated_epoch") or 0.0))
-    for status in _STATUSES:
-        add("zeromib_gpu_audit_hosts", [("status", status)], sum(1 for h in model["hosts"] if h.get("status") == status))
-
-    for host in model["hosts"]:
-        name = host.get("host")
-        up = bool(host.get("up"))
-        add("zeromib_gpu_host_up", [("host", name)], up)
-        add("zeromib_gpu_host_clean", [("host", name)], host.get("status") == "clean")
-        add("zeromib_gpu_host_info", [
-            ("host", name), ("status", host.get("status")),
-            ("driver_version", host.get("driver_version")), ("cuda_version", host.get("cuda_version")),
-        ], 1)
-        if not up:
-            continue
-        if _is_number(host.get("gpu_count")):
-            add("zeromib_gpu_devices", [("host", name)], host["gpu_count"])
-        add("zeromib_gpu_holders", [("host", name)], sum(1 for h in host.get("holders") or [] if h.get("blocking")))
-        add("zeromib_gpu_nvml_clients", [("host", name)], len(host.get("nvml_clients") or []))
-        for gpu in host.get("gpus") or []:
-            gpu_labels = [("host", name), ("gpu", gpu.get("index")), ("uuid", gpu.get("uuid")), ("name", gpu.get("name"))]
-            named, keyed = _labels(gpu_labels), _labels(gpu_labels[:3])
-            if _is_number(gpu.get("memory_used_mib")):
-                add("zeromib_gpu_memory_used_mib", named, gpu["memory_used_mib"])
-            if _is_number(gpu.get("memory_total_mib")):
-                add("zeromib_gpu_memory_total_mib", named, gpu["memory_total_mib"])
-            add("zeromib_gpu_clean", keyed, bool(gpu.get("clean")))
-            if isinstance(gpu.get("healthy"), bool):
-                add("zeromib_gpu_healthy", keyed, gpu["healthy"])
-            if isinstance(gpu.get("health_checked"), bool):
-                add("zeromib_gpu_health_checked", keyed, gpu["health_checked"])
-            if _is_number(gpu.get("ecc_uncorrected")):
-                add("zeromib_gpu_ecc_uncorrected", keyed, gpu["ecc_uncorrected"])
-            if _is_number(gpu.get("xid_recent")):
-                add("zeromib_gpu_xid_recent", keyed, gpu["xid_recent"])
-
-    lines = []
-    for name, help_text in _FAMILIES:
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} gauge")
-        lines.extend(samples[name])
-    return "\n".join(lines) + "\n"
+# The rendering is plugin_utils/_audit_prom.py's (the report action uses it too).
+__all__ = ["FilterModule", "escape_label_value", "gpu_audit_prom"]
 
 
 class FilterModule:
-    def filters(self):
+    def filters(self) -> dict[str, t.Callable[..., t.Any]]:
         return {"gpu_audit_prom": gpu_audit_prom}

@@ -6,9 +6,11 @@
 
 from __future__ import annotations
 
+import typing as t
+
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._markdown import markdown_escape
 
 
 class FilterModule:
-    def filters(self):
+    def filters(self) -> dict[str, t.Callable[..., t.Any]]:
         return {"markdown_escape": markdown_escape}

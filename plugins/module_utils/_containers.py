@@ -214,12 +214,15 @@ def pod_message(holders: t.Iterable[Holder], node: str | None = None) -> str:
 
 
 def own_containers(lineage: t.Iterable[int], proc: str = "/proc") -> set[str]:
-    """Ids of the containers this module and its ancestors run in (never to be stopped)."""
+    """Ids of the containers this module and its ancestors run in (never to be stopped). Every
+    hierarchy line counts, not only the systemd-managed one: on a cgroup v1 node a runtime may
+    name the container on a controller line alone, and missing it here would stop our own."""
     found = set()
     for pid in lineage:
-        cid = _cgroups.container_of(_holders.cgroup_of(pid, proc))
-        if cid:
-            found.add(cid)
+        for path in _holders.cgroup_paths(pid, proc) or []:
+            cid = _cgroups.container_of(path)
+            if cid:
+                found.add(cid)
     return found
 
 

@@ -343,6 +343,16 @@ def environ_of(pid: int, proc: str = "/proc") -> dict[str, str]:
         return {}
 
 
+def cgroup_paths(pid: int, proc: str = "/proc") -> list[str] | None:
+    """Every cgroup path of a process, one per hierarchy line of /proc/PID/cgroup (a cgroup v1
+    node lists one per controller), None when it cannot be read."""
+    try:
+        raw = _read(f"{proc}/{pid:d}/cgroup")
+    except OSError:
+        return None
+    return [line.split(":", 2)[-1] for line in raw.decode("utf-8", "replace").splitlines() if line]
+
+
 def cgroup_of(pid: int, proc: str = "/proc") -> str | None:
     """The systemd-managed cgroup path of a process (parse_cgroup), None when it cannot be read."""
     try:

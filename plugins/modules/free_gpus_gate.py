@@ -68,7 +68,9 @@ msg:
   type: str
   returned: always
 failed_checks:
-  description: The checks that failed - V(gpu_release failed), V(released), V(every selected GPU clean), V(free_gpus_expected_count).
+  description:
+    - The checks that failed, in this order - V(gpu_release failed), V(released), V(every selected GPU clean),
+      V(free_gpus_expected_count), V(free_gpus_require_healthy), V(free_gpus_smoke_test).
   type: list
   elements: str
   returned: failure

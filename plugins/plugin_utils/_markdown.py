@@ -22,7 +22,7 @@ _HTML = (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"))
 _INLINE = re.compile(r"([\\`*\[\]|~]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9]))")
 
 
-def markdown_escape(value, missing="-"):
+def markdown_escape(value: object, missing: str = "-") -> str:
     """One value -> inert Markdown on one line (a table cell, a heading). None -> `missing`."""
     if value is None:
         return missing
@@ -32,7 +32,7 @@ def markdown_escape(value, missing="-"):
     return _INLINE.sub(r"\\\1", text)
 
 
-def markdown_code(value):
+def markdown_code(value: object) -> str:
     """A command line inside a Markdown code span of a table cell: spans take no backslash escapes,
     so a backtick (which would end the span) becomes a quote and a pipe (which would end the cell) is escaped."""
     return " ".join(line for line in str(value or "").splitlines() if line).replace("`", "'").replace("|", "\\|")

@@ -6,13 +6,14 @@
 
 from __future__ import annotations
 
+import typing as t
 from collections.abc import Mapping, Sequence
 
 
 _SCALARS = frozenset([str, int, float, bool, type(None)])
 
 
-def plain(value):
+def plain(value: t.Any) -> t.Any:
     """Ansible's tagged str/list/dict subclasses confuse JMESPath's type checks; copy to plain types."""
     # Exact types first: a 4,000-host audit holds millions of values, and the ABC checks below
     # cost several times the copy itself.

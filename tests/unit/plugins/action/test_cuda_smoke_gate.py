@@ -13,9 +13,9 @@ from ansible_collections.zeromib.gpu.plugins.filter.free_gpus import free_gpus_o
 
 
 def records(*oks):
-    return [{"index": i, "pci_bus_id": "b%d" % i, "smoke_test": smoke.result(ok, "CUDA_ERROR_X (1) at cuInit" if ok is False else None,
-                                                                                 0.2 if ok else None, 1024 if ok else None,
-                                                                                 skipped="MIG" if ok is None else None)}
+    return [{"index": i, "pci_bus_id": f"b{i}", "smoke_test": smoke.result(ok, "CUDA_ERROR_X (1) at cuInit" if ok is False else None,
+                                                                           0.2 if ok else None, 1024 if ok else None,
+                                                                           skipped="MIG" if ok is None else None)}
             for i, ok in enumerate(oks)]
 
 

@@ -73,3 +73,114 @@ def test_a_failed_gate_shows_no_gpu_records_and_its_message_once_without_verbosi
     assert "gpus" not in shown and "gpus_before" not in shown and "holders" not in shown and shown["killed"] == []
     assert str(shown).count("GPU 0 reads 55 MiB") == 1
     assert compact(result, 1) is result  # -v shows everything
+
+
+# --------------------------------------------------------------------------- the task: ActionModule.run
+
+
+def _gate(task_vars=None, check_mode=False, module_result=None, **variables):
+    from ansible_collections.zeromib.gpu.plugins.action.free_gpus_gate import ActionModule
+    from ansible_collections.zeromib.gpu.tests.unit.plugins.action.action_harness import ROLE_PATH, action
+
+    task_vars = dict({"role_path": ROLE_PATH, "inventory_hostname": "node01"} if task_vars is None else task_vars, **variables)
+    plugin = action(ActionModule, task_vars, check_mode=check_mode, module_result=module_result)
+    return plugin, task_vars
+
+
+def _released(clean=True, **kw):
+    result = release(clean=clean, released=clean)
+    result.update({"changed": not clean, "gpus_before": result["gpus"], "elapsed_s": 0.2, "holders": []}, **kw)
+    return result
+
+
+def test_the_gate_outside_its_role_fails_saying_where_it_runs():
+    from ansible.errors import AnsibleActionFail
+
+    plugin, task_vars = _gate(task_vars={"inventory_hostname": "node01"})
+    with pytest.raises(AnsibleActionFail, match="runs inside the zeromib.gpu.free_gpus role only"):
+        plugin.run(task_vars=task_vars)
+    assert plugin.module.calls == []
+
+
+def test_a_variable_of_the_wrong_type_fails_as_ansibles_validation_does_and_runs_nothing():
+    plugin, task_vars = _gate(free_gpus_kill_timeout="soon")
+    result = plugin.run(task_vars=task_vars)
+    assert result["failed"] and result["msg"].startswith("Validation of arguments failed:\nargument 'free_gpus_kill_timeout' is of type str")
+    assert "Traceback" not in str(result) and plugin.module.calls == []
+    outcome = result["ansible_facts"]["free_gpus_result"]
+    # The message once, as `msg`: the role's rescue puts it back into free_gpus_result.
+    assert outcome["status"] == "failed" and outcome["ok"] is False and "message" not in outcome
+    assert "argument_spec_data" not in result  # the role's whole spec only with -v
+
+
+def test_a_number_out_of_range_fails_with_the_modules_words():
+    plugin, task_vars = _gate(free_gpus_expected_count=-1)
+    result = plugin.run(task_vars=task_vars)
+    assert result["msg"] == "free_gpus_expected_count must be at least 0, got -1" and plugin.module.calls == []
+
+
+def test_a_variable_that_cannot_be_templated_fails_naming_the_undefined_one():
+    from ansible.template import trust_as_template
+
+    plugin, task_vars = _gate(free_gpus_kill_timeout=trust_as_template("{{ no_such_variable }}"))
+    result = plugin.run(task_vars=task_vars)
+    assert result["failed"] and result["msg"] == "a free_gpus_* variable cannot be templated: 'no_such_variable' is undefined"
+    assert plugin.module.calls == []
+
+
+def test_a_clean_host_passes_with_the_outcomes_message_and_a_warning_for_a_misspelled_variable():
+    plugin, task_vars = _gate(module_result=_released(), free_gpus_services=["vllm*.service"], free_gpus_sevices=["x"],
+                              free_gpus_expected_count=2)
+    result = plugin.run(task_vars=task_vars)
+    assert "failed" not in result and "failed_checks" not in result
+    assert result["msg"] == "node01: 2 GPUs free (0 -> 0 MiB) in 0.2 s" == result["ansible_facts"]["free_gpus_result"]["message"]
+    assert result["warnings"] == ["node01: free_gpus_sevices is not a variable of the zeromib.gpu.free_gpus role and is ignored; "
+                                  "did you mean free_gpus_services?"]
+    [call] = plugin.module.calls
+    assert call["module_name"] == "zeromib.gpu.gpu_release" and call["module_args"]["services"] == ["vllm*.service"]
+    assert "expected_count" not in call["module_args"] and "require_healthy" not in call["module_args"]
+
+
+def test_a_dirty_host_fails_with_the_checks_that_failed_and_no_gpu_records():
+    dirty = _released(clean=False, failed=True, msg="GPUs still in use after 60.0 s: GPU 0 reads 1024 MiB")
+    plugin, task_vars = _gate(module_result=dirty)
+    result = plugin.run(task_vars=task_vars)
+    assert result["failed"] is True and result["failed_checks"] == ["gpu_release failed", "released", "every selected GPU clean"]
+    assert result["msg"] == "node01: GPUs still in use after 60.0 s: GPU 0 reads 1024 MiB"
+    assert "gpus" not in result and "message" not in result["ansible_facts"]["free_gpus_result"]
+    assert result["ansible_facts"]["free_gpus_result"]["status"] == "dirty"
+
+
+def test_an_unhealthy_host_fails_unless_the_role_is_told_not_to_require_health():
+    plugin, task_vars = _gate(module_result=_released(healthy=False, health_issues=["GPU 0: Xid 79"]))
+    result = plugin.run(task_vars=task_vars)
+    assert result["failed_checks"] == ["free_gpus_require_healthy"] and result["msg"] == "node01: unhealthy: GPU 0: Xid 79"
+    plugin, task_vars = _gate(module_result=_released(healthy=False, health_issues=["GPU 0: Xid 79"]), free_gpus_require_healthy=False)
+    assert "failed" not in plugin.run(task_vars=task_vars)
+
+
+def test_check_mode_passes_a_dirty_host_that_would_be_freed():
+    would = _released(clean=False)
+    plugin, task_vars = _gate(check_mode=True, module_result=would)
+    result = plugin.run(task_vars=task_vars)
+    assert "failed" not in result and result["ansible_facts"]["free_gpus_result"]["status"] == "would free"
+    assert result["msg"].startswith("node01: 2 GPUs would free (1024 -> 1024 MiB)")
+
+
+def test_check_mode_fails_a_host_that_cannot_be_read():
+    plugin, task_vars = _gate(check_mode=True, module_result={"failed": True, "msg": "nvidia-smi timed out after 10 s"})
+    result = plugin.run(task_vars=task_vars)
+    assert result["failed_checks"] == ["gpu_release failed"] and result["msg"] == "node01: nvidia-smi timed out after 10 s"
+    assert result["ansible_facts"]["free_gpus_result"]["status"] == "failed"
+
+
+def test_the_gates_documented_failed_checks_are_the_verdicts_checks():
+    import yaml
+
+    from ansible_collections.zeromib.gpu.plugins.modules import free_gpus_gate as docs
+    from ansible_collections.zeromib.gpu.plugins.plugin_utils._verdict import CHECKS
+
+    described = " ".join(yaml.safe_load(docs.RETURN)["failed_checks"]["description"])
+    assert all(f"V({name})" in described for name in CHECKS)
+    assert sorted(CHECKS, key=lambda name: described.index(f"V({name})")) == list(CHECKS), "in the verdict's order"
+    assert described.count("V(") == len(CHECKS)

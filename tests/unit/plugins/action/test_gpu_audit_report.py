@@ -167,7 +167,7 @@ def test_the_verdict_fails_on_what_it_was_asked_to(dirty, unhealthy_, failing):
     failed, msg = plugin.verdict(r, found, dirty, unhealthy_, "/r/report.html")
     assert failed == bool(failing)
     if failing:
-        assert msg.startswith("%d of 4 hosts" % len(failing)) and msg.endswith("Report: /r/report.html")
+        assert msg.startswith(f"{len(failing)} of 4 hosts") and msg.endswith("Report: /r/report.html")
 
 
 def test_an_all_clean_fleet_says_so():
@@ -179,9 +179,9 @@ def test_an_all_clean_fleet_says_so():
 
 
 def test_attention_is_grouped_by_kind_of_reason_largest_first():
-    records = [ah.dirty_with_holders("dirty%02d" % n) for n in range(7)] + [ah.unreachable("gone%d" % n) for n in range(3)]
+    records = [ah.dirty_with_holders(f"dirty{n:02d}") for n in range(7)] + [ah.unreachable(f"gone{n}") for n in range(3)]
     records[-1]["error"] = records[-1]["error"].replace("10.0.3.29", "10.0.9.1")
-    records += [unhealthy("xid%d" % n) for n in range(2)]
+    records += [unhealthy(f"xid{n}") for n in range(2)]
     groups = plugin.attention_groups(report(*records))
     assert [(g["status"], g["title"], g["count"]) for g in groups] == [
         ("dirty", "held by vllm.service", 7),
@@ -253,3 +253,56 @@ def test_files_are_written_atomically_and_unchanged_content_is_not_rewritten(tmp
 def test_a_list_is_required():
     with pytest.raises(AnsibleActionFail, match="must be a list of host records"):
         plugin.build_report({"host": "a"})
+
+
+# --------------------------------------------------------------------------- the task: ActionModule.run
+
+
+def _task(args, task_vars=None, check_mode=False):
+    from ansible_collections.zeromib.gpu.tests.unit.plugins.action.action_harness import action
+
+    return action(plugin.ActionModule, task_vars or {}, args=args, check_mode=check_mode, name="zeromib.gpu.gpu_audit_report")
+
+
+@pytest.mark.parametrize("args, message", [
+    pytest.param({"max_used_mib": "lots"}, "zeromib.gpu.gpu_audit_report: argument 'max_used_mib' is of type str", id="wrong-type"),
+    pytest.param({"hosts_dat": []}, "Invalid options for zeromib.gpu.gpu_audit_report: hosts_dat", id="unknown-option"),
+    pytest.param({"hosts_data_var": "saved"}, "zeromib.gpu.gpu_audit_report: saved must be a list of host records, got str",
+                 id="variable-not-a-list"),
+    pytest.param({"hosts_data": [{"host": "a", "status": "ok", "gpu": None}], "generated_at": float("nan"), "report": False},
+                 "zeromib.gpu.gpu_audit_report: Invalid value NaN", id="a-time-that-is-not-a-number"),
+])
+def test_bad_arguments_fail_with_the_tasks_name_and_no_traceback(args, message):
+    task = _task(args, {"saved": "not a list"})
+    with pytest.raises(AnsibleActionFail) as caught:
+        task.run(task_vars={"saved": "not a list"})
+    assert str(caught.value.message).startswith(message)
+    assert task.module.calls == [], "the report runs nothing on a node"
+
+
+def test_the_task_writes_the_four_files_and_reports_its_verdict(tmp_path):
+    records = [ah.dirty_with_holders(), ah.clean_h200x8()]
+    args = {"hosts_data": records, "report_dir": str(tmp_path / "r"), "fail_on_dirty": True, "generated_at": EPOCH}
+    result = _task(args).run(task_vars={})
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == sorted(plugin.FILES)
+    assert result["changed"] is True and result["files"] == [str(tmp_path / "r" / name) for name in plugin.FILES]
+    assert result["verdict"]["failed"] is True and result["verdict"]["hosts"] == ["dirty-h200"]
+    assert result["verdict"]["msg"].startswith("1 of 2 hosts is not clean: dirty-h200 (dirty")
+    assert result["msg"] == result["summary_msg"] and result["msg"].startswith("2 hosts: 1 clean, 1 dirty, 0 error, 0 unreachable")
+    assert _task(args).run(task_vars={})["changed"] is False, "the same report again changes nothing"
+
+
+def test_check_mode_writes_nothing_and_says_what_it_would_write(tmp_path):
+    args = {"hosts_data": [ah.clean_h200x8()], "report_dir": str(tmp_path / "r"), "write_part": str(tmp_path / "parts") + "/"}
+    result = _task(args, check_mode=True).run(task_vars={})
+    assert list(tmp_path.iterdir()) == [] and result["changed"] is True
+    assert result["part"] == str(tmp_path / "parts" / plugin.part_name(["clean-h200"]))
+    assert result["verdict"] == {"failed": False, "msg": "The host is clean", "hosts": []}
+
+
+def test_the_plays_registered_results_are_read_when_no_data_is_given(tmp_path):
+    task_vars = {"ansible_play_hosts_all": ["a", "b"],
+                 "hostvars": _HostVars({"a": {"__gpu_audit_facts": {"ansible_facts": {"gpu": ah.clean_h200x8()["gpu"]}}}}, {})}
+    result = _task({"report": False}, task_vars).run(task_vars=task_vars)
+    assert result["summary"]["hosts_total"] == 2 and result["summary"]["hosts_clean"] == 1
+    assert result["attention"][0]["host"] == "b", "a host of the play without a result needs attention"

@@ -56,7 +56,7 @@ def holder(pid, name, gpu_indexes, cmdline=None, unit=None, container=None, user
     return {
         "pid": pid, "ppid": 1, "name": name, "cmdline": cmdline or name, "user": user, "state": "S",
         "start_time": 123456 + pid,
-        "devices": ["/dev/nvidia%d" % minor for minor in range(8)] + ["/dev/nvidiactl", "/dev/nvidia-uvm"],
+        "devices": [f"/dev/nvidia{minor}" for minor in range(8)] + ["/dev/nvidiactl", "/dev/nvidia-uvm"],
         "gpu_indexes": list(gpu_indexes), "unit": unit, "container": container, "protected": protected,
         "attribution": attribution or ("listed" if gpu_indexes else "nvml_client"), "candidate_gpu_indexes": [],
     }

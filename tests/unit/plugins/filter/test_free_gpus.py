@@ -13,7 +13,7 @@ from ansible_collections.zeromib.gpu.plugins.filter.free_gpus import free_gpus_o
 
 
 def gpu(index, used, clean=None):
-    return {"index": index, "uuid": "GPU-%d" % index, "memory_used_mib": used, "clean": (used == 0) if clean is None else clean}
+    return {"index": index, "uuid": f"GPU-{index}", "memory_used_mib": used, "clean": (used == 0) if clean is None else clean}
 
 
 def release(before, after, **kw):

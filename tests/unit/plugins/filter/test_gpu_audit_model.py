@@ -96,7 +96,7 @@ def test_a_holder_alone_makes_a_host_dirty_even_at_zero_mib():
 def test_many_workers_of_one_unit_read_as_the_unit():
     record = ah.clean_h200x8("vllm")
     record["gpu"]["gpus"] = [ah.gpu(i, used=128410) for i in range(8)]
-    record["gpu"]["holders"] = [ah.holder(2211 + i, "VLLM::Worker_TP%d" % i, [i], unit="vllm.service") for i in range(8)]
+    record["gpu"]["holders"] = [ah.holder(2211 + i, f"VLLM::Worker_TP{i}", [i], unit="vllm.service") for i in range(8)]
     record["gpu"]["clean"] = False
     assert _one(record)["reason"] == "8 GPUs (0, 1, 2, 3, 4, 5, 6, 7) 1027280 MiB in all; held by vllm.service (8 processes)"
 
@@ -228,7 +228,7 @@ def test_ages_read_in_the_unit_a_person_would_say(seconds, text):
     from ansible_collections.zeromib.gpu.plugins.filter.gpu_audit_model import age_text, human_ages
 
     assert age_text(seconds) == text
-    assert human_ages("Xid 79 (GPU has fallen off the bus) in the kernel log at %d s ago" % seconds) == \
+    assert human_ages(f"Xid 79 (GPU has fallen off the bus) in the kernel log at {seconds} s ago") == \
         f"Xid 79 (GPU has fallen off the bus) in the kernel log {text} ago"
 
 

@@ -287,3 +287,15 @@ def test_container_named_in_a_user_managers_subtree_is_an_ordinary_holder_with_a
     assert h["container"] is None and "user@4242.service" in h["container_note"] and "no container or pod" in h["container_note"]
     [plain] = annotate([holder(8, "/user.slice/user-4242.slice/user@4242.service/app.slice/foo.service")], runtimes)
     assert plain["container_note"] is None
+
+
+def test_own_containers_reads_every_hierarchy_line_of_a_cgroup_v1_node(tmp_path):
+    # cgroup v1 with the container named on the controller lines only (the name=systemd line is
+    # the session's scope): the session's own container must still be found, or it would be stopped.
+    own = "a" * 64
+    (tmp_path / "40").mkdir()
+    (tmp_path / "40" / "cgroup").write_text(
+        f"12:memory:/docker/{own}\n11:cpu,cpuacct:/docker/{own}\n1:name=systemd:/user.slice/session-3.scope\n")
+    (tmp_path / "41").mkdir()
+    (tmp_path / "41" / "cgroup").write_text("0::/system.slice/sshd.service\n")
+    assert containers.own_containers([40, 41, 42], proc=str(tmp_path)) == {own}

@@ -1,0 +1,216 @@
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# PRIVATE to zeromib.gpu's controller-side plugins; may change without notice.
+
+"""The `free_gpus_result` fact of one host: gpu_release's result in the operator's words.
+
+Built by the role's gate (plugins/action/free_gpus_gate.py) and by the public filter
+free_gpus_outcome (plugins/filter/free_gpus.py); whether the host passes is _verdict's alone.
+"""
+
+from __future__ import annotations
+
+import typing as t
+from collections.abc import Mapping
+
+from ansible_collections.zeromib.gpu.plugins.module_utils._health import CHECKS
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._verdict import Verdict, selected_gpus, verdict
+
+if t.TYPE_CHECKING:
+    from ansible_collections.zeromib.gpu.plugins.module_utils._records import ContainerEntry, Gpu
+
+
+class Outcome(t.TypedDict, total=False):
+    """free_gpus_result (plugins/filter/free_gpus_outcome.yml's RETURN)."""
+
+    host: str
+    status: str
+    ok: bool
+    message: str
+    count: int | None
+    selected: list[int]
+    mib_before: int | None
+    mib_after: int | None
+    stopped_units: list[str]
+    disabled_units: list[str]
+    masked_units: list[str]
+    stopped_containers: list[str]
+    disabled_containers: list[str]
+    killed: list[dict[str, t.Any]]
+    protected: list[t.Any]
+    spanning: list[dict[str, t.Any]]
+    footprint_gpus: list[int | None]
+    footprint_mib: int | None
+    nvml_clients: list[dict[str, t.Any]]
+    elapsed_s: float | None
+    check_mode: bool
+    healthy: bool | None
+    health_issues: list[str]
+    health_unchecked: list[str]
+    smoke_test_passed: bool | None
+    smoke_test_issues: list[str]
+    smoke_test_notes: list[str]
+    stopped_by: list[str]
+
+
+def _mib(gpus: list[Gpu]) -> int | None:
+    values = [g.get("memory_used_mib") for g in gpus]
+    return None if not values or any(v is None for v in values) else sum(v for v in values if v is not None)
+
+
+def _plural(count: int, word: str, plural: str = "s") -> str:
+    return "{} {}{}".format(count, word, "" if count == 1 else plural)
+
+
+def container_label(entry: ContainerEntry | t.Mapping[str, t.Any]) -> str:
+    """A stopped_containers entry of gpu_release -> `vllm (vllm/vllm-openai:v0.11.0)`."""
+    name = entry.get("name") or str(entry.get("id") or "?")[:12]
+    return "{} ({})".format(name, entry["image"]) if entry.get("image") else name
+
+
+def footprint_note(outcome: Outcome | t.Mapping[str, t.Any]) -> str:
+    gpus = outcome.get("footprint_gpus") or []
+    return "GPU{} {} ({} MiB)".format("" if len(gpus) == 1 else "s", ",".join(str(g) for g in gpus), outcome.get("footprint_mib"))
+
+
+def _spanning(result: t.Mapping[str, t.Any]) -> list[dict[str, t.Any]]:
+    """gpu_release's `spanning` -> what the summary shows of each: who, and the GPUs it uses."""
+    found = []
+    for entry in result.get("spanning") or []:
+        if isinstance(entry, Mapping):
+            found.append({key: entry.get(key) for key in ("pid", "name", "unit", "container", "gpu_indexes", "outside_gpus")})
+    return found
+
+
+def spanning_note(spanning: list[dict[str, t.Any]]) -> str:
+    """`pid 700 python3 uses GPUs 0,1`, `vllm.service uses GPUs 0,1`, one per entry."""
+    notes = []
+    for entry in spanning:
+        who = ("pid {} {}".format(entry["pid"], entry.get("name") or "?") if entry.get("pid") is not None
+               else entry.get("unit") or "container {}".format(str(entry.get("container") or "?")[:12]))
+        notes.append("{} uses GPUs {}".format(who, ",".join(str(i) for i in entry.get("gpu_indexes") or [])))
+    return ", ".join(notes)
+
+
+def _unchecked(result: t.Mapping[str, t.Any]) -> list[str]:
+    """The health checks that could not run on some GPU (each GPU's health_unchecked), in docs order."""
+    names = {name for g in result.get("gpus") or [] if isinstance(g, Mapping) for name in g.get("health_unchecked") or []}
+    return sorted(names, key=lambda name: (CHECKS.index(name) if name in CHECKS else len(CHECKS), name))
+
+
+def _smoke_notes(gpus: t.Sequence[t.Mapping[str, t.Any]]) -> list[str]:
+    """'smoke test passed on 2 GPUs (1024 MiB each, 0.41 s)' and each GPU skipped, with why."""
+    records = [(g.get("index"), g["smoke_test"]) for g in gpus if isinstance(g.get("smoke_test"), Mapping)]
+    passed = [r for _i, r in records if r.get("ok") is True]
+    notes = []
+    if passed:
+        notes.append("smoke test passed on {} ({} MiB, {} s)".format(
+            _plural(len(passed), "GPU"), "/".join(sorted({str(r.get("mib")) for r in passed})),
+            round(sum(r.get("seconds") or 0 for r in passed), 3)))
+    notes.extend("smoke test skipped on GPU {}: {}".format(i, r.get("skipped")) for i, r in records if r.get("ok") is None)
+    return notes
+
+
+def _record(result: t.Mapping[str, t.Any], host: str, check_mode: bool) -> Outcome:
+    """The figures of free_gpus_result, before the verdict: what was read and what was done."""
+    after = selected_gpus(result)
+    footprint = [g for g in after if g.get("cross_gpu_footprint")]
+    return {
+        "host": host,
+        "count": len(result.get("gpus") or []),
+        "selected": result.get("selected_gpus") or [],
+        "mib_before": _mib(selected_gpus(result, "gpus_before")),
+        "mib_after": _mib(after),
+        "stopped_units": result.get("stopped_units") or [],
+        "disabled_units": result.get("disabled_units") or [],
+        "masked_units": result.get("masked_units") or [],
+        "stopped_containers": [container_label(c) for c in result.get("stopped_containers") or []],
+        "disabled_containers": [container_label(c) for c in result.get("disabled_containers") or []],
+        "killed": [{"pid": k.get("pid"), "name": k.get("name"), "signal": k.get("signal"), "container": k.get("container")}
+                   for k in result.get("killed") or []],
+        "protected": result.get("protected") or [],
+        "spanning": _spanning(result),
+        # Selected GPUs that read only the cross-GPU footprint of contexts on other GPUs (clean),
+        # and the NVML clients (monitors, exporters) left running: they use no GPU memory.
+        "footprint_gpus": [g.get("index") for g in footprint],
+        "footprint_mib": _mib(footprint),
+        "nvml_clients": [{"pid": h.get("pid"), "name": h.get("name")} for h in result.get("holders") or []
+                         if isinstance(h, Mapping) and h.get("attribution") == "nvml_client"],
+        "elapsed_s": result.get("elapsed_s"),
+        "check_mode": bool(check_mode),
+        "healthy": result.get("healthy"),
+        "health_issues": list(result.get("health_issues") or []),
+        "health_unchecked": _unchecked(result),
+        "smoke_test_passed": result.get("smoke_test_passed"),
+        "smoke_test_issues": list(result.get("smoke_test_issues") or []),
+    }
+
+
+def _done(outcome: Outcome) -> list[str]:
+    """What a host that passes had done and left running, in the message's words."""
+    did = [f"{verb} {', '.join(names)}" for verb, names in (
+        ("stopped", outcome["stopped_units"]), ("disabled", outcome["disabled_units"]), ("masked", outcome["masked_units"])) if names]
+    did += ["{} container{} {}".format(verb, "" if len(names) == 1 else "s", ", ".join(names)) for verb, names in (
+        ("stopped", outcome["stopped_containers"]), ("disabled", outcome["disabled_containers"])) if names]
+    if outcome["killed"]:
+        did.append("killed " + _plural(len(outcome["killed"]), "process", "es"))
+    if outcome["spanning"]:
+        did.append(f"ended spanning {spanning_note(outcome['spanning'])} (kill_spanning)")
+    if outcome["footprint_gpus"]:
+        did.append(f"{footprint_note(outcome)} at the cross-GPU footprint")
+    did.extend(outcome["smoke_test_notes"])
+    if outcome["nvml_clients"]:
+        did.append(_plural(len(outcome["nvml_clients"]), "NVML client") + " left running")
+    return did
+
+
+def _passed(outcome: Outcome, result: t.Mapping[str, t.Any], host: str) -> Outcome:
+    """A host that passes: its status (clean, freed, would free) and the message of what was done."""
+    outcome["ok"] = True
+    after = selected_gpus(result)
+    outcome["smoke_test_notes"] = _smoke_notes(after)
+    did = _done(outcome)
+    changed = bool(result.get("changed"))
+    if outcome["check_mode"]:
+        outcome["status"] = "would free" if result.get("released") is False or changed else "clean"
+    else:
+        outcome["status"] = "freed" if changed else "clean"
+    outcome["message"] = "{}: {} {} ({} -> {} MiB){} in {} s".format(
+        host, _plural(len(after), "GPU"), "free" if not outcome["check_mode"] else outcome["status"],
+        outcome["mib_before"], outcome["mib_after"], ", " + ", ".join(did) if did else "", outcome["elapsed_s"])
+    if outcome["health_unchecked"]:
+        # Said aloud: a check that could not run is no proof of health (docs/health.md).
+        outcome["message"] += "; not checked on this driver or GPU: " + ", ".join(outcome["health_unchecked"])
+    return outcome
+
+
+def outcome_of(result: t.Mapping[str, t.Any], host: str, found: Verdict, check_mode: bool = False) -> Outcome:
+    """A gpu_release result and its verdict -> the `free_gpus_result` fact: status, MiB before/after, a message."""
+    outcome = _record(result, host, check_mode)
+    if found.problems:
+        outcome["status"] = found.status
+        outcome["ok"] = False
+        outcome["message"] = "{}: {}".format(host, "; ".join(found.problems))
+        return outcome
+    return _passed(outcome, result, host)
+
+
+def outcome(result: t.Mapping[str, t.Any], host: str, expected_count: int | None = 0, check_mode: bool = False,
+            require_healthy: bool = False) -> Outcome:
+    """free_gpus_outcome: the verdict and the fact in one call."""
+    return outcome_of(result, host, verdict(result, expected_count, check_mode, require_healthy), check_mode)
+
+
+def failed(host: str, message: object, status: str = "failed") -> Outcome:
+    """The `free_gpus_result` of a host that failed before gpu_release gave a result (a bad
+    variable, a template error): no GPU figures, the message."""
+    text = " ".join(str(message).split("\n"))
+    return {
+        "host": host, "status": status, "ok": False, "message": text if text.startswith(f"{host}: ") else f"{host}: {text}",
+        "count": None, "selected": [], "mib_before": None, "mib_after": None, "stopped_units": [], "disabled_units": [],
+        "masked_units": [], "stopped_containers": [], "disabled_containers": [], "killed": [], "protected": [],
+        "footprint_gpus": [], "footprint_mib": None, "nvml_clients": [], "elapsed_s": None, "check_mode": False,
+        "healthy": None, "health_issues": [],
+    }

@@ -1,0 +1,98 @@
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# PRIVATE to zeromib.gpu's controller-side plugins; may change without notice.
+
+"""The free_gpus role's verdict on one host: the one place that decides whether a host passes.
+
+Used by the role's gate (plugins/action/free_gpus_gate.py: `failed_checks`, whether the task
+fails) and by the free_gpus_outcome filter (the `problems` and `status` of free_gpus_result).
+A new condition (a health threshold, say) is one more step in `verdict`, with its check name
+added to CHECKS (the gate's documented `failed_checks`) and, where it has one, its sentence.
+Pure functions of gpu_release's result: no Ansible import.
+"""
+
+from __future__ import annotations
+
+import typing as t
+
+if t.TYPE_CHECKING:
+    from ansible_collections.zeromib.gpu.plugins.module_utils._records import Gpu
+
+# The gate's check names (its `failed_checks`), in the order of the assert the gate replaced.
+CHECKS = ("gpu_release failed", "released", "every selected GPU clean", "free_gpus_expected_count", "free_gpus_require_healthy",
+          "free_gpus_smoke_test")
+
+
+class Verdict(t.NamedTuple):
+    """`failed_checks`: what fails the gate (empty: the host passes). `problems`: the sentences of
+    free_gpus_result's message (empty: the outcome is ok). `status`: the outcome's status when it
+    has problems (failed, dirty, unhealthy)."""
+
+    failed_checks: list[str]
+    problems: list[str]
+    status: str
+
+
+def selected_gpus(result: t.Mapping[str, t.Any], key: str = "gpus") -> list[Gpu]:
+    """The GPUs of `result[key]` that gpu_release was asked to free (all of them without a selection)."""
+    selected = result.get("selected_gpus") or []
+    return [g for g in result.get(key) or [] if not selected or g.get("index") in selected]
+
+
+def health_problems(result: t.Mapping[str, t.Any]) -> list[str]:
+    """The gpu_release result's health issues, or a sentence when it has no health verdict."""
+    if result.get("healthy") is True:
+        return []
+    return list(result.get("health_issues") or []) or ["GPU health unknown (gpu_release read no health)"]
+
+
+def _release_failures(result: t.Mapping[str, t.Any], check_mode: bool) -> tuple[list[str], list[str], str]:
+    """Whether gpu_release looked, acted and left the selected GPUs clean -> (checks, problems, status)."""
+    checks: list[str] = []
+    problems: list[str] = []
+    status = "dirty"
+    # gpu_release fails with a verdict (GPUs read dirty) or before one (nvidia-smi broken, bad
+    # option, plan refused): that fails a dry run as it fails the real one. A result without
+    # `released` is a failure even when failed_when cleared its flag.
+    looked = not (result.get("failed") or "released" not in result)
+    if not looked:
+        checks.append("gpu_release failed")
+        problems.append(result.get("msg") or "gpu_release failed")
+        if not result.get("gpus"):
+            status = "failed"
+    if check_mode:
+        return checks, problems, status
+    if not result.get("released", False):
+        checks.append("released")
+        if looked and result.get("released") is False:
+            dirty = [f"GPU {g.get('index')} reads {g.get('memory_used_mib')} MiB" for g in selected_gpus(result) if not g.get("clean")]
+            problems.append("not released: " + ", ".join(dirty))
+    selected = result.get("selected_gpus") or []
+    if any(not gpu.get("clean") for gpu in result.get("gpus") or [] if gpu.get("index") in selected):
+        checks.append("every selected GPU clean")
+    return checks, problems, status
+
+
+def verdict(result: t.Mapping[str, t.Any], expected_count: int | None = 0, check_mode: bool = False,
+            require_healthy: bool = False) -> Verdict:
+    """gpu_release's result on one host, and the role's settings -> the Verdict."""
+    checks, problems, status = _release_failures(result, check_mode)
+    expected = int(expected_count or 0)
+    count = len(result.get("gpus") or [])
+    if expected and count != expected:
+        checks.append("free_gpus_expected_count")
+        problems.append(f"expected {expected} GPUs, nvidia-smi shows {count}: a GPU may have fallen off the bus")
+        status = "failed"
+    # Health is read, never changed: a dry run fails on an unhealthy GPU as the real run does.
+    if require_healthy and result.get("gpus") and result.get("healthy") is not True:
+        checks.append("free_gpus_require_healthy")
+        problems.append("unhealthy: " + "; ".join(health_problems(result)))
+        status = "unhealthy" if status == "dirty" and len(problems) == 1 else status
+    # A GPU that failed the CUDA smoke test (free_gpus_smoke_test) is not ready, however free it reads.
+    if result.get("smoke_test_passed") is False:
+        checks.append("free_gpus_smoke_test")
+        problems.append("smoke test failed: " + "; ".join(result.get("smoke_test_issues") or ["(no detail)"]))
+        status = "unhealthy" if status == "dirty" and len(problems) == 1 else status
+    return Verdict(checks, problems, status)
