@@ -227,7 +227,11 @@ class CannedSmi:
 
 
 @pytest.fixture
-def node(tmp_path):
+def node(tmp_path, monkeypatch):
+    # look() protects its own PID and its ancestors: the test runner's real PID, looked up in
+    # this fake /proc, must not be one of the fake processes (a runner that happened to be PID
+    # 426 saw the fake trainer protected once). PID 1 is never a fake process here.
+    monkeypatch.setattr(facts.os, "getpid", lambda: 1)
     proc, driver = tmp_path / "proc", tmp_path / "driver"
     proc.mkdir()
     # GPU index 0 is /dev/nvidia1 and index 1 is /dev/nvidia0 on this node.
