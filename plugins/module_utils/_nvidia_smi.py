@@ -20,6 +20,8 @@ import signal
 import subprocess
 import time
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
+
 # Health readings, asked in the same --query-gpu call as GPU_FIELDS by a look that checks
 # health (they cost nothing measurable there; docs/health.md), not by gpu_release's memory
 # polls. Read by _health.py. A driver that rejects one (rc 2) is asked again without it, and
@@ -72,13 +74,6 @@ GPU_FIELDS = (
     ("mig.mode.current", "mig_mode", "str"),
 )
 
-# The verify loop of gpu_release polls only what decides the verdict.
-MEMORY_FIELDS = (
-    ("index", "index", "int"),
-    ("uuid", "uuid", "str"),
-    ("memory.used", "memory_used_mib", "int"),
-)
-
 # No process_name: nvidia-smi prints a process's name as the process set it (argv[0], comm),
 # commas and line feeds included, so a name could add a row that "lists" another user's PID on
 # any GPU (docs/security.md). Without it every cell is the driver's: a number or a UUID, and a
@@ -106,22 +101,6 @@ HEADER_ALIASES = {
     "clocks.gr": ("clocks.current.graphics",),
     "clocks.mem": ("clocks.current.memory",),
 }
-
-# Values nvidia-smi prints instead of a number or a string when it has none. Every bracketed
-# token is treated alike (there are more than these), but these are the ones seen in the field.
-NOT_AVAILABLE_TOKENS = (
-    "[N/A]",
-    "[Not Supported]",
-    "[Unknown Error]",
-    "[Insufficient Permissions]",
-    "[Requested functionality has been deprecated]",
-    "[GPU requires reset]",
-    "[GPU is lost]",
-)
-
-# Names nvidia-smi gives a compute app whose process it cannot see (dead owner, other PID
-# namespace). docs/design.md: "[Not Found]" right after a kill, "[No data]" 0.5 s later.
-UNKNOWN_PROCESS_NAMES = ("[Not Found]", "[No data]", "")
 
 _UNIT_SUFFIX = re.compile(r"\s+(?:MiB|MB|%|W|MHz|C)$")
 _HEADER_UNIT = re.compile(r"\s*\[[^\]]*\]$")
@@ -352,19 +331,6 @@ def parse_compute_apps(text, fields=APP_FIELDS, cmd=None):
     return records
 
 
-def parse_version(text):
-    """`nvidia-smi --version` -> {"driver_version": ..., "cuda_version": ...} (None if absent)."""
-    found = {"driver_version": None, "cuda_version": None}
-    for line in text.splitlines():
-        key, _sep, value = line.partition(":")
-        key = key.strip().lower()
-        if key == "driver version":
-            found["driver_version"] = value.strip() or None
-        elif key == "cuda version":
-            found["cuda_version"] = value.strip() or None
-    return found
-
-
 def normalize_bus_id(bus_id):
     """'00000000:18:00.0' (nvidia-smi) and '0000:18:00.0' (/proc) -> '0000:18:00.0'."""
     if not bus_id:
@@ -464,11 +430,6 @@ class NvidiaSmi:
         self.rejected = set()
         self.old_names = False
 
-    @property
-    def without_reserved(self):
-        """A driver older than R5xx rejected memory.reserved."""
-        return "memory.reserved" in self.rejected
-
     @classmethod
     def find(cls, path=None, search_path=None):
         """Resolve the binary: an explicit path must exist; else PATH, then the usual places."""
@@ -476,11 +437,9 @@ class NvidiaSmi:
             if os.path.isfile(path) and os.access(path, os.X_OK):
                 return path
             raise NvidiaSmiNotFound(f"nvidia-smi not found or not executable at {path}", cmd=[path])
-        dirs = (search_path if search_path is not None else os.environ.get("PATH", "")).split(os.pathsep)
-        for directory in [d for d in dirs if d] + list(cls.SEARCH_PATHS):
-            candidate = os.path.join(directory, "nvidia-smi")
-            if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-                return candidate
+        found = _commands.which("nvidia-smi", dirs=cls.SEARCH_PATHS, search_path=search_path)
+        if found:
+            return found
         raise NvidiaSmiNotFound(
             "nvidia-smi not found in PATH or {}: is the NVIDIA driver installed? Set nvidia_smi to its path.".format(", ".join(cls.SEARCH_PATHS)),
             cmd=["nvidia-smi"],
@@ -488,7 +447,7 @@ class NvidiaSmi:
 
     def start(self, args):
         cmd = [self.path] + list(args)
-        env = dict(os.environ, LC_ALL="C", LANG="C")
+        env = _commands.c_locale_env()
         self.calls += 1
         try:
             # A session of its own, so that a hung nvidia-smi and anything it forked can be
