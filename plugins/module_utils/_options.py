@@ -15,6 +15,7 @@ never ends. Every numeric option of both modules, and of the role's gate, goes t
 from __future__ import annotations
 
 import math
+import typing as t
 
 # Options both modules take, with the same meaning and default.
 SHARED_SPEC = dict(
@@ -56,7 +57,7 @@ MAX_SERVICES = 1000
 MAX_SERVICE_LEN = 255
 
 
-def range_problem(name, value):
+def range_problem(name: str, value: t.Any) -> str | None:
     """A sentence saying what is wrong with one numeric option, or None."""
     if value is None or name not in RANGES or isinstance(value, bool):
         return None
@@ -72,19 +73,18 @@ def range_problem(name, value):
     return None
 
 
-def services_problem(services):
+def services_problem(services: t.Sequence[str] | None) -> str | None:
     """A sentence when `services` is more than systemctl can be given, or None."""
     services = services or []
     if len(services) > MAX_SERVICES:
-        return "services: %d entries, more than the %d gpu_release accepts: use globs (vllm*.service)" % (len(services), MAX_SERVICES)
+        return f"services: {len(services):d} entries, more than the {MAX_SERVICES:d} gpu_release accepts: use globs (vllm*.service)"
     for entry in services:
         if len(entry) > MAX_SERVICE_LEN + len("container:"):
-            return "services: an entry of %d characters (%s...) is longer than any unit or container name (%d)" % (
-                len(entry), entry[:40], MAX_SERVICE_LEN)
+            return f"services: an entry of {len(entry):d} characters ({entry[:40]}...) is longer than any unit or container name ({MAX_SERVICE_LEN:d})"
     return None
 
 
-def check(params, prefix=""):
+def check(params: t.Mapping[str, t.Any], prefix: str = "") -> list[str]:
     """Every problem of the numeric options and of `services` in `params` -> a list of sentences
     (empty: fine). `prefix` names the options as the user wrote them (the role's free_gpus_)."""
     problems = []
