@@ -185,7 +185,7 @@ class Checks:
         self.xid_fatal = frozenset(int(x) for x in xid_fatal or ())
 
     @classmethod
-    def from_params(cls, params: dict[str, t.Any]) -> Checks | None:
+    def from_params(cls, params: t.Mapping[str, t.Any]) -> Checks | None:
         """The modules' options -> Checks; None when `health` is off (or absent)."""
         if not params.get("health"):
             return None
@@ -225,19 +225,21 @@ def _yes(value: t.Any) -> bool | None:
 
 
 def _plural(count: int, word: str) -> str:
-    return "%d %s%s" % (count, word, "" if count == 1 else "s")
+    return "{:d} {}{}".format(count, word, "" if count == 1 else "s")
 
 
-def age_text(seconds: float) -> str:
-    """Seconds -> '45 s ago', '12 min ago', '2 h ago', '3 days ago'."""
+def human_age(seconds: float) -> str:
+    """How long ago, in the unit a person would say: seconds -> '45 s ago' (under 90 s),
+    '12 min ago' (under 90 min), '2 h ago' (under 48 h), '3 days ago'; a negative age reads 0 s.
+    The words of the Xid sentences of `health_issues` (a dmesg Xid's time)."""
     seconds = max(0.0, seconds)
     if seconds < 90:
-        return "%d s ago" % round(seconds)
+        return f"{round(seconds):d} s ago"
     if seconds < 90 * 60:
-        return "%d min ago" % round(seconds / 60)
+        return f"{round(seconds / 60):d} min ago"
     if seconds < 48 * 3600:
-        return "%d h ago" % round(seconds / 3600)
-    return "%d days ago" % round(seconds / 86400)
+        return f"{round(seconds / 3600):d} h ago"
+    return f"{round(seconds / 86400):d} days ago"
 
 
 def readings(gpu: Gpu) -> dict[str, t.Any]:
@@ -305,14 +307,14 @@ def gpu_issues(gpu: Gpu, checks: Checks, xids: t.Iterable[dict[str, t.Any]] = ()
     width, width_max = r["pcie_link_width_current"], r["pcie_link_width_max"]
     want_width = checks.min_pcie_width or width_max
     if width is not None and want_width and width < want_width:
-        issues.append("PCIe link runs at x%d, expected x%d" % (width, want_width))
+        issues.append(f"PCIe link runs at x{width:d}, expected x{want_width:d}")
     # An idle GPU in a power-saving P-state trains its link down (an RTX 4080 at P8 reads Gen1
     # of 4); data-center GPUs idle at P0 at their max (H200, H100, L40S captures): compare the
     # generation only at P0.
     gen, gen_max = r["pcie_link_gen_current"], r["pcie_link_gen_max"]
     want_gen = checks.min_pcie_gen or gen_max
     if gen is not None and want_gen and gen < want_gen and (r["pstate"] or "").upper() == "P0":
-        issues.append("PCIe link runs at Gen%d, expected Gen%d" % (gen, want_gen))
+        issues.append(f"PCIe link runs at Gen{gen:d}, expected Gen{want_gen:d}")
     for text in r["slowdown"]:
         issues.append(f"clocks lowered by {text}")
     persistence = _yes(gpu.get("persistence_mode"))
@@ -348,9 +350,9 @@ def xid_issues(xids: t.Iterable[dict[str, t.Any]], checks: Checks, recovery_acti
         seen = faults[number]
         action, text = XID_CATALOG.get(number, (None, "in xid_fatal"))
         when = seen[-1].get("time")
-        issues.append("Xid %d (%s) in the kernel log %s%s%s" % (
+        issues.append("Xid {:d} ({}) in the kernel log {}{}{}".format(
             number, text, ("at " + when if _ISO_TIME.match(when or "") else when) if when else "recently",
-            "" if len(seen) == 1 else " (%d times)" % len(seen),
+            "" if len(seen) == 1 else f" ({len(seen):d} times)",
             f"; NVIDIA's Xid catalog: {action} ({ACTION_WORDS.get(action, action)})" if action else "; listed in xid_fatal"))
     return issues
 
@@ -447,7 +449,7 @@ def parse_xids(lines: t.Iterable[str], uptime_s: float | None = None, window_s: 
             since_boot = float(stamp.group(1))
             if uptime_s is not None and window_s and uptime_s - since_boot > window_s:
                 continue
-            when = age_text(uptime_s - since_boot) if uptime_s is not None else f"{stamp.group(1)} s after boot"
+            when = human_age(uptime_s - since_boot) if uptime_s is not None else f"{stamp.group(1)} s after boot"
         else:
             iso = _ISO_TIME.match(line)
             when = iso.group(1) if iso else None
@@ -509,7 +511,7 @@ class KernelLog:
         commands = []
         journalctl = self._which("journalctl")
         if journalctl:
-            commands.append(("journalctl", [journalctl, "-k", "--since", "-%dmin" % max(1, int(self.window_hours * 60)),
+            commands.append(("journalctl", [journalctl, "-k", "--since", f"-{max(1, int(self.window_hours * 60)):d}min",
                                             "-o", "short-iso", "-q", "--no-pager"]))
         dmesg = self._which("dmesg")
         if dmesg:

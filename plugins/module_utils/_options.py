@@ -31,6 +31,10 @@ SHARED_SPEC = dict(
     expected_mig_mode=dict(type="str", choices=["enabled", "disabled"]),
     xid_window_hours=dict(type="float", default=24),
     dcgm_diag=dict(type="int", default=0, choices=[0, 1, 2, 3, 4]),
+    xid_ignore=dict(type="list", elements="int", default=[]),
+    xid_fatal=dict(type="list", elements="int", default=[]),
+    smoke_test=dict(type="bool", default=False),
+    smoke_test_mib=dict(type="int", default=1024),
 )
 
 # option -> the smallest value it accepts, and whether that bound itself is allowed.
@@ -49,6 +53,8 @@ RANGES = {
     "expected_count": (0, True),
     "smoke_test_mib": (0, True),
     "settle_timeout": (0, True),
+    # gpu_restore: every step (a systemctl call, a container start) must be given some time.
+    "step_timeout": (0, False),
 }
 
 # systemd refuses unit names longer than 255 characters (UNIT_NAME_MAX); the count keeps every

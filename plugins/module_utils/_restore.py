@@ -19,6 +19,7 @@ container runtimes, the clock), as in _release."""
 from __future__ import annotations
 
 import fnmatch
+import math
 import time
 import typing as t
 
@@ -120,6 +121,9 @@ def parse_wait(value: t.Any) -> float:
         seconds = float(text)
     except ValueError:
         raise ValueError(f"wait_for_gpus must be true, false or a number of seconds, got {value!r}") from None
+    if math.isnan(seconds) or math.isinf(seconds):
+        # A NaN or infinite deadline is never reached: the wait would not end.
+        raise ValueError(f"wait_for_gpus must be true, false or a number of seconds, got {value!r}")
     if seconds < 0:
         raise ValueError(f"wait_for_gpus must be 0 or more seconds, got {seconds}")
     return seconds
