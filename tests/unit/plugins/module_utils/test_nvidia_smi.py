@@ -716,7 +716,7 @@ def fake_binary(directory, body, name="nvidia-smi"):
 
 def _gone(pid):
     try:
-        with open("/proc/%d/stat" % pid) as handle:
+        with open(f"/proc/{pid:d}/stat") as handle:
             return handle.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
     except OSError:
         return True
