@@ -291,6 +291,17 @@ def gpu_issues(gpu: Gpu, checks: Checks, xids: t.Iterable[dict[str, t.Any]] = ()
     that reads [GPU requires reset] or [Unknown Error] is). `host_issues`: the node's (Fabric
     Manager), added to a GPU on the fabric."""
     r = readings(gpu)
+    issues = _hardware_issues(gpu, r, checks) + _mode_issues(gpu, r, checks)
+    issues.extend(_fabric_issues(gpu))
+    if has_fabric(gpu):
+        issues.extend(host_issues)
+    issues.extend(xid_issues(xids, checks, r["recovery_action"]))
+    return issues
+
+
+def _hardware_issues(gpu: Gpu, r: dict[str, t.Any], checks: Checks) -> list[str]:
+    """Faults of the GPU itself: fault tokens, ECC, row remapping, page retirement, the PCIe
+    link, lowered clocks (`r`: its readings())."""
     issues = []
     for key, token in sorted(fault_tokens(gpu).items()):
         advice = ": reset the GPU (or reboot)" if token == "[GPU requires reset]" else ""
@@ -317,6 +328,13 @@ def gpu_issues(gpu: Gpu, checks: Checks, xids: t.Iterable[dict[str, t.Any]] = ()
         issues.append(f"PCIe link runs at Gen{gen:d}, expected Gen{want_gen:d}")
     for text in r["slowdown"]:
         issues.append(f"clocks lowered by {text}")
+    return issues
+
+
+def _mode_issues(gpu: Gpu, r: dict[str, t.Any], checks: Checks) -> list[str]:
+    """Settings the GPU must have: persistence mode, the MIG mode (and none pending), no
+    recovery action asked for."""
+    issues = []
     persistence = _yes(gpu.get("persistence_mode"))
     if checks.require_persistence and persistence is False:
         issues.append("persistence mode is off")
@@ -332,10 +350,6 @@ def gpu_issues(gpu: Gpu, checks: Checks, xids: t.Iterable[dict[str, t.Any]] = ()
     action = r["recovery_action"]
     if action is not None and str(action).strip().lower() != "none":
         issues.append(f"the driver asks for a recovery action: {action} (gpu_recovery_action; NVML: None means no action needed)")
-    issues.extend(_fabric_issues(gpu))
-    if has_fabric(gpu):
-        issues.extend(host_issues)
-    issues.extend(xid_issues(xids, checks, action))
     return issues
 
 
