@@ -48,7 +48,7 @@ def fleet(count):
             if len(hosts) == count:
                 break
             copy = json.loads(json.dumps(record))
-            copy["host"] = "rack%03d-%s" % (rack, record["host"])
+            copy["host"] = "rack{:03d}-{}".format(rack, record["host"])
             hosts.append(copy)
         rack += 1
     return hosts
@@ -159,7 +159,7 @@ def run_summary(count, where):
     summary = next(t for t in play["tasks"] if t.get("name", "").startswith("Fleet summary"))
     outcome = {"host": None, "status": "freed", "message": "8 GPUs free", "gpus": 8, "before_mib": 1028316, "after_mib": 0,
                "stopped_units": ["vllm.service"], "killed": [], "healthy": True, "health_issues": []}
-    results = {"node%04d" % n: dict(outcome, host="node%04d" % n) for n in range(count)}
+    results = {f"node{n:04d}": dict(outcome, host=f"node{n:04d}") for n in range(count)}
     with open(os.path.join(where, "results.json"), "w") as handle:
         json.dump({"saved_results": results}, handle)
     with open(os.path.join(where, "inventory.json"), "w") as handle:
@@ -230,19 +230,19 @@ def main():
     parser.add_argument("--page", type=int, metavar="N", help="load the report page of N hosts in headless Chromium instead")
     parser.add_argument("--screenshot", help="with --page: keep the screenshot here (docs/images/audit-report-4000.png)")
     args = parser.parse_args()
-    print("<!-- %s, %s, %d CPUs, %s -->" % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), platform.node(),
-                                            os.cpu_count(), " ".join(sys.argv)))
+    print("<!-- {}, {}, {} CPUs, {} -->".format(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), platform.node(),
+                                                os.cpu_count(), " ".join(sys.argv)))
     if args.page:
         with tempfile.TemporaryDirectory(prefix="zeromib-bench-") as where:
             page = run_page(args.page, where, os.path.abspath(args.screenshot) if args.screenshot else None)
-        print("| report.html, %s hosts | %.2f MB | heat map drawn %s ms after navigation (%d rows) | screenshot %.2f s, "
-              "empty page %.2f s |" % (f"{args.page:,}", page["html_mb"], page["drawn_ms"], page["rows"],
-                                       page["screenshot_s"], page["blank_s"]))
+        print("| report.html, {} hosts | {:.2f} MB | heat map drawn {} ms after navigation ({} rows) | screenshot {:.2f} s, "
+              "empty page {:.2f} s |".format(f"{args.page:,}", page["html_mb"], page["drawn_ms"], page["rows"],
+                                             page["screenshot_s"], page["blank_s"]))
         return
     if args.summary:
         with tempfile.TemporaryDirectory(prefix="zeromib-bench-") as where:
             (wall, rss, dummy), (bare, bare_rss, dummy) = run_summary(args.summary, where)
-        print("| free_gpus.yml summary, %d hosts | %.1f s (play without it: %.1f s) | %.0f MiB |" % (args.summary, wall, bare, rss))
+        print(f"| free_gpus.yml summary, {args.summary} hosts | {wall:.1f} s (play without it: {bare:.1f} s) | {rss:.0f} MiB |")
         return
     print("| contender | hosts | wall | CPU (user+sys) | controller max RSS | report.json | report.html | report.md | gpu_audit.prom | load avg |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

@@ -10,7 +10,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: free_gpus_gate
 short_description: The free_gpus role's gate - free the GPUs and fail unless they read free, in one task
-version_added: 0.2.0
+version_added: 0.1.0
 description:
   - The single task of the role P(zeromib.gpu.free_gpus#role); use the role, not this plugin.
   - On the controller, checks the role's variables (C(free_gpus_*)) against the role's C(meta/argument_specs.yml), as Ansible's

@@ -10,7 +10,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: gpu_audit_report
 short_description: Write the fleet GPU audit report on the controller, in one step
-version_added: 0.2.0
+version_added: 0.1.0
 description:
   - The report step of C(playbooks/audit_gpus.yml) (its task file C(playbooks/tasks/audit_report.yml)); runs on the controller
     only and touches no managed node.

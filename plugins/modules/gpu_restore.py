@@ -8,7 +8,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: gpu_restore
 short_description: Put back the inference services that gpu_release stopped, exactly as they were
-version_added: 0.2.0
+version_added: 0.1.0
 description:
   - Reads the record that M(zeromib.gpu.gpu_release) keeps on the node (C(/var/lib/zeromib-gpu/released.json), root-only) of every
     unit and container it stopped, disabled or masked, with its state before, and puts each back, newest release first.

@@ -8,7 +8,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: slurm_node
 short_description: Drain this host in Slurm when its GPUs cannot be freed, resume it only when zeromib drained it
-version_added: 0.2.0
+version_added: 0.1.0
 description:
   - O(state=drained) drains the Slurm node of this host (C(scontrol update nodename=NODE state=drain reason=...), the reason starting
     with C(zeromib:)), so that the scheduler sends it no more work. A node already drained with a reason that does not start with C(zeromib:) (an admin's

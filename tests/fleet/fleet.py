@@ -609,7 +609,7 @@ class Fleet:
                     break
                 except OSError:
                     if time.monotonic() > deadline:
-                        raise FleetError(f"{name}: sshd not reachable 30 s after its link came up")
+                        raise FleetError(f"{name}: sshd not reachable 30 s after its link came up") from None
                     time.sleep(0.05)
             self.close_host_masters(name)
 
@@ -856,9 +856,10 @@ class Fleet:
         for f in ("stop", "nspawn.pid"):
             with contextlib.suppress(FileNotFoundError):
                 (hd / f).unlink()
-        p = subprocess.Popen(["/bin/sh", str(self._boot_script(h))], stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=open(hd / "supervisor.log", "a"),
-                             start_new_session=True, close_fds=True)
+        # The supervisor has its own copy of the log's descriptor: ours closes once it started.
+        with open(hd / "supervisor.log", "a") as log:
+            p = subprocess.Popen(["/bin/sh", str(self._boot_script(h))], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=log, start_new_session=True, close_fds=True)
         h["supervisor_pid"] = p.pid
         h["supervisor_start"] = proc_start_time(p.pid)
 

@@ -32,7 +32,7 @@ def spawn(request):
 def main():
     os.makedirs(SPOOL, exist_ok=True)
     kernels = []
-    print("hub %d: spawning kernels from %s" % (os.getpid(), SPOOL), flush=True)
+    print(f"hub {os.getpid()}: spawning kernels from {SPOOL}", flush=True)
     while True:
         for name in sorted(os.listdir(SPOOL)):
             if not name.endswith(".json"):
@@ -47,7 +47,7 @@ def main():
             os.unlink(path)
             if request is not None:
                 kernels.append(spawn(request))
-                print("kernel %d: %s" % (kernels[-1].pid, request), flush=True)
+                print(f"kernel {kernels[-1].pid}: {request}", flush=True)
         # A kernel that ended (killed by gpu_release) is reaped; the hub lives on.
         kernels = [k for k in kernels if k.poll() is None]
         time.sleep(POLL_S)

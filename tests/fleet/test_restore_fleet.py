@@ -44,7 +44,7 @@ WantedBy=multi-user.target
 
 def h200(fleet, n=1):
     hosts = [h.name for h in fleet.hosts if h.gpu_count >= 8 and h.idle_mib == 0]
-    assert len(hosts) >= n, "these tests need %d hosts with 8 GPUs" % n
+    assert len(hosts) >= n, f"these tests need {n} hosts with 8 GPUs"
     return hosts[:n]
 
 

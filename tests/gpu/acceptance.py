@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -51,7 +52,8 @@ class Run:
                         ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_NOCOLOR="1", ANSIBLE_DEPRECATION_WARNINGS="False",
                         ANSIBLE_LOCALHOST_WARNING="False", ANSIBLE_INVENTORY_UNPARSED_WARNING="False")
         os.makedirs(os.path.join(out, "captures"), exist_ok=True)
-        self.log = open(os.path.join(out, "run.log"), "a")
+        # The run's log: open for the whole run, the holders and supervisord write to it too.
+        self.log = open(os.path.join(out, "run.log"), "a")  # noqa: SIM115
 
     # ---- helpers
 
@@ -68,7 +70,7 @@ class Run:
     def capture(self, name, *args):
         rc, out = self.smi(*args)
         with open(os.path.join(self.out, "captures", name + ".txt"), "w") as handle:
-            handle.write("### nvidia-smi %s\n%s### rc=%d\n" % (" ".join(args), out, rc))
+            handle.write("### nvidia-smi {}\n{}### rc={}\n".format(" ".join(args), out, rc))
         return out
 
     def used(self):
@@ -76,7 +78,7 @@ class Run:
         return int(out.strip()) if rc == 0 else None
 
     def holder(self, *extra, mib=None, gpu=None, env=None):
-        ready = os.path.join(self.tmp, "ready-%d-%d" % (len(self.started), int(time.time() * 1000)))
+        ready = os.path.join(self.tmp, f"ready-{len(self.started)}-{int(time.time() * 1000)}")
         cmd = [sys.executable, os.path.join(HERE, "cuda_holder.py"), "--gpu", str(self.gpu if gpu is None else gpu), "--ready", ready,
                "--mib", str(mib if mib is not None else self.mib)] + list(extra)
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, env=dict(os.environ, **(env or {})))
@@ -88,7 +90,7 @@ class Run:
         paths = [ready] + ([ready + ".child"] if child else [])
         while time.monotonic() < deadline:
             if all(os.path.exists(p) for p in paths):
-                pids = [int(open(p).read()) for p in paths]
+                pids = [int(Path(p).read_text()) for p in paths]
                 self.started.extend(pids[1:])
                 return pids
             time.sleep(0.05)
@@ -96,7 +98,7 @@ class Run:
 
     def alive(self, pid):
         try:
-            with open("/proc/%d/stat" % pid) as handle:
+            with open(f"/proc/{pid}/stat") as handle:
                 return handle.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
         except OSError:
             return False
@@ -110,7 +112,7 @@ class Run:
         """SIGKILL a process this run started (never anything else)."""
         known = {p.pid if isinstance(p, subprocess.Popen) else p for p in self.started}
         if pid not in known:
-            raise RuntimeError("refusing to signal pid %d: not started by this run" % pid)
+            raise RuntimeError(f"refusing to signal pid {pid}: not started by this run")
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -148,13 +150,13 @@ class Run:
         while "--" in slug:
             slug = slug.replace("--", "-")
         with open(os.path.join(self.out, f"ansible-{slug}.log"), "w") as handle:
-            handle.write("$ %s\n%s\n%s\nrc=%d wall=%.3f s\n" % (" ".join(cmd), proc.stdout, proc.stderr, proc.returncode, wall))
+            handle.write("$ {}\n{}\n{}\nrc={} wall={:.3f} s\n".format(" ".join(cmd), proc.stdout, proc.stderr, proc.returncode, wall))
         self.reap()
         try:
             with open(result_file) as handle:
                 return json.load(handle), wall
-        except (OSError, ValueError):
-            raise RuntimeError("%s: ansible-playbook rc %d, no result:\n%s%s" % (name, proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:]))
+        except (OSError, ValueError) as exc:
+            raise RuntimeError(f"{name}: ansible-playbook rc {proc.returncode}, no result:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}") from exc
 
     def record(self, name, ok, **fields):
         entry = dict(name=name, ok=bool(ok), **fields)
@@ -183,7 +185,7 @@ class Run:
         t0 = time.monotonic()
         os.kill(pids[0], signal.SIGKILL)
         if shutil.which("fuser"):
-            listed = subprocess.run(["fuser", "/dev/nvidia%d" % self.gpu], capture_output=True, text=True, check=False).stdout.split()
+            listed = subprocess.run(["fuser", f"/dev/nvidia{self.gpu}"], capture_output=True, text=True, check=False).stdout.split()
             holders = [int(p.rstrip("cefFrm")) for p in listed if p.rstrip("cefFrm").isdigit()]
         else:
             holders = [p for p in pids if self.alive(p)]
@@ -233,7 +235,7 @@ class Run:
         info = "/proc/driver/nvidia/gpus"
         if os.path.isdir(info):
             for entry in os.listdir(info):
-                text = open(os.path.join(info, entry, "information")).read()
+                text = Path(info, entry, "information").read_text()
                 minor = int([l.split(":")[1] for l in text.splitlines() if l.startswith("Device Minor")][0])
                 gpu = [g for g in facts["gpus"] if g["pci_bus_id"].lower().endswith(entry.lower()[-12:])]
                 if not gpu or gpu[0]["minor_number"] != minor:
@@ -310,7 +312,7 @@ class Run:
         ok = (result.get("released") and self.alive(guard_pid) and not self.alive(pid) and self.used() == 0 and guard
               and guard[0]["protected"] and guard[0]["attribution"] == "nvml_client")
         self.record("a process named nvidia-persistenced holding the device files survives; the holder beside it is freed", ok,
-                    guard=guard, comm=open("/proc/%d/comm" % guard_pid).read().strip() if self.alive(guard_pid) else None,
+                    guard=guard, comm=Path(f"/proc/{guard_pid}/comm").read_text().strip() if self.alive(guard_pid) else None,
                     killed=[k["pid"] for k in result.get("killed", [])], elapsed_s=result.get("elapsed_s"), wall_s=wall)
         self.end_all()
 
@@ -361,7 +363,7 @@ class Run:
             want = q_map.get(gpu["index"], {})
             got = (gpu["minor_number"], gpu["uuid"], gpu["pci_bus_id"])
             if (want.get("minor"), want.get("uuid"), want.get("bus")) != got:
-                mapping_errors.append("GPU %d: facts %r, nvidia-smi -q %r" % (gpu["index"], got, want))
+                mapping_errors.append("GPU {}: facts {!r}, nvidia-smi -q {!r}".format(gpu["index"], got, want))
         holders = {index: self.holder(mib=mib, gpu=index)[1] for index in range(count)}
         pids = {index: self.wait_ready(ready)[0] for index, ready in holders.items()}
         subset = list(range(count // 2)) if count > 1 else [0]
@@ -374,13 +376,13 @@ class Run:
         ok_subset = (result.get("released") and killed == sorted(pids[i] for i in subset)
                      and all(after[i] <= (4 if others else 0) for i in subset)
                      and all(self.alive(pids[i]) and after[i] == before[i] for i in others))
-        self.record("free GPUs %s of %d with gpus:, the others keep their holders and memory" % (subset, count), ok_subset,
+        self.record(f"free GPUs {subset} of {count} with gpus:, the others keep their holders and memory", ok_subset,
                     elapsed_s=result.get("elapsed_s"), killed=killed, before_mib=before, after_mib=after, wall_s=wall,
                     mapping_errors=mapping_errors)
         result, wall = self.playbook("multi-all", action="release", kill_timeout=5)
         after = self.used_all()
         ok_all = result.get("released") and all(v == 0 for v in after.values()) and not mapping_errors
-        self.record("free all %d GPUs, every one reads 0 MiB; index/minor/UUID/bus id agree with nvidia-smi -q" % count, ok_all,
+        self.record(f"free all {count} GPUs, every one reads 0 MiB; index/minor/UUID/bus id agree with nvidia-smi -q", ok_all,
                     elapsed_s=result.get("elapsed_s"), timings=result.get("timings"), after_mib=after, wall_s=wall,
                     mapping=[(g["index"], g["minor_number"], g["uuid"], g["pci_bus_id"]) for g in facts["gpus"]],
                     mapping_errors=mapping_errors)
@@ -515,7 +517,7 @@ class Run:
         wall = round(time.monotonic() - started, 3)
         self.reap()
         with open(os.path.join(self.out, "ansible-free_gpus-playbook.log"), "w") as handle:
-            handle.write("$ %s\n%s\n%s\nrc=%d wall=%.3f s\n" % (" ".join(cmd), run.stdout, run.stderr, run.returncode, wall))
+            handle.write("$ {}\n{}\n{}\nrc={} wall={:.3f} s\n".format(" ".join(cmd), run.stdout, run.stderr, run.returncode, wall))
         summary = [l for l in run.stdout.splitlines() if "MIB BEFORE" in l or "localhost" in l and "->" in l]
         ok = run.returncode == 0 and not self.alive(pid) and self.used() == 0
         self.record("playbooks/free_gpus.yml (the role) frees a real 40 GiB holder", ok, rc=run.returncode, wall_s=wall, summary=summary)
@@ -585,7 +587,7 @@ class Run:
         result, wall = self.playbook("respawn-shell-loop" + label.replace(" ", "-"), action="release", wait_timeout=30)
         msg = result.get("msg") or ""
         came_back_s = self.wait_used_above(1000, 20)
-        named = "started again by its parent pid %d sh" % loop.pid in msg
+        named = f"started again by its parent pid {loop.pid} sh" in msg
         ok = result.get("released") is False and named and first in [k["pid"] for k in result.get("killed", [])] and came_back_s is not None
         self.record(f"shell loop{label} restarting a PyTorch holder: caught and named, never released: true", ok, released=result.get("released"),
                     elapsed_s=result.get("elapsed_s"), timings=result.get("timings"), gpu_dirty_again_after_s=came_back_s, msg=msg[:700],
@@ -637,7 +639,7 @@ class Run:
             time.sleep(10)
             status = subprocess.run(ctl + ["status", "gpuholder"], capture_output=True, text=True, check=False).stdout.strip()
             after = self.used()
-            conf_text = open(os.path.join(base, "conf.d", "gpuholder.conf")).read()
+            conf_text = Path(base, "conf.d", "gpuholder.conf").read_text()
             ok = (result.get("released") is True and [p["name"] for p in result.get("stopped_programs", [])] == ["gpuholder"]
                   and "STOPPED" in status and after == 0 and "autorestart=false" in conf_text)
             self.record("supervisor:gpuholder with service_state disabled: stopped through supervisorctl, still stopped and 0 MiB 10 s later",
@@ -718,13 +720,13 @@ class Run:
                 if script is None:
                     proc, ready = self.holder()
                 else:
-                    proc, ready = self.under_shell(script, self.mib, "cost-%d-%d" % (run, len(label)))
+                    proc, ready = self.under_shell(script, self.mib, f"cost-{run}-{len(label)}")
                 pid = self.wait_ready(ready)[0]
                 self.started.append(pid)
-                result, wall = self.playbook("watch-cost-%d-%s" % (run, label.split(":", maxsplit=1)[0] + str(len(label))), action="release")
+                result, wall = self.playbook("watch-cost-{}-{}".format(run, label.split(":", maxsplit=1)[0] + str(len(label))), action="release")
                 elapsed = result.get("elapsed_s")
                 ok = result.get("released") is True and self.used() == 0
-                self.record("respawn watch %s, cooperative %d MiB holder, run %d" % (label, self.mib, run), ok, elapsed_s=elapsed,
+                self.record(f"respawn watch {label}, cooperative {self.mib} MiB holder, run {run}", ok, elapsed_s=elapsed,
                             floor_s=floor, over_floor_s=round(elapsed - floor, 3) if elapsed is not None and floor is not None else None,
                             settle_s=(result.get("timings") or {}).get("settle_s"), timings=result.get("timings"), wall_s=wall,
                             msg=result.get("msg"))
@@ -734,12 +736,12 @@ class Run:
 
     def bare_smoke(self, mib, repeat):
         """The smoke test's own cost, without Ansible: _cuda_smoke.run_in_child on every GPU."""
-        code = ("import json, sys, time; sys.path.insert(0, %r)\n"
+        collections = os.path.join(self.tmp, "collections")
+        code = (f"import json, sys, time; sys.path.insert(0, {collections!r})\n"
                 "from ansible_collections.zeromib.gpu.plugins.module_utils import _cuda_smoke as s\n"
                 "bus = [l.split(', ')[1] for l in sys.argv[1].splitlines()]\n"
-                "t = time.monotonic(); r, init = s.run_in_child(bus, %d, 30)\n"
-                "print(json.dumps({'results': r, 'init_s': init, 'wall_s': round(time.monotonic() - t, 3)}))\n"
-                % (os.path.join(self.tmp, "collections"), mib))
+                f"t = time.monotonic(); r, init = s.run_in_child(bus, {mib}, 30)\n"
+                "print(json.dumps({'results': r, 'init_s': init, 'wall_s': round(time.monotonic() - t, 3)}))\n")
         rows = self.smi("--query-gpu=index,pci.bus_id", "--format=csv,noheader")[1].strip()
         runs = []
         for _run in range(repeat):
@@ -779,7 +781,7 @@ class Run:
         run = subprocess.run(cmd, capture_output=True, text=True, check=False, env=self.env)
         wall = round(time.monotonic() - started, 3)
         with open(os.path.join(self.out, "ansible-smoke-free_gpus-playbook.log"), "w") as handle:
-            handle.write("$ %s\n%s\n%s\nrc=%d wall=%.3f s\n" % (" ".join(cmd), run.stdout, run.stderr, run.returncode, wall))
+            handle.write("$ {}\n{}\n{}\nrc={} wall={:.3f} s\n".format(" ".join(cmd), run.stdout, run.stderr, run.returncode, wall))
         lines = [l.strip() for l in run.stdout.splitlines() if "smoke test" in l]
         self.record("smoke test: playbooks/free_gpus.yml with free_gpus_smoke_test passes and says so", run.returncode == 0 and
                     any("smoke test passed" in l for l in lines), rc=run.returncode, wall_s=wall, lines=lines[:4],
@@ -795,7 +797,7 @@ class Run:
         self.end_all()
         record = busy["ansible_facts"]["gpu"]["gpus"][self.gpu].get("smoke_test") or {}
         self.record("smoke test: a GPU in use is skipped, never tested", record.get("ok") is None and
-                    str(record.get("skipped", "")).startswith("in use by PID %d" % pid), smoke_test=record)
+                    str(record.get("skipped", "")).startswith(f"in use by PID {pid}"), smoke_test=record)
 
     def main(self):
         rc, out = self.smi("--version")
@@ -805,11 +807,11 @@ class Run:
         releases = []
         for run in range(1, self.repeat + 1):
             releases += [
-                lambda run=run: self.scenario_release("cooperative %d MiB holder (SIGTERM), run %d" % (self.mib, run), [], 10,
+                lambda run=run: self.scenario_release(f"cooperative {self.mib} MiB holder (SIGTERM), run {run}", [], 10,
                                                       signal.SIGTERM, budget=0.5),
-                lambda run=run: self.scenario_release("holder ignoring SIGTERM, kill_timeout 2, run %d" % run, ["--ignore-term"], 2,
+                lambda run=run: self.scenario_release(f"holder ignoring SIGTERM, kill_timeout 2, run {run}", ["--ignore-term"], 2,
                                                       signal.SIGKILL, budget=2.5),
-                lambda run=run: self.scenario_release("orphaned child forked after CUDA init, parent killed, run %d" % run,
+                lambda run=run: self.scenario_release(f"orphaned child forked after CUDA init, parent killed, run {run}",
                                                       ["--fork-child"], 10, signal.SIGKILL, child=True),
             ]
         scenarios = [self.scenario_idle, self.scenario_busy_facts] + releases + [
@@ -837,7 +839,7 @@ class Run:
                 json.dump(self.results, handle, indent=2, default=str)
             shutil.rmtree(self.tmp, ignore_errors=True)
         failed = [s["name"] for s in self.results["scenarios"] if not s["ok"]]
-        print("%d passed, %d failed" % (len(self.results["scenarios"]) - len(failed), len(failed)))
+        print("{} passed, {} failed".format(len(self.results["scenarios"]) - len(failed), len(failed)))
         return 1 if failed else 0
 
 

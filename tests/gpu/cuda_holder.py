@@ -39,7 +39,9 @@ def main():
     parser.add_argument("--name")
     parser.add_argument("--ready", required=True)
     args = parser.parse_args()
-    if args.name and open("/proc/self/cmdline").read().split("\0")[0] != args.name:
+    with open("/proc/self/cmdline") as handle:
+        argv0 = handle.read().split("\0")[0]
+    if args.name and argv0 != args.name:
         # Re-exec so that /proc/PID/cmdline starts with the posed name.
         os.execv(sys.executable, [args.name, os.path.abspath(__file__)] + sys.argv[1:])
     if args.name:
@@ -65,7 +67,7 @@ def main():
 
         keep.extend(jax.device_put(jnp.ones(1024), device).block_until_ready() for device in jax.devices())
     elif args.no_context:
-        for path in ("/dev/nvidiactl", "/dev/nvidia%d" % args.gpu, "/dev/nvidia-uvm"):
+        for path in ("/dev/nvidiactl", f"/dev/nvidia{args.gpu}", "/dev/nvidia-uvm"):
             try:
                 keep.append(os.open(path, os.O_RDWR))
             except OSError:
@@ -76,7 +78,7 @@ def main():
         # As a training process does (torchrun's LOCAL_RANK): without it, PyTorch also makes a
         # ~520 MiB context on GPU 0 for a tensor on another GPU, and nvidia-smi lists the process there.
         torch.cuda.set_device(args.gpu)
-        keep.append(torch.empty(args.mib << 20, dtype=torch.uint8, device="cuda:%d" % args.gpu))
+        keep.append(torch.empty(args.mib << 20, dtype=torch.uint8, device=f"cuda:{args.gpu}"))
         torch.cuda.synchronize()
     child = None
     if args.fork_child:

@@ -40,7 +40,7 @@ def medians(scenarios):
     for key, runs in groups.items():
         over = [r["over_floor_s"] for r in runs if r.get("over_floor_s") is not None]
         floors = [r["floor_s"] for r in runs if r.get("floor_s") is not None]
-        rows.append("| %s | %d | %.3f s | %s | %s |" % (
+        rows.append("| {} | {} | {:.3f} s | {} | {} |".format(
             key, len(runs), statistics.median(r["elapsed_s"] for r in runs),
             f"{statistics.median(floors):.3f} s" if floors else "-", f"{statistics.median(over):.3f} s" if over else "-"))
     return rows
@@ -58,7 +58,8 @@ def other_rows(scenarios):
 
 
 def main(path):
-    data = json.load(open(path))
+    with open(path) as handle:
+        data = json.load(handle)
     out = ["Driver: {}. GPU: {}. Run {} to {}, `{}`.".format(
         " / ".join(l.strip() for l in data["nvidia_smi_version"].splitlines() if l.strip()), data["gpu"], data["started"], data["finished"],
         data["command"])]

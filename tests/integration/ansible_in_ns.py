@@ -55,8 +55,8 @@ class ModuleRun:
 def run_module(host, module, args=None, check=False, diff=False, timeout=180, extra_env=None):
     """Run zeromib.gpu.<module> with args on `host` (plus `extra_env` for ansible-playbook); returns a ModuleRun."""
     host._seq = getattr(host, "_seq", 0) + 1
-    out = os.path.join(host.dir, "result-%d.json" % host._seq)
-    play = os.path.join(host.dir, "play-%d.yml" % host._seq)
+    out = os.path.join(host.dir, f"result-{host._seq}.json")
+    play = os.path.join(host.dir, f"play-{host._seq}.yml")
     with open(play, "w") as handle:
         handle.write(PLAY.format(module="zeromib.gpu." + module, args=json.dumps(args or {}), out=json.dumps(out)))
     cmd = [os.path.join(VENV_BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local", play,
@@ -74,8 +74,8 @@ def run_module(host, module, args=None, check=False, diff=False, timeout=180, ex
     try:
         with open(out) as handle:
             result = json.load(handle)
-    except (OSError, ValueError):
-        raise AssertionError(f"ansible-playbook wrote no result (rc {proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    except (OSError, ValueError) as exc:
+        raise AssertionError(f"ansible-playbook wrote no result (rc {proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}") from exc
     assert "Traceback" not in result.get("module_stderr", "") + result.get("msg", ""), result
     record_timing(module, result, wall)
     return ModuleRun(result, wall, proc.stdout, proc.stderr, proc.returncode)

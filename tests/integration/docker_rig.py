@@ -90,7 +90,7 @@ class DockerHost:
         self.contain()
         for sub in ("data", "exec", "logs"):
             os.makedirs(os.path.join(self.base, sub), exist_ok=True)
-        log = os.path.join(self.base, "logs", "dockerd-%d.log" % int(time.time() * 1000))
+        log = os.path.join(self.base, "logs", f"dockerd-{int(time.time() * 1000)}.log")
         argv = [DOCKERD, "--data-root", os.path.join(self.base, "data"), "--exec-root", os.path.join(self.base, "exec"),
                 "-H", "unix://" + SOCKET, "--pidfile", os.path.join(self.base, "dockerd.pid"),
                 "--iptables=false", "--ip-masq=false", "--bridge=none", "--shutdown-timeout=2"]
@@ -157,7 +157,7 @@ class DockerHost:
     def docker(self, *args, check=True, timeout=60):
         result = self.host.run(self.cli() + list(args), timeout=timeout)
         if check and result.returncode != 0:
-            raise DockerError("docker %s: rc %d: %s" % (" ".join(args), result.returncode, result.stderr.strip()))
+            raise DockerError("docker {}: rc {}: {}".format(" ".join(args), result.returncode, result.stderr.strip()))
         return result
 
     def ids(self):
@@ -184,7 +184,7 @@ class DockerHost:
         nodes = ["/dev/nvidiactl", "/dev/nvidia-uvm"]
         for index in gpus:
             minor = [g for g in config["gpus"] if g["index"] == int(index)][0]["minor"]
-            nodes.append("/dev/nvidia%d" % minor)
+            nodes.append(f"/dev/nvidia{minor}")
         devices = []
         for node in nodes:
             devices += ["-v", f"{node}:{node}"]
@@ -237,7 +237,7 @@ class DockerHost:
             directory = os.path.join(CGROUP_ROOT, hierarchy, path.strip("/"))
             os.makedirs(directory, exist_ok=True)
             with open(os.path.join(directory, "cgroup.procs"), "w") as handle:
-                handle.write("%d\n" % host_pid)
+                handle.write(f"{host_pid}\n")
             placed = True
         if not placed:
             raise DockerError(f"no name=systemd or unified cgroup hierarchy under {CGROUP_ROOT}")

@@ -8,7 +8,9 @@ import sys
 import time
 
 name, ready = sys.argv[1], sys.argv[2]
-if open("/proc/self/cmdline").read().split("\0")[0] != name:
+with open("/proc/self/cmdline") as handle:
+    argv0 = handle.read().split("\0")[0]
+if argv0 != name:
     os.execv(sys.executable, [name, os.path.abspath(__file__), name, ready])
 ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
 fds = [os.open(path, os.O_RDWR) for path in sorted(glob.glob("/dev/nvidia*")) if not os.path.isdir(path)]

@@ -73,7 +73,7 @@ def _holder(pid, name, cmdline, gpus, unit=None, container=None, user="root", pr
     return {
         "pid": pid, "ppid": 1, "name": name, "cmdline": cmdline, "user": user, "state": state,
         "start_time": 1234567 + pid,
-        "devices": ["/dev/nvidia%d" % i for i in range(8)] + ["/dev/nvidiactl", "/dev/nvidia-uvm"],
+        "devices": [f"/dev/nvidia{i}" for i in range(8)] + ["/dev/nvidiactl", "/dev/nvidia-uvm"],
         "gpu_indexes": list(gpus), "unit": unit, "container": container, "protected": protected,
         "attribution": attribution or ("listed" if gpus else "nvml_client"), "candidate_gpu_indexes": [],
     }
@@ -99,12 +99,12 @@ def build_fleet():
     """30 hosts as audit_gpus.yml's first play records them: most clean, a few of every kind of trouble."""
     hosts = []
     for n in range(1, 31):
-        name = "gpu-node%02d" % n
+        name = f"gpu-node{n:02d}"
         gpus = [_gpu(i, host_no=n) for i in range(8)]
         holders, procs, status, error, facts = [], [], "ok", None, None
         if n == 3:  # vLLM TP=8 started by a unit at boot
             gpus = [_gpu(i, used=128410 + 37 * i, host_no=n) for i in range(8)]
-            holders = [_holder(2211 + i, "VLLM::Worker_TP%d" % i if i else "python3",
+            holders = [_holder(2211 + i, f"VLLM::Worker_TP{i}" if i else "python3",
                                "/opt/vllm/bin/python3 -m vllm.entrypoints.openai.api_server --model /models/llama-3.1-70b --tensor-parallel-size 8",
                                [i], unit="vllm.service") for i in range(8)]
             procs = [_proc(2211 + i, gpus[i]) for i in range(8)]
@@ -158,7 +158,7 @@ def build_fleet():
 
 
 def clean_fleet(count=3):
-    return [{"host": "clean%02d" % n, "status": "ok", "error": None, "gpu": _facts([_gpu(i, host_no=n) for i in range(8)])} for n in range(count)]
+    return [{"host": f"clean{n:02d}", "status": "ok", "error": None, "gpu": _facts([_gpu(i, host_no=n) for i in range(8)])} for n in range(count)]
 
 
 # --------------------------------------------------------------------------- running Ansible

@@ -100,7 +100,7 @@ def test_docker_restarts_a_container_killed_from_outside_within_the_settle_windo
     assert docker.host.kill(first)
     again = docker.wait_ready("respawner", not_pid=first, timeout=10)
     delay = time.monotonic() - killed_at
-    print("docker restarted the killed container in %.2f s (pid %d -> %d)" % (delay, first, again))
+    print(f"docker restarted the killed container in {delay:.2f} s (pid {first} -> {again})")
     assert docker.inspect(record["Id"])["RestartCount"] == 1
     assert delay < SETTLE_S - 1.0
 
@@ -211,7 +211,7 @@ def test_kubernetes_pods_are_never_signalled_and_the_message_says_to_drain(docke
     other_uid = "9f8e7d6c-5b4a-3928-1706-f5e4d3c2b1a0"
     bare = spawn_bare(docker, "1")
     docker.make_cgroup("/kubepods/besteffort/pod{}/{}".format(other_uid, "ab" * 32), bare.host_pid)
-    starts = {pid: docker.host.read("/proc/%d/stat" % pid).split()[21] for pid in (pod_pid, bare.pid)}
+    starts = {pid: docker.host.read(f"/proc/{pid}/stat").split()[21] for pid in (pod_pid, bare.pid)}
 
     for check in (True, False):
         run = run_module(docker.host, "gpu_release", check=check)
@@ -219,7 +219,7 @@ def test_kubernetes_pods_are_never_signalled_and_the_message_says_to_drain(docke
         assert "pod inference/vllm-0" in run.msg and f"pod UID {other_uid}" in run.msg
         assert "cordon" in run.msg and "drain" in run.msg
         assert run.get("killed") == [] and run.get("stopped_containers") == []
-    assert {pid: docker.host.read("/proc/%d/stat" % pid).split()[21] for pid in (pod_pid, bare.pid)} == starts, "never signalled"
+    assert {pid: docker.host.read(f"/proc/{pid}/stat").split()[21] for pid in (pod_pid, bare.pid)} == starts, "never signalled"
     state = docker.inspect(pod["Id"])
     assert state["State"]["Running"] is True and state["RestartCount"] == 0
 
@@ -237,7 +237,7 @@ def test_container_killed_from_outside_that_comes_back_fails_naming_it(docker):
     assert run.failed and run["released"] is False
     assert [k["pid"] for k in run["killed"]] == [first] and run["stopped_containers"] == []
     again = docker.wait_ready("vllm-r", not_pid=first, timeout=10)
-    assert "came back" in run.msg and record["Id"][:12] in run.msg and "pid %d" % again in run.msg, run.msg
+    assert "came back" in run.msg and record["Id"][:12] in run.msg and f"pid {again}" in run.msg, run.msg
     assert run["timings"]["settle_s"] < SETTLE_S + 0.5
     assert any("could not be stopped through its runtime" in w for w in run.get("warnings", []) + [run.stdout])
 
@@ -339,14 +339,14 @@ def test_users_holder_in_a_cgroup_named_after_anothers_container_never_stops_tha
     victim = out.strip().splitlines()[-1]
     docker.created.append(victim)
     if subtree == "user-manager":
-        relative = "user.slice/user-%d.slice/user@%d.service/app.slice/docker-%s.scope" % (USER, USER, victim)
+        relative = f"user.slice/user-{USER}.slice/user@{USER}.service/app.slice/docker-{victim}.scope"
     else:  # a unit with Delegate=yes and User=4242: no user@ in the path, the cgroup file system's owner tells
         relative = f"system.slice/delegated.service/docker-{victim}.scope"
     cgroup = docker.host.user_cgroup(relative, owner=USER)
     attacker = docker.host.spawn_as(USER, ["gpu_holder", "--gpus", "1", "--mib", "10240"])
     docker.bare.append(attacker)
     docker.host.move_to_cgroup(attacker.pid, cgroup)
-    assert f"docker-{victim}.scope" in docker.host.read("/proc/%d/cgroup" % attacker.pid)
+    assert f"docker-{victim}.scope" in docker.host.read(f"/proc/{attacker.pid}/cgroup")
 
     run = run_module(docker.host, "gpu_release", {"gpus": [1]})
     assert not run.failed, run.msg

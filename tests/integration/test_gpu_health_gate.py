@@ -39,11 +39,11 @@ ROLE_PLAY = """---
 
 def run_role(host, variables, timeout=180, check=False):
     host._seq = getattr(host, "_seq", 0) + 1
-    out = os.path.join(host.dir, "role-%d.json" % host._seq)
-    play = os.path.join(host.dir, "role-%d.yml" % host._seq)
+    out = os.path.join(host.dir, f"role-{host._seq}.json")
+    play = os.path.join(host.dir, f"role-{host._seq}.yml")
     with open(play, "w") as handle:
         handle.write(ROLE_PLAY.format(out=json.dumps(out)))
-    extra = os.path.join(host.dir, "role-%d-vars.json" % host._seq)
+    extra = os.path.join(host.dir, f"role-{host._seq}-vars.json")
     with open(extra, "w") as handle:
         json.dump(dict({"free_gpus_wait_timeout": 5, "free_gpus_kill_timeout": 1}, **variables), handle)
     cmd = [os.path.join(VENV_BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local", play,
@@ -54,8 +54,8 @@ def run_role(host, variables, timeout=180, check=False):
     try:
         with open(out) as handle:
             return json.load(handle)
-    except (OSError, ValueError):
-        raise AssertionError(f"no outcome (rc {proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    except (OSError, ValueError) as exc:
+        raise AssertionError(f"no outcome (rc {proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}") from exc
 
 
 # (test id, fault, role variables, the words the failure message must contain)

@@ -56,7 +56,7 @@ def test_server_that_also_serves_an_unselected_gpu_is_refused_before_acting(nsho
         run = run_module(host, "gpu_release", {"gpus": ["0"]}, check=check)
         # The generic spanning refusal: the server is listed on both GPUs.
         assert run.failed and "refusing to free GPU 0" in run.msg, run.msg
-        assert "pid %d nvidia-cuda-mps [nvidia-cuda-mps-server " % server in run.msg and "GPU 1 is outside the selection" in run.msg, run.msg
+        assert f"pid {server} nvidia-cuda-mps [nvidia-cuda-mps-server " in run.msg and "GPU 1 is outside the selection" in run.msg, run.msg
         assert "Nothing was stopped or signalled" in run.msg and run["killed"] == [] and run["stopped_mps_servers"] == []
     assert all(host.alive(pid) for pid in (control, server, client0.pid, client1.pid))
     assert used(host, 0) >= 8802 and used(host, 1) >= 4096

@@ -136,7 +136,7 @@ def test_nvml_monitors_survive_every_run_and_a_host_with_only_monitors_is_clean(
     trainer = host.spawn(["gpu_holder", "--gpus", "0,1", "--mib", "1024"])
     # the trainer spans GPUs 0 and 1: freeing GPU 1 alone is refused, and nothing is signalled
     refused = run_module(host, "gpu_release", {"gpus": ["1"]})
-    assert refused.failed and "pid %d" % trainer.pid in refused.msg and refused["killed"] == []
+    assert refused.failed and f"pid {trainer.pid}" in refused.msg and refused["killed"] == []
     for args in ({}, {"gpus": ["0"]}):
         run = run_module(host, "gpu_release", args)
         assert not run.failed, (args, run.msg)
@@ -182,7 +182,7 @@ def test_process_listed_on_gpus_0_and_1_is_not_signalled_for_gpu_1_and_the_failu
     run = run_module(host, "gpu_release", {"gpus": ["1"]}, check=check)
     assert run.failed, run.result
     assert run.msg.startswith("refusing to free GPU 1:"), run.msg
-    assert "pid %d jax_train" % spanning.pid in run.msg and "uses GPUs 0,1; GPU 0 is outside the selection" in run.msg, run.msg
+    assert f"pid {spanning.pid} jax_train" in run.msg and "uses GPUs 0,1; GPU 0 is outside the selection" in run.msg, run.msg
     assert "Nothing was stopped or signalled" in run.msg and "kill_spanning" in run.msg
     assert run["killed"] == [] and run["stopped_units"] == []
     [entry] = run["spanning"]

@@ -53,8 +53,8 @@ def test_shell_loop_that_restarts_its_holder_fails_naming_the_loop(nshost):
     run = run_module(host, "gpu_release", {"wait_timeout": 20})
     assert run.failed and run["released"] is False, run.msg
     assert first in killed_pids(run)
-    assert "started again by its parent pid %d sh [sh -c while true; do gpu_holder --gpus 0 --mib 4096; done]" % loop.pid in run.msg
-    assert "end pid %d first (kill %d)" % (loop.pid, loop.pid) in run.msg
+    assert f"started again by its parent pid {loop.pid} sh [sh -c while true; do gpu_holder --gpus 0 --mib 4096; done]" in run.msg
+    assert f"end pid {loop.pid} first (kill {loop.pid})" in run.msg
     # Named within the watch, not after wait_timeout.
     assert run["elapsed_s"] < 8 and host.alive(loop.pid)
 
@@ -69,8 +69,8 @@ def test_torchrun_like_agent_that_restarts_its_worker_is_named_and_goes_first(ns
     [worker] = holder_under(host, agent.pid)
     run = run_module(host, "gpu_release", {"wait_timeout": 20})
     assert run.failed and run["released"] is False and worker in killed_pids(run), run.msg
-    assert "started again by its parent pid %d python3 [python3 %s --max-restarts 3" % (agent.pid, script) in run.msg
-    assert "torchrun's elastic agent restarts its workers (--max-restarts): the agent goes first: end pid %d" % agent.pid in run.msg
+    assert f"started again by its parent pid {agent.pid} python3 [python3 {script} --max-restarts 3" in run.msg
+    assert f"torchrun's elastic agent restarts its workers (--max-restarts): the agent goes first: end pid {agent.pid}" in run.msg
     # Doing what the message says frees the GPU for good.
     host.kill(agent.pid, 15)
     assert host.wait_gone(agent.pid)

@@ -134,7 +134,7 @@ def _gpu_node(path):
 
 
 def _node(cfg, index):
-    return "/dev/nvidia%d" % next(g["minor"] for g in cfg["gpus"] if g["index"] == index)
+    return "/dev/nvidia{}".format(next(g["minor"] for g in cfg["gpus"] if g["index"] == index))
 
 
 def cuda_view(cfg, ctx, visible=None):
@@ -247,7 +247,7 @@ def test_held_output_matches_capture(nshost):
     assert (r.stdout, r.returncode) == (expected, rc)
     for name in ("held_apps_live_csv.txt", "held_apps_live_nh.txt"):
         argv, expected, rc = capture(name)
-        expected = expected.replace("427, ", "%d, " % a.pid).replace("426, ", "%d, " % b.pid)
+        expected = expected.replace("427, ", f"{a.pid}, ").replace("426, ", f"{b.pid}, ")
         r = host.smi(*argv)
         assert (r.stdout, r.returncode) == (expected, rc)
 
@@ -323,7 +323,7 @@ def test_vllm_workers_outlive_the_api_server(host8):
     p.wait_gone(2)
     time.sleep(0.2)
     assert used(host8) == [FOOT] * 4 + [30000 + OVH] * 2 + [FOOT] * 2
-    comm = host8.read("/proc/%d/comm" % p.workers[0]).strip()
+    comm = host8.read(f"/proc/{p.workers[0]}/comm").strip()
     assert comm == "VLLM::Worker_TP"  # 15 characters, as the kernel truncates
 
 
@@ -339,17 +339,17 @@ def test_control_nodes_and_bare_device_holders_use_no_memory(host8):
     d = host8.spawn(["gpu_holder", "--no-context", "--name", "nvidia-persistenced"])
     c = host8.spawn(["gpu_holder", "--control-only"])
     s = host8.spawn(["sh", "-c", "exec sleep 1000 </dev/nvidia2"])
-    wait_for(lambda: "/dev/nvidia2" in host8.run(["ls", "-l", "/proc/%d/fd" % s.pid]).stdout)
+    wait_for(lambda: "/dev/nvidia2" in host8.run(["ls", "-l", f"/proc/{s.pid}/fd"]).stdout)
     assert used(host8) == [0] * 8 and apps(host8) == []
     got = probe(host8, [d.pid, c.pid])
     # nvidia-persistenced: one fd on every GPU node and on nvidiactl, no mapping
     assert devices(got[d.pid]) == {"fds": dict([("/dev/nvidiactl", 1)] + [
-        ("/dev/nvidia%d" % m, 1) for m in range(8)]), "maps": {}, "map_kib": {}}
+        (f"/dev/nvidia{m}", 1) for m in range(8)]), "maps": {}, "map_kib": {}}
     assert devices(got[c.pid]) == {"fds": {"/dev/nvidiactl": 1, "/dev/nvidia-uvm": 1},
                                    "maps": {}, "map_kib": {}}
-    cmdline = host8.read("/proc/%d/cmdline" % d.pid).split("\0")
+    cmdline = host8.read(f"/proc/{d.pid}/cmdline").split("\0")
     assert cmdline[0] == "nvidia-persistenced"
-    assert host8.read("/proc/%d/comm" % d.pid).strip() == "nvidia-persiste"
+    assert host8.read(f"/proc/{d.pid}/comm").strip() == "nvidia-persiste"
 
 
 def test_map_only_holder(host8):
@@ -605,5 +605,5 @@ def test_hosts_are_isolated_and_torn_down(nshost):
         assert h.run(["ls", "/dev/nvidia-caps"]).stdout.split() == ["nvidia-cap1", "nvidia-cap2"]
     init, d = a.init_pid, a.dir
     a.stop()
-    assert not os.path.exists("/proc/%d" % init) and not os.path.exists(d)
+    assert not os.path.exists(f"/proc/{init}") and not os.path.exists(d)
     assert [os.path.exists(p) for p in ("/dev/nvidia-caps", "/usr/bin/nvidia-smi")] == real

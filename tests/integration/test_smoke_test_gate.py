@@ -85,7 +85,7 @@ def test_each_failing_cuda_call_fails_the_gate_naming_gpu_and_error(h200x2, call
     message = outcome["msg"]
     assert message.startswith("localhost: ") and "smoke test failed: " in message, message
     for index in (0, 1):
-        assert "GPU %d (%s): %s (%d) at %s" % (index, BUS[index], name, code, call) in message, message
+        assert f"GPU {index} ({BUS[index]}): {name} ({code}) at {call}" in message, message
     assert outcome["result"]["status"] == "unhealthy" and outcome["result"]["smoke_test_passed"] is False
     calls = [c for c, _a in cuda_calls(h200x2)]
     if call not in ("cuInit", "cuDeviceGetByPCIBusId", "cuCtxCreate"):
@@ -135,8 +135,8 @@ def test_a_held_gpu_is_never_tested(h200x2):
         h200x2.wait_gone(holder.pid, 5)
     gpus = {g["index"]: g for g in facts["gpus"]}
     assert gpus[1]["smoke_test"]["ok"] is None
-    assert gpus[1]["smoke_test"]["skipped"] == "in use by PID %d (gpu_holder)" % holder.pid or \
-        gpus[1]["smoke_test"]["skipped"].startswith("in use by PID %d " % holder.pid), gpus[1]["smoke_test"]
+    assert gpus[1]["smoke_test"]["skipped"] == f"in use by PID {holder.pid} (gpu_holder)" or \
+        gpus[1]["smoke_test"]["skipped"].startswith(f"in use by PID {holder.pid} "), gpus[1]["smoke_test"]
     assert gpus[0]["smoke_test"]["ok"] is True
     assert facts["smoke_test_passed"] is None  # a skipped GPU is never reported as passed
     assert release["released"] and release["smoke_test_passed"] is True, release.get("smoke_test_issues")

@@ -24,7 +24,7 @@ def test_autorestart_program_fails_the_run_naming_supervisord_and_its_stop_comma
     run = run_module(host, "gpu_release", {"wait_timeout": 20})
     assert run.failed and run["released"] is False, run.msg
     assert first in [k["pid"] for k in run["killed"]]
-    assert "started again by its parent pid %d python3 [/usr/bin/python3 " % sup.proc.pid in run.msg
+    assert f"started again by its parent pid {sup.proc.pid} python3 [/usr/bin/python3 " in run.msg
     assert "/usr/bin/supervisord -n -c...] (supervisord)" in run.msg or "(supervisord): supervisord restarts" in run.msg, run.msg
     assert "supervisord restarts program vllm (autorestart): stop it with `supervisorctl stop vllm`" in run.msg
     assert "supervisor:vllm" in run.msg

@@ -42,7 +42,7 @@ def killed(run):
 
 
 def fd_targets(host, pid):
-    fd_dir = "%s/proc/%d/fd" % (host.root.inside, pid)
+    fd_dir = f"{host.root.inside}/proc/{pid}/fd"
     out = set()
     for entry in os.listdir(fd_dir):
         try:
@@ -85,10 +85,10 @@ def test_name_with_comma_and_line_feed_cannot_list_roots_trainer_on_the_attacker
     lists root's GPU-0 trainer on GPU 1; freeing GPU 1 must leave the trainer alone."""
     host = nshost("h200x2")
     victim = trainer(host, "0")
-    name = "x, 0, %s\n%d, y" % (uuid(host, 1), victim.pid)
+    name = f"x, 0, {uuid(host, 1)}\n{victim.pid}, y"
     attacker = user_holder(host, "1", extra=["--name", name])
     rows = apps_with_names(host)
-    assert "%d, y, 2048, %s" % (victim.pid, uuid(host, 1)) in rows, rows  # the forged row, as nvidia-smi prints it
+    assert f"{victim.pid}, y, 2048, {uuid(host, 1)}" in rows, rows  # the forged row, as nvidia-smi prints it
 
     run = run_module(host, "gpu_release", {"gpus": [1]})
     assert not run.failed, run.msg
@@ -115,7 +115,7 @@ def test_users_job_named_like_a_protected_daemon_is_signalled_and_the_real_ones_
     run = run_module(host, "gpu_release", {"gpus": [1]})
     assert not run.failed, run.msg
     assert killed(run) == [fake.pid] and run["released"] is True and not host.alive(fake.pid)
-    assert any(f"named like {named}" in w and "uid %d" % USER in w for w in run["warnings"]), run["warnings"]
+    assert any(f"named like {named}" in w and f"uid {USER}" in w for w in run["warnings"]), run["warnings"]
     assert host.alive(persistenced.pid) and host.alive(xorg.pid)
 
     again = run_module(host, "gpu_release", {"gpus": [0], "wait_timeout": 2})
@@ -128,11 +128,11 @@ def test_kubepods_cgroup_in_a_users_own_subtree_neither_blocks_the_run_nor_hides
     host = nshost("h200x2")
     victim = trainer(host, "0")
     cgroup = host.user_cgroup(
-        "user.slice/user-%d.slice/user@%d.service/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod%s.slice/"
-        "cri-containerd-%s.scope" % (USER, USER, POD_UID, CONTAINER_ID), owner=USER)
+        f"user.slice/user-{USER}.slice/user@{USER}.service/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{POD_UID}.slice/"
+        f"cri-containerd-{CONTAINER_ID}.scope", owner=USER)
     attacker = user_holder(host, "1")
     host.move_to_cgroup(attacker.pid, cgroup)
-    assert cgroup in host.read("/proc/%d/cgroup" % attacker.pid)
+    assert cgroup in host.read(f"/proc/{attacker.pid}/cgroup")
 
     run = run_module(host, "gpu_release", {"gpus": [1]})
     assert not run.failed, run.msg
@@ -150,22 +150,22 @@ def test_new_trainer_reusing_a_dead_owners_pid_is_not_killed_for_the_old_owners_
     host.kill(owner)
     assert host.wait_gone(owner, 5)
     deadline = time.monotonic() + 5
-    while os.path.exists("%s/proc/%d" % (host.root.inside, owner)) and time.monotonic() < deadline:
+    while os.path.exists(f"{host.root.inside}/proc/{owner}") and time.monotonic() < deadline:
         time.sleep(0.01)  # reaped by the user's shell: the PID is free again
     assert "[Not Found]" in " ".join(apps_with_names(host))  # nvidia-smi keeps listing the dead owner
     victim = None
     for _try in range(20):
         # The next PID the namespace hands out is the dead owner's (the kernel's own counter).
-        host.run(["sh", "-c", "echo %d > /proc/sys/kernel/ns_last_pid" % (owner - 1)], check=True)
+        host.run(["sh", "-c", f"echo {owner - 1} > /proc/sys/kernel/ns_last_pid"], check=True)
         candidate = trainer(host, "0")
         if candidate.pid == owner:
             victim = candidate
             break
         host.kill(candidate.pid)
         candidate.wait_gone(5)
-    assert victim is not None, "could not make the namespace reuse pid %d" % owner
+    assert victim is not None, f"could not make the namespace reuse pid {owner}"
     rows = host.smi("--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader").stdout.splitlines()
-    assert "%d, %s" % (victim.pid, uuid(host, 0)) in rows and "%d, %s" % (victim.pid, uuid(host, 1)) in rows, rows
+    assert f"{victim.pid}, {uuid(host, 0)}" in rows and f"{victim.pid}, {uuid(host, 1)}" in rows, rows
 
     run = run_module(host, "gpu_release", {"gpus": [1]})
     assert not run.failed, run.msg
@@ -194,7 +194,7 @@ def test_gpu_missing_from_nvidia_smi_is_an_error_never_clean(nshost):
 def test_user_cgroup_helpers_tear_down(nshost):
     """The rig itself: the test-owned cgroup tree is gone once the host stops."""
     host = nshost("h200x1")
-    cgroup = host.user_cgroup("user.slice/user-%d.slice/user@%d.service/app.slice/x.scope" % (USER, USER), owner=USER)
+    cgroup = host.user_cgroup(f"user.slice/user-{USER}.slice/user@{USER}.service/app.slice/x.scope", owner=USER)
     from nshost import _cgroup2_mount
     top = os.path.join(_cgroup2_mount(), cgroup.strip("/").split("/")[0])
     assert os.stat(os.path.join(_cgroup2_mount(), cgroup.lstrip("/"))).st_uid == USER

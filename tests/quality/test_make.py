@@ -95,7 +95,7 @@ def test_clean_removes_what_the_tests_leave_and_only_that(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for found, kept in ((0, True), (1, False)):
-        (bin_dir / "pgrep").write_text("#!/bin/sh\nexit %d\n" % found)
+        (bin_dir / "pgrep").write_text(f"#!/bin/sh\nexit {found}\n")
         (bin_dir / "pgrep").chmod(0o755)
         subprocess.run([str(script)], env=dict(env, PATH="{}:{}".format(bin_dir, env["PATH"])), check=True)
         assert (home / ".ansible").exists() is kept

@@ -35,7 +35,7 @@ def build(out_dir=BUILD):
     if os.path.exists(target):
         return target
     os.makedirs(target_dir, exist_ok=True)
-    partial = "%s.%d" % (target, os.getpid())
+    partial = f"{target}.{os.getpid()}"
     subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o", partial, SOURCE], check=True,
                    capture_output=True)
     os.rename(partial, target)
@@ -44,10 +44,10 @@ def build(out_dir=BUILD):
 
 def write_config(state_dir, devices=(), fail=None, hang=(), free_mib=None):
     lines = [f"device {d}" for d in devices]
-    lines += ["fail %s %d" % (call, code) for call, code in (fail or {}).items()]
+    lines += [f"fail {call} {code}" for call, code in (fail or {}).items()]
     lines += [f"hang {call}" for call in hang]
     if free_mib is not None:
-        lines.append("free_mib %d" % free_mib)
+        lines.append(f"free_mib {free_mib}")
     with open(os.path.join(state_dir, CONFIG_NAME), "w") as handle:
         handle.write("\n".join(lines) + "\n")
 

@@ -122,7 +122,7 @@ def _hex(seed, what, n):
 
 
 def gpu_uuid(seed, index):
-    h = _hex(seed, "uuid%d" % index, 32)
+    h = _hex(seed, f"uuid{index}", 32)
     return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
 
@@ -157,7 +157,7 @@ def make_config(preset="h200x8", seed="simhost", minors=None, count=None, gpu_ov
         minors = list(range(n))
     minors = [int(m) for m in minors]
     if len(minors) != n or len(set(minors)) != n:
-        raise ValueError("minors must be %d distinct numbers" % n)
+        raise ValueError(f"minors must be {n} distinct numbers")
     cfg = dict(DEFAULTS)
     for k in ("driver_version", "cuda_version"):
         if k in p:
@@ -176,7 +176,7 @@ def make_config(preset="h200x8", seed="simhost", minors=None, count=None, gpu_ov
             "minor": minors[i],
         })
         if "serial" not in g:
-            g["serial"] = str(int(_hex(seed, "serial%d" % i, 12), 16) % 10 ** 13).zfill(13)
+            g["serial"] = str(int(_hex(seed, f"serial{i}", 12), 16) % 10 ** 13).zfill(13)
         g["fields"] = {}
         if gpu_overrides and i in gpu_overrides:
             g.update(gpu_overrides[i])

@@ -117,7 +117,7 @@ class NsHost:
         # A libcuda.so.1 to put where the loader finds it inside (tests/sim/fake_libcuda.py builds
         # the fake one); None: the host has no libcuda, as before.
         self.libcuda = libcuda
-        self.seed = seed or "simhost-%d-%d" % (os.getpid(), id(self) % 100000)
+        self.seed = seed or f"simhost-{os.getpid()}-{id(self) % 100000}"
         if config is None:
             over = {}
             if release_delay_s is not None:
@@ -145,7 +145,7 @@ class NsHost:
             config=os.path.join(d, "config.json"),              # = /etc/nvidia-sim/config.json
             faults=os.path.join(d, "state", "faults.json"),
             log=os.path.join(d, "init.log"),
-            inside=("/proc/%d/root" % self.init_pid) if self.init_pid else None,  # its / from here
+            inside=f"/proc/{self.init_pid}/root" if self.init_pid else None,  # its / from here
         )
 
     # ------------------------------------------------------------ lifecycle
@@ -164,7 +164,7 @@ class NsHost:
         self.dir = tempfile.mkdtemp(prefix="nshost-", dir=self.tmp_root)
         os.chmod(self.dir, 0o755)
         with open(os.path.join(self.dir, "owner"), "w") as f:
-            f.write("%d %d\n" % (os.getpid(), _start_time(os.getpid())))
+            f.write(f"{os.getpid()} {_start_time(os.getpid())}\n")
         with _LIVE_LOCK:
             _LIVE.add(self)
         try:
@@ -190,14 +190,13 @@ class NsHost:
         spec_path = os.path.join(self.dir, "spec.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f)
-        log = open(self.root.log, "wb")
         t0 = time.monotonic()
-        self._unshare = subprocess.Popen(
-            ["unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc", "--kill-child",
-             sys.executable, "-I", os.path.abspath(__file__), "_init", spec_path],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            preexec_fn=_pdeathsig, close_fds=True)
-        log.close()
+        with open(self.root.log, "wb") as log:
+            self._unshare = subprocess.Popen(
+                ["unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc", "--kill-child",
+                 sys.executable, "-I", os.path.abspath(__file__), "_init", spec_path],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                preexec_fn=_pdeathsig, close_fds=True)
         ready = os.path.join(self.dir, "init.ready")
         while not os.path.exists(ready):
             if self._unshare.poll() is not None:
@@ -211,7 +210,7 @@ class NsHost:
             raise NsError(f"namespace init failed: {status}")
         self.init_pid = self._find_init()
         self._init_start = _start_time(self.init_pid)
-        self._pidns = os.readlink("/proc/%d/ns/pid" % self.init_pid)
+        self._pidns = os.readlink(f"/proc/{self.init_pid}/ns/pid")
         self.start_s = time.monotonic() - t0
 
     def _find_init(self):
@@ -219,7 +218,7 @@ class NsHost:
         for _try in range(400):
             for pid in _pids():
                 try:
-                    with open("/proc/%d/stat" % pid) as f:
+                    with open(f"/proc/{pid}/stat") as f:
                         data = f.read()
                     if int(data[data.rindex(")") + 2:].split()[1]) == upid:
                         return pid
@@ -282,7 +281,7 @@ class NsHost:
             base.update(env)
         return base
 
-    def run(self, argv, env=None, timeout=30, input=None, cwd=None, check=False):
+    def run(self, argv, env=None, timeout=30, input=None, cwd=None, check=False):  # noqa: A002 (subprocess.run's keyword)
         """Run argv inside the namespace; returns subprocess.CompletedProcess (text).
 
         On timeout the command (inside) and nsenter are SIGKILLed and
@@ -300,7 +299,7 @@ class NsHost:
                     _kill_tree_in_ns(self, child)
             p.kill()
             out, err = p.communicate()
-            raise subprocess.TimeoutExpired(argv, timeout, out, err)
+            raise subprocess.TimeoutExpired(argv, timeout, out, err) from None
         cp = subprocess.CompletedProcess(list(argv), p.returncode, out, err)
         if check:
             cp.check_returncode()
@@ -324,9 +323,9 @@ class NsHost:
             ready = os.path.basename(argv[0]) == "gpu_holder" and "--ready-file" not in argv
         ready_file = None
         if ready:
-            ready_file = os.path.join(self.dir, "ready", "%d.json" % n)
+            ready_file = os.path.join(self.dir, "ready", f"{n}.json")
             argv += ["--ready-file", ready_file]
-        log = os.path.join(self.dir, "logs", "%d.log" % n)
+        log = os.path.join(self.dir, "logs", f"{n}.log")
         full_env = {"PATH": STD_PATH, "HOME": "/root", "LANG": "C.UTF-8"}
         full_env.update(env or {})
         reply = self._ctl({"op": "spawn", "argv": argv, "env": full_env, "cwd": cwd, "log": log})
@@ -368,7 +367,7 @@ class NsHost:
         mount = _cgroup2_mount()
         if mount is None:
             raise NsError("no cgroup2 hierarchy mounted")
-        top = "zeromib-nshost-%d-%d" % (os.getpid(), id(self) % 100000)
+        top = f"zeromib-nshost-{os.getpid()}-{id(self) % 100000}"
         made = getattr(self, "_cgroups", None)
         if made is None:
             made = self._cgroups = []
@@ -416,7 +415,7 @@ class NsHost:
     # ------------------------------------------------------------ processes
     def _state(self, pid):
         try:
-            with open("/proc/%d/root/proc/%d/stat" % (self.init_pid, pid)) as f:
+            with open(f"/proc/{self.init_pid}/root/proc/{pid}/stat") as f:
                 data = f.read()
             return data[data.rindex(")") + 2:].split()[0]
         except (OSError, ValueError):
@@ -444,7 +443,7 @@ class NsHost:
             return self.init_pid
         for hp in _pids():
             try:
-                with open("/proc/%d/status" % hp) as f:
+                with open(f"/proc/{hp}/status") as f:
                     for line in f:
                         if line.startswith("NSpid:"):
                             ids = line.split()[1:]
@@ -459,7 +458,7 @@ class NsHost:
 
     def _in_ns(self, host_pid):
         try:
-            return os.readlink("/proc/%d/ns/pid" % host_pid) == self._pidns
+            return os.readlink(f"/proc/{host_pid}/ns/pid") == self._pidns
         except OSError:
             return False
 
@@ -500,7 +499,7 @@ class NsHost:
     def read(self, path):
         """Read a file as the namespace sees it (e.g. /proc/driver/nvidia/version)."""
         self._need()
-        with open("/proc/%d/root%s" % (self.init_pid, path), errors="replace") as f:
+        with open(f"/proc/{self.init_pid}/root{path}", errors="replace") as f:
             return f.read()
 
     def contexts(self):
@@ -567,7 +566,7 @@ def _ns_alive(d):
     needle = (d + "/spec.json").encode()
     for pid in _pids():
         try:
-            with open("/proc/%d/cmdline" % pid, "rb") as f:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
                 if needle in f.read():
                     return True
         except OSError:
@@ -605,7 +604,7 @@ def _pids():
 
 
 def _start_time(pid):
-    with open("/proc/%d/stat" % pid) as f:
+    with open(f"/proc/{pid}/stat") as f:
         data = f.read()
     return int(data[data.rindex(")") + 2:].split()[19])
 
@@ -614,7 +613,7 @@ def _children(ppid):
     out = []
     for pid in _pids():
         try:
-            with open("/proc/%d/stat" % pid) as f:
+            with open(f"/proc/{pid}/stat") as f:
                 data = f.read()
             if int(data[data.rindex(")") + 2:].split()[1]) == ppid:
                 out.append(pid)
@@ -643,7 +642,7 @@ def _read(path):
 
 
 def _atomic_write(path, text):
-    tmp = "%s.tmp%d.%d" % (path, os.getpid(), threading.get_ident())
+    tmp = f"{path}.tmp{os.getpid()}.{threading.get_ident()}"
     with open(tmp, "w") as f:
         f.write(text)
     os.rename(tmp, path)
@@ -719,14 +718,14 @@ def _information(cfg, g):
     loc = f"{dom[-4:]}:{rest}"
     vb = str(g.get("vbios_version", "??.??.??.??.??")).lower()
     return loc, ("Model: \t\t {}\n".format(g["name"]) +
-                 "IRQ:   \t\t %d\n" % (150 + g["index"]) +
+                 "IRQ:   \t\t {}\n".format(150 + g["index"]) +
                  "GPU UUID: \t {}\n".format(g["uuid"]) +
                  f"Video BIOS: \t {vb}\n" +
                  "Bus Type: \t PCIe\n" +
                  "DMA Size: \t 52 bits\n" +
                  "DMA Mask: \t 0xfffffffffffff\n" +
                  f"Bus Location: \t {loc}\n" +
-                 "Device Minor: \t %d\n" % g["minor"] +
+                 "Device Minor: \t {}\n".format(g["minor"]) +
                  "GPU Firmware: \t {}\n".format(cfg.get("driver_version", "")) +
                  "GPU Excluded:\t No\n")
 
@@ -744,7 +743,7 @@ def _setup(spec):
     # /dev
     _overlay("/dev", base)
     for g in cfg["gpus"]:
-        _mknod("/dev/nvidia%d" % g["minor"])
+        _mknod("/dev/nvidia{}".format(g["minor"]))
     for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
         _mknod("/dev/" + n)
     # every host, MIG or not: the real (non-MIG) 2-GPU H200 has them, and CUDA processes
@@ -941,10 +940,8 @@ def main(argv=None):
             sys.stdout.write(cp.stdout)
             sys.stderr.write(cp.stderr)
             return cp.returncode
-        print("host %s up in %.2f s: init pid %d, dir %s" % (
-            host.seed, host.start_s, host.init_pid, host.dir))
-        print("enter: nsenter -t %d -m -u -p -- bash      (Ctrl-C here tears it down)" %
-              host.init_pid)
+        print(f"host {host.seed} up in {host.start_s:.2f} s: init pid {host.init_pid}, dir {host.dir}")
+        print(f"enter: nsenter -t {host.init_pid} -m -u -p -- bash      (Ctrl-C here tears it down)")
         sys.stdout.flush()
         try:
             while True:
