@@ -265,7 +265,7 @@ times, scans, calls = [], [], []
 for _ in range(REPS):
     smi = NvidiaSmi(NvidiaSmi.find(None), 10)
     t0 = time.perf_counter()
-    snap = _facts.look(smi, [], True, max_used_mib=0)
+    snap = _facts.look(smi, [], with_processes=True, max_used_mib=0)
     _facts.assemble(snap.gpus, snap.apps, snap.holders, 0, True, _facts.cuda_driver_version())
     times.append(time.perf_counter() - t0)
     calls.append(smi.calls)

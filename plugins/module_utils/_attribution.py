@@ -45,7 +45,15 @@ per GPU (`cross_gpu_footprint`), instead of a silent raise of max_used_mib.
 
 from __future__ import annotations
 
+import typing as t
+
 from ansible_collections.zeromib.gpu.plugins.module_utils._holders import gpu_minor
+
+if t.TYPE_CHECKING:
+    from ansible_collections.zeromib.gpu.plugins.module_utils._records import ComputeApp, Gpu, Holder
+
+    # (gpu_indexes, attribution, candidate_gpu_indexes)
+    Placement = t.Tuple[t.List[int], str, t.List[int]]
 
 LISTED = "listed"
 MAPPED = "mapped"
@@ -59,20 +67,21 @@ CONTEXT_MAP_MIN_KIB = 1024
 CROSS_GPU_FOOTPRINT_MIB = 4
 
 
-def listed_gpus(apps):
+def listed_gpus(apps: t.Iterable[ComputeApp]) -> dict[int, set[int]]:
     """Compute apps -> {live pid: {GPU index, ...}}. Dead owners ([Not Found]) list nobody."""
-    listed = {}
+    listed: dict[int, set[int]] = {}
     for app in apps:
-        if app.get("alive") and app.get("gpu_index") is not None:
-            listed.setdefault(app["pid"], set()).add(app["gpu_index"])
+        index = app.get("gpu_index")
+        if app.get("alive") and index is not None:
+            listed.setdefault(app["pid"], set()).add(index)
     return listed
 
 
-def mapped_gpu_kib(mapped, minor_to_index):
+def mapped_gpu_kib(mapped: t.Mapping[str, t.Mapping[str, int]] | None, minor_to_index: t.Mapping[int, int]) -> dict[int, int] | None:
     """{GPU index: KiB mapped of its node} for the GPUs of this host; None when unknown."""
     if mapped is None:
         return None
-    sizes = {}
+    sizes: dict[int, int] = {}
     for device, mapping in mapped.items():
         minor = gpu_minor(device)
         if minor is not None and minor in minor_to_index:
@@ -80,9 +89,9 @@ def mapped_gpu_kib(mapped, minor_to_index):
     return sizes
 
 
-def open_gpus(devices, minor_to_index):
+def open_gpus(devices: t.Iterable[str], minor_to_index: t.Mapping[int, int]) -> set[int]:
     """GPU indexes whose per-GPU node is among `devices` (open or mapped)."""
-    indexes = set()
+    indexes: set[int] = set()
     for device in devices:
         minor = gpu_minor(device)
         if minor is not None and minor in minor_to_index:
@@ -90,21 +99,21 @@ def open_gpus(devices, minor_to_index):
     return indexes
 
 
-def held_listing(listed, mapped_kib, devices_gpus):
+def held_listing(listed: t.Iterable[int] | None, mapped_kib: t.Mapping[int, int] | None, devices_gpus: t.Iterable[int]) -> set[int]:
     """The GPUs of a listing that the process really holds (rule 1 above)."""
     held = set(listed or ()) & set(devices_gpus)
     context = {index for index, kib in (mapped_kib or {}).items() if kib >= CONTEXT_MAP_MIN_KIB}
     return held & context if context else held
 
 
-def place(listed, mapped_kib, devices_gpus):
+def place(listed: t.Iterable[int] | None, mapped_kib: t.Mapping[int, int] | None, devices_gpus: t.Collection[int]) -> Placement:
     """The rule above for one process -> (gpu_indexes, attribution, candidate_gpu_indexes).
 
     `listed`: GPUs where nvidia-smi lists the PID; `mapped_kib`: {GPU: KiB mapped}, or None
     when the maps could not be read; `devices_gpus`: GPUs whose node it has open or mapped."""
-    listed = held_listing(listed, mapped_kib, devices_gpus)
-    if listed:
-        return sorted(listed), LISTED, []
+    held = held_listing(listed, mapped_kib, devices_gpus)
+    if held:
+        return sorted(held), LISTED, []
     if mapped_kib is None:
         if devices_gpus:
             return [], UNDECIDED, sorted(devices_gpus)
@@ -117,12 +126,12 @@ def place(listed, mapped_kib, devices_gpus):
     return [], UNDECIDED, sorted(mapped_kib)
 
 
-def attribute(holders, apps, minor_to_index):
+def attribute(holders: t.Iterable[Holder], apps: t.Iterable[ComputeApp], minor_to_index: t.Mapping[int, int]) -> list[Holder]:
     """Fill in gpu_indexes, attribution and candidate_gpu_indexes (returns new records)."""
     listed = listed_gpus(apps)
-    result = []
+    result: list[Holder] = []
     for holder in holders:
-        record = dict(holder)
+        record = t.cast("Holder", dict(holder))
         gpus, why, candidates = place(
             listed.get(record["pid"]),
             mapped_gpu_kib(record.get("mapped"), minor_to_index),
@@ -135,7 +144,7 @@ def attribute(holders, apps, minor_to_index):
     return result
 
 
-def needs_listing(holders):
+def needs_listing(holders: t.Iterable[Holder]) -> bool:
     """True when nvidia-smi's compute apps can change the answer: some process maps a per-GPU
     node (or its maps are unknown). With only NVML clients about, one call fewer."""
     for holder in holders:
@@ -145,48 +154,50 @@ def needs_listing(holders):
     return False
 
 
-def outside_gpus(holder, selected):
+def outside_gpus(holder: Holder, selected: t.Iterable[int]) -> list[int]:
     """GPUs outside `selected` that a holder of a selected GPU uses (listed or mapped there):
     a *spanning* process (JAX preallocates on every visible GPU, a DataParallel trainer, an MPS
     server). Empty when it uses no selected GPU, or only selected ones. An undecided holder
     spans nothing here: it may not use a selected GPU at all (see undecided_for)."""
     gpus = set(holder.get("gpu_indexes") or [])
-    selected = set(selected)
-    if not gpus & selected:
+    chosen = set(selected)
+    if not gpus & chosen:
         return []
-    return sorted(gpus - selected)
+    return sorted(gpus - chosen)
 
 
-def may_signal_for(holder, selected, kill_spanning=False):
+def may_signal_for(holder: Holder, selected: t.Iterable[int], kill_spanning: bool = False) -> bool:
     """Whether freeing `selected` may signal this holder: it uses a selected GPU and no other
     (or `kill_spanning`: ending its work on the unselected GPUs too was asked for), or,
     undecided, every GPU it may use is selected."""
-    selected = set(selected)
+    chosen = set(selected)
     if holder.get("attribution") == UNDECIDED:
         candidates = set(holder.get("candidate_gpu_indexes") or [])
-        return bool(candidates) and candidates <= selected
-    if not set(holder.get("gpu_indexes") or []) & selected:
+        return bool(candidates) and candidates <= chosen
+    if not set(holder.get("gpu_indexes") or []) & chosen:
         return False
-    return kill_spanning or not outside_gpus(holder, selected)
+    return kill_spanning or not outside_gpus(holder, chosen)
 
 
-def spanning_for(holders, selected):
+def spanning_for(holders: t.Iterable[Holder], selected: t.Iterable[int]) -> list[Holder]:
     """Holders of a selected GPU that also use GPUs outside the selection (outside_gpus)."""
-    return [holder for holder in holders if outside_gpus(holder, selected)]
+    chosen = set(selected)
+    return [holder for holder in holders if outside_gpus(holder, chosen)]
 
 
-def undecided_for(holders, selected):
+def undecided_for(holders: t.Iterable[Holder], selected: t.Iterable[int]) -> list[Holder]:
     """Undecided holders that may use a selected GPU but are not signalled for it."""
-    selected = set(selected)
+    chosen = set(selected)
     return [
         holder
         for holder in holders
-        if holder.get("attribution") == UNDECIDED and set(holder.get("candidate_gpu_indexes") or []) & selected
-        and not may_signal_for(holder, selected)
+        if holder.get("attribution") == UNDECIDED and set(holder.get("candidate_gpu_indexes") or []) & chosen
+        and not may_signal_for(holder, chosen)
     ]
 
 
-def footprint_gpus(gpus, holders, apps, max_used_mib, footprint_mib=CROSS_GPU_FOOTPRINT_MIB):
+def footprint_gpus(gpus: t.Iterable[Gpu], holders: t.Iterable[Holder], apps: t.Iterable[ComputeApp], max_used_mib: float,
+                   footprint_mib: float | None = CROSS_GPU_FOOTPRINT_MIB) -> set[int]:
     """Indexes of the GPUs whose memory above max_used_mib is only the cross-GPU footprint: no
     compute app and no process on the GPU itself, contexts on another GPU, and memory.used
     within max_used_mib + footprint_mib."""
@@ -197,7 +208,7 @@ def footprint_gpus(gpus, holders, apps, max_used_mib, footprint_mib=CROSS_GPU_FO
         with_context.update(holder.get("gpu_indexes") or [])
         if holder.get("attribution") == UNDECIDED:
             with_context.update(holder.get("candidate_gpu_indexes") or [])
-    footprint = set()
+    footprint: set[int] = set()
     for gpu in gpus:
         used = gpu.get("memory_used_mib")
         if used is None or used <= max_used_mib or used > max_used_mib + footprint_mib:

@@ -11,12 +11,20 @@ from __future__ import annotations
 
 import ctypes
 import os
+import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _attribution
 from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
+from ansible_collections.zeromib.gpu.plugins.module_utils import _engines
 from ansible_collections.zeromib.gpu.plugins.module_utils import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
 from ansible_collections.zeromib.gpu.plugins.module_utils import _nvidia_smi as smi_mod
+
+if t.TYPE_CHECKING:
+    from ansible_collections.zeromib.gpu.plugins.module_utils._engines import Runtimes
+    from ansible_collections.zeromib.gpu.plugins.module_utils._records import ComputeApp, Gpu, Holder
+
+    MainPidOf = t.Callable[[str], t.Optional[int]]
 
 GPU_KEYS = (
     "index",
@@ -62,29 +70,29 @@ HOLDER_KEYS = (
 ) + _containers.HOLDER_KEYS
 
 
-def gpu_is_clean(gpu, max_used_mib):
+def gpu_is_clean(gpu: Gpu, max_used_mib: float) -> bool:
     """Unknown memory ([N/A], [Unknown Error]) is never clean."""
     used = gpu.get("memory_used_mib")
     return used is not None and used <= max_used_mib
 
 
-def with_minor_numbers(gpus, minors_by_bus):
+def with_minor_numbers(gpus: t.Iterable[Gpu], minors_by_bus: t.Mapping[str | None, int]) -> list[Gpu]:
     """Add minor_number from the driver's proc files. Where they are absent (no nvidia kernel
     module visible, e.g. some containers) fall back to the index, the driver's default order."""
     result = []
     for gpu in gpus:
-        record = dict(gpu)
+        record = t.cast("Gpu", dict(gpu))
         minor = minors_by_bus.get(smi_mod.normalize_bus_id(gpu.get("pci_bus_id")))
         record["minor_number"] = minor if minor is not None else gpu["index"]
         result.append(record)
     return result
 
 
-def minor_to_index(gpus):
+def minor_to_index(gpus: t.Iterable[Gpu]) -> dict[int, int]:
     return {gpu["minor_number"]: gpu["index"] for gpu in gpus}
 
 
-def public_gpu(gpu, max_used_mib, footprint=()):
+def public_gpu(gpu: Gpu, max_used_mib: float, footprint: t.Container[int] = ()) -> dict[str, t.Any]:
     """`footprint`: indexes of GPUs whose memory is only the cross-GPU footprint (clean)."""
     record = {key: gpu.get(key) for key in GPU_KEYS}
     record["cross_gpu_footprint"] = gpu["index"] in footprint
@@ -92,7 +100,7 @@ def public_gpu(gpu, max_used_mib, footprint=()):
     return record
 
 
-def public_holder(holder):
+def public_holder(holder: Holder) -> dict[str, t.Any]:
     return {key: holder.get(key) for key in HOLDER_KEYS}
 
 
@@ -100,11 +108,12 @@ def public_holder(holder):
 DEAD_OWNER_NAME = "[Not Found]"
 
 
-def join_apps(apps, gpus, alive, name_of=None):
+def join_apps(apps: t.Iterable[dict[str, t.Any]], gpus: t.Iterable[Gpu], alive: t.Callable[[int], bool],
+              name_of: t.Callable[[int], str | None] | None = None) -> list[ComputeApp]:
     """Compute apps joined to their GPU by UUID (MIG apps report the parent GPU's UUID). Names
     come from /proc (`name_of`), for display only; a dead owner reads DEAD_OWNER_NAME."""
-    index_of = {gpu["uuid"]: gpu["index"] for gpu in gpus}
-    joined = []
+    index_of: dict[str | None, int] = {gpu["uuid"]: gpu["index"] for gpu in gpus}
+    joined: list[ComputeApp] = []
     for app in apps:
         live = alive(app["pid"])
         name = app.get("name")
@@ -121,7 +130,7 @@ def join_apps(apps, gpus, alive, name_of=None):
     return joined
 
 
-def dirty_holders(holders, selected=None):
+def dirty_holders(holders: t.Iterable[Holder], selected: t.Iterable[int] | None = None) -> list[Holder]:
     """Live unprotected processes that use (or, undecided, may use) a GPU (a selected one, if
     given). NVML clients use none."""
     dirty = []
@@ -132,7 +141,7 @@ def dirty_holders(holders, selected=None):
     return dirty
 
 
-def health_summary(public_gpus, health=None, dcgm=None):
+def health_summary(public_gpus: list[dict[str, t.Any]], health: _health.Health | None = None, dcgm: dict[str, t.Any] | None = None) -> dict[str, t.Any]:
     """Host-level health keys: healthy, health_checked, health_issues (each GPU's, prefixed
     with it), and the kernel log read and DCGM's verdict under `health`."""
     if health is None:
@@ -146,7 +155,8 @@ def health_summary(public_gpus, health=None, dcgm=None):
     }
 
 
-def assemble(gpus, apps, holders, max_used_mib, with_processes, cuda_version=None, footprint=(), health=None, dcgm=None):
+def assemble(gpus: list[Gpu], apps: list[ComputeApp], holders: list[Holder], max_used_mib: float, with_processes: bool, cuda_version: str | None = None,
+             footprint: t.Container[int] = (), health: _health.Health | None = None, dcgm: dict[str, t.Any] | None = None) -> dict[str, t.Any]:
     """The `ansible_facts.gpu` dict. `gpus` carry minor numbers and health, `holders` are attributed."""
     public_gpus = [public_gpu(gpu, max_used_mib, footprint) for gpu in gpus]
     used = [gpu["memory_used_mib"] for gpu in public_gpus]
@@ -166,7 +176,7 @@ def assemble(gpus, apps, holders, max_used_mib, with_processes, cuda_version=Non
     })
 
 
-def failed_facts(error):
+def failed_facts(error: str) -> dict[str, t.Any]:
     """What gpu_facts reports with fail_on_error=false when nvidia-smi fails as a whole."""
     return {
         "driver_version": None,
@@ -185,7 +195,7 @@ def failed_facts(error):
     }
 
 
-def cuda_driver_version(library="libcuda.so.1"):
+def cuda_driver_version(library: str = "libcuda.so.1") -> str | None:
     """The CUDA version the driver supports, from libcuda's cuDriverGetVersion (no context,
     no device file opened), so that no third nvidia-smi call is needed. None if unavailable."""
     try:
@@ -195,17 +205,18 @@ def cuda_driver_version(library="libcuda.so.1"):
             return None
     except (OSError, AttributeError):
         return None
-    return "%d.%d" % (version.value // 1000, (version.value % 1000) // 10)
+    return f"{version.value // 1000:d}.{(version.value % 1000) // 10:d}"
 
 
-def alive(pid, proc="/proc"):
+def alive(pid: int, proc: str = "/proc") -> bool:
     return holders_mod.start_time_of(pid, proc) is not None
 
 
 class Snapshot:
     """One look at the node: what gpu_facts returns and what gpu_release plans from."""
 
-    def __init__(self, gpus, apps, holders, unreadable=None, footprint=(), health=None):
+    def __init__(self, gpus: list[Gpu], apps: list[ComputeApp], holders: list[Holder], unreadable: list[int] | None = None,
+                 footprint: t.Iterable[int] = (), health: _health.Health | None = None) -> None:
         self.gpus = gpus
         # The _health.Health of this look: annotates later readings of the same GPUs alike.
         self.health = health
@@ -217,11 +228,11 @@ class Snapshot:
         self.footprint = set(footprint)
 
 
-def any_dirty(gpus, max_used_mib):
+def any_dirty(gpus: t.Iterable[Gpu], max_used_mib: float) -> bool:
     return any(not gpu_is_clean(gpu, max_used_mib) for gpu in gpus)
 
 
-def unexplained_gpus(gpus, apps, holders, limit):
+def unexplained_gpus(gpus: t.Iterable[Gpu], apps: t.Iterable[ComputeApp], holders: t.Iterable[Holder], limit: float) -> list[int]:
     """Indexes of the GPUs above `limit` MiB whose memory the processes found with a device file
     open may not explain: no compute app is listed on it, or one listed is dead (its orphaned
     child may hold the memory) or not among `holders`."""
@@ -236,19 +247,24 @@ def unexplained_gpus(gpus, apps, holders, limit):
     return unexplained
 
 
-def scan_and_attribute(gpus, apps, fetch_apps, protect_names, protect_pids, own_lineage, proc="/proc", unreadable=None,
-                       max_used_mib=0, footprint_mib=_attribution.CROSS_GPU_FOOTPRINT_MIB, main_pid_of=None):
+def scan_and_attribute(gpus: list[Gpu], apps: list[ComputeApp] | None, fetch_apps: t.Callable[[], list[ComputeApp]], *,
+                       protect_names: t.Iterable[str], protect_pids: t.Collection[int], own_lineage: t.Collection[int], proc: str = "/proc",
+                       unreadable: list[int] | None = None, max_used_mib: float = 0, footprint_mib: float | None = _attribution.CROSS_GPU_FOOTPRINT_MIB,
+                       main_pid_of: MainPidOf | None = None) -> tuple[list[Holder], list[ComputeApp]]:
     """The /proc scan, attributed to GPUs and marked protected -> (holders, apps).
 
     `apps` are joined compute apps, or None when not fetched yet: `fetch_apps()` is then called
-    only if the answer depends on them (see _attribution.needs_listing)."""
+    only if the answer depends on them (see _attribution.needs_listing). `protect_names`,
+    `protect_pids`: the protect option split (_holders.split_protect); `own_lineage`: this
+    module and its ancestors (never signalled); `unreadable` gets the PIDs whose files could not
+    be read."""
     # Processes that mapped a device file and closed it (CUDA never does) matter only where a GPU
     # holds more than the footprint and than what live, listed processes with the device files
     # open explain: only then are the maps of processes without a device file open read. Speed:
     # a busy node with 1,000 processes looked in 120-144 ms reading them all, in about the time of
     # an idle look without (benchmarks/changes.md).
     limit = max_used_mib + (footprint_mib or 0)
-    others = []
+    others: list[int] = []
     table = holders_mod.DeviceTable.read()
     raw = holders_mod.scan_holders(proc, unreadable, with_maps=False, without_devices=others, table=table)
     if apps is None and (any_dirty(gpus, limit) or _attribution.needs_listing(raw)):
@@ -260,8 +276,31 @@ def scan_and_attribute(gpus, apps, fetch_apps, protect_names, protect_pids, own_
     return holders_mod.protect(attributed, protect_names, protect_pids, own_lineage, main_pid_of), apps
 
 
-def look(smi, protect, with_processes=True, proc="/proc", driver_root="/proc/driver/nvidia/gpus", with_apps=None, max_used_mib=0,
-         footprint_mib=_attribution.CROSS_GPU_FOOTPRINT_MIB, runtimes=None, checks=None, main_pid_of=None):
+def _query_gpus(smi: smi_mod.NvidiaSmi, with_apps: bool, checks: _health.Checks | None) -> tuple[list[Gpu], list[dict[str, t.Any]], _health.Health | None]:
+    """nvidia-smi's GPUs and (`with_apps`) raw compute apps; with `checks`, the kernel log read
+    for Xids while nvidia-smi runs, and the GPUs annotated with their health."""
+    if checks is None:
+        gpus, apps = smi.query_all(with_apps=with_apps)
+        return gpus, apps, None
+    kernel_log = _health.KernelLog(checks.xid_window_hours)
+    kernel_log.start()
+    try:
+        gpus, apps = smi.query_all(smi_mod.GPU_FIELDS + smi_mod.HEALTH_FIELDS, with_apps=with_apps)
+    except BaseException:
+        kernel_log.abandon()
+        raise
+    xids, history = kernel_log.xids()
+    # Fabric Manager is asked only where a GPU sits on an NVSwitch fabric (fabric.state not N/A).
+    fabric_manager = _health.read_fabric_manager() if any(_health.has_fabric(g) for g in gpus) else None
+    health = _health.Health(checks, xids, kernel_log=kernel_log, history_by_bus=history, fabric_manager=fabric_manager,
+                            driver_version=gpus[0].get("driver_version") if gpus else None)
+    return t.cast("t.List[Gpu]", health.annotate(gpus)), apps, health
+
+
+def look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, *, with_processes: bool = True, proc: str = "/proc",
+         driver_root: str = "/proc/driver/nvidia/gpus", with_apps: bool | None = None, max_used_mib: float = 0,
+         footprint_mib: float | None = _attribution.CROSS_GPU_FOOTPRINT_MIB, runtimes: Runtimes | None = None, checks: _health.Checks | None = None,
+         main_pid_of: MainPidOf | None = None) -> Snapshot:
     """nvidia-smi (GPUs and, side by side, compute apps, and the kernel log for Xids) then the
     /proc scan -> Snapshot. GPU records carry their health (`checks`: a _health.Checks).
 
@@ -269,23 +308,7 @@ def look(smi, protect, with_processes=True, proc="/proc", driver_root="/proc/dri
     only when some process maps a per-GPU node (a clean node: one nvidia-smi call). Without
     `checks`, health is not read (the GPUs' `healthy` reads None)."""
     with_apps = with_processes if with_apps is None else with_apps
-    health = None
-    if checks is None:
-        gpus, apps = smi.query_all(with_apps=with_apps)
-    else:
-        kernel_log = _health.KernelLog(checks.xid_window_hours)
-        kernel_log.start()
-        try:
-            gpus, apps = smi.query_all(smi_mod.GPU_FIELDS + smi_mod.HEALTH_FIELDS, with_apps=with_apps)
-        except BaseException:
-            kernel_log.abandon()
-            raise
-        xids, history = kernel_log.xids()
-        # Fabric Manager is asked only where a GPU sits on an NVSwitch fabric (fabric.state not N/A).
-        fabric_manager = _health.read_fabric_manager() if any(_health.has_fabric(g) for g in gpus) else None
-        health = _health.Health(checks, xids, kernel_log=kernel_log, history_by_bus=history, fabric_manager=fabric_manager,
-                                driver_version=gpus[0].get("driver_version") if gpus else None)
-        gpus = health.annotate(gpus)
+    gpus, listed, health = _query_gpus(smi, with_apps, checks)
     driver_gpus = smi_mod.read_driver_gpus(driver_root)
     # A GPU the driver has and nvidia-smi left out (rc 0, one row fewer) is never read as clean.
     smi_mod.check_against_driver(gpus, driver_gpus, cmd=[smi.path] if getattr(smi, "path", None) else None)
@@ -294,9 +317,9 @@ def look(smi, protect, with_processes=True, proc="/proc", driver_root="/proc/dri
         return Snapshot(gpus, [], [], health=health)
     names, pids = holders_mod.split_protect(protect)
     lineage = holders_mod.lineage(os.getpid(), proc)
-    unreadable = []
+    unreadable: list[int] = []
 
-    def joined(raw_apps):
+    def joined(raw_apps: t.Iterable[dict[str, t.Any]]) -> list[ComputeApp]:
         return join_apps(raw_apps, gpus, lambda pid: alive(pid, proc), lambda pid: holders_mod.display_name(pid, proc))
 
     # A dirty GPU always needs the compute apps (see scan_and_attribute): their call then runs
@@ -306,24 +329,24 @@ def look(smi, protect, with_processes=True, proc="/proc", driver_root="/proc/dri
     if not with_apps and any_dirty(gpus, max_used_mib + (footprint_mib or 0)):
         app_call = smi.start(smi.app_args())
 
-    def fetch_apps():
+    def fetch_apps() -> list[ComputeApp]:
         started = app_call if app_call is not None else smi.start(smi.app_args())
         return joined(smi_mod.parse_compute_apps(smi.finish(started)))
 
     holders, apps = scan_and_attribute(
-        gpus, joined(apps) if with_apps else None, fetch_apps,
-        names, pids, lineage, proc, unreadable, max_used_mib, footprint_mib, main_pid_of,
+        gpus, joined(listed) if with_apps else None, fetch_apps, protect_names=names, protect_pids=pids, own_lineage=lineage, proc=proc,
+        unreadable=unreadable, max_used_mib=max_used_mib, footprint_mib=footprint_mib, main_pid_of=main_pid_of,
     )
-    _containers.annotate(holders, runtimes or _containers.Runtimes(), proc)
+    _containers.annotate(holders, runtimes or _engines.Runtimes(), proc)
     footprint = _attribution.footprint_gpus(gpus, holders, apps, max_used_mib, footprint_mib)
     return Snapshot(gpus, apps, holders, unreadable, footprint, health)
 
 
-def unreadable_warning(unreadable):
+def unreadable_warning(unreadable: t.Sized | None) -> str | None:
     """What to tell a user who ran without root, or None."""
     if not unreadable:
         return None
     return (
-        "could not read the open files of %d process(es) (not root?): a holder among them is invisible to this module; "
-        "run with become: true" % len(unreadable)
+        f"could not read the open files of {len(unreadable):d} process(es) (not root?): a holder among them is invisible to this module; "
+        "run with become: true"
     )

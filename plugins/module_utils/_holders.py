@@ -25,15 +25,19 @@ its real uid and its executable as the kernel resolves it, never by its name alo
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import stat as stat_mod
+import typing as t
 
-from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
+from ansible_collections.zeromib.gpu.plugins.module_utils import _cgroups
 
-try:
-    import pwd
-except ImportError:  # pragma: no cover - Linux always has it
-    pwd = None
+if t.TYPE_CHECKING:
+    from ansible_collections.zeromib.gpu.plugins.module_utils._records import Holder
+
+    # {device name: [mappings, KiB]}
+    Mapped = t.Dict[str, t.List[int]]
+    MainPidOf = t.Callable[[str], t.Optional[int]]
 
 _GPU_NODE = re.compile(r"^/dev/nvidia(\d+)$")
 # In /proc/PID/maps the path is the last field, after whitespace: "~/dev/nvidia-apex/lib.so" is
@@ -68,7 +72,7 @@ BUILTIN_PROTECTED_NAMES = (
 COMM_LENGTH = 15
 
 
-def device_path(target):
+def device_path(target: str) -> str | None:
     """A /proc fd or maps target -> its /dev/nvidia* path, whatever the spelling, or None when
     it is no NVIDIA device file. The one place that knows how device paths are spelled."""
     if target.endswith(DELETED_SUFFIX):
@@ -94,9 +98,9 @@ _OTHER_MAJORS = {
 DEV_DIRS = ("/dev",) + tuple(prefix + "/dev" for prefix in DRIVER_ROOT_PREFIXES)
 
 
-def parse_proc_devices(text):
+def parse_proc_devices(text: bytes | str) -> dict[str, int]:
     """/proc/devices -> {name: major} of its character devices."""
-    majors = {}
+    majors: dict[str, int] = {}
     block = False
     for line in _text(text).splitlines():
         if line.startswith("Block devices"):
@@ -122,20 +126,21 @@ class DeviceTable:
     `inode_numbers` pre-filter /proc/PID/maps lines (its `dev` column is the file system's, which
     an overlay reports differently from stat: the inode column and map_files decide)."""
 
-    def __init__(self, by_rdev=None, by_inode=None):
+    def __init__(self, by_rdev: t.Mapping[int, str] | None = None, by_inode: t.Mapping[tuple[int, int], str] | None = None) -> None:
         self.by_rdev = dict(by_rdev or {})
         self.by_inode = dict(by_inode or {})
         self.inode_numbers = set(str(ino).encode() for _dev, ino in self.by_inode)
         self.maps_by_inode = _maps_by_inode(self.inode_numbers)
         # Answers already read in this scan (see known_fd, known_mapping).
-        self._fds = {}
-        self._mappings = {}
+        self._fds: dict[str, str | None] = {}
+        self._mappings: dict[tuple[bytes, bytes], str | None] = {}
+        self.mount_ns: str | None
         try:
             self.mount_ns = os.readlink("/proc/self/ns/mnt")
         except OSError:
             self.mount_ns = None
 
-    def known_fd(self, link, target, mount_ns):
+    def known_fd(self, link: str, target: str, mount_ns: str | None) -> str | None:
         """name_of an fd. For a process in this module's own mount namespace the path it shows is
         a path of this namespace's tree, which only root can mount on, so one stat per path serves
         every such process (a busy node: thousands of fds on /dev/null and log files); a process
@@ -146,7 +151,7 @@ class DeviceTable:
             self._fds[target] = self.name_of(os.stat(link))
         return self._fds[target]
 
-    def known_mapping(self, map_file, dev, inode):
+    def known_mapping(self, map_file: bytes, dev: bytes, inode: bytes) -> str | None:
         """name_of a mapping through /proc/PID/map_files: the maps `dev` and `inode` columns name
         one inode of the kernel, so one stat per (dev, inode) serves every mapping of it."""
         key = (dev, inode)
@@ -155,12 +160,12 @@ class DeviceTable:
         return self._mappings[key]
 
     @classmethod
-    def read(cls, dev_dirs=DEV_DIRS, proc_devices="/proc/devices"):
+    def read(cls, dev_dirs: t.Iterable[str] = DEV_DIRS, proc_devices: str = "/proc/devices") -> DeviceTable:
         try:
             majors = parse_proc_devices(_read(proc_devices))
         except OSError:
             majors = {}
-        by_rdev = {}
+        by_rdev: dict[int, str] = {}
         frontend = [majors[name] for name in _FRONTEND_NAMES if name in majors] or [FRONTEND_MAJOR]
         nvidia_majors = set(frontend)
         for name, nodes in _OTHER_MAJORS.items():
@@ -168,7 +173,7 @@ class DeviceTable:
                 nvidia_majors.add(majors[name])
                 for minor, node in enumerate(nodes or ()):
                     by_rdev[os.makedev(majors[name], minor)] = node
-        by_inode = {}
+        by_inode: dict[tuple[int, int], str] = {}
         for directory in dev_dirs:
             for path in _candidate_nodes(directory):
                 try:
@@ -186,25 +191,25 @@ class DeviceTable:
         table.frontend = set(frontend)
         return table
 
-    frontend = (FRONTEND_MAJOR,)
+    frontend: t.Collection[int] = (FRONTEND_MAJOR,)
 
-    def name_of(self, st):
+    def name_of(self, st: os.stat_result) -> str | None:
         """The canonical /dev/nvidia* name of a stat result, or None when it is no NVIDIA device."""
         if not stat_mod.S_ISCHR(st.st_mode):
             return None
         name = self.by_inode.get((st.st_dev, st.st_ino)) or self.by_rdev.get(st.st_rdev)
         if name is None and os.major(st.st_rdev) in self.frontend:
             minor = os.minor(st.st_rdev)
-            name = _CONTROL_MINORS.get(minor) or "/dev/nvidia%d" % minor
+            name = _CONTROL_MINORS.get(minor) or f"/dev/nvidia{minor:d}"
         return name
 
 
-def _candidate_nodes(directory):
+def _candidate_nodes(directory: str) -> list[str]:
     try:
         entries = os.listdir(directory)
     except OSError:
         return []
-    paths = []
+    paths: list[str] = []
     for entry in entries:
         if not entry.startswith("nvidia"):
             continue
@@ -219,17 +224,17 @@ def _candidate_nodes(directory):
     return [p for p in paths if _DEVICE_NODE.match("/dev/" + p[len(directory) + 1:])]
 
 
-def gpu_minor(device):
+def gpu_minor(device: str) -> int | None:
     """'/dev/nvidia3' -> 3; control nodes (/dev/nvidiactl, /dev/nvidia-uvm, caps) -> None."""
     match = _GPU_NODE.match(device)
     return int(match.group(1)) if match else None
 
 
-def _text(data):
+def _text(data: bytes | str) -> str:
     return data.decode("utf-8", "replace") if isinstance(data, bytes) else data
 
 
-def parse_stat(data):
+def parse_stat(data: bytes | str) -> tuple[str, str, int, int]:
     """/proc/PID/stat (bytes or text) -> (comm, state, ppid, start_time). comm may hold spaces,
     parens and, as bytes, half of a multi-byte character."""
     if isinstance(data, bytes):
@@ -249,15 +254,15 @@ def parse_stat(data):
 PF_KTHREAD = 0x00200000
 
 
-def is_kernel_thread(stat):
+def is_kernel_thread(stat: bytes | str) -> bool:
     """Kernel threads carry PF_KTHREAD in /proc/PID/stat field 9. (Their PIDs say nothing:
     inside a PID namespace PID 2 is an ordinary process.)"""
-    stat = _text(stat)
-    rest = stat[stat.rindex(")") + 2:].split()
+    text = _text(stat)
+    rest = text[text.rindex(")") + 2:].split()
     return bool(int(rest[6]) & PF_KTHREAD)
 
 
-def parse_cgroup(text):
+def parse_cgroup(text: bytes | str) -> str | None:
     """/proc/PID/cgroup -> the cgroup path that systemd manages (the v2 `0::` line, else the
     v1 `name=systemd` line), or None."""
     unified = named = None
@@ -273,7 +278,7 @@ def parse_cgroup(text):
     return path or unified
 
 
-def unit_of(cgroup_path):
+def unit_of(cgroup_path: str | None) -> str | None:
     """The systemd unit a cgroup path belongs to: its deepest `*.service` or `*.scope`."""
     if not cgroup_path:
         return None
@@ -284,20 +289,20 @@ def unit_of(cgroup_path):
     return unit
 
 
-def is_system_service(cgroup_path):
+def is_system_service(cgroup_path: str | None) -> bool:
     """True when the unit is a .service of the system manager (not of a user@ manager), i.e.
     one that `systemctl stop` can stop."""
     unit = unit_of(cgroup_path)
     # A container's processes can sit below its runtime's unit (containerd.service): stopping
     # that unit would take down every container of the node.
-    return bool(unit and unit.endswith(".service") and "/user@" not in cgroup_path and container_of(cgroup_path) is None)
+    return bool(unit and cgroup_path and unit.endswith(".service") and "/user@" not in cgroup_path and container_of(cgroup_path) is None)
 
 
-def container_of(cgroup_path):
-    return _containers.container_of(cgroup_path)
+def container_of(cgroup_path: str | None) -> str | None:
+    return _cgroups.container_of(cgroup_path)
 
 
-def parse_cmdline(raw):
+def parse_cmdline(raw: bytes) -> tuple[list[str], str]:
     """NUL-separated argv -> (argv list, display string)."""
     argv = raw.decode("utf-8", "replace").split("\0")
     while argv and argv[-1] == "":
@@ -305,7 +310,7 @@ def parse_cmdline(raw):
     return argv, " ".join(argv)
 
 
-def mapped_devices(maps):
+def mapped_devices(maps: bytes) -> Mapped:
     """/proc/PID/maps (bytes) -> {device path: [mappings, KiB]} for NVIDIA device files, by the
     spelling of their paths (what a fake /proc, or a reader without map_files, can tell). The
     sizes tell a GPU's context from the small mappings every CUDA process makes of the other
@@ -313,12 +318,12 @@ def mapped_devices(maps):
     return mapped_by_identity(maps, DeviceTable())
 
 
-def _read(path):
+def _read(path: str) -> bytes:
     with open(path, "rb") as handle:
         return handle.read()
 
 
-def parse_environ(raw):
+def parse_environ(raw: bytes) -> dict[str, str]:
     """/proc/PID/environ (bytes) -> {name: value}; an entry without "=" is skipped."""
     pairs = {}
     for entry in raw.split(b"\0"):
@@ -328,52 +333,61 @@ def parse_environ(raw):
     return pairs
 
 
-def environ_of(pid, proc="/proc"):
+def environ_of(pid: int, proc: str = "/proc") -> dict[str, str]:
     """The environment a process started with, {} when it cannot be read (gone, or not ours to
     read). Written by whoever started the process: a hint for display and lookups, never a
     reason to signal or stop anything (docs/design.md, "What can be trusted")."""
     try:
-        return parse_environ(_read("%s/%d/environ" % (proc, pid)))
+        return parse_environ(_read(f"{proc}/{pid:d}/environ"))
     except OSError:
         return {}
 
 
-def cgroup_of(pid, proc="/proc"):
+def cgroup_paths(pid: int, proc: str = "/proc") -> list[str] | None:
+    """Every cgroup path of a process, one per hierarchy line of /proc/PID/cgroup (a cgroup v1
+    node lists one per controller), None when it cannot be read."""
+    try:
+        raw = _read(f"{proc}/{pid:d}/cgroup")
+    except OSError:
+        return None
+    return [line.split(":", 2)[-1] for line in raw.decode("utf-8", "replace").splitlines() if line]
+
+
+def cgroup_of(pid: int, proc: str = "/proc") -> str | None:
     """The systemd-managed cgroup path of a process (parse_cgroup), None when it cannot be read."""
     try:
-        return parse_cgroup(_read("%s/%d/cgroup" % (proc, pid)))
+        return parse_cgroup(_read(f"{proc}/{pid:d}/cgroup"))
     except OSError:
         return None
 
 
-def _user_name(uid, cache):
+def _user_name(uid: int, cache: dict[int, str]) -> str:
     if uid not in cache:
         name = str(uid)
-        if pwd is not None:
-            try:
-                name = pwd.getpwuid(uid).pw_name
-            except KeyError:
-                pass
+        try:
+            name = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            pass
         cache[uid] = name
     return cache[uid]
 
 
-def _uid_from_status(text):
+def _uid_from_status(text: bytes | str) -> int | None:
     for line in _text(text).splitlines():
         if line.startswith("Uid:"):
             return int(line.split()[1])
     return None
 
 
-def open_devices(pid, proc="/proc", table=None):
+def open_devices(pid: int, proc: str = "/proc", table: DeviceTable | None = None) -> set[str]:
     """The /dev/nvidia* names of the device files a process has open, known by identity (see
     DeviceTable): os.stat of /proc/PID/fd/N follows the kernel's link to the opened inode,
     whatever path or namespace it was opened through. Only where the kernel cannot be asked
     (the fd closed meanwhile, a test's fake /proc) does the path's spelling count. Raises
     OSError when the process is gone or not ours to read."""
     table = table if table is not None else DeviceTable()
-    devices = set()
-    fd_dir = "%s/%d/fd" % (proc, pid)
+    devices: set[str] = set()
+    fd_dir = f"{proc}/{pid:d}/fd"
     entries = os.listdir(fd_dir)
     mount_ns = None
     for entry in entries:
@@ -387,7 +401,7 @@ def open_devices(pid, proc="/proc", table=None):
             continue
         if mount_ns is None:
             try:
-                mount_ns = os.readlink("%s/%d/ns/mnt" % (proc, pid))
+                mount_ns = os.readlink(f"{proc}/{pid:d}/ns/mnt")
             except OSError:
                 mount_ns = ""
         try:
@@ -405,21 +419,21 @@ def open_devices(pid, proc="/proc", table=None):
 _MAPS_SPELLED = re.compile(rb"^([0-9a-f]+)-([0-9a-f]+) \S+ \S+ (\S+) (\d+)\s+(/\S*nvidia.*)$", re.MULTILINE)
 
 
-def _maps_by_inode(inode_numbers):
+def _maps_by_inode(inode_numbers: t.Collection[bytes]) -> re.Pattern[bytes] | None:
     if not inode_numbers:
         return None
     alternatives = b"|".join(sorted(inode_numbers))
     return re.compile(rb"^([0-9a-f]+)-([0-9a-f]+) \S+ \S+ (\S+) (" + alternatives + rb")\s+(/.*)$", re.MULTILINE)
 
 
-def mapped_by_identity(maps, table, map_files=None):
+def mapped_by_identity(maps: bytes, table: DeviceTable, map_files: bytes | None = None) -> Mapped:
     """/proc/PID/maps (bytes) -> {device name: [mappings, KiB]}, known by identity: a line is a
     candidate when its inode is one of the table's or its path is spelled like a device file;
     /proc/PID/map_files/<range> (root) then says what the mapped file is (os.stat: its rdev,
     dev and inode). Without map_files (not root, a fake /proc) a candidate counts by its path's
     spelling only, as the scan did before."""
-    found = {}
-    seen = set()
+    found: Mapped = {}
+    seen: set[bytes] = set()
     patterns = [_MAPS_SPELLED] + ([table.maps_by_inode] if table.maps_by_inode is not None else [])
     for pattern in patterns:
         for match in pattern.finditer(maps):
@@ -442,17 +456,17 @@ def mapped_by_identity(maps, table, map_files=None):
     return found
 
 
-def read_maps(pid, proc="/proc", table=None):
+def read_maps(pid: int, proc: str = "/proc", table: DeviceTable | None = None) -> Mapped | None:
     """{device: [mappings, KiB]} of a process, or None when its maps cannot be read."""
     table = table if table is not None else DeviceTable()
     try:
-        maps = _read("%s/%d/maps" % (proc, pid))
+        maps = _read(f"{proc}/{pid:d}/maps")
     except OSError:
         return None
     # Most processes map no device file: byte searches skip the regex for them.
     if b"nvidia" not in maps and not any(b" " + ino + b" " in maps for ino in table.inode_numbers):
         return {}
-    return mapped_by_identity(maps, table, ("%s/%d/map_files" % (proc, pid)).encode())
+    return mapped_by_identity(maps, table, (f"{proc}/{pid:d}/map_files").encode())
 
 
 # Where a daemon a node needs is installed: only root writes there. /proc/PID/exe names the
@@ -464,13 +478,13 @@ SYSTEM_DIRS = ("/usr/bin/", "/usr/sbin/", "/bin/", "/sbin/", "/usr/lib/", "/usr/
 SYSTEM_UID_MAX = 999
 
 
-def _fs_root(proc):
+def _fs_root(proc: str) -> str:
     """The root the executables of `proc`'s processes are found under: "" for the kernel's
     /proc; a fake /proc tree of the unit tests keeps them in the sibling `<proc>-fs`."""
     return "" if proc == "/proc" else proc.rstrip("/") + "-fs"
 
 
-def read_executable(base, fs_root=""):
+def read_executable(base: str, fs_root: str = "") -> tuple[str | None, int | None, bool]:
     """(path, owner uid, verified) of /proc/PID/exe: the path as the kernel shows it, the owner
     of the executable it resolved at exec (os.stat follows the link to that very inode), and
     whether that path names the same inode in this module's own mount namespace (a user's bind
@@ -493,11 +507,11 @@ def read_executable(base, fs_root=""):
     return path, st.st_uid, (here.st_dev, here.st_ino) == (st.st_dev, st.st_ino)
 
 
-def read_process(pid, proc="/proc", users=None):
+def read_process(pid: int, proc: str = "/proc", users: dict[int, str] | None = None) -> Holder | None:
     """Identity and placement of one process (the docs/design.md holder shape, without the GPU
     attribution), or None if it vanished."""
     users = {} if users is None else users
-    base = "%s/%d" % (proc, pid)
+    base = f"{proc}/{pid:d}"
     try:
         stat = _read(base + "/stat")
         comm, state, ppid, start_time = parse_stat(stat)
@@ -510,7 +524,7 @@ def read_process(pid, proc="/proc", users=None):
     exe, exe_owner, exe_verified = read_executable(base, _fs_root(proc))
     uid = _uid_from_status(status)
     cgroup_path = parse_cgroup(cgroup)
-    return {
+    record: Holder = {
         "pid": pid,
         "ppid": ppid,
         "name": comm,
@@ -534,13 +548,15 @@ def read_process(pid, proc="/proc", users=None):
         "protected": False,
         "kernel_thread": kernel_thread,
     }
+    return record
 
 
-def list_pids(proc="/proc"):
+def list_pids(proc: str = "/proc") -> list[int]:
     return sorted(int(entry) for entry in os.listdir(proc) if entry.isdigit())
 
 
-def scan_holders(proc="/proc", unreadable=None, with_maps=True, without_devices=None, table=None):
+def scan_holders(proc: str = "/proc", unreadable: list[int] | None = None, with_maps: bool = True, without_devices: list[int] | None = None,
+                 table: DeviceTable | None = None) -> list[Holder]:
     """Every live process with a /dev/nvidia* node open or (with `with_maps`) mapped, with its
     mappings of those nodes (`mapped`). Processes that vanish mid-scan or that we may not read
     are skipped (the PIDs we may not read are appended to `unreadable`, if given); a zombie
@@ -553,7 +569,7 @@ def scan_holders(proc="/proc", unreadable=None, with_maps=True, without_devices=
     process could be what holds a GPU. Without `with_maps`, the PIDs skipped for having no
     device file open are appended to `without_devices`, if given, for `scan_mapped` later."""
     holders = []
-    users = {}
+    users: dict[int, str] = {}
     table = table if table is not None else DeviceTable.read()
     for pid in list_pids(proc):
         try:
@@ -574,12 +590,12 @@ def scan_holders(proc="/proc", unreadable=None, with_maps=True, without_devices=
     return holders
 
 
-def scan_mapped(pids, proc="/proc", table=None):
+def scan_mapped(pids: t.Iterable[int], proc: str = "/proc", table: DeviceTable | None = None) -> list[Holder]:
     """The processes among `pids` (which had no device file open) that map a /dev/nvidia* node:
     the second half of a full scan, done only when a GPU's memory is not explained without it.
     Speed: it saves re-listing every process's fds (measured, benchmarks/changes.md)."""
     holders = []
-    users = {}
+    users: dict[int, str] = {}
     table = table if table is not None else DeviceTable.read()
     for pid in pids:
         record = _holder(pid, set(), proc, users, table)
@@ -588,7 +604,7 @@ def scan_mapped(pids, proc="/proc", table=None):
     return holders
 
 
-def _holder(pid, devices, proc, users, table):
+def _holder(pid: int, devices: set[str], proc: str, users: dict[int, str], table: DeviceTable) -> Holder | None:
     """A holder record for a process with `devices` open, its maps read; None when it holds
     nothing or is gone (or a zombie)."""
     mapped = read_maps(pid, proc, table)
@@ -603,22 +619,22 @@ def _holder(pid, devices, proc, users, table):
     return record
 
 
-def display_name(pid, proc="/proc"):
+def display_name(pid: int, proc: str = "/proc") -> str | None:
     """A live process's argv[0] (what nvidia-smi would print as its name), else its comm; None
     when it is gone. For display only: the process chose it."""
     try:
-        argv, _cmdline = parse_cmdline(_read("%s/%d/cmdline" % (proc, pid)))
+        argv, _cmdline = parse_cmdline(_read(f"{proc}/{pid:d}/cmdline"))
         if argv and argv[0]:
             return argv[0]
-        return parse_stat(_read("%s/%d/stat" % (proc, pid)))[0]
+        return parse_stat(_read(f"{proc}/{pid:d}/stat"))[0]
     except (OSError, ValueError, IndexError):
         return None
 
 
-def start_time_of(pid, proc="/proc"):
+def start_time_of(pid: int, proc: str = "/proc") -> int | None:
     """Start time of a live, non-zombie PID, or None: the identity check before a signal."""
     try:
-        _comm, state, _ppid, start_time = parse_stat(_read("%s/%d/stat" % (proc, pid)))
+        _comm, state, _ppid, start_time = parse_stat(_read(f"{proc}/{pid:d}/stat"))
     except (OSError, ValueError, IndexError):
         return None
     if state in ("Z", "X"):
@@ -626,22 +642,23 @@ def start_time_of(pid, proc="/proc"):
     return start_time
 
 
-def lineage(pid, proc="/proc"):
+def lineage(pid: int, proc: str = "/proc") -> list[int]:
     """PIDs of a process and all its ancestors (the module and its Ansible/SSH session)."""
     seen = []
     while pid and pid not in seen:
         seen.append(pid)
         try:
-            _comm, _state, pid, _start = parse_stat(_read("%s/%d/stat" % (proc, pid)))
+            _comm, _state, pid, _start = parse_stat(_read(f"{proc}/{pid:d}/stat"))
         except (OSError, ValueError, IndexError):
             break
     return seen
 
 
-def split_protect(items):
+def split_protect(items: t.Iterable[t.Any] | None) -> tuple[list[str], set[int]]:
     """User `protect` entries -> (names, pids): entries of ASCII digits are PIDs ('³'.isdigit()
     is true, but int('³') fails: such an entry is a name)."""
-    names, pids = [], set()
+    names: list[str] = []
+    pids: set[int] = set()
     for item in items or []:
         text = str(item).strip()
         if text.isdigit() and text.isascii():
@@ -651,7 +668,7 @@ def split_protect(items):
     return names, pids
 
 
-def name_matches(record, names):
+def name_matches(record: t.Mapping[str, t.Any], names: t.Iterable[str]) -> bool:
     """A protected name matches the executable's basename, argv[0]'s basename, or the comm
     (which the kernel truncates to 15 characters: nvidia-persistenced shows as nvidia-persiste)."""
     candidates = {record.get("exe"), record.get("argv0")}
@@ -664,7 +681,7 @@ def name_matches(record, names):
     return False
 
 
-def vouched(record):
+def vouched(record: t.Mapping[str, t.Any]) -> bool:
     """Whether the kernel vouches for a process as a daemon of the node: its real uid is root or
     a system account (/proc/PID/status), and it runs a root-owned executable in a system
     directory, as /proc/PID/exe resolves it (see read_executable). Nothing a user can set
@@ -676,21 +693,22 @@ def vouched(record):
     return record.get("exe_owner") == 0 and bool(record.get("exe_verified")) and path.startswith(SYSTEM_DIRS)
 
 
-def impostor_note(record, name):
+def impostor_note(record: t.Mapping[str, t.Any], name: str) -> str:
     """What to tell about a process named like a protected daemon that is not one."""
-    return "pid %d is named like %s but is run by uid %s from %s: not protected, an ordinary holder (docs/security.md)" % (
-        record["pid"], name, record.get("uid") if record.get("uid") is not None else "?",
-        record.get("exe_path") or "an executable the kernel does not show")
+    uid = record.get("uid") if record.get("uid") is not None else "?"
+    exe = record.get("exe_path") or "an executable the kernel does not show"
+    return f"pid {record['pid']:d} is named like {name} but is run by uid {uid} from {exe}: not protected, an ordinary holder (docs/security.md)"
 
 
-def matched_name(record, names):
+def matched_name(record: t.Mapping[str, t.Any], names: t.Iterable[str]) -> str | None:
     for name in names:
         if name_matches(record, (name,)):
             return name
     return None
 
 
-def protection_reason(record, names, pids, own_lineage, main_pid_of=None):
+def protection_reason(record: dict[str, t.Any], names: t.Iterable[str], pids: t.Container[int], own_lineage: t.Container[int],
+                      main_pid_of: MainPidOf | None = None) -> str | None:
     """Why a process must never be signalled, or None. Built-in rules first. A name (built-in or
     from `protect`) protects only a process whose identity backs it (`vouched`), or the main
     process of the system unit it runs in (`main_pid_of(unit)`, where given: systemd's word)."""
@@ -714,7 +732,7 @@ def protection_reason(record, names, pids, own_lineage, main_pid_of=None):
     return None
 
 
-def _unit_main(record, main_pid_of):
+def _unit_main(record: t.Mapping[str, t.Any], main_pid_of: MainPidOf | None) -> bool:
     if main_pid_of is None or not record.get("system_service") or not record.get("unit"):
         return False
     try:
@@ -723,14 +741,15 @@ def _unit_main(record, main_pid_of):
         return False
 
 
-def protect(holders, protect_names, protect_pids, own_lineage, main_pid_of=None):
+def protect(holders: t.Iterable[Holder], protect_names: t.Iterable[str], protect_pids: t.Container[int], own_lineage: t.Container[int],
+            main_pid_of: MainPidOf | None = None) -> list[Holder]:
     """Fill in protected, protected_reason and protection_note for each holder (returns new records)."""
-    result = []
+    result: list[Holder] = []
     for holder in holders:
-        record = dict(holder)
+        record: dict[str, t.Any] = dict(holder)
         record["protection_note"] = None
         reason = protection_reason(record, protect_names, protect_pids, own_lineage, main_pid_of)
         record["protected"] = reason is not None
         record["protected_reason"] = reason
-        result.append(record)
+        result.append(t.cast("Holder", record))
     return result

@@ -93,8 +93,8 @@ class Holder(t.TypedDict, total=False):
     ppid: int
     name: str
     cmdline: str
-    user: str
-    uid: int
+    user: str | None
+    uid: int | None
     state: str
     start_time: int
     devices: list[str]
@@ -118,11 +118,13 @@ class Holder(t.TypedDict, total=False):
     exe_path: str | None
     exe_owner: int | None
     exe_verified: bool
-    # {device path: [mappings, KiB]} of the NVIDIA nodes this process maps.
-    mapped: dict[str, list[int]]
+    # {device path: {"count": mappings, "kib": KiB}} of the NVIDIA nodes this process maps (None: maps unreadable).
+    mapped: dict[str, dict[str, int]] | None
     # Internal: the container id a cgroup path names (unconfirmed) and the runtime's record.
-    _container_ref: dict[str, t.Any]
-    _container_record: dict[str, t.Any]
+    _container_ref: ContainerRef | None
+    _container_record: ContainerRecord
+    argv0: str | None
+    protected_reason: str | None
 
 
 class ContainerEntry(t.TypedDict, total=False):
@@ -138,6 +140,9 @@ class ContainerEntry(t.TypedDict, total=False):
     gpu_indexes: list[int]
     pod: str | None
     pod_uid: str | None
+    restart_max_retries: int
+    # Seconds from the stop request until the runtime reported the container stopped.
+    stopped_after_s: float
 
 
 class KilledEntry(t.TypedDict, total=False):
@@ -198,3 +203,40 @@ class ReleaseResult(t.TypedDict, total=False):
     elapsed_s: float
     timings: Timings
     smoke_test: dict[str, t.Any] | None
+
+
+class ContainerRef(t.TypedDict):
+    """What a cgroup path names (_cgroups.container_ref): a claim until the runtime confirms it.
+    `id` None for a pod's process outside any container cgroup; `runtime` None where the path
+    does not say."""
+
+    id: str | None
+    runtime: str | None
+    kubernetes: bool
+    pod_uid: str | None
+
+
+class ContainerRecord(t.TypedDict):
+    """A container as its runtime reports it (_engines.record_of: `docker/podman inspect`)."""
+
+    id: str | None
+    name: str | None
+    image: str | None
+    restart_policy: str
+    restart_max_retries: int
+    running: bool
+    status: str | None
+    pod: str | None
+    pod_uid: str | None
+    # The container's init process as the runtime reports it (None when not running).
+    pid: int | None
+
+
+class ContainersDone(t.TypedDict):
+    """What _containers.act did: containers disabled and stopped, warnings for those it could not
+    stop, and {id: reason} of those (signalled from outside instead)."""
+
+    disabled: list[ContainerEntry]
+    stopped: list[ContainerEntry]
+    warnings: list[str]
+    failed: dict[str, str]

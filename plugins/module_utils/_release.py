@@ -19,6 +19,7 @@ import time
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _attribution
 from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
+from ansible_collections.zeromib.gpu.plugins.module_utils import _engines
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
@@ -29,6 +30,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils import _signals
 from ansible_collections.zeromib.gpu.plugins.module_utils import _supervisor
 from ansible_collections.zeromib.gpu.plugins.module_utils import _units
 from ansible_collections.zeromib.gpu.plugins.module_utils._errors import ReleaseError  # noqa: F401 (the modules' import)
+from ansible_collections.zeromib.gpu.plugins.module_utils._errors import StepFailed
 from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import (
     GPU_FIELDS, NvidiaSmiError, check_against_driver, normalize_bus_id, parse_compute_apps,
 )
@@ -56,7 +58,7 @@ class System:
         # pidfds pin a process of this kernel's /proc only.
         self.pidfd = _signals.pidfd_or_none() if proc == "/proc" else None
         # Docker and Podman, asked only when a holder runs in a container or services names one.
-        self.runtimes = runtimes if runtimes is not None else _containers.Runtimes()
+        self.runtimes = runtimes if runtimes is not None else _engines.Runtimes()
 
     def systemctl(self, args):
         if not self.systemctl_path:
@@ -482,8 +484,8 @@ class Release:
         """Who uses which GPU now (compute apps fetched only when they can change the answer).
         The apps seen are kept in self.apps."""
         holders, self.apps = _facts.scan_and_attribute(
-            gpus, None, lambda: self._apps(gpus), self.names, self.pids, self.lineage, self.system.proc, None,
-            self.params.get("max_used_mib") or 0, self.footprint_mib(), self.main_pid_of,
+            gpus, None, lambda: self._apps(gpus), protect_names=self.names, protect_pids=self.pids, own_lineage=self.lineage, proc=self.system.proc,
+            max_used_mib=self.params.get("max_used_mib") or 0, footprint_mib=self.footprint_mib(), main_pid_of=self.main_pid_of,
         )
         return _containers.annotate(holders, self.system.runtimes, self.system.proc)
 
@@ -505,7 +507,7 @@ class Release:
         return _attribution.footprint_gpus(gpus, holders, self.apps, self.params.get("max_used_mib") or 0, self.footprint_mib())
 
     def look(self):
-        snapshot = _facts.look(self.smi, self.params.get("protect"), True, self.system.proc, self.driver_root, with_apps=False,
+        snapshot = _facts.look(self.smi, self.params.get("protect"), with_processes=True, proc=self.system.proc, driver_root=self.driver_root, with_apps=False,
                                max_used_mib=self.params.get("max_used_mib") or 0, footprint_mib=self.footprint_mib(),
                                runtimes=self.system.runtimes, checks=_health.Checks.from_params(self.params), main_pid_of=self.main_pid_of)
         self.apps = snapshot.apps
@@ -550,8 +552,11 @@ class Release:
         """Containers to stop through their runtime, and the targets left to signal (_containers)."""
         _patterns, globs = _containers.split_services(self.params.get("services"))
         own = _containers.own_containers(self.lineage, self.system.proc) if globs or any(t.get("container") for t in targets) else set()
-        return _containers.plan(self.system.runtimes, holders, targets, globs, self.params.get("service_state"), own, self.result,
-                                stop_found=self.params.get("kill", True))
+        try:
+            return _containers.plan(self.system.runtimes, holders, targets, globs, self.params.get("service_state"), own,
+                                    stop_found=self.params.get("kill", True))
+        except StepFailed as exc:
+            raise ReleaseError(exc.msg, self.result) from exc
 
     def plan_programs(self):
         """supervisord programs named in services as supervisor:<glob> (_supervisor)."""
@@ -571,10 +576,21 @@ class Release:
     # --- act
 
     def act_containers(self, plan):
+        def record(done):
+            # What _containers.act did goes into the result as it comes (also when it failed).
+            self.result["disabled_containers"].extend(done["disabled"])
+            self.result["stopped_containers"].extend(done["stopped"])
+            self.result["warnings"].extend(done["warnings"])
+
         started = self.system.now()
-        failed = _containers.act(self.system.runtimes, plan, self.params.get("kill_timeout"), self.result, now=self.system.now)
+        try:
+            done = _containers.act(self.system.runtimes, plan, self.params.get("kill_timeout"), now=self.system.now)
+        except StepFailed as exc:
+            record(exc.done)
+            raise ReleaseError(exc.msg, self.result) from exc
+        record(done)
         self.result["timings"]["stop_s"] = round(self.system.now() - started, 3)
-        return failed
+        return done["failed"]
 
     def act_units(self, plan):
         started = self.system.now()

@@ -24,7 +24,7 @@ import time
 import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
-from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
+from ansible_collections.zeromib.gpu.plugins.module_utils import _engines
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _record
 from ansible_collections.zeromib.gpu.plugins.module_utils import _units
@@ -54,10 +54,10 @@ class RestoreError(Exception):
 class System:
     """What gpu_restore does to the node, in one replaceable place."""
 
-    def __init__(self, systemctl_path: str | None = None, runtimes: _containers.Runtimes | None = None, record_path: str = _record.PATH,
+    def __init__(self, systemctl_path: str | None = None, runtimes: _engines.Runtimes | None = None, record_path: str = _record.PATH,
                  proc: str = "/proc") -> None:
         self.systemctl_path = systemctl_path
-        self.runtimes = runtimes if runtimes is not None else _containers.Runtimes()
+        self.runtimes = runtimes if runtimes is not None else _engines.Runtimes()
         self.record_path = record_path
         self.proc = proc
 
@@ -217,7 +217,7 @@ class Restore:
         runtime, cid = entry.get("runtime"), entry.get("id")
         try:
             record = runtimes.inspect(runtime, cid)
-        except _containers.RuntimeUnavailable as exc:
+        except _engines.RuntimeUnavailable as exc:
             return [], f"cannot ask {runtime}: {exc}"
         if record is None:
             return [], "{} no longer knows it (removed since the release?); forget it with forget: [{}]".format(runtime, entry.get("name"))
@@ -234,7 +234,7 @@ class Restore:
                 if not now or not now.get("running"):
                     return steps, "it did not stay running after the start (status {})".format((now or {}).get("status"))
                 self.result["started_containers"].append(entry.get("name") or cid)
-        except _containers.RuntimeUnavailable as exc:
+        except _engines.RuntimeUnavailable as exc:
             return steps, str(exc)
         return steps, None
 
@@ -408,4 +408,4 @@ def _holds(entry: Entry, holder: Holder) -> bool:
 
 def holders_now(smi: NvidiaSmi, proc: str = "/proc") -> list[Holder]:
     """A look for wait_for_gpus: the holders of the node now, attributed to GPUs."""
-    return _facts.look(smi, [], True, proc).holders
+    return _facts.look(smi, [], with_processes=True, proc=proc).holders

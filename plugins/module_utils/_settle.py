@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import os
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _cgroups
 from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
 from ansible_collections.zeromib.gpu.plugins.module_utils import _units
@@ -76,10 +77,10 @@ def watch_list(signalled, outside_reasons, systemctl=None):
     for holder in signalled:
         cgroup = holder.get("cgroup") or ""
         if holder.get("container") and holder["container"] in outside_reasons:
-            ref = _containers.container_ref(cgroup) or {}
+            ref = _cgroups.container_ref(cgroup) or {}
             if ref.get("id"):
                 described = dict(holder, container_runtime=holder.get("container_runtime") or ref.get("runtime"))
-                watched.setdefault(cgroup, f"container {_containers.describe_container(described)}")
+                watched.setdefault(cgroup, f"container {_containers.describe_entry(_containers.holder_entry(described))}")
             continue
         unit = holder.get("unit") or ""
         if unit.endswith(".service") and "/user@" in cgroup:

@@ -246,7 +246,7 @@ def test_engine_api_and_cli_read_the_same_record(docker):
     record = docker.run_holder("twins", [5], restart="unless-stopped", run_args=["--label", "team=infer"])
     script = (
         "import json, sys; sys.path.insert(0, {!r})\n"
-        "from ansible_collections.zeromib.gpu.plugins.module_utils import _containers as c\n"
+        "from ansible_collections.zeromib.gpu.plugins.module_utils import _engines as c\n"
         "api = c.EngineApi('docker', {!r}).inspect({!r})\n"
         "cli = c.EngineCli('docker', {!r}, c._run).inspect({!r})\n"
         "print(json.dumps([api, cli]))\n".format(COLLECTIONS, docker_rig.SOCKET, record["Id"], docker_rig.DOCKER, record["Id"])

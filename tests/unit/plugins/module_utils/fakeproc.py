@@ -30,17 +30,8 @@ KTHREAD_FLAGS = 0x00208040  # PF_KTHREAD | PF_NOFREEZE | PF_WQ_WORKER, as for a 
 
 def stat_line(pid, comm, state, ppid, start_time, flags=USER_FLAGS):
     # Fields 3..22 of proc(5) then a few more; field 9 is flags, field 22 is starttime.
-    return "%d (%s) %s %d %d %d 34816 %d %d 1000 0 0 0 10 5 0 0 20 0 4 0 %d 123456789 4096 18446744073709551615\n" % (
-        pid,
-        comm,
-        state,
-        ppid,
-        pid,
-        pid,
-        pid,
-        flags,
-        start_time,
-    )
+    return (f"{pid:d} ({comm}) {state} {ppid:d} {pid:d} {pid:d} 34816 {pid:d} {flags:d} 1000 0 0 0 10 5 0 0 20 0 4 0 {start_time:d} "
+            "123456789 4096 18446744073709551615\n")
 
 
 def write_process(
@@ -74,8 +65,8 @@ def write_process(
         handle.write(b"".join(arg.encode("utf-8") + b"\0" for arg in argv))
     with open(os.path.join(base, "status"), "w") as handle:
         handle.write(
-            "Name:\t%s\nUmask:\t0022\nState:\t%s (sleeping)\nTgid:\t%d\nPid:\t%d\nPPid:\t%d\nUid:\t%d\t%d\t%d\t%d\nGid:\t0\t0\t0\t0\n"
-            % (comm[:15], state, pid, pid, ppid, uid, uid, uid, uid)
+            f"Name:\t{comm[:15]}\nUmask:\t0022\nState:\t{state} (sleeping)\nTgid:\t{pid:d}\nPid:\t{pid:d}\nPPid:\t{ppid:d}\n"
+            f"Uid:\t{uid:d}\t{uid:d}\t{uid:d}\t{uid:d}\nGid:\t0\t0\t0\t0\n"
         )
     with open(os.path.join(base, "cgroup"), "w") as handle:
         handle.write(cgroup)
@@ -83,7 +74,7 @@ def write_process(
     address = 0
     for number, mapping in enumerate(maps):
         device, kib = (mapping, 4) if isinstance(mapping, str) else mapping
-        lines.append("7f%010x-7f%010x rw-s 00000000 00:05 %d %s\n" % (address, address + kib * 1024, 1000 + number, device))
+        lines.append(f"7f{address:010x}-7f{address + kib * 1024:010x} rw-s 00000000 00:05 {1000 + number:d} {device}\n")
         address += kib * 1024 + 4096
     lines.append("7ffd4a1c2000-7ffd4a1e3000 rw-p 00000000 00:00 0 [stack]\n")
     with open(os.path.join(base, "maps"), "w") as handle:
@@ -148,7 +139,7 @@ def cuda_process(context_minor, minors, visible=None):
                         "maps": {p: n for p, n in own["maps"].items() if not p[-1].isdigit()},
                         "map_kib": own["map_kib"]})
     for minor in minors:
-        node = "/dev/nvidia%d" % minor
+        node = f"/dev/nvidia{minor:d}"
         if minor in contexts:
             node_fds, node_maps = _node(own, "/dev/nvidia0", node)
         elif visible is not None and minor not in visible:
@@ -167,14 +158,14 @@ def nvml_client(minors, kind="dmon"):
     fds = [path for path, count in sorted(reading["fds"].items()) if not path[-1].isdigit() or "caps" in path for _copy in range(count)]
     for number, minor in enumerate(minors):
         source = "/dev/nvidia0" if number == 0 else "/dev/nvidia1"
-        fds.extend(["/dev/nvidia%d" % minor] * reading["fds"][source])
+        fds.extend([f"/dev/nvidia{minor:d}"] * reading["fds"][source])
     return tuple(fds), tuple(expand({"fds": {}, "maps": reading["maps"], "map_kib": reading["map_kib"]})[1])
 
 
 def cuda_fds(minor):
     """A process that opened one GPU's node and the control nodes and mapped nothing (the shape
     of processes before the multi-GPU readings; today: an unplaceable process)."""
-    return ("/dev/nvidia%d" % minor, "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+    return (f"/dev/nvidia{minor:d}", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 
 CUDA_MAPS = ("/dev/nvidiactl", "/dev/nvidia-uvm")

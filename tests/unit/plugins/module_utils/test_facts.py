@@ -25,18 +25,13 @@ BUSES = [
 
 
 def uuid(index):
-    return "GPU-%08x-818d-be7e-f16b-963690d7c5c%d" % (0xAB0CF4F6 + index, index)
+    return f"GPU-{0xAB0CF4F6 + index:08x}-818d-be7e-f16b-963690d7c5c{index:d}"
 
 
 def h200_row(index, used=0, **overrides):
     """One GPU as parse_gpus returns it (H200, driver 580.159.04)."""
-    text = "%d, %s, NVIDIA H200, %s, 580.159.04, 143771, 616, %s, %s, 0, 37, 126.02, Enabled, Disabled" % (
-        index,
-        uuid(index),
-        BUSES[index],
-        used,
-        "[N/A]" if used == "[N/A]" else 143771 - 616 - used,
-    )
+    free = "[N/A]" if used == "[N/A]" else 143771 - 616 - used
+    text = f"{index:d}, {uuid(index)}, NVIDIA H200, {BUSES[index]}, 580.159.04, 143771, 616, {used}, {free}, 0, 37, 126.02, Enabled, Disabled"
     (record,) = smi.parse_gpus(text)
     record.update(overrides)
     return record
@@ -48,7 +43,7 @@ def h200_host(used=None, count=8):
 
 
 def holder(pid, gpu_indexes, protected=False, devices=None, name="python3", unit=None):
-    devices = devices if devices is not None else ["/dev/nvidia%d" % i for i in gpu_indexes] + ["/dev/nvidiactl", "/dev/nvidia-uvm"]
+    devices = devices if devices is not None else [f"/dev/nvidia{i:d}" for i in gpu_indexes] + ["/dev/nvidiactl", "/dev/nvidia-uvm"]
     return {
         "pid": pid,
         "ppid": 1,
@@ -238,7 +233,7 @@ def node(tmp_path):
     # GPU index 0 is /dev/nvidia1 and index 1 is /dev/nvidia0 on this node.
     for bus, minor in (("0000:18:00.0", 1), ("0000:2a:00.0", 0)):
         (driver / bus).mkdir(parents=True)
-        (driver / bus / "information").write_text("Bus Location: \t %s\nDevice Minor: \t %d\n" % (bus, minor))
+        (driver / bus / "information").write_text(f"Bus Location: \t {bus}\nDevice Minor: \t {minor:d}\n")
     fds, maps = fakeproc.cuda_process(1, [1, 0])  # its context on /dev/nvidia1, GPU index 0
     fakeproc.write_process(proc, 426, fds=fds, maps=maps, start_time=7000)
     fakeproc.write_process(
@@ -284,7 +279,7 @@ def test_look_without_processes_scans_nothing(node):
 def _mapping_only_process(proc, pid, minor):
     """A process that mapped a GPU's device file with a context-sized mapping, then closed every
     device file: only a scan of /proc/PID/maps finds it."""
-    fakeproc.write_process(proc, pid, maps=(("/dev/nvidia%d" % minor, 2176),), start_time=9000)
+    fakeproc.write_process(proc, pid, maps=((f"/dev/nvidia{minor:d}", 2176),), start_time=9000)
 
 
 def test_busy_gpu_explained_by_its_listed_live_holder_does_not_read_other_maps(node):
@@ -324,7 +319,7 @@ def test_unexplained_gpus_are_those_above_the_limit_without_only_live_listed_hol
 
 
 def _information(bus, minor, excluded="No"):
-    return "Model: \t\t NVIDIA H200\nBus Location: \t %s\nDevice Minor: \t %d\nGPU Excluded:\t %s\n" % (bus, minor, excluded)
+    return f"Model: \t\t NVIDIA H200\nBus Location: \t {bus}\nDevice Minor: \t {minor:d}\nGPU Excluded:\t {excluded}\n"
 
 
 def test_gpu_the_driver_has_and_nvidia_smi_omits_is_an_error_naming_its_bus(tmp_path):

@@ -427,7 +427,7 @@ def test_processes_we_may_not_read_are_counted_so_a_non_root_run_can_say_so(monk
         (tmp_path / str(pid)).mkdir()
 
     def denied(pid, proc, with_maps=True):
-        raise PermissionError(13, "Permission denied", "%s/%d/fd" % (proc, pid))
+        raise PermissionError(13, "Permission denied", f"{proc}/{pid:d}/fd")
 
     monkeypatch.setattr(holders, "open_devices", denied)
     unreadable = []

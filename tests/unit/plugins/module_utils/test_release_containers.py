@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
+from ansible_collections.zeromib.gpu.plugins.module_utils import _engines
 from ansible_collections.zeromib.gpu.plugins.module_utils import _release as release
 from ansible_collections.zeromib.gpu.plugins.module_utils import _settle
 from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils import test_release_run as node
@@ -181,7 +181,7 @@ def test_bare_process_keeps_the_fast_path(world):
 
 
 def test_container_signalled_from_outside_that_comes_back_fails_naming_the_container(world):
-    world.runtimes = _containers.Runtimes(which=lambda name: None, sockets={})  # no Docker to ask
+    world.runtimes = _engines.Runtimes(which=lambda name: None, sockets={})  # no Docker to ask
     world.spawn(495, {0: 40960}, cgroup=f"0::/system.slice/docker-{A}.scope\n")
     respawn_on_exit(world, 495, 901, after_s=0.5)
     error = fail(world)
@@ -248,3 +248,36 @@ def test_container_on_the_selected_gpus_only_is_no_spanning_container(world):
     world.spawn(600, {0: 1000})
     result = run(world, gpus=["1"])
     assert result["spanning"] == [] and [e["name"] for e in result["stopped_containers"]] == ["infer-gpu1"] and 600 in world.procs
+
+
+def test_a_restart_policy_that_cannot_be_set_fails_keeping_what_was_disabled(world):
+    """_containers.act stops at the first restart policy it cannot set (StepFailed with what it did):
+    Release fails with that message and keeps the container already disabled for gpu_restore."""
+    world.runtimes.add(A, "vllm-a")
+    world.runtimes.add(B, "vllm-b")
+    world.spawn(495, {0: 40960}, cgroup=f"0::/docker/{A}\n")
+    refuse = world.runtimes.set_restart_no
+
+    def set_restart_no(runtime, cid):
+        if cid == B:
+            raise _engines.RuntimeUnavailable("docker CLI /usr/bin/docker: update --restart=no (rc 1): unknown flag: --restart")
+        refuse(runtime, cid)
+
+    world.runtimes.set_restart_no = set_restart_no
+    error = fail(world, services=["container:vllm*"], service_state="disabled")
+    assert error.msg == ("could not set the restart policy of container vllm-b (docker bbbbbbbbbbbb, vllm/vllm-openai:v0.11.0) to no: "
+                         "docker CLI /usr/bin/docker: update --restart=no (rc 1): unknown flag: --restart")
+    assert [(e["name"], e["restart_policy"], e["restart_policy_before"]) for e in error.result["disabled_containers"]] == [("vllm-a", "no", "always")]
+    assert error.result["stopped_containers"] == [] and world.runtimes.log == [("update", A)] and world.signals == []
+
+
+def test_containers_that_cannot_be_listed_fail_before_anything_is_done(world):
+    world.spawn(495, {0: 40960})
+
+    def find(glob):
+        raise _engines.RuntimeUnavailable("docker API at /run/docker.sock: GET /containers/json?all=1 answered 500: boom")
+
+    world.runtimes.find = find
+    error = fail(world, services=["container:vllm*"])
+    assert error.msg == "cannot list containers for container:vllm*: docker API at /run/docker.sock: GET /containers/json?all=1 answered 500: boom"
+    assert error.result["stopped_containers"] == [] and error.result["killed"] == [] and world.signals == [] and 495 in world.procs

@@ -15,7 +15,7 @@ import signal
 
 import pytest
 
-from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
+from ansible_collections.zeromib.gpu.plugins.module_utils import _engines
 from ansible_collections.zeromib.gpu.plugins.module_utils import _nvidia_smi as smi
 from ansible_collections.zeromib.gpu.plugins.module_utils import _release as release
 from ansible_collections.zeromib.gpu.plugins.module_utils import _settle
@@ -255,7 +255,7 @@ class FakeSystem(release.System):
 
     def __init__(self, world):
         # No Docker or Podman on this node unless a test gives it one.
-        runtimes = getattr(world, "runtimes", None) or _containers.Runtimes(which=lambda name: None, sockets={})
+        runtimes = getattr(world, "runtimes", None) or _engines.Runtimes(which=lambda name: None, sockets={})
         super().__init__(systemctl_path="/usr/bin/systemctl", proc=str(world.root), runtimes=runtimes)
         self.world = world
 

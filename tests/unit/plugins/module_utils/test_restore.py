@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
+from ansible_collections.zeromib.gpu.plugins.module_utils import _engines
 from ansible_collections.zeromib.gpu.plugins.module_utils import _record
 from ansible_collections.zeromib.gpu.plugins.module_utils import _restore as restore
 
@@ -57,7 +57,7 @@ class FakeSystemd(restore.System):
     """systemctl show/unmask/enable/start over a dict of units; `broken` units fail to start."""
 
     def __init__(self, path, units, broken=()):
-        super().__init__("/usr/bin/systemctl", runtimes=_containers.Runtimes(which=lambda n: None, sockets={}), record_path=path)
+        super().__init__("/usr/bin/systemctl", runtimes=_engines.Runtimes(which=lambda n: None, sockets={}), record_path=path)
         self.units = units
         self.broken = set(broken)
         self.log = []
