@@ -214,7 +214,8 @@ class Restore:
 
     def restore_container(self, entry: Entry) -> Outcome:
         runtimes = self.system.runtimes
-        runtime, cid = entry.get("runtime"), entry.get("id")
+        # A container entry names its runtime and id (_record.container_entries writes both).
+        runtime, cid = t.cast("str", entry.get("runtime")), t.cast("str", entry.get("id"))
         try:
             record = runtimes.inspect(runtime, cid)
         except _engines.RuntimeUnavailable as exc:
@@ -232,7 +233,7 @@ class Restore:
                 runtimes.start(runtime, cid, self.step_timeout)
                 now = runtimes.inspect(runtime, cid)
                 if not now or not now.get("running"):
-                    return steps, "it did not stay running after the start (status {})".format((now or {}).get("status"))
+                    return steps, "it did not stay running after the start (status {})".format(now.get("status") if now else None)
                 self.result["started_containers"].append(entry.get("name") or cid)
         except _engines.RuntimeUnavailable as exc:
             return steps, str(exc)
