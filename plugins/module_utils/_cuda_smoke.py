@@ -29,11 +29,15 @@ import os
 import select
 import signal
 import time
+import typing as t
 
-try:
-    from typing import Any, Callable, Dict, List, Optional, Tuple  # noqa: F401 (type comments)
-except ImportError:  # pragma: no cover
-    pass
+if t.TYPE_CHECKING:
+    from ansible_collections.zeromib.gpu.plugins.module_utils._facts import Snapshot
+    from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import NvidiaSmi
+    from ansible_collections.zeromib.gpu.plugins.module_utils._records import Gpu, Holder
+
+    # A GPU's `smoke_test` record: {ok, error, seconds, mib, skipped}, and memory_used_mib_after.
+    Record = t.Dict[str, t.Any]
 
 LIBRARY = "libcuda.so.1"
 MIB = 1 << 20
@@ -51,26 +55,24 @@ STEPS = ("cuDeviceGetByPCIBusId", "cuCtxCreate", "cuMemGetInfo", "cuMemAlloc", "
 class CudaError(Exception):
     """A CUDA driver API call returned an error (`code`, a CUresult)."""
 
-    def __init__(self, call, code, name=None, description=None):
+    def __init__(self, call: str, code: int, name: str | None = None, description: str | None = None) -> None:
         super().__init__(call, code)
         self.call = call
         self.code = code
         self.name = name
         self.description = description
 
-    def __str__(self):
+    def __str__(self) -> str:
         return error_text(self.call, self.code, self.name, self.description)
 
 
-def error_text(call, code, name=None, description=None):
-    # type: (str, int, Optional[str], Optional[str]) -> str
+def error_text(call: str, code: int, name: str | None = None, description: str | None = None) -> str:
     """'CUDA_ERROR_SYSTEM_NOT_READY (802) at cuCtxCreate: system not yet initialized'."""
-    text = "%s (%d) at %s" % (name or "CUDA error", code, call)
+    text = "{} ({:d}) at {}".format(name or "CUDA error", code, call)
     return text + (": " + description if description else "")
 
 
-def alloc_bytes(requested_mib, free_bytes):
-    # type: (int, int) -> int
+def alloc_bytes(requested_mib: int, free_bytes: int) -> int:
     """What to allocate: smoke_test_mib, bounded by a share of the GPU's free memory."""
     return max(0, min(requested_mib * MIB, int(free_bytes * MAX_FREE_SHARE)))
 
@@ -78,71 +80,72 @@ def alloc_bytes(requested_mib, free_bytes):
 class Driver:
     """The CUDA driver API through ctypes: the one seam of the smoke test. Raises CudaError."""
 
-    def __init__(self, library=LIBRARY):
+    def __init__(self, library: str = LIBRARY) -> None:
         # Raises OSError when the driver's library is not there.
         self.lib = ctypes.CDLL(library)
 
-    def _string(self, function, code):
+    def _string(self, function: str, code: int) -> str | None:
         text = ctypes.c_char_p()
         try:
             if getattr(self.lib, function)(ctypes.c_int(code), ctypes.byref(text)) != 0 or not text.value:
                 return None
         except AttributeError:
             return None
-        return text.value.decode("utf-8", "replace")
+        return str(text.value.decode("utf-8", "replace"))
 
-    def _call(self, step, function, *args):
+    def _call(self, step: str, function: str, *args: t.Any) -> None:
         try:
             code = getattr(self.lib, function)(*args)
         except AttributeError:
-            raise CudaError(step, -1, "missing entry point", f"libcuda does not export {function}")
+            raise CudaError(step, -1, "missing entry point", f"libcuda does not export {function}") from None
         if code != 0:
             raise CudaError(step, code, self._string("cuGetErrorName", code), self._string("cuGetErrorString", code))
 
-    def init(self):
+    def init(self) -> None:
         self._call("cuInit", "cuInit", ctypes.c_uint(0))
 
-    def device(self, bus_id):
+    def device(self, bus_id: str) -> int:
         handle = ctypes.c_int(0)
         self._call("cuDeviceGetByPCIBusId", "cuDeviceGetByPCIBusId", ctypes.byref(handle), ctypes.c_char_p(bus_id.encode("ascii")))
         return handle.value
 
-    def create_context(self, device):
+    def create_context(self, device: int) -> ctypes.c_void_p:
         context = ctypes.c_void_p(None)
         self._call("cuCtxCreate", "cuCtxCreate_v2", ctypes.byref(context), ctypes.c_uint(0), ctypes.c_int(device))
         return context
 
-    def free_memory(self):
+    def free_memory(self) -> int:
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         self._call("cuMemGetInfo", "cuMemGetInfo_v2", ctypes.byref(free), ctypes.byref(total))
         return free.value
 
-    def alloc(self, size):
+    def alloc(self, size: int) -> int:
         pointer = ctypes.c_uint64(0)
         self._call("cuMemAlloc", "cuMemAlloc_v2", ctypes.byref(pointer), ctypes.c_size_t(size))
         return pointer.value
 
-    def memset(self, pointer, value, size):
+    def memset(self, pointer: int, value: int, size: int) -> None:
         self._call("cuMemsetD8", "cuMemsetD8_v2", ctypes.c_uint64(pointer), ctypes.c_ubyte(value), ctypes.c_size_t(size))
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         self._call("cuCtxSynchronize", "cuCtxSynchronize")
 
-    def free(self, pointer):
+    def free(self, pointer: int) -> None:
         self._call("cuMemFree", "cuMemFree_v2", ctypes.c_uint64(pointer))
 
-    def destroy_context(self, context):
+    def destroy_context(self, context: ctypes.c_void_p) -> None:
         self._call("cuCtxDestroy", "cuCtxDestroy_v2", context)
 
 
-def test_gpu(driver, bus_id, mib, progress=lambda step: None, clock=time.monotonic):
-    # type: (Any, str, int, Callable[[str], None], Callable[[], float]) -> Dict[str, Any]
+def test_gpu(driver: t.Any, bus_id: str, mib: int, progress: t.Callable[[str], None] = lambda step: None,
+             clock: t.Callable[[], float] = time.monotonic) -> Record:
     """One GPU's test on an initialized driver -> {ok, error, seconds, mib}. What was created is
     torn down also on a failure (a context left behind would keep the GPU's memory)."""
     started = clock()
-    context = pointer = None
+    context: t.Any = None
+    pointer: int | None = None
     size = 0
-    error = None
+    error: CudaError | None = None
     try:
         progress("cuDeviceGetByPCIBusId")
         device = driver.device(bus_id)
@@ -159,7 +162,9 @@ def test_gpu(driver, bus_id, mib, progress=lambda step: None, clock=time.monoton
         driver.synchronize()
     except CudaError as exc:
         error = exc
-    for step, undo, handle in (("cuMemFree", driver.free, pointer), ("cuCtxDestroy", driver.destroy_context, context)):
+    undos: tuple[tuple[str, t.Callable[[t.Any], None], t.Any], ...] = (
+        ("cuMemFree", driver.free, pointer), ("cuCtxDestroy", driver.destroy_context, context))
+    for step, undo, handle in undos:
         if handle is None:
             continue
         try:
@@ -170,8 +175,8 @@ def test_gpu(driver, bus_id, mib, progress=lambda step: None, clock=time.monoton
     return result(error is None, str(error) if error else None, clock() - started, size // MIB)
 
 
-def result(ok, error=None, seconds=None, mib=None, skipped=None):
-    # type: (Optional[bool], Optional[str], Optional[float], Optional[int], Optional[str]) -> Dict[str, Any]
+def result(ok: bool | None, error: str | None = None, seconds: float | None = None, mib: int | None = None,
+           skipped: str | None = None) -> Record:
     """A GPU's `smoke_test` record. `ok` is None for a GPU not tested (then `skipped` says why)."""
     return {"ok": ok, "error": error, "seconds": None if seconds is None else round(seconds, 3), "mib": mib, "skipped": skipped}
 
@@ -179,7 +184,7 @@ def result(ok, error=None, seconds=None, mib=None, skipped=None):
 # --- the child process
 
 
-def _child(write_fd, bus_ids, mib, library, driver_factory):
+def _child(write_fd: int, bus_ids: list[str], mib: int, library: str, driver_factory: t.Callable[[str], t.Any]) -> t.NoReturn:
     """In the forked child: one JSON line per step started and per GPU done. Never returns."""
     code = 0
     try:
@@ -190,7 +195,7 @@ def _child(write_fd, bus_ids, mib, library, driver_factory):
         # session would hide some of them.
         os.environ.pop("CUDA_VISIBLE_DEVICES", None)
 
-        def send(record):
+        def send(record: dict[str, t.Any]) -> None:
             os.write(write_fd, (json.dumps(record) + "\n").encode())
 
         send({"step": "cuInit"})
@@ -207,14 +212,18 @@ def _child(write_fd, bus_ids, mib, library, driver_factory):
         send({"init_s": round(time.monotonic() - started, 3)})
         for bus_id in bus_ids:
             send({"bus": bus_id, "step": "start"})
-            record = test_gpu(driver, bus_id, mib, lambda step, bus_id=bus_id: send({"bus": bus_id, "step": step}))
+
+            def told(step: str, bus_id: str = bus_id) -> None:
+                send({"bus": bus_id, "step": step})
+
+            record = test_gpu(driver, bus_id, mib, told)
             send({"bus": bus_id, "result": record})
     except BaseException:  # pylint: disable=broad-except
         code = 70
     os._exit(code)
 
 
-def _reap(pid, timeout):
+def _reap(pid: int, timeout: float) -> str:
     """Wait at most `timeout` s for the child to end -> how it ended; past that SIGKILL its
     process group (its own: set on both sides of the fork) and give it 1 s more. A child stuck
     in the kernel (D state) is left to the init to reap."""
@@ -227,8 +236,8 @@ def _reap(pid, timeout):
             return "the test process ended"
         if done:
             if os.WIFSIGNALED(status):
-                return "the test process died of signal %d" % os.WTERMSIG(status)
-            return "the test process exited with status %d" % os.WEXITSTATUS(status)
+                return f"the test process died of signal {os.WTERMSIG(status):d}"
+            return f"the test process exited with status {os.WEXITSTATUS(status):d}"
         if time.monotonic() >= deadline:
             if killed:
                 return "the test process could not be reaped (stuck in the kernel?)"
@@ -240,23 +249,19 @@ def _reap(pid, timeout):
         time.sleep(0.005)
 
 
-def run_in_child(bus_ids, mib, timeout, library=LIBRARY, driver_factory=Driver):
-    # type: (List[str], int, float, str, Callable[[str], Any]) -> Tuple[Dict[str, Dict[str, Any]], Optional[float]]
-    """Test each GPU (bus ids, in order) in one forked child -> ({bus id: result}, init_s).
-
-    `timeout` bounds cuInit, and each GPU's test on its own. A GPU whose test outlasts it fails
-    naming the call that hung; the child is killed as a process group and the GPUs after it are
-    not reached (ok None, skipped says why)."""
+def _start_child(bus_ids: list[str], mib: int, library: str, driver_factory: t.Callable[[str], t.Any]) -> tuple[int, int] | str:
+    """Fork the test process, in a process group of its own -> (its pid, the pipe it writes to),
+    or why it could not be started."""
     try:
         read_fd, write_fd = os.pipe()
     except OSError as exc:
-        return {b: result(False, f"cannot start the test process: {exc}") for b in bus_ids}, None
+        return f"cannot start the test process: {exc}"
     try:
         pid = os.fork()
     except OSError as exc:
         os.close(read_fd)
         os.close(write_fd)
-        return {b: result(False, f"cannot start the test process: {exc}") for b in bus_ids}, None
+        return f"cannot start the test process: {exc}"
     if pid == 0:
         os.close(read_fd)
         try:
@@ -269,84 +274,128 @@ def run_in_child(bus_ids, mib, timeout, library=LIBRARY, driver_factory=Driver):
         os.setpgid(pid, pid)
     except OSError:  # the child did it first, or has already exited
         pass
-    results = {}
-    init_s = None
-    current, step = None, "cuInit"
+    return pid, read_fd
+
+
+class _Progress:
+    """What the child has said so far: each GPU's result, cuInit's time, the GPU and the call
+    under way, and how the conversation ended (None: it has not; "timeout", "eof", or why
+    cuInit failed)."""
+
+    def __init__(self) -> None:
+        self.results: dict[str, Record] = {}
+        self.init_s: float | None = None
+        self.current: str | None = None
+        self.step = "cuInit"
+        self.ended: str | None = None
+
+    def take(self, record: dict[str, t.Any]) -> bool:
+        """One line of the child's; True when a GPU's test began (it has a time bound of its own)."""
+        if "init_error" in record:
+            self.ended = record["init_error"]
+        elif "init_s" in record:
+            self.init_s = record["init_s"]
+        elif "result" in record:
+            self.results[record["bus"]] = record["result"]
+            self.current = None
+        elif record.get("step") == "start":
+            self.current, self.step = record["bus"], "cuDeviceGetByPCIBusId"
+            return True
+        else:
+            self.step = record["step"]
+        return False
+
+
+def _follow(read_fd: int, count: int, timeout: float) -> _Progress:
+    """Read the child's lines until `count` GPUs answered, the pipe closed, cuInit failed, or
+    cuInit or one GPU's test outlasted `timeout`."""
+    progress = _Progress()
     deadline = time.monotonic() + timeout
     buffered = b""
-    ended = None
+    while len(progress.results) < count and progress.ended is None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            progress.ended = "timeout"
+            break
+        ready, _w, _x = select.select([read_fd], [], [], remaining)
+        if not ready:
+            continue
+        chunk = os.read(read_fd, 65536)
+        if not chunk:
+            progress.ended = "eof"
+            break
+        buffered += chunk
+        while b"\n" in buffered:
+            line, buffered = buffered.split(b"\n", 1)
+            if progress.take(json.loads(line.decode())):
+                deadline = time.monotonic() + timeout
+    return progress
+
+
+def _failure(pid: int, progress: _Progress, timeout: float) -> str:
+    """End the child that did not answer for every GPU -> what every GPU not answered fails with."""
+    if progress.ended == "timeout":
+        _reap(pid, 0)
+        return f"timed out after {_seconds(timeout)} s in {progress.step} (a hung CUDA call is a failure); the test process was killed"
+    if progress.ended == "eof":
+        return f"{_reap(pid, timeout)} in {progress.step}"
+    # cuInit failed, or libcuda could not be loaded
+    _reap(pid, timeout)
+    return str(progress.ended)
+
+
+def run_in_child(bus_ids: list[str], mib: int, timeout: float, library: str = LIBRARY,
+                 driver_factory: t.Callable[[str], t.Any] = Driver) -> tuple[dict[str, Record], float | None]:
+    """Test each GPU (bus ids, in order) in one forked child -> ({bus id: result}, init_s).
+
+    `timeout` bounds cuInit, and each GPU's test on its own. A GPU whose test outlasts it fails
+    naming the call that hung; the child is killed as a process group and the GPUs after it are
+    not reached (ok None, skipped says why)."""
+    started = _start_child(bus_ids, mib, library, driver_factory)
+    if isinstance(started, str):
+        return {b: result(False, started) for b in bus_ids}, None
+    pid, read_fd = started
     try:
-        while len(results) < len(bus_ids) and ended is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                ended = "timeout"
-                break
-            ready, _w, _x = select.select([read_fd], [], [], remaining)
-            if not ready:
-                continue
-            chunk = os.read(read_fd, 65536)
-            if not chunk:
-                ended = "eof"
-                break
-            buffered += chunk
-            while b"\n" in buffered:
-                line, buffered = buffered.split(b"\n", 1)
-                record = json.loads(line.decode())
-                if "init_error" in record:
-                    ended = record["init_error"]
-                elif "init_s" in record:
-                    init_s = record["init_s"]
-                elif "result" in record:
-                    results[record["bus"]] = record["result"]
-                    current = None
-                elif record.get("step") == "start":
-                    current, step = record["bus"], "cuDeviceGetByPCIBusId"
-                    deadline = time.monotonic() + timeout
-                else:
-                    step = record["step"]
+        progress = _follow(read_fd, len(bus_ids), timeout)
     finally:
         os.close(read_fd)
-    if ended is None:  # every GPU answered
+    results = progress.results
+    if progress.ended is None:  # every GPU answered
         _reap(pid, timeout)
-        return results, init_s
-    if ended == "timeout":
-        _reap(pid, 0)
-        failure = f"timed out after {_seconds(timeout)} s in {step} (a hung CUDA call is a failure); the test process was killed"
-    elif ended == "eof":
-        failure = f"{_reap(pid, timeout)} in {step}"
-    else:  # cuInit failed, or libcuda could not be loaded
-        _reap(pid, timeout)
-        failure = ended
+        return results, progress.init_s
+    failure = _failure(pid, progress, timeout)
     # cuInit failed or hung: every GPU fails with it; else the GPU being tested fails and the
     # ones after it are not reached.
     for bus_id in bus_ids:
         if bus_id in results:
             continue
-        if current is None or bus_id == current:
-            results[bus_id] = result(False, failure, timeout if ended == "timeout" else None)
+        if progress.current is None or bus_id == progress.current:
+            results[bus_id] = result(False, failure, timeout if progress.ended == "timeout" else None)
         else:
             results[bus_id] = result(None, skipped=f"not reached: the test of an earlier GPU failed ({failure})")
-    return results, init_s
+    return results, progress.init_s
 
 
-def _seconds(value):
+def _seconds(value: float) -> str:
     return (f"{value:g}") if isinstance(value, float) else str(value)
 
 
 # --- which GPUs, and the verdict
 
 
-def users_of(index, holders):
+def users_of(index: int, holders: list[Holder]) -> list[Holder]:
     """Processes that use (or, undecided, may use) a GPU: protected ones too. NVML clients use none."""
     return [h for h in holders if index in set(h.get("gpu_indexes") or []) | set(h.get("candidate_gpu_indexes") or [])]
 
 
-def skip_reason(gpu, holders, check_mode, max_used_mib, footprint=()):
-    # type: (Dict[str, Any], List[Dict[str, Any]], bool, int, Any) -> Optional[str]
+CHECK_MODE_SKIP = "check mode: the smoke test runs CUDA work and runs only in a real run"
+
+
+def skip_reason(gpu: Gpu, holders: list[Holder], check_mode: bool, max_used_mib: int, footprint: t.Container[int] = ()) -> str | None:
     """Why a GPU must not be tested now, or None. `footprint`: indexes of GPUs that read only
     the cross-GPU footprint of contexts on other GPUs (free)."""
     if check_mode:
-        return "check mode: the smoke test runs CUDA work and runs only in a real run"
+        return CHECK_MODE_SKIP
     if gpu.get("mig_mode") == "Enabled":
         return ("MIG mode is enabled: the smoke test addresses whole GPUs, not MIG instances; "
                 "test the instances with a CUDA program of your own")
@@ -357,19 +406,17 @@ def skip_reason(gpu, holders, check_mode, max_used_mib, footprint=()):
         return "in use by {}".format(", ".join("PID {} ({})".format(h["pid"], h.get("name")) for h in users[:5]))
     used = gpu.get("memory_used_mib")
     if (used is None or used > max_used_mib) and gpu["index"] not in footprint:
-        return "not free: reads %s MiB (max_used_mib %d)" % (used, max_used_mib)
+        return f"not free: reads {used} MiB (max_used_mib {max_used_mib:d})"
     return None
 
 
-def issues(gpus):
-    # type: (List[Dict[str, Any]]) -> List[str]
+def issues(gpus: list[dict[str, t.Any]]) -> list[str]:
     """'GPU 0 (00000000:18:00.0): CUDA_ERROR_... (802) at cuCtxCreate: ...' for each failed GPU."""
     return ["GPU {} ({}): {}".format(g["index"], g.get("pci_bus_id"), g["smoke_test"]["error"])
             for g in gpus if (g.get("smoke_test") or {}).get("ok") is False]
 
 
-def verdict(gpus):
-    # type: (List[Dict[str, Any]]) -> Optional[bool]
+def verdict(gpus: list[dict[str, t.Any]]) -> bool | None:
     """Host-level: False when a GPU failed; True when every GPU asked for passed; None when none
     was tested or some were skipped (a skipped test is never reported as passed)."""
     records = [g["smoke_test"] for g in gpus if g.get("smoke_test")]
@@ -380,14 +427,15 @@ def verdict(gpus):
     return None
 
 
-def settle(tested, read_used, limits, window=SETTLE_S, interval=0.05, clock=time.monotonic, sleep=time.sleep):
+def settle(tested: dict[int, Record], read_used: t.Callable[[], dict[int, int | None]], limits: dict[int, int], window: float = SETTLE_S,
+           interval: float = 0.05, clock: t.Callable[[], float] = time.monotonic, sleep: t.Callable[[float], None] = time.sleep) -> None:
     """Poll memory until every tested GPU (index -> record) reads at most its limit (index ->
     MiB) again, at most `window` seconds; a GPU that does not fails its record.
     `read_used()` -> {index: MiB}."""
     deadline = clock() + window
     while True:
         used = read_used()
-        high = {i: used.get(i) for i in tested if used.get(i) is None or used[i] > limits[i]}
+        high = {i: used.get(i) for i in tested if _above(used.get(i), limits[i])}
         if not high or clock() >= deadline:
             break
         sleep(interval)
@@ -395,20 +443,28 @@ def settle(tested, read_used, limits, window=SETTLE_S, interval=0.05, clock=time
         record["memory_used_mib_after"] = used.get(index)
         if index in high and record["ok"] is not False:
             record["ok"] = False
-            record["error"] = "the GPU reads %s MiB %s s after the smoke test (at most %d expected): the driver did not free its memory" % (
-                used.get(index), _seconds(window), limits[index])
+            record["error"] = (f"the GPU reads {used.get(index)} MiB {_seconds(window)} s after the smoke test "
+                               f"(at most {limits[index]:d} expected): the driver did not free its memory")
 
 
-def smoke_test(gpus, holders, mib, timeout, max_used_mib, read_used, check_mode=False, selected=None, held_fails=False,
-               footprint=(), runner=run_in_child):
+def _above(used: int | None, limit: int) -> bool:
+    """A reading over its limit; no reading is never under it."""
+    return used is None or used > limit
+
+
+def smoke_test(gpus: list[Gpu], holders: list[Holder], mib: int, timeout: float, max_used_mib: int,
+               read_used: t.Callable[[], dict[int, int | None]], check_mode: bool = False, selected: t.Container[int] | None = None,
+               held_fails: bool = False, footprint: t.Container[int] = (),
+               runner: t.Callable[[list[str], int, float], tuple[dict[str, Record], float | None]] = run_in_child,
+               ) -> tuple[dict[int, Record], float | None]:
     """Run the test on the `selected` indexes of `gpus` (all when None) -> (records by index, init_s).
 
     `holders`: a fresh attribution of who uses which GPU. With `held_fails` (gpu_release: the
     GPUs were just proven free) a GPU found in use is a failure, else (gpu_facts) a skip. A GPU
     of `footprint` is free and must read no more than before afterwards; the others at most
     `max_used_mib`."""
-    records = {}
-    to_test = []
+    records: dict[int, Record] = {}
+    to_test: list[Gpu] = []
     for gpu in gpus:
         if selected is not None and gpu["index"] not in selected:
             continue
@@ -430,7 +486,7 @@ def smoke_test(gpus, holders, mib, timeout, max_used_mib, read_used, check_mode=
     return records, init_s
 
 
-def annotate(gpus, records):
+def annotate(gpus: t.Iterable[t.Mapping[str, t.Any]], records: t.Mapping[int, Record | None]) -> list[dict[str, t.Any]]:
     """GPU records with their `smoke_test` (None for a GPU not asked about)."""
     return [dict(g, smoke_test=records.get(g["index"])) for g in gpus]
 
@@ -438,7 +494,8 @@ def annotate(gpus, records):
 # --- the modules' entry points
 
 
-def summary(gpus, records=None, asked=True, seconds=None):
+def summary(gpus: t.Iterable[t.Mapping[str, t.Any]], records: t.Mapping[int, Record | None] | None = None, asked: bool = True,
+            seconds: float | None = None) -> dict[str, t.Any]:
     """The host-level keys: `smoke_test_passed` (see verdict; None when not asked),
     `smoke_test_issues`, and `smoke_test_s` (the whole test's time, None when nothing ran)."""
     if not asked:
@@ -448,13 +505,14 @@ def summary(gpus, records=None, asked=True, seconds=None):
     return {"smoke_test_passed": verdict(chosen), "smoke_test_issues": issues(chosen), "smoke_test_s": seconds}
 
 
-def _read_used(smi):
-    def read():
+def _read_used(smi: NvidiaSmi) -> t.Callable[[], dict[int, int | None]]:
+    def read() -> dict[int, int | None]:
         return {g["index"]: g.get("memory_used_mib") for g in smi.query_gpus()}
     return read
 
 
-def after_release(smi, params, result, check_mode, look):
+def after_release(smi: NvidiaSmi, params: t.Mapping[str, t.Any], result: dict[str, t.Any], check_mode: bool,
+                  look: t.Callable[[], Snapshot]) -> dict[str, t.Any]:
     """gpu_release: test the selected GPUs once they are proven free. `look()` is a fresh
     _facts.Snapshot: who holds what right before the test. Updates `result` in place."""
     if not params.get("smoke_test"):
@@ -462,8 +520,9 @@ def after_release(smi, params, result, check_mode, look):
         return result
     selected = result.get("selected_gpus") or []
     started = time.monotonic()
+    records: dict[int, Record]
     if check_mode:
-        records = {i: result_skipped(skip_reason({}, [], True, 0)) for i in selected}
+        records = {i: result_skipped(CHECK_MODE_SKIP) for i in selected}
     elif not result.get("released"):
         records = {i: result_skipped("not released: the smoke test runs only on GPUs proven free") for i in selected}
     else:
@@ -480,13 +539,14 @@ def after_release(smi, params, result, check_mode, look):
     return result
 
 
-def for_facts(smi, params, facts, snapshot, check_mode):
+def for_facts(smi: NvidiaSmi, params: t.Mapping[str, t.Any], facts: dict[str, t.Any], snapshot: Snapshot, check_mode: bool) -> dict[str, t.Any]:
     """gpu_facts: test the GPUs that are free now (read-only otherwise: a GPU in use, or any
     GPU in check mode, is skipped with the reason). Updates `facts` in place."""
     if not params.get("smoke_test") or facts.get("error"):
         facts.update(summary(facts.get("gpus") or [], asked=False))
         return facts
     started = time.monotonic()
+    records: dict[int, Record]
     if not params.get("processes", True):
         records = {g["index"]: result_skipped("holders not read (processes: false): the smoke test needs to know the GPU is free")
                    for g in facts["gpus"]}
@@ -500,5 +560,5 @@ def for_facts(smi, params, facts, snapshot, check_mode):
     return facts
 
 
-def result_skipped(reason):
+def result_skipped(reason: str) -> Record:
     return result(None, skipped=reason)

@@ -15,17 +15,19 @@ version on an NVSwitch node, and, when asked, `dcgmi diag`.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import time
+import typing as t
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
 from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import GPU_FIELDS, HEALTH_FIELDS, kill_group, normalize_bus_id
 
-try:
-    from typing import Any, Dict, List, Optional, Tuple  # noqa: F401 (type comments)
-except ImportError:  # pragma: no cover
-    pass
+if t.TYPE_CHECKING:
+    from ansible_collections.zeromib.gpu.plugins.module_utils._records import Gpu
+
+    # {bus key: [{xid, time, message, action}]}: the Xids of the kernel log by the GPU they name.
+    XidsByBus = t.Dict[t.Optional[str], t.List[t.Dict[str, t.Any]]]
 
 # NVIDIA's Xid catalog: Xid -> (immediate action, description). Source: "Analyzing Xid Errors with
 # the Xid Catalog" (https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, the
@@ -170,9 +172,9 @@ NO_JOURNAL = "No journal files were found"
 class Checks:
     """What a healthy GPU must read. 0/None thresholds mean: the GPU's own max / no check."""
 
-    def __init__(self, min_pcie_gen=0, min_pcie_width=0, require_persistence=True, expected_mig_mode=None, xid_window_hours=24.0,
-                 xid_ignore=(), xid_fatal=()):
-        # type: (int, int, bool, Optional[str], float, Any, Any) -> None
+    def __init__(self, min_pcie_gen: int = 0, min_pcie_width: int = 0, require_persistence: bool = True,
+                 expected_mig_mode: str | None = None, xid_window_hours: float = 24.0, xid_ignore: t.Iterable[int] | None = (),
+                 xid_fatal: t.Iterable[int] | None = ()) -> None:
         self.min_pcie_gen = min_pcie_gen or 0
         self.min_pcie_width = min_pcie_width or 0
         self.require_persistence = require_persistence
@@ -183,8 +185,7 @@ class Checks:
         self.xid_fatal = frozenset(int(x) for x in xid_fatal or ())
 
     @classmethod
-    def from_params(cls, params):
-        # type: (Dict[str, Any]) -> Optional[Checks]
+    def from_params(cls, params: t.Mapping[str, t.Any]) -> Checks | None:
         """The modules' options -> Checks; None when `health` is off (or absent)."""
         if not params.get("health"):
             return None
@@ -198,8 +199,7 @@ class Checks:
             params.get("xid_fatal") or (),
         )
 
-    def xid_fault(self, number, recovery_action=None):
-        # type: (int, Optional[str]) -> bool
+    def xid_fault(self, number: int, recovery_action: str | None = None) -> bool:
         """Whether Xid `number` is a fault of the GPU (the catalog's action, then the overrides)."""
         if number in self.xid_fatal:
             return True
@@ -212,8 +212,7 @@ class Checks:
         return action is not None and action not in NOT_GPU_FAULTS
 
 
-def _yes(value):
-    # type: (Any) -> Optional[bool]
+def _yes(value: t.Any) -> bool | None:
     """nvidia-smi's Yes/No and Active/Not Active -> bool; None for [N/A] and the like."""
     if value is None:
         return None
@@ -225,26 +224,25 @@ def _yes(value):
     return None
 
 
-def _plural(count, word):
-    # type: (int, str) -> str
-    return "%d %s%s" % (count, word, "" if count == 1 else "s")
+def _plural(count: int, word: str) -> str:
+    return "{:d} {}{}".format(count, word, "" if count == 1 else "s")
 
 
-def age_text(seconds):
-    # type: (float) -> str
-    """Seconds -> '45 s ago', '12 min ago', '2 h ago', '3 days ago'."""
+def human_age(seconds: float) -> str:
+    """How long ago, in the unit a person would say: seconds -> '45 s ago' (under 90 s),
+    '12 min ago' (under 90 min), '2 h ago' (under 48 h), '3 days ago'; a negative age reads 0 s.
+    The words of the Xid sentences of `health_issues` (a dmesg Xid's time)."""
     seconds = max(0.0, seconds)
     if seconds < 90:
-        return "%d s ago" % round(seconds)
+        return f"{round(seconds):d} s ago"
     if seconds < 90 * 60:
-        return "%d min ago" % round(seconds / 60)
+        return f"{round(seconds / 60):d} min ago"
     if seconds < 48 * 3600:
-        return "%d h ago" % round(seconds / 3600)
-    return "%d days ago" % round(seconds / 86400)
+        return f"{round(seconds / 3600):d} h ago"
+    return f"{round(seconds / 86400):d} days ago"
 
 
-def readings(gpu):
-    # type: (Dict[str, Any]) -> Dict[str, Any]
+def readings(gpu: Gpu) -> dict[str, t.Any]:
     """The health readings of one --query-gpu record, typed ([N/A] stays None)."""
     return {
         "ecc_uncorrected_volatile": gpu.get("ecc_uncorrected_volatile"),
@@ -264,22 +262,19 @@ def readings(gpu):
     }
 
 
-def fault_tokens(gpu):
-    # type: (Dict[str, Any]) -> Dict[str, str]
+def fault_tokens(gpu: Gpu) -> dict[str, str]:
     """{record key: token} of the health readings that read [GPU requires reset] or the like."""
     unavailable = gpu.get("_unavailable") or {}
     return dict((key, token) for key, token in unavailable.items() if key in _CHECKED_KEYS and token in FAULT_TOKENS)
 
 
-def has_fabric(gpu):
-    # type: (Dict[str, Any]) -> bool
+def has_fabric(gpu: Gpu) -> bool:
     """A GPU registered (or to be registered) with an NVSwitch fabric; N/A is no fabric."""
     state = gpu.get("fabric_state")
     return state is not None and str(state).strip().lower() not in ("not supported", "n/a")
 
 
-def _fabric_issues(gpu):
-    # type: (Dict[str, Any]) -> List[str]
+def _fabric_issues(gpu: Gpu) -> list[str]:
     if not has_fabric(gpu):
         return []
     state, status = str(gpu["fabric_state"]).strip(), gpu.get("fabric_status")
@@ -291,12 +286,22 @@ def _fabric_issues(gpu):
     return []
 
 
-def gpu_issues(gpu, checks, xids=(), host_issues=()):
-    # type: (Dict[str, Any], Checks, Any, Any) -> List[str]
+def gpu_issues(gpu: Gpu, checks: Checks, xids: t.Iterable[dict[str, t.Any]] = (), host_issues: t.Iterable[str] = ()) -> list[str]:
     """Plain sentences, one per problem, for one GPU record ([N/A] is never a problem; a field
     that reads [GPU requires reset] or [Unknown Error] is). `host_issues`: the node's (Fabric
     Manager), added to a GPU on the fabric."""
     r = readings(gpu)
+    issues = _hardware_issues(gpu, r, checks) + _mode_issues(gpu, r, checks)
+    issues.extend(_fabric_issues(gpu))
+    if has_fabric(gpu):
+        issues.extend(host_issues)
+    issues.extend(xid_issues(xids, checks, r["recovery_action"]))
+    return issues
+
+
+def _hardware_issues(gpu: Gpu, r: dict[str, t.Any], checks: Checks) -> list[str]:
+    """Faults of the GPU itself: fault tokens, ECC, row remapping, page retirement, the PCIe
+    link, lowered clocks (`r`: its readings())."""
     issues = []
     for key, token in sorted(fault_tokens(gpu).items()):
         advice = ": reset the GPU (or reboot)" if token == "[GPU requires reset]" else ""
@@ -313,16 +318,23 @@ def gpu_issues(gpu, checks, xids=(), host_issues=()):
     width, width_max = r["pcie_link_width_current"], r["pcie_link_width_max"]
     want_width = checks.min_pcie_width or width_max
     if width is not None and want_width and width < want_width:
-        issues.append("PCIe link runs at x%d, expected x%d" % (width, want_width))
+        issues.append(f"PCIe link runs at x{width:d}, expected x{want_width:d}")
     # An idle GPU in a power-saving P-state trains its link down (an RTX 4080 at P8 reads Gen1
     # of 4); data-center GPUs idle at P0 at their max (H200, H100, L40S captures): compare the
     # generation only at P0.
     gen, gen_max = r["pcie_link_gen_current"], r["pcie_link_gen_max"]
     want_gen = checks.min_pcie_gen or gen_max
     if gen is not None and want_gen and gen < want_gen and (r["pstate"] or "").upper() == "P0":
-        issues.append("PCIe link runs at Gen%d, expected Gen%d" % (gen, want_gen))
+        issues.append(f"PCIe link runs at Gen{gen:d}, expected Gen{want_gen:d}")
     for text in r["slowdown"]:
         issues.append(f"clocks lowered by {text}")
+    return issues
+
+
+def _mode_issues(gpu: Gpu, r: dict[str, t.Any], checks: Checks) -> list[str]:
+    """Settings the GPU must have: persistence mode, the MIG mode (and none pending), no
+    recovery action asked for."""
+    issues = []
     persistence = _yes(gpu.get("persistence_mode"))
     if checks.require_persistence and persistence is False:
         issues.append("persistence mode is off")
@@ -338,17 +350,12 @@ def gpu_issues(gpu, checks, xids=(), host_issues=()):
     action = r["recovery_action"]
     if action is not None and str(action).strip().lower() != "none":
         issues.append(f"the driver asks for a recovery action: {action} (gpu_recovery_action; NVML: None means no action needed)")
-    issues.extend(_fabric_issues(gpu))
-    if has_fabric(gpu):
-        issues.extend(host_issues)
-    issues.extend(xid_issues(xids, checks, action))
     return issues
 
 
-def xid_issues(xids, checks, recovery_action=None):
-    # type: (Any, Checks, Optional[str]) -> List[str]
+def xid_issues(xids: t.Iterable[dict[str, t.Any]], checks: Checks, recovery_action: str | None = None) -> list[str]:
     """One sentence per Xid number that is a fault (NVIDIA's catalog, then xid_ignore/xid_fatal)."""
-    faults = {}  # type: Dict[int, List[Dict[str, Any]]]
+    faults: dict[int, list[dict[str, t.Any]]] = {}
     for xid in xids:
         if checks.xid_fault(xid["xid"], recovery_action):
             faults.setdefault(xid["xid"], []).append(xid)
@@ -357,28 +364,26 @@ def xid_issues(xids, checks, recovery_action=None):
         seen = faults[number]
         action, text = XID_CATALOG.get(number, (None, "in xid_fatal"))
         when = seen[-1].get("time")
-        issues.append("Xid %d (%s) in the kernel log %s%s%s" % (
+        issues.append("Xid {:d} ({}) in the kernel log {}{}{}".format(
             number, text, ("at " + when if _ISO_TIME.match(when or "") else when) if when else "recently",
-            "" if len(seen) == 1 else " (%d times)" % len(seen),
+            "" if len(seen) == 1 else f" ({len(seen):d} times)",
             f"; NVIDIA's Xid catalog: {action} ({ACTION_WORDS.get(action, action)})" if action else "; listed in xid_fatal"))
     return issues
 
 
-def _missing(gpu, keys):
-    # type: (Dict[str, Any], Any) -> List[str]
+def _missing(gpu: Gpu, keys: t.Iterable[str]) -> list[str]:
     """The keys that read no value (rejected by the driver or a bracketed token), a fault token aside."""
     faulty = fault_tokens(gpu)
     return [key for key in keys if gpu.get(key) is None and key not in faulty]
 
 
-def _rejected_fields(gpu, keys):
-    # type: (Dict[str, Any], Any) -> List[str]
+def _rejected_fields(gpu: Gpu, keys: t.Iterable[str]) -> list[str]:
     rejected = set(gpu.get("_rejected") or ())
     return [FIELD_OF[key] for key in keys if FIELD_OF.get(key) in rejected]
 
 
-def unchecked_checks(gpu, checks, kernel_log_error=None, fabric_manager_error=None):
-    # type: (Dict[str, Any], Checks, Optional[str], Optional[str]) -> List[Tuple[str, str]]
+def unchecked_checks(gpu: Gpu, checks: Checks, kernel_log_error: str | None = None,
+                     fabric_manager_error: str | None = None) -> list[tuple[str, str]]:
     """[(check, why)] of the checks that could not run on this GPU, in CHECKS order.
 
     A check whose reading is [N/A] on every GPU of its kind is still unchecked (ECC off, no
@@ -388,7 +393,7 @@ def unchecked_checks(gpu, checks, kernel_log_error=None, fabric_manager_error=No
     found = []
     keys = dict(CHECK_KEYS)
 
-    def why(check_keys):
+    def why(check_keys: t.Iterable[str]) -> str:
         rejected = _rejected_fields(gpu, check_keys)
         if rejected:
             return "the driver does not know {}".format(", ".join(rejected))
@@ -421,8 +426,7 @@ def unchecked_checks(gpu, checks, kernel_log_error=None, fabric_manager_error=No
     return sorted(found, key=lambda item: order[item[0]])
 
 
-def bus_key(bus_id):
-    # type: (Optional[str]) -> Optional[str]
+def bus_key(bus_id: str | None) -> str | None:
     """Domain:bus:device of a PCI address, the part Xid lines carry ('0000:18:00')."""
     if not bus_id:
         return None
@@ -430,8 +434,7 @@ def bus_key(bus_id):
     return normalized.rsplit(".", 1)[0] if normalized else None
 
 
-def split_at_driver_load(lines):
-    # type: (Any) -> Tuple[List[str], List[str], Optional[str]]
+def split_at_driver_load(lines: t.Iterable[str]) -> tuple[list[str], list[str], str | None]:
     """Kernel log lines in time order -> (lines since the last driver load, lines before it, that
     load's line). Without a load line in the window the driver loaded before it: all count."""
     lines = list(lines)
@@ -444,13 +447,12 @@ def split_at_driver_load(lines):
     return lines[last + 1:], lines[:last], lines[last].strip()
 
 
-def parse_xids(lines, uptime_s=None, window_s=None):
-    # type: (Any, Optional[float], Optional[float]) -> Dict[str, List[Dict[str, Any]]]
+def parse_xids(lines: t.Iterable[str], uptime_s: float | None = None, window_s: float | None = None) -> XidsByBus:
     """Kernel log lines (journalctl short-iso or dmesg) -> {bus key: [{xid, time, message, action}]}.
 
     dmesg lines carry seconds since boot: with `uptime_s` and `window_s` the older ones are
     dropped (journalctl is asked for the window itself)."""
-    found = {}  # type: Dict[str, List[Dict[str, Any]]]
+    found: XidsByBus = {}
     for line in lines:
         match = _XID.search(line)
         if not match:
@@ -461,7 +463,7 @@ def parse_xids(lines, uptime_s=None, window_s=None):
             since_boot = float(stamp.group(1))
             if uptime_s is not None and window_s and uptime_s - since_boot > window_s:
                 continue
-            when = age_text(uptime_s - since_boot) if uptime_s is not None else f"{stamp.group(1)} s after boot"
+            when = human_age(uptime_s - since_boot) if uptime_s is not None else f"{stamp.group(1)} s after boot"
         else:
             iso = _ISO_TIME.match(line)
             when = iso.group(1) if iso else None
@@ -475,26 +477,23 @@ def parse_xids(lines, uptime_s=None, window_s=None):
     return found
 
 
-def xids_of(gpu, xids_by_bus):
-    # type: (Dict[str, Any], Dict[str, List[Dict[str, Any]]]) -> List[Dict[str, Any]]
+def xids_of(gpu: Gpu, xids_by_bus: XidsByBus) -> list[dict[str, t.Any]]:
     return list(xids_by_bus.get(bus_key(gpu.get("pci_bus_id")), []))
 
 
-def which(name, search_path=None):
-    # type: (str, Optional[str]) -> Optional[str]
-    """A program on PATH or in the system directories (where root's tools live), or None."""
-    path = search_path if search_path is not None else os.environ.get("PATH", "")
-    for directory in [d for d in path.split(os.pathsep) if d] + ["/usr/bin", "/bin", "/usr/sbin", "/sbin"]:
-        candidate = os.path.join(directory, name)
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    return None
+# Where the kernel log's readers, systemctl and nv-fabricmanager are looked for after PATH: the
+# system's own directories, not the NVIDIA driver container's (its tools are not the host's).
+TOOL_DIRS = ("/usr/bin", "/bin", "/usr/sbin", "/sbin")
 
 
-def _spawn(argv, stderr=subprocess.PIPE):
-    # type: (List[str], Any) -> Any
-    env = dict(os.environ, LC_ALL="C", LANG="C", SYSTEMD_PAGER="", SYSTEMD_COLORS="0")
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, env=env, start_new_session=True)
+def which(name: str, search_path: str | None = None) -> str | None:
+    """A program on PATH (or `search_path`), else in TOOL_DIRS, or None."""
+    return _commands.which(name, dirs=TOOL_DIRS, search_path=search_path)
+
+
+def _spawn(argv: list[str], stderr: int = subprocess.PIPE) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, env=_commands.systemd_env(),
+                            start_new_session=True)
 
 
 class KernelLog:
@@ -504,31 +503,29 @@ class KernelLog:
     journalctl that has no journal ("No journal files were found." with rc 0, or an answer with
     no line at all while dmesg has some) is passed over for dmesg; `fallback` says why."""
 
-    def __init__(self, window_hours, timeout=KERNEL_LOG_TIMEOUT_S, max_bytes=KERNEL_LOG_MAX_BYTES, search_path=None):
-        # type: (float, float, int, Optional[str]) -> None
+    def __init__(self, window_hours: float, timeout: float = KERNEL_LOG_TIMEOUT_S, max_bytes: int = KERNEL_LOG_MAX_BYTES,
+                 search_path: str | None = None) -> None:
         self.window_hours = window_hours
         self.timeout = timeout
         self.max_bytes = max_bytes
         self.search_path = search_path
-        self.source = None  # type: Optional[str]
-        self.error = None  # type: Optional[str]
-        self.fallback = None  # type: Optional[str]
-        self.driver_loaded = None  # type: Optional[str]
+        self.source: str | None = None
+        self.error: str | None = None
+        self.fallback: str | None = None
+        self.driver_loaded: str | None = None
         self.elapsed_s = 0.0
-        self._started = None  # type: Any
-        self._queue = []  # type: List[Tuple[str, List[str]]]
+        self._started: tuple[str, subprocess.Popen[bytes]] | None = None
+        self._queue: list[tuple[str, list[str]]] = []
         self._began = time.monotonic()
 
-    def _which(self, name):
-        # type: (str) -> Optional[str]
+    def _which(self, name: str) -> str | None:
         return which(name, self.search_path)
 
-    def _commands(self):
-        # type: () -> List[Tuple[str, List[str]]]
+    def _commands(self) -> list[tuple[str, list[str]]]:
         commands = []
         journalctl = self._which("journalctl")
         if journalctl:
-            commands.append(("journalctl", [journalctl, "-k", "--since", "-%dmin" % max(1, int(self.window_hours * 60)),
+            commands.append(("journalctl", [journalctl, "-k", "--since", f"-{max(1, int(self.window_hours * 60)):d}min",
                                             "-o", "short-iso", "-q", "--no-pager"]))
         dmesg = self._which("dmesg")
         if dmesg:
@@ -536,20 +533,17 @@ class KernelLog:
         return commands
 
     @staticmethod
-    def _spawn(argv):
-        # type: (List[str]) -> Any
+    def _spawn(argv: list[str]) -> subprocess.Popen[bytes]:
         return _spawn(argv)
 
-    def start(self):
-        # type: () -> None
+    def start(self) -> None:
         if not self.window_hours:
             return
         self._began = time.monotonic()
         self._queue = self._commands()
         self._next()
 
-    def _next(self):
-        # type: () -> None
+    def _next(self) -> None:
         self._started = None
         while self._queue:
             source, argv = self._queue.pop(0)
@@ -559,24 +553,22 @@ class KernelLog:
             except OSError as exc:
                 self.error = f"{source}: {exc}"
 
-    def abandon(self):
-        # type: () -> None
+    def abandon(self) -> None:
         """nvidia-smi failed: the Xids are not wanted, do not leave the reader behind."""
         if self._started is not None:
             kill_group(self._started[1])
             self._started = None
         self._queue = []
 
-    def lines(self):
-        # type: () -> List[str]
+    def lines(self) -> list[str]:
         """The kernel log lines that mention an Xid or a driver load; [] (with .error set) when
         none was readable."""
         if not self.window_hours:
             return []
         if not self._queue and self._started is None and self.error is None:
             self.error = "neither journalctl nor dmesg found"
-        found = []  # type: List[str]
-        kept = None  # type: Optional[Tuple[bool, List[str]]]
+        found: list[str] = []
+        kept: tuple[bool, list[str]] | None = None
         while self._started is not None:
             source, process = self._started
             deadline = self._began + self.timeout
@@ -614,8 +606,7 @@ class KernelLog:
         self.elapsed_s = round(time.monotonic() - self._began, 3)
         return found
 
-    def xids(self):
-        # type: () -> Tuple[Dict[str, List[Dict[str, Any]]], Dict[str, List[Dict[str, Any]]]]
+    def xids(self) -> tuple[XidsByBus, XidsByBus]:
         """({bus: Xids since the driver loaded}, {bus: Xids before it}): only the first count."""
         after, before, loaded = split_at_driver_load(self.lines())
         self.driver_loaded = loaded
@@ -626,8 +617,7 @@ class KernelLog:
         return parse_xids(after), parse_xids(before)
 
 
-def uptime(path="/proc/uptime"):
-    # type: (str) -> Optional[float]
+def uptime(path: str = "/proc/uptime") -> float | None:
     try:
         with open(path) as handle:
             return float(handle.read().split()[0])
@@ -638,15 +628,13 @@ def uptime(path="/proc/uptime"):
 _FM_VERSION = re.compile(r"Fabric Manager version is\s*:?\s*(?P<version>\d[\w.-]*)")
 
 
-def parse_fabric_manager_version(text):
-    # type: (str) -> Optional[str]
+def parse_fabric_manager_version(text: str) -> str | None:
     """`nv-fabricmanager --version` ('Fabric Manager version is : 580.159.04') -> '580.159.04'."""
     match = _FM_VERSION.search(text or "")
     return match.group("version") if match else None
 
 
-def _run_bounded(argv, timeout):
-    # type: (List[str], float) -> Tuple[Optional[int], str]
+def _run_bounded(argv: list[str], timeout: float) -> tuple[int | None, str]:
     """(rc, stdout + stderr) of a short command; rc None when it ran past `timeout` (killed)."""
     process = _spawn(argv, stderr=subprocess.STDOUT)
     try:
@@ -657,11 +645,10 @@ def _run_bounded(argv, timeout):
     return process.returncode, out.decode("utf-8", "replace")
 
 
-def read_fabric_manager(timeout=FABRIC_MANAGER_TIMEOUT_S, search_path=None):
-    # type: (float, Optional[str]) -> Dict[str, Any]
+def read_fabric_manager(timeout: float = FABRIC_MANAGER_TIMEOUT_S, search_path: str | None = None) -> dict[str, t.Any]:
     """On an NVSwitch node: {state (systemctl is-active nvidia-fabricmanager), version
     (nv-fabricmanager --version), error (what could not be asked)}. Read-only, bounded."""
-    record = {"state": None, "version": None, "installed": False, "error": None}  # type: Dict[str, Any]
+    record: dict[str, t.Any] = {"state": None, "version": None, "installed": False, "error": None}
     systemctl = which("systemctl", search_path)
     if not systemctl:
         record["error"] = "systemctl not found"
@@ -690,8 +677,7 @@ def read_fabric_manager(timeout=FABRIC_MANAGER_TIMEOUT_S, search_path=None):
     return record
 
 
-def fabric_manager_issues(fabric_manager, driver_version):
-    # type: (Optional[Dict[str, Any]], Optional[str]) -> List[str]
+def fabric_manager_issues(fabric_manager: dict[str, t.Any] | None, driver_version: str | None) -> list[str]:
     """What is wrong with Fabric Manager on an NVSwitch node (empty: nothing, or not readable)."""
     if not fabric_manager:
         return []
@@ -716,9 +702,9 @@ class Health:
     """One look's health context: the checks, the Xids read, the fields the driver rejected,
     Fabric Manager where the GPUs sit on an NVSwitch fabric."""
 
-    def __init__(self, checks, xids_by_bus=None, rejected=(), kernel_log=None, history_by_bus=None, fabric_manager=None,
-                 driver_version=None):
-        # type: (Checks, Optional[Dict[str, List[Dict[str, Any]]]], Any, Optional[KernelLog], Any, Any, Optional[str]) -> None
+    def __init__(self, checks: Checks, xids_by_bus: XidsByBus | None = None, rejected: t.Iterable[str] = (),
+                 kernel_log: KernelLog | None = None, history_by_bus: XidsByBus | None = None, fabric_manager: dict[str, t.Any] | None = None,
+                 driver_version: str | None = None) -> None:
         self.checks = checks
         self.xids_by_bus = xids_by_bus or {}
         self.history_by_bus = history_by_bus or {}
@@ -727,14 +713,13 @@ class Health:
         self.fabric_manager = fabric_manager
         self.host_issues = fabric_manager_issues(fabric_manager, driver_version)
 
-    def annotate(self, gpus):
-        # type: (List[Dict[str, Any]]) -> List[Dict[str, Any]]
+    def annotate(self, gpus: list[Gpu]) -> list[Gpu]:
         """Copies of the records with healthy, health_issues, health_checked, health_unchecked and health."""
         error = self.kernel_log.error if self.kernel_log is not None else None
         fm_error = (self.fabric_manager or {}).get("error")
         result = []
         for gpu in gpus:
-            record = dict(gpu)
+            record = gpu.copy()
             record["_rejected"] = sorted(set(self.rejected) | set(gpu.get("_rejected") or ()))
             xids = xids_of(gpu, self.xids_by_bus)
             record["health_issues"] = gpu_issues(record, self.checks, xids, self.host_issues)
@@ -751,22 +736,20 @@ class Health:
         return result
 
     @staticmethod
-    def carry(gpus, looked):
-        # type: (List[Dict[str, Any]], List[Dict[str, Any]]) -> List[Dict[str, Any]]
+    def carry(gpus: list[Gpu], looked: list[Gpu]) -> list[Gpu]:
         """Later memory readings of the same GPUs (gpu_release's polls ask no health field)
         keep the look's verdict, matched by UUID."""
         by_uuid = dict((gpu.get("uuid"), gpu) for gpu in looked)
         result = []
         for gpu in gpus:
-            record = dict(gpu)
-            before = by_uuid.get(gpu.get("uuid"), {})
+            record = t.cast("dict[str, t.Any]", dict(gpu))
+            before = t.cast("dict[str, t.Any]", by_uuid.get(gpu.get("uuid"), {}))
             for key in HEALTH_KEYS:
                 record[key] = before.get(key)
-            result.append(record)
+            result.append(t.cast("Gpu", record))
         return result
 
-    def host_record(self, dcgm=None):
-        # type: (Optional[Dict[str, Any]]) -> Dict[str, Any]
+    def host_record(self, dcgm: dict[str, t.Any] | None = None) -> dict[str, t.Any]:
         log = self.kernel_log
         return {
             "kernel_log": {
@@ -782,8 +765,7 @@ class Health:
         }
 
 
-def host_verdict(gpus, dcgm=None, host_issues=()):
-    # type: (List[Dict[str, Any]], Optional[Dict[str, Any]], Any) -> Tuple[bool, List[str]]
+def host_verdict(gpus: list[Gpu], dcgm: dict[str, t.Any] | None = None, host_issues: t.Iterable[str] = ()) -> tuple[bool, list[str]]:
     """(healthy, issues) of a host: every GPU's issues as 'GPU i (bus): issue', the node's own
     (Fabric Manager, once, not per GPU), and DCGM's."""
     issues = []
@@ -803,8 +785,7 @@ def host_verdict(gpus, dcgm=None, host_issues=()):
 _DCGM_FAIL = re.compile(r"^\|\s*(?P<test>[^|]*?)\s*\|\s*Fail\b(?P<rest>.*)$", re.IGNORECASE)
 
 
-def parse_dcgm_diag(rc, text):
-    # type: (int, str) -> Tuple[bool, str]
+def parse_dcgm_diag(rc: int, text: str) -> tuple[bool, str]:
     """`dcgmi diag -r N` output -> (passed, one-line summary). A Fail row or a non-zero rc fails."""
     failed = []
     for line in text.splitlines():
@@ -819,13 +800,12 @@ def parse_dcgm_diag(rc, text):
     return True, "passed"
 
 
-def dcgm_diag(level, which, run_timeout=None):
-    # type: (int, Any, Optional[float]) -> Optional[Dict[str, Any]]
+def dcgm_diag(level: int, which: t.Callable[[str], str | None], run_timeout: float | None = None) -> dict[str, t.Any] | None:
     """Run `dcgmi diag -r LEVEL` when dcgmi is installed. `which(name)` finds a binary or None.
     None when level is 0; {"ran": False, "summary": "dcgmi not installed"} without DCGM."""
     if not level:
         return None
-    record = {"level": level, "ran": False, "passed": None, "summary": None, "elapsed_s": 0.0}
+    record: dict[str, t.Any] = {"level": level, "ran": False, "passed": None, "summary": None, "elapsed_s": 0.0}
     path = which("dcgmi")
     if not path:
         record["summary"] = "dcgmi not installed"
@@ -834,7 +814,7 @@ def dcgm_diag(level, which, run_timeout=None):
     began = time.monotonic()
     try:
         process = subprocess.Popen([path, "diag", "-r", str(level)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, start_new_session=True, env=dict(os.environ, LC_ALL="C", LANG="C"))
+                                   stderr=subprocess.STDOUT, start_new_session=True, env=_commands.c_locale_env())
         stdout, _stderr = process.communicate(timeout=timeout)
     except OSError as exc:
         record["summary"] = f"cannot run dcgmi: {exc}"

@@ -19,6 +19,17 @@ import re
 import signal
 import subprocess
 import time
+import typing as t
+
+from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
+
+if t.TYPE_CHECKING:
+    from ansible_collections.zeromib.gpu.plugins.module_utils._records import ComputeApp, Gpu
+
+    # (nvidia-smi field, record key, kind: "int", "float", "str" or "raw")
+    Field = t.Tuple[str, str, str]
+    # A call under way: (its command line, the process, when it started)
+    Started = t.Tuple[t.List[str], "subprocess.Popen[bytes]", float]
 
 # Health readings, asked in the same --query-gpu call as GPU_FIELDS by a look that checks
 # health (they cost nothing measurable there; docs/health.md), not by gpu_release's memory
@@ -72,13 +83,6 @@ GPU_FIELDS = (
     ("mig.mode.current", "mig_mode", "str"),
 )
 
-# The verify loop of gpu_release polls only what decides the verdict.
-MEMORY_FIELDS = (
-    ("index", "index", "int"),
-    ("uuid", "uuid", "str"),
-    ("memory.used", "memory_used_mib", "int"),
-)
-
 # No process_name: nvidia-smi prints a process's name as the process set it (argv[0], comm),
 # commas and line feeds included, so a name could add a row that "lists" another user's PID on
 # any GPU (docs/security.md). Without it every cell is the driver's: a number or a UUID, and a
@@ -107,29 +111,13 @@ HEADER_ALIASES = {
     "clocks.mem": ("clocks.current.memory",),
 }
 
-# Values nvidia-smi prints instead of a number or a string when it has none. Every bracketed
-# token is treated alike (there are more than these), but these are the ones seen in the field.
-NOT_AVAILABLE_TOKENS = (
-    "[N/A]",
-    "[Not Supported]",
-    "[Unknown Error]",
-    "[Insufficient Permissions]",
-    "[Requested functionality has been deprecated]",
-    "[GPU requires reset]",
-    "[GPU is lost]",
-)
-
-# Names nvidia-smi gives a compute app whose process it cannot see (dead owner, other PID
-# namespace). docs/design.md: "[Not Found]" right after a kill, "[No data]" 0.5 s later.
-UNKNOWN_PROCESS_NAMES = ("[Not Found]", "[No data]", "")
-
 _UNIT_SUFFIX = re.compile(r"\s+(?:MiB|MB|%|W|MHz|C)$")
 _HEADER_UNIT = re.compile(r"\s*\[[^\]]*\]$")
 _TOKEN = re.compile(r"^\[[^\]]*\]$")
 _BAD_FIELD = re.compile(r'Field "([^"]+)" is not a valid field to query')
 
 
-def kill_group(process):
+def kill_group(process: subprocess.Popen[bytes]) -> None:
     """SIGKILL a command started in a session of its own and everything it forked; wait for it
     at most 1 s and close its pipes."""
     try:
@@ -142,6 +130,8 @@ def kill_group(process):
     except subprocess.TimeoutExpired:
         pass
     for stream in (process.stdout, process.stderr):
+        if stream is None:  # not piped
+            continue
         try:
             stream.close()
         except (OSError, AttributeError):
@@ -151,7 +141,7 @@ def kill_group(process):
 class NvidiaSmiError(Exception):
     """nvidia-smi did not give a usable answer. Carries what it printed."""
 
-    def __init__(self, msg, cmd=None, rc=None, stdout="", stderr=""):
+    def __init__(self, msg: str, cmd: list[str] | None = None, rc: int | None = None, stdout: str = "", stderr: str = "") -> None:
         super().__init__(msg)
         self.msg = msg
         self.cmd = cmd
@@ -159,7 +149,7 @@ class NvidiaSmiError(Exception):
         self.stdout = stdout
         self.stderr = stderr
 
-    def details(self):
+    def details(self) -> dict[str, t.Any]:
         """Keyword arguments for fail_json: msg plus the command's output."""
         return {"msg": self.msg, "cmd": self.cmd, "rc": self.rc, "stdout": self.stdout, "stderr": self.stderr}
 
@@ -173,7 +163,7 @@ class NvidiaSmiTimeout(NvidiaSmiError):
 
 
 class BadField(NvidiaSmiError):
-    def __init__(self, msg, field=None, **kwargs):
+    def __init__(self, msg: str, field: str | None = None, **kwargs: t.Any) -> None:
         super().__init__(msg, **kwargs)
         self.field = field
 
@@ -194,17 +184,17 @@ class UnparsableOutput(NvidiaSmiError):
     pass
 
 
-def _first_line(text):
+def _first_line(text: str) -> str:
     for line in text.splitlines():
         if line.strip():
             return line.strip()
     return ""
 
 
-def classify_failure(cmd, rc, stdout, stderr):
+def classify_failure(cmd: list[str], rc: int, stdout: str, stderr: str) -> NvidiaSmiError:
     """Exception for a non-zero exit of nvidia-smi, by its documented return codes."""
     said = _first_line(stdout) or _first_line(stderr) or "no output"
-    kwargs = {"cmd": cmd, "rc": rc, "stdout": stdout, "stderr": stderr}
+    kwargs: dict[str, t.Any] = {"cmd": cmd, "rc": rc, "stdout": stdout, "stderr": stderr}
     if rc == 2:
         match = _BAD_FIELD.search(stdout + stderr)
         field = match.group(1) if match else None
@@ -218,11 +208,11 @@ def classify_failure(cmd, rc, stdout, stderr):
     return NvidiaSmiError(f"nvidia-smi failed with rc {rc}: {said}", **kwargs)
 
 
-def _strip_header_unit(name):
+def _strip_header_unit(name: str) -> str:
     return _HEADER_UNIT.sub("", name.strip())
 
 
-def _header_matches(cells, fields):
+def _header_matches(cells: list[str], fields: list[str]) -> bool:
     if len(cells) != len(fields):
         return False
     for cell, field in zip(cells, fields):
@@ -232,13 +222,13 @@ def _header_matches(cells, fields):
     return True
 
 
-def _looks_like_header(cells):
+def _looks_like_header(cells: list[str]) -> bool:
     return all(re.match(r"^[a-z][a-z0-9_.]*(\s*\[[^\]]*\])?$", cell.strip()) for cell in cells) and any(
         "[" in cell or "." in cell or "_" in cell for cell in cells
     )
 
 
-def _split_row(line, width, name_column):
+def _split_row(line: str, width: int, name_column: int | None) -> list[str]:
     """Split one CSV row. nvidia-smi does not quote, so a ", " inside a process name would
     add cells: give the surplus back to the name column."""
     cells = [cell.strip() for cell in line.split(",")]
@@ -249,7 +239,7 @@ def _split_row(line, width, name_column):
     return cells
 
 
-def parse_value(text, kind):
+def parse_value(text: str, kind: str) -> t.Any:
     """One CSV cell -> Python value. Bracketed tokens ([N/A], [Not Supported], ...) -> None.
 
     Raises ValueError for a cell that is neither a token nor of the expected kind.
@@ -275,13 +265,13 @@ def parse_value(text, kind):
     raise ValueError(f"unknown kind {kind!r}")
 
 
-def unavailable_reason(text):
+def unavailable_reason(text: str) -> str | None:
     """The token nvidia-smi printed instead of a value, or None if it printed a value."""
     text = text.strip()
     return text if _TOKEN.match(text) else None
 
 
-def parse_csv(text, fields, cmd=None):
+def parse_csv(text: str, fields: t.Sequence[Field], cmd: list[str] | None = None) -> list[dict[str, t.Any]]:
     """Parse `--format=csv[,noheader][,nounits]` output of a query for `fields`.
 
     `fields` is a sequence of (nvidia-smi field, record key, kind). Returns a list of dicts
@@ -289,7 +279,7 @@ def parse_csv(text, fields, cmd=None):
     """
     names = [field for field, _key, _kind in fields]
     name_column = None
-    for position, (field, _key, kind) in enumerate(fields):
+    for position, (_field, _key, kind) in enumerate(fields):
         if kind == "raw":
             name_column = position
     lines = [line for line in text.splitlines() if line.strip()]
@@ -306,15 +296,15 @@ def parse_csv(text, fields, cmd=None):
         cells = _split_row(line, len(fields), name_column)
         if len(cells) != len(fields):
             raise UnparsableOutput(
-                "nvidia-smi printed a line with %d columns, expected %d: %r" % (len(cells), len(fields), line), cmd=cmd, rc=0, stdout=text
+                f"nvidia-smi printed a line with {len(cells):d} columns, expected {len(fields):d}: {line!r}", cmd=cmd, rc=0, stdout=text
             )
-        record = {}
-        unavailable = {}
+        record: dict[str, t.Any] = {}
+        unavailable: dict[str, str] = {}
         for cell, (field, key, kind) in zip(cells, fields):
             try:
                 record[key] = parse_value(cell, kind)
             except ValueError:
-                raise UnparsableOutput(f"nvidia-smi printed {cell!r} for {field} in line {line!r}", cmd=cmd, rc=0, stdout=text)
+                raise UnparsableOutput(f"nvidia-smi printed {cell!r} for {field} in line {line!r}", cmd=cmd, rc=0, stdout=text) from None
             reason = unavailable_reason(cell) if kind != "raw" else None
             if reason:
                 unavailable[key] = reason
@@ -323,7 +313,7 @@ def parse_csv(text, fields, cmd=None):
     return records
 
 
-def parse_gpus(text, fields=GPU_FIELDS, cmd=None):
+def parse_gpus(text: str, fields: t.Sequence[Field] = GPU_FIELDS, cmd: list[str] | None = None) -> list[Gpu]:
     """Records of a --query-gpu answer. A GPU without index or uuid is output we must not trust."""
     records = parse_csv(text, fields, cmd=cmd)
     if not records:
@@ -331,13 +321,13 @@ def parse_gpus(text, fields=GPU_FIELDS, cmd=None):
     for record in records:
         if record.get("index") is None or record.get("uuid") is None:
             raise UnparsableOutput(f"nvidia-smi printed a GPU without index or UUID: {record!r}", cmd=cmd, rc=0, stdout=text)
-    return records
+    return t.cast("list[Gpu]", records)
 
 
 _GPU_UUID = re.compile(r"^GPU-[0-9A-Fa-f]{8}(?:-[0-9A-Fa-f]{4}){3}-[0-9A-Fa-f]{12}$")
 
 
-def parse_compute_apps(text, fields=APP_FIELDS, cmd=None):
+def parse_compute_apps(text: str, fields: t.Sequence[Field] = APP_FIELDS, cmd: list[str] | None = None) -> list[ComputeApp]:
     """Records of a --query-compute-apps answer (no rows at all is a valid, idle answer). Each
     row must be exactly the typed columns asked: a positive PID and, where asked, a GPU UUID in
     the driver's form; anything else rejects the answer (it is not the driver's)."""
@@ -349,23 +339,10 @@ def parse_compute_apps(text, fields=APP_FIELDS, cmd=None):
         if "gpu_uuid" in record and (uuid is None or not _GPU_UUID.match(uuid)):
             raise UnparsableOutput(f"nvidia-smi printed a compute app with GPU UUID {uuid!r}, not a GPU UUID", cmd=cmd, rc=0, stdout=text)
         record.setdefault("name", None)
-    return records
+    return t.cast("list[ComputeApp]", records)
 
 
-def parse_version(text):
-    """`nvidia-smi --version` -> {"driver_version": ..., "cuda_version": ...} (None if absent)."""
-    found = {"driver_version": None, "cuda_version": None}
-    for line in text.splitlines():
-        key, _sep, value = line.partition(":")
-        key = key.strip().lower()
-        if key == "driver version":
-            found["driver_version"] = value.strip() or None
-        elif key == "cuda version":
-            found["cuda_version"] = value.strip() or None
-    return found
-
-
-def normalize_bus_id(bus_id):
+def normalize_bus_id(bus_id: str | None) -> str | None:
     """'00000000:18:00.0' (nvidia-smi) and '0000:18:00.0' (/proc) -> '0000:18:00.0'."""
     if not bus_id:
         return None
@@ -377,9 +354,10 @@ def normalize_bus_id(bus_id):
         return bus_id.strip().lower()
 
 
-def parse_gpu_information(text):
+def parse_gpu_information(text: str) -> tuple[str | None, int | None]:
     """/proc/driver/nvidia/gpus/<bus>/information -> (bus location, device minor)."""
-    bus = minor = None
+    bus: str | None = None
+    minor: int | None = None
     for line in text.splitlines():
         key, _sep, value = line.partition(":")
         key = key.strip()
@@ -393,10 +371,10 @@ def parse_gpu_information(text):
     return bus, minor
 
 
-def read_driver_gpus(root="/proc/driver/nvidia/gpus"):
+def read_driver_gpus(root: str = "/proc/driver/nvidia/gpus") -> dict[str | None, int | None]:
     """{normalized bus id: minor number or None} of every GPU the driver has (its proc files),
     without the GPUs it excludes (`GPU Excluded: Yes`, NVreg_ExcludedGpus); {} where there are none."""
-    gpus = {}
+    gpus: dict[str | None, int | None] = {}
     try:
         entries = os.listdir(root)
     except OSError:
@@ -418,22 +396,22 @@ class GpuMissing(NvidiaSmiError):
     pass
 
 
-def check_against_driver(gpus, driver_gpus, cmd=None):
+def check_against_driver(gpus: t.Sequence[t.Mapping[str, t.Any]], driver_gpus: t.Mapping[str | None, t.Any], cmd: list[str] | None = None) -> None:
     """Raise GpuMissing when the driver has a GPU that nvidia-smi's answer (rc 0) left out: such a
     GPU is never clean, and its processes' small mappings would be read as another GPU's."""
     listed = {normalize_bus_id(gpu.get("pci_bus_id")) for gpu in gpus}
-    missing = sorted(bus for bus in driver_gpus if bus not in listed)
+    missing = sorted(bus for bus in driver_gpus if bus is not None and bus not in listed)
     if missing:
         raise GpuMissing(
-            "nvidia-smi listed %d GPU(s) but the driver has %d: GPU(s) at %s missing from its answer (/proc/driver/nvidia/gpus); "
-            "a GPU nvidia-smi cannot see cannot be proven free" % (len(gpus), len(driver_gpus), ", ".join(missing)),
+            f"nvidia-smi listed {len(gpus):d} GPU(s) but the driver has {len(driver_gpus):d}: GPU(s) at {', '.join(missing)} missing from its "
+            "answer (/proc/driver/nvidia/gpus); a GPU nvidia-smi cannot see cannot be proven free",
             cmd=cmd, rc=0,
         )
 
 
-def read_minor_numbers(root="/proc/driver/nvidia/gpus"):
+def read_minor_numbers(root: str = "/proc/driver/nvidia/gpus") -> dict[str | None, int]:
     """{normalized bus id: minor number} from the driver's proc files; {} where there are none."""
-    minors = {}
+    minors: dict[str | None, int] = {}
     try:
         entries = os.listdir(root)
     except OSError:
@@ -455,40 +433,33 @@ class NvidiaSmi:
     # The last one is where the NVIDIA GPU Operator's driver container shows its tools on the host.
     SEARCH_PATHS = ("/usr/bin", "/usr/local/nvidia/bin", "/usr/local/bin", "/run/nvidia/driver/usr/bin")
 
-    def __init__(self, path, timeout):
+    def __init__(self, path: str, timeout: float) -> None:
         self.path = path
         self.timeout = timeout
         self.calls = 0
         # Optional fields this driver rejected, and whether it wants the old clock-reason names:
         # learnt once, so that polls do not pay for the rejected call again.
-        self.rejected = set()
+        self.rejected: set[str] = set()
         self.old_names = False
 
-    @property
-    def without_reserved(self):
-        """A driver older than R5xx rejected memory.reserved."""
-        return "memory.reserved" in self.rejected
-
     @classmethod
-    def find(cls, path=None, search_path=None):
+    def find(cls, path: str | None = None, search_path: str | None = None) -> str:
         """Resolve the binary: an explicit path must exist; else PATH, then the usual places."""
         if path:
             if os.path.isfile(path) and os.access(path, os.X_OK):
                 return path
             raise NvidiaSmiNotFound(f"nvidia-smi not found or not executable at {path}", cmd=[path])
-        dirs = (search_path if search_path is not None else os.environ.get("PATH", "")).split(os.pathsep)
-        for directory in [d for d in dirs if d] + list(cls.SEARCH_PATHS):
-            candidate = os.path.join(directory, "nvidia-smi")
-            if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-                return candidate
+        found = _commands.which("nvidia-smi", dirs=cls.SEARCH_PATHS, search_path=search_path)
+        if found:
+            return found
         raise NvidiaSmiNotFound(
             "nvidia-smi not found in PATH or {}: is the NVIDIA driver installed? Set nvidia_smi to its path.".format(", ".join(cls.SEARCH_PATHS)),
             cmd=["nvidia-smi"],
         )
 
-    def start(self, args):
+    def start(self, args: t.Sequence[str]) -> Started:
         cmd = [self.path] + list(args)
-        env = dict(os.environ, LC_ALL="C", LANG="C")
+        env = _commands.c_locale_env()
         self.calls += 1
         try:
             # A session of its own, so that a hung nvidia-smi and anything it forked can be
@@ -497,55 +468,55 @@ class NvidiaSmi:
                 cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True
             )
         except OSError as exc:
-            raise NvidiaSmiNotFound(f"cannot run {self.path}: {exc}", cmd=cmd)
+            raise NvidiaSmiNotFound(f"cannot run {self.path}: {exc}", cmd=cmd) from exc
         return cmd, process, time.monotonic()
 
-    def finish(self, started):
+    def finish(self, started: Started) -> str:
         """Wait for a started call; returns stdout or raises the classified error."""
         cmd, process, since = started
         remaining = max(0.0, self.timeout - (time.monotonic() - since))
         try:
-            stdout, stderr = process.communicate(timeout=remaining)
+            out, err = process.communicate(timeout=remaining)
         except subprocess.TimeoutExpired:
             self._kill(process)
             raise NvidiaSmiTimeout(
                 f"nvidia-smi timed out after {_seconds(self.timeout)} s (a hung driver or a GPU that fell off the bus); it was killed",
                 cmd=cmd,
                 rc=None,
-            )
-        stdout = stdout.decode("utf-8", "replace")
-        stderr = stderr.decode("utf-8", "replace")
+            ) from None
+        stdout = out.decode("utf-8", "replace")
+        stderr = err.decode("utf-8", "replace")
         if process.returncode != 0:
             raise classify_failure(cmd, process.returncode, stdout, stderr)
         return stdout
 
-    def run(self, args):
+    def run(self, args: t.Sequence[str]) -> str:
         return self.finish(self.start(args))
 
     @staticmethod
-    def _kill(process):
+    def _kill(process: subprocess.Popen[bytes]) -> None:
         kill_group(process)
 
     # The queries the modules make.
     @staticmethod
-    def gpu_args(fields, gpus=None):
+    def gpu_args(fields: t.Iterable[Field], gpus: t.Iterable[int | str] | None = None) -> list[str]:
         args = ["--query-gpu=" + ",".join(f for f, _k, _t in fields), "--format=csv,noheader,nounits"]
         if gpus:
             args = ["-i", ",".join(str(g) for g in gpus)] + args
         return args
 
     @staticmethod
-    def app_args(fields=APP_FIELDS):
+    def app_args(fields: t.Iterable[Field] = APP_FIELDS) -> list[str]:
         return ["--query-compute-apps=" + ",".join(f for f, _k, _t in fields), "--format=csv,noheader,nounits"]
 
-    def _spelled(self, field):
+    def _spelled(self, field: str) -> str:
         if self.old_names:
             for new_prefix, old_prefix in RENAMED_FIELDS.items():
                 if field.startswith(new_prefix):
                     return old_prefix + field[len(new_prefix):]
         return field
 
-    def _learn(self, bad_field):
+    def _learn(self, bad_field: str | None) -> bool:
         """Remember a rejected optional field; False when it is not one we can do without."""
         if bad_field is None:
             return False
@@ -560,7 +531,7 @@ class NvidiaSmi:
             return True
         return False
 
-    def _reject_unnamed(self, bad_field, fields):
+    def _reject_unnamed(self, bad_field: str | None, fields: t.Iterable[Field]) -> bool:
         """rc 2 with a message that names no field (not the wording of any capture): ask again
         without every optional field at once rather than lose the memory reading. False when
         there is none left to drop."""
@@ -570,7 +541,7 @@ class NvidiaSmi:
         self.rejected.update(left)
         return True
 
-    def query_gpus(self, fields=GPU_FIELDS, gpus=None):
+    def query_gpus(self, fields: t.Sequence[Field] = GPU_FIELDS, gpus: t.Iterable[int | str] | None = None) -> list[Gpu]:
         """--query-gpu. Optional fields the driver rejects (memory.reserved before R5xx, health
         fields) read None, and each record lists them in `_rejected`."""
         while True:
@@ -585,11 +556,11 @@ class NvidiaSmi:
             dropped = [(f, k) for f, k, _t in fields if f in self.rejected]
             for record in records:
                 for _field, key in dropped:
-                    record[key] = None
+                    t.cast("dict[str, t.Any]", record)[key] = None
                 record["_rejected"] = [f for f, _k in dropped if f != "memory.reserved"]
             return records
 
-    def query_all(self, fields=GPU_FIELDS, with_apps=True):
+    def query_all(self, fields: t.Sequence[Field] = GPU_FIELDS, with_apps: bool = True) -> tuple[list[Gpu], list[ComputeApp]]:
         """GPUs and compute apps, the two calls run side by side (each ~24 ms on an H200)."""
         if not with_apps:
             return self.query_gpus(fields), []
@@ -603,5 +574,5 @@ class NvidiaSmi:
         return gpus, parse_compute_apps(apps_text, cmd=app_call[0])
 
 
-def _seconds(value):
+def _seconds(value: float) -> str:
     return (f"{value:g}") if isinstance(value, float) else str(value)

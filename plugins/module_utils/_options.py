@@ -15,6 +15,7 @@ never ends. Every numeric option of both modules, and of the role's gate, goes t
 from __future__ import annotations
 
 import math
+import typing as t
 
 # Options both modules take, with the same meaning and default.
 SHARED_SPEC = dict(
@@ -30,6 +31,10 @@ SHARED_SPEC = dict(
     expected_mig_mode=dict(type="str", choices=["enabled", "disabled"]),
     xid_window_hours=dict(type="float", default=24),
     dcgm_diag=dict(type="int", default=0, choices=[0, 1, 2, 3, 4]),
+    xid_ignore=dict(type="list", elements="int", default=[]),
+    xid_fatal=dict(type="list", elements="int", default=[]),
+    smoke_test=dict(type="bool", default=False),
+    smoke_test_mib=dict(type="int", default=1024),
 )
 
 # option -> the smallest value it accepts, and whether that bound itself is allowed.
@@ -48,6 +53,8 @@ RANGES = {
     "expected_count": (0, True),
     "smoke_test_mib": (0, True),
     "settle_timeout": (0, True),
+    # gpu_restore: every step (a systemctl call, a container start) must be given some time.
+    "step_timeout": (0, False),
 }
 
 # systemd refuses unit names longer than 255 characters (UNIT_NAME_MAX); the count keeps every
@@ -56,7 +63,7 @@ MAX_SERVICES = 1000
 MAX_SERVICE_LEN = 255
 
 
-def range_problem(name, value):
+def range_problem(name: str, value: t.Any) -> str | None:
     """A sentence saying what is wrong with one numeric option, or None."""
     if value is None or name not in RANGES or isinstance(value, bool):
         return None
@@ -72,19 +79,18 @@ def range_problem(name, value):
     return None
 
 
-def services_problem(services):
+def services_problem(services: t.Sequence[str] | None) -> str | None:
     """A sentence when `services` is more than systemctl can be given, or None."""
     services = services or []
     if len(services) > MAX_SERVICES:
-        return "services: %d entries, more than the %d gpu_release accepts: use globs (vllm*.service)" % (len(services), MAX_SERVICES)
+        return f"services: {len(services):d} entries, more than the {MAX_SERVICES:d} gpu_release accepts: use globs (vllm*.service)"
     for entry in services:
         if len(entry) > MAX_SERVICE_LEN + len("container:"):
-            return "services: an entry of %d characters (%s...) is longer than any unit or container name (%d)" % (
-                len(entry), entry[:40], MAX_SERVICE_LEN)
+            return f"services: an entry of {len(entry):d} characters ({entry[:40]}...) is longer than any unit or container name ({MAX_SERVICE_LEN:d})"
     return None
 
 
-def check(params, prefix=""):
+def check(params: t.Mapping[str, t.Any], prefix: str = "") -> list[str]:
     """Every problem of the numeric options and of `services` in `params` -> a list of sentences
     (empty: fine). `prefix` names the options as the user wrote them (the role's free_gpus_)."""
     problems = []

@@ -35,6 +35,14 @@ import json
 import os
 import stat
 import time
+import typing as t
+
+if t.TYPE_CHECKING:
+    from ansible_collections.zeromib.gpu.plugins.module_utils._records import Holder
+
+    # One thing a release changed (the formats above), and the whole file.
+    Entry = t.Dict[str, t.Any]
+    Record = t.Dict[str, t.Any]
 
 PATH = "/var/lib/zeromib-gpu/released.json"
 FORMAT = 1
@@ -47,28 +55,28 @@ class RecordError(Exception):
     """The record cannot be read or written safely (named path, the reason, what to do)."""
 
 
-def now_iso(clock=time.time):
+def now_iso(clock: t.Callable[[], float] = time.time) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(clock()))
 
 
-def key(entry):
+def key(entry: t.Mapping[str, t.Any]) -> tuple[t.Any, ...]:
     """What identifies one thing across releases: a unit by name, a container by runtime and id."""
     if entry.get("kind") == "container":
         return ("container", entry.get("runtime"), entry.get("id"))
     return (entry.get("kind"), entry.get("name"))
 
 
-def empty():
+def empty() -> Record:
     return {"format": FORMAT, "updated_at": None, "entries": []}
 
 
-def merge(record, new_entries, at=None):
+def merge(record: Record, new_entries: t.Iterable[Entry], at: str | None = None) -> Record:
     """The record after a release that made `new_entries` (state before it, actions it took).
 
     An entry already in the record keeps its state before (that of the first release) and gains
     the new actions; a new one is appended, so the entries stay in release order. Returns a new
     record; `record` is not changed."""
-    merged = {"format": FORMAT, "updated_at": at or record.get("updated_at"), "entries": [dict(e) for e in record.get("entries") or []]}
+    merged: Record = {"format": FORMAT, "updated_at": at or record.get("updated_at"), "entries": [dict(e) for e in record.get("entries") or []]}
     by_key = {key(e): e for e in merged["entries"]}
     for entry in new_entries:
         if not entry.get("actions"):
@@ -87,7 +95,7 @@ def merge(record, new_entries, at=None):
     return merged
 
 
-def without(record, restored_keys, at=None):
+def without(record: Record, restored_keys: t.Iterable[tuple[t.Any, ...]], at: str | None = None) -> Record:
     """The record without the entries restored."""
     gone = set(restored_keys)
     return {"format": FORMAT, "updated_at": at or record.get("updated_at"),
@@ -97,11 +105,12 @@ def without(record, restored_keys, at=None):
 # ---------------------------------------------------------------- what a release changed
 
 
-def unit_entries(result, before, holders, at):
+def unit_entries(result: t.Mapping[str, t.Any], before: t.Mapping[str, t.Mapping[str, str]], holders: t.Iterable[Holder],
+                 at: str | None) -> list[Entry]:
     """Entries for the units a gpu_release result says it acted on. `before`: {unit: systemctl
     show props} read when planning; `holders`: the look's holders (which GPUs each unit held).
     A unit that was not active and that the release only stopped changed nothing: no entry."""
-    actions = {}
+    actions: dict[str, list[str]] = {}
     for name, action in (("stopped_units", "stopped"), ("disabled_units", "disabled"), ("masked_units", "masked")):
         for unit in result.get(name) or []:
             actions.setdefault(unit, []).append(action)
@@ -126,9 +135,9 @@ def unit_entries(result, before, holders, at):
     return entries
 
 
-def container_entries(result, at):
+def container_entries(result: t.Mapping[str, t.Any], at: str | None) -> list[Entry]:
     """Entries for the containers a gpu_release result stopped or disabled (restart policy `no`)."""
-    entries = {}
+    entries: dict[str | None, Entry] = {}
     order = []
     for item in result.get("disabled_containers") or []:
         cid = item.get("id")
@@ -157,17 +166,17 @@ def container_entries(result, at):
     return [entries[cid] for cid in order]
 
 
-def supervisor_entries(result, at):
+def supervisor_entries(result: t.Mapping[str, t.Any], at: str | None) -> list[Entry]:
     """Entries for supervisord programs (`supervisor:<glob>` in services), from the result keys
     `stopped_programs` ({name, supervisor_pid, config, state_before}) and `disabled_programs`
     (the same, and file, autostart_before, autorestart_before) of gpu_release's supervisor
     support (module_utils/_supervisor.py), or plain names. The values before are kept for
     gpu_restore."""
-    entries = {}
+    entries: dict[str | None, Entry] = {}
     for name, action in (("stopped_programs", "stopped"), ("disabled_programs", "disabled")):
         for item in result.get(name) or []:
             item = item if isinstance(item, dict) else {"name": item}
-            fresh = {"kind": "supervisor", "name": item.get("name"), "actions": [], "running": action == "stopped", "released_at": at}
+            fresh: Entry = {"kind": "supervisor", "name": item.get("name"), "actions": [], "running": action == "stopped", "released_at": at}
             entry = entries.setdefault(item.get("name"), fresh)
             for field in ("supervisor_pid", "config", "state_before", "file", "autostart_before", "autorestart_before"):
                 if field in item:
@@ -178,7 +187,8 @@ def supervisor_entries(result, at):
     return list(entries.values())
 
 
-def release_entries(result, unit_before, holders, at):
+def release_entries(result: t.Mapping[str, t.Any], unit_before: t.Mapping[str, t.Mapping[str, str]], holders: t.Iterable[Holder],
+                    at: str | None) -> list[Entry]:
     """Everything a gpu_release result changed, in the order it acted: containers, then units,
     then supervisor programs."""
     return container_entries(result, at) + unit_entries(result, unit_before, holders, at) + supervisor_entries(result, at)
@@ -187,7 +197,7 @@ def release_entries(result, unit_before, holders, at):
 # ---------------------------------------------------------------- the file
 
 
-def _check_dir(path, create):
+def _check_dir(path: str, create: bool) -> bool:
     """The record's directory: root's (or this user's), not a link, not writable by others."""
     try:
         info = os.lstat(path)
@@ -200,12 +210,12 @@ def _check_dir(path, create):
     if not stat.S_ISDIR(info.st_mode):
         raise RecordError(f"{path} is not a directory (a link or a file): the restore record is not written there")
     if info.st_uid not in (0, os.geteuid()) or info.st_mode & 0o022:
-        raise RecordError("%s is writable by others or not owned by root (mode %o, uid %d): the restore record is not trusted there"
-                          % (path, stat.S_IMODE(info.st_mode), info.st_uid))
+        raise RecordError(f"{path} is writable by others or not owned by root (mode {stat.S_IMODE(info.st_mode):o}, uid {info.st_uid:d}): "
+                          "the restore record is not trusted there")
     return True
 
 
-def read(path=PATH):
+def read(path: str = PATH) -> Record:
     """The record at `path` (an empty one when there is none). Raises RecordError when it cannot
     be trusted or read: a link, a file others may write, bad JSON, an unknown format."""
     if not _check_dir(os.path.dirname(path), create=False):
@@ -215,32 +225,32 @@ def read(path=PATH):
     except FileNotFoundError:
         return empty()
     except OSError as exc:
-        raise RecordError(f"cannot open the restore record {path}: {exc}")
+        raise RecordError(f"cannot open the restore record {path}: {exc}") from exc
     with os.fdopen(fd, "rb") as handle:
         info = os.fstat(handle.fileno())
         if info.st_uid not in (0, os.geteuid()) or info.st_mode & 0o022:
-            raise RecordError("the restore record %s is writable by others or not owned by root (mode %o, uid %d): not trusted"
-                              % (path, stat.S_IMODE(info.st_mode), info.st_uid))
+            raise RecordError(f"the restore record {path} is writable by others or not owned by root "
+                              f"(mode {stat.S_IMODE(info.st_mode):o}, uid {info.st_uid:d}): not trusted")
         data = handle.read()
     try:
         record = json.loads(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
-        raise RecordError(f"the restore record {path} is not valid JSON ({exc}): move it away to start a new one")
+        raise RecordError(f"the restore record {path} is not valid JSON ({exc}): move it away to start a new one") from exc
     return validated(record, path)
 
 
-def validated(record, path=PATH):
+def validated(record: t.Any, path: str = PATH) -> Record:
     if not isinstance(record, dict) or not isinstance(record.get("entries"), list):
         raise RecordError(f"the restore record {path} has no list of entries: move it away to start a new one")
     if record.get("format") != FORMAT:
-        raise RecordError("the restore record %s has format %r; this version of zeromib.gpu reads format %d" % (path, record.get("format"), FORMAT))
+        raise RecordError("the restore record {} has format {!r}; this version of zeromib.gpu reads format {:d}".format(path, record.get("format"), FORMAT))
     for entry in record["entries"]:
         if not isinstance(entry, dict) or entry.get("kind") not in KINDS or not entry.get("name") and not entry.get("id"):
             raise RecordError(f"the restore record {path} has an entry it cannot read: {entry!r}")
-    return record
+    return t.cast("Record", record)
 
 
-def write(record, path=PATH):
+def write(record: Record, path: str = PATH) -> None:
     """Write `record` atomically (or remove the file when it has no entries)."""
     directory = os.path.dirname(path)
     _check_dir(directory, create=True)
@@ -250,7 +260,7 @@ def write(record, path=PATH):
         _fsync_dir(directory)
         return
     data = (json.dumps(record, indent=1, sort_keys=True) + "\n").encode("utf-8")
-    tmp = "%s.%d.tmp" % (path, os.getpid())
+    tmp = f"{path}.{os.getpid():d}.tmp"
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
@@ -267,7 +277,7 @@ def write(record, path=PATH):
     _fsync_dir(directory)
 
 
-def _fsync_dir(directory):
+def _fsync_dir(directory: str) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -276,7 +286,7 @@ def _fsync_dir(directory):
 
 
 @contextlib.contextmanager
-def locked(path=PATH, create=True):
+def locked(path: str = PATH, create: bool = True) -> t.Iterator[None]:
     """Hold an exclusive lock on the record (its `.lock` file) for a read-change-write."""
     directory = os.path.dirname(path)
     if not _check_dir(directory, create=create):
@@ -290,7 +300,7 @@ def locked(path=PATH, create=True):
         os.close(fd)
 
 
-def add(path, new_entries, at=None):
+def add(path: str, new_entries: t.Iterable[Entry], at: str | None = None) -> Record | None:
     """Merge a release's entries into the record at `path`; returns the record written (None
     when the release changed nothing, and then nothing is written)."""
     new_entries = [e for e in new_entries if e.get("actions")]
@@ -305,20 +315,20 @@ def add(path, new_entries, at=None):
 # ---------------------------------------------------------------- reading it for people
 
 
-def describe(entry):
+def describe(entry: t.Mapping[str, t.Any]) -> str:
     """`vllm.service stopped, disabled by zeromib at 2026-12-01T10:00:00Z`."""
-    what = {"unit": "", "container": "container ", "supervisor": "supervisor program "}.get(entry.get("kind"), "")
+    what = {"unit": "", "container": "container ", "supervisor": "supervisor program "}.get(entry.get("kind") or "", "")
     name = entry.get("name") or (entry.get("id") or "")[:12]
     return "{}{} {} by zeromib at {}".format(what, name, ", ".join(entry.get("actions") or []), entry.get("released_at") or "an unknown time")
 
 
-def pending(path=PATH):
+def pending(path: str = PATH) -> dict[str, t.Any] | None:
     """What gpu_facts reports: {path, entries, summary} of a record waiting for gpu_restore,
     None when there is none, or {path, error} when it cannot be read."""
     try:
         record = read(path)
     except PermissionError:
-        return {"path": path, "error": "%s is readable by root only (uid %d): run with become to see it" % (path, os.geteuid()),
+        return {"path": path, "error": f"{path} is readable by root only (uid {os.geteuid():d}): run with become to see it",
                 "entries": [], "summary": []}
     except (RecordError, OSError) as exc:
         return {"path": path, "error": str(exc), "entries": [], "summary": []}

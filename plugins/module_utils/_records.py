@@ -40,12 +40,33 @@ class Gpu(t.TypedDict, total=False):
     clean: bool
     cross_gpu_footprint: bool
     healthy: bool | None
-    health_checked: list[str]
+    health_checked: bool
     health_unchecked: list[str]
     health_issues: list[str]
     health: dict[str, t.Any]
     # nvidia-smi's own tokens for fields that had no value ([N/A], [GPU requires reset], ...).
     _unavailable: dict[str, str]
+    driver_version: str | None
+    # The health readings of a look that checks health (_nvidia_smi.HEALTH_FIELDS; None: [N/A]).
+    ecc_uncorrected_volatile: int | None
+    remapped_rows_pending: str | None
+    remapped_rows_failure: str | None
+    retired_pages_pending: str | None
+    pcie_link_gen_current: int | None
+    pcie_link_gen_max: int | None
+    pcie_link_width_current: int | None
+    pcie_link_width_max: int | None
+    pstate: str | None
+    slowdown_hw: str | None
+    slowdown_hw_thermal: str | None
+    slowdown_hw_power_brake: str | None
+    slowdown_sw_thermal: str | None
+    mig_mode_pending: str | None
+    recovery_action: str | None
+    fabric_state: str | None
+    fabric_status: str | None
+    # Internal: the optional nvidia-smi fields this driver rejected (memory.reserved aside).
+    _rejected: list[str]
 
 
 class ComputeApp(t.TypedDict, total=False):

@@ -19,14 +19,25 @@ container runtimes, the clock), as in _release."""
 from __future__ import annotations
 
 import fnmatch
-import os
-import subprocess
+import math
 import time
+import typing as t
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
 from ansible_collections.zeromib.gpu.plugins.module_utils import _engines
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _record
 from ansible_collections.zeromib.gpu.plugins.module_utils import _units
+
+if t.TYPE_CHECKING:
+    from types import ModuleType
+
+    from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import NvidiaSmi
+    from ansible_collections.zeromib.gpu.plugins.module_utils._record import Entry, Record
+    from ansible_collections.zeromib.gpu.plugins.module_utils._records import Holder
+
+    # The steps an entry needed (or took), and why it was not restored (None: it was).
+    Outcome = t.Tuple[t.List[str], t.Optional[str]]
 
 # How often a wait for the GPUs looks (one nvidia-smi call and a /proc scan each time).
 GPU_POLL_S = 0.5
@@ -34,7 +45,7 @@ WAIT_FOR_GPUS_DEFAULT_S = 60.0
 
 
 class RestoreError(Exception):
-    def __init__(self, msg, result=None):
+    def __init__(self, msg: str, result: dict[str, t.Any] | None = None) -> None:
         super().__init__(msg)
         self.msg = msg
         self.result = result or {}
@@ -43,38 +54,30 @@ class RestoreError(Exception):
 class System:
     """What gpu_restore does to the node, in one replaceable place."""
 
-    def __init__(self, systemctl_path=None, runtimes=None, record_path=_record.PATH, proc="/proc"):
+    def __init__(self, systemctl_path: str | None = None, runtimes: _engines.Runtimes | None = None, record_path: str = _record.PATH,
+                 proc: str = "/proc") -> None:
         self.systemctl_path = systemctl_path
         self.runtimes = runtimes if runtimes is not None else _engines.Runtimes()
         self.record_path = record_path
         self.proc = proc
 
-    def systemctl(self, args, timeout=30.0):
+    def systemctl(self, args: t.Sequence[str], timeout: float = 30.0) -> tuple[int, str, str]:
         """(rc, out, err); a call that outlasts `timeout` is ended and reads rc 124 (systemd goes on with its job)."""
-        if not self.systemctl_path:
-            return 127, "", "systemctl not found"
-        try:
-            process = subprocess.run(
-                [self.systemctl_path] + list(args), stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False,
-                env=dict(os.environ, LC_ALL="C", LANG="C", SYSTEMD_PAGER="", SYSTEMD_COLORS="0"),
-            )
-        except subprocess.TimeoutExpired:
-            return 124, "", f"no answer within {timeout:.0f} s"
-        return process.returncode, process.stdout.decode("utf-8", "replace"), process.stderr.decode("utf-8", "replace")
+        return _commands.systemctl(self.systemctl_path, args, timeout)
 
     @staticmethod
-    def now():
+    def now() -> float:
         return time.monotonic()
 
     @staticmethod
-    def sleep(seconds):
+    def sleep(seconds: float) -> None:
         time.sleep(max(0.0, seconds))
 
 
 # ---------------------------------------------------------------- pure: what is left to undo
 
 
-def unit_steps(entry, props):
+def unit_steps(entry: Entry, props: t.Mapping[str, str]) -> list[str]:
     """The steps that put one unit back, given its `systemctl show` props now (in order)."""
     actions = entry.get("actions") or []
     steps = []
@@ -93,7 +96,7 @@ def unit_steps(entry, props):
     return steps
 
 
-def container_steps(entry, record):
+def container_steps(entry: Entry, record: t.Mapping[str, t.Any]) -> list[str]:
     """The steps that put one container back, given the runtime's record of it now."""
     steps = []
     if "disabled" in (entry.get("actions") or []) and record.get("restart_policy") != entry.get("restart_policy"):
@@ -103,7 +106,7 @@ def container_steps(entry, record):
     return steps
 
 
-def parse_wait(value):
+def parse_wait(value: t.Any) -> float:
     """`wait_for_gpus` (false, true or seconds) -> seconds, 0 for no wait. Raises ValueError."""
     if value is None or value is False:
         return 0.0
@@ -117,13 +120,16 @@ def parse_wait(value):
     try:
         seconds = float(text)
     except ValueError:
+        raise ValueError(f"wait_for_gpus must be true, false or a number of seconds, got {value!r}") from None
+    if math.isnan(seconds) or math.isinf(seconds):
+        # A NaN or infinite deadline is never reached: the wait would not end.
         raise ValueError(f"wait_for_gpus must be true, false or a number of seconds, got {value!r}")
     if seconds < 0:
         raise ValueError(f"wait_for_gpus must be 0 or more seconds, got {seconds}")
     return seconds
 
 
-def forgotten(entries, patterns):
+def forgotten(entries: t.Iterable[Entry], patterns: t.Sequence[str]) -> list[Entry]:
     """Entries that `forget` names (unit or container names, globs allowed)."""
     return [e for e in entries if any(fnmatch.fnmatchcase(e.get("name") or "", p) or (e.get("id") or "").startswith(p) for p in patterns)]
 
@@ -132,14 +138,15 @@ def forgotten(entries, patterns):
 
 
 class Restore:
-    def __init__(self, system, params, check_mode=False, look=None):
+    def __init__(self, system: System, params: t.Mapping[str, t.Any], check_mode: bool = False,
+                 look: t.Callable[[], list[Holder]] | None = None) -> None:
         self.system = system
         self.params = params
         self.check_mode = check_mode
         # look() -> holders of the node now (for wait_for_gpus); None when it cannot be asked.
         self.look = look
         self.step_timeout = float(params.get("step_timeout") or 30)
-        self.result = {
+        self.result: dict[str, t.Any] = {
             "changed": False,
             "record_path": system.record_path,
             "restored": [],
@@ -158,14 +165,14 @@ class Restore:
 
     # --- units
 
-    def _show(self, units):
+    def _show(self, units: list[str]) -> dict[str, dict[str, str]]:
         rc, out, err = self.system.systemctl(["show", "--property=Id,LoadState,ActiveState,SubState,UnitFileState,Result", "--no-pager"]
                                              + units, timeout=self.step_timeout)
         if rc != 0:
             raise RestoreError(f"systemctl show failed (rc {rc}): {(err or out).strip()}", self.result)
         return _units.parse_show(out)
 
-    def _unit_step(self, unit, step, before):
+    def _unit_step(self, unit: str, step: str, before: Entry) -> str | None:
         args = {"unmask": ["unmask"], "enable": ["enable"], "start": ["start"]}[step]
         if step == "enable" and (before.get("unit_file_state") or "").endswith("-runtime"):
             args = ["enable", "--runtime"]
@@ -173,7 +180,7 @@ class Restore:
         if rc == 124:
             return f"systemctl {step} {unit} did not finish within {self.step_timeout:.0f} s (step_timeout)"
         if rc != 0:
-            return "systemctl %s %s failed (rc %d): %s" % (step, unit, rc, (err or out).strip())
+            return f"systemctl {step} {unit} failed (rc {rc:d}): {(err or out).strip()}"
         if step == "start":
             # `systemctl start` returns when the start job is done; a unit that died at once reads failed.
             state = self._show([unit]).get(unit, {})
@@ -181,7 +188,7 @@ class Restore:
                 return "{} did not start: it reads {} ({}, result {})".format(unit, state.get("ActiveState"), state.get("SubState"), state.get("Result"))
         return None
 
-    def restore_unit(self, entry, props):
+    def restore_unit(self, entry: Entry, props: t.Mapping[str, str]) -> Outcome:
         unit = entry["name"]
         if (props.get("LoadState") or "not-found") == "not-found":
             return [], f"{unit} is no longer known to systemd (its unit file was removed?)"
@@ -205,9 +212,10 @@ class Restore:
 
     # --- containers
 
-    def restore_container(self, entry):
+    def restore_container(self, entry: Entry) -> Outcome:
         runtimes = self.system.runtimes
-        runtime, cid = entry.get("runtime"), entry.get("id")
+        # A container entry names its runtime and id (_record.container_entries writes both).
+        runtime, cid = t.cast("str", entry.get("runtime")), t.cast("str", entry.get("id"))
         try:
             record = runtimes.inspect(runtime, cid)
         except _engines.RuntimeUnavailable as exc:
@@ -225,7 +233,7 @@ class Restore:
                 runtimes.start(runtime, cid, self.step_timeout)
                 now = runtimes.inspect(runtime, cid)
                 if not now or not now.get("running"):
-                    return steps, "it did not stay running after the start (status {})".format((now or {}).get("status"))
+                    return steps, "it did not stay running after the start (status {})".format(now.get("status") if now else None)
                 self.result["started_containers"].append(entry.get("name") or cid)
         except _engines.RuntimeUnavailable as exc:
             return steps, str(exc)
@@ -233,7 +241,7 @@ class Restore:
 
     # --- supervisor programs
 
-    def restore_program(self, entry):
+    def restore_program(self, entry: Entry) -> Outcome:
         """A supervisord program: its autostart/autorestart lines as they were (gpu_release marked
         the ones it wrote), `reread` + `update`, then `supervisorctl start` when it was running."""
         try:
@@ -243,7 +251,7 @@ class Restore:
         running = [s for s in _supervisor.find_supervisors(self.system.proc) if s.ctl]
         supervisor = next((s for s in running if s.config == entry.get("config")), None) or (running[0] if len(running) == 1 else None)
         if supervisor is None:
-            return [], "no running supervisord (with supervisorctl) for its configuration %s" % (entry.get("config") or "(default)")
+            return [], "no running supervisord (with supervisorctl) for its configuration {}".format(entry.get("config") or "(default)")
         steps = []
         edit = program_edit(entry, _supervisor) if "disabled" in (entry.get("actions") or []) and entry.get("file") else None
         if edit is not None:
@@ -269,17 +277,17 @@ class Restore:
 
     # --- the whole run
 
-    def run(self):
+    def run(self) -> dict[str, t.Any]:
         started = self.system.now()
         path = self.system.record_path
         with _record.locked(path, create=False):
             try:
                 record = _record.read(path)
             except _record.RecordError as exc:
-                raise RestoreError(str(exc), self.result)
+                raise RestoreError(str(exc), self.result) from exc
             return self._run(record, path, started)
 
-    def _run(self, record, path, started):
+    def _run(self, record: Record, path: str, started: float) -> dict[str, t.Any]:
         entries = record["entries"]
         forget = forgotten(entries, self.params.get("forget") or [])
         self.result["forgotten"] = [_record.describe(e) for e in forget]
@@ -287,7 +295,10 @@ class Restore:
         todo = [e for e in entries if _record.key(e) not in forget_keys]
         units = [e["name"] for e in todo if e["kind"] == "unit"]
         props = self._show(units) if units else {}
-        restored, kept, before_lines, after_lines = [], [], [], []
+        restored: list[Entry] = []
+        kept: list[Entry] = []
+        before_lines: list[str] = []
+        after_lines: list[str] = []
         for entry in reversed(todo):
             if entry["kind"] == "unit":
                 steps, why = self.restore_unit(entry, props.get(entry["name"], {}))
@@ -316,7 +327,7 @@ class Restore:
             try:
                 _record.write(_record.without(record, [_record.key(e) for e in restored + forget], _record.now_iso()), path)
             except (_record.RecordError, OSError) as exc:
-                raise RestoreError(f"restored, but the record {path} could not be updated: {exc}", self.result)
+                raise RestoreError(f"restored, but the record {path} could not be updated: {exc}", self.result) from exc
         if self.result["not_restored"]:
             raise RestoreError(self.failure_message(), self.result)
         wait = parse_wait(self.params.get("wait_for_gpus"))
@@ -325,11 +336,11 @@ class Restore:
         self.result["elapsed_s"] = round(self.system.now() - started, 3)
         return self.result
 
-    def failure_message(self):
+    def failure_message(self) -> str:
         parts = ["{} {}: {}".format(item["kind"], item["name"] or (item.get("id") or "")[:12], item["reason"]) for item in self.result["not_restored"]]
         return "could not restore {}. Kept in {} for the next run of gpu_restore".format("; ".join(parts), self.system.record_path)
 
-    def wait_for_gpus(self, entries, seconds):
+    def wait_for_gpus(self, entries: list[Entry], seconds: float) -> None:
         """Until every restored entry that held GPUs at the release holds a GPU again."""
         wanted = [e for e in entries if e["kind"] in ("unit", "container")]
         if not wanted or self.look is None:
@@ -338,7 +349,7 @@ class Restore:
         deadline = started + seconds
         while True:
             holders = self.look()
-            held = {}
+            held: dict[str | None, list[int]] = {}
             for entry in wanted:
                 gpus = sorted({i for h in holders if _holds(entry, h) for i in h.get("gpu_indexes") or []})
                 if gpus:
@@ -353,13 +364,13 @@ class Restore:
         if missing:
             raise RestoreError(
                 "restored, but {} {} not holding a GPU again after {:.0f} s (wait_for_gpus); they held GPU {} at the release".format(
-                    ", ".join(e.get("name") for e in missing), "is" if len(missing) == 1 else "are", seconds,
+                    ", ".join(str(e.get("name")) for e in missing), "is" if len(missing) == 1 else "are", seconds,
                     "; ".join("{}: {}".format(e.get("name"), ",".join(str(i) for i in e["gpu_indexes"])) for e in missing)),
                 self.result,
             )
 
 
-def program_edit(entry, supervisor_mod):
+def program_edit(entry: Entry, supervisor_mod: ModuleType) -> str | None:
     """The text of the program's file with the autostart/autorestart lines gpu_release wrote put
     back as they were (a line it added removed), or None when there is nothing to put back."""
     try:
@@ -369,7 +380,9 @@ def program_edit(entry, supervisor_mod):
         return None
     before = {"autostart": entry.get("autostart_before"), "autorestart": entry.get("autorestart_before")}
     sections = supervisor_mod.section_names(entry["name"])
-    out, section, changed = [], None, False
+    out: list[str] = []
+    section: str | None = None
+    changed = False
     for line in text.splitlines(True):
         header = supervisor_mod._SECTION.match(line)  # pylint: disable=protected-access
         if header:
@@ -385,12 +398,15 @@ def program_edit(entry, supervisor_mod):
     return "".join(out) if changed else None
 
 
-def _holds(entry, holder):
+def _holds(entry: Entry, holder: Holder) -> bool:
     if entry["kind"] == "unit":
         return holder.get("unit") == entry["name"] and holder.get("system_service", True)
-    return bool(holder.get("container")) and (entry.get("id") or "").startswith(holder["container"])
+    container = holder.get("container")
+    if not container:
+        return False
+    return (entry.get("id") or "").startswith(container)
 
 
-def holders_now(smi, proc="/proc"):
+def holders_now(smi: NvidiaSmi, proc: str = "/proc") -> list[Holder]:
     """A look for wait_for_gpus: the holders of the node now, attributed to GPUs."""
     return _facts.look(smi, [], with_processes=True, proc=proc).holders

@@ -15,6 +15,13 @@ from __future__ import annotations
 
 import re
 import socket
+import typing as t
+
+if t.TYPE_CHECKING:
+    # One node of `scontrol show node -o`: {key: value}.
+    Node = t.Dict[str, str]
+    # argv -> (rc, stdout, stderr)
+    Runner = t.Callable[[t.List[str]], t.Tuple[int, str, str]]
 
 PREFIX = "zeromib:"
 # Slurm keeps a reason as given; a long one makes sinfo -R unreadable.
@@ -26,11 +33,11 @@ class SlurmError(Exception):
     pass
 
 
-def parse_node(text):
+def parse_node(text: str) -> Node:
     """One node of `scontrol show node -o NAME` (one line, KEY=VALUE; Reason's value has spaces,
     and runs to the next KEY=) -> {key: value}."""
     line = text.strip().splitlines()[0] if text.strip() else ""
-    fields = {}
+    fields: Node = {}
     matches = list(_FIELD.finditer(line))
     for i, match in enumerate(matches):
         end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
@@ -38,17 +45,17 @@ def parse_node(text):
     return fields
 
 
-def parse_nodes(text):
+def parse_nodes(text: str) -> list[Node]:
     return [parse_node(line) for line in text.splitlines() if line.strip()]
 
 
-def slurmd_node_name(text):
+def slurmd_node_name(text: str | None) -> str | None:
     """NodeName= of `slurmd -C` (the first line)."""
     match = re.search(r"(?:^|\s)NodeName=(\S+)", text or "")
     return match.group(1) if match else None
 
 
-def states(node):
+def states(node: t.Mapping[str, str]) -> set[str]:
     """`IDLE+DRAIN` -> {"IDLE", "DRAIN"}; `DRAINED`, `DRAINING` count as DRAIN."""
     words = set(re.split(r"[+*~#!%$@^-]", (node.get("State") or "").upper())) - {""}
     if words & {"DRAINED", "DRAINING"}:
@@ -56,17 +63,17 @@ def states(node):
     return words
 
 
-def reason_text(node):
+def reason_text(node: t.Mapping[str, str]) -> str:
     """The reason without Slurm's ` [user@time]` suffix."""
     reason = node.get("Reason") or ""
     return re.sub(r"\s*\[[^\]]*@[^\]]*\]\s*$", "", reason).strip()
 
 
-def ours(node):
+def ours(node: t.Mapping[str, str]) -> bool:
     return reason_text(node).startswith(PREFIX)
 
 
-def short_reason(text):
+def short_reason(text: t.Any) -> str:
     """`zeromib: <text>`, one line, at most REASON_MAX characters."""
     text = " ".join(str(text or "").split())
     if text.startswith(PREFIX):
@@ -78,7 +85,7 @@ def short_reason(text):
     return reason if len(reason) <= REASON_MAX else reason[:REASON_MAX - 3].rstrip() + "..."
 
 
-def drain_decision(node, reason):
+def drain_decision(node: t.Mapping[str, str], reason: str) -> tuple[bool, str]:
     """(act, why): whether to drain `node` with `reason`."""
     if "DRAIN" in states(node):
         if not ours(node):
@@ -89,7 +96,7 @@ def drain_decision(node, reason):
     return True, "not drained"
 
 
-def resume_decision(node):
+def resume_decision(node: t.Mapping[str, str]) -> tuple[bool, str]:
     """(act, why): whether to resume `node`."""
     if "DRAIN" not in states(node):
         return False, "not drained"
@@ -99,19 +106,19 @@ def resume_decision(node):
 
 
 class Slurm:
-    def __init__(self, run, scontrol, slurmd=None, hostname=None):
+    def __init__(self, run: Runner, scontrol: str, slurmd: str | None = None, hostname: str | None = None) -> None:
         self.run = run
         self.scontrol = scontrol
         self.slurmd = slurmd
         self.hostname = hostname or socket.gethostname().split(".")[0]
 
-    def show(self, name):
+    def show(self, name: str) -> tuple[Node | None, str | None]:
         rc, out, err = self.run([self.scontrol, "show", "node", "-o", name])
         if rc != 0 or not out.strip():
             return None, (err or out).strip()
         return parse_node(out), None
 
-    def node_name(self, given=None):
+    def node_name(self, given: str | None = None) -> tuple[str, Node]:
         """The Slurm node name of this host: `given`, else slurmd -C's NodeName if scontrol knows it,
         else the node whose NodeHostName or NodeName is this host's short name."""
         if given:
@@ -119,27 +126,29 @@ class Slurm:
             if node is None:
                 raise SlurmError(f"Slurm does not know node {given}: {err}")
             return given, node
-        candidates = []
+        candidates: list[str] = []
         if self.slurmd:
             rc, out, _err = self.run([self.slurmd, "-C"])
-            name = slurmd_node_name(out) if rc == 0 else None
-            if name:
-                candidates.append(name)
+            named = slurmd_node_name(out) if rc == 0 else None
+            if named:
+                candidates.append(named)
         if self.hostname not in candidates:
             candidates.append(self.hostname)
         for name in candidates:
-            node, _err = self.show(name)
+            node, _why = self.show(name)
             if node is not None and node.get("NodeName") == name:
                 return name, node
         rc, out, err = self.run([self.scontrol, "show", "node", "-o"])
         if rc == 0:
             for node in parse_nodes(out):
-                if self.hostname in (node.get("NodeHostName"), node.get("NodeAddr")):
-                    return node.get("NodeName"), node
+                # A line without NodeName= names no node that scontrol update could be given.
+                found = node.get("NodeName")
+                if found and self.hostname in (node.get("NodeHostName"), node.get("NodeAddr")):
+                    return found, node
         raise SlurmError("cannot tell the Slurm node name of {} (tried {}; {}): set it (free_gpus_slurm_node_name, "
                          "restore_gpus_slurm_node_name)".format(self.hostname, ", ".join(candidates), (err or "").strip() or "no node has that host name"))
 
-    def update(self, name, *args):
+    def update(self, name: str, *args: str) -> None:
         rc, out, err = self.run([self.scontrol, "update", "nodename=" + name] + list(args))
         if rc != 0:
-            raise SlurmError("scontrol update nodename=%s %s failed (rc %d): %s" % (name, " ".join(args), rc, (err or out).strip()))
+            raise SlurmError("scontrol update nodename={} {} failed (rc {:d}): {}".format(name, " ".join(args), rc, (err or out).strip()))

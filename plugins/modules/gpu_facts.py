@@ -324,6 +324,8 @@ ansible_facts:
               container_note: null
 """
 
+import typing as t
+
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _cuda_smoke
@@ -337,19 +339,16 @@ ARGUMENT_SPEC = dict(
     _options.SHARED_SPEC,
     processes=dict(type="bool", default=True),
     fail_on_error=dict(type="bool", default=True),
-    xid_ignore=dict(type="list", elements="int", default=[]),
-    xid_fatal=dict(type="list", elements="int", default=[]),
-    smoke_test=dict(type="bool", default=False),
-    smoke_test_mib=dict(type="int", default=1024),
 )
 
 
-def checked_params(params):
+def checked_params(params: t.Mapping[str, t.Any]) -> str | None:
     """A clear message for an option value the argument spec cannot check (NaN, a negative), or None."""
     return "; ".join(_options.check(params)) or None
 
 
-def gather(params, which=None, check_mode=False):
+def gather(params: t.Mapping[str, t.Any], which: t.Callable[[str], str | None] | None = None,
+           check_mode: bool = False) -> tuple[dict[str, t.Any], str | None]:
     """Options -> (the ansible_facts.gpu dict, a warning or None). Raises NvidiaSmiError.
     `which(name)` finds dcgmi (None: not installed)."""
     smi = NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), params["timeout"])
@@ -364,7 +363,7 @@ def gather(params, which=None, check_mode=False):
     return facts, _facts.unreadable_warning(snapshot.unreadable)
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     problem = checked_params(module.params)
     if problem:

@@ -533,6 +533,7 @@ timings:
 
 import platform
 import re
+import typing as t
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -545,6 +546,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import Nvi
 from ansible_collections.zeromib.gpu.plugins.module_utils._release import Release, ReleaseError, System
 
 ARGUMENT_SPEC = dict(
+    _options.SHARED_SPEC,
     gpus=dict(type="list", elements="str", default=[]),
     services=dict(type="list", elements="str", default=[]),
     service_state=dict(type="str", default="stopped", choices=["stopped", "disabled", "masked"]),
@@ -553,30 +555,14 @@ ARGUMENT_SPEC = dict(
     kill_spanning=dict(type="bool", default=False),
     launchers=dict(type="list", elements="str", default=[]),
     match=dict(type="list", elements="str", default=[]),
-    protect=dict(type="list", elements="str", default=[]),
     kill_timeout=dict(type="float", default=10),
     wait_timeout=dict(type="float", default=60),
     poll_interval=dict(type="float", default=0.1),
     settle_timeout=dict(type="float", default=5),
-    max_used_mib=dict(type="int", default=0),
-    cross_gpu_footprint_mib=dict(type="int", default=4),
-    nvidia_smi=dict(type="path"),
-    timeout=dict(type="float", default=10),
-    health=dict(type="bool", default=True),
-    min_pcie_gen=dict(type="int", default=0),
-    min_pcie_width=dict(type="int", default=0),
-    require_persistence=dict(type="bool", default=True),
-    expected_mig_mode=dict(type="str", choices=["enabled", "disabled"]),
-    xid_window_hours=dict(type="float", default=24),
-    xid_ignore=dict(type="list", elements="int", default=[]),
-    xid_fatal=dict(type="list", elements="int", default=[]),
-    dcgm_diag=dict(type="int", default=0, choices=[0, 1, 2, 3, 4]),
-    smoke_test=dict(type="bool", default=False),
-    smoke_test_mib=dict(type="int", default=1024),
 )
 
 
-def checked_params(params):
+def checked_params(params: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
     """Option values that the argument spec cannot check -> a clear message, or compiled regexes."""
     problems = _options.check(params)
     if problems:
@@ -586,18 +572,18 @@ def checked_params(params):
         try:
             regexes.append(re.compile(pattern))
         except re.error as exc:
-            raise ValueError(f"match: {pattern!r} is not a valid regular expression: {exc}")
+            raise ValueError(f"match: {pattern!r} is not a valid regular expression: {exc}") from None
     return dict(params, _match_regexes=regexes)
 
 
-def warn_all(module, warnings):
+def warn_all(module: AnsibleModule, warnings: t.Iterable[str]) -> None:
     """Ansible prints a module's warnings without the host: name it (the node's host name)."""
     host = platform.node() or "this host"
     for warning in warnings:
         module.warn(f"{host}: {warning}")
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     try:
         params = checked_params(module.params)

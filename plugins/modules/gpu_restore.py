@@ -172,10 +172,16 @@ timings:
   returned: always
 """
 
+import typing as t
+
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils import _restore
 from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import NvidiaSmi, NvidiaSmiError
+
+if t.TYPE_CHECKING:
+    from ansible_collections.zeromib.gpu.plugins.module_utils._records import Holder
 
 ARGUMENT_SPEC = dict(
     step_timeout=dict(type="float", default=30),
@@ -185,17 +191,24 @@ ARGUMENT_SPEC = dict(
 )
 
 
-def main():
+def checked_params(params: t.Mapping[str, t.Any]) -> float:
+    """The seconds to wait for the GPUs (0: no wait); ValueError naming the option that is wrong."""
+    wait = _restore.parse_wait(params["wait_for_gpus"])
+    problems = _options.check({"step_timeout": params["step_timeout"]})
+    if problems:
+        raise ValueError("; ".join(problems))
+    return wait
+
+
+def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
     try:
-        wait = _restore.parse_wait(params["wait_for_gpus"])
+        wait = checked_params(params)
     except ValueError as exc:
         module.fail_json(msg=str(exc))
-    if params["step_timeout"] <= 0:
-        module.fail_json(msg="step_timeout must be greater than 0, got {}".format(params["step_timeout"]))
 
-    def look():
+    def look() -> list[Holder]:
         return _restore.holders_now(NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), 10))
 
     restore = _restore.Restore(_restore.System(module.get_bin_path("systemctl")), params, module.check_mode, look if wait else None)

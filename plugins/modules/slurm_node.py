@@ -101,7 +101,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.zeromib.gpu.plugins.module_utils import _slurm
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
             state=dict(type="str", required=True, choices=["drained", "resumed"]),
@@ -113,10 +113,10 @@ def main():
     module.run_command_environ_update = {"LANG": "C", "LC_ALL": "C"}
     scontrol = module.get_bin_path("scontrol", opt_dirs=["/usr/local/bin", "/opt/slurm/bin"])
     if not scontrol:
-        module.fail_json(msg="scontrol not found on this host: cannot %s it in Slurm" % ("drain" if module.params["state"] == "drained" else "resume"))
+        module.fail_json(msg="scontrol not found on this host: cannot {} it in Slurm".format("drain" if module.params["state"] == "drained" else "resume"))
     slurmd = module.get_bin_path("slurmd", opt_dirs=["/usr/sbin", "/usr/local/sbin", "/opt/slurm/sbin"])
 
-    def run(argv):
+    def run(argv: list[str]) -> tuple[int, str, str]:
         rc, out, err = module.run_command(argv, environ_update={"SLURM_TIME_FORMAT": "standard"})
         return rc, out, err
 

@@ -47,7 +47,7 @@ class FakeDriver:
         return self._step("cuDeviceGetByPCIBusId", {BUS0: 0, BUS1: 1}[bus_id])
 
     def create_context(self, device):
-        return self._step("cuCtxCreate", "ctx%d" % device)
+        return self._step("cuCtxCreate", f"ctx{device:d}")
 
     def free_memory(self):
         return self._step("cuMemGetInfo", self.free_bytes)
@@ -142,7 +142,7 @@ def test_a_gpu_at_the_cross_gpu_footprint_is_free():
 
 
 def records(*oks):
-    return [{"index": i, "pci_bus_id": "b%d" % i, "smoke_test": smoke.result(ok, "CUDA_ERROR_X (1) at cuInit" if ok is False else None,
+    return [{"index": i, "pci_bus_id": f"b{i:d}", "smoke_test": smoke.result(ok, "CUDA_ERROR_X (1) at cuInit" if ok is False else None,
                                                                                  0.2 if ok else None, 1024 if ok else None,
                                                                                  skipped="MIG" if ok is None else None)}
             for i, ok in enumerate(oks)]

@@ -162,7 +162,7 @@ def test_xid_older_than_the_driver_load_is_history():
 
 @pytest.mark.parametrize("seconds,text", [(60, "60 s ago"), (7200, "2 h ago"), (600, "10 min ago"), (3 * 86400, "3 days ago")])
 def test_xid_age_reads_in_words(seconds, text):
-    assert health.age_text(seconds) == text
+    assert health.human_age(seconds) == text
 
 
 def test_real_h200_recovery_action_and_fabric_read_healthy_and_checked():

@@ -18,6 +18,9 @@ import pytest
 from ansible_collections.zeromib.gpu.plugins.module_utils import _nvidia_smi as smi
 from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils import captures
 
+# A sample field set: what a memory poll would ask (index, uuid, memory.used).
+MEMORY_FIELDS = (("index", "index", "int"), ("uuid", "uuid", "str"), ("memory.used", "memory_used_mib", "int"))
+
 # ------------------------------------------------------------------ fields from a command line
 
 # Record key and kind of every field the captures ask for; the rest are parsed as "str".
@@ -211,7 +214,7 @@ def test_header_naming_other_columns_is_unparsable_not_silently_shifted():
 
 def test_header_of_a_different_width_is_unparsable():
     with pytest.raises(smi.UnparsableOutput):
-        smi.parse_gpus("index, uuid, memory.used [MiB]\n0, GPU-1, 5 MiB\n", smi.MEMORY_FIELDS[:2])
+        smi.parse_gpus("index, uuid, memory.used [MiB]\n0, GPU-1, 5 MiB\n", MEMORY_FIELDS[:2])
 
 
 # ------------------------------------------------------------------ exporter captures (5 models)
@@ -415,14 +418,6 @@ def test_desktop_compositor_shows_up_as_a_compute_app():
     assert [(a["name"], a["used_memory_mib"]) for a in apps] == [("/usr/bin/kwin_wayland", 25)]
 
 
-@pytest.mark.parametrize("name", EXPORTER, ids=captures.model_of)
-def test_exporter_version_section(name):
-    section = captures.exporter_section(name, "capabilities", "version")
-    driver = name[:-4].split("__")[2]
-    found = smi.parse_version(section.output)
-    assert found["driver_version"] == driver and found["cuda_version"] in ("13.1", "13.2")
-
-
 # ------------------------------------------------------------------ synthesised edge cases
 
 # The column set the captures (and the module before docs/security.md) asked for: names included.
@@ -537,14 +532,14 @@ def test_empty_gpu_output_is_never_an_idle_host(text):
 @pytest.mark.parametrize(
     "text, fields, message",
     [
-        ("0, GPU-1\n", smi.MEMORY_FIELDS, "2 columns, expected 3"),
-        ("0, GPU-1, 5, 6\n", smi.MEMORY_FIELDS, "4 columns, expected 3"),
-        ("0, GPU-1, lots\n", smi.MEMORY_FIELDS, "'lots' for memory.used"),
-        ("0, GPU-1, 12.5\n", smi.MEMORY_FIELDS, "'12.5' for memory.used"),
+        ("0, GPU-1\n", MEMORY_FIELDS, "2 columns, expected 3"),
+        ("0, GPU-1, 5, 6\n", MEMORY_FIELDS, "4 columns, expected 3"),
+        ("0, GPU-1, lots\n", MEMORY_FIELDS, "'lots' for memory.used"),
+        ("0, GPU-1, 12.5\n", MEMORY_FIELDS, "'12.5' for memory.used"),
         (f"427, python3, lots, {U}\n", APPS, "'lots' for used_memory"),
         (f"[N/A], python3, 5, {U}\n", APPS, "without PID"),
-        ("[N/A], GPU-1, 5\n", smi.MEMORY_FIELDS, "without index or UUID"),
-        ("0, [Unknown Error], 5\n", smi.MEMORY_FIELDS, "without index or UUID"),
+        ("[N/A], GPU-1, 5\n", MEMORY_FIELDS, "without index or UUID"),
+        ("0, [Unknown Error], 5\n", MEMORY_FIELDS, "without index or UUID"),
     ],
     ids=[
         "too-few-columns",
@@ -591,7 +586,7 @@ def test_parse_value(cell, kind, value):
 @pytest.mark.parametrize("cell", ["inf", "-Infinity MiB", "1e999", "9" * 400], ids=["inf", "minus-infinity", "1e999", "400-digits"])
 def test_infinite_memory_reading_is_unparsable_not_a_crash(cell):
     with pytest.raises(smi.UnparsableOutput):
-        smi.parse_gpus(f"0, GPU-1, {cell}\n", smi.MEMORY_FIELDS)
+        smi.parse_gpus(f"0, GPU-1, {cell}\n", MEMORY_FIELDS)
 
 
 # ------------------------------------------------------------------ failures by return code
@@ -637,20 +632,7 @@ def test_classify_failure(rc, stdout, stderr, cls, said):
         assert error.field == "memory.reserved"
 
 
-# ------------------------------------------------------------------ version, bus ids, minors
-
-
-def test_parse_version_on_the_real_version_capture():
-    assert smi.parse_version(captures.h200("idle_smi_version.txt").output) == {"driver_version": "580.159.04", "cuda_version": "13.0"}
-
-
-def test_parse_version_on_the_q_capture_too():
-    assert smi.parse_version(captures.h200("idle_smi_q_mem.txt").output) == {"driver_version": "580.159.04", "cuda_version": "13.0"}
-
-
-@pytest.mark.parametrize("text", ["", "NVIDIA-SMI version  : 580.159.04\n", "CUDA Version :\n"], ids=["empty", "no-driver-line", "empty-cuda"])
-def test_parse_version_unknown_is_none(text):
-    assert smi.parse_version(text)["cuda_version"] is None
+# ------------------------------------------------------------------ bus ids, minors
 
 
 @pytest.mark.parametrize(
@@ -734,7 +716,7 @@ def fake_binary(directory, body, name="nvidia-smi"):
 
 def _gone(pid):
     try:
-        with open("/proc/%d/stat" % pid) as handle:
+        with open(f"/proc/{pid:d}/stat") as handle:
             return handle.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
     except OSError:
         return True
@@ -905,7 +887,7 @@ def test_driver_not_loaded_does_not_wait_for_a_hung_apps_call(tmp_path):
     ids=["all", "selected"],
 )
 def test_gpu_args(gpus, expected):
-    assert smi.NvidiaSmi.gpu_args(smi.MEMORY_FIELDS, gpus) == expected
+    assert smi.NvidiaSmi.gpu_args(MEMORY_FIELDS, gpus) == expected
 
 
 def test_app_args_ask_for_the_app_fields():

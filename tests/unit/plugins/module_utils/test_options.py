@@ -62,11 +62,11 @@ def test_the_gate_names_options_as_the_role_does():
 
 def test_twenty_thousand_services_are_refused_with_the_limit_not_argument_list_too_long():
     with pytest.raises(ValueError) as info:
-        gpu_release.checked_params(release_params(services=["unit-%05d-%s.service" % (i, "x" * 200) for i in range(20000)]))
+        gpu_release.checked_params(release_params(services=[f"unit-{i:05d}-{'x' * 200}.service" for i in range(20000)]))
     assert "20000 entries, more than the 1000 gpu_release accepts" in str(info.value)
     with pytest.raises(ValueError, match="longer than any unit or container name"):
         gpu_release.checked_params(release_params(services=["x" * 5000]))
-    assert gpu_release.checked_params(release_params(services=["u%d.service" % i for i in range(1000)]))
+    assert gpu_release.checked_params(release_params(services=[f"u{i:d}.service" for i in range(1000)]))
 
 
 def test_both_modules_share_one_spec_for_their_common_options():

@@ -83,7 +83,8 @@ def test_file_is_root_only_and_written_atomically(tmp_path):
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
     assert sorted(os.listdir(os.path.dirname(path))) == ["released.json", "released.json.lock"]  # no temporary file left
-    data = json.loads(open(path).read())
+    with open(path) as handle:
+        data = json.loads(handle.read())
     assert data["format"] == record_mod.FORMAT and data["updated_at"] == AT1 and data["entries"][0]["name"] == "vllm.service"
     assert record_mod.read(path) == data
 
