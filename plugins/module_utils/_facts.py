@@ -92,9 +92,9 @@ def minor_to_index(gpus: t.Iterable[Gpu]) -> dict[int, int]:
     return {gpu["minor_number"]: gpu["index"] for gpu in gpus}
 
 
-def public_gpu(gpu: Gpu, max_used_mib: float, footprint: t.Container[int] = ()) -> dict[str, t.Any]:
+def public_gpu(gpu: Gpu, max_used_mib: float, footprint: t.Container[int] = ()) -> Gpu:
     """`footprint`: indexes of GPUs whose memory is only the cross-GPU footprint (clean)."""
-    record = {key: gpu.get(key) for key in GPU_KEYS}
+    record = t.cast("Gpu", {key: gpu.get(key) for key in GPU_KEYS})
     record["cross_gpu_footprint"] = gpu["index"] in footprint
     record["clean"] = gpu_is_clean(gpu, max_used_mib) or record["cross_gpu_footprint"]
     return record
@@ -108,7 +108,7 @@ def public_holder(holder: Holder) -> dict[str, t.Any]:
 DEAD_OWNER_NAME = "[Not Found]"
 
 
-def join_apps(apps: t.Iterable[dict[str, t.Any]], gpus: t.Iterable[Gpu], alive: t.Callable[[int], bool],
+def join_apps(apps: t.Iterable[ComputeApp], gpus: t.Iterable[Gpu], alive: t.Callable[[int], bool],
               name_of: t.Callable[[int], str | None] | None = None) -> list[ComputeApp]:
     """Compute apps joined to their GPU by UUID (MIG apps report the parent GPU's UUID). Names
     come from /proc (`name_of`), for display only; a dead owner reads DEAD_OWNER_NAME."""
@@ -141,7 +141,7 @@ def dirty_holders(holders: t.Iterable[Holder], selected: t.Iterable[int] | None 
     return dirty
 
 
-def health_summary(public_gpus: list[dict[str, t.Any]], health: _health.Health | None = None, dcgm: dict[str, t.Any] | None = None) -> dict[str, t.Any]:
+def health_summary(public_gpus: list[Gpu], health: _health.Health | None = None, dcgm: dict[str, t.Any] | None = None) -> dict[str, t.Any]:
     """Host-level health keys: healthy, health_checked, health_issues (each GPU's, prefixed
     with it), and the kernel log read and DCGM's verdict under `health`."""
     if health is None:
@@ -168,7 +168,7 @@ def assemble(gpus: list[Gpu], apps: list[ComputeApp], holders: list[Holder], max
         "cuda_version": cuda_version,
         "count": len(public_gpus),
         "clean": clean,
-        "memory_used_mib": None if any(u is None for u in used) else sum(used),
+        "memory_used_mib": None if any(u is None for u in used) else sum(u for u in used if u is not None),
         "error": None,
         "gpus": public_gpus,
         "processes": apps if with_processes else [],
@@ -276,7 +276,7 @@ def scan_and_attribute(gpus: list[Gpu], apps: list[ComputeApp] | None, fetch_app
     return holders_mod.protect(attributed, protect_names, protect_pids, own_lineage, main_pid_of), apps
 
 
-def _query_gpus(smi: smi_mod.NvidiaSmi, with_apps: bool, checks: _health.Checks | None) -> tuple[list[Gpu], list[dict[str, t.Any]], _health.Health | None]:
+def _query_gpus(smi: smi_mod.NvidiaSmi, with_apps: bool, checks: _health.Checks | None) -> tuple[list[Gpu], list[ComputeApp], _health.Health | None]:
     """nvidia-smi's GPUs and (`with_apps`) raw compute apps; with `checks`, the kernel log read
     for Xids while nvidia-smi runs, and the GPUs annotated with their health."""
     if checks is None:
@@ -294,7 +294,7 @@ def _query_gpus(smi: smi_mod.NvidiaSmi, with_apps: bool, checks: _health.Checks 
     fabric_manager = _health.read_fabric_manager() if any(_health.has_fabric(g) for g in gpus) else None
     health = _health.Health(checks, xids, kernel_log=kernel_log, history_by_bus=history, fabric_manager=fabric_manager,
                             driver_version=gpus[0].get("driver_version") if gpus else None)
-    return t.cast("t.List[Gpu]", health.annotate(gpus)), apps, health
+    return health.annotate(gpus), apps, health
 
 
 def look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, *, with_processes: bool = True, proc: str = "/proc",
@@ -319,7 +319,7 @@ def look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, *, with_proc
     lineage = holders_mod.lineage(os.getpid(), proc)
     unreadable: list[int] = []
 
-    def joined(raw_apps: t.Iterable[dict[str, t.Any]]) -> list[ComputeApp]:
+    def joined(raw_apps: t.Iterable[ComputeApp]) -> list[ComputeApp]:
         return join_apps(raw_apps, gpus, lambda pid: alive(pid, proc), lambda pid: holders_mod.display_name(pid, proc))
 
     # A dirty GPU always needs the compute apps (see scan_and_attribute): their call then runs

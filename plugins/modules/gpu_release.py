@@ -592,7 +592,8 @@ def main() -> None:
     try:
         smi = NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), params["timeout"])
         release = Release(smi, System(module.get_bin_path("systemctl"), record_path=_record.PATH), params, check_mode=module.check_mode)
-        result = release.run()
+        # A plain dict from here: the module adds the host's health keys and the smoke test's.
+        result: dict[str, t.Any] = dict(release.run())
         if params["dcgm_diag"] and result.get("released") and not module.check_mode:
             # The diagnostic runs work on the GPUs: only once they are free.
             dcgm = _health.dcgm_diag(params["dcgm_diag"], module.get_bin_path)

@@ -32,7 +32,7 @@ def pytest_sessionstart(session):
         raise pytest.UsageError(
             f"ansible_collections.zeromib.gpu is not importable ({exc}): run `make -C {_REPO} collection`, "
             "or run these tests through ansible-test units"
-        )
+        ) from exc
 
 
 try:

@@ -13,7 +13,7 @@ import pytest
 from ansible_collections.zeromib.gpu.plugins.module_utils import _engines
 from ansible_collections.zeromib.gpu.plugins.module_utils import _release as release
 from ansible_collections.zeromib.gpu.plugins.module_utils import _settle
-from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils import test_release_run as node
+from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils import fake_node as node
 
 A, B = "a" * 64, "b" * 64
 USER_UNIT = "0::/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service\n"

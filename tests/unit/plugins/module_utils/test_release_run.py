@@ -18,7 +18,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils import _nvidia_smi as 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _release as release
 from ansible_collections.zeromib.gpu.plugins.module_utils import _settle
 from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils import fakeproc
-# The fake node; FakeSmi, FakeSystem, World and params are also imported from here by other tests.
+# The fake node (tests/unit/plugins/module_utils/fake_node.py).
 from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils.fake_node import (  # noqa: F401
     FOOTPRINT_MIB, FakeSmi, FakeSystem, RELEASE_DELAY_S, RESPAWN_S, SSH_SERVICE, World, fail, params, run, stops, uuid,
 )
