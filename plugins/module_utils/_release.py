@@ -477,12 +477,14 @@ class Plan:
 
     @property
     def unit_steps(self) -> UnitPlan:
-        assert self.units is not None
+        if self.units is None:
+            raise RuntimeError("the units are planned before they are acted on")
         return self.units
 
     @property
     def program_steps(self) -> ProgramPlan:
-        assert self.programs is not None
+        if self.programs is None:
+            raise RuntimeError("the supervisor programs are planned before they are acted on")
         return self.programs
 
 
