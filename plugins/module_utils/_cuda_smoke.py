@@ -514,7 +514,11 @@ def _read_used(smi: NvidiaSmi) -> t.Callable[[], dict[int, int | None]]:
 def after_release(smi: NvidiaSmi, params: t.Mapping[str, t.Any], result: dict[str, t.Any], check_mode: bool,
                   look: t.Callable[[], Snapshot]) -> dict[str, t.Any]:
     """gpu_release: test the selected GPUs once they are proven free. `look()` is a fresh
-    _facts.Snapshot: who holds what right before the test. Updates `result` in place."""
+    _facts.Snapshot: who holds what right before the test. Returns gpu_release's result with the
+    smoke test's keys added; `result` itself (Release's record) is left as it is."""
+    result = dict(result)
+    if isinstance(result.get("timings"), dict):
+        result["timings"] = dict(result["timings"])
     if not params.get("smoke_test"):
         result.update(summary(result.get("gpus") or [], asked=False))
         return result

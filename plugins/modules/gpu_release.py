@@ -599,7 +599,7 @@ def main() -> None:
             dcgm = _health.dcgm_diag(params["dcgm_diag"], module.get_bin_path)
             result.update(_facts.health_summary(result["gpus"], release.health, dcgm))
         # Last: CUDA work on GPUs proven free, after a fresh look at who holds them.
-        _cuda_smoke.after_release(smi, params, result, module.check_mode, lambda: _facts.look(
+        result = _cuda_smoke.after_release(smi, params, result, module.check_mode, lambda: _facts.look(
             smi, params["protect"], max_used_mib=params["max_used_mib"], footprint_mib=params["cross_gpu_footprint_mib"]))
     except NvidiaSmiError as exc:
         module.fail_json(**exc.details())
