@@ -190,7 +190,7 @@ ansible_facts:
               nvidia-fabricmanager); C(load_state) V(not-found) when there is no such unit; V(null) when systemd could not be
               asked, C(unit_error) says why), C(binary) (C(nv-fabricmanager) on PATH, else under the GPU Operator's
               C(/run/nvidia/driver)), C(version) (C(nv-fabricmanager --version) of a host binary), C(version_error), C(note)
-              (C(no Fabric Manager on this host: ...) when nothing was found); else V(null).
+              (a plain sentence when nothing was found, or only the GPU Operator's binary); else V(null).
             - C(dcgm_diag) - V(null) unless O(dcgm_diag) was set; else C(level), C(ran), C(passed), C(summary), C(elapsed_s).
           type: dict
           returned: always
