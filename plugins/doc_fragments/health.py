@@ -15,8 +15,8 @@ options:
       - Read each GPU's health (in the same C(nvidia-smi --query-gpu) call) and the kernel log's Xid errors, and say whether
         the GPU is ready for work (C(healthy), C(health_issues)).
       - Checks - C(ecc), C(row_remap), C(retired_pages), C(pcie), C(clocks), C(persistence), C(mig) (the expected mode, and a
-        pending change), C(recovery_action) (C(gpu_recovery_action) other than V(None)), C(fabric) (NVSwitch registration and
-        nvidia-fabricmanager, where the GPU has a fabric), C(xid). Each GPU's C(health_unchecked) names those that could not run
+        pending change), C(recovery_action) (C(gpu_recovery_action) other than V(None)), C(fabric) (the GPU's NVSwitch registration and
+        fabric health, where it has a fabric; Fabric Manager is context), C(xid). Each GPU's C(health_unchecked) names those that could not run
         (a field the driver does not know or reads V([N/A]), an unreadable kernel log); C(health_checked) is V(true) only when it
         is empty. A reading of V([GPU requires reset]) or V([Unknown Error]) is a fault, naming the field.
       - V(false) reads memory and holders only; C(healthy) is then V(null).

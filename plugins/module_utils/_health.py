@@ -10,11 +10,15 @@
 Pure functions turn records (from _nvidia_smi) and kernel log lines into plain sentences per
 GPU, and say which checks could not run (`health_unchecked`). Thin readers run commands, each
 bounded in time and size: the kernel log (journalctl, else dmesg), Fabric Manager's unit and
-version on an NVSwitch node, and, when asked, `dcgmi diag`.
+version where a GPU has a fabric, and, when asked, `dcgmi diag`.
+
+The GPU's own reading is the authority (docs/health.md): host context (a unit, a binary) explains
+a bad reading and never turns a good one bad.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import time
@@ -135,10 +139,12 @@ CHECK_KEYS = (
     ("persistence", ("persistence_mode",)),
     ("mig", ("mig_mode", "mig_mode_pending")),
     ("recovery_action", ("recovery_action",)),
-    ("fabric", ("fabric_state", "fabric_status")),
+    ("fabric", ("fabric_state", "fabric_status", "fabric_health_summary")),
 )
 CHECKS = tuple(name for name, _keys in CHECK_KEYS) + ("xid",)
 _CHECKED_KEYS = frozenset(key for _name, keys in CHECK_KEYS for key in keys)
+# The fabric check rests on the registration; fabric.health.summary is judged where the driver has it.
+FABRIC_REGISTRATION_KEYS = ("fabric_state", "fabric_status")
 
 # Values nvidia-smi prints in a field when the GPU is in trouble, not when it lacks the feature.
 FAULT_TOKENS = ("[GPU requires reset]", "[Unknown Error]", "[GPU is lost]")
@@ -259,6 +265,7 @@ def readings(gpu: Gpu) -> dict[str, t.Any]:
         "recovery_action": gpu.get("recovery_action"),
         "fabric_state": gpu.get("fabric_state"),
         "fabric_status": gpu.get("fabric_status"),
+        "fabric_health_summary": gpu.get("fabric_health_summary"),
     }
 
 
@@ -268,33 +275,53 @@ def fault_tokens(gpu: Gpu) -> dict[str, str]:
     return dict((key, token) for key, token in unavailable.items() if key in _CHECKED_KEYS and token in FAULT_TOKENS)
 
 
+def _word(value: t.Any) -> str | None:
+    """A fabric reading in lower case; None where the GPU has none ([N/A], N/A, Not Supported)."""
+    if value is None:
+        return None
+    text = str(value).strip().lower()
+    return None if text in ("n/a", "not supported", "") else text
+
+
 def has_fabric(gpu: Gpu) -> bool:
     """A GPU registered (or to be registered) with an NVSwitch fabric; N/A is no fabric."""
-    state = gpu.get("fabric_state")
-    return state is not None and str(state).strip().lower() not in ("not supported", "n/a")
+    return _word(gpu.get("fabric_state")) is not None
 
 
-def _fabric_issues(gpu: Gpu) -> list[str]:
+def fabric_registered(gpu: Gpu) -> bool:
+    """The GPU says its fabric registration is done: state Completed, status Success (or none)."""
+    return _word(gpu.get("fabric_state")) == "completed" and _word(gpu.get("fabric_status")) in (None, "success")
+
+
+def fabric_issues(gpu: Gpu, fabric_manager: dict[str, t.Any] | None = None) -> list[str]:
+    """The GPU's own verdict on its fabric: registration Completed with status Success, and a
+    fabric.health.summary of Healthy where the driver has one (N/A there is no reading). What was
+    found of Fabric Manager (`fabric_manager`) is added to a fault, to say where to look."""
     if not has_fabric(gpu):
         return []
-    state, status = str(gpu["fabric_state"]).strip(), gpu.get("fabric_status")
-    if state.lower() != "completed":
-        return [f"NVSwitch fabric registration is {state}, expected Completed: NCCL jobs fail (CUDA error 802, system not yet "
-                "initialized) until Fabric Manager completes it"]
-    if status is not None and str(status).strip().lower() != "success":
-        return [f"NVSwitch fabric registration failed ({status}): check nvidia-fabricmanager"]
+    found = "" if fabric_manager is None else "; on this host: " + fabric_manager_found(fabric_manager)
+    state, status, summary = gpu.get("fabric_state"), gpu.get("fabric_status"), gpu.get("fabric_health_summary")
+    if _word(state) != "completed":
+        return [f"NVSwitch fabric registration is {str(state).strip()}, expected Completed: NCCL jobs fail (CUDA error 802, system not yet "
+                f"initialized) until Fabric Manager completes it{found}"]
+    if status is not None and _word(status) != "success":
+        return [f"NVSwitch fabric registration failed ({str(status).strip()}){found}"]
+    if _word(summary) not in (None, "healthy"):
+        return [f"NVSwitch fabric health is {str(summary).strip()} (fabric.health.summary), expected Healthy: see the Fabric section of "
+                f"nvidia-smi -q{found}"]
     return []
 
 
-def gpu_issues(gpu: Gpu, checks: Checks, xids: t.Iterable[dict[str, t.Any]] = (), host_issues: t.Iterable[str] = ()) -> list[str]:
+def gpu_issues(gpu: Gpu, checks: Checks, xids: t.Iterable[dict[str, t.Any]] = (), host_issues: t.Iterable[str] = (),
+               fabric_manager: dict[str, t.Any] | None = None) -> list[str]:
     """Plain sentences, one per problem, for one GPU record ([N/A] is never a problem; a field
-    that reads [GPU requires reset] or [Unknown Error] is). `host_issues`: the node's (Fabric
-    Manager), added to a GPU on the fabric."""
+    that reads [GPU requires reset] or [Unknown Error] is). `host_issues`: the node's faults that
+    concern this GPU (fabric_manager_issues); `fabric_manager`: what was found of it, said in a
+    fabric fault."""
     r = readings(gpu)
     issues = _hardware_issues(gpu, r, checks) + _mode_issues(gpu, r, checks)
-    issues.extend(_fabric_issues(gpu))
-    if has_fabric(gpu):
-        issues.extend(host_issues)
+    issues.extend(fabric_issues(gpu, fabric_manager))
+    issues.extend(host_issues)
     issues.extend(xid_issues(xids, checks, r["recovery_action"]))
     return issues
 
@@ -382,14 +409,14 @@ def _rejected_fields(gpu: Gpu, keys: t.Iterable[str]) -> list[str]:
     return [FIELD_OF[key] for key in keys if FIELD_OF.get(key) in rejected]
 
 
-def unchecked_checks(gpu: Gpu, checks: Checks, kernel_log_error: str | None = None,
-                     fabric_manager_error: str | None = None) -> list[tuple[str, str]]:
+def unchecked_checks(gpu: Gpu, checks: Checks, kernel_log_error: str | None = None) -> list[tuple[str, str]]:
     """[(check, why)] of the checks that could not run on this GPU, in CHECKS order.
 
     A check whose reading is [N/A] on every GPU of its kind is still unchecked (ECC off, no
     recovery action); what a GPU lacks by design is not: MIG and the fabric read N/A on GPUs
     without them (unchecked only when the driver does not know the field), and row remapping
-    (Ampere+) and page retirement (before Ampere) stand in for each other."""
+    (Ampere+) and page retirement (before Ampere) stand in for each other. The fabric is checked
+    whenever the GPU answered its registration fields: Fabric Manager is context, not a reading."""
     found = []
     keys = dict(CHECK_KEYS)
 
@@ -416,10 +443,8 @@ def unchecked_checks(gpu: Gpu, checks: Checks, kernel_log_error: str | None = No
         found.append(("mig", why(keys["mig"])))
     if _missing(gpu, keys["recovery_action"]):
         found.append(("recovery_action", why(keys["recovery_action"])))
-    if _rejected_fields(gpu, keys["fabric"]):
-        found.append(("fabric", why(keys["fabric"])))
-    elif has_fabric(gpu) and fabric_manager_error:
-        found.append(("fabric", f"nvidia-fabricmanager not checked: {fabric_manager_error}"))
+    if _rejected_fields(gpu, FABRIC_REGISTRATION_KEYS):
+        found.append(("fabric", why(FABRIC_REGISTRATION_KEYS)))
     if checks.xid_window_hours and kernel_log_error:
         found.append(("xid", f"recent Xid errors not checked: {kernel_log_error}"))
     order = dict((name, i) for i, name in enumerate(CHECKS))
@@ -645,54 +670,106 @@ def _run_bounded(argv: list[str], timeout: float) -> tuple[int | None, str]:
     return process.returncode, out.decode("utf-8", "replace")
 
 
-def read_fabric_manager(timeout: float = FABRIC_MANAGER_TIMEOUT_S, search_path: str | None = None) -> dict[str, t.Any]:
-    """On an NVSwitch node: {state (systemctl is-active nvidia-fabricmanager), version
-    (nv-fabricmanager --version), error (what could not be asked)}. Read-only, bounded."""
-    record: dict[str, t.Any] = {"state": None, "version": None, "installed": False, "error": None}
+# Where the NVIDIA GPU Operator's driver container shows its root on the host: Fabric Manager
+# runs inside it there, with no unit of the host's systemd (GPU Operator's driver container).
+GPU_OPERATOR_DRIVER_ROOT = "/run/nvidia/driver"
+FABRIC_MANAGER_UNIT = "nvidia-fabricmanager"
+NO_FABRIC_MANAGER = ("no Fabric Manager on this host: it may run in a container (GPU Operator) or not be needed (VM, GB200 "
+                     "compute tray)")
+
+
+def parse_unit_state(text: str) -> dict[str, str | None] | None:
+    """`systemctl show -p LoadState,ActiveState,SubState UNIT` -> {load_state, active_state,
+    sub_state}; None when it printed no LoadState (systemd did not answer). A unit that does not
+    exist reads LoadState=not-found (rc 0), where `is-active` would say `inactive`."""
+    props = dict(line.strip().partition("=")[::2] for line in (text or "").splitlines() if "=" in line)
+    if not props.get("LoadState"):
+        return None
+    return {"load_state": props["LoadState"], "active_state": props.get("ActiveState") or None, "sub_state": props.get("SubState") or None}
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return ": " + lines[0] if lines else ""
+
+
+def read_fabric_manager(timeout: float = FABRIC_MANAGER_TIMEOUT_S, search_path: str | None = None,
+                        driver_root: str = GPU_OPERATOR_DRIVER_ROOT) -> dict[str, t.Any]:
+    """Where a GPU has a fabric: what this host has of Fabric Manager, as context for the GPU's
+    own reading. {unit ({load_state, active_state, sub_state} of nvidia-fabricmanager, None when
+    systemd could not be asked), unit_error (why), binary (nv-fabricmanager on PATH or the system
+    directories, else under the GPU Operator's driver root), version (`--version` of a host
+    binary; the driver container's is not run from the host), version_error, note}. Read-only,
+    each command bounded to `timeout`."""
+    record: dict[str, t.Any] = {"unit": None, "unit_error": None, "binary": None, "version": None, "version_error": None, "note": None}
     systemctl = which("systemctl", search_path)
     if not systemctl:
-        record["error"] = "systemctl not found"
+        record["unit_error"] = "systemctl not found"
     else:
         try:
-            rc, out = _run_bounded([systemctl, "is-active", "nvidia-fabricmanager"], timeout)
+            rc, out = _run_bounded([systemctl, "show", "-p", "LoadState,ActiveState,SubState", FABRIC_MANAGER_UNIT], timeout)
         except OSError as exc:
             rc, out = 1, str(exc)
-        words = out.strip().splitlines()
-        # is-active prints one state word (active, inactive, failed, activating, ...); anything
-        # else is systemctl failing to ask (no systemd as PID 1, no bus).
+        record["unit"] = parse_unit_state(out) if rc == 0 else None
         if rc is None:
-            record["error"] = f"systemctl is-active took longer than {timeout:g} s"
-        elif len(words) == 1 and re.match(r"^[a-z-]+$", words[0]):
-            record["state"] = words[0]
-        else:
-            record["error"] = "systemctl is-active nvidia-fabricmanager failed (rc {}){}".format(rc, ": " + words[0] if words else "")
+            record["unit_error"] = f"systemctl show took longer than {timeout:g} s"
+        elif record["unit"] is None:
+            # No systemd as PID 1 (a container, some CI hosts): "System has not been booted with systemd".
+            record["unit_error"] = f"systemctl show {FABRIC_MANAGER_UNIT} failed (rc {rc}){_first_line(out)}"
     binary = which("nv-fabricmanager", search_path)
     if binary:
-        record["installed"] = True
+        record["binary"] = binary
         try:
             rc, out = _run_bounded([binary, "--version"], timeout)
         except OSError as exc:
             rc, out = 1, str(exc)
         record["version"] = parse_fabric_manager_version(out) if rc == 0 else None
+        if record["version"] is None:
+            record["version_error"] = f"nv-fabricmanager --version printed no version (rc {rc}){_first_line(out)}"
+    else:
+        in_root = [os.path.join(driver_root, d.lstrip("/"), "nv-fabricmanager") for d in ("/usr/bin", "/usr/sbin")]
+        record["binary"] = next((path for path in in_root if os.path.isfile(path) and os.access(path, os.X_OK)), None)
+    loaded = (record["unit"] or {}).get("load_state") == "loaded"
+    if not loaded and record["binary"] is None:
+        record["note"] = NO_FABRIC_MANAGER
+    elif not loaded and not binary:
+        record["note"] = f"Fabric Manager of the GPU Operator's driver container ({driver_root}): no unit of this host"
     return record
 
 
-def fabric_manager_issues(fabric_manager: dict[str, t.Any] | None, driver_version: str | None) -> list[str]:
-    """What is wrong with Fabric Manager on an NVSwitch node (empty: nothing, or not readable)."""
-    if not fabric_manager:
+def fabric_manager_found(fabric_manager: dict[str, t.Any]) -> str:
+    """What was found of Fabric Manager, in one phrase for a fabric fault."""
+    unit, binary = fabric_manager.get("unit"), fabric_manager.get("binary")
+    if unit is None:
+        said = "unit {} not asked ({})".format(FABRIC_MANAGER_UNIT, fabric_manager.get("unit_error") or "no systemd")
+    elif unit.get("load_state") == "not-found":
+        said = f"no unit {FABRIC_MANAGER_UNIT}"
+    else:
+        said = "unit {} {}, {} ({})".format(FABRIC_MANAGER_UNIT, unit.get("load_state"), unit.get("active_state"), unit.get("sub_state"))
+    if binary:
+        version = fabric_manager.get("version")
+        said += ", nv-fabricmanager {}at {}".format(version + " " if version else "", binary)
+    else:
+        said += ", no nv-fabricmanager"
+    return said + ("; " + fabric_manager["note"] if fabric_manager.get("note") else "")
+
+
+def fabric_manager_issues(fabric_manager: dict[str, t.Any] | None, driver_version: str | None, gpu: Gpu) -> list[str]:
+    """The faults of Fabric Manager that concern this GPU: only where certain. Its unit is loaded
+    and failed or inactive while the GPU's fabric is not registered; or it is loaded and active
+    with a version other than the driver's (Fabric Manager refuses another driver's version).
+    No unit, no binary, no systemd: not a fault (a VM, a GB200 compute tray, the GPU Operator)."""
+    if not fabric_manager or not has_fabric(gpu):
         return []
-    issues = []
-    state = fabric_manager.get("state")
-    if state is not None and state != "active":
-        issues.append(f"nvidia-fabricmanager is {state}: NVSwitch jobs fail (CUDA error 802) until it runs")
-    if not fabric_manager.get("installed"):
-        issues.append("nv-fabricmanager is not installed: an NVSwitch node needs Fabric Manager of the driver's version")
-    elif fabric_manager.get("version") is None:
-        issues.append("nv-fabricmanager --version printed no version")
-    elif driver_version and fabric_manager["version"] != driver_version:
-        issues.append("nv-fabricmanager is version {}, the driver {}: Fabric Manager must match the driver exactly".format(
-            fabric_manager["version"], driver_version))
-    return issues
+    unit = fabric_manager.get("unit") or {}
+    if unit.get("load_state") != "loaded":
+        return []
+    active, version = unit.get("active_state"), fabric_manager.get("version")
+    if active in ("failed", "inactive") and not fabric_registered(gpu):
+        return [f"nvidia-fabricmanager is {active}: NVSwitch jobs fail (CUDA error 802) until it runs"]
+    if active == "active" and version and driver_version and version != driver_version:
+        return [f"nv-fabricmanager is version {version}, the driver {driver_version}: Fabric Manager must match the driver exactly"]
+    return []
 
 
 HEALTH_KEYS = ("healthy", "health_checked", "health_unchecked", "health_issues", "health")
@@ -711,19 +788,22 @@ class Health:
         self.rejected = set(rejected)
         self.kernel_log = kernel_log
         self.fabric_manager = fabric_manager
-        self.host_issues = fabric_manager_issues(fabric_manager, driver_version)
+        self.driver_version = driver_version
+        # The node's own faults (Fabric Manager), said once by host_verdict: set by annotate().
+        self.host_issues: list[str] = []
 
     def annotate(self, gpus: list[Gpu]) -> list[Gpu]:
         """Copies of the records with healthy, health_issues, health_checked, health_unchecked and health."""
         error = self.kernel_log.error if self.kernel_log is not None else None
-        fm_error = (self.fabric_manager or {}).get("error")
         result = []
         for gpu in gpus:
             record = gpu.copy()
             record["_rejected"] = sorted(set(self.rejected) | set(gpu.get("_rejected") or ()))
             xids = xids_of(gpu, self.xids_by_bus)
-            record["health_issues"] = gpu_issues(record, self.checks, xids, self.host_issues)
-            missing = unchecked_checks(record, self.checks, error, fm_error)
+            node = fabric_manager_issues(self.fabric_manager, self.driver_version, record)
+            self.host_issues.extend(issue for issue in node if issue not in self.host_issues)
+            record["health_issues"] = gpu_issues(record, self.checks, xids, node, self.fabric_manager)
+            missing = unchecked_checks(record, self.checks, error)
             record["healthy"] = not record["health_issues"]
             record["health_unchecked"] = [name for name, _why in missing]
             record["health_checked"] = not missing

@@ -52,9 +52,11 @@ HEALTH_FIELDS = (
     ("mig.mode.pending", "mig_mode_pending", "str"),
     # R550+ (the H200 capture of 580.159.04 answers "None"); N/A where the GPU has none.
     ("gpu_recovery_action", "recovery_action", "str"),
-    # NVSwitch fabric registration; "N/A" on a GPU without a fabric (the same capture).
+    # NVSwitch fabric registration; "N/A" on a GPU without a fabric (the same capture). The
+    # fabric's own health summary (590.48.01 exporter capture: "N/A" beside Completed/Success).
     ("fabric.state", "fabric_state", "str"),
     ("fabric.status", "fabric_status", "str"),
+    ("fabric.health.summary", "fabric_health_summary", "str"),
 )
 
 # Fields an older driver may not know: asked again without them (value None). Drivers before
@@ -63,6 +65,9 @@ HEALTH_FIELDS = (
 # mig.mode.current): a driver that rejects one loses that check only, never memory freeing.
 OPTIONAL_FIELDS = frozenset(["memory.reserved", "persistence_mode", "mig.mode.current"] + [f for f, _k, _t in HEALTH_FIELDS])
 RENAMED_FIELDS = {"clocks_event_reasons.": "clocks_throttle_reasons."}
+# A driver that rejects the first field predates the others too (fabric.health.* came after
+# fabric.state): they are dropped with it, one rejected call instead of two.
+REJECTED_WITH = {"fabric.state": ("fabric.health.summary",)}
 
 # nvidia-smi fields we ask for, mapped to the record keys of docs/design.md. The order is the
 # order of the CSV columns.
@@ -528,6 +533,7 @@ class NvidiaSmi:
                 bad_field = new_prefix + bad_field[len(old_prefix):]
         if bad_field in OPTIONAL_FIELDS and bad_field not in self.rejected:
             self.rejected.add(bad_field)
+            self.rejected.update(REJECTED_WITH.get(bad_field, ()))
             return True
         return False
 

@@ -65,6 +65,7 @@ class Gpu(t.TypedDict, total=False):
     recovery_action: str | None
     fabric_state: str | None
     fabric_status: str | None
+    fabric_health_summary: str | None
     # Internal: the optional nvidia-smi fields this driver rejected (memory.reserved aside).
     _rejected: list[str]
 

@@ -25,7 +25,7 @@ description:
     the minor number is not always the index.
   - Says whether each GPU is ready for work, not just free (C(healthy), C(health_issues)) - uncorrectable ECC errors, pending
     or failed row remaps (retired pages before Ampere), a PCIe link below its generation or width, hardware or thermal
-    slowdown, persistence mode, MIG mode, the driver's recovery action, the NVSwitch fabric and Fabric Manager, and Xid errors of
+    slowdown, persistence mode, MIG mode, the driver's recovery action, the NVSwitch fabric as the GPU reports it, and Xid errors of
     the GPU in the kernel log that NVIDIA's Xid catalog says need a reset or a reboot. The readings come from the same
     C(nvidia-smi --query-gpu) call; each GPU's C(health_unchecked) names the checks that could not run. See the collection's
     C(docs/health.md).
@@ -185,8 +185,12 @@ ansible_facts:
             - C(kernel_log) - where the Xids were read (C(source) V(journalctl) or V(dmesg)), C(error) when it could not be read,
               C(fallback) (why journalctl was passed over for dmesg, such as a journalctl that has no journal),
               C(driver_loaded) (the driver's load line in the window; V(null) when it loaded before the window), C(window_hours), C(elapsed_s).
-            - C(fabric_manager) - on an NVSwitch node (a GPU whose C(fabric.state) is not N/A) C(state) (C(systemctl is-active
-              nvidia-fabricmanager)), C(installed), C(version) (C(nv-fabricmanager --version)), C(error); else V(null).
+            - C(fabric_manager) - where a GPU has a fabric (C(fabric.state) not N/A), what the host has of Fabric Manager, as
+              context for the GPU's own reading - C(unit) (C(load_state), C(active_state), C(sub_state) of C(systemctl show
+              nvidia-fabricmanager); C(load_state) V(not-found) when there is no such unit; V(null) when systemd could not be
+              asked, C(unit_error) says why), C(binary) (C(nv-fabricmanager) on PATH, else under the GPU Operator's
+              C(/run/nvidia/driver)), C(version) (C(nv-fabricmanager --version) of a host binary), C(version_error), C(note)
+              (a plain sentence when nothing was found, or only the GPU Operator's binary); else V(null).
             - C(dcgm_diag) - V(null) unless O(dcgm_diag) was set; else C(level), C(ran), C(passed), C(summary), C(elapsed_s).
           type: dict
           returned: always
@@ -222,7 +226,7 @@ ansible_facts:
             - C(health) holds the readings - C(ecc_uncorrected_volatile), C(remapped_rows_pending), C(remapped_rows_failure),
               C(retired_pages_pending), C(pcie_link_gen_current), C(pcie_link_gen_max), C(pcie_link_width_current),
               C(pcie_link_width_max), C(pstate), C(slowdown) (active hardware or thermal slowdown reasons), C(mig_mode_pending),
-              C(recovery_action), C(fabric_state), C(fabric_status), C(xids) (this GPU's Xid lines of the kernel log in the window
+              C(recovery_action), C(fabric_state), C(fabric_status), C(fabric_health_summary), C(xids) (this GPU's Xid lines of the kernel log in the window
               since the driver loaded, each C(xid), C(time), C(message), C(action) (NVIDIA's catalog) and C(fault)),
               C(xids_before_driver_load) and C(unchecked).
             - C(clean) is V(true) when C(memory_used_mib) is at most O(max_used_mib), or when C(cross_gpu_footprint) is V(true).
@@ -267,6 +271,7 @@ ansible_facts:
                 recovery_action: None
                 fabric_state: null
                 fabric_status: null
+                fabric_health_summary: null
                 xids: []
                 xids_before_driver_load: []
                 unchecked: []

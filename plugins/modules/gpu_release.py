@@ -495,7 +495,7 @@ healthy:
     - V(true) when no GPU has a health issue at the end, and C(dcgmi diag), when asked for and installed, passed.
       Health does not change RV(released); the P(zeromib.gpu.free_gpus#role) role asserts both.
     - The checks are those of M(zeromib.gpu.gpu_facts) (ECC, row remaps, PCIe link, slowdown, persistence and MIG mode, recovery
-      action, NVSwitch fabric and Fabric Manager, Xids judged by NVIDIA's Xid catalog).
+      action, NVSwitch fabric (Fabric Manager as context), Xids judged by NVIDIA's Xid catalog).
   type: bool
   returned: always
 health_checked:
@@ -512,7 +512,7 @@ health_issues:
   sample: ["GPU 0 (00000000:18:00.0): Xid 79 (GPU has fallen off the bus) in the kernel log at 2026-11-29T09:08:01+0000"]
 health:
   description:
-    - The kernel log read (C(kernel_log)), Fabric Manager on an NVSwitch node (C(fabric_manager)) and the DCGM diagnostic
+    - The kernel log read (C(kernel_log)), what the host has of Fabric Manager where a GPU has a fabric (C(fabric_manager)) and the DCGM diagnostic
       (C(dcgm_diag), V(null) unless O(dcgm_diag) is set), as in M(zeromib.gpu.gpu_facts).
   type: dict
   returned: always

@@ -498,6 +498,24 @@ class Run:
         self.record("health: an idle H200 reads healthy (ECC, row remaps, PCIe link, slowdown, persistence, MIG, Xids)", ok,
                     host_healthy=gpu.get("healthy"), health_checked=gpu.get("health_checked"), gpus=per_gpu, wall_s=wall)
 
+    def scenario_fabric(self):
+        """Issue 30 on real hardware: the fabric verdict is the GPU's. Driver 580.159.04 knows
+        fabric.health.summary (no rejected field, `fabric` checked); a GPU reading N/A has no fabric
+        and the look runs no Fabric Manager command (health.fabric_manager null); a GPU reading
+        Completed/Success is healthy whatever the host has of Fabric Manager (recorded)."""
+        rc, raw = self.smi("--query-gpu=index,fabric.state,fabric.status,fabric.health.summary", "--format=csv,noheader")
+        facts, wall = self.playbook("fabric-facts", action="facts")
+        gpu = facts["ansible_facts"]["gpu"]
+        per_gpu = [(g["index"], g["health"].get("fabric_state"), g["health"].get("fabric_status"), g["health"].get("fabric_health_summary"),
+                    g.get("health_unchecked"), g.get("health_issues")) for g in gpu["gpus"]]
+        registered = [s == "Completed" and st in (None, "Success") for _i, s, st, _h, _u, _x in per_gpu]
+        no_fabric = all(s is None for _i, s, _st, _h, _u, _x in per_gpu)
+        fm = gpu["health"].get("fabric_manager")
+        ok = rc == 0 and all("fabric" not in (u or []) for _i, _s, _st, _h, u, _x in per_gpu) and (
+            (no_fabric and fm is None) or (all(registered) and gpu.get("healthy") is True))
+        self.record("fabric: the GPU's registration decides; no Fabric Manager command without a fabric", ok, raw=raw.strip(),
+                    gpus=per_gpu, fabric_manager=fm, host_healthy=gpu.get("healthy"), wall_s=wall)
+
     def wait_gone_mib(self, timeout=10):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and sum(v for v in self.used_all().values()) > 8:
@@ -821,6 +839,7 @@ class Run:
             self.scenario_multi_gpu,
             self.scenario_attribution,
             self.scenario_health,
+            self.scenario_fabric,
             self.scenario_smoke,
         ]
         if self.only:

@@ -4,16 +4,16 @@ host passes; gpu_facts reports health, and reports it as not checked on an older
 
 Faults go in through the simulator (tests/sim/README.md): `field_values` of nvidia-smi, the
 simulated kernel log (`xid`, `no_journal`, `journal_empty`, `driver_loaded_age_s`), an older
-driver (`unsupported_fields`), Fabric Manager (`fabricmanager_state`, `fabricmanager_version`), a GPU
-fewer than expected (`count`).
+driver (`unsupported_fields`), Fabric Manager (config `fabric_manager`: its unit, its binary;
+faults `fabricmanager_state`, `fabricmanager_version`), a GPU fewer than expected (`count`).
 """
 import json
 import os
 
 import pytest
 
-from ansible_in_ns import COLLECTIONS, VENV_BIN, run_module
-from make_config import R440_UNSUPPORTED_FIELDS, make_config
+from ansible_in_ns import COLLECTIONS, REPO, VENV_BIN, run_module
+from make_config import H200_VM_590_CAPTURE, R440_UNSUPPORTED_FIELDS, captured_fields, make_config
 
 ROLE_PLAY = """---
 - hosts: localhost
@@ -295,14 +295,126 @@ def test_r440_like_driver_still_frees_memory_and_reports_mig_unchecked(nshost):
     assert not host.alive(holder.pid)
 
 
-FABRIC = {"fields": {"fabric.state": "Completed", "fabric.status": "Success"}}  # the exporter's HGX H200 (590.48.01)
+# The single-GPU H200 VM of the exporter's capture on driver 590.48.01: every fabric.* field as
+# captured (Completed, Success, cliqueId 0, a zero clusterUuid, fabric.health.* N/A).
+VM_FABRIC = captured_fields(H200_VM_590_CAPTURE, "fabric.")
+VM_DRIVER = captured_fields(H200_VM_590_CAPTURE, "driver_version")["driver_version"]
+NO_FABRIC_MANAGER = ("no Fabric Manager on this host: it may run in a container (GPU Operator) or not be needed (VM, GB200 "
+                     "compute tray)")
+NO_SYSTEMD = "systemctl show nvidia-fabricmanager failed (rc 1): System has not been booted with systemd as init system (PID 1)."
+ROOT_BINARY = "/run/nvidia/driver/usr/bin/nv-fabricmanager"
+
+
+def vm_config(seed, **fabric_manager):
+    """The capture's VM; `fabric_manager` as tests/sim/fabricmanager takes it (none: no Fabric
+    Manager and no systemd: the machine's own systemctl answers, as without systemd as PID 1)."""
+    return make_config("h200x1", seed=seed, driver_version=VM_DRIVER, gpu_overrides={0: {"fields": dict(VM_FABRIC)}},
+                       **({"fabric_manager": fabric_manager} if fabric_manager else {}))
+
+
+def fabric_manager_calls(host):
+    try:
+        with open(os.path.join(host.root.state, "fabricmanager.log")) as handle:
+            return handle.read().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+def run_playbook(host, playbook, variables, timeout=180):
+    cmd = [os.path.join(VENV_BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local", os.path.join(REPO, "playbooks", playbook),
+           "-e", "ansible_python_interpreter=/usr/bin/python3", "-e", json.dumps(variables)]
+    env = {"ANSIBLE_COLLECTIONS_PATH": COLLECTIONS, "HOME": "/root", "ANSIBLE_NOCOLOR": "1", "ANSIBLE_LOCALHOST_WARNING": "False",
+           "ANSIBLE_DEPRECATION_WARNINGS": "False"}
+    return host.run(cmd, env=env, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def h200_vm(module_nshost):
+    """The capture's VM with no Fabric Manager, no unit and no systemd."""
+    return module_nshost(config=vm_config("health06"))
+
+
+def test_h200_vm_of_the_590_capture_answers_every_fabric_field_as_captured(h200_vm):
+    fields = list(VM_FABRIC)
+    proc = h200_vm.run(["nvidia-smi", "--query-gpu=" + ",".join(fields), "--format=csv,noheader"])
+    assert proc.returncode == 0 and dict(zip(fields, proc.stdout.strip().split(", "))) == VM_FABRIC, proc.stdout
+    assert VM_FABRIC["fabric.state"] == "Completed" and VM_FABRIC["fabric.status"] == "Success" and VM_FABRIC["fabric.cliqueId"] == "0"
+    assert VM_FABRIC["fabric.clusterUuid"] == "00000000-0000-0000-0000-000000000000" and VM_FABRIC["fabric.health.summary"] == "N/A"
+
+
+def test_h200_vm_without_fabric_manager_or_systemd_reads_healthy_and_fully_checked(h200_vm):
+    gpu = run_module(h200_vm, "gpu_facts", {})["ansible_facts"]["gpu"]
+    assert gpu["healthy"] is True and gpu["health_checked"] is True and gpu["health_issues"] == [], gpu["health_issues"]
+    (one,) = gpu["gpus"]
+    assert gpu["driver_version"] == "590.48.01" and one["health_unchecked"] == [] and one["health"]["unchecked"] == []
+    assert (one["health"]["fabric_state"], one["health"]["fabric_status"], one["health"]["fabric_health_summary"]) == ("Completed", "Success", None)
+    fm = gpu["health"]["fabric_manager"]
+    assert fm["unit"] is None and fm["unit_error"].startswith(NO_SYSTEMD), fm
+    assert fm["binary"] is None and fm["version"] is None and fm["note"] == NO_FABRIC_MANAGER
+
+
+def test_h200_vm_passes_free_gpus_yml_and_the_audit_shows_it_healthy(h200_vm):
+    proc = run_playbook(h200_vm, "free_gpus.yml", {"free_gpus_expected_count": 1})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "1 host: 1 clean" in proc.stdout and "failed=0" in proc.stdout and "not checked" not in proc.stdout, proc.stdout[-3000:]
+    out = os.path.join(h200_vm.dir, "audit")
+    proc = run_playbook(h200_vm, "audit_gpus.yml", {"gpu_audit_report_dir": out})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(os.path.join(out, "report.json")) as handle:
+        report = json.load(handle)
+    (host,) = report["hosts"]
+    assert host["healthy"] is True and host["unhealthy_gpus"] == [], host
+    assert (report["summary"]["hosts_unhealthy"], report["summary"]["gpus_unhealthy"], report["summary"]["hosts_health_unchecked"]) == (0, 0, 0)
+
+
+# What each host has of Fabric Manager, and what gpu_facts records of it (GPUs as the VM's).
+CONTEXTS = [
+    # A systemd host without the unit: systemctl show answers LoadState=not-found (rc 0).
+    ("no_unit_no_binary", {"unit": "not-found", "binary": None},
+     {"unit": {"load_state": "not-found", "active_state": "inactive", "sub_state": "dead"}, "unit_error": None, "binary": None,
+      "version": None, "version_error": None, "note": NO_FABRIC_MANAGER},
+     ["systemctl show -p LoadState,ActiveState,SubState nvidia-fabricmanager"]),
+    # GPU Operator: Fabric Manager in the driver container, its binary under the driver root, no unit on the host.
+    ("gpu_operator", {"unit": "not-found", "binary": "driver_root"},
+     {"unit": {"load_state": "not-found", "active_state": "inactive", "sub_state": "dead"}, "unit_error": None, "binary": ROOT_BINARY,
+      "version": None, "version_error": None,
+      "note": "Fabric Manager of the GPU Operator's driver container (/run/nvidia/driver): no unit of this host"},
+     ["systemctl show -p LoadState,ActiveState,SubState nvidia-fabricmanager"]),
+    # A host binary and an inactive unit: with the fabric Completed, context only.
+    ("unit_inactive", {"unit": "inactive", "version": "590.48.01"},
+     {"unit": {"load_state": "loaded", "active_state": "inactive", "sub_state": "dead"}, "unit_error": None,
+      "binary": "/usr/bin/nv-fabricmanager", "version": "590.48.01", "version_error": None, "note": None},
+     ["systemctl show -p LoadState,ActiveState,SubState nvidia-fabricmanager", "nv-fabricmanager --version"]),
+]
+
+
+@pytest.mark.parametrize("fabric_manager,recorded,calls", [c[1:] for c in CONTEXTS], ids=[c[0] for c in CONTEXTS])
+def test_completed_success_fabric_is_healthy_whatever_the_host_has_of_fabric_manager(nshost, fabric_manager, recorded, calls):
+    host = nshost(config=vm_config("health07", **fabric_manager))
+    gpu = run_module(host, "gpu_facts", {})["ansible_facts"]["gpu"]
+    assert gpu["healthy"] is True and gpu["health_checked"] is True, gpu["health_issues"]
+    assert gpu["health"]["fabric_manager"] == recorded
+    assert fabric_manager_calls(host) == calls
+    outcome = run_role(host, {"free_gpus_expected_count": 1})
+    assert not outcome["failed"] and "not checked" not in outcome["result"]["message"], outcome
+
+
+def test_a_host_whose_gpus_have_no_fabric_asks_nothing_of_fabric_manager(nshost):
+    # Fabric Manager installed (unit and binary), the GPUs N/A as the H200 of the 580.159.04 capture.
+    host = nshost(config=make_config("h200x2", seed="health08", fabric_manager={"unit": "active"}))
+    gpu = run_module(host, "gpu_facts", {})["ansible_facts"]["gpu"]
+    assert gpu["healthy"] is True and gpu["health_checked"] is True and gpu["health"]["fabric_manager"] is None
+    assert fabric_manager_calls(host) == []
+
+
+FABRIC = {"fields": {"fabric.state": "Completed", "fabric.status": "Success"}}  # the fabric as the 590.48.01 capture reads it
 
 
 @pytest.fixture(scope="module")
 def hgx(module_nshost):
     """An NVSwitch node: both GPUs registered with the fabric, nvidia-fabricmanager active, of the driver's version."""
     return module_nshost(config=make_config("h200x2", seed="health05", gpu_overrides={0: FABRIC, 1: FABRIC},
-                                            fabric_manager={"state": "active"}))
+                                            fabric_manager={"unit": "active"}))
 
 
 def test_fabric_node_with_fabric_manager_of_the_drivers_version_passes(hgx):
@@ -311,23 +423,38 @@ def test_fabric_node_with_fabric_manager_of_the_drivers_version_passes(hgx):
     assert not outcome["failed"], outcome["msg"]
     facts = run_module(hgx, "gpu_facts", {})
     gpu = facts["ansible_facts"]["gpu"]
-    assert gpu["health"]["fabric_manager"] == {"state": "active", "installed": True, "version": "580.159.04", "error": None}
+    assert gpu["health"]["fabric_manager"] == {
+        "unit": {"load_state": "loaded", "active_state": "active", "sub_state": "running"}, "unit_error": None,
+        "binary": "/usr/bin/nv-fabricmanager", "version": "580.159.04", "version_error": None, "note": None}
     assert [g["health"]["fabric_state"] for g in gpu["gpus"]] == ["Completed", "Completed"] and gpu["health_checked"] is True
 
 
+@pytest.mark.parametrize("state", ["failed", "inactive"])
+def test_a_stopped_fabric_manager_beside_a_completed_fabric_is_not_a_fault(hgx, state):
+    hgx.set_fault({"fabricmanager_state": state})
+    try:
+        outcome = run_role(hgx, {"free_gpus_expected_count": 2})
+    finally:
+        hgx.clear_faults()
+    assert not outcome["failed"] and "not checked" not in outcome["result"]["message"], outcome
+
+
 FABRIC_FAULTS = [
-    ("fabric_in_progress", {"field_values": {"1": {"fabric.state": "In Progress", "fabric.status": "N/A"}}},
-     ["GPU 1 (00000000:00:07.0): NVSwitch fabric registration is In Progress, expected Completed"]),
-    ("fabric_manager_down", {"fabricmanager_state": "inactive"},
-     ["nvidia-fabricmanager is inactive: NVSwitch jobs fail (CUDA error 802)"]),
-    ("fabric_manager_failed", {"fabricmanager_state": "failed"}, ["nvidia-fabricmanager is failed"]),
-    ("fabric_manager_other_version", {"fabricmanager_version": "535.161.08"},
-     ["nv-fabricmanager is version 535.161.08, the driver 580.159.04: Fabric Manager must match the driver exactly"]),
+    ("unit_failed_fabric_in_progress", {"fabricmanager_state": "failed",
+                                        "field_values": {"1": {"fabric.state": "In Progress", "fabric.status": "N/A"}}},
+     ["GPU 1 (00000000:00:07.0): NVSwitch fabric registration is In Progress, expected Completed",
+      "on this host: unit nvidia-fabricmanager loaded, failed (failed), nv-fabricmanager 580.159.04 at /usr/bin/nv-fabricmanager",
+      "nvidia-fabricmanager is failed: NVSwitch jobs fail (CUDA error 802) until it runs"], ["GPU 0 ("]),
+    ("unit_active_other_version", {"fabricmanager_version": "535.161.08"},
+     ["nv-fabricmanager is version 535.161.08, the driver 580.159.04: Fabric Manager must match the driver exactly"], ["GPU "]),
+    # No capture of an unhealthy fabric: the word is NVML's (nvmlGpuFabricHealthSummary), the field the capture's.
+    ("fabric_health_unhealthy", {"field_values": {"0": {"fabric.health.summary": "Unhealthy"}}},
+     ["GPU 0 (00000000:00:06.0): NVSwitch fabric health is Unhealthy (fabric.health.summary), expected Healthy"], ["GPU 1 ("]),
 ]
 
 
-@pytest.mark.parametrize("fault,words", [f[1:] for f in FABRIC_FAULTS], ids=[f[0] for f in FABRIC_FAULTS])
-def test_fabric_fault_fails_the_gate(hgx, fault, words):
+@pytest.mark.parametrize("fault,words,absent", [f[1:] for f in FABRIC_FAULTS], ids=[f[0] for f in FABRIC_FAULTS])
+def test_fabric_fault_fails_the_gate(hgx, fault, words, absent):
     hgx.set_fault(fault)
     try:
         outcome = run_role(hgx, {})
@@ -336,5 +463,18 @@ def test_fabric_fault_fails_the_gate(hgx, fault, words):
     assert outcome["failed"] and outcome["result"]["status"] == "unhealthy", outcome
     for word in words:
         assert word in outcome["msg"], outcome["msg"]
+    for word in absent:
+        assert word not in outcome["msg"], outcome["msg"]
     # The node's own fault is said once, not once per GPU.
-    assert outcome["msg"].count("nvidia-fabricmanager is") <= 1, outcome["msg"]
+    assert outcome["msg"].count("nvidia-fabricmanager is") <= 1 and outcome["msg"].count("nv-fabricmanager is version") <= 1, outcome["msg"]
+
+
+def test_fabric_in_progress_without_fabric_manager_says_what_was_found(nshost):
+    host = nshost(config=vm_config("health09", unit="not-found", binary=None))
+    host.set_fault({"field_values": {"0": {"fabric.state": "In Progress", "fabric.status": "N/A"}}})
+    outcome = run_role(host, {})
+    assert outcome["failed"] and outcome["result"]["status"] == "unhealthy", outcome
+    assert ("GPU 0 (00000000:00:06.0): NVSwitch fabric registration is In Progress, expected Completed: NCCL jobs fail (CUDA error "
+            "802, system not yet initialized) until Fabric Manager completes it; on this host: no unit nvidia-fabricmanager, no "
+            "nv-fabricmanager; " + NO_FABRIC_MANAGER) in outcome["msg"], outcome["msg"]
+    assert "nvidia-fabricmanager is" not in outcome["msg"]

@@ -13,6 +13,7 @@ import argparse
 import copy
 import hashlib
 import json
+import os
 import sys
 
 DEFAULTS = {
@@ -44,6 +45,29 @@ R440_UNSUPPORTED_FIELDS = [
     "clocks_event_reasons.hw_slowdown", "clocks_event_reasons.hw_thermal_slowdown",
     "clocks_event_reasons.hw_power_brake_slowdown", "clocks_event_reasons.sw_thermal_slowdown",
 ]
+
+# The exporter's capture of a single-GPU H200 VM on driver 590.48.01 (one GPU, no NVSwitch, no
+# Fabric Manager): its GPU reads fabric.state Completed, fabric.status Success, cliqueId 0, a zero
+# clusterUuid and fabric.health.* N/A.
+H200_VM_590_CAPTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "fixtures", "nvidia-smi",
+                                   "exporter-captures", "linux-x86_64__nvidia-h200__590.48.01.txt")
+
+
+def captured_fields(path, prefix=""):
+    """{field: value} of the first `--query-gpu=... --format=csv` answer of an exporter capture
+    (its header line, then the first GPU's line), the fields starting with `prefix`."""
+    with open(path) as handle:
+        lines = handle.read().splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("# $ nvidia-smi --query-gpu=") and line.endswith("--format=csv"):
+            fields = line.split("=", 1)[1].rsplit(" ", 1)[0].split(",")
+            answer = [text for text in lines[i + 1:] if text and not text.startswith("#")]
+            values = [v.strip() for v in answer[1].split(",")]  # answer[0]: the header
+            if len(values) != len(fields):
+                raise ValueError(f"{path}: {len(fields)} fields, {len(values)} values")
+            return dict((f, v) for f, v in zip(fields, values) if f.startswith(prefix))
+    raise ValueError(f"{path}: no --query-gpu --format=csv answer")
+
 
 # HGX H100/H200 8-GPU baseboards enumerate at these bus numbers on common servers.
 HGX_BUSES = ["18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"]

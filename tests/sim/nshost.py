@@ -50,7 +50,7 @@ SIM = os.path.join(HERE, "nvidia-smi")
 HOLDER = os.path.join(HERE, "gpu_holder")
 # journalctl and dmesg inside: the Xids a test injects, never the machine's own kernel log
 KERNEL_LOG = os.path.join(HERE, "kernel-log")
-# nv-fabricmanager and systemctl inside, for a config with "fabric_manager" (an NVSwitch node)
+# nv-fabricmanager and systemctl inside, for a config with "fabric_manager" (a fabric node)
 FABRIC_MANAGER = os.path.join(HERE, "fabricmanager")
 sys.path.insert(0, HERE)
 import make_config  # noqa: E402
@@ -779,8 +779,17 @@ def _setup(spec):
     links += [(name, spec["kernel_log"]) for name in ("journalctl", "dmesg") if spec.get("kernel_log")]
     # The simulated MPS control daemon (and client) beside gpu_holder.
     links.append(("nvidia-cuda-mps-control", os.path.join(os.path.dirname(spec["holder"]), "nvidia-cuda-mps-control")))
-    links += [(name, spec["fabric_manager"]) for name in ("nv-fabricmanager", "systemctl")
-              if spec.get("fabric_manager") and cfg.get("fabric_manager")]
+    fm = cfg.get("fabric_manager") if spec.get("fabric_manager") else None
+    if fm:
+        # unit null: no systemd (the machine's own systemctl answers as without systemd as PID 1);
+        # binary "driver_root": only in the GPU Operator's driver root, none on the host's PATH.
+        if fm.get("unit", "active") is not None:
+            links.append(("systemctl", spec["fabric_manager"]))
+        if fm.get("binary", "host") == "host":
+            links.append(("nv-fabricmanager", spec["fabric_manager"]))
+        elif fm.get("binary") == "driver_root":
+            os.makedirs("/run/nvidia/driver/usr/bin", exist_ok=True)
+            os.symlink(spec["fabric_manager"], "/run/nvidia/driver/usr/bin/nv-fabricmanager")
     for name, target in links:
         if os.path.lexists("/usr/bin/" + name):
             os.unlink("/usr/bin/" + name)

@@ -30,14 +30,20 @@ def _capture_rows(name):
     return smi.parse_gpus("\n".join(lines), CAPTURE_FIELDS)
 
 
-def _row(**values):
-    """An idle H200 of the real captures, with some readings changed (raw nvidia-smi text)."""
+def _raw(**values):
+    """{field: nvidia-smi's text} of an idle H200 of the real captures, some readings changed."""
     captured = _fields_txt()
     base = dict(zip([f for f, _k, _t in FIELDS], (
         "0, GPU-22d6f351-b711-b43e-634b-50b970b6a61e, NVIDIA H200, 00000000:00:06.0, 580.159.04, 143771, 616, 0, 143156, 0, 36, "
         "80.26, Enabled, Disabled, 0, No, No, [N/A], 5, 5, 16, 16, P0, Not Active, Not Active, Not Active, Not Active, Disabled, "
-        "{}, {}, {}".format(captured["gpu_recovery_action"], captured["fabric.state"], captured["fabric.status"])).split(", ")))
+        "{}, {}, {}, N/A".format(captured["gpu_recovery_action"], captured["fabric.state"], captured["fabric.status"])).split(", ")))
     base.update(values)
+    return base
+
+
+def _row(**values):
+    """An idle H200 of the real captures, with some readings changed (raw nvidia-smi text)."""
+    base = _raw(**values)
     return smi.parse_gpus(", ".join(base[f] for f, _k, _t in FIELDS), FIELDS)[0]
 
 
@@ -225,24 +231,131 @@ def test_a_field_the_driver_rejects_is_unchecked_by_name():
     assert health.gpu_issues(gpu, health.Checks(expected_mig_mode="enabled")) == []  # unknown, not "not supported"
 
 
-def test_fabric_manager_down_or_of_another_version_is_a_fault_on_fabric_gpus_once_per_host():
+# The exporter's single-GPU H200 VM on driver 590.48.01 (tests/fixtures/nvidia-smi/exporter-captures): its
+# fabric.state, fabric.status and fabric.health.summary as captured.
+VM_590 = {"fabric.state": "Completed", "fabric.status": "Success", "fabric.health.summary": "N/A", "driver_version": "590.48.01"}
+# What read_fabric_manager records on such hosts (the shapes its own tests below produce).
+NO_FM = {"unit": {"load_state": "not-found", "active_state": "inactive", "sub_state": "dead"}, "unit_error": None, "binary": None,
+         "version": None, "version_error": None, "note": health.NO_FABRIC_MANAGER}
+NO_SYSTEMD = dict(NO_FM, unit=None, unit_error="systemctl show nvidia-fabricmanager failed (rc 1): System has not been booted with "
+                  "systemd as init system (PID 1). Can't operate.")
+GPU_OPERATOR = dict(NO_FM, binary="/run/nvidia/driver/usr/bin/nv-fabricmanager",
+                    note="Fabric Manager of the GPU Operator's driver container (/run/nvidia/driver): no unit of this host")
+
+
+def _unit(active, sub, version="590.48.01"):
+    return dict(NO_FM, unit={"load_state": "loaded", "active_state": active, "sub_state": sub}, binary="/usr/bin/nv-fabricmanager",
+                version=version, note=None)
+
+
+@pytest.mark.parametrize("fabric_manager", [None, NO_FM, NO_SYSTEMD, GPU_OPERATOR, _unit("failed", "failed"), _unit("inactive", "dead")],
+                         ids=["not-read", "no-fabric-manager", "no-systemd", "gpu-operator", "unit-failed", "unit-inactive"])
+def test_completed_success_fabric_is_healthy_and_checked_whatever_the_host_has(fabric_manager):
+    gpu = _row(**VM_590)
+    assert health.has_fabric(gpu) and health.fabric_registered(gpu) and gpu["fabric_health_summary"] is None  # N/A: no reading
+    record = health.Health(health.Checks(), fabric_manager=fabric_manager, driver_version="590.48.01").annotate([gpu])[0]
+    assert record["healthy"] is True and record["health_issues"] == []
+    assert record["health_checked"] is True and record["health_unchecked"] == []
+
+
+FM_FAULTS = [
+    # (id, fabric readings, what was found of Fabric Manager, this GPU's issues (their beginnings), the node's)
+    ("in-progress-unit-failed", {"fabric.state": "In Progress", "fabric.status": "N/A"}, _unit("failed", "failed"),
+     ["NVSwitch fabric registration is In Progress, expected Completed", "nvidia-fabricmanager is failed: NVSwitch jobs fail"],
+     ["nvidia-fabricmanager is failed: NVSwitch jobs fail (CUDA error 802) until it runs"]),
+    ("not-started-unit-inactive", {"fabric.state": "Not Started", "fabric.status": "N/A"}, _unit("inactive", "dead"),
+     ["NVSwitch fabric registration is Not Started", "nvidia-fabricmanager is inactive"], ["nvidia-fabricmanager is inactive: NVSwitch"]),
+    ("in-progress-no-fabric-manager", {"fabric.state": "In Progress", "fabric.status": "N/A"}, NO_FM,
+     ["NVSwitch fabric registration is In Progress"], []),
+    ("completed-active-other-version", VM_590, _unit("active", "running", "535.161.08"),
+     ["nv-fabricmanager is version 535.161.08, the driver 590.48.01: Fabric Manager must match the driver exactly"],
+     ["nv-fabricmanager is version 535.161.08, the driver 590.48.01"]),
+    ("completed-active-same-version", VM_590, _unit("active", "running"), [], []),
+    ("completed-fabric-unhealthy", dict(VM_590, **{"fabric.health.summary": "Unhealthy"}), NO_FM,
+     ["NVSwitch fabric health is Unhealthy (fabric.health.summary), expected Healthy"], []),
+    ("completed-fabric-healthy", dict(VM_590, **{"fabric.health.summary": "Healthy"}), NO_FM, [], []),
+    ("completed-status-failure", dict(VM_590, **{"fabric.status": "Failure"}), _unit("failed", "failed"),
+     ["NVSwitch fabric registration failed (Failure)", "nvidia-fabricmanager is failed"], ["nvidia-fabricmanager is failed"]),
+]
+
+
+@pytest.mark.parametrize("values,fabric_manager,starts,node", [c[1:] for c in FM_FAULTS], ids=[c[0] for c in FM_FAULTS])
+def test_fabric_manager_is_a_fault_only_where_certain(values, fabric_manager, starts, node):
+    gpus = [_row(**dict(values, index=str(i))) for i in range(2)]
+    look = health.Health(health.Checks(), fabric_manager=fabric_manager, driver_version="590.48.01")
+    records = look.annotate(gpus)
+    for record in records:
+        issues = record["health_issues"]
+        assert len(issues) == len(starts) and all(i.startswith(w) for i, w in zip(issues, starts)), issues
+        assert record["health_checked"] is True
+    assert len(look.host_issues) == len(node) and all(i.startswith(w) for i, w in zip(look.host_issues, node)), look.host_issues
+    healthy, said = health.host_verdict(records, None, look.host_issues)
+    assert healthy is (not starts)
+    # The node's own fault once, not once per GPU.
+    assert all(said.count(issue) == 1 for issue in look.host_issues), said
+
+
+def test_a_fabric_fault_says_what_was_found_of_fabric_manager():
+    gpu = _row(**{"fabric.state": "In Progress", "fabric.status": "N/A"})
+    (issue,) = health.gpu_issues(gpu, health.Checks(), fabric_manager=NO_FM)
+    assert issue.endswith("; on this host: no unit nvidia-fabricmanager, no nv-fabricmanager; " + health.NO_FABRIC_MANAGER), issue
+    (issue, _node) = health.gpu_issues(gpu, health.Checks(), (), health.fabric_manager_issues(_unit("failed", "failed"), "590.48.01", gpu),
+                                       _unit("failed", "failed"))
+    assert issue.endswith("on this host: unit nvidia-fabricmanager loaded, failed (failed), nv-fabricmanager 590.48.01 at "
+                          "/usr/bin/nv-fabricmanager"), issue
+    (issue,) = health.gpu_issues(gpu, health.Checks(), fabric_manager=GPU_OPERATOR)
+    assert "no unit nvidia-fabricmanager, nv-fabricmanager at /run/nvidia/driver/usr/bin/nv-fabricmanager; Fabric Manager of " \
+           "the GPU Operator's driver container" in issue, issue
+    (issue,) = health.gpu_issues(gpu, health.Checks(), fabric_manager=NO_SYSTEMD)
+    assert "unit nvidia-fabricmanager not asked (systemctl show nvidia-fabricmanager failed (rc 1): System has not" in issue, issue
+
+
+def test_fabric_is_unchecked_only_when_the_driver_does_not_know_it():
+    gpu = dict(_row(), fabric_state=None, fabric_status=None, fabric_health_summary=None,
+               _rejected=["fabric.state", "fabric.status", "fabric.health.summary"])
+    assert health.unchecked_checks(gpu, health.Checks()) == [("fabric", "the driver does not know fabric.state, fabric.status")]
+    # A driver with the registration but without fabric.health.* (older than it) checks the fabric fully.
+    older = dict(_row(**VM_590), fabric_health_summary=None, _rejected=["fabric.health.summary"])
+    assert health.unchecked_checks(older, health.Checks()) == [] and health.gpu_issues(older, health.Checks()) == []
+
+
+def test_systemctl_show_of_a_unit_that_does_not_exist_reads_not_found():
+    # systemd/systemd#1105: rc 0 and LoadState=not-found for a unit that does not exist.
+    assert health.parse_unit_state("LoadState=not-found\nActiveState=inactive\nSubState=dead\n") == {
+        "load_state": "not-found", "active_state": "inactive", "sub_state": "dead"}
+    assert health.parse_unit_state("ActiveState=failed\nLoadState=loaded\nSubState=failed\n")["active_state"] == "failed"
+    assert health.parse_unit_state("System has not been booted with systemd as init system (PID 1). Can't operate.\n") is None
     assert health.parse_fabric_manager_version("Fabric Manager version is : 450.102.04\n") == "450.102.04"
-    fm = {"state": "inactive", "installed": True, "version": "580.159.04", "error": None}
-    gpus = [_row(**{"fabric.state": "Completed", "fabric.status": "Success", "index": str(i)}) for i in range(2)]
-    records = health.Health(health.Checks(), fabric_manager=fm, driver_version="580.159.04").annotate(gpus)
-    assert all(r["health_issues"] == ["nvidia-fabricmanager is inactive: NVSwitch jobs fail (CUDA error 802) until it runs"]
-               for r in records)
-    healthy, issues = health.host_verdict(records, None, health.fabric_manager_issues(fm, "580.159.04"))
-    assert not healthy and issues == ["nvidia-fabricmanager is inactive: NVSwitch jobs fail (CUDA error 802) until it runs"]
-    other = dict(fm, state="active", version="535.161.08")
-    assert health.fabric_manager_issues(other, "580.159.04") == [
-        "nv-fabricmanager is version 535.161.08, the driver 580.159.04: Fabric Manager must match the driver exactly"]
-    assert health.fabric_manager_issues(dict(fm, state="active"), "580.159.04") == []
-    assert health.fabric_manager_issues(dict(fm, state="active", installed=False, version=None), "580.159.04") == [
-        "nv-fabricmanager is not installed: an NVSwitch node needs Fabric Manager of the driver's version"]
-    unreadable = dict(fm, state=None, error="systemctl not found")
-    record = health.Health(health.Checks(), fabric_manager=unreadable, driver_version="580.159.04").annotate(gpus[:1])[0]
-    assert record["health_unchecked"] == ["fabric"]
+
+
+def _tool(directory, name, body):
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / name).write_text("#!/bin/sh\n" + body)
+    os.chmod(str(directory / name), 0o755)
+
+
+def test_read_fabric_manager_asks_load_state_and_finds_the_gpu_operators_binary(tmp_path):
+    bin_dir, root = tmp_path / "bin", tmp_path / "driver"
+    _tool(bin_dir, "systemctl", 'echo "$*" >> "{}"; printf "LoadState=not-found\\nActiveState=inactive\\nSubState=dead\\n"\n'.format(
+        tmp_path / "calls"))
+    _tool(root / "usr" / "bin", "nv-fabricmanager", "echo ran >> {}\n".format(tmp_path / "ran"))
+    found = health.read_fabric_manager(search_path=str(bin_dir), driver_root=str(root))
+    assert (tmp_path / "calls").read_text() == "show -p LoadState,ActiveState,SubState nvidia-fabricmanager\n"
+    assert found["unit"] == {"load_state": "not-found", "active_state": "inactive", "sub_state": "dead"}
+    assert found["binary"] == str(root / "usr" / "bin" / "nv-fabricmanager") and found["version"] is None
+    assert not (tmp_path / "ran").exists()  # the driver container's binary is not run from the host
+    assert found["note"].startswith("Fabric Manager of the GPU Operator's driver container")
+    nothing = health.read_fabric_manager(search_path=str(bin_dir), driver_root=str(tmp_path / "none"))
+    assert nothing["binary"] is None and nothing["note"] == health.NO_FABRIC_MANAGER
+
+
+def test_read_fabric_manager_without_systemd_and_with_a_host_binary(tmp_path):
+    bin_dir = tmp_path / "bin"
+    _tool(bin_dir, "systemctl", "echo \"System has not been booted with systemd as init system (PID 1). Can't operate.\" >&2; exit 1\n")
+    _tool(bin_dir, "nv-fabricmanager", "echo 'Fabric Manager version is : 590.48.01'\n")
+    found = health.read_fabric_manager(search_path=str(bin_dir), driver_root=str(tmp_path / "none"))
+    assert found["unit"] is None and found["unit_error"].startswith("systemctl show nvidia-fabricmanager failed (rc 1): System has not")
+    assert found["binary"] == str(bin_dir / "nv-fabricmanager") and found["version"] == "590.48.01" and found["note"] is None
 
 
 def _kernel_log(tmp_path, journalctl, dmesg):
@@ -340,6 +453,22 @@ def test_older_driver_reads_throttle_names_and_drops_unknown_fields(tmp_path):
     assert "clocks_throttle_reasons.hw_slowdown" in log.read_text().splitlines()[-1]
     runner.query_gpus(CAPTURE_FIELDS)
     assert runner.calls == 4  # learnt once: the second look is one call
+
+
+def test_a_driver_without_fabric_state_is_not_asked_for_fabric_health_either(tmp_path):
+    # fabric.health.* came after fabric.state: dropped with it, no call of its own. nvidia-smi
+    # names the first unknown field it was asked (idle_q_bad_field.txt's message).
+    known = [f for f, _k, _t in FIELDS if not f.startswith("fabric.")]
+    row = ", ".join(_raw()[f] for f in known)
+    log = tmp_path / "calls.log"
+    reject = "  *{0}*) echo 'Field \"{0}\" is not a valid field to query.'; echo; exit 2 ;;\n"
+    _tool(tmp_path, "nvidia-smi", 'echo "$*" >> "{}"\ncase "$*" in\n{}{}{}  *) echo "{}" ;;\nesac\n'.format(
+        log, reject.format("fabric.state"), reject.format("fabric.status"), reject.format("fabric.health.summary"), row))
+    runner = smi.NvidiaSmi(str(tmp_path / "nvidia-smi"), timeout=5)
+    (gpu,) = runner.query_gpus(FIELDS)
+    assert runner.calls == 3, log.read_text()  # fabric.state, fabric.status, then the answer
+    assert sorted(gpu["_rejected"]) == ["fabric.health.summary", "fabric.state", "fabric.status"]
+    assert gpu["memory_used_mib"] == 0 and health.unchecked_checks(gpu, health.Checks())[0][0] == "fabric"
 
 
 R440 = """\
