@@ -166,7 +166,25 @@ def container_entries(result: t.Mapping[str, t.Any], at: str | None) -> list[Ent
     return [entries[cid] for cid in order]
 
 
-def supervisor_entries(result: t.Mapping[str, t.Any], at: str | None) -> list[Entry]:
+def program_gpus(pid: t.Any, holders: t.Iterable[Holder]) -> list[int]:
+    """The GPUs a supervisord program held at the release: its process (`pid`) and the holders
+    descended from it through other holders (vLLM's EngineCore is the API server's child, its
+    workers the EngineCore's)."""
+    if not isinstance(pid, int):
+        return []
+    holders = list(holders)
+    family = {pid}
+    grown = True
+    while grown:
+        grown = False
+        for h in holders:
+            if h.get("pid") not in family and (h.get("ppid") in family):
+                family.add(t.cast(int, h.get("pid")))
+                grown = True
+    return sorted({i for h in holders if h.get("pid") in family for i in h.get("gpu_indexes") or []})
+
+
+def supervisor_entries(result: t.Mapping[str, t.Any], at: str | None, holders: t.Iterable[Holder] = ()) -> list[Entry]:
     """Entries for supervisord programs (`supervisor:<glob>` in services), from the result keys
     `stopped_programs` ({name, supervisor_pid, config, state_before}) and `disabled_programs`
     (the same, and file, autostart_before, autorestart_before) of gpu_release's supervisor
@@ -183,6 +201,7 @@ def supervisor_entries(result: t.Mapping[str, t.Any], at: str | None) -> list[En
                     entry[field] = item[field]
             if action == "stopped":
                 entry["running"] = True
+                entry["gpu_indexes"] = program_gpus(item.get("pid"), holders)
             entry["actions"].append(action)
     return list(entries.values())
 
@@ -191,7 +210,8 @@ def release_entries(result: t.Mapping[str, t.Any], unit_before: t.Mapping[str, t
                     at: str | None) -> list[Entry]:
     """Everything a gpu_release result changed, in the order it acted: containers, then units,
     then supervisor programs."""
-    return container_entries(result, at) + unit_entries(result, unit_before, holders, at) + supervisor_entries(result, at)
+    holders = list(holders)
+    return container_entries(result, at) + unit_entries(result, unit_before, holders, at) + supervisor_entries(result, at, holders)
 
 
 # ---------------------------------------------------------------- the file
