@@ -17,6 +17,8 @@ description:
   - B(Supervisord programs) - their C(autostart)/C(autorestart) as they were, then C(supervisorctl start) when they were running.
   - B(Containers) (Docker, Podman) - the restart policy they had before (C(docker update --restart=always)), then a start when they
     were running.
+  - In check mode (C(--check)) the same plan is made and reported under the same keys as the real run (V(started_units),
+    V(started_containers), ...), one line per entry in RV(plan); nothing is changed.
   - Only what is still undone is done, so a second run changes nothing. An entry put back leaves the record (the file is removed when
     it is empty); an entry that cannot be put back stays, and the module fails naming it and why.
   - Every step is bounded by O(step_timeout). With O(wait_for_gpus) it also waits until the services it started hold their GPUs again,
@@ -34,7 +36,8 @@ attributes:
         the record. C(changed) is true only when the plan is not empty.
   diff_mode:
     support: full
-    details: One line per entry of the record, how it reads before and after (V(vllm.service: disabled, stopped) ->
+    details: >-
+      One line per entry of the record, how it reads before and after (V(vllm.service: disabled, stopped) becomes
       V(vllm.service: enabled, running)); an entry that could not be restored keeps its line, with the reason.
   platform:
     platforms: posix

@@ -268,7 +268,7 @@ def test_two_hosts_keep_their_own_restore_records(clean_fleet):
         for host in hosts:
             fleet.ssh(host, f"rm -f {RECORD}; systemctl enable --now {unit[host]}", check=True)
         free = fleet.ansible_playbook(PLAYBOOK, limit=",".join(hosts), extra_vars={
-            "free_gpus_services": "{{ ['vllm.service'] if inventory_hostname == '%s' else ['sglang.service'] }}" % hosts[0],
+            "free_gpus_services": "{{ ['vllm.service'] if inventory_hostname == '" + hosts[0] + "' else ['sglang.service'] }}",
             "free_gpus_kill_timeout": KILL_TIMEOUT})
         assert free.rc == 0, str(free)
         assert {h: [e["name"] for e in record(fleet, h)["entries"]] for h in hosts} == {h: [unit[h]] for h in hosts}
@@ -395,6 +395,19 @@ def test_the_audit_shows_a_pending_restore_until_gpu_restore_runs(units_host, tm
 
     pending = audit("before")
     assert any(line.startswith("zr-enabled-active.service stopped, disabled by zeromib at 20") for line in pending), pending
+    # report.md and report.html show it too (issue 33): who and when, from the node's own record.
+    [entry] = record(fleet, host)["entries"]
+    assert entry["released_by"] == "root", entry  # Ansible logs in as root over SSH: the kernel's login uid is 0
+    since = entry["released_at"]
+    md = (tmp_path / "before" / "report.md").read_text()
+    row = f"| {host} | zr-enabled-active.service | stopped, disabled | {since} | gpu_release of {since} by root |"
+    assert row in md.split("\n## Pending restores\n")[1], md
+    assert f"- **pending restore**, stopped by zeromib, not restored: zr-enabled-active.service: 1 host ({host})" in md
+    html = (tmp_path / "before" / "report.html").read_text()
+    assert f'<tr data-host="{host}" data-pending-restore="zr-enabled-active.service">' in html
+    assert f'zeromib_gpu_pending_restore{{host="{host}"}} 1' in (tmp_path / "before" / "gpu_audit.prom").read_text()
     restore = fleet.ansible_playbook(RESTORE, limit=host)
     assert restore.rc == 0, str(restore)
     assert audit("after") == []
+    assert "## Pending restores" not in (tmp_path / "after" / "report.md").read_text()
+    assert f'zeromib_gpu_pending_restore{{host="{host}"}} 0' in (tmp_path / "after" / "gpu_audit.prom").read_text()
