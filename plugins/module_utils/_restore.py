@@ -423,7 +423,8 @@ class Restore:
 
     def wait_for_gpus(self, entries: list[Entry], seconds: float) -> None:
         """Until every restored entry that held GPUs at the release holds a GPU again."""
-        wanted = [e for e in entries if e["kind"] in ("unit", "container") or e.get("name") in self.supervisors]
+        # A program is waited for when this run found its supervisord (restore_program).
+        wanted = [e for e in entries if e["kind"] in ("unit", "container") or (e["kind"] == "supervisor" and e.get("name") in self.supervisors)]
         if not wanted or self.look is None:
             return
         started = self.system.now()

@@ -231,3 +231,31 @@ def test_wait_for_gpus_finds_a_programs_gpus_through_its_process_family(tmp_path
     assert restore._holds(entry, {"pid": 501}, {"vllm": 500}, str(proc)) is True
     assert restore._holds(entry, {"pid": 900}, {"vllm": 500}, str(proc)) is False
     assert restore._holds(entry, {"pid": 501}, {}, str(proc)) is False
+
+
+class FakeSupervisor:
+    def __init__(self, pid):
+        self.pid = pid
+
+    def status(self, timeout=10.0):
+        return [{"name": "vllm", "state": "RUNNING", "pid": self.pid}]
+
+
+def test_wait_for_gpus_waits_for_a_program_until_its_process_family_holds_its_gpus(tmp_path):
+    proc = tmp_path / "proc"
+    for pid, ppid in ((500, 42), (501, 500), (42, 1)):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "stat").write_text(f"{pid} (x) S {ppid} 0 0 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 100 0 0\n")
+    system = FakeSystemd(str(tmp_path / "d" / "released.json"), {})
+    system.proc = str(proc)
+    entry = {"kind": "supervisor", "name": "vllm", "gpu_indexes": [0], "actions": ["stopped"], "running": True}
+    looks = iter([[], [{"pid": 501, "gpu_indexes": [0]}]])  # the EngineCore child comes up at the second look
+    run = restore.Restore(system, {}, look=lambda: next(looks))
+    run.supervisors["vllm"] = FakeSupervisor(500)
+    run.wait_for_gpus([entry], 5)
+    assert run.result["gpus_held"] == {"vllm": [0]}
+    # Its supervisord now runs it as another process, whose family holds nothing: named after the wait.
+    run = restore.Restore(system, {}, look=lambda: [{"pid": 501, "gpu_indexes": [0]}])
+    run.supervisors["vllm"] = FakeSupervisor(777)
+    with pytest.raises(restore.RestoreError, match=r"vllm is not holding a GPU again after 0 s .*vllm: 0"):
+        run.wait_for_gpus([entry], 0.1)
