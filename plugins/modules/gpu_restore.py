@@ -97,7 +97,7 @@ EXAMPLES = r"""
   become: true
   register: __restore_plan
 
-- name: Show the plan (one line per entry, e.g. "vllm.service: enable, start")
+- name: Show the plan, one line per entry (vllm.service - enable, start)
   ansible.builtin.debug:
     var: __restore_plan.plan
 
