@@ -23,8 +23,9 @@ description:
     a rename.
   - A host needs attention when it is not clean (dirty, error, unreachable), when a GPU of it is unhealthy or its health
     was not fully checked, or when it has a pending restore (what M(zeromib.gpu.gpu_release) stopped and
-    M(zeromib.gpu.gpu_restore) has not put back; C(report.md) and C(report.html) list those in a section of their own). The HTML page groups those hosts by reason and draws its heat map one page of hosts at a time,
-    so that a 4,000-host page stays under 5 MB.
+    M(zeromib.gpu.gpu_restore) has not put back; C(report.md) and C(report.html) list those in a section of their own).
+    The HTML page groups those hosts by reason and draws its heat map one page of hosts at a time, so that a 4,000-host page
+    stays under 5 MB.
   - It never fails on what it finds; it returns a verdict (RV(verdict)) for the task file's C(assert).
 author:
   - zeromib.gpu contributors (@zeromib)
