@@ -64,7 +64,8 @@ ARGUMENT_SPEC = {
     "generated_at": {"type": "float"},
 }
 
-NEEDS_ATTENTION = "status != 'clean' || health_reason != null"
+# A host with a pending restore (services zeromib stopped and never put back) needs attention too, clean or not.
+NEEDS_ATTENTION = "status != 'clean' || health_reason != null || length(pending_restore) > `0`"
 
 
 def queries(busy_pct: float) -> dict[str, str]:
@@ -74,7 +75,8 @@ def queries(busy_pct: float) -> dict[str, str]:
     a host that uses memory): the same answer as filtering every GPU, without visiting 32,000 of them."""
     busy = json.dumps(float(busy_pct))
     return {
-        "attention": f"hosts[?{NEEDS_ATTENTION}].{{host: host, status: status, reason: reason, health: health_reason}}",
+        "attention": (f"hosts[?{NEEDS_ATTENTION}].{{host: host, status: status, reason: reason, health: health_reason, "
+                      "pending_restore: length(pending_restore)}"),
         "dirty_gpus": ("hosts[?up && length(dirty_gpus) > `0`].gpus[] | [?!clean].{host: host, index: index, uuid: uuid, name: name, "
                        "memory_used_mib: memory_used_mib, memory_total_mib: memory_total_mib, used_pct: used_pct, holders: holders[].pid}"),
         "busy_gpus": "hosts[?up{}].gpus[] | [?used_pct >= `{}`].{{host: host, index: index, used_pct: used_pct}}".format(
@@ -315,6 +317,16 @@ def _health_kind(issue: str) -> str:
     return re.sub(r"^\d+ ", "", issue)
 
 
+def _restore_kind(host: t.Mapping[str, t.Any]) -> str:
+    """A pending restore's group: what was stopped (names, not times), so that 500 nodes whose vLLM
+    was never put back read as one line."""
+    rows = host.get("pending_restore_entries") or []
+    what = sorted(set(str(e["what"]) for e in rows if e.get("kind")))
+    if not what:
+        return "restore record not read"
+    return "stopped by zeromib, not restored: " + ", ".join(what[:3]) + (f" and {len(what) - 3} more" if len(what) > 3 else "")
+
+
 def attention_groups(report: t.Mapping[str, t.Any]) -> list[dict[str, t.Any]]:
     """The hosts that need attention, grouped by kind of reason, largest group first.
 
@@ -349,7 +361,9 @@ def attention_groups(report: t.Mapping[str, t.Any]) -> list[dict[str, t.Any]]:
             add(kind, "unhealthy", entry)
         if host["unchecked_gpus"]:
             add("health not fully checked", "unchecked", entry)
-    order = {"unreachable": 0, "error": 1, "dirty": 2, "unhealthy": 3, "unchecked": 4}
+        if host["pending_restore"]:
+            add(_restore_kind(host), "pending restore", entry)
+    order = {"unreachable": 0, "error": 1, "dirty": 2, "unhealthy": 3, "unchecked": 4, "pending restore": 5}
     result = sorted(groups.values(), key=lambda g: (-len(g["hosts"]), order[g["status"]], g["title"]))
     for group in result:
         del group["_seen"]
@@ -377,7 +391,7 @@ def heat_data(report: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
     Repeated strings (GPU names, bus ids, MIG modes, drivers) are stored once in `s` and referred
     to by index; a holder's tooltip line is stored once per host, and its GPUs refer to it. Per host:
     [name, status, reason, used, total, pct, driver, cuda, blocking holders, holder lines, needs
-    attention, health, gpus, indexes of the blocking holders' lines]; per GPU: [index, used, total,
+    attention, health, gpus, indexes of the blocking holders' lines, pending restore entries]; per GPU: [index, used, total,
     pct, flags, util, temp, power, name, uuid, bus, mig, blocking holders, indexes of its holders'
     lines, other notes] with flags 1 clean, 2 footprint, 4 unhealthy, 8 not fully checked."""
     strings = _Interned()
@@ -389,7 +403,8 @@ def heat_data(report: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
         gpus = [_heat_gpu(g, strings, lines) for g in (h["gpus"] if h["up"] else [])]
         rows.append([h["host"], h["status"], h["reason"], h["memory_used_mib"], h["memory_total_mib"], h["used_pct"],
                      strings(h.get("driver_version")), strings(h.get("cuda_version")), len(blocking), lines.values or 0,
-                     1 if h["host"] in attention else 0, h["health_reason"], gpus, blocking or 0])
+                     1 if h["host"] in attention else 0, h["health_reason"], gpus, blocking or 0,
+                     sum(1 for e in h.get("pending_restore_entries") or [] if e.get("kind"))])
     return {"w": report["max_gpu_count"], "s": strings.values, "h": rows}
 
 

@@ -98,6 +98,7 @@ _value:
         hosts_unhealthy: {description: Hosts that answered with at least one unhealthy GPU., type: int}
         gpus_health_unchecked: {description: GPUs whose health was not fully checked (C(health_checked=false))., type: int}
         hosts_health_unchecked: {description: Hosts that answered with at least one such GPU., type: int}
+        hosts_pending_restore: {description: Hosts with a pending restore (a non-empty C(pending_restore))., type: int}
         gpus_dirty: {description: GPUs above it., type: int}
         memory_used_mib: {description: MiB used over all GPUs., type: int}
         memory_total_mib: {description: MiB installed over all GPUs., type: int}
@@ -123,6 +124,14 @@ _value:
               (V(vllm.service stopped, disabled by zeromib at 2026-12-01T10:00:00Z)); empty when nothing is pending.
           type: list
           elements: str
+        pending_restore_entries:
+          description:
+            - The same record, one dict per entry, for the report's "Pending restores" - C(what) (V(vllm.service),
+              V(container vllm), V(supervisor program vllm)), C(kind), C(actions) (V(stopped, disabled)), C(since) (when the release
+              that first changed it ran) and C(by) (the login user of that run, V(null) when unknown). An unreadable record is one
+              entry with C(kind=null) and the reason in C(actions).
+          type: list
+          elements: dict
         driver_version: {description: NVIDIA driver version., type: str}
         cuda_version: {description: CUDA version the driver supports., type: str}
         gpu_count: {description: GPUs found; V(null) when the host did not answer., type: int}

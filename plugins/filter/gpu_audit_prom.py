@@ -18,7 +18,8 @@ description:
   - "Metrics: C(zeromib_gpu_audit_timestamp_seconds), C(zeromib_gpu_audit_hosts{status}),
     C(zeromib_gpu_host_up{host}), C(zeromib_gpu_host_clean{host}),
     C(zeromib_gpu_host_info{host,status,driver_version,cuda_version}), C(zeromib_gpu_devices{host}),
-    C(zeromib_gpu_holders{host}), C(zeromib_gpu_nvml_clients{host}), C(zeromib_gpu_memory_used_mib{host,gpu,uuid,name}),
+    C(zeromib_gpu_holders{host}), C(zeromib_gpu_nvml_clients{host}), C(zeromib_gpu_pending_restore{host}),
+    C(zeromib_gpu_memory_used_mib{host,gpu,uuid,name}),
     C(zeromib_gpu_memory_total_mib{host,gpu,uuid,name}), C(zeromib_gpu_clean{host,gpu,uuid}), C(zeromib_gpu_healthy{host,gpu,uuid}),
     C(zeromib_gpu_health_checked{host,gpu,uuid}), C(zeromib_gpu_ecc_uncorrected{host,gpu,uuid}), C(zeromib_gpu_xid_recent{host,gpu,uuid})
     (the last four only where gpu_facts read health)."

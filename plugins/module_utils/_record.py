@@ -19,7 +19,8 @@ lock, so that a crash or two runs at once never leave half a record. Format (doc
                  "actions": ["stopped", "disabled"], "running": true, "restart_policy": "always",
                  "restart_max_retries": 0, "gpu_indexes": [0], "released_at": "..."}
     supervisor: {"kind": "supervisor", "name": "vllm", "actions": ["stopped"], "running": true,
-                 "released_at": "..."}
+                 "gpu_indexes": [0], "released_at": "..."}
+    every kind: "released_by": "alice" (the login user of the release's session), where known.
 
 Each entry holds the state BEFORE the first release that changed it. A later release that finds
 the thing already changed adds only the actions it took itself (merge): a unit stopped by one
@@ -166,7 +167,25 @@ def container_entries(result: t.Mapping[str, t.Any], at: str | None) -> list[Ent
     return [entries[cid] for cid in order]
 
 
-def supervisor_entries(result: t.Mapping[str, t.Any], at: str | None) -> list[Entry]:
+def program_gpus(pid: t.Any, holders: t.Iterable[Holder]) -> list[int]:
+    """The GPUs a supervisord program held at the release: its process (`pid`) and the holders
+    descended from it through other holders (vLLM's EngineCore is the API server's child, its
+    workers the EngineCore's)."""
+    if not isinstance(pid, int):
+        return []
+    holders = list(holders)
+    family = {pid}
+    grown = True
+    while grown:
+        grown = False
+        for h in holders:
+            if h.get("pid") not in family and (h.get("ppid") in family):
+                family.add(t.cast(int, h.get("pid")))
+                grown = True
+    return sorted({i for h in holders if h.get("pid") in family for i in h.get("gpu_indexes") or []})
+
+
+def supervisor_entries(result: t.Mapping[str, t.Any], at: str | None, holders: t.Iterable[Holder] = ()) -> list[Entry]:
     """Entries for supervisord programs (`supervisor:<glob>` in services), from the result keys
     `stopped_programs` ({name, supervisor_pid, config, state_before}) and `disabled_programs`
     (the same, and file, autostart_before, autorestart_before) of gpu_release's supervisor
@@ -183,15 +202,40 @@ def supervisor_entries(result: t.Mapping[str, t.Any], at: str | None) -> list[En
                     entry[field] = item[field]
             if action == "stopped":
                 entry["running"] = True
+                entry["gpu_indexes"] = program_gpus(item.get("pid"), holders)
             entry["actions"].append(action)
     return list(entries.values())
 
 
 def release_entries(result: t.Mapping[str, t.Any], unit_before: t.Mapping[str, t.Mapping[str, str]], holders: t.Iterable[Holder],
-                    at: str | None) -> list[Entry]:
+                    at: str | None, by: str | None = None) -> list[Entry]:
     """Everything a gpu_release result changed, in the order it acted: containers, then units,
-    then supervisor programs."""
-    return container_entries(result, at) + unit_entries(result, unit_before, holders, at) + supervisor_entries(result, at)
+    then supervisor programs. `by`: who ran the release (login_user), kept as `released_by` so
+    that an audit can say which run stopped what (its time and its user)."""
+    holders = list(holders)
+    entries = container_entries(result, at) + unit_entries(result, unit_before, holders, at) + supervisor_entries(result, at, holders)
+    if by:
+        for entry in entries:
+            entry["released_by"] = by
+    return entries
+
+
+def login_user(proc: str = "/proc") -> str | None:
+    """The user who logged in to start this run (the kernel's audit login uid, which sudo and
+    Ansible's become keep), by name; None when the session has none (a boot-time service)."""
+    try:
+        with open(f"{proc}/self/loginuid") as handle:
+            uid = int(handle.read().strip())
+    except (OSError, ValueError):
+        return None
+    if uid in (-1, 4294967295):
+        return None
+    try:
+        import pwd  # pylint: disable=import-outside-toplevel
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return f"uid {uid:d}"
 
 
 # ---------------------------------------------------------------- the file

@@ -989,7 +989,7 @@ class Release:
         path = getattr(self.system, "record_path", None)
         if not path:
             return
-        entries = _record.release_entries(self.result, unit_before, holders, _record.now_iso())
+        entries = _record.release_entries(self.result, unit_before, holders, _record.now_iso(), _record.login_user(self.system.proc))
         try:
             record = _record.add(path, entries)
         except (_record.RecordError, OSError) as exc:

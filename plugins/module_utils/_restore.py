@@ -13,6 +13,10 @@ now), start (when it was active before and is not now). Per container: its resta
 start when it was running. An entry whose steps all succeed leaves the record; one that fails
 stays, and the run fails naming it. Every step is bounded (`step_timeout`).
 
+Check mode plans exactly that: the steps of each entry are decided by the same functions, and each
+planned step is reported under the key the real run reports it under (`started_units`,
+`started_containers`, ...), so a plan reads like the run it predicts; nothing is done.
+
 No AnsibleModule in here; side effects go through `System` (systemctl with a time bound, the
 container runtimes, the clock), as in _release."""
 
@@ -26,6 +30,7 @@ import typing as t
 from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
 from ansible_collections.zeromib.gpu.plugins.module_utils import _engines
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
+from ansible_collections.zeromib.gpu.plugins.module_utils import _holders
 from ansible_collections.zeromib.gpu.plugins.module_utils import _record
 from ansible_collections.zeromib.gpu.plugins.module_utils import _units
 
@@ -129,6 +134,42 @@ def parse_wait(value: t.Any) -> float:
     return seconds
 
 
+def label(entry: Entry) -> str:
+    """How a plan names an entry: `vllm.service`, `container vllm`, `supervisor program vllm`."""
+    what = {"container": "container ", "supervisor": "supervisor program "}.get(entry.get("kind") or "", "")
+    return what + (entry.get("name") or (entry.get("id") or "")[:12])
+
+
+# step -> (how the thing reads before it, after it); restart_policy is filled in by change_lines.
+_STEP_STATES = {
+    "unmask": ("masked", "unmasked"),
+    "enable": ("disabled", "enabled"),
+    "start": ("stopped", "running"),
+    "autostart": ("autostart off", "autostart as before"),
+}
+
+
+def change_lines(entry: Entry, steps: t.Sequence[str], policy_now: t.Any = None) -> tuple[str, str]:
+    """One entry's --diff lines: `vllm.service: stopped, disabled` -> `vllm.service: running, enabled`
+    (in the order the steps are taken)."""
+    before, after = [], []
+    for step in steps:
+        if step == "restart_policy":
+            before.append(f"restart policy {policy_now or 'no'}")
+            after.append("restart policy {}".format(entry.get("restart_policy")))
+        else:
+            was, will = _STEP_STATES.get(step, (step + " not done", step + " done"))
+            before.append(was)
+            after.append(will)
+    return "{}: {}".format(label(entry), ", ".join(before) or "as before"), "{}: {}".format(label(entry), ", ".join(after) or "as before")
+
+
+def plan_line(entry: Entry, steps: t.Sequence[str]) -> str:
+    """`vllm.service: enable, start`; `container vllm: restart policy always, start`."""
+    words = {"restart_policy": "restart policy {}".format(entry.get("restart_policy")), "autostart": "autostart/autorestart as before"}
+    return "{}: {}".format(label(entry), ", ".join(words.get(step, step) for step in steps))
+
+
 def forgotten(entries: t.Iterable[Entry], patterns: t.Sequence[str]) -> list[Entry]:
     """Entries that `forget` names (unit or container names, globs allowed)."""
     return [e for e in entries if any(fnmatch.fnmatchcase(e.get("name") or "", p) or (e.get("id") or "").startswith(p) for p in patterns)]
@@ -146,6 +187,10 @@ class Restore:
         # look() -> holders of the node now (for wait_for_gpus); None when it cannot be asked.
         self.look = look
         self.step_timeout = float(params.get("step_timeout") or 30)
+        # {container id: its restart policy now}, read while planning, for the diff.
+        self.policies_now: dict[str, t.Any] = {}
+        # {program name: the supervisord that runs it}, for wait_for_gpus.
+        self.supervisors: dict[str, t.Any] = {}
         self.result: dict[str, t.Any] = {
             "changed": False,
             "record_path": system.record_path,
@@ -157,7 +202,9 @@ class Restore:
             "started_containers": [],
             "started_programs": [],
             "forgotten": [],
+            "already_restored": [],
             "not_restored": [],
+            "plan": [],
             "pending": [],
             "gpus_held": {},
             "timings": {"restore_s": 0.0, "wait_s": 0.0},
@@ -188,12 +235,18 @@ class Restore:
                 return "{} did not start: it reads {} ({}, result {})".format(unit, state.get("ActiveState"), state.get("SubState"), state.get("Result"))
         return None
 
+    def _report_unit(self, unit: str, step: str) -> None:
+        """A step done (in check mode: planned) goes under its result key."""
+        {"unmask": self.result["unmasked_units"], "enable": self.result["enabled_units"], "start": self.result["started_units"]}[step].append(unit)
+
     def restore_unit(self, entry: Entry, props: t.Mapping[str, str]) -> Outcome:
         unit = entry["name"]
         if (props.get("LoadState") or "not-found") == "not-found":
             return [], f"{unit} is no longer known to systemd (its unit file was removed?)"
         steps = unit_steps(entry, props)
         if self.check_mode:
+            for step in steps:
+                self._report_unit(unit, step)
             return steps, None
         done = []
         while steps:
@@ -202,7 +255,7 @@ class Restore:
             if why:
                 return steps, why
             done.append(step)
-            {"unmask": self.result["unmasked_units"], "enable": self.result["enabled_units"], "start": self.result["started_units"]}[step].append(unit)
+            self._report_unit(unit, step)
             if step == "unmask":
                 # Whether the unit reads enabled again after unmask depends on its links: read it, do not assume.
                 steps = [s for s in unit_steps(entry, self._show([unit]).get(unit, {})) if s != "unmask"]
@@ -211,6 +264,9 @@ class Restore:
         return done, None
 
     # --- containers
+
+    def _report_policy(self, entry: Entry) -> None:
+        self.result["restored_policies"].append({"name": entry.get("name"), "id": entry.get("id"), "restart_policy": entry["restart_policy"]})
 
     def restore_container(self, entry: Entry) -> Outcome:
         runtimes = self.system.runtimes
@@ -223,12 +279,17 @@ class Restore:
         if record is None:
             return [], "{} no longer knows it (removed since the release?); forget it with forget: [{}]".format(runtime, entry.get("name"))
         steps = container_steps(entry, record)
+        self.policies_now[cid] = record.get("restart_policy")
         if self.check_mode:
+            if "restart_policy" in steps:
+                self._report_policy(entry)
+            if "start" in steps:
+                self.result["started_containers"].append(entry.get("name") or cid)
             return steps, None
         try:
             if "restart_policy" in steps:
                 runtimes.set_restart_policy(runtime, cid, entry["restart_policy"], entry.get("restart_max_retries") or 0)
-                self.result["restored_policies"].append({"name": entry.get("name"), "id": cid, "restart_policy": entry["restart_policy"]})
+                self._report_policy(entry)
             if "start" in steps:
                 runtimes.start(runtime, cid, self.step_timeout)
                 now = runtimes.inspect(runtime, cid)
@@ -262,7 +323,12 @@ class Restore:
             return steps, str(getattr(exc, "msg", exc))
         if entry.get("running") and state not in _supervisor.RUNNING_STATES:
             steps.append("start")
-        if self.check_mode or not steps:
+        self.supervisors[entry["name"]] = supervisor
+        if self.check_mode:
+            if "start" in steps:
+                self.result["started_programs"].append(entry["name"])
+            return steps, None
+        if not steps:
             return steps, None
         if edit is not None:
             _supervisor.write_atomically(entry["file"], edit)
@@ -306,21 +372,36 @@ class Restore:
                 steps, why = self.restore_container(entry)
             else:
                 steps, why = self.restore_program(entry)
-            text = _record.describe(entry)
-            before_lines.append(text)
+            before, after = change_lines(entry, steps, self.policies_now.get(entry.get("id") or ""))
             if why:
                 kept.append(entry)
                 self.result["not_restored"].append({"kind": entry["kind"], "name": entry.get("name"), "id": entry.get("id"), "steps": steps,
                                                     "reason": why})
-                after_lines.append(text + f" (not restored: {why})")
+                before_lines.append(before)
+                after_lines.append(before + f" (not restored: {why})")
+                continue
+            restored.append(entry)
+            if steps:
+                self.result["restored"].append({"kind": entry["kind"], "name": entry.get("name"), "steps": steps})
+                self.result["plan"].append(plan_line(entry, steps))
+                before_lines.append(before)
+                after_lines.append(after)
             else:
-                restored.append(entry)
-                if steps:
-                    self.result["restored"].append({"kind": entry["kind"], "name": entry.get("name"), "steps": steps})
+                # Already as before the release (put back by hand): only its record entry goes.
+                self.result["already_restored"].append(_record.describe(entry))
+                self.result["plan"].append(f"{label(entry)}: already as before, dropped from the record")
+                before_lines.append(f"{label(entry)}: in the restore record")
+                after_lines.append(f"{label(entry)}: dropped from the record (already as before)")
+        for entry in forget:
+            self.result["plan"].append(f"{label(entry)}: forgotten (not restored)")
+            before_lines.append(f"{label(entry)}: in the restore record")
+            after_lines.append(f"{label(entry)}: forgotten (not restored)")
         self.result["timings"]["restore_s"] = round(self.system.now() - started, 3)
-        self.result["diff"] = {"before": "".join(line + "\n" for line in before_lines),
+        self.result["diff"] = {"before_header": path, "after_header": path + " (after the restore)",
+                               "before": "".join(line + "\n" for line in before_lines),
                                "after": "".join(line + "\n" for line in after_lines)}
-        self.result["changed"] = bool(restored or forget)
+        # Every entry restored, already back or forgotten has a line in the plan: the record changes.
+        self.result["changed"] = bool(self.result["plan"])
         left = [e for e in entries if e in kept]
         self.result["pending"] = [_record.describe(e) for e in left]
         if not self.check_mode and (restored or forget):
@@ -342,16 +423,18 @@ class Restore:
 
     def wait_for_gpus(self, entries: list[Entry], seconds: float) -> None:
         """Until every restored entry that held GPUs at the release holds a GPU again."""
-        wanted = [e for e in entries if e["kind"] in ("unit", "container")]
+        # A program is waited for when this run found its supervisord (restore_program).
+        wanted = [e for e in entries if e["kind"] in ("unit", "container") or (e["kind"] == "supervisor" and e.get("name") in self.supervisors)]
         if not wanted or self.look is None:
             return
         started = self.system.now()
         deadline = started + seconds
         while True:
             holders = self.look()
+            programs = self.program_pids(wanted)
             held: dict[str | None, list[int]] = {}
             for entry in wanted:
-                gpus = sorted({i for h in holders if _holds(entry, h) for i in h.get("gpu_indexes") or []})
+                gpus = sorted({i for h in holders if _holds(entry, h, programs, self.system.proc) for i in h.get("gpu_indexes") or []})
                 if gpus:
                     held[entry.get("name")] = gpus
             self.result["gpus_held"] = held
@@ -368,6 +451,22 @@ class Restore:
                     "; ".join("{}: {}".format(e.get("name"), ",".join(str(i) for i in e["gpu_indexes"])) for e in missing)),
                 self.result,
             )
+
+    def program_pids(self, entries: list[Entry]) -> dict[str, int]:
+        """{program name: its process now}, as its supervisord reports it (supervisorctl status)."""
+        pids: dict[str, int] = {}
+        for entry in entries:
+            supervisor = self.supervisors.get(entry.get("name") or "") if entry["kind"] == "supervisor" else None
+            if supervisor is None:
+                continue
+            try:
+                listed = supervisor.status(self.step_timeout)
+            except Exception:  # a supervisorctl that fails now is asked again at the next look; pylint: disable=broad-except
+                continue
+            pid = next((p.get("pid") for p in listed if p.get("name") == entry["name"]), None)
+            if pid:
+                pids[entry["name"]] = pid
+        return pids
 
 
 def program_edit(entry: Entry, supervisor_mod: ModuleType) -> str | None:
@@ -398,13 +497,29 @@ def program_edit(entry: Entry, supervisor_mod: ModuleType) -> str | None:
     return "".join(out) if changed else None
 
 
-def _holds(entry: Entry, holder: Holder) -> bool:
+def _holds(entry: Entry, holder: Holder, programs: t.Mapping[str, int] | None = None, proc: str = "/proc") -> bool:
     if entry["kind"] == "unit":
         return holder.get("unit") == entry["name"] and holder.get("system_service", True)
+    if entry["kind"] == "supervisor":
+        pid = (programs or {}).get(entry.get("name") or "")
+        return pid is not None and pid in ancestry(holder.get("pid"), proc)
     container = holder.get("container")
     if not container:
         return False
     return (entry.get("id") or "").startswith(container)
+
+
+def ancestry(pid: t.Any, proc: str = "/proc", limit: int = 64) -> list[int]:
+    """`pid` and its parents up to PID 1, from /proc/PID/stat (the kernel's parent links)."""
+    chain: list[int] = []
+    while isinstance(pid, int) and pid > 1 and len(chain) < limit and pid not in chain:
+        chain.append(pid)
+        try:
+            with open(f"{proc}/{pid:d}/stat", "rb") as handle:
+                pid = _holders.parse_stat(handle.read())[2]
+        except (OSError, ValueError, IndexError):
+            break
+    return chain
 
 
 def holders_now(smi: NvidiaSmi, proc: str = "/proc") -> list[Holder]:

@@ -304,7 +304,7 @@ def _listed(supervisors: list[Supervisor], warnings: list[str]) -> list[tuple[Su
 
 def plan(patterns: list[str], service_state: str | None, supervisors: list[Supervisor]) -> ProgramPlan:
     """{stop: [entry], disable: [entry], not_found: [supervisor:<glob>], warnings} for the named
-    programs. An entry: {name, supervisor_pid, config, state_before}."""
+    programs. An entry: {name, supervisor_pid, config, state_before, pid}."""
     steps: ProgramPlan = {"stop": [], "disable": [], "not_found": [], "warnings": []}
     if not patterns:
         return steps
@@ -314,8 +314,9 @@ def plan(patterns: list[str], service_state: str | None, supervisors: list[Super
         if not matched:
             steps["not_found"].append(SERVICE_PREFIX + pattern)
         for supervisor, program in matched:
+            # pid: the program's process now, so that the release record can say which GPUs it held (wait_for_gpus).
             entry = {"name": program["name"], "supervisor_pid": supervisor.pid, "config": supervisor.config,
-                     "state_before": program["state"], "_supervisor": supervisor}
+                     "state_before": program["state"], "pid": program.get("pid"), "_supervisor": supervisor}
             if any(e["name"] == entry["name"] and e["supervisor_pid"] == supervisor.pid for e in steps["stop"] + steps["disable"]):
                 continue
             if program["state"] in RUNNING_STATES:

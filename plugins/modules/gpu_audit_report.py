@@ -21,9 +21,11 @@ description:
     PIDs) and O(queries) with the C(jmespath) library, renders C(report.md) and C(report.html) with Jinja, and writes
     C(report.json), C(report.md), C(report.html) and C(gpu_audit.prom) into O(report_dir), each through a temporary file and
     a rename.
-  - A host needs attention when it is not clean (dirty, error, unreachable) or when a GPU of it is unhealthy or its health
-    was not fully checked. The HTML page groups those hosts by reason and draws its heat map one page of hosts at a time,
-    so that a 4,000-host page stays under 5 MB.
+  - A host needs attention when it is not clean (dirty, error, unreachable), when a GPU of it is unhealthy or its health
+    was not fully checked, or when it has a pending restore (what M(zeromib.gpu.gpu_release) stopped and
+    M(zeromib.gpu.gpu_restore) has not put back; C(report.md) and C(report.html) list those in a section of their own).
+    The HTML page groups those hosts by reason and draws its heat map one page of hosts at a time, so that a 4,000-host page
+    stays under 5 MB.
   - It never fails on what it finds; it returns a verdict (RV(verdict)) for the task file's C(assert).
 author:
   - zeromib.gpu contributors (@zeromib)
@@ -182,7 +184,7 @@ summary:
   type: dict
   returned: always
 attention:
-  description: The hosts that need attention, C({host, status, reason, health}).
+  description: The hosts that need attention, C({host, status, reason, health, pending_restore}) (C(pending_restore) counts the entries).
   type: list
   elements: dict
   returned: always

@@ -325,12 +325,12 @@ disabled_containers:
 stopped_programs:
   description:
     - supervisord programs named in O(services) (V(supervisor:<glob>)) that were running and were stopped through C(supervisorctl stop)
-      (in check mode, to be stopped).
+      (in check mode, to be stopped); C(pid) is the program's process before the stop, as its supervisord reported it.
   type: list
   elements: dict
   returned: always
   sample:
-    - {name: vllm, supervisor_pid: 812, config: /etc/supervisor/supervisord.conf, state_before: RUNNING}
+    - {name: vllm, supervisor_pid: 812, config: /etc/supervisor/supervisord.conf, state_before: RUNNING, pid: 815}
 disabled_programs:
   description:
     - supervisord programs named in O(services) whose C(autostart) and C(autorestart) were set to C(false), with O(service_state=disabled)
@@ -340,7 +340,7 @@ disabled_programs:
   elements: dict
   returned: always
   sample:
-    - {name: vllm, supervisor_pid: 812, config: /etc/supervisor/supervisord.conf, state_before: RUNNING,
+    - {name: vllm, supervisor_pid: 812, config: /etc/supervisor/supervisord.conf, state_before: RUNNING, pid: 815,
        file: /etc/supervisor/conf.d/vllm.conf, autostart_before: "true", autorestart_before: "true"}
 stopped_mps_servers:
   description:

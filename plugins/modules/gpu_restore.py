@@ -17,6 +17,8 @@ description:
   - B(Supervisord programs) - their C(autostart)/C(autorestart) as they were, then C(supervisorctl start) when they were running.
   - B(Containers) (Docker, Podman) - the restart policy they had before (C(docker update --restart=always)), then a start when they
     were running.
+  - In check mode (C(--check)) the same plan is made and reported under the same keys as the real run (V(started_units),
+    V(started_containers), ...), one line per entry in RV(plan); nothing is changed.
   - Only what is still undone is done, so a second run changes nothing. An entry put back leaves the record (the file is removed when
     it is empty); an entry that cannot be put back stays, and the module fails naming it and why.
   - Every step is bounded by O(step_timeout). With O(wait_for_gpus) it also waits until the services it started hold their GPUs again,
@@ -28,10 +30,15 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: Reports what would be put back (RV(restored), RV(pending)) and changes neither the node nor the record.
+    details:
+      - The same plan as the real run, under the same keys (RV(started_units), RV(enabled_units), RV(unmasked_units),
+        RV(restored_policies), RV(started_containers), RV(started_programs), RV(restored), RV(plan), ...); changes neither the node nor
+        the record. C(changed) is true only when the plan is not empty.
   diff_mode:
     support: full
-    details: The entries of the record before, and those left after.
+    details: >-
+      One line per entry of the record, how it reads before and after (V(vllm.service: disabled, stopped) becomes
+      V(vllm.service: enabled, running)); an entry that could not be restored keeps its line, with the reason.
   platform:
     platforms: posix
 options:
@@ -43,8 +50,9 @@ options:
     default: 30
   wait_for_gpus:
     description:
-      - V(false) does not wait. V(true) waits up to 60 s, a number up to that many seconds, until every unit and container that held
-        GPUs at the release and was started again holds a GPU again (a C(/proc) scan and one C(nvidia-smi) call every 0.5 s).
+      - V(false) does not wait. V(true) waits up to 60 s, a number up to that many seconds, until every unit, container and supervisord
+        program that held GPUs at the release and was started again holds a GPU again (a C(/proc) scan and one C(nvidia-smi) call every
+        0.5 s; a program's processes are its process as its supervisord reports it and that process's descendants).
       - When the time runs out the module fails, naming the services without GPU; what was restored has left the record.
     type: raw
     default: false
@@ -64,7 +72,8 @@ notes:
   - The role P(zeromib.gpu.restore_gpus#role) runs this module, for the C(always) of a C(block) around training.
   - B(Supervisord programs) (C(supervisor:) in O(zeromib.gpu.gpu_release#module:services)) - the C(autostart)/C(autorestart) lines that
     M(zeromib.gpu.gpu_release) wrote (marked with its comment) are put back as they were, C(supervisorctl reread) and C(update) read
-    them, and a program that was running is started (C(supervisorctl start)). O(wait_for_gpus) waits for units and containers only.
+    them, and a program that was running is started (C(supervisorctl start)). O(wait_for_gpus) waits for them too, when their process
+    (or its children) held GPUs at the release.
 seealso:
   - module: zeromib.gpu.gpu_release
   - module: zeromib.gpu.gpu_facts
@@ -88,6 +97,10 @@ EXAMPLES = r"""
   become: true
   register: __restore_plan
 
+- name: Show the plan, one line per entry (vllm.service - enable, start)
+  ansible.builtin.debug:
+    var: __restore_plan.plan
+
 - name: Drop a container removed since the release from the record, restore the rest
   zeromib.gpu.gpu_restore:
     forget: [old-vllm]
@@ -100,6 +113,20 @@ record_path:
   type: str
   returned: always
   sample: /var/lib/zeromib-gpu/released.json
+plan:
+  description:
+    - What was put back (in check mode, what would be), one line per entry, newest release first; entries found already as before the
+      release and entries forgotten have a line too (they leave the record). Empty when there is nothing to do (C(changed) false).
+  type: list
+  elements: str
+  returned: always
+  sample: ["container vllm: restart policy always, start", "sglang.service: start", "vllm.service: enable, start"]
+already_restored:
+  description: Entries found already as before the release (put back by hand); they leave the record without a step.
+  type: list
+  elements: str
+  returned: always
+  sample: ["tgi.service stopped by zeromib at 2026-12-01T10:00:00Z"]
 restored:
   description: What was put back (in check mode, what would be), newest release first, with the steps taken.
   type: list
@@ -107,7 +134,7 @@ restored:
   returned: always
   sample: [{kind: unit, name: vllm.service, steps: [enable, start]}]
 unmasked_units:
-  description: Units unmasked.
+  description: Units unmasked (in check mode, to be unmasked; the same for the keys below).
   type: list
   elements: str
   returned: always
@@ -136,7 +163,7 @@ started_containers:
   returned: always
   sample: [vllm]
 started_programs:
-  description: Supervisord programs started again (where supervisor support is present).
+  description: Supervisord programs started again.
   type: list
   elements: str
   returned: always
@@ -158,7 +185,7 @@ pending:
   returned: always
   sample: ["broken.service stopped by zeromib at 2026-12-01T10:00:00Z"]
 gpus_held:
-  description: With O(wait_for_gpus), the GPU indexes each started service holds at the end.
+  description: With O(wait_for_gpus), the GPU indexes each started unit, container or supervisord program holds at the end.
   type: dict
   returned: always
   sample: {vllm.service: [0, 1, 2, 3, 4, 5, 6, 7]}

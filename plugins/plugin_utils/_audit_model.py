@@ -234,6 +234,32 @@ def _pending_restore(facts: t.Mapping[str, t.Any]) -> list[str]:
     return lines
 
 
+# The same record, one row per entry for the report's "Pending restores" (issue 33): what, what the
+# release did, since when, by whom (the run: its time and its login user).
+_KIND_WORDS = {"unit": "", "container": "container ", "supervisor": "supervisor program "}
+
+
+def _pending_restore_entries(facts: t.Mapping[str, t.Any]) -> list[dict[str, t.Any]]:
+    pending = facts.get("pending_restore")
+    if not isinstance(pending, Mapping):
+        return []
+    rows = []
+    for entry in pending.get("entries") or []:
+        if not isinstance(entry, Mapping):
+            continue
+        name = entry.get("name") or str(entry.get("id") or "")[:12] or "?"
+        rows.append({
+            "what": _KIND_WORDS.get(str(entry.get("kind")), "") + str(name),
+            "kind": entry.get("kind"),
+            "actions": ", ".join(str(a) for a in entry.get("actions") or []),
+            "since": entry.get("released_at"),
+            "by": entry.get("released_by"),
+        })
+    if pending.get("error"):
+        rows.append({"what": "restore record not read", "kind": None, "actions": _first_line(pending["error"]), "since": None, "by": None})
+    return rows
+
+
 def _checked_entry(entry: t.Any) -> tuple[str, str, dict[str, t.Any]]:
     """One host's input record -> (host, status ok/error/unreachable, its gpu_facts or {})."""
     if not isinstance(entry, Mapping):
@@ -295,6 +321,7 @@ def _host_record(entry: t.Any) -> dict[str, t.Any]:
         "holders": holders,
         "stale_processes": stale,
         "pending_restore": _pending_restore(facts),
+        "pending_restore_entries": _pending_restore_entries(facts),
     }
     if record["gpu_count"] is None and facts:
         record["gpu_count"] = len(gpus)
@@ -363,4 +390,5 @@ def _summary(records: list[dict[str, t.Any]]) -> dict[str, int]:
         "gpus_unhealthy": sum(1 for g in up_gpus if g["healthy"] is False),
         "hosts_health_unchecked": sum(1 for r in records if r["up"] and r["unchecked_gpus"]),
         "gpus_health_unchecked": sum(1 for g in up_gpus if g["health_checked"] is False),
+        "hosts_pending_restore": sum(1 for r in records if r["pending_restore"]),
     }

@@ -17,6 +17,11 @@ pytestmark = pytest.mark.usefixtures("fleet_baselines")
 
 RESTORE = "playbooks/restore_gpus.yml"
 RESTORE_TASK = "zeromib.gpu.restore_gpus : Put back the units and containers gpu_release stopped, disabled or masked"
+ROLE_PLAN_TASK = "zeromib.gpu.restore_gpus : Show what would be put back (check mode)"
+FLEET_PLAN_TASK = "The fleet's restore plan, host by host (check mode)"
+# What a check-mode plan and the real run both report (issue 33): the same values.
+PLAN_KEYS = ("changed", "plan", "restored", "started_units", "enabled_units", "unmasked_units", "restored_policies", "started_containers",
+             "started_programs", "already_restored", "not_restored", "pending")
 RECORD = "/var/lib/zeromib-gpu/released.json"
 UNIT_DIR = "/usr/local/lib/systemd/system"  # systemctl mask cannot mask a unit whose file is in /etc
 KILL_TIMEOUT = 2
@@ -203,6 +208,77 @@ def test_a_unit_whose_start_fails_at_restore_is_named_and_kept_and_the_others_co
     assert states(fleet, host, units) == before and record(fleet, host) is None
 
 
+def test_a_check_restore_lists_exactly_what_the_real_run_then_does(clean_fleet):
+    """vllm (enabled, running) is stopped as the owner of the GPUs' holders, sglang (enabled,
+    running) is named and disabled by the release. `--check --diff` of restore_gpus.yml plans
+    enable+start for sglang and start for vllm, prints it in the role's and the playbook's summary,
+    changes nothing; the real run then reports exactly that plan and puts both back (issue 33).
+    The container half of the plan is checked on real Docker and Podman in
+    tests/integration/test_restore_containers.py (these systemd hosts have no container engine)."""
+    fleet = clean_fleet
+    [host] = h200(fleet)
+    fleet.reset([host])
+    units = ["vllm.service", "sglang.service"]
+    try:
+        fleet.ssh(host, "systemctl enable --now vllm.service", check=True)
+        fleet.workload(host, "sglang")
+        assert wait_for(lambda: fleet.gpu_memory(host)[0] >= 40960 + 30720, timeout=30), fleet.gpu_memory(host)
+        before = states(fleet, host, units)
+        assert before == {u: ("active", "enabled") for u in units}, before
+        free = fleet.ansible_playbook(PLAYBOOK, limit=host, extra_vars={
+            "free_gpus_services": ["sglang.service"], "free_gpus_service_state": "disabled", "free_gpus_kill_timeout": KILL_TIMEOUT})
+        assert free.rc == 0, str(free)
+        freed = states(fleet, host, units)
+        assert freed == {"vllm.service": ("inactive", "enabled"), "sglang.service": ("inactive", "disabled")}, freed
+        pending = record(fleet, host)
+
+        check = fleet.ansible_playbook(RESTORE, limit=host, check=True, diff=True)
+        assert check.rc == 0, str(check)
+        assert states(fleet, host, units) == freed and record(fleet, host) == pending, "check mode changed the node or the record"
+        plan = check.result(RESTORE_TASK, host)
+        assert plan["changed"] is True and sorted(plan["started_units"]) == sorted(units) and plan["enabled_units"] == ["sglang.service"], plan
+        assert sorted(plan["plan"]) == ["sglang.service: enable, start", "vllm.service: start"], plan["plan"]
+        assert check.result(ROLE_PLAN_TASK, host)["msg"] == plan["plan"]
+        assert check.result(FLEET_PLAN_TASK, host)["msg"] == {host: plan["plan"]}
+        assert "sglang.service: disabled, stopped" in plan["diff"]["before"] and "sglang.service: enabled, running" in plan["diff"]["after"]
+
+        restore = fleet.ansible_playbook(RESTORE, limit=host)
+        assert restore.rc == 0, str(restore)
+        done = restore.result(RESTORE_TASK, host)
+        assert {k: done[k] for k in PLAN_KEYS} == {k: plan[k] for k in PLAN_KEYS}, (plan, done)
+        assert states(fleet, host, units) == before and record(fleet, host) is None
+        assert [t["status"] for t in restore.results(ROLE_PLAN_TASK, host)] in ([], ["skipped"])
+
+        nothing = fleet.ansible_playbook(RESTORE, limit=host, check=True)
+        assert nothing.rc == 0 and nothing.stats[host]["changed"] == 0, str(nothing)
+        assert nothing.result(ROLE_PLAN_TASK, host)["msg"] == "nothing to put back"
+    finally:
+        fleet.ssh(host, "systemctl disable --now vllm.service sglang.service; rm -f " + RECORD)
+
+
+def test_two_hosts_keep_their_own_restore_records(clean_fleet):
+    """Each fleet host has its own /var/lib/zeromib-gpu (its own overlay upper dir over a base that
+    has none): what one release stopped is never in the other host's record (issue 33)."""
+    fleet = clean_fleet
+    hosts = h200(fleet, 2) if sum(1 for h in fleet.hosts if h.gpu_count >= 8 and h.idle_mib == 0) >= 2 else [h.name for h in fleet.hosts[:2]]
+    assert len(hosts) == 2, "this test needs 2 hosts"
+    fleet.reset(hosts)
+    unit = {hosts[0]: "vllm.service", hosts[1]: "sglang.service"}
+    try:
+        for host in hosts:
+            fleet.ssh(host, f"rm -f {RECORD}; systemctl enable --now {unit[host]}", check=True)
+        free = fleet.ansible_playbook(PLAYBOOK, limit=",".join(hosts), extra_vars={
+            "free_gpus_services": "{{ ['vllm.service'] if inventory_hostname == '" + hosts[0] + "' else ['sglang.service'] }}",
+            "free_gpus_kill_timeout": KILL_TIMEOUT})
+        assert free.rc == 0, str(free)
+        assert {h: [e["name"] for e in record(fleet, h)["entries"]] for h in hosts} == {h: [unit[h]] for h in hosts}
+        restore = fleet.ansible_playbook(RESTORE, limit=hosts[0])
+        assert restore.rc == 0, str(restore)
+        assert record(fleet, hosts[0]) is None and [e["name"] for e in record(fleet, hosts[1])["entries"]] == [unit[hosts[1]]]
+    finally:
+        fleet.ssh_all(f"systemctl disable --now vllm.service sglang.service; rm -f {RECORD}", hosts=hosts)
+
+
 # --------------------------------------------------------------------------- the training play
 
 def test_training_play_restores_the_servers_on_every_host_when_training_fails_on_one(clean_fleet):
@@ -319,6 +395,22 @@ def test_the_audit_shows_a_pending_restore_until_gpu_restore_runs(units_host, tm
 
     pending = audit("before")
     assert any(line.startswith("zr-enabled-active.service stopped, disabled by zeromib at 20") for line in pending), pending
+    # report.md and report.html show it too (issue 33): who and when, from the node's own record.
+    # (vllm.service and zr-disabled-active, running on the GPUs, were stopped too, as owners of their holders.)
+    entries = record(fleet, host)["entries"]
+    entry = next(e for e in entries if e["name"] == "zr-enabled-active.service")
+    assert entry["released_by"] == "root", entry  # Ansible logs in as root over SSH: the kernel's login uid is 0
+    since = entry["released_at"]
+    md = (tmp_path / "before" / "report.md").read_text()
+    row = f"| {host} | zr-enabled-active.service | stopped, disabled | {since} | gpu_release of {since} by root |"
+    assert row in md.split("\n## Pending restores\n")[1], md
+    names = ", ".join(sorted(e["name"] for e in entries))
+    assert f"- **pending restore**, stopped by zeromib, not restored: {names}: 1 host ({host})" in md, md
+    html = (tmp_path / "before" / "report.html").read_text()
+    assert f'<tr data-host="{host}" data-pending-restore="zr-enabled-active.service">' in html
+    assert f'zeromib_gpu_pending_restore{{host="{host}"}} {len(entries)}' in (tmp_path / "before" / "gpu_audit.prom").read_text()
     restore = fleet.ansible_playbook(RESTORE, limit=host)
     assert restore.rc == 0, str(restore)
     assert audit("after") == []
+    assert "## Pending restores" not in (tmp_path / "after" / "report.md").read_text()
+    assert f'zeromib_gpu_pending_restore{{host="{host}"}} 0' in (tmp_path / "after" / "gpu_audit.prom").read_text()

@@ -245,7 +245,7 @@ def test_report_json_counts_every_kind_of_host(fleet_report):
         "gpus_total": 8 * 26 + 4, "gpus_clean": 8 * 26 + 4 - 16, "gpus_dirty": 16,
         "memory_used_mib": report["summary"]["memory_used_mib"], "memory_total_mib": 26 * 8 * H200_TOTAL + 4 * L40S_TOTAL,
         "holders": 8 + 1 + 1 + 1 + 1, "nvml_clients": 2 + 1,
-        "hosts_unhealthy": 1, "gpus_unhealthy": 1, "hosts_health_unchecked": 0, "gpus_health_unchecked": 0,
+        "hosts_unhealthy": 1, "gpus_unhealthy": 1, "hosts_health_unchecked": 0, "gpus_health_unchecked": 0, "hosts_pending_restore": 0,
     }
     status = {h["host"]: h["status"] for h in report["hosts"]}
     node09 = next(h for h in report["hosts"] if h["host"] == "gpu-node09")
@@ -633,3 +633,80 @@ def test_markdown_escapes_every_user_chosen_name_html_and_markdown_control_chara
     holders = md.split("\n## Holders\n")[1].split("\n## ")[0]
     rows = [line for line in holders.splitlines() if line.startswith("| node01 |")]
     assert len(rows) == 1 and rows[0].replace("\\|", "").count("|") == 10, rows
+
+
+# --------------------------------------------------------------------------- pending restores (issue 33)
+
+
+def _pending_fleet():
+    """Three clean hosts; on node-b gpu_release stopped and disabled vllm.service and stopped a
+    container two days ago and nobody ran restore_gpus: gpu_facts reports its record."""
+    hosts = clean_fleet(3)
+    for n, entry in enumerate(hosts):
+        entry["host"] = "node-" + "abc"[n]
+    at = "2026-11-29T08:00:00Z"
+    entries = [{"kind": "unit", "name": "vllm.service", "actions": ["stopped", "disabled"], "active": True, "unit_file_state": "enabled",
+                "gpu_indexes": [0, 1], "released_at": at, "released_by": "alice"},
+               {"kind": "container", "name": "tgi", "id": "4f3c" * 16, "runtime": "docker", "actions": ["stopped"], "running": True,
+                "restart_policy": "always", "released_at": at}]
+    hosts[1]["gpu"]["pending_restore"] = {
+        "path": "/var/lib/zeromib-gpu/released.json", "updated_at": at, "entries": entries, "error": None,
+        "summary": [f"vllm.service stopped, disabled by zeromib at {at}", f"container tgi stopped by zeromib at {at}"]}
+    return hosts
+
+
+def test_a_pending_restore_shows_in_every_report_file(tmp_path, collections_path):
+    proc, cwd = report_only(tmp_path, collections_path, _pending_fleet())
+    assert proc.returncode == 0, proc.output
+    out = cwd / "gpu_audit_report"
+    report = json.loads((out / "report.json").read_text())
+    assert report["summary"]["hosts_pending_restore"] == 1 and report["summary"]["hosts_clean"] == 3
+    assert [(a["host"], a["status"], a["pending_restore"]) for a in report["findings"]["attention"]] == [("node-b", "clean", 2)]
+
+    md = (out / "report.md").read_text()
+    section = md.split("\n## Pending restores\n")[1].split("\n## ")[0]
+    assert "| host | what | done by the release | stopped since | by which run |" in section
+    assert "| node-b | vllm.service | stopped, disabled | 2026-11-29T08:00:00Z | gpu_release of 2026-11-29T08:00:00Z by alice |" in section
+    assert "| node-b | container tgi | stopped | 2026-11-29T08:00:00Z | gpu_release of 2026-11-29T08:00:00Z |" in section
+    assert "node-a" not in section and "node-c" not in section
+    # "Hosts that need attention": grouped like the other reasons, and the row says why a clean host is there.
+    assert ("- **pending restore**, stopped by zeromib, not restored: container tgi, vllm.service: 1 host (node-b)" in md), md
+    assert "| node-b | **clean** | pending restore: 2 entries stopped by zeromib | - |" in md
+
+    html = (out / "report.html").read_text()
+    assert '<table class="list" id="pending-restores">' in html
+    assert ('<tr data-host="node-b" data-pending-restore="vllm.service"><td class="mono">node-b</td><td class="mono">vllm.service</td>'
+            "<td>stopped, disabled</td><td class=\"nw\">2026-11-29T08:00:00Z</td><td>gpu_release of 2026-11-29T08:00:00Z by alice</td></tr>") in html
+    assert '<span class="pill pending-restore">pending restore</span>' in html
+    assert '<input type="checkbox" id="only-pending"> only hosts with a pending restore' in html
+    assert 'data-k="hosts_pending_restore">1 <small>host</small>' in html
+    heat = json.loads(html.split('<script type="application/json" id="heat-data">')[1].split("</script>")[0])
+    assert {row[0]: row[14] for row in heat["h"]} == {"node-a": 0, "node-b": 2, "node-c": 0}
+
+    prom = (out / "gpu_audit.prom").read_text()
+    assert 'zeromib_gpu_pending_restore{host="node-b"} 2' in prom and 'zeromib_gpu_pending_restore{host="node-a"} 0' in prom
+    promtool = shutil.which("promtool") or (str(REPO / ".build" / "tools" / "bin" / "promtool")
+                                            if (REPO / ".build" / "tools" / "bin" / "promtool").exists() else None)
+    if promtool:
+        check = subprocess.run([promtool, "check", "metrics"], input=prom, capture_output=True, text=True, check=False)
+        assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_the_heat_map_marks_the_host_row_of_a_pending_restore_and_filters_on_it_in_chromium(tmp_path, collections_path):
+    proc, cwd = report_only(tmp_path, collections_path, _pending_fleet())
+    assert proc.returncode == 0, proc.output
+    page = (cwd / "gpu_audit_report" / "report.html").as_uri()
+    drawn = _chromium("--dump-dom", page)
+    assert drawn.returncode == 0, drawn.stderr[-2000:]
+    dom = _Dom()
+    dom.feed(drawn.stdout)
+    assert [(r["data-host"], r.get("data-pending-restore")) for r in dom.rows] == [("node-a", None), ("node-b", "2"), ("node-c", None)]
+    assert '<td class="hn">node-b<span class="pr">\u21ba 2</span></td>' in drawn.stdout
+    assert "2 pending restores: stopped by zeromib, not put back (restore_gpus)" in next(r["title"] for r in dom.rows if r["data-host"] == "node-b")
+    # The filter: only the hosts with a pending restore (report.html?pending-restore sets it at load).
+    filtered = _chromium("--dump-dom", page + "?pending-restore")
+    assert filtered.returncode == 0, filtered.stderr[-2000:]
+    dom = _Dom()
+    dom.feed(filtered.stdout)
+    assert [r["data-host"] for r in dom.rows] == ["node-b"]
+    assert "hosts 1-1 of 1 (of 3), page 1 of 1" in filtered.stdout

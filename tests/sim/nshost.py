@@ -56,6 +56,8 @@ sys.path.insert(0, HERE)
 import make_config  # noqa: E402
 
 STD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Where gpu_release keeps its restore record on a node: a private, empty tmpfs in every host.
+RECORD_DIR = "/var/lib/zeromib-gpu"
 PR_SET_PDEATHSIG = 1
 MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
@@ -773,8 +775,13 @@ def _setup(spec):
     os.makedirs("/run/nvidia-sim", exist_ok=True)
     _mount(spec["state"], "/run/nvidia-sim", None, MS_BIND)
     _overlay("/usr/bin", base)
-    # gpu_release writes its restore record to /var/lib/zeromib-gpu: each host has its own.
+    # gpu_release writes its restore record to /var/lib/zeromib-gpu: each host has its own. The
+    # overlay keeps writes private but shows the machine's own /var/lib beneath: a record there
+    # (from a gpu_release run on the machine itself) would read as every host's. A fresh tmpfs
+    # (root's, 0700, as _record makes it) starts each host with none (issue 33).
     _overlay("/var/lib", base)
+    os.makedirs(RECORD_DIR, exist_ok=True)
+    _mount("zeromib-record", RECORD_DIR, "tmpfs", 0, "mode=0700,size=1m")
     links = [("nvidia-smi", spec["sim"]), ("gpu_holder", spec["holder"])]
     links += [(name, spec["kernel_log"]) for name in ("journalctl", "dmesg") if spec.get("kernel_log")]
     # The simulated MPS control daemon (and client) beside gpu_holder.

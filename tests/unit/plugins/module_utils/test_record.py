@@ -152,3 +152,13 @@ def test_supervisor_programs_are_recorded_with_their_options_before():
     assert (entry["kind"], entry["name"], entry["actions"], entry["running"]) == ("supervisor", "vllm", ["stopped", "disabled"], True)
     assert (entry["file"], entry["autostart_before"], entry["autorestart_before"]) == ("/etc/supervisor/conf.d/vllm.conf", "true", None)
     assert record_mod.describe(entry) == f"supervisor program vllm stopped, disabled by zeromib at {AT1}"
+
+
+def test_a_supervisor_program_is_recorded_with_the_gpus_its_process_family_held():
+    # supervisord runs the API server (pid 500); its EngineCore (501) and the workers (502, 503) hold GPUs 0-2.
+    holders = [{"pid": 501, "ppid": 500, "gpu_indexes": [0]}, {"pid": 502, "ppid": 501, "gpu_indexes": [1]},
+               {"pid": 503, "ppid": 501, "gpu_indexes": [2]}, {"pid": 900, "ppid": 1, "gpu_indexes": [3]}]
+    result = {"stopped_programs": [{"name": "vllm", "supervisor_pid": 42, "config": None, "state_before": "RUNNING", "pid": 500}]}
+    [entry] = record_mod.release_entries(result, {}, holders, AT1)
+    assert entry["gpu_indexes"] == [0, 1, 2]
+    assert record_mod.program_gpus(None, holders) == []

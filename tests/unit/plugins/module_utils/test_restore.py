@@ -139,3 +139,123 @@ def test_a_supervisor_program_without_its_supervisord_running_is_named_and_kept(
         restore.Restore(system, {}).run()
     assert info.value.result["started_units"] == ["a.service"]
     assert [e["name"] for e in json.loads(path.read_text())["entries"]] == ["vllm"]
+
+
+class FakeRuntimes:
+    """inspect/set_restart_policy/start over a dict of containers {id: {name, running, restart_policy}}."""
+
+    def __init__(self, containers):
+        self.containers = containers
+        self.log = []
+
+    def inspect(self, runtime, cid):
+        return dict(self.containers[cid]) if cid in self.containers else None
+
+    def set_restart_policy(self, runtime, cid, policy, retries):
+        self.log.append(("restart_policy", cid, policy))
+        self.containers[cid]["restart_policy"] = policy
+
+    def start(self, runtime, cid, timeout):
+        self.log.append(("start", cid))
+        self.containers[cid]["running"] = True
+
+
+def container_entry(name, cid, actions, running=True, policy="always"):
+    return {"kind": "container", "name": name, "id": cid, "runtime": "podman", "actions": list(actions), "running": running,
+            "restart_policy": policy, "restart_max_retries": 0, "gpu_indexes": [3], "released_at": AT}
+
+
+PLAN_KEYS = ("changed", "restored", "plan", "unmasked_units", "enabled_units", "started_units", "restored_policies", "started_containers",
+             "started_programs", "already_restored", "forgotten", "not_restored", "pending", "diff")
+
+
+def node(path):
+    """vllm (enabled, running) stopped and disabled by the release; sglang (running, disabled before) stopped and
+    disabled; a running container stopped with restart policy no; tgi already started again by hand."""
+    write(path, [unit_entry("vllm.service", ["stopped", "disabled"]),
+                 unit_entry("sglang.service", ["stopped", "disabled"], file_state="disabled"),
+                 container_entry("vllm-c", "c" * 64, ["stopped", "disabled"]),
+                 unit_entry("tgi.service", ["stopped"])])
+    system = FakeSystemd(str(path), {"vllm.service": props(), "sglang.service": props(), "tgi.service": props(active="active")})
+    system.runtimes = FakeRuntimes({"c" * 64: {"name": "vllm-c", "running": False, "restart_policy": "no"}})
+    return system
+
+
+def test_check_mode_reports_exactly_what_the_real_run_then_does_under_the_same_keys(tmp_path):
+    path = tmp_path / "d" / "released.json"
+    system = node(path)
+    content = path.read_bytes()
+    plan = restore.Restore(system, {}, check_mode=True).run()
+    assert system.log == [] and system.runtimes.log == [] and path.read_bytes() == content
+    assert plan["started_units"] == ["sglang.service", "vllm.service"] and plan["enabled_units"] == ["vllm.service"]
+    assert plan["started_containers"] == ["vllm-c"] and plan["restored_policies"][0]["restart_policy"] == "always"
+    assert plan["already_restored"] == [f"tgi.service stopped by zeromib at {AT}"]
+    assert plan["plan"] == ["tgi.service: already as before, dropped from the record", "container vllm-c: restart policy always, start",
+                            "sglang.service: start", "vllm.service: enable, start"]
+    done = restore.Restore(system, {}).run()
+    assert {k: done[k] for k in PLAN_KEYS} == {k: plan[k] for k in PLAN_KEYS}
+    assert system.log == [("start", "sglang.service"), ("enable", "vllm.service"), ("start", "vllm.service")]
+    again = restore.Restore(system, {}, check_mode=True).run()
+    assert again["changed"] is False and again["plan"] == [] and again["started_units"] == []
+
+
+def test_the_diff_shows_each_entry_before_and_after(tmp_path):
+    path = tmp_path / "d" / "released.json"
+    result = restore.Restore(node(path), {}, check_mode=True).run()
+    assert result["diff"]["before"].splitlines() == [
+        "tgi.service: in the restore record", "container vllm-c: restart policy no, stopped", "sglang.service: stopped",
+        "vllm.service: disabled, stopped"]
+    assert result["diff"]["after"].splitlines() == [
+        "tgi.service: dropped from the record (already as before)", "container vllm-c: restart policy always, running",
+        "sglang.service: running", "vllm.service: enabled, running"]
+
+
+def test_a_masked_unit_plans_unmask_enable_start(tmp_path):
+    path = tmp_path / "d" / "released.json"
+    write(path, [unit_entry("vllm.service", ["stopped", "masked"])])
+    system = FakeSystemd(str(path), {"vllm.service": props(file_state="masked", load="masked")})
+    system.units["vllm.service"]["UnitFileState"] = "masked"
+    plan = restore.Restore(system, {}, check_mode=True).run()
+    assert (plan["unmasked_units"], plan["started_units"]) == (["vllm.service"], ["vllm.service"])
+    done = restore.Restore(system, {}).run()
+    assert {k: done[k] for k in PLAN_KEYS if k != "diff"} == {k: plan[k] for k in PLAN_KEYS if k != "diff"}
+
+
+def test_wait_for_gpus_finds_a_programs_gpus_through_its_process_family(tmp_path):
+    proc = tmp_path / "proc"
+    for pid, ppid in ((500, 42), (501, 500), (42, 1), (900, 1)):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "stat").write_text(f"{pid} (x) S {ppid} 0 0 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 100 0 0\n")
+    entry = {"kind": "supervisor", "name": "vllm"}
+    assert restore.ancestry(501, str(proc)) == [501, 500, 42]
+    assert restore._holds(entry, {"pid": 501}, {"vllm": 500}, str(proc)) is True
+    assert restore._holds(entry, {"pid": 900}, {"vllm": 500}, str(proc)) is False
+    assert restore._holds(entry, {"pid": 501}, {}, str(proc)) is False
+
+
+class FakeSupervisor:
+    def __init__(self, pid):
+        self.pid = pid
+
+    def status(self, timeout=10.0):
+        return [{"name": "vllm", "state": "RUNNING", "pid": self.pid}]
+
+
+def test_wait_for_gpus_waits_for_a_program_until_its_process_family_holds_its_gpus(tmp_path):
+    proc = tmp_path / "proc"
+    for pid, ppid in ((500, 42), (501, 500), (42, 1)):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "stat").write_text(f"{pid} (x) S {ppid} 0 0 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 100 0 0\n")
+    system = FakeSystemd(str(tmp_path / "d" / "released.json"), {})
+    system.proc = str(proc)
+    entry = {"kind": "supervisor", "name": "vllm", "gpu_indexes": [0], "actions": ["stopped"], "running": True}
+    looks = iter([[], [{"pid": 501, "gpu_indexes": [0]}]])  # the EngineCore child comes up at the second look
+    run = restore.Restore(system, {}, look=lambda: next(looks))
+    run.supervisors["vllm"] = FakeSupervisor(500)
+    run.wait_for_gpus([entry], 5)
+    assert run.result["gpus_held"] == {"vllm": [0]}
+    # Its supervisord now runs it as another process, whose family holds nothing: named after the wait.
+    run = restore.Restore(system, {}, look=lambda: [{"pid": 501, "gpu_indexes": [0]}])
+    run.supervisors["vllm"] = FakeSupervisor(777)
+    with pytest.raises(restore.RestoreError, match=r"vllm is not holding a GPU again after 0 s .*vllm: 0"):
+        run.wait_for_gpus([entry], 0.1)

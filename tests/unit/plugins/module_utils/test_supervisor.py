@@ -89,4 +89,5 @@ def test_plan_stops_running_programs_and_disables_named_ones():
     assert [e["name"] for e in steps["stop"]] == ["vllm"]
     assert [e["name"] for e in steps["disable"]] == ["vllm", "serve:tokenizer"]
     assert steps["not_found"] == ["supervisor:nothing*"]
-    assert _supervisor.public(steps["stop"][0]) == {"name": "vllm", "supervisor_pid": 23, "config": "/etc/s.conf", "state_before": "RUNNING"}
+    assert _supervisor.public(steps["stop"][0]) == {"name": "vllm", "supervisor_pid": 23, "config": "/etc/s.conf", "state_before": "RUNNING",
+                                                    "pid": 59}  # its process now: the record keeps the GPUs its family held
