@@ -125,6 +125,10 @@ class Holder(t.TypedDict, total=False):
     _container_record: ContainerRecord
     argv0: str | None
     protected_reason: str | None
+    # From /proc/PID/status: what SIGTERM does ("ignored", "caught", "default"), and whether the
+    # process is the init of a PID namespace below ours (_signals sends such a one SIGKILL at once).
+    sigterm: str | None
+    pid_namespace_init: bool
 
 
 class ContainerEntry(t.TypedDict, total=False):

@@ -174,6 +174,8 @@ options:
   kill_timeout:
     description:
       - Seconds between SIGTERM and SIGKILL, and how long a process may outlive SIGKILL before it is reported as unkillable.
+      - A process that SIGTERM cannot reach (it ignores SIGTERM, or it is the init of its own PID namespace without a handler for it) gets
+        SIGKILL at once, without this wait (C(sigkill_at_once) in RV(killed)).
       - Also how long a unit may take to stop before it is killed through systemd (RV(killed_units)).
       - Also the grace a container gets from its runtime (C(docker stop -t), rounded up to whole seconds) before the runtime SIGKILLs it.
     type: float
@@ -411,12 +413,19 @@ services_not_found:
 killed:
   description:
     - Processes signalled, with the last signal sent (V(SIGTERM) or V(SIGKILL)) and the seconds from the first signal to their exit.
-    - In check mode, the processes that would be signalled, with C(signal=null).
+    - C(sigkill_at_once) says why a process got SIGKILL at once, without SIGTERM and without waiting O(kill_timeout) - V(ignores SIGTERM)
+      (bit 15 of C(SigIgn) in C(/proc/PID/status)) or V(init of its PID namespace, no SIGTERM handler) (a process such as one started by
+      C(unshare --pid --fork), which the kernel shields from a SIGTERM it has no handler for, bit 15 of C(SigCgt) clear); V(null) for a
+      process that SIGTERM can reach.
+    - In check mode, the processes that would be signalled, with C(signal=null) and the C(sigkill_at_once) they would get.
   type: list
   elements: dict
   returned: always
   sample:
-    - {pid: 495, name: python3, cmdline: python3 train.py, unit: null, container: null, gpu_indexes: [0], signal: SIGKILL, exited_after_s: 0.02}
+    - {pid: 495, name: python3, cmdline: python3 train.py, unit: null, container: null, gpu_indexes: [0], signal: SIGTERM, sigkill_at_once: null,
+       exited_after_s: 0.02}
+    - {pid: 512, name: python3, cmdline: python3 serve.py, unit: null, container: null, gpu_indexes: [0], signal: SIGKILL,
+       sigkill_at_once: "init of its PID namespace, no SIGTERM handler", exited_after_s: 0.15}
 protected:
   description: Protected processes that hold a selected GPU (or that O(match) named). Never signalled.
   type: list
