@@ -43,7 +43,7 @@ def test_cooperative_holder_is_freed_by_sigterm_and_verified(nshost):
     assert not run.failed, run.msg
     assert run["changed"] is True and run["released"] is True
     entry = killed_pids(run)[holder.pid]
-    assert entry["signal"] == "SIGTERM" and entry["exited_after_s"] < 2
+    assert entry["signal"] == "SIGTERM" and entry["sigkill_at_once"] is None and entry["exited_after_s"] < 2
     assert not host.alive(holder.pid) and used(host, 0) == 0 and used(host, 1) == 0
     assert run["gpus_before"][0]["memory_used_mib"] >= 40960 and run["gpus"][0]["memory_used_mib"] == 0
     assert "40969 MiB" in run["diff"]["before"]  # H200: one app reads its MiB + 9 and "gpu_holder" in run["diff"]["before"]
@@ -52,14 +52,58 @@ def test_cooperative_holder_is_freed_by_sigterm_and_verified(nshost):
     assert again["changed"] is False and again["released"] is True
 
 
-def test_holder_ignoring_sigterm_gets_sigkill_after_kill_timeout(nshost):
+def test_holder_whose_sigterm_handler_stays_gets_sigkill_after_kill_timeout(nshost):
     host = nshost("h200x1")
-    holder = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "40960", "--ignore-term"])
+    holder = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "40960", "--term-handler-stays"])
     run = run_module(host, "gpu_release", {"kill_timeout": 1})
     assert not run.failed, run.msg
     entry = killed_pids(run)[holder.pid]
-    assert entry["signal"] == "SIGKILL" and entry["exited_after_s"] >= 1.0
+    assert entry["signal"] == "SIGKILL" and entry["sigkill_at_once"] is None and entry["exited_after_s"] >= 1.0
     assert run["timings"]["kill_s"] < 1.0 + 3 and run["released"] is True and used(host, 0) == 0
+
+
+def namespace_child(host, proc):
+    """The one child of `proc` (the `unshare --fork` that started it), as this host's PIDs read."""
+    with open(f"/proc/{host.init_pid}/root/proc/{proc.pid}/task/{proc.pid}/children") as handle:
+        [child] = handle.read().split()
+    return int(child)
+
+
+def test_holder_ignoring_sigterm_gets_sigkill_at_once(nshost):
+    # SIG_IGN (bit 15 of SigIgn): a SIGTERM would change nothing; kill_timeout 30 is not waited.
+    host = nshost("h200x1")
+    holder = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "40960", "--ignore-term"])
+    run = run_module(host, "gpu_release", {"kill_timeout": 30})
+    assert not run.failed, run.msg
+    entry = killed_pids(run)[holder.pid]
+    assert (entry["signal"], entry["sigkill_at_once"]) == ("SIGKILL", "ignores SIGTERM")
+    assert entry["exited_after_s"] < 5 and run["timings"]["kill_s"] < 5
+    assert run["released"] is True and not host.alive(holder.pid) and used(host, 0) == 0
+
+
+def test_pid_namespace_init_without_a_handler_gets_sigkill_at_once(nshost):
+    # `unshare --pid --fork`: the holder is PID 1 of its own namespace and has no SIGTERM handler,
+    # so the kernel drops a SIGTERM from outside (real H200: the release waited the whole kill_timeout).
+    host = nshost("h200x1")
+    unshare = host.spawn(["unshare", "--pid", "--fork", "gpu_holder", "--gpus", "0", "--mib", "40960"], ready=True)
+    holder = namespace_child(host, unshare)
+    run = run_module(host, "gpu_release", {"kill_timeout": 30})
+    assert not run.failed, run.msg
+    entry = killed_pids(run)[holder]
+    assert (entry["signal"], entry["sigkill_at_once"]) == ("SIGKILL", "init of its PID namespace, no SIGTERM handler")
+    assert entry["exited_after_s"] < 5 and run["timings"]["kill_s"] < 5
+    assert run["released"] is True and not host.alive(holder) and used(host, 0) == 0
+    assert unshare.wait_gone(5)  # the unshare that waited for it ends with it, never signalled
+    assert unshare.pid not in killed_pids(run)
+
+
+def test_check_mode_shows_the_sigkill_at_once(nshost):
+    host = nshost("h200x1")
+    holder = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "1024", "--ignore-term"])
+    run = run_module(host, "gpu_release", {"kill_timeout": 30}, check=True)
+    assert not run.failed, run.msg
+    assert [(k["pid"], k["signal"], k["sigkill_at_once"]) for k in run["killed"]] == [(holder.pid, None, "ignores SIGTERM")]
+    assert host.alive(holder.pid)
 
 
 def test_orphaned_fork_child_is_found_and_freed(nshost):
