@@ -26,6 +26,7 @@ import typing as t
 from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
 from ansible_collections.zeromib.gpu.plugins.module_utils import _engines
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
+from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils import _record
 from ansible_collections.zeromib.gpu.plugins.module_utils import _units
 
@@ -121,11 +122,14 @@ def parse_wait(value: t.Any) -> float:
         seconds = float(text)
     except ValueError:
         raise ValueError(f"wait_for_gpus must be true, false or a number of seconds, got {value!r}") from None
-    if math.isnan(seconds) or math.isinf(seconds):
-        # A NaN or infinite deadline is never reached: the wait would not end.
+    if math.isnan(seconds):
+        # A NaN deadline is never reached: the wait would not end.
         raise ValueError(f"wait_for_gpus must be true, false or a number of seconds, got {value!r}")
     if seconds < 0:
         raise ValueError(f"wait_for_gpus must be 0 or more seconds, got {seconds}")
+    too_long = _options.range_problem("wait_for_gpus", seconds)
+    if too_long:
+        raise ValueError(too_long)
     return seconds
 
 

@@ -165,6 +165,22 @@ def test_gpus_option_frees_only_the_selected_gpu(nshost):
     assert gpu1["clean"] is True and gpu1["cross_gpu_footprint"] is True and run["released"] is True
 
 
+def test_a_huge_time_fails_naming_the_option_and_its_bound_and_touches_nothing(nshost):
+    # Before issue 31: `timeout: 1e10` ended in an uncaught OverflowError from the nvidia-smi wait.
+    host = nshost("h200x1")
+    holder = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "1024"])
+    for module, args, msg in [
+        ("gpu_release", {"timeout": 1e10}, "timeout must be at most 86400 seconds (one day), got 10000000000.0"),
+        ("gpu_release", {"kill_timeout": "inf"}, "kill_timeout must be at most 86400 seconds (one day), got inf"),
+        ("gpu_facts", {"timeout": 1e308}, "timeout must be at most 86400 seconds (one day), got 1e+308"),
+        ("gpu_restore", {"step_timeout": 1e10}, "step_timeout must be at most 86400 seconds (one day), got 10000000000.0"),
+    ]:
+        run = run_module(host, module, args)
+        assert run.failed and run.msg == msg, (module, run.msg)
+        assert "module_stderr" not in run.result and "Traceback" not in run.stdout + run.stderr
+    assert host.alive(holder.pid) and used(host, 0) >= 1024
+
+
 def test_holder_of_a_selected_and_an_unselected_gpu_is_freed_only_with_kill_spanning(nshost):
     # docs/design.md "Spanning": ending it would end its work on GPU 0, which the selection keeps out.
     host = nshost("h200x8")
