@@ -200,6 +200,11 @@ def checked_params(params: t.Mapping[str, t.Any]) -> float:
     return wait
 
 
+def warn_all(module: AnsibleModule, warnings: t.Iterable[str]) -> None:
+    for warning in warnings:
+        module.warn(warning)
+
+
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
@@ -215,9 +220,12 @@ def main() -> None:
     try:
         result = restore.run()
     except _restore.RestoreError as exc:
+        warn_all(module, exc.result.pop("warnings", []))
         module.fail_json(msg=exc.msg, **exc.result)
     except NvidiaSmiError as exc:
+        warn_all(module, restore.result.pop("warnings", []))
         module.fail_json(**dict(restore.result, **exc.details()))
+    warn_all(module, result.pop("warnings", []))
     module.exit_json(**result)
 
 
