@@ -159,6 +159,8 @@ class KilledEntry(t.TypedDict, total=False):
     container: str | None
     gpu_indexes: list[int]
     signal: str | None
+    # Why SIGKILL went out first (_signals.IGNORES_SIGTERM, NAMESPACE_INIT), None when SIGTERM can arrive.
+    sigkill_at_once: str | None
     exited_after_s: float | None
     # Internal: when the first signal went out, and whether the PID was reused meanwhile.
     _first_signal: float

@@ -105,9 +105,11 @@ options:
       - Containers found holding a selected GPU are only stopped; with restart policy V(always) Docker starts them again when its
         daemon restarts. Name them in O(services) to disable them.
       - For supervisord programs named in O(services), V(disabled) (and V(masked), since supervisord has no mask) sets C(autostart=false) and
-        C(autorestart=false) in the program's section of its configuration file (a file only root can write) and runs
-        C(supervisorctl reread) and C(update GROUP); the file is what supervisord reads again at its restart and at boot, so the program
-        stays stopped across both. The values before are returned in RV(disabled_programs).
+        C(autorestart=false) in the program's section of its configuration file (a file only root can write); the file is what supervisord
+        reads again at its restart and at boot, so the program stays stopped across both. The running supervisord is not made to re-read
+        it (C(supervisorctl update GROUP) would stop and re-add every other program of the group): it never restarts a program it
+        stopped. Stopping or disabling one program never stops, starts or re-adds another. The values before are returned in
+        RV(disabled_programs).
     type: str
     choices: [stopped, disabled, masked]
     default: stopped
@@ -207,7 +209,9 @@ options:
 notes:
   - Needs root (O(ignore:become=true)) to see and signal other users' processes and to manage systemd units.
   - Every number is checked before anything runs - V(nan) and V(inf) are refused, as are negative values; O(timeout) and
-    O(poll_interval) must be greater than 0. O(gpus) and O(protect) take indexes and PIDs in ASCII digits only. O(services) takes at
+    O(poll_interval) must be greater than 0. Every time has an upper bound - O(timeout), O(kill_timeout), O(wait_timeout),
+    O(poll_interval) and O(settle_timeout) at most 86400 seconds (one day), O(xid_window_hours) at most 8760 (one year) - and a
+    larger value fails naming the option and its bound. O(gpus) and O(protect) take indexes and PIDs in ASCII digits only. O(services) takes at
     most 1000 entries (use globs), none longer than a unit name can be.
   - The module never resets a GPU. Memory that nvidia-smi attributes to a process that no longer exists, with no live holder left,
     is a context the driver has not freed; the failure message says that a GPU reset or a reboot is needed.
@@ -337,13 +341,14 @@ disabled_programs:
   description:
     - supervisord programs named in O(services) whose C(autostart) and C(autorestart) were set to C(false), with O(service_state=disabled)
       or O(service_state=masked); C(file) is the configuration file changed, C(autostart_before)/C(autorestart_before) the values it had
-      (null when the option was not set).
+      (null when the option was not set). C(group_updated) is V(false) - the running supervisord was not made to re-read the file, so no
+      other program of its group was stopped or started; the file counts from supervisord's next start.
   type: list
   elements: dict
   returned: always
   sample:
     - {name: vllm, supervisor_pid: 812, config: /etc/supervisor/supervisord.conf, state_before: RUNNING,
-       file: /etc/supervisor/conf.d/vllm.conf, autostart_before: "true", autorestart_before: "true"}
+       file: /etc/supervisor/conf.d/vllm.conf, autostart_before: "true", autorestart_before: "true", group_updated: false}
 stopped_mps_servers:
   description:
     - MPS servers stopped through their control daemon (in check mode, to be stopped, with C(how=null)). C(how) is the command used,
