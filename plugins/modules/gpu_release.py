@@ -107,7 +107,7 @@ options:
       - For supervisord programs named in O(services), V(disabled) (and V(masked), since supervisord has no mask) sets C(autostart=false) and
         C(autorestart=false) in the program's section of its configuration file (a file only root can write); the file is what supervisord
         reads again at its restart and at boot, so the program stays stopped across both. The running supervisord is not made to re-read
-        it (C(supervisorctl update GROUP) would stop and re-add every other program of the group): it never restarts a program it
+        it (C(supervisorctl update GROUP) would stop and re-add every other program of the group) - it never restarts a program it
         stopped. Stopping or disabling one program never stops, starts or re-adds another. The values before are returned in
         RV(disabled_programs).
     type: str

@@ -80,8 +80,9 @@ class Run:
     def holder(self, *extra, mib=None, gpu=None, env=None, prefix=()):
         """A PyTorch holder, started under `prefix` (e.g. unshare --pid --fork) when given."""
         ready = os.path.join(self.tmp, f"ready-{len(self.started)}-{int(time.time() * 1000)}")
-        cmd = list(prefix) + [sys.executable, os.path.join(HERE, "cuda_holder.py"), "--gpu", str(self.gpu if gpu is None else gpu), "--ready", ready,
+        cmd = [sys.executable, os.path.join(HERE, "cuda_holder.py"), "--gpu", str(self.gpu if gpu is None else gpu), "--ready", ready,
                "--mib", str(mib if mib is not None else self.mib)] + list(extra)
+        cmd = list(prefix) + cmd
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, env=dict(os.environ, **(env or {})))
         self.started.append(proc)
         return proc, ready
