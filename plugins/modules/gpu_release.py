@@ -24,9 +24,11 @@ description:
   - B(Act) - stop the containers through their runtime (after setting the restart policy of named ones to C(no) with
     O(service_state=disabled)); C(systemctl stop --no-block) the units, all at once, and wait for them at most O(kill_timeout) before
     C(systemctl kill --signal=SIGKILL) (never C(TimeoutStopSec), 90 s by default); then C(disable) or C(mask) the named ones. SIGTERM the
-    remaining holders, SIGKILL those still alive after O(kill_timeout). A PID is signalled only while it is the process that was
-    planned - through a pidfd where the node has them (Linux 5.3+, Python 3.9+), else after a check of its start time right before
-    every signal.
+    remaining holders, SIGKILL those still alive after O(kill_timeout); a holder that SIGTERM cannot reach (it ignores SIGTERM -
+    C(SigIgn) in C(/proc/PID/status) - or it is the init of its own PID namespace without a SIGTERM handler, as under
+    C(unshare --pid --fork)) gets SIGKILL at once, and its RV(killed) entry says why (C(sigkill_at_once)). A PID is signalled only
+    while it is the process that was planned - through a pidfd where the node has them (Linux 5.3+, Python 3.9+), else after a check
+    of its start time right before every signal.
   - B(Verify) - poll C(memory.used) every O(poll_interval) until every selected GPU reads at most O(max_used_mib), or fail after
     O(wait_timeout) with one message naming each dirty GPU, its MiB and what still holds it. When something was signalled that a
     restart policy outside this run's control may start again, watch a short settle window before answering (see the notes).
