@@ -4,6 +4,8 @@ import os
 import sys
 import time
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ansible_in_ns import run_module  # noqa: E402
 from test_gpu_facts import start_daemon  # noqa: E402
@@ -69,10 +71,12 @@ def namespace_child(host, proc):
     return int(child)
 
 
-def test_holder_ignoring_sigterm_gets_sigkill_at_once(nshost):
+@pytest.mark.parametrize("uid", [0, 4242], ids=["root", "user-4242"])
+def test_holder_ignoring_sigterm_gets_sigkill_at_once(nshost, uid):
     # SIG_IGN (bit 15 of SigIgn): a SIGTERM would change nothing; kill_timeout 30 is not waited.
     host = nshost("h200x1")
-    holder = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "40960", "--ignore-term"])
+    argv = ["gpu_holder", "--gpus", "0", "--mib", "40960", "--ignore-term"]
+    holder = host.spawn_as(uid, argv) if uid else host.spawn(argv)
     run = run_module(host, "gpu_release", {"kill_timeout": 30})
     assert not run.failed, run.msg
     entry = killed_pids(run)[holder.pid]
@@ -81,11 +85,20 @@ def test_holder_ignoring_sigterm_gets_sigkill_at_once(nshost):
     assert run["released"] is True and not host.alive(holder.pid) and used(host, 0) == 0
 
 
-def test_pid_namespace_init_without_a_handler_gets_sigkill_at_once(nshost):
+@pytest.mark.parametrize("uid", [0, 4242], ids=["root", "user-4242"])
+def test_pid_namespace_init_without_a_handler_gets_sigkill_at_once(nshost, uid):
     # `unshare --pid --fork`: the holder is PID 1 of its own namespace and has no SIGTERM handler,
     # so the kernel drops a SIGTERM from outside (real H200: the release waited the whole kill_timeout).
+    # A user makes one with `unshare --user --map-root-user --pid --fork`.
     host = nshost("h200x1")
-    unshare = host.spawn(["unshare", "--pid", "--fork", "gpu_holder", "--gpus", "0", "--mib", "40960"], ready=True)
+    argv = ["unshare", "--pid", "--fork", "gpu_holder", "--gpus", "0", "--mib", "40960"]
+    if uid:
+        userns = ["unshare", "--user", "--map-root-user"]
+        if host.run(["setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups", "--"] + userns + ["true"]).returncode != 0:
+            pytest.skip("this kernel gives users no user namespaces (unprivileged_userns_clone)")
+        unshare = host.spawn_as(uid, userns + argv[1:], ready=True)
+    else:
+        unshare = host.spawn(argv, ready=True)
     holder = namespace_child(host, unshare)
     run = run_module(host, "gpu_release", {"kill_timeout": 30})
     assert not run.failed, run.msg
