@@ -379,6 +379,34 @@ def _uid_from_status(text: bytes | str) -> int | None:
     return None
 
 
+SIGTERM_BIT = 1 << (15 - 1)  # signal N is bit N-1 of the SigIgn/SigCgt masks (proc(5))
+
+
+def signal_facts(text: bytes | str) -> tuple[str | None, bool]:
+    """/proc/PID/status -> (what SIGTERM does to the process: "ignored", "caught" or "default";
+    None when the kernel did not say, whether it is the init of its own PID namespace). NSpid
+    lists its PID in each namespace from ours down to its own: more than one entry ending in 1 is
+    the init of a namespace below ours, which the kernel shields from every signal it has no
+    handler for (pid_namespaces(7)), SIGKILL aside."""
+    masks: dict[str, int] = {}
+    namespace_init = False
+    for line in _text(text).splitlines():
+        key, _sep, value = line.partition(":")
+        if key in ("SigIgn", "SigCgt"):
+            try:
+                masks[key] = int(value.strip(), 16)
+            except ValueError:
+                pass
+        elif key == "NSpid":
+            pids = value.split()
+            namespace_init = len(pids) > 1 and pids[-1] == "1"
+    if "SigIgn" not in masks or "SigCgt" not in masks:
+        return None, namespace_init
+    if masks["SigIgn"] & SIGTERM_BIT:
+        return "ignored", namespace_init
+    return ("caught" if masks["SigCgt"] & SIGTERM_BIT else "default"), namespace_init
+
+
 def open_devices(pid: int, proc: str = "/proc", table: DeviceTable | None = None) -> set[str]:
     """The /dev/nvidia* names of the device files a process has open, known by identity (see
     DeviceTable): os.stat of /proc/PID/fd/N follows the kernel's link to the opened inode,
@@ -523,6 +551,7 @@ def read_process(pid: int, proc: str = "/proc", users: dict[int, str] | None = N
         return None
     exe, exe_owner, exe_verified = read_executable(base, _fs_root(proc))
     uid = _uid_from_status(status)
+    sigterm, namespace_init = signal_facts(status)
     cgroup_path = parse_cgroup(cgroup)
     record: Holder = {
         "pid": pid,
@@ -547,6 +576,8 @@ def read_process(pid: int, proc: str = "/proc", users: dict[int, str] | None = N
         "cgroup": cgroup_path,
         "protected": False,
         "kernel_thread": kernel_thread,
+        "sigterm": sigterm,
+        "pid_namespace_init": namespace_init,
     }
     return record
 

@@ -9,8 +9,9 @@
 
 Ansible's argument spec types a value (`float` accepts "nan" and "inf") but checks no range:
 a NaN timeout compares false with everything, so `now >= deadline` never holds and a wait
-never ends. Every numeric option of both modules, and of the role's gate, goes through
-`check_ranges` before anything runs."""
+never ends; a huge one overflows the OS's timers. Every numeric option of the modules, and of
+the role's gate, goes through `check` before anything runs: at least RANGES' low end, and for
+a time at most its TIME_LIMITS."""
 
 from __future__ import annotations
 
@@ -55,6 +56,24 @@ RANGES = {
     "settle_timeout": (0, True),
     # gpu_restore: every step (a systemctl call, a container start) must be given some time.
     "step_timeout": (0, False),
+    "wait_for_gpus": (0, True),
+}
+
+# option -> the most it accepts, in its own unit (seconds; xid_window_hours in hours), and how the
+# message says it. Every option that is a time has its bound here: past it, deadlines overflow
+# what the OS takes (`timeout: 1e10` ended in an OverflowError from a subprocess wait), and no
+# GPU needs a longer wait than a day.
+ONE_DAY_S = 86400
+TIME_LIMITS = {
+    "timeout": (ONE_DAY_S, "one day"),
+    "kill_timeout": (ONE_DAY_S, "one day"),
+    "wait_timeout": (ONE_DAY_S, "one day"),
+    "poll_interval": (ONE_DAY_S, "one day"),
+    "settle_timeout": (ONE_DAY_S, "one day"),
+    "step_timeout": (ONE_DAY_S, "one day"),
+    "wait_for_gpus": (ONE_DAY_S, "one day"),
+    # A window over the kernel log, not a wait: a year of it is more than any node's uptime between reboots.
+    "xid_window_hours": (8760, "one year"),
 }
 
 # systemd refuses unit names longer than 255 characters (UNIT_NAME_MAX); the count keeps every
@@ -71,11 +90,16 @@ def range_problem(name: str, value: t.Any) -> str | None:
         number = float(value)
     except (TypeError, ValueError):
         return f"{name} must be a number, got {value!r}"
-    if math.isnan(number) or math.isinf(number):
+    # An infinite time is told its bound (below); any other NaN or infinity is no number to check.
+    if math.isnan(number) or (math.isinf(number) and name not in TIME_LIMITS):
         return f"{name} must be a finite number, got {value}"
     low, inclusive = RANGES[name]
     if number < low or (number == low and not inclusive):
         return "{} must be {} {}, got {}".format(name, "at least" if inclusive else "greater than", low, value)
+    if name in TIME_LIMITS and number > TIME_LIMITS[name][0]:
+        most, words = TIME_LIMITS[name]
+        unit = "hours" if name.endswith("_hours") else "seconds"
+        return f"{name} must be at most {most:d} {unit} ({words}), got {value}"
     return None
 
 

@@ -126,6 +126,10 @@ class Holder(t.TypedDict, total=False):
     _container_record: ContainerRecord
     argv0: str | None
     protected_reason: str | None
+    # From /proc/PID/status: what SIGTERM does ("ignored", "caught", "default"), and whether the
+    # process is the init of a PID namespace below ours (_signals sends such a one SIGKILL at once).
+    sigterm: str | None
+    pid_namespace_init: bool
 
 
 class ContainerEntry(t.TypedDict, total=False):
@@ -156,6 +160,8 @@ class KilledEntry(t.TypedDict, total=False):
     container: str | None
     gpu_indexes: list[int]
     signal: str | None
+    # Why SIGKILL went out first (_signals.IGNORES_SIGTERM, NAMESPACE_INIT), None when SIGTERM can arrive.
+    sigkill_at_once: str | None
     exited_after_s: float | None
     # Internal: when the first signal went out, and whether the PID was reused meanwhile.
     _first_signal: float

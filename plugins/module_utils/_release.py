@@ -743,7 +743,7 @@ class Release:
         signalled = [h for h in plan.targets if not (h.get("system_service") and h.get("unit") in by_unit)]
         self.result["killed"] = [] if not self.params.get("kill", True) else [
             {"pid": h["pid"], "name": h["name"], "cmdline": h["cmdline"], "unit": h.get("unit"), "container": h.get("container"),
-             "gpu_indexes": h["gpu_indexes"], "signal": None, "exited_after_s": None}
+             "gpu_indexes": h["gpu_indexes"], "signal": None, "sigkill_at_once": _signals.sigkill_at_once(h), "exited_after_s": None}
             for h in signalled
         ]
         released = plan.gpus_clean and not plan.targets and not any(e["gpu_indexes"] for e in containers.stop)

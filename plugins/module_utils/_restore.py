@@ -31,6 +31,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
 from ansible_collections.zeromib.gpu.plugins.module_utils import _engines
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders
+from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils import _record
 from ansible_collections.zeromib.gpu.plugins.module_utils import _units
 
@@ -126,11 +127,14 @@ def parse_wait(value: t.Any) -> float:
         seconds = float(text)
     except ValueError:
         raise ValueError(f"wait_for_gpus must be true, false or a number of seconds, got {value!r}") from None
-    if math.isnan(seconds) or math.isinf(seconds):
-        # A NaN or infinite deadline is never reached: the wait would not end.
+    if math.isnan(seconds):
+        # A NaN deadline is never reached: the wait would not end.
         raise ValueError(f"wait_for_gpus must be true, false or a number of seconds, got {value!r}")
     if seconds < 0:
         raise ValueError(f"wait_for_gpus must be 0 or more seconds, got {seconds}")
+    too_long = _options.range_problem("wait_for_gpus", seconds)
+    if too_long:
+        raise ValueError(too_long)
     return seconds
 
 
@@ -208,6 +212,8 @@ class Restore:
             "pending": [],
             "gpus_held": {},
             "timings": {"restore_s": 0.0, "wait_s": 0.0},
+            # Shown as the task's warnings (gpu_restore's main), not returned under this key.
+            "warnings": [],
         }
 
     # --- units
@@ -304,7 +310,12 @@ class Restore:
 
     def restore_program(self, entry: Entry) -> Outcome:
         """A supervisord program: its autostart/autorestart lines as they were (gpu_release marked
-        the ones it wrote), `reread` + `update`, then `supervisorctl start` when it was running."""
+        the ones it wrote), then `supervisorctl start` when it was running. `reread` + `update
+        GROUP` only when the program is alone in its group: `update` removes and re-adds the whole
+        group, stopping and starting every other program in it. Beside others, the file is put
+        back and the program started, nothing else; a supervisord that read the release's edit
+        (restarted since, or a release before `group_updated: false`) keeps autorestart off for it
+        until its next start, and the result warns so."""
         try:
             from ansible_collections.zeromib.gpu.plugins.module_utils import _supervisor  # pylint: disable=import-outside-toplevel
         except ImportError:
@@ -318,9 +329,12 @@ class Restore:
         if edit is not None:
             steps.append("autostart")
         try:
-            state = next((p["state"] for p in supervisor.status(self.step_timeout) if p["name"] == entry["name"]), None)
+            programs = supervisor.status(self.step_timeout)
         except Exception as exc:  # _errors.ReleaseError from supervisorctl status; pylint: disable=broad-except
             return steps, str(getattr(exc, "msg", exc))
+        state = next((p["state"] for p in programs if p["name"] == entry["name"]), None)
+        group = entry["name"].split(":")[0]
+        siblings = sorted(p["name"] for p in programs if p["name"] != entry["name"] and p["name"].split(":")[0] == group)
         if entry.get("running") and state not in _supervisor.RUNNING_STATES:
             steps.append("start")
         self.supervisors[entry["name"]] = supervisor
@@ -332,8 +346,14 @@ class Restore:
             return steps, None
         if edit is not None:
             _supervisor.write_atomically(entry["file"], edit)
-            supervisor.call(["reread"], self.step_timeout)
-            supervisor.call(["update", entry["name"].split(":")[0]], self.step_timeout)
+            if not siblings:
+                supervisor.call(["reread"], self.step_timeout)
+                supervisor.call(["update", group], self.step_timeout)
+            elif entry.get("group_updated", True) or supervisor.pid != entry.get("supervisor_pid"):
+                self.result["warnings"].append(
+                    "supervisor:{}: its file is restored, but the running supervisord (pid {:d}) read autorestart=false for it; it gets "
+                    "autorestart back at supervisord's next start (`supervisorctl update {}` would also restart {})".format(
+                        entry["name"], supervisor.pid, group, ", ".join(siblings)))
         if "start" in steps:
             rc, out = supervisor.call(["start", entry["name"]], self.step_timeout)
             if rc != 0 and "already started" not in (out or ""):

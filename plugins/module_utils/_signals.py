@@ -5,7 +5,9 @@
 # This module_utils is PRIVATE: it may change without notice. Only the modules of
 # zeromib.gpu may use it.
 
-"""Signals: SIGTERM, then SIGKILL after kill_timeout, to exactly the processes planned.
+"""Signals: SIGTERM, then SIGKILL after kill_timeout, to exactly the processes planned; SIGKILL
+at once to a process that SIGTERM cannot reach (it ignores SIGTERM, or it is the init of a PID
+namespace below ours without a handler for it), as /proc/PID/status said at the scan.
 
 A PID is signalled only while it is still the process that was planned (same start time,
 /proc/PID/stat field 22): a PID reused since the scan is reported, never signalled. Where the
@@ -120,6 +122,25 @@ def _send_if_same(system: Node, pid: int, start_time: int | None, send: t.Callab
     return SENT
 
 
+# Why a holder gets SIGKILL at once (the `sigkill_at_once` of its `killed` entry): SIGTERM cannot
+# arrive, so waiting kill_timeout for it would only delay the SIGKILL (real H200: a holder under
+# `unshare --pid --fork` cost the whole kill_timeout before it).
+IGNORES_SIGTERM = "ignores SIGTERM"
+NAMESPACE_INIT = "init of its PID namespace, no SIGTERM handler"
+
+
+def sigkill_at_once(holder: Holder | t.Mapping[str, t.Any]) -> str | None:
+    """Why SIGTERM cannot reach this holder (from its /proc/PID/status, read at the scan), or
+    None: a process that ignores SIGTERM, or the init of a PID namespace below ours without a
+    handler for it, which the kernel shields from SIGTERM (pid_namespaces(7))."""
+    sigterm = holder.get("sigterm")
+    if sigterm == "ignored":
+        return IGNORES_SIGTERM
+    if holder.get("pid_namespace_init") and sigterm == "default":
+        return NAMESPACE_INIT
+    return None
+
+
 def entry_of(holder: Holder) -> dict[str, t.Any]:
     """What is recorded of one signalled holder (the `killed` shape), plus its identity."""
     return {
@@ -131,6 +152,7 @@ def entry_of(holder: Holder) -> dict[str, t.Any]:
         "gpu_indexes": holder.get("gpu_indexes"),
         "start_time": holder["start_time"],
         "signal": None,
+        "sigkill_at_once": sigkill_at_once(holder),
     }
 
 
@@ -183,7 +205,8 @@ class Signaller:
 
     def terminate(self, holders: list[Holder]) -> SignalsDone:
         """SIGTERM each holder, SIGKILL the survivors after kill_timeout -> the record: `killed`,
-        `reused_pids` and `unkillable`, under the result's keys."""
+        `reused_pids` and `unkillable`, under the result's keys. A holder that SIGTERM cannot
+        reach (`sigkill_at_once`) gets SIGKILL first, and no wait for a SIGTERM."""
         entries = [entry_of(holder) for holder in holders]
         try:
             self._terminate(entries)
@@ -195,14 +218,18 @@ class Signaller:
 
     def _terminate(self, entries: list[dict[str, t.Any]]) -> None:
         for entry in entries:
-            if not self.send(entry, signal.SIGTERM) and "_reused" not in entry:
+            first = signal.SIGKILL if entry["sigkill_at_once"] else signal.SIGTERM
+            if not self.send(entry, first) and "_reused" not in entry:
                 entry["exited_after_s"] = 0.0
-        survivors = self.wait_exit([e for e in entries if "_reused" not in e], self.kill_timeout)
+        waiting = self.wait_exit([e for e in entries if "_reused" not in e], self.kill_timeout)
+        survivors = [e for e in waiting if not e["sigkill_at_once"]]
         for entry in survivors:
             if not self.send(entry, signal.SIGKILL) and "_reused" not in entry:
                 entry["exited_after_s"] = round(self.system.now() - entry.get("_first_signal", self.system.now()), 3)
-        unkillable = self.wait_exit([e for e in survivors if "_reused" not in e],
-                                    max(self.kill_timeout, SIGKILL_EXIT_FLOOR_S)) if survivors else []
+        # Those SIGKILLed at once that still live wait with the rest (and, with kill_timeout 0, the floor).
+        killed = survivors + [e for e in waiting if e["sigkill_at_once"]]
+        unkillable = self.wait_exit([e for e in killed if "_reused" not in e],
+                                    max(self.kill_timeout, SIGKILL_EXIT_FLOOR_S)) if killed else []
         for entry in entries:
             if entry.get("_reused"):
                 self.done["reused_pids"].append(

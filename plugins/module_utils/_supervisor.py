@@ -10,9 +10,13 @@
 A program of supervisord with `autorestart=true` comes back within about a second when its
 process is killed from outside, so it is stopped through supervisord (`supervisorctl stop`),
 like a unit through systemd. With service_state `disabled` (or `masked`: supervisord has no
-mask) its section in supervisord's configuration gets `autostart=false` and `autorestart=false`
-and supervisord re-reads it (`supervisorctl reread` + `update GROUP`): the file is what a restart
-of supervisord, or a reboot, reads again, so the program stays stopped across both.
+mask) its section in supervisord's configuration gets `autostart=false` and `autorestart=false`:
+the file is what a restart of supervisord, or a reboot, reads again, so the program stays stopped
+across both. The running supervisord is not made to re-read it: `supervisorctl update GROUP`
+removes and re-adds the whole group, which stops and starts every other program in it (an
+exporter beside the trainer), and a stopped program is never restarted by supervisord anyway
+(autorestart acts on an exit, autostart on a start of supervisord). Stopping or disabling one
+program never stops, starts or re-adds another.
 
 Only supervisord processes of root (real uid 0) are acted on, through their own configuration
 (`-c FILE` of their command line): a user's supervisord and its files are the user's to change,
@@ -376,11 +380,11 @@ def _stop(steps: ProgramPlan, kill_timeout: float | None, done: ProgramsDone) ->
 
 def act(steps: ProgramPlan, kill_timeout: float | None) -> ProgramsDone:
     """Stop the programs (one bounded supervisorctl call per supervisord), then turn autostart and
-    autorestart off for the ones to disable and let supervisord re-read them -> what was done
-    (stopped_programs, disabled_programs, warnings); a failure raises StepFailed with it."""
+    autorestart off in the files of the ones to disable -> what was done (stopped_programs,
+    disabled_programs, warnings); a failure raises StepFailed with it. No `reread`/`update`: the
+    file edit waits for supervisord's next start (module docstring)."""
     done: ProgramsDone = {"stopped_programs": [], "disabled_programs": [], "warnings": []}
     _stop(steps, kill_timeout, done)
-    groups: dict[int, tuple[Supervisor, set[str]]] = {}
     for entry in steps["disable"]:
         try:
             edit = disable(entry)
@@ -388,12 +392,6 @@ def act(steps: ProgramPlan, kill_timeout: float | None) -> ProgramsDone:
             raise StepFailed(exc.msg, done) from exc
         if edit is None:
             continue
-        done["disabled_programs"].append(dict(public(entry), **edit))
-        groups.setdefault(entry["_supervisor"].pid, (entry["_supervisor"], set()))[1].add(entry["name"].split(":")[0])
-    for supervisor, names in groups.values():
-        supervisor.call(["reread"], CALL_MARGIN_S + 5)
-        rc, out = supervisor.call(["update"] + sorted(names), float(kill_timeout or 0) + CALL_MARGIN_S)
-        if rc != 0:
-            done["warnings"].append("supervisorctl update {} (rc {}): {}; the file is changed, supervisord reads it at its next start".format(
-                " ".join(sorted(names)), rc, (out or "").strip()[:200]))
+        # group_updated false tells gpu_restore that the running supervisord never read the edit.
+        done["disabled_programs"].append(dict(public(entry), group_updated=False, **edit))
     return done

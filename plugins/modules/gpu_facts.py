@@ -65,7 +65,8 @@ notes:
   - Reading other users' C(/proc/PID/fd) needs root; run with O(ignore:become=true) or holders of other users stay unseen.
   - Takes two C(nvidia-smi) calls and one kernel log read, run in parallel, and one pass over C(/proc).
   - Every number is checked before anything runs - V(nan), V(inf) and negative values are refused, and O(timeout) must be greater
-    than 0 (the same check as M(zeromib.gpu.gpu_release)'s).
+    than 0 and at most 86400 seconds (one day), O(xid_window_hours) at most 8760 (one year); a value past its bound fails naming the
+    option and the bound (the same check as M(zeromib.gpu.gpu_release)'s).
   - The attribution rule and the readings it is derived from are in the collection's C(docs/gpu_facts.md).
   - Managed nodes need Python 3.8 or later and the NVIDIA driver's C(nvidia-smi); no Python package.
 seealso:

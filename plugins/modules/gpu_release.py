@@ -24,9 +24,11 @@ description:
   - B(Act) - stop the containers through their runtime (after setting the restart policy of named ones to C(no) with
     O(service_state=disabled)); C(systemctl stop --no-block) the units, all at once, and wait for them at most O(kill_timeout) before
     C(systemctl kill --signal=SIGKILL) (never C(TimeoutStopSec), 90 s by default); then C(disable) or C(mask) the named ones. SIGTERM the
-    remaining holders, SIGKILL those still alive after O(kill_timeout). A PID is signalled only while it is the process that was
-    planned - through a pidfd where the node has them (Linux 5.3+, Python 3.9+), else after a check of its start time right before
-    every signal.
+    remaining holders, SIGKILL those still alive after O(kill_timeout); a holder that SIGTERM cannot reach (it ignores SIGTERM -
+    C(SigIgn) in C(/proc/PID/status) - or it is the init of its own PID namespace without a SIGTERM handler, as under
+    C(unshare --pid --fork)) gets SIGKILL at once, and its RV(killed) entry says why (C(sigkill_at_once)). A PID is signalled only
+    while it is the process that was planned - through a pidfd where the node has them (Linux 5.3+, Python 3.9+), else after a check
+    of its start time right before every signal.
   - B(Verify) - poll C(memory.used) every O(poll_interval) until every selected GPU reads at most O(max_used_mib), or fail after
     O(wait_timeout) with one message naming each dirty GPU, its MiB and what still holds it. When something was signalled that a
     restart policy outside this run's control may start again, watch a short settle window before answering (see the notes).
@@ -105,9 +107,11 @@ options:
       - Containers found holding a selected GPU are only stopped; with restart policy V(always) Docker starts them again when its
         daemon restarts. Name them in O(services) to disable them.
       - For supervisord programs named in O(services), V(disabled) (and V(masked), since supervisord has no mask) sets C(autostart=false) and
-        C(autorestart=false) in the program's section of its configuration file (a file only root can write) and runs
-        C(supervisorctl reread) and C(update GROUP); the file is what supervisord reads again at its restart and at boot, so the program
-        stays stopped across both. The values before are returned in RV(disabled_programs).
+        C(autorestart=false) in the program's section of its configuration file (a file only root can write); the file is what supervisord
+        reads again at its restart and at boot, so the program stays stopped across both. The running supervisord is not made to re-read
+        it (C(supervisorctl update GROUP) would stop and re-add every other program of the group) - it never restarts a program it
+        stopped. Stopping or disabling one program never stops, starts or re-adds another. The values before are returned in
+        RV(disabled_programs).
     type: str
     choices: [stopped, disabled, masked]
     default: stopped
@@ -174,6 +178,8 @@ options:
   kill_timeout:
     description:
       - Seconds between SIGTERM and SIGKILL, and how long a process may outlive SIGKILL before it is reported as unkillable.
+      - A process that SIGTERM cannot reach (it ignores SIGTERM, or it is the init of its own PID namespace without a handler for it) gets
+        SIGKILL at once, without this wait (C(sigkill_at_once) in RV(killed)).
       - Also how long a unit may take to stop before it is killed through systemd (RV(killed_units)).
       - Also the grace a container gets from its runtime (C(docker stop -t), rounded up to whole seconds) before the runtime SIGKILLs it.
     type: float
@@ -205,7 +211,9 @@ options:
 notes:
   - Needs root (O(ignore:become=true)) to see and signal other users' processes and to manage systemd units.
   - Every number is checked before anything runs - V(nan) and V(inf) are refused, as are negative values; O(timeout) and
-    O(poll_interval) must be greater than 0. O(gpus) and O(protect) take indexes and PIDs in ASCII digits only. O(services) takes at
+    O(poll_interval) must be greater than 0. Every time has an upper bound - O(timeout), O(kill_timeout), O(wait_timeout),
+    O(poll_interval) and O(settle_timeout) at most 86400 seconds (one day), O(xid_window_hours) at most 8760 (one year) - and a
+    larger value fails naming the option and its bound. O(gpus) and O(protect) take indexes and PIDs in ASCII digits only. O(services) takes at
     most 1000 entries (use globs), none longer than a unit name can be.
   - The module never resets a GPU. Memory that nvidia-smi attributes to a process that no longer exists, with no live holder left,
     is a context the driver has not freed; the failure message says that a GPU reset or a reboot is needed.
@@ -335,13 +343,14 @@ disabled_programs:
   description:
     - supervisord programs named in O(services) whose C(autostart) and C(autorestart) were set to C(false), with O(service_state=disabled)
       or O(service_state=masked); C(file) is the configuration file changed, C(autostart_before)/C(autorestart_before) the values it had
-      (null when the option was not set).
+      (null when the option was not set). C(group_updated) is V(false) - the running supervisord was not made to re-read the file, so no
+      other program of its group was stopped or started; the file counts from supervisord's next start.
   type: list
   elements: dict
   returned: always
   sample:
     - {name: vllm, supervisor_pid: 812, config: /etc/supervisor/supervisord.conf, state_before: RUNNING, pid: 815,
-       file: /etc/supervisor/conf.d/vllm.conf, autostart_before: "true", autorestart_before: "true"}
+       file: /etc/supervisor/conf.d/vllm.conf, autostart_before: "true", autorestart_before: "true", group_updated: false}
 stopped_mps_servers:
   description:
     - MPS servers stopped through their control daemon (in check mode, to be stopped, with C(how=null)). C(how) is the command used,
@@ -411,12 +420,19 @@ services_not_found:
 killed:
   description:
     - Processes signalled, with the last signal sent (V(SIGTERM) or V(SIGKILL)) and the seconds from the first signal to their exit.
-    - In check mode, the processes that would be signalled, with C(signal=null).
+    - C(sigkill_at_once) says why a process got SIGKILL at once, without SIGTERM and without waiting O(kill_timeout) - V(ignores SIGTERM)
+      (bit 15 of C(SigIgn) in C(/proc/PID/status)) or V(init of its PID namespace, no SIGTERM handler) (a process such as one started by
+      C(unshare --pid --fork), which the kernel shields from a SIGTERM it has no handler for, bit 15 of C(SigCgt) clear); V(null) for a
+      process that SIGTERM can reach.
+    - In check mode, the processes that would be signalled, with C(signal=null) and the C(sigkill_at_once) they would get.
   type: list
   elements: dict
   returned: always
   sample:
-    - {pid: 495, name: python3, cmdline: python3 train.py, unit: null, container: null, gpu_indexes: [0], signal: SIGKILL, exited_after_s: 0.02}
+    - {pid: 495, name: python3, cmdline: python3 train.py, unit: null, container: null, gpu_indexes: [0], signal: SIGTERM, sigkill_at_once: null,
+       exited_after_s: 0.02}
+    - {pid: 512, name: python3, cmdline: python3 serve.py, unit: null, container: null, gpu_indexes: [0], signal: SIGKILL,
+       sigkill_at_once: "init of its PID namespace, no SIGTERM handler", exited_after_s: 0.15}
 protected:
   description: Protected processes that hold a selected GPU (or that O(match) named). Never signalled.
   type: list

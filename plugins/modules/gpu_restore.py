@@ -45,14 +45,14 @@ options:
   step_timeout:
     description:
       - Seconds each step may take - one C(systemctl) call (a C(start) waits for the unit's start job, so a C(Type=notify) server that
-        takes longer is reported, not waited on), one container start.
+        takes longer is reported, not waited on), one container start. At most 86400 (one day).
     type: float
     default: 30
   wait_for_gpus:
     description:
-      - V(false) does not wait. V(true) waits up to 60 s, a number up to that many seconds, until every unit, container and supervisord
-        program that held GPUs at the release and was started again holds a GPU again (a C(/proc) scan and one C(nvidia-smi) call every
-        0.5 s; a program's processes are its process as its supervisord reports it and that process's descendants).
+      - V(false) does not wait. V(true) waits up to 60 s, a number (at most 86400, one day) up to that many seconds, until every unit,
+        container and supervisord program that held GPUs at the release and was started again holds a GPU again (a C(/proc) scan and one
+        C(nvidia-smi) call every 0.5 s; a program's processes are its process as its supervisord reports it and that process's descendants).
       - When the time runs out the module fails, naming the services without GPU; what was restored has left the record.
     type: raw
     default: false
@@ -71,9 +71,11 @@ notes:
   - The record, its format and how several releases before one restore merge, are described in C(docs/restore_gpus.md).
   - The role P(zeromib.gpu.restore_gpus#role) runs this module, for the C(always) of a C(block) around training.
   - B(Supervisord programs) (C(supervisor:) in O(zeromib.gpu.gpu_release#module:services)) - the C(autostart)/C(autorestart) lines that
-    M(zeromib.gpu.gpu_release) wrote (marked with its comment) are put back as they were, C(supervisorctl reread) and C(update) read
-    them, and a program that was running is started (C(supervisorctl start)). O(wait_for_gpus) waits for them too, when their process
-    (or its children) held GPUs at the release.
+    M(zeromib.gpu.gpu_release) wrote (marked with its comment) are put back as they were, and a program that was running is started
+    (C(supervisorctl start)); no other program is stopped, started or re-added. C(supervisorctl reread) and C(update GROUP) run only for
+    a program alone in its group (C(update) re-adds the whole group). A supervisord restarted since the release read C(autorestart=false)
+    for a program beside others; it gets it back at supervisord's next start, and the task warns so. O(wait_for_gpus) waits for them
+    too, when their process (or its children) held GPUs at the release.
 seealso:
   - module: zeromib.gpu.gpu_release
   - module: zeromib.gpu.gpu_facts
@@ -227,6 +229,11 @@ def checked_params(params: t.Mapping[str, t.Any]) -> float:
     return wait
 
 
+def warn_all(module: AnsibleModule, warnings: t.Iterable[str]) -> None:
+    for warning in warnings:
+        module.warn(warning)
+
+
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
@@ -242,9 +249,12 @@ def main() -> None:
     try:
         result = restore.run()
     except _restore.RestoreError as exc:
+        warn_all(module, exc.result.pop("warnings", []))
         module.fail_json(msg=exc.msg, **exc.result)
     except NvidiaSmiError as exc:
+        warn_all(module, restore.result.pop("warnings", []))
         module.fail_json(**dict(restore.result, **exc.details()))
+    warn_all(module, result.pop("warnings", []))
     module.exit_json(**result)
 
 

@@ -77,10 +77,12 @@ class Run:
         rc, out = self.smi("-i", str(self.gpu), "--query-gpu=memory.used", "--format=csv,noheader,nounits")
         return int(out.strip()) if rc == 0 else None
 
-    def holder(self, *extra, mib=None, gpu=None, env=None):
+    def holder(self, *extra, mib=None, gpu=None, env=None, prefix=()):
+        """A PyTorch holder, started under `prefix` (e.g. unshare --pid --fork) when given."""
         ready = os.path.join(self.tmp, f"ready-{len(self.started)}-{int(time.time() * 1000)}")
         cmd = [sys.executable, os.path.join(HERE, "cuda_holder.py"), "--gpu", str(self.gpu if gpu is None else gpu), "--ready", ready,
                "--mib", str(mib if mib is not None else self.mib)] + list(extra)
+        cmd = list(prefix) + cmd
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, env=dict(os.environ, **(env or {})))
         self.started.append(proc)
         return proc, ready
@@ -165,11 +167,12 @@ class Run:
 
     # ---- measurements outside Ansible
 
-    def floor(self, signum, *extra, child=False):
+    def floor(self, signum, *extra, child=False, prefix=()):
         """Signal-to-0-MiB with a bare poll loop (the physical floor): every process holding the
         memory (the orphan too) is signalled at once, then nvidia-smi is polled back to back."""
-        proc, ready = self.holder(*extra)
+        proc, ready = self.holder(*extra, prefix=prefix)
         pids = self.wait_ready(ready, child=child)
+        self.started.extend(pids[:1] if prefix else [])  # the holder below `unshare`, ours to end
         t0 = time.monotonic()
         for pid in pids:
             os.kill(pid, signum)
@@ -300,6 +303,41 @@ class Run:
                     signals=[(k["pid"], k["signal"], k["exited_after_s"]) for k in killed.values()],
                     memory_used_after_mib=after, ansible_wall_s=wall, msg=result.get("msg"))
         self.end_all()
+
+    # ---- a signal that cannot arrive is not waited for (issue 31)
+
+    def scenario_sigkill_at_once_ignored(self):
+        """A PyTorch holder with SIGTERM set to SIG_IGN: SIGKILL at once, not after kill_timeout."""
+        self.sigkill_at_once("holder ignoring SIGTERM (SIG_IGN), kill_timeout 10", ["--ignore-term"], (), "ignores SIGTERM")
+
+    def scenario_sigkill_at_once_unshare(self):
+        """A PyTorch holder under `unshare --pid --fork`: PID 1 of its namespace, no SIGTERM handler,
+        so the kernel drops SIGTERM from outside (before issue 31: the whole kill_timeout)."""
+        self.sigkill_at_once("holder under unshare --pid --fork (init of its PID namespace), kill_timeout 10", [],
+                             ("unshare", "--pid", "--fork"), "init of its PID namespace, no SIGTERM handler")
+
+    def sigkill_at_once(self, label, holder_args, prefix, reason, kill_timeout=10):
+        """Each run: the floor (SIGKILL of a twin holder, started the same way, to 0 MiB), then
+        gpu_release through ansible-playbook; passes when the holder got SIGKILL at once with
+        `reason` and the release took well under kill_timeout. `within_floor_plus_0_1` says
+        whether it met the issue's floor + 0.1 s."""
+        for run in range(1, self.repeat + 1):
+            floor = self.floor(signal.SIGKILL, *holder_args, prefix=prefix)
+            proc, ready = self.holder(*holder_args, prefix=prefix)
+            [pid] = self.wait_ready(ready)
+            if prefix:
+                self.started.append(pid)
+            result, wall = self.playbook(f"{label}, run {run}", action="release", kill_timeout=kill_timeout)
+            after = self.used()
+            entry = {k["pid"]: k for k in result.get("killed", [])}.get(pid) or {}
+            elapsed = result.get("elapsed_s")
+            over = round(elapsed - floor, 3) if elapsed is not None and floor is not None else None
+            ok = (result.get("released") and after == 0 and not self.alive(pid) and entry.get("signal") == "SIGKILL"
+                  and entry.get("sigkill_at_once") == reason and elapsed is not None and elapsed < kill_timeout / 2)
+            self.record(f"{label}, run {run}", ok, elapsed_s=elapsed, floor_s=floor, over_floor_s=over,
+                        within_floor_plus_0_1=over is not None and over <= 0.1, killed=entry, timings=result.get("timings"),
+                        memory_used_after_mib=after, ansible_wall_s=wall, msg=result.get("msg"))
+            self.end_all()
 
     def scenario_protected(self):
         guard, guard_ready = self.holder("--no-context", "--name", "nvidia-persistenced", mib=0)
@@ -833,6 +871,8 @@ class Run:
                                                       ["--fork-child"], 10, signal.SIGKILL, child=True),
             ]
         scenarios = [self.scenario_idle, self.scenario_busy_facts] + releases + [
+            self.scenario_sigkill_at_once_ignored,
+            self.scenario_sigkill_at_once_unshare,
             self.scenario_protected,
             self.scenario_check_mode,
             self.scenario_role,

@@ -6,6 +6,9 @@ then waits. Like a training process or an inference server's worker.
 
   cuda_holder.py --gpu 0 --mib 40960 [--ignore-term] [--fork-child] [--name NAME] --ready FILE
 
+--ignore-term: SIGTERM set to SIG_IGN (bit 15 of SigIgn in /proc/PID/status). The ready file holds
+the PID as the caller's /proc numbers it (also when started under `unshare --pid --fork`).
+
 --fork-child: after CUDA init, fork a child that inherits the device files and outlives the
 parent (the orphan of docs/design.md). --name: pose as another program (kernel comm and argv[0]).
 --no-context: open the device files only, no CUDA context (like nvidia-persistenced).
@@ -90,10 +93,19 @@ def main():
             while True:
                 time.sleep(3600)
     with open(args.ready + ".tmp", "w") as handle:
-        handle.write(str(os.getpid()))
+        handle.write(str(pid_seen_from_proc()))
     os.rename(args.ready + ".tmp", args.ready)
     while True:
         time.sleep(3600)
+
+
+def pid_seen_from_proc():
+    """This process's PID as the mounted /proc (the caller's namespace) numbers it: under
+    `unshare --pid --fork` os.getpid() says 1, /proc/self the PID the caller can signal."""
+    try:
+        return int(os.readlink("/proc/self"))
+    except (OSError, ValueError):
+        return os.getpid()
 
 
 if __name__ == "__main__":

@@ -60,10 +60,15 @@ def unpacked():
     return root
 
 
-class Supervisord:
-    """supervisord in a host, with programs; `ctl(...)` runs supervisorctl there."""
+LOG = "/run/supervisor-log/supervisord.log"
 
-    def __init__(self, host, programs):
+
+class Supervisord:
+    """supervisord in a host, with programs (each in its file) and `groups` ({group: [program]},
+    in a file of their own); `ctl(...)` runs supervisorctl there. A program of a group is
+    `group:program` to supervisorctl."""
+
+    def __init__(self, host, programs, groups=None):
         self.host = host
         self.root = unpacked()
         site = os.path.join(self.root, "usr", "lib", "python3", "dist-packages")
@@ -73,6 +78,9 @@ class Supervisord:
                  "/etc/supervisor/supervisord.conf": MAIN_CONF}
         for name, command in programs.items():
             files[f"/etc/supervisor/conf.d/{name}.conf"] = PROGRAM.format(name=name, command=command)
+        if groups:
+            files["/etc/supervisor/conf.d/groups.conf"] = "".join(
+                f"[group:{group}]\nprograms={','.join(members)}\n\n" for group, members in groups.items())
         for path, text in files.items():
             self.write(path, text, mode="0755" if path.startswith("/usr/bin/") else "0644")
         host.run(["mkdir", "-p", "/run/supervisor-log"], check=True)
@@ -106,6 +114,10 @@ class Supervisord:
             if line.split() and line.split()[0] == name:
                 return line.split()[1]
         return None
+
+    def log(self):
+        """supervisord's own log (every spawn and stop of a program), all runs of it appended."""
+        return self.read(LOG)
 
     def pid_of(self, name):
         out = self.ctl("pid", name).stdout.strip()

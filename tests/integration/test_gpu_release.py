@@ -4,6 +4,8 @@ import os
 import sys
 import time
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ansible_in_ns import run_module  # noqa: E402
 from test_gpu_facts import start_daemon  # noqa: E402
@@ -43,7 +45,7 @@ def test_cooperative_holder_is_freed_by_sigterm_and_verified(nshost):
     assert not run.failed, run.msg
     assert run["changed"] is True and run["released"] is True
     entry = killed_pids(run)[holder.pid]
-    assert entry["signal"] == "SIGTERM" and entry["exited_after_s"] < 2
+    assert entry["signal"] == "SIGTERM" and entry["sigkill_at_once"] is None and entry["exited_after_s"] < 2
     assert not host.alive(holder.pid) and used(host, 0) == 0 and used(host, 1) == 0
     assert run["gpus_before"][0]["memory_used_mib"] >= 40960 and run["gpus"][0]["memory_used_mib"] == 0
     assert "40969 MiB" in run["diff"]["before"]  # H200: one app reads its MiB + 9 and "gpu_holder" in run["diff"]["before"]
@@ -52,14 +54,69 @@ def test_cooperative_holder_is_freed_by_sigterm_and_verified(nshost):
     assert again["changed"] is False and again["released"] is True
 
 
-def test_holder_ignoring_sigterm_gets_sigkill_after_kill_timeout(nshost):
+def test_holder_whose_sigterm_handler_stays_gets_sigkill_after_kill_timeout(nshost):
     host = nshost("h200x1")
-    holder = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "40960", "--ignore-term"])
+    holder = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "40960", "--term-handler-stays"])
     run = run_module(host, "gpu_release", {"kill_timeout": 1})
     assert not run.failed, run.msg
     entry = killed_pids(run)[holder.pid]
-    assert entry["signal"] == "SIGKILL" and entry["exited_after_s"] >= 1.0
+    assert entry["signal"] == "SIGKILL" and entry["sigkill_at_once"] is None and entry["exited_after_s"] >= 1.0
     assert run["timings"]["kill_s"] < 1.0 + 3 and run["released"] is True and used(host, 0) == 0
+
+
+def namespace_child(host, proc):
+    """The one child of `proc` (the `unshare --fork` that started it), as this host's PIDs read."""
+    with open(f"/proc/{host.init_pid}/root/proc/{proc.pid}/task/{proc.pid}/children") as handle:
+        [child] = handle.read().split()
+    return int(child)
+
+
+@pytest.mark.parametrize("uid", [0, 4242], ids=["root", "user-4242"])
+def test_holder_ignoring_sigterm_gets_sigkill_at_once(nshost, uid):
+    # SIG_IGN (bit 15 of SigIgn): a SIGTERM would change nothing; kill_timeout 30 is not waited.
+    host = nshost("h200x1")
+    argv = ["gpu_holder", "--gpus", "0", "--mib", "40960", "--ignore-term"]
+    holder = host.spawn_as(uid, argv) if uid else host.spawn(argv)
+    run = run_module(host, "gpu_release", {"kill_timeout": 30})
+    assert not run.failed, run.msg
+    entry = killed_pids(run)[holder.pid]
+    assert (entry["signal"], entry["sigkill_at_once"]) == ("SIGKILL", "ignores SIGTERM")
+    assert entry["exited_after_s"] < 5 and run["timings"]["kill_s"] < 5
+    assert run["released"] is True and not host.alive(holder.pid) and used(host, 0) == 0
+
+
+@pytest.mark.parametrize("uid", [0, 4242], ids=["root", "user-4242"])
+def test_pid_namespace_init_without_a_handler_gets_sigkill_at_once(nshost, uid):
+    # `unshare --pid --fork`: the holder is PID 1 of its own namespace and has no SIGTERM handler,
+    # so the kernel drops a SIGTERM from outside (real H200: the release waited the whole kill_timeout).
+    # A user makes one with `unshare --user --map-root-user --pid --fork`.
+    host = nshost("h200x1")
+    argv = ["unshare", "--pid", "--fork", "gpu_holder", "--gpus", "0", "--mib", "40960"]
+    if uid:
+        userns = ["unshare", "--user", "--map-root-user"]
+        if host.run(["setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups", "--"] + userns + ["true"]).returncode != 0:
+            pytest.skip("this kernel gives users no user namespaces (unprivileged_userns_clone)")
+        unshare = host.spawn_as(uid, userns + argv[1:], ready=True)
+    else:
+        unshare = host.spawn(argv, ready=True)
+    holder = namespace_child(host, unshare)
+    run = run_module(host, "gpu_release", {"kill_timeout": 30})
+    assert not run.failed, run.msg
+    entry = killed_pids(run)[holder]
+    assert (entry["signal"], entry["sigkill_at_once"]) == ("SIGKILL", "init of its PID namespace, no SIGTERM handler")
+    assert entry["exited_after_s"] < 5 and run["timings"]["kill_s"] < 5
+    assert run["released"] is True and not host.alive(holder) and used(host, 0) == 0
+    assert unshare.wait_gone(5)  # the unshare that waited for it ends with it, never signalled
+    assert unshare.pid not in killed_pids(run)
+
+
+def test_check_mode_shows_the_sigkill_at_once(nshost):
+    host = nshost("h200x1")
+    holder = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "1024", "--ignore-term"])
+    run = run_module(host, "gpu_release", {"kill_timeout": 30}, check=True)
+    assert not run.failed, run.msg
+    assert [(k["pid"], k["signal"], k["sigkill_at_once"]) for k in run["killed"]] == [(holder.pid, None, "ignores SIGTERM")]
+    assert host.alive(holder.pid)
 
 
 def test_orphaned_fork_child_is_found_and_freed(nshost):
@@ -119,6 +176,22 @@ def test_gpus_option_frees_only_the_selected_gpu(nshost):
     assert host.alive(keep.pid) and used(host, 0) == 4096 + 9 and used(host, 1) == 4
     gpu1 = [g for g in run["gpus"] if g["index"] == 1][0]
     assert gpu1["clean"] is True and gpu1["cross_gpu_footprint"] is True and run["released"] is True
+
+
+def test_a_huge_time_fails_naming_the_option_and_its_bound_and_touches_nothing(nshost):
+    # Before issue 31: `timeout: 1e10` ended in an uncaught OverflowError from the nvidia-smi wait.
+    host = nshost("h200x1")
+    holder = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "1024"])
+    for module, args, msg in [
+        ("gpu_release", {"timeout": 1e10}, "timeout must be at most 86400 seconds (one day), got 10000000000.0"),
+        ("gpu_release", {"kill_timeout": "inf"}, "kill_timeout must be at most 86400 seconds (one day), got inf"),
+        ("gpu_facts", {"timeout": 1e308}, "timeout must be at most 86400 seconds (one day), got 1e+308"),
+        ("gpu_restore", {"step_timeout": 1e10}, "step_timeout must be at most 86400 seconds (one day), got 10000000000.0"),
+    ]:
+        run = run_module(host, module, args)
+        assert run.failed and run.msg == msg, (module, run.msg)
+        assert "module_stderr" not in run.result and "Traceback" not in run.stdout + run.stderr
+    assert host.alive(holder.pid) and used(host, 0) >= 1024
 
 
 def test_holder_of_a_selected_and_an_unselected_gpu_is_freed_only_with_kill_spanning(nshost):

@@ -5,12 +5,14 @@ waits until the program's process holds its GPU again (issue 33)."""
 import json
 import os
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "sim")]
 from ansible_in_ns import run_module  # noqa: E402
 from supervisor_rig import Supervisord  # noqa: E402
-from test_supervisor_release import HOLDER, wait_used  # noqa: E402
+from test_gpu_release import used  # noqa: E402
+from test_supervisor_release import GROUPED, HOLDER, spawns_and_stops, wait_used  # noqa: E402
 
 CONF = "/etc/supervisor/conf.d/vllm.conf"
 RECORD = "/var/lib/zeromib-gpu/released.json"
@@ -67,3 +69,44 @@ def test_two_hosts_keep_their_own_restore_records(nshost):
     restore = run_module(hosts["vllm"], "gpu_restore")
     assert not restore.failed and restore["started_programs"] == ["vllm"], restore.msg
     assert {name: record_names(host) for name, host in hosts.items()} == {"vllm": None, "sglang": ["sglang"]}
+
+
+def test_restoring_one_program_of_a_group_never_touches_its_sibling(nshost):
+    # Before issue 31: restore ran `supervisorctl update workers`, bouncing the exporter again.
+    host = nshost("h200x1")
+    sup = Supervisord(host, GROUPED, groups={"workers": ["trainer", "exporter"]})
+    assert wait_used(host, 0, 8192)
+    trainer_conf = sup.read("/etc/supervisor/conf.d/trainer.conf")
+    exporter = sup.pid_of("workers:exporter")
+    run = run_module(host, "gpu_release", {"services": ["supervisor:trainer"], "service_state": "disabled"})
+    assert not run.failed and run["released"] is True, run.msg
+    restore = run_module(host, "gpu_restore", {"wait_for_gpus": 20})
+    assert not restore.failed, restore.msg
+    assert restore["started_programs"] == ["workers:trainer"] and sup.state("workers:trainer") == "RUNNING"
+    assert sup.read("/etc/supervisor/conf.d/trainer.conf") == trainer_conf and wait_used(host, 0, 8192)
+    assert sup.pid_of("workers:exporter") == exporter and spawns_and_stops(sup.log(), "exporter") == (1, 0)
+    # supervisord never read the release's edit: nothing to warn about.
+    assert not any("supervisor:workers:trainer" in w for w in restore.result.get("warnings") or [])
+
+
+def test_restore_after_a_supervisord_restart_starts_the_program_and_leaves_the_sibling_running(nshost):
+    host = nshost("h200x1")
+    sup = Supervisord(host, GROUPED, groups={"workers": ["trainer", "exporter"]})
+    assert wait_used(host, 0, 8192)
+    trainer_conf = sup.read("/etc/supervisor/conf.d/trainer.conf")
+    run = run_module(host, "gpu_release", {"services": ["supervisor:trainer"], "service_state": "disabled"})
+    assert not run.failed and run["released"] is True, run.msg
+    sup.stop()
+    sup.start()
+    time.sleep(2)
+    assert sup.state("workers:trainer") == "STOPPED" and used(host, 0) == 0
+    exporter = sup.pid_of("workers:exporter")
+    log_before = len(sup.log())
+    restore = run_module(host, "gpu_restore", {"wait_for_gpus": 20})
+    assert not restore.failed, restore.msg
+    assert restore["started_programs"] == ["workers:trainer"] and sup.state("workers:trainer") == "RUNNING"
+    assert sup.read("/etc/supervisor/conf.d/trainer.conf") == trainer_conf and wait_used(host, 0, 8192)
+    assert sup.pid_of("workers:exporter") == exporter and spawns_and_stops(sup.log()[log_before:], "exporter") == (0, 0)
+    # The restarted supervisord read autorestart=false for the trainer: said, with what would restore it now.
+    [warning] = [w for w in restore.result.get("warnings") or [] if "supervisor:workers:trainer" in w]
+    assert "gets autorestart back at supervisord's next start" in warning and "would also restart workers:exporter" in warning

@@ -67,3 +67,40 @@ def test_stopped_only_and_a_glob_that_matches_nothing(nshost):
     assert not run.failed and run["released"] is True, run.msg
     assert run["services_not_found"] == ["supervisor:sglang*"] and run["disabled_programs"] == []
     assert sup.state("vllm") == "STOPPED" and "autostart=true" in sup.read("/etc/supervisor/conf.d/vllm.conf")
+
+
+# A sibling that holds no GPU, as a metrics exporter beside the trainer in one [group:].
+EXPORTER = "/bin/sleep 100000"
+GROUPED = {"trainer": HOLDER, "exporter": EXPORTER}
+
+
+def spawns_and_stops(log, name):
+    """(spawns, stops) supervisord logged of program `name` (4.2.5: "spawned: 'NAME' with pid N",
+    "stopped: NAME (...)", "waiting for NAME to stop")."""
+    return log.count(f"spawned: '{name}' "), log.count(f"stopped: {name} ") + log.count(f"waiting for {name} to stop")
+
+
+def test_disabling_one_program_of_a_group_never_touches_its_sibling_and_survives_a_restart(nshost):
+    # Before issue 31: `supervisorctl update workers` stopped and re-added the whole group, the exporter too.
+    host = nshost("h200x1")
+    sup = Supervisord(host, GROUPED, groups={"workers": ["trainer", "exporter"]})
+    assert wait_used(host, 0, 8192)
+    exporter = sup.pid_of("workers:exporter")
+    assert exporter and spawns_and_stops(sup.log(), "exporter") == (1, 0)
+    run = run_module(host, "gpu_release", {"services": ["supervisor:trainer"], "service_state": "disabled"})
+    assert not run.failed and run["released"] is True and run["changed"] is True, run.msg
+    assert [p["name"] for p in run["stopped_programs"]] == ["workers:trainer"] and run["killed"] == []
+    [disabled] = run["disabled_programs"]
+    assert (disabled["name"], disabled["file"], disabled["group_updated"]) == ("workers:trainer", "/etc/supervisor/conf.d/trainer.conf", False)
+    assert "autostart=false" in sup.read("/etc/supervisor/conf.d/trainer.conf")
+    assert "autostart=true" in sup.read("/etc/supervisor/conf.d/exporter.conf")
+    time.sleep(3)
+    assert sup.state("workers:trainer") == "STOPPED" and used(host, 0) == 0
+    assert sup.pid_of("workers:exporter") == exporter and sup.state("workers:exporter") == "RUNNING"
+    assert spawns_and_stops(sup.log(), "exporter") == (1, 0)  # never stopped, never started again
+    # A restart of supervisord (a reboot, `systemctl restart supervisor`) reads the file: the trainer stays stopped.
+    sup.stop()
+    sup.start()
+    time.sleep(2)
+    assert sup.state("workers:trainer") == "STOPPED" and used(host, 0) == 0
+    assert sup.state("workers:exporter") == "RUNNING"

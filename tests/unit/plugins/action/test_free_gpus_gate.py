@@ -65,6 +65,14 @@ def test_the_gate_checks_the_roles_numbers_with_the_modules_range_check():
     assert range_problems({"free_gpus_kill_timeout": 0.0, "free_gpus_max_used_mib": 64}) == []
 
 
+@pytest.mark.parametrize("name", ["timeout", "kill_timeout", "wait_timeout", "poll_interval", "settle_timeout"])
+def test_the_gate_bounds_every_time_variable_of_the_role(name):
+    from ansible_collections.zeromib.gpu.plugins.action.free_gpus_gate import range_problems
+    assert range_problems({"free_gpus_" + name: 1e10}) == [f"free_gpus_{name} must be at most 86400 seconds (one day), got 10000000000.0"]
+    assert range_problems({"free_gpus_" + name: float("inf")}) == [f"free_gpus_{name} must be at most 86400 seconds (one day), got inf"]
+    assert range_problems({"free_gpus_xid_window_hours": 1e10}) == ["free_gpus_xid_window_hours must be at most 8760 hours (one year), got 10000000000.0"]
+
+
 def test_a_failed_gate_shows_no_gpu_records_and_its_message_once_without_verbosity():
     from ansible_collections.zeromib.gpu.plugins.action.free_gpus_gate import compact
     result = {"failed": True, "msg": "n1: GPU 0 reads 55 MiB", "gpus": [{"index": 0}], "gpus_before": [{"index": 0}], "holders": [],

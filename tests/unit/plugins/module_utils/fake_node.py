@@ -110,6 +110,9 @@ class World:
         cuda_visible=None,
         ppid=1,
         environ=None,
+        sig_ign=0,
+        sig_cgt=0,
+        nspid=None,
     ):
         """A process. With `mem` ({GPU: MiB}) and no `devices`, a CUDA process as measured on a
         real multi-GPU node: every GPU's node open, its own GPUs' mapped context-sized, the
@@ -124,7 +127,8 @@ class World:
             maps = default_maps if maps is None else maps
         elif devices is None:
             devices = ["/dev/nvidiactl", "/dev/nvidia-uvm"]
-        spec = dict(comm=comm, argv=argv, cgroup=cgroup, fds=tuple(devices), maps=tuple(maps or ()), exe=exe, ppid=ppid)
+        spec = dict(comm=comm, argv=argv, cgroup=cgroup, fds=tuple(devices), maps=tuple(maps or ()), exe=exe, ppid=ppid,
+                    sig_ign=sig_ign, sig_cgt=sig_cgt, nspid=nspid)
         self.next_start += 1
         fakeproc.write_process(self.root, pid, start_time=self.next_start, **spec)
         if environ:

@@ -49,6 +49,9 @@ def write_process(
     exe="/usr/bin/python3.12",
     kernel_thread=False,
     exe_owner=0,
+    sig_ign=0,
+    sig_cgt=0,
+    nspid=None,
 ):
     """One /proc/<pid> directory. `fds` are device paths (one fd each; repeat a path for more);
     `maps` are device paths (one 4 KiB mapping) or (path, KiB) pairs; a few ordinary fds and
@@ -67,6 +70,10 @@ def write_process(
         handle.write(
             f"Name:\t{comm[:15]}\nUmask:\t0022\nState:\t{state} (sleeping)\nTgid:\t{pid:d}\nPid:\t{pid:d}\nPPid:\t{ppid:d}\n"
             f"Uid:\t{uid:d}\t{uid:d}\t{uid:d}\t{uid:d}\nGid:\t0\t0\t0\t0\n"
+            # As Linux 6.x writes them: NSpid from the reader's namespace down; the masks in hex.
+            "NSpid:\t{}\n".format("\t".join(str(p) for p in (nspid or (pid,))))
+            + f"SigQ:\t0/95681\nSigPnd:\t0000000000000000\nShdPnd:\t0000000000000000\nSigBlk:\t0000000000000000\n"
+            f"SigIgn:\t{sig_ign:016x}\nSigCgt:\t{sig_cgt:016x}\n"
         )
     with open(os.path.join(base, "cgroup"), "w") as handle:
         handle.write(cgroup)

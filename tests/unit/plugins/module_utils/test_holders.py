@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import os
 import pwd
+import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -27,6 +30,39 @@ POD = "pod1b2c3d4e_5f60_7182_93a4_b5c6d7e8f901"
 )
 def test_comm_with_spaces_and_parens_does_not_shift_the_fields(comm):
     assert holders.parse_stat(fakeproc.stat_line(4242, comm, "S", 1, 987654)) == (comm, "S", 1, 987654)
+
+
+# Linux 6.1's /proc/PID/status of a process started by `unshare --pid --fork sleep 60` (read as
+# root from the parent namespace; other lines left out) and of one after `trap '' TERM`.
+NAMESPACE_INIT_STATUS = b"Name:\tsleep\nPid:\t48213\nNSpid:\t48213\t1\nSigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\nSigCgt:\t0000000000000000\n"
+IGNORING_STATUS = b"Name:\tbash\nNSpid:\t48300\nSigIgn:\t0000000000384004\nSigCgt:\t0000000000010002\n"
+
+
+@pytest.mark.parametrize("status, facts", [
+    (NAMESPACE_INIT_STATUS, ("default", True)),
+    (IGNORING_STATUS, ("ignored", False)),
+    (b"NSpid:\t48213\t1\nSigIgn:\t0000000000000000\nSigCgt:\t0000000000004000\n", ("caught", True)),
+    (b"NSpid:\t1\nSigIgn:\t0\nSigCgt:\t0\n", ("default", False)),  # PID 1 of our own namespace
+    (b"NSpid:\t7\t1\t1\nSigIgn:\t0\nSigCgt:\t0\n", ("default", True)),  # two namespaces down
+    (b"Name:\tx\n", (None, False)),  # a kernel without the lines: nothing is assumed
+    (b"SigIgn:\tzz\nSigCgt:\t0\n", (None, False)),
+], ids=["unshare-init", "trap-TERM", "init-with-handler", "own-pid-1", "nested", "no-lines", "garbled"])
+def test_signal_facts_of_a_status(status, facts):
+    assert holders.signal_facts(status) == facts
+
+
+def test_signal_facts_of_this_kernels_processes():
+    script = "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(60)"
+    ignoring = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    plain = subprocess.Popen(["sleep", "60"])
+    try:
+        ignoring.stdout.readline()
+        assert (holders.read_process(ignoring.pid)["sigterm"], holders.read_process(ignoring.pid)["pid_namespace_init"]) == ("ignored", False)
+        assert holders.read_process(plain.pid)["sigterm"] == "default"
+    finally:
+        for process in (ignoring, plain):
+            process.send_signal(signal.SIGKILL)
+            process.wait()
 
 
 def test_parse_stat_on_this_very_process():

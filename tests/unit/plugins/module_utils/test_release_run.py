@@ -47,6 +47,7 @@ def test_cooperative_holder_exits_on_sigterm(world):
             "container": None,
             "gpu_indexes": [0],
             "signal": "SIGTERM",
+            "sigkill_at_once": None,
             "exited_after_s": 0.0,
         }
     ]
@@ -59,8 +60,11 @@ def test_cooperative_holder_exits_on_sigterm(world):
     assert result["timings"]["wait_s"] >= RELEASE_DELAY_S
 
 
-def test_sigterm_ignoring_holder_gets_sigkill_after_kill_timeout(world):
-    world.spawn(495, {0: 40960}, on_term="ignore")
+SIGTERM_MASK = 1 << 14  # bit 15 - 1 of SigIgn/SigCgt
+
+
+def test_holder_whose_sigterm_handler_does_not_exit_gets_sigkill_after_kill_timeout(world):
+    world.spawn(495, {0: 40960}, on_term="ignore", sig_cgt=SIGTERM_MASK)
     result = run(world, kill_timeout=10.0)
     assert [(pid, name) for _t, pid, name in world.signals] == [(495, "SIGTERM"), (495, "SIGKILL")]
     assert world.signals[1][0] == pytest.approx(10.0, abs=0.02)
@@ -68,6 +72,49 @@ def test_sigterm_ignoring_holder_gets_sigkill_after_kill_timeout(world):
     assert result["killed"][0]["signal"] == "SIGKILL"
     assert result["killed"][0]["exited_after_s"] == pytest.approx(10.0, abs=0.02)
     assert result["released"] is True and result["unkillable"] == []
+
+
+@pytest.mark.parametrize("status, reason", [
+    (dict(sig_ign=SIGTERM_MASK), "ignores SIGTERM"),
+    (dict(nspid=(4321, 1)), "init of its PID namespace, no SIGTERM handler"),
+], ids=["SigIgn", "pid-namespace-init"])
+def test_holder_that_sigterm_cannot_reach_gets_sigkill_at_once(world, status, reason):
+    world.spawn(495, {0: 40960}, on_term="ignore", **status)
+    world.spawn(497, {0: 1000}, argv=("python3", "train.py"))
+    result = run(world, kill_timeout=10.0)
+    assert world.signals == [(0.0, 495, "SIGKILL"), (0.0, 497, "SIGTERM")]
+    killed = {k["pid"]: k for k in result["killed"]}
+    assert (killed[495]["signal"], killed[495]["sigkill_at_once"], killed[495]["exited_after_s"]) == ("SIGKILL", reason, 0.0)
+    assert (killed[497]["signal"], killed[497]["sigkill_at_once"]) == ("SIGTERM", None)
+    assert result["released"] is True and world.t < 1.0
+
+
+def test_namespace_init_with_a_sigterm_handler_gets_sigterm(world):
+    world.spawn(495, {0: 40960}, nspid=(4321, 1), sig_cgt=SIGTERM_MASK)
+    result = run(world, kill_timeout=10.0)
+    assert world.signals == [(0.0, 495, "SIGTERM")]
+    assert result["killed"][0]["sigkill_at_once"] is None
+
+
+def test_pid_1_of_our_own_namespace_is_no_namespace_init_below_ours(world):
+    # NSpid with one entry: the process lives in the reader's own PID namespace.
+    world.spawn(495, {0: 40960}, nspid=(495,))
+    run(world, kill_timeout=10.0)
+    assert world.signals == [(0.0, 495, "SIGTERM")]
+
+
+def test_sigkilled_at_once_holder_that_does_not_die_is_unkillable(world):
+    world.spawn(495, {0: 40960}, sig_ign=SIGTERM_MASK, on_kill="D")
+    error = fail(world, kill_timeout=2.0, wait_timeout=5.0)
+    assert [name for _t, _pid, name in world.signals] == ["SIGKILL"]
+    assert error.result["unkillable"][0]["pid"] == 495 and error.result["unkillable"][0]["sigkill_at_once"] == "ignores SIGTERM"
+
+
+def test_check_mode_shows_who_would_get_sigkill_at_once(world):
+    world.spawn(495, {0: 40960}, sig_ign=SIGTERM_MASK)
+    result = run(world, check_mode=True)
+    assert world.signals == []
+    assert [(k["pid"], k["signal"], k["sigkill_at_once"]) for k in result["killed"]] == [(495, None, "ignores SIGTERM")]
 
 
 def test_slow_cooperative_holder_is_not_escalated(world):

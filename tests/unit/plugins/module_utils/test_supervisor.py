@@ -7,6 +7,8 @@ and configuration files). The real supervisord is in tests/integration/test_supe
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _supervisor
@@ -91,3 +93,23 @@ def test_plan_stops_running_programs_and_disables_named_ones():
     assert steps["not_found"] == ["supervisor:nothing*"]
     assert _supervisor.public(steps["stop"][0]) == {"name": "vllm", "supervisor_pid": 23, "config": "/etc/s.conf", "state_before": "RUNNING",
                                                     "pid": 59}  # its process now: the record keeps the GPUs its family held
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="disable() edits only a file root owns")
+def test_disabling_a_program_of_a_group_calls_supervisorctl_stop_for_it_and_nothing_else(tmp_path):
+    # `update workers` (before issue 31) stopped and re-added every program of the group.
+    conf = tmp_path / "trainer.conf"
+    conf.write_text("[program:trainer]\ncommand=python3 train.py\nautostart=true\nautorestart=true\n")
+    calls = []
+
+    def run(argv, timeout):
+        calls.append(argv[3:])
+        return 0, "workers:trainer: stopped\n"
+
+    supervisor = _supervisor.Supervisor(23, str(conf), "/usr/bin/supervisorctl", run)
+    supervisor.config_files = lambda: [str(conf)]
+    entry = {"name": "workers:trainer", "supervisor_pid": 23, "config": str(conf), "state_before": "RUNNING", "_supervisor": supervisor}
+    done = _supervisor.act({"stop": [entry], "disable": [dict(entry)], "not_found": [], "warnings": []}, 10.0)
+    assert calls == [["stop", "workers:trainer"]]
+    assert done["disabled_programs"][0]["group_updated"] is False and done["warnings"] == []
+    assert "autostart=false" in conf.read_text() and "autorestart=false" in conf.read_text()

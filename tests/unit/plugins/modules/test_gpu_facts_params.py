@@ -19,7 +19,7 @@ from ansible_collections.zeromib.gpu.tests.unit.plugins.modules.utils import fai
     ({"cross_gpu_footprint_mib": -1}, "cross_gpu_footprint_mib must be at least 0, got -1"),
     ({"timeout": 0}, "timeout must be greater than 0, got 0.0"),
     ({"timeout": "nan"}, "timeout must be a finite number, got nan"),
-    ({"xid_window_hours": "-inf"}, "xid_window_hours must be a finite number, got -inf"),
+    ({"xid_window_hours": "-inf"}, "xid_window_hours must be at least 0, got -inf"),
     ({"min_pcie_width": -16}, "min_pcie_width must be at least 0, got -16"),
     ({"smoke_test_mib": -1}, "smoke_test_mib must be at least 0, got -1"),
 ], ids=lambda value: str(value)[:40])

@@ -18,7 +18,7 @@ from ansible_collections.zeromib.gpu.tests.unit.plugins.modules.utils import fai
 @pytest.mark.parametrize("args, msg", [
     ({"kill_timeout": "nan"}, "kill_timeout must be a finite number, got nan"),
     ({"kill_timeout": -1}, "kill_timeout must be at least 0, got -1.0"),
-    ({"wait_timeout": "inf"}, "wait_timeout must be a finite number, got inf"),
+    ({"wait_timeout": "inf"}, "wait_timeout must be at most 86400 seconds (one day), got inf"),
     ({"poll_interval": 0}, "poll_interval must be greater than 0, got 0.0"),
     ({"timeout": 0}, "timeout must be greater than 0, got 0.0"),
     ({"settle_timeout": -0.5}, "settle_timeout must be at least 0, got -0.5"),

@@ -18,9 +18,9 @@ from ansible_collections.zeromib.gpu.tests.unit.plugins.modules.utils import fai
     ({"step_timeout": "nan"}, "step_timeout must be a finite number, got nan"),
     ({"wait_for_gpus": "soon"}, "wait_for_gpus must be true, false or a number of seconds, got 'soon'"),
     ({"wait_for_gpus": -5}, "wait_for_gpus must be 0 or more seconds, got -5.0"),
-    # A NaN or infinite wait never reached its deadline: refused since issue 22.
+    # A NaN or infinite wait never reached its deadline: refused since issue 22; past a day since issue 31.
     ({"wait_for_gpus": "nan"}, "wait_for_gpus must be true, false or a number of seconds, got 'nan'"),
-    ({"wait_for_gpus": "inf"}, "wait_for_gpus must be true, false or a number of seconds, got 'inf'"),
+    ({"wait_for_gpus": "inf"}, "wait_for_gpus must be at most 86400 seconds (one day), got inf"),
 ], ids=lambda value: str(value)[:40])
 def test_a_bad_value_fails_naming_the_option(monkeypatch, args, msg):
     result = fail_of(gpu_restore.main, args, monkeypatch)
