@@ -103,3 +103,52 @@ def test_holder_started_by_init_has_no_window(nshost):
     host.spawn(["gpu_holder", "--gpus", "0", "--mib", "4096"])
     run = run_module(host, "gpu_release")
     assert not run.failed and run["released"] is True and run["timings"]["settle_s"] == 0.0, run.msg
+
+
+# --- issue 31: a name never stops the watch; a restart from outside the parents is a restart
+
+USER = 4242
+
+
+def test_users_loop_named_sshd_is_watched_like_any_parent(nshost):
+    """`exec -a sshd sh -c 'while true; do train; sleep 1; done'` as uid 4242: the walk up stops
+    only at a protected daemon the identity rule vouches for, so the loop is watched and named."""
+    host = nshost("h200x1")
+    script = 'exec -a sshd sh -c "while true; do gpu_holder --gpus 0 --mib 4096; sleep 1; done"'
+    loop = host.spawn_as(USER, ["bash", "-c", script], ready=False)
+    assert wait_used(host, 0, 4096)
+    assert host.read(f"/proc/{loop.pid}/cmdline").split("\0")[0] == "sshd"
+    [first] = holder_under(host, loop.pid)
+    run = run_module(host, "gpu_release", {"wait_timeout": 20})
+    assert run.failed and run["released"] is False, run.msg
+    assert first in killed_pids(run) and run["timings"]["settle_s"] > 0
+    assert f"started again by its parent pid {loop.pid} sh [sshd -c while true; do gpu_holder" in run.msg, run.msg
+    assert host.alive(loop.pid)
+
+
+WATCHER = """# A double-forked watcher: it restarts its job detached, so the job's parent is init.
+while true; do
+  if ! kill -0 "$(cat {pidfile} 2>/dev/null)" 2>/dev/null; then
+    (gpu_holder --gpus 0 --mib 4096 >/dev/null 2>&1 & echo $! > {pidfile})
+  fi
+  sleep 0.02
+done
+"""
+
+
+def test_restart_by_a_double_forked_watcher_outside_the_parent_chain_fails_the_run(nshost):
+    host = nshost("h200x1")
+    pidfile = os.path.join(host.dir, "job.pid")
+    script = os.path.join(host.dir, "watch.sh")
+    with open(script, "w") as handle:
+        handle.write(WATCHER.format(pidfile=pidfile))
+    # Detached itself (setsid, its starter gone): neither it nor the job has a parent to watch.
+    host.run(["sh", "-c", f"setsid sh {script} >/dev/null 2>&1 < /dev/null &"], check=True)
+    assert wait_used(host, 0, 4096)
+    first = int(open(pidfile).read())
+    assert host.read(f"/proc/{first}/stat").split(")")[1].split()[1] == "1"  # the job's parent is init
+    run = run_module(host, "gpu_release", {"wait_timeout": 5})
+    assert run.failed and run["released"] is False, run.msg
+    assert first in killed_pids(run)
+    assert f"runs the command line of killed pid {first} again" in run.msg, run.msg
+    assert "Something outside the holder's parents restarts it" in run.msg
