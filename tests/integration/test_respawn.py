@@ -126,10 +126,12 @@ def test_users_loop_named_sshd_is_watched_like_any_parent(nshost):
     assert host.alive(loop.pid)
 
 
-WATCHER = """# A double-forked watcher: it restarts its job detached, so the job's parent is init.
+# A double-forked watcher: it restarts its job detached, so the job's parent is init. The job's
+# CUDA init takes 2 s (a real one takes 1-3 s): the GPU reads clean while it runs again.
+WATCHER = """
 while true; do
   if ! kill -0 "$(cat {pidfile} 2>/dev/null)" 2>/dev/null; then
-    (gpu_holder --gpus 0 --mib 4096 >/dev/null 2>&1 & echo $! > {pidfile})
+    (gpu_holder --gpus 0 --mib 4096 --init-delay 2 >/dev/null 2>&1 & echo $! > {pidfile})
   fi
   sleep 0.02
 done
@@ -145,10 +147,14 @@ def test_restart_by_a_double_forked_watcher_outside_the_parent_chain_fails_the_r
     # Detached itself (setsid, its starter gone): neither it nor the job has a parent to watch.
     host.run(["sh", "-c", f"setsid sh {script} >/dev/null 2>&1 < /dev/null &"], check=True)
     assert wait_used(host, 0, 4096)
-    first = int(open(pidfile).read())
+    with open(pidfile) as handle:
+        first = int(handle.read())
     assert host.read(f"/proc/{first}/stat").split(")")[1].split()[1] == "1"  # the job's parent is init
     run = run_module(host, "gpu_release", {"wait_timeout": 5})
     assert run.failed and run["released"] is False, run.msg
     assert first in killed_pids(run)
     assert f"runs the command line of killed pid {first} again" in run.msg, run.msg
+    assert "the GPUs read clean, but something this run killed was started again" in run.msg
     assert "Something outside the holder's parents restarts it" in run.msg
+    # No window was needed: no parent of the job survived.
+    assert run["timings"]["settle_s"] == 0.0 and run["elapsed_s"] < 5
