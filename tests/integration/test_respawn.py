@@ -127,11 +127,11 @@ def test_users_loop_named_sshd_is_watched_like_any_parent(nshost):
 
 
 # A double-forked watcher: it restarts its job detached, so the job's parent is init. The job's
-# CUDA init takes 2 s (a real one takes 1-3 s): the GPU reads clean while it runs again.
+# CUDA init takes 3 s (a real one takes 1-3 s): the GPU reads clean while it runs again.
 WATCHER = """
 while true; do
   if ! kill -0 "$(cat {pidfile} 2>/dev/null)" 2>/dev/null; then
-    (gpu_holder --gpus 0 --mib 4096 --init-delay 2 >/dev/null 2>&1 & echo $! > {pidfile})
+    (gpu_holder --gpus 0 --mib 4096 --init-delay 3 >/dev/null 2>&1 & echo $! > {pidfile})
   fi
   sleep 0.02
 done
@@ -150,11 +150,14 @@ def test_restart_by_a_double_forked_watcher_outside_the_parent_chain_fails_the_r
     with open(pidfile) as handle:
         first = int(handle.read())
     assert host.read(f"/proc/{first}/stat").split(")")[1].split()[1] == "1"  # the job's parent is init
-    run = run_module(host, "gpu_release", {"wait_timeout": 5})
+    # The driver frees a killed context's memory a moment after the process is gone (1 s here), so
+    # the restart is under way when the GPU first reads clean, however loaded this machine is.
+    host.set_fault({"release_delay_s": 1})
+    run = run_module(host, "gpu_release", {"wait_timeout": 10})
     assert run.failed and run["released"] is False, run.msg
     assert first in killed_pids(run)
     assert f"runs the command line of killed pid {first} again" in run.msg, run.msg
     assert "the GPUs read clean, but something this run killed was started again" in run.msg
     assert "Something outside the holder's parents restarts it" in run.msg
     # No window was needed: no parent of the job survived.
-    assert run["timings"]["settle_s"] == 0.0 and run["elapsed_s"] < 5
+    assert run["timings"]["settle_s"] == 0.0
