@@ -238,7 +238,7 @@ def stops_the_walk(record: t.Mapping[str, t.Any]) -> bool:
     """Whether the walk up ends at this ancestor (it is watched itself): a known supervisor or a
     launcher, by the identity rule only. A user's process named so (`exec -a supervisord sh -c
     'while ...'`) is watched and the walk goes on above it."""
-    return holders_mod.identified(record) and bool(supervisor_kind(record) or _units.LAUNCHER_NAMES.of(record))
+    return holders_mod.identified(record) and bool(supervisor_kind(record) or _units.LAUNCHER_NAMES.of(record, also=_names(record)))
 
 
 def parent_chain(holder: Holder, table: Table, own_lineage: t.Collection[int], signalled: t.Collection[int], proc: str = "/proc"

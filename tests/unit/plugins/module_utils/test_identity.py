@@ -75,6 +75,7 @@ RAW_NAME_READERS = {
     ("_units", "exec_start_names"): "names in systemd's ExecStart=, no process's",
     ("_units", "launcher_name"): "ProcessNames.among over main_names",
     ("_settle", "_names"): "for supervisor_kind, a label; the walk's stop is stops_the_walk (identified first)",
+    ("_settle", "stops_the_walk"): "after `identified` (its first operand): the walk's stop",
     ("_settle", "supervisor_kind"): "a label for the message (what stops the restarter); deciding, it is asked after `identified`",
 }
 RAW_MATCHERS = {"name_matches", "own_names", "process_names", "_first_match", "among", "_names", "candidates"}
