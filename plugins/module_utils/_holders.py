@@ -24,6 +24,7 @@ its real uid and its executable as the kernel resolves it, never by its name alo
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import pwd
 import re
@@ -51,23 +52,6 @@ _DEVICE_NODE = re.compile(
 )
 DELETED_SUFFIX = " (deleted)"
 _UNIT = re.compile(r"^[^/]+\.(?:service|scope)$")
-
-# Daemons a GPU node needs and a desktop lives on (docs/design.md). Names are matched against the
-# executable's basename, argv[0]'s basename and the kernel's 15-character comm, and protect only
-# a process whose identity backs them (`vouched`): any user can name a process so.
-BUILTIN_PROTECTED_NAMES = (
-    "nvidia-persistenced",
-    "nv-hostengine",
-    "nvidia-fabricmanager",
-    "nv-fabricmanager",
-    "dcgm-exporter",
-    "Xorg",
-    "Xwayland",
-    "gnome-shell",
-    "kwin_wayland",
-    "sshd",
-    "systemd",
-)
 
 COMM_LENGTH = 15
 
@@ -700,16 +684,59 @@ def split_protect(items: t.Iterable[t.Any] | None) -> tuple[list[str], set[int]]
 
 
 def name_matches(record: t.Mapping[str, t.Any], names: t.Iterable[str]) -> bool:
-    """A protected name matches the executable's basename, argv[0]'s basename, or the comm
-    (which the kernel truncates to 15 characters: nvidia-persistenced shows as nvidia-persiste)."""
-    candidates = {record.get("exe"), record.get("argv0")}
-    comm = record.get("name")
+    """Whether a process goes by one of `names` (its executable's basename, argv[0]'s basename or
+    comm, which the kernel truncates to 15 characters: nvidia-persistenced shows as
+    nvidia-persiste). A name alone decides nothing: rules ask ProcessNames.of, which asks the
+    identity rule first."""
+    return _first_match(names, own_names(record)) is not None
+
+
+def own_names(record: t.Mapping[str, t.Any]) -> set[str]:
+    """The names a process gives itself: comm, executable basename, argv[0] basename."""
+    return {name for name in (record.get("name"), record.get("exe"), record.get("argv0")) if name}
+
+
+INTERPRETERS = re.compile(r"^(?:python[0-9.]*|perl[0-9.]*|ruby[0-9.]*|node|nodejs|bash|sh|dash|java)$")
+SUBCOMMAND = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+
+
+def process_names(record: t.Mapping[str, t.Any] | None) -> set[str]:
+    """The names a process goes by: comm, executable, argv[0] and, for an interpreter, the
+    script or module it runs (`python3 /usr/local/bin/jupyterhub`, `python3 -m jupyterhub`);
+    also "tool subcommand" for the script or binary and its first argument (`ray start`,
+    `dask worker`, `nomad agent`, `jupyter lab`)."""
+    if not record:
+        return set()
+    names = {record.get("name"), record.get("exe"), record.get("argv0")}
+    words = (record.get("cmdline") or "").split()
+    tool, rest = (words[0].rsplit("/", 1)[-1], words[1:]) if words else (None, [])
+    if tool and INTERPRETERS.match(tool):
+        while rest and rest[0].startswith("-") and rest[0] != "-m":
+            rest = rest[1:]
+        if len(rest) >= 2 and rest[0] == "-m":
+            names.update((rest[1], rest[1].split(".")[0]))
+            tool, rest = rest[1], rest[2:]
+        elif rest:
+            tool, rest = rest[0].rsplit("/", 1)[-1], rest[1:]
+            names.add(tool)
+        else:
+            tool = None
+    if tool and rest and SUBCOMMAND.match(rest[0]):
+        names.add(f"{tool} {rest[0]}")
+    return {name for name in names if name}
+
+
+def _first_match(names: t.Iterable[str], candidates: t.Collection[str], globs: t.Iterable[str] = (), cut: bool = True) -> str | None:
+    """The first of `names` among `candidates` (with `cut`, a name longer than comm also as its
+    15-character cut), else the first candidate that matches one of `globs`, else None."""
     for name in names:
-        if name in candidates:
-            return True
-        if comm is not None and (comm == name or (len(name) > COMM_LENGTH and comm == name[:COMM_LENGTH])):
-            return True
-    return False
+        if name in candidates or (cut and len(name) > COMM_LENGTH and name[:COMM_LENGTH] in candidates):
+            return name
+    for pattern in globs:
+        for candidate in sorted(candidates):
+            if fnmatch.fnmatchcase(candidate, pattern):
+                return candidate
+    return None
 
 
 def vouched(record: t.Mapping[str, t.Any]) -> bool:
@@ -724,6 +751,84 @@ def vouched(record: t.Mapping[str, t.Any]) -> bool:
     return record.get("exe_owner") == 0 and bool(record.get("exe_verified")) and path.startswith(SYSTEM_DIRS)
 
 
+def identified(record: t.Mapping[str, t.Any] | None, main_pid_of: MainPidOf | None = None) -> bool:
+    """THE identity rule: a name a process goes by counts only when this holds. The kernel
+    vouches for it (`vouched`), or it is systemd's MainPID of the system unit it runs in
+    (`main_pid_of(unit)`, where given: systemd's word)."""
+    return bool(record) and (vouched(t.cast("t.Mapping[str, t.Any]", record)) or _unit_main(t.cast("t.Mapping[str, t.Any]", record), main_pid_of))
+
+
+class ProcessNames:
+    """A list of process names some rule is keyed on (protected daemons, launchers, MPS,
+    supervisors, ...). It answers one question, `of(record)`, and only through the identity rule
+    (`identified`): any user can name a process so. Every list of process names in module_utils is
+    one of these (tests/unit/plugins/module_utils/test_identity.py fails on a bare one).
+
+    `scripts`: also match the script an interpreter runs and "tool subcommand" (process_names:
+    `python3 /usr/bin/supervisord`, `ray start`); otherwise executable, argv[0] and comm only.
+    `cut`: a name longer than comm matches its 15-character cut too (not for names that share
+    it: both MPS programs read `nvidia-cuda-mps`)."""
+
+    def __init__(self, *names: str, scripts: bool = False, cut: bool = True) -> None:
+        self._names = tuple(names)
+        self._scripts = scripts
+        self._cut = cut
+
+    def __repr__(self) -> str:
+        return f"ProcessNames{self._names!r}"
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The names, to print or document (never to match a process by: use `of`)."""
+        return self._names
+
+    def candidates(self, record: t.Mapping[str, t.Any]) -> set[str]:
+        return process_names(record) if self._scripts else own_names(record)
+
+    def of(self, record: t.Mapping[str, t.Any] | None, main_pid_of: MainPidOf | None = None, globs: t.Iterable[str] = (),
+           also: t.Collection[str] = ()) -> str | None:
+        """The name (of this list, or a candidate matching one of `globs`) a process goes by, when
+        the identity rule backs it; else None. `also`: names systemd gives the process's unit
+        (ExecStart=), added to the process's own once its identity holds."""
+        if not record or not identified(record, main_pid_of):
+            return None
+        return _first_match(self._names, self.candidates(record) | set(also), globs, self._cut)
+
+    def among(self, names: t.Collection[str], globs: t.Iterable[str] = ()) -> str | None:
+        """The name of this list among `names` that the caller already holds for vouched: a unit's
+        ExecStart= (systemd's, from a unit file only root writes) and its main process's names once
+        `identified` (_units.main_names). Never a process's own names: ask `of`."""
+        return _first_match(self._names, names, globs, self._cut)
+
+    def posed_by(self, record: t.Mapping[str, t.Any], main_pid_of: MainPidOf | None = None) -> str | None:
+        """The name a process takes from this list without the identity to back it (an impostor):
+        only to tell so in a warning, never to decide anything."""
+        if identified(record, main_pid_of):
+            return None
+        return _first_match(self._names, self.candidates(record), cut=self._cut)
+
+
+# Daemons a GPU node needs and a desktop lives on (docs/design.md). Names are matched against the
+# executable's basename, argv[0]'s basename and the kernel's 15-character comm, and protect only
+# a process whose identity backs them (`vouched`): any user can name a process so.
+BUILTIN_PROTECTED_NAMES = ProcessNames(
+    "nvidia-persistenced",
+    "nv-hostengine",
+    "nvidia-fabricmanager",
+    "nv-fabricmanager",
+    "dcgm-exporter",
+    "Xorg",
+    "Xwayland",
+    "gnome-shell",
+    "kwin_wayland",
+    "sshd",
+    "systemd",
+)
+
+
 def impostor_note(record: t.Mapping[str, t.Any], name: str) -> str:
     """What to tell about a process named like a protected daemon that is not one."""
     uid = record.get("uid") if record.get("uid") is not None else "?"
@@ -731,18 +836,10 @@ def impostor_note(record: t.Mapping[str, t.Any], name: str) -> str:
     return f"pid {record['pid']:d} is named like {name} but is run by uid {uid} from {exe}: not protected, an ordinary holder (docs/security.md)"
 
 
-def matched_name(record: t.Mapping[str, t.Any], names: t.Iterable[str]) -> str | None:
-    for name in names:
-        if name_matches(record, (name,)):
-            return name
-    return None
-
-
 def protection_reason(record: dict[str, t.Any], names: t.Iterable[str], pids: t.Container[int], own_lineage: t.Container[int],
                       main_pid_of: MainPidOf | None = None) -> str | None:
     """Why a process must never be signalled, or None. Built-in rules first. A name (built-in or
-    from `protect`) protects only a process whose identity backs it (`vouched`), or the main
-    process of the system unit it runs in (`main_pid_of(unit)`, where given: systemd's word)."""
+    from `protect`) protects only a process the identity rule backs (`identified`)."""
     pid = record["pid"]
     if pid == 1:
         return "PID 1"
@@ -752,14 +849,13 @@ def protection_reason(record: dict[str, t.Any], names: t.Iterable[str], pids: t.
         return "kernel thread"
     if pid in pids:
         return "protect"
-    for names_, reason in ((BUILTIN_PROTECTED_NAMES, "protected daemon"), (names, "protect")):
-        name = matched_name(record, names_)
-        if name is None:
-            continue
-        if vouched(record) or _unit_main(record, main_pid_of):
+    for names_, reason in ((BUILTIN_PROTECTED_NAMES, "protected daemon"), (ProcessNames(*names), "protect")):
+        if names_.of(record, main_pid_of):
             return reason
-        record["protection_note"] = impostor_note(record, name)
-        return None
+        posed = names_.posed_by(record, main_pid_of)
+        if posed:
+            record["protection_note"] = impostor_note(record, posed)
+            return None
     return None
 
 

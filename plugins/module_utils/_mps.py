@@ -24,11 +24,14 @@ every GPU it was started on, and nvidia-smi lists it on each of them.
   unselected GPUs. That is the generic spanning refusal (_release.refuse_spanning): the server's
   GPUs are where nvidia-smi lists it. `kill_spanning: true` ends it anyway, through quit.
 
-Names: the daemon and the server are recognised by executable, argv[0] or script name (their
-15-character comm, `nvidia-cuda-mps`, is the same for both). A user can take these names; what a
-posed server gains is nothing: its GPUs are still those nvidia-smi lists, `quit` goes only to a
-FIFO (opened without following links, checked to be one), and the server is signalled as a holder
-if it does not exit."""
+Identity, not names: the daemon and the server are MPS only when the identity rule vouches for
+them (_holders.identified: root or a system account running a root-owned executable from a
+system directory), recognised then by executable, argv[0] or script name (their 15-character
+comm, `nvidia-cuda-mps`, is the same for both). A user's process of these names is an ordinary
+holder, signalled like any other; a server is quit only through a vouched control daemon (its
+parent), with the pipe directory of that daemon's own environment (else the default), never a
+client's or the server's. `quit` goes only to a daemon whose servers serve selected GPUs only
+(spanning_daemons), and only to a FIFO (opened without following links, checked to be one)."""
 
 from __future__ import annotations
 
@@ -40,7 +43,6 @@ import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
-from ansible_collections.zeromib.gpu.plugins.module_utils import _units
 
 if t.TYPE_CHECKING:
     from ansible_collections.zeromib.gpu.plugins.module_utils._records import Holder
@@ -62,27 +64,30 @@ if t.TYPE_CHECKING:
 
 CONTROL = "nvidia-cuda-mps-control"
 SERVER = "nvidia-cuda-mps-server"
+# What MPS is: root's (or a system account's) own executables, through the identity rule. A user's
+# process of these names is an ordinary holder.
+CONTROL_NAMES = holders_mod.ProcessNames(CONTROL, scripts=True, cut=False)
+SERVER_NAMES = holders_mod.ProcessNames(SERVER, scripts=True, cut=False)
 DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"
 BIN_DIRS = ("/usr/bin", "/usr/local/nvidia/bin", "/usr/local/bin", "/run/nvidia/driver/usr/bin")
 QUIT_TIMEOUT_S = 10.0
 
 
-def names_of(record: t.Mapping[str, t.Any] | None) -> set[str]:
-    return _units.process_names(record) if record else set()
-
-
 def is_server(record: t.Mapping[str, t.Any] | None) -> bool:
-    return SERVER in names_of(record)
+    """An MPS server: root's (or a system account's) nvidia-cuda-mps-server (the identity rule)."""
+    return SERVER_NAMES.of(record) is not None
 
 
 def is_control(record: t.Mapping[str, t.Any] | None) -> bool:
-    return CONTROL in names_of(record)
+    """An MPS control daemon: root's (or a system account's) nvidia-cuda-mps-control."""
+    return CONTROL_NAMES.of(record) is not None
 
 
-def plan(targets: list[Holder]) -> tuple[list[Holder], list[Holder]]:
+def plan(targets: list[Holder], proc: str = "/proc") -> tuple[list[Holder], list[Holder]]:
     """(targets left to signal, MPS servers to quit); control daemons are dropped. Which servers are
-    targets at all is the spanning rule's (_release.plan_targets): a server that also serves GPUs
-    outside the selection is refused before acting, unless kill_spanning."""
+    targets at all is the spanning rule's (_release.plan_targets, spanning_daemons): a server that
+    also serves GPUs outside the selection, or whose daemon does, is refused before acting, unless
+    kill_spanning. A server without a control daemon to quit it through is signalled as a holder."""
     left: list[Holder] = []
     servers: list[Holder] = []
     for holder in targets:
@@ -90,24 +95,50 @@ def plan(targets: list[Holder]) -> tuple[list[Holder], list[Holder]]:
             # It maps GPU nodes without a context (undecided on a real H200): never signalled; quit
             # ends it with its server.
             continue
-        (servers if is_server(holder) else left).append(holder)
+        (servers if is_server(holder) and control_of(holder, proc) else left).append(holder)
     return left, servers
 
 
-def control_of(server: Holder, proc: str = "/proc") -> Holder | None:
-    """The server's control daemon (its parent, when that is one), or None."""
-    parent = holders_mod.read_process(server.get("ppid") or 0, proc) if (server.get("ppid") or 0) > 1 else None
+def without_daemons(targets: list[Holder], servers: t.Iterable[Holder]) -> list[Holder]:
+    """Targets of a re-plan after stops: neither a control daemon (never signalled) nor a server
+    already planned to quit through its daemon."""
+    planned = {s["pid"] for s in servers}
+    return [h for h in targets if not is_control(h) and h["pid"] not in planned]
+
+
+def control_of(server: t.Mapping[str, t.Any], proc: str = "/proc") -> Holder | None:
+    """The server's control daemon (its parent, when the identity rule says that is one), or None."""
+    ppid = server.get("ppid") or 0
+    parent = holders_mod.read_process(ppid, proc) if ppid > 1 else None
     return parent if parent and is_control(parent) else None
 
 
-def pipe_directory(server: Holder, proc: str = "/proc") -> str:
-    """CUDA_MPS_PIPE_DIRECTORY of the server's control daemon (else of the server), or the default."""
+def pipe_directory(server: t.Mapping[str, t.Any], proc: str = "/proc") -> str:
+    """CUDA_MPS_PIPE_DIRECTORY of the server's control daemon (vouched), or the default. Never a
+    client's or the server's own environment: the directory root sends `quit` to is the one the
+    daemon root vouches for reads."""
     control = control_of(server, proc)
-    for pid in ([control["pid"]] if control else []) + [server["pid"]]:
-        value = holders_mod.environ_of(pid, proc).get("CUDA_MPS_PIPE_DIRECTORY")
-        if value:
-            return value
-    return DEFAULT_PIPE_DIR
+    value = holders_mod.environ_of(control["pid"], proc).get("CUDA_MPS_PIPE_DIRECTORY") if control else None
+    return value or DEFAULT_PIPE_DIR
+
+
+def spanning_daemons(servers: t.Iterable[Holder], holders: t.Iterable[Holder], selected: t.Collection[int], proc: str = "/proc"
+                     ) -> list[tuple[dict[str, t.Any], list[int]]]:
+    """[(control daemon, GPUs outside the selection)] for the daemons of `servers` (to quit) that
+    also run a server serving an unselected GPU: `quit` would end that one too (the spanning
+    refusal, as for a server that serves them itself). The daemon's GPUs are its servers'."""
+    found: list[tuple[dict[str, t.Any], list[int]]] = []
+    holders = list(holders)
+    for server in servers:
+        control = control_of(server, proc)
+        if control is None or any(c["pid"] == control["pid"] for c, _outside in found):
+            continue
+        theirs = [h for h in holders if h.get("ppid") == control["pid"] and is_server(h)]
+        used = sorted({g for h in theirs + [server] for g in h.get("gpu_indexes") or []})
+        outside = [g for g in used if g not in selected]
+        if outside:
+            found.append((dict(control, gpu_indexes=used), outside))
+    return found
 
 
 def _which(name: str) -> str | None:

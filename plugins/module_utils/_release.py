@@ -639,7 +639,7 @@ class Release:
         plan.targets = plan.containers.signal
         plan.units = self.plan_units(plan.targets, holders, plan.selected)
         plan.programs = self.plan_programs()
-        self.refuse_spanning(holders, plan.selected, plan.containers)
+        self.refuse_spanning(holders, plan.selected, plan.containers, plan.mps_servers)
         self.result["timings"]["plan_s"] = round(self.system.now() - planning, 3)
         self.result["services_not_found"] = plan.units["not_found"] + plan.containers.not_found + plan.programs["not_found"]
         plan.gpus_clean = all(g["clean"] for g in self.result["gpus_before"] if g["index"] in plan.selected)
@@ -686,10 +686,12 @@ class Release:
         self.result["warnings"].extend(steps["warnings"])
         return steps
 
-    def refuse_spanning(self, holders: list[Holder], selected: list[int], container_plan: _containers.Plan) -> None:
-        """Spanning processes, units and containers (see _attribution) -> result["spanning"];
-        without kill_spanning, a failure before anything is done (check mode says the same)."""
+    def refuse_spanning(self, holders: list[Holder], selected: list[int], container_plan: _containers.Plan, mps_servers: list[Holder]) -> None:
+        """Spanning processes, units and containers (see _attribution) and MPS control daemons
+        whose quit would end a server of an unselected GPU (_mps) -> result["spanning"]; without
+        kill_spanning, a failure before anything is done (check mode says the same)."""
         processes = spanning_targets(holders, selected, self.regexes)
+        processes += t.cast("list[tuple[Holder, list[int]]]", _mps.spanning_daemons(mps_servers, holders, selected, self.system.proc))
         containers = spanning_containers(holders, selected, container_plan.stop)
         self.result["spanning"] = spanning_record(processes, self.spanning_units, containers)
         if self.result["spanning"] and not self.params.get("kill_spanning"):
@@ -718,7 +720,7 @@ class Release:
         serves unselected GPUs is a spanning process: it is a target only with kill_spanning."""
         if not self.params.get("kill", True):
             return targets, []
-        return _mps.plan(targets)
+        return _mps.plan(targets, self.system.proc)
 
     # --- check mode
 
@@ -801,7 +803,8 @@ class Release:
             # Stopping a unit or a container ended its processes; see who is left before signalling anyone.
             holders, _apps = self.scan(plan.gpus)
             targets, _protected = plan_targets(holders, plan.selected, self.regexes, bool(self.params.get("kill_spanning")))
-            targets = [t for t in targets if not _containers.pod_holders([t]) and t["pid"] not in {s["pid"] for s in plan.mps_servers}]
+            # Neither a control daemon (never signalled) nor a server to be quit through it (_mps).
+            targets = _mps.without_daemons([t for t in targets if not _containers.pod_holders([t])], plan.mps_servers)
         if targets and self.params.get("kill", True):
             minors = [g["minor_number"] for g in plan.gpus if g["index"] in plan.selected]
             self.watch = _settle.watch_for(targets, outside, self.system.systemctl, self.lineage, minors, self.system.proc)
@@ -913,6 +916,13 @@ class Release:
             again = self.watch.respawned()
             if again:
                 came_back = self.watch.message([], [], 0.0, again, clean=False)
+        if self.watch is not None and not came_back:
+            # A restart from outside the parents (a double-forked watcher): one more table read.
+            outside = self.watch.restarted_outside()
+            if outside:
+                came_back = self.watch.outside_message(outside, clean)
+                if clean:
+                    clean, gpus = False, self._read_gpus()
         return came_back, clean, gpus
 
     def dirty_message(self, plan: Plan, gpus: list[Gpu], holders: list[Holder], footprint: set[int], early: str | None) -> str:

@@ -169,8 +169,9 @@ TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch", "torch.
 
 
 def supervisor_kind(record: t.Mapping[str, t.Any]) -> str | None:
-    """The known supervisor a process is, or None: supervisord, pm2, runit, s6, circus, monit,
-    torchrun (its elastic agent restarts failed workers up to --max-restarts)."""
+    """The known supervisor a process looks like, or None: supervisord, pm2, runit, s6, circus,
+    monit, torchrun (its elastic agent restarts failed workers up to --max-restarts). A label for
+    the message (what stops it), deciding nothing: the walk's stop is stops_the_walk's."""
     names = _names(record)
     cmdline = record.get("cmdline") or ""
     if "supervisord" in names:
@@ -233,10 +234,18 @@ def describe_process(record: t.Mapping[str, t.Any]) -> str:
     return text
 
 
+def stops_the_walk(record: t.Mapping[str, t.Any]) -> bool:
+    """Whether the walk up ends at this ancestor (it is watched itself): a known supervisor or a
+    launcher, by the identity rule only. A user's process named so (`exec -a supervisord sh -c
+    'while ...'`) is watched and the walk goes on above it."""
+    return holders_mod.identified(record) and bool(supervisor_kind(record) or _units.LAUNCHER_NAMES.of(record, also=_names(record)))
+
+
 def parent_chain(holder: Holder, table: Table, own_lineage: t.Collection[int], signalled: t.Collection[int], proc: str = "/proc"
                  ) -> list[Holder]:
     """The ancestors of a holder that may start it again: from its parent up to its session leader
-    or a launcher, never PID 1, a protected daemon (sshd, systemd, ...), a kernel thread or this
+    or a launcher, never PID 1, a protected daemon (sshd, systemd, ... through the identity rule:
+    a user's loop run as `exec -a sshd` is a parent like any other), a kernel thread or this
     Ansible session. Ancestors that are themselves being signalled are passed over."""
     chain = []
     pid = holder.get("ppid")
@@ -248,10 +257,10 @@ def parent_chain(holder: Holder, table: Table, own_lineage: t.Collection[int], s
             pid = ppid
             continue
         record = holders_mod.read_process(pid, proc)
-        if record is None or record.get("kernel_thread") or holders_mod.name_matches(record, holders_mod.BUILTIN_PROTECTED_NAMES):
+        if record is None or record.get("kernel_thread") or holders_mod.BUILTIN_PROTECTED_NAMES.of(record):
             break
         chain.append(record)
-        if session == pid or supervisor_kind(record) or _units.is_launcher_name(_names(record)):
+        if session == pid or stops_the_walk(record):
             break
         pid = ppid
     return chain
@@ -325,16 +334,22 @@ class Watch:
     minors of the selected GPUs."""
 
     def __init__(self, watched: dict[str, str], proc: str = "/proc", parents: dict[int, dict[str, t.Any]] | None = None, minors: t.Iterable[int] = (),
-                 table: Table | None = None) -> None:
+                 table: Table | None = None, killed: t.Iterable[Holder] = ()) -> None:
         self.watched = watched
         self.proc = proc
         self.parents = parents or {}
         self.minors = set(minors)
         self.before = members(list(watched), proc)
         self.known: set[tuple[int, int]] = set()
-        if self.parents:
+        # The killed holders' command lines, by the PID that ran each, and every process alive
+        # before the signals: a new one running such a command line is a restart, by whoever
+        # (restarted_outside).
+        self.killed_cmdlines = {h["pid"]: h["cmdline"] for h in killed if h.get("cmdline")}
+        if self.parents or self.killed_cmdlines:
             table = read_table(proc) if table is None else table
-            self.known = {(pid, table[pid][2]) for pid in descendants(table, self.roots())}
+        self.alive_before = {(pid, row[2]) for pid, row in (table or {}).items()}
+        if self.parents:
+            self.known = {(pid, t.cast("Table", table)[pid][2]) for pid in descendants(t.cast("Table", table), self.roots())}
 
     def __bool__(self) -> bool:
         return bool(self.watched or self.parents)
@@ -367,6 +382,35 @@ class Watch:
             if record.get("cmdline") in self.parents[root]["cmdlines"] or maps_selected_gpu(pid, self.minors, self.proc):
                 found.append((root, record))
         return found
+
+    def restarted_outside(self, skip: t.Collection[int] = ()) -> list[tuple[int, Holder]]:
+        """[(killed pid, new process)]: processes started since the signals that run a killed
+        holder's exact command line again, whatever their parent (a double-forked watcher, a
+        `pgrep || nohup` loop, cron). One read of the process table; only new processes are read."""
+        if not self.killed_cmdlines:
+            return []
+        by_cmdline = {cmdline: pid for pid, cmdline in sorted(self.killed_cmdlines.items(), reverse=True)}
+        found = []
+        for pid, (_ppid, _session, start) in sorted(read_table(self.proc).items()):
+            if (pid, start) in self.alive_before or pid in skip:
+                continue
+            record = holders_mod.read_process(pid, self.proc)
+            if record is not None and record.get("cmdline") in by_cmdline and not record.get("kernel_thread"):
+                found.append((by_cmdline[record["cmdline"]], record))
+        return found
+
+    def outside_message(self, again: t.Sequence[tuple[int, Holder]], clean: bool = True) -> str:
+        """Why the run fails when a killed command line runs again outside any watched parent."""
+        parts = []
+        for killed, record in again:
+            text = f"{describe_process(record)} runs the command line of killed pid {killed} again"
+            parent = holders_mod.read_process(record.get("ppid") or 0, self.proc) if (record.get("ppid") or 0) > 1 else None
+            text += f", started by {describe_process(parent)}" if parent else ", its parent gone (a double-forked or detached restarter)"
+            parts.append(text)
+        head = "the GPUs read clean, but something this run killed was started again" if clean else \
+            "something this run killed was started again before the GPUs read clean"
+        return ("{}: {}. Something outside the holder's parents restarts it (a watcher loop, `pgrep || nohup`, cron, a script of its "
+                "user): stop that first, then run gpu_release again".format(head, "; ".join(parts)))
 
     def settle(self, system: t.Any, read_dirty: t.Callable[[], list[Gpu]], seconds: float = SETTLE_S, poll: float = POLL_S) -> str | None:
         """Watch for `seconds`; returns None when nothing came back, else a message naming what
@@ -425,5 +469,6 @@ def watch_for(targets: list[Holder], outside_reasons: t.Mapping[str, t.Any], sys
     watched = watch_list(targets, outside_reasons, systemctl)
     in_cgroups = {t["pid"] for t in targets if any(_within(t.get("cgroup") or "", cgroup) for cgroup in watched)}
     # One read of the process table serves both the walk and the snapshot of what runs now.
-    table = read_table(proc) if any(t["pid"] not in in_cgroups and (t.get("ppid") or 0) > 1 for t in targets) else {}
-    return Watch(watched, proc, restarters(targets, own_lineage, proc, skip=in_cgroups, table=table), minors, table=table)
+    # (and the check for a restart from outside the parents: restarted_outside).
+    table = read_table(proc) if targets else {}
+    return Watch(watched, proc, restarters(targets, own_lineage, proc, skip=in_cgroups, table=table), minors, table=table, killed=targets)

@@ -247,6 +247,9 @@ class Supervisor:
         return files
 
 
+SUPERVISORD = holders_mod.ProcessNames("supervisord", scripts=True)
+
+
 def find_supervisors(proc: str = "/proc", which: Which = _which, run: Run = _run) -> list[Supervisor]:
     """Running supervisord processes of root (not their children: supervisord forks once)."""
     found = []
@@ -259,10 +262,9 @@ def find_supervisors(proc: str = "/proc", which: Which = _which, run: Run = _run
                 args = [a.decode("utf-8", "replace") for a in handle.read().split(b"\0") if a]
         except OSError:
             continue
-        scripts = [os.path.basename(a) for a in args[:2]]
-        if "supervisord" not in scripts and record.get("name") != "supervisord":
-            continue
-        if _real_uid(pid, proc) != 0:
+        # Root's own supervisord only, through the identity rule: root acts on its config and
+        # runs supervisorctl against it; a user's process named supervisord is nothing to it.
+        if not SUPERVISORD.of(record) or _real_uid(pid, proc) != 0:
             continue
         script = next((a for a in args[:2] if os.path.basename(a) == "supervisord"), None)
         ctl = which("supervisorctl", os.path.dirname(script) if script and os.path.isabs(script) else None)

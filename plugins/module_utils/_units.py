@@ -65,8 +65,9 @@ UNIT_SUFFIXES = ("service", "socket", "timer", "target", "path", "scope", "slice
 # Daemons that start other people's jobs. Stopping one ends (or orphans) every job it runs,
 # on every GPU, so it is never stopped to free GPUs: its GPU jobs are signalled instead.
 # Matched against the main process's executable, argv[0], script (python3 /usr/bin/jupyterhub)
-# and comm, so a renamed unit file is still recognised.
-LAUNCHER_NAMES = (
+# and comm, so a renamed unit file is still recognised; a process's names count only when the
+# identity rule backs it (a unit's main process: systemd's MainPID; elsewhere: `vouched`).
+LAUNCHER_NAMES = holders_mod.ProcessNames(
     # job schedulers: Slurm, PBS/OpenPBS/Torque, LSF, HTCondor, Grid Engine
     "slurmd", "slurmstepd", "slurmctld", "slurmdbd", "slurmrestd",
     "pbs_mom", "pbs_server", "pbs_server.bin", "pbs_sched", "pbs_comm", "trqauthd",
@@ -95,6 +96,7 @@ LAUNCHER_NAMES = (
     "supervisord", "circusd", "runsvdir", "runsv", "s6-svscan", "s6-supervise", "pm2",
     # login and the init system
     "sshd", "login", "systemd", "init",
+    scripts=True,
 )
 LAUNCHER_UNITS = (
     "slurm*.service", "pbs*.service", "openpbs.service", "lsfd.service", "lsf*.service", "condor.service", "htcondor.service",
@@ -134,8 +136,6 @@ ESSENTIAL_UNITS = (
     "*getty*", "polkit.*", "init.scope", "-.slice", "*.slice", "*.target", "*.mount", "*.device", "*.swap",
     "networking.service", "NetworkManager*", "wpa_supplicant*", "rsyslog.*", "auditd.service",
 )
-INTERPRETERS = re.compile(r"^(?:python[0-9.]*|perl[0-9.]*|ruby[0-9.]*|node|nodejs|bash|sh|dash|java)$")
-SUBCOMMAND = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 SLURM_JOB_CGROUP = re.compile(r"/job_(\d+)(?:/|$)")
 # systemctl show polls: first fast (a cooperative unit stops in ~0.1 s), then every STOP_POLL_MAX_S.
 STOP_POLL_S = 0.02
@@ -217,30 +217,8 @@ def unit_actions(props: dict[str, str], service_state: str | None) -> tuple[bool
 # ---------------------------------------------------------------- workload or launcher
 
 
-def process_names(record: t.Mapping[str, t.Any] | None) -> set[str]:
-    """The names a process goes by: comm, executable, argv[0] and, for an interpreter, the
-    script or module it runs (`python3 /usr/local/bin/jupyterhub`, `python3 -m jupyterhub`);
-    also "tool subcommand" for the script or binary and its first argument (`ray start`,
-    `dask worker`, `nomad agent`, `jupyter lab`)."""
-    if not record:
-        return set()
-    names = {record.get("name"), record.get("exe"), record.get("argv0")}
-    words = (record.get("cmdline") or "").split()
-    tool, rest = (words[0].rsplit("/", 1)[-1], words[1:]) if words else (None, [])
-    if tool and INTERPRETERS.match(tool):
-        while rest and rest[0].startswith("-") and rest[0] != "-m":
-            rest = rest[1:]
-        if len(rest) >= 2 and rest[0] == "-m":
-            names.update((rest[1], rest[1].split(".")[0]))
-            tool, rest = rest[1], rest[2:]
-        elif rest:
-            tool, rest = rest[0].rsplit("/", 1)[-1], rest[1:]
-            names.add(tool)
-        else:
-            tool = None
-    if tool and rest and SUBCOMMAND.match(rest[0]):
-        names.add(f"{tool} {rest[0]}")
-    return {name for name in names if name}
+# The names a process goes by (comm, executable, argv[0], script, "tool subcommand"): _holders.
+process_names = holders_mod.process_names
 
 
 def exec_start_names(text: str | None) -> set[str]:
@@ -275,22 +253,28 @@ def split_launchers(entries: t.Iterable[str] | None) -> tuple[tuple[str, ...], t
     return tuple(unit_globs), tuple(names)
 
 
-def is_launcher_name(names: t.Collection[str], site_names: t.Iterable[str] = ()) -> bool:
-    """True when one of a process's names is a launcher's (comm is cut at 15 characters), or
-    matches a name glob of the `launchers` option."""
-    return launcher_name(names, site_names) is not None
-
-
 def launcher_name(names: t.Collection[str], site_names: t.Iterable[str] = ()) -> str | None:
-    """The launcher name that one of `names` is, or None."""
-    for launcher in LAUNCHER_NAMES:
-        if launcher in names or (len(launcher) > holders_mod.COMM_LENGTH and launcher[:holders_mod.COMM_LENGTH] in names):
-            return launcher
-    for pattern in site_names or ():
-        for name in names:
-            if fnmatch.fnmatchcase(name, pattern):
-                return name
-    return None
+    """The launcher name that one of `names` is (comm is cut at 15 characters), or a name that
+    matches a name glob of the `launchers` option, or None. `names` are those systemd vouches
+    for: its ExecStart= and its MainPID's (main_names)."""
+    return LAUNCHER_NAMES.among(names, site_names)
+
+
+def systemd_main(pid: int) -> t.Callable[[str], int | None]:
+    """main_pid_of for the identity rule when `pid` is the MainPID systemd gave for the unit asked."""
+    def main_pid_of(_unit: str) -> int | None:
+        return pid
+    return main_pid_of
+
+
+def main_names(pid: int, record: t.Mapping[str, t.Any] | None, props: t.Mapping[str, str]) -> set[str]:
+    """The names of a unit's main process (systemd's MainPID `pid`, its record read from /proc),
+    through the identity rule, and of its ExecStart= (systemd's own, from a unit file only root
+    writes)."""
+    names = exec_start_names(props.get("ExecStart"))
+    if pid > 0 and holders_mod.identified(record, systemd_main(pid)):
+        names |= process_names(record)
+    return names
 
 
 def stop_verdict(unit: str, main_names: t.Collection[str], under_main: bool, unit_gpus: t.Collection[int], selected: t.Collection[int],
@@ -349,9 +333,11 @@ def main_process(props: dict[str, str], proc: str) -> tuple[int, Holder | None]:
 
 
 def protected_main(pid: int, record: t.Mapping[str, t.Any] | None, protect_names: t.Iterable[str] = ()) -> str | None:
-    """"pid N name" when a unit's main process is protected (built-in names or `protect`), else
-    None: such a unit is never stopped, named or owning a holder."""
-    if record and holders_mod.name_matches(record, tuple(holders_mod.BUILTIN_PROTECTED_NAMES) + tuple(protect_names or ())):
+    """"pid N name" when a unit's main process is protected (built-in names or `protect`, through
+    the identity rule: systemd's MainPID of the unit), else None: such a unit is never stopped,
+    named or owning a holder."""
+    main = systemd_main(pid)
+    if record and (holders_mod.BUILTIN_PROTECTED_NAMES.of(record, main) or holders_mod.ProcessNames(*(protect_names or ())).of(record, main)):
         return "pid {} {}".format(pid, record.get("name"))
     return None
 
@@ -385,8 +371,7 @@ def _owner_verdict(unit: str, props: dict[str, str], in_unit: list[Holder], unit
         return "launcher", f"the main process of {unit} ({protected}) is protected"
     # Without a main process (MainPID=0, or gone) there is nothing to tell descendants by.
     under_main = main is None or all(pid in holders_mod.lineage(h["pid"], proc) for h in in_unit)
-    names = process_names(main) | exec_start_names(props.get("ExecStart"))
-    return stop_verdict(unit, names, under_main, unit_gpus, selected, site)
+    return stop_verdict(unit, main_names(pid, main, props), under_main, unit_gpus, selected, site)
 
 
 def owners(systemctl: Systemctl, targets: list[Holder], holders: list[Holder], selected: list[int], forbidden: set[str],
@@ -506,11 +491,7 @@ def _cannot_mask(props: dict[str, str]) -> bool:
 
 def _launcher_by_main(props: dict[str, str], site: tuple[tuple[str, ...], tuple[str, ...]], proc: str) -> str | None:
     """The launcher the main process (or ExecStart=) of a unit is, or None (see stop_verdict)."""
-    pid, record = main_process(props, proc)
-    names = exec_start_names(props.get("ExecStart"))
-    if pid > 0:
-        names |= process_names(record)
-    return launcher_name(names, site[1])
+    return launcher_name(main_names(*main_process(props, proc), props), site[1])
 
 
 class Judge:

@@ -8,14 +8,15 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ansible_in_ns import run_module  # noqa: E402
+from supervisor_rig import Supervisord  # noqa: E402
 from test_gpu_release import killed_pids, used  # noqa: E402
 from test_respawn import wait_used  # noqa: E402
 
 
-def start_mps(host):
-    """Control daemon (with its server on every GPU) and the environment its clients use."""
+def start_mps(host, daemon_env=None):
+    """Control daemon (with its server on every GPU it sees) and the environment its clients use."""
     env = {"CUDA_MPS_PIPE_DIRECTORY": os.path.join(host.dir, "mps")}
-    assert host.run(["nvidia-cuda-mps-control", "-d"], env=env).returncode == 0
+    assert host.run(["nvidia-cuda-mps-control", "-d"], env=dict(env, **(daemon_env or {}))).returncode == 0
     assert wait_used(host, 0, 66)
     procs = host.run(["ps", "-eo", "pid=,args="]).stdout.splitlines()
     pids = {}
@@ -77,3 +78,55 @@ def test_kill_spanning_quits_a_server_that_serves_an_unselected_gpu(nshost):
     assert [s["pid"] for s in run["stopped_mps_servers"]] == [server] and client0.pid in killed_pids(run), run.msg
     # GPU 1's client keeps running (its own context); only the server serving both is gone.
     assert host.alive(client1.pid) and host.wait_gone(server, 2) and host.wait_gone(control, 2)
+
+
+# --- issue 31: MPS by identity only (a name decides nothing; docs/security.md)
+
+USER = 4242
+
+
+def test_users_job_posing_as_a_server_with_roots_pipe_directory_does_not_quit_roots_daemon(nshost):
+    """uid 4242 runs a GPU-1 job named nvidia-cuda-mps-server with CUDA_MPS_PIPE_DIRECTORY set to
+    root's pipe directory (every MPS client knows it); root's daemon serves GPU 0 only. Freeing
+    GPU 1 signals the impostor and leaves root's MPS alone."""
+    host = nshost("h200x2")
+    env, control, server = start_mps(host, {"CUDA_VISIBLE_DEVICES": "0"})
+    client = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "8802"], env=env)
+    posed = host.spawn_as(USER, ["gpu_holder", "--gpus", "1", "--mib", "2048", "--name", "nvidia-cuda-mps-server"], env=env)
+    assert used(host, 1) >= 2048 and "CUDA_MPS_PIPE_DIRECTORY=" + env["CUDA_MPS_PIPE_DIRECTORY"] in host.read(f"/proc/{posed.pid}/environ").replace("\0", " ")
+    run = run_module(host, "gpu_release", {"gpus": [1]})
+    assert not run.failed and run["released"] is True, run.msg
+    assert run["stopped_mps_servers"] == [] and list(killed_pids(run)) == [posed.pid]
+    assert not host.alive(posed.pid) and used(host, 1) < 16  # what is left is GPU 0's footprint (clean)
+    # Root's daemon, its server and its client on GPU 0 are untouched.
+    time.sleep(0.3)
+    assert all(host.alive(pid) for pid in (control, server, client.pid)) and used(host, 0) == 8802 + 66 + 15
+    log = host.read(os.path.join(env["CUDA_MPS_PIPE_DIRECTORY"], "control.log"))
+    assert "quit" not in log, log
+
+
+def test_users_job_named_like_the_control_daemon_is_signalled_and_freed(nshost):
+    host = nshost("h200x1")
+    posed = host.spawn_as(USER, ["gpu_holder", "--gpus", "0", "--mib", "2048", "--name", "nvidia-cuda-mps-control"])
+    assert used(host, 0) >= 2048
+    run = run_module(host, "gpu_release", {"wait_timeout": 5})
+    assert not run.failed and run["released"] is True, run.msg
+    assert list(killed_pids(run)) == [posed.pid] and run["stopped_mps_servers"] == []
+    assert not host.alive(posed.pid) and used(host, 0) == 0
+
+
+def test_control_daemon_is_not_signalled_when_the_same_run_stops_a_supervisord_program(nshost):
+    """The re-plan after stops (a unit, a container or a supervisord program: one code path,
+    _release.act) keeps root's control daemon out of the targets: quit ends it, no SIGTERM."""
+    host = nshost("h200x1")
+    env, control, server = start_mps(host)
+    sup = Supervisord(host, {"trainer": "/usr/bin/gpu_holder --gpus 0 --mib 4096 --name trainer"})
+    assert wait_used(host, 0, 4096 + 66)
+    client = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "2048"], env=env)
+    run = run_module(host, "gpu_release", {"services": ["supervisor:trainer"]})
+    assert not run.failed and run["released"] is True, run.msg
+    assert [p["name"] for p in run["stopped_programs"]] == ["trainer"]
+    assert control not in killed_pids(run) and server not in killed_pids(run) and client.pid in killed_pids(run), run["killed"]
+    [stopped] = run["stopped_mps_servers"]
+    assert stopped["pid"] == server and stopped["how"] == "echo quit | /usr/bin/nvidia-cuda-mps-control", run["warnings"]
+    assert host.wait_gone(control, 2) and sup.state("trainer") == "STOPPED" and used(host, 0) == 0

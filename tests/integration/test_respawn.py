@@ -103,3 +103,61 @@ def test_holder_started_by_init_has_no_window(nshost):
     host.spawn(["gpu_holder", "--gpus", "0", "--mib", "4096"])
     run = run_module(host, "gpu_release")
     assert not run.failed and run["released"] is True and run["timings"]["settle_s"] == 0.0, run.msg
+
+
+# --- issue 31: a name never stops the watch; a restart from outside the parents is a restart
+
+USER = 4242
+
+
+def test_users_loop_named_sshd_is_watched_like_any_parent(nshost):
+    """`exec -a sshd sh -c 'while true; do train; sleep 1; done'` as uid 4242: the walk up stops
+    only at a protected daemon the identity rule vouches for, so the loop is watched and named."""
+    host = nshost("h200x1")
+    script = 'exec -a sshd sh -c "while true; do gpu_holder --gpus 0 --mib 4096; sleep 1; done"'
+    loop = host.spawn_as(USER, ["bash", "-c", script], ready=False)
+    assert wait_used(host, 0, 4096)
+    assert host.read(f"/proc/{loop.pid}/cmdline").split("\0")[0] == "sshd"
+    [first] = holder_under(host, loop.pid)
+    run = run_module(host, "gpu_release", {"wait_timeout": 20})
+    assert run.failed and run["released"] is False, run.msg
+    assert first in killed_pids(run) and run["timings"]["settle_s"] > 0
+    assert f"started again by its parent pid {loop.pid} sh [sshd -c while true; do gpu_holder" in run.msg, run.msg
+    assert host.alive(loop.pid)
+
+
+# A double-forked watcher: it restarts its job detached, so the job's parent is init. The job's
+# CUDA init takes 3 s (a real one takes 1-3 s): the GPU reads clean while it runs again.
+WATCHER = """
+while true; do
+  if ! kill -0 "$(cat {pidfile} 2>/dev/null)" 2>/dev/null; then
+    (gpu_holder --gpus 0 --mib 4096 --init-delay 3 >/dev/null 2>&1 & echo $! > {pidfile})
+  fi
+  sleep 0.02
+done
+"""
+
+
+def test_restart_by_a_double_forked_watcher_outside_the_parent_chain_fails_the_run(nshost):
+    host = nshost("h200x1")
+    pidfile = os.path.join(host.dir, "job.pid")
+    script = os.path.join(host.dir, "watch.sh")
+    with open(script, "w") as handle:
+        handle.write(WATCHER.format(pidfile=pidfile))
+    # Detached itself (setsid, its starter gone): neither it nor the job has a parent to watch.
+    host.run(["sh", "-c", f"setsid sh {script} >/dev/null 2>&1 < /dev/null &"], check=True)
+    assert wait_used(host, 0, 4096)
+    with open(pidfile) as handle:
+        first = int(handle.read())
+    assert host.read(f"/proc/{first}/stat").split(")")[1].split()[1] == "1"  # the job's parent is init
+    # The driver frees a killed context's memory a moment after the process is gone (1 s here), so
+    # the restart is under way when the GPU first reads clean, however loaded this machine is.
+    host.set_fault({"release_delay_s": 1})
+    run = run_module(host, "gpu_release", {"wait_timeout": 10})
+    assert run.failed and run["released"] is False, run.msg
+    assert first in killed_pids(run)
+    assert f"runs the command line of killed pid {first} again" in run.msg, run.msg
+    assert "the GPUs read clean, but something this run killed was started again" in run.msg
+    assert "Something outside the holder's parents restarts it" in run.msg
+    # No window was needed: no parent of the job survived.
+    assert run["timings"]["settle_s"] == 0.0

@@ -969,3 +969,16 @@ def test_real_run_diff_shows_the_units_stopped_and_the_processes_ended(world):
     diff = run(world, services=["vllm.service"], service_state="disabled")["diff"]
     assert "unit vllm.service: active" in diff["before"] and "unit vllm.service: stopped, disabled" in diff["after"]
     assert "process 497 python3: ended by SIGTERM" in diff["after"]
+
+
+def test_mps_control_daemon_is_not_signalled_in_the_replan_after_a_unit_stop(world):
+    """issue 31: the re-plan after stopping a unit (or a container, or a supervisord program) kept
+    root's MPS control daemon as a target and sent it SIGTERM. It holds every GPU's node without a
+    context (undecided, as on a real H200): never signalled."""
+    world.unit("vllm.service")
+    world.spawn(495, {0: 70000}, unit="vllm.service", argv=("python3", "-m", "vllm.entrypoints.openai.api_server"))
+    world.spawn(30, comm="nvidia-cuda-mps", argv=("nvidia-cuda-mps-control", "-d"), exe="/usr/bin/nvidia-cuda-mps-control",
+                devices=["/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia1"], maps=[("/dev/nvidia0", 64), ("/dev/nvidia1", 64)], visible=False)
+    result = run(world)
+    assert result["stopped_units"] == ["vllm.service"] and result["released"] is True, result.get("msg")
+    assert [pid for _t, pid, _sig in world.signals] == [] and result["killed"] == []

@@ -15,10 +15,10 @@ from ansible_collections.zeromib.gpu.plugins.module_utils import _settle
 from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils import fakeproc
 
 
-def process(root, pid, ppid, argv, comm=None, session=None, fds=(), maps=(), environ=None, exe="/usr/bin/python3.12"):
+def process(root, pid, ppid, argv, comm=None, session=None, fds=(), maps=(), environ=None, exe="/usr/bin/python3.12", uid=0):
     """A process whose session id is `session` (its own PID by default: a session leader)."""
     fakeproc.write_process(root, pid, comm=comm or os.path.basename(argv[0])[:15], ppid=ppid, start_time=1000 + pid, argv=argv,
-                           fds=fds, maps=maps, exe=exe)
+                           fds=fds, maps=maps, exe=exe, uid=uid)
     path = os.path.join(str(root), str(pid), "stat")
     with open(path) as handle:
         fields = handle.read().split(" ")
@@ -134,3 +134,36 @@ def test_a_parent_that_exited_leaves_no_window(proc):
 
     clock = Clock()
     assert watch.settle(clock, lambda: [], seconds=5.0) is None and clock.t == 0.0
+
+
+def test_a_users_loop_named_like_a_protected_daemon_or_a_supervisor_is_watched_and_the_walk_goes_on(proc):
+    """issue 31: `exec -a sshd sh -c 'while true; do train; sleep 1; done'` as uid 4242 is a parent
+    like any other; a user's `supervisord` or `cron` does not end the walk either."""
+    process(proc, 200, 1, ("sshd", "-c", "while true; do python3 train.py; sleep 1; done"), comm="sh", exe="/usr/bin/dash", uid=4242)
+    process(proc, 300, 200, ("python3", "train.py"), session=200, uid=4242)
+    assert list(_settle.restarters([holder(300, 200)], own_lineage=(), proc=str(proc))) == [200]
+    process(proc, 400, 1, ("sh", "-c", "while true; do cron; done"), exe="/usr/bin/dash", uid=4242)
+    process(proc, 410, 400, ("supervisord", "-c", "x"), comm="supervisord", session=400, uid=4242)
+    process(proc, 420, 410, ("python3", "train.py"), session=400, uid=4242)
+    assert sorted(_settle.restarters([holder(420, 410)], own_lineage=(), proc=str(proc))) == [400, 410]
+    # Root's (vouched) sshd still ends the walk, as before.
+    process(proc, 500, 1, ("sshd: root@notty",), comm="sshd", exe="/usr/sbin/sshd")
+    process(proc, 501, 500, ("python3", "train.py"), session=500)
+    assert _settle.restarters([holder(501, 500)], own_lineage=(), proc=str(proc)) == {}
+
+
+def test_the_killed_command_line_started_again_by_anyone_is_a_restart(proc):
+    """issue 31: a double-forked watcher restarts the job under init: no parent to watch, but the
+    killed command line running again in a process new since the signals fails the run."""
+    process(proc, 250, 1, ("python3", "train.py"))                             # alive before: not a restart
+    process(proc, 300, 1, ("python3", "train.py"))
+    watch = _settle.Watch({}, str(proc), _settle.restarters([holder(300, 1)], (), str(proc)), minors={0}, killed=[holder(300, 1)])
+    assert not watch and watch.restarted_outside() == []
+    fakeproc.remove_process(proc, 300)
+    process(proc, 310, 1, ("python3", "train.py", "--resume"))               # another command line
+    assert watch.restarted_outside() == []
+    process(proc, 320, 1, ("python3", "train.py"))
+    again = watch.restarted_outside()
+    assert [(killed, record["pid"]) for killed, record in again] == [(300, 320)]
+    message = watch.outside_message(again)
+    assert "pid 320 python3 [python3 train.py] runs the command line of killed pid 300 again, its parent gone" in message

@@ -1,0 +1,169 @@
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""No name decides alone (issue 31, docs/security.md): every list of process names in module_utils
+is a _holders.ProcessNames, whose only question (`of`) asks the identity rule first.
+
+The test enumerates module_utils itself, so a list added later fails it until it is classified:
+- a module-level tuple, list, set or frozenset of strings is either a ProcessNames or listed in
+  NOT_PROCESS_NAMES below with what it lists instead (directories, unit globs, result keys);
+- each ProcessNames, name by name, answers None for a user's process of that name (uid 4242, even
+  from a root-owned /usr/bin/python3) and the name for root's;
+- the raw matchers (the names a process gives itself, matched without the rule) are called only
+  where listed in RAW_NAME_READERS, each with why that is no decision by name."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import os
+import pkgutil
+
+import pytest
+
+import ansible_collections.zeromib.gpu.plugins.module_utils as module_utils
+from ansible_collections.zeromib.gpu.plugins.module_utils import _holders
+
+NOT_PROCESS_NAMES = {
+    "_commands.SYSTEM_DIRS": "directories",
+    "_commands.NVIDIA_DIRS": "directories",
+    "_containers.MANAGED": "result keys",
+    "_containers.HOLDER_KEYS": "result keys",
+    "_cuda_smoke.STEPS": "step names",
+    "_engines.MANAGED": "result keys",
+    "_engines.BIN_DIRS": "directories",
+    "_facts.GPU_KEYS": "result keys",
+    "_facts.HOLDER_KEYS": "result keys",
+    "_health.NOT_GPU_FAULTS": "health check names",
+    "_health.CHECKS": "health check names",
+    "_health._CHECKED_KEYS": "result keys",
+    "_health.FAULT_TOKENS": "words of nvidia-smi's output",
+    "_health.TOOL_DIRS": "directories",
+    "_health.HEALTH_KEYS": "result keys",
+    "_health.FABRIC_REGISTRATION_KEYS": "result keys (issue 30, on main)",
+    "_holders.DRIVER_ROOT_PREFIXES": "directories",
+    "_holders._FRONTEND_NAMES": "driver names in /proc/devices (the kernel's)",
+    "_holders.DEV_DIRS": "directories",
+    "_holders.SYSTEM_DIRS": "directories",
+    "_mps.BIN_DIRS": "directories",
+    "_nvidia_smi.OPTIONAL_FIELDS": "nvidia-smi query fields",
+    "_record.KINDS": "record kinds",
+    "_record.ACTIONS": "record actions",
+    "_settle.TORCHRUN_MODULES": "Python modules in a command line: a label for the message (supervisor_kind); the walk stops by stops_the_walk",
+    "_signals.PRIVATE_KEYS": "result keys",
+    "_supervisor.BIN_DIRS": "directories",
+    "_supervisor.DEFAULT_CONFIGS": "file paths",
+    "_supervisor.RUNNING_STATES": "supervisorctl states",
+    "_units.ACTIVE_STATES": "systemd states",
+    "_units.ENABLED_STATES": "systemd states",
+    "_units.MASKED_STATES": "systemd states",
+    "_units.STOPPED_STATES": "systemd states",
+    "_units.UNIT_SUFFIXES": "unit name suffixes",
+    "_units.LAUNCHER_UNITS": "unit globs, matched against systemd's unit names (no process's)",
+    "_units.ESSENTIAL_UNITS": "unit globs of the `*` essentials, matched against systemd's unit names (no process's)",
+}
+
+# Where the names a process gives itself are read without the identity rule, and why that decides
+# nothing by a name: {(module, function): why}.
+RAW_NAME_READERS = {
+    ("_holders", "name_matches"): "the raw matcher itself",
+    ("_holders", "ProcessNames.of"): "after `identified`",
+    ("_holders", "ProcessNames.posed_by"): "only when `identified` fails: the impostor warning",
+    ("_holders", "ProcessNames.candidates"): "called by of / posed_by",
+    ("_holders", "ProcessNames.among"): "names its caller holds for vouched; its only caller is _units.launcher_name (checked here)",
+    ("_units", "main_names"): "after `identified` (systemd's MainPID), and ExecStart= (systemd's)",
+    ("_units", "exec_start_names"): "names in systemd's ExecStart=, no process's",
+    ("_units", "launcher_name"): "ProcessNames.among over main_names",
+    ("_settle", "_names"): "for supervisor_kind, a label; the walk's stop is stops_the_walk (identified first)",
+    ("_settle", "stops_the_walk"): "after `identified` (its first operand): the walk's stop",
+    ("_settle", "supervisor_kind"): "a label for the message (what stops the restarter); deciding, it is asked after `identified`",
+}
+RAW_MATCHERS = {"name_matches", "own_names", "process_names", "_first_match", "among", "_names", "candidates"}
+
+
+def modules():
+    for info in pkgutil.iter_modules(module_utils.__path__):
+        yield info.name, importlib.import_module(f"{module_utils.__name__}.{info.name}")
+
+
+def string_lists():
+    for name, module in modules():
+        for attr, value in vars(module).items():
+            if isinstance(value, (tuple, list, set, frozenset)) and value and all(isinstance(item, str) for item in value):
+                yield f"{name}.{attr}", value
+
+
+def name_lists():
+    for name, module in modules():
+        for attr, value in vars(module).items():
+            if isinstance(value, _holders.ProcessNames):
+                yield f"{name}.{attr}", value
+
+
+def test_every_list_of_strings_is_classified():
+    unclassified = [qualified for qualified, _value in string_lists() if qualified not in NOT_PROCESS_NAMES]
+    assert not unclassified, (
+        f"{unclassified}: a list of process names must be a _holders.ProcessNames (the identity rule decides, not the name); "
+        "any other list of strings goes into NOT_PROCESS_NAMES with what it lists")
+
+
+def test_the_known_name_lists_are_process_names():
+    found = dict(name_lists())
+    for qualified in ("_holders.BUILTIN_PROTECTED_NAMES", "_units.LAUNCHER_NAMES", "_mps.CONTROL_NAMES", "_mps.SERVER_NAMES",
+                      "_supervisor.SUPERVISORD"):
+        assert qualified in found, qualified
+
+
+def posed(name, uid, exe_path="/usr/bin/python3"):
+    """A process that goes by `name` (argv[0], comm, script), run by `uid` from a root-owned
+    executable of a system directory: root's when uid is 0, a user's `exec -a` otherwise."""
+    return {"pid": 4321, "ppid": 1, "name": name[:15], "argv0": name, "exe": os.path.basename(exe_path), "exe_path": exe_path,
+            "exe_owner": 0, "exe_verified": True, "uid": uid, "cmdline": name, "unit": "user@4242.service", "system_service": False}
+
+
+@pytest.mark.parametrize("qualified,names", sorted(name_lists(), key=lambda item: item[0]), ids=lambda v: v if isinstance(v, str) else "")
+def test_each_name_of_each_list_counts_only_through_the_identity_rule(qualified, names):
+    assert len(names) > 0
+    for name in names.names:
+        assert names.of(posed(name, 4242)) is None, f"{qualified}: {name} decided for uid 4242"
+        assert names.of(posed(name, 4242), main_pid_of=lambda _unit: 4321) is None, f"{qualified}: {name} (not a system unit's main)"
+        assert names.of(posed(name, 0, exe_path="/home/u/bin/tool")) is None, f"{qualified}: {name} from a user's directory"
+        assert names.of(posed(name, 0)) in names.names, f"{qualified}: {name} not recognised for root"
+        assert names.posed_by(posed(name, 4242)) in names.names
+
+
+def _calls_outside_the_rule():
+    here = os.path.dirname(module_utils.__file__)
+    found = []
+    for name, _module in modules():
+        with open(os.path.join(here, name + ".py")) as handle:
+            tree = ast.parse(handle.read())
+        for scope, node in _walk(tree, ""):
+            if isinstance(node, ast.Call):
+                func = node.func
+                called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+                if called in RAW_MATCHERS and not _allowed(name, scope):
+                    found.append(f"{name}.{scope or '<module>'} calls {called}")
+            if isinstance(node, ast.Attribute) and node.attr == "_names" and name != "_holders":
+                found.append(f"{name}.{scope or '<module>'} reads ProcessNames._names")
+    return found
+
+
+def _walk(node, scope):
+    """(dotted scope, node) for every node: `Class.method`, `function.inner`."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield from _walk(child, f"{scope}.{child.name}" if scope else child.name)
+        else:
+            yield scope, child
+            yield from _walk(child, scope)
+
+
+def _allowed(module, scope):
+    parts = scope.split(".")
+    return any((module, ".".join(parts[:n])) in RAW_NAME_READERS for n in range(1, len(parts) + 1))
+
+
+def test_names_a_process_gives_itself_are_read_only_where_the_rule_comes_first():
+    assert _calls_outside_the_rule() == []
