@@ -127,7 +127,7 @@ ansible_facts:
           returned: always
           sample: "13.0"
         count:
-          description: Number of GPUs.
+          description: Number of GPUs nvidia-smi shows (not those in RV(ansible_facts.gpu.not_visible)).
           type: int
           returned: always
           sample: 8
@@ -148,6 +148,18 @@ ansible_facts:
           type: str
           returned: always
           sample: nvidia-smi timed out after 10 s (a hung driver or a GPU that fell off the bus); it was killed
+        not_visible:
+          description:
+            - Bus ids (the driver's spelling) of the GPUs the driver lists in C(/proc/driver/nvidia/gpus) that this namespace cannot
+              reach, V([]) when it reaches them all. A container, a Slurm step with a device cgroup or C(docker --device) given only
+              some of the host's GPUs sees the driver's list of them all, but nvidia-smi there shows only those whose device node
+              C(/dev/nvidia<minor>) is present and may be opened.
+            - Such a GPU is not this node's: it is neither counted, nor clean, nor an error. A GPU the driver lists, whose node this
+              namespace can open and that nvidia-smi leaves out is an error (RV(ansible_facts.gpu.error)).
+          type: list
+          elements: str
+          returned: always
+          sample: ["0000:2a:00.0", "0000:3a:00.0"]
         pending_restore:
           description:
             - What M(zeromib.gpu.gpu_release) stopped, disabled or masked on this host and M(zeromib.gpu.gpu_restore) has not put back
@@ -357,7 +369,7 @@ def gather(params: t.Mapping[str, t.Any], which: t.Callable[[str], str | None] |
     dcgm = _health.dcgm_diag(params.get("dcgm_diag") or 0, which or (lambda name: None))
     facts = _facts.assemble(
         snapshot.gpus, snapshot.apps, snapshot.holders, params["max_used_mib"], params["processes"], _facts.cuda_driver_version(),
-        snapshot.footprint, snapshot.health, dcgm,
+        snapshot.footprint, snapshot.health, dcgm, snapshot.not_visible,
     )
     _cuda_smoke.for_facts(smi, params, facts, snapshot, check_mode)
     return facts, _facts.unreadable_warning(snapshot.unreadable)

@@ -164,6 +164,7 @@ def test_failed_facts_shape():
         "clean": False,
         "memory_used_mib": None,
         "error": "nvidia-smi timed out after 10 s",
+        "not_visible": [],
         "gpus": [],
         "processes": [],
         "holders": [],
@@ -331,7 +332,8 @@ def test_gpu_the_driver_has_and_nvidia_smi_omits_is_an_error_naming_its_bus(tmp_
         (tmp_path / bus).mkdir()
         (tmp_path / bus / "information").write_text(_information(bus, minor, excluded))
     driver = smi.read_driver_gpus(str(tmp_path))
-    assert driver == {"0000:00:06.0": 0, "0000:00:07.0": 1}  # an excluded GPU is not the driver's to show
+    # an excluded GPU is not the driver's to show
+    assert driver == {"0000:00:06.0": {"bus": "0000:00:06.0", "minor": 0, "uuid": None}, "0000:00:07.0": {"bus": "0000:00:07.0", "minor": 1, "uuid": None}}
     smi.check_against_driver([{"pci_bus_id": "00000000:00:06.0"}, {"pci_bus_id": "00000000:00:07.0"}], driver)
     with pytest.raises(smi.GpuMissing, match=r"0000:00:07\.0 missing"):
         smi.check_against_driver([{"pci_bus_id": "00000000:00:06.0"}], driver)
