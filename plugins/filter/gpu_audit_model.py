@@ -123,6 +123,13 @@ _value:
               (V(vllm.service stopped, disabled by zeromib at 2026-12-01T10:00:00Z)); empty when nothing is pending.
           type: list
           elements: str
+        not_visible:
+          description:
+            - Bus ids of the GPUs the host's driver lists that its namespace cannot reach (gpu_facts' C(not_visible)), such as the other
+              GPUs of the physical host in a container given some of them; empty when it reaches them all. Not counted, neither clean
+              nor dirty.
+          type: list
+          elements: str
         driver_version: {description: NVIDIA driver version., type: str}
         cuda_version: {description: CUDA version the driver supports., type: str}
         gpu_count: {description: GPUs found; V(null) when the host did not answer., type: int}

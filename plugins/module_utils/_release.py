@@ -120,7 +120,7 @@ def select_gpus(gpus: list[Gpu], wanted: t.Iterable[t.Any] | None, not_visible: 
         elif text.lower() in by_uuid:
             selected.add(by_uuid[text.lower()])
         else:
-            raise StepFailed(unknown_gpu_message(text, sorted(indexes), sorted(by_uuid), not_visible))
+            raise StepFailed(unknown_gpu_message(text, sorted(indexes), sorted(gpu["uuid"] for gpu in gpus if gpu.get("uuid")), not_visible))
     return sorted(selected)
 
 
@@ -131,8 +131,9 @@ def unknown_gpu_message(text: str, indexes: list[int], uuids: list[str], not_vis
     named = [gpu for gpu in not_visible if text.lower() in ((gpu.get("uuid") or "").lower(), gpu["bus"]) or normalize_bus_id(text) == gpu["bus"]]
     if named:
         gpu = named[0]
-        return ("GPU {} is not visible on this node: the driver lists it at {} but this namespace cannot open its device node /dev/nvidia{} "
-                "(a container, job or device cgroup given other GPUs); {}".format(text, gpu["bus"], gpu["minor"], here))
+        return ("GPU {} is not visible on this node: the driver lists it (bus {}, UUID {}) but this namespace cannot open its device node "
+                "/dev/nvidia{} (a container, job or device cgroup given other GPUs); {}".format(text, gpu["bus"], gpu.get("uuid") or "unknown",
+                                                                                              gpu["minor"], here))
     if not_visible and text.isdigit():
         return ("GPU {} is not visible on this node: {}, numbered from 0 in this namespace; the driver's other {} ({}) have no device node "
                 "it can open (a container, job or device cgroup given only some GPUs)".format(
