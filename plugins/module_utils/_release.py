@@ -120,7 +120,7 @@ def select_gpus(gpus: list[Gpu], wanted: t.Iterable[t.Any] | None, not_visible: 
         elif text.lower() in by_uuid:
             selected.add(by_uuid[text.lower()])
         else:
-            raise StepFailed(unknown_gpu_message(text, sorted(indexes), sorted(gpu["uuid"] for gpu in gpus if gpu.get("uuid")), not_visible))
+            raise StepFailed(unknown_gpu_message(text, sorted(indexes), sorted(by_uuid), not_visible))
     return sorted(selected)
 
 
