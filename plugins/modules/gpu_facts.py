@@ -23,6 +23,11 @@ description:
     file is an NVML client (C(attribution=nvml_client)), such as C(nvidia-smi dmon) or an exporter, and never makes a host dirty.
   - Maps each GPU to its device file through C(Device Minor) in C(/proc/driver/nvidia/gpus/*/information);
     the minor number is not always the index.
+  - Checks nvidia-smi's GPUs against the driver's own list there. A GPU the driver has, whose device node C(/dev/nvidia<minor>)
+    this namespace can open, and that nvidia-smi leaves out is an error (it can never be proven free). A GPU whose node is absent
+    here, is no device, or may not be opened (a device cgroup, permissions) is not this node's - a container, a Slurm step or
+    C(docker --device) given some of the machine's GPUs sees the driver's list of them all - and is listed in
+    C(not_visible), neither clean nor an error.
   - Says whether each GPU is ready for work, not just free (C(healthy), C(health_issues)) - uncorrectable ECC errors, pending
     or failed row remaps (retired pages before Ampere), a PCIe link below its generation or width, hardware or thermal
     slowdown, persistence mode, MIG mode, the driver's recovery action, the NVSwitch fabric and Fabric Manager, and Xid errors of
@@ -154,7 +159,7 @@ ansible_facts:
               reach, V([]) when it reaches them all. A container, a Slurm step with a device cgroup or C(docker --device) given only
               some of the host's GPUs sees the driver's list of them all, but nvidia-smi there shows only those whose device node
               C(/dev/nvidia<minor>) is present and may be opened.
-            - Such a GPU is not this node's: it is neither counted, nor clean, nor an error. A GPU the driver lists, whose node this
+            - Such a GPU is not this node's - it is neither counted, nor clean, nor an error. A GPU the driver lists, whose node this
               namespace can open and that nvidia-smi leaves out is an error (RV(ansible_facts.gpu.error)).
           type: list
           elements: str

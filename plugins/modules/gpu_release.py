@@ -59,8 +59,8 @@ options:
     description:
       - Indexes or UUIDs of the GPUs to free. Processes that use only other GPUs are left alone, so one GPU can be freed while the
         others train; the GPUs freed then read the cross-GPU footprint of those contexts (see O(cross_gpu_footprint_mib)).
-      - Empty selects every GPU nvidia-smi shows. Indexes are nvidia-smi's on this node: in a container or job given some of the
-        host's GPUs they count from 0 there. A GPU this namespace cannot reach (RV(not_visible)) cannot be selected: naming it is an
+      - Empty selects every GPU nvidia-smi shows. Indexes are nvidia-smi's on this node; in a container or job given some of the
+        host's GPUs they count from 0 there. A GPU this namespace cannot reach (RV(not_visible)) cannot be selected; naming it is an
         error that says so.
     type: list
     elements: str
@@ -302,7 +302,7 @@ selected_gpus:
 not_visible:
   description:
     - Bus ids (the driver's spelling) of the GPUs the driver lists in C(/proc/driver/nvidia/gpus) that this namespace cannot reach
-      (a container, a Slurm step or C(docker --device) given only some of the host's GPUs): not this node's, never selected, never
+      (a container, a Slurm step or C(docker --device) given only some of the host's GPUs) - not this node's, never selected, never
       acted on. V([]) when it reaches them all.
     - Naming one in O(gpus) fails the run before anything is done. A GPU the driver lists, whose device node this namespace can
       open and that nvidia-smi leaves out, fails the run (it can never be proven free).
