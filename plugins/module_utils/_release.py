@@ -131,13 +131,13 @@ def unknown_gpu_message(text: str, indexes: list[int], uuids: list[str], not_vis
     named = [gpu for gpu in not_visible if text.lower() in ((gpu.get("uuid") or "").lower(), gpu["bus"]) or normalize_bus_id(text) == gpu["bus"]]
     if named:
         gpu = named[0]
-        return ("GPU {} is not visible on this node: the driver lists it (bus {}, UUID {}) but this namespace cannot open its device node "
-                "/dev/nvidia{} (a container, job or device cgroup given other GPUs); {}".format(text, gpu["bus"], gpu.get("uuid") or "unknown",
-                                                                                              gpu["minor"], here))
+        return (f"GPU {text} is not visible on this node: the driver lists it (bus {gpu['bus']}, UUID {gpu.get('uuid') or 'unknown'}) but this "
+                f"namespace cannot open its device node /dev/nvidia{gpu['minor']} (a container, job or device cgroup given other GPUs); {here}")
     if not_visible and text.isdigit():
-        return ("GPU {} is not visible on this node: {}, numbered from 0 in this namespace; the driver's other {} ({}) have no device node "
-                "it can open (a container, job or device cgroup given only some GPUs)".format(
-                    text, here, "GPU" if len(not_visible) == 1 else f"{len(not_visible):d} GPUs", ", ".join(g["bus"] for g in not_visible)))
+        others = "GPU ({}) has".format(not_visible[0]["bus"]) if len(not_visible) == 1 else "{:d} GPUs ({}) have".format(
+            len(not_visible), ", ".join(g["bus"] for g in not_visible))
+        return (f"GPU {text} is not visible on this node: {here}, numbered from 0 in this namespace; the driver's other {others} no device "
+                "node it can open (a container, job or device cgroup given only some GPUs)")
     return "GPU {!r} is not on this host: it has indexes {} and UUIDs {}".format(text, ", ".join(str(i) for i in indexes), ", ".join(uuids) or "none")
 
 
