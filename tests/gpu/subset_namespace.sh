@@ -10,13 +10,18 @@
 # and the upper layer lives in a temporary directory removed at the end.
 set -eu
 [ "$(id -u)" = 0 ] || { echo "run as root" >&2; exit 2; }
-[ $# -ge 3 ] && [ "$2" = "--" ] || { echo "usage: $0 KEEP -- CMD [ARG...]" >&2; exit 2; }
+if [ $# -lt 3 ] || [ "$2" != "--" ]; then
+    echo "usage: $0 KEEP -- CMD [ARG...]" >&2
+    exit 2
+fi
 keep=$1
 shift 2
 work=$(mktemp -d /tmp/zeromib-subset.XXXXXX)
 # Never recursive: keep/ is only a mount point inside the namespace, and must be empty out here.
 trap 'rm -rf "$work/upper" "$work/work"; rmdir "$work/keep" "$work"' EXIT
 rc=0
+# The inner script expands its own variables (single quotes on purpose).
+# shellcheck disable=SC2016
 unshare --mount --propagation private sh -eu -c '
     keep=$1 work=$2
     shift 2
