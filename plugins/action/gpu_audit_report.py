@@ -85,6 +85,7 @@ def queries(busy_pct: float) -> dict[str, str]:
                     "container_label: container_label, gpu_indexes: gpu_indexes, spanning: spanning, used_memory_mib: used_memory_mib, "
                     "cmdline: cmdline}"),
         "stale_processes": "hosts[].stale_processes[]",
+        "not_visible": "hosts[?up && length(not_visible) > `0`].{host: host, gpu_count: gpu_count, not_visible: not_visible}",
         "nvml_clients": ("hosts[?up].nvml_clients[].{host: host, pid: pid, name: name, user: user, unit: unit, "
                          "container: container, protected: protected, cmdline: cmdline}"),
     }

@@ -132,6 +132,13 @@ _value:
               entry with C(kind=null) and the reason in C(actions).
           type: list
           elements: dict
+        not_visible:
+          description:
+            - Bus ids of the GPUs the host's driver lists that its namespace cannot reach (gpu_facts' C(not_visible)), such as the other
+              GPUs of the physical host in a container given some of them; empty when it reaches them all. Not counted, neither clean
+              nor dirty.
+          type: list
+          elements: str
         driver_version: {description: NVIDIA driver version., type: str}
         cuda_version: {description: CUDA version the driver supports., type: str}
         gpu_count: {description: GPUs found; V(null) when the host did not answer., type: int}

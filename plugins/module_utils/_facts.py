@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import typing as t
 
@@ -22,7 +23,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils import _nvidia_smi as 
 
 if t.TYPE_CHECKING:
     from ansible_collections.zeromib.gpu.plugins.module_utils._engines import Runtimes
-    from ansible_collections.zeromib.gpu.plugins.module_utils._records import ComputeApp, Gpu, Holder
+    from ansible_collections.zeromib.gpu.plugins.module_utils._records import ComputeApp, DriverGpu, Gpu, Holder
 
     MainPidOf = t.Callable[[str], t.Optional[int]]
 
@@ -156,8 +157,10 @@ def health_summary(public_gpus: list[Gpu], health: _health.Health | None = None,
 
 
 def assemble(gpus: list[Gpu], apps: list[ComputeApp], holders: list[Holder], max_used_mib: float, with_processes: bool, cuda_version: str | None = None,
-             footprint: t.Container[int] = (), health: _health.Health | None = None, dcgm: dict[str, t.Any] | None = None) -> dict[str, t.Any]:
-    """The `ansible_facts.gpu` dict. `gpus` carry minor numbers and health, `holders` are attributed."""
+             footprint: t.Container[int] = (), health: _health.Health | None = None, dcgm: dict[str, t.Any] | None = None,
+             not_visible: t.Sequence[DriverGpu] = ()) -> dict[str, t.Any]:
+    """The `ansible_facts.gpu` dict. `gpus` carry minor numbers and health, `holders` are attributed;
+    `not_visible`: the driver's GPUs this namespace cannot reach (not_visible_gpus)."""
     public_gpus = [public_gpu(gpu, max_used_mib, footprint) for gpu in gpus]
     used = [gpu["memory_used_mib"] for gpu in public_gpus]
     clean = bool(public_gpus) and all(gpu["clean"] for gpu in public_gpus)
@@ -170,6 +173,7 @@ def assemble(gpus: list[Gpu], apps: list[ComputeApp], holders: list[Holder], max
         "clean": clean,
         "memory_used_mib": None if any(u is None for u in used) else sum(u for u in used if u is not None),
         "error": None,
+        "not_visible": [gpu["bus"] for gpu in not_visible],
         "gpus": public_gpus,
         "processes": apps if with_processes else [],
         "holders": [public_holder(h) for h in holders] if with_processes else [],
@@ -185,6 +189,7 @@ def failed_facts(error: str) -> dict[str, t.Any]:
         "clean": False,
         "memory_used_mib": None,
         "error": error,
+        "not_visible": [],
         "gpus": [],
         "processes": [],
         "holders": [],
@@ -216,8 +221,10 @@ class Snapshot:
     """One look at the node: what gpu_facts returns and what gpu_release plans from."""
 
     def __init__(self, gpus: list[Gpu], apps: list[ComputeApp], holders: list[Holder], unreadable: list[int] | None = None,
-                 footprint: t.Iterable[int] = (), health: _health.Health | None = None) -> None:
+                 footprint: t.Iterable[int] = (), health: _health.Health | None = None, not_visible: list[DriverGpu] | None = None) -> None:
         self.gpus = gpus
+        # The driver's GPUs this namespace cannot reach (not_visible_gpus): not this node's.
+        self.not_visible = not_visible or []
         # The _health.Health of this look: annotates later readings of the same GPUs alike.
         self.health = health
         self.apps = apps
@@ -226,6 +233,27 @@ class Snapshot:
         self.unreadable = unreadable or []
         # GPUs whose memory is only the footprint of contexts on other GPUs.
         self.footprint = set(footprint)
+
+
+def not_visible_gpus(gpus: list[Gpu], driver_gpus: t.Mapping[str | None, DriverGpu], reachable: t.Callable[[int], bool] | None = None) -> list[DriverGpu]:
+    """The GPUs the driver has, nvidia-smi left out and this namespace cannot reach (issue 37). The
+    driver's proc files are not namespaced: in an LXC container, a Slurm step with a device cgroup
+    or `docker --device /dev/nvidia2` they list every GPU of the host, while NVML lists only those
+    whose device node it can open (real H200, driver 580.159.04: without /dev/nvidia0 in the
+    namespace, "No devices were found" while /proc/driver/nvidia/gpus lists 0000:00:06.0). Only the
+    GPUs nvidia-smi left out are asked (`reachable(minor)`, default an open of the node); one
+    without a minor number cannot be asked and counts as reachable (then it fails the look)."""
+    missing = smi_mod.missing_from_answer(gpus, driver_gpus)
+    if not missing:
+        return []
+    if reachable is None:
+        reachable = functools.partial(holders_mod.gpu_node_reachable, table=holders_mod.DeviceTable.read())
+    hidden = []
+    for bus in missing:
+        minor = driver_gpus[bus]["minor"]
+        if minor is not None and not reachable(minor):
+            hidden.append(driver_gpus[bus])
+    return hidden
 
 
 def any_dirty(gpus: t.Iterable[Gpu], max_used_mib: float) -> bool:
@@ -310,11 +338,13 @@ def look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, *, with_proc
     with_apps = with_processes if with_apps is None else with_apps
     gpus, listed, health = _query_gpus(smi, with_apps, checks)
     driver_gpus = smi_mod.read_driver_gpus(driver_root)
-    # A GPU the driver has and nvidia-smi left out (rc 0, one row fewer) is never read as clean.
-    smi_mod.check_against_driver(gpus, driver_gpus, cmd=[smi.path] if getattr(smi, "path", None) else None)
-    gpus = with_minor_numbers(gpus, {bus: minor for bus, minor in driver_gpus.items() if minor is not None})
+    # A GPU the driver has and nvidia-smi left out (rc 0, one row fewer) is never read as clean,
+    # unless this namespace cannot reach it: then it is not this node's (not_visible).
+    not_visible = not_visible_gpus(gpus, driver_gpus)
+    smi_mod.check_against_driver(gpus, driver_gpus, [gpu["bus"] for gpu in not_visible], cmd=[smi.path] if getattr(smi, "path", None) else None)
+    gpus = with_minor_numbers(gpus, {bus: gpu["minor"] for bus, gpu in driver_gpus.items() if gpu["minor"] is not None})
     if not with_processes:
-        return Snapshot(gpus, [], [], health=health)
+        return Snapshot(gpus, [], [], health=health, not_visible=not_visible)
     names, pids = holders_mod.split_protect(protect)
     lineage = holders_mod.lineage(os.getpid(), proc)
     unreadable: list[int] = []
@@ -339,7 +369,7 @@ def look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, *, with_proc
     )
     _containers.annotate(holders, runtimes or _engines.Runtimes(), proc)
     footprint = _attribution.footprint_gpus(gpus, holders, apps, max_used_mib, footprint_mib)
-    return Snapshot(gpus, apps, holders, unreadable, footprint, health)
+    return Snapshot(gpus, apps, holders, unreadable, footprint, health, not_visible)
 
 
 def unreadable_warning(unreadable: t.Sized | None) -> str | None:

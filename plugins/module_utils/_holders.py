@@ -24,6 +24,7 @@ its real uid and its executable as the kernel resolves it, never by its name alo
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import os
 import pwd
@@ -186,6 +187,52 @@ class DeviceTable:
             minor = os.minor(st.st_rdev)
             name = _CONTROL_MINORS.get(minor) or f"/dev/nvidia{minor:d}"
         return name
+
+
+def gpu_node(minor: int) -> str:
+    """The device node of the GPU with this minor number (the driver's `Device Minor:`)."""
+    return f"/dev/nvidia{minor:d}"
+
+
+# An open refused before the driver is asked: file permissions (or a nodev mount) and the device
+# cgroup (v1 devices.deny, v2 eBPF program). Any other error comes from the driver itself, which
+# this namespace then reaches.
+_DENIED = (errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR)
+
+
+def gpu_node_reachable(minor: int, table: DeviceTable, dev_dirs: t.Iterable[str] = DEV_DIRS) -> bool:
+    """Whether this process reaches the GPU of `minor` through its device node, as NVML must to list
+    it (issue 37: a container, a Slurm step or `docker --device` is given only some of the host's
+    GPUs, while the driver's /proc/driver/nvidia/gpus, which no namespace masks, lists them all).
+
+    The node must be the driver's character device (`table`'s identity rules: device number
+    195:minor, or the very inode of this node's root-owned /dev/nvidia<minor>, the simulator's), and
+    an open of it must be allowed: a device cgroup v2 eBPF program cannot be read, only asked. The
+    open is O_NONBLOCK so that the driver (NVreg_EnableNonblockingOpen, on by default) does not
+    bring a GPU up in this thread under its lock; it is closed at once. Where the answer is unsure
+    (another error from the driver) the GPU counts as reachable: then a GPU nvidia-smi left out
+    fails the look, never the other way round."""
+    path = gpu_node(minor)
+    for directory in dev_dirs:
+        node = directory + path[len("/dev"):]
+        try:
+            st = os.stat(node)
+        except OSError:
+            continue
+        if not stat_mod.S_ISCHR(st.st_mode):
+            continue
+        if os.major(st.st_rdev) in table.frontend:
+            if os.minor(st.st_rdev) != minor:
+                continue
+        elif table.name_of(st) != path:
+            continue
+        try:
+            os.close(os.open(node, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)))
+        except OSError as exc:
+            if exc.errno in _DENIED:
+                continue
+        return True
+    return False
 
 
 def _candidate_nodes(directory: str) -> list[str]:

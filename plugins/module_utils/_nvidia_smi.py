@@ -24,7 +24,7 @@ import typing as t
 from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
 
 if t.TYPE_CHECKING:
-    from ansible_collections.zeromib.gpu.plugins.module_utils._records import ComputeApp, Gpu
+    from ansible_collections.zeromib.gpu.plugins.module_utils._records import ComputeApp, DriverGpu, Gpu
 
     # (nvidia-smi field, record key, kind: "int", "float", "str" or "raw")
     Field = t.Tuple[str, str, str]
@@ -376,10 +376,11 @@ def parse_gpu_information(text: str) -> tuple[str | None, int | None]:
     return bus, minor
 
 
-def read_driver_gpus(root: str = "/proc/driver/nvidia/gpus") -> dict[str | None, int | None]:
-    """{normalized bus id: minor number or None} of every GPU the driver has (its proc files),
-    without the GPUs it excludes (`GPU Excluded: Yes`, NVreg_ExcludedGpus); {} where there are none."""
-    gpus: dict[str | None, int | None] = {}
+def read_driver_gpus(root: str = "/proc/driver/nvidia/gpus") -> dict[str | None, DriverGpu]:
+    """{normalized bus id: {bus, minor, uuid}} of every GPU the driver has (its proc files), without
+    the GPUs it excludes (`GPU Excluded: Yes`, NVreg_ExcludedGpus); {} where there are none. No
+    namespace masks these files: in a container given some of the host's GPUs they list them all."""
+    gpus: dict[str | None, DriverGpu] = {}
     try:
         entries = os.listdir(root)
     except OSError:
@@ -393,7 +394,9 @@ def read_driver_gpus(root: str = "/proc/driver/nvidia/gpus") -> dict[str | None,
         bus, minor = parse_gpu_information(text)
         if re.search(r"^GPU Excluded:\s*Yes", text, re.MULTILINE):
             continue
-        gpus[normalize_bus_id(bus or entry)] = minor
+        uuid = re.search(r"^GPU UUID:\s*(GPU-[0-9A-Fa-f-]+)\s*$", text, re.MULTILINE)
+        key = normalize_bus_id(bus or entry)
+        gpus[key] = {"bus": key or entry, "minor": minor, "uuid": uuid.group(1) if uuid else None}
     return gpus
 
 
@@ -401,15 +404,24 @@ class GpuMissing(NvidiaSmiError):
     pass
 
 
-def check_against_driver(gpus: t.Sequence[t.Mapping[str, t.Any]], driver_gpus: t.Mapping[str | None, t.Any], cmd: list[str] | None = None) -> None:
-    """Raise GpuMissing when the driver has a GPU that nvidia-smi's answer (rc 0) left out: such a
-    GPU is never clean, and its processes' small mappings would be read as another GPU's."""
+def missing_from_answer(gpus: t.Sequence[t.Mapping[str, t.Any]], driver_gpus: t.Mapping[str | None, t.Any]) -> list[str]:
+    """Bus ids (the driver's spelling) of the GPUs the driver has and nvidia-smi's answer left out."""
     listed = {normalize_bus_id(gpu.get("pci_bus_id")) for gpu in gpus}
-    missing = sorted(bus for bus in driver_gpus if bus is not None and bus not in listed)
+    return sorted(bus for bus in driver_gpus if bus is not None and bus not in listed)
+
+
+def check_against_driver(gpus: t.Sequence[t.Mapping[str, t.Any]], driver_gpus: t.Mapping[str | None, t.Any], not_visible: t.Collection[str] = (),
+                         cmd: list[str] | None = None) -> None:
+    """Raise GpuMissing when the driver has a GPU that nvidia-smi's answer (rc 0) left out although
+    this namespace reaches its device node (every GPU not in `not_visible`): such a GPU is never
+    clean, and its processes' small mappings would be read as another GPU's. A GPU in
+    `not_visible` is not this node's (a container or job given other GPUs), never an error."""
+    missing = [bus for bus in missing_from_answer(gpus, driver_gpus) if bus not in not_visible]
     if missing:
+        hidden = f" ({len(not_visible):d} of them not visible in this namespace)" if not_visible else ""
         raise GpuMissing(
-            f"nvidia-smi listed {len(gpus):d} GPU(s) but the driver has {len(driver_gpus):d}: GPU(s) at {', '.join(missing)} missing from its "
-            "answer (/proc/driver/nvidia/gpus); a GPU nvidia-smi cannot see cannot be proven free",
+            f"nvidia-smi listed {len(gpus):d} GPU(s) but the driver has {len(driver_gpus):d}{hidden}: GPU(s) at {', '.join(missing)} missing from its "
+            "answer (/proc/driver/nvidia/gpus) although this namespace can open their device nodes; a GPU nvidia-smi cannot see cannot be proven free",
             cmd=cmd, rc=0,
         )
 

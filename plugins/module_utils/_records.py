@@ -177,12 +177,24 @@ class Timings(t.TypedDict):
     settle_s: float
 
 
+class DriverGpu(t.TypedDict):
+    """One GPU as the driver lists it (/proc/driver/nvidia/gpus/<bus>/information): its bus id in
+    the driver's spelling (0000:18:00.0), its minor number (/dev/nvidia<minor>) and UUID where the
+    file gives them."""
+
+    bus: str
+    minor: int | None
+    uuid: str | None
+
+
 class ReleaseResult(t.TypedDict, total=False):
     """What gpu_release returns (docs/design.md, docs/gpu_release.md). Written by Release only."""
 
     changed: bool
     released: bool
     selected_gpus: list[int]
+    # Bus ids of the GPUs the driver has and this namespace cannot reach (issue 37).
+    not_visible: list[str]
     stopped_units: list[str]
     disabled_units: list[str]
     masked_units: list[str]

@@ -36,7 +36,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import (
 )
 
 if t.TYPE_CHECKING:
-    from ansible_collections.zeromib.gpu.plugins.module_utils._records import ComputeApp, ContainersDone, Gpu, Holder, ReleaseResult
+    from ansible_collections.zeromib.gpu.plugins.module_utils._records import ComputeApp, ContainersDone, DriverGpu, Gpu, Holder, ReleaseResult
     from ansible_collections.zeromib.gpu.plugins.module_utils._supervisor import ProgramPlan
     from ansible_collections.zeromib.gpu.plugins.module_utils._units import UnitPlan
 
@@ -104,8 +104,10 @@ class System:
 # ---------------------------------------------------------------- pure planning steps
 
 
-def select_gpus(gpus: list[Gpu], wanted: t.Iterable[t.Any] | None) -> list[int]:
-    """`gpus` option (indexes or UUIDs) -> sorted indexes. Empty/None selects all."""
+def select_gpus(gpus: list[Gpu], wanted: t.Iterable[t.Any] | None, not_visible: t.Sequence[DriverGpu] = ()) -> list[int]:
+    """`gpus` option (indexes or UUIDs) -> sorted indexes. Empty/None selects all. `not_visible`:
+    the driver's GPUs this namespace cannot reach (_facts.not_visible_gpus), which a request may
+    name (by UUID or bus id) but never select."""
     if not wanted:
         return sorted(gpu["index"] for gpu in gpus)
     by_uuid = {gpu["uuid"].lower(): gpu["index"] for gpu in gpus if gpu.get("uuid")}
@@ -118,11 +120,25 @@ def select_gpus(gpus: list[Gpu], wanted: t.Iterable[t.Any] | None) -> list[int]:
         elif text.lower() in by_uuid:
             selected.add(by_uuid[text.lower()])
         else:
-            raise StepFailed(
-                "GPU {!r} is not on this host: it has indexes {} and UUIDs {}".format(
-                    text, ", ".join(str(i) for i in sorted(indexes)), ", ".join(sorted(by_uuid)) or "none")
-            )
+            raise StepFailed(unknown_gpu_message(text, sorted(indexes), sorted(by_uuid), not_visible))
     return sorted(selected)
+
+
+def unknown_gpu_message(text: str, indexes: list[int], uuids: list[str], not_visible: t.Sequence[DriverGpu]) -> str:
+    """Why `text` in the gpus option selects nothing: a GPU of the driver this namespace cannot
+    reach (named by UUID or bus id, or an index beyond what nvidia-smi shows here), or none at all."""
+    here = "nvidia-smi here shows indexes {} and UUIDs {}".format(", ".join(str(i) for i in indexes) or "none", ", ".join(uuids) or "none")
+    named = [gpu for gpu in not_visible if text.lower() in ((gpu.get("uuid") or "").lower(), gpu["bus"]) or normalize_bus_id(text) == gpu["bus"]]
+    if named:
+        gpu = named[0]
+        return (f"GPU {text} is not visible on this node: the driver lists it (bus {gpu['bus']}, UUID {gpu.get('uuid') or 'unknown'}) but this "
+                f"namespace cannot open its device node /dev/nvidia{gpu['minor']} (a container, job or device cgroup given other GPUs); {here}")
+    if not_visible and text.isdigit():
+        others = "GPU ({}) has".format(not_visible[0]["bus"]) if len(not_visible) == 1 else "{:d} GPUs ({}) have".format(
+            len(not_visible), ", ".join(g["bus"] for g in not_visible))
+        return (f"GPU {text} is not visible on this node: {here}, numbered from 0 in this namespace; the driver's other {others} no device "
+                "node it can open (a container, job or device cgroup given only some GPUs)")
+    return "GPU {!r} is not on this host: it has indexes {} and UUIDs {}".format(text, ", ".join(str(i) for i in indexes), ", ".join(uuids) or "none")
 
 
 def matches_any(holder: Holder, regexes: t.Iterable[t.Pattern[str]]) -> bool:
@@ -422,6 +438,8 @@ def new_result(state_key: str | None) -> ReleaseResult:
         # Units whose stop outlasted kill_timeout, killed through systemd.
         "killed_units": [],
         "launchers": [],
+        # The driver's GPUs this namespace cannot reach: not this node's (_facts.not_visible_gpus).
+        "not_visible": [],
         "stopped_containers": [],
         "disabled_containers": [],
         "stopped_programs": [],
@@ -628,7 +646,9 @@ class Release:
         if hidden:
             self.result["warnings"].append(hidden)
         limit = self.max_used_mib()
-        plan = Plan(gpus, holders, snapshot.footprint, hidden, select_gpus(gpus, self.params.get("gpus")))
+        not_visible = getattr(snapshot, "not_visible", [])
+        self.result["not_visible"] = [gpu["bus"] for gpu in not_visible]
+        plan = Plan(gpus, holders, snapshot.footprint, hidden, select_gpus(gpus, self.params.get("gpus"), not_visible))
         self.selected = True
         self.result["gpus_before"] = t.cast("list[Gpu]", [_facts.public_gpu(g, limit, snapshot.footprint) for g in gpus])
         self.result["selected_gpus"] = plan.selected

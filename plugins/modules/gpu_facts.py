@@ -23,6 +23,11 @@ description:
     file is an NVML client (C(attribution=nvml_client)), such as C(nvidia-smi dmon) or an exporter, and never makes a host dirty.
   - Maps each GPU to its device file through C(Device Minor) in C(/proc/driver/nvidia/gpus/*/information);
     the minor number is not always the index.
+  - Checks nvidia-smi's GPUs against the driver's own list there. A GPU the driver has, whose device node C(/dev/nvidia<minor>)
+    this namespace can open, and that nvidia-smi leaves out is an error (it can never be proven free). A GPU whose node is absent
+    here, is no device, or may not be opened (a device cgroup, permissions) is not this node's - a container, a Slurm step or
+    C(docker --device) given some of the machine's GPUs sees the driver's list of them all - and is listed in
+    C(not_visible), neither clean nor an error.
   - Says whether each GPU is ready for work, not just free (C(healthy), C(health_issues)) - uncorrectable ECC errors, pending
     or failed row remaps (retired pages before Ampere), a PCIe link below its generation or width, hardware or thermal
     slowdown, persistence mode, MIG mode, the driver's recovery action, the NVSwitch fabric as the GPU reports it, and Xid errors of
@@ -128,7 +133,7 @@ ansible_facts:
           returned: always
           sample: "13.0"
         count:
-          description: Number of GPUs.
+          description: Number of GPUs nvidia-smi shows (not those in RV(ansible_facts.gpu.not_visible)).
           type: int
           returned: always
           sample: 8
@@ -149,6 +154,18 @@ ansible_facts:
           type: str
           returned: always
           sample: nvidia-smi timed out after 10 s (a hung driver or a GPU that fell off the bus); it was killed
+        not_visible:
+          description:
+            - Bus ids (the driver's spelling) of the GPUs the driver lists in C(/proc/driver/nvidia/gpus) that this namespace cannot
+              reach, V([]) when it reaches them all. A container, a Slurm step with a device cgroup or C(docker --device) given only
+              some of the host's GPUs sees the driver's list of them all, but nvidia-smi there shows only those whose device node
+              C(/dev/nvidia<minor>) is present and may be opened.
+            - Such a GPU is not this node's - it is neither counted, nor clean, nor an error. A GPU the driver lists, whose node this
+              namespace can open and that nvidia-smi leaves out is an error (RV(ansible_facts.gpu.error)).
+          type: list
+          elements: str
+          returned: always
+          sample: ["0000:2a:00.0", "0000:3a:00.0"]
         pending_restore:
           description:
             - What M(zeromib.gpu.gpu_release) stopped, disabled or masked on this host and M(zeromib.gpu.gpu_restore) has not put back
@@ -363,7 +380,7 @@ def gather(params: t.Mapping[str, t.Any], which: t.Callable[[str], str | None] |
     dcgm = _health.dcgm_diag(params.get("dcgm_diag") or 0, which or (lambda name: None))
     facts = _facts.assemble(
         snapshot.gpus, snapshot.apps, snapshot.holders, params["max_used_mib"], params["processes"], _facts.cuda_driver_version(),
-        snapshot.footprint, snapshot.health, dcgm,
+        snapshot.footprint, snapshot.health, dcgm, snapshot.not_visible,
     )
     _cuda_smoke.for_facts(smi, params, facts, snapshot, check_mode)
     return facts, _facts.unreadable_warning(snapshot.unreadable)

@@ -61,7 +61,9 @@ options:
     description:
       - Indexes or UUIDs of the GPUs to free. Processes that use only other GPUs are left alone, so one GPU can be freed while the
         others train; the GPUs freed then read the cross-GPU footprint of those contexts (see O(cross_gpu_footprint_mib)).
-      - Empty selects every GPU.
+      - Empty selects every GPU nvidia-smi shows. Indexes are nvidia-smi's on this node; in a container or job given some of the
+        host's GPUs they count from 0 there. A GPU this namespace cannot reach (RV(not_visible)) cannot be selected; naming it is an
+        error that says so.
     type: list
     elements: str
     default: []
@@ -305,6 +307,17 @@ selected_gpus:
   elements: int
   returned: always
   sample: [0, 1, 2, 3, 4, 5, 6, 7]
+not_visible:
+  description:
+    - Bus ids (the driver's spelling) of the GPUs the driver lists in C(/proc/driver/nvidia/gpus) that this namespace cannot reach
+      (a container, a Slurm step or C(docker --device) given only some of the host's GPUs) - not this node's, never selected, never
+      acted on. V([]) when it reaches them all.
+    - Naming one in O(gpus) fails the run before anything is done. A GPU the driver lists, whose device node this namespace can
+      open and that nvidia-smi leaves out, fails the run (it can never be proven free).
+  type: list
+  elements: str
+  returned: always
+  sample: ["0000:2a:00.0", "0000:3a:00.0"]
 stopped_units:
   description: Units stopped (in check mode, to be stopped).
   type: list

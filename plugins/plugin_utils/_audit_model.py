@@ -322,6 +322,9 @@ def _host_record(entry: t.Any) -> dict[str, t.Any]:
         "stale_processes": stale,
         "pending_restore": _pending_restore(facts),
         "pending_restore_entries": _pending_restore_entries(facts),
+        # GPUs the host's driver lists that its namespace cannot reach (a container or job given
+        # other GPUs, issue 37): not this host's, so neither clean nor dirty; a line in the report.
+        "not_visible": [str(bus) for bus in facts.get("not_visible") or []] if not facts.get("error") else [],
     }
     if record["gpu_count"] is None and facts:
         record["gpu_count"] = len(gpus)

@@ -138,11 +138,12 @@ class Run:
                 return round(time.monotonic() - since, 3)
         return None
 
-    def playbook(self, name, check=False, **extra):
+    def playbook(self, name, check=False, prefix=(), **extra):
+        """`prefix`: a wrapper the run goes through (tests/gpu/subset_namespace.sh KEEP --)."""
         result_file = os.path.join(self.tmp, f"result-{name}.json")
         extra = dict(extra, result_file=result_file)
-        cmd = [shutil.which("ansible-playbook") or "ansible-playbook", "-i", "localhost,", "-c", "local",
-               os.path.join(HERE, "release.yml"), "-e", json.dumps(extra)]
+        cmd = list(prefix) + [shutil.which("ansible-playbook") or "ansible-playbook", "-i", "localhost,", "-c", "local",
+                              os.path.join(HERE, "release.yml"), "-e", json.dumps(extra)]
         if check:
             cmd.append("--check")
         started = time.monotonic()
@@ -427,6 +428,56 @@ class Run:
         self.end_all()
 
     # ---- attribution on a multi-GPU node (issue 11): which process uses which GPU
+
+    def scenario_subset(self, mib=4096):
+        """Issue 37: a namespace given some of the GPUs' device nodes (tests/gpu/subset_namespace.sh:
+        an overlay /dev without the other /dev/nvidia<minor>; /proc/driver/nvidia unmasked, as in an
+        LXC container). Without any GPU node nvidia-smi finds no device while the driver lists every
+        GPU (1 GPU suffices); with --gpu's node only, gpu_facts sees that GPU as index 0 and lists
+        the others as not_visible, a holder started inside is freed, and `gpus:` naming another GPU
+        fails saying it is not visible (2 GPUs or more)."""
+        wrap = os.path.join(HERE, "subset_namespace.sh")
+        driver = sorted(os.listdir("/proc/driver/nvidia/gpus"))
+        env = dict(os.environ, LC_ALL="C")
+        bare = subprocess.run([wrap, "-", "--", "nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"],
+                              capture_output=True, text=True, check=False, env=env)
+        listed = subprocess.run([wrap, "-", "--", "ls", "/proc/driver/nvidia/gpus"], capture_output=True, text=True, check=False).stdout.split()
+        self.record("no GPU node in the namespace: nvidia-smi finds no device, the driver still lists every GPU",
+                    bare.returncode == 6 and "No devices were found" in bare.stdout and listed == driver,
+                    rc=bare.returncode, stdout=bare.stdout.strip(), driver_lists=listed)
+        mapping = self.smi_q_mapping()
+        if len(mapping) < 2:
+            self.record("one GPU of several in a namespace (needs 2 GPUs or more)", True, skipped=f"{len(mapping)} GPU(s) on this host")
+            return
+        keep = mapping[self.gpu]["minor"]
+        prefix = [wrap, str(keep), "--"]
+        others = sorted(b for b in driver if b != mapping[self.gpu]["bus"].lower()[4:])
+        rows = subprocess.run(prefix + ["nvidia-smi", "--query-gpu=index,pci.bus_id,memory.used", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, check=False, env=env).stdout.splitlines()
+        ready = os.path.join(self.tmp, f"ready-subset-{int(time.time() * 1000)}")
+        proc = subprocess.Popen(prefix + [sys.executable, os.path.join(HERE, "cuda_holder.py"), "--gpu", "0", "--ready", ready, "--mib", str(mib)],
+                                stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log)
+        self.started.append(proc)
+        pid = self.wait_ready(ready)[0]
+        self.started.append(pid)
+        facts, wall = self.playbook("subset-facts", prefix=prefix, action="facts")
+        gpu = facts.get("ansible_facts", {}).get("gpu", {})
+        holder = [h for h in gpu.get("holders", []) if h["pid"] == pid]
+        self.record("one GPU of several: gpu_facts sees it as index 0 and lists the others as not visible",
+                    gpu.get("count") == 1 and gpu.get("not_visible") == others and gpu.get("error") is None and bool(holder)
+                    and holder[0]["gpu_indexes"] == [0] and [g["minor_number"] for g in gpu.get("gpus", [])] == [keep],
+                    rows=rows, count=gpu.get("count"), not_visible=gpu.get("not_visible"), expected_not_visible=others,
+                    holder=holder[0] if holder else None, msg=facts.get("msg"), wall_s=wall)
+        refused, _wall = self.playbook("subset-other-gpu", prefix=prefix, action="release", gpus=[str(len(mapping) - 1)])
+        self.record("one GPU of several: gpus naming another GPU is refused as not visible, nothing signalled",
+                    "is not visible on this node" in (refused.get("msg") or "") and not refused.get("released") and self.alive(pid),
+                    msg=refused.get("msg"))
+        result, wall = self.playbook("subset-release", prefix=prefix, action="release", gpus=["0"])
+        self.record("one GPU of several: gpu_release frees and proves it, the others listed as not visible",
+                    bool(result.get("released")) and pid in [k["pid"] for k in result.get("killed", [])] and not self.alive(pid)
+                    and result.get("not_visible") == others and self.used() == 0,
+                    elapsed_s=result.get("elapsed_s"), not_visible=result.get("not_visible"), msg=result.get("msg"), wall_s=wall)
+        self.end_all()
 
     def start(self, *extra, gpu=0, mib=2048, env=None, child=False):
         """A holder (or monitor) started and ready -> its PIDs ([pid] or [pid, child])."""

@@ -52,8 +52,9 @@ class ModuleRun:
         return self.result.get(key, default)
 
 
-def run_module(host, module, args=None, check=False, diff=False, timeout=180, extra_env=None):
-    """Run zeromib.gpu.<module> with args on `host` (plus `extra_env` for ansible-playbook); returns a ModuleRun."""
+def run_module(host, module, args=None, check=False, diff=False, timeout=180, extra_env=None, argv_prefix=()):
+    """Run zeromib.gpu.<module> with args on `host` (plus `extra_env` for ansible-playbook; `argv_prefix`
+    runs ansible-playbook through a wrapper, e.g. one that enters a cgroup first); returns a ModuleRun."""
     host._seq = getattr(host, "_seq", 0) + 1
     out = os.path.join(host.dir, f"result-{host._seq}.json")
     play = os.path.join(host.dir, f"play-{host._seq}.yml")
@@ -69,7 +70,7 @@ def run_module(host, module, args=None, check=False, diff=False, timeout=180, ex
            "ANSIBLE_LOCALHOST_WARNING": "False", "ANSIBLE_DEPRECATION_WARNINGS": "False"}
     env.update(extra_env or {})
     started = time.monotonic()
-    proc = host.run(cmd, env=env, timeout=timeout)
+    proc = host.run(list(argv_prefix) + cmd, env=env, timeout=timeout)
     wall = time.monotonic() - started
     try:
         with open(out) as handle:

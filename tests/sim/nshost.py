@@ -115,7 +115,10 @@ class NsHost:
     """A simulated GPU host. See the module docstring."""
 
     def __init__(self, preset="h200x8", minors=None, seed=None, config=None, count=None,
-                 release_delay_s=None, tmp_root=None, start_timeout=30.0, libcuda=None):
+                 release_delay_s=None, tmp_root=None, start_timeout=30.0, libcuda=None, gpu_nodes=None):
+        # A container given some of the host's GPUs (issue 37): the minors whose /dev/nvidia<minor>
+        # it has; None: every GPU's. Its /proc/driver/nvidia still lists every GPU.
+        self.gpu_nodes = None if gpu_nodes is None else [int(m) for m in gpu_nodes]
         # A libcuda.so.1 to put where the loader finds it inside (tests/sim/fake_libcuda.py builds
         # the fake one); None: the host has no libcuda, as before.
         self.libcuda = libcuda
@@ -188,7 +191,7 @@ class NsHost:
         spec = {"dir": self.dir, "config": self.root.config, "hostname": self.seed,
                 "state": self.root.state, "sim": SIM, "holder": HOLDER, "kernel_log": KERNEL_LOG,
                 "fabric_manager": FABRIC_MANAGER,
-                "libcuda": self.libcuda}
+                "libcuda": self.libcuda, "gpu_nodes": self.gpu_nodes}
         spec_path = os.path.join(self.dir, "spec.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f)
@@ -745,7 +748,8 @@ def _setup(spec):
     # /dev
     _overlay("/dev", base)
     for g in cfg["gpus"]:
-        _mknod("/dev/nvidia{}".format(g["minor"]))
+        if spec.get("gpu_nodes") is None or g["minor"] in spec["gpu_nodes"]:
+            _mknod("/dev/nvidia{}".format(g["minor"]))
     for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
         _mknod("/dev/" + n)
     # every host, MIG or not: the real (non-MIG) 2-GPU H200 has them, and CUDA processes
@@ -761,11 +765,20 @@ def _setup(spec):
         f.write(f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {dv}  Release Build  "
                 "(dvs-builder@U22-I3-AF03-09-1)  Tue Jul  8 17:52:20 UTC 2025\n"
                 "GCC version:  gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04) \n")
+    # A container given some GPUs sees the host's own files, bind-mounted (LXC's
+    # `lxc.mount.entry: /proc/driver/nvidia proc/driver/nvidia none bind,ro`): a copy here.
+    gpus_dir = "/proc/driver/nvidia/gpus"
+    if spec.get("gpu_nodes") is not None:
+        gpus_dir = os.path.join(spec["dir"], "host-proc-driver-nvidia-gpus")
+        os.mkdir(gpus_dir)
     for g in cfg["gpus"]:
         loc, text = _information(cfg, g)
-        os.mkdir("/proc/driver/nvidia/gpus/" + loc)
-        with open(f"/proc/driver/nvidia/gpus/{loc}/information", "w") as f:
+        os.mkdir(os.path.join(gpus_dir, loc))
+        with open(os.path.join(gpus_dir, loc, "information"), "w") as f:
             f.write(text)
+    if spec.get("gpu_nodes") is not None:
+        _mount(gpus_dir, "/proc/driver/nvidia/gpus", None, MS_BIND)
+        _mount(None, "/proc/driver/nvidia/gpus", None, MS_REMOUNT | MS_BIND | MS_RDONLY)
     _mount(None, "/proc/driver", None, MS_REMOUNT | MS_RDONLY)
     # /etc/nvidia-sim, /run/nvidia-sim, /usr/bin/{nvidia-smi,gpu_holder}
     _overlay("/etc", base)

@@ -306,3 +306,29 @@ def test_the_plays_registered_results_are_read_when_no_data_is_given(tmp_path):
     result = _task({"report": False}, task_vars).run(task_vars=task_vars)
     assert result["summary"]["hosts_total"] == 2 and result["summary"]["hosts_clean"] == 1
     assert result["attention"][0]["host"] == "b", "a host of the play without a result needs attention"
+
+
+# --------------------------------------------------------------------------- GPUs not visible on their host (issue 37)
+
+
+def container_given_one_gpu(host="lxc101"):
+    """An LXC container given GPU 3 of an 8-GPU machine: gpu_facts saw one GPU and names the seven
+    the driver lists that the container cannot reach."""
+    record = ah.clean_h200x8(host)
+    record["gpu"]["gpus"] = record["gpu"]["gpus"][:1]
+    record["gpu"]["count"] = 1
+    record["gpu"]["not_visible"] = ["0000:18:00.0", "0000:2a:00.0"]
+    return record
+
+
+def test_gpus_not_visible_on_a_host_are_a_line_of_the_report_never_dirty_nor_clean_gpus():
+    r = report(ah.clean_h200x8(), container_given_one_gpu())
+    record = [h for h in r["hosts"] if h["host"] == "lxc101"][0]
+    assert record["status"] == "clean" and record["gpu_count"] == 1 and record["not_visible"] == ["0000:18:00.0", "0000:2a:00.0"]
+    assert r["findings"]["not_visible"] == [{"host": "lxc101", "gpu_count": 1, "not_visible": ["0000:18:00.0", "0000:2a:00.0"]}]
+    assert r["summary"]["gpus_total"] == 9 and r["findings"]["attention"] == []  # counted: the host's own GPUs only
+    files = plugin.render(r)
+    assert "| lxc101 | 1 | 0000:18:00.0, 0000:2a:00.0 |" in files["report.md"]
+    row = '<tr data-host="lxc101"><td class="mono">lxc101</td><td class="num">1</td><td class="mono">0000:18:00.0, 0000:2a:00.0</td></tr>'
+    assert row in files["report.html"]
+    assert "cannot see" not in plugin.render(report(ah.clean_h200x8()))["report.md"]  # no section where every host sees its GPUs

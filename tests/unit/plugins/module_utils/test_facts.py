@@ -164,6 +164,7 @@ def test_failed_facts_shape():
         "clean": False,
         "memory_used_mib": None,
         "error": "nvidia-smi timed out after 10 s",
+        "not_visible": [],
         "gpus": [],
         "processes": [],
         "holders": [],
@@ -331,7 +332,8 @@ def test_gpu_the_driver_has_and_nvidia_smi_omits_is_an_error_naming_its_bus(tmp_
         (tmp_path / bus).mkdir()
         (tmp_path / bus / "information").write_text(_information(bus, minor, excluded))
     driver = smi.read_driver_gpus(str(tmp_path))
-    assert driver == {"0000:00:06.0": 0, "0000:00:07.0": 1}  # an excluded GPU is not the driver's to show
+    # an excluded GPU is not the driver's to show
+    assert driver == {"0000:00:06.0": {"bus": "0000:00:06.0", "minor": 0, "uuid": None}, "0000:00:07.0": {"bus": "0000:00:07.0", "minor": 1, "uuid": None}}
     smi.check_against_driver([{"pci_bus_id": "00000000:00:06.0"}, {"pci_bus_id": "00000000:00:07.0"}], driver)
     with pytest.raises(smi.GpuMissing, match=r"0000:00:07\.0 missing"):
         smi.check_against_driver([{"pci_bus_id": "00000000:00:06.0"}], driver)
@@ -343,3 +345,39 @@ def test_compute_apps_are_named_from_proc_and_a_dead_owner_reads_not_found():
     apps = [{"pid": 7, "gpu_uuid": "GPU-a", "used_memory_mib": 5, "name": None}, {"pid": 8, "gpu_uuid": "GPU-a", "used_memory_mib": 6, "name": None}]
     joined = facts.join_apps(apps, gpus, lambda pid: pid == 7, lambda pid: "python3" if pid == 7 else "never asked")
     assert [(a["pid"], a["name"], a["alive"], a["gpu_index"]) for a in joined] == [(7, "python3", True, 0), (8, "[Not Found]", False, 0)]
+
+
+def _driver(*minors):
+    """The driver's list of a machine's GPUs at buses 0000:0<minor>:00.0."""
+    return {f"0000:0{m:d}:00.0": {"bus": f"0000:0{m:d}:00.0", "minor": m, "uuid": f"GPU-{m:d}"} for m in minors}
+
+
+def test_gpus_nvidia_smi_left_out_are_not_visible_only_where_their_node_cannot_be_reached():
+    """A container given GPU 3 of 4: nvidia-smi lists one, the driver four (issue 37)."""
+    listed = [{"pci_bus_id": "00000000:03:00.0"}]
+    asked = []
+
+    def reachable(minor):
+        asked.append(minor)
+        return minor == 2
+
+    hidden = facts.not_visible_gpus(listed, _driver(0, 1, 2, 3), reachable)
+    assert [gpu["bus"] for gpu in hidden] == ["0000:00:00.0", "0000:01:00.0"] and asked == [0, 1, 2]  # only the left-out GPUs are asked
+    with pytest.raises(smi.GpuMissing, match=r"at 0000:02:00\.0 missing from its answer .* although this namespace can open their device nodes") as info:
+        smi.check_against_driver(listed, _driver(0, 1, 2, 3), [gpu["bus"] for gpu in hidden])
+    assert "(2 of them not visible in this namespace)" in info.value.msg and "0000:00:00.0" not in info.value.msg
+    smi.check_against_driver(listed, _driver(0, 1, 3), ["0000:00:00.0", "0000:01:00.0"])  # nothing reachable left out: no error
+    assert facts.not_visible_gpus([{"pci_bus_id": "00000000:00:00.0"}], _driver(0), lambda minor: False) == []  # nothing left out: nothing asked
+
+
+def test_a_left_out_gpu_without_a_minor_number_cannot_be_asked_and_stays_an_error():
+    driver = {"0000:05:00.0": {"bus": "0000:05:00.0", "minor": None, "uuid": None}}
+    assert facts.not_visible_gpus([], driver, lambda minor: False) == []
+    with pytest.raises(smi.GpuMissing, match="0000:05:00.0"):
+        smi.check_against_driver([], driver, [])
+
+
+def test_assembled_facts_name_the_gpus_not_visible_here():
+    gpu = {"index": 0, "uuid": "GPU-3", "pci_bus_id": "00000000:03:00.0", "minor_number": 3, "memory_used_mib": 0}
+    out = facts.assemble([gpu], [], [], 0, True, not_visible=list(_driver(0, 1).values()))
+    assert out["not_visible"] == ["0000:00:00.0", "0000:01:00.0"] and out["count"] == 1 and out["clean"] is True

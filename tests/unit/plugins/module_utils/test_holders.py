@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import pwd
 import signal
@@ -629,3 +630,69 @@ def test_maps_line_spelled_like_a_device_counts_only_where_map_files_cannot_say(
     # namespace of their own): the spelling decides nothing.
     (tmp_path / "7f0000000000-7f0000220000").write_text("")
     assert holders.mapped_by_identity(line, holders.DeviceTable(), map_files=str(tmp_path).encode()) == {}
+
+
+# ------------------------------------------------------------------ which GPUs this namespace reaches (issue 37)
+
+
+def _null_as(name):
+    """A table that knows /dev/null's inode as the simulator's node `name` (a root-owned char node)."""
+    st = os.stat("/dev/null")
+    return holders.DeviceTable(by_inode={(st.st_dev, st.st_ino): name})
+
+
+def _dev(tmp_path, **nodes):
+    """A /dev of symlinks (nvidia4="/dev/null") or regular files (nvidia4=None)."""
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for name, target in nodes.items():
+        if target is None:
+            (dev / name).write_text("not a device")
+        else:
+            os.symlink(target, str(dev / name))
+    return (str(dev),)
+
+
+def test_gpu_node_the_drivers_device_that_opens_is_reachable(tmp_path):
+    dirs = _dev(tmp_path, nvidia4="/dev/null")
+    assert holders.gpu_node_reachable(4, _null_as("/dev/nvidia4"), dirs)
+    assert not holders.gpu_node_reachable(5, _null_as("/dev/nvidia4"), dirs)  # no /dev/nvidia5 here: a container given GPU 4
+    assert not holders.gpu_node_reachable(4, _null_as("/dev/nvidia2"), dirs)  # a node, but GPU 2's by identity
+    assert not holders.gpu_node_reachable(4, holders.DeviceTable(), dirs)  # a char device, but none of the driver's
+
+
+def test_gpu_node_that_is_no_device_is_not_reachable(tmp_path):
+    """A bind of a regular file over /dev/nvidia4: NVML cannot use it, nor can it be the GPU."""
+    assert not holders.gpu_node_reachable(4, _null_as("/dev/nvidia4"), _dev(tmp_path, nvidia4=None))
+
+
+@pytest.mark.parametrize("error, reachable", [
+    (errno.EACCES, False),  # file permissions (mode 000 for a non-root user), a nodev mount
+    (errno.EPERM, False),  # a device cgroup (v1 devices.deny, a v2 eBPF program)
+    (errno.ENOENT, False),  # removed between the stat and the open
+    (errno.ENXIO, True),  # the driver answered: this namespace reaches it
+    (errno.EIO, True),
+    (errno.EBUSY, True),
+], ids=["permissions", "device-cgroup", "gone", "driver-enxio", "driver-eio", "driver-ebusy"])
+def test_open_refused_before_the_driver_is_not_reachable_any_other_error_is(tmp_path, monkeypatch, error, reachable):
+    dirs = _dev(tmp_path, nvidia4="/dev/null")
+    table = _null_as("/dev/nvidia4")
+    asked = []
+
+    def refuse(path, flags, *args):
+        asked.append((path, flags))
+        raise OSError(error, os.strerror(error))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(holders.os, "open", refuse)
+        assert holders.gpu_node_reachable(4, table, dirs) is reachable
+    [(path, flags)] = asked
+    assert path == dirs[0] + "/nvidia4" and flags & os.O_NONBLOCK and flags & (os.O_WRONLY | os.O_RDWR) == 0  # read-only, never blocking
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
+def test_real_driver_node_must_carry_the_gpus_minor(tmp_path):
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    os.mknod(str(dev / "nvidia4"), 0o666 | 0o020000, os.makedev(195, 3))  # GPU 3's device under GPU 4's name
+    assert not holders.gpu_node_reachable(4, holders.DeviceTable(), (str(dev),))

@@ -408,3 +408,29 @@ def test_the_steps_release_calls_are_given_no_result_to_write(step):
 def test_only_release_raises_release_error(module):
     assert "ReleaseError" not in inspect.getsource(module)
     assert "ReleaseError(" in inspect.getsource(release) and inspect.getsource(release).count("raise ReleaseError") == 1
+
+
+# ------------------------------------------------------------------ a GPU not visible in this namespace (issue 37)
+
+NOT_VISIBLE = [{"bus": "0000:2a:00.0", "minor": 1, "uuid": "GPU-2a2a2a2a-0000-0000-0000-000000000001"},
+               {"bus": "0000:ab:00.0", "minor": 5, "uuid": "GPU-abababab-0000-0000-0000-000000000005"}]
+
+
+@pytest.mark.parametrize("given, words", [
+    ("GPU-ABABABAB-0000-0000-0000-000000000005", ["GPU GPU-ABABABAB-0000-0000-0000-000000000005 is not visible on this node: the driver lists it "
+                                                  "(bus 0000:ab:00.0", "/dev/nvidia5"]),
+    ("0000:2a:00.0", ["GPU 0000:2a:00.0 is not visible on this node:", "/dev/nvidia1", NOT_VISIBLE[0]["uuid"]]),
+    ("00000000:2A:00.0", ["GPU 00000000:2A:00.0 is not visible on this node:", "/dev/nvidia1"]),
+    ("5", ["GPU 5 is not visible on this node:", "indexes 0, 1, 2", "numbered from 0", "other 2 GPUs (0000:2a:00.0, 0000:ab:00.0)"]),
+], ids=["uuid", "bus-id", "nvidia-smi-bus-id", "index"])
+def test_gpu_not_visible_here_is_refused_naming_it_as_given(given, words):
+    with pytest.raises(release.StepFailed) as info:
+        release.select_gpus(GPUS, ["0", given], NOT_VISIBLE)
+    assert info.value.msg.startswith(words[0]), info.value.msg
+    assert all(word in info.value.msg for word in words), (words, info.value.msg)
+    assert UUIDS[0].lower() in info.value.msg  # what can be selected here
+
+
+def test_unknown_uuid_on_a_node_with_gpus_not_visible_is_not_on_this_host():
+    with pytest.raises(release.StepFailed, match="GPU 'GPU-deadbeef' is not on this host"):
+        release.select_gpus(GPUS, ["GPU-deadbeef"], NOT_VISIBLE)
