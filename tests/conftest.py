@@ -75,7 +75,9 @@ def rig_groups(keyed: list[set[str]]) -> list[str | None]:
     one group (union-find), named after its first key (fixtures before files), without its kind
     ('fleet', 'tests/integration/test_container_engines.py')."""
     parent: dict[str, str] = {}
-    order = lambda k: (not k.startswith("fixture:"), k)  # noqa: E731
+
+    def order(k: str) -> tuple[bool, str]:
+        return (not k.startswith("fixture:"), k)
 
     def find(k: str) -> str:
         while parent.setdefault(k, k) != k:
