@@ -24,7 +24,10 @@ Without xdist (`pytest` alone, `-n 0`, `-p no:xdist`) the markers change nothing
 """
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -97,9 +100,71 @@ def rig_groups(keyed: list[set[str]]) -> list[str | None]:
     return [find(min(keys, key=order)).split(":", 1)[1] if keys else None for keys in keyed]
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the markers
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+GROUPS_FILE = "zeromib_groups_file"
+
+
+# A wrapper: its part before `yield` runs before every plain implementation; after it, the items
+# are the ones this run keeps (-k, -m and deselection done).
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]):
     free = [item for item in items if item.get_closest_marker("xdist_group") is None]
     for item, group in zip(free, rig_groups([rig_keys(item) for item in free])):
         if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group.replace("@", "_")))
+            item.add_marker(pytest.mark.xdist_group(group))
+    result = yield
+    where = getattr(config, "workerinput", {}).get(GROUPS_FILE)
+    if where:  # an xdist worker: tell the controller's scheduler (below) each test's group
+        groups = {}
+        for item in items:
+            mark = item.get_closest_marker("xdist_group")
+            if mark is not None:
+                groups[item.nodeid] = str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+        mine = Path(f"{where}.{config.workerinput['workerid']}")
+        mine.with_suffix(".tmp").write_text(json.dumps(groups))
+        mine.with_suffix(".tmp").rename(mine)
+    return result
+
+
+# pytest-xdist 3.8's own loadgroup turns the markers into an `@group` suffix of the test id, which
+# pytest 9 ignores (it keeps ids in Node._id, not _nodeid): every grouped test was scheduled alone
+# and two workers booted one fleet (measured). So the scheduler is ours: LoadScope, whose work
+# unit is a group, read from what the workers wrote when they collected (the controller collects
+# nothing itself); a test with no group is a unit of its own, as in loadgroup.
+_GROUPS_PATH = pytest.StashKey[Path]()
+
+
+def _groups_path(config: pytest.Config) -> Path:
+    """Where the workers of this controller write their groups (a private folder, removed at the end)."""
+    if _GROUPS_PATH not in config.stash:
+        folder = Path(tempfile.mkdtemp(prefix="zeromib-xdist-groups-"))
+        config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+        config.stash[_GROUPS_PATH] = folder / "groups"
+    return config.stash[_GROUPS_PATH]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    if node.config.getvalue("dist") == "loadgroup":
+        node.workerinput[GROUPS_FILE] = str(_groups_path(node.config))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    where = _groups_path(config)
+
+    class RigGroupScheduling(LoadScopeScheduling):
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:  # every worker has collected by now: their files are written
+                self.groups = {}
+                for path in where.parent.glob("groups.gw*"):
+                    self.groups.update(json.loads(path.read_text()))
+            return self.groups.get(nodeid, nodeid)
+
+    return RigGroupScheduling(config, log)
+
