@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip install -q --disable-pip-version-check
 COLLECTION_LINK := .build/collections/ansible_collections/zeromib/gpu
 
-.PHONY: install collection demo demo-deps test lint deps venv bench clean uninstall-packages
+.PHONY: install collection demo demo-deps test test-quick lint deps venv bench clean uninstall-packages
 
 ## install: what running the playbooks from this checkout needs: .venv with requirements.txt
 ## (ansible-core, jmespath), and the checkout linked as zeromib.gpu where ./ansible.cfg looks
@@ -27,9 +27,20 @@ demo-deps: install
 	@tests/tools/apt-deps.sh demo
 
 ## test: everything CI runs (unit, sanity, lint, module tests on simulated hosts, the fleet, the
-## ansible-core / Python matrix, Molecule, ansible-runner, ansible-builder)
+## ansible-core / Python matrix, Molecule, ansible-runner, ansible-builder), on TEST_WORKERS
+## pytest-xdist workers: most of the suite waits (kill and settle windows, SSH, boots) rather than
+## computes, so more workers than the 2 cores pay (measured: docs/development.md). Tests that
+## share a rig run in one worker (pytest.ini's --dist loadgroup, tests/conftest.py).
+## TEST_WORKERS=0 runs them all in one process, as plain `pytest` does.
+TEST_WORKERS ?= 6
 test: deps lint
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n $(TEST_WORKERS)
+
+## test-quick: the development loop (about a minute): make lint, then the unit tests on
+## QUICK_WORKERS workers (pure Python, CPU-bound: one per core). No rigs, no root, no Debian packages.
+QUICK_WORKERS ?= 2
+test-quick: venv collection lint
+	$(VENV)/bin/pytest -q -n $(QUICK_WORKERS) tests/unit
 
 ## lint: the fast gate (seconds), run first by `make test`: ruff (ruff.toml, community.crypto's
 ## rules) on the whole checkout, and mypy (.mypy.ini) on plugins/ in the collection layout.

@@ -2,12 +2,169 @@
 
 Tools that `make deps` unpacks into .build/tools/bin (promtool, out of Debian's prometheus
 package, so that no prometheus service is ever installed) are put on PATH for the tests.
+
+`make test` runs the suite on several pytest-xdist workers with `--dist loadgroup`
+(docs/development.md, "How the suite runs in parallel"). Each worker is a process of its own, so
+a session-scoped fixture would come up once per worker that meets it, and a module-scoped one
+once per worker that runs one of the module's tests. `pytest_collection_modifyitems` below
+therefore puts every test into the xdist group of the rig it shares, from the fixtures it uses,
+not from a list of names, so tests written later are grouped the same way:
+
+- tests that share a session-, package- or class-scoped fixture of this repository (the
+  fleet of tests/fleet/conftest.py, ...) are one group, in one worker, which brings the rig up
+  once;
+- tests that use a module-scoped fixture of this repository (a dockerd, a module_nshost) are one
+  group with the other tests of their file;
+- these groups are joined where they overlap (a test using two of them joins both);
+- a test with an explicit `@pytest.mark.xdist_group(name)` keeps it (tests that must not run
+  beside their own kind, e.g. the ansible-test gates);
+- every other test is free: xdist gives it to whichever worker is idle.
+
+Without xdist (`pytest` alone, `-n 0`, `-p no:xdist`) the markers change nothing.
 """
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
-TOOLS = Path(__file__).resolve().parent.parent / ".build" / "tools" / "bin"
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TOOLS = REPO / ".build" / "tools" / "bin"
 if TOOLS.is_dir() and str(TOOLS) not in os.environ.get("PATH", "").split(os.pathsep):
     os.environ["PATH"] = f"{TOOLS}{os.pathsep}{os.environ.get('PATH', '')}"
+
+SHARED_SCOPES = ("session", "package", "class")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist registers it too; registered here so that --strict-markers accepts the markers
+    # this file adds also under `-p no:xdist`.
+    config.addinivalue_line("markers", "xdist_group(name): run in one xdist worker with the rest of group NAME")
+
+
+def _ours(fixturedef) -> bool:
+    """A fixture defined in this repository's tests (not pytest's, a plugin's or a venv's)."""
+    path = getattr(getattr(fixturedef, "func", None), "__code__", None)
+    if path is None:
+        return False
+    source = Path(path.co_filename).resolve()
+    return REPO / "tests" in source.parents and ".venv" not in source.parts
+
+
+def rig_keys(item: pytest.Item) -> set[str]:
+    """What ITEM shares with other tests: 'fixture:NAME' for a session-, package- or class-scoped
+    fixture of ours, 'file:PATH' for a module-scoped one (its tests share it within the file)."""
+    keys: set[str] = set()
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return keys
+    for name in info.names_closure:
+        for fixturedef in info.name2fixturedefs.get(name, ()):
+            if not _ours(fixturedef):
+                continue
+            if fixturedef.scope in SHARED_SCOPES:
+                keys.add(f"fixture:{name}")
+            elif fixturedef.scope == "module":
+                keys.add(f"file:{item.path.relative_to(REPO) if REPO in item.path.parents else item.path}")
+    return keys
+
+
+def rig_groups(keyed: list[set[str]]) -> list[str | None]:
+    """For each test's rig keys, the group it joins (None: no rig, free). Overlapping keys are
+    one group (union-find), named after its first key (fixtures before files), without its kind
+    ('fleet', 'tests/integration/test_container_engines.py')."""
+    parent: dict[str, str] = {}
+
+    def order(k: str) -> tuple[bool, str]:
+        return (not k.startswith("fixture:"), k)
+
+    def find(k: str) -> str:
+        while parent.setdefault(k, k) != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    for keys in keyed:
+        first, *rest = sorted(keys, key=order) or [None]
+        if first is None:
+            continue
+        for k in rest:
+            a, b = find(first), find(k)
+            if a != b:
+                a, b = sorted((a, b), key=order)
+                parent[b] = a
+    return [find(min(keys, key=order)).split(":", 1)[1] if keys else None for keys in keyed]
+
+
+GROUPS_FILE = "zeromib_groups_file"
+
+
+# A wrapper: its part before `yield` runs before every plain implementation; after it, the items
+# are the ones this run keeps (-k, -m and deselection done).
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]):
+    free = [item for item in items if item.get_closest_marker("xdist_group") is None]
+    for item, group in zip(free, rig_groups([rig_keys(item) for item in free])):
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    result = yield
+    where = getattr(config, "workerinput", {}).get(GROUPS_FILE)
+    if where:  # an xdist worker: tell the controller's scheduler (below) each test's group
+        groups = {}
+        for item in items:
+            mark = item.get_closest_marker("xdist_group")
+            if mark is not None:
+                groups[item.nodeid] = str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+        mine = Path(f"{where}.{config.workerinput['workerid']}")
+        mine.with_suffix(".tmp").write_text(json.dumps(groups))
+        mine.with_suffix(".tmp").rename(mine)
+    return result
+
+
+# pytest-xdist 3.8's own loadgroup turns the markers into an `@group` suffix of the test id, which
+# pytest 9 ignores (it keeps ids in Node._id, not _nodeid): every grouped test was scheduled alone
+# and two workers booted one fleet (measured). So the scheduler is ours: LoadScope, whose work
+# unit is a group, read from what the workers wrote when they collected (the controller collects
+# nothing itself); a test with no group is a unit of its own, as in loadgroup.
+_GROUPS_PATH = pytest.StashKey[Path]()
+
+
+def _groups_path(config: pytest.Config) -> Path:
+    """Where the workers of this controller write their groups (a private folder, removed at the end)."""
+    if _GROUPS_PATH not in config.stash:
+        folder = Path(tempfile.mkdtemp(prefix="zeromib-xdist-groups-"))
+        config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+        config.stash[_GROUPS_PATH] = folder / "groups"
+    return config.stash[_GROUPS_PATH]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    if node.config.getvalue("dist") == "loadgroup":
+        node.workerinput[GROUPS_FILE] = str(_groups_path(node.config))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    where = _groups_path(config)
+
+    class RigGroupScheduling(LoadScopeScheduling):
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:  # every worker has collected by now: their files are written
+                self.groups = {}
+                for path in where.parent.glob("groups.gw*"):
+                    self.groups.update(json.loads(path.read_text()))
+            return self.groups.get(nodeid, nodeid)
+
+    return RigGroupScheduling(config, log)
+

@@ -7,8 +7,10 @@ package's own scripts with its Python package on PYTHONPATH; its configuration l
 /etc overlay and its socket and logs in the host's /run, so the machine's own files are untouched.
 supervisord runs in the foreground (`-n`), started by the namespace's init, as root: as
 supervisor.service runs it on Debian."""
+import fcntl
 import glob
 import os
+import shutil
 import subprocess
 import time
 
@@ -49,14 +51,23 @@ def unpacked():
     if os.path.exists(os.path.join(root, "usr", "bin", "supervisord")):
         return root
     os.makedirs(CACHE, exist_ok=True)
-    debs = glob.glob(os.path.join(CACHE, "supervisor_*.deb"))
-    if not debs:
-        got = subprocess.run(["apt-get", "download", "supervisor"], cwd=CACHE, capture_output=True, text=True, check=False)
+    # Parallel test workers (pytest-xdist) may all get here first on a fresh checkout: one fetches
+    # and unpacks, the others wait for it and find the root.
+    with open(os.path.join(CACHE, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.exists(os.path.join(root, "usr", "bin", "supervisord")):
+            return root
         debs = glob.glob(os.path.join(CACHE, "supervisor_*.deb"))
         if not debs:
-            raise AssertionError(f"cannot fetch Debian's supervisor package (apt-get download supervisor): {got.stderr[-500:]}")
-    subprocess.run(["dpkg", "-x", debs[0], root + ".tmp"], check=True)
-    os.rename(root + ".tmp", root)
+            got = subprocess.run(["apt-get", "download", "supervisor"], cwd=CACHE, capture_output=True, text=True,
+                                 check=False)
+            debs = glob.glob(os.path.join(CACHE, "supervisor_*.deb"))
+            if not debs:
+                raise AssertionError("cannot fetch Debian's supervisor package (apt-get download supervisor): "
+                                     f"{got.stderr[-500:]}")
+        shutil.rmtree(root + ".tmp", ignore_errors=True)  # left by a run killed while unpacking
+        subprocess.run(["dpkg", "-x", debs[0], root + ".tmp"], check=True)
+        os.rename(root + ".tmp", root)
     return root
 
 

@@ -138,11 +138,19 @@ def doc_targets() -> list[tuple[str, set[str]]]:
     return targets
 
 
+# The two ansible-test runs in one xdist worker, one after the other (tests/conftest.py): each keeps
+# both cores busy (pylint; units with its own -n auto), so side by side they would only slow each
+# other and every test beside them.
+ANSIBLE_TEST = pytest.mark.xdist_group("ansible-test")
+
+
+@ANSIBLE_TEST
 def test_sanity() -> None:
     """ansible-test sanity, every test that applies (tests/quality/sanity.sh)."""
     require_rc0(run_tool([str(QUALITY / "sanity.sh"), "sanity", "--color", "no"], ANSIBLE_TEST_TIMEOUT), "ansible-test sanity")
 
 
+@ANSIBLE_TEST
 def test_units() -> None:
     """ansible-test units over tests/unit in ansible-test's own venv (tests/quality/sanity.sh)."""
     require_rc0(run_tool([str(QUALITY / "sanity.sh"), "units", "--color", "no"], ANSIBLE_TEST_TIMEOUT), "ansible-test units")

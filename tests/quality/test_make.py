@@ -3,6 +3,7 @@ removes what make made (the fleet's base rootfs cache included, unless another c
 still runs on it)."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -120,3 +121,60 @@ def test_every_test_file_has_a_basename_of_its_own():
             continue
         seen.setdefault(path.name, []).append(str(path.relative_to(REPO)))
     assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
+def test_make_test_runs_the_whole_suite_on_workers_and_test_quick_lint_and_unit_tests(tmp_path):
+    """`make test` stays the whole suite (pytest with pytest.ini's testpaths, no path of its own), on
+    xdist workers; `make test-quick` is `make lint` and tests/unit only."""
+    test = [line for line in make_dry_run("test", tmp_path).splitlines() if "bin/pytest" in line]
+    assert len(test) == 1 and " -n " in test[0] + " " and "tests/" not in test[0], test
+    quick = make_dry_run("test-quick", tmp_path)
+    assert "ruff check" in quick and "mypy" in quick, quick
+    pytest_lines = [line for line in quick.splitlines() if "bin/pytest" in line]
+    assert len(pytest_lines) == 1 and pytest_lines[0].split()[-1] == "tests/unit", pytest_lines
+    assert "apt-deps.sh" not in quick, "test-quick needs no Debian package"
+    addopts = next(line for line in (REPO / "pytest.ini").read_text().splitlines() if line.startswith("addopts"))
+    assert "--dist loadgroup" in addopts, "under -n, the tests of one rig must run in one worker"
+
+
+def _conftest():
+    spec = importlib.util.spec_from_file_location("zeromib_tests_conftest", REPO / "tests" / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_rig_groups_join_the_tests_that_share_a_rig():
+    groups = _conftest().rig_groups([
+        {"fixture:fleet"}, {"file:tests/fleet/test_a.py", "fixture:fleet"}, {"file:tests/fleet/test_a.py"},
+        {"file:tests/integration/test_b.py"}, set(), {"file:tests/integration/test_b.py"},
+        {"file:tests/integration/test_c.py", "fixture:collections_path"}, {"fixture:collections_path"},
+    ])
+    assert groups == ["fleet", "fleet", "fleet", "tests/integration/test_b.py", None,
+                      "tests/integration/test_b.py", "collections_path", "collections_path"]
+
+
+def test_every_test_of_a_shared_rig_gets_its_group_from_its_fixtures(tmp_path):
+    """The groups of the real suite, as pytest collects it: every test using the fleet is in one
+    group; a file's module-scoped rig keeps the file's tests together; a test with a
+    function-scoped namespace host or none is free; the ansible-test gates keep theirs."""
+    plugin = tmp_path / "zeromib_show_groups.py"
+    plugin.write_text(
+        "def pytest_collection_finish(session):\n"
+        "    for item in session.items:\n"
+        "        mark = item.get_closest_marker('xdist_group')\n"
+        "        print('GROUP', mark.args[0] if mark else '-', 'fleet' in item.fixturenames, item.nodeid)\n")
+    r = subprocess.run([str(REPO / ".venv" / "bin" / "pytest"), "--collect-only", "-q", "-p", "no:cacheprovider",
+                        "-p", "zeromib_show_groups", "tests/fleet", "tests/integration/test_container_engines.py",
+                        "tests/integration/test_trust.py", "tests/quality/test_gates.py"],
+                       cwd=REPO, capture_output=True, text=True, check=False,
+                       env=dict(os.environ, PYTHONPATH=str(tmp_path), PYTHONDONTWRITEBYTECODE="1"))
+    rows = [line.split(" ", 3)[1:] for line in r.stdout.splitlines() if line.startswith("GROUP ")]
+    assert r.returncode == 0 and rows, r.stdout[-2000:] + r.stderr[-2000:]
+    fleet = [(group, node) for group, uses, node in rows if uses == "True"]
+    assert len(fleet) > 50 and {group for group, _ in fleet} == {"fleet"}, sorted({g for g, _ in fleet})
+    engines = {group for group, _uses, node in rows if node.startswith("tests/integration/test_container_engines.py")}
+    assert engines == {"tests/integration/test_container_engines.py"}
+    assert {group for group, _uses, node in rows if node.startswith("tests/integration/test_trust.py")} == {"-"}
+    gates = {node.split("::")[1]: group for group, _uses, node in rows if node.startswith("tests/quality/")}
+    assert gates["test_sanity"] == gates["test_units"] == "ansible-test" and gates["test_changelog_fragments_lint"] == "-"
