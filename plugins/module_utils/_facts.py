@@ -14,8 +14,6 @@ import os
 import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _attribution
-from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
-from ansible_collections.zeromib.gpu.plugins.module_utils import _engines
 from ansible_collections.zeromib.gpu.plugins.module_utils import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
 from ansible_collections.zeromib.gpu.plugins.module_utils import _nvidia_smi as smi_mod
@@ -67,7 +65,14 @@ HOLDER_KEYS = (
     "protected",
     "protection_note",
     "container_note",
-) + _containers.HOLDER_KEYS
+    # _containers.HOLDER_KEYS, spelled out: a host whose holders run in no container (and a clean
+    # one, which has none) never loads _containers (tests/unit: test_facts checks they agree).
+    "container_runtime",
+    "container_name",
+    "container_image",
+    "pod",
+    "pod_uid",
+)
 
 
 def gpu_is_clean(gpu: Gpu, max_used_mib: float) -> bool:
@@ -300,13 +305,14 @@ def _query_gpus(smi: smi_mod.NvidiaSmi, with_apps: bool, checks: _health.Checks 
 def look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, *, with_processes: bool = True, proc: str = "/proc",
          driver_root: str = "/proc/driver/nvidia/gpus", with_apps: bool | None = None, max_used_mib: float = 0,
          footprint_mib: float | None = _attribution.CROSS_GPU_FOOTPRINT_MIB, runtimes: Runtimes | None = None, checks: _health.Checks | None = None,
-         main_pid_of: MainPidOf | None = None) -> Snapshot:
+         main_pid_of: MainPidOf | None = None, runtimes_of: t.Callable[[], Runtimes] | None = None) -> Snapshot:
     """nvidia-smi (GPUs and, side by side, compute apps, and the kernel log for Xids) then the
     /proc scan -> Snapshot. GPU records carry their health (`checks`: a _health.Checks).
 
     `with_apps` defaults to `with_processes`; gpu_release looks without them and asks for them
     only when some process maps a per-GPU node (a clean node: one nvidia-smi call). Without
-    `checks`, health is not read (the GPUs' `healthy` reads None)."""
+    `checks`, health is not read (the GPUs' `healthy` reads None). The container runtimes
+    (`runtimes`, or `runtimes_of()`) are asked only about holders, and loaded only then."""
     with_apps = with_processes if with_apps is None else with_apps
     gpus, listed, health = _query_gpus(smi, with_apps, checks)
     driver_gpus = smi_mod.read_driver_gpus(driver_root)
@@ -337,7 +343,10 @@ def look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, *, with_proc
         gpus, joined(listed) if with_apps else None, fetch_apps, protect_names=names, protect_pids=pids, own_lineage=lineage, proc=proc,
         unreadable=unreadable, max_used_mib=max_used_mib, footprint_mib=footprint_mib, main_pid_of=main_pid_of,
     )
-    _containers.annotate(holders, runtimes or _engines.Runtimes(), proc)
+    if holders:
+        from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
+        from ansible_collections.zeromib.gpu.plugins.module_utils import _engines
+        _containers.annotate(holders, runtimes or (runtimes_of() if runtimes_of else _engines.Runtimes()), proc)
     footprint = _attribution.footprint_gpus(gpus, holders, apps, max_used_mib, footprint_mib)
     return Snapshot(gpus, apps, holders, unreadable, footprint, health)
 

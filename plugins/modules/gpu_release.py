@@ -537,7 +537,6 @@ import typing as t
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zeromib.gpu.plugins.module_utils import _cuda_smoke
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils import _record
@@ -583,6 +582,16 @@ def warn_all(module: AnsibleModule, warnings: t.Iterable[str]) -> None:
         module.warn(f"{host}: {warning}")
 
 
+def smoke_tested(smi: NvidiaSmi, params: t.Mapping[str, t.Any], result: dict[str, t.Any], check_mode: bool) -> dict[str, t.Any]:
+    """The result with the smoke test's keys. _cuda_smoke is loaded only when the test is asked
+    for: a gate without it does not pay for its import (docs/benchmarks.md)."""
+    if not params["smoke_test"]:
+        return dict(result, smoke_test_passed=None, smoke_test_issues=[])
+    from ansible_collections.zeromib.gpu.plugins.module_utils import _cuda_smoke
+    return _cuda_smoke.after_release(smi, params, result, check_mode, lambda: _facts.look(
+        smi, params["protect"], max_used_mib=params["max_used_mib"], footprint_mib=params["cross_gpu_footprint_mib"]))
+
+
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     try:
@@ -599,8 +608,7 @@ def main() -> None:
             dcgm = _health.dcgm_diag(params["dcgm_diag"], module.get_bin_path)
             result.update(_facts.health_summary(result["gpus"], release.health, dcgm))
         # Last: CUDA work on GPUs proven free, after a fresh look at who holds them.
-        result = _cuda_smoke.after_release(smi, params, result, module.check_mode, lambda: _facts.look(
-            smi, params["protect"], max_used_mib=params["max_used_mib"], footprint_mib=params["cross_gpu_footprint_mib"]))
+        result = smoke_tested(smi, params, result, module.check_mode)
     except NvidiaSmiError as exc:
         module.fail_json(**exc.details())
     except ReleaseError as exc:
