@@ -281,13 +281,15 @@ def scan_and_attribute(gpus: list[Gpu], apps: list[ComputeApp] | None, fetch_app
     return holders_mod.protect(attributed, protect_names, protect_pids, own_lineage, main_pid_of), apps
 
 
-def _query_gpus(smi: smi_mod.NvidiaSmi, with_apps: bool, checks: _health.Checks | None) -> tuple[list[Gpu], list[ComputeApp], _health.Health | None]:
+def _query_gpus(smi: smi_mod.NvidiaSmi, with_apps: bool, checks: _health.Checks | None,
+                kernel_log_state: str | None = None) -> tuple[list[Gpu], list[ComputeApp], _health.Health | None]:
     """nvidia-smi's GPUs and (`with_apps`) raw compute apps; with `checks`, the kernel log read
-    for Xids while nvidia-smi runs, and the GPUs annotated with their health."""
+    for Xids while nvidia-smi runs (only its new lines with `kernel_log_state`, see
+    _kernel_log_state), and the GPUs annotated with their health."""
     if checks is None:
         gpus, apps = smi.query_all(with_apps=with_apps)
         return gpus, apps, None
-    kernel_log = _health.KernelLog(checks.xid_window_hours)
+    kernel_log = _health.KernelLog(checks.xid_window_hours, state_path=kernel_log_state)
     kernel_log.start()
     try:
         gpus, apps = smi.query_all(smi_mod.GPU_FIELDS + smi_mod.HEALTH_FIELDS, with_apps=with_apps)
@@ -305,7 +307,8 @@ def _query_gpus(smi: smi_mod.NvidiaSmi, with_apps: bool, checks: _health.Checks 
 def look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, *, with_processes: bool = True, proc: str = "/proc",
          driver_root: str = "/proc/driver/nvidia/gpus", with_apps: bool | None = None, max_used_mib: float = 0,
          footprint_mib: float | None = _attribution.CROSS_GPU_FOOTPRINT_MIB, runtimes: Runtimes | None = None, checks: _health.Checks | None = None,
-         main_pid_of: MainPidOf | None = None, runtimes_of: t.Callable[[], Runtimes] | None = None) -> Snapshot:
+         main_pid_of: MainPidOf | None = None, runtimes_of: t.Callable[[], Runtimes] | None = None,
+         kernel_log_state: str | None = None) -> Snapshot:
     """nvidia-smi (GPUs and, side by side, compute apps, and the kernel log for Xids) then the
     /proc scan -> Snapshot. GPU records carry their health (`checks`: a _health.Checks).
 
@@ -314,7 +317,7 @@ def look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, *, with_proc
     `checks`, health is not read (the GPUs' `healthy` reads None). The container runtimes
     (`runtimes`, or `runtimes_of()`) are asked only about holders, and loaded only then."""
     with_apps = with_processes if with_apps is None else with_apps
-    gpus, listed, health = _query_gpus(smi, with_apps, checks)
+    gpus, listed, health = _query_gpus(smi, with_apps, checks, kernel_log_state)
     driver_gpus = smi_mod.read_driver_gpus(driver_root)
     # A GPU the driver has and nvidia-smi left out (rc 0, one row fewer) is never read as clean.
     smi_mod.check_against_driver(gpus, driver_gpus, cmd=[smi.path] if getattr(smi, "path", None) else None)

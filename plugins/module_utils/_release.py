@@ -56,11 +56,14 @@ BASELINE_MAX_MIB = 64
 class System:
     """Everything gpu_release does to the node, in one replaceable place."""
 
-    def __init__(self, systemctl_path: str | None = None, proc: str = "/proc", runtimes: t.Any = None, record_path: str | None = None) -> None:
+    def __init__(self, systemctl_path: str | None = None, proc: str = "/proc", runtimes: t.Any = None, record_path: str | None = None,
+                 kernel_log_state: str | None = None) -> None:
         self.systemctl_path = systemctl_path
         self.proc = proc
         # Where the restore record goes (_record.PATH for the module); None writes none.
         self.record_path = record_path
+        # What the last look read of the kernel log (_kernel_log_state.PATH for the module); None keeps none.
+        self.kernel_log_state = kernel_log_state
         # pidfds pin a process of this kernel's /proc only.
         self.pidfd = _signals.pidfd_or_none() if proc == "/proc" else None
         # Docker and Podman, asked only when a holder runs in a container or services names one.
@@ -656,7 +659,8 @@ class Release:
     def look(self) -> t.Any:
         snapshot = _facts.look(self.smi, self.params.get("protect"), with_processes=True, proc=self.system.proc, driver_root=self.driver_root, with_apps=False,
                                max_used_mib=self.max_used_mib(), footprint_mib=self.footprint_mib(),
-                               runtimes_of=lambda: self.system.runtimes, checks=_health.Checks.from_params(self.params), main_pid_of=self.main_pid_of)
+                               runtimes_of=lambda: self.system.runtimes, checks=_health.Checks.from_params(self.params), main_pid_of=self.main_pid_of,
+                               kernel_log_state=getattr(self.system, "kernel_log_state", None))
         self.health = snapshot.health
         return snapshot
 

@@ -331,6 +331,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.zeromib.gpu.plugins.module_utils import _cuda_smoke
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _health
+from ansible_collections.zeromib.gpu.plugins.module_utils import _kernel_log_state
 from ansible_collections.zeromib.gpu.plugins.module_utils import _record
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import NvidiaSmi, NvidiaSmiError
@@ -353,7 +354,8 @@ def gather(params: t.Mapping[str, t.Any], which: t.Callable[[str], str | None] |
     `which(name)` finds dcgmi (None: not installed)."""
     smi = NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), params["timeout"])
     snapshot = _facts.look(smi, params["protect"], with_processes=params["processes"], max_used_mib=params["max_used_mib"],
-                           footprint_mib=params["cross_gpu_footprint_mib"], checks=_health.Checks.from_params(params))
+                           footprint_mib=params["cross_gpu_footprint_mib"], checks=_health.Checks.from_params(params),
+                           kernel_log_state=_kernel_log_state.PATH)
     dcgm = _health.dcgm_diag(params.get("dcgm_diag") or 0, which or (lambda name: None))
     facts = _facts.assemble(
         snapshot.gpus, snapshot.apps, snapshot.holders, params["max_used_mib"], params["processes"], _facts.cuda_driver_version(),

@@ -539,6 +539,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _health
+from ansible_collections.zeromib.gpu.plugins.module_utils import _kernel_log_state
 from ansible_collections.zeromib.gpu.plugins.module_utils import _record
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import NvidiaSmi, NvidiaSmiError
@@ -600,7 +601,8 @@ def main() -> None:
         module.fail_json(msg=str(exc))
     try:
         smi = NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), params["timeout"])
-        release = Release(smi, System(module.get_bin_path("systemctl"), record_path=_record.PATH), params, check_mode=module.check_mode)
+        system = System(module.get_bin_path("systemctl"), record_path=_record.PATH, kernel_log_state=_kernel_log_state.PATH)
+        release = Release(smi, system, params, check_mode=module.check_mode)
         # A plain dict from here: the module adds the host's health keys and the smoke test's.
         result: dict[str, t.Any] = dict(release.run())
         if params["dcgm_diag"] and result.get("released") and not module.check_mode:
