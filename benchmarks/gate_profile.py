@@ -123,6 +123,24 @@ def parse_importtime(stderr: str) -> dict[str, tuple[int, int]]:
     return found
 
 
+def ours_total_us(stderr: str) -> int:
+    """Cumulative import time of zeromib.gpu's outermost imports (a module and what it pulls in)."""
+    entries = []
+    for line in stderr.splitlines():
+        match = re.match(r"^import time:\s+(\d+)\s+\|\s+(\d+)\s+\|( *)(\S+)$", line)
+        if match:
+            entries.append((len(match.group(3)), match.group(4), int(match.group(2))))
+    total, stack = 0, []  # importtime prints a module after what it imports: walk it backwards
+    for depth, name, cumulative in reversed(entries):
+        while stack and stack[-1][0] >= depth:
+            stack.pop()
+        ours = name.startswith(PREFIX)
+        if ours and not any(n.startswith(PREFIX) for _d, n in stack):
+            total += cumulative
+        stack.append((depth, name))
+    return total
+
+
 def parse_strace(text: str) -> list[dict[str, Any]]:
     """strace -f -ttt -e trace=execve,exit_group output -> [{pid, program, argv, start, end}] in exec
     order; a process that execs again (a #! script's interpreter) is one span."""
@@ -239,7 +257,8 @@ class Profile:
         data = json.loads(proc.stdout.strip().splitlines()[-1])
         result = json.loads(data["last"])
         bare = json.loads(self.host.run([python, timer, json.dumps([python, "-c", "pass"]), str(self.reps)]).stdout)["times"]
-        imports = parse_importtime(self.host.run([python, "-X", "importtime", payload], timeout=120).stderr)
+        importtime = self.host.run([python, "-X", "importtime", payload], timeout=120).stderr
+        imports = parse_importtime(importtime)
         trace = os.path.join(self.host.dir, "strace.txt")
         spans: list[list[dict[str, Any]]] = []
         for _rep in range(self.reps):
@@ -254,7 +273,6 @@ class Profile:
                 entry = rows.setdefault(row["what"], {"calls": [], "ms": []})
                 entry["calls"].append(row["calls"])
                 entry["ms"].append(row["ms"])
-        module_top = next((cum for name, (_s, cum) in imports.items() if name == "__main__" or name.endswith(".gpu_release")), None)
         return {
             "payload_bytes": os.path.getsize(payload),
             "interpreter_start_to_exit_ms": median_ms(data["times"]),
@@ -263,7 +281,7 @@ class Profile:
             "timings": result.get("timings"),
             "kernel_log": (result.get("health") or {}).get("kernel_log"),
             "import_basic_ms": round(imports.get("ansible.module_utils.basic", (0, 0))[1] / 1000.0, 1),
-            "import_module_ms": round(module_top / 1000.0, 1) if module_top else None,
+            "import_module_ms": round(ours_total_us(importtime) / 1000.0, 1),
             "import_ours_ms": ours,
             "subprocesses": {what: {"calls": statistics.median(v["calls"]), "ms": round(statistics.median(v["ms"]), 1)}
                              for what, v in rows.items()},
@@ -305,7 +323,7 @@ def markdown(profiles: list[dict[str, Any]]) -> str:
     row("gpu_release, interpreter start to exit", [ms(p["node"]["interpreter_start_to_exit_ms"]) for p in profiles])
     row("python3 alone (`-c pass`)", [ms(p["node"]["python_alone_ms"]) for p in profiles])
     row("import ansible.module_utils.basic (cumulative)", [ms(p["node"]["import_basic_ms"]) for p in profiles])
-    row("import of the module with its module_utils (cumulative)", [ms(p["node"]["import_module_ms"]) for p in profiles])
+    row("import of zeromib.gpu's module_utils, all (cumulative)", [ms(p["node"]["import_module_ms"]) for p in profiles])
     ours = sorted({name for p in profiles for name in p["node"]["import_ours_ms"]})
     for name in ours:
         row(f"  import {name} (cumulative)", [ms(p["node"]["import_ours_ms"].get(name)) if name in p["node"]["import_ours_ms"] else "not imported"
@@ -318,8 +336,8 @@ def markdown(profiles: list[dict[str, Any]]) -> str:
         row(f"subprocess `{what}`: calls, start to exit (summed)",
             ["{:g}, {}".format(p["node"]["subprocesses"][what]["calls"], ms(p["node"]["subprocesses"][what]["ms"]))
              if what in p["node"]["subprocesses"] else "none" for p in profiles])
-    row("kernel log read (`health.kernel_log`)", ["{} ({})".format((p["node"]["kernel_log"] or {}).get("source"),
-                                                                     (p["node"]["kernel_log"] or {}).get("read") or "whole window")
+    row("kernel log read (`health.kernel_log`)", ["{}{}".format((p["node"]["kernel_log"] or {}).get("source"),
+                                                                 ", new lines only" if (p["node"]["kernel_log"] or {}).get("incremental") else ", whole window")
                                                   for p in profiles])
     return "\n".join(lines) + "\n"
 

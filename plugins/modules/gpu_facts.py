@@ -184,14 +184,16 @@ ansible_facts:
           description:
             - C(kernel_log) - where the Xids were read (C(source) V(journalctl) or V(dmesg)), C(error) when it could not be read,
               C(fallback) (why journalctl was passed over for dmesg, such as a journalctl that has no journal),
-              C(driver_loaded) (the driver's load line in the window; V(null) when it loaded before the window), C(window_hours), C(elapsed_s).
+              C(driver_loaded) (the driver's load line in the window; V(null) when it loaded before the window), C(window_hours), C(elapsed_s),
+              C(incremental) (V(true) when journalctl read only the lines after the last look's cursor, kept in
+              C(/var/lib/zeromib-gpu/kernel-log.json); the lines kept from it are judged again with the new ones).
             - C(fabric_manager) - on an NVSwitch node (a GPU whose C(fabric.state) is not N/A) C(state) (C(systemctl is-active
               nvidia-fabricmanager)), C(installed), C(version) (C(nv-fabricmanager --version)), C(error); else V(null).
             - C(dcgm_diag) - V(null) unless O(dcgm_diag) was set; else C(level), C(ran), C(passed), C(summary), C(elapsed_s).
           type: dict
           returned: always
           sample:
-            kernel_log: {source: journalctl, error: null, fallback: null, driver_loaded: null, window_hours: 24, elapsed_s: 0.012}
+            kernel_log: {source: journalctl, error: null, fallback: null, driver_loaded: null, incremental: true, window_hours: 24, elapsed_s: 0.012}
             fabric_manager: null
             dcgm_diag: null
         smoke_test_passed:
