@@ -23,6 +23,7 @@ does). Acts only inside the host it creates. Prints one JSON object; `--markdown
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -65,8 +66,12 @@ from ansible.cli.playbook import main
 try:
     main(["ansible-playbook"] + sys.argv[1:])
 finally:
+    import resource
+    used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     with open(OUT, "a") as handle:
         handle.write("playbook %.6f\n" % (time.perf_counter() - began))
+        # CPU of the whole play (workers and, with -c local, the module): steadier than wall time.
+        handle.write("cpu %.6f\n" % sum(u.ru_utime + u.ru_stime for u in used))
 """
 
 ONE_TASK = """---
@@ -81,16 +86,19 @@ ONE_TASK = """---
 
 # Run inside the host by its python3: the payload's wall time, start to exit, N times.
 NODE_TIMER = r"""
-import json, subprocess, sys, time
+import json, resource, subprocess, sys, time
 argv, reps = json.loads(sys.argv[1]), int(sys.argv[2])
-times = []
+times, cpu = [], []
 for _ in range(reps):
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     began = time.perf_counter()
     proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     times.append(time.perf_counter() - began)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
     if proc.returncode != 0:
         sys.exit(proc.stdout.decode()[-2000:] + proc.stderr.decode()[-2000:])
-print(json.dumps({"times": times, "last": proc.stdout.decode()}))
+print(json.dumps({"times": times, "cpu": cpu, "last": proc.stdout.decode()}))
 """
 
 # The /proc scan of gpu_release's clean look (device files only), with the checkout's code.
@@ -188,13 +196,21 @@ def subprocess_rows(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class Profile:
-    def __init__(self, checkout: str, reps: int) -> None:
+    """One checkout on its own clean host; `sample()` takes one of each reading, so that the
+    checkouts of a run take turns (the machine's noise hits them alike)."""
+
+    def __init__(self, checkout: str) -> None:
         self.checkout = checkout
-        self.reps = reps
         self.collections = os.path.join(checkout, ".build", "collections")
-        sys.path[:0] = [os.path.join(checkout, "tests", "sim")]
-        from nshost import NsHost  # pylint: disable=import-outside-toplevel
-        self.host = NsHost(preset="h200x8", seed="profiled")
+        spec = importlib.util.spec_from_file_location(f"nshost_{abs(hash(checkout)):x}", os.path.join(checkout, "tests", "sim", "nshost.py"))
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        sys.path.insert(0, os.path.join(checkout, "tests", "sim"))
+        spec.loader.exec_module(module)
+        self.host = module.NsHost(preset="h200x8", seed="profiled")
+        self.payload = ""
+        self.payload_bytes = 0
+        self.samples: dict[str, list[Any]] = {}
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {"ANSIBLE_COLLECTIONS_PATH": self.collections, "HOME": "/root", "ANSIBLE_NOCOLOR": "1",
@@ -205,6 +221,17 @@ class Profile:
     def playbook_argv(self, playbook: str) -> list[str]:
         return ["-i", "localhost,", "-c", "local", playbook, "-e", "ansible_python_interpreter=/usr/bin/python3",
                 "-e", "ansible_become=false"]
+
+    def start(self) -> None:
+        self.host.start()
+        for name, text in (("timed_playbook.py", CONTROLLER), ("one-task.yml", ONE_TASK), ("node_timer.py", NODE_TIMER)):
+            with open(os.path.join(self.host.dir, name), "w") as handle:
+                handle.write(text)
+        self.payload = self.keep_payload()
+        self.payload_bytes = os.path.getsize(self.payload)
+
+    def stop(self) -> None:
+        self.host.stop()
 
     def keep_payload(self) -> str:
         """The AnsiballZ file of gpu_release as the gate sends it (the role's defaults)."""
@@ -220,84 +247,84 @@ class Profile:
                 return os.path.join(root, "AnsiballZ_gpu_release.py")
         raise SystemExit("no AnsiballZ_gpu_release.py was kept")
 
-    def controller(self) -> dict[str, Any]:
-        out = os.path.join(self.host.dir, "controller-times.txt")
-        wrapper = os.path.join(self.host.dir, "timed_playbook.py")
-        with open(wrapper, "w") as handle:
-            handle.write(CONTROLLER)
-        one = os.path.join(self.host.dir, "one-task.yml")
-        with open(one, "w") as handle:
-            handle.write(ONE_TASK)
-        samples: dict[str, dict[str, list[float]]] = {"gate": {}, "one": {}}
-        for _rep in range(self.reps):
-            for name, play in (("gate", os.path.join(self.checkout, "playbooks", "free_gpus.yml")), ("one", one)):
-                if os.path.exists(out):
-                    os.unlink(out)
-                began = time.monotonic()
-                proc = self.host.run([os.path.join(VENV_BIN, "python"), wrapper] + self.playbook_argv(play), timeout=300,
-                                     env=self.env(GATE_PROFILE_OUT=out))
-                wall = time.monotonic() - began
-                if proc.returncode != 0:
-                    raise SystemExit(f"{play} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-                sums: dict[str, float] = {"wall": wall}
-                with open(out) as handle:
-                    for line in handle:
-                        label, seconds = line.split()
-                        sums[label] = sums.get(label, 0.0) + float(seconds)
-                for label, seconds in sums.items():
-                    samples[name].setdefault(label, []).append(seconds)
-        return {name: {label: median_ms(values) for label, values in labels.items()} for name, labels in samples.items()}
+    def add(self, key: str, value: Any) -> None:
+        self.samples.setdefault(key, []).append(value)
 
-    def node(self, payload: str) -> dict[str, Any]:
-        python = "/usr/bin/python3"
+    def sample(self) -> None:
+        self.sample_controller()
+        self.sample_node()
+
+    def sample_controller(self) -> None:
+        out = os.path.join(self.host.dir, "controller-times.txt")
+        for name, play in (("gate", os.path.join(self.checkout, "playbooks", "free_gpus.yml")), ("one", os.path.join(self.host.dir, "one-task.yml"))):
+            if os.path.exists(out):
+                os.unlink(out)
+            proc = self.host.run([os.path.join(VENV_BIN, "python"), os.path.join(self.host.dir, "timed_playbook.py")] + self.playbook_argv(play),
+                                 timeout=300, env=self.env(GATE_PROFILE_OUT=out))
+            if proc.returncode != 0:
+                raise SystemExit(f"{play} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+            sums: dict[str, float] = {}
+            with open(out) as handle:
+                for line in handle:
+                    label, seconds = line.split()
+                    sums[label] = sums.get(label, 0.0) + float(seconds)
+            self.add(name, sums)
+
+    def sample_node(self) -> None:
+        python, payload = "/usr/bin/python3", self.payload
         timer = os.path.join(self.host.dir, "node_timer.py")
-        with open(timer, "w") as handle:
-            handle.write(NODE_TIMER)
-        proc = self.host.run([python, timer, json.dumps([python, payload]), str(self.reps)], timeout=300)
-        data = json.loads(proc.stdout.strip().splitlines()[-1])
-        result = json.loads(data["last"])
-        bare = json.loads(self.host.run([python, timer, json.dumps([python, "-c", "pass"]), str(self.reps)]).stdout)["times"]
+        data = json.loads(self.host.run([python, timer, json.dumps([python, payload]), "1"], timeout=300).stdout.strip().splitlines()[-1])
+        self.add("start_to_exit", data["times"][0])
+        self.add("node_cpu", data["cpu"][0])
+        self.add("result", json.loads(data["last"]))
+        self.add("python_alone", json.loads(self.host.run([python, timer, json.dumps([python, "-c", "pass"]), "1"]).stdout)["times"][0])
         importtime = self.host.run([python, "-X", "importtime", payload], timeout=120).stderr
         imports = parse_importtime(importtime)
+        self.add("imports", {name[len(PREFIX):]: cum / 1000.0 for name, (_self, cum) in imports.items() if name.startswith(PREFIX)})
+        self.add("import_basic", imports.get("ansible.module_utils.basic", (0, 0))[1] / 1000.0)
+        self.add("import_ours", ours_total_us(importtime) / 1000.0)
         trace = os.path.join(self.host.dir, "strace.txt")
-        spans: list[list[dict[str, Any]]] = []
-        for _rep in range(self.reps):
-            self.host.run(["strace", "-f", "-ttt", "-qq", "-e", "trace=execve,exit_group", "-o", trace, python, payload], timeout=120)
-            with open(trace) as handle:
-                spans.append(subprocess_rows(parse_strace(handle.read())))
-        scan = json.loads(self.host.run([os.path.join(VENV_BIN, "python"), "-c", SCAN, self.collections, str(self.reps)]).stdout)["times"]
-        ours = {name[len(PREFIX):]: round(cum / 1000.0, 1) for name, (_self, cum) in imports.items() if name.startswith(PREFIX)}
+        self.host.run(["strace", "-f", "-ttt", "-qq", "-e", "trace=execve,exit_group", "-o", trace, python, payload], timeout=120)
+        with open(trace) as handle:
+            self.add("subprocesses", subprocess_rows(parse_strace(handle.read())))
+        self.add("scan", json.loads(self.host.run([os.path.join(VENV_BIN, "python"), "-c", SCAN, self.collections, "1"]).stdout)["times"][0])
+
+    def result(self) -> dict[str, Any]:
+        def med(values: list[float]) -> float:
+            return round(statistics.median(values), 1)
+        sam = self.samples
+        controller = {name: {label: med([1000.0 * s.get(label, 0.0) for s in sam[name]]) for label in sam[name][0]} for name in ("gate", "one")}
+        for name in ("gate", "one"):
+            controller[name]["ratio_samples"] = [s["playbook"] for s in sam[name]]
+            controller[name]["cpu_samples"] = [s["cpu"] for s in sam[name]]
+        ours = sorted({name for sample in sam["imports"] for name in sample})
         rows: dict[str, dict[str, list[float]]] = {}
-        for run in spans:
+        for run in sam["subprocesses"]:
             for row in run:
                 entry = rows.setdefault(row["what"], {"calls": [], "ms": []})
                 entry["calls"].append(row["calls"])
                 entry["ms"].append(row["ms"])
+        last = sam["result"][-1]
         return {
-            "payload_bytes": os.path.getsize(payload),
-            "interpreter_start_to_exit_ms": median_ms(data["times"]),
-            "python_alone_ms": median_ms(bare),
-            "elapsed_s": result.get("elapsed_s"),
-            "timings": result.get("timings"),
-            "kernel_log": (result.get("health") or {}).get("kernel_log"),
-            "import_basic_ms": round(imports.get("ansible.module_utils.basic", (0, 0))[1] / 1000.0, 1),
-            "import_module_ms": round(ours_total_us(importtime) / 1000.0, 1),
-            "import_ours_ms": ours,
-            "subprocesses": {what: {"calls": statistics.median(v["calls"]), "ms": round(statistics.median(v["ms"]), 1)}
-                             for what, v in rows.items()},
-            "proc_scan_ms": median_ms(scan),
+            "checkout": self.checkout,
+            "reps": len(sam["result"]),
+            "node": {
+                "payload_bytes": self.payload_bytes,
+                "interpreter_start_to_exit_ms": med([1000.0 * x for x in sam["start_to_exit"]]),
+                "cpu_ms": med([1000.0 * x for x in sam["node_cpu"]]),
+                "python_alone_ms": med([1000.0 * x for x in sam["python_alone"]]),
+                "elapsed_s": statistics.median([r.get("elapsed_s") or 0.0 for r in sam["result"]]),
+                "look_s": statistics.median([(r.get("timings") or {}).get("look_s") or 0.0 for r in sam["result"]]),
+                "kernel_log": (last.get("health") or {}).get("kernel_log"),
+                "import_basic_ms": med(sam["import_basic"]),
+                "import_module_ms": med(sam["import_ours"]),
+                "import_ours_ms": {name: med([s[name] for s in sam["imports"] if name in s]) for name in ours},
+                "subprocesses": {what: {"calls": statistics.median(v["calls"]), "ms": round(statistics.median(v["ms"]), 1)}
+                                 for what, v in rows.items()},
+                "proc_scan_ms": med([1000.0 * x for x in sam["scan"]]),
+            },
+            "controller": controller,
         }
-
-    def run(self) -> dict[str, Any]:
-        self.host.start()
-        try:
-            payload = self.keep_payload()
-            node = self.node(payload)
-            controller = self.controller()
-        finally:
-            self.host.stop()
-        return {"checkout": self.checkout, "reps": self.reps, "load": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                "node": node, "controller": controller}
 
 
 def markdown(profiles: list[dict[str, Any]]) -> str:
@@ -310,10 +337,15 @@ def markdown(profiles: list[dict[str, Any]]) -> str:
 
     def ms(value: Any) -> str:
         return "-" if value is None else f"{float(value):.1f} ms"
-    row("load average (1 min) at the end", [f"{p['load'][0]:.2f}" for p in profiles])
+    row("load average (1 min) at the start / the end (`uptime`)", [f"{p['load_before'][0]:.2f} / {p['load'][0]:.2f}" for p in profiles])
+    row("samples (the checkouts took turns)", [str(p["reps"]) for p in profiles])
     row("**controller**: free_gpus.yml, ansible-playbook start to exit", [ms(p["controller"]["gate"].get("playbook")) for p in profiles])
     row("one-task nvidia-smi play, start to exit", [ms(p["controller"]["one"].get("playbook")) for p in profiles])
-    row("gate / one-task", ["{:.2f}x".format(p["controller"]["gate"]["playbook"] / p["controller"]["one"]["playbook"]) for p in profiles])
+    row("gate / one-task (median of the ratios)", ["{:.2f}x".format(statistics.median(
+        g / o for g, o in zip(p["controller"]["gate"]["ratio_samples"], p["controller"]["one"]["ratio_samples"]))) for p in profiles])
+    row("CPU of the whole play (user + sys, module included): gate / one-task",
+        ["{:.0f} / {:.0f} ms, {:.2f}x".format(p["controller"]["gate"]["cpu"], p["controller"]["one"]["cpu"], statistics.median(
+            g / o for g, o in zip(p["controller"]["gate"]["cpu_samples"], p["controller"]["one"]["cpu_samples"]))) for p in profiles])
     row("the host's tasks in the worker (gate: 1)", [ms(p["controller"]["gate"].get("task")) for p in profiles])
     row("action plugin and verdict (task minus gpu_release)",
         [ms(p["controller"]["gate"]["task"] - p["controller"]["gate"]["execute_module"]) for p in profiles])
@@ -321,6 +353,7 @@ def markdown(profiles: list[dict[str, Any]]) -> str:
     row("sending and running it (pipelined, `-c local`)", [ms(p["controller"]["gate"].get("run_on_node")) for p in profiles])
     row("**node**: AnsiballZ payload size", ["{:,} bytes".format(p["node"]["payload_bytes"]) for p in profiles])
     row("gpu_release, interpreter start to exit", [ms(p["node"]["interpreter_start_to_exit_ms"]) for p in profiles])
+    row("  its CPU (user + sys, subprocesses included)", [ms(p["node"]["cpu_ms"]) for p in profiles])
     row("python3 alone (`-c pass`)", [ms(p["node"]["python_alone_ms"]) for p in profiles])
     row("import ansible.module_utils.basic (cumulative)", [ms(p["node"]["import_basic_ms"]) for p in profiles])
     row("import of zeromib.gpu's module_utils, all (cumulative)", [ms(p["node"]["import_module_ms"]) for p in profiles])
@@ -329,7 +362,7 @@ def markdown(profiles: list[dict[str, Any]]) -> str:
         row(f"  import {name} (cumulative)", [ms(p["node"]["import_ours_ms"].get(name)) if name in p["node"]["import_ours_ms"] else "not imported"
                                               for p in profiles])
     row("gpu_release's own `elapsed_s`", [ms(1000.0 * p["node"]["elapsed_s"]) for p in profiles])
-    row("  the look (`timings.look_s`)", [ms(1000.0 * (p["node"]["timings"] or {}).get("look_s", 0)) for p in profiles])
+    row("  the look (`timings.look_s`)", [ms(1000.0 * p["node"]["look_s"]) for p in profiles])
     row("  the /proc scan (device files)", [ms(p["node"]["proc_scan_ms"]) for p in profiles])
     subs = sorted({what for p in profiles for what in p["node"]["subprocesses"]})
     for what in subs:
@@ -344,23 +377,30 @@ def markdown(profiles: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkout", action="append", help="a checkout to profile (repeatable; default this one)")
+    parser.add_argument("--checkout", action="append", help="a checkout to profile (repeatable; default this one); they take turns")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--json", help="write the profiles here too")
     parser.add_argument("--markdown", action="store_true", help="print the table of docs/benchmarks.md")
     args = parser.parse_args()
-    profiles = []
-    for checkout in args.checkout or [REPO]:
-        profile = Profile(os.path.abspath(checkout), args.reps).run()
-        sys.path.pop(0)
-        sys.modules.pop("nshost", None)
-        profiles.append(profile)
-        print(json.dumps(profile), flush=True)
+    profiles = [Profile(os.path.abspath(checkout)) for checkout in args.checkout or [REPO]]
+    load_before = os.getloadavg()
+    try:
+        for profile in profiles:
+            profile.start()
+        for _rep in range(args.reps):
+            for profile in profiles:
+                profile.sample()
+    finally:
+        for profile in profiles:
+            profile.stop()
+    load = os.getloadavg()
+    results = [dict(p.result(), load=load, load_before=load_before, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())) for p in profiles]
+    print(json.dumps(results), flush=True)
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump(profiles, handle, indent=1)
+            json.dump(results, handle, indent=1)
     if args.markdown:
-        print(markdown(profiles))
+        print(markdown(results))
 
 
 if __name__ == "__main__":
