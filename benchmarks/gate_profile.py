@@ -369,9 +369,10 @@ def markdown(profiles: list[dict[str, Any]]) -> str:
         row(f"subprocess `{what}`: calls, start to exit (summed)",
             ["{:g}, {}".format(p["node"]["subprocesses"][what]["calls"], ms(p["node"]["subprocesses"][what]["ms"]))
              if what in p["node"]["subprocesses"] else "none" for p in profiles])
-    row("kernel log read (`health.kernel_log`)", ["{}{}".format((p["node"]["kernel_log"] or {}).get("source"),
-                                                                 ", new lines only" if (p["node"]["kernel_log"] or {}).get("incremental") else ", whole window")
-                                                  for p in profiles])
+    def kernel_log(p: dict[str, Any]) -> str:
+        log = p["node"]["kernel_log"] or {}
+        return "{}, {}".format(log.get("source"), "new lines only" if log.get("incremental") else "whole window")
+    row("kernel log read (`health.kernel_log`)", [kernel_log(p) for p in profiles])
     return "\n".join(lines) + "\n"
 
 

@@ -563,7 +563,7 @@ class KernelLog:
         if cursor is None and self._state is not None and self.incremental:
             cursor = self._state["cursor"]  # nothing new since the last read
         state = log_state.new_state(self._boot, self.window_hours, cursor, lines, self.clock())
-        if state is not None and state != self._state:
+        if state is not None and not log_state.same_read(self._state, state):
             with contextlib.suppress(OSError):
                 log_state.write(state, self.state_path)
 

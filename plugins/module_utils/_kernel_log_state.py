@@ -94,6 +94,14 @@ def new_state(boot: str | None, window_hours: float, cursor: str | None, lines: 
     return {"format": FORMAT, "boot_id": boot, "window_hours": window_hours, "read_at": now, "cursor": cursor, "lines": list(lines)}
 
 
+def same_read(kept: t.Any, state: dict[str, t.Any]) -> bool:
+    """Whether `kept` already says what `state` does (nothing new logged) and is fresh enough to
+    stay usable: the clean gate then writes nothing."""
+    if not isinstance(kept, dict) or any(kept.get(key) != state[key] for key in ("boot_id", "window_hours", "cursor", "lines")):
+        return False
+    return state["read_at"] - kept.get("read_at", 0) < state["window_hours"] * 3600.0 / 2
+
+
 def _trusted(info: os.stat_result) -> bool:
     return info.st_uid in (0, os.geteuid()) and not info.st_mode & 0o022
 

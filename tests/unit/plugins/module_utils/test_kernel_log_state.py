@@ -68,6 +68,15 @@ def test_no_state_is_kept_for_a_line_whose_time_cannot_be_read():
     assert log_state.new_state(None, 24.0, "c", [], NOW) is None
 
 
+def test_a_gate_that_read_nothing_new_writes_nothing_until_half_the_window_has_passed():
+    kept = state()
+    assert log_state.same_read(kept, dict(kept, read_at=NOW))
+    assert not log_state.same_read(kept, dict(kept, read_at=kept["read_at"] + 12 * 3600))
+    assert not log_state.same_read(kept, dict(kept, cursor="s=1;i=3"))
+    assert not log_state.same_read(kept, dict(kept, lines=[]))
+    assert not log_state.same_read(None, kept)
+
+
 def test_state_is_written_root_only_and_read_back(tmp_path):
     path = str(tmp_path / "zeromib-gpu" / "kernel-log.json")
     log_state.write(state(), path)
