@@ -325,7 +325,7 @@ signal.pause()
             what = ("(before issue 14), run from a `git archive` of it: the role was an argument-validation task, gpu_release, "
                     "a set_fact and an assert per host" if BEFORE_REV == "caeff72" else "run from a `git archive` of it")
             mitogen = f"mitogen {mitogen_version()}, `ANSIBLE_STRATEGY=mitogen_linear`" if self.mitogen else "not installed, not measured"
-            out += ["`{}` is the collection at commit {} {}. mitogen: {}.".format(BEFORE, BEFORE_REV, what, mitogen), ""]
+            out += [f"`{BEFORE}` is the collection at commit {BEFORE_REV} {what}. mitogen: {mitogen}.", ""]
         out += self.targets()
         if "clean" in self.rows:
             names = [OURS, BEFORE, ONE, MITO, ONE_MITO, RAW]
