@@ -369,6 +369,7 @@ def markdown(profiles: list[dict[str, Any]]) -> str:
         row(f"subprocess `{what}`: calls, start to exit (summed)",
             ["{:g}, {}".format(p["node"]["subprocesses"][what]["calls"], ms(p["node"]["subprocesses"][what]["ms"]))
              if what in p["node"]["subprocesses"] else "none" for p in profiles])
+
     def kernel_log(p: dict[str, Any]) -> str:
         log = p["node"]["kernel_log"] or {}
         return "{}, {}".format(log.get("source"), "new lines only" if log.get("incremental") else "whole window")
