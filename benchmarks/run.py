@@ -322,10 +322,10 @@ signal.pause()
                    self.load_at_start[0], self.load_at_start[1], self.load_at_start[2], load[0], load[1], load[2],
                    self.args.reps), ""]
         if self.before:
-            out += ["`{}` is the collection at commit {} (before issue 14), run from a `git archive` of it: the role was an "
-                    "argument-validation task, gpu_release, a set_fact and an assert per host. mitogen: {}.".format(
-                        BEFORE, BEFORE_REV, f"mitogen {mitogen_version()}, `ANSIBLE_STRATEGY=mitogen_linear`"
-                        if self.mitogen else "not installed, not measured"), ""]
+            what = ("(before issue 14), run from a `git archive` of it: the role was an argument-validation task, gpu_release, "
+                    "a set_fact and an assert per host" if BEFORE_REV == "caeff72" else "run from a `git archive` of it")
+            mitogen = f"mitogen {mitogen_version()}, `ANSIBLE_STRATEGY=mitogen_linear`" if self.mitogen else "not installed, not measured"
+            out += [f"`{BEFORE}` is the collection at commit {BEFORE_REV} {what}. mitogen: {mitogen}.", ""]
         out += self.targets()
         if "clean" in self.rows:
             names = [OURS, BEFORE, ONE, MITO, ONE_MITO, RAW]
@@ -441,6 +441,13 @@ def fleet_reset(fleet):
                                 "systemctl disable sglang.service 2>/dev/null; pkill -9 -f '[g]pu_holder'; true")
 
 
+def name_before(rev):
+    """Another commit side by side (a change measured against the commit before it)."""
+    global BEFORE, BEFORE_REV  # the contenders' names, read everywhere
+    BEFORE_REV = rev
+    BEFORE = f"free_gpus.yml before ({rev})"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", default="8,16,32", help="fleet sizes for the clean gate")
@@ -452,6 +459,8 @@ def main():
     parser.add_argument("--out", default=os.path.join(REPO, "docs", "benchmarks.md"))
     parser.add_argument("--before", default=BEFORE_REV, help="commit to run side by side as 'before' ('' for none)")
     args = parser.parse_args()
+    if args.before and args.before != BEFORE_REV:
+        name_before(args.before)
     bench = Bench(args)
     bench.load_at_start = os.getloadavg()
     if not args.skip_facts:

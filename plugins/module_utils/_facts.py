@@ -15,8 +15,6 @@ import os
 import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _attribution
-from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
-from ansible_collections.zeromib.gpu.plugins.module_utils import _engines
 from ansible_collections.zeromib.gpu.plugins.module_utils import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
 from ansible_collections.zeromib.gpu.plugins.module_utils import _nvidia_smi as smi_mod
@@ -68,7 +66,14 @@ HOLDER_KEYS = (
     "protected",
     "protection_note",
     "container_note",
-) + _containers.HOLDER_KEYS
+    # _containers.HOLDER_KEYS, spelled out: a host whose holders run in no container (and a clean
+    # one, which has none) never loads _containers (tests/unit: test_facts checks they agree).
+    "container_runtime",
+    "container_name",
+    "container_image",
+    "pod",
+    "pod_uid",
+)
 
 
 def gpu_is_clean(gpu: Gpu, max_used_mib: float) -> bool:
@@ -304,13 +309,15 @@ def scan_and_attribute(gpus: list[Gpu], apps: list[ComputeApp] | None, fetch_app
     return holders_mod.protect(attributed, protect_names, protect_pids, own_lineage, main_pid_of), apps
 
 
-def _query_gpus(smi: smi_mod.NvidiaSmi, with_apps: bool, checks: _health.Checks | None) -> tuple[list[Gpu], list[ComputeApp], _health.Health | None]:
+def _query_gpus(smi: smi_mod.NvidiaSmi, with_apps: bool, checks: _health.Checks | None,
+                kernel_log_state: str | None = None) -> tuple[list[Gpu], list[ComputeApp], _health.Health | None]:
     """nvidia-smi's GPUs and (`with_apps`) raw compute apps; with `checks`, the kernel log read
-    for Xids while nvidia-smi runs, and the GPUs annotated with their health."""
+    for Xids while nvidia-smi runs (only its new lines with `kernel_log_state`, see
+    _kernel_log_state), and the GPUs annotated with their health."""
     if checks is None:
         gpus, apps = smi.query_all(with_apps=with_apps)
         return gpus, apps, None
-    kernel_log = _health.KernelLog(checks.xid_window_hours)
+    kernel_log = _health.KernelLog(checks.xid_window_hours, state_path=kernel_log_state)
     kernel_log.start()
     try:
         gpus, apps = smi.query_all(smi_mod.GPU_FIELDS + smi_mod.HEALTH_FIELDS, with_apps=with_apps)
@@ -328,15 +335,17 @@ def _query_gpus(smi: smi_mod.NvidiaSmi, with_apps: bool, checks: _health.Checks 
 def look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, *, with_processes: bool = True, proc: str = "/proc",
          driver_root: str = "/proc/driver/nvidia/gpus", with_apps: bool | None = None, max_used_mib: float = 0,
          footprint_mib: float | None = _attribution.CROSS_GPU_FOOTPRINT_MIB, runtimes: Runtimes | None = None, checks: _health.Checks | None = None,
-         main_pid_of: MainPidOf | None = None) -> Snapshot:
+         main_pid_of: MainPidOf | None = None, runtimes_of: t.Callable[[], Runtimes] | None = None,
+         kernel_log_state: str | None = None) -> Snapshot:
     """nvidia-smi (GPUs and, side by side, compute apps, and the kernel log for Xids) then the
     /proc scan -> Snapshot. GPU records carry their health (`checks`: a _health.Checks).
 
     `with_apps` defaults to `with_processes`; gpu_release looks without them and asks for them
     only when some process maps a per-GPU node (a clean node: one nvidia-smi call). Without
-    `checks`, health is not read (the GPUs' `healthy` reads None)."""
+    `checks`, health is not read (the GPUs' `healthy` reads None). The container runtimes
+    (`runtimes`, or `runtimes_of()`) are asked only about holders, and loaded only then."""
     with_apps = with_processes if with_apps is None else with_apps
-    gpus, listed, health = _query_gpus(smi, with_apps, checks)
+    gpus, listed, health = _query_gpus(smi, with_apps, checks, kernel_log_state)
     driver_gpus = smi_mod.read_driver_gpus(driver_root)
     # A GPU the driver has and nvidia-smi left out (rc 0, one row fewer) is never read as clean,
     # unless this namespace cannot reach it: then it is not this node's (not_visible).
@@ -367,7 +376,10 @@ def look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, *, with_proc
         gpus, joined(listed) if with_apps else None, fetch_apps, protect_names=names, protect_pids=pids, own_lineage=lineage, proc=proc,
         unreadable=unreadable, max_used_mib=max_used_mib, footprint_mib=footprint_mib, main_pid_of=main_pid_of,
     )
-    _containers.annotate(holders, runtimes or _engines.Runtimes(), proc)
+    if holders:
+        from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
+        from ansible_collections.zeromib.gpu.plugins.module_utils import _engines
+        _containers.annotate(holders, runtimes or (runtimes_of() if runtimes_of else _engines.Runtimes()), proc)
     footprint = _attribution.footprint_gpus(gpus, holders, apps, max_used_mib, footprint_mib)
     return Snapshot(gpus, apps, holders, unreadable, footprint, health, not_visible)
 

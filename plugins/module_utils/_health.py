@@ -18,6 +18,7 @@ a bad reading and never turns a good one bad.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -25,6 +26,7 @@ import time
 import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
+from ansible_collections.zeromib.gpu.plugins.module_utils import _kernel_log_state as log_state
 from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import GPU_FIELDS, HEALTH_FIELDS, kill_group, normalize_bus_id
 
 if t.TYPE_CHECKING:
@@ -526,10 +528,15 @@ class KernelLog:
     bounded in time and bytes; started before nvidia-smi runs and collected after it.
 
     journalctl that has no journal ("No journal files were found." with rc 0, or an answer with
-    no line at all while dmesg has some) is passed over for dmesg; `fallback` says why."""
+    no line at all while dmesg has some) is passed over for dmesg; `fallback` says why.
+
+    With `state_path` (_kernel_log_state), journalctl reads only what came after the last read's
+    cursor, and the Xid lines kept from it are judged again with the new ones: the same lines a
+    whole read of the window gives, for a fraction of the journal read. Without a usable state
+    (or when that read fails) the whole window is read, as without `state_path`."""
 
     def __init__(self, window_hours: float, timeout: float = KERNEL_LOG_TIMEOUT_S, max_bytes: int = KERNEL_LOG_MAX_BYTES,
-                 search_path: str | None = None) -> None:
+                 search_path: str | None = None, state_path: str | None = None, clock: t.Callable[[], float] = time.time) -> None:
         self.window_hours = window_hours
         self.timeout = timeout
         self.max_bytes = max_bytes
@@ -538,24 +545,52 @@ class KernelLog:
         self.error: str | None = None
         self.fallback: str | None = None
         self.driver_loaded: str | None = None
+        # True when journalctl read only the lines after the last read (state_path).
+        self.incremental = False
         self.elapsed_s = 0.0
-        self._started: tuple[str, subprocess.Popen[bytes]] | None = None
-        self._queue: list[tuple[str, list[str]]] = []
+        self.state_path = state_path
+        self.clock = clock
+        self._state: dict[str, t.Any] | None = None
+        self._boot: str | None = None
+        self._started: tuple[str, bool, subprocess.Popen[bytes]] | None = None
+        self._queue: list[tuple[str, bool, list[str]]] = []
         self._began = time.monotonic()
 
     def _which(self, name: str) -> str | None:
         return which(name, self.search_path)
 
-    def _commands(self) -> list[tuple[str, list[str]]]:
+    def _commands(self) -> list[tuple[str, bool, list[str]]]:
+        """(source, reads only what follows the kept state, argv), in the order they are tried."""
         commands = []
         journalctl = self._which("journalctl")
         if journalctl:
-            commands.append(("journalctl", [journalctl, "-k", "--since", f"-{max(1, int(self.window_hours * 60)):d}min",
-                                            "-o", "short-iso", "-q", "--no-pager"]))
+            tail = ["-o", "short-iso", "-q", "--no-pager"] + (["--show-cursor"] if self.state_path else [])
+            if self._state is not None:
+                commands.append(("journalctl", True, [journalctl, "-k", "--after-cursor", self._state["cursor"]] + tail))
+            commands.append(("journalctl", False, [journalctl, "-k", "--since", f"-{max(1, int(self.window_hours * 60)):d}min"] + tail))
         dmesg = self._which("dmesg")
         if dmesg:
-            commands.append(("dmesg", [dmesg]))
+            commands.append(("dmesg", False, [dmesg]))
         return commands
+
+    def _load_state(self) -> None:
+        if not self.state_path:
+            return
+        self._boot = log_state.boot_id()
+        state = log_state.read(self.state_path)
+        self._state = state if log_state.usable(state, self._boot, self.window_hours, self.clock()) else None
+
+    def _keep_state(self, cursor: str | None, lines: list[str]) -> None:
+        """After a journalctl read: what it judged, for the next gate (a failure to write costs
+        only that gate a whole read)."""
+        if not self.state_path:
+            return
+        if cursor is None and self._state is not None and self.incremental:
+            cursor = self._state["cursor"]  # nothing new since the last read
+        state = log_state.new_state(self._boot, self.window_hours, cursor, lines, self.clock())
+        if state is not None and not log_state.same_read(self._state, state):
+            with contextlib.suppress(OSError):
+                log_state.write(state, self.state_path)
 
     @staticmethod
     def _spawn(argv: list[str]) -> subprocess.Popen[bytes]:
@@ -565,15 +600,16 @@ class KernelLog:
         if not self.window_hours:
             return
         self._began = time.monotonic()
+        self._load_state()
         self._queue = self._commands()
         self._next()
 
     def _next(self) -> None:
         self._started = None
         while self._queue:
-            source, argv = self._queue.pop(0)
+            source, incremental, argv = self._queue.pop(0)
             try:
-                self._started = (source, self._spawn(argv))
+                self._started = (source, incremental, self._spawn(argv))
                 return
             except OSError as exc:
                 self.error = f"{source}: {exc}"
@@ -581,7 +617,7 @@ class KernelLog:
     def abandon(self) -> None:
         """nvidia-smi failed: the Xids are not wanted, do not leave the reader behind."""
         if self._started is not None:
-            kill_group(self._started[1])
+            kill_group(self._started[2])
             self._started = None
         self._queue = []
 
@@ -595,7 +631,7 @@ class KernelLog:
         found: list[str] = []
         kept: tuple[bool, list[str]] | None = None
         while self._started is not None:
-            source, process = self._started
+            source, incremental, process = self._started
             deadline = self._began + self.timeout
             try:
                 stdout, stderr = process.communicate(timeout=max(0.0, deadline - time.monotonic()))
@@ -603,9 +639,18 @@ class KernelLog:
                 kill_group(process)
                 self.error = f"{source} took longer than {self.timeout:g} s"
                 break
-            text = stdout[-self.max_bytes:].decode("utf-8", "replace")
+            text, cursor = _split_cursor(stdout[-self.max_bytes:].decode("utf-8", "replace"))
             said = stderr.decode("utf-8", "replace").strip().splitlines()
-            if process.returncode == 0:
+            if process.returncode == 0 and incremental and not any(NO_JOURNAL in line for line in said):
+                # What the last read kept, still in the window, then the lines since: a whole
+                # read's lines (an answer with no new line is no reason to try dmesg).
+                earlier: list[str] = t.cast("dict[str, t.Any]", self._state)["lines"]
+                new = [line for line in text.splitlines() if "Xid" in line or "NVRM: loading" in line]
+                found = log_state.in_window(earlier + new, self.window_hours, self.clock())
+                self.source, self.error, self.incremental = source, None, True
+                self._keep_state(cursor, found)
+                break
+            if process.returncode == 0 and not incremental:
                 wanted = [line for line in text.splitlines() if "Xid" in line or "NVRM: loading" in line]
                 no_journal = source == "journalctl" and any(NO_JOURNAL in line for line in said)
                 if source == "journalctl" and (no_journal or not text.strip()):
@@ -615,7 +660,13 @@ class KernelLog:
                     self._next()
                     continue
                 self.source, self.error, found = source, None, wanted
+                if source == "journalctl":
+                    self._keep_state(cursor, found)
                 break
+            if incremental:
+                # The kept cursor did not serve (a vacuumed journal, another journal): the whole window.
+                self._next()
+                continue
             self.error = "{} failed (rc {}){}".format(source, process.returncode, ": " + said[0] if said else "")
             self._next()
         if self.source is None and kept is not None:
@@ -640,6 +691,18 @@ class KernelLog:
             window = self.window_hours * 3600.0
             return parse_xids(after, up, window), parse_xids(before, up, window)
         return parse_xids(after), parse_xids(before)
+
+
+def _split_cursor(text: str) -> tuple[str, str | None]:
+    """journalctl --show-cursor's output -> (the log lines, the cursor after the last, or None)."""
+    cursor = None
+    lines = []
+    for line in text.splitlines():
+        if line.startswith(log_state.CURSOR_PREFIX):
+            cursor = line[len(log_state.CURSOR_PREFIX):].strip() or None
+        else:
+            lines.append(line)
+    return "\n".join(lines), cursor
 
 
 def uptime(path: str = "/proc/uptime") -> float | None:
@@ -837,6 +900,7 @@ class Health:
                 "error": log.error if log else None,
                 "fallback": log.fallback if log else None,
                 "driver_loaded": log.driver_loaded if log else None,
+                "incremental": log.incremental if log else False,
                 "window_hours": self.checks.xid_window_hours,
                 "elapsed_s": log.elapsed_s if log else 0.0,
             },

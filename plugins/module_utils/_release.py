@@ -19,23 +19,24 @@ import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _attribution
 from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
-from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
-from ansible_collections.zeromib.gpu.plugins.module_utils import _engines
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
-from ansible_collections.zeromib.gpu.plugins.module_utils import _mps
-from ansible_collections.zeromib.gpu.plugins.module_utils import _record
-from ansible_collections.zeromib.gpu.plugins.module_utils import _settle
 from ansible_collections.zeromib.gpu.plugins.module_utils import _signals
-from ansible_collections.zeromib.gpu.plugins.module_utils import _supervisor
-from ansible_collections.zeromib.gpu.plugins.module_utils import _units
 from ansible_collections.zeromib.gpu.plugins.module_utils._errors import ReleaseError, StepFailed
 from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import (
     GPU_FIELDS, NvidiaSmiError, check_against_driver, normalize_bus_id, parse_compute_apps,
 )
 
+# What only a host with something to free needs (containers and their runtimes, systemd units,
+# supervisord, MPS, the respawn watch, the restore record) is imported by the function that
+# uses it: a clean host (the gate before every job) loads none of it. Each module_util is
+# compiled from source on every run (AnsiballZ ships no bytecode), ~40 ms of the ~90 ms that
+# gpu_release's own imports took on a clean simulated host (docs/benchmarks.md). Ansible finds
+# imports anywhere in a module's source, so the payload still carries them all.
+
 if t.TYPE_CHECKING:
+    from ansible_collections.zeromib.gpu.plugins.module_utils import _containers, _settle, _supervisor  # noqa: F401 - annotations
     from ansible_collections.zeromib.gpu.plugins.module_utils._records import ComputeApp, ContainersDone, DriverGpu, Gpu, Holder, ReleaseResult
     from ansible_collections.zeromib.gpu.plugins.module_utils._supervisor import ProgramPlan
     from ansible_collections.zeromib.gpu.plugins.module_utils._units import UnitPlan
@@ -55,15 +56,26 @@ BASELINE_MAX_MIB = 64
 class System:
     """Everything gpu_release does to the node, in one replaceable place."""
 
-    def __init__(self, systemctl_path: str | None = None, proc: str = "/proc", runtimes: t.Any = None, record_path: str | None = None) -> None:
+    def __init__(self, systemctl_path: str | None = None, proc: str = "/proc", runtimes: t.Any = None, record_path: str | None = None,
+                 kernel_log_state: str | None = None) -> None:
         self.systemctl_path = systemctl_path
         self.proc = proc
         # Where the restore record goes (_record.PATH for the module); None writes none.
         self.record_path = record_path
+        # What the last look read of the kernel log (_kernel_log_state.PATH for the module); None keeps none.
+        self.kernel_log_state = kernel_log_state
         # pidfds pin a process of this kernel's /proc only.
         self.pidfd = _signals.pidfd_or_none() if proc == "/proc" else None
         # Docker and Podman, asked only when a holder runs in a container or services names one.
-        self.runtimes = runtimes if runtimes is not None else _engines.Runtimes()
+        self._runtimes = runtimes
+
+    @property
+    def runtimes(self) -> t.Any:
+        """_engines.Runtimes, made (and _engines loaded) when first needed."""
+        if self._runtimes is None:
+            from ansible_collections.zeromib.gpu.plugins.module_utils import _engines
+            self._runtimes = _engines.Runtimes()
+        return self._runtimes
 
     def systemctl(self, args: t.Sequence[str]) -> tuple[int, str, str]:
         return _commands.systemctl(self.systemctl_path, args)
@@ -73,6 +85,7 @@ class System:
 
     def supervisors(self) -> list[_supervisor.Supervisor]:
         """Running supervisord processes of root (asked only when services names a program)."""
+        from ansible_collections.zeromib.gpu.plugins.module_utils import _supervisor
         return _supervisor.find_supervisors(self.proc)
 
     def state(self, pid: int) -> str | None:
@@ -399,6 +412,13 @@ def summarize_diff(gpus: list[Gpu], holders: list[Holder], changes: t.Iterable[s
     return "\n".join(lines) + "\n"
 
 
+def _container_names(entries: t.Iterable[t.Any] | None) -> list[str]:
+    if not entries:
+        return []
+    from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
+    return [_containers.describe_entry(c) for c in entries]
+
+
 def plan_diff(result: ReleaseResult, check_mode: bool) -> tuple[list[str], list[str]]:
     """(before, after) lines for the units, containers and processes the run acts on: their state
     before, and after (or, in check mode, what the real run would leave)."""
@@ -410,8 +430,8 @@ def plan_diff(result: ReleaseResult, check_mode: bool) -> tuple[list[str], list[
         before.append("unit {}: {}".format(unit, "active" if unit in stopped else "enabled"))
         state = "masked" if unit in masked else "disabled" if unit in disabled else None
         after.append("unit {}: {}".format(unit, ", ".join(x for x in ("stopped" if unit in stopped else None, state) if x)))
-    stopped_c = [_containers.describe_entry(c) for c in result.get("stopped_containers") or []]
-    disabled_c = [_containers.describe_entry(c) for c in result.get("disabled_containers") or []]
+    stopped_c = _container_names(result.get("stopped_containers"))
+    disabled_c = _container_names(result.get("disabled_containers"))
     for name in stopped_c + [c for c in disabled_c if c not in stopped_c]:
         before.append("container {}: {}".format(name, "running" if name in stopped_c else "restart policy set"))
         states = ("stopped" if name in stopped_c else None, "restart policy no" if name in disabled_c else None)
@@ -467,6 +487,32 @@ def new_result(state_key: str | None) -> ReleaseResult:
     if state_key:
         result[state_key] = []  # type: ignore[literal-required]
     return result
+
+
+class NoContainers:
+    """What _containers.plan returns where no process holds a GPU and services names no
+    container: nothing to stop, disable or signal (without loading _containers)."""
+
+    def __init__(self) -> None:
+        self.stop: list[t.Any] = []
+        self.disable: list[t.Any] = []
+        self.not_found: list[str] = []
+        self.signal: list[Holder] = []
+        self.outside: list[tuple[Holder, str | None]] = []
+        self.warnings: list[str] = []
+
+    def __bool__(self) -> bool:
+        return False
+
+
+def no_units() -> UnitPlan:
+    """What _units.plan returns for no unit named and none owning a target."""
+    return {"stop": [], "disable": [], "mask": [], "not_found": [], "before": {}, "kept_units": [], "warnings": []}
+
+
+def no_programs() -> ProgramPlan:
+    """What plan_programs returns when services names no supervisord program."""
+    return {"stop": [], "disable": [], "not_found": [], "warnings": []}
 
 
 class Plan:
@@ -590,6 +636,7 @@ class Release:
     # --- look
 
     def settle_timeout(self) -> float:
+        from ansible_collections.zeromib.gpu.plugins.module_utils import _settle
         value = self.params.get("settle_timeout")
         return _settle.SETTLE_S if value is None else value
 
@@ -603,6 +650,7 @@ class Release:
     def scan(self, gpus: list[Gpu]) -> tuple[list[Holder], list[ComputeApp]]:
         """Who uses which GPU now -> (holders, the compute apps seen: fetched only when they can
         change the answer, else [])."""
+        from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
         holders, apps = _facts.scan_and_attribute(
             gpus, None, lambda: self._apps(gpus), protect_names=self.names, protect_pids=self.pids, own_lineage=self.lineage, proc=self.system.proc,
             max_used_mib=self.max_used_mib(), footprint_mib=self.footprint_mib(), main_pid_of=self.main_pid_of,
@@ -629,7 +677,8 @@ class Release:
     def look(self) -> t.Any:
         snapshot = _facts.look(self.smi, self.params.get("protect"), with_processes=True, proc=self.system.proc, driver_root=self.driver_root, with_apps=False,
                                max_used_mib=self.max_used_mib(), footprint_mib=self.footprint_mib(),
-                               runtimes=self.system.runtimes, checks=_health.Checks.from_params(self.params), main_pid_of=self.main_pid_of)
+                               runtimes_of=lambda: self.system.runtimes, checks=_health.Checks.from_params(self.params), main_pid_of=self.main_pid_of,
+                               kernel_log_state=getattr(self.system, "kernel_log_state", None))
         self.health = snapshot.health
         return snapshot
 
@@ -654,11 +703,16 @@ class Release:
         self.result["selected_gpus"] = plan.selected
         self.choose_targets(plan)
         planning = self.system.now()
-        plan.containers = self.plan_containers(holders, plan.targets)
-        self.result["warnings"].extend(plan.containers.warnings)
-        plan.targets = plan.containers.signal
-        plan.units = self.plan_units(plan.targets, holders, plan.selected)
-        plan.programs = self.plan_programs()
+        if holders or self.params.get("services"):
+            plan.containers = self.plan_containers(holders, plan.targets)
+            self.result["warnings"].extend(plan.containers.warnings)
+            plan.targets = plan.containers.signal
+            plan.units = self.plan_units(plan.targets, holders, plan.selected)
+            plan.programs = self.plan_programs()
+        else:
+            # No process holds a GPU and services names nothing (the clean gate): the planners of
+            # containers, units and supervisord would find nothing, so they are not loaded.
+            plan.containers, plan.units, plan.programs = NoContainers(), no_units(), no_programs()
         self.refuse_spanning(holders, plan.selected, plan.containers, plan.mps_servers)
         self.result["timings"]["plan_s"] = round(self.system.now() - planning, 3)
         self.result["services_not_found"] = plan.units["not_found"] + plan.containers.not_found + plan.programs["not_found"]
@@ -694,6 +748,9 @@ class Release:
         return forbidden
 
     def plan_units(self, targets: list[Holder], holders: list[Holder], selected: list[int]) -> UnitPlan:
+        from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
+        from ansible_collections.zeromib.gpu.plugins.module_utils import _supervisor
+        from ansible_collections.zeromib.gpu.plugins.module_utils import _units
         forbidden = self.forbidden_units(holders)
         owned, self.result["launchers"], self.spanning_units = _units.owners(
             self.system.systemctl, targets, holders, selected, forbidden, self.system.proc, self.names,
@@ -711,7 +768,9 @@ class Release:
         whose quit would end a server of an unselected GPU (_mps) -> result["spanning"]; without
         kill_spanning, a failure before anything is done (check mode says the same)."""
         processes = spanning_targets(holders, selected, self.regexes)
-        processes += t.cast("list[tuple[Holder, list[int]]]", _mps.spanning_daemons(mps_servers, holders, selected, self.system.proc))
+        if mps_servers:
+            from ansible_collections.zeromib.gpu.plugins.module_utils import _mps
+            processes += t.cast("list[tuple[Holder, list[int]]]", _mps.spanning_daemons(mps_servers, holders, selected, self.system.proc))
         containers = spanning_containers(holders, selected, container_plan.stop)
         self.result["spanning"] = spanning_record(processes, self.spanning_units, containers)
         if self.result["spanning"] and not self.params.get("kill_spanning"):
@@ -720,6 +779,7 @@ class Release:
     def plan_containers(self, holders: list[Holder], targets: list[Holder]) -> _containers.Plan:
         """Containers to stop through their runtime, and the targets left to signal (_containers).
         A refusal (StepFailed) ends the run before anything is done."""
+        from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
         _patterns, globs = _containers.split_services(self.params.get("services"))
         own = _containers.own_containers(self.lineage, self.system.proc) if globs or any(t.get("container") for t in targets) else set()
         return _containers.plan(self.system.runtimes, holders, targets, globs, self.params.get("service_state"), own,
@@ -727,10 +787,12 @@ class Release:
 
     def plan_programs(self) -> ProgramPlan:
         """supervisord programs named in services as supervisor:<glob> (_supervisor)."""
+        from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
+        from ansible_collections.zeromib.gpu.plugins.module_utils import _supervisor
         _units_and_programs, _globs = _containers.split_services(self.params.get("services"))
         _unit_services, programs = _supervisor.split_services(_units_and_programs)
         if not programs:
-            return {"stop": [], "disable": [], "not_found": [], "warnings": []}
+            return no_programs()
         steps = _supervisor.plan(programs, self.params.get("service_state"), self.system.supervisors())
         self.result["warnings"].extend(steps["warnings"])
         return steps
@@ -738,8 +800,9 @@ class Release:
     def plan_mps(self, targets: list[Holder]) -> tuple[list[Holder], list[Holder]]:
         """(targets, MPS servers to quit through their control daemon): _mps. A server that also
         serves unselected GPUs is a spanning process: it is a target only with kill_spanning."""
-        if not self.params.get("kill", True):
+        if not targets or not self.params.get("kill", True):
             return targets, []
+        from ansible_collections.zeromib.gpu.plugins.module_utils import _mps
         return _mps.plan(targets, self.system.proc)
 
     # --- check mode
@@ -747,6 +810,8 @@ class Release:
     def answer_check(self, plan: Plan) -> ReleaseResult:
         """Check mode: what the real run would stop, disable and signal, and its verdict when
         the look already decides it."""
+        from ansible_collections.zeromib.gpu.plugins.module_utils import _mps
+        from ansible_collections.zeromib.gpu.plugins.module_utils import _supervisor
         units, programs, containers = plan.unit_steps, plan.program_steps, plan.containers
         self.result["changed"] = plan.to_do
         self.result["stopped_units"] = units["stop"]
@@ -803,6 +868,8 @@ class Release:
     def act(self, plan: Plan) -> None:
         """Stop containers, units and programs, then signal who is left, then quit MPS servers.
         The restore record is written also when a stop failed: what was done must be put back."""
+        from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
+        from ansible_collections.zeromib.gpu.plugins.module_utils import _settle
         units, programs = plan.unit_steps, plan.program_steps
         outside = {h["container"]: reason for h, reason in plan.containers.outside}
         try:
@@ -824,6 +891,7 @@ class Release:
             holders, _apps = self.scan(plan.gpus)
             targets, _protected = plan_targets(holders, plan.selected, self.regexes, bool(self.params.get("kill_spanning")))
             # Neither a control daemon (never signalled) nor a server to be quit through it (_mps).
+            from ansible_collections.zeromib.gpu.plugins.module_utils import _mps
             targets = _mps.without_daemons([t for t in targets if not _containers.pod_holders([t])], plan.mps_servers)
         if targets and self.params.get("kill", True):
             minors = [g["minor_number"] for g in plan.gpus if g["index"] in plan.selected]
@@ -841,6 +909,7 @@ class Release:
         """Stop and disable containers -> {id: reason} of those that could not be stopped (they
         are signalled and watched from outside). What was done goes into the result also when a
         step failed."""
+        from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
         started = self.system.now()
         try:
             done = _containers.act(self.system.runtimes, plan, self.params.get("kill_timeout"), now=self.system.now)
@@ -862,6 +931,7 @@ class Release:
         self.result["timings"]["stop_s"] = round(self.result["timings"]["stop_s"] + self.system.now() - started, 3)
 
     def act_units(self, plan: UnitPlan) -> None:
+        from ansible_collections.zeromib.gpu.plugins.module_utils import _units
         started = self.system.now()
         try:
             self.fold(_units.act(self.system, plan, self.params.get("kill_timeout") or 0.0))
@@ -869,6 +939,7 @@ class Release:
             self._add_stop_time(started)
 
     def act_programs(self, plan: ProgramPlan) -> None:
+        from ansible_collections.zeromib.gpu.plugins.module_utils import _supervisor
         started = self.system.now()
         try:
             self.fold(_supervisor.act(plan, self.params.get("kill_timeout")))
@@ -878,6 +949,7 @@ class Release:
     def act_mps(self, servers: list[Holder]) -> None:
         """After the clients: the control daemon's quit waits for them. Servers that do not
         quit are signalled as holders."""
+        from ansible_collections.zeromib.gpu.plugins.module_utils import _mps
         started = self.system.now()
         left, done = _mps.stop(self.system, servers, self.params.get("kill_timeout"))
         self.fold(done)
@@ -1016,6 +1088,7 @@ class Release:
 
     def write_record(self, unit_before: dict[str, dict[str, str]], holders: list[Holder]) -> None:
         """Add what this run stopped, disabled or masked to the restore record (_record)."""
+        from ansible_collections.zeromib.gpu.plugins.module_utils import _record
         path = getattr(self.system, "record_path", None)
         if not path:
             return

@@ -202,7 +202,9 @@ ansible_facts:
           description:
             - C(kernel_log) - where the Xids were read (C(source) V(journalctl) or V(dmesg)), C(error) when it could not be read,
               C(fallback) (why journalctl was passed over for dmesg, such as a journalctl that has no journal),
-              C(driver_loaded) (the driver's load line in the window; V(null) when it loaded before the window), C(window_hours), C(elapsed_s).
+              C(driver_loaded) (the driver's load line in the window; V(null) when it loaded before the window), C(window_hours), C(elapsed_s),
+              C(incremental) (V(true) when journalctl read only the lines after the last look's cursor, kept in
+              C(/var/lib/zeromib-gpu/kernel-log.json); the lines kept from it are judged again with the new ones).
             - C(fabric_manager) - where a GPU has a fabric (C(fabric.state) not N/A), what the host has of Fabric Manager, as
               context for the GPU's own reading - C(unit) (C(load_state), C(active_state), C(sub_state) of C(systemctl show
               nvidia-fabricmanager); C(load_state) V(not-found) when there is no such unit; V(null) when systemd could not be
@@ -213,7 +215,7 @@ ansible_facts:
           type: dict
           returned: always
           sample:
-            kernel_log: {source: journalctl, error: null, fallback: null, driver_loaded: null, window_hours: 24, elapsed_s: 0.012}
+            kernel_log: {source: journalctl, error: null, fallback: null, driver_loaded: null, incremental: true, window_hours: 24, elapsed_s: 0.012}
             fabric_manager: null
             dcgm_diag: null
         smoke_test_passed:
@@ -354,6 +356,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.zeromib.gpu.plugins.module_utils import _cuda_smoke
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _health
+from ansible_collections.zeromib.gpu.plugins.module_utils import _kernel_log_state
 from ansible_collections.zeromib.gpu.plugins.module_utils import _record
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import NvidiaSmi, NvidiaSmiError
@@ -376,7 +379,8 @@ def gather(params: t.Mapping[str, t.Any], which: t.Callable[[str], str | None] |
     `which(name)` finds dcgmi (None: not installed)."""
     smi = NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), params["timeout"])
     snapshot = _facts.look(smi, params["protect"], with_processes=params["processes"], max_used_mib=params["max_used_mib"],
-                           footprint_mib=params["cross_gpu_footprint_mib"], checks=_health.Checks.from_params(params))
+                           footprint_mib=params["cross_gpu_footprint_mib"], checks=_health.Checks.from_params(params),
+                           kernel_log_state=_kernel_log_state.PATH)
     dcgm = _health.dcgm_diag(params.get("dcgm_diag") or 0, which or (lambda name: None))
     facts = _facts.assemble(
         snapshot.gpus, snapshot.apps, snapshot.holders, params["max_used_mib"], params["processes"], _facts.cuda_driver_version(),

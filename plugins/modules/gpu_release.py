@@ -566,9 +566,9 @@ import typing as t
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zeromib.gpu.plugins.module_utils import _cuda_smoke
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _health
+from ansible_collections.zeromib.gpu.plugins.module_utils import _kernel_log_state
 from ansible_collections.zeromib.gpu.plugins.module_utils import _record
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import NvidiaSmi, NvidiaSmiError
@@ -612,6 +612,16 @@ def warn_all(module: AnsibleModule, warnings: t.Iterable[str]) -> None:
         module.warn(f"{host}: {warning}")
 
 
+def smoke_tested(smi: NvidiaSmi, params: t.Mapping[str, t.Any], result: dict[str, t.Any], check_mode: bool) -> dict[str, t.Any]:
+    """The result with the smoke test's keys. _cuda_smoke is loaded only when the test is asked
+    for: a gate without it does not pay for its import (docs/benchmarks.md)."""
+    if not params["smoke_test"]:
+        return dict(result, smoke_test_passed=None, smoke_test_issues=[])
+    from ansible_collections.zeromib.gpu.plugins.module_utils import _cuda_smoke
+    return _cuda_smoke.after_release(smi, params, result, check_mode, lambda: _facts.look(
+        smi, params["protect"], max_used_mib=params["max_used_mib"], footprint_mib=params["cross_gpu_footprint_mib"]))
+
+
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     try:
@@ -620,7 +630,8 @@ def main() -> None:
         module.fail_json(msg=str(exc))
     try:
         smi = NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), params["timeout"])
-        release = Release(smi, System(module.get_bin_path("systemctl"), record_path=_record.PATH), params, check_mode=module.check_mode)
+        system = System(module.get_bin_path("systemctl"), record_path=_record.PATH, kernel_log_state=_kernel_log_state.PATH)
+        release = Release(smi, system, params, check_mode=module.check_mode)
         # A plain dict from here: the module adds the host's health keys and the smoke test's.
         result: dict[str, t.Any] = dict(release.run())
         if params["dcgm_diag"] and result.get("released") and not module.check_mode:
@@ -628,8 +639,7 @@ def main() -> None:
             dcgm = _health.dcgm_diag(params["dcgm_diag"], module.get_bin_path)
             result.update(_facts.health_summary(result["gpus"], release.health, dcgm))
         # Last: CUDA work on GPUs proven free, after a fresh look at who holds them.
-        result = _cuda_smoke.after_release(smi, params, result, module.check_mode, lambda: _facts.look(
-            smi, params["protect"], max_used_mib=params["max_used_mib"], footprint_mib=params["cross_gpu_footprint_mib"]))
+        result = smoke_tested(smi, params, result, module.check_mode)
     except NvidiaSmiError as exc:
         module.fail_json(**exc.details())
     except ReleaseError as exc:

@@ -9,6 +9,7 @@ faults `fabricmanager_state`, `fabricmanager_version`), a GPU fewer than expecte
 """
 import json
 import os
+import time
 
 import pytest
 
@@ -478,3 +479,74 @@ def test_fabric_in_progress_without_fabric_manager_says_what_was_found(nshost):
             "802, system not yet initialized) until Fabric Manager completes it; on this host: no unit nvidia-fabricmanager, no "
             "nv-fabricmanager; " + NO_FABRIC_MANAGER) in outcome["msg"], outcome["msg"]
     assert "nvidia-fabricmanager is" not in outcome["msg"]
+
+
+# --- the kernel log read incrementally (issue 36): the same verdict as a whole read
+
+
+def _health_of(host, args=None):
+    facts = run_module(host, "gpu_facts", args or {})["ansible_facts"]["gpu"]
+    return facts["health"]["kernel_log"]["incremental"], {
+        "healthy": facts["healthy"], "issues": facts["health_issues"],
+        "xids": [[(x["xid"], x["time"], x["fault"]) for x in g["health"]["xids"]] for g in facts["gpus"]],
+        "history": [[x["xid"] for x in g["health"]["xids_before_driver_load"]] for g in facts["gpus"]],
+        "driver_loaded": facts["health"]["kernel_log"]["driver_loaded"]}
+
+
+def _whole_read(host, args=None):
+    host.run(["rm", "-f", host.KERNEL_LOG_STATE], check=True)
+    return _health_of(host, args)
+
+
+def test_a_gate_that_reads_only_new_lines_gives_the_verdict_of_a_whole_read(h200x2):
+    now = time.time()
+    h200x2.set_fault({"driver_loaded_at": now - 7200, "xid": [{"gpu": 0, "xid": 79, "at": now - 3600}, {"gpu": 1, "xid": 13, "at": now - 1800}]})
+    try:
+        first = _health_of(h200x2)
+        # The log grows after that read (set_fault would forget the state: the file is rewritten
+        # as a journal appends): a second Xid on GPU 1 (a fault), Xid 79 again.
+        faults = h200x2.faults()
+        faults["xid"] += [{"gpu": 1, "xid": 48, "at": now - 2}, {"gpu": 0, "xid": 79, "at": now - 1}]
+        with open(h200x2.root.faults, "w") as handle:  # the log grows: the kept state stays
+            json.dump(faults, handle)
+        incremental, grown = _health_of(h200x2)
+        whole_incremental, whole = _whole_read(h200x2)
+    finally:
+        h200x2.clear_faults()
+    assert first[0] is False and first[1]["healthy"] is False
+    assert (incremental, whole_incremental) == (True, False)
+    assert grown == whole
+    assert grown["healthy"] is False and [len(x) for x in grown["xids"]] == [2, 2]
+    assert any("Xid 48" in issue for issue in grown["issues"]) and any("Xid 79" in issue and "2 times" in issue for issue in grown["issues"])
+
+
+def test_a_driver_reload_since_the_last_read_counts_as_in_a_whole_read(h200x2):
+    now = time.time()
+    h200x2.set_fault({"driver_loaded_at": now - 7200, "xid": [{"gpu": 0, "xid": 79, "at": now - 600}]})
+    try:
+        before = _health_of(h200x2)
+        faults = h200x2.faults()
+        faults["driver_loaded_at"] = now - 1  # reloaded after the Xid (and after the first read)
+        # The sim prints one load line: as a log that kept both, the first is before the Xid.
+        with open(h200x2.root.faults, "w") as handle:
+            json.dump(faults, handle)
+        incremental, reloaded = _health_of(h200x2)
+        _whole, whole = _whole_read(h200x2)
+    finally:
+        h200x2.clear_faults()
+    assert before[1]["healthy"] is False and before[1]["xids"][0]
+    assert incremental is True and reloaded == whole
+    assert reloaded["healthy"] is True and reloaded["xids"] == [[], []] and reloaded["history"][0] == [79]
+
+
+@pytest.mark.parametrize("state", ["{corrupt", json.dumps({"format": 1, "boot_id": "another-boot", "window_hours": 24.0, "read_at": 0,
+                                                          "cursor": "s=zeromib-sim;t=99999999999", "lines": []})])
+def test_a_corrupt_or_foreign_state_reads_the_whole_window_and_hides_no_xid(h200x2, state):
+    h200x2.set_fault({"xid": [{"gpu": 0, "xid": 79, "age_s": 60}]})
+    try:
+        h200x2.run(["sh", "-c", f"mkdir -p -m 700 /var/lib/zeromib-gpu && umask 077 && printf %s '{state}' > {h200x2.KERNEL_LOG_STATE}"],
+                   check=True)
+        incremental, seen = _health_of(h200x2)
+    finally:
+        h200x2.clear_faults()
+    assert incremental is False and seen["healthy"] is False and [x[0] for x in seen["xids"][0]] == [79]

@@ -486,6 +486,15 @@ class NsHost:
         cur.update(faults or {})
         cur.update(kw)
         _atomic_write(self.root.faults, json.dumps(cur))
+        self.forget_kernel_log_read()
+
+    # What gpu_facts/gpu_release keep of the kernel log they read (_kernel_log_state), inside.
+    KERNEL_LOG_STATE = "/var/lib/zeromib-gpu/kernel-log.json"
+
+    def forget_kernel_log_read(self):
+        """A new set of faults rewrites the simulated kernel log, which a real log never does: what
+        the modules kept of the old one (a journal cursor, its Xid lines) goes with it."""
+        self.run(["rm", "-f", self.KERNEL_LOG_STATE], check=True)
 
     def clear_faults(self):
         self._need()
@@ -493,6 +502,7 @@ class NsHost:
             os.unlink(self.root.faults)
         except FileNotFoundError:
             pass
+        self.forget_kernel_log_read()
 
     def faults(self):
         try:

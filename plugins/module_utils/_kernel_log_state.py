@@ -1,0 +1,150 @@
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE: it may change without notice. Only the modules of
+# zeromib.gpu may use it.
+
+"""What the last gate already read of the kernel log, so that the next one reads only new lines.
+
+`/var/lib/zeromib-gpu/kernel-log.json`, root-only (file 0600 in the release record's 0700
+directory), replaced atomically (a temporary file in the same directory, then a rename):
+
+    {"format": 1, "boot_id": "<this boot>", "window_hours": 24.0, "read_at": <epoch s>,
+     "cursor": "<journalctl's cursor after the last line read>",
+     "lines": ["<the Xid and driver-load lines of the window, as journalctl printed them>"]}
+
+A gate whose state is missing, unreadable, untrusted, corrupt, of another boot, of another
+window, or older than the window reads the whole window, as without a state. The kept lines are
+judged again on every gate with the new ones, exactly as a whole read would judge them: an Xid
+stays reported while it is in the window (and since the driver loaded), whatever was read
+before. Only journalctl has a cursor; dmesg is always read whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import re
+import stat
+import typing as t
+
+PATH = "/var/lib/zeromib-gpu/kernel-log.json"
+FORMAT = 1
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+# journalctl -o short-iso: "2026-12-01T02:20:22+0000" (systemd 252), "...+00:00" (newer).
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)([+-]\d\d:?\d\d|Z)")
+# journalctl --show-cursor's last line.
+CURSOR_PREFIX = "-- cursor: "
+# The state is never larger than this (a window of Xid lines is a few KiB).
+MAX_BYTES = 4 * 1024 * 1024
+
+
+def boot_id(path: str = BOOT_ID) -> str | None:
+    try:
+        with open(path) as handle:
+            return handle.read().strip() or None
+    except OSError:
+        return None
+
+
+def line_time(line: str) -> float | None:
+    """A journalctl short-iso line's time (epoch seconds), or None."""
+    match = _STAMP.match(line)
+    if not match:
+        return None
+    zone = match.group(2).replace("Z", "+0000").replace(":", "")
+    try:
+        return datetime.datetime.strptime(match.group(1) + zone, "%Y-%m-%dT%H:%M:%S%z").timestamp()
+    except ValueError:
+        return None
+
+
+def in_window(lines: t.Iterable[str], window_hours: float, now: float) -> list[str]:
+    """The lines not older than the window (journalctl --since -Nmin's cut, a second's slack for
+    the stamp's truncation); a line without a time is kept (never hide an Xid)."""
+    since = now - max(1, int(window_hours * 60)) * 60.0
+    kept = []
+    for line in lines:
+        when = line_time(line)
+        if when is None or when + 1.0 >= since:
+            kept.append(line)
+    return kept
+
+
+def usable(state: t.Any, boot: str | None, window_hours: float, now: float) -> bool:
+    """Whether `state` may stand for what was read: this boot, this window, read within it."""
+    if not isinstance(state, dict) or state.get("format") != FORMAT or not boot or state.get("boot_id") != boot:
+        return False
+    if state.get("window_hours") != window_hours or not isinstance(state.get("cursor"), str) or not state["cursor"]:
+        return False
+    lines, read_at = state.get("lines"), state.get("read_at")
+    if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines):
+        return False
+    return isinstance(read_at, (int, float)) and 0 <= now - read_at < window_hours * 3600.0
+
+
+def new_state(boot: str | None, window_hours: float, cursor: str | None, lines: list[str], now: float) -> dict[str, t.Any] | None:
+    """The state to keep after a journalctl read, or None when it could not stand for it (no
+    boot id or cursor, or a line whose time cannot be read: it could never leave the window)."""
+    if not boot or not cursor or any(line_time(line) is None for line in lines):
+        return None
+    return {"format": FORMAT, "boot_id": boot, "window_hours": window_hours, "read_at": now, "cursor": cursor, "lines": list(lines)}
+
+
+def same_read(kept: t.Any, state: dict[str, t.Any]) -> bool:
+    """Whether `kept` already says what `state` does (nothing new logged) and is fresh enough to
+    stay usable: the clean gate then writes nothing."""
+    if not isinstance(kept, dict) or any(kept.get(key) != state[key] for key in ("boot_id", "window_hours", "cursor", "lines")):
+        return False
+    return state["read_at"] - kept.get("read_at", 0) < state["window_hours"] * 3600.0 / 2
+
+
+def _trusted(info: os.stat_result) -> bool:
+    return info.st_uid in (0, os.geteuid()) and not info.st_mode & 0o022
+
+
+def read(path: str = PATH) -> t.Any:
+    """The state at `path`, or None (none, a link, not root's, writable by others, not JSON)."""
+    try:
+        if not _trusted(os.lstat(os.path.dirname(path))):
+            return None
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode) or not _trusted(info) or info.st_size > MAX_BYTES:
+            return None
+        data = handle.read(MAX_BYTES + 1)
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def write(state: dict[str, t.Any], path: str = PATH) -> None:
+    """Replace the state atomically. No fsync: a state lost in a crash costs one whole read."""
+    directory = os.path.dirname(path)
+    try:
+        info = os.lstat(directory)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(directory) or "/", exist_ok=True)
+        os.mkdir(directory, 0o700)
+        info = os.lstat(directory)
+    if not stat.S_ISDIR(info.st_mode) or not _trusted(info):
+        raise OSError(f"{directory} is not a directory of root's that only root may write")
+    tmp = f"{path}.{os.getpid():d}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(state, handle, sort_keys=True)
+        os.rename(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
