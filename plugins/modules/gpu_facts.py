@@ -35,7 +35,9 @@ description:
     C(nvidia-smi --query-gpu) call; each GPU's C(health_unchecked) names the checks that could not run. See the collection's
     C(docs/health.md).
   - Returns the result as the fact C(ansible_facts.gpu). Changes nothing (the optional O(smoke_test) allocates and frees GPU memory
-    on free GPUs only, and never in check mode).
+    on free GPUs only, and never in check mode) but its own cache of the kernel log it has judged (the journal's cursor and the
+    window's Xid lines, C(/var/lib/zeromib-gpu/kernel-log.json), root-only), so the next look reads only new lines; in check mode
+    it writes nothing and reads the whole window.
 author:
   - zeromib.gpu contributors (@zeromib)
 extends_documentation_fragment:
@@ -380,7 +382,8 @@ def gather(params: t.Mapping[str, t.Any], which: t.Callable[[str], str | None] |
     smi = NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), params["timeout"])
     snapshot = _facts.look(smi, params["protect"], with_processes=params["processes"], max_used_mib=params["max_used_mib"],
                            footprint_mib=params["cross_gpu_footprint_mib"], checks=_health.Checks.from_params(params),
-                           kernel_log_state=_kernel_log_state.PATH)
+                           # Check mode writes nothing, not even the kernel log's cursor: a whole read.
+                           kernel_log_state=None if check_mode else _kernel_log_state.PATH)
     dcgm = _health.dcgm_diag(params.get("dcgm_diag") or 0, which or (lambda name: None))
     facts = _facts.assemble(
         snapshot.gpus, snapshot.apps, snapshot.holders, params["max_used_mib"], params["processes"], _facts.cuda_driver_version(),

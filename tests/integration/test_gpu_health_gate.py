@@ -550,3 +550,17 @@ def test_a_corrupt_or_foreign_state_reads_the_whole_window_and_hides_no_xid(h200
     finally:
         h200x2.clear_faults()
     assert incremental is False and seen["healthy"] is False and [x[0] for x in seen["xids"][0]] == [79]
+
+
+def test_check_mode_writes_no_kernel_log_state_and_a_real_look_does(h200x2):
+    # Check mode changes nothing on the node, the kernel log's cursor cache included (a whole read).
+    h200x2.set_fault({"xid": [{"gpu": 0, "xid": 79, "age_s": 60}]})
+    try:
+        exists = ["test", "-e", h200x2.KERNEL_LOG_STATE]
+        for module in ("gpu_facts", "gpu_release"):
+            run = run_module(h200x2, module, {}, check=True)
+            assert h200x2.run(exists).returncode != 0, (module, run.msg)
+        facts = run_module(h200x2, "gpu_facts", {})["ansible_facts"]["gpu"]
+        assert facts["healthy"] is False and h200x2.run(exists).returncode == 0
+    finally:
+        h200x2.clear_faults()
