@@ -192,13 +192,16 @@ class ActionModule(ActionBase):
     def _said_once(self, result: dict[str, t.Any], task_vars: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
         """A failed gate's result; under free_gpus.yml (summary_follows) the task passes with the
         outcome recorded, and the summary says the message (once) before the play fails the host."""
+        verbosity = Display().verbosity
+        if verbosity < 3:
+            # Ansible's [ERROR] line then says this task's msg (in the role's words), not gpu_release's
+            # own exception text; -vvv keeps the module's traceback.
+            result.pop("exception", None)
         if summary_follows(task_vars):
             # An ok result is printed with -v only, GPU records and all; the summary has the message.
-            # Not "failed", and no exception for the callback's [ERROR] line: the summary says it.
             result.pop("failed", None)
-            result.pop("exception", None)
             return result
-        return compact(result, Display().verbosity)
+        return compact(result, verbosity)
 
     def _argument_spec(self, task_vars: dict[str, t.Any]) -> dict[str, t.Any]:
         role_path = task_vars.get("role_path")
