@@ -199,7 +199,8 @@ class ActionModule(ActionBase):
             result.pop("exception", None)
         if summary_follows(task_vars):
             # An ok result is printed with -v only, GPU records and all; the summary has the message.
-            result.pop("failed", None)
+            # "failed" stays, False: Ansible fails a result without it whose rc is not 0 (no sudo).
+            result["failed"] = False
             return result
         return compact(result, verbosity)
 

@@ -15,7 +15,7 @@ from ansible_collections.zeromib.gpu.plugins.plugin_utils import _outcome
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import Outcome, footprint_note, spanning_note
 
 # Summary order: what needs the operator's eyes first.
-_STATUS_ORDER = {"unreachable": 0, "failed": 1, "unhealthy": 1, "dirty": 2, "stopped": 3, "would free": 3, "freed": 4, "clean": 5}
+_STATUS_ORDER = {"unreachable": 0, "failed": 1, "invalid": 1, "unhealthy": 1, "dirty": 2, "stopped": 3, "would free": 3, "freed": 4, "clean": 5}
 
 
 def free_gpus_outcome(result: t.Any, host: str, expected_count: int | None = 0, check_mode: bool = False,
