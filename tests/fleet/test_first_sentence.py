@@ -6,6 +6,7 @@ line in free_gpus.yml's summary, or Ansible's [ERROR] line when the role runs in
 and how many times that message is printed. Works on a fleet of 3 hosts (ZEROMIB_FLEET_HOSTS=3)."""
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -158,3 +159,24 @@ def test_role_messages_name_role_variables_and_the_modules_name_its_options(trio
     run = fleet.ansible(mig, "zeromib.gpu.gpu_release", {"max_used_mib": 0})
     text = run.stdout + run.stderr
     assert "set max_used_mib: 55 (role: free_gpus_max_used_mib, per host or group)" in text, text[-3000:]
+
+
+def test_the_audit_honours_the_roles_baseline_when_its_own_is_unset_and_its_own_wins(trio, tmp_path):
+    """(3) One baseline: free_gpus_max_used_mib: 64 alone makes the idle MIG host clean in the audit
+    too; gpu_audit_max_used_mib, when set, wins."""
+    fleet, (good, _other), mig = trio
+    fleet.write_group_vars("a100_mig", {"free_gpus_max_used_mib": 64})
+    freed = fleet.ansible_playbook(PLAYBOOK, limit=[good, mig])
+    assert freed.rc == 0, freed
+    for host in (good, mig):
+        expect(freed, host, ALL_FREE)
+
+    def audit(name: str, extra: dict) -> dict:
+        run = fleet.ansible_playbook("playbooks/audit_gpus.yml", limit=[good, mig], extra_vars={
+            "gpu_audit_fail_on_dirty": True, "gpu_audit_report_dir": str(tmp_path / name), **extra})
+        report = json.loads((tmp_path / name / "report.json").read_text())
+        return {"rc": run.rc, "status": {h["host"]: h["status"] for h in report["hosts"]}}
+
+    assert audit("role", {}) == {"rc": 0, "status": {good: "clean", mig: "clean"}}
+    # the audit's own variable wins over the role's
+    assert audit("own", {"gpu_audit_max_used_mib": 0}) == {"rc": 2, "status": {good: "clean", mig: "dirty"}}
