@@ -37,7 +37,7 @@ _YamlLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoade
 ROLE_PREFIX = "free_gpus_"
 ENTRY_POINT = "main"
 # Role variables that are not gpu_release options: the gate itself uses them.
-GATE_ONLY = frozenset(["free_gpus_expected_count", "free_gpus_require_healthy"])
+GATE_ONLY = frozenset(["free_gpus_expected_count", "free_gpus_require_healthy", "free_gpus_strict"])
 # Role variables of the role's rescue (tasks/drain.yml), not of gpu_release.
 GATE_ONLY = GATE_ONLY | frozenset(["free_gpus_on_failure", "free_gpus_slurm_node_name"])
 # Options dropped when empty, so that gpu_release's own default applies (search PATH for nvidia-smi).
@@ -98,6 +98,32 @@ def plain_errors(messages: t.Iterable[str], provided: t.Mapping[str, t.Any]) -> 
             text = "each entry of {} must be {}, got {}".format(name, _must_be(name, element["type"]), _shown(provided.get(name)))
         said.append(text)
     return said
+
+
+def not_found_warnings(not_found: t.Iterable[str], known: t.Iterable[str], warnings: t.Iterable[str]) -> list[str]:
+    """services entries gpu_release found nothing for -> one warning each (unless it already warned
+    about it), naming the closest unit, container or program name the host has."""
+    names = sorted(set(known))
+    said = []
+    for entry in not_found:
+        if any(entry in w for w in warnings):
+            continue
+        close = difflib.get_close_matches(entry, names, n=1, cutoff=0.6)
+        said.append("free_gpus_services: {} matches no unit, container or supervisord program on this host{}".format(
+            entry, f"; did you mean {close[0]}?" if close else ""))
+    return said
+
+
+def strict_problems(unknown: t.Iterable[str], not_found: t.Iterable[str], known: t.Iterable[str]) -> list[str]:
+    """free_gpus_strict: the typos and the services entries that match nothing, as one sentence each."""
+    names = sorted(set(known))
+    # Not ignored here: the run stops.
+    problems = [u.replace(" and is ignored", "") for u in unknown]
+    for entry in not_found:
+        close = difflib.get_close_matches(entry, names, n=1, cutoff=0.6)
+        problems.append("free_gpus_services: {} matches no unit, container or supervisord program on this host{}".format(
+            entry, f"; did you mean {close[0]}?" if close else ""))
+    return problems
 
 
 def range_problems(params: t.Mapping[str, t.Any]) -> list[str]:
@@ -204,6 +230,36 @@ class ActionModule(ActionBase):
             return result
         return compact(result, verbosity)
 
+    def _dry_run(self, args: dict[str, t.Any], task_vars: dict[str, t.Any]) -> dict[str, t.Any]:
+        """gpu_release in check mode (it changes nothing): what a strict run checks first."""
+        was = self._task.check_mode
+        self._task.check_mode = True
+        try:
+            return self._execute_module(module_name="zeromib.gpu.gpu_release", module_args=dict(args), task_vars=task_vars)
+        finally:
+            self._task.check_mode = was
+
+    def _known_names(self, task_vars: dict[str, t.Any]) -> list[str]:
+        """The host's systemd unit names (service units), for "did you mean"; asked only when a
+        services entry matched nothing. Empty when systemctl cannot be asked."""
+        listed = self._low_level_execute_command("systemctl list-unit-files --type=service --plain --no-legend --no-pager 2>/dev/null; "
+                                                 "systemctl list-units --type=service --all --plain --no-legend --no-pager 2>/dev/null")
+        names = []
+        for line in str(listed.get("stdout") or "").splitlines():
+            fields = line.split()
+            if fields and fields[0].endswith(".service") and "@." not in fields[0]:
+                names.append(fields[0])
+        return names
+
+    def _strict_failure(self, result: dict[str, t.Any], host: str, unknown: list[str], missing: list[str],
+                        known: t.Iterable[str] = ()) -> dict[str, t.Any]:
+        problems = strict_problems(unknown, missing, known)
+        msg = "settings mistake, nothing was done (free_gpus_strict): " + "; ".join(problems)
+        result.update({"failed": True, "msg": msg, "argument_errors": problems,
+                       "ansible_facts": {"free_gpus_result": failed(host, msg, "invalid")}})
+        result["warnings"] = []
+        return result
+
     def _argument_spec(self, task_vars: dict[str, t.Any]) -> dict[str, t.Any]:
         role_path = task_vars.get("role_path")
         if not role_path:
@@ -254,8 +310,25 @@ class ActionModule(ActionBase):
             result["ansible_facts"] = {"free_gpus_result": failed(host, invalid["msg"], "invalid")}
             result["warnings"] = warnings
             return self._said_once(result, task_vars)
+        strict = bool(params.get("free_gpus_strict"))
+        if strict and warnings:
+            return self._said_once(self._strict_failure(result, host, unknown_variables(task_vars, self._argument_spec(task_vars)), []),
+                                   task_vars)
+        if strict and params.get("free_gpus_services") and not self._task.check_mode:
+            # A dry run first: a services entry that matches nothing fails before anything is done.
+            dry = self._dry_run(module_args(params), task_vars)
+            missing = list(dry.get("services_not_found") or [])
+            if missing:
+                return self._said_once(self._strict_failure(result, host, [], missing, self._known_names(task_vars)), task_vars)
         release = self._execute_module(module_name="zeromib.gpu.gpu_release", module_args=module_args(params),
                                        task_vars=task_vars)
+        missing = list(release.get("services_not_found") or [])
+        if missing:
+            if strict:
+                # check mode: the dry run is this run
+                return self._said_once(self._strict_failure(result, host, [], missing, self._known_names(task_vars)), task_vars)
+            release_warnings = list(release.get("warnings") or [])
+            release["warnings"] = release_warnings + [f"{host}: {w}" for w in not_found_warnings(missing, self._known_names(task_vars), release_warnings)]
         check_mode = bool(self._task.check_mode)
         found = role_verdict(release, params, check_mode)
         outcome = outcome_of(release, host, found, check_mode)

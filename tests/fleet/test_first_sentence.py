@@ -180,3 +180,38 @@ def test_the_audit_honours_the_roles_baseline_when_its_own_is_unset_and_its_own_
     assert audit("role", {}) == {"rc": 0, "status": {good: "clean", mig: "clean"}}
     # the audit's own variable wins over the role's
     assert audit("own", {"gpu_audit_max_used_mib": 0}) == {"rc": 2, "status": {good: "clean", mig: "dirty"}}
+
+
+def test_strict_fails_typos_and_services_that_match_nothing_before_anything_is_done(trio):
+    """(4) free_gpus_strict: a misspelled variable, and a unit that does not exist; without it, warnings."""
+    fleet, (typo, missing), mig = trio
+    fleet.rig.write_baselines()
+    holders = {host: fleet.workload(host, "vllm") for host in (typo, missing)}
+    host_vars(fleet, typo, {"free_gpus_strict": True, "free_gpus_sevices": ["vllm.service"], "free_gpus_kill": False})
+    host_vars(fleet, missing, {"free_gpus_strict": True, "free_gpus_services": ["vlm.service"], "free_gpus_kill": False})
+    run = fleet.ansible_playbook(PLAYBOOK, limit=[typo, missing, mig])
+    assert run.rc == 2, run
+    for host in (typo, missing):
+        expect(run, host, NOT_FREE)
+    expect(run, mig, FREE)
+    lines = summary_lines(run)
+    assert message_of(lines, typo) == ("settings mistake, nothing was done (free_gpus_strict): free_gpus_sevices is not a variable of "
+                                       "the zeromib.gpu.free_gpus role; did you mean free_gpus_services?"), lines
+    assert message_of(lines, missing) == ("settings mistake, nothing was done (free_gpus_strict): free_gpus_services: vlm.service matches "
+                                          "no unit, container or supervisord program on this host; did you mean vllm.service?"), lines
+    for host in (typo, missing):
+        assert summary_status(lines, host) == "invalid"
+        # nothing was done: vllm still runs
+        assert fleet.ssh(host, "systemctl is-active vllm.service").stdout.strip() == "active", host
+        assert run.stdout.count(f"{host}: settings mistake, nothing was done (free_gpus_strict)") == 1
+    del holders
+    # without free_gpus_strict: a warning naming the closest unit, once, and the run goes on
+    host_vars(fleet, missing, {"free_gpus_services": ["vlm.service", "vllm.service"]})
+    host_vars(fleet, typo, None)
+    lax = fleet.ansible_playbook(PLAYBOOK, limit=[missing, typo])
+    assert lax.rc == 0, lax
+    out = re.sub(r"\s+", " ", lax.stdout + lax.stderr)
+    warning = (f"{missing}: free_gpus_services: vlm.service matches no unit, container or supervisord program on this host; "
+               "did you mean vllm.service?")
+    assert out.count(warning) == 1, out[-3000:]
+    assert summary_status(summary_lines(lax), missing) == "freed"
