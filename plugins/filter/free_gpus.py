@@ -82,6 +82,10 @@ def free_gpus_rescued(failed_result: t.Any, host: str, own_result: t.Any = None,
         why = "another host failed or was unreachable (see the recap)"
     own = "its GPUs are free" if outcome.get("ok") else "it was not checked"
     outcome["message"] = f"{host}: {own}, but the play stops here because {why} (any_errors_fatal)"
+    if any(outcome.get(key) for key in ("stopped_units", "disabled_units", "masked_units", "stopped_containers", "disabled_containers")):
+        # What this host's run stopped stays stopped until restore_gpus puts it back.
+        outcome["message"] += (f"; what was stopped here stays stopped: put it back with "
+                               f"`ansible-playbook playbooks/restore_gpus.yml -l {host}` (or the zeromib.gpu.restore_gpus role)")
     outcome["status"] = "stopped"
     return outcome
 

@@ -215,3 +215,35 @@ def test_strict_fails_typos_and_services_that_match_nothing_before_anything_is_d
                "did you mean vllm.service?")
     assert out.count(warning) == 1, out[-3000:]
     assert summary_status(summary_lines(lax), missing) == "freed"
+
+
+RESTORE = "playbooks/restore_gpus.yml"
+SAY_RESTORED = "zeromib.gpu.restore_gpus : Say what was put back"
+
+
+def test_restore_says_what_it_put_back_per_host_and_any_errors_fatal_says_how(trio):
+    """(8) A freed host stopped by another host's failure is told how to restore; restore_gpus.yml
+    then says, per host, what it put back."""
+    fleet, (served, leaky), mig = trio
+    fleet.rig.write_baselines()
+    fleet.workload(served, "vllm")
+    fleet.set_fault(leaky, leak={"0": 1500})
+    run = fleet.ansible_playbook(TRAINING, limit=[served, leaky, mig], extra_vars={"training_command": "true"})
+    assert run.rc == 2, run
+    assert recap(run, leaky)["failed"] == 1 and recap(run, served)["failed"] == 0 and recap(run, mig)["failed"] == 0, run.stdout
+    said = run.result("zeromib.gpu.free_gpus : Say which host stopped the play", served)["msg"]
+    assert said.startswith(f"{served}: its GPUs are free, but the play stops here because {leaky} failed (any_errors_fatal)"), said
+    assert said.endswith(f"put it back with `ansible-playbook playbooks/restore_gpus.yml -l {served}` (or the zeromib.gpu.restore_gpus role)")
+    # nothing was stopped on the MIG host: no restore advice there
+    assert "restore_gpus" not in run.result("zeromib.gpu.free_gpus : Say which host stopped the play", mig)["msg"]
+    assert fleet.ssh(served, "systemctl is-active vllm.service").stdout.strip() != "active"
+    fleet.clear_faults(leaky)
+    back = fleet.ansible_playbook(RESTORE, limit=[served, leaky, mig])
+    assert back.rc == 0, back
+    for host in (served, leaky, mig):
+        assert recap(back, host)["failed"] == 0, back.stdout
+    assert back.result(SAY_RESTORED, served)["msg"] == f"{served}: put back unit vllm.service (start)"
+    for host in (leaky, mig):
+        assert back.result(SAY_RESTORED, host)["msg"] == f"{host}: nothing to put back"
+    assert back.stdout.count(f"{served}: put back unit vllm.service (start)") == 1
+    assert fleet.ssh(served, "systemctl is-active vllm.service").stdout.strip() == "active"
