@@ -140,7 +140,10 @@ def free_gpus_summary(data: t.Any, hosts: list[str] | None = None, live: t.Conta
     for host in hosts or sorted(by_host):
         outcome = by_host.get(host)
         if outcome is None:
-            rows.append(("unreachable", host, "-", "-", "-", "-", "-", "unreachable, or failed before gpu_release ran"))
+            # Ansible keeps no fact of an unreachable host: its own UNREACHABLE line has the SSH error.
+            rows.append(("unreachable", host, "-", "-", "-", "-", "-",
+                         f"{host}: unreachable, or failed before gpu_release ran: the SSH error is in Ansible's UNREACHABLE (or fatal) "
+                         f"line for {host} above"))
             continue
         killed = outcome.get("killed") or []
         changed_state = {u: "disabled" for u in outcome.get("disabled_units") or []}

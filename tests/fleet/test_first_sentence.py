@@ -247,3 +247,25 @@ def test_restore_says_what_it_put_back_per_host_and_any_errors_fatal_says_how(tr
         assert back.result(SAY_RESTORED, host)["msg"] == f"{host}: nothing to put back"
     assert back.stdout.count(f"{served}: put back unit vllm.service (start)") == 1
     assert fleet.ssh(served, "systemctl is-active vllm.service").stdout.strip() == "active"
+
+
+def test_an_unreachable_host_points_to_its_ssh_error_and_a_wrong_index_is_a_clear_error_not_0_of_0(trio):
+    """(9) Words with a key: the summary's unreachable line says where the SSH error is; a GPU index
+    the host does not have is named, with the host's indexes, and GPUS reads "-" (was 0/0)."""
+    fleet, (down, wrong), mig = trio
+    fleet.rig.write_baselines()
+    host_vars(fleet, wrong, {"free_gpus_gpus": [99]})
+    with fleet.unreachable(down):
+        run = fleet.ansible_playbook(PLAYBOOK, limit=[down, wrong, mig])
+    assert run.rc == 4, run
+    expect(run, down, counts(unreachable=1))
+    expect(run, wrong, NOT_FREE)
+    expect(run, mig, FREE)
+    lines = summary_lines(run)
+    assert message_of(lines, down).startswith(f"unreachable, or failed before gpu_release ran: the SSH error is in Ansible's "
+                                              f"UNREACHABLE (or fatal) line for {down} above"), lines
+    assert re.search(rf"^fatal: \[{re.escape(down)}\]: UNREACHABLE! .*ssh", run.stdout, re.M | re.I), run.stdout[-3000:]
+    said = message_of(lines, wrong)
+    assert said.startswith("GPU '99' is not on this host: it has indexes 0, 1"), said
+    assert summary_row(lines, wrong).split()[2] == "-" and "0/0" not in summary_row(lines, wrong), lines
+    assert run.stdout.count("GPU '99' is not on this host") == 1
