@@ -228,6 +228,10 @@ class ActionModule(ActionBase):
             # "failed" stays, False: Ansible fails a result without it whose rc is not 0 (no sudo).
             result["failed"] = False
             return result
+        if verbosity == 0 and not self._task.diff:
+            # Said once, in Ansible's [ERROR] line: no JSON dump of the failed result (free_gpus_result
+            # and all) below it; -v or --diff shows it. The role's rescue reads the whole result.
+            result["_ansible_no_log"] = True
         return compact(result, verbosity)
 
     def _dry_run(self, args: dict[str, t.Any], task_vars: dict[str, t.Any]) -> dict[str, t.Any]:
