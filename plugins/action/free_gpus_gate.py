@@ -100,13 +100,22 @@ def plain_errors(messages: t.Iterable[str], provided: t.Mapping[str, t.Any]) -> 
     return said
 
 
+def warning_text(warning: t.Any) -> t.Any:
+    """A module's warning as text (ansible-core 2.19 hands the action a WarningSummary, whose text
+    is its event's msg); anything else unchanged."""
+    if isinstance(warning, str):
+        return warning
+    msg = getattr(getattr(warning, "event", None), "msg", None)
+    return msg if isinstance(msg, str) else warning
+
+
 def not_found_warnings(not_found: t.Iterable[str], known: t.Iterable[str], warnings: t.Iterable[str]) -> list[str]:
     """services entries gpu_release found nothing for -> one warning each (unless it already warned
     about it), naming the closest unit, container or program name the host has."""
     names = sorted(set(known))
     said = []
     for entry in not_found:
-        if any(entry in w for w in warnings):
+        if any(isinstance(w, str) and entry in w for w in warnings):
             continue
         close = difflib.get_close_matches(entry, names, n=1, cutoff=0.6)
         said.append("free_gpus_services: {} matches no unit, container or supervisord program on this host{}".format(
@@ -331,7 +340,7 @@ class ActionModule(ActionBase):
             if strict:
                 # check mode: the dry run is this run
                 return self._said_once(self._strict_failure(result, host, [], missing, self._known_names(task_vars)), task_vars)
-            release_warnings = list(release.get("warnings") or [])
+            release_warnings = [warning_text(w) for w in release.get("warnings") or []]
             release["warnings"] = release_warnings + [f"{host}: {w}" for w in not_found_warnings(missing, self._known_names(task_vars), release_warnings)]
         check_mode = bool(self._task.check_mode)
         found = role_verdict(release, params, check_mode)
@@ -339,7 +348,8 @@ class ActionModule(ActionBase):
         # Said as the role's user sets them: free_gpus_max_used_mib, not the module's max_used_mib.
         outcome["message"] = in_role_words(outcome["message"])
         result.update(release)
-        result["warnings"] = warnings + [in_role_words(w) for w in release.get("warnings") or []]
+        result["warnings"] = warnings + [in_role_words(text) if isinstance(text := warning_text(w), str) else w
+                                         for w in release.get("warnings") or []]
         # Ansible drops the facts of a failed task; the role's rescue sets them from here.
         result["ansible_facts"] = {"free_gpus_result": outcome}
         if found.failed_checks:
