@@ -12,7 +12,8 @@ import re
 import pytest
 
 from scenarios import PLAYBOOK, TRAINING, summary_lines, summary_row, summary_status
-from test_failure_paths import ALL_FREE, FREE, NOT_FREE, counts, expect, fatal_lines, host_vars, recap, trio  # noqa: F401
+from test_failure_paths import ALL_FREE, FREE, NOT_FREE, counts, expect, fatal_lines, host_vars, recap
+from test_failure_paths import trio  # noqa: F401  # pylint: disable=unused-import  # a pytest fixture, used by name
 
 USER = "zmuser"
 
