@@ -75,7 +75,7 @@ bench: deps
 ## `make uninstall-packages` removes the ones make installed.
 clean:
 	-@if [ "$$(id -u)" = 0 ]; then python3 tests/fleet/fleet.py clean; fi
-	rm -rf $(VENV) .build .pytest_cache .hypothesis .ansible collections tests/output gpu_audit_report
+	rm -rf $(VENV) .build .pytest_cache .ruff_cache .mypy_cache .hypothesis .ansible collections tests/output gpu_audit_report
 	tests/tools/clean-test-leftovers.sh
 
 uninstall-packages:

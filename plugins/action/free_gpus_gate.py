@@ -15,7 +15,9 @@ docs/benchmarks.md); the three that ran no SSH were most of the gate's cost over
 from __future__ import annotations
 
 import difflib
+import json
 import os
+import re
 import typing as t
 
 import yaml
@@ -25,7 +27,8 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
-from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import failed, outcome_of
+from ansible_collections.zeromib.gpu.plugins.plugin_utils import _plain
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import failed, in_role_words, outcome_of
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._verdict import Verdict, verdict
 
 # The C loader when PyYAML was built with libyaml (the argument specs load faster).
@@ -34,7 +37,7 @@ _YamlLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoade
 ROLE_PREFIX = "free_gpus_"
 ENTRY_POINT = "main"
 # Role variables that are not gpu_release options: the gate itself uses them.
-GATE_ONLY = frozenset(["free_gpus_expected_count", "free_gpus_require_healthy"])
+GATE_ONLY = frozenset(["free_gpus_expected_count", "free_gpus_require_healthy", "free_gpus_strict"])
 # Role variables of the role's rescue (tasks/drain.yml), not of gpu_release.
 GATE_ONLY = GATE_ONLY | frozenset(["free_gpus_on_failure", "free_gpus_slurm_node_name"])
 # Options dropped when empty, so that gpu_release's own default applies (search PATH for nvidia-smi).
@@ -57,6 +60,79 @@ def unknown_variables(names: t.Iterable[str], spec: t.Mapping[str, t.Any]) -> li
         warnings.append("{} is not a variable of the zeromib.gpu.free_gpus role and is ignored{}".format(
             name, f"; did you mean {ROLE_PREFIX}{close[0]}?" if close else " (its variables: meta/argument_specs.yml)"))
     return warnings
+
+
+# Ansible's validator words a type mistake for a module author ("argument 'x' is of type str and
+# we were unable to convert to float: <class '..._AnsibleTaggedStr'> cannot be ..."): said here as
+# the user wrote it, the variable, what it must be and the value given.
+_TYPE_ERROR = re.compile(r"^argument '(?P<name>[^']+)' is of type \w+ and we were unable to convert to (?P<type>\w+)")
+_ELEMENT_ERROR = re.compile(r"^Elements value for option '(?P<name>[^']+)' is of type \w+ and we were unable to convert to (?P<type>\w+)")
+_TYPE_WORDS = {"float": "a number", "int": "a whole number", "bool": "true or false", "list": "a list", "dict": "a mapping",
+               "str": "a string", "raw": "a value"}
+
+
+def _shown(value: t.Any) -> str:
+    plain = _plain.plain(value)
+    return repr(plain) if isinstance(plain, str) else json.dumps(plain, default=str)
+
+
+def _must_be(name: str, kind: str) -> str:
+    words = _TYPE_WORDS.get(kind, f"a {kind}")
+    if kind in ("float", "int") and name.endswith(("_timeout", "_interval")):
+        words += " of seconds (e.g. 120)"
+    return words
+
+
+def plain_errors(messages: t.Iterable[str], provided: t.Mapping[str, t.Any]) -> list[str]:
+    """The validator's messages -> one line each, naming the variable, its type and the value given."""
+    said = []
+    for message in messages:
+        text = " ".join(str(message).split())
+        found = _TYPE_ERROR.match(text)
+        element = _ELEMENT_ERROR.match(text)
+        if found:
+            name = found["name"]
+            text = "{} must be {}, got {}".format(name, _must_be(name, found["type"]), _shown(provided.get(name)))
+        elif element:
+            name = element["name"]
+            text = "each entry of {} must be {}, got {}".format(name, _must_be(name, element["type"]), _shown(provided.get(name)))
+        said.append(text)
+    return said
+
+
+def warning_text(warning: t.Any) -> t.Any:
+    """A module's warning as text (ansible-core 2.19 hands the action a WarningSummary, whose text
+    is its event's msg); anything else unchanged."""
+    if isinstance(warning, str):
+        return warning
+    msg = getattr(getattr(warning, "event", None), "msg", None)
+    return msg if isinstance(msg, str) else warning
+
+
+def not_found_warnings(not_found: t.Iterable[str], known: t.Iterable[str], warnings: t.Iterable[str]) -> list[str]:
+    """services entries gpu_release found nothing for -> one warning each (unless it already warned
+    about it), naming the closest unit, container or program name the host has."""
+    names = sorted(set(known))
+    said = []
+    for entry in not_found:
+        if any(isinstance(w, str) and entry in w for w in warnings):
+            continue
+        close = difflib.get_close_matches(entry, names, n=1, cutoff=0.6)
+        said.append("free_gpus_services: {} matches no unit, container or supervisord program on this host{}".format(
+            entry, f"; did you mean {close[0]}?" if close else ""))
+    return said
+
+
+def strict_problems(unknown: t.Iterable[str], not_found: t.Iterable[str], known: t.Iterable[str]) -> list[str]:
+    """free_gpus_strict: the typos and the services entries that match nothing, as one sentence each."""
+    names = sorted(set(known))
+    # Not ignored here: the run stops.
+    problems = [u.replace(" and is ignored", "") for u in unknown]
+    for entry in not_found:
+        close = difflib.get_close_matches(entry, names, n=1, cutoff=0.6)
+        problems.append("free_gpus_services: {} matches no unit, container or supervisord program on this host{}".format(
+            entry, f"; did you mean {close[0]}?" if close else ""))
+    return problems
 
 
 def range_problems(params: t.Mapping[str, t.Any]) -> list[str]:
@@ -135,11 +211,67 @@ class _Invalid(Exception):
         self.result = result
 
 
+def summary_follows(task_vars: t.Mapping[str, t.Any]) -> bool:
+    """Whether the host's message is said by free_gpus.yml's fleet summary (which then fails the
+    host), so that the gate records the outcome without failing. Not with free_gpus_on_failure=drain:
+    the drain runs in the role's rescue, after a failed gate."""
+    return bool(task_vars.get("_free_gpus_summary_follows")) and task_vars.get("free_gpus_on_failure", "none") != "drain"
+
+
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _VALID_ARGS = frozenset()
     _supports_check_mode = True
     _supports_async = False
+
+    def _said_once(self, result: dict[str, t.Any], task_vars: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
+        """A failed gate's result; under free_gpus.yml (summary_follows) the task passes with the
+        outcome recorded, and the summary says the message (once) before the play fails the host."""
+        verbosity = Display().verbosity
+        if verbosity < 3:
+            # Ansible's [ERROR] line then says this task's msg (in the role's words), not gpu_release's
+            # own exception text; -vvv keeps the module's traceback.
+            result.pop("exception", None)
+        if summary_follows(task_vars):
+            # An ok result is printed with -v only, GPU records and all; the summary has the message.
+            # "failed" stays, False: Ansible fails a result without it whose rc is not 0 (no sudo).
+            result["failed"] = False
+            return result
+        if verbosity == 0 and not self._task.diff:
+            # Said once, in Ansible's [ERROR] line: no JSON dump of the failed result (free_gpus_result
+            # and all) below it; -v or --diff shows it. The role's rescue reads the whole result.
+            result["_ansible_no_log"] = True
+        return compact(result, verbosity)
+
+    def _dry_run(self, args: dict[str, t.Any], task_vars: dict[str, t.Any]) -> dict[str, t.Any]:
+        """gpu_release in check mode (it changes nothing): what a strict run checks first."""
+        was = self._task.check_mode
+        self._task.check_mode = True
+        try:
+            return self._execute_module(module_name="zeromib.gpu.gpu_release", module_args=dict(args), task_vars=task_vars)
+        finally:
+            self._task.check_mode = was
+
+    def _known_names(self, task_vars: dict[str, t.Any]) -> list[str]:
+        """The host's systemd unit names (service units), for "did you mean"; asked only when a
+        services entry matched nothing. Empty when systemctl cannot be asked."""
+        listed = self._low_level_execute_command("systemctl list-unit-files --type=service --plain --no-legend --no-pager 2>/dev/null; "
+                                                 "systemctl list-units --type=service --all --plain --no-legend --no-pager 2>/dev/null")
+        names = []
+        for line in str(listed.get("stdout") or "").splitlines():
+            fields = line.split()
+            if fields and fields[0].endswith(".service") and "@." not in fields[0]:
+                names.append(fields[0])
+        return names
+
+    def _strict_failure(self, result: dict[str, t.Any], host: str, unknown: list[str], missing: list[str],
+                        known: t.Iterable[str] = ()) -> dict[str, t.Any]:
+        problems = strict_problems(unknown, missing, known)
+        msg = "settings mistake, nothing was done (free_gpus_strict): " + "; ".join(problems)
+        result.update({"failed": True, "msg": msg, "argument_errors": problems,
+                       "ansible_facts": {"free_gpus_result": failed(host, msg, "invalid")}})
+        result["warnings"] = []
+        return result
 
     def _argument_spec(self, task_vars: dict[str, t.Any]) -> dict[str, t.Any]:
         role_path = task_vars.get("role_path")
@@ -158,19 +290,21 @@ class ActionModule(ActionBase):
         try:
             provided = self._templar.template({name: task_vars[name] for name in spec if name in task_vars})
         except AnsibleError as exc:
-            raise _Invalid({"failed": True, "msg": "a free_gpus_* variable cannot be templated: {}".format(getattr(exc, "message", exc))}) from exc
+            raise _Invalid({"failed": True, "msg": "settings mistake, nothing was done: a free_gpus_* variable cannot be templated: {}".format(
+                " ".join(str(getattr(exc, "message", exc)).split()))}) from exc
         validator = ArgumentSpecValidator(spec)
         checked = validator.validate(provided, validate_role_argument_spec=True)
         if checked.error_messages:
+            errors = plain_errors(checked.error_messages, provided)
             raise _Invalid({
                 "failed": True,
-                "msg": "Validation of arguments failed:\n{}".format("\n".join(checked.error_messages)),
-                "argument_errors": checked.error_messages,
+                "msg": "settings mistake, nothing was done: {}".format("; ".join(errors)),
+                "argument_errors": errors,
                 "argument_spec_data": spec,
             })
         problems = range_problems(checked.validated_parameters)
         if problems:
-            raise _Invalid({"failed": True, "msg": "; ".join(problems), "argument_errors": problems})
+            raise _Invalid({"failed": True, "msg": "settings mistake, nothing was done: " + "; ".join(problems), "argument_errors": problems})
         return checked.validated_parameters
 
     def run(self, tmp: str | None = None, task_vars: dict[str, t.Any] | None = None) -> dict[str, t.Any]:
@@ -186,23 +320,43 @@ class ActionModule(ActionBase):
             invalid = exc.result
             result.update(invalid)
             # The summary of free_gpus.yml lists this host with its error, as any failed host.
-            result["ansible_facts"] = {"free_gpus_result": failed(host, invalid["msg"])}
+            result["ansible_facts"] = {"free_gpus_result": failed(host, invalid["msg"], "invalid")}
             result["warnings"] = warnings
-            return compact(result, Display().verbosity)
+            return self._said_once(result, task_vars)
+        strict = bool(params.get("free_gpus_strict"))
+        if strict and warnings:
+            return self._said_once(self._strict_failure(result, host, unknown_variables(task_vars, self._argument_spec(task_vars)), []),
+                                   task_vars)
+        if strict and params.get("free_gpus_services") and not self._task.check_mode:
+            # A dry run first: a services entry that matches nothing fails before anything is done.
+            dry = self._dry_run(module_args(params), task_vars)
+            missing = list(dry.get("services_not_found") or [])
+            if missing:
+                return self._said_once(self._strict_failure(result, host, [], missing, self._known_names(task_vars)), task_vars)
         release = self._execute_module(module_name="zeromib.gpu.gpu_release", module_args=module_args(params),
                                        task_vars=task_vars)
+        missing = list(release.get("services_not_found") or [])
+        if missing:
+            if strict:
+                # check mode: the dry run is this run
+                return self._said_once(self._strict_failure(result, host, [], missing, self._known_names(task_vars)), task_vars)
+            release_warnings = [warning_text(w) for w in release.get("warnings") or []]
+            release["warnings"] = release_warnings + [f"{host}: {w}" for w in not_found_warnings(missing, self._known_names(task_vars), release_warnings)]
         check_mode = bool(self._task.check_mode)
         found = role_verdict(release, params, check_mode)
         outcome = outcome_of(release, host, found, check_mode)
+        # Said as the role's user sets them: free_gpus_max_used_mib, not the module's max_used_mib.
+        outcome["message"] = in_role_words(outcome["message"])
         result.update(release)
-        result["warnings"] = warnings + list(release.get("warnings") or [])
+        result["warnings"] = warnings + [in_role_words(text) if isinstance(text := warning_text(w), str) else w
+                                         for w in release.get("warnings") or []]
         # Ansible drops the facts of a failed task; the role's rescue sets them from here.
         result["ansible_facts"] = {"free_gpus_result": outcome}
         if found.failed_checks:
             result["failed"] = True
             result["msg"] = outcome["message"]
             result["failed_checks"] = found.failed_checks
-            return compact(result, Display().verbosity)
+            return self._said_once(result, task_vars)
         result.pop("failed", None)
         result["msg"] = outcome["message"]
         return result

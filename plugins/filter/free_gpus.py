@@ -15,7 +15,7 @@ from ansible_collections.zeromib.gpu.plugins.plugin_utils import _outcome
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import Outcome, footprint_note, spanning_note
 
 # Summary order: what needs the operator's eyes first.
-_STATUS_ORDER = {"unreachable": 0, "failed": 1, "unhealthy": 1, "dirty": 2, "stopped": 3, "would free": 3, "freed": 4, "clean": 5}
+_STATUS_ORDER = {"unreachable": 0, "failed": 1, "invalid": 1, "unhealthy": 1, "dirty": 2, "stopped": 3, "would free": 3, "freed": 4, "clean": 5}
 
 
 def free_gpus_outcome(result: t.Any, host: str, expected_count: int | None = 0, check_mode: bool = False,
@@ -82,6 +82,10 @@ def free_gpus_rescued(failed_result: t.Any, host: str, own_result: t.Any = None,
         why = "another host failed or was unreachable (see the recap)"
     own = "its GPUs are free" if outcome.get("ok") else "it was not checked"
     outcome["message"] = f"{host}: {own}, but the play stops here because {why} (any_errors_fatal)"
+    if any(outcome.get(key) for key in ("stopped_units", "disabled_units", "masked_units", "stopped_containers", "disabled_containers")):
+        # What this host's run stopped stays stopped until restore_gpus puts it back.
+        outcome["message"] += (f"; what was stopped here stays stopped: put it back with "
+                               f"`ansible-playbook playbooks/restore_gpus.yml -l {host}` (or the zeromib.gpu.restore_gpus role)")
     outcome["status"] = "stopped"
     return outcome
 
@@ -136,7 +140,10 @@ def free_gpus_summary(data: t.Any, hosts: list[str] | None = None, live: t.Conta
     for host in hosts or sorted(by_host):
         outcome = by_host.get(host)
         if outcome is None:
-            rows.append(("unreachable", host, "-", "-", "-", "-", "-", "unreachable, or failed before gpu_release ran"))
+            # Ansible keeps no fact of an unreachable host: its own UNREACHABLE line has the SSH error.
+            rows.append(("unreachable", host, "-", "-", "-", "-", "-",
+                         f"{host}: unreachable, or failed before gpu_release ran: the SSH error is in Ansible's UNREACHABLE (or fatal) "
+                         f"line for {host} above"))
             continue
         killed = outcome.get("killed") or []
         changed_state = {u: "disabled" for u in outcome.get("disabled_units") or []}

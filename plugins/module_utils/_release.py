@@ -270,8 +270,10 @@ EARLY_HEADS = {
 }
 
 
-def gpu_failure(gpu: Gpu, holders: list[Holder], apps: list[ComputeApp]) -> str:
-    """The part of the failure message of one dirty GPU: its MiB and what still holds it."""
+def gpu_failure(gpu: Gpu, holders: list[Holder], apps: list[ComputeApp], blind: bool = False) -> str:
+    """The part of the failure message of one dirty GPU: its MiB and what still holds it.
+    `blind`: some processes could not be read (not root), so "nothing holds it" is unknown and
+    neither a reset nor a baseline is advised."""
     on_gpu = [h for h in holders if gpu["index"] in h["gpu_indexes"]]
     unprotected = [h for h in on_gpu if not h["protected"]]
     claims = [a for a in apps if a.get("gpu_index") == gpu["index"]]
@@ -298,6 +300,9 @@ def gpu_failure(gpu: Gpu, holders: list[Holder], apps: list[ComputeApp]) -> str:
         )
     elif used is None:
         text += ": nvidia-smi cannot report its memory, so it cannot be proven free"
+    elif blind:
+        # Its holder may be one of the processes this module could not read: no verdict on the memory.
+        text += ", and no process that this module can read holds it (its holder may be one it cannot read)"
     elif on_gpu:
         # Graphics memory of a compositor (Xorg, gnome-shell) is not listed as a compute app.
         text += (
@@ -314,12 +319,22 @@ def gpu_failure(gpu: Gpu, holders: list[Holder], apps: list[ComputeApp]) -> str:
     return text
 
 
+def permission_head(unreadable: int) -> str:
+    """The first sentence of a failure when some processes could not be read: the cause to fix
+    before any reading of GPU memory is judged (a reset or a baseline would be the wrong cure)."""
+    return (f"cannot see other users' processes: run as root (become: true); could not read the open files of {unreadable:d} process(es), "
+            "so what holds the GPUs is unknown and no GPU memory is judged")
+
+
 def failure_message(dirty_gpus: list[Gpu], holders: list[Holder], apps: list[ComputeApp], waited_s: float, unkillable: list[dict[str, t.Any]],
-                    protected_only: bool = False, early: str | None = None) -> str:
+                    protected_only: bool = False, early: str | None = None, unreadable: int = 0) -> str:
     """One message naming each dirty GPU, its MiB and what still holds it. `early`: why the
-    wait stopped before wait_timeout (a key of EARLY_HEADS)."""
-    lines = [gpu_failure(gpu, holders, apps) for gpu in dirty_gpus]
-    if protected_only or early in EARLY_HEADS:
+    wait stopped before wait_timeout (a key of EARLY_HEADS). `unreadable`: how many processes
+    could not be read (not root): then the permission problem is the head."""
+    lines = [gpu_failure(gpu, holders, apps, blind=unreadable > 0) for gpu in dirty_gpus]
+    if unreadable:
+        head = permission_head(unreadable)
+    elif protected_only or early in EARLY_HEADS:
         head = EARLY_HEADS[early or "protected"]
     else:
         head = f"GPUs still in use after {waited_s:.1f} s"
@@ -526,6 +541,8 @@ class Plan:
         self.footprint = footprint
         # Why some GPU's memory cannot be read (a warning of _facts), or None.
         self.hidden = hidden
+        # How many processes could not be read (not root): a holder may hide among them.
+        self.unreadable = 0
         self.selected = selected
         self.targets: list[Holder] = []
         self.mps_servers: list[Holder] = []
@@ -584,6 +601,8 @@ class Release:
         self.after: tuple[list[Gpu], list[Holder]] | None = None
         # Until the selection is made, a failure is about the request itself: its result is {}.
         self.selected = False
+        # Processes the look could not read (not root): failures then say so first.
+        self.unreadable = 0
 
     # --- the whole run
 
@@ -698,6 +717,7 @@ class Release:
         not_visible = getattr(snapshot, "not_visible", [])
         self.result["not_visible"] = [gpu["bus"] for gpu in not_visible]
         plan = Plan(gpus, holders, snapshot.footprint, hidden, select_gpus(gpus, self.params.get("gpus"), not_visible))
+        plan.unreadable = self.unreadable = len(getattr(snapshot, "unreadable", None) or [])
         self.selected = True
         self.result["gpus_before"] = t.cast("list[Gpu]", [_facts.public_gpu(g, limit, snapshot.footprint) for g in gpus])
         self.result["selected_gpus"] = plan.selected
@@ -846,6 +866,11 @@ class Release:
         process that just exited may still free its memory)."""
         if not dirty:
             return None
+        blind = unheld(dirty, holders, apps) if self.unreadable else []
+        if blind:
+            # Not root: the real run cannot see who holds these GPUs either; said as its first sentence, once.
+            self.result["warnings"] = [w for w in self.result["warnings"] if not w.startswith("could not read the open files")]
+            return failure_message(blind, holders, apps, 0.0, [], False, None, self.unreadable)
         protected = [g for g in dirty if only_protected([g], holders, apps)]
         if protected:
             return failure_message(protected, holders, apps, 0.0, [], True, "protected")
@@ -1021,11 +1046,12 @@ class Release:
         # A GPU that reads only the cross-GPU footprint is clean in this result: not in its message.
         limit = self.max_used_mib()
         dirty = [g for g in gpus if g["index"] in plan.selected and g["index"] not in footprint and not _facts.gpu_is_clean(g, limit)]
-        message = failure_message(dirty, holders, self._apps(gpus), self.result["timings"]["wait_s"], self.result["unkillable"],
-                                  early == "protected", early)
-        if plan.hidden:
-            message += ". Also: " + plan.hidden
-        return message
+        unreadable = plan.unreadable if plan.hidden else 0
+        if unreadable and plan.hidden in self.result["warnings"]:
+            # Said once: the message's first sentence carries it.
+            self.result["warnings"].remove(plan.hidden)
+        return failure_message(dirty, holders, self._apps(gpus), self.result["timings"]["wait_s"], self.result["unkillable"],
+                               early == "protected", early, unreadable)
 
     def verify(self, selected: list[int], deadline: float, acted: bool, unheld_at_look: t.Collection[int] = ()
                ) -> tuple[list[Gpu], bool, str | None, set[int]]:

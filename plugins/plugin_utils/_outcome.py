@@ -12,6 +12,7 @@ free_gpus_outcome (plugins/filter/free_gpus.py); whether the host passes is _ver
 
 from __future__ import annotations
 
+import re
 import typing as t
 from collections.abc import Mapping
 
@@ -119,7 +120,8 @@ def _record(result: t.Mapping[str, t.Any], host: str, check_mode: bool) -> Outco
     footprint = [g for g in after if g.get("cross_gpu_footprint")]
     return {
         "host": host,
-        "count": len(result.get("gpus") or []),
+        # None (shown "-") when gpu_release read no GPU: it failed before it looked, never "0/0".
+        "count": len(result["gpus"]) if result.get("gpus") else None,
         "selected": result.get("selected_gpus") or [],
         "mib_before": _mib(selected_gpus(result, "gpus_before")),
         "mib_after": _mib(after),
@@ -214,3 +216,30 @@ def failed(host: str, message: object, status: str = "failed") -> Outcome:
         "footprint_gpus": [], "footprint_mib": None, "nvml_clients": [], "elapsed_s": None, "check_mode": False,
         "healthy": None, "health_issues": [],
     }
+
+
+# gpu_release's options that its messages name and that the role sets as free_gpus_<option>: in
+# the role's messages they are named as the user sets them. Words that are also plain English
+# (kill, gpus, services, match, protect, timeout) are renamed only where a message uses them as
+# an option (`kill=false`, `name it in services`, `services: ...` at the start).
+_OPTION_WORDS = ("max_used_mib", "nvidia_smi", "kill_spanning", "service_state", "wait_timeout", "kill_timeout", "stop_owning_units",
+                 "expected_mig_mode", "min_pcie_gen", "min_pcie_width", "cross_gpu_footprint_mib", "smoke_test_mib", "xid_ignore",
+                 "xid_fatal", "xid_window_hours", "settle_timeout", "poll_interval", "require_persistence", "launchers", "dcgm_diag")
+_OPTION = re.compile(r"(?<![\w.-])({})(?![\w-])".format("|".join(_OPTION_WORDS)))
+_CONTEXT = (
+    (re.compile(r"(?<![\w.-])(kill|smoke_test)=(false|true)"), r"free_gpus_\1: \2"),
+    (re.compile(r"(?<![\w.-])(kill|smoke_test)(: (?:false|true))"), r"free_gpus_\1\2"),
+    (re.compile(r"\b(name (?:it|that unit|one) in) (services|match|protect)\b"), r"\1 free_gpus_\2"),
+    (re.compile(r"(^|; |: )(services|match|protect|gpus): "), r"\1free_gpus_\2: "),
+    # The module's own pointer to the role's name is now the name itself.
+    (re.compile(r" \(role: free_gpus_\w+(?:, ([^)]*))?\)"), lambda m: f" ({m.group(1)})" if m.group(1) else ""),
+)
+
+
+def in_role_words(text: str) -> str:
+    """A gpu_release message as the free_gpus role's user reads it: its options named as the role
+    variables they set (`set max_used_mib: 55` -> `set free_gpus_max_used_mib: 55`)."""
+    text = _OPTION.sub(r"free_gpus_\1", str(text))
+    for pattern, replacement in _CONTEXT:
+        text = pattern.sub(replacement, text)  # type: ignore[arg-type]
+    return text

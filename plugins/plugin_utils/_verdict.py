@@ -15,6 +15,7 @@ Pure functions of gpu_release's result: no Ansible import.
 
 from __future__ import annotations
 
+import re
 import typing as t
 
 if t.TYPE_CHECKING:
@@ -48,6 +49,43 @@ def health_problems(result: t.Mapping[str, t.Any]) -> list[str]:
     return list(result.get("health_issues") or []) or ["GPU health unknown (gpu_release read no health)"]
 
 
+# Ansible's words for a module that printed no JSON: the cause is in its stderr/stdout.
+_NO_RESULT = ("Module result deserialization failed", "MODULE FAILURE", "The module failed to execute correctly")
+
+
+def _first_line(text: object) -> str:
+    return next((line.strip() for line in str(text or "").splitlines() if line.strip()), "")
+
+
+def start_failure(result: t.Mapping[str, t.Any]) -> str | None:
+    """gpu_release never started (no sudo, a Python that is not there, a crash of the
+    interpreter) -> the cause in the user's words, from what the shell printed; None otherwise.
+
+    Ansible's own message ("Module result deserialization failed: No start of json char found")
+    names the symptom; the first line of module_stderr (or module_stdout) names the cause."""
+    msg = str(result.get("msg") or "")
+    if not msg.startswith(_NO_RESULT) and "module_stderr" not in result:
+        return None
+    said = _first_line(result.get("module_stderr")) or _first_line(result.get("module_stdout"))
+    if not said:
+        return None
+    rc = result.get("rc")
+    cause = "{}{}".format(said, f" (rc {rc})" if rc not in (None, "") else "")
+    lowered = said.lower()
+    if re.search(r"\bsudo\b.*(not found|no such file)", lowered):
+        fix = ("sudo is not installed on this host: install it, connect as root (ansible_user: root) with become: false, "
+               "or set another ansible_become_method")
+    elif "sudo" in lowered and "password" in lowered:
+        fix = "sudo asks for a password: run with --ask-become-pass (-K) or allow this user NOPASSWD for sudo"
+    elif re.search(r"python|interpreter|pyenv", lowered):
+        fix = "no working Python at the path Ansible uses: set ansible_python_interpreter to a Python 3 on this host (e.g. /usr/bin/python3)"
+    elif "not found" in lowered or rc == 127:
+        fix = "a command that Ansible runs to start the module is missing on this host (become method, shell or Python)"
+    else:
+        fix = "gpu_release did not start; run with -vvv for Ansible's whole output"
+    return f"the module could not start on this host: {cause}; {fix}"
+
+
 def _release_failures(result: t.Mapping[str, t.Any], check_mode: bool) -> tuple[list[str], list[str], str]:
     """Whether gpu_release looked, acted and left the selected GPUs clean -> (checks, problems, status)."""
     checks: list[str] = []
@@ -59,7 +97,7 @@ def _release_failures(result: t.Mapping[str, t.Any], check_mode: bool) -> tuple[
     looked = not (result.get("failed") or "released" not in result)
     if not looked:
         checks.append("gpu_release failed")
-        problems.append(result.get("msg") or "gpu_release failed")
+        problems.append(start_failure(result) or result.get("msg") or "gpu_release failed")
         if not result.get("gpus"):
             status = "failed"
     if check_mode:

@@ -618,7 +618,7 @@ class Run:
         proc, ready = self.holder()
         pid = self.wait_ready(ready)[0]
         cmd = [shutil.which("ansible-playbook") or "ansible-playbook", "-i", "localhost,", "-c", "local",
-               os.path.join(REPO, "playbooks", "free_gpus.yml"), "-e", "ansible_python_interpreter=" + sys.executable]
+               os.path.join(REPO, "playbooks", "free_gpus.yml"), "-e", "free_gpus_hosts=localhost", "-e", "ansible_python_interpreter=" + sys.executable]
         started = time.monotonic()
         run = subprocess.run(cmd, capture_output=True, text=True, check=False, env=self.env)
         wall = round(time.monotonic() - started, 3)
@@ -882,7 +882,7 @@ class Run:
                     bare_1024=bare, bare_16384=bare_big)
         # The role, as a training play's pre_tasks run it.
         cmd = [shutil.which("ansible-playbook") or "ansible-playbook", "-i", "localhost,", "-c", "local",
-               os.path.join(REPO, "playbooks", "free_gpus.yml"), "-e", "ansible_python_interpreter=" + sys.executable,
+               os.path.join(REPO, "playbooks", "free_gpus.yml"), "-e", "free_gpus_hosts=localhost", "-e", "ansible_python_interpreter=" + sys.executable,
                "-e", json.dumps({"free_gpus_smoke_test": True})]
         started = time.monotonic()
         run = subprocess.run(cmd, capture_output=True, text=True, check=False, env=self.env)

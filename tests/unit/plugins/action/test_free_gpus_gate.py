@@ -113,18 +113,20 @@ def test_the_gate_outside_its_role_fails_saying_where_it_runs():
 def test_a_variable_of_the_wrong_type_fails_as_ansibles_validation_does_and_runs_nothing():
     plugin, task_vars = _gate(free_gpus_kill_timeout="soon")
     result = plugin.run(task_vars=task_vars)
-    assert result["failed"] and result["msg"].startswith("Validation of arguments failed:\nargument 'free_gpus_kill_timeout' is of type str")
+    # One line in the user's words (issue 32), not the validator's "is of type str and we were unable to convert".
+    assert result["failed"] and result["msg"] == (
+        "settings mistake, nothing was done: free_gpus_kill_timeout must be a number of seconds (e.g. 120), got 'soon'")
     assert "Traceback" not in str(result) and plugin.module.calls == []
     outcome = result["ansible_facts"]["free_gpus_result"]
     # The message once, as `msg`: the role's rescue puts it back into free_gpus_result.
-    assert outcome["status"] == "failed" and outcome["ok"] is False and "message" not in outcome
+    assert outcome["status"] == "invalid" and outcome["ok"] is False and "message" not in outcome
     assert "argument_spec_data" not in result  # the role's whole spec only with -v
 
 
 def test_a_number_out_of_range_fails_with_the_modules_words():
     plugin, task_vars = _gate(free_gpus_expected_count=-1)
     result = plugin.run(task_vars=task_vars)
-    assert result["msg"] == "free_gpus_expected_count must be at least 0, got -1" and plugin.module.calls == []
+    assert result["msg"] == "settings mistake, nothing was done: free_gpus_expected_count must be at least 0, got -1" and plugin.module.calls == []
 
 
 def test_a_variable_that_cannot_be_templated_fails_naming_the_undefined_one():
@@ -132,7 +134,8 @@ def test_a_variable_that_cannot_be_templated_fails_naming_the_undefined_one():
 
     plugin, task_vars = _gate(free_gpus_kill_timeout=trust_as_template("{{ no_such_variable }}"))
     result = plugin.run(task_vars=task_vars)
-    assert result["failed"] and result["msg"] == "a free_gpus_* variable cannot be templated: 'no_such_variable' is undefined"
+    assert result["failed"] and result["msg"] == (
+        "settings mistake, nothing was done: a free_gpus_* variable cannot be templated: 'no_such_variable' is undefined")
     assert plugin.module.calls == []
 
 
