@@ -323,7 +323,7 @@ def fabric_manager_calls(host):
 
 def run_playbook(host, playbook, variables, timeout=180):
     cmd = [os.path.join(VENV_BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local", os.path.join(REPO, "playbooks", playbook),
-           "-e", "ansible_python_interpreter=/usr/bin/python3", "-e", json.dumps(variables)]
+           "-e", "ansible_python_interpreter=/usr/bin/python3", "-e", "free_gpus_hosts=localhost", "-e", json.dumps(variables)]
     env = {"ANSIBLE_COLLECTIONS_PATH": COLLECTIONS, "HOME": "/root", "ANSIBLE_NOCOLOR": "1", "ANSIBLE_LOCALHOST_WARNING": "False",
            "ANSIBLE_DEPRECATION_WARNINGS": "False"}
     return host.run(cmd, env=env, timeout=timeout)

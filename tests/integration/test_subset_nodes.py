@@ -46,7 +46,7 @@ def holder(host, minor, mib=4096):
 
 def playbook(host, name, extra, timeout=240):
     cmd = [os.path.join(VENV_BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local", os.path.join(REPO, "playbooks", name),
-           "-e", "ansible_python_interpreter=/usr/bin/python3", "-e", json.dumps(extra)]
+           "-e", "ansible_python_interpreter=/usr/bin/python3", "-e", "free_gpus_hosts=localhost", "-e", json.dumps(extra)]
     return host.run(cmd, env=ENV, timeout=timeout)
 
 
