@@ -360,6 +360,14 @@ def main(argv: t.Sequence[str], environ: t.Mapping[str, str], config_path: str =
     """The hook: 0 when the job's GPUs are free and healthy; else drain (zeromib: reason) and 1,
     so that slurmd drains the node (epilog) or requeues the job (prolog)."""
     started = time.monotonic()
+    if list(argv[:1]) == ["check-config"]:
+        # The role's check right after it writes the config: a bad one fails the play, not the next job.
+        try:
+            print(json.dumps(read_config(config_path), sort_keys=True))
+            return 0
+        except JobCheckError as exc:
+            print(f"zeromib: {exc}", file=sys.stderr)
+            return 2
     os.environ["PATH"] = os.environ.get("PATH") or SAFE_PATH
     config: dict[str, t.Any] = dict(RUNNER_DEFAULTS)
     mode, job, gpus = "hook", "?", None
