@@ -360,6 +360,9 @@ def main(argv: t.Sequence[str], environ: t.Mapping[str, str], config_path: str =
     """The hook: 0 when the job's GPUs are free and healthy; else drain (zeromib: reason) and 1,
     so that slurmd drains the node (epilog) or requeues the job (prolog)."""
     started = time.monotonic()
+    # --config=PATH (the benchmark's, a site's second config): given by whoever runs the hook, root.
+    config_path = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), config_path)
+    argv = [a for a in argv if not a.startswith("--config=")]
     if list(argv[:1]) == ["check-config"]:
         # The role's check right after it writes the config: a bad one fails the play, not the next job.
         try:

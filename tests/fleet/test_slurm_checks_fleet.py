@@ -12,6 +12,7 @@ Runs on a fleet of 1 or more hosts: `ZEROMIB_FLEET_HOSTS=1 ZEROMIB_FLEET_PROFILE
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 
@@ -45,7 +46,7 @@ def drained(fields) -> bool:
 
 
 def submit(fleet, host, script, gpus=1) -> str:
-    r = fleet.ssh(host, f"sbatch --parsable -o /dev/null --gres=gpu:{gpus:d} --wrap {json.dumps(script)}", check=True)
+    r = fleet.ssh(host, f"sbatch --parsable -o /dev/null --gres=gpu:{gpus:d} --wrap {shlex.quote(script)}", check=True)
     return r.stdout.strip().split(";")[0]
 
 
@@ -238,7 +239,7 @@ def test_an_admins_drain_is_never_overwritten_by_a_failing_epilog_nor_resumed(gr
     fleet.set_fault(host, leak={"0": 4096})
     run = ended(fleet, host, job_id)
     assert not run["ok"] and "someone else" in run["drain"], run
-    assert wait_for(lambda: not job(fleet, host, job_id).get("JobState") == "RUNNING", timeout=30)
+    assert wait_for(lambda: job(fleet, host, job_id).get("JobState") != "RUNNING", timeout=30)
     fields = node(fleet, host)
     assert drained(fields) and fields["Reason"] == "maintenance", fields
     fleet.clear_faults(host)

@@ -252,8 +252,10 @@ def test_the_runner_is_one_zip_of_the_collections_module_utils_and_the_same_byte
     names = zipfile.ZipFile(str(out)).namelist()
     prefix = "ansible_collections/zeromib/gpu/plugins/module_utils/"
     assert "__main__.py" in names and prefix + "_release.py" in names and prefix + "_jobcheck.py" in names
-    assert sorted(n[len(prefix):] for n in names if n.startswith(prefix) and n != prefix + "__init__.py") == sorted(
-        n for n in os.listdir(MODULE_UTILS) if n.endswith(".py") and n != "__init__.py")
+    sources = sorted(n for n in os.listdir(MODULE_UTILS) if n.endswith(".py") and n != "__init__.py")
+    assert sorted(n[len(prefix):] for n in names if n.startswith(prefix) and n.endswith(".py") and n != prefix + "__init__.py") == sources
+    # Bytecode of the packing Python beside each source: the node's python3 of that version compiles nothing.
+    assert all(prefix + n + "c" in names for n in sources)
 
 
 def test_the_runner_runs_without_ansible_and_says_what_is_wrong(tmp_path):
@@ -271,3 +273,19 @@ def test_the_runner_runs_without_ansible_and_says_what_is_wrong(tmp_path):
                               "if 'ansible.module_utils' not in sys.modules else 3)"],
                              capture_output=True, text=True, env=dict(env, HOME=str(tmp_path)), timeout=60)
     assert skipped.returncode == 0, skipped.stderr
+    loaded = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(out)!r}); "
+                             "from ansible_collections.zeromib.gpu.plugins.module_utils import _release as r; print(r.__spec__.origin)"],
+                            capture_output=True, text=True, env=env, timeout=60)
+    assert loaded.stdout.strip().endswith("_release.pyc"), loaded
+
+
+def test_a_python_of_another_version_compiles_the_sources_of_the_runner(tmp_path):
+    other = next((p for p in (os.path.expanduser(f"~/.pyenv/versions/{v}/bin/python3") for v in ("3.8.18", "3.13.0", "3.12.1"))
+                  if os.path.exists(p) and subprocess.run([p, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
+                                                          text=True).stdout.strip() != str(tuple(sys.version_info[:2]))), None)
+    if other is None:
+        pytest.skip("no Python of another version on this machine")
+    out = tmp_path / "r.pyz"
+    out.write_bytes(runpy.run_path(PACKER)["pack"](MODULE_UTILS))
+    done = subprocess.run([other, "-I", str(out), "cleanup"], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, timeout=60)
+    assert done.returncode == 1 and "unknown mode 'cleanup'" in done.stderr and "Traceback" not in done.stderr
