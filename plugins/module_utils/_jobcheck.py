@@ -39,6 +39,10 @@ if t.TYPE_CHECKING:
     from ansible_collections.zeromib.gpu.plugins.module_utils._records import Holder
 
 CONFIG_PATH = "/etc/zeromib-gpu/slurm_gpu_checks.json"
+# slurmd runs the epilog also after a failed prolog (measured on 22.05): the job never ran, so
+# what holds its GPUs is someone else's and the prolog only reported it. The failed prolog leaves
+# a mark here (root-only: no user can make the epilog spare or end anything) for that epilog.
+PROLOG_FAILED_DIR = "/run/zeromib-gpu/prolog-failed"
 MODES = ("prolog", "epilog")
 # slurmd runs the hooks with a nearly empty environment: no PATH of the site's.
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/slurm/bin"
@@ -319,6 +323,24 @@ def drain(config: t.Mapping[str, t.Any], environ: t.Mapping[str, str], reason: s
         return f"not drained: {exc}"
 
 
+def mark_prolog_failed(job: str, directory: str = PROLOG_FAILED_DIR) -> None:
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        with open(os.path.join(directory, job), "w", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        print(f"zeromib: cannot mark the failed prolog of job {job} in {directory}: {exc.strerror}", file=sys.stderr)
+
+
+def take_prolog_failed(job: str, directory: str = PROLOG_FAILED_DIR) -> bool:
+    """Whether the prolog of `job` failed (the mark is removed)."""
+    try:
+        os.unlink(os.path.join(directory, job))
+        return True
+    except OSError:
+        return False
+
+
 def log(path: str | None, entry: t.Mapping[str, t.Any]) -> None:
     if not path:
         return
@@ -356,7 +378,7 @@ def find_systemctl() -> str | None:
     return None
 
 
-def main(argv: t.Sequence[str], environ: t.Mapping[str, str], config_path: str = CONFIG_PATH) -> int:
+def main(argv: t.Sequence[str], environ: t.Mapping[str, str], config_path: str = CONFIG_PATH, marks: str = PROLOG_FAILED_DIR) -> int:
     """The hook: 0 when the job's GPUs are free and healthy; else drain (zeromib: reason) and 1,
     so that slurmd drains the node (epilog) or requeues the job (prolog)."""
     started = time.monotonic()
@@ -382,6 +404,10 @@ def main(argv: t.Sequence[str], environ: t.Mapping[str, str], config_path: str =
         if gpus is None and config["without_gres"] == "skip":
             log(config["log"], {"mode": mode, "job": job, "ok": True, "skipped": "no GPU given to the job", "elapsed_s": round(time.monotonic() - started, 3)})
             return 0
+        if mode == "epilog" and take_prolog_failed(job, marks):
+            log(config["log"], {"mode": mode, "job": job, "gpus": gpus, "ok": True, "elapsed_s": round(time.monotonic() - started, 3),
+                                "skipped": "the prolog failed: the job never ran, nothing on its GPUs is its own (the prolog drained the node)"})
+            return 0
         ok, causes, result = check_job(mode, job, gpus, config)
     except JobCheckError as exc:
         ok, causes, result = False, [str(exc)], {}
@@ -393,6 +419,8 @@ def main(argv: t.Sequence[str], environ: t.Mapping[str, str], config_path: str =
         reason = drain_reason(mode, job, causes)
         print(reason, file=sys.stderr)
         entry["drain"] = drain(config, environ, reason) if config.get("drain", True) else "not drained: drain is false"
+        if mode == "prolog" and job != "?":
+            mark_prolog_failed(job, marks)
     entry["elapsed_s"] = round(time.monotonic() - started, 3)
     log(config.get("log"), entry)
     return 0 if ok else 1

@@ -46,7 +46,9 @@ def drained(fields) -> bool:
 
 
 def submit(fleet, host, script, gpus=1) -> str:
-    r = fleet.ssh(host, f"sbatch --parsable -o /dev/null --gres=gpu:{gpus:d} --wrap {shlex.quote(script)}", check=True)
+    # --mem: the node's RealMemory is 100 MB and cons_tres counts memory (CR_CORE_MEMORY): a job
+    # without it takes the whole node and the next one waits.
+    r = fleet.ssh(host, f"sbatch --parsable -o /dev/null --mem=10M --gres=gpu:{gpus:d} --wrap {shlex.quote(script)}", check=True)
     return r.stdout.strip().split(";")[0]
 
 
@@ -65,9 +67,10 @@ def alive(fleet, host, pid) -> bool:
     return fleet.ssh(host, f"test -d /proc/{pid:d}").returncode == 0
 
 
-def leave_behind(name, mib, gpus="$CUDA_VISIBLE_DEVICES"):
+def leave_behind(name, mib, gpus="0"):
     """A job script that starts a holder which leaves the job (setsid: reparented to PID 1, which
-    proctrack/linuxproc does not follow) and ends once it holds its memory."""
+    proctrack/linuxproc does not follow) and ends once it holds its memory. `gpus` are CUDA's
+    device numbers: the simulator, as CUDA, counts them within CUDA_VISIBLE_DEVICES (the job's)."""
     ready = f"/run/nvidia-sim/ready/{name}"
     return (f"mkdir -p /run/nvidia-sim/ready; rm -f {ready}; setsid nohup {HOLDER} --gpus {gpus} --mib {mib:d} --name {name} "
             f"--ready-file {ready} </dev/null >/dev/null 2>&1 & for i in $(seq 400); do [ -e {ready} ] && break; sleep 0.025; done")
@@ -185,7 +188,7 @@ def test_a_job_that_leaves_an_orphaned_holder_is_freed_by_the_epilog_and_the_nex
 
 def test_the_epilog_touches_only_its_own_processes_beside_another_running_job(gres_host):
     fleet, host = gres_host
-    running = submit(fleet, host, f"exec {HOLDER} --gpus $CUDA_VISIBLE_DEVICES --mib 2000 --name other_job --ready-file /run/nvidia-sim/ready/other_job")
+    running = submit(fleet, host, f"exec {HOLDER} --gpus 0 --mib 2000 --name other_job --ready-file /run/nvidia-sim/ready/other_job")
     other_pid = ready_pid(fleet, host, "other_job")
     assert wait_for(lambda: job(fleet, host, running).get("JobState") == "RUNNING", timeout=30)
     ending = submit(fleet, host, leave_behind("mine", 1000))
@@ -199,9 +202,10 @@ def test_the_epilog_touches_only_its_own_processes_beside_another_running_job(gr
 
 
 def test_another_jobs_process_on_the_ending_jobs_gpu_is_spared_and_the_node_drained_naming_it(gres_host):
-    # No device cgroup in this rig: the running job also holds GPU 1, which Slurm gives the next job.
+    # No device cgroup in this rig: the running job ignores CUDA_VISIBLE_DEVICES and also holds GPU 1,
+    # which Slurm gives the next job.
     fleet, host = gres_host
-    running = submit(fleet, host, f"exec {HOLDER} --gpus 0,1 --mib 2000 --name greedy --ready-file /run/nvidia-sim/ready/greedy")
+    running = submit(fleet, host, f"exec env -u CUDA_VISIBLE_DEVICES {HOLDER} --gpus 0,1 --mib 2000 --name greedy --ready-file /run/nvidia-sim/ready/greedy")
     greedy = ready_pid(fleet, host, "greedy")
     ending = submit(fleet, host, leave_behind("mine2", 1000))
     mine = ready_pid(fleet, host, "mine2")
@@ -258,6 +262,9 @@ def test_a_prolog_on_a_dirty_gpu_never_signals_requeues_the_job_and_drains_the_n
     job_id = submit(fleet, host, "true")
     run = ended(fleet, host, job_id, "prolog")
     assert not run["ok"] and [h["pid"] for h in run["holders"]] == [stray["pid"]], run
+    # slurmd runs the epilog after the failed prolog too: the job never ran, so it ends nothing either.
+    after = ended(fleet, host, job_id, "epilog")
+    assert after["ok"] and "the prolog failed" in after["skipped"], after
     assert alive(fleet, host, stray["pid"])
     fields = node(fleet, host)
     assert drained(fields) and fields["Reason"].startswith(f"zeromib: prolog job {job_id}: GPU 0: 1000 MiB, held by pid {stray['pid']}"), fields

@@ -289,3 +289,19 @@ def test_a_python_of_another_version_compiles_the_sources_of_the_runner(tmp_path
     out.write_bytes(runpy.run_path(PACKER)["pack"](MODULE_UTILS))
     done = subprocess.run([other, "-I", str(out), "cleanup"], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, timeout=60)
     assert done.returncode == 1 and "unknown mode 'cleanup'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_epilog_after_a_failed_prolog_touches_nothing_and_only_once(tmp_path, monkeypatch):
+    # slurmd runs the epilog after a failed prolog too: the job never ran, its GPUs' holders are someone else's.
+    marks = str(tmp_path / "marks")
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"log": str(tmp_path / "log"), "drain": False}))
+    config.chmod(0o600)
+    monkeypatch.setattr(jobcheck, "read_config", lambda path: jobcheck.check_config(json.loads(config.read_text())))
+    calls = []
+    monkeypatch.setattr(jobcheck, "check_job", lambda mode, job, gpus, cfg: calls.append(mode) or (mode == "epilog", ["GPU 0: 1000 MiB, held by pid 9 x"], {}))
+    env = {"SLURM_JOB_ID": "3", "SLURM_JOB_GPUS": "0"}
+    assert jobcheck.main(["prolog"], env, marks=marks) == 1
+    assert jobcheck.main(["epilog"], env, marks=marks) == 0 and calls == ["prolog"]
+    assert jobcheck.main(["epilog"], env, marks=marks) == 0 and calls == ["prolog", "epilog"]  # the mark is taken once
+    assert oct(os.stat(marks).st_mode & 0o777) == "0o700"
