@@ -163,13 +163,16 @@ def owning_job(pid: int, proc: str = "/proc", depth: int = 64) -> str | None:
     return None
 
 
-def spare_other_jobs(holders: list[Holder], ending: str, proc: str = "/proc") -> list[Holder]:
-    """Holders of other jobs marked protected (reason `Slurm job N`); new records."""
+def spare_other_jobs(holders: list[Holder], ending: str, proc: str = "/proc", spared: dict[int, str] | None = None) -> list[Holder]:
+    """Holders of other jobs marked protected (reason `Slurm job N`); new records. `spared` gets
+    {pid: job} of each (the result's public holders do not carry the reason)."""
     marked = []
     for holder in holders:
         owner = None if holder.get("protected") else owning_job(holder["pid"], proc)
         if other_job(owner, ending):
             holder = t.cast("Holder", dict(holder, protected=True, protected_reason=f"Slurm job {owner}"))
+            if spared is not None:
+                spared[holder["pid"]] = t.cast(str, owner)
         marked.append(holder)
     return marked
 
@@ -181,15 +184,17 @@ class JobRelease(Release):
     def __init__(self, *args: t.Any, ending_job: str, **kwargs: t.Any) -> None:
         super().__init__(*args, **kwargs)
         self.ending_job = ending_job
+        # {pid: job} of the holders spared as another job's, for the drain reason.
+        self.spared: dict[int, str] = {}
 
     def look(self) -> t.Any:
         snapshot = super().look()
-        snapshot.holders = spare_other_jobs(snapshot.holders, self.ending_job, self.system.proc)
+        snapshot.holders = spare_other_jobs(snapshot.holders, self.ending_job, self.system.proc, self.spared)
         return snapshot
 
     def scan(self, gpus: t.Any) -> t.Any:
         holders, apps = super().scan(gpus)
-        return spare_other_jobs(holders, self.ending_job, self.system.proc), apps
+        return spare_other_jobs(holders, self.ending_job, self.system.proc, self.spared), apps
 
 
 # ---------------------------------------------------------------- config
@@ -249,7 +254,7 @@ def release_params(config: t.Mapping[str, t.Any], gpus: list[str] | None) -> dic
 # ---------------------------------------------------------------- the verdict
 
 
-def dirty_causes(result: t.Mapping[str, t.Any]) -> list[str]:
+def dirty_causes(result: t.Mapping[str, t.Any], spared: t.Mapping[int, str] | None = None) -> list[str]:
     """Short causes, one per GPU of the job that is not free or not healthy: `GPU 0: 4096 MiB,
     held by pid 345 python3` / `GPU 1: 4096 MiB, no process holds it` / `GPU 2: <health issue>`."""
     selected = set(result.get("selected_gpus") or [])
@@ -260,18 +265,28 @@ def dirty_causes(result: t.Mapping[str, t.Any]) -> list[str]:
             continue
         if not gpu.get("clean"):
             on = [h for h in holders if gpu["index"] in (h.get("gpu_indexes") or [])]
-            who = ("held by " + ", ".join("pid {} {}{}".format(h.get("pid"), h.get("name"), " ({})".format(h["protected_reason"])
-                                                                if h.get("protected_reason") else "") for h in on[:3])
-                   if on else "no process holds it")
+            who = "held by " + ", ".join(short_holder(h, spared or {}) for h in on[:3]) if on else "no process holds it"
             causes.append("GPU {}: {} MiB, {}".format(gpu["index"], gpu.get("memory_used_mib"), who))
     for issue in result.get("health_issues") or []:
         causes.append(str(issue))
     return causes
 
 
-def verdict(mode: str, result: t.Mapping[str, t.Any], failure: str | None) -> tuple[bool, list[str]]:
+def short_holder(holder: t.Mapping[str, t.Any], spared: t.Mapping[int, str]) -> str:
+    owner = owner_of(holder, spared)
+    return "pid {} {}".format(holder.get("pid"), holder.get("name")) + (f" ({owner})" if owner else "")
+
+
+def owner_of(holder: t.Mapping[str, t.Any], spared: t.Mapping[int, str]) -> str | None:
+    if holder.get("protected_reason"):
+        return str(holder["protected_reason"])
+    job = spared.get(holder.get("pid"))  # type: ignore[arg-type]
+    return f"Slurm job {job}" if job else None
+
+
+def verdict(mode: str, result: t.Mapping[str, t.Any], failure: str | None, spared: t.Mapping[int, str] | None = None) -> tuple[bool, list[str]]:
     """(ok, causes) of one run: the epilog's GPUs released, the prolog's already free; healthy."""
-    causes = dirty_causes(result)
+    causes = dirty_causes(result, spared)
     free = bool(result.get("released")) and failure is None
     healthy = result.get("healthy") is not False
     if free and healthy:
@@ -358,6 +373,9 @@ def check_job(mode: str, job: str, gpus: list[str] | None, config: t.Mapping[str
     try:
         smi = NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), params["timeout"])
         release = JobRelease(smi, System(find_systemctl()), params, check_mode=(mode == "prolog"), ending_job=job)
+    except NvidiaSmiError as exc:
+        return False, [f"nvidia-smi: {exc.msg}"], {}
+    try:
         result: dict[str, t.Any] = dict(release.run())
         failure = None
     except NvidiaSmiError as exc:
@@ -366,7 +384,7 @@ def check_job(mode: str, job: str, gpus: list[str] | None, config: t.Mapping[str
         result, failure = dict(exc.result), exc.msg
     except StepFailed as exc:
         return False, [exc.msg], {}
-    ok, causes = verdict(mode, result, failure)
+    ok, causes = verdict(mode, result, failure, release.spared)
     return ok, causes, result
 
 

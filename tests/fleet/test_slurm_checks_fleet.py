@@ -197,18 +197,23 @@ def test_the_epilog_touches_only_its_own_processes_beside_another_running_job(gr
     assert run["ok"] and run["gpus"] == ["1"] and [k["pid"] for k in run["killed"]] == [mine], run
     assert alive(fleet, host, other_pid) and job(fleet, host, running)["JobState"] == "RUNNING"
     memory = fleet.gpu_memory(host)
-    assert memory[0] == 2000 and memory[1] == 0, memory
+    assert memory[0] >= 2000 and memory[1] == 0, memory  # a context adds a few MiB, as on a real GPU
     assert not drained(node(fleet, host)), node(fleet, host)
 
 
 def test_another_jobs_process_on_the_ending_jobs_gpu_is_spared_and_the_node_drained_naming_it(gres_host):
-    # No device cgroup in this rig: the running job ignores CUDA_VISIBLE_DEVICES and also holds GPU 1,
-    # which Slurm gives the next job.
+    # No device cgroup in this rig: once the ending job runs (its prolog saw GPU 1 free), a process of
+    # the running job ignores CUDA_VISIBLE_DEVICES and takes GPU 1 too.
     fleet, host = gres_host
-    running = submit(fleet, host, f"exec env -u CUDA_VISIBLE_DEVICES {HOLDER} --gpus 0,1 --mib 2000 --name greedy --ready-file /run/nvidia-sim/ready/greedy")
-    greedy = ready_pid(fleet, host, "greedy")
-    ending = submit(fleet, host, leave_behind("mine2", 1000))
+    fleet.ssh(host, "rm -f /run/zeromib-test-go /run/nvidia-sim/ready/greedy")
+    running = submit(fleet, host, f"{HOLDER} --gpus 0 --mib 1000 --name own_gpu --ready-file /run/nvidia-sim/ready/own_gpu & "
+                                  "while [ ! -e /run/zeromib-test-go ]; do sleep 0.05; done; "
+                                  f"exec env -u CUDA_VISIBLE_DEVICES {HOLDER} --gpus 1 --mib 2000 --name greedy --ready-file /run/nvidia-sim/ready/greedy")
+    ready_pid(fleet, host, "own_gpu")
+    ending = submit(fleet, host, leave_behind("mine2", 1000) + "; touch /run/zeromib-test-go; "
+                                 "for i in $(seq 400); do [ -e /run/nvidia-sim/ready/greedy ] && break; sleep 0.025; done")
     mine = ready_pid(fleet, host, "mine2")
+    greedy = ready_pid(fleet, host, "greedy")
     run = ended(fleet, host, ending)
     assert not run["ok"] and [k["pid"] for k in run["killed"]] == [mine], run
     assert alive(fleet, host, greedy) and job(fleet, host, running)["JobState"] == "RUNNING"
@@ -219,10 +224,10 @@ def test_another_jobs_process_on_the_ending_jobs_gpu_is_spared_and_the_node_drai
 
 def test_an_unfreeable_gpu_drains_the_node_with_a_zeromib_reason_and_restore_gpus_resumes_it(gres_host):
     fleet, host = gres_host
-    ran = submit(fleet, host, "true")
-    assert ended(fleet, host, ran)["ok"]
-    fleet.set_fault(host, leak={"0": 4096})  # memory no process holds: a reset or reboot is needed
-    job_id = submit(fleet, host, "true")
+    job_id = submit(fleet, host, "sleep 5")
+    # slurmctld shows RUNNING before slurmd has run the prolog: wait for the prolog itself.
+    assert ended(fleet, host, job_id, "prolog")["ok"]
+    fleet.set_fault(host, leak={"0": 4096})  # during the job: memory no process holds, a reset or reboot is needed
     run = ended(fleet, host, job_id)
     assert not run["ok"] and run["causes"] == ["GPU 0: 4096 MiB, no process holds it"], run
     fields = node(fleet, host)
@@ -237,8 +242,8 @@ def test_an_unfreeable_gpu_drains_the_node_with_a_zeromib_reason_and_restore_gpu
 
 def test_an_admins_drain_is_never_overwritten_by_a_failing_epilog_nor_resumed(gres_host):
     fleet, host = gres_host
-    job_id = submit(fleet, host, "sleep 3")
-    assert wait_for(lambda: job(fleet, host, job_id).get("JobState") == "RUNNING", timeout=30)
+    job_id = submit(fleet, host, "sleep 5")
+    assert ended(fleet, host, job_id, "prolog")["ok"]
     fleet.ssh(host, f"scontrol update nodename={host} state=drain reason=maintenance", check=True)
     fleet.set_fault(host, leak={"0": 4096})
     run = ended(fleet, host, job_id)
@@ -267,7 +272,8 @@ def test_a_prolog_on_a_dirty_gpu_never_signals_requeues_the_job_and_drains_the_n
     assert after["ok"] and "the prolog failed" in after["skipped"], after
     assert alive(fleet, host, stray["pid"])
     fields = node(fleet, host)
-    assert drained(fields) and fields["Reason"].startswith(f"zeromib: prolog job {job_id}: GPU 0: 1000 MiB, held by pid {stray['pid']}"), fields
+    assert drained(fields) and fields["Reason"].startswith(f"zeromib: prolog job {job_id}: GPU 0: "), fields
+    assert f"MiB, held by pid {stray['pid']} train.py" in fields["Reason"], fields
     assert wait_for(lambda: job(fleet, host, job_id).get("JobState") == "PENDING", timeout=30), job(fleet, host, job_id)
     assert job(fleet, host, job_id).get("Restarts") == "1" or "held" in job(fleet, host, job_id).get("Reason", "").lower(), job(fleet, host, job_id)
 
@@ -279,9 +285,9 @@ def test_a_prolog_on_a_dirty_gpu_never_signals_requeues_the_job_and_drains_the_n
 
 def test_a_prolog_on_an_unhealthy_gpu_drains_the_node(gres_host):
     fleet, host = gres_host
-    fleet.set_fault(host, xid={"0": 79})
+    fleet.set_fault(host, field_values={"0": {"ecc.errors.uncorrected.volatile.total": "2"}})
     job_id = submit(fleet, host, "true")
     run = ended(fleet, host, job_id, "prolog")
-    assert not run["ok"], run
+    assert not run["ok"] and run["holders"] == [], run
     fields = node(fleet, host)
     assert drained(fields) and fields["Reason"].startswith(f"zeromib: prolog job {job_id}: GPU 0"), fields

@@ -305,3 +305,9 @@ def test_the_epilog_after_a_failed_prolog_touches_nothing_and_only_once(tmp_path
     assert jobcheck.main(["epilog"], env, marks=marks) == 0 and calls == ["prolog"]
     assert jobcheck.main(["epilog"], env, marks=marks) == 0 and calls == ["prolog", "epilog"]  # the mark is taken once
     assert oct(os.stat(marks).st_mode & 0o777) == "0o700"
+
+
+def test_the_cause_names_the_job_of_a_spared_holder_from_the_runs_own_record():
+    # The result's public holders carry no protected_reason: the run's {pid: job} names it.
+    result = {"selected_gpus": [0], "gpus": [GPU0], "released": False, "holders": [{"pid": 345, "name": "python3", "gpu_indexes": [0], "protected": True}]}
+    assert jobcheck.verdict("epilog", result, "x", {345: "8"}) == (False, ["GPU 0: 4096 MiB, held by pid 345 python3 (Slurm job 8)"])
