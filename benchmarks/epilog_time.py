@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -38,21 +37,21 @@ def epilog(runner, gpus, job, python, config=None):
     env = {"SLURM_JOB_ID": str(job), "SLURM_JOB_GPUS": gpus, "CUDA_VISIBLE_DEVICES": gpus, "SLURM_SCRIPT_CONTEXT": "epilog_slurmd",
            "SLURMD_NODENAME": os.uname()[1].split(".")[0], "SLURM_JOB_UID": "0", "SLURM_JOB_USER": "root"}
     started = time.monotonic()
-    done = subprocess.run([python, runner, "epilog"] + ([f"--config={config}"] if config else []), env=env, capture_output=True, text=True)
+    done = subprocess.run([python, runner, "epilog"] + ([f"--config={config}"] if config else []), env=env, capture_output=True, text=True, check=False)
     return time.monotonic() - started, done.returncode, done.stderr.strip()
 
 
 def deepops(nvidia_smi="nvidia-smi"):
     """DeepOps' 50-exclusive-gpu, as it reads (kill -9 each listed PID, sleep 5, list again)."""
     started = time.monotonic()
-    listed = subprocess.run([nvidia_smi, "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True, text=True).stdout
+    listed = subprocess.run([nvidia_smi, "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True, text=True, check=False).stdout
     for pid in [int(p) for p in listed.split() if p.strip().isdigit()]:
         try:
             os.kill(pid, 9)
         except OSError:
             pass
     time.sleep(5)
-    again = subprocess.run([nvidia_smi, "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True, text=True).stdout
+    again = subprocess.run([nvidia_smi, "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True, text=True, check=False).stdout
     return time.monotonic() - started, 0 if not again.strip() else 1
 
 

@@ -305,7 +305,8 @@ def drain_reason(mode: str, job: str, causes: list[str]) -> str:
 
 def run_command(argv: list[str]) -> tuple[int, str, str]:
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=10, env=dict(os.environ, LANG="C", LC_ALL="C", SLURM_TIME_FORMAT="standard"))
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False,
+                              env=dict(os.environ, LANG="C", LC_ALL="C", SLURM_TIME_FORMAT="standard"))
     except (OSError, subprocess.TimeoutExpired) as exc:
         return 127, "", str(exc)
     return done.returncode, done.stdout, done.stderr
@@ -344,7 +345,7 @@ def mark_prolog_failed(job: str, directory: str = PROLOG_FAILED_DIR) -> None:
         with open(os.path.join(directory, job), "w", encoding="utf-8"):
             pass
     except OSError as exc:
-        print(f"zeromib: cannot mark the failed prolog of job {job} in {directory}: {exc.strerror}", file=sys.stderr)
+        sys.stderr.write(f"zeromib: cannot mark the failed prolog of job {job} in {directory}: {exc.strerror}" + "\n")
 
 
 def take_prolog_failed(job: str, directory: str = PROLOG_FAILED_DIR) -> bool:
@@ -364,7 +365,7 @@ def log(path: str | None, entry: t.Mapping[str, t.Any]) -> None:
         with open(path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(entry, sort_keys=True) + "\n")
     except OSError as exc:
-        print(f"zeromib: cannot write the log {path}: {exc.strerror}", file=sys.stderr)
+        sys.stderr.write(f"zeromib: cannot write the log {path}: {exc.strerror}" + "\n")
 
 
 def check_job(mode: str, job: str, gpus: list[str] | None, config: t.Mapping[str, t.Any]) -> tuple[bool, list[str], dict[str, t.Any]]:
@@ -406,10 +407,10 @@ def main(argv: t.Sequence[str], environ: t.Mapping[str, str], config_path: str =
     if list(argv[:1]) == ["check-config"]:
         # The role's check right after it writes the config: a bad one fails the play, not the next job.
         try:
-            print(json.dumps(read_config(config_path), sort_keys=True))
+            sys.stdout.write(json.dumps(read_config(config_path), sort_keys=True) + "\n")
             return 0
         except JobCheckError as exc:
-            print(f"zeromib: {exc}", file=sys.stderr)
+            sys.stderr.write(f"zeromib: {exc}" + "\n")
             return 2
     os.environ["PATH"] = os.environ.get("PATH") or SAFE_PATH
     config: dict[str, t.Any] = dict(RUNNER_DEFAULTS)
@@ -435,7 +436,7 @@ def main(argv: t.Sequence[str], environ: t.Mapping[str, str], config_path: str =
                                ("holders" if mode == "prolog" else "killed"): acted}
     if not ok:
         reason = drain_reason(mode, job, causes)
-        print(reason, file=sys.stderr)
+        sys.stderr.write(reason + "\n")
         entry["drain"] = drain(config, environ, reason) if config.get("drain", True) else "not drained: drain is false"
         if mode == "prolog" and job != "?":
             mark_prolog_failed(job, marks)

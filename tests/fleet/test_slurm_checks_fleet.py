@@ -28,8 +28,8 @@ HOLDER = "/usr/local/bin/gpu_holder"
 
 
 def install(fleet, host, state="present", check=False, **options):
-    play = {"hosts": host, "gather_facts": False, "roles": [{"role": ROLE, "slurm_gpu_checks_state": state,
-                                                               "slurm_gpu_checks_options": dict({"kill_timeout": 2}, **options)}]}
+    role = {"role": ROLE, "slurm_gpu_checks_state": state, "slurm_gpu_checks_options": dict({"kill_timeout": 2}, **options)}
+    play = {"hosts": host, "gather_facts": False, "roles": [role]}
     return fleet.ansible_playbook([play], limit=host, check=check)
 
 
@@ -210,8 +210,8 @@ def test_another_jobs_process_on_the_ending_jobs_gpu_is_spared_and_the_node_drai
                                   "while [ ! -e /run/zeromib-test-go ]; do sleep 0.05; done; "
                                   f"exec env -u CUDA_VISIBLE_DEVICES {HOLDER} --gpus 1 --mib 2000 --name greedy --ready-file /run/nvidia-sim/ready/greedy")
     ready_pid(fleet, host, "own_gpu")
-    ending = submit(fleet, host, leave_behind("mine2", 1000) + "; touch /run/zeromib-test-go; "
-                                 "for i in $(seq 400); do [ -e /run/nvidia-sim/ready/greedy ] && break; sleep 0.025; done")
+    wait_greedy = "for i in $(seq 400); do [ -e /run/nvidia-sim/ready/greedy ] && break; sleep 0.025; done"
+    ending = submit(fleet, host, leave_behind("mine2", 1000) + "; touch /run/zeromib-test-go; " + wait_greedy)
     mine = ready_pid(fleet, host, "mine2")
     greedy = ready_pid(fleet, host, "greedy")
     run = ended(fleet, host, ending)

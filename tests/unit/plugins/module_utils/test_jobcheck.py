@@ -263,7 +263,7 @@ def test_the_runner_runs_without_ansible_and_says_what_is_wrong(tmp_path):
     out.write_bytes(runpy.run_path(PACKER)["pack"](MODULE_UTILS))
     # -I: no site-packages (no ansible), no PYTHONPATH: only the zip's own code.
     env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "5"}
-    done = subprocess.run([sys.executable, "-I", str(out), "cleanup"], capture_output=True, text=True, env=env, timeout=60)
+    done = subprocess.run([sys.executable, "-I", str(out), "cleanup"], capture_output=True, text=True, env=env, timeout=60, check=False)
     assert done.returncode == 1 and "unknown mode 'cleanup'" in done.stderr and "Traceback" not in done.stderr
     skipped = subprocess.run([sys.executable, "-I", "-c", "import runpy, sys; sys.argv = ['x', 'epilog']; "
                               "sys.modules.setdefault('ansible', None); "
@@ -271,23 +271,23 @@ def test_the_runner_runs_without_ansible_and_says_what_is_wrong(tmp_path):
                               "from ansible_collections.zeromib.gpu.plugins.module_utils import _jobcheck as j; "
                               f"sys.exit(j.main(['epilog'], {{'SLURM_JOB_ID': '5'}}, config_path={str(tmp_path / 'none.json')!r}) "
                               "if 'ansible.module_utils' not in sys.modules else 3)"],
-                             capture_output=True, text=True, env=dict(env, HOME=str(tmp_path)), timeout=60)
+                             capture_output=True, text=True, env=dict(env, HOME=str(tmp_path)), timeout=60, check=False)
     assert skipped.returncode == 0, skipped.stderr
     loaded = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(out)!r}); "
                              "from ansible_collections.zeromib.gpu.plugins.module_utils import _release as r; print(r.__spec__.origin)"],
-                            capture_output=True, text=True, env=env, timeout=60)
+                            capture_output=True, text=True, env=env, timeout=60, check=False)
     assert loaded.stdout.strip().endswith("_release.pyc"), loaded
 
 
 def test_a_python_of_another_version_compiles_the_sources_of_the_runner(tmp_path):
     other = next((p for p in (os.path.expanduser(f"~/.pyenv/versions/{v}/bin/python3") for v in ("3.8.18", "3.13.0", "3.12.1"))
                   if os.path.exists(p) and subprocess.run([p, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
-                                                          text=True).stdout.strip() != str(tuple(sys.version_info[:2]))), None)
+                                                          text=True, check=False).stdout.strip() != str(tuple(sys.version_info[:2]))), None)
     if other is None:
         pytest.skip("no Python of another version on this machine")
     out = tmp_path / "r.pyz"
     out.write_bytes(runpy.run_path(PACKER)["pack"](MODULE_UTILS))
-    done = subprocess.run([other, "-I", str(out), "cleanup"], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, timeout=60)
+    done = subprocess.run([other, "-I", str(out), "cleanup"], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, timeout=60, check=False)
     assert done.returncode == 1 and "unknown mode 'cleanup'" in done.stderr and "Traceback" not in done.stderr
 
 
