@@ -149,6 +149,7 @@ def test_the_defaults_are_gpu_releases_except_the_shorter_waits():
 
 @pytest.mark.parametrize("raw, message", [
     ({"kill_timout": 1}, "unknown option 'kill_timout'"),
+    ({"smoke_test": True}, "unknown option 'smoke_test'"),  # not run by the hooks yet: never silently ignored
     ({"wait_timeout": float("nan")}, "wait_timeout must be a finite number"),
     ({"without_gres": "some"}, "without_gres must be one of skip, all"),
     ({"drain": "yes"}, "drain must be true or false"),
