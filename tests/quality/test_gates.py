@@ -222,6 +222,8 @@ TARBALL_ALLOWED = (
     "roles/free_gpus/defaults/*.yml", "roles/free_gpus/meta/*.yml", "roles/free_gpus/tasks/*.yml",
     "roles/free_gpus/templates/*", "roles/free_gpus/handlers/*.yml", "roles/free_gpus/vars/*.yml",
     "roles/restore_gpus/defaults/*.yml", "roles/restore_gpus/meta/*.yml", "roles/restore_gpus/tasks/*.yml",
+    "roles/slurm_gpu_checks/defaults/*.yml", "roles/slurm_gpu_checks/meta/*.yml", "roles/slurm_gpu_checks/tasks/*.yml",
+    "roles/slurm_gpu_checks/handlers/*.yml", "roles/slurm_gpu_checks/templates/*.j2", "roles/slurm_gpu_checks/files/pack_runner.py",
     "playbooks/*.yml", "playbooks/tasks/templates/*.j2",
     "docs/*.md", "docs/images/*.png",
     "changelogs/changelog.yaml", "changelogs/config.yaml", "CHANGELOG.rst",
@@ -233,6 +235,7 @@ TARBALL_REQUIRED = (
     "playbooks/free_gpus.yml", "playbooks/audit_gpus.yml", "playbooks/example_training.yml",
     "plugins/modules/gpu_restore.py", "roles/restore_gpus/tasks/main.yml", "roles/restore_gpus/meta/argument_specs.yml",
     "playbooks/restore_gpus.yml",
+    "roles/slurm_gpu_checks/tasks/main.yml", "roles/slurm_gpu_checks/files/pack_runner.py", "plugins/module_utils/_jobcheck.py",
     "docs/gpu_release.md", "changelogs/changelog.yaml",
 )
 
@@ -255,7 +258,7 @@ def test_galaxy_tarball_holds_the_collection_and_its_docs_only(tmp_path: Path) -
     assert not stray, "files that must not ship (add them to build_ignore in galaxy.yml):\n  " + "\n  ".join(stray)
     assert not missing, f"files the tarball must hold: {missing}"
     # Every plugin and role file git knows ships (build_ignore must not drop one by accident).
-    shipped = {name for name in working_tree_files() if name.startswith(("plugins/", "roles/free_gpus/", "playbooks/"))
+    shipped = {name for name in working_tree_files() if name.startswith(("plugins/", "roles/free_gpus/", "roles/slurm_gpu_checks/", "playbooks/"))
                and "/molecule/" not in name and not name.endswith(".pyc")}
     assert shipped <= set(members), sorted(shipped - set(members))
 

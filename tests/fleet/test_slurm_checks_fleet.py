@@ -1,0 +1,293 @@
+"""Every Slurm job boundary (issue 35), with real Slurm: slurmctld, slurmd and munge of the host's
+own one-node cluster (Debian 12, Slurm 22.05), the node given its 8 simulated GPUs as gres
+(GresTypes=gpu, gres.conf File=/dev/nvidia[0-7]), so that slurmd itself sets SLURM_JOB_GPUS for the
+hooks; the hooks installed by the role zeromib.gpu.slurm_gpu_checks; jobs submitted with sbatch.
+
+The rig runs Slurm with proctrack/linuxproc and task/none (cgroup v1, see fleet.py): a job's tasks
+sit in slurmd.service's cgroup below their slurmstepd, no device cgroup keeps a job off another
+job's GPU, and a process that leaves its job (setsid, reparented to PID 1) is not ended by Slurm -
+what the epilog is for.
+
+Runs on a fleet of 1 or more hosts: `ZEROMIB_FLEET_HOSTS=1 ZEROMIB_FLEET_PROFILE=h200 pytest tests/fleet/test_slurm_checks_fleet.py`."""
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from scenarios import wait_for
+
+RESTORE = "playbooks/restore_gpus.yml"
+LOG = "/var/log/zeromib-gpu/slurm_gpu_checks.log"
+RUNNER = "/usr/local/lib/zeromib-gpu/slurm_gpu_checks.pyz"
+CONF = "/etc/slurm/slurm.conf"
+SAVED = "/root/slurm.conf.before-slurm-checks"
+ROLE = "zeromib.gpu.slurm_gpu_checks"
+HOLDER = "/usr/local/bin/gpu_holder"
+
+
+def install(fleet, host, state="present", check=False, **options):
+    role = {"role": ROLE, "slurm_gpu_checks_state": state, "slurm_gpu_checks_options": dict({"kill_timeout": 2}, **options)}
+    play = {"hosts": host, "gather_facts": False, "roles": [role]}
+    return fleet.ansible_playbook([play], limit=host, check=check)
+
+
+def node(fleet, host) -> dict:
+    out = fleet.ssh(host, f"scontrol show node -o {host}", check=True).stdout
+    fields = dict(part.split("=", 1) for part in out.split() if "=" in part)
+    reason = out.split("Reason=", 1)[1].strip() if "Reason=" in out else ""
+    fields["Reason"] = reason.split(" [", 1)[0]
+    return fields
+
+
+def drained(fields) -> bool:
+    return "DRAIN" in fields["State"]
+
+
+def submit(fleet, host, script, gpus=1) -> str:
+    # --mem: the node's RealMemory is 100 MB and cons_tres counts memory (CR_CORE_MEMORY): a job
+    # without it takes the whole node and the next one waits.
+    r = fleet.ssh(host, f"sbatch --parsable -o /dev/null --mem=10M --gres=gpu:{gpus:d} --wrap {shlex.quote(script)}", check=True)
+    return r.stdout.strip().split(";")[0]
+
+
+def job(fleet, host, job_id) -> dict:
+    out = fleet.ssh(host, f"scontrol show job -o {job_id}").stdout
+    return dict(part.split("=", 1) for part in out.split() if "=" in part)
+
+
+def hook_runs(fleet, host, job_id, mode) -> list[dict]:
+    out = fleet.ssh(host, f"cat {LOG} 2>/dev/null").stdout
+    runs = [json.loads(line) for line in out.splitlines() if line.strip()]
+    return [r for r in runs if r.get("job") == job_id and r.get("mode") == mode]
+
+
+def alive(fleet, host, pid) -> bool:
+    return fleet.ssh(host, f"test -d /proc/{pid:d}").returncode == 0
+
+
+def leave_behind(name, mib, gpus="0"):
+    """A job script that starts a holder which leaves the job (setsid: reparented to PID 1, which
+    proctrack/linuxproc does not follow) and ends once it holds its memory. `gpus` are CUDA's
+    device numbers: the simulator, as CUDA, counts them within CUDA_VISIBLE_DEVICES (the job's)."""
+    ready = f"/run/nvidia-sim/ready/{name}"
+    return (f"mkdir -p /run/nvidia-sim/ready; rm -f {ready}; setsid nohup {HOLDER} --gpus {gpus} --mib {mib:d} --name {name} "
+            f"--ready-file {ready} </dev/null >/dev/null 2>&1 & for i in $(seq 400); do [ -e {ready} ] && break; sleep 0.025; done")
+
+
+def ready_pid(fleet, host, name) -> int:
+    assert wait_for(lambda: fleet.ssh(host, f"test -s /run/nvidia-sim/ready/{name}").returncode == 0, timeout=30), name
+    return json.loads(fleet.ssh(host, f"cat /run/nvidia-sim/ready/{name}", check=True).stdout)["pid"]
+
+
+def ended(fleet, host, job_id, mode="epilog"):
+    assert wait_for(lambda: hook_runs(fleet, host, job_id, mode), timeout=60), (job_id, job(fleet, host, job_id))
+    return hook_runs(fleet, host, job_id, mode)[-1]
+
+
+@pytest.fixture
+def gres_host(clean_fleet):
+    """A host whose Slurm node has its 8 GPUs as gres and 4 CPUs (two jobs side by side), the
+    hooks installed by the role; everything put back after."""
+    fleet = clean_fleet
+    hosts = [h.name for h in fleet.hosts if h.gpu_count >= 8 and h.idle_mib == 0]
+    assert hosts, "these tests need a host with 8 GPUs"
+    host = hosts[0]
+    fleet.ssh(host, f"""set -e; cp {CONF} {SAVED}
+sed -i 's/^NodeName=.*/NodeName={host} NodeAddr=127.0.0.1 CPUs=4 RealMemory=100 Gres=gpu:8 State=UNKNOWN/' {CONF}
+echo GresTypes=gpu >> {CONF}
+echo 'Name=gpu File=/dev/nvidia[0-7]' > /etc/slurm/gres.conf
+rm -f {LOG}; systemctl restart munge; systemctl restart slurmctld slurmd""", check=True)
+    assert wait_for(lambda: fleet.ssh(host, f"scontrol show node -o {host}").returncode == 0, timeout=30)
+    fleet.ssh(host, f"scontrol update nodename={host} state=resume 2>/dev/null; true")
+    assert wait_for(lambda: not drained(node(fleet, host)) and "Gres=gpu:8" in fleet.ssh(host, f"scontrol show node -o {host}").stdout,
+                    timeout=15), node(fleet, host)
+    try:
+        first = install(fleet, host)
+        assert first.rc == 0, str(first)
+        yield fleet, host
+    finally:
+        fleet.clear_faults(host)
+        install(fleet, host, state="absent")
+        fleet.ssh(host, f"scancel --quiet --full -u root 2>/dev/null; mv {SAVED} {CONF} 2>/dev/null; rm -f /etc/slurm/gres.conf {LOG}; "
+                        f"systemctl restart slurmctld slurmd; sleep 1; scontrol update nodename={host} state=resume 2>/dev/null; "
+                        "systemctl stop slurmd slurmctld; true")
+
+
+# --------------------------------------------------------------------------- the role
+
+
+def test_the_role_installs_idempotently_checks_in_check_mode_and_removes_only_its_own(gres_host):
+    fleet, host = gres_host
+    conf = fleet.ssh(host, f"cat {CONF}", check=True).stdout
+    assert "Prolog=/usr/local/libexec/zeromib-gpu/prolog" in conf and "Epilog=/usr/local/libexec/zeromib-gpu/epilog" in conf
+    assert fleet.ssh(host, f"stat -c '%U %a' {RUNNER} /etc/zeromib-gpu/slurm_gpu_checks.json", check=True).stdout.split() == [
+        "root", "755", "root", "600"]
+    again = install(fleet, host)
+    assert again.rc == 0 and again.stats[host]["changed"] == 0, str(again)
+    dry = install(fleet, host, check=True, max_used_mib=8)
+    assert dry.rc == 0 and dry.stats[host]["changed"] == 1, str(dry)  # the config would change
+    assert '"max_used_mib": 8' not in fleet.ssh(host, "cat /etc/zeromib-gpu/slurm_gpu_checks.json").stdout
+
+    bad = install(fleet, host, kill_timout=3)
+    assert bad.rc != 0 and "unknown option 'kill_timout'" in str(bad), str(bad)
+    install(fleet, host)
+
+    gone = install(fleet, host, state="absent")
+    assert gone.rc == 0, str(gone)
+    conf = fleet.ssh(host, f"cat {CONF}", check=True).stdout
+    assert "zeromib-gpu" not in conf and "GresTypes=gpu" in conf
+    assert fleet.ssh(host, f"test -e {RUNNER}").returncode != 0
+    assert install(fleet, host).rc == 0
+
+
+def test_a_site_hook_is_never_replaced_and_a_directory_glob_gets_the_hook_beside_the_sites(gres_host):
+    fleet, host = gres_host
+    assert install(fleet, host, state="absent").rc == 0
+    fleet.ssh(host, f"echo Epilog=/usr/local/sbin/site-epilog >> {CONF}", check=True)
+    refused = install(fleet, host)
+    assert refused.rc != 0 and "never replaces a site's hook" in str(refused), str(refused)
+    assert "Epilog=/usr/local/sbin/site-epilog" in fleet.ssh(host, f"cat {CONF}").stdout
+
+    fleet.ssh(host, f"sed -i '/^Epilog=/d' {CONF}; mkdir -p /etc/slurm/epilog.d; "
+                    f"printf '#!/bin/sh\\ntouch /run/site-epilog-$SLURM_JOB_ID\\n' > /etc/slurm/epilog.d/10-site; chmod 755 /etc/slurm/epilog.d/10-site; "
+                    f"echo 'Epilog=/etc/slurm/epilog.d/*' >> {CONF}", check=True)
+    placed = install(fleet, host)
+    assert placed.rc == 0, str(placed)
+    assert fleet.ssh(host, "test -x /etc/slurm/epilog.d/50-zeromib-gpu").returncode == 0
+    assert "Epilog=/etc/slurm/epilog.d/*" in fleet.ssh(host, f"cat {CONF}").stdout
+    job_id = submit(fleet, host, leave_behind("dir_left", 1500))
+    run = ended(fleet, host, job_id)
+    assert run["ok"] and [k["name"] for k in run["killed"]] == ["dir_left"], run
+    assert fleet.ssh(host, f"test -e /run/site-epilog-{job_id}").returncode == 0  # the site's hook ran too
+    gone = install(fleet, host, state="absent")
+    assert gone.rc == 0 and fleet.ssh(host, "test -e /etc/slurm/epilog.d/50-zeromib-gpu").returncode != 0
+    assert fleet.ssh(host, "test -e /etc/slurm/epilog.d/10-site").returncode == 0
+    fleet.ssh(host, f"sed -i '/^Epilog=/d' {CONF}; rm -rf /etc/slurm/epilog.d /run/site-epilog-*")
+    assert install(fleet, host).rc == 0
+
+
+# --------------------------------------------------------------------------- the epilog
+
+
+def test_a_job_that_leaves_an_orphaned_holder_is_freed_by_the_epilog_and_the_next_job_runs(gres_host):
+    fleet, host = gres_host
+    job_id = submit(fleet, host, leave_behind("left_behind", 3000))
+    pid = ready_pid(fleet, host, "left_behind")
+    run = ended(fleet, host, job_id)
+    assert run["ok"] and run["gpus"] == ["0"] and [(k["pid"], k["name"]) for k in run["killed"]] == [(pid, "left_behind")], run
+    assert not alive(fleet, host, pid)
+    assert fleet.gpu_memory(host)[0] == 0
+    assert not drained(node(fleet, host)), node(fleet, host)
+
+    after = submit(fleet, host, "true")
+    assert wait_for(lambda: job(fleet, host, after).get("JobState") == "COMPLETED", timeout=60), job(fleet, host, after)
+    assert ended(fleet, host, after)["ok"] and ended(fleet, host, after, "prolog")["ok"]
+
+
+def test_the_epilog_touches_only_its_own_processes_beside_another_running_job(gres_host):
+    fleet, host = gres_host
+    running = submit(fleet, host, f"exec {HOLDER} --gpus 0 --mib 2000 --name other_job --ready-file /run/nvidia-sim/ready/other_job")
+    other_pid = ready_pid(fleet, host, "other_job")
+    assert wait_for(lambda: job(fleet, host, running).get("JobState") == "RUNNING", timeout=30)
+    ending = submit(fleet, host, leave_behind("mine", 1000))
+    mine = ready_pid(fleet, host, "mine")
+    run = ended(fleet, host, ending)
+    assert run["ok"] and run["gpus"] == ["1"] and [k["pid"] for k in run["killed"]] == [mine], run
+    assert alive(fleet, host, other_pid) and job(fleet, host, running)["JobState"] == "RUNNING"
+    memory = fleet.gpu_memory(host)
+    assert memory[0] >= 2000 and memory[1] == 0, memory  # a context adds a few MiB, as on a real GPU
+    assert not drained(node(fleet, host)), node(fleet, host)
+
+
+def test_another_jobs_process_on_the_ending_jobs_gpu_is_spared_and_the_node_drained_naming_it(gres_host):
+    # No device cgroup in this rig: once the ending job runs (its prolog saw GPU 1 free), a process of
+    # the running job ignores CUDA_VISIBLE_DEVICES and takes GPU 1 too.
+    fleet, host = gres_host
+    fleet.ssh(host, "rm -f /run/zeromib-test-go /run/nvidia-sim/ready/greedy")
+    running = submit(fleet, host, f"{HOLDER} --gpus 0 --mib 1000 --name own_gpu --ready-file /run/nvidia-sim/ready/own_gpu & "
+                                  "while [ ! -e /run/zeromib-test-go ]; do sleep 0.05; done; "
+                                  f"exec env -u CUDA_VISIBLE_DEVICES {HOLDER} --gpus 1 --mib 2000 --name greedy --ready-file /run/nvidia-sim/ready/greedy")
+    ready_pid(fleet, host, "own_gpu")
+    wait_greedy = "for i in $(seq 400); do [ -e /run/nvidia-sim/ready/greedy ] && break; sleep 0.025; done"
+    ending = submit(fleet, host, leave_behind("mine2", 1000) + "; touch /run/zeromib-test-go; " + wait_greedy)
+    mine = ready_pid(fleet, host, "mine2")
+    greedy = ready_pid(fleet, host, "greedy")
+    run = ended(fleet, host, ending)
+    assert not run["ok"] and [k["pid"] for k in run["killed"]] == [mine], run
+    assert alive(fleet, host, greedy) and job(fleet, host, running)["JobState"] == "RUNNING"
+    fields = node(fleet, host)
+    assert drained(fields) and fields["Reason"].startswith(f"zeromib: epilog job {ending}: GPU 1"), fields
+    assert f"Slurm job {running}" in fields["Reason"], fields
+
+
+def test_an_unfreeable_gpu_drains_the_node_with_a_zeromib_reason_and_restore_gpus_resumes_it(gres_host):
+    fleet, host = gres_host
+    job_id = submit(fleet, host, "sleep 5")
+    # slurmctld shows RUNNING before slurmd has run the prolog: wait for the prolog itself.
+    assert ended(fleet, host, job_id, "prolog")["ok"]
+    fleet.set_fault(host, leak={"0": 4096})  # during the job: memory no process holds, a reset or reboot is needed
+    run = ended(fleet, host, job_id)
+    assert not run["ok"] and run["causes"] == ["GPU 0: 4096 MiB, no process holds it"], run
+    fields = node(fleet, host)
+    assert drained(fields) and fields["Reason"] == f"zeromib: epilog job {job_id}: GPU 0: 4096 MiB, no process holds it", fields
+
+    kept = fleet.ansible_playbook(RESTORE, limit=host, extra_vars={"restore_gpus_resume_drained": True})
+    assert kept.rc == 0 and drained(node(fleet, host)), str(kept)  # still dirty: kept drained
+    fleet.clear_faults(host)
+    resumed = fleet.ansible_playbook(RESTORE, limit=host, extra_vars={"restore_gpus_resume_drained": True})
+    assert resumed.rc == 0 and not drained(node(fleet, host)), (str(resumed), node(fleet, host))
+
+
+def test_an_admins_drain_is_never_overwritten_by_a_failing_epilog_nor_resumed(gres_host):
+    fleet, host = gres_host
+    job_id = submit(fleet, host, "sleep 5")
+    assert ended(fleet, host, job_id, "prolog")["ok"]
+    fleet.ssh(host, f"scontrol update nodename={host} state=drain reason=maintenance", check=True)
+    fleet.set_fault(host, leak={"0": 4096})
+    run = ended(fleet, host, job_id)
+    assert not run["ok"] and "someone else" in run["drain"], run
+    assert wait_for(lambda: job(fleet, host, job_id).get("JobState") != "RUNNING", timeout=30)
+    fields = node(fleet, host)
+    assert drained(fields) and fields["Reason"] == "maintenance", fields
+    fleet.clear_faults(host)
+    restore = fleet.ansible_playbook(RESTORE, limit=host, extra_vars={"restore_gpus_resume_drained": True})
+    assert restore.rc == 0, str(restore)
+    fields = node(fleet, host)
+    assert drained(fields) and fields["Reason"] == "maintenance", fields
+
+
+# --------------------------------------------------------------------------- the prolog
+
+
+def test_a_prolog_on_a_dirty_gpu_never_signals_requeues_the_job_and_drains_the_node(gres_host):
+    fleet, host = gres_host
+    stray = fleet.workload(host, "train", gpus="0", mib=1000)  # someone's process started over SSH
+    job_id = submit(fleet, host, "true")
+    run = ended(fleet, host, job_id, "prolog")
+    assert not run["ok"] and [h["pid"] for h in run["holders"]] == [stray["pid"]], run
+    # slurmd runs the epilog after the failed prolog too: the job never ran, so it ends nothing either.
+    after = ended(fleet, host, job_id, "epilog")
+    assert after["ok"] and "the prolog failed" in after["skipped"], after
+    assert alive(fleet, host, stray["pid"])
+    fields = node(fleet, host)
+    assert drained(fields) and fields["Reason"].startswith(f"zeromib: prolog job {job_id}: GPU 0: "), fields
+    assert f"MiB, held by pid {stray['pid']} train.py" in fields["Reason"], fields
+    assert wait_for(lambda: job(fleet, host, job_id).get("JobState") == "PENDING", timeout=30), job(fleet, host, job_id)
+    assert job(fleet, host, job_id).get("Restarts") == "1" or "held" in job(fleet, host, job_id).get("Reason", "").lower(), job(fleet, host, job_id)
+
+    fleet.ssh(host, f"kill {stray['pid']:d}", check=True)
+    assert wait_for(lambda: fleet.gpu_memory(host)[0] == 0, timeout=20)
+    resumed = fleet.ansible_playbook(RESTORE, limit=host, extra_vars={"restore_gpus_resume_drained": True})
+    assert resumed.rc == 0 and not drained(node(fleet, host)), (str(resumed), node(fleet, host))
+
+
+def test_a_prolog_on_an_unhealthy_gpu_drains_the_node(gres_host):
+    fleet, host = gres_host
+    fleet.set_fault(host, field_values={"0": {"ecc.errors.uncorrected.volatile.total": "2"}})
+    job_id = submit(fleet, host, "true")
+    run = ended(fleet, host, job_id, "prolog")
+    assert not run["ok"] and run["holders"] == [], run
+    fields = node(fleet, host)
+    assert drained(fields) and fields["Reason"].startswith(f"zeromib: prolog job {job_id}: GPU 0"), fields
