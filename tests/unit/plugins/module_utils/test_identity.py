@@ -27,6 +27,8 @@ from ansible_collections.zeromib.gpu.plugins.module_utils import _holders
 
 NOT_PROCESS_NAMES = {
     "_commands.SYSTEM_DIRS": "directories",
+    "_jobcheck.MODES": "the Slurm hook modes (prolog, epilog)",
+    "_jobcheck.RELEASE_OPTIONS": "gpu_release option names the hooks' config may set",
     "_commands.NVIDIA_DIRS": "directories",
     "_containers.MANAGED": "result keys",
     "_containers.HOLDER_KEYS": "result keys",
