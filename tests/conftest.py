@@ -167,4 +167,3 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             return self.groups.get(nodeid, nodeid)
 
     return RigGroupScheduling(config, log)
-

@@ -630,7 +630,7 @@ def main() -> None:
         module.fail_json(msg=str(exc))
     try:
         smi = NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), params["timeout"])
-        system = System(module.get_bin_path("systemctl"), record_path=_record.PATH, 
+        system = System(module.get_bin_path("systemctl"), record_path=_record.PATH,
                         # Check mode writes nothing, not even the kernel log's cursor: a whole read.
                         kernel_log_state=None if module.check_mode else _kernel_log_state.PATH)
         release = Release(smi, system, params, check_mode=module.check_mode)

@@ -172,7 +172,7 @@ def test_every_test_of_a_shared_rig_gets_its_group_from_its_fixtures(tmp_path):
     rows = [line.split(" ", 3)[1:] for line in r.stdout.splitlines() if line.startswith("GROUP ")]
     assert r.returncode == 0 and rows, r.stdout[-2000:] + r.stderr[-2000:]
     fleet = [(group, node) for group, uses, node in rows if uses == "True"]
-    assert len(fleet) > 50 and {group for group, _ in fleet} == {"fleet"}, sorted({g for g, _ in fleet})
+    assert len(fleet) > 50 and {group for group, _node in fleet} == {"fleet"}, sorted({g for g, _node in fleet})
     engines = {group for group, _uses, node in rows if node.startswith("tests/integration/test_container_engines.py")}
     assert engines == {"tests/integration/test_container_engines.py"}
     assert {group for group, _uses, node in rows if node.startswith("tests/integration/test_trust.py")} == {"-"}

@@ -22,7 +22,7 @@ import pkgutil
 
 import pytest
 
-import ansible_collections.zeromib.gpu.plugins.module_utils as module_utils
+from ansible_collections.zeromib.gpu.plugins import module_utils
 from ansible_collections.zeromib.gpu.plugins.module_utils import _holders
 
 NOT_PROCESS_NAMES = {

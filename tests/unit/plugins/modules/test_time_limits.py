@@ -47,7 +47,7 @@ def bound_message(name: str, value: str) -> str:
     return f"{name} must be at most {most:d} {unit} ({words}), got {value}"
 
 
-@pytest.mark.parametrize("module, name", TIME_OPTIONS, ids=lambda value: str(value))
+@pytest.mark.parametrize("module, name", TIME_OPTIONS, ids=str)
 @pytest.mark.parametrize("value, shown", [(1e10, "10000000000.0"), (1e308, "1e+308"), ("inf", "inf"), ("1e10", "10000000000.0")],
                          ids=["1e10", "1e308", "inf", "1e10-as-text"])
 def test_a_huge_or_infinite_time_fails_naming_the_option_and_its_bound(monkeypatch, module, name, value, shown):
@@ -56,14 +56,14 @@ def test_a_huge_or_infinite_time_fails_naming_the_option_and_its_bound(monkeypat
     assert "exception" not in result
 
 
-@pytest.mark.parametrize("module, name", TIME_OPTIONS, ids=lambda value: str(value))
+@pytest.mark.parametrize("module, name", TIME_OPTIONS, ids=str)
 @pytest.mark.parametrize("value", ["-inf", "nan", -1e308])
 def test_minus_infinity_nan_and_a_huge_negative_fail_naming_the_option(monkeypatch, module, name, value):
     result = fail_of(MODULES[module].main, {name: value}, monkeypatch)
     assert result["msg"].startswith(name + " must be ") and "exception" not in result
 
 
-@pytest.mark.parametrize("module, name", TIME_OPTIONS, ids=lambda value: str(value))
+@pytest.mark.parametrize("module, name", TIME_OPTIONS, ids=str)
 def test_the_bound_itself_passes_the_check(module, name):
     most, _words = _options.TIME_LIMITS[name]
     assert _options.range_problem(name, most) is None
