@@ -120,8 +120,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if mark is not None:
                 groups[item.nodeid] = str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
         mine = Path(f"{where}.{config.workerinput['workerid']}")
-        mine.with_suffix(".tmp").write_text(json.dumps(groups))
-        mine.with_suffix(".tmp").rename(mine)
+        # A temporary name of this worker's own (with_suffix would give every worker groups.tmp:
+        # two workers renaming one file, seen once as a FileNotFoundError at collection).
+        tmp = Path(f"{mine}.tmp")
+        tmp.write_text(json.dumps(groups))
+        tmp.rename(mine)
     return result
 
 
@@ -162,7 +165,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
         def _split_scope(self, nodeid: str) -> str:
             if self.groups is None:  # every worker has collected by now: their files are written
                 self.groups = {}
-                for path in where.parent.glob("groups.gw*"):
+                for path in (p for p in where.parent.glob("groups.gw*") if p.suffix != ".tmp"):
                     self.groups.update(json.loads(path.read_text()))
             return self.groups.get(nodeid, nodeid)
 
