@@ -916,7 +916,7 @@ class Run:
             releases += [
                 lambda run=run: self.scenario_release(f"cooperative {self.mib} MiB holder (SIGTERM), run {run}", [], 10,
                                                       signal.SIGTERM, budget=0.5),
-                lambda run=run: self.scenario_release(f"holder ignoring SIGTERM (SIGKILL at once since issue 31), kill_timeout 2, run {run}", ["--ignore-term"], 2,
+                lambda run=run: self.scenario_release(f"holder ignoring SIGTERM (SIGKILL at once), kill_timeout 2, run {run}", ["--ignore-term"], 2,
                                                       signal.SIGKILL, budget=2.5),
                 lambda run=run: self.scenario_release(f"orphaned child forked after CUDA init, parent killed, run {run}",
                                                       ["--fork-child"], 10, signal.SIGKILL, child=True),
