@@ -71,7 +71,9 @@ def test_report_lists_each_host_with_its_status_and_reason(audit, fleet):
     assert (s["hosts_total"], s["hosts_clean"], s["hosts_dirty"], s["hosts_error"], s["hosts_unreachable"]) == (
         len(fleet.names), len(audit["clean"]), 1, 2, 1)
     assert s["gpus_dirty"] == 1
-    attention = {a["host"]: a["status"] for a in audit["report"]["findings"]["attention"]}
+    # A clean host with a pending restore (an earlier test of the shared fleet freed it) is listed
+    # too, for that reason alone (issue 33): here the hosts listed for their status.
+    attention = {a["host"]: a["status"] for a in audit["report"]["findings"]["attention"] if a["status"] != "clean" or not a.get("pending_restore")}
     assert attention == {audit["dirty"]: "dirty", audit["down"]: "unreachable", audit["hung"]: "error", audit["nosmi"]: "error"}
 
 

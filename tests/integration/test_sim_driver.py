@@ -307,7 +307,10 @@ def test_forked_child_keeps_memory_owner_shown_not_found(host8):
     p.wait_gone(2)
     time.sleep(0.2)  # well past the release delay: the child still holds the context
     assert used(host8, 1) == 2048 + OVH
-    assert apps(host8) == [[str(p.pid), "[Not Found]", "2048", host8.config["gpus"][1]["uuid"]]]
+    # The real driver names the dead owner [Not Found] right after the kill and [No data] 0.5 s
+    # later (both read on the H200); a loaded machine may read past that switch.
+    [(pid, name, mib, uuid)] = apps(host8)
+    assert (pid, mib, uuid) == (str(p.pid), "2048", host8.config["gpus"][1]["uuid"]) and name in ("[Not Found]", "[No data]"), name
     assert host8.alive(child)
     ppid = host8.run(["ps", "-o", "ppid=", "-p", str(child)]).stdout.strip()
     assert ppid == "1"  # reparented to the namespace's init
