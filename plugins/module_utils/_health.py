@@ -641,7 +641,11 @@ class KernelLog:
                 break
             text, cursor = _split_cursor(stdout[-self.max_bytes:].decode("utf-8", "replace"))
             said = stderr.decode("utf-8", "replace").strip().splitlines()
-            if process.returncode == 0 and incremental and not any(NO_JOURNAL in line for line in said):
+            # journalctl --show-cursor (systemd 252) exits 1, saying nothing, when no entry matches:
+            # an empty answer, not a failure (seen on the fleet's hosts, whose journal holds no kernel line).
+            answered = process.returncode == 0 or (source == "journalctl" and process.returncode == 1 and not said and not text.strip()
+                                                    and cursor is None and bool(self.state_path))
+            if answered and incremental and not any(NO_JOURNAL in line for line in said):
                 # What the last read kept, still in the window, then the lines since: a whole
                 # read's lines (an answer with no new line is no reason to try dmesg).
                 earlier: list[str] = t.cast("dict[str, t.Any]", self._state)["lines"]
@@ -650,7 +654,7 @@ class KernelLog:
                 self.source, self.error, self.incremental = source, None, True
                 self._keep_state(cursor, found)
                 break
-            if process.returncode == 0 and not incremental:
+            if answered and not incremental:
                 wanted = [line for line in text.splitlines() if "Xid" in line or "NVRM: loading" in line]
                 no_journal = source == "journalctl" and any(NO_JOURNAL in line for line in said)
                 if source == "journalctl" and (no_journal or not text.strip()):
