@@ -643,8 +643,9 @@ class KernelLog:
             said = stderr.decode("utf-8", "replace").strip().splitlines()
             # journalctl --show-cursor (systemd 252) exits 1, saying nothing, when no entry matches:
             # an empty answer, not a failure (seen on the fleet's hosts, whose journal holds no kernel line).
-            answered = process.returncode == 0 or (source == "journalctl" and process.returncode == 1 and not said and not text.strip()
-                                                    and cursor is None and bool(self.state_path))
+            empty_journal = (source == "journalctl" and process.returncode == 1 and not said and not text.strip()
+                             and cursor is None and bool(self.state_path))
+            answered = process.returncode == 0 or empty_journal
             if answered and incremental and not any(NO_JOURNAL in line for line in said):
                 # What the last read kept, still in the window, then the lines since: a whole
                 # read's lines (an answer with no new line is no reason to try dmesg).

@@ -26,6 +26,8 @@ def packer_pack():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.pack
+
+
 MODULE_UTILS = os.path.join(ROOT, "plugins", "module_utils")
 
 # slurmd 22.05.8's epilog environment for `sbatch --gres=gpu:2` (the fleet's gres=gpu:8 node), trimmed.
