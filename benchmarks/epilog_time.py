@@ -22,23 +22,63 @@ import time
 
 
 def leave_behind(cmd, ready, timeout=120.0):
-    if os.path.exists(ready):
-        os.unlink(ready)
-    proc = subprocess.Popen(["setsid", "sh", "-c", cmd], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    """Start CMD in a session of its own -> the PIDs it wrote (READY, and READY.child when it
+    forked one), the processes this benchmark must end if the epilog does not."""
+    for path in (ready, ready + ".child"):
+        if os.path.exists(path):
+            os.unlink(path)
+    subprocess.Popen(["setsid", "sh", "-c", cmd], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + timeout
     while not os.path.exists(ready):
         if time.monotonic() > deadline:
             raise SystemExit(f"not ready after {timeout} s: {cmd}")
         time.sleep(0.02)
-    return proc
+    pids = []
+    for path in (ready, ready + ".child"):
+        if os.path.exists(path):
+            with open(path) as handle:
+                pids.append(int(handle.read()))
+    return pids
+
+
+def end(pids, timeout=10.0):
+    """SIGKILL each of our PIDs still alive, and wait until they are gone."""
+    for pid in pids:
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{pid}") and not zombie(pid) for pid in pids):
+        time.sleep(0.05)
+
+
+def zombie(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def used_mib(gpus, nvidia_smi="nvidia-smi"):
+    rows = subprocess.run([nvidia_smi, "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                          check=False).stdout.splitlines()
+    wanted = set(gpus.split(","))
+    return sum(int(mib) for index, mib in (row.split(", ") for row in rows) if index in wanted)
 
 
 def epilog(runner, gpus, job, python, config=None):
     env = {"SLURM_JOB_ID": str(job), "SLURM_JOB_GPUS": gpus, "CUDA_VISIBLE_DEVICES": gpus, "SLURM_SCRIPT_CONTEXT": "epilog_slurmd",
            "SLURMD_NODENAME": os.uname()[1].split(".")[0], "SLURM_JOB_UID": "0", "SLURM_JOB_USER": "root"}
     started = time.monotonic()
-    done = subprocess.run([python, runner, "epilog"] + ([f"--config={config}"] if config else []), env=env, capture_output=True, text=True, check=False)
-    return time.monotonic() - started, done.returncode, done.stderr.strip()
+    process = subprocess.Popen([python, runner, "epilog"] + ([f"--config={config}"] if config else []), env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    err = process.stderr.read()
+    # This child's own CPU (a holder's CUDA init, reaped elsewhere, must not count).
+    _pid, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    return time.monotonic() - started, process.returncode, err.strip(), usage.ru_utime + usage.ru_stime
 
 
 def deepops(nvidia_smi="nvidia-smi"):
@@ -73,23 +113,26 @@ def main():
     parser.add_argument("--config", help="the runner's config (root-owned, mode 0600); default its own path")
     args = parser.parse_args()
     out = {"gpus": args.gpus, "leave_behind": args.leave_behind, "load_avg": os.getloadavg()}
-    times, failures = [], []
+    times, failures, cpu, left = [], [], [], []
     for i in range(args.runs):
-        if args.leave_behind:
-            leave_behind(args.leave_behind, args.ready)
-        seconds, rc, err = epilog(args.runner, args.gpus, 900000 + i, args.python, args.config)
+        ours = leave_behind(args.leave_behind, args.ready) if args.leave_behind else []
+        seconds, rc, err, cpu_s = epilog(args.runner, args.gpus, 900000 + i, args.python, args.config)
         times.append(seconds)
+        cpu.append(cpu_s)
+        left.append(used_mib(args.gpus))
         if rc != 0:
             failures.append(err)
+        end(ours)
     out["epilog"] = summary(times)
     out["epilog_failures"] = failures
-    cpu = os.times()
-    out["epilog_cpu_s_per_run"] = round((cpu.children_user + cpu.children_system) / max(1, args.runs), 3)
+    out["epilog_cpu_s_per_run"] = round(statistics.median(cpu), 3)
+    out["mib_after_each_epilog"] = left
     if args.deepops:
-        if args.leave_behind:
-            leave_behind(args.leave_behind, args.ready)
+        ours = leave_behind(args.leave_behind, args.ready) if args.leave_behind else []
         seconds, rc = deepops()
-        out["deepops_50_exclusive_gpu"] = {"s": round(seconds, 3), "clean_after": rc == 0}
+        out["deepops_50_exclusive_gpu"] = {"s": round(seconds, 3), "apps_listed_after": rc != 0, "mib_left": used_mib(args.gpus)}
+        end(ours)
+        out["mib_after_ending_ours"] = used_mib(args.gpus)
     print(json.dumps(out, indent=1))
     return 1 if failures else 0
 

@@ -17,7 +17,6 @@ what a cgroup path only claims (_cgroups, _containers.confirmed).
 from __future__ import annotations
 
 import fnmatch
-import http.client
 import json
 import math
 import os
@@ -85,20 +84,29 @@ class RuntimeUnavailable(Exception):
     """The runtime could not be asked (no socket, no CLI, daemon down, timeout)."""
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self.unix_path = path
+def _http() -> t.Any:
+    """http.client, imported when a runtime is asked, not with this module: a holder outside any
+    container never needs it (~18 ms of a dirty look's imports on the H200, docs/benchmarks.md)."""
+    import http.client  # pylint: disable=import-outside-toplevel
 
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self.unix_path)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
+    return http.client
+
+
+def _unix_connection(path: str, timeout: float) -> t.Any:
+    """An HTTP connection over a unix socket."""
+
+    class UnixConnection(_http().HTTPConnection):  # type: ignore[misc]
+        def connect(self) -> None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.timeout)
+            try:
+                sock.connect(path)
+            except OSError:
+                sock.close()
+                raise
+            self.sock = sock
+
+    return UnixConnection("localhost", timeout=timeout)
 
 
 def _message(text: str) -> str:
@@ -118,7 +126,7 @@ class EngineApi:
         self.via = f"{runtime} API at {socket_path}"
 
     def _request(self, method: str, path: str, body: dict[str, t.Any] | None = None, timeout: float | None = None) -> tuple[int, str]:
-        connection = _UnixConnection(self.socket_path, self.timeout if timeout is None else timeout)
+        connection = _unix_connection(self.socket_path, self.timeout if timeout is None else timeout)
         try:
             headers = {"Host": "localhost"}
             payload = None
@@ -128,7 +136,7 @@ class EngineApi:
             connection.request(method, path, body=payload, headers=headers)
             response = connection.getresponse()
             data = response.read()
-        except (OSError, http.client.HTTPException) as exc:
+        except (OSError, _http().HTTPException) as exc:
             raise RuntimeUnavailable(f"{self.via}: {exc}") from exc
         finally:
             connection.close()

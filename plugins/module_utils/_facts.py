@@ -280,26 +280,42 @@ def unexplained_gpus(gpus: t.Iterable[Gpu], apps: t.Iterable[ComputeApp], holder
     return unexplained
 
 
+class DeviceScan(t.NamedTuple):
+    """One pass over /proc for open device files: the device numbers it went by, the processes
+    with one open (not attributed yet), and the PIDs without (for scan_mapped, if needed)."""
+    table: holders_mod.DeviceTable
+    raw: list[Holder]
+    others: list[int]
+
+
+def scan_devices(proc: str = "/proc", unreadable: list[int] | None = None, ours: t.Collection[int] = ()) -> DeviceScan:
+    """`ours`: PIDs this module started (its nvidia-smi calls), left out: they hold the device
+    files only while they answer."""
+    others: list[int] = []
+    table = holders_mod.DeviceTable.read()
+    raw = holders_mod.scan_holders(proc, unreadable, with_maps=False, without_devices=others, table=table)
+    return DeviceScan(table, [h for h in raw if h["pid"] not in ours], [pid for pid in others if pid not in ours])
+
+
 def scan_and_attribute(gpus: list[Gpu], apps: list[ComputeApp] | None, fetch_apps: t.Callable[[], list[ComputeApp]], *,
                        protect_names: t.Iterable[str], protect_pids: t.Collection[int], own_lineage: t.Collection[int], proc: str = "/proc",
                        unreadable: list[int] | None = None, max_used_mib: float = 0, footprint_mib: float | None = _attribution.CROSS_GPU_FOOTPRINT_MIB,
-                       main_pid_of: MainPidOf | None = None) -> tuple[list[Holder], list[ComputeApp]]:
+                       main_pid_of: MainPidOf | None = None, scanned: DeviceScan | None = None) -> tuple[list[Holder], list[ComputeApp]]:
     """The /proc scan, attributed to GPUs and marked protected -> (holders, apps).
 
     `apps` are joined compute apps, or None when not fetched yet: `fetch_apps()` is then called
     only if the answer depends on them (see _attribution.needs_listing). `protect_names`,
     `protect_pids`: the protect option split (_holders.split_protect); `own_lineage`: this
     module and its ancestors (never signalled); `unreadable` gets the PIDs whose files could not
-    be read."""
+    be read; `scanned`: the device-file pass when it was done already (while nvidia-smi ran)."""
     # Processes that mapped a device file and closed it (CUDA never does) matter only where a GPU
     # holds more than the footprint and than what live, listed processes with the device files
     # open explain: only then are the maps of processes without a device file open read. Speed:
     # a busy node with 1,000 processes looked in 120-144 ms reading them all, in about the time of
     # an idle look without (benchmarks/changes.md).
     limit = max_used_mib + (footprint_mib or 0)
-    others: list[int] = []
-    table = holders_mod.DeviceTable.read()
-    raw = holders_mod.scan_holders(proc, unreadable, with_maps=False, without_devices=others, table=table)
+    table, raw, others = scanned if scanned is not None else scan_devices(proc, unreadable)
+    raw = list(raw)
     if apps is None and (any_dirty(gpus, limit) or _attribution.needs_listing(raw)):
         apps = fetch_apps()
     if unexplained_gpus(gpus, apps or [], raw, limit):
@@ -309,18 +325,19 @@ def scan_and_attribute(gpus: list[Gpu], apps: list[ComputeApp] | None, fetch_app
     return holders_mod.protect(attributed, protect_names, protect_pids, own_lineage, main_pid_of), apps
 
 
-def _query_gpus(smi: smi_mod.NvidiaSmi, with_apps: bool, checks: _health.Checks | None,
-                kernel_log_state: str | None = None) -> tuple[list[Gpu], list[ComputeApp], _health.Health | None]:
+def _query_gpus(smi: smi_mod.NvidiaSmi, with_apps: bool, checks: _health.Checks | None, kernel_log_state: str | None = None,
+                meanwhile: t.Callable[[], None] | None = None) -> tuple[list[Gpu], list[ComputeApp], _health.Health | None]:
     """nvidia-smi's GPUs and (`with_apps`) raw compute apps; with `checks`, the kernel log read
     for Xids while nvidia-smi runs (only its new lines with `kernel_log_state`, see
-    _kernel_log_state), and the GPUs annotated with their health."""
+    _kernel_log_state), and the GPUs annotated with their health. `meanwhile()` runs while the
+    GPU query is out."""
     if checks is None:
-        gpus, apps = smi.query_all(with_apps=with_apps)
+        gpus, apps = smi.query_all(with_apps=with_apps, meanwhile=meanwhile)
         return gpus, apps, None
     kernel_log = _health.KernelLog(checks.xid_window_hours, state_path=kernel_log_state)
     kernel_log.start()
     try:
-        gpus, apps = smi.query_all(smi_mod.GPU_FIELDS + smi_mod.HEALTH_FIELDS, with_apps=with_apps)
+        gpus, apps = smi.query_all(smi_mod.GPU_FIELDS + smi_mod.HEALTH_FIELDS, with_apps=with_apps, meanwhile=meanwhile)
     except BaseException:
         kernel_log.abandon()
         raise
@@ -336,16 +353,47 @@ def look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, *, with_proc
          driver_root: str = "/proc/driver/nvidia/gpus", with_apps: bool | None = None, max_used_mib: float = 0,
          footprint_mib: float | None = _attribution.CROSS_GPU_FOOTPRINT_MIB, runtimes: Runtimes | None = None, checks: _health.Checks | None = None,
          main_pid_of: MainPidOf | None = None, runtimes_of: t.Callable[[], Runtimes] | None = None,
-         kernel_log_state: str | None = None) -> Snapshot:
+         kernel_log_state: str | None = None, while_waiting: t.Callable[[list[Holder]], None] | None = None) -> Snapshot:
     """nvidia-smi (GPUs and, side by side, compute apps, and the kernel log for Xids) then the
     /proc scan -> Snapshot. GPU records carry their health (`checks`: a _health.Checks).
 
     `with_apps` defaults to `with_processes`; gpu_release looks without them and asks for them
     only when some process maps a per-GPU node (a clean node: one nvidia-smi call). Without
     `checks`, health is not read (the GPUs' `healthy` reads None). The container runtimes
-    (`runtimes`, or `runtimes_of()`) are asked only about holders, and loaded only then."""
+    (`runtimes`, or `runtimes_of()`) are asked only about holders, and loaded only then.
+
+    The device-file pass over /proc runs while nvidia-smi answers (neither needs the other);
+    when it finds a process mapping a GPU, the compute-apps call starts at once and
+    `while_waiting(raw holders)` runs too (gpu_release loads the code that frees them). Speed:
+    on the H200 the GPU query waits ~30 ms on the driver, the pass and that loading ~10-40 ms
+    (docs/benchmarks.md)."""
     with_apps = with_processes if with_apps is None else with_apps
-    gpus, listed, health = _query_gpus(smi, with_apps, checks, kernel_log_state)
+    unreadable: list[int] = []
+    early: dict[str, t.Any] = {}
+
+    def meanwhile() -> None:
+        scanned = early["scan"] = scan_devices(proc, unreadable, getattr(smi, "pids", ()))
+        if _attribution.needs_listing(scanned.raw):
+            if not with_apps:
+                early["apps"] = smi.start(smi.app_args())
+            if while_waiting is not None:
+                while_waiting(scanned.raw)
+
+    try:
+        return _look(smi, protect, early, unreadable, meanwhile if with_processes else None, with_processes=with_processes, proc=proc,
+                     driver_root=driver_root, with_apps=with_apps, max_used_mib=max_used_mib, footprint_mib=footprint_mib, runtimes=runtimes,
+                     checks=checks, main_pid_of=main_pid_of, runtimes_of=runtimes_of, kernel_log_state=kernel_log_state)
+    except BaseException:
+        if early.get("apps") is not None:
+            smi.abandon(early["apps"])
+        raise
+
+
+def _look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, early: dict[str, t.Any], unreadable: list[int],
+          meanwhile: t.Callable[[], None] | None, *, with_processes: bool, proc: str, driver_root: str, with_apps: bool, max_used_mib: float,
+          footprint_mib: float | None, runtimes: Runtimes | None, checks: _health.Checks | None, main_pid_of: MainPidOf | None,
+          runtimes_of: t.Callable[[], Runtimes] | None, kernel_log_state: str | None) -> Snapshot:
+    gpus, listed, health = _query_gpus(smi, with_apps, checks, kernel_log_state, meanwhile)
     driver_gpus = smi_mod.read_driver_gpus(driver_root)
     # A GPU the driver has and nvidia-smi left out (rc 0, one row fewer) is never read as clean,
     # unless this namespace cannot reach it: then it is not this node's (not_visible).
@@ -356,26 +404,27 @@ def look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, *, with_proc
         return Snapshot(gpus, [], [], health=health, not_visible=not_visible)
     names, pids = holders_mod.split_protect(protect)
     lineage = holders_mod.lineage(os.getpid(), proc)
-    unreadable: list[int] = []
 
     def joined(raw_apps: t.Iterable[ComputeApp]) -> list[ComputeApp]:
         return join_apps(raw_apps, gpus, lambda pid: alive(pid, proc), lambda pid: holders_mod.display_name(pid, proc))
 
-    # A dirty GPU always needs the compute apps (see scan_and_attribute): their call then runs
-    # while /proc is scanned, instead of after it. Speed: one nvidia-smi call (~25 ms on H200,
-    # ~0.1 s for the fleet's simulated one) off every dirty look (benchmarks/changes.md).
-    app_call = None
-    if not with_apps and any_dirty(gpus, max_used_mib + (footprint_mib or 0)):
-        app_call = smi.start(smi.app_args())
+    # A dirty GPU always needs the compute apps (see scan_and_attribute): started now unless
+    # the device-file pass started them already. Speed: their call overlaps the attribution
+    # instead of following it (benchmarks/changes.md).
+    if not with_apps and early.get("apps") is None and any_dirty(gpus, max_used_mib + (footprint_mib or 0)):
+        early["apps"] = smi.start(smi.app_args())
 
     def fetch_apps() -> list[ComputeApp]:
-        started = app_call if app_call is not None else smi.start(smi.app_args())
+        started = early.pop("apps", None) or smi.start(smi.app_args())
         return joined(smi_mod.parse_compute_apps(smi.finish(started)))
 
     holders, apps = scan_and_attribute(
         gpus, joined(listed) if with_apps else None, fetch_apps, protect_names=names, protect_pids=pids, own_lineage=lineage, proc=proc,
-        unreadable=unreadable, max_used_mib=max_used_mib, footprint_mib=footprint_mib, main_pid_of=main_pid_of,
+        unreadable=unreadable, max_used_mib=max_used_mib, footprint_mib=footprint_mib, main_pid_of=main_pid_of, scanned=early.get("scan"),
     )
+    if early.get("apps") is not None:
+        # Started for a process mapping a GPU, and the answer did not need it after all.
+        smi.abandon(early.pop("apps"))
     if holders:
         from ansible_collections.zeromib.gpu.plugins.module_utils import _containers
         from ansible_collections.zeromib.gpu.plugins.module_utils import _engines

@@ -458,6 +458,9 @@ class NvidiaSmi:
         # learnt once, so that polls do not pay for the rejected call again.
         self.rejected: set[str] = set()
         self.old_names = False
+        # The nvidia-smi processes this module started: they hold the device files while they
+        # run, and a /proc pass made meanwhile must not take them for holders.
+        self.pids: set[int] = set()
 
     @classmethod
     def find(cls, path: str | None = None, search_path: str | None = None) -> str:
@@ -486,6 +489,7 @@ class NvidiaSmi:
             )
         except OSError as exc:
             raise NvidiaSmiNotFound(f"cannot run {self.path}: {exc}", cmd=cmd) from exc
+        self.pids.add(process.pid)
         return cmd, process, time.monotonic()
 
     def finish(self, started: Started) -> str:
@@ -509,6 +513,10 @@ class NvidiaSmi:
 
     def run(self, args: t.Sequence[str]) -> str:
         return self.finish(self.start(args))
+
+    def abandon(self, started: Started) -> None:
+        """A started call whose answer is no longer wanted: killed, never left behind."""
+        self._kill(started[1])
 
     @staticmethod
     def _kill(process: subprocess.Popen[bytes]) -> None:
@@ -559,14 +567,24 @@ class NvidiaSmi:
         self.rejected.update(left)
         return True
 
-    def query_gpus(self, fields: t.Sequence[Field] = GPU_FIELDS, gpus: t.Iterable[int | str] | None = None) -> list[Gpu]:
+    def query_gpus(self, fields: t.Sequence[Field] = GPU_FIELDS, gpus: t.Iterable[int | str] | None = None,
+                   meanwhile: t.Callable[[], None] | None = None) -> list[Gpu]:
         """--query-gpu. Optional fields the driver rejects (memory.reserved before R5xx, health
-        fields) read None, and each record lists them in `_rejected`."""
+        fields) read None, and each record lists them in `_rejected`. `meanwhile()` runs once,
+        while the first call is out (work that does not depend on its answer)."""
         while True:
             asked = tuple((self._spelled(f), k, t) for f, k, t in fields if f not in self.rejected)
             args = self.gpu_args(asked, gpus)
+            started = self.start(args)
+            if meanwhile is not None:
+                try:
+                    meanwhile()
+                except BaseException:
+                    self._kill(started[1])
+                    raise
+                meanwhile = None
             try:
-                records = parse_gpus(self.run(args), asked, cmd=[self.path] + args)
+                records = parse_gpus(self.finish(started), asked, cmd=[self.path] + args)
             except BadField as exc:
                 if not self._learn(exc.field) and not self._reject_unnamed(exc.field, fields):
                     raise
@@ -578,13 +596,15 @@ class NvidiaSmi:
                 record["_rejected"] = [f for f, _k in dropped if f != "memory.reserved"]
             return records
 
-    def query_all(self, fields: t.Sequence[Field] = GPU_FIELDS, with_apps: bool = True) -> tuple[list[Gpu], list[ComputeApp]]:
-        """GPUs and compute apps, the two calls run side by side (each ~24 ms on an H200)."""
+    def query_all(self, fields: t.Sequence[Field] = GPU_FIELDS, with_apps: bool = True,
+                  meanwhile: t.Callable[[], None] | None = None) -> tuple[list[Gpu], list[ComputeApp]]:
+        """GPUs and compute apps, the two calls run side by side (each ~24 ms on an H200);
+        `meanwhile` as in query_gpus."""
         if not with_apps:
-            return self.query_gpus(fields), []
+            return self.query_gpus(fields, meanwhile=meanwhile), []
         app_call = self.start(self.app_args())
         try:
-            gpus = self.query_gpus(fields)
+            gpus = self.query_gpus(fields, meanwhile=meanwhile)
         except NvidiaSmiError:
             self._kill(app_call[1])
             raise

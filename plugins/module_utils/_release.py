@@ -13,6 +13,7 @@ clock) so that the logic is tested without killing anything.
 
 from __future__ import annotations
 
+import importlib
 import os
 import time
 import typing as t
@@ -571,6 +572,18 @@ class Plan:
         return self.programs
 
 
+# What freeing a GPU needs beyond the look, imported where used (a clean node never loads it).
+FREEING_CODE = ("_containers", "_units", "_supervisor", "_settle", "_mps")
+
+
+def load_freeing_code(_raw_holders: t.Any) -> None:
+    """Some process maps a GPU: the code that frees it is loaded while nvidia-smi answers rather
+    than after (each import compiles its source, AnsiballZ ships no bytecode: ~15-25 ms of the
+    H200's elapsed_s when a holder was found, docs/benchmarks.md)."""
+    for name in FREEING_CODE:
+        importlib.import_module("ansible_collections.zeromib.gpu.plugins.module_utils." + name)
+
+
 class Release:
     """look -> plan -> act -> verify, for the options of gpu_release. The one writer of the
     result: the steps it calls return plans and records of what they did (StepFailed carries
@@ -699,7 +712,7 @@ class Release:
         snapshot = _facts.look(self.smi, self.params.get("protect"), with_processes=True, proc=self.system.proc, driver_root=self.driver_root, with_apps=False,
                                max_used_mib=self.max_used_mib(), footprint_mib=self.footprint_mib(),
                                runtimes_of=lambda: self.system.runtimes, checks=_health.Checks.from_params(self.params), main_pid_of=self.main_pid_of,
-                               kernel_log_state=getattr(self.system, "kernel_log_state", None))
+                               kernel_log_state=getattr(self.system, "kernel_log_state", None), while_waiting=load_freeing_code)
         self.health = snapshot.health
         return snapshot
 

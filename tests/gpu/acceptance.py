@@ -87,16 +87,26 @@ class Run:
         self.started.append(proc)
         return proc, ready
 
-    def wait_ready(self, ready, child=False, timeout=120):
+    def wait_ready(self, ready, child=False, timeout=120, under=None):
+        """The holder's PIDs once ready. `under`: the Popen of a `unshare --pid --fork --mount-proc`
+        prefix, whose holder numbers itself 1: its PID here is the prefix's only child."""
         deadline = time.monotonic() + timeout
         paths = [ready] + ([ready + ".child"] if child else [])
         while time.monotonic() < deadline:
             if all(os.path.exists(p) for p in paths):
                 pids = [int(Path(p).read_text()) for p in paths]
+                if under is not None:
+                    pids[0] = self.only_child(under.pid)
                 self.started.extend(pids[1:])
                 return pids
             time.sleep(0.05)
         raise RuntimeError(f"holder not ready after {timeout} s")
+
+    @staticmethod
+    def only_child(pid):
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            [child] = [int(c) for c in handle.read().split()]
+        return child
 
     def alive(self, pid):
         try:
@@ -172,7 +182,7 @@ class Run:
         """Signal-to-0-MiB with a bare poll loop (the physical floor): every process holding the
         memory (the orphan too) is signalled at once, then nvidia-smi is polled back to back."""
         proc, ready = self.holder(*extra, prefix=prefix)
-        pids = self.wait_ready(ready, child=child)
+        pids = self.wait_ready(ready, child=child, under=proc if prefix else None)
         self.started.extend(pids[:1] if prefix else [])  # the holder below `unshare`, ours to end
         t0 = time.monotonic()
         for pid in pids:
@@ -312,10 +322,12 @@ class Run:
         self.sigkill_at_once("holder ignoring SIGTERM (SIG_IGN), kill_timeout 10", ["--ignore-term"], (), "ignores SIGTERM")
 
     def scenario_sigkill_at_once_unshare(self):
-        """A PyTorch holder under `unshare --pid --fork`: PID 1 of its namespace, no SIGTERM handler,
-        so the kernel drops SIGTERM from outside (before issue 31: the whole kill_timeout)."""
+        """A PyTorch holder under `unshare --pid --fork --mount-proc`: PID 1 of its namespace, no
+        SIGTERM handler, so the kernel drops SIGTERM from outside (before issue 31: the whole
+        kill_timeout). --mount-proc as a container has it: without it CUDA fails to initialise
+        (error 304 on the H200, driver 580.159.04; the holder's /proc is then not its namespace's)."""
         self.sigkill_at_once("holder under unshare --pid --fork (init of its PID namespace), kill_timeout 10", [],
-                             ("unshare", "--pid", "--fork"), "init of its PID namespace, no SIGTERM handler")
+                             ("unshare", "--pid", "--fork", "--mount-proc"), "init of its PID namespace, no SIGTERM handler")
 
     def sigkill_at_once(self, label, holder_args, prefix, reason, kill_timeout=10):
         """Each run: the floor (SIGKILL of a twin holder, started the same way, to 0 MiB), then
@@ -325,7 +337,7 @@ class Run:
         for run in range(1, self.repeat + 1):
             floor = self.floor(signal.SIGKILL, *holder_args, prefix=prefix)
             proc, ready = self.holder(*holder_args, prefix=prefix)
-            [pid] = self.wait_ready(ready)
+            [pid] = self.wait_ready(ready, under=proc if prefix else None)
             if prefix:
                 self.started.append(pid)
             result, wall = self.playbook(f"{label}, run {run}", action="release", kill_timeout=kill_timeout)

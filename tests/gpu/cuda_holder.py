@@ -46,7 +46,9 @@ def main():
         argv0 = handle.read().split("\0")[0]
     if args.name and argv0 != args.name:
         # Re-exec so that /proc/PID/cmdline starts with the posed name.
-        os.execv(sys.executable, [args.name, os.path.abspath(__file__)] + sys.argv[1:])
+        # With argv[0] not a path Python cannot find its venv (pyvenv.cfg) again: its sys.path goes along.
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        os.execve(sys.executable, [args.name, os.path.abspath(__file__)] + sys.argv[1:], env)
     if args.name:
         set_comm(args.name)
     if args.ignore_term:

@@ -7,6 +7,7 @@ one look's GPU health as JSON. Read-only. Stdlib only; run from the repository r
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -38,7 +39,13 @@ report = {
     "query_gpu_ms_base": timed(smi.query_gpus),
     "query_gpu_ms_with_health": timed(lambda: smi.query_gpus(_facts.smi_mod.GPU_FIELDS + _facts.smi_mod.HEALTH_FIELDS)),
 }
-log = _health.KernelLog(24)
+# What each health field adds to the one query (a field may cost the driver an NVML call of its own).
+base_fields = _facts.smi_mod.GPU_FIELDS
+report["query_gpu_ms_base_plus_field"] = {
+    field: timed(lambda extra=(entry,): smi.query_gpus(base_fields + extra), runs=10) for entry in _facts.smi_mod.HEALTH_FIELDS for field in [entry[0]]
+}
+report["dmesg_ms"] = timed(lambda: subprocess.run(["dmesg"], capture_output=True, check=False))
+report["dmesg_bytes"] = len(subprocess.run(["dmesg"], capture_output=True, check=False).stdout)
 
 
 def read_log():

@@ -18,7 +18,7 @@ keep=$1
 shift 2
 work=$(mktemp -d /tmp/zeromib-subset.XXXXXX)
 # Never recursive: keep/ is only a mount point inside the namespace, and must be empty out here.
-trap 'rm -rf "$work/upper" "$work/work"; rmdir "$work/keep" "$work"' EXIT
+trap 'rm -rf "$work/upper" "$work/work" "$work/params"; rmdir "$work/keep" "$work"' EXIT
 rc=0
 # The inner script expands its own variables (single quotes on purpose).
 # shellcheck disable=SC2016
@@ -33,6 +33,13 @@ unshare --mount --propagation private sh -eu -c '
             mount --rbind "$work/keep/$sub" "/dev/$sub"
         fi
     done
+    # As libnvidia-container does: the driver must not create the missing nodes again (as root
+    # nvidia-smi would mknod /dev/nvidia<minor> back; a container device cgroup would then still
+    # refuse it, this namespace has none).
+    if [ -f /proc/driver/nvidia/params ]; then
+        sed "s/^ModifyDeviceFiles: 1\$/ModifyDeviceFiles: 0/" /proc/driver/nvidia/params > "$work/params"
+        mount --bind "$work/params" /proc/driver/nvidia/params
+    fi
     for node in /dev/nvidia[0-9]*; do
         minor=${node#/dev/nvidia}
         case ",$keep," in

@@ -54,6 +54,24 @@ def test_cooperative_holder_is_freed_by_sigterm_and_verified(nshost):
     assert again["changed"] is False and again["released"] is True
 
 
+def test_its_own_nvidia_smi_holding_the_device_nodes_is_no_holder(nshost):
+    """The look's /proc pass runs while nvidia-smi answers; a slow nvidia-smi holds
+    /dev/nvidiactl and every GPU node meanwhile (as NVML does): gpu_facts and gpu_release see
+    exactly the real holder and free only it. Whether the pass meets the open nodes depends on
+    when the simulated nvidia-smi (a Python program) opens them; the rule itself is proven by
+    test_facts.py::test_the_modules_own_nvidia_smi_holding_the_nodes_is_no_holder."""
+    host = nshost("h200x2")
+    holder = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "4096"])
+    host.set_fault(latency_s=0.5)
+    facts = run_module(host, "gpu_facts")
+    assert not facts.failed, facts.msg
+    assert [(h["pid"], h["gpu_indexes"]) for h in facts["ansible_facts"]["gpu"]["holders"]] == [(holder.pid, [0])]
+    run = run_module(host, "gpu_release")
+    assert not run.failed, run.msg
+    assert run["released"] is True and list(killed_pids(run)) == [holder.pid]
+    assert [h["pid"] for h in run["holders"]] == [] and not host.alive(holder.pid)
+
+
 def test_holder_whose_sigterm_handler_stays_gets_sigkill_after_kill_timeout(nshost):
     host = nshost("h200x1")
     holder = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "40960", "--term-handler-stays"])

@@ -228,13 +228,18 @@ class FakeSmi:
         self.world = world
         self.calls = 0
 
-    def query_all(self, fields=smi.GPU_FIELDS, with_apps=True):
-        return self.query_gpus(fields), (self.run(self.app_args()) and smi.parse_compute_apps(self.world.apps_text()) if with_apps else [])
+    def query_all(self, fields=smi.GPU_FIELDS, with_apps=True, meanwhile=None):
+        return self.query_gpus(fields, meanwhile=meanwhile), (self.run(self.app_args()) and smi.parse_compute_apps(self.world.apps_text()) if with_apps else [])
 
-    def query_gpus(self, fields=smi.GPU_FIELDS, gpus=None):
+    def query_gpus(self, fields=smi.GPU_FIELDS, gpus=None, meanwhile=None):
         assert fields == smi.GPU_FIELDS
         self.calls += 1
+        if meanwhile is not None:
+            meanwhile()  # while the call is out, as NvidiaSmi.query_gpus runs it
         return smi.parse_gpus(self.world.gpu_text())
+
+    def abandon(self, started):
+        self.abandoned = getattr(self, "abandoned", 0) + 1
 
     def run(self, args):
         assert args == self.app_args()

@@ -222,8 +222,10 @@ class CannedSmi:
     def __init__(self, gpus, apps):
         self.gpus, self.apps, self.calls = gpus, apps, []
 
-    def query_all(self, fields=smi.GPU_FIELDS, with_apps=True):
+    def query_all(self, fields=smi.GPU_FIELDS, with_apps=True, meanwhile=None):
         self.calls.append(with_apps)
+        if meanwhile is not None:
+            meanwhile()
         return [dict(g) for g in self.gpus], ([dict(a) for a in self.apps] if with_apps else [])
 
 
@@ -279,6 +281,90 @@ def test_look_without_processes_scans_nothing(node):
     snapshot = facts.look(canned, protect=[], with_processes=False, proc=str(proc), driver_root=str(driver))
     assert (snapshot.apps, snapshot.holders, canned.calls) == ([], [], [False])
     assert [g["minor_number"] for g in snapshot.gpus] == [1, 0]
+
+
+class ReleaseLikeSmi(CannedSmi):
+    """gpu_release's way: GPUs first, the compute apps started apart (start/finish); every step
+    in `events`, so that a test sees what ran while the GPU query was out."""
+
+    def __init__(self, gpus, apps, pids=()):
+        super().__init__(gpus, apps)
+        self.events, self.pids = [], set(pids)
+
+    def query_all(self, fields=smi.GPU_FIELDS, with_apps=True, meanwhile=None):
+        assert not with_apps
+        self.events.append("gpu query out")
+        if meanwhile is not None:
+            meanwhile()
+        self.events.append("gpu query answered")
+        return [dict(g) for g in self.gpus], []
+
+    def app_args(self):
+        return smi.NvidiaSmi.app_args()
+
+    def start(self, args):
+        self.events.append("apps started")
+        return args
+
+    def finish(self, started):
+        self.events.append("apps read")
+        return "".join(f"{a['pid']}, {a['gpu_uuid']}, {a['used_memory_mib']}\n" for a in self.apps)
+
+    def abandon(self, started):
+        self.events.append("apps abandoned")
+
+
+def _own_nvidia_smi(proc, pid=950):
+    """nvidia-smi while it answers: /dev/nvidiactl and every GPU node open, none mapped (NVML)."""
+    fakeproc.write_process(proc, pid, comm="nvidia-smi", exe="/usr/bin/nvidia-smi", argv=("nvidia-smi", "--query-gpu=index"),
+                           fds=("/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia1"), start_time=9500)
+
+
+def test_the_device_pass_runs_while_nvidia_smi_answers_and_starts_the_apps_call_at_once(node):
+    """A process maps a GPU: the compute-apps call and while_waiting (gpu_release loads its
+    freeing code there) start before the GPU query is back, not after it."""
+    proc, driver, canned = node
+    worker = ReleaseLikeSmi(canned.gpus, canned.apps)
+    seen = []
+    snapshot = facts.look(worker, protect=[], proc=str(proc), driver_root=str(driver), with_apps=False,
+                          while_waiting=lambda raw: (seen.extend(sorted(h["pid"] for h in raw)), worker.events.append("while_waiting")))
+    assert worker.events == ["gpu query out", "apps started", "while_waiting", "gpu query answered", "apps read"]
+    assert seen == [426, 812] and 426 in {h["pid"] for h in snapshot.holders}
+
+
+def test_a_clean_node_starts_no_apps_call_and_runs_no_while_waiting(node):
+    """Only NVML clients about (nvidia-persistenced) and clean GPUs: one nvidia-smi call."""
+    proc, driver, canned = node
+    (proc / "426").rename(proc / "gone-426")
+    worker = ReleaseLikeSmi([h200_row(0, 0), h200_row(1, 0)], [])
+    called = []
+    facts.look(worker, protect=[], proc=str(proc), driver_root=str(driver), with_apps=False, while_waiting=called.append)
+    assert (worker.events, called) == (["gpu query out", "gpu query answered"], [])
+
+
+def test_the_modules_own_nvidia_smi_holding_the_nodes_is_no_holder(node):
+    """The pass runs while nvidia-smi holds the device files: the calls this module started
+    (smi.pids) are left out; a nvidia-smi it did not start (a user's `watch nvidia-smi`) is not."""
+    proc, driver, canned = node
+    _own_nvidia_smi(proc)
+    ours = facts.look(ReleaseLikeSmi(canned.gpus, canned.apps, pids={950}), protect=[], proc=str(proc), driver_root=str(driver), with_apps=False)
+    assert 950 not in {h["pid"] for h in ours.holders}
+    theirs = facts.look(ReleaseLikeSmi(canned.gpus, canned.apps), protect=[], proc=str(proc), driver_root=str(driver), with_apps=False)
+    assert {h["pid"]: h["attribution"] for h in theirs.holders}[950] == "nvml_client"
+
+
+def test_a_failed_gpu_query_abandons_the_apps_call_started_meanwhile(node):
+    proc, driver, canned = node
+
+    class Lost(ReleaseLikeSmi):
+        def query_all(self, fields=smi.GPU_FIELDS, with_apps=True, meanwhile=None):
+            meanwhile()
+            raise smi.NvidiaSmiError("Unable to determine the device handle for GPU0000:18:00.0: GPU is lost", cmd=["nvidia-smi"], rc=15)
+
+    worker = Lost(canned.gpus, canned.apps)
+    with pytest.raises(smi.NvidiaSmiError):
+        facts.look(worker, protect=[], proc=str(proc), driver_root=str(driver), with_apps=False)
+    assert worker.events == ["apps started", "apps abandoned"]
 
 
 def _mapping_only_process(proc, pid, minor):

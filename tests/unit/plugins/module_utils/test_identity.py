@@ -33,6 +33,7 @@ NOT_PROCESS_NAMES = {
     "_containers.MANAGED": "result keys",
     "_containers.HOLDER_KEYS": "result keys",
     "_cuda_smoke.STEPS": "step names",
+    "_release.FREEING_CODE": "module_utils names (loaded while nvidia-smi answers)",
     "_engines.MANAGED": "result keys",
     "_engines.BIN_DIRS": "directories",
     "_facts.GPU_KEYS": "result keys",

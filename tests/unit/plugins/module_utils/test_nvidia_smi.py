@@ -892,3 +892,32 @@ def test_gpu_args(gpus, expected):
 
 def test_app_args_ask_for_the_app_fields():
     assert smi.NvidiaSmi.app_args() == ["--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits"]
+
+
+def test_meanwhile_runs_while_the_query_is_out_and_its_pid_is_remembered(tmp_path):
+    """query_gpus(meanwhile=...) runs it once after starting the real process and before reading
+    it; the process's PID is in .pids (the look leaves its own calls out of the /proc pass)."""
+    path = fake_binary(tmp_path, 'sleep 0.3\necho "0, GPU-1, 1024"\n')
+    worker = smi.NvidiaSmi(path, timeout=5)
+    seen = []
+
+    def meanwhile():
+        [pid] = worker.pids
+        seen.append(os.path.exists(f"/proc/{pid:d}"))
+
+    gpus = worker.query_gpus((("index", "index", "int"), ("uuid", "uuid", "str"), ("memory.used", "memory_used_mib", "int")), meanwhile=meanwhile)
+    assert seen == [True] and [(g["index"], g["memory_used_mib"]) for g in gpus] == [(0, 1024)]
+
+
+def test_meanwhile_failing_kills_the_query_it_ran_beside(tmp_path):
+    path = fake_binary(tmp_path, "sleep 30\n")
+    worker = smi.NvidiaSmi(path, timeout=60)
+
+    def meanwhile():
+        raise RuntimeError("the /proc pass failed")
+
+    began = time.monotonic()
+    with pytest.raises(RuntimeError, match="the /proc pass failed"):
+        worker.query_gpus(meanwhile=meanwhile)
+    [pid] = worker.pids
+    assert time.monotonic() - began < 5 and not os.path.exists(f"/proc/{pid:d}")

@@ -787,10 +787,10 @@ def test_nvidia_smi_failing_after_the_signal_keeps_killed_and_stopped_units(worl
     world.spawn(496, {1: 1000})
 
     class LostAfterActing(FakeSmi):
-        def query_gpus(self, fields=smi.GPU_FIELDS, gpus=None):
+        def query_gpus(self, fields=smi.GPU_FIELDS, gpus=None, meanwhile=None):
             if world.signals:
                 raise smi.NvidiaSmiError("Unable to determine the device handle for GPU0000:18:00.0: GPU is lost", cmd=["nvidia-smi"], rc=15)
-            return super().query_gpus(fields, gpus)
+            return super().query_gpus(fields, gpus, meanwhile)
 
     worker = release.Release(LostAfterActing(world), FakeSystem(world), params(), driver_root=str(world.root.parent / "none"))
     with pytest.raises(release.ReleaseError) as info:
