@@ -56,12 +56,11 @@ RELEASE_DEFAULTS: dict[str, t.Any] = dict(
     launchers=[], match=[], kill_timeout=10.0, wait_timeout=60.0, poll_interval=0.1, settle_timeout=5.0,
 )
 JOB_DEFAULTS = {"kill_timeout": 3.0, "wait_timeout": 15.0, "settle_timeout": 1.0}
-# The options a site sets in the config file: the release's own, and the runner's. Not yet the
-# CUDA smoke test: gpu_release runs it after Release (_cuda_smoke.after_release), which the hooks
-# do not call yet.
+# The options a site sets in the config file: the release's own (the CUDA smoke test included:
+# the epilog runs it as gpu_release does, after the GPUs are proven free), and the runner's.
 RELEASE_OPTIONS = ("nvidia_smi", "timeout", "max_used_mib", "cross_gpu_footprint_mib", "protect", "health", "min_pcie_gen", "min_pcie_width",
                    "require_persistence", "expected_mig_mode", "xid_window_hours", "xid_ignore", "xid_fatal",
-                   "kill_timeout", "wait_timeout", "settle_timeout", "stop_owning_units", "kill_spanning")
+                   "kill_timeout", "wait_timeout", "settle_timeout", "stop_owning_units", "kill_spanning", "smoke_test", "smoke_test_mib")
 RUNNER_DEFAULTS: dict[str, t.Any] = {
     "drain": True,                 # set a zeromib: drain reason through scontrol before failing
     "scontrol": None,              # path; searched on SAFE_PATH when not set
@@ -215,7 +214,7 @@ def check_config(raw: t.Any) -> dict[str, t.Any]:
     for name, choices in CHOICES.items():
         if config[name] not in choices:
             problems.append("{} must be one of {}, got {!r}".format(name, ", ".join(choices), config[name]))
-    for name in ("drain", "health", "require_persistence", "stop_owning_units", "kill_spanning"):
+    for name in ("drain", "health", "require_persistence", "stop_owning_units", "kill_spanning", "smoke_test"):
         if not isinstance(config[name], bool):
             problems.append(f"{name} must be true or false, got {config[name]!r}")
     for name in ("protect", "xid_ignore", "xid_fatal"):
@@ -388,7 +387,22 @@ def check_job(mode: str, job: str, gpus: list[str] | None, config: t.Mapping[str
     except StepFailed as exc:
         return False, [exc.msg], {}
     ok, causes = verdict(mode, result, failure, release.spared)
+    if ok and mode == "epilog" and params["smoke_test"]:
+        ok, causes, result = smoke_test(smi, params, result)
     return ok, causes, result
+
+
+def smoke_test(smi: NvidiaSmi, params: t.Mapping[str, t.Any], result: dict[str, t.Any]) -> tuple[bool, list[str], dict[str, t.Any]]:
+    """The epilog's GPUs, proven free, each run CUDA once (_cuda_smoke, as gpu_release runs it):
+    a GPU that cannot is no GPU for the next job (its issue is the drain reason)."""
+    from ansible_collections.zeromib.gpu.plugins.module_utils import _cuda_smoke  # pylint: disable=import-outside-toplevel
+    from ansible_collections.zeromib.gpu.plugins.module_utils import _facts  # pylint: disable=import-outside-toplevel
+
+    tested = _cuda_smoke.after_release(smi, params, result, False, lambda: _facts.look(
+        smi, params["protect"], max_used_mib=params["max_used_mib"], footprint_mib=params["cross_gpu_footprint_mib"]))
+    if tested.get("smoke_test_passed") is False:
+        return False, [str(issue) for issue in tested.get("smoke_test_issues") or []] or ["CUDA smoke test failed"], tested
+    return True, [], tested
 
 
 def find_systemctl() -> str | None:
@@ -418,9 +432,10 @@ def main(argv: t.Sequence[str], environ: t.Mapping[str, str], config_path: str =
     config: dict[str, t.Any] = dict(RUNNER_DEFAULTS)
     mode, job, gpus = "hook", "?", None
     try:
+        # The config first: its log is where even a bad call is said.
+        config = read_config(config_path)
         mode = mode_of(argv, environ)
         job = job_id(environ)
-        config = read_config(config_path)
         gpus = job_gpus(environ)
         if gpus is None and config["without_gres"] == "skip":
             log(config["log"], {"mode": mode, "job": job, "ok": True, "skipped": "no GPU given to the job", "elapsed_s": round(time.monotonic() - started, 3)})
@@ -436,6 +451,8 @@ def main(argv: t.Sequence[str], environ: t.Mapping[str, str], config_path: str =
     acted = [{"pid": k.get("pid"), "name": k.get("name"), "signal": k.get("signal")} for k in result.get("killed") or []]
     entry: dict[str, t.Any] = {"mode": mode, "job": job, "gpus": gpus, "ok": ok, "causes": causes,
                                ("holders" if mode == "prolog" else "killed"): acted}
+    if result.get("smoke_test_passed") is not None:
+        entry["smoke_test_passed"] = result["smoke_test_passed"]
     if not ok:
         reason = drain_reason(mode, job, causes)
         sys.stderr.write(reason + "\n")

@@ -803,6 +803,8 @@ def _setup(spec):
     # (from a gpu_release run on the machine itself) would read as every host's. A fresh tmpfs
     # (root's, 0700, as _record makes it) starts each host with none (issue 33).
     _overlay("/var/lib", base)
+    # The Slurm runner logs to /var/log/zeromib-gpu by default: each host's own, never the machine's.
+    _overlay("/var/log", base)
     os.makedirs(RECORD_DIR, exist_ok=True)
     _mount("zeromib-record", RECORD_DIR, "tmpfs", 0, "mode=0700,size=1m")
     links = [("nvidia-smi", spec["sim"]), ("gpu_holder", spec["holder"])]

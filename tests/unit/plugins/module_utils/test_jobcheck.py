@@ -160,7 +160,9 @@ def test_the_defaults_are_gpu_releases_except_the_shorter_waits():
 
 @pytest.mark.parametrize("raw, message", [
     ({"kill_timout": 1}, "unknown option 'kill_timout'"),
-    ({"smoke_test": True}, "unknown option 'smoke_test'"),  # not run by the hooks yet: never silently ignored
+    ({"smoke_test": "yes"}, "smoke_test must be true or false"),
+    ({"smoke_test_mib": -1}, "smoke_test_mib"),
+    ({"dcgm_diag": 1}, "unknown option 'dcgm_diag'"),  # not run by the hooks: never silently ignored
     ({"wait_timeout": float("nan")}, "wait_timeout must be a finite number"),
     ({"without_gres": "some"}, "without_gres must be one of skip, all"),
     ({"drain": "yes"}, "drain must be true or false"),
@@ -270,18 +272,31 @@ def test_the_runner_is_one_zip_of_the_collections_module_utils_and_the_same_byte
     assert all(prefix + n + "c" in names for n in sources)
 
 
+def private_config(tmp_path):
+    """A config of the test's own, its log in tmp_path: the runner's defaults are this machine's
+    /etc/zeromib-gpu and /var/log/zeromib-gpu, which no test may read or write."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"log": str(tmp_path / "runner.log"), "drain": False}))
+    config.chmod(0o600)
+    return config
+
+
 def test_the_runner_runs_without_ansible_and_says_what_is_wrong(tmp_path):
     out = tmp_path / "r.pyz"
     out.write_bytes(packer_pack()(MODULE_UTILS))
+    config = private_config(tmp_path)
     # -I: no site-packages (no ansible), no PYTHONPATH: only the zip's own code.
     env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "5"}
-    done = subprocess.run([sys.executable, "-I", str(out), "cleanup"], capture_output=True, text=True, env=env, timeout=60, check=False)
+    done = subprocess.run([sys.executable, "-I", str(out), "cleanup", f"--config={config}"], capture_output=True, text=True, env=env, timeout=60,
+                          check=False)
     assert done.returncode == 1 and "unknown mode 'cleanup'" in done.stderr and "Traceback" not in done.stderr
+    # Said in the configured log too, the config being read before the mode.
+    assert "unknown mode 'cleanup'" in (tmp_path / "runner.log").read_text()
     skipped = subprocess.run([sys.executable, "-I", "-c", "import runpy, sys; sys.argv = ['x', 'epilog']; "
                               "sys.modules.setdefault('ansible', None); "
                               f"sys.path.insert(0, {str(out)!r}); "
                               "from ansible_collections.zeromib.gpu.plugins.module_utils import _jobcheck as j; "
-                              f"sys.exit(j.main(['epilog'], {{'SLURM_JOB_ID': '5'}}, config_path={str(tmp_path / 'none.json')!r}) "
+                              f"sys.exit(j.main(['epilog'], {{'SLURM_JOB_ID': '5'}}, config_path={str(config)!r}) "
                               "if 'ansible.module_utils' not in sys.modules else 3)"],
                              capture_output=True, text=True, env=dict(env, HOME=str(tmp_path)), timeout=60, check=False)
     assert skipped.returncode == 0, skipped.stderr
@@ -299,7 +314,8 @@ def test_a_python_of_another_version_compiles_the_sources_of_the_runner(tmp_path
         pytest.skip("no Python of another version on this machine")
     out = tmp_path / "r.pyz"
     out.write_bytes(packer_pack()(MODULE_UTILS))
-    done = subprocess.run([other, "-I", str(out), "cleanup"], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, timeout=60, check=False)
+    done = subprocess.run([other, "-I", str(out), "cleanup", f"--config={private_config(tmp_path)}"], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin"}, timeout=60, check=False)
     assert done.returncode == 1 and "unknown mode 'cleanup'" in done.stderr and "Traceback" not in done.stderr
 
 
