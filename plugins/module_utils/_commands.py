@@ -14,6 +14,7 @@ terminal is there, and colours its output when asked by the environment).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import typing as t
@@ -62,3 +63,35 @@ def systemctl(path: str | None, args: t.Sequence[str], timeout: float | None = N
     except subprocess.TimeoutExpired:
         return 124, "", f"no answer within {timeout:.0f} s"
     return process.returncode, process.stdout.decode("utf-8", "replace"), process.stderr.decode("utf-8", "replace")
+
+
+def replace_file(path: str, data: bytes, durable: bool) -> None:
+    """Put `data` at `path` atomically: a root-only temporary beside it (O_EXCL, never through a
+    link), then a rename. `durable`: the file and its directory are fsynced (the restore record,
+    which must survive a crash); without, a crash may lose the new content (a state that only
+    saves time). The caller vouches for the directory."""
+    tmp = f"{path}.{os.getpid():d}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.rename(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if durable:
+        fsync_dir(os.path.dirname(path))
+
+
+def fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

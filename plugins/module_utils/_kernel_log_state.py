@@ -23,13 +23,14 @@ before. Only journalctl has a cursor; dmesg is always read whole.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 import os
 import re
 import stat
 import typing as t
+
+from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
 
 PATH = "/var/lib/zeromib-gpu/kernel-log.json"
 FORMAT = 1
@@ -136,15 +137,4 @@ def write(state: dict[str, t.Any], path: str = PATH) -> None:
         info = os.lstat(directory)
     if not stat.S_ISDIR(info.st_mode) or not _trusted(info):
         raise OSError(f"{directory} is not a directory of root's that only root may write")
-    tmp = f"{path}.{os.getpid():d}.tmp"
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(state, handle, sort_keys=True)
-        os.rename(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    _commands.replace_file(path, json.dumps(state, sort_keys=True).encode("utf-8"), durable=False)

@@ -38,6 +38,8 @@ import stat
 import time
 import typing as t
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
+
 if t.TYPE_CHECKING:
     from ansible_collections.zeromib.gpu.plugins.module_utils._records import Holder
 
@@ -301,32 +303,10 @@ def write(record: Record, path: str = PATH) -> None:
     if not record.get("entries"):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-        _fsync_dir(directory)
+        _commands.fsync_dir(directory)
         return
     data = (json.dumps(record, indent=1, sort_keys=True) + "\n").encode("utf-8")
-    tmp = f"{path}.{os.getpid():d}.tmp"
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.rename(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(directory)
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _commands.replace_file(path, data, durable=True)
 
 
 @contextlib.contextmanager

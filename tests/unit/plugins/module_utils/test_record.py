@@ -162,3 +162,32 @@ def test_a_supervisor_program_is_recorded_with_the_gpus_its_process_family_held(
     [entry] = record_mod.release_entries(result, {}, holders, AT1)
     assert entry["gpu_indexes"] == [0, 1, 2]
     assert record_mod.program_gpus(None, holders) == []
+
+
+# ---------------------------------------------------------------- the one atomic writer (_commands.replace_file)
+
+
+def test_replace_file_fsyncs_file_and_directory_only_when_durable(tmp_path, monkeypatch):
+    from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
+
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(_commands.os, "fsync", lambda fd: synced.append(os.path.realpath(f"/proc/self/fd/{fd}")) or real_fsync(fd))
+    target = tmp_path / "state.json"
+    _commands.replace_file(str(target), b"one", durable=False)
+    assert (target.read_bytes(), synced) == (b"one", [])
+    _commands.replace_file(str(target), b"two", durable=True)
+    assert target.read_bytes() == b"two" and oct(target.stat().st_mode & 0o777) == "0o600"
+    assert synced[-1] == str(tmp_path) and len(synced) == 2  # the new file (under its temporary name), then the directory
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
+
+
+def test_replace_file_never_writes_through_a_link_planted_at_its_temporary_name(tmp_path):
+    from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
+
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    target = tmp_path / "state.json"
+    (tmp_path / f"state.json.{os.getpid():d}.tmp").symlink_to(victim)
+    _commands.replace_file(str(target), b"new", durable=True)
+    assert victim.read_text() == "keep" and target.read_bytes() == b"new" and not target.is_symlink()
