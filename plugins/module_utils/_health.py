@@ -823,9 +823,13 @@ def fabric_manager_found(fabric_manager: dict[str, t.Any]) -> str:
 
 
 def fabric_manager_issues(fabric_manager: dict[str, t.Any] | None, driver_version: str | None, gpu: Gpu) -> list[str]:
-    """The faults of Fabric Manager that concern this GPU: only where certain. Its unit is loaded
-    and failed or inactive while the GPU's fabric is not registered; or it is loaded and active
-    with a version other than the driver's (Fabric Manager refuses another driver's version).
+    """The faults of Fabric Manager that concern this GPU: only where certain, and never where
+    the GPU itself reads its fabric registered (Completed, Success): the GPU is the authority,
+    the host only explains a bad reading. Its unit is loaded and failed or inactive while the
+    GPU's fabric is not registered; or it is loaded and active with a version other than the
+    driver's (Fabric Manager refuses another driver's version) while the fabric is not
+    registered. A version seen on the host beside a registered fabric (a binary on PATH other
+    than the one running, the GPU Operator's) is recorded in health.fabric_manager, no fault.
     No unit, no binary, no systemd: not a fault (a VM, a GB200 compute tray, the GPU Operator)."""
     if not fabric_manager or not has_fabric(gpu):
         return []
@@ -835,7 +839,7 @@ def fabric_manager_issues(fabric_manager: dict[str, t.Any] | None, driver_versio
     active, version = unit.get("active_state"), fabric_manager.get("version")
     if active in ("failed", "inactive") and not fabric_registered(gpu):
         return [f"nvidia-fabricmanager is {active}: NVSwitch jobs fail (CUDA error 802) until it runs"]
-    if active == "active" and version and driver_version and version != driver_version:
+    if active == "active" and version and driver_version and version != driver_version and not fabric_registered(gpu):
         return [f"nv-fabricmanager is version {version}, the driver {driver_version}: Fabric Manager must match the driver exactly"]
     return []
 

@@ -217,22 +217,52 @@ def check_config(raw: t.Any) -> dict[str, t.Any]:
     for name in ("drain", "health", "require_persistence", "stop_owning_units", "kill_spanning", "smoke_test"):
         if not isinstance(config[name], bool):
             problems.append(f"{name} must be true or false, got {config[name]!r}")
-    for name in ("protect", "xid_ignore", "xid_fatal"):
-        if not isinstance(config[name], list):
-            problems.append(f"{name} must be a list, got {config[name]!r}")
+    problems += type_problems(config)
     problems += _options.check({k: config[k] for k in RELEASE_OPTIONS})
     if problems:
         raise JobCheckError("config: " + "; ".join(problems))
     return config
 
 
-def read_config(path: str, owner: int = 0) -> dict[str, t.Any]:
-    """The root-owned config: a file anyone else could write would decide whom root signals."""
+# JSON has no Ansible to convert a quoted "3" into a number: the runner takes only what it uses.
+NUMBERS = ("timeout", "max_used_mib", "cross_gpu_footprint_mib", "min_pcie_gen", "min_pcie_width", "xid_window_hours", "kill_timeout",
+           "wait_timeout", "settle_timeout", "smoke_test_mib")
+PATHS = ("nvidia_smi", "scontrol", "log")  # a string, or null
+
+
+def type_problems(config: t.Mapping[str, t.Any]) -> list[str]:
+    """What JSON may carry and the runner cannot use, named (check_config's types)."""
+    problems = []
+    for name in NUMBERS:
+        value = config[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            problems.append(f"{name} must be a number, got {value!r}")
+    for name in PATHS:
+        if config[name] is not None and (not isinstance(config[name], str) or not config[name]):
+            problems.append(f"{name} must be a path or null, got {config[name]!r}")
+    for name, element in (("protect", (str, int)), ("xid_ignore", int), ("xid_fatal", int)):
+        value = config[name]
+        if not isinstance(value, list):
+            problems.append(f"{name} must be a list, got {value!r}")
+        elif any(isinstance(v, bool) or not isinstance(v, element) for v in value):
+            problems.append("{} must be a list of {}, got {!r}".format(name, "names or PIDs" if name == "protect" else "Xid numbers", value))
+    if config["expected_mig_mode"] not in (None, "enabled", "disabled"):
+        problems.append(f"expected_mig_mode must be enabled, disabled or null, got {config['expected_mig_mode']!r}")
+    return problems
+
+
+def read_config(path: str, owner: int = 0, required: bool = False) -> dict[str, t.Any]:
+    """The root-owned config: a file anyone else could write would decide whom root signals.
+    Missing: the defaults, unless `required` (a path the hook was given must be there). Opened
+    without following a link and without blocking on a FIFO."""
     try:
-        with open(path, "rb") as handle:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "rb") as handle:
             st = os.fstat(handle.fileno())
-            data = handle.read()
+            data = handle.read() if stat.S_ISREG(st.st_mode) else b""
     except FileNotFoundError:
+        if required:
+            raise JobCheckError(f"the config {path} does not exist") from None
         return check_config({})
     except OSError as exc:
         raise JobCheckError(f"cannot read the config {path}: {exc.strerror}") from None
@@ -388,7 +418,10 @@ def check_job(mode: str, job: str, gpus: list[str] | None, config: t.Mapping[str
         return False, [exc.msg], {}
     ok, causes = verdict(mode, result, failure, release.spared)
     if ok and mode == "epilog" and params["smoke_test"]:
-        ok, causes, result = smoke_test(smi, params, result)
+        try:
+            ok, causes, result = smoke_test(smi, params, result)
+        except NvidiaSmiError as exc:
+            return False, [f"nvidia-smi, before the CUDA smoke test: {exc.msg}"], result
     return ok, causes, result
 
 
@@ -418,12 +451,13 @@ def main(argv: t.Sequence[str], environ: t.Mapping[str, str], config_path: str =
     so that slurmd drains the node (epilog) or requeues the job (prolog)."""
     started = time.monotonic()
     # --config=PATH (the benchmark's, a site's second config): given by whoever runs the hook, root.
-    config_path = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), config_path)
+    given = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+    config_path = given or config_path
     argv = [a for a in argv if not a.startswith("--config=")]
     if list(argv[:1]) == ["check-config"]:
         # The role's check right after it writes the config: a bad one fails the play, not the next job.
         try:
-            sys.stdout.write(json.dumps(read_config(config_path), sort_keys=True) + "\n")
+            sys.stdout.write(json.dumps(read_config(config_path, required=given is not None), sort_keys=True) + "\n")
             return 0
         except JobCheckError as exc:
             sys.stderr.write(f"zeromib: {exc}" + "\n")
@@ -433,7 +467,7 @@ def main(argv: t.Sequence[str], environ: t.Mapping[str, str], config_path: str =
     mode, job, gpus = "hook", "?", None
     try:
         # The config first: its log is where even a bad call is said.
-        config = read_config(config_path)
+        config = read_config(config_path, required=given is not None)
         mode = mode_of(argv, environ)
         job = job_id(environ)
         gpus = job_gpus(environ)
@@ -447,6 +481,9 @@ def main(argv: t.Sequence[str], environ: t.Mapping[str, str], config_path: str =
         ok, causes, result = check_job(mode, job, gpus, config)
     except JobCheckError as exc:
         ok, causes, result = False, [str(exc)], {}
+    except Exception as exc:  # pylint: disable=broad-exception-caught
+        # A hook must drain with a reason, never die with a traceback slurmd only logs.
+        ok, causes, result = False, [f"internal error, {type(exc).__name__}: {exc}"], {}
     # The prolog runs in check mode: its `killed` is the plan, the holders it found (never signalled).
     acted = [{"pid": k.get("pid"), "name": k.get("name"), "signal": k.get("signal")} for k in result.get("killed") or []]
     entry: dict[str, t.Any] = {"mode": mode, "job": job, "gpus": gpus, "ok": ok, "causes": causes,

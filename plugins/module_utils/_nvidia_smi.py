@@ -495,7 +495,9 @@ class NvidiaSmi:
     def finish(self, started: Started) -> str:
         """Wait for a started call; returns stdout or raises the classified error."""
         cmd, process, since = started
-        remaining = max(0.0, self.timeout - (time.monotonic() - since))
+        # A call collected late (the compute apps started during the /proc pass, read after the
+        # kernel log) has finished long ago: it gets a moment to be read, never a false timeout.
+        remaining = max(0.5, self.timeout - (time.monotonic() - since))
         try:
             out, err = process.communicate(timeout=remaining)
         except subprocess.TimeoutExpired:
@@ -505,6 +507,7 @@ class NvidiaSmi:
                 cmd=cmd,
                 rc=None,
             ) from None
+        self.pids.discard(process.pid)  # gone: its PID may be anyone's now
         stdout = out.decode("utf-8", "replace")
         stderr = err.decode("utf-8", "replace")
         if process.returncode != 0:
@@ -518,9 +521,9 @@ class NvidiaSmi:
         """A started call whose answer is no longer wanted: killed, never left behind."""
         self._kill(started[1])
 
-    @staticmethod
-    def _kill(process: subprocess.Popen[bytes]) -> None:
+    def _kill(self, process: subprocess.Popen[bytes]) -> None:
         kill_group(process)
+        self.pids.discard(process.pid)
 
     # The queries the modules make.
     @staticmethod
@@ -605,7 +608,7 @@ class NvidiaSmi:
         app_call = self.start(self.app_args())
         try:
             gpus = self.query_gpus(fields, meanwhile=meanwhile)
-        except NvidiaSmiError:
+        except BaseException:
             self._kill(app_call[1])
             raise
         apps_text = self.finish(app_call)

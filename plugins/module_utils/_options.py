@@ -90,6 +90,8 @@ def range_problem(name: str, value: t.Any) -> str | None:
         number = float(value)
     except (TypeError, ValueError):
         return f"{name} must be a number, got {value!r}"
+    except OverflowError:  # an integer past any float (10**400): no option takes it
+        return f"{name} must be a number that fits a float, got an integer of {len(str(abs(int(value)))):d} digits"
     # An infinite time is told its bound (below); any other NaN or infinity is no number to check.
     if math.isnan(number) or (math.isinf(number) and name not in TIME_LIMITS):
         return f"{name} must be a finite number, got {value}"

@@ -295,17 +295,18 @@ def gpu_failure(gpu: Gpu, holders: list[Holder], apps: list[ComputeApp], blind: 
     elif unplaced_claims(claims, holders, gpu["index"]):
         # Never "no live process" while nvidia-smi lists a live PID: name it and say why it was not placed.
         text += ", " + "; ".join(describe_unplaced(app, holders, gpu["index"]) for app in unplaced_claims(claims, holders, gpu["index"]))
+    elif used is None:
+        text += ": nvidia-smi cannot report its memory, so it cannot be proven free"
+    elif blind:
+        # Its holder may be one of the processes this module could not read (the orphaned child
+        # of a dead, listed owner, another user's): no verdict on the memory, no reset advised.
+        text += ", and no process that this module can read holds it (its holder may be one it cannot read)"
     elif dead_claims:
         text += (
             ", attributed to exited process(es) {} and no live process holds the GPU: the driver has not freed this "
             "context; a GPU reset (nvidia-smi --gpu-reset -i {}) or a reboot is needed".format(
                 ", ".join("{} {}".format(a["pid"], a["name"] or "[No data]") for a in dead_claims), gpu["index"])
         )
-    elif used is None:
-        text += ": nvidia-smi cannot report its memory, so it cannot be proven free"
-    elif blind:
-        # Its holder may be one of the processes this module could not read: no verdict on the memory.
-        text += ", and no process that this module can read holds it (its holder may be one it cannot read)"
     elif on_gpu:
         # Graphics memory of a compositor (Xorg, gnome-shell) is not listed as a compute app.
         text += (

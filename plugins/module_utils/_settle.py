@@ -345,6 +345,9 @@ class Watch:
         # before the signals: a new one running such a command line is a restart, by whoever
         # (restarted_outside).
         self.killed_cmdlines = {h["pid"]: h["cmdline"] for h in killed if h.get("cmdline")}
+        # Whose it was: another user's job that happens to run the same command line (or copies
+        # it to make the release fail) is not this holder started again.
+        self.killed_uids = {h["pid"]: h.get("uid") for h in killed if h.get("cmdline")}
         if self.parents or self.killed_cmdlines:
             table = read_table(proc) if table is None else table
         self.alive_before = {(pid, row[2]) for pid, row in (table or {}).items()}
@@ -385,8 +388,9 @@ class Watch:
 
     def restarted_outside(self, skip: t.Collection[int] = ()) -> list[tuple[int, Holder]]:
         """[(killed pid, new process)]: processes started since the signals that run a killed
-        holder's exact command line again, whatever their parent (a double-forked watcher, a
-        `pgrep || nohup` loop, cron). One read of the process table; only new processes are read."""
+        holder's exact command line again as the same user, whatever their parent (a
+        double-forked watcher, a `pgrep || nohup` loop, cron). One read of the process table;
+        only new processes are read."""
         if not self.killed_cmdlines:
             return []
         by_cmdline = {cmdline: pid for pid, cmdline in sorted(self.killed_cmdlines.items(), reverse=True)}
@@ -395,8 +399,12 @@ class Watch:
             if (pid, start) in self.alive_before or pid in skip:
                 continue
             record = holders_mod.read_process(pid, self.proc)
-            if record is not None and record.get("cmdline") in by_cmdline and not record.get("kernel_thread"):
-                found.append((by_cmdline[record["cmdline"]], record))
+            if record is None or record.get("cmdline") not in by_cmdline or record.get("kernel_thread"):
+                continue
+            killed = by_cmdline[record["cmdline"]]
+            owner = self.killed_uids.get(killed)
+            if owner is None or record.get("uid") == owner:
+                found.append((killed, record))
         return found
 
     def outside_message(self, again: t.Sequence[tuple[int, Holder]], clean: bool = True) -> str:

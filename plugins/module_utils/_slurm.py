@@ -85,8 +85,17 @@ def short_reason(text: t.Any) -> str:
     return reason if len(reason) <= REASON_MAX else reason[:REASON_MAX - 3].rstrip() + "..."
 
 
+# States an admin (or Slurm itself) sets with a reason of their own: never overwritten.
+ADMIN_STATES = {"DOWN", "FAIL", "FAILING", "REBOOT_REQUESTED", "REBOOT_ISSUED", "MAINT", "RESERVED"}
+
+
 def drain_decision(node: t.Mapping[str, str], reason: str) -> tuple[bool, str]:
-    """(act, why): whether to drain `node` with `reason`."""
+    """(act, why): whether to drain `node` with `reason`. A reason not zeromib's (an admin's
+    DOWN or FAIL, Slurm's "Not responding") is never replaced: resume would later read it as
+    someone else's and never resume, so the node is left as the admin set it."""
+    if reason_text(node) and not ours(node):
+        held = sorted(states(node) & (ADMIN_STATES | {"DRAIN"})) or sorted(states(node))
+        return False, "{} already by someone else (reason {!r}): left as it is".format("+".join(held).lower() or "set", reason_text(node))
     if "DRAIN" in states(node):
         if not ours(node):
             return False, f"drained already by someone else (reason {reason_text(node)!r}): left as it is"

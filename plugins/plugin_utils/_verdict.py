@@ -54,7 +54,12 @@ _NO_RESULT = ("Module result deserialization failed", "MODULE FAILURE", "The mod
 
 
 def _first_line(text: object) -> str:
-    return next((line.strip() for line in str(text or "").splitlines() if line.strip()), "")
+    """The first line that says something (SSH's "Shared connection to HOST closed." says nothing
+    of the cause); of a traceback, its last line (the exception)."""
+    lines = [line.strip() for line in str(text or "").splitlines() if line.strip() and not line.startswith("Shared connection to ")]
+    if lines and lines[0].startswith("Traceback (most recent call last)"):
+        return lines[-1]
+    return lines[0] if lines else ""
 
 
 def start_failure(result: t.Mapping[str, t.Any]) -> str | None:
@@ -72,7 +77,9 @@ def start_failure(result: t.Mapping[str, t.Any]) -> str | None:
     rc = result.get("rc")
     cause = "{}{}".format(said, f" (rc {rc})" if rc not in (None, "") else "")
     lowered = said.lower()
-    if re.search(r"\bsudo\b.*(not found|no such file)", lowered):
+    # sudo itself missing ("/bin/sh: 1: sudo: not found"), not sudo saying what it could not run
+    # ("sudo: /usr/bin/python3: command not found", a Python that is not there).
+    if re.search(r"\bsudo: (command )?not found|\bsudo: no such file", lowered):
         fix = ("sudo is not installed on this host: install it, connect as root (ansible_user: root) with become: false, "
                "or set another ansible_become_method")
     elif "sudo" in lowered and "password" in lowered:

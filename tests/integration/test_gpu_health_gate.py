@@ -440,14 +440,30 @@ def test_a_stopped_fabric_manager_beside_a_completed_fabric_is_not_a_fault(hgx, 
     assert not outcome["failed"] and "not checked" not in outcome["result"]["message"], outcome
 
 
+def test_another_fabric_manager_version_beside_a_registered_fabric_is_recorded_not_a_fault(hgx):
+    """The GPUs read Completed/Success: a binary on PATH of another version (an upgraded package
+    not yet restarted) explains nothing; the GPU's reading is the authority."""
+    hgx.set_fault({"fabricmanager_version": "535.161.08"})
+    try:
+        outcome = run_role(hgx, {"free_gpus_expected_count": 2})
+        facts = run_module(hgx, "gpu_facts", {})
+    finally:
+        hgx.clear_faults()
+    assert not outcome["failed"] and outcome["result"]["status"] == "clean", outcome
+    gpu = facts["ansible_facts"]["gpu"]
+    assert gpu["healthy"] is True and gpu["health"]["fabric_manager"]["version"] == "535.161.08"
+
+
 FABRIC_FAULTS = [
     ("unit_failed_fabric_in_progress", {"fabricmanager_state": "failed",
                                         "field_values": {"1": {"fabric.state": "In Progress", "fabric.status": "N/A"}}},
      ["GPU 1 (00000000:00:07.0): NVSwitch fabric registration is In Progress, expected Completed",
       "on this host: unit nvidia-fabricmanager loaded, failed (failed), nv-fabricmanager 580.159.04 at /usr/bin/nv-fabricmanager",
       "nvidia-fabricmanager is failed: NVSwitch jobs fail (CUDA error 802) until it runs"], ["GPU 0 ("]),
-    ("unit_active_other_version", {"fabricmanager_version": "535.161.08"},
-     ["nv-fabricmanager is version 535.161.08, the driver 580.159.04: Fabric Manager must match the driver exactly"], ["GPU "]),
+    ("unit_active_other_version_fabric_in_progress", {"fabricmanager_version": "535.161.08",
+                                                      "field_values": {"1": {"fabric.state": "In Progress", "fabric.status": "N/A"}}},
+     ["GPU 1 (00000000:00:07.0): NVSwitch fabric registration is In Progress, expected Completed",
+      "nv-fabricmanager is version 535.161.08, the driver 580.159.04: Fabric Manager must match the driver exactly"], ["GPU 0 ("]),
     # No capture of an unhealthy fabric: the word is NVML's (nvmlGpuFabricHealthSummary), the field the capture's.
     ("fabric_health_unhealthy", {"field_values": {"0": {"fabric.health.summary": "Unhealthy"}}},
      ["GPU 0 (00000000:00:06.0): NVSwitch fabric health is Unhealthy (fabric.health.summary), expected Healthy"], ["GPU 1 ("]),

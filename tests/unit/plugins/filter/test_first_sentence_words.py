@@ -20,6 +20,20 @@ def test_a_missing_python_names_ansible_python_interpreter():
     assert said is not None and "pyenv: python3.13: command not found (rc 127)" in said and "ansible_python_interpreter" in said
 
 
+def test_sudo_saying_the_python_is_missing_is_a_missing_python_not_a_missing_sudo():
+    said = start_failure({"failed": True, "msg": DESERIALIZATION, "module_stderr": "sudo: /usr/bin/python3: command not found\n", "rc": 1})
+    assert said is not None and "ansible_python_interpreter" in said and "sudo is not installed" not in said
+
+
+def test_sshs_closed_connection_line_is_skipped_and_a_traceback_says_its_exception():
+    said = start_failure({"failed": True, "msg": DESERIALIZATION, "module_stderr": "Shared connection to gpu-07 closed.\n",
+                          "module_stdout": "/bin/sh: 1: sudo: not found\n", "rc": 127})
+    assert said is not None and said.startswith("the module could not start on this host: /bin/sh: 1: sudo: not found (rc 127)")
+    crashed = start_failure({"failed": True, "msg": DESERIALIZATION, "rc": 1,
+                             "module_stderr": 'Traceback (most recent call last):\n  File "x", line 1\nMemoryError: out of memory\n'})
+    assert crashed is not None and "MemoryError: out of memory (rc 1)" in crashed
+
+
 def test_a_module_that_gave_its_own_message_keeps_it():
     assert start_failure({"failed": True, "msg": "nvidia-smi timed out after 10 s"}) is None
     assert verdict({"failed": True, "msg": "nvidia-smi timed out after 10 s"}).problems == ["nvidia-smi timed out after 10 s"]

@@ -267,8 +267,11 @@ FM_FAULTS = [
      ["NVSwitch fabric registration is Not Started", "nvidia-fabricmanager is inactive"], ["nvidia-fabricmanager is inactive: NVSwitch"]),
     ("in-progress-no-fabric-manager", {"fabric.state": "In Progress", "fabric.status": "N/A"}, NO_FM,
      ["NVSwitch fabric registration is In Progress"], []),
-    ("completed-active-other-version", VM_590, _unit("active", "running", "535.161.08"),
-     ["nv-fabricmanager is version 535.161.08, the driver 590.48.01: Fabric Manager must match the driver exactly"],
+    # The GPU reads its fabric registered: another version on the host's PATH explains nothing (the GPU is the authority).
+    ("completed-active-other-version", VM_590, _unit("active", "running", "535.161.08"), [], []),
+    ("in-progress-active-other-version", {"fabric.state": "In Progress", "fabric.status": "N/A"}, _unit("active", "running", "535.161.08"),
+     ["NVSwitch fabric registration is In Progress",
+      "nv-fabricmanager is version 535.161.08, the driver 590.48.01: Fabric Manager must match the driver exactly"],
      ["nv-fabricmanager is version 535.161.08, the driver 590.48.01"]),
     ("completed-active-same-version", VM_590, _unit("active", "running"), [], []),
     ("completed-fabric-unhealthy", dict(VM_590, **{"fabric.health.summary": "Unhealthy"}), NO_FM,

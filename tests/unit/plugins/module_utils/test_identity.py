@@ -28,6 +28,9 @@ from ansible_collections.zeromib.gpu.plugins.module_utils import _holders
 NOT_PROCESS_NAMES = {
     "_commands.SYSTEM_DIRS": "directories",
     "_jobcheck.MODES": "the Slurm hook modes (prolog, epilog)",
+    "_jobcheck.NUMBERS": "config option names (numbers)",
+    "_jobcheck.PATHS": "config option names (paths)",
+    "_slurm.ADMIN_STATES": "Slurm node states",
     "_jobcheck.RELEASE_OPTIONS": "gpu_release option names the hooks' config may set",
     "_commands.NVIDIA_DIRS": "directories",
     "_containers.MANAGED": "result keys",

@@ -5,6 +5,7 @@ drain reason, and the packed runner (roles/slurm_gpu_checks/files/pack_runner.py
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -325,7 +326,7 @@ def test_the_epilog_after_a_failed_prolog_touches_nothing_and_only_once(tmp_path
     config = tmp_path / "c.json"
     config.write_text(json.dumps({"log": str(tmp_path / "log"), "drain": False}))
     config.chmod(0o600)
-    monkeypatch.setattr(jobcheck, "read_config", lambda path: jobcheck.check_config(json.loads(config.read_text())))
+    monkeypatch.setattr(jobcheck, "read_config", lambda path, **_kw: jobcheck.check_config(json.loads(config.read_text())))
     calls = []
     monkeypatch.setattr(jobcheck, "check_job", lambda mode, job, gpus, cfg: calls.append(mode) or (mode == "epilog", ["GPU 0: 1000 MiB, held by pid 9 x"], {}))
     env = {"SLURM_JOB_ID": "3", "SLURM_JOB_GPUS": "0"}
@@ -339,3 +340,46 @@ def test_the_cause_names_the_job_of_a_spared_holder_from_the_runs_own_record():
     # The result's public holders carry no protected_reason: the run's {pid: job} names it.
     result = {"selected_gpus": [0], "gpus": [GPU0], "released": False, "holders": [{"pid": 345, "name": "python3", "gpu_indexes": [0], "protected": True}]}
     assert jobcheck.verdict("epilog", result, "x", {345: "8"}) == (False, ["GPU 0: 4096 MiB, held by pid 345 python3 (Slurm job 8)"])
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"kill_timeout": "3"}, "kill_timeout must be a number, got '3'"),
+    ({"max_used_mib": True}, "max_used_mib must be a number, got True"),
+    ({"log": 5}, "log must be a path or null, got 5"),
+    ({"scontrol": ""}, "scontrol must be a path or null, got ''"),
+    ({"nvidia_smi": ["nvidia-smi"]}, "nvidia_smi must be a path or null"),
+    ({"xid_ignore": ["79"]}, "xid_ignore must be a list of Xid numbers"),
+    ({"protect": [None]}, "protect must be a list of names or PIDs"),
+    ({"expected_mig_mode": "on"}, "expected_mig_mode must be enabled, disabled or null, got 'on'"),
+])
+def test_json_types_the_runner_cannot_use_are_named(raw, message):
+    """JSON carries no Ansible conversion: a quoted number or a wrong type is refused when the
+    role writes the config, never a TypeError at the next job."""
+    with pytest.raises(jobcheck.JobCheckError, match=re.escape(message)):
+        jobcheck.check_config(raw)
+
+
+def test_a_config_the_hook_was_given_must_exist(tmp_path):
+    with pytest.raises(jobcheck.JobCheckError, match="does not exist"):
+        jobcheck.read_config(str(tmp_path / "none.json"), owner=os.geteuid(), required=True)
+    assert jobcheck.read_config(str(tmp_path / "none.json"), owner=os.geteuid())["drain"] is True
+
+
+def test_a_config_that_is_a_link_or_a_fifo_is_refused_without_blocking(tmp_path):
+    real = tmp_path / "real.json"
+    real.write_text("{}")
+    real.chmod(0o600)
+    (tmp_path / "link.json").symlink_to(real)
+    with pytest.raises(jobcheck.JobCheckError, match="cannot read the config"):
+        jobcheck.read_config(str(tmp_path / "link.json"), owner=os.geteuid())
+    os.mkfifo(tmp_path / "fifo.json", 0o600)
+    with pytest.raises(jobcheck.JobCheckError, match="must be a regular file"):
+        jobcheck.read_config(str(tmp_path / "fifo.json"), owner=os.geteuid())
+
+
+def test_an_unexpected_error_drains_with_a_reason_never_a_traceback(tmp_path, monkeypatch, capsys):
+    config = private_config(tmp_path)
+    monkeypatch.setattr(jobcheck, "check_job", lambda *a: 1 / 0)
+    assert jobcheck.main(["epilog", f"--config={config}"], {"SLURM_JOB_ID": "8", "SLURM_JOB_GPUS": "0"}, marks=str(tmp_path / "m")) == 1
+    assert capsys.readouterr().err.startswith("zeromib: epilog job 8: internal error, ZeroDivisionError")
+    assert '"ok": false' in (tmp_path / "runner.log").read_text()

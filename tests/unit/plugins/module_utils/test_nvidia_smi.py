@@ -913,11 +913,31 @@ def test_meanwhile_failing_kills_the_query_it_ran_beside(tmp_path):
     path = fake_binary(tmp_path, "sleep 30\n")
     worker = smi.NvidiaSmi(path, timeout=60)
 
+    seen = []
+
     def meanwhile():
+        seen.extend(worker.pids)
         raise RuntimeError("the /proc pass failed")
 
     began = time.monotonic()
     with pytest.raises(RuntimeError, match="the /proc pass failed"):
         worker.query_gpus(meanwhile=meanwhile)
-    [pid] = worker.pids
-    assert time.monotonic() - began < 5 and not os.path.exists(f"/proc/{pid:d}")
+    [pid] = seen
+    assert time.monotonic() - began < 5 and not os.path.exists(f"/proc/{pid:d}") and worker.pids == set()
+
+
+def test_a_call_collected_after_its_timeout_that_had_answered_is_read_not_timed_out(tmp_path):
+    """The early compute-apps call is read after the kernel log and Fabric Manager reads, which
+    may take longer than `timeout`: an answer that came in time is no hung driver."""
+    path = fake_binary(tmp_path, 'echo "answered"\n')
+    worker = smi.NvidiaSmi(path, timeout=0.2)
+    started = worker.start([])
+    time.sleep(0.5)
+    assert worker.finish(started) == "answered\n" and worker.pids == set()
+
+
+def test_a_finished_call_leaves_the_pids_left_out_of_the_proc_pass(tmp_path):
+    path = fake_binary(tmp_path, 'echo "0, GPU-1, 1024"\n')
+    worker = smi.NvidiaSmi(path, timeout=5)
+    worker.query_gpus((("index", "index", "int"), ("uuid", "uuid", "str"), ("memory.used", "memory_used_mib", "int")))
+    assert worker.pids == set()  # a recycled PID is someone else's, never left out of a later look

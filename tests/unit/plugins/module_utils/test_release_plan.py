@@ -434,3 +434,14 @@ def test_gpu_not_visible_here_is_refused_naming_it_as_given(given, words):
 def test_unknown_uuid_on_a_node_with_gpus_not_visible_is_not_on_this_host():
     with pytest.raises(release.StepFailed, match="GPU 'GPU-deadbeef' is not on this host"):
         release.select_gpus(GPUS, ["GPU-deadbeef"], NOT_VISIBLE)
+
+
+def test_a_gpu_read_blind_beside_a_dead_listed_owner_advises_no_reset():
+    """Review of issue 32: the orphaned child of a dead, listed owner may be a process this module
+    could not read; "a GPU reset or a reboot is needed" would then be wrong advice."""
+    gpu = {"index": 0, "uuid": "GPU-0", "memory_used_mib": 40969}
+    dead = [{"pid": 4711, "name": "[No data]", "gpu_index": 0, "alive": False}]
+    blind = release.gpu_failure(gpu, [], dead, blind=True)
+    assert "its holder may be one it cannot read" in blind and "reset" not in blind
+    seeing = release.gpu_failure(gpu, [], dead, blind=False)
+    assert "attributed to exited process(es) 4711 [No data]" in seeing and "a GPU reset (nvidia-smi --gpu-reset -i 0)" in seeing

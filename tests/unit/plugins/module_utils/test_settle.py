@@ -167,3 +167,17 @@ def test_the_killed_command_line_started_again_by_anyone_is_a_restart(proc):
     assert [(killed, record["pid"]) for killed, record in again] == [(300, 320)]
     message = watch.outside_message(again)
     assert "pid 320 python3 [python3 train.py] runs the command line of killed pid 300 again, its parent gone" in message
+
+
+def test_the_same_command_line_started_by_another_user_is_no_restart(proc):
+    """Review of issue 31: another user's job that runs the same command line (or copies it to
+    make every release fail) is not the killed holder started again; the same user's is."""
+    process(proc, 300, 1, ("python3", "train.py"), uid=4242)
+    killed = dict(holder(300, 1), uid=4242)
+    watch = _settle.Watch({}, str(proc), _settle.restarters([killed], (), str(proc)), minors={0}, killed=[killed])
+    fakeproc.remove_process(proc, 300)
+    process(proc, 330, 1, ("python3", "train.py"), uid=5151)
+    assert watch.restarted_outside() == []
+    process(proc, 340, 1, ("python3", "train.py"), uid=4242)
+    assert [(k, record["pid"]) for k, record in watch.restarted_outside()] == [(300, 340)]
+

@@ -26,6 +26,20 @@ def test_drain_never_overwrites_another_reason(line, act):
     assert slurm.drain_decision(slurm.parse_node(line), "zeromib: new")[0] is act
 
 
+DOWN = IDLE.replace("State=IDLE", "State=DOWN") + " Reason=bad dimm [root@2026-12-01T10:00:00]"
+NOT_RESPONDING = IDLE.replace("State=IDLE", "State=DOWN*") + " Reason=Not responding [slurm@2026-12-01T10:00:00]"
+
+
+@pytest.mark.parametrize("line", [DOWN, NOT_RESPONDING, DOWN.replace("State=DOWN", "State=ALLOCATED+FAIL")], ids=["down", "not-responding", "fail"])
+def test_an_admins_down_or_fail_is_never_replaced_by_a_drain_nor_resumed(line):
+    """Review of issue 35: only DRAIN was someone else's; an admin's DOWN or FAIL reason was
+    overwritten by a zeromib: drain, which restore_gpus would then resume."""
+    node = slurm.parse_node(line)
+    act, why = slurm.drain_decision(node, "zeromib: epilog job 7: GPU 0: 4096 MiB")
+    assert act is False and "someone else" in why and slurm.reason_text(node) in why
+    assert slurm.resume_decision(node)[0] is False
+
+
 def test_drain_with_the_same_reason_changes_nothing():
     assert slurm.drain_decision(slurm.parse_node(OURS), "zeromib: gpu01: GPU 0 reads 4096 MiB") == (
         False, "drained already by zeromib with the same reason")

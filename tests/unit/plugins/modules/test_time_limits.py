@@ -67,3 +67,12 @@ def test_minus_infinity_nan_and_a_huge_negative_fail_naming_the_option(monkeypat
 def test_the_bound_itself_passes_the_check(module, name):
     most, _words = _options.TIME_LIMITS[name]
     assert _options.range_problem(name, most) is None
+
+
+@pytest.mark.parametrize("module, name", [("gpu_release", "max_used_mib"), ("gpu_release", "smoke_test_mib"), ("gpu_facts", "cross_gpu_footprint_mib")],
+                         ids=str)
+def test_an_integer_past_any_float_fails_naming_the_option_never_a_traceback(monkeypatch, module, name):
+    """10**400 passes Ansible's int check and ended in OverflowError from float(). (A float
+    option given it fails in ansible-core's own type check, before the module's code.)"""
+    result = fail_of(MODULES[module].main, {name: 10 ** 400}, monkeypatch)
+    assert result["msg"] == f"{name} must be a number that fits a float, got an integer of 401 digits" and "exception" not in result
