@@ -108,21 +108,19 @@ def _trusted(info: os.stat_result) -> bool:
 
 
 def read(path: str = PATH) -> t.Any:
-    """The state at `path`, or None (none, a link, not root's, writable by others, not JSON)."""
+    """The state at `path`, or None (none, a link, a FIFO, not root's, writable by others, not
+    JSON, too deep): any doubt costs one whole read of the window, never the look."""
     try:
         if not _trusted(os.lstat(os.path.dirname(path))):
             return None
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode) or not _trusted(info) or info.st_size > MAX_BYTES:
-            return None
-        data = handle.read(MAX_BYTES + 1)
-    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as handle:
+            info = os.fstat(handle.fileno())
+            if not stat.S_ISREG(info.st_mode) or not _trusted(info) or info.st_size > MAX_BYTES:
+                return None
+            data = handle.read(MAX_BYTES + 1)
         return json.loads(data.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError):
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
         return None
 
 

@@ -199,3 +199,16 @@ def test_a_journal_with_no_kernel_line_is_an_empty_answer_though_show_cursor_exi
     log, found, history = _read(tmp_path, str(tmp_path / "state" / "kernel-log.json"))
     assert (log.source, log.error, found, history) == ("journalctl", None, {}, {})
     assert "--show-cursor" in (tmp_path / "argv").read_text()
+
+
+def test_a_fifo_or_a_too_deep_state_reads_as_none_without_blocking(tmp_path):
+    """Review of issue 36: a FIFO at the state's path blocked the look forever; nested JSON past
+    the recursion limit ended in a traceback."""
+    directory = tmp_path / "state"
+    directory.mkdir(mode=0o700)
+    os.mkfifo(directory / "kernel-log.json", 0o600)
+    assert log_state.read(str(directory / "kernel-log.json")) is None
+    deep = directory / "deep.json"
+    deep.write_text("[" * 100000 + "]" * 100000)
+    deep.chmod(0o600)
+    assert log_state.read(str(deep)) is None
