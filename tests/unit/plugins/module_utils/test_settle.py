@@ -180,4 +180,3 @@ def test_the_same_command_line_started_by_another_user_is_no_restart(proc):
     assert watch.restarted_outside() == []
     process(proc, 340, 1, ("python3", "train.py"), uid=4242)
     assert [(k, record["pid"]) for k, record in watch.restarted_outside()] == [(300, 340)]
-
