@@ -679,6 +679,10 @@ class KernelLog:
             if no_journal:
                 # Nothing was read: journalctl has no journal and dmesg could not be read.
                 self.error = "{}; {}".format(self.fallback, self.error or "no dmesg")
+            elif os.geteuid() != 0:
+                # Not root: journalctl shows a user only their own part of the journal (-q hides
+                # that it says so) and dmesg refused: the kernel's lines were not read at all.
+                self.error = "{}; {}; not root: the kernel log was not readable (become: true)".format(self.fallback, self.error or "no dmesg")
             else:
                 # journalctl answered, with nothing, and dmesg could not say otherwise: it stands.
                 self.source, found = "journalctl", wanted

@@ -496,6 +496,10 @@ def main(argv: t.Sequence[str], environ: t.Mapping[str, str], config_path: str =
         entry["drain"] = drain(config, environ, reason) if config.get("drain", True) else "not drained: drain is false"
         if mode == "prolog" and job != "?":
             mark_prolog_failed(job, marks)
+    elif mode == "prolog" and job != "?":
+        # A requeued job keeps its id: a mark left by an earlier failed prolog of it (its epilog
+        # never ran, slurmd restarted) must not make this run's epilog skip its leftovers.
+        take_prolog_failed(job, marks)
     entry["elapsed_s"] = round(time.monotonic() - started, 3)
     log(config.get("log"), entry)
     return 0 if ok else 1

@@ -500,3 +500,12 @@ def test_a_rejection_that_names_no_field_drops_the_optional_fields_not_the_memor
     runner = smi.NvidiaSmi(str(path), timeout=5)
     (gpu,) = runner.query_gpus(smi.GPU_FIELDS)
     assert gpu["memory_used_mib"] == 3 and set(gpu["_rejected"]) == {"persistence_mode", "mig.mode.current"}
+
+
+def test_empty_journal_and_unreadable_dmesg_without_root_is_not_checked(tmp_path, monkeypatch):
+    """Review of issue 36: as a user journalctl -q answers nothing (it shows only that user's
+    entries) and dmesg is refused: the Xids were not read, never "checked, none"."""
+    monkeypatch.setattr(health.os, "geteuid", lambda: 1000)
+    log = _kernel_log(tmp_path, "exit 0\n", "echo 'dmesg: read kernel buffer failed: Operation not permitted' >&2\nexit 1\n")
+    assert log.xids() == ({}, {}) and log.source is None
+    assert log.error.endswith("not root: the kernel log was not readable (become: true)"), log.error

@@ -383,3 +383,17 @@ def test_an_unexpected_error_drains_with_a_reason_never_a_traceback(tmp_path, mo
     assert jobcheck.main(["epilog", f"--config={config}"], {"SLURM_JOB_ID": "8", "SLURM_JOB_GPUS": "0"}, marks=str(tmp_path / "m")) == 1
     assert capsys.readouterr().err.startswith("zeromib: epilog job 8: internal error, ZeroDivisionError")
     assert '"ok": false' in (tmp_path / "runner.log").read_text()
+
+
+def test_a_passing_prolog_clears_a_stale_mark_of_its_job(tmp_path, monkeypatch):
+    """Review of issue 35: a requeued job keeps its id; a mark from an earlier failed prolog whose
+    epilog never ran would make the epilog after this run's good prolog skip the job's leftovers."""
+    marks = str(tmp_path / "marks")
+    config = private_config(tmp_path)
+    jobcheck.mark_prolog_failed("9", marks)
+    calls = []
+    monkeypatch.setattr(jobcheck, "check_job", lambda mode, job, gpus, cfg: calls.append(mode) or (True, [], {}))
+    env = {"SLURM_JOB_ID": "9", "SLURM_JOB_GPUS": "0"}
+    assert jobcheck.main(["prolog", f"--config={config}"], env, marks=marks) == 0
+    assert jobcheck.main(["epilog", f"--config={config}"], env, marks=marks) == 0 and calls == ["prolog", "epilog"]
+
