@@ -396,4 +396,3 @@ def test_a_passing_prolog_clears_a_stale_mark_of_its_job(tmp_path, monkeypatch):
     env = {"SLURM_JOB_ID": "9", "SLURM_JOB_GPUS": "0"}
     assert jobcheck.main(["prolog", f"--config={config}"], env, marks=marks) == 0
     assert jobcheck.main(["epilog", f"--config={config}"], env, marks=marks) == 0 and calls == ["prolog", "epilog"]
-
