@@ -432,6 +432,10 @@ class Watch:
             came = self.newcomers()
             again = self.respawned()
             dirty = read_dirty()
+            if dirty and not again:
+                # The restarted process may have come while the GPUs were read: name its parent,
+                # not only the memory (one more read of the table, on the failing path only).
+                again = self.respawned()
             if came or again or dirty:
                 return self.message(came, dirty, system.now() - started, again)
             left = started + seconds - system.now()

@@ -180,3 +180,28 @@ def test_the_same_command_line_started_by_another_user_is_no_restart(proc):
     assert watch.restarted_outside() == []
     process(proc, 340, 1, ("python3", "train.py"), uid=4242)
     assert [(k, record["pid"]) for k, record in watch.restarted_outside()] == [(300, 340)]
+
+
+def test_a_restart_that_comes_while_the_gpus_are_read_names_its_parent(proc):
+    """Seen in a full run under load: the worker restarted between the table read and the GPU
+    read, and the message named only the memory ("came back"), not the agent that restarts it."""
+    process(proc, 200, 1, ("sh", "-c", "while true; do python3 train.py; done"))
+    process(proc, 300, 200, ("python3", "train.py"), session=200)
+    watch = _settle.Watch({}, str(proc), _settle.restarters([holder(300, 200)], (), str(proc)), minors={0})
+    fakeproc.remove_process(proc, 300)
+
+    class Clock:
+        t = 0.0
+
+        def now(self):
+            return self.t
+
+        def sleep(self, seconds):
+            self.t += seconds
+
+    def read_dirty():
+        process(proc, 310, 200, ("python3", "train.py"), session=200)  # restarted while nvidia-smi answered
+        return [{"index": 0, "memory_used_mib": 8201}]
+
+    message = watch.settle(Clock(), read_dirty, seconds=5.0)
+    assert "pid 310 python3 [python3 train.py], started again by its parent pid 200 sh" in message and "GPU 0 reads 8201 MiB again" in message
