@@ -9,18 +9,11 @@ import subprocess
 
 import pytest
 
-import fake_libcuda
+from test_smoke_test_gate import configure, cuda_calls, library  # noqa: F401 (library: the fixture)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUS = {0: "00000000:00:06.0", 1: "00000000:00:07.0"}  # the h200x2 preset's GPUs
 DEFAULT_LOG = "/var/log/zeromib-gpu/slurm_gpu_checks.log"  # inside the simulated host (its own /var/log)
-
-
-@pytest.fixture(scope="module")
-def library():
-    if fake_libcuda.compiler() is None:
-        pytest.fail("no C compiler: install gcc and libc6-dev (tests/tools/apt-deps.sh test)")
-    return fake_libcuda.build()
 
 
 @pytest.fixture(scope="module")
@@ -47,16 +40,6 @@ def epilog(host, runner, tmp_path, job, gpus="0,1", **options):
     # A config the runner refuses has no log of its own: the line goes to the default log, the host's.
     text = log.read_text() if log.exists() else host.read(DEFAULT_LOG)
     return proc.returncode, proc.stderr, json.loads(text.splitlines()[-1])
-
-
-def configure(host, **faults):
-    host.clear_faults()
-    fake_libcuda.clear_log(host.root.state)
-    fake_libcuda.write_config(host.root.state, devices=[g["pci_bus_id"] for g in host.config["gpus"]], **faults)
-
-
-def cuda_calls(host):
-    return [(call, arg) for _pid, call, arg in fake_libcuda.calls(host.root.state) if call != "cuDriverGetVersion"]
 
 
 def test_the_epilog_frees_what_the_job_left_then_runs_cuda_on_each_of_its_gpus(host, runner, tmp_path):

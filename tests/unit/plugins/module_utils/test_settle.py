@@ -35,6 +35,17 @@ def holder(pid, ppid, cmdline="python3 train.py"):
     return {"pid": pid, "ppid": ppid, "cmdline": cmdline, "cgroup": "/user.slice/user-0.slice/session-3.scope"}
 
 
+class Clock:
+    """The system's clock for Watch.settle: sleeping moves it, nothing waits."""
+    t = 0.0
+
+    def now(self):
+        return self.t
+
+    def sleep(self, seconds):
+        self.t += seconds
+
+
 @pytest.fixture
 def proc(tmp_path):
     fakeproc.write_process(tmp_path, 1, comm="systemd", ppid=0, argv=("/sbin/init",), exe="/usr/lib/systemd/systemd")
@@ -123,15 +134,6 @@ def test_a_parent_that_exited_leaves_no_window(proc):
     fakeproc.remove_process(proc, 300)
     fakeproc.remove_process(proc, 200)
 
-    class Clock:
-        t = 0.0
-
-        def now(self):
-            return self.t
-
-        def sleep(self, seconds):
-            self.t += seconds
-
     clock = Clock()
     assert watch.settle(clock, lambda: [], seconds=5.0) is None and clock.t == 0.0
 
@@ -189,15 +191,6 @@ def test_a_restart_that_comes_while_the_gpus_are_read_names_its_parent(proc):
     process(proc, 300, 200, ("python3", "train.py"), session=200)
     watch = _settle.Watch({}, str(proc), _settle.restarters([holder(300, 200)], (), str(proc)), minors={0})
     fakeproc.remove_process(proc, 300)
-
-    class Clock:
-        t = 0.0
-
-        def now(self):
-            return self.t
-
-        def sleep(self, seconds):
-            self.t += seconds
 
     def read_dirty():
         process(proc, 310, 200, ("python3", "train.py"), session=200)  # restarted while nvidia-smi answered
