@@ -19,6 +19,7 @@ SIM_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if SIM_DIR not in sys.path:
     sys.path.insert(0, SIM_DIR)
 
+import fake_libcuda  # noqa: E402
 from nshost import NsHost  # noqa: E402
 
 
@@ -57,6 +58,14 @@ def module_nshost():
     yield make
     for h in reversed(hosts):
         h.stop()
+
+
+@pytest.fixture(scope="module")
+def library():
+    """The fake libcuda.so.1 (tests/sim/fake_libcuda.c), built once per module with the machine's C compiler."""
+    if fake_libcuda.compiler() is None:
+        pytest.fail("no C compiler: install gcc and libc6-dev (tests/tools/apt-deps.sh test)")
+    return fake_libcuda.build()
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from test_smoke_test_gate import configure, cuda_calls, library  # noqa: F401 (library: the fixture)
+from test_smoke_test_gate import configure, cuda_calls
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUS = {0: "00000000:00:06.0", 1: "00000000:00:07.0"}  # the h200x2 preset's GPUs

@@ -18,13 +18,6 @@ BUS = {0: "00000000:00:06.0", 1: "00000000:00:07.0"}  # the h200x2 preset's GPUs
 
 
 @pytest.fixture(scope="module")
-def library():
-    if fake_libcuda.compiler() is None:
-        pytest.fail("no C compiler: install gcc and libc6-dev (tests/tools/apt-deps.sh test)")
-    return fake_libcuda.build()
-
-
-@pytest.fixture(scope="module")
 def h200x2(module_nshost, library):
     return module_nshost("h200x2", seed="smoke01", libcuda=library)
 
