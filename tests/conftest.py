@@ -10,11 +10,11 @@ once per worker that runs one of the module's tests. `pytest_collection_modifyit
 therefore puts every test into the xdist group of the rig it shares, from the fixtures it uses,
 not from a list of names, so tests written later are grouped the same way:
 
-- tests that share a session-, package- or class-scoped fixture of this repository (the
-  fleet of tests/fleet/conftest.py, ...) are one group, in one worker, which brings the rig up
-  once;
-- tests that use a module-scoped fixture of this repository (a dockerd, a module_nshost) are one
-  group with the other tests of their file;
+- tests that share a session-, package- or class-scoped fixture of this repository are one
+  group, in one worker, which brings the rig up once;
+- tests that use a module-scoped fixture of this repository (a dockerd, a module_nshost), or a
+  session one marked `per_worker` (tests/rig_scope.py: the fleet of tests/fleet/conftest.py, which
+  each worker brings up under a name of its own), are one group with the other tests of their file;
 - these groups are joined where they overlap (a test using two of them joins both);
 - a test with an explicit `@pytest.mark.xdist_group(name)` keeps it (tests that must not run
   beside their own kind, e.g. the ansible-test gates);
@@ -57,7 +57,8 @@ def _ours(fixturedef) -> bool:
 
 def rig_keys(item: pytest.Item) -> set[str]:
     """What ITEM shares with other tests: 'fixture:NAME' for a session-, package- or class-scoped
-    fixture of ours, 'file:PATH' for a module-scoped one (its tests share it within the file)."""
+    fixture of ours, 'file:PATH' for a module-scoped one (its tests share it within the file) and
+    for a session one marked per worker (tests/rig_scope.py: each worker brings up its own)."""
     keys: set[str] = set()
     info = getattr(item, "_fixtureinfo", None)
     if info is None:
@@ -66,9 +67,9 @@ def rig_keys(item: pytest.Item) -> set[str]:
         for fixturedef in info.name2fixturedefs.get(name, ()):
             if not _ours(fixturedef):
                 continue
-            if fixturedef.scope in SHARED_SCOPES:
+            if fixturedef.scope in SHARED_SCOPES and not getattr(fixturedef.func, "rig_per_worker", False):
                 keys.add(f"fixture:{name}")
-            elif fixturedef.scope == "module":
+            elif fixturedef.scope == "module" or fixturedef.scope in SHARED_SCOPES:
                 keys.add(f"file:{item.path.relative_to(REPO) if REPO in item.path.parents else item.path}")
     return keys
 

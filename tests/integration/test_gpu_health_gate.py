@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from ansible_in_ns import COLLECTIONS, REPO, VENV_BIN, run_module
+from ansible_in_ns import COLLECTIONS, REPO, VENV_BIN, results_env, run_module, task_result
 from make_config import H200_VM_590_CAPTURE, R440_UNSUPPORTED_FIELDS, captured_fields, make_config
 
 ROLE_PLAY = """---
@@ -28,13 +28,10 @@ ROLE_PLAY = """---
       rescue:
         - name: Keep the failure message
           ansible.builtin.set_fact:
-            __failed_msg: "{{{{ ansible_failed_result.msg | default('failed') }}}}"
-    - name: Write the outcome
-      ansible.builtin.copy:
-        content: "{{{{ {{'failed': __failed_msg is defined, 'msg': __failed_msg | default(''), 'result': free_gpus_result | default(none)}} | to_json }}}}"
-        dest: {out}
-        mode: "0600"
-      check_mode: false
+            __failed_msg: "{{ ansible_failed_result.msg | default('failed') }}"
+    - name: The outcome
+      ansible.builtin.debug:
+        msg: "{{ {'failed': __failed_msg is defined, 'msg': __failed_msg | default(''), 'result': free_gpus_result | default(none)} }}"
 """
 
 
@@ -43,20 +40,14 @@ def run_role(host, variables, timeout=180, check=False):
     out = os.path.join(host.dir, f"role-{host._seq}.json")
     play = os.path.join(host.dir, f"role-{host._seq}.yml")
     with open(play, "w") as handle:
-        handle.write(ROLE_PLAY.format(out=json.dumps(out)))
+        handle.write(ROLE_PLAY)
     extra = os.path.join(host.dir, f"role-{host._seq}-vars.json")
     with open(extra, "w") as handle:
         json.dump(dict({"free_gpus_wait_timeout": 5, "free_gpus_kill_timeout": 1}, **variables), handle)
     cmd = [os.path.join(VENV_BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local", play,
            "-e", "ansible_python_interpreter=/usr/bin/python3", "-e", "@" + extra] + (["--check"] if check else [])
-    env = {"ANSIBLE_COLLECTIONS_PATH": COLLECTIONS, "HOME": "/root", "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_LOCALHOST_WARNING": "False", "ANSIBLE_DEPRECATION_WARNINGS": "False"}
-    proc = host.run(cmd, env=env, timeout=timeout)
-    try:
-        with open(out) as handle:
-            return json.load(handle)
-    except (OSError, ValueError) as exc:
-        raise AssertionError(f"no outcome (rc {proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}") from exc
+    proc = host.run(cmd, env=results_env(out), timeout=timeout)
+    return task_result(out, "The outcome", proc)["msg"]
 
 
 # (test id, fault, role variables, the words the failure message must contain)

@@ -155,9 +155,10 @@ def test_rig_groups_join_the_tests_that_share_a_rig():
 
 
 def test_every_test_of_a_shared_rig_gets_its_group_from_its_fixtures(tmp_path):
-    """The groups of the real suite, as pytest collects it: every test using the fleet is in one
-    group; a file's module-scoped rig keeps the file's tests together; a test with a
-    function-scoped namespace host or none is free; the ansible-test gates keep theirs."""
+    """The groups of the real suite, as pytest collects it: every test using the fleet (which each
+    worker brings up its own of) is in the group of its file; a file's module-scoped rig keeps the
+    file's tests together; a test with a function-scoped namespace host or none is free; the
+    ansible-test gates keep theirs."""
     plugin = tmp_path / "zeromib_show_groups.py"
     plugin.write_text(
         "def pytest_collection_finish(session):\n"
@@ -172,7 +173,9 @@ def test_every_test_of_a_shared_rig_gets_its_group_from_its_fixtures(tmp_path):
     rows = [line.split(" ", 3)[1:] for line in r.stdout.splitlines() if line.startswith("GROUP ")]
     assert r.returncode == 0 and rows, r.stdout[-2000:] + r.stderr[-2000:]
     fleet = [(group, node) for group, uses, node in rows if uses == "True"]
-    assert len(fleet) > 50 and {group for group, _node in fleet} == {"fleet"}, sorted({g for g, _node in fleet})
+    assert len(fleet) > 50 and all(group == node.split("::")[0] for group, node in fleet), \
+        sorted({(g, node.split("::")[0]) for g, node in fleet if g != node.split("::")[0]})
+    assert len({group for group, _node in fleet}) > 5, "the fleet's files are groups of their own"
     engines = {group for group, _uses, node in rows if node.startswith("tests/integration/test_container_engines.py")}
     assert engines == {"tests/integration/test_container_engines.py"}
     assert {group for group, _uses, node in rows if node.startswith("tests/integration/test_trust.py")} == {"-"}

@@ -1,5 +1,7 @@
 # Test-only callback: records every task result as JSON in $ZEROMIB_FLEET_JSON_OUT, next to
-# the normal human-readable stdout, so fleet tests can assert on module returns.
+# the normal human-readable stdout, so tests can assert on module returns: the fleet's
+# (tests/fleet/conftest.py), the namespace hosts' (tests/integration/ansible_in_ns.py), the
+# managed-Python matrix and the benchmarks, without a task that writes the result (a module run).
 from __future__ import annotations
 
 import json
