@@ -86,33 +86,64 @@ def ended(fleet, host, job_id, mode="epilog"):
     return hook_runs(fleet, host, job_id, mode)[-1]
 
 
-@pytest.fixture
-def gres_host(clean_fleet):
-    """A host whose Slurm node has its 8 GPUs as gres and 4 CPUs (two jobs side by side), the
-    hooks installed by the role; everything put back after."""
-    fleet = clean_fleet
-    hosts = [h.name for h in fleet.hosts if h.gpu_count >= 8 and h.idle_mib == 0]
-    assert hosts, "these tests need a host with 8 GPUs"
-    host = hosts[0]
-    fleet.ssh(host, f"""set -e; cp {CONF} {SAVED}
+HOOKS = ("Prolog=/usr/local/libexec/zeromib-gpu/prolog", "Epilog=/usr/local/libexec/zeromib-gpu/epilog")
+
+
+def configure(fleet, host):
+    """The host's Slurm node given its 8 GPUs as gres and 4 CPUs (two jobs side by side), from the
+    slurm.conf saved before the first change, and the hooks installed by the role."""
+    fleet.ssh(host, f"""set -e; [ -e {SAVED} ] || cp {CONF} {SAVED}; cp {SAVED} {CONF}; rm -rf /etc/slurm/epilog.d /run/site-epilog-*
 sed -i 's/^NodeName=.*/NodeName={host} NodeAddr=127.0.0.1 CPUs=4 RealMemory=100 Gres=gpu:8 State=UNKNOWN/' {CONF}
 echo GresTypes=gpu >> {CONF}
 echo 'Name=gpu File=/dev/nvidia[0-7]' > /etc/slurm/gres.conf
 rm -f {LOG}; systemctl restart munge; systemctl restart slurmctld slurmd""", check=True)
     assert wait_for(lambda: fleet.ssh(host, f"scontrol show node -o {host}").returncode == 0, timeout=30)
-    fleet.ssh(host, f"scontrol update nodename={host} state=resume 2>/dev/null; true")
-    assert wait_for(lambda: not drained(node(fleet, host)) and "Gres=gpu:8" in fleet.ssh(host, f"scontrol show node -o {host}").stdout,
-                    timeout=15), node(fleet, host)
+    first = install(fleet, host)
+    assert first.rc == 0, str(first)
+
+
+def as_configured(fleet, host) -> bool:
+    """The hooks are the role's and only the role's (a test that failed half-way may have left a
+    site's hook, or removed ours)."""
+    conf = fleet.ssh(host, f"cat {CONF}; test -x {RUNNER} && test ! -e /etc/slurm/epilog.d && echo RUNNER-OK").stdout.splitlines()
+    hooks = [line for line in conf if line.startswith(("Prolog=", "Epilog="))]
+    return sorted(hooks) == sorted(HOOKS) and "RUNNER-OK" in conf
+
+
+@pytest.fixture(scope="module")
+def slurm_node(fleet):
+    """One host's Slurm node for the tests of this file, configured and given the hooks once (a
+    restart of munge, slurmctld and slurmd and a role run cost ~15 s of CPU: per test they were
+    ~70 % of this file's); everything put back after the last test."""
+    hosts = [h.name for h in fleet.hosts if h.gpu_count >= 8 and h.idle_mib == 0]
+    assert hosts, "these tests need a host with 8 GPUs"
+    host = hosts[0]
     try:
-        first = install(fleet, host)
-        assert first.rc == 0, str(first)
-        yield fleet, host
+        configure(fleet, host)
+        yield host
     finally:
         fleet.clear_faults(host)
         install(fleet, host, state="absent")
-        fleet.ssh(host, f"scancel --quiet --full -u root 2>/dev/null; mv {SAVED} {CONF} 2>/dev/null; rm -f /etc/slurm/gres.conf {LOG}; "
-                        f"systemctl restart slurmctld slurmd; sleep 1; scontrol update nodename={host} state=resume 2>/dev/null; "
-                        "systemctl stop slurmd slurmctld; true")
+        fleet.ssh(host, f"scancel --quiet --full -u root 2>/dev/null; mv {SAVED} {CONF} 2>/dev/null; rm -rf /etc/slurm/gres.conf {LOG} "
+                        f"/etc/slurm/epilog.d /run/site-epilog-*; systemctl restart slurmctld slurmd; sleep 1; "
+                        f"scontrol update nodename={host} state=resume 2>/dev/null; systemctl stop slurmd slurmctld; true")
+
+
+@pytest.fixture
+def gres_host(slurm_node, clean_fleet):
+    """The file's Slurm node for one test, as a fresh one would be: no job, not drained, no fault,
+    an empty hook log, the role's hooks (configured again if a test left them otherwise)."""
+    fleet, host = clean_fleet, slurm_node
+    fleet.clear_faults(host)
+    fleet.ssh(host, f"scancel --quiet --full -u root 2>/dev/null; rm -f {LOG}; true")
+    assert wait_for(lambda: fleet.ssh(host, "squeue -h").stdout.strip() == "", timeout=60), fleet.ssh(host, "squeue").stdout
+    if not as_configured(fleet, host):
+        configure(fleet, host)
+    fleet.ssh(host, f"scontrol update nodename={host} state=resume 2>/dev/null; true")
+    assert wait_for(lambda: not drained(node(fleet, host)) and "Gres=gpu:8" in fleet.ssh(host, f"scontrol show node -o {host}").stdout,
+                    timeout=15), node(fleet, host)
+    yield fleet, host
+    fleet.clear_faults(host)
 
 
 # --------------------------------------------------------------------------- the role
