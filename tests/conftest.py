@@ -67,9 +67,10 @@ def rig_keys(item: pytest.Item) -> set[str]:
         for fixturedef in info.name2fixturedefs.get(name, ()):
             if not _ours(fixturedef):
                 continue
-            if fixturedef.scope in SHARED_SCOPES and not getattr(fixturedef.func, "rig_per_worker", False):
+            per_worker = getattr(fixturedef.func, "rig_per_worker", False)
+            if fixturedef.scope in SHARED_SCOPES and not per_worker:
                 keys.add(f"fixture:{name}")
-            elif fixturedef.scope == "module" or fixturedef.scope in SHARED_SCOPES:
+            elif fixturedef.scope == "module" or per_worker:
                 keys.add(f"file:{item.path.relative_to(REPO) if REPO in item.path.parents else item.path}")
     return keys
 

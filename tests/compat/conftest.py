@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sim"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))  # ansible_in_ns: results through the callback
 from nshost import NsHost  # noqa: E402
 
 

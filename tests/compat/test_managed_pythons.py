@@ -4,11 +4,10 @@ host, driven by requirements.txt's ansible-core. A Python missing from this mach
 test; it is never skipped."""
 from __future__ import annotations
 
-import json
-
 import pytest
 
 import matrix
+from ansible_in_ns import results_env, task_result
 
 PLAY = """---
 - name: Read and free the GPUs under {python}
@@ -40,11 +39,7 @@ def test_modules_run_under_managed_python(nshost, python):
         f.write(PLAY.format(python=python))
     with open(inventory, "w") as f:
         f.write(f"node ansible_connection=local ansible_python_interpreter={interpreter}\n")
-    env = {"ANSIBLE_COLLECTIONS_PATH": str(matrix.REPO / ".build" / "collections"), "HOME": "/root",
-           "ANSIBLE_NOCOLOR": "1", "ANSIBLE_LOCALHOST_WARNING": "False", "ANSIBLE_PIPELINING": "False",
-           # The results through the test-only callback, not a copy task (a module run of its own).
-           "ANSIBLE_CALLBACK_PLUGINS": str(matrix.REPO / "tests" / "fleet" / "callback_plugins"),
-           "ANSIBLE_CALLBACKS_ENABLED": "fleet_json", "ZEROMIB_FLEET_JSON_OUT": out}
+    env = dict(results_env(out), ANSIBLE_PIPELINING="False")
     proc = nshost.run([str(matrix.MAIN_VENV_BIN / "ansible-playbook"), "-vvv", "-i", inventory, play],
                       env=env, cwd=nshost.dir, timeout=180)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
@@ -52,8 +47,7 @@ def test_modules_run_under_managed_python(nshost, python):
     for module in ("gpu_facts", "gpu_release"):
         assert f"{interpreter} " in "".join(
             line for line in proc.stdout.splitlines() if f"AnsiballZ_{module}.py" in line and "EXEC" in line), module
-    with open(out) as f:
-        result = next(t["result"]["msg"] for t in json.load(f)["tasks"] if t["task"] == "The results")
+    result = task_result(out, "The results", proc)["msg"]
     facts = result["facts"]["ansible_facts"]["gpu"]
     assert facts["count"] == 8 and facts["gpus"][0]["memory_used_mib"] >= 4096 and not facts["clean"]
     release = result["release"]
