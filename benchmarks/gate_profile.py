@@ -219,8 +219,9 @@ class Profile:
         return env
 
     def playbook_argv(self, playbook: str) -> list[str]:
+        # free_gpus.yml acts on gpu_nodes unless told otherwise (never `all`).
         return ["-i", "localhost,", "-c", "local", playbook, "-e", "ansible_python_interpreter=/usr/bin/python3",
-                "-e", "ansible_become=false"]
+                "-e", "ansible_become=false", "-e", "free_gpus_hosts=localhost"]
 
     def start(self) -> None:
         self.host.start()

@@ -202,8 +202,10 @@ class FleetHandle:
         env = _rig.ansible_env(self.ansible_cfg)
         env.update({
             "ANSIBLE_CALLBACK_PLUGINS": str(CALLBACKS),
-            "ANSIBLE_CALLBACKS_ENABLED": "fleet_json",
+            "ANSIBLE_CALLBACKS_ENABLED": "fleet_json,shared_payloads",
             "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+            # One AnsiballZ cache for the session's runs (callback_plugins/shared_payloads.py).
+            "ZEROMIB_SHARED_ANSIBALLZ": str(REPO / ".build" / "ansiballz-cache"),
             "ANSIBLE_NOCOLOR": "1",
             "ANSIBLE_FORCE_COLOR": "0",
             "ZEROMIB_FLEET_JSON_OUT": json_out,

@@ -23,14 +23,24 @@ PLAY = """---
       ignore_errors: true
 """
 CALLBACKS = os.path.join(REPO, "tests", "fleet", "callback_plugins")
+# One AnsiballZ cache for the session's runs (tests/fleet/callback_plugins/shared_payloads.py).
+SHARED_PAYLOADS = os.path.join(REPO, ".build", "ansiballz-cache")
+
+
+def playbook_env(**extra):
+    """ansible-playbook's environment inside a simulated host: this checkout's collection, and
+    the session's one AnsiballZ cache (a payload built once, not once per run)."""
+    env = {"ANSIBLE_COLLECTIONS_PATH": COLLECTIONS, "HOME": "/root", "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_LOCALHOST_WARNING": "False", "ANSIBLE_DEPRECATION_WARNINGS": "False",
+           "ANSIBLE_CALLBACK_PLUGINS": CALLBACKS, "ANSIBLE_CALLBACKS_ENABLED": "shared_payloads",
+           "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1", "ZEROMIB_SHARED_ANSIBALLZ": SHARED_PAYLOADS}
+    env.update(extra)
+    return env
 
 
 def results_env(out):
     """ansible-playbook's environment for a run whose task results the callback writes to OUT."""
-    return {"ANSIBLE_COLLECTIONS_PATH": COLLECTIONS, "HOME": "/root", "ANSIBLE_NOCOLOR": "1",
-            "ANSIBLE_LOCALHOST_WARNING": "False", "ANSIBLE_DEPRECATION_WARNINGS": "False",
-            "ANSIBLE_CALLBACK_PLUGINS": CALLBACKS, "ANSIBLE_CALLBACKS_ENABLED": "fleet_json",
-            "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1", "ZEROMIB_FLEET_JSON_OUT": out}
+    return playbook_env(ANSIBLE_CALLBACKS_ENABLED="fleet_json,shared_payloads", ZEROMIB_FLEET_JSON_OUT=out)
 
 
 def task_result(out, task, proc):

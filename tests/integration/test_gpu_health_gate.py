@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from ansible_in_ns import COLLECTIONS, REPO, VENV_BIN, results_env, run_module, task_result
+from ansible_in_ns import REPO, VENV_BIN, playbook_env, results_env, run_module, task_result
 from make_config import H200_VM_590_CAPTURE, R440_UNSUPPORTED_FIELDS, captured_fields, make_config
 
 ROLE_PLAY = """---
@@ -315,9 +315,7 @@ def fabric_manager_calls(host):
 def run_playbook(host, playbook, variables, timeout=180):
     cmd = [os.path.join(VENV_BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local", os.path.join(REPO, "playbooks", playbook),
            "-e", "ansible_python_interpreter=/usr/bin/python3", "-e", "free_gpus_hosts=localhost", "-e", json.dumps(variables)]
-    env = {"ANSIBLE_COLLECTIONS_PATH": COLLECTIONS, "HOME": "/root", "ANSIBLE_NOCOLOR": "1", "ANSIBLE_LOCALHOST_WARNING": "False",
-           "ANSIBLE_DEPRECATION_WARNINGS": "False"}
-    return host.run(cmd, env=env, timeout=timeout)
+    return host.run(cmd, env=playbook_env(), timeout=timeout)
 
 
 @pytest.fixture(scope="module")

@@ -169,15 +169,13 @@ def test_fake_libcuda_is_only_inside_the_host(h200x2):
 def test_the_audit_shows_each_gpus_last_smoke_test(h200x2):
     import json
 
-    from ansible_in_ns import COLLECTIONS, REPO, VENV_BIN
+    from ansible_in_ns import REPO, VENV_BIN, playbook_env
 
     configure(h200x2, fail={"cuMemAlloc": 2})
     out = os.path.join(h200x2.dir, "audit")
     cmd = [os.path.join(VENV_BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local", os.path.join(REPO, "playbooks", "audit_gpus.yml"),
            "-e", "ansible_python_interpreter=/usr/bin/python3", "-e", json.dumps({"gpu_audit_smoke_test": True, "gpu_audit_report_dir": out})]
-    env = {"ANSIBLE_COLLECTIONS_PATH": COLLECTIONS, "HOME": "/root", "ANSIBLE_NOCOLOR": "1", "ANSIBLE_LOCALHOST_WARNING": "False",
-           "ANSIBLE_DEPRECATION_WARNINGS": "False"}
-    proc = h200x2.run(cmd, env=env, timeout=180)
+    proc = h200x2.run(cmd, env=playbook_env(), timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(os.path.join(out, "report.json")) as handle:
         gpus = json.load(handle)["hosts"][0]["gpus"]

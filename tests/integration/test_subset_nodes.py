@@ -14,13 +14,12 @@ import json
 import os
 import time
 
-from ansible_in_ns import COLLECTIONS, REPO, VENV_BIN, run_module
+from ansible_in_ns import REPO, VENV_BIN, playbook_env, run_module
 
 # h200x8's buses (tests/sim/make_config.py HGX_BUSES), in the driver's spelling, by minor.
 BUSES = ["0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0", "0000:9a:00.0", "0000:ab:00.0", "0000:ba:00.0", "0000:db:00.0"]
 OTHERS = [bus for minor, bus in enumerate(BUSES) if minor != 3]
-ENV = {"ANSIBLE_COLLECTIONS_PATH": COLLECTIONS, "HOME": "/root", "ANSIBLE_NOCOLOR": "1", "ANSIBLE_LOCALHOST_WARNING": "False",
-       "ANSIBLE_DEPRECATION_WARNINGS": "False"}
+ENV = playbook_env()
 
 
 def container(nshost, nodes=(3,), seed="lxc101"):
