@@ -6,9 +6,12 @@
 
 from __future__ import annotations
 
+import gc
+import multiprocessing
+
 import pytest
 
-from ansible_collections.zeromib.gpu.plugins.action.free_gpus_gate import gate_failures, module_args
+from ansible_collections.zeromib.gpu.plugins.action.free_gpus_gate import gate_failures, module_args, pause_collector_in_worker
 
 
 def release(clean=True, released=True, count=2, selected=None, failed=False, healthy=True):
@@ -195,3 +198,24 @@ def test_the_gates_documented_failed_checks_are_the_verdicts_checks():
     assert all(f"V({name})" in described for name in CHECKS)
     assert sorted(CHECKS, key=lambda name: described.index(f"V({name})")) == list(CHECKS), "in the verdict's order"
     assert described.count("V(") == len(CHECKS)
+
+
+def _collector_state_in_child(conn) -> None:
+    pause_collector_in_worker()
+    conn.send((gc.isenabled(), gc.get_freeze_count() > 0))
+    conn.close()
+
+
+def test_the_collector_is_paused_only_in_a_forked_worker_process() -> None:
+    # The test's own process (not a multiprocessing child): left as it is.
+    pause_collector_in_worker()
+    assert gc.isenabled()
+    assert gc.get_freeze_count() == 0
+    # A forked child, as Ansible's WorkerProcess is: collection off, the inherited heap frozen.
+    parent, child = multiprocessing.get_context("fork").Pipe()
+    process = multiprocessing.get_context("fork").Process(target=_collector_state_in_child, args=(child,))
+    process.start()
+    enabled, frozen = parent.recv()
+    process.join(10)
+    assert (enabled, frozen) == (False, True)
+    assert gc.isenabled()
