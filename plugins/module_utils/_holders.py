@@ -613,6 +613,44 @@ def read_process(pid: int, proc: str = "/proc", users: dict[int, str] | None = N
     return record
 
 
+def pid_namespace_of(pid: int, proc: str = "/proc") -> tuple[int, int] | None:
+    """The identity (device, inode) of the PID namespace a process lives in, or None."""
+    try:
+        st = os.stat(f"{proc}/{pid:d}/ns/pid")
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def namespace_members(init_pid: int, proc: str = "/proc") -> list[int]:
+    """The processes that end when INIT_PID, the init of a PID namespace below ours, ends: the
+    kernel sends SIGKILL to every other process of its namespace (pid_namespaces(7)), and so to
+    every namespace nested in it. Those are the processes whose namespace is its namespace, and
+    their descendants (a nested namespace's processes are forked from one of them)."""
+    own = pid_namespace_of(init_pid, proc)
+    if own is None:
+        return []
+    inside: set[int] = set()
+    children: dict[int, list[int]] = {}
+    for pid in list_pids(proc):
+        if pid == init_pid:
+            continue
+        try:
+            ppid = parse_stat(_read(f"{proc}/{pid:d}/stat"))[2]
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(pid)
+        if pid_namespace_of(pid, proc) == own:
+            inside.add(pid)
+    members, todo = set(inside), list(inside)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in members and child != init_pid:
+                members.add(child)
+                todo.append(child)
+    return sorted(members)
+
+
 def list_pids(proc: str = "/proc") -> list[int]:
     return sorted(int(entry) for entry in os.listdir(proc) if entry.isdigit())
 

@@ -161,6 +161,9 @@ def matches_any(holder: Holder, regexes: t.Iterable[t.Pattern[str]]) -> bool:
     return any(regex.search(holder.get("cmdline") or "") for regex in regexes)
 
 
+SPARED_INIT = "init of a PID namespace whose other processes may not be ended"
+
+
 def plan_targets(holders: list[Holder], selected: list[int], regexes: t.Sequence[t.Pattern[str]], kill_spanning: bool = False
                  ) -> tuple[list[Holder], list[Holder]]:
     """(to signal, protected holders of the selected GPUs). A holder is signalled for the GPUs it
@@ -603,6 +606,9 @@ class Release:
         # Workload units that also hold GPUs outside the selection (plan_units).
         self.spanning_units: list[dict[str, t.Any]] = []
         self._main_pids: dict[str, int | None] = {}
+        # Namespace inits this run spares (spare_namespace_inits), by identity: still spared, and
+        # so protected, in every later scan of the run.
+        self.spared_inits: set[tuple[int, int]] = set()
         # Minor numbers by bus id, from the look; the verify loop's readings reuse them.
         self.minors_by_bus: dict[str | None, int] = {}
         # The look's _health.Health: the final readings are judged with the same checks and Xids.
@@ -690,7 +696,11 @@ class Release:
             gpus, None, lambda: self._apps(gpus), protect_names=self.names, protect_pids=self.pids, own_lineage=self.lineage, proc=self.system.proc,
             max_used_mib=self.max_used_mib(), footprint_mib=self.footprint_mib(), main_pid_of=self.main_pid_of,
         )
-        return _containers.annotate(holders, self.system.runtimes, self.system.proc), apps
+        holders = _containers.annotate(holders, self.system.runtimes, self.system.proc)
+        for holder in holders:
+            if (holder["pid"], holder["start_time"]) in self.spared_inits:
+                holder["protected"], holder["protected_reason"] = True, SPARED_INIT
+        return holders, apps
 
     def main_pid_of(self, unit: str) -> int | None:
         """systemd's MainPID of a system unit (asked only for a process named like a protected
@@ -765,11 +775,51 @@ class Release:
     def choose_targets(self, plan: Plan) -> None:
         """Holders to signal and MPS servers to quit; the protected, undecided and trust notes."""
         targets, protected = plan_targets(plan.holders, plan.selected, self.regexes, bool(self.params.get("kill_spanning")))
+        targets, spared = self.spare_namespace_inits(targets)
+        protected += spared
         plan.targets, plan.mps_servers = self.plan_mps(targets)
         self.result["warnings"].extend(trust_notes(plan.holders, plan.selected))
         self.result["undecided"] = undecided_record(_attribution.undecided_for(plan.holders, plan.selected))
         self.result["protected"] = [{"pid": h["pid"], "name": h["name"], "unit": h.get("unit"), "gpu_indexes": h["gpu_indexes"]}
                                     for h in protected]
+
+    def spare_namespace_inits(self, targets: list[Holder]) -> tuple[list[Holder], list[Holder]]:
+        """(targets, spared): a target that is the init of a PID namespace below ours takes every
+        other process of that namespace with it when it ends (the kernel's SIGKILL to each). It is
+        signalled only when each of them is a target too, or is run by the holder's own uid and is
+        not protected (its own job's processes); otherwise it is spared, as a protected holder,
+        with a warning that names the processes its end would take."""
+        kept, spared = [], []
+        target_pids = {h["pid"] for h in targets}
+        for holder in targets:
+            blocking = self.members_that_may_not_end(holder, target_pids) if holder.get("pid_namespace_init") else []
+            if not blocking:
+                kept.append(holder)
+                continue
+            holder["protected"], holder["protected_reason"] = True, SPARED_INIT
+            self.spared_inits.add((holder["pid"], holder["start_time"]))
+            self.result["warnings"].append(
+                "not signalled: pid {} {} is the init of a PID namespace, and ending it would end every process of that namespace, "
+                "among them {}".format(holder["pid"], holder.get("name"), "; ".join(blocking)))
+            spared.append(holder)
+        return kept, spared
+
+    def members_that_may_not_end(self, holder: Holder, target_pids: t.Container[int]) -> list[str]:
+        """The processes of the namespace HOLDER is the init of that this run may not end: not
+        targets themselves, and protected (the identity rule) or run by another uid."""
+        found = []
+        for pid in holders_mod.namespace_members(holder["pid"], self.system.proc):
+            if pid in target_pids:
+                continue
+            record = holders_mod.read_process(pid, self.system.proc)
+            if record is None:
+                continue  # ended meanwhile
+            reason = holders_mod.protection_reason(dict(record), self.names, self.pids, self.lineage, self.main_pid_of)
+            if reason is None and record.get("uid") == holder.get("uid"):
+                continue
+            why = reason or "uid {}, not the holder's uid {}".format(record.get("uid"), holder.get("uid"))
+            found.append("pid {} {} ({})".format(pid, record.get("name"), why))
+        return found
 
     def forbidden_units(self, holders: list[Holder]) -> set[str]:
         """Units gpu_release must never stop: those of its own session and of protected processes."""

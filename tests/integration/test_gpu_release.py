@@ -103,6 +103,59 @@ def test_holder_ignoring_sigterm_gets_sigkill_at_once(nshost, uid):
     assert run["released"] is True and not host.alive(holder.pid) and used(host, 0) == 0
 
 
+def member_of_namespace(host, init_pid, argv):
+    """Start argv inside the PID namespace whose init is INIT_PID (nsenter forks it there);
+    returns (the nsenter, the member's PID as this host reads it)."""
+    nsenter = host.spawn(["nsenter", "--target", str(init_pid), "--pid", "--"] + argv, ready=False)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return nsenter, namespace_child(host, nsenter)
+        except ValueError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def namespace_init_holder(host):
+    """Root's `unshare --pid --fork gpu_holder`: the GPU's holder is the init of its namespace."""
+    unshare = host.spawn(["unshare", "--pid", "--fork", "gpu_holder", "--gpus", "0", "--mib", "40960"], ready=True)
+    return unshare, namespace_child(host, unshare)
+
+
+def test_a_namespace_init_whose_end_would_end_another_users_process_is_not_signalled(nshost):
+    # Ending the init of a PID namespace makes the kernel SIGKILL every other process in it: here
+    # uid 4243's, which this run was not asked to free. The holder is spared and named; nothing dies.
+    host = nshost("h200x1")
+    _unshare, holder = namespace_init_holder(host)
+    _nsenter, member = member_of_namespace(host, holder, ["setpriv", "--reuid", "4243", "--regid", "4243", "--clear-groups", "--",
+                                                          "sleep", "600"])
+    run = run_module(host, "gpu_release", {"kill_timeout": 2})
+    assert run.failed and run.msg.startswith("GPUs are held only by protected processes"), run.msg
+    assert run["timings"]["wait_s"] < 10  # decided at the first look after acting, not after wait_timeout
+    assert holder not in killed_pids(run)
+    said = [w for w in run.get("warnings") or [] if f"not signalled: pid {holder} " in w]
+    assert said and f"pid {member} sleep (uid 4243, not the holder's uid 0)" in said[0], run.get("warnings")
+    assert holder in [p["pid"] for p in run["protected"]]
+    assert host.alive(holder) and host.alive(member) and used(host, 0) > 0
+
+
+def test_a_namespace_init_whose_namespace_holds_only_its_own_users_processes_is_ended_with_them(nshost):
+    # The same namespace with a process of the holder's own uid (its job's): the holder is ended,
+    # and the kernel ends that process with it.
+    host = nshost("h200x1")
+    _unshare, holder = namespace_init_holder(host)
+    _nsenter, member = member_of_namespace(host, holder, ["sleep", "600"])
+    run = run_module(host, "gpu_release", {"kill_timeout": 2})
+    assert not run.failed, run.msg
+    assert killed_pids(run)[holder]["signal"] == "SIGKILL"
+    assert not any("not signalled" in w for w in run.get("warnings") or [])
+    deadline = time.monotonic() + 5
+    while host.alive(member) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not host.alive(holder) and not host.alive(member) and used(host, 0) == 0
+
+
 @pytest.mark.parametrize("uid", [0, 4242], ids=["root", "user-4242"])
 def test_pid_namespace_init_without_a_handler_gets_sigkill_at_once(nshost, uid):
     # `unshare --pid --fork`: the holder is PID 1 of its own namespace and has no SIGTERM handler,

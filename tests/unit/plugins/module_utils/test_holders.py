@@ -696,3 +696,30 @@ def test_real_driver_node_must_carry_the_gpus_minor(tmp_path):
     dev.mkdir()
     os.mknod(str(dev / "nvidia4"), 0o666 | 0o020000, os.makedev(195, 3))  # GPU 3's device under GPU 4's name
     assert not holders.gpu_node_reachable(4, holders.DeviceTable(), (str(dev),))
+
+
+def _fake_process(proc, pid, ppid, namespace):
+    """/proc/PID/stat and /proc/PID/ns/pid, the latter a hard link to NAMESPACE (one inode per
+    namespace, as the kernel's nsfs gives)."""
+    base = proc / str(pid)
+    (base / "ns").mkdir(parents=True)
+    (base / "stat").write_text(f"{pid} (p{pid}) S {ppid} " + " ".join(["0"] * 17) + " 1234 0 0\n")
+    os.link(namespace, base / "ns" / "pid")
+
+
+def test_namespace_members_are_its_namespace_and_what_is_forked_below_it(tmp_path):
+    proc = tmp_path / "proc"
+    ours, theirs, nested, other = (tmp_path / n for n in ("ours", "theirs", "nested", "other"))
+    for namespace in (ours, theirs, nested, other):
+        namespace.write_text("")
+    _fake_process(proc, 1, 0, ours)
+    _fake_process(proc, 10, 1, theirs)     # the init
+    _fake_process(proc, 11, 10, theirs)    # its child
+    _fake_process(proc, 12, 11, nested)    # a namespace nested in it
+    _fake_process(proc, 13, 1, other)      # another namespace beside it
+    _fake_process(proc, 14, 1, theirs)     # entered from outside (setns), parent outside
+    _fake_process(proc, 15, 14, nested)    # a child of the one that entered
+    _fake_process(proc, 16, 1, ours)       # ours
+    assert holders.namespace_members(10, str(proc)) == [11, 12, 14, 15]
+    assert holders.namespace_members(13, str(proc)) == []
+    assert holders.namespace_members(99, str(proc)) == []  # gone: nothing known, nothing claimed
