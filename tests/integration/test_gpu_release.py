@@ -130,6 +130,10 @@ def test_a_namespace_init_whose_end_would_end_another_users_process_is_not_signa
     _unshare, holder = namespace_init_holder(host)
     _nsenter, member = member_of_namespace(host, holder, ["setpriv", "--reuid", "4243", "--regid", "4243", "--clear-groups", "--",
                                                           "sleep", "600"])
+    # The dry run says what the real run will do: nothing signalled, the same failure.
+    dry = run_module(host, "gpu_release", {"kill_timeout": 2}, check=True)
+    assert dry.failed and dry.msg.startswith("GPUs are held only by protected processes"), dry.msg
+    assert holder not in killed_pids(dry)
     run = run_module(host, "gpu_release", {"kill_timeout": 2})
     assert run.failed and run.msg.startswith("GPUs are held only by protected processes"), run.msg
     assert run["timings"]["wait_s"] < 10  # decided at the first look after acting, not after wait_timeout
