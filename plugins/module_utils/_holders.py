@@ -25,6 +25,7 @@ its real uid and its executable as the kernel resolves it, never by its name alo
 from __future__ import annotations
 
 import errno
+import fcntl
 import fnmatch
 import os
 import pwd
@@ -622,12 +623,51 @@ def pid_namespace_of(pid: int, proc: str = "/proc") -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+# ioctl_ns(2): NS_GET_PARENT, _IO(0xb7, 0x2): an fd of the parent of a PID namespace.
+NS_GET_PARENT = 0xB702
+
+
+def _nspid_depth(pid: int, proc: str) -> int | None:
+    """How many PID namespaces, ours included, a process is in (its NSpid line's length)."""
+    try:
+        status = _text(_read(f"{proc}/{pid:d}/status"))
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            return len(line.split()) - 1
+    return None
+
+
+def _ancestor_namespace(pid: int, levels: int, proc: str) -> tuple[int, int] | None:
+    """The identity of the PID namespace LEVELS above the one a process lives in, asked of the
+    kernel (NS_GET_PARENT), or None where it cannot be asked."""
+    try:
+        fd = os.open(f"{proc}/{pid:d}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        for _level in range(levels):
+            parent = fcntl.ioctl(fd, NS_GET_PARENT)
+            os.close(fd)
+            fd = parent
+        st = os.fstat(fd)
+        return st.st_dev, st.st_ino
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def namespace_members(init_pid: int, proc: str = "/proc") -> list[int]:
     """The processes that end when INIT_PID, the init of a PID namespace below ours, ends: the
     kernel sends SIGKILL to every other process of its namespace (pid_namespaces(7)), and so to
-    every namespace nested in it. Those are the processes whose namespace is its namespace, and
-    their descendants (a nested namespace's processes are forked from one of them)."""
+    every namespace nested in it. Those are the processes whose namespace is its namespace or
+    has it as an ancestor (asked of the kernel, NS_GET_PARENT: also a process that entered a
+    nested namespace by setns from outside), and every descendant of those (a fork stays in its
+    parent's namespace or one below it; this also covers where the kernel cannot be asked)."""
     own = pid_namespace_of(init_pid, proc)
+    depth = _nspid_depth(init_pid, proc)
     if own is None:
         return []
     inside: set[int] = set()
@@ -641,6 +681,10 @@ def namespace_members(init_pid: int, proc: str = "/proc") -> list[int]:
             continue
         children.setdefault(ppid, []).append(pid)
         if pid_namespace_of(pid, proc) == own:
+            inside.add(pid)
+            continue
+        deeper = _nspid_depth(pid, proc)
+        if depth is not None and deeper is not None and deeper > depth and _ancestor_namespace(pid, deeper - depth, proc) == own:
             inside.add(pid)
     members, todo = set(inside), list(inside)
     while todo:

@@ -144,6 +144,31 @@ def test_a_namespace_init_whose_end_would_end_another_users_process_is_not_signa
     assert host.alive(holder) and host.alive(member) and used(host, 0) > 0
 
 
+def test_a_process_that_entered_a_nested_namespace_from_outside_counts_as_a_member(nshost):
+    # Root's own nested namespace inside the holder's (its `unshare` a member by descent), then uid
+    # 4243 enters that nested namespace by setns from outside: no parent of it is a member, only
+    # the kernel's namespace tree (NS_GET_PARENT) says that the init's end would end it.
+    host = nshost("h200x1")
+    _unshare, holder = namespace_init_holder(host)
+    _outer, nested_unshare = member_of_namespace(host, holder, ["unshare", "--pid", "--fork", "sleep", "600"])
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with open(f"/proc/{host.init_pid}/root/proc/{nested_unshare}/task/{nested_unshare}/children") as handle:
+                [nested_init] = [int(pid) for pid in handle.read().split()]
+            break
+        except ValueError:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    _inner, entered = member_of_namespace(host, nested_init, ["setpriv", "--reuid", "4243", "--regid", "4243", "--clear-groups", "--",
+                                                              "sleep", "600"])
+    run = run_module(host, "gpu_release", {"kill_timeout": 2})
+    assert run.failed and run.msg.startswith("GPUs are held only by protected processes"), run.msg
+    said = [w for w in run.get("warnings") or [] if f"not signalled: pid {holder} " in w]
+    assert said and f"pid {entered} sleep (uid 4243, not the holder's uid 0)" in said[0], run.get("warnings")
+    assert host.alive(holder) and host.alive(entered) and host.alive(nested_init) and used(host, 0) > 0
+
+
 def test_a_namespace_init_whose_namespace_holds_only_its_own_users_processes_is_ended_with_them(nshost):
     # The same namespace with a process of the holder's own uid (its job's): the holder is ended,
     # and the kernel ends that process with it.
