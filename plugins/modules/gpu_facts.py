@@ -355,6 +355,8 @@ import typing as t
 
 from ansible.module_utils.basic import AnsibleModule
 
+# First of the collection's imports: the module_utils below are then compiled once, not twice (_compile_once).
+from ansible_collections.zeromib.gpu.plugins.module_utils import _compile_once  # noqa: F401 pylint: disable=unused-import
 from ansible_collections.zeromib.gpu.plugins.module_utils import _cuda_smoke
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _health

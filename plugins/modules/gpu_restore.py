@@ -205,6 +205,8 @@ import typing as t
 
 from ansible.module_utils.basic import AnsibleModule
 
+# First of the collection's imports: the module_utils below are then compiled once, not twice (_compile_once).
+from ansible_collections.zeromib.gpu.plugins.module_utils import _compile_once  # noqa: F401 pylint: disable=unused-import
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils import _restore
 from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import NvidiaSmi, NvidiaSmiError

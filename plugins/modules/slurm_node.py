@@ -98,6 +98,8 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+# First of the collection's imports: the module_utils below are then compiled once, not twice (_compile_once).
+from ansible_collections.zeromib.gpu.plugins.module_utils import _compile_once  # noqa: F401 pylint: disable=unused-import
 from ansible_collections.zeromib.gpu.plugins.module_utils import _slurm
 
 
