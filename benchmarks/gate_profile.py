@@ -101,6 +101,31 @@ for _ in range(reps):
 print(json.dumps({"times": times, "cpu": cpu, "last": proc.stdout.decode()}))
 """
 
+# Run inside the host by its python3: the payload with every compile() call counted and timed (the
+# AnsiballZ wrapper, its zipimporter's compiles of each module); the counts go to stderr as JSON.
+COMPILES = r"""
+import builtins, json, runpy, sys, time
+compile_ = builtins.compile
+seen = {"all": 0, "all_ms": 0.0, "ours": 0, "ours_ms": 0.0}
+def timed_compile(source, filename, *args, **kwargs):
+    began = time.perf_counter()
+    try:
+        return compile_(source, filename, *args, **kwargs)
+    finally:
+        spent = 1000.0 * (time.perf_counter() - began)
+        seen["all"] += 1
+        seen["all_ms"] += spent
+        if "/zeromib/gpu/" in str(filename):
+            seen["ours"] += 1
+            seen["ours_ms"] += spent
+builtins.compile = timed_compile
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+finally:
+    sys.stderr.write("\n" + json.dumps(seen) + "\n")
+"""
+
 # The /proc scan of gpu_release's clean look (device files only), with the checkout's code.
 SCAN = r"""
 import json, sys, time
@@ -210,6 +235,7 @@ class Profile:
         self.host = module.NsHost(preset="h200x8", seed="profiled")
         self.payload = ""
         self.payload_bytes = 0
+        self.command_payload = ""
         self.samples: dict[str, list[Any]] = {}
 
     def env(self, **extra: str) -> dict[str, str]:
@@ -230,23 +256,25 @@ class Profile:
                 handle.write(text)
         self.payload = self.keep_payload()
         self.payload_bytes = os.path.getsize(self.payload)
+        self.command_payload = self.keep_payload(os.path.join(self.host.dir, "one-task.yml"), "command")
 
     def stop(self) -> None:
         self.host.stop()
 
-    def keep_payload(self) -> str:
-        """The AnsiballZ file of gpu_release as the gate sends it (the role's defaults)."""
-        remote_tmp = os.path.join(self.host.dir, "remote-tmp")
+    def keep_payload(self, play: str = "", module: str = "gpu_release") -> str:
+        """The AnsiballZ file of `module` as `play` sends it (default: gpu_release, the gate's, with
+        the role's defaults)."""
+        remote_tmp = os.path.join(self.host.dir, "remote-tmp-" + module)
         os.makedirs(remote_tmp, exist_ok=True)
-        play = os.path.join(self.checkout, "playbooks", "free_gpus.yml")
+        play = play or os.path.join(self.checkout, "playbooks", "free_gpus.yml")
         proc = self.host.run([os.path.join(VENV_BIN, "ansible-playbook")] + self.playbook_argv(play), timeout=300,
                              env=self.env(ANSIBLE_KEEP_REMOTE_FILES="1", ANSIBLE_REMOTE_TMP=remote_tmp, ANSIBLE_PIPELINING="False"))
         if proc.returncode != 0:
-            raise SystemExit("free_gpus.yml failed on the clean host:\n" + proc.stdout[-3000:] + proc.stderr[-3000:])
+            raise SystemExit(f"{play} failed on the clean host:\n" + proc.stdout[-3000:] + proc.stderr[-3000:])
         for root, _dirs, files in os.walk(remote_tmp):
-            if "AnsiballZ_gpu_release.py" in files:
-                return os.path.join(root, "AnsiballZ_gpu_release.py")
-        raise SystemExit("no AnsiballZ_gpu_release.py was kept")
+            if f"AnsiballZ_{module}.py" in files:
+                return os.path.join(root, f"AnsiballZ_{module}.py")
+        raise SystemExit(f"no AnsiballZ_{module}.py was kept")
 
     def add(self, key: str, value: Any) -> None:
         self.samples.setdefault(key, []).append(value)
@@ -278,6 +306,11 @@ class Profile:
         self.add("start_to_exit", data["times"][0])
         self.add("node_cpu", data["cpu"][0])
         self.add("result", json.loads(data["last"]))
+        command = json.loads(self.host.run([python, timer, json.dumps([python, self.command_payload]), "1"], timeout=300).stdout)
+        self.add("command_start_to_exit", command["times"][0])
+        self.add("command_cpu", command["cpu"][0])
+        compiles = self.host.run([python, "-c", COMPILES, payload], timeout=120).stderr.strip().splitlines()
+        self.add("compiles", json.loads(compiles[-1]))
         self.add("python_alone", json.loads(self.host.run([python, timer, json.dumps([python, "-c", "pass"]), "1"]).stdout)["times"][0])
         importtime = self.host.run([python, "-X", "importtime", payload], timeout=120).stderr
         imports = parse_importtime(importtime)
@@ -313,6 +346,12 @@ class Profile:
                 "payload_bytes": self.payload_bytes,
                 "interpreter_start_to_exit_ms": med([1000.0 * x for x in sam["start_to_exit"]]),
                 "cpu_ms": med([1000.0 * x for x in sam["node_cpu"]]),
+                "command_start_to_exit_ms": med([1000.0 * x for x in sam["command_start_to_exit"]]),
+                "command_cpu_ms": med([1000.0 * x for x in sam["command_cpu"]]),
+                "compiles_ours": statistics.median([c["ours"] for c in sam["compiles"]]),
+                "compile_ours_ms": med([c["ours_ms"] for c in sam["compiles"]]),
+                "compiles_all": statistics.median([c["all"] for c in sam["compiles"]]),
+                "compile_all_ms": med([c["all_ms"] for c in sam["compiles"]]),
                 "python_alone_ms": med([1000.0 * x for x in sam["python_alone"]]),
                 "elapsed_s": statistics.median([r.get("elapsed_s") or 0.0 for r in sam["result"]]),
                 "look_s": statistics.median([(r.get("timings") or {}).get("look_s") or 0.0 for r in sam["result"]]),
@@ -355,6 +394,12 @@ def markdown(profiles: list[dict[str, Any]]) -> str:
     row("**node**: AnsiballZ payload size", ["{:,} bytes".format(p["node"]["payload_bytes"]) for p in profiles])
     row("gpu_release, interpreter start to exit", [ms(p["node"]["interpreter_start_to_exit_ms"]) for p in profiles])
     row("  its CPU (user + sys, subprocesses included)", [ms(p["node"]["cpu_ms"]) for p in profiles])
+    row("the one-task play's `ansible.builtin.command` payload, interpreter start to exit", [ms(p["node"].get("command_start_to_exit_ms")) for p in profiles])
+    row("  its CPU (user + sys, nvidia-smi included)", [ms(p["node"].get("command_cpu_ms")) for p in profiles])
+    row("gpu_release: source compiled on the node (`compile` calls, time): zeromib.gpu's", [
+        "{:g}, {}".format(p["node"]["compiles_ours"], ms(p["node"]["compile_ours_ms"])) if "compiles_ours" in p["node"] else "-" for p in profiles])
+    row("  all (ansible-core's module_utils, the wrapper, ours)", [
+        "{:g}, {}".format(p["node"]["compiles_all"], ms(p["node"]["compile_all_ms"])) if "compiles_all" in p["node"] else "-" for p in profiles])
     row("python3 alone (`-c pass`)", [ms(p["node"]["python_alone_ms"]) for p in profiles])
     row("import ansible.module_utils.basic (cumulative)", [ms(p["node"]["import_basic_ms"]) for p in profiles])
     row("import of zeromib.gpu's module_utils, all (cumulative)", [ms(p["node"]["import_module_ms"]) for p in profiles])
