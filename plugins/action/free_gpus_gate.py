@@ -47,7 +47,7 @@ OMIT_WHEN_EMPTY = frozenset(["nvidia_smi", "expected_mig_mode"])
 # free_gpus_* names that are not role variables and are no typo: the fact the role sets, and
 # free_gpus.yml's host pattern.
 NOT_OPTIONS = frozenset(["free_gpus_result", "free_gpus_hosts"])
-# What a failed gate leaves out without -v: the GPU and holder records (a screen each on an
+# What a gate's result leaves out without -v: the GPU and holder records (a screen each on an
 # 8-GPU node; free_gpus_result keeps their figures) and the role's whole argument spec.
 RECORD_KEYS = ("gpus", "gpus_before", "holders", "argument_spec_data")
 
@@ -143,11 +143,21 @@ def range_problems(params: t.Mapping[str, t.Any]) -> list[str]:
     return _options.check(plain, ROLE_PREFIX)
 
 
+def without_records(result: dict[str, t.Any], verbosity: int) -> dict[str, t.Any]:
+    """A gate's result as the task returns it without -v: no GPU or holder records. Nothing shows
+    them at that verbosity, and the controller's main process walks every key of every host's
+    result for its callbacks (~12 ms of CPU a clean 8-GPU host on the 2-core benchmark machine,
+    docs/benchmarks.md). -v returns them all."""
+    if verbosity > 0:
+        return result
+    return {key: value for key, value in result.items() if key not in RECORD_KEYS}
+
+
 def compact(result: dict[str, t.Any], verbosity: int) -> dict[str, t.Any]:
     """A failed gate's result as shown without -v: the message once, no GPU records."""
     if verbosity > 0:
         return result
-    shown = {key: value for key, value in result.items() if key not in RECORD_KEYS}
+    shown = without_records(result, verbosity)
     # The message is `msg`; the rescue puts it back into free_gpus_result (free_gpus_rescued).
     outcome = dict(shown["ansible_facts"]["free_gpus_result"])
     outcome.pop("message", None)
@@ -250,7 +260,7 @@ class ActionModule(ActionBase):
             # An ok result is printed with -v only, GPU records and all; the summary has the message.
             # "failed" stays, False: Ansible fails a result without it whose rc is not 0 (no sudo).
             result["failed"] = False
-            return result
+            return without_records(result, verbosity)
         if verbosity == 0 and not self._task.diff:
             # Said once, in Ansible's [ERROR] line: no JSON dump of the failed result (free_gpus_result
             # and all) below it; -v or --diff shows it. The role's rescue reads the whole result.
@@ -374,4 +384,4 @@ class ActionModule(ActionBase):
             return self._said_once(result, task_vars)
         result.pop("failed", None)
         result["msg"] = outcome["message"]
-        return result
+        return without_records(result, Display().verbosity)

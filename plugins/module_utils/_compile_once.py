@@ -11,9 +11,8 @@ AnsiballZ runs a module and its module_utils from a zip file, as source, through
 zipimporter. For every module it imports, the zipimporter of Python 3.8 to 3.13 compiles the
 source twice: first when the import system asks for the module's file name (`spec_from_loader`
 calls `get_filename`, which learns the name by getting the code), then again when it loads the
-module (`get_code`). On a clean gate that second compile of the collection's module_utils was
-~70 ms of gpu_release's ~650 ms of CPU on a simulated node (docs/benchmarks.md), paid on every
-host of every gate.
+module (`get_code`). On a clean gate without this, gpu_release took 589 ms of CPU on a simulated
+node, with it 512 ms (docs/benchmarks.md), on every host of every gate.
 
 A module imports this first, before the collection's other module_utils: from then on the code
 the first asking compiled is handed to the second asking, once, and dropped. It is the code

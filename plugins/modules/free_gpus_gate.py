@@ -75,7 +75,10 @@ failed_checks:
   elements: str
   returned: failure
 released:
-  description: Every other key of M(zeromib.gpu.gpu_release)'s result is returned as it returns it.
+  description:
+    - Every other key of M(zeromib.gpu.gpu_release)'s result is returned as it returns it, except its GPU and holder
+      records (RV(zeromib.gpu.gpu_release#module:gpus), RV(zeromib.gpu.gpu_release#module:gpus_before),
+      RV(zeromib.gpu.gpu_release#module:holders)), which only C(-v) returns; C(free_gpus_result) keeps their figures.
   type: bool
   returned: when gpu_release ran
 """

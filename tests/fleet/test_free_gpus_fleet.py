@@ -207,7 +207,8 @@ def test_freeing_gpu_1_only_leaves_the_holders_of_other_gpus_running_and_their_m
     both = fleet.workload(host, "train", gpus="1,3", mib=300)  # holds GPU 1 too: spanning, must go as asked
     fleet.workload(host, "persistenced")
     before = fleet.gpu_memory(host)
-    run = fleet.ansible_playbook(PLAYBOOK, limit=host, extra_vars={"free_gpus_gpus": [1], "free_gpus_kill_spanning": True})
+    # -v: the gate's task result carries the GPU records (gpus) only then.
+    run = fleet.ansible_playbook(PLAYBOOK, limit=host, extra_vars={"free_gpus_gpus": [1], "free_gpus_kill_spanning": True}, args=["-v"])
     assert run.rc == 0, run
     res = run.result(RELEASE_TASK, host)
     assert res["selected_gpus"] == [1]
@@ -241,7 +242,8 @@ def test_per_gpu_freeing_next_to_trainers_and_a_monitor_keeps_them_and_reads_the
 
     started = dict(parallel(start, hosts))
     before = memory(fleet, hosts)
-    run = fleet.ansible_playbook(PLAYBOOK, limit=",".join(hosts), extra_vars={"free_gpus_gpus": [2, 3]})
+    # -v: the gate's task result carries the GPU and holder records only then.
+    run = fleet.ansible_playbook(PLAYBOOK, limit=",".join(hosts), extra_vars={"free_gpus_gpus": [2, 3]}, args=["-v"])
     assert run.rc == 0, run
     after = memory(fleet, hosts)
     lines = summary_lines(run)

@@ -155,6 +155,21 @@ def test_a_clean_host_passes_with_the_outcomes_message_and_a_warning_for_a_missp
     assert "expected_count" not in call["module_args"] and "require_healthy" not in call["module_args"]
 
 
+def test_a_clean_host_returns_its_gpu_and_holder_records_only_with_verbosity(monkeypatch):
+    from ansible.utils.display import Display
+
+    plugin, task_vars = _gate(module_result=_released())
+    result = plugin.run(task_vars=task_vars)
+    assert not {"gpus", "gpus_before", "holders"} & set(result), sorted(result)
+    # What the records say is in free_gpus_result and in the rest of gpu_release's result.
+    assert result["released"] is True and result["selected_gpus"] == [0, 1] and result["elapsed_s"] == 0.2
+    assert result["ansible_facts"]["free_gpus_result"]["mib_after"] == 0
+    monkeypatch.setattr(Display(), "verbosity", 1)
+    plugin, task_vars = _gate(module_result=_released())
+    result = plugin.run(task_vars=task_vars)
+    assert [g["index"] for g in result["gpus"]] == [0, 1] == [g["index"] for g in result["gpus_before"]] and result["holders"] == []
+
+
 def test_a_dirty_host_fails_with_the_checks_that_failed_and_no_gpu_records():
     dirty = _released(clean=False, failed=True, msg="GPUs still in use after 60.0 s: GPU 0 reads 1024 MiB")
     plugin, task_vars = _gate(module_result=dirty)
