@@ -83,7 +83,10 @@ def main() -> int:
     now = figures(Path(a.checkout).resolve())
     if a.json:
         Path(a.json).write_text(json.dumps(now, indent=1) + "\n")
-    before = json.loads(Path(a.compare).read_text()) if a.compare else None
+    try:
+        before = json.loads(Path(a.compare).read_text()) if a.compare else None
+    except (OSError, ValueError) as exc:
+        p.error(f"--compare {a.compare}: not the figures of an earlier --json run ({exc})")
     text, fewer = table(now, before)
     print(text)
     return 1 if fewer else 0
