@@ -272,7 +272,7 @@ def test_holder_raises_memory_and_sigkill_frees_it(host8):
     t0 = time.monotonic()
     assert host8.kill(p.pid)
     assert p.wait_gone(2)
-    wait_for(lambda: used(host8) == [0] * 8, timeout=2)
+    wait_for(lambda: used(host8) == [0] * 8, timeout=10)  # a deadline, not a measured lag: each read is a run of the simulated nvidia-smi
     assert time.monotonic() - t0 < 2
     assert apps(host8) == []
 
@@ -315,7 +315,7 @@ def test_forked_child_keeps_memory_owner_shown_not_found(host8):
     ppid = host8.run(["ps", "-o", "ppid=", "-p", str(child)]).stdout.strip()
     assert ppid == "1"  # reparented to the namespace's init
     host8.kill(child)
-    wait_for(lambda: used(host8, 1) == 0, timeout=2)
+    wait_for(lambda: used(host8, 1) == 0, timeout=10)  # a deadline, not a measured lag: each read is a run of the simulated nvidia-smi
 
 
 def test_vllm_workers_outlive_the_api_server(host8):
@@ -369,7 +369,7 @@ def test_ignore_term(host8):
     time.sleep(0.3)
     assert p.alive() and used(host8, 7) == 100 + OVH
     host8.kill(p.pid, signal.SIGKILL)
-    wait_for(lambda: used(host8, 7) == 0, timeout=2)
+    wait_for(lambda: used(host8, 7) == 0, timeout=10)  # a deadline, not a measured lag: each read is a run of the simulated nvidia-smi
 
 
 # ------------------------------------------------------------------ the real 2-GPU H200
