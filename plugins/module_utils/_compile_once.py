@@ -59,4 +59,4 @@ def install(loader: t.Any) -> bool:
     return True
 
 
-INSTALLED = install(__spec__.loader if __spec__ is not None else None)
+install(__spec__.loader if __spec__ is not None else None)
