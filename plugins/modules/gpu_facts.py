@@ -36,8 +36,9 @@ description:
     C(docs/health.md).
   - Returns the result as the fact C(ansible_facts.gpu). Changes nothing (the optional O(smoke_test) allocates and frees GPU memory
     on free GPUs only, and never in check mode) but its own cache of the kernel log it has judged (the journal's cursor and the
-    window's Xid lines, C(/var/lib/zeromib-gpu/kernel-log.json), root-only), so the next look reads only new lines; in check mode
-    it writes nothing and reads the whole window.
+    window's Xid lines, C(/var/lib/zeromib-gpu/kernel-log.json), root-only), so the next look reads only new lines, and the code it
+    compiled (C(/var/lib/zeromib-gpu/bytecode), as M(zeromib.gpu.gpu_release) keeps it); in check mode it writes nothing and reads
+    the whole window.
 author:
   - zeromib.gpu contributors (@zeromib)
 extends_documentation_fragment:
@@ -351,12 +352,13 @@ ansible_facts:
               container_note: null
 """
 
+import atexit
 import typing as t
 
 from ansible.module_utils.basic import AnsibleModule
 
 # First of the collection's imports: the module_utils below are then compiled once, not twice (_compile_once).
-from ansible_collections.zeromib.gpu.plugins.module_utils import _compile_once  # noqa: F401 pylint: disable=unused-import
+from ansible_collections.zeromib.gpu.plugins.module_utils import _compile_once
 from ansible_collections.zeromib.gpu.plugins.module_utils import _cuda_smoke
 from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils import _health
@@ -397,6 +399,10 @@ def gather(params: t.Mapping[str, t.Any], which: t.Callable[[str], str | None] |
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    if not module.check_mode:
+        # The code this run compiled, kept on the node for the next run (_compile_once), whichever
+        # way the module exits; check mode writes nothing.
+        atexit.register(_compile_once.keep)
     problem = checked_params(module.params)
     if problem:
         module.fail_json(msg=problem)

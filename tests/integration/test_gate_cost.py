@@ -1,5 +1,8 @@
 """What a clean gate costs a node (issue 36), through real Ansible on a simulated host.
 
+gpu_release keeps the code it compiled in root's bytecode cache on the node (_compile_once): the
+next gate loads it instead of compiling, only from root-only entries of the same source.
+
 gpu_release imports what only a host with something to free needs (containers, units,
 supervisord, MPS, the respawn watch, the restore record, the smoke test) inside the functions
 that use it. Ansible builds the AnsiballZ payload from the imports it finds anywhere in the
@@ -13,7 +16,7 @@ import os
 import re
 import zipfile
 
-from ansible_in_ns import COLLECTIONS, VENV_BIN
+from ansible_in_ns import COLLECTIONS, VENV_BIN, run_module
 
 PREFIX = "ansible_collections/zeromib/gpu/plugins/module_utils/"
 # Loaded only where something is to be freed (or asked for): never on a clean host.
@@ -83,3 +86,64 @@ def test_a_dirty_host_loads_what_it_needs_from_the_same_payload(nshost):
     assert '"released": true' in stdout and f'"pid": {holder.pid}' in stdout
     assert host.wait_gone(holder.pid, 5)
     assert {"_containers", "_units", "_settle"} <= names
+
+
+BYTECODE = "/var/lib/zeromib-gpu/bytecode"
+# Runs the payload as python3 would, and at exit writes (fd 2) each of our module_utils compiled.
+COUNT_COMPILES = (
+    "import atexit, builtins, os, runpy, sys\n"
+    "seen = []\n"
+    "real = builtins.compile\n"
+    "def counted(source, filename, *args, **kwargs):\n"
+    "    seen.append(str(filename))\n"
+    "    return real(source, filename, *args, **kwargs)\n"
+    "builtins.compile = counted\n"
+    "atexit.register(lambda: os.write(2, ('COMPILED ' + ' '.join(seen) + '\\n').encode()))\n"
+    "sys.argv = [sys.argv[1]]\n"
+    "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+)
+
+
+def compiled(host, payload):
+    """Our module_utils that running the payload compiled (their names, sorted) and its stdout."""
+    proc = host.run(["/usr/bin/python3", "-c", COUNT_COMPILES, payload], timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    [line] = [line for line in proc.stderr.splitlines() if line.startswith("COMPILED ")]
+    assert '"released": true' in proc.stdout, proc.stdout[-2000:]
+    names = re.findall(r"/zeromib/gpu/plugins/module_utils/(_\w+)\.py", line)
+    # Compiled before the cache can act: the package and the module_util that installs it.
+    return sorted(name for name in names if name not in ("__init__", "_compile_once"))
+
+
+def kept_entries(host):
+    """{entry name: (mode, owner, inode)} of the node's bytecode cache, and the directory's."""
+    proc = host.run(["sh", "-c", f"stat -c '%a %U %i %n' {BYTECODE} {BYTECODE}/*"])
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split(" ", 3) for line in proc.stdout.splitlines()]
+    return {os.path.basename(name): (mode, owner, inode) for mode, owner, inode, name in rows}
+
+
+def test_a_gate_keeps_what_it_compiled_root_only_and_the_next_gate_compiles_none_of_it(nshost):
+    host = nshost("h200x8")
+    assert run_module(host, "gpu_release", check=True)["released"] is True
+    assert host.run(["test", "-e", BYTECODE]).returncode == 1, "check mode wrote the bytecode cache"
+    payload = kept_payload(host)
+    entries = kept_entries(host)
+    assert entries.pop("bytecode")[:2] == ("700", "root")
+    release = [name for name in entries if ".plugins.module_utils._release.py.cpython-" in name]
+    assert len(release) == 1 and len(entries) >= 10, sorted(entries)
+    assert {row[:2] for row in entries.values()} == {("600", "root")}
+    # The next gate: nothing of ours compiled, nothing rewritten.
+    assert compiled(host, payload) == []
+    assert kept_entries(host) == dict(entries, bytecode=kept_entries(host)["bytecode"])
+    # A directory others may write is not read (nor written): everything compiled, as without it.
+    host.run(["chmod", "0777", BYTECODE], check=True)
+    assert {"_release", "_facts", "_health", "_holders", "_nvidia_smi"} <= set(compiled(host, payload))
+    host.run(["chmod", "0700", BYTECODE], check=True)
+    # A spoiled entry is compiled from the source and kept again; the others stay as they were.
+    host.run(["truncate", "-s", "40", f"{BYTECODE}/{release[0]}"], check=True)
+    assert compiled(host, payload) == ["_release"]
+    after = kept_entries(host)
+    assert after[release[0]][2] != entries[release[0]][2]
+    assert {k: v for k, v in after.items() if k not in (release[0], "bytecode")} == {k: v for k, v in entries.items() if k != release[0]}
+    assert compiled(host, payload) == []

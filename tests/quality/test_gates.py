@@ -170,6 +170,14 @@ def test_changelog_fragments_lint() -> None:
     )
 
 
+def test_generated_doc_pages_match_the_module_and_role_docs() -> None:
+    """docs/gpu_*.md, docs/slurm_node.md and docs/free_gpus.md are tests/tools/gen_docs.py's output:
+    a page edited by hand (or a module's doc edited without the page) fails here."""
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "tools" / "gen_docs.py"), "--check"], capture_output=True, text=True,
+                          check=False, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 DOC_TARGETS = doc_targets()
 
 
