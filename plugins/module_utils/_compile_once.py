@@ -23,8 +23,8 @@ zipimporter, which writes no bytecode. Two costs follow, on every host of every 
   when the directory and every directory above it are root's (or the running user's), real
   directories, and writable by no one else, and the file is a regular file of the same owner,
   opened without following a link. Anything else (missing, stale, corrupt, untrusted) is compiled
-  from the source, as without the cache. Only gpu_release writes it, and not in check mode (what a
-  gate writes anyway, beside the kernel log's state); the other modules only read it.
+  from the source, as without the cache. gpu_release and gpu_facts write it at exit, not in check
+  mode (where they keep the kernel log's state too); gpu_restore and slurm_node only read it.
 
 Either way the code is the code Python compiles from the same bytes; only the time changes. It
 acts only when this module was itself loaded by a zipimporter (AnsiballZ); a module run from
@@ -221,8 +221,8 @@ def install(loader: t.Any, directory: str = CACHE_DIR) -> bool:
 
 
 def keep() -> int:
-    """Keep what this run compiled in the bytecode cache (gpu_release, not in check mode): the
-    number of entries written; 0 when not installed."""
+    """Keep what this run compiled in the bytecode cache (gpu_release and gpu_facts at exit, not in
+    check mode): the number of entries written; 0 when not installed."""
     cache = getattr(getattr(zipimport, _COMPILER, None), "cache", None)
     return cache.keep() if isinstance(cache, CodeCache) else 0
 
