@@ -156,21 +156,21 @@ class CodeCache:
 
     def trusted(self) -> bool:
         if self._trusted is None:
-            self._trusted = _fix_co_filename is not None and trusted_dir(self.directory)
+            self._trusted = trusted_dir(self.directory)
         return self._trusted
 
     def wrap(self, compile_source: Compiler) -> Compiler:
         """zipimport's compiler, looking in the cache first for the payload's own modules."""
 
         def cached(pathname: str, source: bytes) -> t.Any:
-            if not pathname.startswith(self.prefix) or not isinstance(source, bytes) or _fix_co_filename is None:
+            if not pathname.startswith(self.prefix) or not isinstance(source, bytes):
                 return compile_source(pathname, source)
             name = entry_name(pathname[len(self.prefix):])
             digest = hashlib.sha256(source).digest()
             code = load(os.path.join(self.directory, name), digest) if self.trusted() else None
             if code is not None:
                 # Tracebacks name this run's payload, as a compiled module's would.
-                _fix_co_filename(code, pathname)
+                _fix_co_filename(code, pathname)  # type: ignore[misc]  # installed only with it
                 self.loaded += 1
                 return code
             code = compile_source(pathname, source)
@@ -215,7 +215,8 @@ def install(loader: t.Any, directory: str = CACHE_DIR) -> bool:
     if not getattr(read, "compiles_once", False):
         setattr(zipimport, _READER, once(read))
     compile_source, archive = getattr(zipimport, _COMPILER, None), getattr(loader, "archive", None)
-    if callable(compile_source) and not hasattr(compile_source, "cache") and isinstance(archive, str):
+    # Without CPython's fixer of file names, no cache: only the compile-once above.
+    if callable(compile_source) and not hasattr(compile_source, "cache") and isinstance(archive, str) and _fix_co_filename is not None:
         setattr(zipimport, _COMPILER, CodeCache(directory, archive).wrap(compile_source))
     return True
 

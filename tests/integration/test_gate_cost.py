@@ -57,12 +57,18 @@ SHOW_LOADED = (
 )
 
 
+def reported(host, script, payload, tag):
+    """Run the payload under `script` -> (the line `script` wrote to fd 2 after `tag`, stdout)."""
+    proc = host.run(["/usr/bin/python3", "-c", script, payload], timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    [line] = [line for line in proc.stderr.splitlines() if line.startswith(tag + " ")]
+    return line, proc.stdout
+
+
 def loaded(host, payload):
     """Our module_utils that running the payload loads (sys.modules at its exit)."""
-    proc = host.run(["/usr/bin/python3", "-c", SHOW_LOADED, payload], timeout=120)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    [line] = [line for line in proc.stderr.splitlines() if line.startswith("LOADED ")]
-    return set(re.findall(r"ansible_collections\.zeromib\.gpu\.plugins\.module_utils\.(\w+)", line)), proc.stdout
+    line, stdout = reported(host, SHOW_LOADED, payload, "LOADED")
+    return set(re.findall(r"ansible_collections\.zeromib\.gpu\.plugins\.module_utils\.(\w+)", line)), stdout
 
 
 def test_clean_gate_payload_carries_every_module_util_but_a_clean_host_loads_none_of_the_freeing_ones(nshost):
@@ -105,11 +111,9 @@ COUNT_COMPILES = (
 
 
 def compiled(host, payload):
-    """Our module_utils that running the payload compiled (their names, sorted) and its stdout."""
-    proc = host.run(["/usr/bin/python3", "-c", COUNT_COMPILES, payload], timeout=120)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    [line] = [line for line in proc.stderr.splitlines() if line.startswith("COMPILED ")]
-    assert '"released": true' in proc.stdout, proc.stdout[-2000:]
+    """Our module_utils that running the payload compiled (their names, sorted); it must release."""
+    line, stdout = reported(host, COUNT_COMPILES, payload, "COMPILED")
+    assert '"released": true' in stdout, stdout[-2000:]
     names = re.findall(r"/zeromib/gpu/plugins/module_utils/(_\w+)\.py", line)
     # Compiled before the cache can act: the package and the module_util that installs it.
     return sorted(name for name in names if name not in ("__init__", "_compile_once"))
