@@ -38,14 +38,21 @@ demo-deps: install
 ## share a rig run in one worker (pytest.ini's --dist loadgroup, tests/conftest.py).
 ## TEST_WORKERS=0 runs them all in one process, as plain `pytest` does.
 TEST_WORKERS ?= 6
+# Python's bytecode cache on for the tests, also where the environment turns it off
+# (PYTHONDONTWRITEBYTECODE=1, as on the 2-core machines of docs/development.md): the suite starts
+# hundreds of Pythons (pytest workers, ansible-playbook, the simulated tools) that import the same
+# collection and test code, and without a cache each one compiles it again (measured:
+# docs/development.md). The caches are __pycache__ folders, ignored by git and by the galaxy build;
+# `make clean` removes them.
+TESTS_BYTECODE := PYTHONDONTWRITEBYTECODE=
 test: deps lint
-	$(VENV)/bin/pytest -n $(TEST_WORKERS)
+	$(TESTS_BYTECODE) $(VENV)/bin/pytest -n $(TEST_WORKERS)
 
 ## test-quick: the development loop (about a minute): make lint, then the unit tests on
 ## QUICK_WORKERS workers (pure Python, CPU-bound: one per core). No rigs, no root, no Debian packages.
 QUICK_WORKERS ?= 2
 test-quick: venv collection lint
-	$(VENV)/bin/pytest -q -n $(QUICK_WORKERS) tests/unit
+	$(TESTS_BYTECODE) $(VENV)/bin/pytest -q -n $(QUICK_WORKERS) tests/unit
 
 ## lint: the fast gate (seconds), run first by `make test`: ruff (ruff.toml, community.crypto's
 ## rules) on the whole checkout, and mypy (.mypy.ini) on plugins/ in the collection layout.
