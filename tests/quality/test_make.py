@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -87,8 +88,18 @@ def test_clean_removes_what_the_tests_leave_and_only_that(tmp_path):
     (running / ".lock").write_text(str(os.getpid()))
     (finished / ".lock").write_text("999999999")
     env = dict(os.environ, HOME=str(home), TMPDIR=str(tmp))
-    script = REPO / "tests" / "tools" / "clean-test-leftovers.sh"
+    # The script cleans the checkout it lies in: a copy in a checkout of the test's own, so that
+    # the suite's __pycache__ (`make test` keeps bytecode) is not removed under the other workers.
+    checkout = tmp_path / "checkout"
+    script = checkout / "tests" / "tools" / "clean-test-leftovers.sh"
+    script.parent.mkdir(parents=True)
+    shutil.copy2(REPO / "tests" / "tools" / "clean-test-leftovers.sh", script)
+    made, kept_caches = checkout / "plugins" / "modules" / "__pycache__", [checkout / d / "lib" / "__pycache__" for d in (".venv", ".build")]
+    for d in (made, *kept_caches):
+        d.mkdir(parents=True)
+        (d / "x.cpython-311.pyc").write_bytes(b"")
     subprocess.run([str(script)], env=env, check=True)
+    assert not made.exists() and all(d.exists() for d in kept_caches), "the checkout's __pycache__ goes, .venv's and .build's stay"
     assert not finished.exists() and running.exists()
     assert (home / ".ansible" / "test" / "venv").exists(), "not created by sanity.sh: kept"
     (home / ".ansible" / "test" / ".created-by-zeromib-gpu").touch()
