@@ -116,3 +116,10 @@ def test_a_real_run_counts_short_lived_children_orphans_and_the_exit_status(tmp_
 def test_no_command_is_a_usage_error_naming_it():
     proc = subprocess.run([sys.executable, str(TOOL), "--"], capture_output=True, text=True, check=False)
     assert proc.returncode == 2 and "no COMMAND given" in proc.stderr
+
+
+@needs_acct
+def test_a_command_that_cannot_run_is_named_not_a_traceback():
+    proc = subprocess.run(["unshare", "--pid", "--fork", sys.executable, str(TOOL), "--", "/nonexistent/tool"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 127 and "cannot run /nonexistent/tool" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

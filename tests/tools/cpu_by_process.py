@@ -173,6 +173,9 @@ def main(argv: list[str]) -> int:
         try:
             proc = subprocess.Popen(command)
             rc = reap_until(proc.pid)
+        except OSError as exc:  # COMMAND not found or not executable
+            print(f"cpu_by_process: cannot run {command[0]}: {exc.strerror}", file=sys.stderr)
+            return 127
         finally:
             set_accounting(None)
         wall = time.monotonic() - started
