@@ -59,6 +59,13 @@ if t.TYPE_CHECKING:
 
 SETTLE_S = 5.0
 POLL_S = 0.25
+# What came back is decided by the first read that sees it; naming it may wait this long more
+# (NAME_POLL_S apart) for the newcomers to stop changing. A container runtime starts the process
+# through short-lived helpers that join the container's cgroup first (runc's init stages: under
+# load the first read saw only those), and the message should name the process the user will
+# find with `docker top`, not its launcher. Bounded, so the window ends at most this much later.
+NAME_SETTLE_S = 0.5
+NAME_POLL_S = 0.05
 
 
 def unit_cgroup(cgroup_path: str | None, unit: str) -> str | None:
@@ -437,11 +444,25 @@ class Watch:
                 # not only the memory (one more read of the table, on the failing path only).
                 again = self.respawned()
             if came or again or dirty:
-                return self.message(came, dirty, system.now() - started, again)
+                after_s = system.now() - started  # when it was seen, not when it was named
+                return self.message(self.settled(system, came), dirty, after_s, again)
             left = started + seconds - system.now()
             if left <= 0 or (not self.watched and not self.alive()):
                 return None
             system.sleep(min(poll, left))
+
+    def settled(self, system: t.Any, came: list[tuple[tuple[int, int], tuple[str, str, str]]]) -> list[tuple[tuple[int, int], tuple[str, str, str]]]:
+        """The newcomers once two reads NAME_POLL_S apart agree, within NAME_SETTLE_S; the last
+        non-empty read when they do not (or when every newcomer has exited since). Nothing in
+        the failure depends on this: it only chooses which reading the message names."""
+        until = system.now() + NAME_SETTLE_S
+        while came and system.now() < until:
+            system.sleep(NAME_POLL_S)
+            now = self.newcomers()
+            if now == came:
+                break
+            came = now or came
+        return came
 
     def message(self, came: t.Sequence[tuple[tuple[int, int], tuple[str, str, str]]], dirty: t.Sequence[Gpu], after_s: float,
                 again: t.Sequence[tuple[int, Holder]] = (), clean: bool = True) -> str:

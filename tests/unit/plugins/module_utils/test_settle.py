@@ -198,3 +198,50 @@ def test_a_restart_that_comes_while_the_gpus_are_read_names_its_parent(proc):
 
     message = watch.settle(Clock(), read_dirty, seconds=5.0)
     assert "pid 310 python3 [python3 train.py], started again by its parent pid 200 sh" in message and "GPU 0 reads 8201 MiB again" in message
+
+
+CONTAINER = "/system.slice/docker-3492ce7770ce.scope"
+
+
+def in_container(root, pid, ppid, argv, comm=None):
+    fakeproc.write_process(root, pid, comm=comm or os.path.basename(argv[0])[:15], ppid=ppid, start_time=1000 + pid, argv=argv,
+                           cgroup=f"0::{CONTAINER}\n")
+
+
+def test_a_container_that_came_back_is_named_by_the_process_it_started_not_its_runtimes_helpers(proc):
+    """Seen in a full run under load: the first read of Docker's restarted container found only
+    runc's init stages, and the message named them instead of the holder the user would find."""
+    watch = _settle.Watch({CONTAINER: "container 3492ce7770ce"}, str(proc))
+    steps = iter([
+        lambda: (fakeproc.remove_process(proc, 2330), fakeproc.remove_process(proc, 2331),
+                 in_container(proc, 2332, 1, ("runc", "init"), comm="runc:[2:INIT]")),
+        lambda: (fakeproc.remove_process(proc, 2332), in_container(proc, 2332, 1, ("python3", "holder.py"))),
+    ])
+
+    class Runtime(Clock):
+        def sleep(self, seconds):
+            super().sleep(seconds)
+            next(steps, lambda: None)()
+
+    in_container(proc, 2330, 1, ("runc", "init"), comm="runc:[0:PARENT]")
+    in_container(proc, 2331, 2330, ("runc", "init"), comm="runc:[1:CHILD]")
+    clock = Runtime()
+    message = watch.settle(clock, lambda: [], seconds=5.0)
+    assert "pid 2332 python3 [python3 holder.py] in container 3492ce7770ce" in message and "2330" not in message, message
+    assert clock.t <= _settle.NAME_SETTLE_S + 1e-9
+
+
+def test_naming_what_came_back_waits_no_longer_than_its_bound(proc):
+    watch = _settle.Watch({CONTAINER: "container 3492ce7770ce"}, str(proc))
+    counter = iter(range(3000, 4000))
+
+    class Churn(Clock):
+        def sleep(self, seconds):  # a newcomer every read: never the same twice
+            super().sleep(seconds)
+            in_container(proc, next(counter), 1, ("sh", "-c", "true"))
+
+    in_container(proc, 2999, 1, ("sh", "-c", "true"))
+    clock = Churn()
+    message = watch.settle(clock, lambda: [], seconds=5.0)
+    assert "came back" in message and "in container 3492ce7770ce" in message
+    assert abs(clock.t - _settle.NAME_SETTLE_S) < _settle.NAME_POLL_S + 1e-9
