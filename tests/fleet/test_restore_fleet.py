@@ -98,7 +98,11 @@ def units_host(clean_fleet):
     fleet.reset([host])
     install_units(fleet, host)
     fleet.ssh(host, "systemctl enable --now vllm.service", check=True)
-    assert wait_for(lambda: fleet.gpu_memory(host)[0] >= 40960 + 1000, timeout=20)
+    # Every holder up, every worker of vllm's among them (its ready file is written after the
+    # last): the memory read before the release is the one restore must bring back (read while
+    # vllm's workers came up one by one, GPU 2 once read 1,209 MiB before and 42,175 after).
+    ready = " ".join(f"/run/nvidia-sim/ready/{n}" for n in ["vllm"] + [n for n, (_g, _m, how) in UNITS.items() if how in ("enable --now", "start")])
+    assert wait_for(lambda: fleet.ssh(host, f"ls {ready}").returncode == 0, timeout=20), f"not ready on {host}: {ready}"
     try:
         yield fleet, host
     finally:

@@ -50,6 +50,22 @@ def run_role(host, variables, timeout=180, check=False):
     return task_result(out, "The outcome", proc)["msg"]
 
 
+def dmesg_age(wanted):
+    """WANTED ((age in seconds, how the message says it)) when a dmesg line can be that old on this
+    machine, else a line 100 s old, which reads "2 min ago". dmesg holds only lines since boot: the
+    simulated one prints an older line at the boot's time ("3 min ago" on a machine up 3 min, seen
+    on a fresh one), so an age is used only when the machine has been up for it and a minute more.
+    The uptime only grows: an age that fits when the tests are collected fits when they run."""
+    with open("/proc/uptime") as handle:
+        up = float(handle.read().split()[0])
+    return wanted if wanted[0] + 60 <= up else (100, "2 min ago")
+
+
+# dmesg Xids 10 min and 2 min old, where the machine has been up for that long.
+DMESG_LONG = dmesg_age((600, "10 min ago"))
+DMESG_SHORT = dmesg_age((120, "2 min ago"))
+
+
 # (test id, fault, role variables, the words the failure message must contain)
 FAULTS = [
     ("ecc_uncorrected", {"field_values": {"1": {"ecc.errors.uncorrected.volatile.total": "1"}}}, {},
@@ -70,10 +86,10 @@ FAULTS = [
     ("mig_mode_not_expected", {}, {"free_gpus_expected_mig_mode": "enabled"},
      ["GPU 0 (00000000:00:06.0)", "MIG mode is Disabled, expected Enabled"]),
     # journald keeps nothing (systemd 252: "No journal files were found." on stderr, rc 0): the Xid is in dmesg.
-    ("no_journal_xid_79_in_dmesg", {"no_journal": True, "xid": [{"gpu": 1, "xid": 79, "age_s": 120}]}, {},
-     ["GPU 1 (00000000:00:07.0)", "Xid 79 (GPU has fallen off the bus) in the kernel log 2 min ago", "RESTART_BM"]),
-    ("empty_journal_xid_79_in_dmesg", {"journal_empty": True, "xid": [{"gpu": 0, "xid": 79, "age_s": 600}]}, {},
-     ["GPU 0 (00000000:00:06.0)", "Xid 79 (GPU has fallen off the bus) in the kernel log 10 min ago"]),
+    ("no_journal_xid_79_in_dmesg", {"no_journal": True, "xid": [{"gpu": 1, "xid": 79, "age_s": DMESG_SHORT[0]}]}, {},
+     ["GPU 1 (00000000:00:07.0)", f"Xid 79 (GPU has fallen off the bus) in the kernel log {DMESG_SHORT[1]}", "RESTART_BM"]),
+    ("empty_journal_xid_79_in_dmesg", {"journal_empty": True, "xid": [{"gpu": 0, "xid": 79, "age_s": DMESG_LONG[0]}]}, {},
+     ["GPU 0 (00000000:00:06.0)", f"Xid 79 (GPU has fallen off the bus) in the kernel log {DMESG_LONG[1]}"]),
     ("requires_reset_in_a_field", {"field_values": {"1": {"ecc.errors.uncorrected.volatile.total": "[GPU requires reset]"}}}, {},
      ["GPU 1 (00000000:00:07.0)", "ecc.errors.uncorrected.volatile.total reads [GPU requires reset]"]),
     ("unknown_error_in_a_field", {"field_values": {"0": {"remapped_rows.pending": "[Unknown Error]"}}}, {},
@@ -140,7 +156,7 @@ def test_thresholds_accept_a_gen4_link_and_persistence_off(h200x2):
 
 
 def test_no_journal_is_said_in_the_facts_and_dmesg_is_read(h200x2):
-    h200x2.set_fault({"no_journal": True, "xid": [{"gpu": 1, "xid": 79, "age_s": 120}]})
+    h200x2.set_fault({"no_journal": True, "xid": [{"gpu": 1, "xid": 79, "age_s": DMESG_SHORT[0]}]})
     try:
         facts = run_module(h200x2, "gpu_facts", {})
     finally:
