@@ -34,6 +34,7 @@ from ansible_collections.zeromib.gpu.plugins.plugin_utils._audit_model import mo
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._audit_prom import gpu_audit_prom
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._markdown import markdown_code, markdown_escape
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._plain import plain
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._play_vars import play_vars
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._query import search_plain
 
 if t.TYPE_CHECKING:
@@ -115,27 +116,10 @@ def host_record(host: object, result: t.Any) -> dict[str, t.Any]:
 
 
 def play_results(task_vars: t.Mapping[str, t.Any], hosts: list[str], result_var: str) -> list[dict[str, t.Any]]:
-    """The registered result of each host, read once and raw (never templated).
-
-    set_fact and register keep per-host values in the variable manager's non-persistent cache;
-    reading it there costs nothing per host, where hostvars[host] merges every variable of the
-    host (inventory, groups, facts) first. HostVars.raw_get is the public fallback."""
-    hostvars = task_vars.get("hostvars")
-    cache = getattr(getattr(hostvars, "_variable_manager", None), "_nonpersistent_fact_cache", None)
-    records = []
-    for host in hosts:
-        result = None
-        if cache is not None and result_var in (cache.get(host) or {}):
-            result = cache[host][result_var]
-        elif hostvars is not None:
-            try:
-                variables = hostvars.raw_get(host)
-            except (AnsibleError, KeyError):
-                variables = {}
-            result = variables.get(result_var) if isinstance(variables, dict) else None
-        if result is not None:
-            records.append(host_record(host, plain(result)))
-    return records
+    """The registered result of each host, read once and raw (never templated), from the variable
+    manager's caches, not through hostvars (plugin_utils._play_vars)."""
+    found = play_vars(task_vars, hosts, [result_var])
+    return [host_record(host, plain(found[host][result_var])) for host in hosts if found[host].get(result_var) is not None]
 
 
 def part_name(hosts: t.Iterable[str]) -> str:

@@ -9,14 +9,11 @@ from __future__ import annotations
 import typing as t
 from collections.abc import Mapping
 
-from ansible.errors import AnsibleError, AnsibleFilterError
+from ansible.errors import AnsibleFilterError
 
 from ansible_collections.zeromib.gpu.plugins.plugin_utils import _outcome
-from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import Outcome, footprint_note, spanning_note
-
-# Summary order: what needs the operator's eyes first.
-_STATUS_ORDER = {"unreachable": 0, "failed": 1, "invalid": 1, "unhealthy": 1, "dirty": 2, "stopped": 3, "would free": 3, "freed": 4, "clean": 5}
-
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import Outcome
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._summary import summary_lines
 
 def free_gpus_outcome(result: t.Any, host: str, expected_count: int | None = 0, check_mode: bool = False,
                       require_healthy: bool = False) -> Outcome:
@@ -90,95 +87,10 @@ def free_gpus_rescued(failed_result: t.Any, host: str, own_result: t.Any = None,
     return outcome
 
 
-def _outcomes(data: t.Any, hosts: t.Iterable[str] | None, live: t.Container[str] | None = None) -> list[t.Any]:
-    """A list of outcomes, or hostvars (a mapping of host to its variables). From hostvars only
-    the hosts of `live` (the play's hosts left: with fact caching, an unreachable host would show
-    its cached result of an earlier run) are read; a host that failed without an outcome of this
-    run (`_free_gpus_failure` set by free_gpus.yml's rescue) gets one from that message."""
-    if isinstance(data, Mapping):
-        found = []
-        for host in hosts or []:
-            if live is not None and host not in live:
-                continue
-            try:
-                variables = data[host]
-                outcome = variables.get("free_gpus_result")
-                failure = variables.get("_free_gpus_failure")
-            except (KeyError, AttributeError, AnsibleError):
-                continue
-            if failure and not (isinstance(outcome, Mapping) and outcome.get("host") == host and not outcome.get("ok")):
-                outcome = free_gpus_failed(host, failure)
-            found.append(outcome)
-        return found
-    return list(data or [])
-
-
-def _note(outcome: t.Mapping[str, t.Any]) -> str:
-    """Why an OK host reads above 0 MiB, and what was left running on purpose."""
-    notes = []
-    if outcome.get("footprint_gpus"):
-        notes.append(f"{footprint_note(outcome)}: cross-GPU footprint")
-    if outcome.get("spanning"):
-        notes.append("spanning: {}".format(spanning_note(outcome["spanning"])))
-    clients = outcome.get("nvml_clients") or []
-    if clients:
-        notes.append("{} NVML client{} kept".format(len(clients), "" if len(clients) == 1 else "s"))
-    if outcome.get("health_unchecked"):
-        notes.append("not checked: " + ", ".join(outcome["health_unchecked"]))
-    notes.extend(outcome.get("smoke_test_notes") or [])
-    return "; ".join(notes)
-
-
 def free_gpus_summary(data: t.Any, hosts: list[str] | None = None, live: t.Container[str] | None = None) -> list[str]:
-    """Outcomes, or hostvars, -> fleet summary lines, worst first. A host of `hosts` without an
-    outcome (unreachable, or failed before gpu_release ran) is listed too; `live`: see _outcomes."""
-    rows = []
-    by_host = {}
-    for outcome in _outcomes(data, hosts, live):
-        if isinstance(outcome, Mapping) and outcome.get("host"):
-            by_host[outcome["host"]] = outcome
-    for host in hosts or sorted(by_host):
-        outcome = by_host.get(host)
-        if outcome is None:
-            # Ansible keeps no fact of an unreachable host: its own UNREACHABLE line has the SSH error.
-            rows.append(("unreachable", host, "-", "-", "-", "-", "-",
-                         f"{host}: unreachable, or failed before gpu_release ran: the SSH error is in Ansible's UNREACHABLE (or fatal) "
-                         f"line for {host} above"))
-            continue
-        killed = outcome.get("killed") or []
-        changed_state = {u: "disabled" for u in outcome.get("disabled_units") or []}
-        changed_state.update({u: "masked" for u in outcome.get("masked_units") or []})
-        units = [f"{u} ({changed_state[u]})" if u in changed_state else u for u in outcome.get("stopped_units") or []]
-        units += [f"{u} ({state})" for u, state in changed_state.items() if u not in (outcome.get("stopped_units") or [])]
-        disabled = outcome.get("disabled_containers") or []
-        units += ["container {}{}".format(c, " (disabled)" if c in disabled else "") for c in outcome.get("stopped_containers") or []]
-        units += [f"container {c} (disabled)" for c in disabled if c not in (outcome.get("stopped_containers") or [])]
-        rows.append((
-            outcome.get("status", "failed"),
-            host,
-            "-" if outcome.get("count") is None else str(len(outcome.get("selected") or [])) + "/" + str(outcome["count"]),
-            "-" if outcome.get("mib_before") is None and outcome.get("mib_after") is None else "{} -> {}".format(
-                outcome.get("mib_before"), outcome.get("mib_after")),
-            ", ".join(units) or "-",
-            str(len(killed)) if killed else "-",
-            "{} s".format(outcome.get("elapsed_s")) if outcome.get("elapsed_s") is not None else "-",
-            _note(outcome) if outcome.get("ok") else outcome.get("message", ""),
-        ))
-    rows.sort(key=lambda r: (_STATUS_ORDER.get(r[0], 1), r[1]))
-    header = ("STATUS", "HOST", "GPUS", "MIB BEFORE -> AFTER", "UNITS/CONTAINERS STOPPED", "KILLED", "TIME", "")
-    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(7)]
-    lines = []
-    for row in [header] + rows:
-        line = "  ".join(str(cell).ljust(widths[i]) for i, cell in enumerate(row[:7]))
-        if row[7]:
-            line += "  " + row[7]
-        lines.append(line.rstrip())
-    totals: dict[str, int] = {}
-    for row in rows:
-        totals[row[0]] = totals.get(row[0], 0) + 1
-    lines.append("{} host{}: {}".format(len(rows), "" if len(rows) == 1 else "s", ", ".join(f"{n} {s}" for s, n in sorted(
-        totals.items(), key=lambda item: _STATUS_ORDER.get(item[0], 1)))))
-    return lines
+    """Outcomes, or hostvars, -> fleet summary lines, worst first (plugin_utils._summary). A host of
+    `hosts` without an outcome (unreachable, or failed before gpu_release ran) is listed too."""
+    return summary_lines(data, hosts, live)
 
 
 class FilterModule:

@@ -107,8 +107,9 @@ def role_page():
             "After the role, each host has the fact `free_gpus_result` (`status`: clean, freed, would free, dirty, failed, or "
             "stopped with `stopped_by` for a host that another host's failure stopped under `any_errors_fatal`; "
             "`mib_before`, `mib_after`, `stopped_units`, `killed`, `elapsed_s`, `message`), also on a host that failed; "
-            "`playbooks/free_gpus.yml` prints them as a fleet summary with the `zeromib.gpu.free_gpus_summary` filter, and fails "
-            "the hosts that are not free after it.", ""]
+            "`playbooks/free_gpus.yml` prints them as a fleet summary (the `zeromib.gpu.free_gpus_summary` action, once on the "
+            "controller: the lines of the filter of the same name, each host's outcome read from the variable manager's caches, not "
+            "through `hostvars`), and fails the hosts that are not free after it.", ""]
     return "\n".join(out)
 
 
