@@ -15,6 +15,7 @@ from ansible_collections.zeromib.gpu.plugins.plugin_utils import _outcome
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import Outcome
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._summary import summary_lines
 
+
 def free_gpus_outcome(result: t.Any, host: str, expected_count: int | None = 0, check_mode: bool = False,
                       require_healthy: bool = False) -> Outcome:
     """A gpu_release result -> the `free_gpus_result` fact: status, MiB before/after, a message.
