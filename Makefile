@@ -82,7 +82,8 @@ bench: deps
 ## base rootfs cache /var/cache/zeromib-fleet (~500 MB; kept while another checkout's fleet is
 ## up), .venv, .build (collection link, matrix venvs, ansible-test copies, promtool), caches and
 ## reports; then what the tests leave elsewhere (tests/tools/clean-test-leftovers.sh: __pycache__,
-## finished pytest temp folders, ~/.ansible/test when sanity.sh created it). Debian packages stay:
+## finished pytest temp folders, ~/.ansible/test when sanity.sh created it, the matrix's venvs in
+## ~/.cache/zeromib-gpu/compat). Debian packages stay:
 ## `make uninstall-packages` removes the ones make installed.
 clean:
 	-@if [ "$$(id -u)" = 0 ]; then python3 tests/fleet/fleet.py clean; fi

@@ -3,8 +3,11 @@ Python, and which Pythons run the modules on managed nodes. Every entry is reall
 `make test` (tests/fleet/test_compat.py, tests/compat/test_managed_pythons.py); README.md,
 docs/development.md and meta/runtime.yml state exactly this.
 
-Controller venvs are built once per entry under .build/compat/ (ansible-core and jmespath, pinned)
-and reused while their recipe is unchanged. A missing interpreter is an error, never a skip.
+Controller venvs are built once per entry (ansible-core and jmespath, pinned) and reused while
+their recipe is unchanged, in the user's cache, ~/.cache/zeromib-gpu/compat: every checkout of the
+machine shares them, as ansible-test shares ~/.ansible/test and the fleet its base image, so that a
+fresh clone's `make test` builds none (four venvs, ~35 s of CPU on the 2-core machine). A missing
+interpreter is an error, never a skip.
 """
 from __future__ import annotations
 
@@ -13,13 +16,37 @@ import glob
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 MAIN_VENV_BIN = REPO / ".venv" / "bin"
-CACHE = Path(os.environ.get("ZEROMIB_COMPAT_CACHE", str(REPO / ".build" / "compat")))
+def own_dir(path: Path) -> bool:
+    """Whether PATH is a real directory (no link) of this user's that no one else may write: the
+    venvs' code runs as this user (root, under `make test`)."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022
+
+
+def shared_cache() -> Path:
+    """~/.cache/zeromib-gpu/compat, made 0700 where missing; .build/compat of this checkout when it
+    (or ~/.cache/zeromib-gpu) is not this user's own."""
+    shared = Path.home() / ".cache" / "zeromib-gpu" / "compat"
+    try:
+        shared.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        return REPO / ".build" / "compat"
+    return shared if own_dir(shared.parent) and own_dir(shared) else REPO / ".build" / "compat"
+
+
+def cache_dir() -> Path:
+    """Where the controller venvs are: $ZEROMIB_COMPAT_CACHE, else shared_cache()."""
+    return Path(os.environ["ZEROMIB_COMPAT_CACHE"]) if os.environ.get("ZEROMIB_COMPAT_CACHE") else shared_cache()
 PYENV_ROOT = Path(os.environ.get("PYENV_ROOT", str(Path.home() / ".pyenv")))
 
 # (ansible-core, controller Python). The oldest Python each release supports on the controller
@@ -64,11 +91,12 @@ def controller_bin(core: str, minor: str) -> Path:
         if have == minor:
             return MAIN_VENV_BIN
     python = find_python(minor)
-    venv = CACHE / f"ansible-core-{core}-py{minor}"
+    cache = cache_dir()
+    venv = cache / f"ansible-core-{core}-py{minor}"
     recipe = {"python": str(python), "requirements": [f"ansible-core=={core}", JMESPATH]}
     stamp = venv / ".zeromib-recipe.json"
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / ".lock", "w") as lock:
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if stamp.exists() and json.loads(stamp.read_text()) == recipe and (venv / "bin" / "ansible-playbook").exists():
             return venv / "bin"

@@ -3,6 +3,7 @@ removes what make made (the fleet's base rootfs cache included, unless another c
 still runs on it)."""
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import os
@@ -111,6 +112,15 @@ def test_clean_removes_what_the_tests_leave_and_only_that(tmp_path):
         (bin_dir / "pgrep").chmod(0o755)
         subprocess.run([str(script)], env=dict(env, PATH="{}:{}".format(bin_dir, env["PATH"])), check=True)
         assert (home / ".ansible").exists() is kept
+    # The matrix's controller venvs (tests/compat/matrix.py): kept while a run holds their lock, then removed.
+    compat = home / ".cache" / "zeromib-gpu" / "compat"
+    (compat / "ansible-core-2.17.14-py3.10" / "bin").mkdir(parents=True)
+    with open(compat / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        subprocess.run([str(script)], env=env, check=True)
+        assert (compat / "ansible-core-2.17.14-py3.10").exists(), "a running test's venvs stay"
+    subprocess.run([str(script)], env=env, check=True)
+    assert not (home / ".cache" / "zeromib-gpu").exists()
 
 
 def test_readme_lists_every_package_make_test_installs():

@@ -4,7 +4,9 @@
 #   - finished pytest temp folders ${TMPDIR:-/tmp}/pytest-of-$USER/pytest-N: pytest itself keeps
 #     the last three; one whose .lock names a live process belongs to a running pytest and stays;
 #   - ~/.ansible/test (ansible-test's venvs and the get-pip stand-in) when tests/quality/sanity.sh
-#     created it (it leaves a marker then), and no ansible-test runs now.
+#     created it (it leaves a marker then), and no ansible-test runs now;
+#   - ~/.cache/zeromib-gpu/compat, the compatibility matrix's controller venvs (tests/compat/matrix.py),
+#     unless a test run holds its lock now.
 set -uo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 
@@ -29,6 +31,15 @@ if [[ -f "$marker" ]]; then
   else
     rm -rf "$HOME/.ansible/test"
     rmdir "$HOME/.ansible" 2>/dev/null || true
+  fi
+fi
+compat="$HOME/.cache/zeromib-gpu/compat"
+if [[ -d "$compat" && ! -L "$compat" ]]; then
+  if (exec 9>>"$compat/.lock" && flock -n 9); then
+    rm -rf "$compat"
+    rmdir "$HOME/.cache/zeromib-gpu" 2>/dev/null || true
+  else
+    echo "clean: a test run builds or uses ~/.cache/zeromib-gpu/compat: kept"
   fi
 fi
 exit 0
