@@ -23,6 +23,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 MAIN_VENV_BIN = REPO / ".venv" / "bin"
+PYENV_ROOT = Path(os.environ.get("PYENV_ROOT", str(Path.home() / ".pyenv")))
+
+
 def own_dir(path: Path) -> bool:
     """Whether PATH is a real directory (no link) of this user's that no one else may write: the
     venvs' code runs as this user (root, under `make test`)."""
@@ -47,7 +50,7 @@ def shared_cache() -> Path:
 def cache_dir() -> Path:
     """Where the controller venvs are: $ZEROMIB_COMPAT_CACHE, else shared_cache()."""
     return Path(os.environ["ZEROMIB_COMPAT_CACHE"]) if os.environ.get("ZEROMIB_COMPAT_CACHE") else shared_cache()
-PYENV_ROOT = Path(os.environ.get("PYENV_ROOT", str(Path.home() / ".pyenv")))
+
 
 # (ansible-core, controller Python). The oldest Python each release supports on the controller
 # where the machine has it, so that the matrix spans controller Pythons 3.10-3.13 as well.
