@@ -54,8 +54,10 @@ class ActionModule(ActionBase):
         del tmp
         hosts_all = [str(h) for h in task_vars.get("ansible_play_hosts_all") or []]
         live = [str(h) for h in task_vars.get("ansible_play_hosts") or []]
+        # Only the hosts still in the play are read: the others are listed unreachable whatever
+        # they hold (an earlier run's cached fact), and one the caches lack costs a whole raw_get.
         variables = {host: {name: plain(value) for name, value in found.items()}
-                     for host, found in play_vars(task_vars, hosts_all, (OUTCOME, FAILURE)).items()}
+                     for host, found in play_vars(task_vars, live, (OUTCOME, FAILURE)).items()}
         result.update({
             "msg": summary_lines(variables, hosts_all, live),
             "not_free": not_free(variables, live),
