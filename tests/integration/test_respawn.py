@@ -154,7 +154,7 @@ def test_restart_by_a_double_forked_watcher_outside_the_parent_chain_fails_the_r
     # the restart is under way when the GPU first reads clean, however loaded this machine is.
     host.set_fault({"release_delay_s": 1})
     run = run_module(host, "gpu_release", {"wait_timeout": 10})
-    assert run.failed and run["released"] is False, run.msg
+    assert run.failed and run["released"] is False, (run.msg, run.result, host.run(["ps", "-eo", "pid,ppid,lstart,args"]).stdout)
     assert first in killed_pids(run)
     assert f"runs the command line of killed pid {first} again" in run.msg, run.msg
     assert "the GPUs read clean, but something this run killed was started again" in run.msg

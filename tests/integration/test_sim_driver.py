@@ -586,6 +586,35 @@ def test_leak_without_holder(host8):
     assert not host8.alive(int(row[0]))
 
 
+def test_a_half_written_context_is_skipped_and_a_complete_one_counts(host8):
+    """The simulator reads its JSON through json's C scanner (tests/sim/nvidia-smi, json_load):
+    a context file cut short (a holder mid write) is left out of that reading, as with json."""
+    contexts = "/run/nvidia-sim/contexts"
+    holder = host8.spawn(["gpu_holder", "--gpus", "3", "--mib", "2048"])
+    (name,) = [n for n in host8.run(["ls", contexts]).stdout.split() if n.endswith(".json")]
+    whole = host8.read(f"{contexts}/{name}")
+    assert used(host8)[3] == 2048 + OVH
+    for cut in (whole[: len(whole) // 2], whole + " {}", "", "\ufeff" + whole):
+        host8.run(["sh", "-c", f"cat > {contexts}/{name}"], input=cut, check=True)
+        assert used(host8)[3] == 0, cut  # as a GPU with no context
+    host8.run(["sh", "-c", f"cat > {contexts}/{name}"], input=whole + "\n", check=True)
+    assert used(host8)[3] == 2048 + OVH
+    host8.kill(holder.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("argv", [["nvidia-smi", "-L"], ["journalctl", "-k", "--since", "-5min"], ["dmesg"]],
+                         ids=["nvidia-smi", "journalctl", "dmesg"])
+def test_the_simulated_tools_start_without_json_or_re(host8, argv):
+    """Called thousands of times a suite: json (with re and enum) cost ~10 ms of CPU at each start
+    on the 2-core machine, a third of a call (issue 34). A structural check, not a timing."""
+    path = host8.run(["sh", "-c", f"command -v {argv[0]}"]).stdout.strip()
+    run = host8.run(["python", "-X", "importtime", path, *argv[1:]])
+    assert run.returncode == 0, run.stdout + run.stderr
+    imported = {line.rsplit("|", 1)[1].strip() for line in run.stderr.splitlines() if line.startswith("import time:")}
+    assert "os" in imported, run.stderr  # importtime did report
+    assert not imported & {"json", "re", "enum", "socket"}, sorted(imported)
+
+
 def test_hang_is_a_hang(host8):
     host8.set_fault(hang=True)
     t0 = time.monotonic()
