@@ -131,7 +131,7 @@ def test_users_loop_named_sshd_is_watched_like_any_parent(nshost):
 WATCHER = """
 while true; do
   if ! kill -0 "$(cat {pidfile} 2>/dev/null)" 2>/dev/null; then
-    (gpu_holder --gpus 0 --mib 4096 --init-delay 3 >/dev/null 2>&1 & echo $! > {pidfile})
+    (gpu_holder --gpus 0 --mib 4096 --init-delay 6 >/dev/null 2>&1 & echo $! > {pidfile})
   fi
   sleep 0.02
 done
@@ -146,13 +146,16 @@ def test_restart_by_a_double_forked_watcher_outside_the_parent_chain_fails_the_r
         handle.write(WATCHER.format(pidfile=pidfile))
     # Detached itself (setsid, its starter gone): neither it nor the job has a parent to watch.
     host.run(["sh", "-c", f"setsid sh {script} >/dev/null 2>&1 < /dev/null &"], check=True)
-    assert wait_used(host, 0, 4096)
+    assert wait_used(host, 0, 4096, timeout=30)
     with open(pidfile) as handle:
         first = int(handle.read())
     assert host.read(f"/proc/{first}/stat").split(")")[1].split()[1] == "1"  # the job's parent is init
-    # The driver frees a killed context's memory a moment after the process is gone (1 s here), so
-    # the restart is under way when the GPU first reads clean, however loaded this machine is.
-    host.set_fault({"release_delay_s": 1})
+    # The driver frees a killed context's memory a moment after the process is gone (2 s here), so
+    # the restart runs the killed command line when the GPU first reads clean: it is recognised by
+    # that command line, and on its way there it is `sh`, then `env python`, then `python` (with a
+    # 1 s delay, one run under the whole suite's load said released, most likely read before the
+    # restart got there). Its "CUDA init" (6 s) holds no memory before that reading.
+    host.set_fault({"release_delay_s": 2})
     run = run_module(host, "gpu_release", {"wait_timeout": 10})
     assert run.failed and run["released"] is False, (run.msg, run.result, host.run(["ps", "-eo", "pid,ppid,lstart,args"]).stdout)
     assert first in killed_pids(run)
