@@ -29,10 +29,16 @@ from collections import defaultdict
 OUT_ENV = "CPU_BY_TEST_OUT"
 
 
-def _cpu() -> tuple[float, float]:
+def _now() -> tuple[float, float, float]:
+    """(own CPU, reaped children's CPU, monotonic time)."""
     own = resource.getrusage(resource.RUSAGE_SELF)
     reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime, reaped.ru_utime + reaped.ru_stime
+    return own.ru_utime + own.ru_stime, reaped.ru_utime + reaped.ru_stime, time.monotonic()
+
+
+def _since(start: tuple[float, float, float], less: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> tuple[float, float, float]:
+    """What _now() gained since START, less LESS."""
+    return tuple(now - then - minus for now, then, minus in zip(_now(), start, less))  # type: ignore[return-value]
 
 
 try:
@@ -56,14 +62,12 @@ if pytest is not None:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(item, nextitem):
-        own0, reaped0 = _cpu()
-        started = time.monotonic()
+        start = _now()
         try:
             return (yield)
         finally:
-            own1, reaped1 = _cpu()
             end = item.stash.get(_LAST_TEARDOWN, (0.0, 0.0, 0.0))
-            _write(item.nodeid, own1 - own0 - end[0], reaped1 - reaped0 - end[1], time.monotonic() - started - end[2])
+            _write(item.nodeid, *_since(start, end))
             if nextitem is None:
                 _write(SESSION_END, *end)
 
@@ -71,14 +75,12 @@ if pytest is not None:
     def pytest_runtest_teardown(item, nextitem):
         # The last test's teardown also ends the session's fixtures (a worker's fleet: every
         # process its containers ran arrives when its nspawn is reaped): a row of its own.
-        own0, reaped0 = _cpu()
-        started = time.monotonic()
+        start = _now()
         try:
             return (yield)
         finally:
             if nextitem is None:
-                own1, reaped1 = _cpu()
-                item.stash[_LAST_TEARDOWN] = (own1 - own0, reaped1 - reaped0, time.monotonic() - started)
+                item.stash[_LAST_TEARDOWN] = _since(start)
 
 
 def rows(out: str) -> list[dict]:
