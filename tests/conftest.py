@@ -39,11 +39,58 @@ if TOOLS.is_dir() and str(TOOLS) not in os.environ.get("PATH", "").split(os.path
 
 SHARED_SCOPES = ("session", "package", "class")
 
+# What the modules keep on a node. The tests' modules run on simulated hosts, each with its own
+# (tests/sim/nshost.py, tests/fleet): these folders of the machine itself must come out of a run
+# as they went in. apt-installed.txt is tests/tools/apt-deps.sh's list of the packages it added.
+# ZEROMIB_TEST_NODE_STATE (folders, ':'-separated) replaces them, for this guard's own test.
+NODE_STATE = tuple(Path(p) for p in os.environ.get("ZEROMIB_TEST_NODE_STATE", "/var/lib/zeromib-gpu:/var/log/zeromib-gpu").split(":"))
+NOT_NODE_STATE = {Path("/var/lib/zeromib-gpu/apt-installed.txt")}
+_NODE_STATE_BEFORE = pytest.StashKey[dict]()
+
+
+def node_state(roots=NODE_STATE, ignored=frozenset(NOT_NODE_STATE)) -> dict[str, tuple[int, int]]:
+    """{path: (size, mtime in ns)} of everything under ROOTS but IGNORED, without following links."""
+    found = {}
+    for root in roots:
+        for folder, dirs, files in os.walk(root):
+            for name in dirs + files:
+                path = Path(folder, name)
+                if path not in ignored:
+                    st = path.lstat()
+                    found[str(path)] = (st.st_size, st.st_mtime_ns)
+    return found
+
+
+def changed_node_state(before: dict, after: dict) -> list[str]:
+    """The paths added, removed or rewritten between two node_state() readings, sorted."""
+    return sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
+
+
+def _controller(config: pytest.Config) -> bool:
+    return not hasattr(config, "workerinput")
+
 
 def pytest_configure(config: pytest.Config) -> None:
     # pytest-xdist registers it too; registered here so that --strict-markers accepts the markers
     # this file adds also under `-p no:xdist`.
     config.addinivalue_line("markers", "xdist_group(name): run in one xdist worker with the rest of group NAME")
+    if _controller(config):
+        config.stash[_NODE_STATE_BEFORE] = node_state()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fails the run when a test wrote the machine's own node state (a module run on the machine
+    instead of on a simulated host: the audit test of 2026-12-04 wrote its bytecode cache there)."""
+    config = session.config
+    if not _controller(config) or _NODE_STATE_BEFORE not in config.stash:
+        return
+    changed = changed_node_state(config.stash[_NODE_STATE_BEFORE], node_state())
+    if changed:
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        line = "the tests changed this machine's own node state (it must be the simulated hosts'): " + ", ".join(changed[:10])
+        if reporter is not None:
+            reporter.write_line(line, red=True, bold=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _ours(fixturedef) -> bool:

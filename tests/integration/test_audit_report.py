@@ -183,9 +183,18 @@ def _env(collections_path):
     return env
 
 
-def run_playbook(args, cwd, collections_path, timeout=300):
-    proc = subprocess.run([str(BIN / "ansible-playbook"), *args], cwd=str(cwd), env=_env(collections_path),
-                          capture_output=True, text=True, timeout=timeout, check=False)
+def run_playbook(args, cwd, collections_path, timeout=300, host=None):
+    """ansible-playbook ARGS from CWD; inside the simulated HOST when the play runs a real module
+    with a local connection (gpu_facts writes its bytecode cache under /var/lib/zeromib-gpu: the
+    host's own, never this machine's)."""
+    argv = [str(BIN / "ansible-playbook"), *args]
+    if host is None:
+        proc = subprocess.run(argv, cwd=str(cwd), env=_env(collections_path),
+                              capture_output=True, text=True, timeout=timeout, check=False)
+    else:
+        # nsenter leaves a process that enters the host's mount namespace in its root: `env -C`
+        # puts the run in CWD, where the report's default directory is.
+        proc = host.run(["env", "-C", str(cwd), *argv], env=_env(collections_path), timeout=timeout)
     proc.output = proc.stdout + proc.stderr
     return proc
 
@@ -503,18 +512,22 @@ def test_audit_playbook_end_to_end_with_a_stand_in_module(tmp_path):
     assert "6 of 8 hosts are not clean" in proc.output
 
 
-def test_audit_playbook_with_the_real_module_reports_a_host_without_nvidia_smi(tmp_path, collections_path):
+def test_audit_playbook_with_the_real_module_reports_a_host_without_nvidia_smi(tmp_path, collections_path, nshost):
     inventory = {"all": {"hosts": {
         "no-driver": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
                       "gpu_audit_nvidia_smi": str(tmp_path / "missing" / "nvidia-smi")},
         "gone": {"ansible_connection": "ssh", "ansible_host": "127.0.0.1", "ansible_port": 1, "ansible_user": "nobody"},
     }}}
     (tmp_path / "inventory.json").write_text(json.dumps(inventory))
-    proc = run_playbook([str(REPO / "playbooks" / "audit_gpus.yml"), "-i", str(tmp_path / "inventory.json")], tmp_path, collections_path)
+    host = nshost("h200x1")
+    proc = run_playbook([str(REPO / "playbooks" / "audit_gpus.yml"), "-i", str(tmp_path / "inventory.json")], tmp_path,
+                        collections_path, host=host)
     assert proc.returncode == 0, proc.output
     report = json.loads((tmp_path / "gpu_audit_report" / "report.json").read_text())
     assert [(h["host"], h["status"]) for h in report["hosts"]] == [("gone", "unreachable"), ("no-driver", "error")]
     assert report["hosts"][1]["reason"]
+    # The module ran on the simulated host, and kept its bytecode there (not on this machine).
+    assert host.run(["ls", "/var/lib/zeromib-gpu/bytecode"], check=True).stdout.split()
 
 
 # --------------------------------------------------------------------------- health, check mode, scale
