@@ -92,16 +92,26 @@ needs_acct = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare")
 def test_a_real_run_counts_short_lived_children_orphans_and_the_exit_status(tmp_path):
     out = tmp_path / "rows.json"
     # A burner, a short-lived child, and an orphan whose parent exits first (adopted by the tool).
+    # The orphan burns a span of its own CPU time, not a count of steps: accounting samples CPU in
+    # clock ticks, and CI's machine ran 3 * 10**6 steps with none counted (0.0 s). The shell then
+    # waits until the orphan is a zombie (its record is written on exit, before that), where a
+    # fixed sleep can be outrun by a loaded machine.
     script = ("import os, sys, time\n"
-              "if os.fork() == 0:\n"
-              "    time.sleep(0.3); sum(range(3 * 10**6)); os._exit(0)\n"
-              "sys.exit(0)\n")
+              "pid = os.fork()\n"
+              "if pid == 0:\n"
+              "    start = time.process_time()\n"
+              "    while time.process_time() - start < 0.2: pass\n"
+              "    os._exit(0)\n"
+              "open(sys.argv[1], 'w').write(str(pid))\n")
     command = ["sh", "-c", f"{sys.executable} -c 'sum(range(5 * 10**6))'; /bin/true; "
-                           f"{sys.executable} -c \"$0\"; sleep 0.8; exit 7", script]
+                           f"{sys.executable} -c \"$0\" \"$1\"; pid=$(cat \"$1\"); "
+                           "until [ ! -e /proc/$pid ] || grep -q ') Z ' /proc/$pid/stat; do sleep 0.02; done; exit 7",
+               script, str(tmp_path / "orphan.pid")]
     # Not the namespace's PID 1 (a shell is, and keeps running: `; exit $?`), so that the orphan is
     # the tool's only by its being the subreaper, as when it runs on a machine.
     tool = shlex.join([sys.executable, str(TOOL), "--json", str(out), "--", *command])
-    proc = subprocess.run(["unshare", "--pid", "--fork", "sh", "-c", f"{tool}; exit $?"],
+    # --mount-proc: /proc/$pid above must be the namespace's PID.
+    proc = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", f"{tool}; exit $?"],
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 7, proc.stdout + proc.stderr
     rows = {r["program"]: r for r in json.loads(out.read_text())["rows"]}
