@@ -26,8 +26,11 @@ from ansible_collections.zeromib.gpu.plugins.plugin_utils._plain import plain
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._play_vars import play_vars
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._summary import summary_lines
 
-# What the playbook's hosts set: the role's outcome, and the playbook's rescue's message.
-OUTCOME, FAILURE = "free_gpus_result", "_free_gpus_failure"
+# What the playbook's hosts set: the role's outcome, and the playbook's rescue's message. One name
+# per line: Ansible's documentation reader warns on a tuple assignment at module level (seen in
+# ansible-lint's output).
+OUTCOME = "free_gpus_result"
+FAILURE = "_free_gpus_failure"
 
 
 def not_free(variables: t.Mapping[str, t.Mapping[str, t.Any]], live: t.Iterable[str]) -> list[str]:
