@@ -146,9 +146,16 @@ def test_every_test_file_has_a_basename_of_its_own():
 
 def test_make_test_runs_the_whole_suite_on_workers_and_test_quick_lint_and_unit_tests(tmp_path):
     """`make test` stays the whole suite (pytest with pytest.ini's testpaths, no path of its own), on
-    xdist workers; `make test-quick` is `make lint` and tests/unit only."""
-    test = [line for line in make_dry_run("test", tmp_path).splitlines() if "bin/pytest" in line]
+    xdist workers, after make lint and one collection of the same suite (the bytecode caches, written
+    once); `make test-quick` is `make lint` and tests/unit only."""
+    dry = make_dry_run("test", tmp_path)
+    assert "ruff check" in dry and "mypy" in dry, dry
+    pytest_lines = [line for line in dry.splitlines() if "bin/pytest" in line]
+    collect = [line for line in pytest_lines if "--collect-only" in line]
+    test = [line for line in pytest_lines if line not in collect]
     assert len(test) == 1 and " -n " in test[0] + " " and "tests/" not in test[0], test
+    arguments = collect[0].split("bin/pytest", 1)[1] if len(collect) == 1 else ""
+    assert len(collect) == 1 and "tests/" not in arguments and dry.index(collect[0]) < dry.index(test[0]), collect
     quick = make_dry_run("test-quick", tmp_path)
     assert "ruff check" in quick and "mypy" in quick, quick
     pytest_lines = [line for line in quick.splitlines() if "bin/pytest" in line]
