@@ -4,7 +4,6 @@ still runs on it)."""
 from __future__ import annotations
 
 import fcntl
-import importlib.util
 import json
 import os
 import shutil
@@ -15,6 +14,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "fleet"))
 import fleet as rig  # noqa: E402
+import suite_conftest  # noqa: E402 (beside this file)
 
 TEST_ONLY_PACKAGES = ("chromium", "prometheus", "shellcheck")
 
@@ -165,15 +165,8 @@ def test_make_test_runs_the_whole_suite_on_workers_and_test_quick_lint_and_unit_
     assert "--dist loadgroup" in addopts, "under -n, the tests of one rig must run in one worker"
 
 
-def _conftest():
-    spec = importlib.util.spec_from_file_location("zeromib_tests_conftest", REPO / "tests" / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_rig_groups_join_the_tests_that_share_a_rig():
-    groups = _conftest().rig_groups([
+    groups = suite_conftest.load().rig_groups([
         {"fixture:fleet"}, {"file:tests/fleet/test_a.py", "fixture:fleet"}, {"file:tests/fleet/test_a.py"},
         {"file:tests/integration/test_b.py"}, set(), {"file:tests/integration/test_b.py"},
         {"file:tests/integration/test_c.py", "fixture:collections_path"}, {"fixture:collections_path"},

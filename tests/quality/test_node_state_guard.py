@@ -2,26 +2,18 @@
 writes where a module keeps its state on a node fails, whatever its tests say."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import suite_conftest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _load_conftest():
-    """tests/conftest.py by its path: under pytest, `conftest` in sys.modules is whichever of the
-    suite's conftest files was imported last."""
-    spec = importlib.util.spec_from_file_location("zeromib_tests_conftest", REPO / "tests" / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-conftest = _load_conftest()
+conftest = suite_conftest.load()
 
 
 def test_node_state_lists_what_is_there_but_the_ignored_file(tmp_path):
