@@ -104,7 +104,8 @@ def by_file(tests: list[dict]) -> list[dict]:
 
 
 def report(table: list[dict], top: int, markdown: bool) -> str:
-    total = sum(r["cpu_s"] for r in table) or 1.0
+    cpu_total = sum(r["cpu_s"] for r in table)
+    total = cpu_total or 1.0  # the shares' denominator
     lines = ["| file | tests | CPU | share | wall (sum) |", "|---|---|---|---|---|"] if markdown else []
     shown = table[:top]
     for r in shown:
@@ -115,7 +116,7 @@ def report(table: list[dict], top: int, markdown: bool) -> str:
         cpu = sum(r["cpu_s"] for r in rest)
         cells = (f"{len(rest)} other files", str(sum(r["tests"] for r in rest)), f"{cpu:.1f} s", f"{100 * cpu / total:.1f} %", "")
         lines.append("| " + " | ".join(cells) + " |" if markdown else f"{cells[2]:>8} {cells[1]:>6} {cells[3]:>7}          {cells[0]}")
-    lines.append(f"{sum(r['tests'] for r in table)} tests, {sum(r['cpu_s'] for r in table):.1f} s of CPU")
+    lines.append(f"{sum(r['tests'] for r in table)} tests, {cpu_total:.1f} s of CPU")
     return "\n".join(lines)
 
 
