@@ -130,7 +130,7 @@ finally:
 SCAN = r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
-from ansible_collections.zeromib.gpu.plugins.module_utils import _holders
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders
 times = []
 for _ in range(int(sys.argv[2])):
     began = time.perf_counter()

@@ -259,8 +259,8 @@ class Bench:
         harness = f"COLLECTIONS, REPS = {collections!r}, {self.args.facts_reps}\n" + r"""
 import json, os, sys, time
 sys.path.insert(0, COLLECTIONS)
-from ansible_collections.zeromib.gpu.plugins.module_utils import _facts, _holders
-from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import NvidiaSmi
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _facts, _holders
+from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import NvidiaSmi
 times, scans, calls = [], [], []
 for _ in range(REPS):
     smi = NvidiaSmi(NvidiaSmi.find(None), 10)

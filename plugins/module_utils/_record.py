@@ -41,7 +41,7 @@ import typing as t
 from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
 
 if t.TYPE_CHECKING:
-    from ansible_collections.zeromib.gpu.plugins.module_utils._records import Holder
+    from ansible_collections.zeromib.gpu.plugins.module_utils._types import Holder
 
     # One thing a release changed (the formats above), and the whole file.
     Entry = t.Dict[str, t.Any]
@@ -191,7 +191,7 @@ def supervisor_entries(result: t.Mapping[str, t.Any], at: str | None, holders: t
     """Entries for supervisord programs (`supervisor:<glob>` in services), from the result keys
     `stopped_programs` ({name, supervisor_pid, config, state_before}) and `disabled_programs`
     (the same, and file, autostart_before, autorestart_before, group_updated) of gpu_release's supervisor
-    support (module_utils/_supervisor.py), or plain names. The values before are kept for
+    support (module_utils/_act/_supervisor.py), or plain names. The values before are kept for
     gpu_restore."""
     entries: dict[str | None, Entry] = {}
     for name, action in (("stopped_programs", "stopped"), ("disabled_programs", "disabled")):

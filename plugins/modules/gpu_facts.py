@@ -359,13 +359,13 @@ from ansible.module_utils.basic import AnsibleModule
 
 # First of the collection's imports: the module_utils below are then compiled once, not twice (_compile_once).
 from ansible_collections.zeromib.gpu.plugins.module_utils import _compile_once
-from ansible_collections.zeromib.gpu.plugins.module_utils import _cuda_smoke
-from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
-from ansible_collections.zeromib.gpu.plugins.module_utils import _health
-from ansible_collections.zeromib.gpu.plugins.module_utils import _kernel_log_state
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _cuda_smoke
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _facts
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _health
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _kernel_log_state
 from ansible_collections.zeromib.gpu.plugins.module_utils import _record
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
-from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import NvidiaSmi, NvidiaSmiError
+from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import NvidiaSmi, NvidiaSmiError
 
 ARGUMENT_SPEC = dict(
     _options.SHARED_SPEC,

@@ -575,13 +575,13 @@ from ansible.module_utils.basic import AnsibleModule
 
 # First of the collection's imports: the module_utils below are then compiled once, not twice (_compile_once).
 from ansible_collections.zeromib.gpu.plugins.module_utils import _compile_once
-from ansible_collections.zeromib.gpu.plugins.module_utils import _facts
-from ansible_collections.zeromib.gpu.plugins.module_utils import _health
-from ansible_collections.zeromib.gpu.plugins.module_utils import _kernel_log_state
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _facts
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _health
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _kernel_log_state
 from ansible_collections.zeromib.gpu.plugins.module_utils import _record
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
-from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import NvidiaSmi, NvidiaSmiError
-from ansible_collections.zeromib.gpu.plugins.module_utils._release import Release, ReleaseError, System
+from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import NvidiaSmi, NvidiaSmiError
+from ansible_collections.zeromib.gpu.plugins.module_utils._act._release import Release, ReleaseError, System
 
 ARGUMENT_SPEC = dict(
     _options.SHARED_SPEC,
@@ -626,7 +626,7 @@ def smoke_tested(smi: NvidiaSmi, params: t.Mapping[str, t.Any], result: dict[str
     for: a gate without it does not pay for its import (docs/benchmarks.md)."""
     if not params["smoke_test"]:
         return dict(result, smoke_test_passed=None, smoke_test_issues=[])
-    from ansible_collections.zeromib.gpu.plugins.module_utils import _cuda_smoke
+    from ansible_collections.zeromib.gpu.plugins.module_utils._look import _cuda_smoke
     return _cuda_smoke.after_release(smi, params, result, check_mode, lambda: _facts.look(
         smi, params["protect"], max_used_mib=params["max_used_mib"], footprint_mib=params["cross_gpu_footprint_mib"]))
 

@@ -208,11 +208,11 @@ from ansible.module_utils.basic import AnsibleModule
 # First of the collection's imports: the module_utils below are then compiled once, not twice (_compile_once).
 from ansible_collections.zeromib.gpu.plugins.module_utils import _compile_once  # noqa: F401 pylint: disable=unused-import
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
-from ansible_collections.zeromib.gpu.plugins.module_utils import _restore
-from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import NvidiaSmi, NvidiaSmiError
+from ansible_collections.zeromib.gpu.plugins.module_utils._act import _restore
+from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import NvidiaSmi, NvidiaSmiError
 
 if t.TYPE_CHECKING:
-    from ansible_collections.zeromib.gpu.plugins.module_utils._records import Holder
+    from ansible_collections.zeromib.gpu.plugins.module_utils._types import Holder
 
 ARGUMENT_SPEC = dict(
     step_timeout=dict(type="float", default=30),

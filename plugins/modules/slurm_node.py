@@ -100,7 +100,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 # First of the collection's imports: the module_utils below are then compiled once, not twice (_compile_once).
 from ansible_collections.zeromib.gpu.plugins.module_utils import _compile_once  # noqa: F401 pylint: disable=unused-import
-from ansible_collections.zeromib.gpu.plugins.module_utils import _slurm
+from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _drain
 
 
 def main() -> None:
@@ -122,21 +122,21 @@ def main() -> None:
         rc, out, err = module.run_command(argv, environ_update={"SLURM_TIME_FORMAT": "standard"})
         return rc, out, err
 
-    slurm = _slurm.Slurm(run, scontrol, slurmd, hostname=os.uname()[1].split(".")[0])
+    slurm = _drain.Slurm(run, scontrol, slurmd, hostname=os.uname()[1].split(".")[0])
     try:
         name, node = slurm.node_name(module.params["node_name"])
-        result = {"node_name": name, "state_before": node.get("State"), "reason_before": _slurm.reason_text(node)}
+        result = {"node_name": name, "state_before": node.get("State"), "reason_before": _drain.reason_text(node)}
         if module.params["state"] == "drained":
-            reason = _slurm.short_reason(module.params["reason"])
-            act, why = _slurm.drain_decision(node, reason)
+            reason = _drain.short_reason(module.params["reason"])
+            act, why = _drain.drain_decision(node, reason)
             result["reason"] = reason
             if act and not module.check_mode:
                 slurm.update(name, "state=drain", "reason=" + reason)
         else:
-            act, why = _slurm.resume_decision(node)
+            act, why = _drain.resume_decision(node)
             if act and not module.check_mode:
                 slurm.update(name, "state=resume")
-    except _slurm.SlurmError as exc:
+    except _drain.SlurmError as exc:
         module.fail_json(msg=str(exc))
     module.exit_json(changed=act, why=why, **result)
 

@@ -52,7 +52,7 @@ _SECONDS_AGO = re.compile(r"\b(?:at )?(\d+(?:\.\d+)?) s ago\b")
 def age_text(seconds: float | str) -> str:
     """7200 -> '2 h', 90 -> '90 s': the unit a person would say.
 
-    The report's one age formatter. gpu_facts writes its Xid ages itself (module_utils/_health.py's
+    The report's one age formatter. gpu_facts writes its Xid ages itself (module_utils/_look/_health.py's
     human_age: '2 h ago', switching units at 90 s, 90 min and 48 h, 'days'); human_ages rewrites
     only the 'at N s ago' of records saved before that, so the two never format the same text."""
     seconds = float(seconds)

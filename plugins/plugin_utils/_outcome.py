@@ -16,11 +16,11 @@ import re
 import typing as t
 from collections.abc import Mapping
 
-from ansible_collections.zeromib.gpu.plugins.module_utils._health import CHECKS
+from ansible_collections.zeromib.gpu.plugins.module_utils._look._health import CHECKS
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._verdict import Verdict, selected_gpus, verdict
 
 if t.TYPE_CHECKING:
-    from ansible_collections.zeromib.gpu.plugins.module_utils._records import ContainerEntry, Gpu
+    from ansible_collections.zeromib.gpu.plugins.module_utils._types import ContainerEntry, Gpu
 
 
 class Outcome(t.TypedDict, total=False):

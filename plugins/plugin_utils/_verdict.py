@@ -19,7 +19,7 @@ import re
 import typing as t
 
 if t.TYPE_CHECKING:
-    from ansible_collections.zeromib.gpu.plugins.module_utils._records import Gpu
+    from ansible_collections.zeromib.gpu.plugins.module_utils._types import Gpu
 
 # The gate's check names (its `failed_checks`), in the order of the assert the gate replaced.
 CHECKS = ("gpu_release failed", "released", "every selected GPU clean", "free_gpus_expected_count", "free_gpus_require_healthy",

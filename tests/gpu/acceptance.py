@@ -857,7 +857,7 @@ class Run:
         """The smoke test's own cost, without Ansible: _cuda_smoke.run_in_child on every GPU."""
         collections = os.path.join(self.tmp, "collections")
         code = (f"import json, sys, time; sys.path.insert(0, {collections!r})\n"
-                "from ansible_collections.zeromib.gpu.plugins.module_utils import _cuda_smoke as s\n"
+                "from ansible_collections.zeromib.gpu.plugins.module_utils._look import _cuda_smoke as s\n"
                 "bus = [l.split(', ')[1] for l in sys.argv[1].splitlines()]\n"
                 f"t = time.monotonic(); r, init = s.run_in_child(bus, {mib}, 30)\n"
                 "print(json.dumps({'results': r, 'init_s': init, 'wall_s': round(time.monotonic() - t, 3)}))\n")

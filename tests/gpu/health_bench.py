@@ -18,8 +18,8 @@ os.makedirs(os.path.join(root, "ansible_collections", "zeromib"))
 os.symlink(repo, os.path.join(root, "ansible_collections", "zeromib", "gpu"))
 sys.path.insert(0, root)
 
-from ansible_collections.zeromib.gpu.plugins.module_utils import _facts, _health  # noqa: E402
-from ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi import NvidiaSmi  # noqa: E402
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _facts, _health  # noqa: E402
+from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import NvidiaSmi  # noqa: E402
 
 
 def timed(fn, runs=20):

@@ -19,7 +19,7 @@ from ansible_in_ns import COLLECTIONS, run_module  # noqa: E402
 from docker_rig import IMAGE, DockerHost, used  # noqa: E402
 from nshost import NsHost  # noqa: E402
 
-SETTLE_S = 5.0  # plugins/module_utils/_settle.py (settle_timeout default)
+SETTLE_S = 5.0  # plugins/module_utils/_act/_settle.py (settle_timeout default)
 POD_UID = "1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901"
 
 
@@ -246,7 +246,7 @@ def test_engine_api_and_cli_read_the_same_record(docker):
     record = docker.run_holder("twins", [5], restart="unless-stopped", run_args=["--label", "team=infer"])
     script = (
         "import json, sys; sys.path.insert(0, {!r})\n"
-        "from ansible_collections.zeromib.gpu.plugins.module_utils import _engines as c\n"
+        "from ansible_collections.zeromib.gpu.plugins.module_utils._look import _engines as c\n"
         "api = c.EngineApi('docker', {!r}).inspect({!r})\n"
         "cli = c.EngineCli('docker', {!r}, c._run).inspect({!r})\n"
         "print(json.dumps([api, cli]))\n".format(COLLECTIONS, docker_rig.SOCKET, record["Id"], docker_rig.DOCKER, record["Id"])

@@ -65,21 +65,26 @@ def reported(host, script, payload, tag):
     return line, proc.stdout
 
 
-def loaded(host, payload):
-    """Our module_utils that running the payload loads (sys.modules at its exit)."""
+def loaded(host, payload, wing=None):
+    """Our module_utils that running the payload loads (sys.modules at its exit), by file name;
+    with `wing` (_look, _act, _slurm), those of that folder only."""
     line, stdout = reported(host, SHOW_LOADED, payload, "LOADED")
-    return set(re.findall(r"ansible_collections\.zeromib\.gpu\.plugins\.module_utils\.(\w+)", line)), stdout
+    found = re.findall(r"ansible_collections\.zeromib\.gpu\.plugins\.module_utils\.(?:(_look|_act|_slurm)\.)?(\w+)", line)
+    return {name for folder, name in found if wing is None or folder == wing}, stdout
 
 
 def test_clean_gate_payload_carries_every_module_util_but_a_clean_host_loads_none_of_the_freeing_ones(nshost):
     host = nshost("h200x8")
     payload = kept_payload(host)
-    packed = {name[len(PREFIX):-3] for name in payload_zip(payload).namelist() if name.startswith(PREFIX)}
+    packed = {os.path.basename(name[:-3]) for name in payload_zip(payload).namelist() if name.startswith(PREFIX)}
     assert set(LAZY) | {"_record", "_signals", "_health", "_facts", "_release"} <= packed
     names, stdout = loaded(host, payload)
     assert '"released": true' in stdout
     assert names & set(LAZY) == set(), names
     assert {"_release", "_facts", "_health", "_nvidia_smi"} <= names
+    # Of the acting wing, a clean host loads the orchestrator and what it names in its signatures only.
+    acting, _stdout = loaded(host, payload, "_act")
+    assert acting == {"_release", "_errors", "_signals"}, acting
 
 
 def test_a_dirty_host_loads_what_it_needs_from_the_same_payload(nshost):
@@ -114,7 +119,7 @@ def compiled(host, payload):
     """Our module_utils that running the payload compiled (their names, sorted); it must release."""
     line, stdout = reported(host, COUNT_COMPILES, payload, "COMPILED")
     assert '"released": true' in stdout, stdout[-2000:]
-    names = re.findall(r"/zeromib/gpu/plugins/module_utils/(_\w+)\.py", line)
+    names = re.findall(r"/zeromib/gpu/plugins/module_utils/(?:_\w+/)?(_\w+)\.py", line)
     # Compiled before the cache can act: the package and the module_util that installs it.
     return sorted(name for name in names if name not in ("__init__", "_compile_once"))
 
@@ -134,7 +139,7 @@ def test_a_gate_keeps_what_it_compiled_root_only_and_the_next_gate_compiles_none
     payload = kept_payload(host)
     entries = kept_entries(host)
     assert entries.pop("bytecode")[:2] == ("700", "root")
-    release = [name for name in entries if ".plugins.module_utils._release.py.cpython-" in name]
+    release = [name for name in entries if ".plugins.module_utils._act._release.py.cpython-" in name]
     assert len(release) == 1 and len(entries) >= 10, sorted(entries)
     assert {row[:2] for row in entries.values()} == {("600", "root")}
     # The next gate: nothing of ours compiled, nothing rewritten.

@@ -1,7 +1,7 @@
 """The respawn watch through real ansible-playbook on simulated GPU hosts: a holder that its parent
 starts again (a shell loop, a torchrun-like elastic agent) is never reported released; a parent
 that does not restart costs nothing (it exits with its holder) or only the window (it lives on).
-See plugins/module_utils/_settle.py."""
+See plugins/module_utils/_act/_settle.py."""
 import os
 import sys
 import time

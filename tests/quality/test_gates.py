@@ -246,7 +246,7 @@ TARBALL_REQUIRED = (
     "playbooks/free_gpus.yml", "playbooks/audit_gpus.yml", "playbooks/example_training.yml",
     "plugins/modules/gpu_restore.py", "roles/restore_gpus/tasks/main.yml", "roles/restore_gpus/meta/argument_specs.yml",
     "playbooks/restore_gpus.yml",
-    "roles/slurm_gpu_checks/tasks/main.yml", "roles/slurm_gpu_checks/files/pack_runner.py", "plugins/module_utils/_jobcheck.py",
+    "roles/slurm_gpu_checks/tasks/main.yml", "roles/slurm_gpu_checks/files/pack_runner.py", "plugins/module_utils/_slurm/_jobcheck.py",
     "docs/gpu_release.md", "changelogs/changelog.yaml",
 )
 

@@ -22,13 +22,16 @@ def functions(root):
 
 
 def module_utils_lines(root):
-    """[(lines, file name)] of plugins/module_utils/*.py."""
+    """[(lines, path below module_utils)] of plugins/module_utils/**/*.py (the wings' folders too)."""
     folder = os.path.join(root, "plugins", "module_utils")
     out = []
-    for name in sorted(os.listdir(folder)):
-        if name.endswith(".py"):
-            with open(os.path.join(folder, name), encoding="utf-8") as handle:
-                out.append((sum(1 for _line in handle), name))
+    for here, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(here, name)
+                with open(path, encoding="utf-8") as handle:
+                    out.append((sum(1 for _line in handle), os.path.relpath(path, folder)))
     return out
 
 

@@ -27,7 +27,7 @@ if os.path.isdir(os.path.join(_BUILT, "ansible_collections", "zeromib", "gpu")) 
 
 def pytest_sessionstart(session):
     try:
-        import ansible_collections.zeromib.gpu.plugins.module_utils._nvidia_smi  # noqa: F401
+        import ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi  # noqa: F401
     except ImportError as exc:
         raise pytest.UsageError(
             f"ansible_collections.zeromib.gpu is not importable ({exc}): run `make -C {_REPO} collection`, "

@@ -15,9 +15,9 @@ import signal
 
 import pytest
 
-from ansible_collections.zeromib.gpu.plugins.module_utils import _engines
-from ansible_collections.zeromib.gpu.plugins.module_utils import _nvidia_smi as smi
-from ansible_collections.zeromib.gpu.plugins.module_utils import _release as release
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _engines
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _nvidia_smi as smi
+from ansible_collections.zeromib.gpu.plugins.module_utils._act import _release as release
 from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils import fakeproc
 
 SESSION_SCOPE = "0::/user.slice/user-0.slice/session-7.scope\n"

@@ -23,18 +23,19 @@ import pkgutil
 import pytest
 
 from ansible_collections.zeromib.gpu.plugins import module_utils
-from ansible_collections.zeromib.gpu.plugins.module_utils import _holders
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders
 
 NOT_PROCESS_NAMES = {
     "_commands.SYSTEM_DIRS": "directories",
     "_jobcheck.MODES": "the Slurm hook modes (prolog, epilog)",
     "_jobcheck.NUMBERS": "config option names (numbers)",
     "_jobcheck.PATHS": "config option names (paths)",
-    "_slurm.ADMIN_STATES": "Slurm node states",
+    "_drain.ADMIN_STATES": "Slurm node states",
     "_jobcheck.RELEASE_OPTIONS": "gpu_release option names the hooks' config may set",
     "_commands.NVIDIA_DIRS": "directories",
     "_containers.MANAGED": "result keys",
-    "_containers.HOLDER_KEYS": "result keys",
+    "_container_of.MANAGED": "result keys",
+    "_container_of.HOLDER_KEYS": "result keys",
     "_cuda_smoke.STEPS": "step names",
     "_release.FREEING_CODE": "module_utils names (loaded while nvidia-smi answers)",
     "_engines.MANAGED": "result keys",
@@ -89,8 +90,10 @@ RAW_MATCHERS = {"name_matches", "own_names", "process_names", "_first_match", "a
 
 
 def modules():
-    for info in pkgutil.iter_modules(module_utils.__path__):
-        yield info.name, importlib.import_module(f"{module_utils.__name__}.{info.name}")
+    """(file name without .py, module) of every module_util, in every wing (_look, _act, _slurm)."""
+    for info in pkgutil.walk_packages(module_utils.__path__, module_utils.__name__ + "."):
+        if not info.ispkg:
+            yield info.name.rsplit(".", 1)[1], importlib.import_module(info.name)
 
 
 def string_lists():
@@ -140,10 +143,9 @@ def test_each_name_of_each_list_counts_only_through_the_identity_rule(qualified,
 
 
 def _calls_outside_the_rule():
-    here = os.path.dirname(module_utils.__file__)
     found = []
-    for name, _module in modules():
-        with open(os.path.join(here, name + ".py")) as handle:
+    for name, module in modules():
+        with open(module.__file__) as handle:
             tree = ast.parse(handle.read())
         for scope, node in _walk(tree, ""):
             if isinstance(node, ast.Call):

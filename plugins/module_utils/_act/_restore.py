@@ -1,0 +1,547 @@
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE: it may change without notice. Only the modules of
+# zeromib.gpu may use it.
+
+"""Put back what gpu_release changed: read the record (_record), compare each entry with what the
+node has now, and undo only what is still undone, newest release first.
+
+Per unit: unmask (when the release masked it), enable (when it was enabled before and is not
+now), start (when it was active before and is not now). Per container: its restart policy, then a
+start when it was running. An entry whose steps all succeed leaves the record; one that fails
+stays, and the run fails naming it. Every step is bounded (`step_timeout`).
+
+Check mode plans exactly that: the steps of each entry are decided by the same functions, and each
+planned step is reported under the key the real run reports it under (`started_units`,
+`started_containers`, ...), so a plan reads like the run it predicts; nothing is done.
+
+No AnsibleModule in here; side effects go through `System` (systemctl with a time bound, the
+container runtimes, the clock), as in _release."""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import time
+import typing as t
+
+from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _engines
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _facts
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders
+from ansible_collections.zeromib.gpu.plugins.module_utils import _options
+from ansible_collections.zeromib.gpu.plugins.module_utils import _record
+from ansible_collections.zeromib.gpu.plugins.module_utils._act import _units
+
+if t.TYPE_CHECKING:
+    from types import ModuleType
+
+    from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import NvidiaSmi
+    from ansible_collections.zeromib.gpu.plugins.module_utils._record import Entry, Record
+    from ansible_collections.zeromib.gpu.plugins.module_utils._types import Holder
+
+    # The steps an entry needed (or took), and why it was not restored (None: it was).
+    Outcome = t.Tuple[t.List[str], t.Optional[str]]
+
+# How often a wait for the GPUs looks (one nvidia-smi call and a /proc scan each time).
+GPU_POLL_S = 0.5
+WAIT_FOR_GPUS_DEFAULT_S = 60.0
+
+
+class RestoreError(Exception):
+    def __init__(self, msg: str, result: dict[str, t.Any] | None = None) -> None:
+        super().__init__(msg)
+        self.msg = msg
+        self.result = result or {}
+
+
+class System:
+    """What gpu_restore does to the node, in one replaceable place."""
+
+    def __init__(self, systemctl_path: str | None = None, runtimes: _engines.Runtimes | None = None, record_path: str = _record.PATH,
+                 proc: str = "/proc") -> None:
+        self.systemctl_path = systemctl_path
+        self.runtimes = runtimes if runtimes is not None else _engines.Runtimes()
+        self.record_path = record_path
+        self.proc = proc
+
+    def systemctl(self, args: t.Sequence[str], timeout: float = 30.0) -> tuple[int, str, str]:
+        """(rc, out, err); a call that outlasts `timeout` is ended and reads rc 124 (systemd goes on with its job)."""
+        return _commands.systemctl(self.systemctl_path, args, timeout)
+
+    @staticmethod
+    def now() -> float:
+        return time.monotonic()
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        time.sleep(max(0.0, seconds))
+
+
+# ---------------------------------------------------------------- pure: what is left to undo
+
+
+def unit_steps(entry: Entry, props: t.Mapping[str, str]) -> list[str]:
+    """The steps that put one unit back, given its `systemctl show` props now (in order)."""
+    actions = entry.get("actions") or []
+    steps = []
+    file_state_now = props.get("UnitFileState") or ""
+    masked_now = file_state_now in _units.MASKED_STATES or props.get("LoadState") == "masked"
+    if "masked" in actions and masked_now:
+        steps.append("unmask")
+        # Planned as if unmask gave back the state before (systemctl mask leaves an enabled unit's
+        # .wants/ links); the run reads the unit again after unmasking.
+        file_state_now = entry.get("unit_file_state") or ""
+    was_enabled = (entry.get("unit_file_state") or "") in _units.ENABLED_STATES
+    if ("disabled" in actions or "masked" in actions) and was_enabled and file_state_now not in _units.ENABLED_STATES:
+        steps.append("enable")
+    if "stopped" in actions and entry.get("active") and (props.get("ActiveState") not in ("active", "reloading", "refreshing")):
+        steps.append("start")
+    return steps
+
+
+def container_steps(entry: Entry, record: t.Mapping[str, t.Any]) -> list[str]:
+    """The steps that put one container back, given the runtime's record of it now."""
+    steps = []
+    if "disabled" in (entry.get("actions") or []) and record.get("restart_policy") != entry.get("restart_policy"):
+        steps.append("restart_policy")
+    if entry.get("running") and not record.get("running"):
+        steps.append("start")
+    return steps
+
+
+def parse_wait(value: t.Any) -> float:
+    """`wait_for_gpus` (false, true or seconds) -> seconds, 0 for no wait. Raises ValueError."""
+    if value is None or value is False:
+        return 0.0
+    if value is True:
+        return WAIT_FOR_GPUS_DEFAULT_S
+    text = str(value).strip().lower()
+    if text in ("", "false", "no", "off", "0"):
+        return 0.0
+    if text in ("true", "yes", "on"):
+        return WAIT_FOR_GPUS_DEFAULT_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise ValueError(f"wait_for_gpus must be true, false or a number of seconds, got {value!r}") from None
+    if math.isnan(seconds):
+        # A NaN deadline is never reached: the wait would not end.
+        raise ValueError(f"wait_for_gpus must be true, false or a number of seconds, got {value!r}")
+    if seconds < 0:
+        raise ValueError(f"wait_for_gpus must be 0 or more seconds, got {seconds}")
+    too_long = _options.range_problem("wait_for_gpus", seconds)
+    if too_long:
+        raise ValueError(too_long)
+    return seconds
+
+
+def label(entry: Entry) -> str:
+    """How a plan names an entry: `vllm.service`, `container vllm`, `supervisor program vllm`."""
+    what = {"container": "container ", "supervisor": "supervisor program "}.get(entry.get("kind") or "", "")
+    return what + (entry.get("name") or (entry.get("id") or "")[:12])
+
+
+# step -> (how the thing reads before it, after it); restart_policy is filled in by change_lines.
+_STEP_STATES = {
+    "unmask": ("masked", "unmasked"),
+    "enable": ("disabled", "enabled"),
+    "start": ("stopped", "running"),
+    "autostart": ("autostart off", "autostart as before"),
+}
+
+
+def change_lines(entry: Entry, steps: t.Sequence[str], policy_now: t.Any = None) -> tuple[str, str]:
+    """One entry's --diff lines: `vllm.service: stopped, disabled` -> `vllm.service: running, enabled`
+    (in the order the steps are taken)."""
+    before, after = [], []
+    for step in steps:
+        if step == "restart_policy":
+            before.append(f"restart policy {policy_now or 'no'}")
+            after.append("restart policy {}".format(entry.get("restart_policy")))
+        else:
+            was, will = _STEP_STATES.get(step, (step + " not done", step + " done"))
+            before.append(was)
+            after.append(will)
+    return "{}: {}".format(label(entry), ", ".join(before) or "as before"), "{}: {}".format(label(entry), ", ".join(after) or "as before")
+
+
+def plan_line(entry: Entry, steps: t.Sequence[str]) -> str:
+    """`vllm.service: enable, start`; `container vllm: restart policy always, start`."""
+    words = {"restart_policy": "restart policy {}".format(entry.get("restart_policy")), "autostart": "autostart/autorestart as before"}
+    return "{}: {}".format(label(entry), ", ".join(words.get(step, step) for step in steps))
+
+
+def forgotten(entries: t.Iterable[Entry], patterns: t.Sequence[str]) -> list[Entry]:
+    """Entries that `forget` names (unit or container names, globs allowed)."""
+    return [e for e in entries if any(fnmatch.fnmatchcase(e.get("name") or "", p) or (e.get("id") or "").startswith(p) for p in patterns)]
+
+
+# ---------------------------------------------------------------- the run
+
+
+class Restore:
+    def __init__(self, system: System, params: t.Mapping[str, t.Any], check_mode: bool = False,
+                 look: t.Callable[[], list[Holder]] | None = None) -> None:
+        self.system = system
+        self.params = params
+        self.check_mode = check_mode
+        # look() -> holders of the node now (for wait_for_gpus); None when it cannot be asked.
+        self.look = look
+        self.step_timeout = float(params.get("step_timeout") or 30)
+        # {container id: its restart policy now}, read while planning, for the diff.
+        self.policies_now: dict[str, t.Any] = {}
+        # {program name: the supervisord that runs it}, for wait_for_gpus.
+        self.supervisors: dict[str, t.Any] = {}
+        self.result: dict[str, t.Any] = {
+            "changed": False,
+            "record_path": system.record_path,
+            "restored": [],
+            "unmasked_units": [],
+            "enabled_units": [],
+            "started_units": [],
+            "restored_policies": [],
+            "started_containers": [],
+            "started_programs": [],
+            "forgotten": [],
+            "already_restored": [],
+            "not_restored": [],
+            "plan": [],
+            "pending": [],
+            "gpus_held": {},
+            "timings": {"restore_s": 0.0, "wait_s": 0.0},
+            # Shown as the task's warnings (gpu_restore's main), not returned under this key.
+            "warnings": [],
+        }
+
+    # --- units
+
+    def _show(self, units: list[str]) -> dict[str, dict[str, str]]:
+        rc, out, err = self.system.systemctl(["show", "--property=Id,LoadState,ActiveState,SubState,UnitFileState,Result", "--no-pager"]
+                                             + units, timeout=self.step_timeout)
+        if rc != 0:
+            raise RestoreError(f"systemctl show failed (rc {rc}): {(err or out).strip()}", self.result)
+        return _units.parse_show(out)
+
+    def _unit_step(self, unit: str, step: str, before: Entry) -> str | None:
+        args = {"unmask": ["unmask"], "enable": ["enable"], "start": ["start"]}[step]
+        if step == "enable" and (before.get("unit_file_state") or "").endswith("-runtime"):
+            args = ["enable", "--runtime"]
+        rc, out, err = self.system.systemctl(args + ["--no-ask-password", unit], timeout=self.step_timeout)
+        if rc == 124:
+            return f"systemctl {step} {unit} did not finish within {self.step_timeout:.0f} s (step_timeout)"
+        if rc != 0:
+            return f"systemctl {step} {unit} failed (rc {rc:d}): {(err or out).strip()}"
+        if step == "start":
+            # `systemctl start` returns when the start job is done; a unit that died at once reads failed.
+            state = self._show([unit]).get(unit, {})
+            if state.get("ActiveState") not in ("active", "activating", "reloading") or state.get("SubState") == "auto-restart":
+                return "{} did not start: it reads {} ({}, result {})".format(unit, state.get("ActiveState"), state.get("SubState"), state.get("Result"))
+        return None
+
+    def _report_unit(self, unit: str, step: str) -> None:
+        """A step done (in check mode: planned) goes under its result key."""
+        {"unmask": self.result["unmasked_units"], "enable": self.result["enabled_units"], "start": self.result["started_units"]}[step].append(unit)
+
+    def restore_unit(self, entry: Entry, props: t.Mapping[str, str]) -> Outcome:
+        unit = entry["name"]
+        if (props.get("LoadState") or "not-found") == "not-found":
+            return [], f"{unit} is no longer known to systemd (its unit file was removed?)"
+        steps = unit_steps(entry, props)
+        if self.check_mode:
+            for step in steps:
+                self._report_unit(unit, step)
+            return steps, None
+        done = []
+        while steps:
+            step = steps[0]
+            why = self._unit_step(unit, step, entry)
+            if why:
+                return steps, why
+            done.append(step)
+            self._report_unit(unit, step)
+            if step == "unmask":
+                # Whether the unit reads enabled again after unmask depends on its links: read it, do not assume.
+                steps = [s for s in unit_steps(entry, self._show([unit]).get(unit, {})) if s != "unmask"]
+            else:
+                steps = steps[1:]
+        return done, None
+
+    # --- containers
+
+    def _report_policy(self, entry: Entry) -> None:
+        self.result["restored_policies"].append({"name": entry.get("name"), "id": entry.get("id"), "restart_policy": entry["restart_policy"]})
+
+    def restore_container(self, entry: Entry) -> Outcome:
+        runtimes = self.system.runtimes
+        # A container entry names its runtime and id (_record.container_entries writes both).
+        runtime, cid = t.cast("str", entry.get("runtime")), t.cast("str", entry.get("id"))
+        try:
+            record = runtimes.inspect(runtime, cid)
+        except _engines.RuntimeUnavailable as exc:
+            return [], f"cannot ask {runtime}: {exc}"
+        if record is None:
+            return [], "{} no longer knows it (removed since the release?); forget it with forget: [{}]".format(runtime, entry.get("name"))
+        steps = container_steps(entry, record)
+        self.policies_now[cid] = record.get("restart_policy")
+        if self.check_mode:
+            if "restart_policy" in steps:
+                self._report_policy(entry)
+            if "start" in steps:
+                self.result["started_containers"].append(entry.get("name") or cid)
+            return steps, None
+        try:
+            if "restart_policy" in steps:
+                runtimes.set_restart_policy(runtime, cid, entry["restart_policy"], entry.get("restart_max_retries") or 0)
+                self._report_policy(entry)
+            if "start" in steps:
+                runtimes.start(runtime, cid, self.step_timeout)
+                now = runtimes.inspect(runtime, cid)
+                if not now or not now.get("running"):
+                    return steps, "it did not stay running after the start (status {})".format(now.get("status") if now else None)
+                self.result["started_containers"].append(entry.get("name") or cid)
+        except _engines.RuntimeUnavailable as exc:
+            return steps, str(exc)
+        return steps, None
+
+    # --- supervisor programs
+
+    def restore_program(self, entry: Entry) -> Outcome:
+        """A supervisord program: its autostart/autorestart lines as they were (gpu_release marked
+        the ones it wrote), then `supervisorctl start` when it was running. `reread` + `update
+        GROUP` only when the program is alone in its group: `update` removes and re-adds the whole
+        group, stopping and starting every other program in it. Beside others, the file is put
+        back and the program started, nothing else; a supervisord that read the release's edit
+        (restarted since, or a release before `group_updated: false`) keeps autorestart off for it
+        until its next start, and the result warns so."""
+        try:
+            from ansible_collections.zeromib.gpu.plugins.module_utils._act import _supervisor  # pylint: disable=import-outside-toplevel
+        except ImportError:
+            return [], "this version of zeromib.gpu cannot restore supervisord programs; start it with supervisorctl start {}".format(entry["name"])
+        running = [s for s in _supervisor.find_supervisors(self.system.proc) if s.ctl]
+        supervisor = next((s for s in running if s.config == entry.get("config")), None) or (running[0] if len(running) == 1 else None)
+        if supervisor is None:
+            return [], "no running supervisord (with supervisorctl) for its configuration {}".format(entry.get("config") or "(default)")
+        steps = []
+        edit = program_edit(entry, _supervisor) if "disabled" in (entry.get("actions") or []) and entry.get("file") else None
+        if edit is not None:
+            steps.append("autostart")
+        try:
+            programs = supervisor.status(self.step_timeout)
+        except Exception as exc:  # _errors.ReleaseError from supervisorctl status; pylint: disable=broad-except
+            return steps, str(getattr(exc, "msg", exc))
+        state = next((p["state"] for p in programs if p["name"] == entry["name"]), None)
+        group = entry["name"].split(":")[0]
+        siblings = sorted(p["name"] for p in programs if p["name"] != entry["name"] and p["name"].split(":")[0] == group)
+        if entry.get("running") and state not in _supervisor.RUNNING_STATES:
+            steps.append("start")
+        self.supervisors[entry["name"]] = supervisor
+        if self.check_mode:
+            if "start" in steps:
+                self.result["started_programs"].append(entry["name"])
+            return steps, None
+        if not steps:
+            return steps, None
+        if edit is not None:
+            _supervisor.write_atomically(entry["file"], edit)
+            if not siblings:
+                supervisor.call(["reread"], self.step_timeout)
+                supervisor.call(["update", group], self.step_timeout)
+            elif entry.get("group_updated", True) or supervisor.pid != entry.get("supervisor_pid"):
+                self.result["warnings"].append(
+                    "supervisor:{}: its file is restored, but the running supervisord (pid {:d}) read autorestart=false for it; it gets "
+                    "autorestart back at supervisord's next start (`supervisorctl update {}` would also restart {})".format(
+                        entry["name"], supervisor.pid, group, ", ".join(siblings)))
+        if "start" in steps:
+            rc, out = supervisor.call(["start", entry["name"]], self.step_timeout)
+            if rc != 0 and "already started" not in (out or ""):
+                return ["start"], "supervisorctl start {} failed (rc {}): {}".format(entry["name"], rc, (out or "").strip()[:300])
+            self.result["started_programs"].append(entry["name"])
+        return steps, None
+
+    # --- the whole run
+
+    def run(self) -> dict[str, t.Any]:
+        started = self.system.now()
+        path = self.system.record_path
+        with _record.locked(path, create=False):
+            try:
+                record = _record.read(path)
+            except _record.RecordError as exc:
+                raise RestoreError(str(exc), self.result) from exc
+            return self._run(record, path, started)
+
+    def _run(self, record: Record, path: str, started: float) -> dict[str, t.Any]:
+        entries = record["entries"]
+        forget = forgotten(entries, self.params.get("forget") or [])
+        self.result["forgotten"] = [_record.describe(e) for e in forget]
+        forget_keys = {_record.key(e) for e in forget}
+        todo = [e for e in entries if _record.key(e) not in forget_keys]
+        units = [e["name"] for e in todo if e["kind"] == "unit"]
+        props = self._show(units) if units else {}
+        restored: list[Entry] = []
+        kept: list[Entry] = []
+        before_lines: list[str] = []
+        after_lines: list[str] = []
+        for entry in reversed(todo):
+            if entry["kind"] == "unit":
+                steps, why = self.restore_unit(entry, props.get(entry["name"], {}))
+            elif entry["kind"] == "container":
+                steps, why = self.restore_container(entry)
+            else:
+                steps, why = self.restore_program(entry)
+            before, after = change_lines(entry, steps, self.policies_now.get(entry.get("id") or ""))
+            if why:
+                kept.append(entry)
+                self.result["not_restored"].append({"kind": entry["kind"], "name": entry.get("name"), "id": entry.get("id"), "steps": steps,
+                                                    "reason": why})
+                before_lines.append(before)
+                after_lines.append(before + f" (not restored: {why})")
+                continue
+            restored.append(entry)
+            if steps:
+                self.result["restored"].append({"kind": entry["kind"], "name": entry.get("name"), "steps": steps})
+                self.result["plan"].append(plan_line(entry, steps))
+                before_lines.append(before)
+                after_lines.append(after)
+            else:
+                # Already as before the release (put back by hand): only its record entry goes.
+                self.result["already_restored"].append(_record.describe(entry))
+                self.result["plan"].append(f"{label(entry)}: already as before, dropped from the record")
+                before_lines.append(f"{label(entry)}: in the restore record")
+                after_lines.append(f"{label(entry)}: dropped from the record (already as before)")
+        for entry in forget:
+            self.result["plan"].append(f"{label(entry)}: forgotten (not restored)")
+            before_lines.append(f"{label(entry)}: in the restore record")
+            after_lines.append(f"{label(entry)}: forgotten (not restored)")
+        self.result["timings"]["restore_s"] = round(self.system.now() - started, 3)
+        self.result["diff"] = {"before_header": path, "after_header": path + " (after the restore)",
+                               "before": "".join(line + "\n" for line in before_lines),
+                               "after": "".join(line + "\n" for line in after_lines)}
+        # Every entry restored, already back or forgotten has a line in the plan: the record changes.
+        self.result["changed"] = bool(self.result["plan"])
+        left = [e for e in entries if e in kept]
+        self.result["pending"] = [_record.describe(e) for e in left]
+        if not self.check_mode and (restored or forget):
+            try:
+                _record.write(_record.without(record, [_record.key(e) for e in restored + forget], _record.now_iso()), path)
+            except (_record.RecordError, OSError) as exc:
+                raise RestoreError(f"restored, but the record {path} could not be updated: {exc}", self.result) from exc
+        if self.result["not_restored"]:
+            raise RestoreError(self.failure_message(), self.result)
+        wait = parse_wait(self.params.get("wait_for_gpus"))
+        if wait and not self.check_mode:
+            self.wait_for_gpus([e for e in restored if e.get("gpu_indexes")], wait)
+        self.result["elapsed_s"] = round(self.system.now() - started, 3)
+        return self.result
+
+    def failure_message(self) -> str:
+        parts = ["{} {}: {}".format(item["kind"], item["name"] or (item.get("id") or "")[:12], item["reason"]) for item in self.result["not_restored"]]
+        return "could not restore {}. Kept in {} for the next run of gpu_restore".format("; ".join(parts), self.system.record_path)
+
+    def wait_for_gpus(self, entries: list[Entry], seconds: float) -> None:
+        """Until every restored entry that held GPUs at the release holds a GPU again."""
+        # A program is waited for when this run found its supervisord (restore_program).
+        wanted = [e for e in entries if e["kind"] in ("unit", "container") or (e["kind"] == "supervisor" and e.get("name") in self.supervisors)]
+        if not wanted or self.look is None:
+            return
+        started = self.system.now()
+        deadline = started + seconds
+        while True:
+            holders = self.look()
+            programs = self.program_pids(wanted)
+            held: dict[str | None, list[int]] = {}
+            for entry in wanted:
+                gpus = sorted({i for h in holders if _holds(entry, h, programs, self.system.proc) for i in h.get("gpu_indexes") or []})
+                if gpus:
+                    held[entry.get("name")] = gpus
+            self.result["gpus_held"] = held
+            missing = [e for e in wanted if e.get("name") not in held]
+            now = self.system.now()
+            if not missing or now >= deadline:
+                break
+            self.system.sleep(min(GPU_POLL_S, deadline - now))
+        self.result["timings"]["wait_s"] = round(self.system.now() - started, 3)
+        if missing:
+            raise RestoreError(
+                "restored, but {} {} not holding a GPU again after {:.0f} s (wait_for_gpus); they held GPU {} at the release".format(
+                    ", ".join(str(e.get("name")) for e in missing), "is" if len(missing) == 1 else "are", seconds,
+                    "; ".join("{}: {}".format(e.get("name"), ",".join(str(i) for i in e["gpu_indexes"])) for e in missing)),
+                self.result,
+            )
+
+    def program_pids(self, entries: list[Entry]) -> dict[str, int]:
+        """{program name: its process now}, as its supervisord reports it (supervisorctl status)."""
+        pids: dict[str, int] = {}
+        for entry in entries:
+            supervisor = self.supervisors.get(entry.get("name") or "") if entry["kind"] == "supervisor" else None
+            if supervisor is None:
+                continue
+            try:
+                listed = supervisor.status(self.step_timeout)
+            except Exception:  # a supervisorctl that fails now is asked again at the next look; pylint: disable=broad-except
+                continue
+            pid = next((p.get("pid") for p in listed if p.get("name") == entry["name"]), None)
+            if pid:
+                pids[entry["name"]] = pid
+        return pids
+
+
+def program_edit(entry: Entry, supervisor_mod: ModuleType) -> str | None:
+    """The text of the program's file with the autostart/autorestart lines gpu_release wrote put
+    back as they were (a line it added removed), or None when there is nothing to put back."""
+    try:
+        with open(entry["file"]) as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    before = {"autostart": entry.get("autostart_before"), "autorestart": entry.get("autorestart_before")}
+    sections = supervisor_mod.section_names(entry["name"])
+    out: list[str] = []
+    section: str | None = None
+    changed = False
+    for line in text.splitlines(True):
+        header = supervisor_mod._SECTION.match(line)  # pylint: disable=protected-access
+        if header:
+            section = header.group(1).strip()
+        match = supervisor_mod._OPTION.match(line)  # pylint: disable=protected-access
+        if section in sections and match and supervisor_mod.MARK in line:
+            option = match.group(2).lower()
+            changed = True
+            if before.get(option) is None:
+                continue
+            line = f"{match.group(1)}{option}={before[option]}\n"
+        out.append(line)
+    return "".join(out) if changed else None
+
+
+def _holds(entry: Entry, holder: Holder, programs: t.Mapping[str, int] | None = None, proc: str = "/proc") -> bool:
+    if entry["kind"] == "unit":
+        return holder.get("unit") == entry["name"] and holder.get("system_service", True)
+    if entry["kind"] == "supervisor":
+        pid = (programs or {}).get(entry.get("name") or "")
+        return pid is not None and pid in ancestry(holder.get("pid"), proc)
+    container = holder.get("container")
+    if not container:
+        return False
+    return (entry.get("id") or "").startswith(container)
+
+
+def ancestry(pid: t.Any, proc: str = "/proc", limit: int = 64) -> list[int]:
+    """`pid` and its parents up to PID 1, from /proc/PID/stat (the kernel's parent links)."""
+    chain: list[int] = []
+    while isinstance(pid, int) and pid > 1 and len(chain) < limit and pid not in chain:
+        chain.append(pid)
+        try:
+            with open(f"{proc}/{pid:d}/stat", "rb") as handle:
+                pid = _holders.parse_stat(handle.read())[2]
+        except (OSError, ValueError, IndexError):
+            break
+    return chain
+
+
+def holders_now(smi: NvidiaSmi, proc: str = "/proc") -> list[Holder]:
+    """A look for wait_for_gpus: the holders of the node now, attributed to GPUs."""
+    return _facts.look(smi, [], with_processes=True, proc=proc).holders

@@ -1,0 +1,135 @@
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE: it may change without notice. Only the modules of
+# zeromib.gpu may use it.
+
+"""Which container or pod a cgroup path names, and whether that name is only a claim.
+
+A cgroup path is what a user can write inside the subtree systemd delegates to them
+(`user@UID.service`, or any cgroup directory they own): there they can name a cgroup
+`docker-<any id>.scope` or `kubepods.slice` (docs/design.md, "What can be trusted on a shared
+node"). So what a path names is believed only outside such subtrees (`container_ref`,
+`delegated_to`: the cgroup file system's owners, the kernel's word), and even then it is a claim
+that the container's runtime must confirm before anything is stopped through it (_containers).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import typing as t
+
+if t.TYPE_CHECKING:
+    from ansible_collections.zeromib.gpu.plugins.module_utils._types import ContainerRef
+
+DOCKER = "docker"
+PODMAN = "podman"
+CONTAINERD = "containerd"
+CRIO = "cri-o"
+
+
+_HEX_ID = r"([0-9a-f]{64}|[0-9a-f]{12,63})"
+_PREFIX_RUNTIME = {
+    "docker": DOCKER,
+    "libpod": PODMAN,
+    "podman": PODMAN,
+    "cri-containerd": CONTAINERD,
+    "containerd": CONTAINERD,
+    "nerdctl": CONTAINERD,
+    "crio": CRIO,
+    "cri-o": CRIO,
+}
+_PATTERNS = (
+    # systemd cgroup driver: /system.slice/docker-<id>.scope, /machine.slice/libpod-<id>.scope[/container],
+    # .../cri-containerd-<id>.scope, .../crio-<id>.scope. (libpod-conmon-<id>.scope is conmon, not the container.)
+    re.compile(r"(?:^|/)(docker|cri-containerd|crio|libpod|containerd|podman|nerdctl)-" + _HEX_ID + r"\.scope(?:/|$)"),
+    # containerd's systemd cgroup driver when it and runc disagree (kind, k3s):
+    # /system.slice/containerd.service/kubepods-...slice:cri-containerd:<id>
+    re.compile(r":(cri-containerd|cri-o|crio|docker|containerd):" + _HEX_ID + r"(?:/|$)"),
+    # cgroupfs driver: /docker/<id>, /libpod_parent/libpod-<id>, /crio/<id>
+    re.compile(r"/(docker|containerd|crio)/" + _HEX_ID + r"(?:/|$)"),
+    re.compile(r"/(libpod)-" + _HEX_ID + r"(?:/|$)"),
+    # Kubernetes with the cgroupfs driver: /kubepods/<qos>/pod<uid>/<id> (runtime not in the path)
+    re.compile(r"/kubepods[^\s]*/pod[0-9a-f_-]+/()" + _HEX_ID + r"(?:/|$)"),
+)
+_POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}|[0-9a-f]{32})(?:\.slice)?(?=[/:]|$)")
+_KUBEPODS = re.compile(r"(?:^|/)kubepods(?:[.\-/]|$)")
+# The subtree systemd delegates to a user's own manager: everything below it is theirs to name.
+_USER_MANAGER = re.compile(r"(?:^|/)user@\d+\.service(?:/|$)")
+
+
+def container_ref(cgroup_path: str | None) -> ContainerRef | None:
+    """The container a cgroup path belongs to, or None (also for a path in a user manager's
+    subtree). `runtime` is None where the path does not say (Kubernetes with the cgroupfs
+    driver); a process of a pod outside any container cgroup has `id` None. No I/O."""
+    if not cgroup_path or _USER_MANAGER.search(cgroup_path):
+        return None
+    return _named_ref(cgroup_path)
+
+
+def _named_ref(cgroup_path: str) -> ContainerRef | None:
+    """What a cgroup path names, wherever it lies (see container_ref)."""
+    kubernetes = bool(_KUBEPODS.search(cgroup_path))
+    pod = _POD_UID.search(cgroup_path) if kubernetes else None
+    pod_uid = pod.group(1).replace("_", "-") if pod else None
+    for pattern in _PATTERNS:
+        match = pattern.search(cgroup_path)
+        if match:
+            return {"id": match.group(2), "runtime": _PREFIX_RUNTIME.get(match.group(1)), "kubernetes": kubernetes, "pod_uid": pod_uid}
+    if kubernetes:
+        return {"id": None, "runtime": None, "kubernetes": True, "pod_uid": pod_uid}
+    return None
+
+
+def container_of(cgroup_path: str | None) -> str | None:
+    """The container id of a cgroup path (docker, podman, containerd, CRI-O, Kubernetes), or None."""
+    ref = container_ref(cgroup_path)
+    return ref["id"] if ref else None
+
+
+def user_manager_claim(cgroup_path: str | None) -> str | None:
+    """The user manager (`user@UID.service`) whose subtree holds `cgroup_path`, when the path
+    there names a container or pod: a name its user chose, never believed. None otherwise."""
+    manager = _USER_MANAGER.search(cgroup_path or "")
+    if manager and cgroup_path and _named_ref(cgroup_path) is not None:
+        return manager.group(0).strip("/")
+    return None
+
+
+def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[str]:
+    """Mount points of the cgroup hierarchies systemd paths live in: cgroup2, and v1's
+    name=systemd (hybrid nodes)."""
+    mounts: list[str] = []
+    try:
+        with open(mountinfo, "rb") as handle:
+            lines = handle.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return mounts
+    for line in lines:
+        left, _sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) < 5 or len(tail) < 3:
+            continue
+        point = fields[4].replace("\\040", " ")
+        if tail[0] == "cgroup2" or (tail[0] == "cgroup" and "name=systemd" in tail[2].split(",")):
+            mounts.append(point)
+    return mounts
+
+
+def delegated_to(cgroup_path: str | None, mounts: t.Iterable[str]) -> int | None:
+    """The uid that owns a cgroup directory on `cgroup_path` (or one above it), or None when
+    root owns all of them: only a delegated subtree (a user manager's, or a unit with
+    Delegate=yes and User=) is owned by anyone else, and its owner may create and name cgroups
+    there at will."""
+    parts = [part for part in (cgroup_path or "").split("/") if part]
+    for mount in mounts:
+        for depth in range(len(parts), 0, -1):
+            try:
+                owner = os.stat(os.path.join(mount, *parts[:depth])).st_uid
+            except OSError:
+                continue
+            if owner != 0:
+                return owner
+    return None

@@ -1,0 +1,443 @@
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE: it may change without notice. Only the modules of
+# zeromib.gpu may use it.
+
+"""One look at a node: nvidia-smi records + /proc holders -> the `ansible_facts.gpu` shape."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import typing as t
+
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _attribution
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _health
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders_mod
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _nvidia_smi as smi_mod
+
+if t.TYPE_CHECKING:
+    from ansible_collections.zeromib.gpu.plugins.module_utils._look._engines import Runtimes
+    from ansible_collections.zeromib.gpu.plugins.module_utils._types import ComputeApp, DriverGpu, Gpu, Holder
+
+    MainPidOf = t.Callable[[str], t.Optional[int]]
+
+GPU_KEYS = (
+    "index",
+    "uuid",
+    "name",
+    "pci_bus_id",
+    "minor_number",
+    "memory_total_mib",
+    "memory_used_mib",
+    "memory_reserved_mib",
+    "memory_free_mib",
+    "utilization_gpu_pct",
+    "temperature_c",
+    "power_draw_w",
+    "persistence_mode",
+    "mig_mode",
+    "clean",
+    "cross_gpu_footprint",
+    "healthy",
+    "health_checked",
+    "health_unchecked",
+    "health_issues",
+    "health",
+)
+
+HOLDER_KEYS = (
+    "pid",
+    "ppid",
+    "name",
+    "cmdline",
+    "user",
+    "state",
+    "start_time",
+    "devices",
+    "gpu_indexes",
+    "attribution",
+    "candidate_gpu_indexes",
+    "unit",
+    "container",
+    "protected",
+    "protection_note",
+    "container_note",
+    # _container_of.HOLDER_KEYS, spelled out: a host whose holders run in no container (and a clean
+    # one, which has none) never loads _container_of (tests/unit: test_facts checks they agree).
+    "container_runtime",
+    "container_name",
+    "container_image",
+    "pod",
+    "pod_uid",
+)
+
+
+def gpu_is_clean(gpu: Gpu, max_used_mib: float) -> bool:
+    """Unknown memory ([N/A], [Unknown Error]) is never clean."""
+    used = gpu.get("memory_used_mib")
+    return used is not None and used <= max_used_mib
+
+
+def with_minor_numbers(gpus: t.Iterable[Gpu], minors_by_bus: t.Mapping[str | None, int]) -> list[Gpu]:
+    """Add minor_number from the driver's proc files. Where they are absent (no nvidia kernel
+    module visible, e.g. some containers) fall back to the index, the driver's default order."""
+    result = []
+    for gpu in gpus:
+        record = t.cast("Gpu", dict(gpu))
+        minor = minors_by_bus.get(smi_mod.normalize_bus_id(gpu.get("pci_bus_id")))
+        record["minor_number"] = minor if minor is not None else gpu["index"]
+        result.append(record)
+    return result
+
+
+def minor_to_index(gpus: t.Iterable[Gpu]) -> dict[int, int]:
+    return {gpu["minor_number"]: gpu["index"] for gpu in gpus}
+
+
+def public_gpu(gpu: Gpu, max_used_mib: float, footprint: t.Container[int] = ()) -> Gpu:
+    """`footprint`: indexes of GPUs whose memory is only the cross-GPU footprint (clean)."""
+    record = t.cast("Gpu", {key: gpu.get(key) for key in GPU_KEYS})
+    record["cross_gpu_footprint"] = gpu["index"] in footprint
+    record["clean"] = gpu_is_clean(gpu, max_used_mib) or record["cross_gpu_footprint"]
+    return record
+
+
+def public_holder(holder: Holder) -> dict[str, t.Any]:
+    return {key: holder.get(key) for key in HOLDER_KEYS}
+
+
+# The name nvidia-smi gives an owner it cannot find; a dead owner's row lists nobody.
+DEAD_OWNER_NAME = "[Not Found]"
+
+
+def join_apps(apps: t.Iterable[ComputeApp], gpus: t.Iterable[Gpu], alive: t.Callable[[int], bool],
+              name_of: t.Callable[[int], str | None] | None = None) -> list[ComputeApp]:
+    """Compute apps joined to their GPU by UUID (MIG apps report the parent GPU's UUID). Names
+    come from /proc (`name_of`), for display only; a dead owner reads DEAD_OWNER_NAME."""
+    index_of: dict[str | None, int] = {gpu["uuid"]: gpu["index"] for gpu in gpus}
+    joined: list[ComputeApp] = []
+    for app in apps:
+        live = alive(app["pid"])
+        name = app.get("name")
+        if name_of is not None:
+            name = (name_of(app["pid"]) if live else None) or DEAD_OWNER_NAME
+        joined.append({
+            "pid": app["pid"],
+            "name": name,
+            "used_memory_mib": app.get("used_memory_mib"),
+            "gpu_uuid": app.get("gpu_uuid"),
+            "gpu_index": index_of.get(app.get("gpu_uuid")),
+            "alive": live,
+        })
+    return joined
+
+
+def dirty_holders(holders: t.Iterable[Holder], selected: t.Iterable[int] | None = None) -> list[Holder]:
+    """Live unprotected processes that use (or, undecided, may use) a GPU (a selected one, if
+    given). NVML clients use none."""
+    dirty = []
+    for holder in holders:
+        uses = set(holder["gpu_indexes"]) | set(holder.get("candidate_gpu_indexes") or [])
+        if not holder["protected"] and uses and (selected is None or uses & set(selected)):
+            dirty.append(holder)
+    return dirty
+
+
+def health_summary(public_gpus: list[Gpu], health: _health.Health | None = None, dcgm: dict[str, t.Any] | None = None) -> dict[str, t.Any]:
+    """Host-level health keys: healthy, health_checked, health_issues (each GPU's, prefixed
+    with it), and the kernel log read and DCGM's verdict under `health`."""
+    if health is None:
+        return {"healthy": None, "health_checked": False, "health_issues": [], "health": None}
+    healthy, issues = _health.host_verdict(public_gpus, dcgm, health.host_issues)
+    return {
+        "healthy": healthy and bool(public_gpus),
+        "health_checked": all(gpu.get("health_checked") for gpu in public_gpus) and bool(public_gpus),
+        "health_issues": issues,
+        "health": health.host_record(dcgm),
+    }
+
+
+def assemble(gpus: list[Gpu], apps: list[ComputeApp], holders: list[Holder], max_used_mib: float, with_processes: bool, cuda_version: str | None = None,
+             footprint: t.Container[int] = (), health: _health.Health | None = None, dcgm: dict[str, t.Any] | None = None,
+             not_visible: t.Sequence[DriverGpu] = ()) -> dict[str, t.Any]:
+    """The `ansible_facts.gpu` dict. `gpus` carry minor numbers and health, `holders` are attributed;
+    `not_visible`: the driver's GPUs this namespace cannot reach (not_visible_gpus)."""
+    public_gpus = [public_gpu(gpu, max_used_mib, footprint) for gpu in gpus]
+    used = [gpu["memory_used_mib"] for gpu in public_gpus]
+    clean = bool(public_gpus) and all(gpu["clean"] for gpu in public_gpus)
+    if with_processes:
+        clean = clean and not dirty_holders(holders)
+    return dict(health_summary(public_gpus, health, dcgm), **{
+        "driver_version": gpus[0].get("driver_version") if gpus else None,
+        "cuda_version": cuda_version,
+        "count": len(public_gpus),
+        "clean": clean,
+        "memory_used_mib": None if any(u is None for u in used) else sum(u for u in used if u is not None),
+        "error": None,
+        "not_visible": [gpu["bus"] for gpu in not_visible],
+        "gpus": public_gpus,
+        "processes": apps if with_processes else [],
+        "holders": [public_holder(h) for h in holders] if with_processes else [],
+    })
+
+
+def failed_facts(error: str) -> dict[str, t.Any]:
+    """What gpu_facts reports with fail_on_error=false when nvidia-smi fails as a whole."""
+    return {
+        "driver_version": None,
+        "cuda_version": None,
+        "count": 0,
+        "clean": False,
+        "memory_used_mib": None,
+        "error": error,
+        "not_visible": [],
+        "gpus": [],
+        "processes": [],
+        "holders": [],
+        "healthy": False,
+        "health_checked": False,
+        "health_issues": [error],
+        "health": None,
+    }
+
+
+def cuda_driver_version(library: str = "libcuda.so.1") -> str | None:
+    """The CUDA version the driver supports, from libcuda's cuDriverGetVersion (no context,
+    no device file opened), so that no third nvidia-smi call is needed. None if unavailable."""
+    try:
+        libcuda = ctypes.CDLL(library)
+        version = ctypes.c_int(0)
+        if libcuda.cuDriverGetVersion(ctypes.byref(version)) != 0 or version.value <= 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return f"{version.value // 1000:d}.{(version.value % 1000) // 10:d}"
+
+
+def alive(pid: int, proc: str = "/proc") -> bool:
+    return holders_mod.start_time_of(pid, proc) is not None
+
+
+class Snapshot:
+    """One look at the node: what gpu_facts returns and what gpu_release plans from."""
+
+    def __init__(self, gpus: list[Gpu], apps: list[ComputeApp], holders: list[Holder], unreadable: list[int] | None = None,
+                 footprint: t.Iterable[int] = (), health: _health.Health | None = None, not_visible: list[DriverGpu] | None = None) -> None:
+        self.gpus = gpus
+        # The driver's GPUs this namespace cannot reach (not_visible_gpus): not this node's.
+        self.not_visible = not_visible or []
+        # The _health.Health of this look: annotates later readings of the same GPUs alike.
+        self.health = health
+        self.apps = apps
+        self.holders = holders
+        # PIDs whose device files we may not read (not root): holders may hide among them.
+        self.unreadable = unreadable or []
+        # GPUs whose memory is only the footprint of contexts on other GPUs.
+        self.footprint = set(footprint)
+
+
+def not_visible_gpus(gpus: list[Gpu], driver_gpus: t.Mapping[str | None, DriverGpu], reachable: t.Callable[[int], bool] | None = None) -> list[DriverGpu]:
+    """The GPUs the driver has, nvidia-smi left out and this namespace cannot reach (issue 37). The
+    driver's proc files are not namespaced: in an LXC container, a Slurm step with a device cgroup
+    or `docker --device /dev/nvidia2` they list every GPU of the host, while NVML lists only those
+    whose device node it can open (real H200, driver 580.159.04: without /dev/nvidia0 in the
+    namespace, "No devices were found" while /proc/driver/nvidia/gpus lists 0000:00:06.0). Only the
+    GPUs nvidia-smi left out are asked (`reachable(minor)`, default an open of the node); one
+    without a minor number cannot be asked and counts as reachable (then it fails the look)."""
+    missing = smi_mod.missing_from_answer(gpus, driver_gpus)
+    if not missing:
+        return []
+    if reachable is None:
+        reachable = functools.partial(holders_mod.gpu_node_reachable, table=holders_mod.DeviceTable.read())
+    hidden = []
+    for bus in missing:
+        minor = driver_gpus[bus]["minor"]
+        if minor is not None and not reachable(minor):
+            hidden.append(driver_gpus[bus])
+    return hidden
+
+
+def any_dirty(gpus: t.Iterable[Gpu], max_used_mib: float) -> bool:
+    return any(not gpu_is_clean(gpu, max_used_mib) for gpu in gpus)
+
+
+def unexplained_gpus(gpus: t.Iterable[Gpu], apps: t.Iterable[ComputeApp], holders: t.Iterable[Holder], limit: float) -> list[int]:
+    """Indexes of the GPUs above `limit` MiB whose memory the processes found with a device file
+    open may not explain: no compute app is listed on it, or one listed is dead (its orphaned
+    child may hold the memory) or not among `holders`."""
+    holding = {holder["pid"] for holder in holders}
+    unexplained = []
+    for gpu in gpus:
+        if gpu_is_clean(gpu, limit):
+            continue
+        listed = [app for app in apps if app.get("gpu_index") == gpu["index"]]
+        if not listed or not all(app.get("alive") and app["pid"] in holding for app in listed):
+            unexplained.append(gpu["index"])
+    return unexplained
+
+
+class DeviceScan(t.NamedTuple):
+    """One pass over /proc for open device files: the device numbers it went by, the processes
+    with one open (not attributed yet), and the PIDs without (for scan_mapped, if needed)."""
+    table: holders_mod.DeviceTable
+    raw: list[Holder]
+    others: list[int]
+
+
+def scan_devices(proc: str = "/proc", unreadable: list[int] | None = None, ours: t.Collection[int] = ()) -> DeviceScan:
+    """`ours`: PIDs this module started (its nvidia-smi calls), left out: they hold the device
+    files only while they answer."""
+    others: list[int] = []
+    table = holders_mod.DeviceTable.read()
+    raw = holders_mod.scan_holders(proc, unreadable, with_maps=False, without_devices=others, table=table)
+    return DeviceScan(table, [h for h in raw if h["pid"] not in ours], [pid for pid in others if pid not in ours])
+
+
+def scan_and_attribute(gpus: list[Gpu], apps: list[ComputeApp] | None, fetch_apps: t.Callable[[], list[ComputeApp]], *,
+                       protect_names: t.Iterable[str], protect_pids: t.Collection[int], own_lineage: t.Collection[int], proc: str = "/proc",
+                       unreadable: list[int] | None = None, max_used_mib: float = 0, footprint_mib: float | None = _attribution.CROSS_GPU_FOOTPRINT_MIB,
+                       main_pid_of: MainPidOf | None = None, scanned: DeviceScan | None = None) -> tuple[list[Holder], list[ComputeApp]]:
+    """The /proc scan, attributed to GPUs and marked protected -> (holders, apps).
+
+    `apps` are joined compute apps, or None when not fetched yet: `fetch_apps()` is then called
+    only if the answer depends on them (see _attribution.needs_listing). `protect_names`,
+    `protect_pids`: the protect option split (_holders.split_protect); `own_lineage`: this
+    module and its ancestors (never signalled); `unreadable` gets the PIDs whose files could not
+    be read; `scanned`: the device-file pass when it was done already (while nvidia-smi ran)."""
+    # Processes that mapped a device file and closed it (CUDA never does) matter only where a GPU
+    # holds more than the footprint and than what live, listed processes with the device files
+    # open explain: only then are the maps of processes without a device file open read. Speed:
+    # a busy node with 1,000 processes looked in 120-144 ms reading them all, in about the time of
+    # an idle look without (benchmarks/changes.md).
+    limit = max_used_mib + (footprint_mib or 0)
+    table, raw, others = scanned if scanned is not None else scan_devices(proc, unreadable)
+    raw = list(raw)
+    if apps is None and (any_dirty(gpus, limit) or _attribution.needs_listing(raw)):
+        apps = fetch_apps()
+    if unexplained_gpus(gpus, apps or [], raw, limit):
+        raw += holders_mod.scan_mapped(others, proc, table)
+    apps = apps or []
+    attributed = _attribution.attribute(raw, apps, minor_to_index(gpus))
+    return holders_mod.protect(attributed, protect_names, protect_pids, own_lineage, main_pid_of), apps
+
+
+def _query_gpus(smi: smi_mod.NvidiaSmi, with_apps: bool, checks: _health.Checks | None, kernel_log_state: str | None = None,
+                meanwhile: t.Callable[[], None] | None = None) -> tuple[list[Gpu], list[ComputeApp], _health.Health | None]:
+    """nvidia-smi's GPUs and (`with_apps`) raw compute apps; with `checks`, the kernel log read
+    for Xids while nvidia-smi runs (only its new lines with `kernel_log_state`, see
+    _kernel_log_state), and the GPUs annotated with their health. `meanwhile()` runs while the
+    GPU query is out."""
+    if checks is None:
+        gpus, apps = smi.query_all(with_apps=with_apps, meanwhile=meanwhile)
+        return gpus, apps, None
+    kernel_log = _health.KernelLog(checks.xid_window_hours, state_path=kernel_log_state)
+    kernel_log.start()
+    try:
+        gpus, apps = smi.query_all(smi_mod.GPU_FIELDS + smi_mod.HEALTH_FIELDS, with_apps=with_apps, meanwhile=meanwhile)
+    except BaseException:
+        kernel_log.abandon()
+        raise
+    xids, history = kernel_log.xids()
+    # Fabric Manager is asked only where a GPU sits on an NVSwitch fabric (fabric.state not N/A).
+    fabric_manager = _health.read_fabric_manager() if any(_health.has_fabric(g) for g in gpus) else None
+    health = _health.Health(checks, xids, kernel_log=kernel_log, history_by_bus=history, fabric_manager=fabric_manager,
+                            driver_version=gpus[0].get("driver_version") if gpus else None)
+    return health.annotate(gpus), apps, health
+
+
+def look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, *, with_processes: bool = True, proc: str = "/proc",
+         driver_root: str = "/proc/driver/nvidia/gpus", with_apps: bool | None = None, max_used_mib: float = 0,
+         footprint_mib: float | None = _attribution.CROSS_GPU_FOOTPRINT_MIB, runtimes: Runtimes | None = None, checks: _health.Checks | None = None,
+         main_pid_of: MainPidOf | None = None, runtimes_of: t.Callable[[], Runtimes] | None = None,
+         kernel_log_state: str | None = None, while_waiting: t.Callable[[list[Holder]], None] | None = None) -> Snapshot:
+    """nvidia-smi (GPUs and, side by side, compute apps, and the kernel log for Xids) then the
+    /proc scan -> Snapshot. GPU records carry their health (`checks`: a _health.Checks).
+
+    `with_apps` defaults to `with_processes`; gpu_release looks without them and asks for them
+    only when some process maps a per-GPU node (a clean node: one nvidia-smi call). Without
+    `checks`, health is not read (the GPUs' `healthy` reads None). The container runtimes
+    (`runtimes`, or `runtimes_of()`) are asked only about holders, and loaded only then.
+
+    The device-file pass over /proc runs while nvidia-smi answers (neither needs the other);
+    when it finds a process mapping a GPU, the compute-apps call starts at once and
+    `while_waiting(raw holders)` runs too (gpu_release loads the code that frees them). Speed:
+    on the H200 the GPU query waits ~30 ms on the driver, the pass and that loading ~10-40 ms
+    (docs/benchmarks.md)."""
+    with_apps = with_processes if with_apps is None else with_apps
+    unreadable: list[int] = []
+    early: dict[str, t.Any] = {}
+
+    def meanwhile() -> None:
+        scanned = early["scan"] = scan_devices(proc, unreadable, getattr(smi, "pids", ()))
+        if _attribution.needs_listing(scanned.raw):
+            if not with_apps:
+                early["apps"] = smi.start(smi.app_args())
+            if while_waiting is not None:
+                while_waiting(scanned.raw)
+
+    try:
+        return _look(smi, protect, early, unreadable, meanwhile if with_processes else None, with_processes=with_processes, proc=proc,
+                     driver_root=driver_root, with_apps=with_apps, max_used_mib=max_used_mib, footprint_mib=footprint_mib, runtimes=runtimes,
+                     checks=checks, main_pid_of=main_pid_of, runtimes_of=runtimes_of, kernel_log_state=kernel_log_state)
+    except BaseException:
+        if early.get("apps") is not None:
+            smi.abandon(early["apps"])
+        raise
+
+
+def _look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, early: dict[str, t.Any], unreadable: list[int],
+          meanwhile: t.Callable[[], None] | None, *, with_processes: bool, proc: str, driver_root: str, with_apps: bool, max_used_mib: float,
+          footprint_mib: float | None, runtimes: Runtimes | None, checks: _health.Checks | None, main_pid_of: MainPidOf | None,
+          runtimes_of: t.Callable[[], Runtimes] | None, kernel_log_state: str | None) -> Snapshot:
+    gpus, listed, health = _query_gpus(smi, with_apps, checks, kernel_log_state, meanwhile)
+    driver_gpus = smi_mod.read_driver_gpus(driver_root)
+    # A GPU the driver has and nvidia-smi left out (rc 0, one row fewer) is never read as clean,
+    # unless this namespace cannot reach it: then it is not this node's (not_visible).
+    not_visible = not_visible_gpus(gpus, driver_gpus)
+    smi_mod.check_against_driver(gpus, driver_gpus, [gpu["bus"] for gpu in not_visible], cmd=[smi.path] if getattr(smi, "path", None) else None)
+    gpus = with_minor_numbers(gpus, {bus: gpu["minor"] for bus, gpu in driver_gpus.items() if gpu["minor"] is not None})
+    if not with_processes:
+        return Snapshot(gpus, [], [], health=health, not_visible=not_visible)
+    names, pids = holders_mod.split_protect(protect)
+    lineage = holders_mod.lineage(os.getpid(), proc)
+
+    def joined(raw_apps: t.Iterable[ComputeApp]) -> list[ComputeApp]:
+        return join_apps(raw_apps, gpus, lambda pid: alive(pid, proc), lambda pid: holders_mod.display_name(pid, proc))
+
+    # A dirty GPU always needs the compute apps (see scan_and_attribute): started now unless
+    # the device-file pass started them already. Speed: their call overlaps the attribution
+    # instead of following it (benchmarks/changes.md).
+    if not with_apps and early.get("apps") is None and any_dirty(gpus, max_used_mib + (footprint_mib or 0)):
+        early["apps"] = smi.start(smi.app_args())
+
+    def fetch_apps() -> list[ComputeApp]:
+        started = early.pop("apps", None) or smi.start(smi.app_args())
+        return joined(smi_mod.parse_compute_apps(smi.finish(started)))
+
+    holders, apps = scan_and_attribute(
+        gpus, joined(listed) if with_apps else None, fetch_apps, protect_names=names, protect_pids=pids, own_lineage=lineage, proc=proc,
+        unreadable=unreadable, max_used_mib=max_used_mib, footprint_mib=footprint_mib, main_pid_of=main_pid_of, scanned=early.get("scan"),
+    )
+    if early.get("apps") is not None:
+        # Started for a process mapping a GPU, and the answer did not need it after all.
+        smi.abandon(early.pop("apps"))
+    if holders:
+        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _container_of
+        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _engines
+        _container_of.annotate(holders, runtimes or (runtimes_of() if runtimes_of else _engines.Runtimes()), proc)
+    footprint = _attribution.footprint_gpus(gpus, holders, apps, max_used_mib, footprint_mib)
+    return Snapshot(gpus, apps, holders, unreadable, footprint, health, not_visible)
+
+
+def unreadable_warning(unreadable: t.Sized | None) -> str | None:
+    """What to tell a user who ran without root, or None."""
+    if not unreadable:
+        return None
+    return (
+        f"could not read the open files of {len(unreadable):d} process(es) (not root?): a holder among them is invisible to this module; "
+        "run with become: true"
+    )

@@ -1,0 +1,985 @@
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE: it may change without notice. Only the modules of
+# zeromib.gpu may use it.
+
+"""Is a GPU ready, not just free: nvidia-smi health readings and kernel-log Xids -> issues.
+
+Pure functions turn records (from _nvidia_smi) and kernel log lines into plain sentences per
+GPU, and say which checks could not run (`health_unchecked`). Thin readers run commands, each
+bounded in time and size: the kernel log (journalctl, else dmesg), Fabric Manager's unit and
+version where a GPU has a fabric, and, when asked, `dcgmi diag`.
+
+The GPU's own reading is the authority (docs/health.md): host context (a unit, a binary) explains
+a bad reading and never turns a good one bad.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import time
+import typing as t
+
+from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _kernel_log_state as log_state
+from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import GPU_FIELDS, HEALTH_FIELDS, kill_group, normalize_bus_id
+
+if t.TYPE_CHECKING:
+    from ansible_collections.zeromib.gpu.plugins.module_utils._types import Gpu
+
+    # {bus key: [{xid, time, message, action}]}: the Xids of the kernel log by the GPU they name.
+    XidsByBus = t.Dict[t.Optional[str], t.List[t.Dict[str, t.Any]]]
+
+# NVIDIA's Xid catalog: Xid -> (immediate action, description). Source: "Analyzing Xid Errors with
+# the Xid Catalog" (https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, the
+# catalog for Ampere and newer GPUs, columns "Resolution Bucket (Immediate Action)"), read
+# 2026-12-01: rows 1-13 from the page itself, the others as that catalog is quoted row by row in a
+# public Xid triage reference ("NVIDIA Xid Triage Reference", which cites the page above and
+# NVIDIA's GPU Debug Guidelines). Xids not listed here are reported, not judged (xid_fatal judges
+# them). Unused Xids the catalog maps to CONTACT_SUPPORT (1-7, 9, 10, 12, 56-58, 61) are kept: if
+# one ever fires, the GPU is in a state nobody documented.
+XID_CATALOG = {
+    1: ("CONTACT_SUPPORT", "unused Xid"),
+    2: ("CONTACT_SUPPORT", "unused Xid"),
+    3: ("CONTACT_SUPPORT", "unused Xid"),
+    4: ("CONTACT_SUPPORT", "unused Xid"),
+    5: ("CONTACT_SUPPORT", "unused Xid"),
+    6: ("CONTACT_SUPPORT", "unused Xid"),
+    7: ("CONTACT_SUPPORT", "unused Xid"),
+    8: ("RESTART_APP", "GPU stopped processing"),
+    9: ("CONTACT_SUPPORT", "unused Xid"),
+    10: ("CONTACT_SUPPORT", "unused Xid"),
+    11: ("RESTART_APP", "invalid or corrupted push buffer stream"),
+    12: ("CONTACT_SUPPORT", "unused Xid"),
+    13: ("RESTART_APP", "graphics engine exception"),
+    25: ("RESTART_APP", "invalid or illegal push buffer stream"),
+    31: ("RESTART_APP", "GPU memory page fault"),
+    32: ("RESTART_APP", "invalid or corrupted push buffer stream"),
+    43: ("IGNORE", "GPU stopped processing"),
+    44: ("IGNORE", "graphics engine fault during context switch"),
+    45: ("WORKFLOW_XID_45", "preemptive cleanup, due to previous errors"),
+    46: ("RESET_GPU", "GPU stopped processing"),
+    48: ("WORKFLOW_XID_48", "double-bit ECC error"),
+    56: ("CONTACT_SUPPORT", "unused Xid (display channel exception)"),
+    57: ("CONTACT_SUPPORT", "unused Xid (framebuffer link training failure)"),
+    58: ("CONTACT_SUPPORT", "unused Xid (framebuffer memory error)"),
+    61: ("CONTACT_SUPPORT", "internal micro-controller breakpoint"),
+    62: ("RESET_GPU", "internal micro-controller halt"),
+    63: ("IGNORE", "ECC page retirement or row remapping event"),
+    64: ("RESET_GPU", "ECC page retirement or row remapper failure"),
+    69: ("RESTART_APP", "graphics engine class error"),
+    74: ("WORKFLOW_NVLINK_ERR", "NVLink error"),
+    79: ("RESTART_BM", "GPU has fallen off the bus"),
+    92: ("IGNORE", "high single-bit ECC error rate"),
+    94: ("RESTART_APP", "contained ECC error"),
+    95: ("RESET_GPU", "uncontained ECC error"),
+    109: ("RESET_GPU", "context switch timeout"),
+    110: ("RESET_GPU", "security fault"),
+    119: ("RESET_GPU", "GSP RPC timeout"),
+    120: ("RESET_GPU", "GSP error"),
+    136: ("RESET_GPU", "link training failed"),
+    137: ("IGNORE", "NVLink privilege error (an application's illegal peer access)"),
+    140: ("RESET_GPU", "unrecovered ECC error"),
+    143: ("RESET_GPU", "GPU initialization error"),
+    144: ("WORKFLOW_NVLINK5_ERR", "NVLink SAW error"),
+    145: ("WORKFLOW_NVLINK5_ERR", "NVLink RLW error"),
+    146: ("WORKFLOW_NVLINK5_ERR", "NVLink TLW error"),
+    147: ("WORKFLOW_NVLINK5_ERR", "NVLink TREX error"),
+    148: ("WORKFLOW_NVLINK5_ERR", "NVLink NVLPW_CTRL error"),
+    149: ("WORKFLOW_NVLINK5_ERR", "NVLink NETIR error"),
+    150: ("WORKFLOW_NVLINK5_ERR", "NVLink MSE error"),
+    151: ("RESTART_VM", "key rotation error"),
+    154: ("XID_154", "GPU recovery action changed"),
+    155: ("RESET_GPU", "NVLink software-defined error"),
+    156: ("RESET_GPU", "resource retirement event"),
+    157: ("IGNORE", "resource retirement failure"),
+    158: ("RESET_GPU", "GPU fatal timeout"),
+}
+
+# The fault set, derived from the immediate action: the application's own faults (RESTART_APP) and
+# what NVIDIA says to ignore are not faults of the GPU; a reset, a reboot (RESTART_BM, RESTART_VM),
+# a workflow (WORKFLOW_*) or support are.
+NOT_GPU_FAULTS = frozenset(["RESTART_APP", "IGNORE"])
+# Xid 45 is logged when a process with GPU work is killed (channels torn down on a normal exit or
+# kill, public fleet reports): gpu_release's own SIGKILLs would make every later run fail. Its
+# workflow judges it by the Xid it follows, which is judged itself. xid_fatal: [45] restores it.
+NOT_FAULT_XIDS = frozenset([45])
+
+# What the operator is told for each action (the catalog's bucket names, in words).
+ACTION_WORDS = {
+    "RESET_GPU": "reset the GPU",
+    "RESTART_BM": "reboot the node",
+    "RESTART_VM": "restart the VM",
+    "WORKFLOW_XID_48": "reset the GPU; with Xid 63/64 drain and reset",
+    "WORKFLOW_NVLINK_ERR": "check the NVLink, then reset the GPU or reboot",
+    "WORKFLOW_NVLINK5_ERR": "decode it with NVIDIA's Xid 144-150 table",
+    "CONTACT_SUPPORT": "contact NVIDIA support",
+    "XID_154": "follow the GPU's recovery action",
+}
+
+# The reasons nvidia-smi gives for lowered clocks that point at the hardware or its cooling.
+# (sw_power_cap, gpu_idle and applications_clocks_setting are normal operation.)
+SLOWDOWN_REASONS = (
+    ("slowdown_hw", "hardware slowdown"),
+    ("slowdown_hw_thermal", "hardware thermal slowdown"),
+    ("slowdown_hw_power_brake", "hardware power brake slowdown"),
+    ("slowdown_sw_thermal", "software thermal slowdown"),
+)
+
+# Health checks by name (the values of `health_unchecked`), and the readings each rests on.
+CHECK_KEYS = (
+    ("ecc", ("ecc_uncorrected_volatile",)),
+    ("row_remap", ("remapped_rows_pending", "remapped_rows_failure")),
+    ("retired_pages", ("retired_pages_pending",)),
+    ("pcie", ("pcie_link_gen_current", "pcie_link_gen_max", "pcie_link_width_current", "pcie_link_width_max", "pstate")),
+    ("clocks", tuple(key for key, _text in SLOWDOWN_REASONS)),
+    ("persistence", ("persistence_mode",)),
+    ("mig", ("mig_mode", "mig_mode_pending")),
+    ("recovery_action", ("recovery_action",)),
+    ("fabric", ("fabric_state", "fabric_status", "fabric_health_summary")),
+)
+CHECKS = tuple(name for name, _keys in CHECK_KEYS) + ("xid",)
+_CHECKED_KEYS = frozenset(key for _name, keys in CHECK_KEYS for key in keys)
+# The fabric check rests on the registration; fabric.health.summary is judged where the driver has it.
+FABRIC_REGISTRATION_KEYS = ("fabric_state", "fabric_status")
+
+# Values nvidia-smi prints in a field when the GPU is in trouble, not when it lacks the feature.
+FAULT_TOKENS = ("[GPU requires reset]", "[Unknown Error]", "[GPU is lost]")
+
+# nvidia-smi's name of each record key, for messages that name the field.
+FIELD_OF = dict((key, field) for field, key, _kind in GPU_FIELDS + HEALTH_FIELDS)
+
+# "NVRM: Xid (PCI:0000:18:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
+# Older drivers print the bus without "PCI:", some with the function.
+_XID = re.compile(
+    r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9a-fA-F]{1,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?\): (?P<xid>\d+)(?:, (?P<rest>.*))?"
+)
+# What the driver prints when its kernel module loads (open and proprietary modules alike):
+# "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  580.105.08 ..." (public dmesg reports);
+# "NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build ..."
+# (the open module's banner, the text of /proc/driver/nvidia/version).
+_DRIVER_LOAD = re.compile(r"NVRM: loading NVIDIA UNIX .*?Kernel Module(?: for \S+)?\s+(?P<version>\d[\w.-]*)")
+_DMESG_TIME = re.compile(r"^\[\s*(\d+(?:\.\d+)?)\]")
+_ISO_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\S*)")
+
+# Bounds of the kernel log read: the last 24 h of kernel messages is usually well under 1 MiB.
+KERNEL_LOG_MAX_BYTES = 32 * 1024 * 1024
+KERNEL_LOG_TIMEOUT_S = 5.0
+FABRIC_MANAGER_TIMEOUT_S = 5.0
+DCGM_DIAG_TIMEOUT_S = {1: 120.0, 2: 900.0, 3: 3600.0, 4: 7200.0}
+# journalctl without a journal (Storage=none, volatile journal not kept): systemd 252 prints this
+# on stderr and exits 0 (issue 23's field report).
+NO_JOURNAL = "No journal files were found"
+
+
+class Checks:
+    """What a healthy GPU must read. 0/None thresholds mean: the GPU's own max / no check."""
+
+    def __init__(self, min_pcie_gen: int = 0, min_pcie_width: int = 0, require_persistence: bool = True,
+                 expected_mig_mode: str | None = None, xid_window_hours: float = 24.0, xid_ignore: t.Iterable[int] | None = (),
+                 xid_fatal: t.Iterable[int] | None = ()) -> None:
+        self.min_pcie_gen = min_pcie_gen or 0
+        self.min_pcie_width = min_pcie_width or 0
+        self.require_persistence = require_persistence
+        self.expected_mig_mode = expected_mig_mode.lower() if expected_mig_mode else None
+        self.xid_window_hours = xid_window_hours
+        self.xid_ignore = frozenset(int(x) for x in xid_ignore or ())
+        # In both lists: fatal (never a wrong "healthy").
+        self.xid_fatal = frozenset(int(x) for x in xid_fatal or ())
+
+    @classmethod
+    def from_params(cls, params: t.Mapping[str, t.Any]) -> Checks | None:
+        """The modules' options -> Checks; None when `health` is off (or absent)."""
+        if not params.get("health"):
+            return None
+        return cls(
+            params.get("min_pcie_gen") or 0,
+            params.get("min_pcie_width") or 0,
+            params.get("require_persistence", True),
+            params.get("expected_mig_mode"),
+            24.0 if params.get("xid_window_hours") is None else params["xid_window_hours"],
+            params.get("xid_ignore") or (),
+            params.get("xid_fatal") or (),
+        )
+
+    def xid_fault(self, number: int, recovery_action: str | None = None) -> bool:
+        """Whether Xid `number` is a fault of the GPU (the catalog's action, then the overrides)."""
+        if number in self.xid_fatal:
+            return True
+        if number in self.xid_ignore or number in NOT_FAULT_XIDS:
+            return False
+        action = XID_CATALOG.get(number, (None, None))[0]
+        if action == "XID_154":
+            # The change it reports is read directly: history once the GPU says None again.
+            return not (recovery_action and recovery_action.lower() == "none")
+        return action is not None and action not in NOT_GPU_FAULTS
+
+
+def _yes(value: t.Any) -> bool | None:
+    """nvidia-smi's Yes/No and Active/Not Active -> bool; None for [N/A] and the like."""
+    if value is None:
+        return None
+    text = str(value).strip().lower()
+    if text in ("yes", "active", "enabled", "true"):
+        return True
+    if text in ("no", "not active", "disabled", "false"):
+        return False
+    return None
+
+
+def _plural(count: int, word: str) -> str:
+    return "{:d} {}{}".format(count, word, "" if count == 1 else "s")
+
+
+def human_age(seconds: float) -> str:
+    """How long ago, in the unit a person would say: seconds -> '45 s ago' (under 90 s),
+    '12 min ago' (under 90 min), '2 h ago' (under 48 h), '3 days ago'; a negative age reads 0 s.
+    The words of the Xid sentences of `health_issues` (a dmesg Xid's time)."""
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{round(seconds):d} s ago"
+    if seconds < 90 * 60:
+        return f"{round(seconds / 60):d} min ago"
+    if seconds < 48 * 3600:
+        return f"{round(seconds / 3600):d} h ago"
+    return f"{round(seconds / 86400):d} days ago"
+
+
+def readings(gpu: Gpu) -> dict[str, t.Any]:
+    """The health readings of one --query-gpu record, typed ([N/A] stays None)."""
+    return {
+        "ecc_uncorrected_volatile": gpu.get("ecc_uncorrected_volatile"),
+        "remapped_rows_pending": _yes(gpu.get("remapped_rows_pending")),
+        "remapped_rows_failure": _yes(gpu.get("remapped_rows_failure")),
+        "retired_pages_pending": _yes(gpu.get("retired_pages_pending")),
+        "pcie_link_gen_current": gpu.get("pcie_link_gen_current"),
+        "pcie_link_gen_max": gpu.get("pcie_link_gen_max"),
+        "pcie_link_width_current": gpu.get("pcie_link_width_current"),
+        "pcie_link_width_max": gpu.get("pcie_link_width_max"),
+        "pstate": gpu.get("pstate"),
+        "slowdown": [text for key, text in SLOWDOWN_REASONS if _yes(gpu.get(key))],
+        "mig_mode_pending": gpu.get("mig_mode_pending"),
+        "recovery_action": gpu.get("recovery_action"),
+        "fabric_state": gpu.get("fabric_state"),
+        "fabric_status": gpu.get("fabric_status"),
+        "fabric_health_summary": gpu.get("fabric_health_summary"),
+    }
+
+
+def fault_tokens(gpu: Gpu) -> dict[str, str]:
+    """{record key: token} of the health readings that read [GPU requires reset] or the like."""
+    unavailable = gpu.get("_unavailable") or {}
+    return dict((key, token) for key, token in unavailable.items() if key in _CHECKED_KEYS and token in FAULT_TOKENS)
+
+
+def _word(value: t.Any) -> str | None:
+    """A fabric reading in lower case; None where the GPU has none ([N/A], N/A, Not Supported)."""
+    if value is None:
+        return None
+    text = str(value).strip().lower()
+    return None if text in ("n/a", "not supported", "") else text
+
+
+def has_fabric(gpu: Gpu) -> bool:
+    """A GPU registered (or to be registered) with an NVSwitch fabric; N/A is no fabric."""
+    return _word(gpu.get("fabric_state")) is not None
+
+
+def fabric_registered(gpu: Gpu) -> bool:
+    """The GPU says its fabric registration is done: state Completed, status Success (or none)."""
+    return _word(gpu.get("fabric_state")) == "completed" and _word(gpu.get("fabric_status")) in (None, "success")
+
+
+def fabric_issues(gpu: Gpu, fabric_manager: dict[str, t.Any] | None = None) -> list[str]:
+    """The GPU's own verdict on its fabric: registration Completed with status Success, and a
+    fabric.health.summary of Healthy where the driver has one (N/A there is no reading). What was
+    found of Fabric Manager (`fabric_manager`) is added to a fault, to say where to look."""
+    if not has_fabric(gpu):
+        return []
+    found = "" if fabric_manager is None else "; on this host: " + fabric_manager_found(fabric_manager)
+    state, status, summary = gpu.get("fabric_state"), gpu.get("fabric_status"), gpu.get("fabric_health_summary")
+    if _word(state) != "completed":
+        return [f"NVSwitch fabric registration is {str(state).strip()}, expected Completed: NCCL jobs fail (CUDA error 802, system not yet "
+                f"initialized) until Fabric Manager completes it{found}"]
+    if status is not None and _word(status) != "success":
+        return [f"NVSwitch fabric registration failed ({str(status).strip()}){found}"]
+    if _word(summary) not in (None, "healthy"):
+        return [f"NVSwitch fabric health is {str(summary).strip()} (fabric.health.summary), expected Healthy: see the Fabric section of "
+                f"nvidia-smi -q{found}"]
+    return []
+
+
+def gpu_issues(gpu: Gpu, checks: Checks, xids: t.Iterable[dict[str, t.Any]] = (), host_issues: t.Iterable[str] = (),
+               fabric_manager: dict[str, t.Any] | None = None) -> list[str]:
+    """Plain sentences, one per problem, for one GPU record ([N/A] is never a problem; a field
+    that reads [GPU requires reset] or [Unknown Error] is). `host_issues`: the node's faults that
+    concern this GPU (fabric_manager_issues); `fabric_manager`: what was found of it, said in a
+    fabric fault."""
+    r = readings(gpu)
+    issues = _hardware_issues(gpu, r, checks) + _mode_issues(gpu, r, checks)
+    issues.extend(fabric_issues(gpu, fabric_manager))
+    issues.extend(host_issues)
+    issues.extend(xid_issues(xids, checks, r["recovery_action"]))
+    return issues
+
+
+def _hardware_issues(gpu: Gpu, r: dict[str, t.Any], checks: Checks) -> list[str]:
+    """Faults of the GPU itself: fault tokens, ECC, row remapping, page retirement, the PCIe
+    link, lowered clocks (`r`: its readings())."""
+    issues = []
+    for key, token in sorted(fault_tokens(gpu).items()):
+        advice = ": reset the GPU (or reboot)" if token == "[GPU requires reset]" else ""
+        issues.append(f"{FIELD_OF.get(key, key)} reads {token}{advice}")
+    ecc = r["ecc_uncorrected_volatile"]
+    if ecc:
+        issues.append("{} since the driver loaded".format(_plural(ecc, "uncorrectable ECC error")))
+    if r["remapped_rows_failure"]:
+        issues.append("row remapping failed: the GPU has run out of spare rows and needs replacing")
+    if r["remapped_rows_pending"]:
+        issues.append("a row remap is pending: reset the GPU (or reboot) to apply it")
+    if r["retired_pages_pending"]:
+        issues.append("a page retirement is pending: reset the GPU (or reboot) to apply it")
+    width, width_max = r["pcie_link_width_current"], r["pcie_link_width_max"]
+    want_width = checks.min_pcie_width or width_max
+    if width is not None and want_width and width < want_width:
+        issues.append(f"PCIe link runs at x{width:d}, expected x{want_width:d}")
+    # An idle GPU in a power-saving P-state trains its link down (an RTX 4080 at P8 reads Gen1
+    # of 4); data-center GPUs idle at P0 at their max (H200, H100, L40S captures): compare the
+    # generation only at P0.
+    gen, gen_max = r["pcie_link_gen_current"], r["pcie_link_gen_max"]
+    want_gen = checks.min_pcie_gen or gen_max
+    if gen is not None and want_gen and gen < want_gen and (r["pstate"] or "").upper() == "P0":
+        issues.append(f"PCIe link runs at Gen{gen:d}, expected Gen{want_gen:d}")
+    for text in r["slowdown"]:
+        issues.append(f"clocks lowered by {text}")
+    return issues
+
+
+def _mode_issues(gpu: Gpu, r: dict[str, t.Any], checks: Checks) -> list[str]:
+    """Settings the GPU must have: persistence mode, the MIG mode (and none pending), no
+    recovery action asked for."""
+    issues = []
+    persistence = _yes(gpu.get("persistence_mode"))
+    if checks.require_persistence and persistence is False:
+        issues.append("persistence mode is off")
+    mig = gpu.get("mig_mode")
+    if checks.expected_mig_mode and mig is not None and str(mig).lower() != checks.expected_mig_mode:
+        issues.append(f"MIG mode is {mig}, expected {checks.expected_mig_mode.capitalize()}")
+    if checks.expected_mig_mode == "enabled" and mig is None and "mig_mode" not in fault_tokens(gpu) and \
+            "mig.mode.current" not in (gpu.get("_rejected") or ()):
+        issues.append("MIG mode is not supported, expected Enabled")
+    pending = r["mig_mode_pending"]
+    if mig is not None and pending is not None and str(pending).lower() != str(mig).lower():
+        issues.append(f"a MIG mode change to {pending} is pending: reset the GPU to apply it")
+    action = r["recovery_action"]
+    if action is not None and str(action).strip().lower() != "none":
+        issues.append(f"the driver asks for a recovery action: {action} (gpu_recovery_action; NVML: None means no action needed)")
+    return issues
+
+
+def xid_issues(xids: t.Iterable[dict[str, t.Any]], checks: Checks, recovery_action: str | None = None) -> list[str]:
+    """One sentence per Xid number that is a fault (NVIDIA's catalog, then xid_ignore/xid_fatal)."""
+    faults: dict[int, list[dict[str, t.Any]]] = {}
+    for xid in xids:
+        if checks.xid_fault(xid["xid"], recovery_action):
+            faults.setdefault(xid["xid"], []).append(xid)
+    issues = []
+    for number in sorted(faults):
+        seen = faults[number]
+        action, text = XID_CATALOG.get(number, (None, "in xid_fatal"))
+        when = seen[-1].get("time")
+        issues.append("Xid {:d} ({}) in the kernel log {}{}{}".format(
+            number, text, ("at " + when if _ISO_TIME.match(when or "") else when) if when else "recently",
+            "" if len(seen) == 1 else f" ({len(seen):d} times)",
+            f"; NVIDIA's Xid catalog: {action} ({ACTION_WORDS.get(action, action)})" if action else "; listed in xid_fatal"))
+    return issues
+
+
+def _missing(gpu: Gpu, keys: t.Iterable[str]) -> list[str]:
+    """The keys that read no value (rejected by the driver or a bracketed token), a fault token aside."""
+    faulty = fault_tokens(gpu)
+    return [key for key in keys if gpu.get(key) is None and key not in faulty]
+
+
+def _rejected_fields(gpu: Gpu, keys: t.Iterable[str]) -> list[str]:
+    rejected = set(gpu.get("_rejected") or ())
+    return [FIELD_OF[key] for key in keys if FIELD_OF.get(key) in rejected]
+
+
+def unchecked_checks(gpu: Gpu, checks: Checks, kernel_log_error: str | None = None) -> list[tuple[str, str]]:
+    """[(check, why)] of the checks that could not run on this GPU, in CHECKS order.
+
+    A check whose reading is [N/A] on every GPU of its kind is still unchecked (ECC off, no
+    recovery action); what a GPU lacks by design is not: MIG and the fabric read N/A on GPUs
+    without them (unchecked only when the driver does not know the field), and row remapping
+    (Ampere+) and page retirement (before Ampere) stand in for each other. The fabric is checked
+    whenever the GPU answered its registration fields: Fabric Manager is context, not a reading."""
+    found = []
+    keys = dict(CHECK_KEYS)
+
+    def why(check_keys: t.Iterable[str]) -> str:
+        rejected = _rejected_fields(gpu, check_keys)
+        if rejected:
+            return "the driver does not know {}".format(", ".join(rejected))
+        tokens = gpu.get("_unavailable") or {}
+        missing = _missing(gpu, check_keys)
+        fields = ", ".join(FIELD_OF.get(k, k) for k in missing)
+        return "{} reads {}".format(fields, "/".join(sorted(set(tokens.get(k, "no value") for k in missing))))
+
+    for name in ("ecc", "pcie", "clocks"):
+        if _missing(gpu, keys[name]):
+            found.append((name, why(keys[name])))
+    remap_missing = len(_missing(gpu, keys["row_remap"])) == len(keys["row_remap"])
+    retired_missing = bool(_missing(gpu, keys["retired_pages"]))
+    if remap_missing and retired_missing:
+        found.append(("row_remap", why(keys["row_remap"])))
+        found.append(("retired_pages", why(keys["retired_pages"])))
+    if checks.require_persistence and _missing(gpu, keys["persistence"]):
+        found.append(("persistence", why(keys["persistence"])))
+    if _rejected_fields(gpu, keys["mig"]):
+        found.append(("mig", why(keys["mig"])))
+    if _missing(gpu, keys["recovery_action"]):
+        found.append(("recovery_action", why(keys["recovery_action"])))
+    if _rejected_fields(gpu, FABRIC_REGISTRATION_KEYS):
+        found.append(("fabric", why(FABRIC_REGISTRATION_KEYS)))
+    if checks.xid_window_hours and kernel_log_error:
+        found.append(("xid", f"recent Xid errors not checked: {kernel_log_error}"))
+    order = dict((name, i) for i, name in enumerate(CHECKS))
+    return sorted(found, key=lambda item: order[item[0]])
+
+
+def bus_key(bus_id: str | None) -> str | None:
+    """Domain:bus:device of a PCI address, the part Xid lines carry ('0000:18:00')."""
+    if not bus_id:
+        return None
+    normalized = normalize_bus_id(bus_id if "." in bus_id else bus_id + ".0")
+    return normalized.rsplit(".", 1)[0] if normalized else None
+
+
+def split_at_driver_load(lines: t.Iterable[str]) -> tuple[list[str], list[str], str | None]:
+    """Kernel log lines in time order -> (lines since the last driver load, lines before it, that
+    load's line). Without a load line in the window the driver loaded before it: all count."""
+    lines = list(lines)
+    last = None
+    for position, line in enumerate(lines):
+        if _DRIVER_LOAD.search(line):
+            last = position
+    if last is None:
+        return lines, [], None
+    return lines[last + 1:], lines[:last], lines[last].strip()
+
+
+def parse_xids(lines: t.Iterable[str], uptime_s: float | None = None, window_s: float | None = None) -> XidsByBus:
+    """Kernel log lines (journalctl short-iso or dmesg) -> {bus key: [{xid, time, message, action}]}.
+
+    dmesg lines carry seconds since boot: with `uptime_s` and `window_s` the older ones are
+    dropped (journalctl is asked for the window itself)."""
+    found: XidsByBus = {}
+    for line in lines:
+        match = _XID.search(line)
+        if not match:
+            continue
+        when = None
+        stamp = _DMESG_TIME.match(line)
+        if stamp:
+            since_boot = float(stamp.group(1))
+            if uptime_s is not None and window_s and uptime_s - since_boot > window_s:
+                continue
+            when = human_age(uptime_s - since_boot) if uptime_s is not None else f"{stamp.group(1)} s after boot"
+        else:
+            iso = _ISO_TIME.match(line)
+            when = iso.group(1) if iso else None
+        number = int(match.group("xid"))
+        found.setdefault(bus_key(match.group("bus")), []).append({
+            "xid": number,
+            "time": when,
+            "message": line[match.start():].strip(),
+            "action": XID_CATALOG.get(number, (None, None))[0],
+        })
+    return found
+
+
+def xids_of(gpu: Gpu, xids_by_bus: XidsByBus) -> list[dict[str, t.Any]]:
+    return list(xids_by_bus.get(bus_key(gpu.get("pci_bus_id")), []))
+
+
+# Where the kernel log's readers, systemctl and nv-fabricmanager are looked for after PATH: the
+# system's own directories, not the NVIDIA driver container's (its tools are not the host's).
+TOOL_DIRS = ("/usr/bin", "/bin", "/usr/sbin", "/sbin")
+
+
+def which(name: str, search_path: str | None = None) -> str | None:
+    """A program on PATH (or `search_path`), else in TOOL_DIRS, or None."""
+    return _commands.which(name, dirs=TOOL_DIRS, search_path=search_path)
+
+
+def _spawn(argv: list[str], stderr: int = subprocess.PIPE) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, env=_commands.systemd_env(),
+                            start_new_session=True)
+
+
+class KernelLog:
+    """The one reader of the kernel log: journalctl -k for the window, else dmesg. Read-only,
+    bounded in time and bytes; started before nvidia-smi runs and collected after it.
+
+    journalctl that has no journal ("No journal files were found." with rc 0, or an answer with
+    no line at all while dmesg has some) is passed over for dmesg; `fallback` says why.
+
+    With `state_path` (_kernel_log_state), journalctl reads only what came after the last read's
+    cursor, and the Xid lines kept from it are judged again with the new ones: the same lines a
+    whole read of the window gives, for a fraction of the journal read. Without a usable state
+    (or when that read fails) the whole window is read, as without `state_path`."""
+
+    def __init__(self, window_hours: float, timeout: float = KERNEL_LOG_TIMEOUT_S, max_bytes: int = KERNEL_LOG_MAX_BYTES,
+                 search_path: str | None = None, state_path: str | None = None, clock: t.Callable[[], float] = time.time) -> None:
+        self.window_hours = window_hours
+        self.timeout = timeout
+        self.max_bytes = max_bytes
+        self.search_path = search_path
+        self.source: str | None = None
+        self.error: str | None = None
+        self.fallback: str | None = None
+        self.driver_loaded: str | None = None
+        # True when journalctl read only the lines after the last read (state_path).
+        self.incremental = False
+        self.elapsed_s = 0.0
+        self.state_path = state_path
+        self.clock = clock
+        self._state: dict[str, t.Any] | None = None
+        self._boot: str | None = None
+        self._started: tuple[str, bool, subprocess.Popen[bytes]] | None = None
+        self._queue: list[tuple[str, bool, list[str]]] = []
+        self._began = time.monotonic()
+
+    def _which(self, name: str) -> str | None:
+        return which(name, self.search_path)
+
+    def _commands(self) -> list[tuple[str, bool, list[str]]]:
+        """(source, reads only what follows the kept state, argv), in the order they are tried."""
+        commands = []
+        journalctl = self._which("journalctl")
+        if journalctl:
+            tail = ["-o", "short-iso", "-q", "--no-pager"] + (["--show-cursor"] if self.state_path else [])
+            if self._state is not None:
+                commands.append(("journalctl", True, [journalctl, "-k", "--after-cursor", self._state["cursor"]] + tail))
+            commands.append(("journalctl", False, [journalctl, "-k", "--since", f"-{max(1, int(self.window_hours * 60)):d}min"] + tail))
+        dmesg = self._which("dmesg")
+        if dmesg:
+            commands.append(("dmesg", False, [dmesg]))
+        return commands
+
+    def _load_state(self) -> None:
+        if not self.state_path:
+            return
+        self._boot = log_state.boot_id()
+        state = log_state.read(self.state_path)
+        self._state = state if log_state.usable(state, self._boot, self.window_hours, self.clock()) else None
+
+    def _keep_state(self, cursor: str | None, lines: list[str]) -> None:
+        """After a journalctl read: what it judged, for the next gate (a failure to write costs
+        only that gate a whole read)."""
+        if not self.state_path:
+            return
+        if cursor is None and self._state is not None and self.incremental:
+            cursor = self._state["cursor"]  # nothing new since the last read
+        state = log_state.new_state(self._boot, self.window_hours, cursor, lines, self.clock())
+        if state is not None and not log_state.same_read(self._state, state):
+            with contextlib.suppress(OSError):
+                log_state.write(state, self.state_path)
+
+    @staticmethod
+    def _spawn(argv: list[str]) -> subprocess.Popen[bytes]:
+        return _spawn(argv)
+
+    def start(self) -> None:
+        if not self.window_hours:
+            return
+        self._began = time.monotonic()
+        self._load_state()
+        self._queue = self._commands()
+        self._next()
+
+    def _next(self) -> None:
+        self._started = None
+        while self._queue:
+            source, incremental, argv = self._queue.pop(0)
+            try:
+                self._started = (source, incremental, self._spawn(argv))
+                return
+            except OSError as exc:
+                self.error = f"{source}: {exc}"
+
+    def abandon(self) -> None:
+        """nvidia-smi failed: the Xids are not wanted, do not leave the reader behind."""
+        if self._started is not None:
+            kill_group(self._started[2])
+            self._started = None
+        self._queue = []
+
+    def lines(self) -> list[str]:
+        """The kernel log lines that mention an Xid or a driver load; [] (with .error set) when
+        none was readable."""
+        if not self.window_hours:
+            return []
+        if not self._queue and self._started is None and self.error is None:
+            self.error = "neither journalctl nor dmesg found"
+        found: list[str] = []
+        kept: tuple[bool, list[str]] | None = None
+        while self._started is not None:
+            source, incremental, process = self._started
+            deadline = self._began + self.timeout
+            try:
+                stdout, stderr = process.communicate(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                kill_group(process)
+                self.error = f"{source} took longer than {self.timeout:g} s"
+                break
+            text, cursor = _split_cursor(stdout[-self.max_bytes:].decode("utf-8", "replace"))
+            said = stderr.decode("utf-8", "replace").strip().splitlines()
+            # journalctl --show-cursor (systemd 252) exits 1, saying nothing, when no entry matches:
+            # an empty answer, not a failure (seen on the fleet's hosts, whose journal holds no kernel line).
+            empty_journal = (source == "journalctl" and process.returncode == 1 and not said and not text.strip()
+                             and cursor is None and bool(self.state_path))
+            answered = process.returncode == 0 or empty_journal
+            if answered and incremental and not any(NO_JOURNAL in line for line in said):
+                # What the last read kept, still in the window, then the lines since: a whole
+                # read's lines (an answer with no new line is no reason to try dmesg).
+                earlier: list[str] = t.cast("dict[str, t.Any]", self._state)["lines"]
+                new = [line for line in text.splitlines() if "Xid" in line or "NVRM: loading" in line]
+                found = log_state.in_window(earlier + new, self.window_hours, self.clock())
+                self.source, self.error, self.incremental = source, None, True
+                self._keep_state(cursor, found)
+                break
+            if answered and not incremental:
+                wanted = [line for line in text.splitlines() if "Xid" in line or "NVRM: loading" in line]
+                no_journal = source == "journalctl" and any(NO_JOURNAL in line for line in said)
+                if source == "journalctl" and (no_journal or not text.strip()):
+                    # No journal, or one that kept no kernel message: dmesg may still hold the Xids.
+                    self.fallback = "journalctl: %s" % (said[0] if no_journal else "no kernel message in the window")
+                    kept = (no_journal, wanted)
+                    self._next()
+                    continue
+                self.source, self.error, found = source, None, wanted
+                if source == "journalctl":
+                    self._keep_state(cursor, found)
+                break
+            if incremental:
+                # The kept cursor did not serve (a vacuumed journal, another journal): the whole window.
+                self._next()
+                continue
+            self.error = "{} failed (rc {}){}".format(source, process.returncode, ": " + said[0] if said else "")
+            self._next()
+        if self.source is None and kept is not None:
+            no_journal, wanted = kept
+            if no_journal:
+                # Nothing was read: journalctl has no journal and dmesg could not be read.
+                self.error = "{}; {}".format(self.fallback, self.error or "no dmesg")
+            elif os.geteuid() != 0:
+                # Not root: journalctl shows a user only their own part of the journal (-q hides
+                # that it says so) and dmesg refused: the kernel's lines were not read at all.
+                self.error = "{}; {}; not root: the kernel log was not readable (become: true)".format(self.fallback, self.error or "no dmesg")
+            else:
+                # journalctl answered, with nothing, and dmesg could not say otherwise: it stands.
+                self.source, found = "journalctl", wanted
+                if self.error:
+                    self.fallback, self.error = f"{self.fallback}; {self.error}", None
+        self.elapsed_s = round(time.monotonic() - self._began, 3)
+        return found
+
+    def xids(self) -> tuple[XidsByBus, XidsByBus]:
+        """({bus: Xids since the driver loaded}, {bus: Xids before it}): only the first count."""
+        after, before, loaded = split_at_driver_load(self.lines())
+        self.driver_loaded = loaded
+        if self.source == "dmesg":
+            up = uptime()
+            window = self.window_hours * 3600.0
+            return parse_xids(after, up, window), parse_xids(before, up, window)
+        return parse_xids(after), parse_xids(before)
+
+
+def _split_cursor(text: str) -> tuple[str, str | None]:
+    """journalctl --show-cursor's output -> (the log lines, the cursor after the last, or None)."""
+    cursor = None
+    lines = []
+    for line in text.splitlines():
+        if line.startswith(log_state.CURSOR_PREFIX):
+            cursor = line[len(log_state.CURSOR_PREFIX):].strip() or None
+        else:
+            lines.append(line)
+    return "\n".join(lines), cursor
+
+
+def uptime(path: str = "/proc/uptime") -> float | None:
+    try:
+        with open(path) as handle:
+            return float(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+_FM_VERSION = re.compile(r"Fabric Manager version is\s*:?\s*(?P<version>\d[\w.-]*)")
+
+
+def parse_fabric_manager_version(text: str) -> str | None:
+    """`nv-fabricmanager --version` ('Fabric Manager version is : 580.159.04') -> '580.159.04'."""
+    match = _FM_VERSION.search(text or "")
+    return match.group("version") if match else None
+
+
+def _run_bounded(argv: list[str], timeout: float) -> tuple[int | None, str]:
+    """(rc, stdout + stderr) of a short command; rc None when it ran past `timeout` (killed)."""
+    process = _spawn(argv, stderr=subprocess.STDOUT)
+    try:
+        out, _err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(process)
+        return None, ""
+    return process.returncode, out.decode("utf-8", "replace")
+
+
+# Where the NVIDIA GPU Operator's driver container shows its root on the host: Fabric Manager
+# runs inside it there, with no unit of the host's systemd (GPU Operator's driver container).
+GPU_OPERATOR_DRIVER_ROOT = "/run/nvidia/driver"
+FABRIC_MANAGER_UNIT = "nvidia-fabricmanager"
+NO_FABRIC_MANAGER = ("no Fabric Manager on this host: it may run in a container (GPU Operator) or not be needed (VM, GB200 "
+                     "compute tray)")
+
+
+def parse_unit_state(text: str) -> dict[str, str | None] | None:
+    """`systemctl show -p LoadState,ActiveState,SubState UNIT` -> {load_state, active_state,
+    sub_state}; None when it printed no LoadState (systemd did not answer). A unit that does not
+    exist reads LoadState=not-found (rc 0), where `is-active` would say `inactive`."""
+    props = dict(line.strip().partition("=")[::2] for line in (text or "").splitlines() if "=" in line)
+    if not props.get("LoadState"):
+        return None
+    return {"load_state": props["LoadState"], "active_state": props.get("ActiveState") or None, "sub_state": props.get("SubState") or None}
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return ": " + lines[0] if lines else ""
+
+
+def read_fabric_manager(timeout: float = FABRIC_MANAGER_TIMEOUT_S, search_path: str | None = None,
+                        driver_root: str = GPU_OPERATOR_DRIVER_ROOT) -> dict[str, t.Any]:
+    """Where a GPU has a fabric: what this host has of Fabric Manager, as context for the GPU's
+    own reading. {unit ({load_state, active_state, sub_state} of nvidia-fabricmanager, None when
+    systemd could not be asked), unit_error (why), binary (nv-fabricmanager on PATH or the system
+    directories, else under the GPU Operator's driver root), version (`--version` of a host
+    binary; the driver container's is not run from the host), version_error, note}. Read-only,
+    each command bounded to `timeout`."""
+    record: dict[str, t.Any] = {"unit": None, "unit_error": None, "binary": None, "version": None, "version_error": None, "note": None}
+    systemctl = which("systemctl", search_path)
+    if not systemctl:
+        record["unit_error"] = "systemctl not found"
+    else:
+        try:
+            rc, out = _run_bounded([systemctl, "show", "-p", "LoadState,ActiveState,SubState", FABRIC_MANAGER_UNIT], timeout)
+        except OSError as exc:
+            rc, out = 1, str(exc)
+        record["unit"] = parse_unit_state(out) if rc == 0 else None
+        if rc is None:
+            record["unit_error"] = f"systemctl show took longer than {timeout:g} s"
+        elif record["unit"] is None:
+            # No systemd as PID 1 (a container, some CI hosts): "System has not been booted with systemd".
+            record["unit_error"] = f"systemctl show {FABRIC_MANAGER_UNIT} failed (rc {rc}){_first_line(out)}"
+    binary = which("nv-fabricmanager", search_path)
+    if binary:
+        record["binary"] = binary
+        try:
+            rc, out = _run_bounded([binary, "--version"], timeout)
+        except OSError as exc:
+            rc, out = 1, str(exc)
+        record["version"] = parse_fabric_manager_version(out) if rc == 0 else None
+        if record["version"] is None:
+            record["version_error"] = f"nv-fabricmanager --version printed no version (rc {rc}){_first_line(out)}"
+    else:
+        in_root = [os.path.join(driver_root, d.lstrip("/"), "nv-fabricmanager") for d in ("/usr/bin", "/usr/sbin")]
+        record["binary"] = next((path for path in in_root if os.path.isfile(path) and os.access(path, os.X_OK)), None)
+    loaded = (record["unit"] or {}).get("load_state") == "loaded"
+    if not loaded and record["binary"] is None:
+        record["note"] = NO_FABRIC_MANAGER
+    elif not loaded and not binary:
+        record["note"] = f"Fabric Manager of the GPU Operator's driver container ({driver_root}): no unit of this host"
+    return record
+
+
+def fabric_manager_found(fabric_manager: dict[str, t.Any]) -> str:
+    """What was found of Fabric Manager, in one phrase for a fabric fault."""
+    unit, binary = fabric_manager.get("unit"), fabric_manager.get("binary")
+    if unit is None:
+        said = "unit {} not asked ({})".format(FABRIC_MANAGER_UNIT, fabric_manager.get("unit_error") or "no systemd")
+    elif unit.get("load_state") == "not-found":
+        said = f"no unit {FABRIC_MANAGER_UNIT}"
+    else:
+        said = "unit {} {}, {} ({})".format(FABRIC_MANAGER_UNIT, unit.get("load_state"), unit.get("active_state"), unit.get("sub_state"))
+    if binary:
+        version = fabric_manager.get("version")
+        said += ", nv-fabricmanager {}at {}".format(version + " " if version else "", binary)
+    else:
+        said += ", no nv-fabricmanager"
+    return said + ("; " + fabric_manager["note"] if fabric_manager.get("note") else "")
+
+
+def fabric_manager_issues(fabric_manager: dict[str, t.Any] | None, driver_version: str | None, gpu: Gpu) -> list[str]:
+    """The faults of Fabric Manager that concern this GPU: only where certain, and never where
+    the GPU itself reads its fabric registered (Completed, Success): the GPU is the authority,
+    the host only explains a bad reading. Its unit is loaded and failed or inactive while the
+    GPU's fabric is not registered; or it is loaded and active with a version other than the
+    driver's (Fabric Manager refuses another driver's version) while the fabric is not
+    registered. A version seen on the host beside a registered fabric (a binary on PATH other
+    than the one running, the GPU Operator's) is recorded in health.fabric_manager, no fault.
+    No unit, no binary, no systemd: not a fault (a VM, a GB200 compute tray, the GPU Operator)."""
+    if not fabric_manager or not has_fabric(gpu):
+        return []
+    unit = fabric_manager.get("unit") or {}
+    if unit.get("load_state") != "loaded":
+        return []
+    active, version = unit.get("active_state"), fabric_manager.get("version")
+    if active in ("failed", "inactive") and not fabric_registered(gpu):
+        return [f"nvidia-fabricmanager is {active}: NVSwitch jobs fail (CUDA error 802) until it runs"]
+    if active == "active" and version and driver_version and version != driver_version and not fabric_registered(gpu):
+        return [f"nv-fabricmanager is version {version}, the driver {driver_version}: Fabric Manager must match the driver exactly"]
+    return []
+
+
+HEALTH_KEYS = ("healthy", "health_checked", "health_unchecked", "health_issues", "health")
+
+
+class Health:
+    """One look's health context: the checks, the Xids read, the fields the driver rejected,
+    Fabric Manager where the GPUs sit on an NVSwitch fabric."""
+
+    def __init__(self, checks: Checks, xids_by_bus: XidsByBus | None = None, rejected: t.Iterable[str] = (),
+                 kernel_log: KernelLog | None = None, history_by_bus: XidsByBus | None = None, fabric_manager: dict[str, t.Any] | None = None,
+                 driver_version: str | None = None) -> None:
+        self.checks = checks
+        self.xids_by_bus = xids_by_bus or {}
+        self.history_by_bus = history_by_bus or {}
+        self.rejected = set(rejected)
+        self.kernel_log = kernel_log
+        self.fabric_manager = fabric_manager
+        self.driver_version = driver_version
+        # The node's own faults (Fabric Manager), said once by host_verdict: set by annotate().
+        self.host_issues: list[str] = []
+
+    def annotate(self, gpus: list[Gpu]) -> list[Gpu]:
+        """Copies of the records with healthy, health_issues, health_checked, health_unchecked and health."""
+        error = self.kernel_log.error if self.kernel_log is not None else None
+        result = []
+        for gpu in gpus:
+            record = gpu.copy()
+            record["_rejected"] = sorted(set(self.rejected) | set(gpu.get("_rejected") or ()))
+            xids = xids_of(gpu, self.xids_by_bus)
+            node = fabric_manager_issues(self.fabric_manager, self.driver_version, record)
+            self.host_issues.extend(issue for issue in node if issue not in self.host_issues)
+            record["health_issues"] = gpu_issues(record, self.checks, xids, node, self.fabric_manager)
+            missing = unchecked_checks(record, self.checks, error)
+            record["healthy"] = not record["health_issues"]
+            record["health_unchecked"] = [name for name, _why in missing]
+            record["health_checked"] = not missing
+            details = readings(gpu)
+            details["xids"] = [dict(x, fault=self.checks.xid_fault(x["xid"], gpu.get("recovery_action"))) for x in xids]
+            details["xids_before_driver_load"] = xids_of(gpu, self.history_by_bus)
+            details["unchecked"] = ["{}: {}".format(*item) for item in missing]
+            record["health"] = details
+            result.append(record)
+        return result
+
+    @staticmethod
+    def carry(gpus: list[Gpu], looked: list[Gpu]) -> list[Gpu]:
+        """Later memory readings of the same GPUs (gpu_release's polls ask no health field)
+        keep the look's verdict, matched by UUID."""
+        by_uuid = dict((gpu.get("uuid"), gpu) for gpu in looked)
+        result = []
+        for gpu in gpus:
+            record = t.cast("dict[str, t.Any]", dict(gpu))
+            before = t.cast("dict[str, t.Any]", by_uuid.get(gpu.get("uuid"), {}))
+            for key in HEALTH_KEYS:
+                record[key] = before.get(key)
+            result.append(t.cast("Gpu", record))
+        return result
+
+    def host_record(self, dcgm: dict[str, t.Any] | None = None) -> dict[str, t.Any]:
+        log = self.kernel_log
+        return {
+            "kernel_log": {
+                "source": log.source if log else None,
+                "error": log.error if log else None,
+                "fallback": log.fallback if log else None,
+                "driver_loaded": log.driver_loaded if log else None,
+                "incremental": log.incremental if log else False,
+                "window_hours": self.checks.xid_window_hours,
+                "elapsed_s": log.elapsed_s if log else 0.0,
+            },
+            "fabric_manager": self.fabric_manager,
+            "dcgm_diag": dcgm,
+        }
+
+
+def host_verdict(gpus: list[Gpu], dcgm: dict[str, t.Any] | None = None, host_issues: t.Iterable[str] = ()) -> tuple[bool, list[str]]:
+    """(healthy, issues) of a host: every GPU's issues as 'GPU i (bus): issue', the node's own
+    (Fabric Manager, once, not per GPU), and DCGM's."""
+    issues = []
+    node = [issue for issue in host_issues if any(issue in (gpu.get("health_issues") or []) for gpu in gpus)]
+    for gpu in gpus:
+        for issue in gpu.get("health_issues") or []:
+            if issue not in node:
+                issues.append("GPU {} ({}): {}".format(gpu.get("index"), gpu.get("pci_bus_id"), issue))
+    issues.extend(node)
+    if dcgm and dcgm.get("passed") is False:
+        issues.append("dcgmi diag -r {} failed: {}".format(dcgm.get("level"), dcgm.get("summary")))
+    return not issues, issues
+
+
+# --- DCGM, optional
+
+_DCGM_FAIL = re.compile(r"^\|\s*(?P<test>[^|]*?)\s*\|\s*Fail\b(?P<rest>.*)$", re.IGNORECASE)
+
+
+def parse_dcgm_diag(rc: int, text: str) -> tuple[bool, str]:
+    """`dcgmi diag -r N` output -> (passed, one-line summary). A Fail row or a non-zero rc fails."""
+    failed = []
+    for line in text.splitlines():
+        match = _DCGM_FAIL.match(line.strip())
+        if match:
+            failed.append(match.group("test"))
+    if failed:
+        return False, "failed: " + ", ".join(failed)
+    if rc != 0:
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return False, "rc {}: {}".format(rc, lines[-1] if lines else "no output")
+    return True, "passed"
+
+
+def dcgm_diag(level: int, which: t.Callable[[str], str | None], run_timeout: float | None = None) -> dict[str, t.Any] | None:
+    """Run `dcgmi diag -r LEVEL` when dcgmi is installed. `which(name)` finds a binary or None.
+    None when level is 0; {"ran": False, "summary": "dcgmi not installed"} without DCGM."""
+    if not level:
+        return None
+    record: dict[str, t.Any] = {"level": level, "ran": False, "passed": None, "summary": None, "elapsed_s": 0.0}
+    path = which("dcgmi")
+    if not path:
+        record["summary"] = "dcgmi not installed"
+        return record
+    timeout = run_timeout or DCGM_DIAG_TIMEOUT_S.get(level, 3600.0)
+    began = time.monotonic()
+    try:
+        process = subprocess.Popen([path, "diag", "-r", str(level)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, start_new_session=True, env=_commands.c_locale_env())
+        stdout, _stderr = process.communicate(timeout=timeout)
+    except OSError as exc:
+        record["summary"] = f"cannot run dcgmi: {exc}"
+        return record
+    except subprocess.TimeoutExpired:
+        kill_group(process)
+        record.update(ran=True, passed=False, summary=f"timed out after {timeout:g} s")
+        return record
+    passed, summary = parse_dcgm_diag(process.returncode, stdout.decode("utf-8", "replace"))
+    record.update(ran=True, passed=passed, summary=summary, elapsed_s=round(time.monotonic() - began, 3))
+    return record

@@ -1,0 +1,1011 @@
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE: it may change without notice. Only the modules of
+# zeromib.gpu may use it.
+
+"""Who holds /dev/nvidia*: a scan of /proc/*/fd and /proc/*/maps, as `fuser -v` does.
+
+nvidia-smi cannot see a child forked after CUDA init once its parent is gone (docs/design.md,
+measured on an H200): only the device files tell the truth about who keeps GPU memory. Which
+GPU a holder uses is NOT which device files it has open (every CUDA process and every NVML
+client opens every /dev/nvidiaN of the node): that is decided in _attribution.py, from
+nvidia-smi's compute apps and the mapping sizes this scan records.
+
+/proc is read as bytes and decoded once, with replacement: a 15-byte comm can end inside a
+multi-byte character (CJK names, setproctitle).
+
+What a user controls decides nothing here (docs/security.md): a device file is known by what the
+kernel says it is (`DeviceTable`: its device number, or the very inode of this node's own
+/dev/nvidia* node), never by the path a process opened it through; a protected daemon is known by
+its real uid and its executable as the kernel resolves it, never by its name alone.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import fnmatch
+import os
+import pwd
+import re
+import stat as stat_mod
+import typing as t
+
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _cgroups
+
+if t.TYPE_CHECKING:
+    from ansible_collections.zeromib.gpu.plugins.module_utils._types import Holder
+
+    # {device name: [mappings, KiB]}
+    Mapped = t.Dict[str, t.List[int]]
+    MainPidOf = t.Callable[[str], t.Optional[int]]
+
+_GPU_NODE = re.compile(r"^/dev/nvidia(\d+)$")
+# In /proc/PID/maps the path is the last field, after whitespace: "~/dev/nvidia-apex/lib.so" is
+# a library, not a device.
+_MAPS_LINE = re.compile(rb"^([0-9a-f]+)-([0-9a-f]+) \S+ \S+ \S+ \S+\s+(/\S*nvidia\S*(?: \(deleted\))?)$", re.MULTILINE)
+# The spellings of one device file: on GPU Operator nodes the driver container's /dev shows
+# through as /run/nvidia/driver/dev/nvidia0; a node removed while held reads "... (deleted)".
+DRIVER_ROOT_PREFIXES = ("/run/nvidia/driver",)
+_DEVICE_NODE = re.compile(
+    r"^/dev/nvidia(?:\d+|ctl|-uvm|-uvm-tools|-modeset|-nvlink|-nvswitchctl|-nvswitch\d+|-caps/nvidia-cap\d+|-caps-imex-channels/channel\d+)$"
+)
+DELETED_SUFFIX = " (deleted)"
+_UNIT = re.compile(r"^[^/]+\.(?:service|scope)$")
+
+COMM_LENGTH = 15
+
+
+def device_path(target: str) -> str | None:
+    """A /proc fd or maps target -> its /dev/nvidia* path, whatever the spelling, or None when
+    it is no NVIDIA device file. The one place that knows how device paths are spelled."""
+    if target.endswith(DELETED_SUFFIX):
+        target = target[: -len(DELETED_SUFFIX)]
+    for prefix in DRIVER_ROOT_PREFIXES:
+        if target.startswith(prefix + "/dev/"):
+            target = target[len(prefix):]
+    return target if _DEVICE_NODE.match(target) else None
+
+
+# /proc/devices names of the driver's character devices. The frontend (/dev/nvidiaN, nvidiactl,
+# nvidia-modeset) is major 195 on every driver; the others are given a major at load time.
+FRONTEND_MAJOR = 195
+_FRONTEND_NAMES = ("nvidia-frontend", "nvidia")
+_CONTROL_MINORS = {255: "/dev/nvidiactl", 254: "/dev/nvidia-modeset"}
+_OTHER_MAJORS = {
+    "nvidia-uvm": ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"),
+    "nvidia-caps": None,
+    "nvidia-nvlink": ("/dev/nvidia-nvlink",),
+    "nvidia-nvswitch": None,
+    "nvidia-caps-imex-channels": None,
+}
+DEV_DIRS = ("/dev",) + tuple(prefix + "/dev" for prefix in DRIVER_ROOT_PREFIXES)
+
+
+def parse_proc_devices(text: bytes | str) -> dict[str, int]:
+    """/proc/devices -> {name: major} of its character devices."""
+    majors: dict[str, int] = {}
+    block = False
+    for line in _text(text).splitlines():
+        if line.startswith("Block devices"):
+            block = True
+        parts = line.split()
+        if not block and len(parts) == 2 and parts[0].isdigit():
+            majors.setdefault(parts[1], int(parts[0]))
+    return majors
+
+
+class DeviceTable:
+    """The NVIDIA device files of this node, by kernel identity.
+
+    A file a process has open or mapped is a GPU device file when the kernel says so, whatever
+    path it was opened through (a bind mount in a user's own mount namespace shows /dev/nvidia0
+    under any name):
+    - `by_rdev`: its device number is the driver's (char 195:N /dev/nvidiaN, 195:255 nvidiactl;
+      nvidia-uvm's and the caps' majors from /proc/devices). Only root creates device nodes, and
+      any node of that number IS the device. The real driver; docker --device nodes too.
+    - `by_inode`: it is the very inode (st_dev, st_ino) of a root-owned character node
+      /dev/nvidia* (or /run/nvidia/driver/dev/nvidia*) as this module's mount namespace sees it: a
+      bind mount keeps the inode. This is what knows the simulator's nodes (all char 1:5).
+    `inode_numbers` pre-filter /proc/PID/maps lines (its `dev` column is the file system's, which
+    an overlay reports differently from stat: the inode column and map_files decide)."""
+
+    def __init__(self, by_rdev: t.Mapping[int, str] | None = None, by_inode: t.Mapping[tuple[int, int], str] | None = None) -> None:
+        self.by_rdev = dict(by_rdev or {})
+        self.by_inode = dict(by_inode or {})
+        self.inode_numbers = set(str(ino).encode() for _dev, ino in self.by_inode)
+        self.maps_by_inode = _maps_by_inode(self.inode_numbers)
+        # Answers already read in this scan (see known_fd, known_mapping).
+        self._fds: dict[str, str | None] = {}
+        self._mappings: dict[tuple[bytes, bytes], str | None] = {}
+        self.mount_ns: str | None
+        try:
+            self.mount_ns = os.readlink("/proc/self/ns/mnt")
+        except OSError:
+            self.mount_ns = None
+
+    def known_fd(self, link: str, target: str, mount_ns: str | None) -> str | None:
+        """name_of an fd. For a process in this module's own mount namespace the path it shows is
+        a path of this namespace's tree, which only root can mount on, so one stat per path serves
+        every such process (a busy node: thousands of fds on /dev/null and log files); a process
+        elsewhere, or a deleted file, is asked fd by fd. Raises OSError as os.stat does."""
+        if mount_ns is None or mount_ns != self.mount_ns or target.endswith(DELETED_SUFFIX):
+            return self.name_of(os.stat(link))
+        if target not in self._fds:
+            self._fds[target] = self.name_of(os.stat(link))
+        return self._fds[target]
+
+    def known_mapping(self, map_file: bytes, dev: bytes, inode: bytes) -> str | None:
+        """name_of a mapping through /proc/PID/map_files: the maps `dev` and `inode` columns name
+        one inode of the kernel, so one stat per (dev, inode) serves every mapping of it."""
+        key = (dev, inode)
+        if key not in self._mappings:
+            self._mappings[key] = self.name_of(os.stat(map_file))
+        return self._mappings[key]
+
+    @classmethod
+    def read(cls, dev_dirs: t.Iterable[str] = DEV_DIRS, proc_devices: str = "/proc/devices") -> DeviceTable:
+        try:
+            majors = parse_proc_devices(_read(proc_devices))
+        except OSError:
+            majors = {}
+        by_rdev: dict[int, str] = {}
+        frontend = [majors[name] for name in _FRONTEND_NAMES if name in majors] or [FRONTEND_MAJOR]
+        nvidia_majors = set(frontend)
+        for name, nodes in _OTHER_MAJORS.items():
+            if name in majors:
+                nvidia_majors.add(majors[name])
+                for minor, node in enumerate(nodes or ()):
+                    by_rdev[os.makedev(majors[name], minor)] = node
+        by_inode: dict[tuple[int, int], str] = {}
+        for directory in dev_dirs:
+            for path in _candidate_nodes(directory):
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue
+                # Only root can create a character device node; a user's file named so is no device.
+                if not stat_mod.S_ISCHR(st.st_mode) or st.st_uid != 0:
+                    continue
+                canonical = "/dev/" + path[len(directory) + 1:]
+                by_inode[(st.st_dev, st.st_ino)] = canonical
+                if os.major(st.st_rdev) in nvidia_majors:
+                    by_rdev.setdefault(st.st_rdev, canonical)
+        table = cls(by_rdev, by_inode)
+        table.frontend = set(frontend)
+        return table
+
+    frontend: t.Collection[int] = (FRONTEND_MAJOR,)
+
+    def name_of(self, st: os.stat_result) -> str | None:
+        """The canonical /dev/nvidia* name of a stat result, or None when it is no NVIDIA device."""
+        if not stat_mod.S_ISCHR(st.st_mode):
+            return None
+        name = self.by_inode.get((st.st_dev, st.st_ino)) or self.by_rdev.get(st.st_rdev)
+        if name is None and os.major(st.st_rdev) in self.frontend:
+            minor = os.minor(st.st_rdev)
+            name = _CONTROL_MINORS.get(minor) or f"/dev/nvidia{minor:d}"
+        return name
+
+
+def gpu_node(minor: int) -> str:
+    """The device node of the GPU with this minor number (the driver's `Device Minor:`)."""
+    return f"/dev/nvidia{minor:d}"
+
+
+# An open refused before the driver is asked: file permissions (or a nodev mount) and the device
+# cgroup (v1 devices.deny, v2 eBPF program). Any other error comes from the driver itself, which
+# this namespace then reaches.
+_DENIED = (errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR)
+
+
+def gpu_node_reachable(minor: int, table: DeviceTable, dev_dirs: t.Iterable[str] = DEV_DIRS) -> bool:
+    """Whether this process reaches the GPU of `minor` through its device node, as NVML must to list
+    it (issue 37: a container, a Slurm step or `docker --device` is given only some of the host's
+    GPUs, while the driver's /proc/driver/nvidia/gpus, which no namespace masks, lists them all).
+
+    The node must be the driver's character device (`table`'s identity rules: device number
+    195:minor, or the very inode of this node's root-owned /dev/nvidia<minor>, the simulator's), and
+    an open of it must be allowed: a device cgroup v2 eBPF program cannot be read, only asked. The
+    open is O_NONBLOCK so that the driver (NVreg_EnableNonblockingOpen, on by default) does not
+    bring a GPU up in this thread under its lock; it is closed at once. Where the answer is unsure
+    (another error from the driver) the GPU counts as reachable: then a GPU nvidia-smi left out
+    fails the look, never the other way round."""
+    path = gpu_node(minor)
+    for directory in dev_dirs:
+        node = directory + path[len("/dev"):]
+        try:
+            st = os.stat(node)
+        except OSError:
+            continue
+        if not stat_mod.S_ISCHR(st.st_mode):
+            continue
+        if os.major(st.st_rdev) in table.frontend:
+            if os.minor(st.st_rdev) != minor:
+                continue
+        elif table.name_of(st) != path:
+            continue
+        try:
+            os.close(os.open(node, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)))
+        except OSError as exc:
+            if exc.errno in _DENIED:
+                continue
+        return True
+    return False
+
+
+def _candidate_nodes(directory: str) -> list[str]:
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return []
+    paths: list[str] = []
+    for entry in entries:
+        if not entry.startswith("nvidia"):
+            continue
+        path = directory + "/" + entry
+        if entry.startswith("nvidia-caps"):
+            try:
+                paths.extend(path + "/" + sub for sub in os.listdir(path))
+            except OSError:
+                pass
+            continue
+        paths.append(path)
+    return [p for p in paths if _DEVICE_NODE.match("/dev/" + p[len(directory) + 1:])]
+
+
+def gpu_minor(device: str) -> int | None:
+    """'/dev/nvidia3' -> 3; control nodes (/dev/nvidiactl, /dev/nvidia-uvm, caps) -> None."""
+    match = _GPU_NODE.match(device)
+    return int(match.group(1)) if match else None
+
+
+def _text(data: bytes | str) -> str:
+    return data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+
+
+def parse_stat(data: bytes | str) -> tuple[str, str, int, int]:
+    """/proc/PID/stat (bytes or text) -> (comm, state, ppid, start_time). comm may hold spaces,
+    parens and, as bytes, half of a multi-byte character."""
+    if isinstance(data, bytes):
+        left = data.index(b"(")
+        right = data.rindex(b")")
+        comm = data[left + 1:right].decode("utf-8", "replace")
+        rest = data[right + 2:].decode("ascii", "replace").split()
+    else:
+        left = data.index("(")
+        right = data.rindex(")")
+        comm = data[left + 1:right]
+        rest = data[right + 2:].split()
+    # rest[0] is field 3 (state); field 22 (starttime) is rest[19].
+    return comm, rest[0], int(rest[1]), int(rest[19])
+
+
+PF_KTHREAD = 0x00200000
+
+
+def is_kernel_thread(stat: bytes | str) -> bool:
+    """Kernel threads carry PF_KTHREAD in /proc/PID/stat field 9. (Their PIDs say nothing:
+    inside a PID namespace PID 2 is an ordinary process.)"""
+    text = _text(stat)
+    rest = text[text.rindex(")") + 2:].split()
+    return bool(int(rest[6]) & PF_KTHREAD)
+
+
+def parse_cgroup(text: bytes | str) -> str | None:
+    """/proc/PID/cgroup -> the cgroup path that systemd manages (the v2 `0::` line, else the
+    v1 `name=systemd` line), or None."""
+    unified = named = None
+    for line in _text(text).splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            unified = parts[2]
+        elif parts[1] == "name=systemd":
+            named = parts[2]
+    path = unified if unified not in (None, "/") else named
+    return path or unified
+
+
+def unit_of(cgroup_path: str | None) -> str | None:
+    """The systemd unit a cgroup path belongs to: its deepest `*.service` or `*.scope`."""
+    if not cgroup_path:
+        return None
+    unit = None
+    for part in cgroup_path.split("/"):
+        if _UNIT.match(part):
+            unit = part
+    return unit
+
+
+def is_system_service(cgroup_path: str | None) -> bool:
+    """True when the unit is a .service of the system manager (not of a user@ manager), i.e.
+    one that `systemctl stop` can stop."""
+    unit = unit_of(cgroup_path)
+    # A container's processes can sit below its runtime's unit (containerd.service): stopping
+    # that unit would take down every container of the node.
+    return bool(unit and cgroup_path and unit.endswith(".service") and "/user@" not in cgroup_path and container_of(cgroup_path) is None)
+
+
+def container_of(cgroup_path: str | None) -> str | None:
+    return _cgroups.container_of(cgroup_path)
+
+
+def parse_cmdline(raw: bytes) -> tuple[list[str], str]:
+    """NUL-separated argv -> (argv list, display string)."""
+    argv = raw.decode("utf-8", "replace").split("\0")
+    while argv and argv[-1] == "":
+        argv.pop()
+    return argv, " ".join(argv)
+
+
+def mapped_devices(maps: bytes) -> Mapped:
+    """/proc/PID/maps (bytes) -> {device path: [mappings, KiB]} for NVIDIA device files, by the
+    spelling of their paths (what a fake /proc, or a reader without map_files, can tell). The
+    sizes tell a GPU's context from the small mappings every CUDA process makes of the other
+    GPUs' nodes (see _attribution)."""
+    return mapped_by_identity(maps, DeviceTable())
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+def parse_environ(raw: bytes) -> dict[str, str]:
+    """/proc/PID/environ (bytes) -> {name: value}; an entry without "=" is skipped."""
+    pairs = {}
+    for entry in raw.split(b"\0"):
+        name, sep, value = entry.partition(b"=")
+        if sep:
+            pairs[name.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return pairs
+
+
+def environ_of(pid: int, proc: str = "/proc") -> dict[str, str]:
+    """The environment a process started with, {} when it cannot be read (gone, or not ours to
+    read). Written by whoever started the process: a hint for display and lookups, never a
+    reason to signal or stop anything (docs/design.md, "What can be trusted")."""
+    try:
+        return parse_environ(_read(f"{proc}/{pid:d}/environ"))
+    except OSError:
+        return {}
+
+
+def cgroup_paths(pid: int, proc: str = "/proc") -> list[str] | None:
+    """Every cgroup path of a process, one per hierarchy line of /proc/PID/cgroup (a cgroup v1
+    node lists one per controller), None when it cannot be read."""
+    try:
+        raw = _read(f"{proc}/{pid:d}/cgroup")
+    except OSError:
+        return None
+    return [line.split(":", 2)[-1] for line in raw.decode("utf-8", "replace").splitlines() if line]
+
+
+def cgroup_of(pid: int, proc: str = "/proc") -> str | None:
+    """The systemd-managed cgroup path of a process (parse_cgroup), None when it cannot be read."""
+    try:
+        return parse_cgroup(_read(f"{proc}/{pid:d}/cgroup"))
+    except OSError:
+        return None
+
+
+def _user_name(uid: int, cache: dict[int, str]) -> str:
+    if uid not in cache:
+        name = str(uid)
+        try:
+            name = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            pass
+        cache[uid] = name
+    return cache[uid]
+
+
+def _uid_from_status(text: bytes | str) -> int | None:
+    for line in _text(text).splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    return None
+
+
+SIGTERM_BIT = 1 << (15 - 1)  # signal N is bit N-1 of the SigIgn/SigCgt masks (proc(5))
+
+
+def signal_facts(text: bytes | str) -> tuple[str | None, bool]:
+    """/proc/PID/status -> (what SIGTERM does to the process: "ignored", "caught" or "default";
+    None when the kernel did not say, whether it is the init of its own PID namespace). NSpid
+    lists its PID in each namespace from ours down to its own: more than one entry ending in 1 is
+    the init of a namespace below ours, which the kernel shields from every signal it has no
+    handler for (pid_namespaces(7)), SIGKILL aside."""
+    masks: dict[str, int] = {}
+    namespace_init = False
+    for line in _text(text).splitlines():
+        key, _sep, value = line.partition(":")
+        if key in ("SigIgn", "SigCgt"):
+            try:
+                masks[key] = int(value.strip(), 16)
+            except ValueError:
+                pass
+        elif key == "NSpid":
+            pids = value.split()
+            namespace_init = len(pids) > 1 and pids[-1] == "1"
+    if "SigIgn" not in masks or "SigCgt" not in masks:
+        return None, namespace_init
+    if masks["SigIgn"] & SIGTERM_BIT:
+        return "ignored", namespace_init
+    return ("caught" if masks["SigCgt"] & SIGTERM_BIT else "default"), namespace_init
+
+
+def open_devices(pid: int, proc: str = "/proc", table: DeviceTable | None = None) -> set[str]:
+    """The /dev/nvidia* names of the device files a process has open, known by identity (see
+    DeviceTable): os.stat of /proc/PID/fd/N follows the kernel's link to the opened inode,
+    whatever path or namespace it was opened through. Only where the kernel cannot be asked
+    (the fd closed meanwhile, a test's fake /proc) does the path's spelling count. Raises
+    OSError when the process is gone or not ours to read."""
+    table = table if table is not None else DeviceTable()
+    devices: set[str] = set()
+    fd_dir = f"{proc}/{pid:d}/fd"
+    entries = os.listdir(fd_dir)
+    mount_ns = None
+    for entry in entries:
+        link = fd_dir + "/" + entry
+        try:
+            target = os.readlink(link)
+        except OSError:
+            continue
+        # socket:[..], pipe:[..], anon_inode:..: never a device file.
+        if not target.startswith("/"):
+            continue
+        if mount_ns is None:
+            try:
+                mount_ns = os.readlink(f"{proc}/{pid:d}/ns/mnt")
+            except OSError:
+                mount_ns = ""
+        try:
+            device = table.known_fd(link, target, mount_ns or None)
+        except OSError:
+            device = device_path(target)
+        if device is not None:
+            devices.add(device)
+    return devices
+
+
+# A maps line whose path mentions nvidia (a spelling of a device file), and, built per table, one
+# whose inode is a device node's: the regex engine picks the few candidate lines of a CUDA
+# process's thousands.
+_MAPS_SPELLED = re.compile(rb"^([0-9a-f]+)-([0-9a-f]+) \S+ \S+ (\S+) (\d+)\s+(/\S*nvidia.*)$", re.MULTILINE)
+
+
+def _maps_by_inode(inode_numbers: t.Collection[bytes]) -> re.Pattern[bytes] | None:
+    if not inode_numbers:
+        return None
+    alternatives = b"|".join(sorted(inode_numbers))
+    return re.compile(rb"^([0-9a-f]+)-([0-9a-f]+) \S+ \S+ (\S+) (" + alternatives + rb")\s+(/.*)$", re.MULTILINE)
+
+
+def mapped_by_identity(maps: bytes, table: DeviceTable, map_files: bytes | None = None) -> Mapped:
+    """/proc/PID/maps (bytes) -> {device name: [mappings, KiB]}, known by identity: a line is a
+    candidate when its inode is one of the table's or its path is spelled like a device file;
+    /proc/PID/map_files/<range> (root) then says what the mapped file is (os.stat: its rdev,
+    dev and inode). Without map_files (not root, a fake /proc) a candidate counts by its path's
+    spelling only, as the scan did before."""
+    found: Mapped = {}
+    seen: set[bytes] = set()
+    patterns = [_MAPS_SPELLED] + ([table.maps_by_inode] if table.maps_by_inode is not None else [])
+    for pattern in patterns:
+        for match in pattern.finditer(maps):
+            start, end, dev, inode, path = match.groups()
+            if start in seen:
+                continue
+            seen.add(start)
+            spelled = device_path(path.decode("utf-8", "replace")) if b"nvidia" in path else None
+            device = spelled
+            if map_files is not None:
+                try:
+                    device = table.known_mapping(b"%s/%s-%s" % (map_files, start, end), dev, inode)
+                except OSError:
+                    device = spelled
+            if device is None:
+                continue
+            entry = found.setdefault(device, [0, 0])
+            entry[0] += 1
+            entry[1] += (int(end, 16) - int(start, 16)) // 1024
+    return found
+
+
+def read_maps(pid: int, proc: str = "/proc", table: DeviceTable | None = None) -> Mapped | None:
+    """{device: [mappings, KiB]} of a process, or None when its maps cannot be read."""
+    table = table if table is not None else DeviceTable()
+    try:
+        maps = _read(f"{proc}/{pid:d}/maps")
+    except OSError:
+        return None
+    # Most processes map no device file: byte searches skip the regex for them.
+    if b"nvidia" not in maps and not any(b" " + ino + b" " in maps for ino in table.inode_numbers):
+        return {}
+    return mapped_by_identity(maps, table, (f"{proc}/{pid:d}/map_files").encode())
+
+
+# Where a daemon a node needs is installed: only root writes there. /proc/PID/exe names the
+# executable as the kernel resolved it at exec (no symlink, no argv[0]).
+SYSTEM_DIRS = ("/usr/bin/", "/usr/sbin/", "/bin/", "/sbin/", "/usr/lib/", "/usr/lib64/", "/usr/libexec/", "/lib/", "/lib64/",
+               "/usr/local/bin/", "/usr/local/sbin/", "/usr/local/nvidia/bin/", "/run/nvidia/driver/usr/bin/")
+# Accounts below this uid are system accounts (login.defs SYS_UID_MAX, 999 on Debian and RHEL):
+# only root creates them.
+SYSTEM_UID_MAX = 999
+
+
+def _fs_root(proc: str) -> str:
+    """The root the executables of `proc`'s processes are found under: "" for the kernel's
+    /proc; a fake /proc tree of the unit tests keeps them in the sibling `<proc>-fs`."""
+    return "" if proc == "/proc" else proc.rstrip("/") + "-fs"
+
+
+def read_executable(base: str, fs_root: str = "") -> tuple[str | None, int | None, bool]:
+    """(path, owner uid, verified) of /proc/PID/exe: the path as the kernel shows it, the owner
+    of the executable it resolved at exec (os.stat follows the link to that very inode), and
+    whether that path names the same inode in this module's own mount namespace (a user's bind
+    mount of /usr/bin/python3 onto /usr/bin/Xorg in a namespace of their own does not). A
+    deleted executable (a package upgraded under a running daemon) cannot be verified by inode:
+    its path and owner then speak. (None, None, False) where the kernel does not answer."""
+    try:
+        path = os.readlink(base + "/exe")
+        st = os.stat(base + "/exe")
+    except OSError:
+        return None, None, False
+    if fs_root and path.startswith(fs_root + "/"):
+        path = path[len(fs_root):]
+    if path.endswith(DELETED_SUFFIX):
+        return path[: -len(DELETED_SUFFIX)], st.st_uid, True
+    try:
+        here = os.stat(fs_root + path)
+    except OSError:
+        return path, st.st_uid, False
+    return path, st.st_uid, (here.st_dev, here.st_ino) == (st.st_dev, st.st_ino)
+
+
+def read_process(pid: int, proc: str = "/proc", users: dict[int, str] | None = None) -> Holder | None:
+    """Identity and placement of one process (the docs/design.md holder shape, without the GPU
+    attribution), or None if it vanished."""
+    users = {} if users is None else users
+    base = f"{proc}/{pid:d}"
+    try:
+        stat = _read(base + "/stat")
+        comm, state, ppid, start_time = parse_stat(stat)
+        kernel_thread = is_kernel_thread(stat)
+        argv, cmdline = parse_cmdline(_read(base + "/cmdline"))
+        status = _read(base + "/status")
+        cgroup = _read(base + "/cgroup")
+    except (OSError, ValueError, IndexError):
+        return None
+    exe, exe_owner, exe_verified = read_executable(base, _fs_root(proc))
+    uid = _uid_from_status(status)
+    sigterm, namespace_init = signal_facts(status)
+    cgroup_path = parse_cgroup(cgroup)
+    record: Holder = {
+        "pid": pid,
+        "ppid": ppid,
+        "name": comm,
+        "cmdline": cmdline,
+        "argv0": os.path.basename(argv[0]) if argv else None,
+        "exe": os.path.basename(exe) if exe else None,
+        "exe_path": exe,
+        "exe_owner": exe_owner,
+        "exe_verified": exe_verified,
+        "uid": uid,
+        "user": _user_name(uid, users) if uid is not None else None,
+        "state": state,
+        "start_time": start_time,
+        "devices": [],
+        "mapped": {},
+        "gpu_indexes": [],
+        "unit": unit_of(cgroup_path),
+        "system_service": is_system_service(cgroup_path),
+        "container": container_of(cgroup_path),
+        "cgroup": cgroup_path,
+        "protected": False,
+        "kernel_thread": kernel_thread,
+        "sigterm": sigterm,
+        "pid_namespace_init": namespace_init,
+    }
+    return record
+
+
+def pid_namespace_of(pid: int, proc: str = "/proc") -> tuple[int, int] | None:
+    """The identity (device, inode) of the PID namespace a process lives in, or None."""
+    try:
+        st = os.stat(f"{proc}/{pid:d}/ns/pid")
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+# ioctl_ns(2): NS_GET_PARENT, _IO(0xb7, 0x2): an fd of the parent of a PID namespace.
+NS_GET_PARENT = 0xB702
+
+
+def _nspid_depth(pid: int, proc: str) -> int | None:
+    """How many PID namespaces, ours included, a process is in (its NSpid line's length)."""
+    try:
+        status = _text(_read(f"{proc}/{pid:d}/status"))
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            return len(line.split()) - 1
+    return None
+
+
+def _ancestor_namespace(pid: int, levels: int, proc: str) -> tuple[int, int] | None:
+    """The identity of the PID namespace LEVELS above the one a process lives in, asked of the
+    kernel (NS_GET_PARENT), or None where it cannot be asked."""
+    try:
+        fd = os.open(f"{proc}/{pid:d}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        for _level in range(levels):
+            parent = fcntl.ioctl(fd, NS_GET_PARENT)
+            os.close(fd)
+            fd = parent
+        st = os.fstat(fd)
+        return st.st_dev, st.st_ino
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def namespace_members(init_pid: int, proc: str = "/proc") -> list[int]:
+    """The processes that end when INIT_PID, the init of a PID namespace below ours, ends: the
+    kernel sends SIGKILL to every other process of its namespace (pid_namespaces(7)), and so to
+    every namespace nested in it. Those are the processes whose namespace is its namespace or
+    has it as an ancestor (asked of the kernel, NS_GET_PARENT: also a process that entered a
+    nested namespace by setns from outside), and every descendant of those (a fork stays in its
+    parent's namespace or one below it; this also covers where the kernel cannot be asked)."""
+    own = pid_namespace_of(init_pid, proc)
+    depth = _nspid_depth(init_pid, proc)
+    if own is None:
+        return []
+    inside: set[int] = set()
+    children: dict[int, list[int]] = {}
+    for pid in list_pids(proc):
+        if pid == init_pid:
+            continue
+        try:
+            ppid = parse_stat(_read(f"{proc}/{pid:d}/stat"))[2]
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(pid)
+        if pid_namespace_of(pid, proc) == own:
+            inside.add(pid)
+            continue
+        deeper = _nspid_depth(pid, proc)
+        if depth is not None and deeper is not None and deeper > depth and _ancestor_namespace(pid, deeper - depth, proc) == own:
+            inside.add(pid)
+    members, todo = set(inside), list(inside)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in members and child != init_pid:
+                members.add(child)
+                todo.append(child)
+    return sorted(members)
+
+
+def list_pids(proc: str = "/proc") -> list[int]:
+    return sorted(int(entry) for entry in os.listdir(proc) if entry.isdigit())
+
+
+def scan_holders(proc: str = "/proc", unreadable: list[int] | None = None, with_maps: bool = True, without_devices: list[int] | None = None,
+                 table: DeviceTable | None = None) -> list[Holder]:
+    """Every live process with a /dev/nvidia* node open or (with `with_maps`) mapped, with its
+    mappings of those nodes (`mapped`). Processes that vanish mid-scan or that we may not read
+    are skipped (the PIDs we may not read are appended to `unreadable`, if given); a zombie
+    holds nothing and is no holder.
+
+    The maps of every process that has a device file open are read: attribution needs their
+    sizes. Reading the maps of all the others is two thirds of a full scan's cost (~70 of ~100 us
+    a process, docs/benchmarks.md) and finds only processes that mapped a device file and then
+    closed it, which CUDA never does; callers ask for that (`with_maps`) only where such a
+    process could be what holds a GPU. Without `with_maps`, the PIDs skipped for having no
+    device file open are appended to `without_devices`, if given, for `scan_mapped` later."""
+    holders = []
+    users: dict[int, str] = {}
+    table = table if table is not None else DeviceTable.read()
+    for pid in list_pids(proc):
+        try:
+            devices = open_devices(pid, proc, table)
+        except PermissionError:
+            if unreadable is not None:
+                unreadable.append(pid)
+            continue
+        except OSError:
+            continue
+        if not devices and not with_maps:
+            if without_devices is not None:
+                without_devices.append(pid)
+            continue
+        record = _holder(pid, devices, proc, users, table)
+        if record is not None:
+            holders.append(record)
+    return holders
+
+
+def scan_mapped(pids: t.Iterable[int], proc: str = "/proc", table: DeviceTable | None = None) -> list[Holder]:
+    """The processes among `pids` (which had no device file open) that map a /dev/nvidia* node:
+    the second half of a full scan, done only when a GPU's memory is not explained without it.
+    Speed: it saves re-listing every process's fds (measured, benchmarks/changes.md)."""
+    holders = []
+    users: dict[int, str] = {}
+    table = table if table is not None else DeviceTable.read()
+    for pid in pids:
+        record = _holder(pid, set(), proc, users, table)
+        if record is not None:
+            holders.append(record)
+    return holders
+
+
+def _holder(pid: int, devices: set[str], proc: str, users: dict[int, str], table: DeviceTable) -> Holder | None:
+    """A holder record for a process with `devices` open, its maps read; None when it holds
+    nothing or is gone (or a zombie)."""
+    mapped = read_maps(pid, proc, table)
+    if not devices and not mapped:
+        return None
+    record = read_process(pid, proc, users)
+    if record is None or record["state"] in ("Z", "X"):
+        return None
+    record["devices"] = sorted(devices | set(mapped or ()))
+    # None: the maps could not be read, so the mapping sizes are unknown.
+    record["mapped"] = None if mapped is None else {device: {"count": n, "kib": kib} for device, (n, kib) in mapped.items()}
+    return record
+
+
+def display_name(pid: int, proc: str = "/proc") -> str | None:
+    """A live process's argv[0] (what nvidia-smi would print as its name), else its comm; None
+    when it is gone. For display only: the process chose it."""
+    try:
+        argv, _cmdline = parse_cmdline(_read(f"{proc}/{pid:d}/cmdline"))
+        if argv and argv[0]:
+            return argv[0]
+        return parse_stat(_read(f"{proc}/{pid:d}/stat"))[0]
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def start_time_of(pid: int, proc: str = "/proc") -> int | None:
+    """Start time of a live, non-zombie PID, or None: the identity check before a signal."""
+    try:
+        _comm, state, _ppid, start_time = parse_stat(_read(f"{proc}/{pid:d}/stat"))
+    except (OSError, ValueError, IndexError):
+        return None
+    if state in ("Z", "X"):
+        return None
+    return start_time
+
+
+def lineage(pid: int, proc: str = "/proc") -> list[int]:
+    """PIDs of a process and all its ancestors (the module and its Ansible/SSH session)."""
+    seen = []
+    while pid and pid not in seen:
+        seen.append(pid)
+        try:
+            _comm, _state, pid, _start = parse_stat(_read(f"{proc}/{pid:d}/stat"))
+        except (OSError, ValueError, IndexError):
+            break
+    return seen
+
+
+def split_protect(items: t.Iterable[t.Any] | None) -> tuple[list[str], set[int]]:
+    """User `protect` entries -> (names, pids): entries of ASCII digits are PIDs ('³'.isdigit()
+    is true, but int('³') fails: such an entry is a name)."""
+    names: list[str] = []
+    pids: set[int] = set()
+    for item in items or []:
+        text = str(item).strip()
+        if text.isdigit() and text.isascii():
+            pids.add(int(text))
+        elif text:
+            names.append(text)
+    return names, pids
+
+
+def name_matches(record: t.Mapping[str, t.Any], names: t.Iterable[str]) -> bool:
+    """Whether a process goes by one of `names` (its executable's basename, argv[0]'s basename or
+    comm, which the kernel truncates to 15 characters: nvidia-persistenced shows as
+    nvidia-persiste). A name alone decides nothing: rules ask ProcessNames.of, which asks the
+    identity rule first."""
+    return _first_match(names, own_names(record)) is not None
+
+
+def own_names(record: t.Mapping[str, t.Any]) -> set[str]:
+    """The names a process gives itself: comm, executable basename, argv[0] basename."""
+    return {name for name in (record.get("name"), record.get("exe"), record.get("argv0")) if name}
+
+
+INTERPRETERS = re.compile(r"^(?:python[0-9.]*|perl[0-9.]*|ruby[0-9.]*|node|nodejs|bash|sh|dash|java)$")
+SUBCOMMAND = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+
+
+def process_names(record: t.Mapping[str, t.Any] | None) -> set[str]:
+    """The names a process goes by: comm, executable, argv[0] and, for an interpreter, the
+    script or module it runs (`python3 /usr/local/bin/jupyterhub`, `python3 -m jupyterhub`);
+    also "tool subcommand" for the script or binary and its first argument (`ray start`,
+    `dask worker`, `nomad agent`, `jupyter lab`)."""
+    if not record:
+        return set()
+    names = {record.get("name"), record.get("exe"), record.get("argv0")}
+    words = (record.get("cmdline") or "").split()
+    tool, rest = (words[0].rsplit("/", 1)[-1], words[1:]) if words else (None, [])
+    if tool and INTERPRETERS.match(tool):
+        while rest and rest[0].startswith("-") and rest[0] != "-m":
+            rest = rest[1:]
+        if len(rest) >= 2 and rest[0] == "-m":
+            names.update((rest[1], rest[1].split(".")[0]))
+            tool, rest = rest[1], rest[2:]
+        elif rest:
+            tool, rest = rest[0].rsplit("/", 1)[-1], rest[1:]
+            names.add(tool)
+        else:
+            tool = None
+    if tool and rest and SUBCOMMAND.match(rest[0]):
+        names.add(f"{tool} {rest[0]}")
+    return {name for name in names if name}
+
+
+def _first_match(names: t.Iterable[str], candidates: t.Collection[str], globs: t.Iterable[str] = (), cut: bool = True) -> str | None:
+    """The first of `names` among `candidates` (with `cut`, a name longer than comm also as its
+    15-character cut), else the first candidate that matches one of `globs`, else None."""
+    for name in names:
+        if name in candidates or (cut and len(name) > COMM_LENGTH and name[:COMM_LENGTH] in candidates):
+            return name
+    for pattern in globs:
+        for candidate in sorted(candidates):
+            if fnmatch.fnmatchcase(candidate, pattern):
+                return candidate
+    return None
+
+
+def vouched(record: t.Mapping[str, t.Any]) -> bool:
+    """Whether the kernel vouches for a process as a daemon of the node: its real uid is root or
+    a system account (/proc/PID/status), and it runs a root-owned executable in a system
+    directory, as /proc/PID/exe resolves it (see read_executable). Nothing a user can set
+    (comm, argv[0], a copied or bind-mounted interpreter, their own uid) passes."""
+    uid = record.get("uid")
+    path = record.get("exe_path")
+    if uid is None or uid > SYSTEM_UID_MAX or not path:
+        return False
+    return record.get("exe_owner") == 0 and bool(record.get("exe_verified")) and path.startswith(SYSTEM_DIRS)
+
+
+def identified(record: t.Mapping[str, t.Any] | None, main_pid_of: MainPidOf | None = None) -> bool:
+    """THE identity rule: a name a process goes by counts only when this holds. The kernel
+    vouches for it (`vouched`), or it is systemd's MainPID of the system unit it runs in
+    (`main_pid_of(unit)`, where given: systemd's word)."""
+    return bool(record) and (vouched(t.cast("t.Mapping[str, t.Any]", record)) or _unit_main(t.cast("t.Mapping[str, t.Any]", record), main_pid_of))
+
+
+class ProcessNames:
+    """A list of process names some rule is keyed on (protected daemons, launchers, MPS,
+    supervisors, ...). It answers one question, `of(record)`, and only through the identity rule
+    (`identified`): any user can name a process so. Every list of process names in module_utils is
+    one of these (tests/unit/plugins/module_utils/_act/test_identity.py fails on a bare one).
+
+    `scripts`: also match the script an interpreter runs and "tool subcommand" (process_names:
+    `python3 /usr/bin/supervisord`, `ray start`); otherwise executable, argv[0] and comm only.
+    `cut`: a name longer than comm matches its 15-character cut too (not for names that share
+    it: both MPS programs read `nvidia-cuda-mps`)."""
+
+    def __init__(self, *names: str, scripts: bool = False, cut: bool = True) -> None:
+        self._names = tuple(names)
+        self._scripts = scripts
+        self._cut = cut
+
+    def __repr__(self) -> str:
+        return f"ProcessNames{self._names!r}"
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The names, to print or document (never to match a process by: use `of`)."""
+        return self._names
+
+    def candidates(self, record: t.Mapping[str, t.Any]) -> set[str]:
+        return process_names(record) if self._scripts else own_names(record)
+
+    def of(self, record: t.Mapping[str, t.Any] | None, main_pid_of: MainPidOf | None = None, globs: t.Iterable[str] = (),
+           also: t.Collection[str] = ()) -> str | None:
+        """The name (of this list, or a candidate matching one of `globs`) a process goes by, when
+        the identity rule backs it; else None. `also`: names systemd gives the process's unit
+        (ExecStart=), added to the process's own once its identity holds."""
+        if not record or not identified(record, main_pid_of):
+            return None
+        return _first_match(self._names, self.candidates(record) | set(also), globs, self._cut)
+
+    def among(self, names: t.Collection[str], globs: t.Iterable[str] = ()) -> str | None:
+        """The name of this list among `names` that the caller already holds for vouched: a unit's
+        ExecStart= (systemd's, from a unit file only root writes) and its main process's names once
+        `identified` (_units.main_names). Never a process's own names: ask `of`."""
+        return _first_match(self._names, names, globs, self._cut)
+
+    def posed_by(self, record: t.Mapping[str, t.Any], main_pid_of: MainPidOf | None = None) -> str | None:
+        """The name a process takes from this list without the identity to back it (an impostor):
+        only to tell so in a warning, never to decide anything."""
+        if identified(record, main_pid_of):
+            return None
+        return _first_match(self._names, self.candidates(record), cut=self._cut)
+
+
+# Daemons a GPU node needs and a desktop lives on (docs/design.md). Names are matched against the
+# executable's basename, argv[0]'s basename and the kernel's 15-character comm, and protect only
+# a process whose identity backs them (`vouched`): any user can name a process so.
+BUILTIN_PROTECTED_NAMES = ProcessNames(
+    "nvidia-persistenced",
+    "nv-hostengine",
+    "nvidia-fabricmanager",
+    "nv-fabricmanager",
+    "dcgm-exporter",
+    "Xorg",
+    "Xwayland",
+    "gnome-shell",
+    "kwin_wayland",
+    "sshd",
+    "systemd",
+)
+
+
+def impostor_note(record: t.Mapping[str, t.Any], name: str) -> str:
+    """What to tell about a process named like a protected daemon that is not one."""
+    uid = record.get("uid") if record.get("uid") is not None else "?"
+    exe = record.get("exe_path") or "an executable the kernel does not show"
+    return f"pid {record['pid']:d} is named like {name} but is run by uid {uid} from {exe}: not protected, an ordinary holder (docs/security.md)"
+
+
+def protection_reason(record: dict[str, t.Any], names: t.Iterable[str], pids: t.Container[int], own_lineage: t.Container[int],
+                      main_pid_of: MainPidOf | None = None) -> str | None:
+    """Why a process must never be signalled, or None. Built-in rules first. A name (built-in or
+    from `protect`) protects only a process the identity rule backs (`identified`)."""
+    pid = record["pid"]
+    if pid == 1:
+        return "PID 1"
+    if pid in own_lineage:
+        return "this Ansible session"
+    if record.get("kernel_thread"):
+        return "kernel thread"
+    if pid in pids:
+        return "protect"
+    for names_, reason in ((BUILTIN_PROTECTED_NAMES, "protected daemon"), (ProcessNames(*names), "protect")):
+        if names_.of(record, main_pid_of):
+            return reason
+        posed = names_.posed_by(record, main_pid_of)
+        if posed:
+            record["protection_note"] = impostor_note(record, posed)
+            return None
+    return None
+
+
+def _unit_main(record: t.Mapping[str, t.Any], main_pid_of: MainPidOf | None) -> bool:
+    if main_pid_of is None or not record.get("system_service") or not record.get("unit"):
+        return False
+    try:
+        return main_pid_of(record["unit"]) == record["pid"]
+    except (OSError, ValueError):
+        return False
+
+
+def protect(holders: t.Iterable[Holder], protect_names: t.Iterable[str], protect_pids: t.Container[int], own_lineage: t.Container[int],
+            main_pid_of: MainPidOf | None = None) -> list[Holder]:
+    """Fill in protected, protected_reason and protection_note for each holder (returns new records)."""
+    result: list[Holder] = []
+    for holder in holders:
+        record: dict[str, t.Any] = dict(holder)
+        record["protection_note"] = None
+        reason = protection_reason(record, protect_names, protect_pids, own_lineage, main_pid_of)
+        record["protected"] = reason is not None
+        record["protected_reason"] = reason
+        result.append(t.cast("Holder", record))
+    return result

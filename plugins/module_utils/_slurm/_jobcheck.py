@@ -1,0 +1,505 @@
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE: it may change without notice. Only the plugins and roles of
+# zeromib.gpu may use it.
+
+"""The Slurm job boundary: the prolog and epilog that the role zeromib.gpu.slurm_gpu_checks
+installs, run by slurmd as `python3 slurm_gpu_checks.pyz prolog|epilog` with no Ansible on the
+node. The zip holds this collection's module_utils (roles/slurm_gpu_checks/files/pack_runner.py)
+and calls main(); the work is gpu_release's own
+(Release): the epilog frees the ending job's GPUs, the prolog looks at them in check mode.
+
+Whose process is it: a holder in another job's cgroup (`job_<id>` on any hierarchy line of
+/proc/PID/cgroup, written by slurmd as root) or below another job's slurmstepd (a vouched one: a
+root-owned /usr/sbin/slurmstepd, whose title names the job) is that job's and is never signalled.
+Nothing a job's user can set (its environment, its process names) decides whom root signals; a
+claim of the user's can only spare a process (the GPU then stays dirty and the node drains)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+import time
+import typing as t
+
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders_mod
+from ansible_collections.zeromib.gpu.plugins.module_utils import _options
+from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _drain
+from ansible_collections.zeromib.gpu.plugins.module_utils._act._errors import ReleaseError, StepFailed
+from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import NvidiaSmi, NvidiaSmiError
+from ansible_collections.zeromib.gpu.plugins.module_utils._act._release import Release, System
+
+if t.TYPE_CHECKING:
+    from ansible_collections.zeromib.gpu.plugins.module_utils._types import Holder
+
+CONFIG_PATH = "/etc/zeromib-gpu/slurm_gpu_checks.json"
+# slurmd runs the epilog also after a failed prolog (measured on 22.05): the job never ran, so
+# what holds its GPUs is someone else's and the prolog only reported it. The failed prolog leaves
+# a mark here (root-only: no user can make the epilog spare or end anything) for that epilog.
+PROLOG_FAILED_DIR = "/run/zeromib-gpu/prolog-failed"
+MODES = ("prolog", "epilog")
+# slurmd runs the hooks with a nearly empty environment: no PATH of the site's.
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/slurm/bin"
+
+# gpu_release's option defaults (plugins/modules/gpu_release.py ARGUMENT_SPEC; a unit test keeps
+# them equal) except where a job boundary needs less patience: slurmd waits for the epilog
+# (PrologEpilogTimeout) while the next job waits for the node.
+RELEASE_DEFAULTS: dict[str, t.Any] = dict(
+    {name: t.cast("dict[str, t.Any]", spec).get("default") for name, spec in _options.SHARED_SPEC.items()},
+    gpus=[], services=[], service_state="stopped", stop_owning_units=True, kill=True, kill_spanning=False,
+    launchers=[], match=[], kill_timeout=10.0, wait_timeout=60.0, poll_interval=0.1, settle_timeout=5.0,
+)
+JOB_DEFAULTS = {"kill_timeout": 3.0, "wait_timeout": 15.0, "settle_timeout": 1.0}
+# The options a site sets in the config file: the release's own (the CUDA smoke test included:
+# the epilog runs it as gpu_release does, after the GPUs are proven free), and the runner's.
+RELEASE_OPTIONS = ("nvidia_smi", "timeout", "max_used_mib", "cross_gpu_footprint_mib", "protect", "health", "min_pcie_gen", "min_pcie_width",
+                   "require_persistence", "expected_mig_mode", "xid_window_hours", "xid_ignore", "xid_fatal",
+                   "kill_timeout", "wait_timeout", "settle_timeout", "stop_owning_units", "kill_spanning", "smoke_test", "smoke_test_mib")
+RUNNER_DEFAULTS: dict[str, t.Any] = {
+    "drain": True,                 # set a zeromib: drain reason through scontrol before failing
+    "scontrol": None,              # path; searched on SAFE_PATH when not set
+    "without_gres": "skip",        # a job Slurm gave no GPUs: skip (nothing to check) or all (every GPU of the node)
+    "log": "/var/log/zeromib-gpu/slurm_gpu_checks.log",  # one JSON line a run; null: none
+}
+CHOICES = {"without_gres": ("skip", "all")}
+
+_GPU_TOKEN = re.compile(r"^(?:\d+|(?:GPU|MIG)-[0-9A-Fa-f-]+)$")
+_JOB_CGROUP = re.compile(r"/job_(\d+)(?:/|$)")
+_STEPD_TITLE = re.compile(r"^slurmstepd: \[(\d+)(?:\.[A-Za-z0-9_]+)?\]")
+
+
+class JobCheckError(Exception):
+    """A problem with the runner's input (config, environment): the hook fails and says it."""
+
+
+# ---------------------------------------------------------------- pure: Slurm's environment
+
+
+def job_id(environ: t.Mapping[str, str]) -> str:
+    value = (environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID") or "").strip()
+    if not value.isdigit() or not value.isascii():
+        raise JobCheckError(f"SLURM_JOB_ID is not set to a job id ({value!r}): run by slurmd as Prolog= or Epilog=, or set it")
+    return value
+
+
+def job_gpus(environ: t.Mapping[str, str]) -> list[str] | None:
+    """The job's GPUs as slurmd gives them to the prolog and epilog: SLURM_JOB_GPUS (gres ids),
+    else CUDA_VISIBLE_DEVICES, else GPU_DEVICE_ORDINAL (both set alike by slurmd, measured on
+    22.05). None: the job was given no GPU. slurmd writes this environment, not the job's user."""
+    for name in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"):
+        raw = environ.get(name)
+        if raw is None or raw.strip() == "":
+            continue
+        tokens = [token.strip() for token in raw.split(",")]
+        if tokens in (["NoDevFiles"], ["-1"]):
+            return None  # what Slurm puts in CUDA_VISIBLE_DEVICES of a job without GPUs
+        bad = [token for token in tokens if not _GPU_TOKEN.match(token) or not token.isascii()]
+        if bad:
+            raise JobCheckError("{}={!r}: {} is not a GPU index or UUID".format(name, raw, ", ".join(repr(b) for b in bad)))
+        return tokens
+    return None
+
+
+def mode_of(argv: t.Sequence[str], environ: t.Mapping[str, str]) -> str:
+    """`prolog` or `epilog`: the first argument, else slurmd's SLURM_SCRIPT_CONTEXT
+    (prolog_slurmd, epilog_slurmd)."""
+    if argv:
+        if argv[0] not in MODES:
+            raise JobCheckError(f"unknown mode {argv[0]!r}: prolog or epilog")
+        return argv[0]
+    context = environ.get("SLURM_SCRIPT_CONTEXT", "")
+    for mode in MODES:
+        if context.startswith(mode):
+            return mode
+    raise JobCheckError(f"no mode given and SLURM_SCRIPT_CONTEXT={context!r} names none: call it with prolog or epilog")
+
+
+# ---------------------------------------------------------------- pure: whose process
+
+
+def job_of_cgroups(paths: t.Iterable[str]) -> str | None:
+    """The Slurm job a process runs in from its cgroup paths (every hierarchy line: cgroup v1's
+    freezer/devices lines carry /slurm/uid_N/job_N, v2 /system.slice/slurmstepd.scope/job_N)."""
+    for path in paths:
+        match = _JOB_CGROUP.search(path)
+        if match:
+            return match.group(1)
+    return None
+
+
+def job_of_stepd_title(cmdline: str | None) -> str | None:
+    """`slurmstepd: [123.batch]` / `[123.0]` / `[123.extern]` -> "123"."""
+    match = _STEPD_TITLE.match(cmdline or "")
+    return match.group(1) if match else None
+
+
+def other_job(owner: str | None, ending: str) -> bool:
+    """A holder is spared when it belongs to a job other than the ending one."""
+    return owner is not None and owner != ending
+
+
+# ---------------------------------------------------------------- /proc: whose process
+
+
+def owning_job(pid: int, proc: str = "/proc", depth: int = 64) -> str | None:
+    """The job of a process: its cgroup, else its nearest vouched slurmstepd ancestor (cgroup v1
+    with proctrack/linuxproc: the tasks sit in slurmd's cgroup under their slurmstepd)."""
+    job = job_of_cgroups(holders_mod.cgroup_paths(pid, proc) or [])
+    if job is not None:
+        return job
+    current = pid
+    for _step in range(depth):
+        record = holders_mod.read_process(current, proc)
+        if record is None or record["ppid"] in (0, current):
+            return None
+        if record["name"] == "slurmstepd" and holders_mod.vouched(record):
+            return job_of_stepd_title(record.get("cmdline"))
+        current = record["ppid"]
+    return None
+
+
+def spare_other_jobs(holders: list[Holder], ending: str, proc: str = "/proc", spared: dict[int, str] | None = None) -> list[Holder]:
+    """Holders of other jobs marked protected (reason `Slurm job N`); new records. `spared` gets
+    {pid: job} of each (the result's public holders do not carry the reason)."""
+    marked = []
+    for holder in holders:
+        owner = None if holder.get("protected") else owning_job(holder["pid"], proc)
+        if other_job(owner, ending):
+            holder = t.cast("Holder", dict(holder, protected=True, protected_reason=f"Slurm job {owner}"))
+            if spared is not None:
+                spared[holder["pid"]] = t.cast(str, owner)
+        marked.append(holder)
+    return marked
+
+
+class JobRelease(Release):
+    """gpu_release's run for one ending job: every look and rescan spares the other jobs'
+    processes (the only addition: Release's planning, signals and verdict are unchanged)."""
+
+    def __init__(self, *args: t.Any, ending_job: str, **kwargs: t.Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ending_job = ending_job
+        # {pid: job} of the holders spared as another job's, for the drain reason.
+        self.spared: dict[int, str] = {}
+
+    def look(self) -> t.Any:
+        snapshot = super().look()
+        snapshot.holders = spare_other_jobs(snapshot.holders, self.ending_job, self.system.proc, self.spared)
+        return snapshot
+
+    def scan(self, gpus: t.Any) -> t.Any:
+        holders, apps = super().scan(gpus)
+        return spare_other_jobs(holders, self.ending_job, self.system.proc, self.spared), apps
+
+
+# ---------------------------------------------------------------- config
+
+
+def check_config(raw: t.Any) -> dict[str, t.Any]:
+    """The config file's object -> every option with its value, or JobCheckError naming each problem."""
+    if not isinstance(raw, dict):
+        raise JobCheckError(f"the config must be a JSON object, got {type(raw).__name__}")
+    known = set(RELEASE_OPTIONS) | set(RUNNER_DEFAULTS)
+    problems = [f"unknown option {k!r}" for k in sorted(set(raw) - known)]
+    config = dict(RUNNER_DEFAULTS)
+    config.update({k: RELEASE_DEFAULTS[k] for k in RELEASE_OPTIONS})
+    config.update(JOB_DEFAULTS)
+    config.update({k: v for k, v in raw.items() if k in known})
+    for name, choices in CHOICES.items():
+        if config[name] not in choices:
+            problems.append("{} must be one of {}, got {!r}".format(name, ", ".join(choices), config[name]))
+    for name in ("drain", "health", "require_persistence", "stop_owning_units", "kill_spanning", "smoke_test"):
+        if not isinstance(config[name], bool):
+            problems.append(f"{name} must be true or false, got {config[name]!r}")
+    problems += type_problems(config)
+    problems += _options.check({k: config[k] for k in RELEASE_OPTIONS})
+    if problems:
+        raise JobCheckError("config: " + "; ".join(problems))
+    return config
+
+
+# JSON has no Ansible to convert a quoted "3" into a number: the runner takes only what it uses.
+NUMBERS = ("timeout", "max_used_mib", "cross_gpu_footprint_mib", "min_pcie_gen", "min_pcie_width", "xid_window_hours", "kill_timeout",
+           "wait_timeout", "settle_timeout", "smoke_test_mib")
+PATHS = ("nvidia_smi", "scontrol", "log")  # a string, or null
+
+
+def type_problems(config: t.Mapping[str, t.Any]) -> list[str]:
+    """What JSON may carry and the runner cannot use, named (check_config's types)."""
+    problems = []
+    for name in NUMBERS:
+        value = config[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            problems.append(f"{name} must be a number, got {value!r}")
+    for name in PATHS:
+        if config[name] is not None and (not isinstance(config[name], str) or not config[name]):
+            problems.append(f"{name} must be a path or null, got {config[name]!r}")
+    for name, element in (("protect", (str, int)), ("xid_ignore", int), ("xid_fatal", int)):
+        value = config[name]
+        if not isinstance(value, list):
+            problems.append(f"{name} must be a list, got {value!r}")
+        elif any(isinstance(v, bool) or not isinstance(v, element) for v in value):
+            problems.append("{} must be a list of {}, got {!r}".format(name, "names or PIDs" if name == "protect" else "Xid numbers", value))
+    if config["expected_mig_mode"] not in (None, "enabled", "disabled"):
+        problems.append(f"expected_mig_mode must be enabled, disabled or null, got {config['expected_mig_mode']!r}")
+    return problems
+
+
+def read_config(path: str, owner: int = 0, required: bool = False) -> dict[str, t.Any]:
+    """The root-owned config: a file anyone else could write would decide whom root signals.
+    Missing: the defaults, unless `required` (a path the hook was given must be there). Opened
+    without following a link and without blocking on a FIFO."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "rb") as handle:
+            st = os.fstat(handle.fileno())
+            data = handle.read() if stat.S_ISREG(st.st_mode) else b""
+    except FileNotFoundError:
+        if required:
+            raise JobCheckError(f"the config {path} does not exist") from None
+        return check_config({})
+    except OSError as exc:
+        raise JobCheckError(f"cannot read the config {path}: {exc.strerror}") from None
+    if st.st_uid != owner or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or not stat.S_ISREG(st.st_mode):
+        raise JobCheckError(f"the config {path} must be a regular file owned by uid {owner:d} that only its owner can write: refused")
+    try:
+        return check_config(json.loads(data.decode("utf-8")))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise JobCheckError(f"the config {path} is not valid JSON: {exc}") from None
+
+
+def release_params(config: t.Mapping[str, t.Any], gpus: list[str] | None) -> dict[str, t.Any]:
+    params = dict(RELEASE_DEFAULTS, **{k: config[k] for k in RELEASE_OPTIONS})
+    params["gpus"] = list(gpus or [])
+    params["_match_regexes"] = []
+    params["protect"] = [str(p) for p in params["protect"]]
+    return params
+
+
+# ---------------------------------------------------------------- the verdict
+
+
+def dirty_causes(result: t.Mapping[str, t.Any], spared: t.Mapping[int, str] | None = None) -> list[str]:
+    """Short causes, one per GPU of the job that is not free or not healthy: `GPU 0: 4096 MiB,
+    held by pid 345 python3` / `GPU 1: 4096 MiB, no process holds it` / `GPU 2: <health issue>`."""
+    selected = set(result.get("selected_gpus") or [])
+    holders = result.get("holders") or []
+    causes = []
+    for gpu in result.get("gpus") or result.get("gpus_before") or []:
+        if gpu.get("index") not in selected:
+            continue
+        if not gpu.get("clean"):
+            on = [h for h in holders if gpu["index"] in (h.get("gpu_indexes") or [])]
+            who = "held by " + ", ".join(short_holder(h, spared or {}) for h in on[:3]) if on else "no process holds it"
+            causes.append("GPU {}: {} MiB, {}".format(gpu["index"], gpu.get("memory_used_mib"), who))
+    for issue in result.get("health_issues") or []:
+        causes.append(str(issue))
+    return causes
+
+
+def short_holder(holder: t.Mapping[str, t.Any], spared: t.Mapping[int, str]) -> str:
+    owner = owner_of(holder, spared)
+    return "pid {} {}".format(holder.get("pid"), holder.get("name")) + (f" ({owner})" if owner else "")
+
+
+def owner_of(holder: t.Mapping[str, t.Any], spared: t.Mapping[int, str]) -> str | None:
+    if holder.get("protected_reason"):
+        return str(holder["protected_reason"])
+    job = spared.get(holder.get("pid"))  # type: ignore[arg-type]
+    return f"Slurm job {job}" if job else None
+
+
+def verdict(mode: str, result: t.Mapping[str, t.Any], failure: str | None, spared: t.Mapping[int, str] | None = None) -> tuple[bool, list[str]]:
+    """(ok, causes) of one run: the epilog's GPUs released, the prolog's already free; healthy."""
+    causes = dirty_causes(result, spared)
+    free = bool(result.get("released")) and failure is None
+    healthy = result.get("healthy") is not False
+    if free and healthy:
+        return True, []
+    if not causes:
+        causes = [failure or ("GPUs not free" if not free else "GPUs not healthy")]
+    return False, causes
+
+
+def drain_reason(mode: str, job: str, causes: list[str]) -> str:
+    return _drain.short_reason("{} job {}: {}".format(mode, job, "; ".join(causes)))
+
+
+# ---------------------------------------------------------------- side effects
+
+
+def run_command(argv: list[str]) -> tuple[int, str, str]:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False,
+                              env=dict(os.environ, LANG="C", LC_ALL="C", SLURM_TIME_FORMAT="standard"))
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return 127, "", str(exc)
+    return done.returncode, done.stdout, done.stderr
+
+
+def find_scontrol(configured: str | None) -> str | None:
+    if configured:
+        return configured if os.access(configured, os.X_OK) else None
+    for directory in SAFE_PATH.split(":"):
+        path = os.path.join(directory, "scontrol")
+        if os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def drain(config: t.Mapping[str, t.Any], environ: t.Mapping[str, str], reason: str, run: t.Callable[[list[str]], tuple[int, str, str]] = run_command) -> str:
+    """Drain this node with `reason` unless someone else drained it (slurm_node's rule) -> what was done."""
+    scontrol = find_scontrol(config.get("scontrol"))
+    if not scontrol:
+        return "not drained: scontrol not found (Slurm drains the node for the failed hook itself)"
+    slurm = _drain.Slurm(run, scontrol)
+    try:
+        name, node = slurm.node_name((environ.get("SLURMD_NODENAME") or "").strip() or None)
+        act, why = _drain.drain_decision(node, reason)
+        if act:
+            slurm.update(name, "state=drain", "reason=" + reason)
+            return f"drained {name}: {reason}"
+        return f"not drained ({why})"
+    except _drain.SlurmError as exc:
+        return f"not drained: {exc}"
+
+
+def mark_prolog_failed(job: str, directory: str = PROLOG_FAILED_DIR) -> None:
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        with open(os.path.join(directory, job), "w", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        sys.stderr.write(f"zeromib: cannot mark the failed prolog of job {job} in {directory}: {exc.strerror}" + "\n")
+
+
+def take_prolog_failed(job: str, directory: str = PROLOG_FAILED_DIR) -> bool:
+    """Whether the prolog of `job` failed (the mark is removed)."""
+    try:
+        os.unlink(os.path.join(directory, job))
+        return True
+    except OSError:
+        return False
+
+
+def log(path: str | None, entry: t.Mapping[str, t.Any]) -> None:
+    if not path:
+        return
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(entry, sort_keys=True) + "\n")
+    except OSError as exc:
+        sys.stderr.write(f"zeromib: cannot write the log {path}: {exc.strerror}" + "\n")
+
+
+def check_job(mode: str, job: str, gpus: list[str] | None, config: t.Mapping[str, t.Any]) -> tuple[bool, list[str], dict[str, t.Any]]:
+    """gpu_release for the job's GPUs (the prolog in check mode: it looks, it never signals)."""
+    params = release_params(config, gpus)
+    try:
+        smi = NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), params["timeout"])
+        release = JobRelease(smi, System(find_systemctl()), params, check_mode=(mode == "prolog"), ending_job=job)
+    except NvidiaSmiError as exc:
+        return False, [f"nvidia-smi: {exc.msg}"], {}
+    try:
+        result: dict[str, t.Any] = dict(release.run())
+        failure = None
+    except NvidiaSmiError as exc:
+        return False, [f"nvidia-smi: {exc.msg}"], {}
+    except ReleaseError as exc:
+        result, failure = dict(exc.result), exc.msg
+    except StepFailed as exc:
+        return False, [exc.msg], {}
+    ok, causes = verdict(mode, result, failure, release.spared)
+    if ok and mode == "epilog" and params["smoke_test"]:
+        try:
+            ok, causes, result = smoke_test(smi, params, result)
+        except NvidiaSmiError as exc:
+            return False, [f"nvidia-smi, before the CUDA smoke test: {exc.msg}"], result
+    return ok, causes, result
+
+
+def smoke_test(smi: NvidiaSmi, params: t.Mapping[str, t.Any], result: dict[str, t.Any]) -> tuple[bool, list[str], dict[str, t.Any]]:
+    """The epilog's GPUs, proven free, each run CUDA once (_cuda_smoke, as gpu_release runs it):
+    a GPU that cannot is no GPU for the next job (its issue is the drain reason)."""
+    from ansible_collections.zeromib.gpu.plugins.module_utils._look import _cuda_smoke  # pylint: disable=import-outside-toplevel
+    from ansible_collections.zeromib.gpu.plugins.module_utils._look import _facts  # pylint: disable=import-outside-toplevel
+
+    tested = _cuda_smoke.after_release(smi, params, result, False, lambda: _facts.look(
+        smi, params["protect"], max_used_mib=params["max_used_mib"], footprint_mib=params["cross_gpu_footprint_mib"]))
+    if tested.get("smoke_test_passed") is False:
+        return False, [str(issue) for issue in tested.get("smoke_test_issues") or []] or ["CUDA smoke test failed"], tested
+    return True, [], tested
+
+
+def find_systemctl() -> str | None:
+    for directory in SAFE_PATH.split(":"):
+        path = os.path.join(directory, "systemctl")
+        if os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def main(argv: t.Sequence[str], environ: t.Mapping[str, str], config_path: str = CONFIG_PATH, marks: str = PROLOG_FAILED_DIR) -> int:
+    """The hook: 0 when the job's GPUs are free and healthy; else drain (zeromib: reason) and 1,
+    so that slurmd drains the node (epilog) or requeues the job (prolog)."""
+    started = time.monotonic()
+    # --config=PATH (the benchmark's, a site's second config): given by whoever runs the hook, root.
+    given = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+    config_path = given or config_path
+    argv = [a for a in argv if not a.startswith("--config=")]
+    if list(argv[:1]) == ["check-config"]:
+        # The role's check right after it writes the config: a bad one fails the play, not the next job.
+        try:
+            sys.stdout.write(json.dumps(read_config(config_path, required=given is not None), sort_keys=True) + "\n")
+            return 0
+        except JobCheckError as exc:
+            sys.stderr.write(f"zeromib: {exc}" + "\n")
+            return 2
+    os.environ["PATH"] = os.environ.get("PATH") or SAFE_PATH
+    config: dict[str, t.Any] = dict(RUNNER_DEFAULTS)
+    mode, job, gpus = "hook", "?", None
+    try:
+        # The config first: its log is where even a bad call is said.
+        config = read_config(config_path, required=given is not None)
+        mode = mode_of(argv, environ)
+        job = job_id(environ)
+        gpus = job_gpus(environ)
+        if gpus is None and config["without_gres"] == "skip":
+            log(config["log"], {"mode": mode, "job": job, "ok": True, "skipped": "no GPU given to the job", "elapsed_s": round(time.monotonic() - started, 3)})
+            return 0
+        if mode == "epilog" and take_prolog_failed(job, marks):
+            log(config["log"], {"mode": mode, "job": job, "gpus": gpus, "ok": True, "elapsed_s": round(time.monotonic() - started, 3),
+                                "skipped": "the prolog failed: the job never ran, nothing on its GPUs is its own (the prolog drained the node)"})
+            return 0
+        ok, causes, result = check_job(mode, job, gpus, config)
+    except JobCheckError as exc:
+        ok, causes, result = False, [str(exc)], {}
+    except Exception as exc:  # pylint: disable=broad-exception-caught
+        # A hook must drain with a reason, never die with a traceback slurmd only logs.
+        ok, causes, result = False, [f"internal error, {type(exc).__name__}: {exc}"], {}
+    # The prolog runs in check mode: its `killed` is the plan, the holders it found (never signalled).
+    acted = [{"pid": k.get("pid"), "name": k.get("name"), "signal": k.get("signal")} for k in result.get("killed") or []]
+    entry: dict[str, t.Any] = {"mode": mode, "job": job, "gpus": gpus, "ok": ok, "causes": causes,
+                               ("holders" if mode == "prolog" else "killed"): acted}
+    if result.get("smoke_test_passed") is not None:
+        entry["smoke_test_passed"] = result["smoke_test_passed"]
+    if not ok:
+        reason = drain_reason(mode, job, causes)
+        sys.stderr.write(reason + "\n")
+        entry["drain"] = drain(config, environ, reason) if config.get("drain", True) else "not drained: drain is false"
+        if mode == "prolog" and job != "?":
+            mark_prolog_failed(job, marks)
+    elif mode == "prolog" and job != "?":
+        # A requeued job keeps its id: a mark left by an earlier failed prolog of it (its epilog
+        # never ran, slurmd restarted) must not make this run's epilog skip its leftovers.
+        take_prolog_failed(job, marks)
+    entry["elapsed_s"] = round(time.monotonic() - started, 3)
+    log(config.get("log"), entry)
+    return 0 if ok else 1

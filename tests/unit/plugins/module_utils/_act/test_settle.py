@@ -1,0 +1,247 @@
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The respawn watch's pure parts: which parents are watched, what kind of restarter each is and
+what stops it, and who counts as having come back (fake /proc trees)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ansible_collections.zeromib.gpu.plugins.module_utils._act import _settle
+from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils import fakeproc
+
+
+def process(root, pid, ppid, argv, comm=None, session=None, fds=(), maps=(), environ=None, exe="/usr/bin/python3.12", uid=0):
+    """A process whose session id is `session` (its own PID by default: a session leader)."""
+    fakeproc.write_process(root, pid, comm=comm or os.path.basename(argv[0])[:15], ppid=ppid, start_time=1000 + pid, argv=argv,
+                           fds=fds, maps=maps, exe=exe, uid=uid)
+    path = os.path.join(str(root), str(pid), "stat")
+    with open(path) as handle:
+        fields = handle.read().split(" ")
+    # "pid (comm) state ppid pgrp session ...": comm has no spaces here.
+    fields[5] = str(pid if session is None else session)
+    with open(path, "w") as handle:
+        handle.write(" ".join(fields))
+    if environ:
+        with open(os.path.join(str(root), str(pid), "environ"), "wb") as handle:
+            handle.write(b"".join(("{}={}".format(*item)).encode() + b"\0" for item in sorted(environ.items())))
+
+
+def holder(pid, ppid, cmdline="python3 train.py"):
+    return {"pid": pid, "ppid": ppid, "cmdline": cmdline, "cgroup": "/user.slice/user-0.slice/session-3.scope"}
+
+
+class Clock:
+    """The system's clock for Watch.settle: sleeping moves it, nothing waits."""
+    t = 0.0
+
+    def now(self):
+        return self.t
+
+    def sleep(self, seconds):
+        self.t += seconds
+
+
+@pytest.fixture
+def proc(tmp_path):
+    fakeproc.write_process(tmp_path, 1, comm="systemd", ppid=0, argv=("/sbin/init",), exe="/usr/lib/systemd/systemd")
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv, kind", [
+    (("/usr/bin/python3", "/usr/bin/supervisord", "-n", "-c", "/etc/supervisor/supervisord.conf"), "supervisord"),
+    (("PM2 v5.3.0: God Daemon (/root/.pm2)",), "pm2"),
+    (("runsv", "vllm"), "runit"),
+    (("s6-supervise", "vllm"), "s6"),
+    (("/usr/bin/python3", "/usr/bin/circusd", "/etc/circus.ini"), "circus"),
+    (("/usr/bin/monit", "-I"), "monit"),
+    (("/opt/venv/bin/python3", "/opt/venv/bin/torchrun", "--nproc-per-node", "8", "train.py"), "torchrun"),
+    (("python3", "-m", "torch.distributed.run", "--nproc-per-node", "8", "train.py"), "torchrun"),
+    (("sh", "-c", "while true; do python3 train.py; done"), None),
+    (("-bash",), None),
+], ids=["supervisord", "pm2", "runsv", "s6", "circus", "monit", "torchrun", "torch.distributed.run", "shell-loop", "login-shell"])
+def test_known_supervisors_are_recognised_by_what_they_run(argv, kind):
+    record = {"name": os.path.basename(argv[0])[:15], "cmdline": " ".join(argv), "argv0": os.path.basename(argv[0]), "exe": None}
+    assert _settle.supervisor_kind(record) == kind
+
+
+def test_supervisord_names_the_program_and_its_stop_command():
+    env = {"SUPERVISOR_PROCESS_NAME": "vllm", "SUPERVISOR_GROUP_NAME": "vllm"}
+    hint = _settle.stop_hint("supervisord", {"pid": 77}, env)
+    assert "`supervisorctl stop vllm`" in hint and "supervisor:vllm" in hint
+    grouped = {"SUPERVISOR_PROCESS_NAME": "worker_01", "SUPERVISOR_GROUP_NAME": "serve"}
+    assert _settle.supervisor_program(grouped) == "serve:worker_01"
+    assert "`pm2 stop api`" in _settle.stop_hint("pm2", {"pid": 5}, {"name": "api", "pm_id": "0"})
+    assert "the agent goes first: end pid 9 (kill -TERM 9" in _settle.stop_hint("torchrun", {"pid": 9}, {})
+
+
+def test_a_shell_loop_is_watched_up_to_its_session_leader(proc):
+    process(proc, 100, 1, ("-bash",), comm="bash")                        # tmux pane: session leader
+    process(proc, 200, 100, ("sh", "-c", "while true; do python3 train.py; done"), session=100)
+    process(proc, 300, 200, ("python3", "train.py"), session=100)
+    table = _settle.read_table(str(proc))
+    chain = _settle.parent_chain(holder(300, 200), table, own_lineage=set(), signalled={300}, proc=str(proc))
+    assert [p["pid"] for p in chain] == [200, 100]
+    found = _settle.restarters([holder(300, 200)], own_lineage=(), proc=str(proc))
+    assert sorted(found) == [100, 200] and found[200]["depth"] == 0 and found[200]["cmdlines"] == {"python3 train.py"}
+
+
+def test_no_parent_is_watched_for_pid_1_the_ansible_session_or_a_protected_daemon(proc):
+    process(proc, 300, 1, ("python3", "train.py"))
+    assert _settle.restarters([holder(300, 1)], own_lineage=(), proc=str(proc)) == {}
+    process(proc, 400, 1, ("sshd: root@notty",), comm="sshd", exe="/usr/sbin/sshd")
+    process(proc, 401, 400, ("python3", "train.py"), session=400)
+    assert _settle.restarters([holder(401, 400)], own_lineage=(), proc=str(proc)) == {}
+    process(proc, 500, 1, ("/usr/bin/python3", "AnsiballZ_gpu_release.py"))
+    process(proc, 501, 500, ("python3", "train.py"), session=500)
+    assert _settle.restarters([holder(501, 500)], own_lineage=(500,), proc=str(proc)) == {}
+
+
+def test_walk_stops_at_a_launcher_and_passes_over_other_signalled_holders(proc):
+    process(proc, 10, 1, ("/usr/bin/python3", "/usr/bin/supervisord", "-n"), comm="supervisord")
+    process(proc, 20, 10, ("python3", "-m", "vllm.entrypoints.openai.api_server"), session=10,
+            environ={"SUPERVISOR_PROCESS_NAME": "vllm", "SUPERVISOR_GROUP_NAME": "vllm"})
+    process(proc, 30, 20, ("VLLM::Worker_TP0",), session=10)
+    found = _settle.restarters([holder(20, 10, "python3 -m vllm"), holder(30, 20, "VLLM::Worker_TP0")], own_lineage=(), proc=str(proc))
+    assert list(found) == [10] and found[10]["kind"] == "supervisord" and "supervisorctl stop vllm" in found[10]["hint"]
+
+
+def test_a_restart_is_the_killed_command_line_or_a_new_gpu_holder_under_the_parent(proc):
+    process(proc, 200, 1, ("sh", "-c", "while true; do python3 train.py; done"))
+    process(proc, 300, 200, ("python3", "train.py"), session=200)
+    watch = _settle.Watch({}, str(proc), _settle.restarters([holder(300, 200)], (), str(proc)), minors={0})
+    assert watch and watch.respawned() == []
+    fakeproc.remove_process(proc, 300)
+    process(proc, 301, 200, ("sleep", "1"), session=200)                     # a new child, not a restart
+    assert watch.respawned() == []
+    process(proc, 302, 200, ("python3", "train.py"), session=200)            # the same command again
+    process(proc, 303, 301, ("python3", "other.py"), session=200, fds=("/dev/nvidia0",), maps=(("/dev/nvidia0", 2176),))
+    again = watch.respawned()
+    assert [(root, record["pid"]) for root, record in again] == [(200, 302), (200, 303)]
+    message = watch.message([], [], 0.3, again)
+    assert "pid 302 python3 [python3 train.py], started again by its parent pid 200 sh [sh -c while true; do python3 train.py; done]" \
+        in message and "end pid 200 first (kill 200)" in message
+
+
+def test_a_parent_that_exited_leaves_no_window(proc):
+    process(proc, 200, 1, ("sh", "-c", "python3 train.py; echo done"))
+    process(proc, 300, 200, ("python3", "train.py"), session=200)
+    watch = _settle.Watch({}, str(proc), _settle.restarters([holder(300, 200)], (), str(proc)), minors={0})
+    fakeproc.remove_process(proc, 300)
+    fakeproc.remove_process(proc, 200)
+
+    clock = Clock()
+    assert watch.settle(clock, lambda: [], seconds=5.0) is None and clock.t == 0.0
+
+
+def test_a_users_loop_named_like_a_protected_daemon_or_a_supervisor_is_watched_and_the_walk_goes_on(proc):
+    """issue 31: `exec -a sshd sh -c 'while true; do train; sleep 1; done'` as uid 4242 is a parent
+    like any other; a user's `supervisord` or `cron` does not end the walk either."""
+    process(proc, 200, 1, ("sshd", "-c", "while true; do python3 train.py; sleep 1; done"), comm="sh", exe="/usr/bin/dash", uid=4242)
+    process(proc, 300, 200, ("python3", "train.py"), session=200, uid=4242)
+    assert list(_settle.restarters([holder(300, 200)], own_lineage=(), proc=str(proc))) == [200]
+    process(proc, 400, 1, ("sh", "-c", "while true; do cron; done"), exe="/usr/bin/dash", uid=4242)
+    process(proc, 410, 400, ("supervisord", "-c", "x"), comm="supervisord", session=400, uid=4242)
+    process(proc, 420, 410, ("python3", "train.py"), session=400, uid=4242)
+    assert sorted(_settle.restarters([holder(420, 410)], own_lineage=(), proc=str(proc))) == [400, 410]
+    # Root's (vouched) sshd still ends the walk, as before.
+    process(proc, 500, 1, ("sshd: root@notty",), comm="sshd", exe="/usr/sbin/sshd")
+    process(proc, 501, 500, ("python3", "train.py"), session=500)
+    assert _settle.restarters([holder(501, 500)], own_lineage=(), proc=str(proc)) == {}
+
+
+def test_the_killed_command_line_started_again_by_anyone_is_a_restart(proc):
+    """issue 31: a double-forked watcher restarts the job under init: no parent to watch, but the
+    killed command line running again in a process new since the signals fails the run."""
+    process(proc, 250, 1, ("python3", "train.py"))                             # alive before: not a restart
+    process(proc, 300, 1, ("python3", "train.py"))
+    watch = _settle.Watch({}, str(proc), _settle.restarters([holder(300, 1)], (), str(proc)), minors={0}, killed=[holder(300, 1)])
+    assert not watch and watch.restarted_outside() == []
+    fakeproc.remove_process(proc, 300)
+    process(proc, 310, 1, ("python3", "train.py", "--resume"))               # another command line
+    assert watch.restarted_outside() == []
+    process(proc, 320, 1, ("python3", "train.py"))
+    again = watch.restarted_outside()
+    assert [(killed, record["pid"]) for killed, record in again] == [(300, 320)]
+    message = watch.outside_message(again)
+    assert "pid 320 python3 [python3 train.py] runs the command line of killed pid 300 again, its parent gone" in message
+
+
+def test_the_same_command_line_started_by_another_user_is_no_restart(proc):
+    """Review of issue 31: another user's job that runs the same command line (or copies it to
+    make every release fail) is not the killed holder started again; the same user's is."""
+    process(proc, 300, 1, ("python3", "train.py"), uid=4242)
+    killed = dict(holder(300, 1), uid=4242)
+    watch = _settle.Watch({}, str(proc), _settle.restarters([killed], (), str(proc)), minors={0}, killed=[killed])
+    fakeproc.remove_process(proc, 300)
+    process(proc, 330, 1, ("python3", "train.py"), uid=5151)
+    assert watch.restarted_outside() == []
+    process(proc, 340, 1, ("python3", "train.py"), uid=4242)
+    assert [(k, record["pid"]) for k, record in watch.restarted_outside()] == [(300, 340)]
+
+
+def test_a_restart_that_comes_while_the_gpus_are_read_names_its_parent(proc):
+    """Seen in a full run under load: the worker restarted between the table read and the GPU
+    read, and the message named only the memory ("came back"), not the agent that restarts it."""
+    process(proc, 200, 1, ("sh", "-c", "while true; do python3 train.py; done"))
+    process(proc, 300, 200, ("python3", "train.py"), session=200)
+    watch = _settle.Watch({}, str(proc), _settle.restarters([holder(300, 200)], (), str(proc)), minors={0})
+    fakeproc.remove_process(proc, 300)
+
+    def read_dirty():
+        process(proc, 310, 200, ("python3", "train.py"), session=200)  # restarted while nvidia-smi answered
+        return [{"index": 0, "memory_used_mib": 8201}]
+
+    message = watch.settle(Clock(), read_dirty, seconds=5.0)
+    assert "pid 310 python3 [python3 train.py], started again by its parent pid 200 sh" in message and "GPU 0 reads 8201 MiB again" in message
+
+
+CONTAINER = "/system.slice/docker-3492ce7770ce.scope"
+
+
+def in_container(root, pid, ppid, argv, comm=None):
+    fakeproc.write_process(root, pid, comm=comm or os.path.basename(argv[0])[:15], ppid=ppid, start_time=1000 + pid, argv=argv,
+                           cgroup=f"0::{CONTAINER}\n")
+
+
+def test_a_container_that_came_back_is_named_by_the_process_it_started_not_its_runtimes_helpers(proc):
+    """Seen in a full run under load: the first read of Docker's restarted container found only
+    runc's init stages, and the message named them instead of the holder the user would find."""
+    watch = _settle.Watch({CONTAINER: "container 3492ce7770ce"}, str(proc))
+    steps = iter([
+        lambda: (fakeproc.remove_process(proc, 2330), fakeproc.remove_process(proc, 2331),
+                 in_container(proc, 2332, 1, ("runc", "init"), comm="runc:[2:INIT]")),
+        lambda: (fakeproc.remove_process(proc, 2332), in_container(proc, 2332, 1, ("python3", "holder.py"))),
+    ])
+
+    class Runtime(Clock):
+        def sleep(self, seconds):
+            super().sleep(seconds)
+            next(steps, lambda: None)()
+
+    in_container(proc, 2330, 1, ("runc", "init"), comm="runc:[0:PARENT]")
+    in_container(proc, 2331, 2330, ("runc", "init"), comm="runc:[1:CHILD]")
+    clock = Runtime()
+    message = watch.settle(clock, lambda: [], seconds=5.0)
+    assert "pid 2332 python3 [python3 holder.py] in container 3492ce7770ce" in message and "2330" not in message, message
+    assert clock.t <= _settle.NAME_SETTLE_S + 1e-9
+
+
+def test_naming_what_came_back_waits_no_longer_than_its_bound(proc):
+    watch = _settle.Watch({CONTAINER: "container 3492ce7770ce"}, str(proc))
+    counter = iter(range(3000, 4000))
+
+    class Churn(Clock):
+        def sleep(self, seconds):  # a newcomer every read: never the same twice
+            super().sleep(seconds)
+            in_container(proc, next(counter), 1, ("sh", "-c", "true"))
+
+    in_container(proc, 2999, 1, ("sh", "-c", "true"))
+    clock = Churn()
+    message = watch.settle(clock, lambda: [], seconds=5.0)
+    assert "came back" in message and "in container 3492ce7770ce" in message
+    assert abs(clock.t - _settle.NAME_SETTLE_S) < _settle.NAME_POLL_S + 1e-9

@@ -1,0 +1,402 @@
+"""The Slurm job boundary (_jobcheck): the job's GPUs as slurmd gives them to the hooks (read from
+real 22.05 prolog/epilog environments of the fleet), whose process a holder is (cgroup first, then
+a vouched slurmstepd ancestor; never the user's environment), the root-owned config, the short
+drain reason, and the packed runner (roles/slurm_gpu_checks/files/pack_runner.py)."""
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _jobcheck as jobcheck
+from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _drain as _slurm
+from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils import fakeproc
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, os.pardir, os.pardir, os.pardir))
+PACKER = os.path.join(ROOT, "roles", "slurm_gpu_checks", "files", "pack_runner.py")
+
+
+def packer_pack():
+    """pack_runner.pack, loaded from its file (runpy.run_path would ask the path hooks first, and
+    ansible-test's collection loader claims the path: "can't find '__main__' module")."""
+    spec = importlib.util.spec_from_file_location("pack_runner", PACKER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.pack
+
+
+MODULE_UTILS = os.path.join(ROOT, "plugins", "module_utils")
+
+# slurmd 22.05.8's epilog environment for `sbatch --gres=gpu:2` (the fleet's gres=gpu:8 node), trimmed.
+EPILOG_ENV = {"SLURM_JOB_DERIVED_EC": "0", "SLURM_JOB_GPUS": "0,1", "SLURM_JOB_USER": "root", "SLURM_JOBID": "1", "CUDA_VISIBLE_DEVICES": "0,1",
+              "SLURM_SCRIPT_CONTEXT": "epilog_slurmd", "GPU_DEVICE_ORDINAL": "0,1", "SLURM_JOB_ID": "1", "SLURMD_NODENAME": "zsl-01",
+              "SLURM_JOB_UID": "0", "SLURM_JOB_EXIT_CODE": "0"}
+
+
+def test_the_jobs_gpus_come_from_slurm_job_gpus_as_slurmd_sets_them():
+    assert jobcheck.job_gpus(EPILOG_ENV) == ["0", "1"]
+    assert jobcheck.job_gpus(dict(EPILOG_ENV, SLURM_JOB_GPUS="3")) == ["3"]
+
+
+def test_without_slurm_job_gpus_cuda_visible_devices_names_them_uuids_included():
+    env = {"CUDA_VISIBLE_DEVICES": "GPU-ab0cf4f6-1111-2222-3333-444455556666"}
+    assert jobcheck.job_gpus(env) == ["GPU-ab0cf4f6-1111-2222-3333-444455556666"]
+
+
+@pytest.mark.parametrize("env", [{}, {"SLURM_JOB_GPUS": ""}, {"CUDA_VISIBLE_DEVICES": "NoDevFiles"}], ids=["none", "empty", "nodevfiles"])
+def test_a_job_given_no_gpu_has_none(env):
+    assert jobcheck.job_gpus(env) is None
+
+
+@pytest.mark.parametrize("value", ["0,../1", "0;rm", "1 2", "²"])
+def test_a_gpu_list_that_is_no_list_of_indexes_or_uuids_is_refused_by_name(value):
+    with pytest.raises(jobcheck.JobCheckError, match="SLURM_JOB_GPUS"):
+        jobcheck.job_gpus({"SLURM_JOB_GPUS": value})
+
+
+def test_the_mode_is_the_argument_else_slurmds_script_context():
+    assert jobcheck.mode_of(["prolog"], EPILOG_ENV) == "prolog"
+    assert jobcheck.mode_of([], EPILOG_ENV) == "epilog"
+    assert jobcheck.mode_of([], {"SLURM_SCRIPT_CONTEXT": "prolog_slurmd"}) == "prolog"
+    with pytest.raises(jobcheck.JobCheckError, match="prolog or epilog"):
+        jobcheck.mode_of([], {})
+    with pytest.raises(jobcheck.JobCheckError, match="unknown mode"):
+        jobcheck.mode_of(["cleanup"], {})
+
+
+@pytest.mark.parametrize("value", ["", "12a", "1;2", "٣"])
+def test_a_job_id_that_is_no_number_is_refused(value):
+    with pytest.raises(jobcheck.JobCheckError, match="SLURM_JOB_ID"):
+        jobcheck.job_id({"SLURM_JOB_ID": value})
+
+
+@pytest.mark.parametrize("lines, job", [
+    (["/system.slice/slurmstepd.scope/job_42/step_0/user/task_0"], "42"),                      # cgroup v2
+    (["/", "/slurm/uid_1000/job_7/step_batch/task_0", "/system.slice/slurmd.service"], "7"),   # v1 freezer line
+    (["/system.slice/slurmd.service"], None),                                                  # proctrack/linuxproc
+    (["/user.slice/user-1000.slice/session-3.scope/job_9x"], None),
+])
+def test_the_job_of_a_cgroup_is_read_from_any_hierarchy_line(lines, job):
+    assert jobcheck.job_of_cgroups(lines) == job
+
+
+@pytest.mark.parametrize("title, job", [("slurmstepd: [12.batch]", "12"), ("slurmstepd: [12.0]", "12"), ("slurmstepd: [12.extern]", "12"),
+                                        ("slurmstepd", None), ("python3 slurmstepd: [12.batch]", None)])
+def test_the_job_of_a_slurmstepd_is_its_title(title, job):
+    assert jobcheck.job_of_stepd_title(title) == job
+
+
+def test_only_another_jobs_process_is_spared():
+    assert jobcheck.other_job("8", "7") is True
+    assert jobcheck.other_job("7", "7") is False
+    assert jobcheck.other_job(None, "7") is False  # escaped every job: what the epilog frees
+
+
+@pytest.fixture
+def proc(tmp_path):
+    root = tmp_path / "proc"
+    root.mkdir()
+    return root
+
+
+def stepd(proc, pid, job, uid=0, exe="/usr/sbin/slurmstepd", owner=0):
+    fakeproc.write_process(proc, pid, comm="slurmstepd", ppid=1, argv=(f"slurmstepd: [{job}.batch]",), uid=uid, exe=exe, exe_owner=owner,
+                           cgroup="0::/system.slice/slurmd.service\n")
+
+
+def test_a_holder_below_another_jobs_slurmstepd_is_that_jobs(proc):
+    stepd(proc, 100, 8)
+    fakeproc.write_process(proc, 101, ppid=100, uid=1000, cgroup="0::/system.slice/slurmd.service\n")
+    fakeproc.write_process(proc, 102, ppid=101, uid=1000, cgroup="0::/system.slice/slurmd.service\n")
+    assert jobcheck.owning_job(102, str(proc)) == "8"
+
+
+def test_a_users_process_named_slurmstepd_owns_no_job(proc):
+    stepd(proc, 100, 8, uid=1000, exe="/home/u/slurmstepd", owner=1000)
+    fakeproc.write_process(proc, 101, ppid=100, uid=1000)
+    assert jobcheck.owning_job(101, str(proc)) is None
+
+
+def test_an_orphan_reparented_to_init_owns_no_job_whatever_its_environment_says(proc):
+    fakeproc.write_process(proc, 1, comm="systemd", ppid=0, argv=("/sbin/init",), exe="/usr/lib/systemd/systemd")
+    fakeproc.write_process(proc, 300, ppid=1, uid=1000)
+    with open(os.path.join(str(proc), "300", "environ"), "wb") as handle:
+        handle.write(b"SLURM_JOB_ID=8\0")
+    assert jobcheck.owning_job(300, str(proc)) is None
+
+
+def test_the_cgroup_decides_before_the_process_tree(proc):
+    stepd(proc, 100, 8)
+    fakeproc.write_process(proc, 101, ppid=100, cgroup="0::/system.slice/slurmstepd.scope/job_9/step_0/user/task_0\n")
+    assert jobcheck.owning_job(101, str(proc)) == "9"
+
+
+def test_spare_other_jobs_marks_only_their_holders_protected(proc):
+    stepd(proc, 100, 8)
+    fakeproc.write_process(proc, 101, ppid=100)
+    fakeproc.write_process(proc, 200, ppid=1, cgroup="0::/system.slice/slurmstepd.scope/job_7/step_0/user/task_0\n")
+    fakeproc.write_process(proc, 300, ppid=1)
+    holders = [{"pid": 101, "protected": False}, {"pid": 200, "protected": False}, {"pid": 300, "protected": False}]
+    marked = jobcheck.spare_other_jobs(holders, "7", str(proc))
+    assert [(h["pid"], h["protected"], h.get("protected_reason")) for h in marked] == [
+        (101, True, "Slurm job 8"), (200, False, None), (300, False, None)]
+    assert holders[0]["protected"] is False  # new records
+
+
+# ------------------------------------------------------------------ config
+
+
+def test_the_defaults_are_gpu_releases_except_the_shorter_waits():
+    from ansible_collections.zeromib.gpu.plugins.modules import gpu_release
+    spec = {name: value.get("default") for name, value in gpu_release.ARGUMENT_SPEC.items()}
+    assert set(jobcheck.RELEASE_DEFAULTS) == set(spec)
+    assert {k: v for k, v in jobcheck.RELEASE_DEFAULTS.items() if spec[k] != v} == {}
+    config = jobcheck.check_config({})
+    assert (config["kill_timeout"], config["wait_timeout"]) == (3.0, 15.0)
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"kill_timout": 1}, "unknown option 'kill_timout'"),
+    ({"smoke_test": "yes"}, "smoke_test must be true or false"),
+    ({"smoke_test_mib": -1}, "smoke_test_mib"),
+    ({"dcgm_diag": 1}, "unknown option 'dcgm_diag'"),  # not run by the hooks: never silently ignored
+    ({"wait_timeout": float("nan")}, "wait_timeout must be a finite number"),
+    ({"without_gres": "some"}, "without_gres must be one of skip, all"),
+    ({"drain": "yes"}, "drain must be true or false"),
+    ({"protect": "sshd"}, "protect must be a list"),
+    ([], "must be a JSON object"),
+])
+def test_a_bad_config_is_named_never_a_traceback(raw, message):
+    with pytest.raises(jobcheck.JobCheckError, match=message):
+        jobcheck.check_config(raw)
+
+
+def test_a_config_others_may_write_is_refused(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"max_used_mib": 5}))
+    path.chmod(0o600)
+    assert jobcheck.read_config(str(path), owner=os.getuid())["max_used_mib"] == 5
+    path.chmod(0o666)
+    with pytest.raises(jobcheck.JobCheckError, match="only its owner can write"):
+        jobcheck.read_config(str(path), owner=os.getuid())
+    path.chmod(0o600)
+    with pytest.raises(jobcheck.JobCheckError, match="owned by uid"):
+        jobcheck.read_config(str(path), owner=os.getuid() + 1)
+
+
+def test_a_config_that_is_no_json_is_named(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text("{max_used_mib: 5")
+    path.chmod(0o600)
+    with pytest.raises(jobcheck.JobCheckError, match="not valid JSON"):
+        jobcheck.read_config(str(path), owner=os.getuid())
+
+
+# ------------------------------------------------------------------ verdict and reason
+
+
+GPU0 = {"index": 0, "uuid": "GPU-0", "memory_used_mib": 4096, "clean": False}
+GPU1 = {"index": 1, "uuid": "GPU-1", "memory_used_mib": 0, "clean": True}
+
+
+def test_the_cause_names_the_gpu_its_mib_and_who_holds_it():
+    result = {"selected_gpus": [0, 1], "gpus": [GPU0, GPU1], "released": False, "healthy": True,
+              "holders": [{"pid": 345, "name": "python3", "gpu_indexes": [0], "protected_reason": "Slurm job 8"}]}
+    ok, causes = jobcheck.verdict("epilog", result, "GPUs are held only by protected processes")
+    assert not ok and causes == ["GPU 0: 4096 MiB, held by pid 345 python3 (Slurm job 8)"]
+
+
+def test_memory_no_process_holds_is_said_so():
+    ok, causes = jobcheck.verdict("epilog", {"selected_gpus": [0], "gpus": [GPU0], "released": False, "holders": []}, "x")
+    assert causes == ["GPU 0: 4096 MiB, no process holds it"]
+
+
+def test_a_free_but_unhealthy_gpu_fails_with_its_issue():
+    result = {"selected_gpus": [1], "gpus": [GPU1], "released": True, "healthy": False, "health_issues": ["GPU 1: 2 retired pages pending"]}
+    assert jobcheck.verdict("prolog", result, None) == (False, ["GPU 1: 2 retired pages pending"])
+
+
+def test_free_and_healthy_is_ok_and_other_gpus_do_not_count():
+    result = {"selected_gpus": [1], "gpus": [GPU0, GPU1], "released": True, "healthy": True}
+    assert jobcheck.verdict("epilog", result, None) == (True, [])
+
+
+def test_the_drain_reason_is_zeromibs_one_line_and_short():
+    reason = jobcheck.drain_reason("epilog", "12", ["GPU 0: 4096 MiB, no process holds it"] * 5)
+    assert reason.startswith("zeromib: epilog job 12: GPU 0: 4096 MiB") and len(reason) <= _slurm.REASON_MAX
+
+
+class FakeSlurm:
+    def __init__(self, state="IDLE", reason=None):
+        self.line = f"NodeName=gpu01 State={state}" + (f" Reason={reason}" if reason else "")
+        self.calls = []
+
+    def __call__(self, argv):
+        self.calls.append(argv)
+        if argv[1] == "show":
+            return 0, self.line, ""
+        return 0, "", ""
+
+
+def test_the_hook_drains_with_its_reason_through_scontrol(tmp_path):
+    run = FakeSlurm()
+    done = jobcheck.drain({"scontrol": "/bin/true"}, {"SLURMD_NODENAME": "gpu01"}, "zeromib: epilog job 1: x", run)
+    assert run.calls[-1] == ["/bin/true", "update", "nodename=gpu01", "state=drain", "reason=zeromib: epilog job 1: x"]
+    assert done.startswith("drained gpu01")
+
+
+def test_the_hook_never_overwrites_an_admins_drain():
+    run = FakeSlurm("IDLE+DRAIN", "maintenance [root@2026-12-01T10:00:00]")
+    done = jobcheck.drain({"scontrol": "/bin/true"}, {"SLURMD_NODENAME": "gpu01"}, "zeromib: epilog job 1: x", run)
+    assert all(call[1] == "show" for call in run.calls) and "someone else" in done
+
+
+# ------------------------------------------------------------------ the packed runner
+
+
+def test_the_runner_is_one_zip_of_the_collections_module_utils_and_the_same_bytes_twice(tmp_path):
+    pack = packer_pack()
+    first, second = pack(MODULE_UTILS), pack(MODULE_UTILS)
+    assert first == second and first.startswith(b"#!/usr/bin/env python3\n")
+    out = tmp_path / "r.pyz"
+    out.write_bytes(first)
+    names = zipfile.ZipFile(str(out)).namelist()
+    prefix = "ansible_collections/zeromib/gpu/plugins/module_utils/"
+    assert "__main__.py" in names and prefix + "_act/_release.py" in names and prefix + "_slurm/_jobcheck.py" in names
+    # Every source of every wing, each wing a package: a folder that dropped out would fail at import.
+    sources = sorted(os.path.relpath(os.path.join(folder, n), MODULE_UTILS) for folder, _dirs, files in os.walk(MODULE_UTILS)
+                     for n in files if n.endswith(".py") and n != "__init__.py")
+    assert {"_look/_holders.py", "_act/_release.py", "_slurm/_jobcheck.py", "_options.py"} <= set(sources)
+    assert sorted(n[len(prefix):] for n in names if n.startswith(prefix) and n.endswith(".py") and not n.endswith("__init__.py")) == sources
+    assert {prefix + wing + "/__init__.py" for wing in ("_look", "_act", "_slurm")} <= set(names)
+    # Bytecode of the packing Python beside each source: the node's python3 of that version compiles nothing.
+    assert all(prefix + n + "c" in names for n in sources)
+
+
+def private_config(tmp_path):
+    """A config of the test's own, its log in tmp_path: the runner's defaults are this machine's
+    /etc/zeromib-gpu and /var/log/zeromib-gpu, which no test may read or write."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"log": str(tmp_path / "runner.log"), "drain": False}))
+    config.chmod(0o600)
+    return config
+
+
+def test_the_runner_runs_without_ansible_and_says_what_is_wrong(tmp_path):
+    out = tmp_path / "r.pyz"
+    out.write_bytes(packer_pack()(MODULE_UTILS))
+    config = private_config(tmp_path)
+    # -I: no site-packages (no ansible), no PYTHONPATH: only the zip's own code.
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "5"}
+    done = subprocess.run([sys.executable, "-I", str(out), "cleanup", f"--config={config}"], capture_output=True, text=True, env=env, timeout=60,
+                          check=False)
+    assert done.returncode == 1 and "unknown mode 'cleanup'" in done.stderr and "Traceback" not in done.stderr
+    # Said in the configured log too, the config being read before the mode.
+    assert "unknown mode 'cleanup'" in (tmp_path / "runner.log").read_text()
+    skipped = subprocess.run([sys.executable, "-I", "-c", "import runpy, sys; sys.argv = ['x', 'epilog']; "
+                              "sys.modules.setdefault('ansible', None); "
+                              f"sys.path.insert(0, {str(out)!r}); "
+                              "from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _jobcheck as j; "
+                              f"sys.exit(j.main(['epilog'], {{'SLURM_JOB_ID': '5'}}, config_path={str(config)!r}) "
+                              "if 'ansible.module_utils' not in sys.modules else 3)"],
+                             capture_output=True, text=True, env=dict(env, HOME=str(tmp_path)), timeout=60, check=False)
+    assert skipped.returncode == 0, skipped.stderr
+    loaded = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(out)!r}); "
+                             "from ansible_collections.zeromib.gpu.plugins.module_utils._act import _release as r; print(r.__spec__.origin)"],
+                            capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert loaded.stdout.strip().endswith("_release.pyc"), loaded
+
+
+def test_a_python_of_another_version_compiles_the_sources_of_the_runner(tmp_path):
+    other = next((p for p in (os.path.expanduser(f"~/.pyenv/versions/{v}/bin/python3") for v in ("3.8.18", "3.13.0", "3.12.1"))
+                  if os.path.exists(p) and subprocess.run([p, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
+                                                          text=True, check=False).stdout.strip() != str(tuple(sys.version_info[:2]))), None)
+    if other is None:
+        pytest.skip("no Python of another version on this machine")
+    out = tmp_path / "r.pyz"
+    out.write_bytes(packer_pack()(MODULE_UTILS))
+    done = subprocess.run([other, "-I", str(out), "cleanup", f"--config={private_config(tmp_path)}"], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin"}, timeout=60, check=False)
+    assert done.returncode == 1 and "unknown mode 'cleanup'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_epilog_after_a_failed_prolog_touches_nothing_and_only_once(tmp_path, monkeypatch):
+    # slurmd runs the epilog after a failed prolog too: the job never ran, its GPUs' holders are someone else's.
+    marks = str(tmp_path / "marks")
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"log": str(tmp_path / "log"), "drain": False}))
+    config.chmod(0o600)
+    monkeypatch.setattr(jobcheck, "read_config", lambda path, **_kw: jobcheck.check_config(json.loads(config.read_text())))
+    calls = []
+    monkeypatch.setattr(jobcheck, "check_job", lambda mode, job, gpus, cfg: calls.append(mode) or (mode == "epilog", ["GPU 0: 1000 MiB, held by pid 9 x"], {}))
+    env = {"SLURM_JOB_ID": "3", "SLURM_JOB_GPUS": "0"}
+    assert jobcheck.main(["prolog"], env, marks=marks) == 1
+    assert jobcheck.main(["epilog"], env, marks=marks) == 0 and calls == ["prolog"]
+    assert jobcheck.main(["epilog"], env, marks=marks) == 0 and calls == ["prolog", "epilog"]  # the mark is taken once
+    assert oct(os.stat(marks).st_mode & 0o777) == "0o700"
+
+
+def test_the_cause_names_the_job_of_a_spared_holder_from_the_runs_own_record():
+    # The result's public holders carry no protected_reason: the run's {pid: job} names it.
+    result = {"selected_gpus": [0], "gpus": [GPU0], "released": False, "holders": [{"pid": 345, "name": "python3", "gpu_indexes": [0], "protected": True}]}
+    assert jobcheck.verdict("epilog", result, "x", {345: "8"}) == (False, ["GPU 0: 4096 MiB, held by pid 345 python3 (Slurm job 8)"])
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"kill_timeout": "3"}, "kill_timeout must be a number, got '3'"),
+    ({"max_used_mib": True}, "max_used_mib must be a number, got True"),
+    ({"log": 5}, "log must be a path or null, got 5"),
+    ({"scontrol": ""}, "scontrol must be a path or null, got ''"),
+    ({"nvidia_smi": ["nvidia-smi"]}, "nvidia_smi must be a path or null"),
+    ({"xid_ignore": ["79"]}, "xid_ignore must be a list of Xid numbers"),
+    ({"protect": [None]}, "protect must be a list of names or PIDs"),
+    ({"expected_mig_mode": "on"}, "expected_mig_mode must be enabled, disabled or null, got 'on'"),
+])
+def test_json_types_the_runner_cannot_use_are_named(raw, message):
+    """JSON carries no Ansible conversion: a quoted number or a wrong type is refused when the
+    role writes the config, never a TypeError at the next job."""
+    with pytest.raises(jobcheck.JobCheckError, match=re.escape(message)):
+        jobcheck.check_config(raw)
+
+
+def test_a_config_the_hook_was_given_must_exist(tmp_path):
+    with pytest.raises(jobcheck.JobCheckError, match="does not exist"):
+        jobcheck.read_config(str(tmp_path / "none.json"), owner=os.geteuid(), required=True)
+    assert jobcheck.read_config(str(tmp_path / "none.json"), owner=os.geteuid())["drain"] is True
+
+
+def test_a_config_that_is_a_link_or_a_fifo_is_refused_without_blocking(tmp_path):
+    real = tmp_path / "real.json"
+    real.write_text("{}")
+    real.chmod(0o600)
+    (tmp_path / "link.json").symlink_to(real)
+    with pytest.raises(jobcheck.JobCheckError, match="cannot read the config"):
+        jobcheck.read_config(str(tmp_path / "link.json"), owner=os.geteuid())
+    os.mkfifo(tmp_path / "fifo.json", 0o600)
+    with pytest.raises(jobcheck.JobCheckError, match="must be a regular file"):
+        jobcheck.read_config(str(tmp_path / "fifo.json"), owner=os.geteuid())
+
+
+def test_an_unexpected_error_drains_with_a_reason_never_a_traceback(tmp_path, monkeypatch, capsys):
+    config = private_config(tmp_path)
+    monkeypatch.setattr(jobcheck, "check_job", lambda *a: 1 / 0)
+    assert jobcheck.main(["epilog", f"--config={config}"], {"SLURM_JOB_ID": "8", "SLURM_JOB_GPUS": "0"}, marks=str(tmp_path / "m")) == 1
+    assert capsys.readouterr().err.startswith("zeromib: epilog job 8: internal error, ZeroDivisionError")
+    assert '"ok": false' in (tmp_path / "runner.log").read_text()
+
+
+def test_a_passing_prolog_clears_a_stale_mark_of_its_job(tmp_path, monkeypatch):
+    """Review of issue 35: a requeued job keeps its id; a mark from an earlier failed prolog whose
+    epilog never ran would make the epilog after this run's good prolog skip the job's leftovers."""
+    marks = str(tmp_path / "marks")
+    config = private_config(tmp_path)
+    jobcheck.mark_prolog_failed("9", marks)
+    calls = []
+    monkeypatch.setattr(jobcheck, "check_job", lambda mode, job, gpus, cfg: calls.append(mode) or (True, [], {}))
+    env = {"SLURM_JOB_ID": "9", "SLURM_JOB_GPUS": "0"}
+    assert jobcheck.main(["prolog", f"--config={config}"], env, marks=marks) == 0
+    assert jobcheck.main(["epilog", f"--config={config}"], env, marks=marks) == 0 and calls == ["prolog", "epilog"]
