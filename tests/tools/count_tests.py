@@ -49,8 +49,22 @@ def figures(checkout: Path) -> dict[str, dict[str, int]]:
     return {f: {"tests": tests[f], "asserts": asserts(checkout / f)} for f in sorted(tests)}
 
 
+def followed(now: dict, before: dict) -> dict:
+    """`before` with each file that is gone and whose name now lives in one other folder renamed
+    to its new path (a file moved with the code it tests, issue 60), so that it is compared with
+    itself rather than counted as removed."""
+    moved = {}
+    for f in set(before) - set(now):
+        name = f.rsplit("/", 1)[-1]
+        there = [g for g in set(now) - set(before) if g.rsplit("/", 1)[-1] == name]
+        if len(there) == 1:
+            moved[f] = there[0]
+    return {moved.get(f, f): figures for f, figures in before.items()}
+
+
 def table(now: dict, before: dict | None) -> tuple[str, bool]:
     rows, fewer = [], False
+    before = None if before is None else followed(now, before)
     files = sorted(set(now) | set(before or {}))
     width = max(len(f) for f in files)
     if before is None:
