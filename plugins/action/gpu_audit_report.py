@@ -65,8 +65,9 @@ ARGUMENT_SPEC = {
     "generated_at": {"type": "float"},
 }
 
-# A host with a pending restore (services zeromib stopped and never put back) needs attention too, clean or not.
-NEEDS_ATTENTION = "status != 'clean' || health_reason != null || length(pending_restore) > `0`"
+# A host with a pending restore (services zeromib stopped and never put back), or whose driver was
+# upgraded under its loaded module (new jobs fail there), needs attention too, clean or not.
+NEEDS_ATTENTION = "status != 'clean' || health_reason != null || length(pending_restore) > `0` || driver_drift != null"
 
 
 def queries(busy_pct: float) -> dict[str, str]:
@@ -77,7 +78,7 @@ def queries(busy_pct: float) -> dict[str, str]:
     busy = json.dumps(float(busy_pct))
     return {
         "attention": (f"hosts[?{NEEDS_ATTENTION}].{{host: host, status: status, reason: reason, health: health_reason, "
-                      "pending_restore: length(pending_restore)}"),
+                      "pending_restore: length(pending_restore), driver: driver_drift}"),
         "dirty_gpus": ("hosts[?up && length(dirty_gpus) > `0`].gpus[] | [?!clean].{host: host, index: index, uuid: uuid, name: name, "
                        "memory_used_mib: memory_used_mib, memory_total_mib: memory_total_mib, used_pct: used_pct, holders: holders[].pid}"),
         "busy_gpus": "hosts[?up{}].gpus[] | [?used_pct >= `{}`].{{host: host, index: index, used_pct: used_pct}}".format(
@@ -348,7 +349,9 @@ def attention_groups(report: t.Mapping[str, t.Any]) -> list[dict[str, t.Any]]:
             add("health not fully checked", "unchecked", entry)
         if host["pending_restore"]:
             add(_restore_kind(host), "pending restore", entry)
-    order = {"unreachable": 0, "error": 1, "dirty": 2, "unhealthy": 3, "unchecked": 4, "pending restore": 5}
+        if host.get("driver_drift"):
+            add("driver upgraded under the loaded module", "driver drift", entry)
+    order = {"unreachable": 0, "error": 1, "dirty": 2, "unhealthy": 3, "unchecked": 4, "pending restore": 5, "driver drift": 6}
     result = sorted(groups.values(), key=lambda g: (-len(g["hosts"]), order[g["status"]], g["title"]))
     for group in result:
         del group["_seen"]

@@ -130,6 +130,15 @@ ansible_facts:
           type: str
           returned: always
           sample: 580.159.04
+        driver:
+          description:
+            - The loaded kernel module's version (C(/proc/driver/nvidia/version)) and the installed driver library's
+              (C(libnvidia-ml.so.1) on disk), also when nvidia-smi fails.
+            - C(mismatch) is V(true) when both are known and differ, when the driver was upgraded under the loaded module;
+              running jobs go on, new CUDA jobs fail until a reboot (or a reload of the modules).
+          type: dict
+          returned: always
+          sample: {loaded: 580.159.04, library: 580.178.04, library_path: /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.178.04, mismatch: true}
         cuda_version:
           description: CUDA version the driver supports (from C(libcuda)), V(null) when unknown.
           type: str
@@ -365,7 +374,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._look import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _kernel_log_state
 from ansible_collections.zeromib.gpu.plugins.module_utils import _record
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
-from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import NvidiaSmi, NvidiaSmiError
+from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import NvidiaSmi, NvidiaSmiError, driver_versions
 
 ARGUMENT_SPEC = dict(
     _options.SHARED_SPEC,
@@ -417,6 +426,8 @@ def main() -> None:
         module.warn(warning)
     # A host whose inference servers are still stopped by zeromib (gpu_restore not run yet).
     facts["pending_restore"] = _record.pending()
+    # The loaded module against the library on disk: a drift fails new CUDA jobs, so the audit says it first.
+    facts["driver"] = driver_versions()
     module.exit_json(changed=False, ansible_facts={"gpu": facts})
 
 

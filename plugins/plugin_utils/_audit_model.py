@@ -292,6 +292,16 @@ def _status(entry: t.Mapping[str, t.Any], raw_status: str, facts: t.Mapping[str,
     return "dirty", True, None
 
 
+def _driver_drift(facts: t.Mapping[str, t.Any]) -> str | None:
+    """One line when the driver library on disk is not the loaded module's version (gpu_facts'
+    `driver`): new CUDA jobs fail there, running ones go on, so the audit names it before a job does."""
+    driver = facts.get("driver")
+    if not isinstance(driver, Mapping) or driver.get("mismatch") is not True:
+        return None
+    return ("driver upgraded under the loaded module (kernel module {}, library {}): new CUDA jobs fail until the node is rebooted "
+            "or the modules are reloaded".format(driver.get("loaded"), driver.get("library")))
+
+
 def _host_record(entry: t.Any) -> dict[str, t.Any]:
     host, raw_status, facts = _checked_entry(entry)
     gpus, holders, stale = _gpu_records(host, facts)
@@ -322,6 +332,7 @@ def _host_record(entry: t.Any) -> dict[str, t.Any]:
         "stale_processes": stale,
         "pending_restore": _pending_restore(facts),
         "pending_restore_entries": _pending_restore_entries(facts),
+        "driver_drift": _driver_drift(facts),
         # GPUs the host's driver lists that its namespace cannot reach (a container or job given
         # other GPUs, issue 37): not this host's, so neither clean nor dirty; a line in the report.
         "not_visible": [str(bus) for bus in facts.get("not_visible") or []] if not facts.get("error") else [],
@@ -394,4 +405,5 @@ def _summary(records: list[dict[str, t.Any]]) -> dict[str, int]:
         "hosts_health_unchecked": sum(1 for r in records if r["up"] and r["unchecked_gpus"]),
         "gpus_health_unchecked": sum(1 for g in up_gpus if g["health_checked"] is False),
         "hosts_pending_restore": sum(1 for r in records if r["pending_restore"]),
+        "hosts_driver_drift": sum(1 for r in records if r["driver_drift"]),
     }

@@ -27,6 +27,7 @@ _FAMILIES = (
     ("zeromib_gpu_holders", "Unprotected processes using a GPU of the host."),
     ("zeromib_gpu_nvml_clients", "NVML clients of the host: they open GPU device files but use no GPU memory."),
     ("zeromib_gpu_pending_restore", "Entries gpu_release stopped, disabled or masked on the host that gpu_restore has not put back yet."),
+    ("zeromib_gpu_driver_drift", "1 when the driver library on disk is not the loaded kernel module's version: new CUDA jobs fail there."),
     ("zeromib_gpu_memory_used_mib", "GPU memory used in MiB, as nvidia-smi reports memory.used."),
     ("zeromib_gpu_memory_total_mib", "GPU memory installed in MiB."),
     ("zeromib_gpu_clean", "1 when the GPU's memory used is at or below the audit's max_used_mib."),
@@ -109,6 +110,7 @@ def _host_samples(samples: _Samples, host: t.Mapping[str, t.Any]) -> None:
     _add(samples, "zeromib_gpu_nvml_clients", [("host", name)], len(host.get("nvml_clients") or []))
     # Read from the host's record by gpu_facts: known only for a host that answered.
     _add(samples, "zeromib_gpu_pending_restore", [("host", name)], sum(1 for e in host.get("pending_restore_entries") or [] if e.get("kind")))
+    _add(samples, "zeromib_gpu_driver_drift", [("host", name)], 1 if host.get("driver_drift") else 0)
     for gpu in host.get("gpus") or []:
         _gpu_samples(samples, name, gpu)
 

@@ -197,6 +197,24 @@ def test_broken_driver_is_a_clear_failure_never_clean(nshost, fault, words):
     assert report["clean"] is False and words in report["error"]
 
 
+def test_a_driver_upgraded_under_its_loaded_module_is_said_as_such_by_facts_and_release(nshost):
+    """Driver/library version mismatch: its own first sentence (what happened, running jobs go on,
+    new ones fail until a reboot or a reload), with both versions, from gpu_facts and gpu_release."""
+    host = nshost("h200x1")
+    loaded = host.config["driver_version"]
+    host.set_fault({"library_mismatch": "580.178"})
+    first = (f"the NVIDIA driver was upgraded under its loaded kernel module (Driver/library version mismatch: kernel module {loaded}, "
+             "library 580.178): jobs already running are unaffected, but new CUDA jobs and nvidia-smi fail until the node is rebooted")
+    run = run_module(host, "gpu_facts")
+    assert run.failed and run.msg.startswith(first), run.msg
+    report = facts(run_module(host, "gpu_facts", {"fail_on_error": False}))
+    assert report["clean"] is False and report["error"].startswith(first)
+    # The module's own version file answers although nvidia-smi does not; no library on this disk.
+    assert report["driver"] == {"loaded": loaded, "library": None, "library_path": None, "mismatch": False}
+    release = run_module(host, "gpu_release")
+    assert release.failed and release.msg.startswith(first), release.msg
+
+
 def test_missing_nvidia_smi_is_named(nshost):
     host = nshost("h200x1")
     run = run_module(host, "gpu_facts", {"nvidia_smi": "/opt/nowhere/nvidia-smi"})

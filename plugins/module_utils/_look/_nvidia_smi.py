@@ -120,6 +120,58 @@ _UNIT_SUFFIX = re.compile(r"\s+(?:MiB|MB|%|W|MHz|C)$")
 _HEADER_UNIT = re.compile(r"\s*\[[^\]]*\]$")
 _TOKEN = re.compile(r"^\[[^\]]*\]$")
 _BAD_FIELD = re.compile(r'Field "([^"]+)" is not a valid field to query')
+# "Failed to initialize NVML: Driver/library version mismatch" and, on current drivers, a second
+# line "NVML library version: 580.178" (public reports); nvidia-smi then exits with NVML's own
+# code, NVML_ERROR_LIB_RM_VERSION_MISMATCH (18), as it does with 9 and 15.
+_MISMATCH = re.compile(r"Driver/library version mismatch", re.IGNORECASE)
+_NVML_LIBRARY_VERSION = re.compile(r"NVML library version:\s*(\d[\w.-]*)")
+RC_MISMATCH = 18
+MODULE_VERSION_FILE = "/proc/driver/nvidia/version"
+# "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.173.02  Tue Jun 23 ..." or
+# "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build ...".
+_MODULE_VERSION = re.compile(r"^NVRM version: NVIDIA UNIX .*?Kernel Module(?: for \S+)?\s+(\d[\w.-]*)", re.MULTILINE)
+# Where the driver's libnvidia-ml.so.1 lives (Debian/Ubuntu, RHEL/SUSE, the GPU Operator's and
+# NVIDIA's container toolkit's mount): the version it points to is the installed driver's.
+LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/nvidia/lib64", "/run/nvidia/driver/usr/lib64")
+_LIBRARY_VERSION = re.compile(r"^libnvidia-ml\.so\.(\d+\.\d[\w.-]*)$")
+
+
+def loaded_module_version(path: str = MODULE_VERSION_FILE) -> str | None:
+    """The loaded kernel module's version (/proc/driver/nvidia/version), None when unknown."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            match = _MODULE_VERSION.search(handle.read(4096))
+    except OSError:
+        return None
+    return match.group(1) if match else None
+
+
+def installed_library_version(dirs: t.Iterable[str] = LIBRARY_DIRS) -> tuple[str | None, str | None]:
+    """(version, path) of the driver library on disk (libnvidia-ml.so.1 -> libnvidia-ml.so.<version>),
+    (None, None) when there is none: the first directory that has it decides, as the loader's order would."""
+    for folder in dirs:
+        link = os.path.join(folder, "libnvidia-ml.so.1")
+        if os.path.lexists(link):
+            target = os.path.realpath(link)
+            match = _LIBRARY_VERSION.match(os.path.basename(target))
+            return (match.group(1) if match else None), target
+    return None, None
+
+
+def driver_versions(module_file: str = MODULE_VERSION_FILE, dirs: t.Iterable[str] = LIBRARY_DIRS) -> dict[str, t.Any]:
+    """The loaded module's and the installed library's versions, and whether they differ: the node
+    drifting towards "Driver/library version mismatch" (new CUDA jobs fail; running ones go on)."""
+    loaded = loaded_module_version(module_file)
+    library, path = installed_library_version(dirs)
+    return {"loaded": loaded, "library": library, "library_path": path, "mismatch": bool(loaded and library and loaded != library)}
+
+
+def mismatch_message(library: str | None, loaded: str | None) -> str:
+    """The first sentence of a driver/library mismatch: what happened, what it means, the cure."""
+    versions = ", ".join(part for part in (f"kernel module {loaded}" if loaded else "", f"library {library}" if library else "") if part)
+    return ("the NVIDIA driver was upgraded under its loaded kernel module (Driver/library version mismatch{}): jobs already running are "
+            "unaffected, but new CUDA jobs and nvidia-smi fail until the node is rebooted, or the nvidia kernel modules are reloaded once "
+            "its GPUs are free".format(f": {versions}" if versions else ""))
 
 
 def kill_group(process: subprocess.Popen[bytes]) -> None:
@@ -189,6 +241,11 @@ class UnparsableOutput(NvidiaSmiError):
     pass
 
 
+class DriverLibraryMismatch(NvidiaSmiError):
+    """The driver's user-space library (NVML) is not the version of the loaded kernel module: the
+    driver package was upgraded under the running module (an unattended upgrade, most often)."""
+
+
 def _first_line(text: str) -> str:
     for line in text.splitlines():
         if line.strip():
@@ -200,6 +257,9 @@ def classify_failure(cmd: list[str], rc: int, stdout: str, stderr: str) -> Nvidi
     """Exception for a non-zero exit of nvidia-smi, by its documented return codes."""
     said = _first_line(stdout) or _first_line(stderr) or "no output"
     kwargs: dict[str, t.Any] = {"cmd": cmd, "rc": rc, "stdout": stdout, "stderr": stderr}
+    if rc == RC_MISMATCH or _MISMATCH.search(stdout + stderr):
+        library = _NVML_LIBRARY_VERSION.search(stdout + stderr)
+        return DriverLibraryMismatch(mismatch_message(library.group(1) if library else None, loaded_module_version()), **kwargs)
     if rc == 2:
         match = _BAD_FIELD.search(stdout + stderr)
         field = match.group(1) if match else None

@@ -40,6 +40,19 @@ def test_host_status_and_reason(record, status, reason, up, gpu_count, used, dir
         status, reason, up, gpu_count, used, dirty_gpus)
 
 
+def test_a_driver_upgraded_under_its_module_is_a_line_and_a_count_also_on_a_clean_host():
+    drifted = ah.clean_h200x8("drifted")
+    drifted["gpu"]["driver"] = {"loaded": "580.159.04", "library": "580.178.04", "library_path": "/usr/lib64/libnvidia-ml.so.580.178.04",
+                                "mismatch": True}
+    steady = ah.clean_h200x8("steady")
+    steady["gpu"]["driver"] = {"loaded": "580.159.04", "library": "580.159.04", "library_path": None, "mismatch": False}
+    model = gpu_audit_model([drifted, steady, ah.clean_h200x8("older-facts")], EPOCH)
+    lines = {host["host"]: host["driver_drift"] for host in model["hosts"]}
+    assert lines == {"drifted": "driver upgraded under the loaded module (kernel module 580.159.04, library 580.178.04): new CUDA jobs fail "
+                                "until the node is rebooted or the modules are reloaded", "steady": None, "older-facts": None}
+    assert model["summary"]["hosts_driver_drift"] == 1 and model["hosts"][0]["status"] == "clean"
+
+
 def test_fleet_summary_counts_hosts_gpus_and_blocking_holders():
     model = gpu_audit_model(ah.fleet(), EPOCH)
     assert model["summary"] == {
@@ -47,7 +60,7 @@ def test_fleet_summary_counts_hosts_gpus_and_blocking_holders():
         "gpus_total": 24, "gpus_clean": 23, "gpus_dirty": 1,
         "memory_used_mib": 10267 + 8 * 55, "memory_total_mib": 24 * ah.H200_TOTAL,
         "holders": 1, "nvml_clients": 2, "hosts_unhealthy": 0, "gpus_unhealthy": 0,
-        "hosts_health_unchecked": 0, "gpus_health_unchecked": 0, "hosts_pending_restore": 0,
+        "hosts_health_unchecked": 0, "gpus_health_unchecked": 0, "hosts_pending_restore": 0, "hosts_driver_drift": 0,
     }
     assert model["schema_version"] == 1
     assert model["generated_at"] == "2025-06-01T12:00:00Z" and model["generated_epoch"] == EPOCH

@@ -632,6 +632,63 @@ def test_classify_failure(rc, stdout, stderr, cls, said):
         assert error.field == "memory.reserved"
 
 
+MISMATCH = "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 580.178\n"
+
+
+@pytest.mark.parametrize("rc, stdout, library", [
+    pytest.param(18, MISMATCH, "580.178", id="rc18-both-lines"),
+    pytest.param(255, "Failed to initialize NVML: Driver/library version mismatch\n", None, id="older-driver-one-line-other-rc"),
+    pytest.param(18, "", None, id="rc18-silent"),
+])
+def test_a_driver_library_mismatch_says_what_happened_and_the_cure(monkeypatch, tmp_path, rc, stdout, library):
+    version = tmp_path / "version"
+    version.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.173.02  Tue Jun 23 08:38:17 UTC 2026\n")
+    monkeypatch.setattr(smi, "MODULE_VERSION_FILE", str(version))
+    monkeypatch.setattr(smi, "loaded_module_version", lambda path=str(version): smi._MODULE_VERSION.search(version.read_text()).group(1))
+    error = smi.classify_failure(["nvidia-smi"], rc, stdout, "")
+    assert error.__class__ is smi.DriverLibraryMismatch and error.rc == rc and error.stdout == stdout
+    assert error.msg.startswith("the NVIDIA driver was upgraded under its loaded kernel module (Driver/library version mismatch: kernel module 580.173.02")
+    assert ("library 580.178)" in error.msg) is (library is not None)
+    assert "jobs already running are unaffected, but new CUDA jobs and nvidia-smi fail until the node is rebooted" in error.msg
+
+
+@pytest.mark.parametrize("text, version", [
+    pytest.param("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.173.02  Tue Jun 23 08:38:17 UTC 2026\nGCC version: x\n", "580.173.02",
+                 id="proprietary"),
+    pytest.param("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (dvs-builder@U22)\n", "580.159.04",
+                 id="open"),
+    pytest.param("GCC version:  gcc version 12.3.0\n", None, id="no-nvrm-line"),
+])
+def test_the_loaded_modules_version_from_its_proc_file(tmp_path, text, version):
+    path = tmp_path / "version"
+    path.write_text(text)
+    assert smi.loaded_module_version(str(path)) == version
+    assert smi.loaded_module_version(str(tmp_path / "missing")) is None
+
+
+def _library(folder, version):
+    """libnvidia-ml.so.1 -> libnvidia-ml.so.<version>, as the driver's packages install it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"libnvidia-ml.so.{version}").write_bytes(b"\x7fELF")
+    (folder / "libnvidia-ml.so.1").symlink_to(f"libnvidia-ml.so.{version}")
+
+
+def test_the_installed_library_is_the_first_directorys_and_a_drift_is_a_mismatch(tmp_path):
+    version = tmp_path / "version"
+    version.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build\n")
+    first, second = tmp_path / "lib64", tmp_path / "lib"
+    _library(second, "580.159.04")
+    assert smi.driver_versions(str(version), [str(first), str(second)]) == {
+        "loaded": "580.159.04", "library": "580.159.04", "library_path": str(second / "libnvidia-ml.so.580.159.04"), "mismatch": False}
+    _library(first, "580.178.04")  # an upgrade that reached the disk, not the running module
+    drift = smi.driver_versions(str(version), [str(first), str(second)])
+    assert (drift["loaded"], drift["library"], drift["mismatch"]) == ("580.159.04", "580.178.04", True)
+    # Nothing on disk, or no module loaded: unknown, never a mismatch.
+    assert smi.driver_versions(str(version), [str(tmp_path / "none")])["mismatch"] is False
+    assert smi.driver_versions(str(tmp_path / "no-module"), [str(first)]) == {
+        "loaded": None, "library": "580.178.04", "library_path": str(first / "libnvidia-ml.so.580.178.04"), "mismatch": False}
+
+
 # ------------------------------------------------------------------ bus ids, minors
 
 
