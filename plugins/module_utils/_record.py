@@ -190,7 +190,7 @@ def program_gpus(pid: t.Any, holders: t.Iterable[Holder]) -> list[int]:
 def supervisor_entries(result: t.Mapping[str, t.Any], at: str | None, holders: t.Iterable[Holder] = ()) -> list[Entry]:
     """Entries for supervisord programs (`supervisor:<glob>` in services), from the result keys
     `stopped_programs` ({name, supervisor_pid, config, state_before}) and `disabled_programs`
-    (the same, and file, autostart_before, autorestart_before, group_updated) of gpu_release's supervisor
+    (the same, and file, section, autostart_before, autorestart_before, group_updated) of gpu_release's supervisor
     support (module_utils/_act/_supervisor.py), or plain names. The values before are kept for
     gpu_restore."""
     entries: dict[str | None, Entry] = {}
@@ -199,7 +199,7 @@ def supervisor_entries(result: t.Mapping[str, t.Any], at: str | None, holders: t
             item = item if isinstance(item, dict) else {"name": item}
             fresh: Entry = {"kind": "supervisor", "name": item.get("name"), "actions": [], "running": action == "stopped", "released_at": at}
             entry = entries.setdefault(item.get("name"), fresh)
-            for field in ("supervisor_pid", "config", "state_before", "file", "autostart_before", "autorestart_before", "group_updated"):
+            for field in ("supervisor_pid", "config", "state_before", "file", "section", "autostart_before", "autorestart_before", "group_updated"):
                 if field in item:
                     entry[field] = item[field]
             if action == "stopped":

@@ -114,6 +114,10 @@ options:
         it (C(supervisorctl update GROUP) would stop and re-add every other program of the group) - it never restarts a program it
         stopped. Stopping or disabling one program never stops, starts or re-adds another. The values before are returned in
         RV(disabled_programs).
+      - The copies of a supervisord program with C(numprocs) > 1 (V(trainer:trainer_0), V(trainer:trainer_1)) share its section, so one
+        copy cannot be disabled alone - V(disabled) for some copies but not all fails before anything is done, naming the copies it would
+        disable too. Name the program (V(supervisor:trainer:*)) to stop and disable every copy, or use V(stopped), which stops the
+        named copy only.
     type: str
     choices: [stopped, disabled, masked]
     default: stopped
@@ -146,7 +150,8 @@ options:
         Ending it would end its work on the GPUs the selection kept out.
       - V(false) - the run fails before anything is stopped or signalled (check mode fails the same way), naming each such process
         (pid, name, command line) and the unselected GPUs it uses, listed in RV(spanning). The same holds for a workload unit
-        (C(stop_owning_units)) or a container found holding a selected GPU whose processes also hold GPUs outside the selection.
+        (C(stop_owning_units)) or a container found holding a selected GPU whose processes also hold GPUs outside the selection, and
+        for a supervisord program named in O(services) whose C(numprocs) copies hold a selected GPU and GPUs outside the selection.
       - V(true) - end them anyway - signal the process, stop the unit or the container.
       - With every GPU selected (the default) nothing spans.
     type: bool
@@ -362,14 +367,16 @@ disabled_programs:
   description:
     - supervisord programs named in O(services) whose C(autostart) and C(autorestart) were set to C(false), with O(service_state=disabled)
       or O(service_state=masked); C(file) is the configuration file changed, C(autostart_before)/C(autorestart_before) the values it had
-      (null when the option was not set). C(group_updated) is V(false) - the running supervisord was not made to re-read the file, so no
+      (null when the option was not set), C(section) the section edited (one for every copy of a C(numprocs) program, each copy listed).
+      C(group_updated) is V(false) - the running supervisord was not made to re-read the file, so no
       other program of its group was stopped or started; the file counts from supervisord's next start.
   type: list
   elements: dict
   returned: always
   sample:
     - {name: vllm, supervisor_pid: 812, config: /etc/supervisor/supervisord.conf, state_before: RUNNING, pid: 815,
-       file: /etc/supervisor/conf.d/vllm.conf, autostart_before: "true", autorestart_before: "true", group_updated: false}
+       file: /etc/supervisor/conf.d/vllm.conf, section: "program:vllm", autostart_before: "true", autorestart_before: "true",
+       group_updated: false}
 stopped_mps_servers:
   description:
     - MPS servers stopped through their control daemon (in check mode, to be stopped, with C(how=null)). C(how) is the command used,
@@ -414,7 +421,8 @@ spanning:
   description:
     - Processes (C(pid), C(name), C(cmdline), C(unit), C(container)), workload units (C(unit), C(pid=null)) and containers
       (C(container)) that use a selected GPU and also GPUs outside the selection, with C(gpu_indexes) (all the GPUs they use),
-      C(outside_gpus) (the unselected ones) and C(pids).
+      C(outside_gpus) (the unselected ones) and C(pids); and the copies of a supervisord program named in O(services) that hold GPUs
+      outside the selection while other copies hold selected ones (C(program), the copy's C(group:name)).
     - Without O(kill_spanning) the run fails before acting when this list is not empty; with it, they were ended.
   type: list
   elements: dict

@@ -45,6 +45,16 @@ stopwaitsecs=5
 """
 
 
+def program_section(name, program):
+    """A program's section: `program` is its command, or {command, option: value} for more
+    (numprocs, process_name: copies of one program, as `[program:trainer]` with numprocs=2)."""
+    if isinstance(program, str):
+        return PROGRAM.format(name=name, command=program)
+    options = dict(program)
+    text = PROGRAM.format(name=name, command=options.pop("command"))
+    return text + "".join(f"{key}={value}\n" for key, value in options.items())
+
+
 def unpacked():
     """The unpacked package root, fetching and unpacking it the first time."""
     root = os.path.join(CACHE, "root")
@@ -75,7 +85,7 @@ LOG = "/run/supervisor-log/supervisord.log"
 
 
 class Supervisord:
-    """supervisord in a host, with programs (each in its file) and `groups` ({group: [program]},
+    """supervisord in a host, with programs (each in its file, see program_section) and `groups` ({group: [program]},
     in a file of their own); `ctl(...)` runs supervisorctl there. A program of a group is
     `group:program` to supervisorctl."""
 
@@ -87,8 +97,8 @@ class Supervisord:
         files = {"/usr/bin/supervisord": script.format(tool="supervisord"),
                  "/usr/bin/supervisorctl": script.format(tool="supervisorctl"),
                  "/etc/supervisor/supervisord.conf": MAIN_CONF}
-        for name, command in programs.items():
-            files[f"/etc/supervisor/conf.d/{name}.conf"] = PROGRAM.format(name=name, command=command)
+        for name, program in programs.items():
+            files[f"/etc/supervisor/conf.d/{name}.conf"] = program_section(name, program)
         if groups:
             files["/etc/supervisor/conf.d/groups.conf"] = "".join(
                 f"[group:{group}]\nprograms={','.join(members)}\n\n" for group, members in groups.items())

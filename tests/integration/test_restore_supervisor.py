@@ -12,7 +12,7 @@ sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "sim")]
 from ansible_in_ns import run_module  # noqa: E402
 from supervisor_rig import Supervisord  # noqa: E402
 from test_gpu_release import used  # noqa: E402
-from test_supervisor_release import GROUPED, HOLDER, spawns_and_stops, wait_used  # noqa: E402
+from test_supervisor_release import COPY_NAMES, GROUPED, HOLDER, TRAINER_CONF, spawns_and_stops, start_copies, wait_used  # noqa: E402
 
 CONF = "/etc/supervisor/conf.d/vllm.conf"
 RECORD = "/var/lib/zeromib-gpu/released.json"
@@ -110,3 +110,35 @@ def test_restore_after_a_supervisord_restart_starts_the_program_and_leaves_the_s
     # The restarted supervisord read autorestart=false for the trainer: said, with what would restore it now.
     [warning] = [w for w in restore.result.get("warnings") or [] if "supervisor:workers:trainer" in w]
     assert "gets autorestart back at supervisord's next start" in warning and "would also restart workers:exporter" in warning
+
+
+def test_every_copy_of_a_numprocs_program_is_disabled_together_and_restored_together(nshost):
+    host, sup = start_copies(nshost)
+    conf = sup.read(TRAINER_CONF)
+    run = run_module(host, "gpu_release", {"gpus": ["0", "1"], "services": ["supervisor:trainer"], "service_state": "disabled"})
+    assert not run.failed and run["released"] is True and run["spanning"] == [], run.msg
+    assert [p["name"] for p in run["stopped_programs"]] == list(COPY_NAMES) and run["killed"] == []
+    assert [(d["name"], d["file"], d["section"]) for d in run["disabled_programs"]] == [(n, TRAINER_CONF, "program:trainer") for n in COPY_NAMES]
+    edited = sup.read(TRAINER_CONF)
+    assert edited.count("autostart=false") == 1 and edited.count("autorestart=false") == 1 and "=true" not in edited
+    assert used(host, 0) == 0 and used(host, 1) == 0
+    # The file is what supervisord reads at its next start: neither copy comes back.
+    sup.stop()
+    sup.start()
+    time.sleep(2)
+    assert [sup.state(name) for name in COPY_NAMES] == ["STOPPED", "STOPPED"] and used(host, 0) == used(host, 1) == 0
+    entries = [e for e in json.loads(host.run(["cat", RECORD]).stdout)["entries"] if e["kind"] == "supervisor"]
+    assert [(e["name"], e["gpu_indexes"], e["actions"]) for e in entries] == [(n, [i], ["stopped", "disabled"]) for i, n in enumerate(COPY_NAMES)]
+    plan = run_module(host, "gpu_restore", check=True)
+    assert not plan.failed and sorted(plan["started_programs"]) == sorted(COPY_NAMES), plan.msg
+    # The shared section is put back once: by the first entry restored (the newest).
+    assert plan["plan"] == ["supervisor program trainer:trainer_1: autostart/autorestart as before, start",
+                            "supervisor program trainer:trainer_0: start"]
+    restore = run_module(host, "gpu_restore", {"wait_for_gpus": 20})
+    assert not restore.failed, restore.msg
+    assert restore["plan"] == plan["plan"] and restore["gpus_held"] == {"trainer:trainer_0": [0], "trainer:trainer_1": [1]}
+    assert [sup.state(name) for name in COPY_NAMES] == ["RUNNING", "RUNNING"] and sup.read(TRAINER_CONF) == conf
+    # The restarted supervisord read autorestart=false at its start: said where the section is put back, with what would apply it now.
+    [warning] = [w for w in restore.result.get("warnings") or [] if "gets autorestart back" in w]
+    assert warning.startswith("supervisor:trainer:trainer_1: its file is restored") and "supervisorctl update trainer" in warning
+    assert not run_module(host, "gpu_restore")["changed"]

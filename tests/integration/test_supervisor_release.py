@@ -104,3 +104,65 @@ def test_disabling_one_program_of_a_group_never_touches_its_sibling_and_survives
     time.sleep(2)
     assert sup.state("workers:trainer") == "STOPPED" and used(host, 0) == 0
     assert sup.state("workers:exporter") == "RUNNING"
+
+
+# Two copies of one program (numprocs=2), each on the GPU of its number, as a trainer per GPU is run.
+COPIES = {"command": "/usr/bin/gpu_holder --gpus %(process_num)d --mib 8192 --name trainer", "numprocs": 2,
+          "process_name": "%(program_name)s_%(process_num)d"}
+TRAINER_CONF = "/etc/supervisor/conf.d/trainer.conf"
+COPY_NAMES = ("trainer:trainer_0", "trainer:trainer_1")
+
+
+def start_copies(nshost):
+    host = nshost("h200x2")
+    sup = Supervisord(host, {"trainer": COPIES})
+    assert wait_used(host, 0, 8192) and wait_used(host, 1, 8192)
+    assert [sup.state(name) for name in COPY_NAMES] == ["RUNNING", "RUNNING"]
+    return host, sup
+
+
+def test_disabling_one_copy_of_a_numprocs_program_is_refused_and_changes_nothing(nshost):
+    # Issue 54: autostart/autorestart=false went into [program:trainer], which trainer_1 (GPU 1, never named) shares.
+    host, sup = start_copies(nshost)
+    pids, conf = {name: sup.pid_of(name) for name in COPY_NAMES}, sup.read(TRAINER_CONF)
+    args = {"gpus": ["0"], "services": ["supervisor:trainer:trainer_0"], "service_state": "disabled"}
+    for check in (True, False):
+        run = run_module(host, "gpu_release", args, check=check)
+        assert run.failed, (check, run.result)
+        assert ("not disabling: supervisor:trainer:trainer_0 is one of the 2 copies of [program:trainer] (numprocs), whose autostart and "
+                "autorestart hold for every copy: disabling it would also keep trainer:trainer_1, not named, stopped") in run.msg, run.msg
+        assert "services: [supervisor:trainer:*]" in run.msg and "service_state: stopped to stop it only" in run.msg
+        assert "Nothing was stopped or changed" in run.msg
+        assert not run.result.get("stopped_programs") and not run.result.get("disabled_programs") and not run.result.get("killed")
+    assert {name: sup.pid_of(name) for name in COPY_NAMES} == pids and sup.read(TRAINER_CONF) == conf
+    assert used(host, 0) >= 8192 and used(host, 1) >= 8192
+    assert spawns_and_stops(sup.log(), "trainer_0") == spawns_and_stops(sup.log(), "trainer_1") == (1, 0)
+    assert host.run(["test", "-e", "/var/lib/zeromib-gpu/released.json"]).returncode != 0  # nothing to restore: nothing was done
+
+
+def test_stopping_one_copy_stops_that_copy_only(nshost):
+    host, sup = start_copies(nshost)
+    sibling = sup.pid_of("trainer:trainer_1")
+    run = run_module(host, "gpu_release", {"gpus": ["0"], "services": ["supervisor:trainer:trainer_0"]})
+    assert not run.failed and run["released"] is True, run.msg
+    assert [p["name"] for p in run["stopped_programs"]] == ["trainer:trainer_0"] and run["disabled_programs"] == [] and run["killed"] == []
+    assert sup.state("trainer:trainer_0") == "STOPPED" and "autostart=true" in sup.read(TRAINER_CONF)
+    # GPU 0 is free (but for the 4 MiB that trainer_1's context on GPU 1 puts on every other GPU); GPU 1 is still trainer_1's.
+    assert used(host, 0) <= 4 and used(host, 1) >= 8192
+    assert sup.pid_of("trainer:trainer_1") == sibling and spawns_and_stops(sup.log(), "trainer_1") == (1, 0)
+
+
+def test_naming_the_program_with_a_copy_on_an_unselected_gpu_is_a_spanning_refusal(nshost):
+    host, sup = start_copies(nshost)
+    pids, conf = {name: sup.pid_of(name) for name in COPY_NAMES}, sup.read(TRAINER_CONF)
+    args = {"gpus": ["0"], "services": ["supervisor:trainer"], "service_state": "disabled"}
+    for check in (True, False):
+        run = run_module(host, "gpu_release", args, check=check)
+        assert run.failed, (check, run.result)
+        assert run.msg.startswith("refusing to free GPU 0: ending these would also end their work on GPUs outside the selection: "
+                                  f"supervisor:trainer:trainer_1 (pids {pids['trainer:trainer_1']}), a copy of [program:trainer] that naming "
+                                  "the program stops too, holds GPU 1, outside the selection"), run.msg
+        assert "Nothing was stopped or signalled" in run.msg
+        assert [(s["program"], s["outside_gpus"]) for s in run["spanning"]] == [("trainer:trainer_1", [1])]
+    assert {name: sup.pid_of(name) for name in COPY_NAMES} == pids and sup.read(TRAINER_CONF) == conf
+    assert used(host, 0) >= 8192 and used(host, 1) >= 8192

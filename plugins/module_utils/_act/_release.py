@@ -215,8 +215,10 @@ def _gpu_list(indexes: t.Iterable[int]) -> str:
     return ",".join(str(i) for i in indexes)
 
 
-def spanning_record(processes: list[tuple[Holder, list[int]]], units: list[dict[str, t.Any]], containers: list[dict[str, t.Any]]) -> list[dict[str, t.Any]]:
-    """The `spanning` return value: what uses a selected GPU and GPUs outside the selection."""
+def spanning_record(processes: list[tuple[Holder, list[int]]], units: list[dict[str, t.Any]], containers: list[dict[str, t.Any]],
+                    programs: t.Sequence[dict[str, t.Any]] = ()) -> list[dict[str, t.Any]]:
+    """The `spanning` return value: what uses a selected GPU and GPUs outside the selection
+    (`programs`: copies of a supervisord program, _supervisor.spanning_copies)."""
     record = [
         {"pid": h["pid"], "name": h.get("name"), "cmdline": h.get("cmdline"), "unit": h.get("unit"), "container": h.get("container"),
          "pids": [h["pid"]], "gpu_indexes": list(h.get("gpu_indexes") or []), "outside_gpus": outside}
@@ -225,10 +227,13 @@ def spanning_record(processes: list[tuple[Holder, list[int]]], units: list[dict[
     record += [dict(u, pid=None, name=None, cmdline=None, container=None) for u in units]
     record += [{"pid": None, "name": c.get("name"), "cmdline": None, "unit": None, "container": c["container"], "pids": c["pids"],
                 "gpu_indexes": c["gpu_indexes"], "outside_gpus": c["outside_gpus"]} for c in containers]
+    record += [{"pid": None, "name": p["program"], "cmdline": None, "unit": None, "container": None, "program": p["program"], "pids": p["pids"],
+                "gpu_indexes": p["gpu_indexes"], "outside_gpus": p["outside_gpus"]} for p in programs]
     return record
 
 
-def spanning_message(processes: list[tuple[Holder, list[int]]], units: list[dict[str, t.Any]], containers: list[dict[str, t.Any]], selected: list[int]) -> str:
+def spanning_message(processes: list[tuple[Holder, list[int]]], units: list[dict[str, t.Any]], containers: list[dict[str, t.Any]], selected: list[int],
+                     programs: t.Sequence[dict[str, t.Any]] = ()) -> str:
     """Why a partial selection is refused before anything is done, naming each spanning process
     (pid, name, command line) or unit or container and the unselected GPUs it uses."""
     parts = []
@@ -243,6 +248,10 @@ def spanning_message(processes: list[tuple[Holder, list[int]]], units: list[dict
         parts.append("container {} (pids {}) holds GPUs {}; GPU {} {} outside the selection".format(
             container.get("name") or str(container["container"])[:12], _gpu_list(container["pids"]), _gpu_list(container["gpu_indexes"]),
             _gpu_list(container["outside_gpus"]), "is" if len(container["outside_gpus"]) == 1 else "are"))
+    for program in programs:
+        parts.append("supervisor:{} (pids {}), a copy of [{}] that naming the program stops too, holds GPU {}, outside the selection (to stop "
+                     "only the copies on selected GPUs, name them, with service_state: stopped)".format(
+                         program["program"], _gpu_list(program["pids"]), program["section"], _gpu_list(program["outside_gpus"])))
     return (
         "refusing to free GPU {}: ending these would also end their work on GPUs outside the selection: {}. Nothing was stopped or "
         "signalled. Select every GPU they use, or set kill_spanning: true (role: free_gpus_kill_spanning) to end them anyway".format(
@@ -760,7 +769,7 @@ class Release:
             # No process holds a GPU and services names nothing (the clean gate): the planners of
             # containers, units and supervisord would find nothing, so they are not loaded.
             plan.containers, plan.units, plan.programs = NoContainers(), no_units(), no_programs()
-        self.refuse_spanning(holders, plan.selected, plan.containers, plan.mps_servers)
+        self.refuse_spanning(holders, plan.selected, plan.containers, plan.mps_servers, plan.programs)
         self.result["timings"]["plan_s"] = round(self.system.now() - planning, 3)
         self.result["services_not_found"] = plan.units["not_found"] + plan.containers.not_found + plan.programs["not_found"]
         plan.gpus_clean = all(g["clean"] for g in self.result["gpus_before"] if g["index"] in plan.selected)
@@ -854,18 +863,24 @@ class Release:
         self.result["warnings"].extend(steps["warnings"])
         return steps
 
-    def refuse_spanning(self, holders: list[Holder], selected: list[int], container_plan: _containers.Plan, mps_servers: list[Holder]) -> None:
-        """Spanning processes, units and containers (see _attribution) and MPS control daemons
-        whose quit would end a server of an unselected GPU (_mps) -> result["spanning"]; without
-        kill_spanning, a failure before anything is done (check mode says the same)."""
+    def refuse_spanning(self, holders: list[Holder], selected: list[int], container_plan: _containers.Plan, mps_servers: list[Holder],
+                        program_plan: ProgramPlan | None = None) -> None:
+        """Spanning processes, units and containers (see _attribution), MPS control daemons
+        whose quit would end a server of an unselected GPU (_mps) and copies of a supervisord
+        program named whole that work on unselected GPUs (_supervisor) -> result["spanning"];
+        without kill_spanning, a failure before anything is done (check mode says the same)."""
         processes = spanning_targets(holders, selected, self.regexes)
         if mps_servers:
             from ansible_collections.zeromib.gpu.plugins.module_utils._act import _mps
             processes += t.cast("list[tuple[Holder, list[int]]]", _mps.spanning_daemons(mps_servers, holders, selected, self.system.proc))
         containers = spanning_containers(holders, selected, container_plan.stop)
-        self.result["spanning"] = spanning_record(processes, self.spanning_units, containers)
+        programs: list[dict[str, t.Any]] = []
+        if program_plan and (program_plan["stop"] or program_plan["disable"]):
+            from ansible_collections.zeromib.gpu.plugins.module_utils._act import _supervisor
+            programs = _supervisor.spanning_copies(program_plan, holders, selected, lambda pid: holders_mod.lineage(pid, self.system.proc))
+        self.result["spanning"] = spanning_record(processes, self.spanning_units, containers, programs)
         if self.result["spanning"] and not self.params.get("kill_spanning"):
-            raise StepFailed(spanning_message(processes, self.spanning_units, containers, selected))
+            raise StepFailed(spanning_message(processes, self.spanning_units, containers, selected, programs))
 
     def plan_containers(self, holders: list[Holder], targets: list[Holder]) -> _containers.Plan:
         """Containers to stop through their runtime, and the targets left to signal (_containers).

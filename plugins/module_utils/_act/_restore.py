@@ -195,6 +195,8 @@ class Restore:
         self.policies_now: dict[str, t.Any] = {}
         # {program name: the supervisord that runs it}, for wait_for_gpus.
         self.supervisors: dict[str, t.Any] = {}
+        # (file, section) of supervisord programs put back (planned, in check mode) by this run.
+        self.edited_sections: set[tuple[t.Any, t.Any]] = set()
         self.result: dict[str, t.Any] = {
             "changed": False,
             "record_path": system.record_path,
@@ -326,7 +328,12 @@ class Restore:
             return [], "no running supervisord (with supervisorctl) for its configuration {}".format(entry.get("config") or "(default)")
         steps = []
         edit = program_edit(entry, _supervisor) if "disabled" in (entry.get("actions") or []) and entry.get("file") else None
+        # The copies of a numprocs program share one section: it is put back once (check mode too).
+        edited = (entry.get("file"), entry.get("section") or entry["name"])
+        if edit is not None and edited in self.edited_sections:
+            edit = None
         if edit is not None:
+            self.edited_sections.add(edited)
             steps.append("autostart")
         try:
             programs = supervisor.status(self.step_timeout)
@@ -498,7 +505,7 @@ def program_edit(entry: Entry, supervisor_mod: ModuleType) -> str | None:
     except OSError:
         return None
     before = {"autostart": entry.get("autostart_before"), "autorestart": entry.get("autorestart_before")}
-    sections = supervisor_mod.section_names(entry["name"])
+    sections = [entry["section"]] if entry.get("section") else supervisor_mod.section_names(entry["name"])
     out: list[str] = []
     section: str | None = None
     changed = False

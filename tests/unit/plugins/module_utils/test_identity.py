@@ -33,6 +33,7 @@ NOT_PROCESS_NAMES = {
     "_drain.ADMIN_STATES": "Slurm node states",
     "_jobcheck.RELEASE_OPTIONS": "gpu_release option names the hooks' config may set",
     "_commands.NVIDIA_DIRS": "directories",
+    "_supervisor.PROCESS_SECTIONS": "supervisord config section kinds",
     "_nvidia_smi.LIBRARY_DIRS": "directories",
     "_containers.MANAGED": "result keys",
     "_container_of.MANAGED": "result keys",
