@@ -5,17 +5,26 @@
 # This module_utils is PRIVATE: it may change without notice. Only the modules of
 # zeromib.gpu may use it.
 
-"""Slurm: drain a node whose GPUs cannot be freed, and resume only the nodes zeromib drained.
+"""Slurm: drain a node whose GPUs cannot be freed, and resume only the nodes zeromib drained;
+and whose job a process is.
 
 As LBNL NHC does: our drains carry a reason that starts with `zeromib:`; a drain with any other
 reason (an admin's `maintenance`) is never overwritten and never resumed. Pure parsing and
-decisions here; `scontrol` and `slurmd` run through one `run(argv) -> (rc, out, err)` callable."""
+decisions here; `scontrol` and `slurmd` run through one `run(argv) -> (rc, out, err)` callable.
+
+Whose job a process runs in (`owning_job`) is the kernel's word or a vouched slurmstepd's, never
+the user's: its cgroup as slurmstepd makes it (`job_<id>`, outside any subtree systemd delegates
+to a user), else its nearest slurmstepd ancestor that the identity rule vouches for. The epilog
+spares other jobs' processes by it (_jobcheck), and the respawn watch of the epilog and of
+gpu_release passes over another job's new task by it (_settle's `foreign`)."""
 
 from __future__ import annotations
 
 import re
 import socket
 import typing as t
+
+from ansible_collections.zeromib.gpu.plugins.module_utils import _cgroups
 
 if t.TYPE_CHECKING:
     # One node of `scontrol show node -o`: {key: value}.
@@ -29,8 +38,60 @@ REASON_MAX = 120
 _FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:]*)=")
 
 
+_JOB_CGROUP = re.compile(r"/job_(\d+)(?:/|$)")
+_STEPD_TITLE = re.compile(r"^slurmstepd: \[(\d+)(?:\.[A-Za-z0-9_]+)?\]")
+
+
 class SlurmError(Exception):
     pass
+
+
+# ---------------------------------------------------------------- whose job a process is
+
+
+def job_of_cgroups(paths: t.Iterable[str]) -> str | None:
+    """The Slurm job a process runs in from its cgroup paths (every hierarchy line: cgroup v1's
+    freezer/devices lines carry /slurm/uid_N/job_N, v2 /system.slice/slurmstepd.scope/job_N).
+    A path in the subtree systemd delegates to a user (user@UID.service) names no job, whatever
+    it contains: its user creates and names cgroups there at will."""
+    for path in paths:
+        if _cgroups.in_user_manager(path):
+            continue
+        match = _JOB_CGROUP.search(path)
+        if match:
+            return match.group(1)
+    return None
+
+
+def job_of_stepd_title(cmdline: str | None) -> str | None:
+    """`slurmstepd: [123.batch]` / `[123.0]` / `[123.extern]` -> "123"."""
+    match = _STEPD_TITLE.match(cmdline or "")
+    return match.group(1) if match else None
+
+
+def other_job(owner: str | None, job: str | None) -> bool:
+    """Whether a process of `owner` (its job, None: none) is another job's than `job`'s: a process
+    of no job is nobody else's."""
+    return owner is not None and owner != job
+
+
+def owning_job(pid: int, proc: str = "/proc", depth: int = 64) -> str | None:
+    """The job of a process: its cgroup, else its nearest vouched slurmstepd ancestor (cgroup v1
+    with proctrack/linuxproc: the tasks sit in slurmd's cgroup under their slurmstepd)."""
+    # Imported here: slurm_node (drain, resume) reads no process and need not compile the /proc scan.
+    from ansible_collections.zeromib.gpu.plugins.module_utils import _holders as holders_mod
+    job = job_of_cgroups(holders_mod.cgroup_paths(pid, proc) or [])
+    if job is not None:
+        return job
+    current = pid
+    for _step in range(depth):
+        record = holders_mod.read_process(current, proc)
+        if record is None or record["ppid"] in (0, current):
+            return None
+        if record["name"] == "slurmstepd" and holders_mod.vouched(record):
+            return job_of_stepd_title(record.get("cmdline"))
+        current = record["ppid"]
+    return None
 
 
 def parse_node(text: str) -> Node:
