@@ -253,6 +253,122 @@ def test_another_jobs_process_on_the_ending_jobs_gpu_is_spared_and_the_node_drai
     assert f"Slurm job {running}" in fields["Reason"], fields
 
 
+# issue 54: two jobs of one real user, the same argv (an array job's tasks: the task id is only in
+# the environment), each on its own GPU (CUDA's device 0 of the job's CUDA_VISIBLE_DEVICES).
+JOB_USER = "zjobs"
+TWIN = f"{HOLDER} --gpus 0 --mib 1000"
+TWIN_DIR = "/run/zeromib-twins"
+
+
+def as_user(fleet, host):
+    """The real unprivileged user whose jobs these are (no sudo), and the simulator's context
+    registry open to every user, as the real driver serves everyone's contexts."""
+    fleet.ssh(host, f"id {JOB_USER} >/dev/null 2>&1 || useradd -m {JOB_USER}; mkdir -p /run/nvidia-sim/contexts; "
+                    f"chmod 1777 /run/nvidia-sim/contexts; rm -rf {TWIN_DIR}; install -d -m 700 -o {JOB_USER} {TWIN_DIR}", check=True)
+
+
+def submit_as_user(fleet, host, script) -> str:
+    r = fleet.ssh(host, f"runuser -u {JOB_USER} -- sbatch --parsable -D /tmp -o /dev/null --mem=10M --gres=gpu:1 --wrap {shlex.quote(script)}",
+                  check=True)
+    return r.stdout.strip().split(";")[0]
+
+
+def twin_pid(fleet, host, name) -> int:
+    path = f"{TWIN_DIR}/{name}"
+    assert wait_for(lambda: fleet.ssh(host, f"test -s {path}").returncode == 0, timeout=30), name
+    return int(fleet.ssh(host, f"cat {path}", check=True).stdout)
+
+
+def uid_and_argv(fleet, host, pid) -> tuple[str, str]:
+    """(the user a process runs as, its argv joined by spaces)."""
+    out = fleet.ssh(host, f"stat -c %U /proc/{pid:d}; tr '\\0' ' ' < /proc/{pid:d}/cmdline", check=True).stdout.splitlines()
+    return out[0], out[1].strip()
+
+
+def leave_twin_until_told():
+    """Job N: leaves TWIN behind (setsid: reparented to PID 1, no job's), then ends when told."""
+    return (f"setsid nohup {TWIN} </dev/null >/dev/null 2>&1 & echo $! > {TWIN_DIR}/left; "
+            f"while [ ! -e {TWIN_DIR}/go ]; do sleep 0.05; done")
+
+
+def after_the_leftover(start):
+    """Waits until job N's leftover is gone (its epilog killed it), then runs `start`."""
+    return (f"while [ ! -s {TWIN_DIR}/left ]; do sleep 0.05; done; left=$(cat {TWIN_DIR}/left); "
+            f"while kill -0 $left 2>/dev/null; do sleep 0.01; done; {start}")
+
+
+def twin_scene(fleet, host, job_m_script=None, detached_restart=False):
+    """Job N leaves TWIN on its GPU, and is told to end once the rest is in place: job M of the
+    same user running `job_m_script`, and/or (`detached_restart`) a loop of job N's that
+    leaves the job too and starts TWIN again, in no job, once the epilog killed the leftover."""
+    as_user(fleet, host)
+    # The killed holder's memory lingers a moment after it is gone, as the real driver's does:
+    # what starts next runs the killed argv (its interpreter's) before the GPU reads clean.
+    fleet.set_fault(host, release_delay_s=1.5)
+    script = leave_twin_until_told()
+    if detached_restart:
+        restart = f"echo $$ > {TWIN_DIR}/loop; " + after_the_leftover(f"CUDA_VISIBLE_DEVICES=1 {TWIN} & echo $! > {TWIN_DIR}/again; wait")
+        script = f"setsid nohup sh -c {shlex.quote(restart)} </dev/null >/dev/null 2>&1 & " + script
+    ending = submit_as_user(fleet, host, script)
+    left = twin_pid(fleet, host, "left")
+    assert wait_for(lambda: fleet.gpu_memory(host)[0] >= 1000, timeout=30), fleet.gpu_memory(host)
+    argv = uid_and_argv(fleet, host, left)
+    running = None
+    if job_m_script:
+        running = submit_as_user(fleet, host, job_m_script)
+        assert wait_for(lambda: job(fleet, host, running).get("JobState") == "RUNNING", timeout=30), job(fleet, host, running)
+        assert ended(fleet, host, running, "prolog")["ok"]
+    fleet.ssh(host, f"touch {TWIN_DIR}/go", check=True)
+    return ending, (left, argv), running
+
+
+def test_another_jobs_task_with_the_killed_argv_is_no_restart_the_epilog_passes_and_the_node_stays_up(gres_host):
+    """The incident of issue 54 on real Slurm: the epilog of job N frees N's leftover on GPU 0;
+    job M of the same user starts its next task, the same argv, on GPU 1, the moment the leftover
+    is gone. Before, the epilog took it for "something this run killed was started again" and
+    the node was drained. Here (proctrack/linuxproc) M's task is M's by its vouched slurmstepd."""
+    fleet, host = gres_host
+    try:
+        ending, (left, argv), running = twin_scene(fleet, host, after_the_leftover(f"{TWIN} & echo $! > {TWIN_DIR}/next; wait"))
+        assert argv[0] == JOB_USER
+        run = ended(fleet, host, ending)
+        assert run["ok"] and run["gpus"] == ["0"] and [k["pid"] for k in run["killed"]] == [left], run
+        task = twin_pid(fleet, host, "next")
+        assert uid_and_argv(fleet, host, task) == argv, (argv, run)
+        assert job(fleet, host, running)["JobState"] == "RUNNING" and alive(fleet, host, task)
+        assert wait_for(lambda: fleet.gpu_memory(host)[1] >= 1000, timeout=30)
+        assert fleet.gpu_memory(host)[0] == 0
+        assert not drained(node(fleet, host)), node(fleet, host)
+    finally:
+        end_twins(fleet, host)
+
+
+def test_a_restart_of_the_killed_argv_outside_any_job_still_drains_the_node(gres_host):
+    """The same argv started again by a loop that left job N too (no job's: reparented to PID 1)
+    is a restart: the epilog fails and the node is drained with a zeromib reason."""
+    fleet, host = gres_host
+    try:
+        ending, (left, argv), _running = twin_scene(fleet, host, detached_restart=True)
+        run = ended(fleet, host, ending)
+        again = twin_pid(fleet, host, "again")
+        assert not run["ok"] and [k["pid"] for k in run["killed"]] == [left], run
+        [cause] = run["causes"]
+        assert f"pid {again} " in cause and f"runs the command line of killed pid {left} again" in cause, cause
+        assert uid_and_argv(fleet, host, again) == argv
+        fields = node(fleet, host)
+        assert drained(fields) and fields["Reason"].startswith(
+            f"zeromib: epilog job {ending}: the GPUs read clean, but something this run killed was started again"), fields
+    finally:
+        end_twins(fleet, host)
+
+
+def end_twins(fleet, host):
+    """The user's jobs cancelled and what they started ended, by the PIDs they wrote."""
+    fleet.ssh(host, f"scancel --quiet --full -u {JOB_USER}; for f in {TWIN_DIR}/loop {TWIN_DIR}/left {TWIN_DIR}/next {TWIN_DIR}/again; do "
+                    f"[ -s $f ] && kill -9 $(cat $f) 2>/dev/null; done; rm -rf {TWIN_DIR}; true")
+    assert wait_for(lambda: fleet.ssh(host, f"squeue -h -u {JOB_USER}").stdout.strip() == "", timeout=60)
+
+
 def test_an_unfreeable_gpu_drains_the_node_with_a_zeromib_reason_and_restore_gpus_resumes_it(gres_host):
     fleet, host = gres_host
     job_id = submit(fleet, host, "sleep 5")

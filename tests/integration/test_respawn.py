@@ -7,8 +7,10 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pytest  # noqa: E402
 from ansible_in_ns import run_module  # noqa: E402
 from test_gpu_release import killed_pids, used  # noqa: E402
+from test_slurm_epilog_smoke import children, cmdline, task_cgroup, twins  # noqa: E402
 
 # A torchrun-shaped elastic agent: starts its worker, restarts it when it dies (up to
 # --max-restarts), ends it on SIGTERM. Run as `python3 .../torchrun ...`, so its script name is
@@ -164,3 +166,26 @@ def test_restart_by_a_double_forked_watcher_outside_the_parent_chain_fails_the_r
     assert "Something outside the holder's parents restarts it" in run.msg
     # No window was needed: no parent of the job survived.
     assert run["timings"]["settle_s"] == 0.0
+
+
+# --- issue 54: a scheduler's job, where its cgroup says so, is whose a process is
+
+
+@pytest.mark.parametrize("where, restart", [("another job", False), ("no job", True)])
+def test_gpu_release_takes_the_killed_argv_in_another_jobs_cgroup_for_that_jobs_task_not_a_restart(nshost, where, restart):
+    """gpu_release frees a leftover of Slurm job 801 (its cgroup, as slurmstepd makes it, read
+    before the signal); the same argv started again right after, by root as the same user, is
+    job 802's next task in job 802's cgroup (released), or a restart outside any job (fails)."""
+    host = nshost("h200x2", seed="twins")
+    left, stepd = twins(host, task_cgroup(host, 802) if where == "another job" else None)
+    before = cmdline(host, left.pid)
+    run = run_module(host, "gpu_release", {"gpus": [0], "wait_timeout": 10})
+    assert list(killed_pids(run)) == [left.pid], run.msg
+    [task] = children(host, stepd.pid)
+    assert cmdline(host, task) == before and host.alive(task)
+    if restart:
+        assert run.failed and run["released"] is False, run.msg
+        assert f"runs the command line of killed pid {left.pid} again, started by pid {stepd.pid} sh" in run.msg, run.msg
+    else:
+        assert not run.failed and run["released"] is True, run.msg
+        assert used(host, 0) == 0

@@ -1006,7 +1006,8 @@ class Release:
             targets = _mps.without_daemons([t for t in targets if not _containers.pod_holders([t])], plan.mps_servers)
         if targets and self.params.get("kill", True):
             minors = [g["minor_number"] for g in plan.gpus if g["index"] in plan.selected]
-            self.watch = _settle.watch_for(targets, outside, self.system.systemctl, self.lineage, minors, self.system.proc)
+            self.watch = _settle.watch_for(targets, outside, self.system.systemctl, self.lineage, minors, self.system.proc,
+                                           foreign=self.foreign(targets))
             self.act_signals(targets)
         if plan.mps_servers:
             self.act_mps(plan.mps_servers)
@@ -1015,6 +1016,16 @@ class Release:
             or self.result["stopped_containers"] or self.result["disabled_containers"]
             or self.result["stopped_programs"] or self.result["disabled_programs"] or self.result["stopped_mps_servers"]
         )
+
+    def foreign(self, targets: list[Holder]) -> t.Callable[[int, int], bool]:
+        """For the respawn watch: (new pid, killed pid) -> whether the new process runs in another
+        Slurm job than the killed holder did (read now, before the signals): the next task of an
+        array job runs the same command line and is no restart. A holder of no job is restarted
+        only outside any job."""
+        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _jobs
+        proc = self.system.proc
+        jobs = {holder["pid"]: _jobs.owning_job(holder["pid"], proc) for holder in targets}
+        return lambda pid, killed: _jobs.other_job(_jobs.owning_job(pid, proc), jobs.get(killed))
 
     def act_containers(self, plan: _containers.Plan) -> dict[str, str]:
         """Stop and disable containers -> {id: reason} of those that could not be stopped (they

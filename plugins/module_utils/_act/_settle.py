@@ -21,6 +21,12 @@ Two kinds of restarter are watched after this run signalled a holder:
   fails the run naming the parent (PID, name, command line) and what stops it; known
   supervisors are named as such, with their stop command.
 
+Whose a new process is, the watch does not know: its caller may tell it (`foreign(new pid,
+killed pid)`, from the kernel's cgroup path: a scheduler's job, _look/_jobs.owning_job). A process
+that the caller calls another's is never a restart of that holder, whatever it runs: every task
+of an array job runs the same command line. A process inside a watched cgroup is in the killed
+holder's own cgroup, so in its job: the cgroup watch needs no such word.
+
 When nothing of the kind survives the signals (units stopped through systemd, containers stopped
 through their runtime, a holder whose parent was PID 1 or exited with it) there is no window:
 the fast path stays as fast as before. Otherwise, after every selected GPU reads clean, the run
@@ -56,6 +62,9 @@ if t.TYPE_CHECKING:
     Systemctl = t.Callable[[t.List[str]], t.Tuple[int, str, str]]
     # {pid: (ppid, session id, start time)} of every live process (read_table).
     Table = t.Dict[int, t.Tuple[int, int, int]]
+    # (new pid, killed pid) -> whether the new process is someone else's than the killed holder
+    # was (another scheduler job's): then it is no restart of it.
+    Foreign = t.Callable[[int, int], bool]
 
 SETTLE_S = 5.0
 POLL_S = 0.25
@@ -277,7 +286,7 @@ def restarters(targets: list[Holder], own_lineage: t.Iterable[int] | None, proc:
                table: Table | None = None) -> dict[int, dict[str, t.Any]]:
     """{pid: restarter} for the parents of `targets` (holders about to be signalled) that may
     restart them; `skip` are the PIDs of holders watched through their cgroup instead. Each
-    restarter: its process record, the start time that identifies it, the command lines of the
+    restarter: its process record, the start time that identifies it, {pid: command line} of the
     holders it started (a restart runs one of them again), its kind and what stops it."""
     candidates = [t for t in targets if t["pid"] not in skip and (t.get("ppid") or 0) > 1]
     if not candidates:
@@ -295,9 +304,9 @@ def restarters(targets: list[Holder], own_lineage: t.Iterable[int] | None, proc:
                 kind = supervisor_kind(parent)
                 entry = found[parent["pid"]] = {
                     "record": parent, "start_time": parent["start_time"], "kind": kind,
-                    "hint": stop_hint(kind, parent, environ, proc), "cmdlines": set(), "depth": depth,
+                    "hint": stop_hint(kind, parent, environ, proc), "killed": {}, "depth": depth,
                 }
-            entry["cmdlines"].add(holder.get("cmdline") or "")
+            entry["killed"][holder["pid"]] = holder.get("cmdline") or ""
             entry["depth"] = min(entry["depth"], depth)
     return found
 
@@ -338,12 +347,14 @@ class Watch:
     """What may start a signalled holder again, seen before acting; what came back after.
 
     `watched`: {cgroup: description} (watch_list); `parents`: restarters(); `minors`: the device
-    minors of the selected GPUs."""
+    minors of the selected GPUs; `foreign`: the caller's word on whose a new process is (None:
+    every new process may be a restart)."""
 
     def __init__(self, watched: dict[str, str], proc: str = "/proc", parents: dict[int, dict[str, t.Any]] | None = None, minors: t.Iterable[int] = (),
-                 table: Table | None = None, killed: t.Iterable[Holder] = ()) -> None:
+                 table: Table | None = None, killed: t.Iterable[Holder] = (), foreign: Foreign | None = None) -> None:
         self.watched = watched
         self.proc = proc
+        self.foreign = foreign
         self.parents = parents or {}
         self.minors = set(minors)
         self.before = members(list(watched), proc)
@@ -389,9 +400,20 @@ class Watch:
             record = holders_mod.read_process(pid, self.proc)
             if record is None:
                 continue
-            if record.get("cmdline") in self.parents[root]["cmdlines"] or maps_selected_gpu(pid, self.minors, self.proc):
+            killed: dict[int, str] = self.parents[root]["killed"]
+            # The holders it would start again: those whose command line it runs, else (a new
+            # holder of a selected GPU) any this parent started.
+            again = [k for k, cmdline in killed.items() if cmdline == record.get("cmdline")]
+            if not again and maps_selected_gpu(pid, self.minors, self.proc):
+                again = list(killed)
+            if again and self.may_restart(pid, again):
                 found.append((root, record))
         return found
+
+    def may_restart(self, pid: int, killed: t.Iterable[int]) -> bool:
+        """Whether new process `pid` may be one of `killed` (pids) started again: by the caller's
+        word (`foreign`), it is not someone else's than all of them were."""
+        return self.foreign is None or any(not self.foreign(pid, k) for k in killed)
 
     def restarted_outside(self, skip: t.Collection[int] = ()) -> list[tuple[int, Holder]]:
         """[(killed pid, new process)]: processes started since the signals that run a killed
@@ -400,19 +422,32 @@ class Watch:
         only new processes are read."""
         if not self.killed_cmdlines:
             return []
-        by_cmdline = {cmdline: pid for pid, cmdline in sorted(self.killed_cmdlines.items(), reverse=True)}
         found = []
         for pid, (_ppid, _session, start) in sorted(read_table(self.proc).items()):
             if (pid, start) in self.alive_before or pid in skip:
                 continue
             record = holders_mod.read_process(pid, self.proc)
-            if record is None or record.get("cmdline") not in by_cmdline or record.get("kernel_thread"):
+            if record is None or record.get("kernel_thread"):
                 continue
-            killed = by_cmdline[record["cmdline"]]
-            owner = self.killed_uids.get(killed)
-            if owner is None or record.get("uid") == owner:
+            killed = self.restart_of(record)
+            if killed is not None:
                 found.append((killed, record))
         return found
+
+    def restart_of(self, record: Holder) -> int | None:
+        """The killed holder (pid) that a new process starts again, or None: one that ran its
+        command line, as its user (where known), and whose it is, by the caller's word
+        (`foreign`), too."""
+        for killed, cmdline in sorted(self.killed_cmdlines.items()):
+            if cmdline != record.get("cmdline"):
+                continue
+            owner = self.killed_uids.get(killed)
+            if owner is not None and record.get("uid") != owner:
+                continue
+            if self.foreign is not None and self.foreign(record["pid"], killed):
+                continue
+            return killed
+        return None
 
     def outside_message(self, again: t.Sequence[tuple[int, Holder]], clean: bool = True) -> str:
         """Why the run fails when a killed command line runs again outside any watched parent."""
@@ -496,12 +531,14 @@ class Watch:
 
 
 def watch_for(targets: list[Holder], outside_reasons: t.Mapping[str, t.Any], systemctl: Systemctl | None, own_lineage: t.Iterable[int],
-              minors: t.Iterable[int], proc: str = "/proc") -> Watch:
+              minors: t.Iterable[int], proc: str = "/proc", foreign: Foreign | None = None) -> Watch:
     """The Watch to start before signalling `targets`: their cgroups that restart outside this
-    run's control (watch_list) and, for the others, the parents that may restart them."""
+    run's control (watch_list) and, for the others, the parents that may restart them; `foreign`
+    as for Watch."""
     watched = watch_list(targets, outside_reasons, systemctl)
     in_cgroups = {t["pid"] for t in targets if any(_within(t.get("cgroup") or "", cgroup) for cgroup in watched)}
     # One read of the process table serves both the walk and the snapshot of what runs now.
     # (and the check for a restart from outside the parents: restarted_outside).
     table = read_table(proc) if targets else {}
-    return Watch(watched, proc, restarters(targets, own_lineage, proc, skip=in_cgroups, table=table), minors, table=table, killed=targets)
+    return Watch(watched, proc, restarters(targets, own_lineage, proc, skip=in_cgroups, table=table), minors, table=table, killed=targets,
+                 foreign=foreign)

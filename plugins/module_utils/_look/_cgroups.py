@@ -60,11 +60,17 @@ _KUBEPODS = re.compile(r"(?:^|/)kubepods(?:[.\-/]|$)")
 _USER_MANAGER = re.compile(r"(?:^|/)user@\d+\.service(?:/|$)")
 
 
+def in_user_manager(cgroup_path: str | None) -> bool:
+    """Whether a cgroup path lies in the subtree systemd delegates to a user's own manager
+    (`user@UID.service`): every name below it is its user's choice."""
+    return bool(_USER_MANAGER.search(cgroup_path or ""))
+
+
 def container_ref(cgroup_path: str | None) -> ContainerRef | None:
     """The container a cgroup path belongs to, or None (also for a path in a user manager's
     subtree). `runtime` is None where the path does not say (Kubernetes with the cgroupfs
     driver); a process of a pod outside any container cgroup has `id` None. No I/O."""
-    if not cgroup_path or _USER_MANAGER.search(cgroup_path):
+    if not cgroup_path or in_user_manager(cgroup_path):
         return None
     return _named_ref(cgroup_path)
 

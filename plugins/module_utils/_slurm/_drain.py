@@ -5,17 +5,25 @@
 # This module_utils is PRIVATE: it may change without notice. Only the modules of
 # zeromib.gpu may use it.
 
-"""Slurm: drain a node whose GPUs cannot be freed, and resume only the nodes zeromib drained.
+"""Slurm: drain a node whose GPUs cannot be freed, and resume only the nodes zeromib drained;
+and whose job a process is.
 
 As LBNL NHC does: our drains carry a reason that starts with `zeromib:`; a drain with any other
 reason (an admin's `maintenance`) is never overwritten and never resumed. Pure parsing and
-decisions here; `scontrol` and `slurmd` run through one `run(argv) -> (rc, out, err)` callable."""
+decisions here; `scontrol` and `slurmd` run through one `run(argv) -> (rc, out, err)` callable.
+
+Whose job a process runs in (`owning_job`) is the kernel's word or a vouched slurmstepd's, never
+the user's: its cgroup as slurmstepd makes it (`job_<id>`, outside any subtree systemd delegates
+to a user), else its nearest slurmstepd ancestor that the identity rule vouches for. The epilog
+spares other jobs' processes by it (_jobcheck), and the respawn watch of the epilog and of
+gpu_release passes over another job's new task by it (_settle's `foreign`)."""
 
 from __future__ import annotations
 
 import re
 import socket
 import typing as t
+
 
 if t.TYPE_CHECKING:
     # One node of `scontrol show node -o`: {key: value}.

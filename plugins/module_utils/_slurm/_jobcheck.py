@@ -11,11 +11,13 @@ node. The zip holds this collection's module_utils (roles/slurm_gpu_checks/files
 and calls main(); the work is gpu_release's own
 (Release): the epilog frees the ending job's GPUs, the prolog looks at them in check mode.
 
-Whose process is it: a holder in another job's cgroup (`job_<id>` on any hierarchy line of
-/proc/PID/cgroup, written by slurmd as root) or below another job's slurmstepd (a vouched one: a
-root-owned /usr/sbin/slurmstepd, whose title names the job) is that job's and is never signalled.
-Nothing a job's user can set (its environment, its process names) decides whom root signals; a
-claim of the user's can only spare a process (the GPU then stays dirty and the node drains)."""
+Whose process is it (_look/_jobs.owning_job): a holder in another job's cgroup (`job_<id>` on any
+hierarchy line of /proc/PID/cgroup, written by slurmstepd as root, never in a user's delegated
+subtree) or below another job's slurmstepd (a vouched one: a root-owned /usr/sbin/slurmstepd,
+whose title names the job) is that job's and is never signalled; and a new process of another
+job that runs a killed holder's command line (the next task of an array job) is no restart of
+it. Nothing a job's user can set (its environment, its process names, the cgroups it names)
+decides whom root signals or what root concludes."""
 
 from __future__ import annotations
 
@@ -28,8 +30,8 @@ import sys
 import time
 import typing as t
 
-from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders_mod
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _jobs
 from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _drain
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._errors import ReleaseError, StepFailed
 from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import NvidiaSmi, NvidiaSmiError
@@ -70,8 +72,6 @@ RUNNER_DEFAULTS: dict[str, t.Any] = {
 CHOICES = {"without_gres": ("skip", "all")}
 
 _GPU_TOKEN = re.compile(r"^(?:\d+|(?:GPU|MIG)-[0-9A-Fa-f-]+)$")
-_JOB_CGROUP = re.compile(r"/job_(\d+)(?:/|$)")
-_STEPD_TITLE = re.compile(r"^slurmstepd: \[(\d+)(?:\.[A-Za-z0-9_]+)?\]")
 
 
 class JobCheckError(Exception):
@@ -120,48 +120,7 @@ def mode_of(argv: t.Sequence[str], environ: t.Mapping[str, str]) -> str:
     raise JobCheckError(f"no mode given and SLURM_SCRIPT_CONTEXT={context!r} names none: call it with prolog or epilog")
 
 
-# ---------------------------------------------------------------- pure: whose process
-
-
-def job_of_cgroups(paths: t.Iterable[str]) -> str | None:
-    """The Slurm job a process runs in from its cgroup paths (every hierarchy line: cgroup v1's
-    freezer/devices lines carry /slurm/uid_N/job_N, v2 /system.slice/slurmstepd.scope/job_N)."""
-    for path in paths:
-        match = _JOB_CGROUP.search(path)
-        if match:
-            return match.group(1)
-    return None
-
-
-def job_of_stepd_title(cmdline: str | None) -> str | None:
-    """`slurmstepd: [123.batch]` / `[123.0]` / `[123.extern]` -> "123"."""
-    match = _STEPD_TITLE.match(cmdline or "")
-    return match.group(1) if match else None
-
-
-def other_job(owner: str | None, ending: str) -> bool:
-    """A holder is spared when it belongs to a job other than the ending one."""
-    return owner is not None and owner != ending
-
-
-# ---------------------------------------------------------------- /proc: whose process
-
-
-def owning_job(pid: int, proc: str = "/proc", depth: int = 64) -> str | None:
-    """The job of a process: its cgroup, else its nearest vouched slurmstepd ancestor (cgroup v1
-    with proctrack/linuxproc: the tasks sit in slurmd's cgroup under their slurmstepd)."""
-    job = job_of_cgroups(holders_mod.cgroup_paths(pid, proc) or [])
-    if job is not None:
-        return job
-    current = pid
-    for _step in range(depth):
-        record = holders_mod.read_process(current, proc)
-        if record is None or record["ppid"] in (0, current):
-            return None
-        if record["name"] == "slurmstepd" and holders_mod.vouched(record):
-            return job_of_stepd_title(record.get("cmdline"))
-        current = record["ppid"]
-    return None
+# ---------------------------------------------------------------- whose process (_jobs.owning_job)
 
 
 def spare_other_jobs(holders: list[Holder], ending: str, proc: str = "/proc", spared: dict[int, str] | None = None) -> list[Holder]:
@@ -169,8 +128,8 @@ def spare_other_jobs(holders: list[Holder], ending: str, proc: str = "/proc", sp
     {pid: job} of each (the result's public holders do not carry the reason)."""
     marked = []
     for holder in holders:
-        owner = None if holder.get("protected") else owning_job(holder["pid"], proc)
-        if other_job(owner, ending):
+        owner = None if holder.get("protected") else _jobs.owning_job(holder["pid"], proc)
+        if _jobs.other_job(owner, ending):
             holder = t.cast("Holder", dict(holder, protected=True, protected_reason=f"Slurm job {owner}"))
             if spared is not None:
                 spared[holder["pid"]] = t.cast(str, owner)
@@ -180,7 +139,8 @@ def spare_other_jobs(holders: list[Holder], ending: str, proc: str = "/proc", sp
 
 class JobRelease(Release):
     """gpu_release's run for one ending job: every look and rescan spares the other jobs'
-    processes (the only addition: Release's planning, signals and verdict are unchanged)."""
+    processes, and the respawn watch passes over their new ones (the only additions: Release's
+    planning, signals and verdict are unchanged)."""
 
     def __init__(self, *args: t.Any, ending_job: str, **kwargs: t.Any) -> None:
         super().__init__(*args, **kwargs)
@@ -196,6 +156,13 @@ class JobRelease(Release):
     def scan(self, gpus: t.Any) -> t.Any:
         holders, apps = super().scan(gpus)
         return spare_other_jobs(holders, self.ending_job, self.system.proc, self.spared), apps
+
+    def foreign(self, targets: list[Holder]) -> t.Callable[[int, int], bool]:
+        """For the respawn watch: (new pid, killed pid) -> whether the new process runs in another
+        job than the ending one. Only a process of the ending job or of no job can be what this
+        epilog killed, started again: the other jobs' are spared, never signalled."""
+        proc = self.system.proc
+        return lambda pid, _killed: _jobs.other_job(_jobs.owning_job(pid, proc), self.ending_job)
 
 
 # ---------------------------------------------------------------- config

@@ -12,13 +12,15 @@ import os
 import pytest
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _settle
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _jobs
 from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils import fakeproc
 
 
-def process(root, pid, ppid, argv, comm=None, session=None, fds=(), maps=(), environ=None, exe="/usr/bin/python3.12", uid=0):
+def process(root, pid, ppid, argv, comm=None, session=None, fds=(), maps=(), environ=None, exe="/usr/bin/python3.12", uid=0,
+            cgroup=fakeproc.SESSION):
     """A process whose session id is `session` (its own PID by default: a session leader)."""
     fakeproc.write_process(root, pid, comm=comm or os.path.basename(argv[0])[:15], ppid=ppid, start_time=1000 + pid, argv=argv,
-                           fds=fds, maps=maps, exe=exe, uid=uid)
+                           fds=fds, maps=maps, exe=exe, uid=uid, cgroup=cgroup)
     path = os.path.join(str(root), str(pid), "stat")
     with open(path) as handle:
         fields = handle.read().split(" ")
@@ -87,7 +89,7 @@ def test_a_shell_loop_is_watched_up_to_its_session_leader(proc):
     chain = _settle.parent_chain(holder(300, 200), table, own_lineage=set(), signalled={300}, proc=str(proc))
     assert [p["pid"] for p in chain] == [200, 100]
     found = _settle.restarters([holder(300, 200)], own_lineage=(), proc=str(proc))
-    assert sorted(found) == [100, 200] and found[200]["depth"] == 0 and found[200]["cmdlines"] == {"python3 train.py"}
+    assert sorted(found) == [100, 200] and found[200]["depth"] == 0 and found[200]["killed"] == {300: "python3 train.py"}
 
 
 def test_no_parent_is_watched_for_pid_1_the_ansible_session_or_a_protected_daemon(proc):
@@ -182,6 +184,95 @@ def test_the_same_command_line_started_by_another_user_is_no_restart(proc):
     assert watch.restarted_outside() == []
     process(proc, 340, 1, ("python3", "train.py"), uid=4242)
     assert [(k, record["pid"]) for k, record in watch.restarted_outside()] == [(300, 340)]
+
+
+# --- issue 54: whose a new process is, by the caller's word (an epilog's: the ending job's, or no job's)
+
+
+def job(number):
+    """A task's cgroup as slurmstepd writes it (cgroup v2), as /proc/PID/cgroup shows it."""
+    return f"0::/system.slice/slurmstepd.scope/job_{number}/step_0/user/task_0\n"
+
+
+USER_CLAIM = "0::/user.slice/user-4242.slice/user@4242.service/app.slice/slurmstepd.scope/job_8/step_0/user/task_0\n"
+
+
+def epilog_of(ending, proc):
+    """The predicate an epilog gives the watch (_jobcheck.JobRelease.foreign)."""
+    return lambda pid, _killed: _jobs.other_job(_jobs.owning_job(pid, str(proc)), ending)
+
+
+def test_another_jobs_task_that_runs_the_killed_command_line_is_no_restart_but_the_same_jobs_is(proc):
+    """The epilog of job 7 killed its leftover; job 8 of the same user starts its next array task
+    (the same argv: the task id is only in the environment): no restart. The same command line in
+    job 7, in no job, or in a cgroup of the user's own manager named `job_8`, is one."""
+    process(proc, 300, 1, ("python3", "train.py"), uid=4242, cgroup=job(7))
+    killed = dict(holder(300, 1), uid=4242)
+    watch = _settle.Watch({}, str(proc), _settle.restarters([killed], (), str(proc)), minors={0}, killed=[killed], foreign=epilog_of("7", proc))
+    fakeproc.remove_process(proc, 300)
+    process(proc, 310, 1, ("python3", "train.py"), uid=4242, cgroup=job(8))
+    assert watch.restarted_outside() == []
+    for pid, cgroup in ((320, job(7)), (330, fakeproc.SESSION), (340, USER_CLAIM)):
+        process(proc, pid, 1, ("python3", "train.py"), uid=4242, cgroup=cgroup)
+    assert [(k, record["pid"]) for k, record in watch.restarted_outside()] == [(300, 320), (300, 330), (300, 340)]
+
+
+def test_without_the_callers_word_every_new_process_may_be_a_restart(proc):
+    """gpu_release where no job is known (no `foreign`): the killed command line again is a
+    restart, whatever cgroup it runs in, as before issue 54."""
+    process(proc, 300, 1, ("python3", "train.py"), uid=4242)
+    killed = dict(holder(300, 1), uid=4242)
+    watch = _settle.Watch({}, str(proc), {}, minors={0}, killed=[killed])
+    fakeproc.remove_process(proc, 300)
+    process(proc, 310, 1, ("python3", "train.py"), uid=4242, cgroup=job(8))
+    assert [(k, record["pid"]) for k, record in watch.restarted_outside()] == [(300, 310)]
+
+
+def test_the_callers_word_is_asked_per_killed_holder_and_only_for_a_command_line_that_matches(proc):
+    """gpu_release: a new process is passed over only when it is someone else's than every
+    killed holder whose command line it runs; nothing is asked about other new processes."""
+    process(proc, 300, 1, ("python3", "train.py"), uid=4242)
+    process(proc, 301, 1, ("python3", "train.py"), uid=4242)
+    targets = [dict(holder(300, 1), uid=4242), dict(holder(301, 1), uid=4242)]
+    jobs = {300: "7", 301: "9"}
+    asked = []
+
+    def foreign(pid, killed):
+        asked.append((pid, killed))
+        return _jobs.other_job(_jobs.owning_job(pid, str(proc)), jobs[killed])
+
+    watch = _settle.Watch({}, str(proc), {}, minors={0}, killed=targets, foreign=foreign)
+    for pid in (300, 301):
+        fakeproc.remove_process(proc, pid)
+    process(proc, 310, 1, ("python3", "other.py"), uid=4242, cgroup=job(8))
+    process(proc, 320, 1, ("python3", "train.py"), uid=4242, cgroup=job(8))   # neither job's
+    process(proc, 330, 1, ("python3", "train.py"), uid=4242, cgroup=job(9))   # 301's job
+    assert [(k, record["pid"]) for k, record in watch.restarted_outside()] == [(301, 330)]
+    assert {pid for pid, _killed in asked} == {320, 330}
+
+
+def test_a_parent_that_starts_the_killed_command_line_in_another_job_has_not_restarted_it(proc):
+    """The parent walk too: a new child of a watched parent that the caller calls another job's
+    is passed over, by its command line or as a new holder of a selected GPU."""
+    process(proc, 200, 1, ("sh", "-c", "while true; do python3 train.py; done"), uid=4242)
+    process(proc, 300, 200, ("python3", "train.py"), session=200, uid=4242, cgroup=job(7))
+    watch = _settle.Watch({}, str(proc), _settle.restarters([holder(300, 200)], (), str(proc)), minors={0}, foreign=epilog_of("7", proc))
+    fakeproc.remove_process(proc, 300)
+    process(proc, 310, 200, ("python3", "train.py"), session=200, uid=4242, cgroup=job(8))
+    process(proc, 311, 200, ("python3", "other.py"), session=200, uid=4242, cgroup=job(8), fds=("/dev/nvidia0",), maps=(("/dev/nvidia0", 2176),))
+    assert watch.respawned() == []
+    process(proc, 320, 200, ("python3", "train.py"), session=200, uid=4242, cgroup=job(7))
+    process(proc, 321, 200, ("python3", "other.py"), session=200, uid=4242, fds=("/dev/nvidia0",), maps=(("/dev/nvidia0", 2176),))
+    assert [(root, record["pid"]) for root, record in watch.respawned()] == [(200, 320), (200, 321)]
+
+
+def test_the_callers_word_reaches_the_watch_through_watch_for(proc):
+    process(proc, 300, 1, ("python3", "train.py"), uid=4242, cgroup=job(7))
+    killed = dict(holder(300, 1), uid=4242)
+    watch = _settle.watch_for([killed], {}, None, (), {0}, str(proc), foreign=epilog_of("7", proc))
+    fakeproc.remove_process(proc, 300)
+    process(proc, 310, 1, ("python3", "train.py"), uid=4242, cgroup=job(8))
+    assert watch.restarted_outside() == []
 
 
 def test_a_restart_that_comes_while_the_gpus_are_read_names_its_parent(proc):

@@ -8,12 +8,15 @@ import os
 import re
 import subprocess
 import sys
+import types
 import zipfile
 
 import pytest
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _jobcheck as jobcheck
-from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _drain as _slurm
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _jobs
+from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _drain
+from ansible_collections.zeromib.gpu.plugins.module_utils._act._release import Release
 from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils import fakeproc
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, os.pardir, os.pardir, os.pardir))
@@ -79,21 +82,33 @@ def test_a_job_id_that_is_no_number_is_refused(value):
     (["/", "/slurm/uid_1000/job_7/step_batch/task_0", "/system.slice/slurmd.service"], "7"),   # v1 freezer line
     (["/system.slice/slurmd.service"], None),                                                  # proctrack/linuxproc
     (["/user.slice/user-1000.slice/session-3.scope/job_9x"], None),
-])
+    (["/system.slice/slurm_node07_slurmstepd.scope/job_5/step_batch/user/task_0"], "5"),       # v2, several slurmd on a host
+    (["/slurm_node07/uid_1000/job_6/step_0/task_0"], "6"),                                     # v1, several slurmd on a host
+    # issue 54: a user's own systemd manager delegates its subtree to the user, who names cgroups
+    # there at will: `job_123` in it names no job, also in slurmstepd's own shape.
+    (["/user.slice/user-1000.slice/user@1000.service/app.slice/job_123"], None),
+    (["/user.slice/user-1000.slice/user@1000.service/app.slice/slurmstepd.scope/job_123/step_0/user/task_0",
+      "/user.slice/user-1000.slice/user@1000.service/app.slice/slurmstepd.scope/job_123/step_0/user/task_0"], None),
+    # a v1 controller line that slurmstepd wrote still names the job beside a user's claim on the systemd line
+    (["/user.slice/user-1000.slice/user@1000.service/job_123", "/slurm/uid_1000/job_8/step_0/task_0"], "8"),
+], ids=["v2", "v1-freezer-line", "linuxproc", "no-job-component", "v2-several-slurmd", "v1-several-slurmd",
+        "user-manager", "user-manager-in-slurmstepds-shape", "v1-line-beside-a-user-manager-claim"])
 def test_the_job_of_a_cgroup_is_read_from_any_hierarchy_line(lines, job):
-    assert jobcheck.job_of_cgroups(lines) == job
+    assert _jobs.job_of_cgroups(lines) == job
 
 
 @pytest.mark.parametrize("title, job", [("slurmstepd: [12.batch]", "12"), ("slurmstepd: [12.0]", "12"), ("slurmstepd: [12.extern]", "12"),
                                         ("slurmstepd", None), ("python3 slurmstepd: [12.batch]", None)])
 def test_the_job_of_a_slurmstepd_is_its_title(title, job):
-    assert jobcheck.job_of_stepd_title(title) == job
+    assert _jobs.job_of_stepd_title(title) == job
 
 
 def test_only_another_jobs_process_is_spared():
-    assert jobcheck.other_job("8", "7") is True
-    assert jobcheck.other_job("7", "7") is False
-    assert jobcheck.other_job(None, "7") is False  # escaped every job: what the epilog frees
+    assert _jobs.other_job("8", "7") is True
+    assert _jobs.other_job("7", "7") is False
+    assert _jobs.other_job(None, "7") is False  # escaped every job: what the epilog frees
+    assert _jobs.other_job("8", None) is True   # gpu_release: a job's task is not a restart of a holder of no job
+    assert _jobs.other_job(None, None) is False
 
 
 @pytest.fixture
@@ -112,13 +127,13 @@ def test_a_holder_below_another_jobs_slurmstepd_is_that_jobs(proc):
     stepd(proc, 100, 8)
     fakeproc.write_process(proc, 101, ppid=100, uid=1000, cgroup="0::/system.slice/slurmd.service\n")
     fakeproc.write_process(proc, 102, ppid=101, uid=1000, cgroup="0::/system.slice/slurmd.service\n")
-    assert jobcheck.owning_job(102, str(proc)) == "8"
+    assert _jobs.owning_job(102, str(proc)) == "8"
 
 
 def test_a_users_process_named_slurmstepd_owns_no_job(proc):
     stepd(proc, 100, 8, uid=1000, exe="/home/u/slurmstepd", owner=1000)
     fakeproc.write_process(proc, 101, ppid=100, uid=1000)
-    assert jobcheck.owning_job(101, str(proc)) is None
+    assert _jobs.owning_job(101, str(proc)) is None
 
 
 def test_an_orphan_reparented_to_init_owns_no_job_whatever_its_environment_says(proc):
@@ -126,13 +141,24 @@ def test_an_orphan_reparented_to_init_owns_no_job_whatever_its_environment_says(
     fakeproc.write_process(proc, 300, ppid=1, uid=1000)
     with open(os.path.join(str(proc), "300", "environ"), "wb") as handle:
         handle.write(b"SLURM_JOB_ID=8\0")
-    assert jobcheck.owning_job(300, str(proc)) is None
+    assert _jobs.owning_job(300, str(proc)) is None
+
+
+def test_a_users_cgroup_named_like_a_job_is_no_job_and_the_process_tree_decides(proc):
+    """issue 54: below a vouched slurmstepd of job 8, a task that moved itself into a cgroup of
+    its user manager's subtree named `job_9` is still job 8's; outside any job, it is no job's."""
+    claim = "0::/user.slice/user-1000.slice/user@1000.service/app.slice/job_9/x\n"
+    stepd(proc, 100, 8)
+    fakeproc.write_process(proc, 101, ppid=100, uid=1000, cgroup=claim)
+    fakeproc.write_process(proc, 1, comm="systemd", ppid=0, argv=("/sbin/init",), exe="/usr/lib/systemd/systemd")
+    fakeproc.write_process(proc, 300, ppid=1, uid=1000, cgroup=claim)
+    assert (_jobs.owning_job(101, str(proc)), _jobs.owning_job(300, str(proc))) == ("8", None)
 
 
 def test_the_cgroup_decides_before_the_process_tree(proc):
     stepd(proc, 100, 8)
     fakeproc.write_process(proc, 101, ppid=100, cgroup="0::/system.slice/slurmstepd.scope/job_9/step_0/user/task_0\n")
-    assert jobcheck.owning_job(101, str(proc)) == "9"
+    assert _jobs.owning_job(101, str(proc)) == "9"
 
 
 def test_spare_other_jobs_marks_only_their_holders_protected(proc):
@@ -145,6 +171,36 @@ def test_spare_other_jobs_marks_only_their_holders_protected(proc):
     assert [(h["pid"], h["protected"], h.get("protected_reason")) for h in marked] == [
         (101, True, "Slurm job 8"), (200, False, None), (300, False, None)]
     assert holders[0]["protected"] is False  # new records
+
+
+def task(proc, pid, job=None, uid=1000):
+    cgroup = f"0::/system.slice/slurmstepd.scope/job_{job}/step_0/user/task_0\n" if job else "0::/system.slice/cron.service\n"
+    fakeproc.write_process(proc, pid, ppid=1, uid=uid, cgroup=cgroup)
+
+
+def test_the_epilogs_respawn_check_passes_over_another_jobs_process_only(proc):
+    """issue 54: the word the epilog of job 7 gives the respawn watch (_settle's `foreign`): a
+    new process of job 8 is someone else's; one of job 7 or of no job may be a restart."""
+    for pid, number in ((310, "8"), (320, "7"), (330, None)):
+        task(proc, pid, number)
+    release = types.SimpleNamespace(system=types.SimpleNamespace(proc=str(proc)), ending_job="7")
+    foreign = jobcheck.JobRelease.foreign(release, [{"pid": 300}])
+    assert [foreign(pid, 300) for pid in (310, 320, 330)] == [True, False, False]
+
+
+def test_gpu_releases_respawn_check_passes_over_a_process_of_another_job_than_the_killed_holders(proc):
+    """gpu_release reads each holder's job before the signals (it cannot be read from a dead
+    process): a restart runs in the same job, or in none."""
+    task(proc, 300, "7")
+    task(proc, 301)
+    release = types.SimpleNamespace(system=types.SimpleNamespace(proc=str(proc)))
+    foreign = Release.foreign(release, [{"pid": 300}, {"pid": 301}])
+    for pid in (300, 301):
+        fakeproc.remove_process(proc, pid)
+    for pid, number in ((310, "8"), (320, "7"), (330, None)):
+        task(proc, pid, number)
+    assert [foreign(pid, 300) for pid in (310, 320, 330)] == [True, False, False]
+    assert [foreign(pid, 301) for pid in (310, 320, 330)] == [True, True, False]
 
 
 # ------------------------------------------------------------------ config
@@ -227,7 +283,7 @@ def test_free_and_healthy_is_ok_and_other_gpus_do_not_count():
 
 def test_the_drain_reason_is_zeromibs_one_line_and_short():
     reason = jobcheck.drain_reason("epilog", "12", ["GPU 0: 4096 MiB, no process holds it"] * 5)
-    assert reason.startswith("zeromib: epilog job 12: GPU 0: 4096 MiB") and len(reason) <= _slurm.REASON_MAX
+    assert reason.startswith("zeromib: epilog job 12: GPU 0: 4096 MiB") and len(reason) <= _drain.REASON_MAX
 
 
 class FakeSlurm:
