@@ -47,8 +47,8 @@ BOOT_ID = "/proc/sys/kernel/random/boot_id"
 # "...+00:00" newer; no host name where the entry has none); dmesg (util-linux, as _health runs it): "[ 4321.123456] MESSAGE". Both indent
 # the further lines of a message (a file name with a line feed in a segfault report): those start
 # no message (tests/fixtures/kernel-log/segfault-linux-6.18).
-_JOURNAL_LINE = re.compile(r"(?P<stamp>(?P<time>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.\d+)?(?P<zone>[+-]\d\d:?\d\d|Z)) (?:\S+ )?kernel: (?P<message>.*)\Z")
-_DMESG_LINE = re.compile(r"\[ *(?P<stamp>\d+\.\d+)\] (?P<message>.*)\Z")
+_JOURNAL_PREFIX = re.compile(r"(?P<stamp>(?P<time>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.\d+)?(?P<zone>[+-]\d\d:?\d\d|Z)) (?:\S+ )?kernel: ")
+_DMESG_PREFIX = re.compile(r"\[ *(?P<stamp>\d+\.\d+)\] ")
 # What the NVIDIA driver starts each of its messages with.
 DRIVER_PREFIX = "NVRM: "
 # The kernel's reports about a task start with its comm (at most 15 bytes, the user's choice) and
@@ -81,12 +81,12 @@ class KernelMessage(t.NamedTuple):
 def kernel_message(line: str) -> KernelMessage | None:
     """The kernel's message in one line of `journalctl -k -o short-iso` or `dmesg`, or None for a
     line that starts none (a further line of a message, journalctl's own notes, anything else)."""
-    match = _JOURNAL_LINE.match(line)
+    match = _JOURNAL_PREFIX.match(line)
     if match:
-        return KernelMessage("journalctl", match.group("stamp"), match.group("message"))
-    match = _DMESG_LINE.match(line)
+        return KernelMessage("journalctl", match.group("stamp"), line[match.end():])
+    match = _DMESG_PREFIX.match(line)
     if match:
-        return KernelMessage("dmesg", match.group("stamp"), match.group("message"))
+        return KernelMessage("dmesg", match.group("stamp"), line[match.end():])
     return None
 
 
@@ -113,7 +113,20 @@ def driver_messages(lines: t.Iterable[str]) -> list[tuple[str, KernelMessage]]:
     through /dev/kmsg indent further lines instead, and are never so read."""
     found = []
     before: tuple[str, bool] | None = None  # (dmesg time, the driver's) of the last message start
+    # Lines that are not the driver's (most of a log) are read only when a driver line follows:
+    # the last dmesg message start among them gives the time it is judged by.
+    others: list[str] = []
     for line in lines:
+        if DRIVER_PREFIX not in line:
+            if line[:1] == "[":
+                others.append(line)
+            continue
+        for other in reversed(others):
+            match = _DMESG_PREFIX.match(other)
+            if match:
+                before = (match.group("stamp"), False)
+                break
+        others = []
         parsed = kernel_message(line)
         if parsed is None:
             continue
@@ -129,7 +142,7 @@ def driver_messages(lines: t.Iterable[str]) -> list[tuple[str, KernelMessage]]:
 
 def line_time(line: str) -> float | None:
     """A journalctl short-iso line's time (epoch seconds), or None."""
-    match = _JOURNAL_LINE.match(line)
+    match = _JOURNAL_PREFIX.match(line)
     if not match:
         return None
     zone = match.group("zone").replace("Z", "+0000").replace(":", "")
