@@ -154,6 +154,8 @@ FAULT_TOKENS = ("[GPU requires reset]", "[Unknown Error]", "[GPU is lost]")
 # nvidia-smi's name of each record key, for messages that name the field.
 FIELD_OF = dict((key, field) for field, key, _kind in GPU_FIELDS + HEALTH_FIELDS)
 
+# Both match the kernel's message from its first character (_kernel_log_state.kernel_message),
+# never anywhere in a line: the kernel quotes users' file names and comms in its own messages.
 # "NVRM: Xid (PCI:0000:18:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
 # Older drivers print the bus without "PCI:", some with the function.
 _XID = re.compile(
@@ -164,7 +166,6 @@ _XID = re.compile(
 # "NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build ..."
 # (the open module's banner, the text of /proc/driver/nvidia/version).
 _DRIVER_LOAD = re.compile(r"NVRM: loading NVIDIA UNIX .*?Kernel Module(?: for \S+)?\s+(?P<version>\d[\w.-]*)")
-_DMESG_TIME = re.compile(r"^\[\s*(\d+(?:\.\d+)?)\]")
 _ISO_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\S*)")
 
 # Bounds of the kernel log read: the last 24 h of kernel messages is usually well under 1 MiB.
@@ -461,16 +462,21 @@ def bus_key(bus_id: str | None) -> str | None:
     return normalized.rsplit(".", 1)[0] if normalized else None
 
 
+def driver_events(lines: t.Iterable[str]) -> list[str]:
+    """The kernel log lines whose message is the NVIDIA driver's Xid or its load, in order: what
+    the Xid check judges, and what _kernel_log_state keeps of a read."""
+    return [line for line, kernel in log_state.driver_messages(lines) if _XID.match(kernel.message) or _DRIVER_LOAD.match(kernel.message)]
+
+
 def split_at_driver_load(lines: t.Iterable[str]) -> tuple[list[str], list[str], str | None]:
-    """Kernel log lines in time order -> (lines since the last driver load, lines before it, that
-    load's line). Without a load line in the window the driver loaded before it: all count."""
-    lines = list(lines)
-    last = None
-    for position, line in enumerate(lines):
-        if _DRIVER_LOAD.search(line):
-            last = position
-    if last is None:
+    """Kernel log lines in time order -> (the driver's lines since its last load, its lines before
+    it, that load's line). Without a load line in the window the driver loaded before it: all count."""
+    driver = log_state.driver_messages(lines)
+    loads = [position for position, (_line, kernel) in enumerate(driver) if _DRIVER_LOAD.match(kernel.message)]
+    lines = [line for line, _kernel in driver]
+    if not loads:
         return lines, [], None
+    last = loads[-1]
     return lines[last + 1:], lines[:last], lines[last].strip()
 
 
@@ -480,25 +486,21 @@ def parse_xids(lines: t.Iterable[str], uptime_s: float | None = None, window_s: 
     dmesg lines carry seconds since boot: with `uptime_s` and `window_s` the older ones are
     dropped (journalctl is asked for the window itself)."""
     found: XidsByBus = {}
-    for line in lines:
-        match = _XID.search(line)
+    for _line, kernel in log_state.driver_messages(lines):
+        match = _XID.match(kernel.message)
         if not match:
             continue
-        when = None
-        stamp = _DMESG_TIME.match(line)
-        if stamp:
-            since_boot = float(stamp.group(1))
+        when: str | None = kernel.stamp
+        if kernel.source == "dmesg":
+            since_boot = float(kernel.stamp)
             if uptime_s is not None and window_s and uptime_s - since_boot > window_s:
                 continue
-            when = human_age(uptime_s - since_boot) if uptime_s is not None else f"{stamp.group(1)} s after boot"
-        else:
-            iso = _ISO_TIME.match(line)
-            when = iso.group(1) if iso else None
+            when = human_age(uptime_s - since_boot) if uptime_s is not None else f"{kernel.stamp} s after boot"
         number = int(match.group("xid"))
         found.setdefault(bus_key(match.group("bus")), []).append({
             "xid": number,
             "time": when,
-            "message": line[match.start():].strip(),
+            "message": kernel.message.strip(),
             "action": XID_CATALOG.get(number, (None, None))[0],
         })
     return found
@@ -622,7 +624,7 @@ class KernelLog:
         self._queue = []
 
     def lines(self) -> list[str]:
-        """The kernel log lines that mention an Xid or a driver load; [] (with .error set) when
+        """The kernel log lines whose message is the driver's Xid or load (driver_events); [] (with .error set) when
         none was readable."""
         if not self.window_hours:
             return []
@@ -649,14 +651,14 @@ class KernelLog:
             if answered and incremental and not any(NO_JOURNAL in line for line in said):
                 # What the last read kept, still in the window, then the lines since: a whole
                 # read's lines (an answer with no new line is no reason to try dmesg).
+                # (Kept lines are judged again: what an earlier version kept is read as now.)
                 earlier: list[str] = t.cast("dict[str, t.Any]", self._state)["lines"]
-                new = [line for line in text.splitlines() if "Xid" in line or "NVRM: loading" in line]
-                found = log_state.in_window(earlier + new, self.window_hours, self.clock())
+                found = log_state.in_window(driver_events(earlier + log_state.log_lines(text)), self.window_hours, self.clock())
                 self.source, self.error, self.incremental = source, None, True
                 self._keep_state(cursor, found)
                 break
             if answered and not incremental:
-                wanted = [line for line in text.splitlines() if "Xid" in line or "NVRM: loading" in line]
+                wanted = driver_events(log_state.log_lines(text))
                 no_journal = source == "journalctl" and any(NO_JOURNAL in line for line in said)
                 if source == "journalctl" and (no_journal or not text.strip()):
                     # No journal, or one that kept no kernel message: dmesg may still hold the Xids.
@@ -706,7 +708,7 @@ def _split_cursor(text: str) -> tuple[str, str | None]:
     """journalctl --show-cursor's output -> (the log lines, the cursor after the last, or None)."""
     cursor = None
     lines = []
-    for line in text.splitlines():
+    for line in log_state.log_lines(text):
         if line.startswith(log_state.CURSOR_PREFIX):
             cursor = line[len(log_state.CURSOR_PREFIX):].strip() or None
         else:

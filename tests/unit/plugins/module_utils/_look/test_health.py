@@ -163,7 +163,9 @@ def test_xid_older_than_the_driver_load_is_history():
     after, before, loaded = health.split_at_driver_load(lines)
     assert after == lines[2:] and before == lines[:1] and "580.159.04" in loaded
     assert health.split_at_driver_load(lines[2:]) == (lines[2:], [], None)
-    assert "580.105.08" in health.split_at_driver_load(["NVRM: loading NVIDIA UNIX x86_64 Kernel Module  580.105.08"])[2]
+    # The proprietary module's banner (public dmesg reports); a line without the reader's prefix starts no message.
+    assert "580.105.08" in health.split_at_driver_load(["[    6.060263] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  580.105.08"])[2]
+    assert health.split_at_driver_load(["NVRM: loading NVIDIA UNIX x86_64 Kernel Module  580.105.08"]) == ([], [], None)
 
 
 @pytest.mark.parametrize("seconds,text", [(60, "60 s ago"), (7200, "2 h ago"), (600, "10 min ago"), (3 * 86400, "3 days ago")])
