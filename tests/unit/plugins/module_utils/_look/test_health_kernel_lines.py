@@ -15,10 +15,10 @@ import time
 
 import pytest
 
-from ansible_collections.zeromib.gpu.plugins.module_utils import _health as health
-from ansible_collections.zeromib.gpu.plugins.module_utils import _kernel_log_state as log_state
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _health as health
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _kernel_log_state as log_state
 
-CAPTURE = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, os.pardir, "fixtures", "kernel-log", "segfault-linux-6.18")
+CAPTURE = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, os.pardir, os.pardir, "fixtures", "kernel-log", "segfault-linux-6.18")
 # How each file of the capture was read (its README): the forms the modules read.
 FORMS = {"journalctl": "journalctl-short-iso.txt", "dmesg": "dmesg.txt", "dmesg-syslog": "dmesg-syslog.txt"}
 # The capture's journal lines all read the time journald imported them.
