@@ -266,6 +266,11 @@ def _text(data: bytes | str) -> str:
     return data.decode("utf-8", "replace") if isinstance(data, bytes) else data
 
 
+# The /proc files below are split at "\n" only, never with str.splitlines(): a user's comm (the
+# Name: line of status) and cgroup names may hold \x1c-\x1e or \x85, which the kernel prints as
+# they are and splitlines() takes for line breaks; a comm of "x\x1cUid: 0 0 0 0" would read as root.
+
+
 def parse_stat(data: bytes | str) -> tuple[str, str, int, int]:
     """/proc/PID/stat (bytes or text) -> (comm, state, ppid, start_time). comm may hold spaces,
     parens and, as bytes, half of a multi-byte character."""
@@ -298,7 +303,7 @@ def parse_cgroup(text: bytes | str) -> str | None:
     """/proc/PID/cgroup -> the cgroup path that systemd manages (the v2 `0::` line, else the
     v1 `name=systemd` line), or None."""
     unified = named = None
-    for line in _text(text).splitlines():
+    for line in _text(text).split("\n"):
         parts = line.split(":", 2)
         if len(parts) != 3:
             continue
@@ -382,7 +387,7 @@ def cgroup_paths(pid: int, proc: str = "/proc") -> list[str] | None:
         raw = _read(f"{proc}/{pid:d}/cgroup")
     except OSError:
         return None
-    return [line.split(":", 2)[-1] for line in raw.decode("utf-8", "replace").splitlines() if line]
+    return [line.split(":", 2)[-1] for line in raw.decode("utf-8", "replace").split("\n") if line]
 
 
 def cgroup_of(pid: int, proc: str = "/proc") -> str | None:
@@ -405,7 +410,7 @@ def _user_name(uid: int, cache: dict[int, str]) -> str:
 
 
 def _uid_from_status(text: bytes | str) -> int | None:
-    for line in _text(text).splitlines():
+    for line in _text(text).split("\n"):
         if line.startswith("Uid:"):
             return int(line.split()[1])
     return None
@@ -422,7 +427,7 @@ def signal_facts(text: bytes | str) -> tuple[str | None, bool]:
     handler for (pid_namespaces(7)), SIGKILL aside."""
     masks: dict[str, int] = {}
     namespace_init = False
-    for line in _text(text).splitlines():
+    for line in _text(text).split("\n"):
         key, _sep, value = line.partition(":")
         if key in ("SigIgn", "SigCgt"):
             try:
@@ -633,7 +638,7 @@ def _nspid_depth(pid: int, proc: str) -> int | None:
         status = _text(_read(f"{proc}/{pid:d}/status"))
     except OSError:
         return None
-    for line in status.splitlines():
+    for line in status.split("\n"):
         if line.startswith("NSpid:"):
             return len(line.split()) - 1
     return None

@@ -723,3 +723,31 @@ def test_namespace_members_are_its_namespace_and_what_is_forked_below_it(tmp_pat
     assert holders.namespace_members(10, str(proc)) == [11, 12, 14, 15]
     assert holders.namespace_members(13, str(proc)) == []
     assert holders.namespace_members(99, str(proc)) == []  # gone: nothing known, nothing claimed
+
+
+# A comm or a cgroup name is the user's: the kernel prints \x1c-\x1e and \x85 in them as they are
+# (reproduced on Linux 6.18 by the review of issue 54), and str.splitlines() would start a line there.
+FORGED_STATUS = "Name:\tx\x1cUid:\t0\t0\t0\t0\x1cNSpid:\t1\nUmask:\t0022\nState:\tS (sleeping)\nNSpid:\t4321\nUid:\t4242\t4242\t4242\t4242\n"
+
+
+@pytest.mark.parametrize("separator", ["\x1c", "\x1d", "\x1e", "\x85", "\u2028"])
+def test_a_comm_that_spells_a_status_line_is_no_status_line(separator):
+    status = FORGED_STATUS.replace("\x1c", separator)
+    assert holders._uid_from_status(status) == 4242
+    assert holders._uid_from_status(status.encode()) == 4242
+
+
+def test_a_forged_namespace_line_in_a_comm_does_not_make_an_init(tmp_path):
+    (tmp_path / "4321").mkdir()
+    (tmp_path / "4321" / "status").write_text(FORGED_STATUS)
+    assert holders._nspid_depth(4321, str(tmp_path)) == 1
+
+
+@pytest.mark.parametrize("separator", ["\x1c", "\x85"])
+def test_a_user_cgroup_named_like_a_system_unit_stays_in_the_users_subtree(tmp_path, separator):
+    own = "/user.slice/user-4242.slice/user@4242.service/app.slice/a" + separator + "0::/system.slice/vllm.service"
+    text = f"0::{own}\n"
+    assert holders.parse_cgroup(text) == own
+    (tmp_path / "77").mkdir()
+    (tmp_path / "77" / "cgroup").write_text(text)
+    assert holders.cgroup_paths(77, str(tmp_path)) == [own]
