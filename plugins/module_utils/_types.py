@@ -160,7 +160,7 @@ class KilledEntry(t.TypedDict, total=False):
     container: str | None
     gpu_indexes: list[int]
     signal: str | None
-    # Why SIGKILL went out first (_signals.IGNORES_SIGTERM, NAMESPACE_INIT), None when SIGTERM can arrive.
+    # Why SIGKILL went out first (_signals.IGNORES_SIGTERM, NAMESPACE_INIT, STOPPED, TRACED, FROZEN), None when SIGTERM can arrive.
     sigkill_at_once: str | None
     exited_after_s: float | None
     # Internal: when the first signal went out, and whether the PID was reused meanwhile.
@@ -207,6 +207,7 @@ class ReleaseResult(t.TypedDict, total=False):
     stopped_programs: list[dict[str, t.Any]]
     disabled_programs: list[dict[str, t.Any]]
     stopped_mps_servers: list[dict[str, t.Any]]
+    terminated_mps_clients: list[dict[str, t.Any]]
     killed: list[KilledEntry]
     protected: list[dict[str, t.Any]]
     skipped: list[dict[str, t.Any]]

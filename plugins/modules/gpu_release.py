@@ -26,7 +26,9 @@ description:
     C(systemctl kill --signal=SIGKILL) (never C(TimeoutStopSec), 90 s by default); then C(disable) or C(mask) the named ones. SIGTERM the
     remaining holders, SIGKILL those still alive after O(kill_timeout); a holder that SIGTERM cannot reach (it ignores SIGTERM -
     C(SigIgn) in C(/proc/PID/status) - or it is the init of its own PID namespace without a SIGTERM handler, as under
-    C(unshare --pid --fork)) gets SIGKILL at once, and its RV(killed) entry says why (C(sigkill_at_once)). A PID is signalled only
+    C(unshare --pid --fork); or, read right before its first signal, it is stopped - state C(T), as after Ctrl-Z, SIGSTOP or a job
+    suspension -, stopped by its tracer - state C(t), as under a debugger - or in a frozen cgroup v2 - C(cgroup.freeze)) gets SIGKILL at once, and its
+    RV(killed) entry says why (C(sigkill_at_once)). A PID is signalled only
     while it is the process that was planned - through a pidfd where the node has them (Linux 5.3+, Python 3.9+), else after a check
     of its start time right before every signal.
   - B(Verify) - poll C(memory.used) every O(poll_interval) until every selected GPU reads at most O(max_used_mib), or fail after
@@ -185,8 +187,8 @@ options:
   kill_timeout:
     description:
       - Seconds between SIGTERM and SIGKILL, and how long a process may outlive SIGKILL before it is reported as unkillable.
-      - A process that SIGTERM cannot reach (it ignores SIGTERM, or it is the init of its own PID namespace without a handler for it) gets
-        SIGKILL at once, without this wait (C(sigkill_at_once) in RV(killed)).
+      - A process that SIGTERM cannot reach (it ignores SIGTERM, it is the init of its own PID namespace without a handler for it, it is
+        stopped or stopped by its tracer, or its cgroup is frozen) gets SIGKILL at once, without this wait (C(sigkill_at_once) in RV(killed)).
       - Also how long a unit may take to stop before it is killed through systemd (RV(killed_units)).
       - Also the grace a container gets from its runtime (C(docker stop -t), rounded up to whole seconds) before the runtime SIGKILLs it.
     type: float
@@ -199,6 +201,9 @@ options:
         done for it (after a 1 s grace of readings that do not drop, since a process that just exited frees its memory within ~1 s on
         H200). A small steady reading with no holder (MIG GPUs idle at 50-59 MiB) is called the GPU's idle baseline, with the
         O(max_used_mib) to set; a larger one leaked memory, which needs a GPU reset or a reboot.
+      - A GPU still being freed when it runs out - its memory fell over the last second of readings, or a process the kernel is ending
+        (C(PF_EXITING), e.g. one unpinning a large host-memory pool after the stop) still holds it - fails saying so, and that a longer
+        O(wait_timeout) (role variable C(free_gpus_wait_timeout)) may free it; no reset is advised for it.
     type: float
     default: 60
   poll_interval:
@@ -246,7 +251,10 @@ notes:
     Without such a parent there is no window (C(settle_s) of RV(timings) is 0); a parent that exits with its holder ends the window at
     once.
   - B(MPS.) C(nvidia-cuda-mps-control) (the control daemon) and C(nvidia-cuda-mps-server) are recognised by executable, C(argv[0])
-    or script name. Clients are freed like any holder; the control daemon is never signalled. The server is stopped through its control
+    or script name. Clients are freed like any holder, after C(echo terminate_client <server PID> <client PID> | nvidia-cuda-mps-control)
+    through their server's control daemon (NVIDIA's documented early termination, which keeps the server and its other clients sound;
+    the daemon's own C(get_client_list) says which processes are its clients), then signalled as before if still alive (see
+    RV(terminated_mps_clients)); the control daemon is never signalled. The server is stopped through its control
     daemon when every GPU it serves (where nvidia-smi lists it) is selected - C(echo quit | nvidia-cuda-mps-control) with the daemon's
     C(CUDA_MPS_PIPE_DIRECTORY) (default C(/tmp/nvidia-mps)), or C(quit) written into that directory's C(control) FIFO without the
     program - after its clients are signalled; a server still alive after O(kill_timeout) is signalled. A server that also serves a GPU
@@ -387,6 +395,17 @@ stopped_mps_servers:
   sample:
     - {pid: 475, name: nvidia-cuda-mps, pipe_directory: /tmp/nvidia-mps, gpu_indexes: [0, 1],
        how: "echo quit | /usr/local/nvidia/bin/nvidia-cuda-mps-control"}
+terminated_mps_clients:
+  description:
+    - MPS clients told C(terminate_client <server PID> <client PID>) through their server's control daemon before any signal (in check
+      mode, to be told, with C(how=null)); those still alive are then signalled as before (see RV(killed)). C(how) is the command used,
+      null when it failed (a warning says why).
+  type: list
+  elements: dict
+  returned: always
+  sample:
+    - {pid: 812, name: python3, server_pid: 475, pipe_directory: /tmp/nvidia-mps, gpu_indexes: [0],
+       how: "echo terminate_client 475 812 | /usr/bin/nvidia-cuda-mps-control"}
 disabled_units:
   description: Units disabled, with O(service_state=disabled).
   type: list
@@ -449,8 +468,11 @@ killed:
     - Processes signalled, with the last signal sent (V(SIGTERM) or V(SIGKILL)) and the seconds from the first signal to their exit.
     - C(sigkill_at_once) says why a process got SIGKILL at once, without SIGTERM and without waiting O(kill_timeout) - V(ignores SIGTERM)
       (bit 15 of C(SigIgn) in C(/proc/PID/status)) or V(init of its PID namespace, no SIGTERM handler) (a process such as one started by
-      C(unshare --pid --fork), which the kernel shields from a SIGTERM it has no handler for, bit 15 of C(SigCgt) clear); V(null) for a
-      process that SIGTERM can reach.
+      C(unshare --pid --fork), which the kernel shields from a SIGTERM it has no handler for, bit 15 of C(SigCgt) clear), both as the
+      look read them; V(stopped (state T)) (SIGSTOP, Ctrl-Z, a suspended job), V(stopped by its tracer (state t)) (a debugger) or
+      V(in a frozen cgroup (cgroup.freeze)) (cgroup v2's freezer, as C(scontrol suspend) uses it), read right before the signal, since
+      a SIGTERM would stay pending until the process runs again and SIGKILL ends it without resuming it; V(null) for a process that
+      SIGTERM can reach.
     - In check mode, the processes that would be signalled, with C(signal=null) and the C(sigkill_at_once) they would get.
   type: list
   elements: dict

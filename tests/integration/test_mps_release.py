@@ -130,3 +130,77 @@ def test_control_daemon_is_not_signalled_when_the_same_run_stops_a_supervisord_p
     [stopped] = run["stopped_mps_servers"]
     assert stopped["pid"] == server and stopped["how"] == "echo quit | /usr/bin/nvidia-cuda-mps-control", run["warnings"]
     assert host.wait_gone(control, 2) and sup.state("trainer") == "STOPPED" and used(host, 0) == 0
+
+
+# --- issue 57: terminate_client through the vouched control daemon before any signal
+
+
+def control_log(host, env):
+    return host.read(os.path.join(env["CUDA_MPS_PIPE_DIRECTORY"], "control.log"))
+
+
+def test_a_client_gets_terminate_client_before_any_signal_and_the_server_is_quit_after(nshost):
+    host = nshost("h200x1")
+    env, control, server = start_mps(host)
+    client = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "8802"], env=env)
+    # The daemon's own answer says who its clients are (no client's environment is read by the module).
+    assert host.run(["nvidia-cuda-mps-control"], env=env, input=f"get_client_list {server}\n").stdout.split() == [str(client.pid)]
+    dry = run_module(host, "gpu_release", check=True)
+    assert [(c["pid"], c["server_pid"], c["how"]) for c in dry["terminated_mps_clients"]] == [(client.pid, server, None)], dry.msg
+    assert "terminate_client" not in control_log(host, env) and host.alive(client.pid)
+    run = run_module(host, "gpu_release")
+    assert not run.failed and run["released"] is True, run.msg
+    [terminated] = run["terminated_mps_clients"]
+    assert terminated == {"pid": client.pid, "name": "python3", "server_pid": server, "pipe_directory": env["CUDA_MPS_PIPE_DIRECTORY"],
+                          "gpu_indexes": [0], "how": f"echo terminate_client {server} {client.pid} | /usr/bin/nvidia-cuda-mps-control"}
+    # The order: the daemon found the client alive when told to terminate it, then this run's SIGTERM
+    # ended the process (terminate_client ends its GPU work, not the process), then quit.
+    log = control_log(host, env).splitlines()
+    told = log.index(f"command: terminate_client {server} {client.pid} (client alive, terminated)")
+    assert told < log.index("command: quit"), log
+    assert killed_pids(run)[client.pid]["signal"] == "SIGTERM" and host.exit_status(client.pid) == -15
+    assert [s["pid"] for s in run["stopped_mps_servers"]] == [server] and host.wait_gone(server, 2) and used(host, 0) == 0
+
+
+def test_only_the_selected_gpus_client_is_terminated_the_other_daemon_server_and_client_are_left_alone(nshost):
+    """One control daemon per GPU (CUDA_VISIBLE_DEVICES and a pipe directory each, as NVIDIA's
+    multi-daemon setup does): freeing GPU 0 tells daemon 0 to terminate its client and quits its
+    server; daemon 1 is told nothing, and its server and client run on."""
+    host = nshost("h200x2")
+    env0 = {"CUDA_MPS_PIPE_DIRECTORY": os.path.join(host.dir, "mps0")}
+    env1 = {"CUDA_MPS_PIPE_DIRECTORY": os.path.join(host.dir, "mps1")}
+    for env, gpu in ((env0, "0"), (env1, "1")):
+        assert host.run(["nvidia-cuda-mps-control", "-d"], env=dict(env, CUDA_VISIBLE_DEVICES=gpu)).returncode == 0
+        assert wait_used(host, int(gpu), 66)
+    servers = {int(line.split()[0]): line for line in host.run(["ps", "-eo", "pid=,args="]).stdout.splitlines()
+               if line.split()[1:2] == ["nvidia-cuda-mps-server"]}
+    server0, server1 = (int(host.run(["nvidia-cuda-mps-control"], env=env, input="get_server_list\n").stdout) for env in (env0, env1))
+    assert sorted(servers) == sorted([server0, server1])
+    client0 = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "8802"], env=dict(env0, CUDA_VISIBLE_DEVICES="0"))
+    client1 = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "4096"], env=dict(env1, CUDA_VISIBLE_DEVICES="1"))
+    run = run_module(host, "gpu_release", {"gpus": [0]})
+    assert not run.failed and run["released"] is True, run.msg
+    assert [(c["pid"], c["server_pid"]) for c in run["terminated_mps_clients"]] == [(client0.pid, server0)]
+    assert list(killed_pids(run)) == [client0.pid] and [s["pid"] for s in run["stopped_mps_servers"]] == [server0]
+    assert "terminate_client" in control_log(host, env0)
+    assert "terminate_client" not in control_log(host, env1) and "quit" not in control_log(host, env1)
+    time.sleep(0.3)
+    assert host.alive(server1) and host.alive(client1.pid) and used(host, 1) == 4096 + 66 + 15
+    # Daemon 1 still counts its client as its own.
+    assert host.run(["nvidia-cuda-mps-control"], env=env1, input=f"get_client_list {server1}\n").stdout.split() == [str(client1.pid)]
+
+
+def test_a_client_left_out_by_match_is_not_terminated_and_the_server_is_not_quit(nshost):
+    host = nshost("h200x1")
+    env, control, server = start_mps(host)
+    chosen = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "2048", "--name", "chosen-job"], env=env)
+    other = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "1024", "--name", "other-job"], env=env)
+    run = run_module(host, "gpu_release", {"match": ["chosen-job"], "wait_timeout": 1})
+    # The GPU stays held by the other client and the server, which this run leaves running.
+    assert run.failed and run.msg.startswith("GPUs still in use after"), run.msg
+    assert [(c["pid"], c["server_pid"]) for c in run["terminated_mps_clients"]] == [(chosen.pid, server)]
+    assert list(killed_pids(run)) == [chosen.pid] and run["stopped_mps_servers"] == []
+    log = control_log(host, env)
+    assert f"terminate_client {server} {other.pid}" not in log and "quit" not in log, log
+    assert all(host.alive(pid) for pid in (control, server, other.pid))
+    assert host.run(["nvidia-cuda-mps-control"], env=env, input=f"get_client_list {server}\n").stdout.split() == [str(other.pid)]

@@ -12,8 +12,16 @@ under the client's own PID); the control daemon holds device files without a con
 client to attribution: never signalled). On a multi-GPU node one server serves the clients of
 every GPU it was started on, and nvidia-smi lists it on each of them.
 
-- Clients are freed like any holder. The control daemon is never signalled (on a real H200 it maps
-  the GPU's node without a context, so attribution reads it undecided): quit ends it.
+- Clients are freed like any holder, after `terminate_client <server PID> <client PID>` through
+  their server's control daemon (NVIDIA's documented early termination of a client: it ends the
+  client's outstanding GPU work inside the server, so that the server and its other clients stay
+  sound, which a signal to a client in the middle of GPU work does not promise). The client
+  process itself goes on (its next CUDA call fails with cudaErrorMpsClientTerminated, "the
+  process must be terminated and relaunched"), so it is then signalled as before; one that exited
+  meanwhile is not. Which processes are a server's clients is the daemon's answer
+  (`get_client_list <server PID>`), never a client's environment. The control daemon is never
+  signalled (on a real H200 it maps the GPU's node without a context, so attribution reads it
+  undecided): quit ends it.
 - The server is stopped through its control daemon when every GPU it serves is selected: `quit`
   sent to the daemon of its pipe directory (CUDA_MPS_PIPE_DIRECTORY from the daemon's environment,
   default /tmp/nvidia-mps), after the clients have been signalled (quit waits for them), through
@@ -60,6 +68,12 @@ if t.TYPE_CHECKING:
         """What stop() did, under the release result's keys (Release folds it in)."""
 
         stopped_mps_servers: list[dict[str, t.Any]]
+        warnings: list[str]
+
+    class ClientsDone(t.TypedDict):
+        """What terminate_clients() did (or, in check mode, would do), under the result's keys."""
+
+        terminated_mps_clients: list[dict[str, t.Any]]
         warnings: list[str]
 
 CONTROL = "nvidia-cuda-mps-control"
@@ -168,23 +182,118 @@ def write_to_fifo(path: str, text: str) -> str | None:
     return None
 
 
+def _control(directory: str, text: str, which: t.Callable[[str], str | None] | None, timeout: float
+             ) -> tuple[str | None, str | None, str]:
+    """`text` (commands, one a line) to the control daemon of `directory` through its own client
+    program -> (the program or None when there is none, error or None, what it printed)."""
+    program = find_client_program(which)
+    if not program:
+        return None, None, ""
+    env = _commands.c_locale_env(CUDA_MPS_PIPE_DIRECTORY=directory)
+    try:
+        done = subprocess.run([program], input=text.encode(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                              timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return program, f"{program} did not answer within {timeout:.0f} s", ""
+    except OSError as exc:
+        return program, str(exc), ""
+    output = done.stdout.decode("utf-8", "replace")
+    if done.returncode != 0:
+        return program, f"{program} (rc {done.returncode}): {output.strip()[:200]}", output
+    return program, None, output
+
+
 def send_quit(directory: str, which: t.Callable[[str], str | None] | None = None, timeout: float = QUIT_TIMEOUT_S) -> tuple[str, str | None]:
     """`quit` to the control daemon of `directory` -> (how, error or None)."""
-    program = find_client_program(which)
+    program, error, _output = _control(directory, "quit\n", which, timeout)
     if program:
-        env = _commands.c_locale_env(CUDA_MPS_PIPE_DIRECTORY=directory)
-        try:
-            done = subprocess.run([program], input=b"quit\n", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                                  timeout=timeout, check=False)
-        except subprocess.TimeoutExpired:
-            return program, f"{program} did not answer within {timeout:.0f} s"
-        except OSError as exc:
-            return program, str(exc)
-        if done.returncode == 0:
-            return f"echo quit | {program}", None
-        return program, "{} (rc {}): {}".format(program, done.returncode, done.stdout.decode("utf-8", "replace").strip()[:200])
+        return (program, error) if error else (f"echo quit | {program}", None)
     fifo = os.path.join(directory, "control")
     return f"quit > {fifo}", write_to_fifo(fifo, "quit\n")
+
+
+def parse_pids(text: str) -> list[int]:
+    """`get_client_list` / `get_server_list` output: PIDs, one a line; anything else is skipped."""
+    return [int(token) for token in text.split() if token.isdigit()]
+
+
+def same_pid_namespace(pid: int, proc: str = "/proc") -> bool:
+    """Whether PID lives in this module's own PID namespace: the PIDs a control daemon names and
+    is told are those of its namespace, which must be ours for them to mean the same processes."""
+    own = holders_mod.pid_namespace_of(os.getpid(), proc)
+    return own is not None and holders_mod.pid_namespace_of(pid, proc) == own
+
+
+def present(holders: t.Iterable[Holder]) -> bool:
+    """Whether a vouched MPS daemon or server is among the holders (else nothing here applies)."""
+    return any(is_control(h) or is_server(h) for h in holders)
+
+
+def served_by_daemons(holders: t.Iterable[Holder]) -> list[Holder]:
+    """The MPS servers among the holders: vouched ones, and those whose parent is a vouched control
+    daemon among the holders. The daemon starts each server with the uid of the clients it serves
+    (NVIDIA's MPS documentation), so a server need not be root's; its parent vouches for it here,
+    which a user cannot choose. Only the daemon's own answers are acted on for them
+    (client_terminations), and client_terminations asks only through a vouched parent."""
+    holders = list(holders)
+    daemons = {h["pid"] for h in holders if is_control(h)}
+    return [h for h in holders if is_server(h) or h.get("ppid") in daemons]
+
+
+def client_terminations(holders: t.Iterable[Holder], targets: t.Iterable[Holder], proc: str = "/proc",
+                        which: t.Callable[[str], str | None] | None = None, timeout: float = QUIT_TIMEOUT_S
+                        ) -> tuple[list[dict[str, t.Any]], list[str]]:
+    """([{pid, name, server_pid, pipe_directory, gpu_indexes, how: None}] for each target that a
+    vouched server's vouched control daemon lists as that server's client, warnings). Asked
+    through `get_client_list <server PID>` (a read: check mode asks it too); a daemon in another
+    PID namespace is not asked (its PIDs are not ours). The servers asked about are the vouched
+    daemons' children among the holders (served_by_daemons)."""
+    holders = list(holders)
+    servers = served_by_daemons(holders)
+    by_pid = {h["pid"]: h for h in targets if not is_server(h) and not is_control(h) and h not in servers}
+    planned: list[dict[str, t.Any]] = []
+    warnings: list[str] = []
+    if not by_pid or not servers:
+        return planned, warnings
+    if find_client_program(which) is None:
+        return planned, [f"MPS clients are signalled without terminate_client first: {CONTROL} was not found"]
+    for server in servers:
+        control = control_of(server, proc)
+        if control is None or not same_pid_namespace(control["pid"], proc):
+            continue
+        directory = pipe_directory(server, proc)
+        _program, error, output = _control(directory, "get_client_list {:d}\n".format(server["pid"]), which, timeout)
+        if error:
+            warnings.append("MPS server pid {}: its clients are signalled without terminate_client first: get_client_list failed ({})".format(
+                server["pid"], error))
+            continue
+        for pid in parse_pids(output):
+            client = by_pid.pop(pid, None)
+            if client is not None:
+                planned.append({"pid": pid, "name": client.get("name"), "server_pid": server["pid"], "pipe_directory": directory,
+                                "gpu_indexes": client.get("gpu_indexes"), "how": None})
+    return planned, warnings
+
+
+def terminate_clients(holders: t.Iterable[Holder], targets: t.Iterable[Holder], proc: str = "/proc",
+                      which: t.Callable[[str], str | None] | None = None, timeout: float = QUIT_TIMEOUT_S) -> ClientsDone:
+    """`terminate_client <server PID> <client PID>` for each target that is a vouched server's
+    client, before any signal (client_terminations says which), one call per daemon -> what was
+    done: terminated_mps_clients (`how` None where it failed) and warnings. What is left of the
+    clients is then signalled as before."""
+    planned, warnings = client_terminations(holders, targets, proc, which, timeout)
+    done: ClientsDone = {"terminated_mps_clients": planned, "warnings": warnings}
+    for directory in sorted({entry["pipe_directory"] for entry in planned}):
+        entries = [e for e in planned if e["pipe_directory"] == directory]
+        text = "".join("terminate_client {:d} {:d}\n".format(e["server_pid"], e["pid"]) for e in entries)
+        program, error, _output = _control(directory, text, which, timeout)
+        for entry in entries:
+            if error:
+                done["warnings"].append("MPS client pid {}: terminate_client through its control daemon failed ({}); it is signalled "
+                                        "as before".format(entry["pid"], error))
+            else:
+                entry["how"] = "echo terminate_client {} {} | {}".format(entry["server_pid"], entry["pid"], program)
+    return done
 
 
 def stop(system: Node, servers: list[Holder], kill_timeout: float | None, which: t.Callable[[str], str | None] | None = None

@@ -48,6 +48,9 @@ RESCAN_S = 1.0
 # process that exited just before frees its memory within ~1 s on H200 (one still tearing down,
 # e.g. unpinning host memory in D state, is still in /proc, so still a holder).
 NO_HOLDER_GRACE_S = 1.0
+# How far back the verify loop's readings tell a GPU still being freed at the end of wait_timeout
+# from a leak: the same ~1 s in which a process that exited frees its memory on H200.
+TREND_WINDOW_S = 1.0
 # Check mode: room past the grace for a slow first scan (seen: a loaded CI host said nothing for an idle MIG GPU).
 CHECK_SLACK_S = 5.0
 # A GPU that no process holds and that reads this little (or is in MIG mode) is taken for its
@@ -285,10 +288,11 @@ EARLY_HEADS = {
 }
 
 
-def gpu_failure(gpu: Gpu, holders: list[Holder], apps: list[ComputeApp], blind: bool = False) -> str:
+def gpu_failure(gpu: Gpu, holders: list[Holder], apps: list[ComputeApp], blind: bool = False, freeing: str | None = None) -> str:
     """The part of the failure message of one dirty GPU: its MiB and what still holds it.
     `blind`: some processes could not be read (not root), so "nothing holds it" is unknown and
-    neither a reset nor a baseline is advised."""
+    neither a reset nor a baseline is advised. `freeing`: why it is still being freed (see
+    freeing_notes), when it is; then no reset is advised either."""
     on_gpu = [h for h in holders if gpu["index"] in h["gpu_indexes"]]
     unprotected = [h for h in on_gpu if not h["protected"]]
     claims = [a for a in apps if a.get("gpu_index") == gpu["index"]]
@@ -298,6 +302,8 @@ def gpu_failure(gpu: Gpu, holders: list[Holder], apps: list[ComputeApp], blind: 
     undecided = [h for h in holders if h.get("attribution") == _attribution.UNDECIDED and gpu["index"] in (h.get("candidate_gpu_indexes") or [])]
     used = gpu.get("memory_used_mib")
     text = "GPU {} ({}) reads {} MiB".format(gpu["index"], gpu.get("uuid"), "unknown" if used is None else used)
+    if freeing:
+        text += f" ({freeing})"
     if unprotected or protected_claimants:
         text += ", held by " + "; ".join(describe_holder(h) for h in unprotected + protected_claimants)
     elif undecided:
@@ -313,6 +319,8 @@ def gpu_failure(gpu: Gpu, holders: list[Holder], apps: list[ComputeApp], blind: 
         # Its holder may be one of the processes this module could not read (the orphaned child
         # of a dead, listed owner, another user's): no verdict on the memory, no reset advised.
         text += ", and no process that this module can read holds it (its holder may be one it cannot read)"
+    elif freeing:
+        text += ", and no live process holds it any more: the driver is still freeing its memory"
     elif dead_claims:
         text += (
             ", attributed to exited process(es) {} and no live process holds the GPU: the driver has not freed this "
@@ -343,20 +351,53 @@ def permission_head(unreadable: int) -> str:
 
 
 def failure_message(dirty_gpus: list[Gpu], holders: list[Holder], apps: list[ComputeApp], waited_s: float, unkillable: list[dict[str, t.Any]],
-                    protected_only: bool = False, early: str | None = None, unreadable: int = 0) -> str:
+                    protected_only: bool = False, early: str | None = None, unreadable: int = 0,
+                    freeing: t.Mapping[int, str] | None = None) -> str:
     """One message naming each dirty GPU, its MiB and what still holds it. `early`: why the
     wait stopped before wait_timeout (a key of EARLY_HEADS). `unreadable`: how many processes
-    could not be read (not root): then the permission problem is the head."""
-    lines = [gpu_failure(gpu, holders, apps, blind=unreadable > 0) for gpu in dirty_gpus]
+    could not be read (not root): then the permission problem is the head. `freeing`: the GPUs
+    still being freed when wait_timeout ran out, and why (freeing_notes)."""
+    freeing = freeing or {}
+    lines = [gpu_failure(gpu, holders, apps, blind=unreadable > 0, freeing=freeing.get(gpu["index"])) for gpu in dirty_gpus]
     if unreadable:
         head = permission_head(unreadable)
     elif protected_only or early in EARLY_HEADS:
         head = EARLY_HEADS[early or "protected"]
+    elif any(gpu["index"] in freeing for gpu in dirty_gpus):
+        # Not a leak yet: memory still falling, or a holder the kernel is still ending.
+        head = (f"GPUs still in use after {waited_s:.1f} s, still being freed: a longer wait_timeout "
+                "(role: free_gpus_wait_timeout) may free them")
     else:
         head = f"GPUs still in use after {waited_s:.1f} s"
     if unkillable:
         lines.append("unkillable (outlived SIGKILL, likely D state in the driver): " + "; ".join(describe_holder(h) for h in unkillable))
     return "{}: {}".format(head, ". ".join(lines))
+
+
+def freeing_notes(dirty_gpus: list[Gpu], holders: list[Holder], apps: list[ComputeApp], trend: MemoryTrend,
+                  exiting: t.Callable[[int], bool], signalled: t.Collection[int]) -> dict[int, str]:
+    """{GPU index: why it is still being freed} for the dirty GPUs whose memory fell over the last
+    readings (trend), or that a process the kernel is ending (`exiting`: PF_EXITING) still holds
+    or is listed on; never for a GPU that a live process this run did not signal (`signalled`:
+    the PIDs it did) still holds, which no wait frees. A process in D state alone is no sign: a
+    task frozen by the cgroup v1 freezer reads D, and SIGKILL does not end it before it is thawed
+    (seen on this project's test machine)."""
+    notes = {}
+    names = {h["pid"]: h.get("name") for h in holders}
+    for gpu in dirty_gpus:
+        on_gpu = {h["pid"] for h in holders if gpu["index"] in (h.get("gpu_indexes") or [])}
+        listed = {a["pid"] for a in apps if a.get("gpu_index") == gpu["index"] and a.get("alive")}
+        ending = sorted(pid for pid in on_gpu | listed if exiting(pid))
+        if any(pid not in signalled and pid not in ending for pid in on_gpu):
+            continue
+        parts = []
+        fall = trend.falling(gpu["index"])
+        if fall is not None:
+            parts.append("its memory fell from {} to {} MiB in the last {:.1f} s".format(*fall))
+        parts += [" ".join(str(x) for x in ("pid", pid, names.get(pid)) if x) + " is exiting" for pid in ending]
+        if parts:
+            notes[gpu["index"]] = "; ".join(parts)
+    return notes
 
 
 def unplaced_claims(claims: list[ComputeApp], holders: list[Holder], index: int) -> list[ComputeApp]:
@@ -470,7 +511,7 @@ def plan_diff(result: ReleaseResult, check_mode: bool) -> tuple[list[str], list[
     for entry in result.get("killed") or []:
         label = "process {} {}".format(entry.get("pid"), entry.get("name"))
         before.append(f"{label}: running")
-        after.append("{}: {}".format(label, "SIGTERM, then SIGKILL after kill_timeout" if check_mode else "ended by {}".format(entry.get("signal"))))
+        after.append("{}: {}".format(label, _signals.planned_signals(entry) if check_mode else "ended by {}".format(entry.get("signal"))))
     return before, after
 
 
@@ -496,6 +537,8 @@ def new_result(state_key: str | None) -> ReleaseResult:
         "stopped_programs": [],
         "disabled_programs": [],
         "stopped_mps_servers": [],
+        # MPS clients told terminate_client through their server's control daemon before any signal (_mps).
+        "terminated_mps_clients": [],
         "killed": [],
         "protected": [],
         # Not "skipped": Ansible reads a result with that key as a skipped task and then
@@ -635,6 +678,8 @@ class Release:
         self.selected = False
         # Processes the look could not read (not root): failures then say so first.
         self.unreadable = 0
+        # The verify loop's last readings: whether a GPU is still being freed at the end (freeing_notes).
+        self.trend = MemoryTrend()
 
     # --- the whole run
 
@@ -925,6 +970,9 @@ class Release:
         self.result["disabled_programs"] = [_supervisor.public(e) for e in programs["disable"]]
         self.result["stopped_mps_servers"] = [{"pid": h["pid"], "name": h["name"], "pipe_directory": _mps.pipe_directory(h, self.system.proc),
                                                "gpu_indexes": h["gpu_indexes"], "how": None} for h in plan.mps_servers]
+        if self.params.get("kill", True) and _mps.present(plan.holders):
+            self.result["terminated_mps_clients"], notes = _mps.client_terminations(plan.holders, plan.targets, self.system.proc)
+            self.result["warnings"].extend(notes)
         if self.state_key == "disabled_units":
             self.result["disabled_units"] = units["disable"]
         elif self.state_key == "masked_units":
@@ -932,9 +980,10 @@ class Release:
         # What the real run would signal: holders whose unit is stopped end with it.
         by_unit = set(units["stop"])
         signalled = [h for h in plan.targets if not (h.get("system_service") and h.get("unit") in by_unit)]
+        freezer = _signals.Freezer(self.system.proc)
         self.result["killed"] = [] if not self.params.get("kill", True) else [
             {"pid": h["pid"], "name": h["name"], "cmdline": h["cmdline"], "unit": h.get("unit"), "container": h.get("container"),
-             "gpu_indexes": h["gpu_indexes"], "signal": None, "sigkill_at_once": _signals.sigkill_at_once(h), "exited_after_s": None}
+             "gpu_indexes": h["gpu_indexes"], "signal": None, "sigkill_at_once": _signals.reason_now(self.system, h, freezer), "exited_after_s": None}
             for h in signalled
         ]
         released = plan.gpus_clean and not plan.targets and not any(e["gpu_indexes"] for e in containers.stop)
@@ -1008,6 +1057,7 @@ class Release:
             minors = [g["minor_number"] for g in plan.gpus if g["index"] in plan.selected]
             self.watch = _settle.watch_for(targets, outside, self.system.systemctl, self.lineage, minors, self.system.proc,
                                            foreign=self.foreign(targets))
+            self.act_mps_clients(plan.holders, targets)
             self.act_signals(targets)
         if plan.mps_servers:
             self.act_mps(plan.mps_servers)
@@ -1015,6 +1065,7 @@ class Release:
             self.result["stopped_units"] or self.result.get("disabled_units") or self.result.get("masked_units") or self.result["killed"]
             or self.result["stopped_containers"] or self.result["disabled_containers"]
             or self.result["stopped_programs"] or self.result["disabled_programs"] or self.result["stopped_mps_servers"]
+            or self.result["terminated_mps_clients"]
         )
 
     def foreign(self, targets: list[Holder]) -> t.Callable[[int, int], bool]:
@@ -1078,6 +1129,16 @@ class Release:
         self._add_stop_time(started)
         if left:
             self.act_signals(left)
+
+    def act_mps_clients(self, holders: list[Holder], targets: list[Holder]) -> None:
+        """terminate_client for the targets that an MPS server's control daemon lists as its
+        clients, before any signal (_mps); they are signalled after it as before."""
+        from ansible_collections.zeromib.gpu.plugins.module_utils._act import _mps
+        if not _mps.present(holders):
+            return
+        started = self.system.now()
+        self.fold(_mps.terminate_clients(holders, targets, self.system.proc))
+        self._add_stop_time(started)
 
     def act_signals(self, targets: list[Holder]) -> None:
         started = self.system.now()
@@ -1147,8 +1208,13 @@ class Release:
         if unreadable and plan.hidden in self.result["warnings"]:
             # Said once: the message's first sentence carries it.
             self.result["warnings"].remove(plan.hidden)
-        return failure_message(dirty, holders, self._apps(gpus), self.result["timings"]["wait_s"], self.result["unkillable"],
-                               early == "protected", early, unreadable)
+        apps = self._apps(gpus)
+        # Only when wait_timeout ran out: an early end says why waiting cannot help.
+        signalled = {e["pid"] for e in self.result["killed"]} | {e["pid"] for e in self.result["unkillable"]}
+        freeing = {} if early else freeing_notes(dirty, holders, apps, self.trend, lambda pid: holders_mod.is_exiting(pid, self.system.proc),
+                                                 signalled)
+        return failure_message(dirty, holders, apps, self.result["timings"]["wait_s"], self.result["unkillable"],
+                               early == "protected", early, unreadable, freeing)
 
     def verify(self, selected: list[int], deadline: float, acted: bool, unheld_at_look: t.Collection[int] = ()
                ) -> tuple[list[Gpu], bool, str | None, set[int]]:
@@ -1175,6 +1241,7 @@ class Release:
         while True:
             poll_started = self.system.now()
             gpus = self._read_gpus()
+            self.trend.add(self.system.now(), gpus)
             dirty = [g for g in gpus if g["index"] in selected and not _facts.gpu_is_clean(g, limit)]
             if not dirty:
                 return gpus, True, None, set()
@@ -1311,3 +1378,31 @@ class Unheld:
         else:
             self.since, self.mib = None, {}
         return False
+
+
+class MemoryTrend:
+    """The verify loop's readings over the last TREND_WINDOW_S, per GPU: whether a GPU still dirty
+    when wait_timeout runs out is still being freed (its memory fell and never rose meanwhile: a
+    training step's allocations go up and down, a teardown only down)."""
+
+    def __init__(self) -> None:
+        self.readings: dict[int, list[tuple[float, int]]] = {}
+
+    def add(self, now: float, gpus: list[Gpu]) -> None:
+        for gpu in gpus:
+            mib = gpu.get("memory_used_mib")
+            if mib is None:
+                continue
+            kept = self.readings.setdefault(gpu["index"], [])
+            kept.append((now, mib))
+            # One reading at or before the window's start stays, so that the fall spans the window.
+            while len(kept) > 2 and kept[1][0] <= now - TREND_WINDOW_S:
+                kept.pop(0)
+
+    def falling(self, index: int) -> tuple[int, int, float] | None:
+        """(MiB then, MiB now, seconds between) when the memory fell over the window, else None."""
+        kept = self.readings.get(index) or []
+        values = [mib for _at, mib in kept]
+        if len(values) >= 2 and values[-1] < values[0] and all(after <= before for before, after in zip(values, values[1:])):
+            return values[0], values[-1], kept[-1][0] - kept[0][0]
+        return None

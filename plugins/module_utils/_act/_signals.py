@@ -6,8 +6,10 @@
 # zeromib.gpu may use it.
 
 """Signals: SIGTERM, then SIGKILL after kill_timeout, to exactly the processes planned; SIGKILL
-at once to a process that SIGTERM cannot reach (it ignores SIGTERM, or it is the init of a PID
-namespace below ours without a handler for it), as /proc/PID/status said at the scan.
+at once to a process that SIGTERM cannot reach: it ignores SIGTERM, or it is the init of a PID
+namespace below ours without a handler for it (as /proc/PID/status said at the scan), or, read
+right before its first signal, it is stopped (state T), stopped by its tracer (state t) or in a
+frozen cgroup (cgroup v2 `cgroup.freeze`).
 
 A PID is signalled only while it is still the process that was planned (same start time,
 /proc/PID/stat field 22): a PID reused since the scan is reported, never signalled. Where the
@@ -24,6 +26,7 @@ import os
 import signal
 import typing as t
 
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _cgroups
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._errors import StepFailed
 
 if t.TYPE_CHECKING:
@@ -31,6 +34,8 @@ if t.TYPE_CHECKING:
 
     class Node(t.Protocol):
         """What signalling needs of _release.System."""
+
+        proc: str
 
         def start_time(self, pid: int) -> int | None: ...
         def signal(self, pid: int, signum: int) -> None: ...
@@ -124,25 +129,109 @@ def _send_if_same(system: Node, pid: int, start_time: int | None, send: t.Callab
 
 # Why a holder gets SIGKILL at once (the `sigkill_at_once` of its `killed` entry): SIGTERM cannot
 # arrive, so waiting kill_timeout for it would only delay the SIGKILL (real H200: a holder under
-# `unshare --pid --fork` cost the whole kill_timeout before it).
+# `unshare --pid --fork` cost the whole kill_timeout before it; real H100: a stopped holder cost
+# 5.3 s with kill_timeout 5, against ~0.3 s for a SIGKILL).
 IGNORES_SIGTERM = "ignores SIGTERM"
 NAMESPACE_INIT = "init of its PID namespace, no SIGTERM handler"
+# SIGKILL at once, not SIGTERM then SIGCONT, for these three (docs/design.md, "The node as the
+# field runs it"):
+# - a tracee in a ptrace stop (t) is resumed by its tracer only: SIGCONT does nothing to it, and
+#   SIGKILL is the one signal a tracer cannot hold back;
+# - a frozen cgroup is thawed only by writing its cgroup.freeze, the freezer's owner's call (Slurm's
+#   `scontrol suspend` on cgroup v2 freezes the job's cgroup), which SIGCONT does not do; a fatal
+#   signal is delivered to a frozen task (H100: freed in 0.29 s), a handled SIGTERM stays pending;
+# - a stopped process (T: Ctrl-Z, SIGSTOP, a job suspended by its scheduler) was paused by its owner
+#   or its scheduler: SIGCONT would run its code again (GPU kernels, file writes, a handler that
+#   saves a checkpoint for up to kill_timeout) only to end it, against the state the scheduler
+#   holds for it. SIGKILL ends it without running any of it.
+STOPPED = "stopped (state T)"
+TRACED = "stopped by its tracer (state t)"
+FROZEN = "in a frozen cgroup (cgroup.freeze)"
 
 
-def sigkill_at_once(holder: Holder | t.Mapping[str, t.Any]) -> str | None:
-    """Why SIGTERM cannot reach this holder (from its /proc/PID/status, read at the scan), or
-    None: a process that ignores SIGTERM, or the init of a PID namespace below ours without a
-    handler for it, which the kernel shields from SIGTERM (pid_namespaces(7))."""
+def sigkill_at_once(holder: Holder | t.Mapping[str, t.Any], state: str | None = None, frozen: bool = False) -> str | None:
+    """Why SIGTERM cannot reach this holder, or None: a process that ignores SIGTERM, or the
+    init of a PID namespace below ours without a handler for it, which the kernel shields from
+    SIGTERM (pid_namespaces(7)), both from its /proc/PID/status at the scan; a process that is
+    stopped or stopped by its tracer (`state`, /proc/PID/stat read right before the signal; the
+    scan's when None), or one in a frozen cgroup (`frozen`): it cannot run a SIGTERM handler."""
     sigterm = holder.get("sigterm")
     if sigterm == "ignored":
         return IGNORES_SIGTERM
     if holder.get("pid_namespace_init") and sigterm == "default":
         return NAMESPACE_INIT
+    state = holder.get("state") if state is None else state
+    if state == "T":
+        return STOPPED
+    if state == "t":
+        return TRACED
+    if frozen:
+        return FROZEN
     return None
 
 
+def planned_signals(entry: t.Mapping[str, t.Any]) -> str:
+    """What the real run will send to a planned holder, in check mode's words."""
+    reason = entry.get("sigkill_at_once")
+    return f"SIGKILL at once: {reason}" if reason else "SIGTERM, then SIGKILL after kill_timeout"
+
+
+def is_frozen(events: str | None, freeze: str | None) -> bool:
+    """A cgroup v2 directory's cgroup.events and cgroup.freeze (text, None when unread) -> frozen
+    or freezing. `frozen 1` in cgroup.events also holds below a frozen ancestor; cgroup.freeze 1
+    alone is a freeze under way, whose tasks trap before they could run a handler."""
+    if freeze is not None and freeze.strip() == "1":
+        return True
+    return any(line.split() == ["frozen", "1"] for line in (events or "").splitlines())
+
+
+def _read_small(path: str) -> str | None:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(4096).decode("ascii", "replace")
+    except OSError:
+        return None
+
+
+class Freezer:
+    """Whether a cgroup path is frozen now, read from the cgroup v2 file system (the hierarchies
+    of this mount namespace, read once: _cgroups.cgroup_mounts; a v1 name=systemd hierarchy has no
+    cgroup.events and answers nothing). A fake /proc has no mountinfo: nothing is frozen there."""
+
+    def __init__(self, proc: str = "/proc") -> None:
+        self.proc = proc
+        self._mounts: list[str] | None = None
+
+    def mounts(self) -> list[str]:
+        if self._mounts is None:
+            self._mounts = _cgroups.cgroup_mounts(os.path.join(self.proc, "self", "mountinfo"))
+        return self._mounts
+
+    def frozen(self, cgroup_path: str | None) -> bool:
+        if not cgroup_path or cgroup_path == "/":
+            return False
+        parts = [part for part in cgroup_path.split("/") if part and part not in (".", "..")]
+        for mount in self.mounts():
+            directory = os.path.join(mount, *parts)
+            events = _read_small(os.path.join(directory, "cgroup.events"))
+            if events is not None:
+                return is_frozen(events, _read_small(os.path.join(directory, "cgroup.freeze")))
+        return False
+
+
+def reason_now(system: Node, holder: Holder | t.Mapping[str, t.Any], freezer: Freezer) -> str | None:
+    """sigkill_at_once with the state read now (System.state: /proc/PID/stat, the existing reader)
+    and the cgroup's freezer read now: a process can be stopped or frozen between the look and
+    the act. Check mode asks the same, so it says what the real run will send."""
+    reason = sigkill_at_once(holder, system.state(holder["pid"]))
+    if reason is None and freezer.frozen(holder.get("cgroup")):
+        reason = FROZEN
+    return reason
+
+
 def entry_of(holder: Holder) -> dict[str, t.Any]:
-    """What is recorded of one signalled holder (the `killed` shape), plus its identity."""
+    """What is recorded of one signalled holder (the `killed` shape), plus its identity.
+    `sigkill_at_once` is decided right before its first signal (Signaller._terminate)."""
     return {
         "pid": holder["pid"],
         "name": holder.get("name"),
@@ -152,11 +241,12 @@ def entry_of(holder: Holder) -> dict[str, t.Any]:
         "gpu_indexes": holder.get("gpu_indexes"),
         "start_time": holder["start_time"],
         "signal": None,
-        "sigkill_at_once": sigkill_at_once(holder),
+        "sigkill_at_once": None,
+        "_holder": holder,
     }
 
 
-PRIVATE_KEYS = ("_first_signal", "_reused", "start_time")
+PRIVATE_KEYS = ("_first_signal", "_reused", "_holder", "start_time")
 
 
 class Signaller:
@@ -171,6 +261,7 @@ class Signaller:
         self.kill_timeout = kill_timeout
         self.done: SignalsDone = {"killed": [], "reused_pids": [], "unkillable": []}
         self.pidfd = pidfd if pidfd is not None else getattr(system, "pidfd", None)
+        self.freezer = Freezer(getattr(system, "proc", "/proc"))
 
     def send(self, entry: dict[str, t.Any], signum: int) -> bool:
         """Signal one target after checking it is still the same process (PID reuse)."""
@@ -206,7 +297,8 @@ class Signaller:
     def terminate(self, holders: list[Holder]) -> SignalsDone:
         """SIGTERM each holder, SIGKILL the survivors after kill_timeout -> the record: `killed`,
         `reused_pids` and `unkillable`, under the result's keys. A holder that SIGTERM cannot
-        reach (`sigkill_at_once`) gets SIGKILL first, and no wait for a SIGTERM."""
+        reach (`sigkill_at_once`, decided right before its first signal) gets SIGKILL first, and no
+        wait for a SIGTERM."""
         entries = [entry_of(holder) for holder in holders]
         try:
             self._terminate(entries)
@@ -218,6 +310,8 @@ class Signaller:
 
     def _terminate(self, entries: list[dict[str, t.Any]]) -> None:
         for entry in entries:
+            # Read now, not at the scan: a holder stopped or frozen since the look gets no SIGTERM to wait for.
+            entry["sigkill_at_once"] = reason_now(self.system, entry["_holder"], self.freezer)
             first = signal.SIGKILL if entry["sigkill_at_once"] else signal.SIGTERM
             if not self.send(entry, first) and "_reused" not in entry:
                 entry["exited_after_s"] = 0.0

@@ -780,6 +780,23 @@ def display_name(pid: int, proc: str = "/proc") -> str | None:
         return None
 
 
+PF_EXITING = 0x00000004
+
+
+def is_exiting(pid: int, proc: str = "/proc") -> bool:
+    """The kernel is ending this process (PF_EXITING in /proc/PID/stat field 9: set in do_exit,
+    where a large context's teardown runs) and it is no zombie yet. A zombie leader carries the
+    flag whatever its live threads do, so it says nothing here."""
+    try:
+        stat = _read(f"{proc}/{pid:d}/stat")
+        state = parse_stat(stat)[1]
+        text = _text(stat)
+        flags = int(text[text.rindex(")") + 2:].split()[6])
+    except (OSError, ValueError, IndexError):
+        return False
+    return state not in ("Z", "X") and bool(flags & PF_EXITING)
+
+
 def start_time_of(pid: int, proc: str = "/proc") -> int | None:
     """Start time of a live, non-zombie PID, or None: the identity check before a signal."""
     try:
