@@ -14,6 +14,12 @@ parent (the orphan of docs/design.md). --name: pose as another program (kernel c
 --no-context: open the device files only, no CUDA context (like nvidia-persistenced).
 --nvml-loop: no CUDA at all: an NVML client reading every GPU's memory once a second through
 pynvml (nvidia-ml-py), as a metrics exporter does.
+--zombie-leader: the CUDA context is made by a worker thread; once it holds the memory the main
+thread ends itself alone (SYS_exit, as pthread_exit does), leaving the thread-group leader a zombie
+(`Zl <defunct>` in ps) whose live thread still holds the GPU (issue 57).
+--shm-workers N: also start N multiprocessing workers that share tensors through /dev/shm files
+(torch's `file_system` sharing strategy, as DataLoader workers do), kept open, as a training job's
+DataLoader leaves them when it is killed (issue 58).
 --jax: a JAX process instead of PyTorch: JAX preallocates (XLA_PYTHON_CLIENT_PREALLOCATE, 75 %
 of each GPU's memory by default) on EVERY visible GPU, then holds one array on each (--mib ignored).
 """
@@ -39,6 +45,8 @@ def main():
     parser.add_argument("--no-context", action="store_true")
     parser.add_argument("--nvml-loop", action="store_true")
     parser.add_argument("--jax", action="store_true")
+    parser.add_argument("--zombie-leader", action="store_true")
+    parser.add_argument("--shm-workers", type=int, default=0)
     parser.add_argument("--name")
     parser.add_argument("--ready", required=True)
     args = parser.parse_args()
@@ -77,6 +85,8 @@ def main():
                 keep.append(os.open(path, os.O_RDWR))
             except OSError:
                 keep.append(os.open(path, os.O_RDONLY))
+    elif args.zombie_leader:
+        zombie_leader(args)
     else:
         import torch
 
@@ -85,6 +95,8 @@ def main():
         torch.cuda.set_device(args.gpu)
         keep.append(torch.empty(args.mib << 20, dtype=torch.uint8, device=f"cuda:{args.gpu}"))
         torch.cuda.synchronize()
+    if args.shm_workers:
+        keep.append(shm_workers(args.shm_workers))
     child = None
     if args.fork_child:
         child = os.fork()
@@ -98,6 +110,53 @@ def main():
         handle.write(str(pid_seen_from_proc()))
     os.rename(args.ready + ".tmp", args.ready)
     while True:
+        time.sleep(3600)
+
+
+def zombie_leader(args):
+    """Allocate in a worker thread, then end the main thread alone: the leader reads Z, its fd
+    and maps read empty, the worker keeps the context (the real reading of issue 57)."""
+    import threading
+
+    import torch
+
+    held = threading.Event()
+
+    def worker():
+        torch.cuda.set_device(args.gpu)
+        tensor = torch.empty(args.mib << 20, dtype=torch.uint8, device=f"cuda:{args.gpu}")
+        torch.cuda.synchronize()
+        held.set()
+        while tensor is not None:
+            time.sleep(3600)
+
+    threading.Thread(target=worker, daemon=False).start()
+    held.wait()
+    with open(args.ready + ".tmp", "w") as handle:
+        handle.write(str(pid_seen_from_proc()))
+    os.rename(args.ready + ".tmp", args.ready)
+    ctypes.CDLL(None, use_errno=True).syscall(60, 0)  # SYS_exit (x86-64): this thread only
+
+
+def shm_workers(count):
+    """Workers that get tensors through /dev/shm files (file_system strategy) and keep them."""
+    import torch
+    import torch.multiprocessing as mp
+
+    mp.set_sharing_strategy("file_system")
+    queue = mp.get_context("fork").Queue()
+    workers = [mp.get_context("fork").Process(target=_shm_worker, args=(queue,), daemon=False) for _ in range(count)]
+    for worker in workers:
+        worker.start()
+    tensors = [torch.ones(8 << 20, dtype=torch.uint8).share_memory_() for _ in range(count * 2)]
+    for tensor in tensors:
+        queue.put(tensor)
+    return workers, tensors, queue
+
+
+def _shm_worker(queue):
+    kept = [queue.get() for _ in range(2)]
+    while kept:
         time.sleep(3600)
 
 
