@@ -380,6 +380,33 @@ def test_a_python_of_another_version_compiles_the_sources_of_the_runner(tmp_path
     assert done.returncode == 1 and "unknown mode 'cleanup'" in done.stderr and "Traceback" not in done.stderr
 
 
+PYTHON_38 = os.path.expanduser("~/.pyenv/versions/3.8.18/bin/python3")
+IMPORT_ALL = ("import sys, zipfile, importlib\n"
+              "runner = sys.argv[1]\n"
+              "sys.path.insert(0, runner)\n"
+              "names = [n[:-3].replace('/', '.') for n in zipfile.ZipFile(runner).namelist() if n.endswith('.py') and n != '__main__.py'\n"
+              "         and not n.endswith('__init__.py')]\n"
+              "for name in sorted(names):\n"
+              "    importlib.import_module(name)\n"
+              "print(len(names), 'ansible' in sys.modules)\n")
+
+
+@pytest.mark.parametrize("python", [sys.executable, PYTHON_38], ids=["this-python", "python-3.8"])
+def test_the_packed_runner_imports_every_module_it_packs_without_ansible(tmp_path, python):
+    """Every module_util of every wing (_look, _act, _slurm, the shared files) imports from the zip
+    alone, on the oldest managed-node Python and this one: a wing that dropped out of the zip, or
+    an import of a folder it lacks, fails here rather than in a node's epilog."""
+    if python == PYTHON_38 and not os.path.exists(PYTHON_38):
+        pytest.skip("no Python 3.8 under ~/.pyenv on this machine (tests/compat/matrix.py installs the managed-node Pythons)")
+    out = tmp_path / "r.pyz"
+    out.write_bytes(packer_pack()(MODULE_UTILS))
+    done = subprocess.run([python, "-I", "-c", IMPORT_ALL, str(out)], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"},
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    count, with_ansible = done.stdout.split()
+    assert int(count) >= 25 and with_ansible == "False", done.stdout
+
+
 def test_the_epilog_after_a_failed_prolog_touches_nothing_and_only_once(tmp_path, monkeypatch):
     # slurmd runs the epilog after a failed prolog too: the job never ran, its GPUs' holders are someone else's.
     marks = str(tmp_path / "marks")
