@@ -10,7 +10,7 @@ then waits. Like a training process or an inference server's worker.
 the PID as the caller's /proc numbers it (also when started under `unshare --pid --fork`).
 
 --fork-child: after CUDA init, fork a child that inherits the device files and outlives the
-parent (the orphan of docs/design.md). --name: pose as another program (kernel comm and argv[0]).
+parent (the orphan of tests/gpu/results/README.md, "Measured on a real H200"). --name: pose as another program (kernel comm and argv[0]).
 --no-context: open the device files only, no CUDA context (like nvidia-persistenced).
 --nvml-loop: no CUDA at all: an NVML client reading every GPU's memory once a second through
 pynvml (nvidia-ml-py), as a metrics exporter does.
