@@ -11,7 +11,7 @@ PIP := $(VENV)/bin/pip install -q --disable-pip-version-check
 VENV_PYTHON ?= $(shell /usr/bin/python3 -c 'import sys, venv; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && echo /usr/bin/python3 || echo python3)
 COLLECTION_LINK := .build/collections/ansible_collections/zeromib/gpu
 
-.PHONY: install collection demo demo-deps test test-collect test-quick lint deps venv bench clean uninstall-packages
+.PHONY: install collection demo demo-deps test test-collect test-quick lint docs deps venv bench clean uninstall-packages
 
 ## install: what running the playbooks from this checkout needs: .venv with requirements.txt
 ## (ansible-core, jmespath), and the checkout linked as zeromib.gpu where ./ansible.cfg looks
@@ -70,6 +70,13 @@ test-quick: venv collection lint
 lint: venv collection
 	$(VENV)/bin/ruff check --quiet .
 	cd $(dir $(COLLECTION_LINK))../.. && $(abspath $(VENV))/bin/mypy --config-file $(CURDIR)/.mypy.ini -p ansible_collections.zeromib.gpu.plugins
+
+## docs: the collection's docsite, built with antsibull-docs (the tool that builds docs.ansible.com):
+## the reference from every plugin's DOCUMENTATION and role's argument spec, and the guides of
+## docs/docsite/rst/. Into .build/docsite (open .build/docsite/build/html/index.html); any Sphinx
+## warning but the Ansible docsite's own labels, unreachable offline, fails it.
+docs: venv collection
+	$(PY) tests/tools/build_docsite.py
 
 ## deps: the demo's, plus test and lint tooling in .venv and the test rigs' Debian packages
 deps: venv collection
