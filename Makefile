@@ -6,11 +6,12 @@ PIP := $(VENV)/bin/pip install -q --disable-pip-version-check
 # The Python .venv is made from: the distribution's /usr/bin/python3 when it is one ansible-core
 # runs on (3.11 or later), else python3 on PATH. Debian builds its Python with PGO and LTO; on the
 # 2-core machine it ran the test suite's Python ~20 % faster than a default pyenv build of 3.11
-# (docs/development.md). An existing .venv is kept; `make clean` removes it.
+# (benchmarks/HISTORY.md, "The test suite on the 2-core machine"). An existing .venv is kept;
+# `make clean` removes it.
 VENV_PYTHON ?= $(shell /usr/bin/python3 -c 'import sys, venv; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && echo /usr/bin/python3 || echo python3)
 COLLECTION_LINK := .build/collections/ansible_collections/zeromib/gpu
 
-.PHONY: install collection demo demo-deps test test-collect test-quick lint deps venv bench clean uninstall-packages
+.PHONY: install collection demo demo-deps test test-collect test-quick lint docs deps venv bench clean uninstall-packages
 
 ## install: what running the playbooks from this checkout needs: .venv with requirements.txt
 ## (ansible-core, jmespath), and the checkout linked as zeromib.gpu where ./ansible.cfg looks
@@ -34,20 +35,20 @@ demo-deps: install
 ## test: everything CI runs (unit, sanity, lint, module tests on simulated hosts, the fleet, the
 ## ansible-core / Python matrix, Molecule, ansible-runner, ansible-builder), on TEST_WORKERS
 ## pytest-xdist workers: most of the suite waits (kill and settle windows, SSH, boots) rather than
-## computes, so more workers than the 2 cores pay (measured: docs/development.md). Tests that
+## computes, so more workers than the 2 cores pay (measured: benchmarks/HISTORY.md). Tests that
 ## share a rig run in one worker (pytest.ini's --dist loadgroup, tests/conftest.py).
 ## TEST_WORKERS=0 runs them all in one process, as plain `pytest` does.
 TEST_WORKERS ?= 6
 # Python's bytecode cache on for the tests, also where the environment turns it off
 # (PYTHONDONTWRITEBYTECODE=1 on the 2-core machines): without it each pytest worker compiles and
 # assertion-rewrites every test file again (collection 5.4 s of CPU against 2.1-2.3 s; over a
-# 1,621-test slice the difference was within the noise: docs/development.md). The caches are
+# 1,621-test slice the difference was within the noise: benchmarks/HISTORY.md). The caches are
 # __pycache__ folders, ignored by git and by the galaxy build; `make clean` removes them.
 TESTS_BYTECODE := PYTHONDONTWRITEBYTECODE=
 # In a fresh clone those caches do not exist yet, and the workers, started together, would each
 # write them (6 workers: 28.9 s of CPU before the first test, against 13.3 s from the caches). One
 # collecting pytest writes them first (4.5 s of CPU, next to make lint's mypy on the other core):
-# from `make test` to the first test, 12.3 s instead of 18.7 s in a fresh clone (docs/development.md).
+# from `make test` to the first test, 12.3 s instead of 18.7 s in a fresh clone (benchmarks/HISTORY.md).
 test: deps
 	@$(MAKE) --no-print-directory -j2 lint test-collect
 	$(TESTS_BYTECODE) $(VENV)/bin/pytest -n $(TEST_WORKERS)
@@ -70,6 +71,13 @@ lint: venv collection
 	$(VENV)/bin/ruff check --quiet .
 	cd $(dir $(COLLECTION_LINK))../.. && $(abspath $(VENV))/bin/mypy --config-file $(CURDIR)/.mypy.ini -p ansible_collections.zeromib.gpu.plugins
 
+## docs: the collection's docsite, built with antsibull-docs (the tool that builds docs.ansible.com):
+## the reference from every plugin's DOCUMENTATION and role's argument spec, and the guides of
+## docs/docsite/rst/. Into .build/docsite (open .build/docsite/build/html/index.html); any Sphinx
+## warning but the Ansible docsite's own labels, unreachable offline, fails it.
+docs: venv collection
+	$(PY) tests/tools/build_docsite.py
+
 ## deps: the demo's, plus test and lint tooling in .venv and the test rigs' Debian packages
 deps: venv collection
 	@tests/tools/apt-deps.sh test
@@ -85,7 +93,8 @@ $(VENV)/.installed-test: $(VENV)/.installed-run requirements-dev.txt requirement
 	$(PIP) -r requirements-dev.txt -r requirements-lint.txt
 	touch $@
 
-## bench: benchmarks on the fleet rig and a namespace host; writes docs/benchmarks.md
+## bench: benchmarks on the fleet rig and a namespace host; writes a dated report into benchmarks/results/
+## (what it shows goes into benchmarks/HISTORY.md, with the command and the date)
 bench: deps
 	$(PY) benchmarks/run.py
 

@@ -16,7 +16,8 @@ input goes in as `-e @hosts_data.json` for both: Ansible's own loading of it is 
 
 Memory is the largest resident set of any process of the run (getrusage of the children: the
 ansible-playbook parent and its forked worker, which runs the report). Not a timed test: a
-benchmark, printed as a Markdown table (docs/benchmarks.md quotes it).
+benchmark, printed as a Markdown table (benchmarks/HISTORY.md, "The audit report at fleet scale
+(issue 26)", quotes it).
 """
 import argparse
 import json

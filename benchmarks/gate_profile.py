@@ -428,7 +428,7 @@ def main() -> None:
     parser.add_argument("--checkout", action="append", help="a checkout to profile (repeatable; default this one); they take turns")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--json", help="write the profiles here too")
-    parser.add_argument("--markdown", action="store_true", help="print the table of docs/benchmarks.md")
+    parser.add_argument("--markdown", action="store_true", help="print the table as benchmarks/HISTORY.md quotes it")
     args = parser.parse_args()
     profiles = [Profile(os.path.abspath(checkout)) for checkout in args.checkout or [REPO]]
     load_before = os.getloadavg()

@@ -4,11 +4,13 @@
 """Benchmarks: how fast a fleet goes from busy to proven-free, against the alternatives.
 
     make bench                                   # = .venv/bin/python benchmarks/run.py
-    .venv/bin/python benchmarks/run.py --hosts 8,16,32 --reps 3 --out docs/benchmarks.md
+    .venv/bin/python benchmarks/run.py --hosts 8,16,32 --reps 3 --out benchmarks/results/run-DATE.md
 
 Runs on the systemd-nspawn fleet of tests/fleet (real sshd, systemd, processes; simulated GPUs)
 and on a namespace host of tests/sim. Contenders are alternated within each repetition so that
-machine noise hits all of them. Writes a Markdown report with the exact command, machine and date.
+machine noise hits all of them. Writes a Markdown report with the exact command, machine and date,
+by default benchmarks/results/run-<UTC date and time>.md; what it shows goes into
+benchmarks/HISTORY.md as a dated section.
 Needs root (the rigs do). Acts only inside the hosts it creates.
 """
 import argparse
@@ -424,7 +426,7 @@ signal.pause()
                 lines.append("- gpu_facts with busy GPUs <= {:.0f} ms per 1,000 processes, {} GPUs: {} - {:.1f} ms per 1,000 (idle: {:.1f}).".format(
                     TARGET_FACTS_MS, preset[-1], verdict(slope <= TARGET_FACTS_MS), slope, self.facts_slope(preset, "idle")))
         lines.append("- Real H200, a cooperative 40 GiB holder within floor + 0.1 s on 1 and 2 GPUs: not measured by this script "
-                     "(no GPU here; see docs/real-gpu.md).")
+                     "(no GPU here; see tests/gpu/results/README.md).")
         return lines + [""]
 
 
@@ -456,7 +458,7 @@ def main():
     parser.add_argument("--facts-reps", type=int, default=7)
     parser.add_argument("--skip-fleet", action="store_true")
     parser.add_argument("--skip-facts", action="store_true")
-    parser.add_argument("--out", default=os.path.join(REPO, "docs", "benchmarks.md"))
+    parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results", time.strftime("run-%Y-%m-%d-%H%M.md", time.gmtime())))
     parser.add_argument("--before", default=BEFORE_REV, help="commit to run side by side as 'before' ('' for none)")
     args = parser.parse_args()
     if args.before and args.before != BEFORE_REV:

@@ -4,7 +4,7 @@ Tools that `make deps` unpacks into .build/tools/bin (promtool, out of Debian's 
 package, so that no prometheus service is ever installed) are put on PATH for the tests.
 
 `make test` runs the suite on several pytest-xdist workers with `--dist loadgroup`
-(docs/development.md, "How the suite runs in parallel"). Each worker is a process of its own, so
+(CONTRIBUTING.md, "How the suite runs in parallel"). Each worker is a process of its own, so
 a session-scoped fixture would come up once per worker that meets it, and a module-scoped one
 once per worker that runs one of the module's tests. `pytest_collection_modifyitems` below
 therefore puts every test into the xdist group of the rig it shares, from the fixtures it uses,

@@ -9,7 +9,8 @@ the free_gpus_outcome filter, and fail with that fact's message when the verdict
 
 Why an action and not four tasks (validation, module, set_fact, assert): every task costs
 Ansible a worker process per host on the controller (~0.05-0.1 s of CPU each on 2 cores,
-docs/benchmarks.md); the three that ran no SSH were most of the gate's cost over a one-task play.
+benchmarks/HISTORY.md, "What issue 14 changed (2026-12-01)"); the three that ran
+no SSH were most of the gate's cost over a one-task play.
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ def without_records(result: dict[str, t.Any], verbosity: int) -> dict[str, t.Any
     """A gate's result as the task returns it without -v: no GPU or holder records. Nothing shows
     them at that verbosity, and the controller's main process walks every key of every host's
     result for its callbacks (~12 ms of CPU a clean 8-GPU host on the 2-core benchmark machine,
-    docs/benchmarks.md). -v returns them all."""
+    benchmarks/HISTORY.md, "The clean gate's cost, third round (issue 36, 2026-12-02 evening)"). -v returns them all."""
     if verbosity > 0:
         return result
     return {key: value for key, value in result.items() if key not in RECORD_KEYS}

@@ -12,7 +12,8 @@ Why an action and not `debug` over `hostvars`: the template compiled the summary
 worker, loaded the filter plugin there, and built every host's whole variables to read one fact,
 and a second template in the play did the same again to decide which hosts to fail: ~50 ms of
 a one-host play on the 2-core machine, most of the gap between free_gpus.yml and its role alone
-(docs/benchmarks.md), and seconds at a thousand hosts.
+(benchmarks/HISTORY.md, "The clean gate's cost, sixth round"), and seconds at a
+thousand hosts.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ rename.
 
 Why an action and not set_fact/copy/template tasks: at 4,000 hosts those templated the whole model
 three times through Ansible's templar and sent every file through module arguments - 210 s where
-the collection's own Python needs about 2 s (issue 26, docs/benchmarks.md). Here the data is read
+the collection's own Python needs about 2 s (benchmarks/HISTORY.md, "The audit report at fleet scale (issue 26)"). Here the data is read
 once, raw (saved host data is never a template: a command line may contain braces), and rendered
 with Jinja directly.
 """

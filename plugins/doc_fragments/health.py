@@ -55,7 +55,7 @@ options:
         bound - only Xids logged since the NVIDIA driver last loaded count (its C(loading NVIDIA UNIX ... Kernel Module)
         line, when it is in the window); older ones are listed in C(health.xids_before_driver_load).
       - An Xid is a fault when NVIDIA's Xid catalog gives it an immediate action other than C(RESTART_APP) or C(IGNORE)
-        (C(RESET_GPU), C(RESTART_BM), C(WORKFLOW_*), ...; see the collection's C(docs/health.md)); the others (13, 31, 43, 45,
+        (C(RESET_GPU), C(RESTART_BM), C(WORKFLOW_*), ...; see the collection's C(docs/docsite/rst/guide_health.rst)); the others (13, 31, 43, 45,
         63, 94, ...) and Xids the catalog does not list are in C(health.xids) only. O(xid_ignore) and O(xid_fatal) change that.
       - V(0) does not read the kernel log.
     type: float

@@ -49,7 +49,7 @@ options:
         so - run by root or a system account (uid up to 999) from a root-owned executable in a system directory (C(/usr/bin),
         C(/usr/sbin), C(/usr/lib...), C(/usr/local/bin), C(/usr/local/nvidia/bin), ...), as the kernel resolved it; or the
         main process of the system unit it runs in. Any other process so named is an ordinary holder, with a warning. Give a
-        PID for a daemon that is neither. See the collection's C(docs/security.md).
+        PID for a daemon that is neither. See the collection's C(docs/docsite/rst/guide_security.rst).
     type: list
     elements: str
     default: []

@@ -26,7 +26,7 @@ options:
         instances would have to be addressed one by one); those GPUs are skipped and C(smoke_test.skipped) says why.
       - Costs about 0.2 s per GPU on an H200 at the default size (measured 0.17-0.20 s from context creation to destruction; the
         memset itself takes milliseconds, 16 GiB cost the same), plus 0.1-0.2 s once for C(cuInit) and a C(nvidia-smi) read after
-        it; see the collection's C(docs/smoke_test.md).
+        it; see the collection's C(docs/docsite/rst/guide_smoke_test.rst).
     type: bool
     default: false
   smoke_test_mib:

@@ -144,7 +144,7 @@ _value:
         gpu_count: {description: GPUs found; V(null) when the host did not answer., type: int}
         memory_used_mib: {description: MiB used over the host's GPUs., type: int}
         memory_total_mib: {description: MiB installed over the host's GPUs., type: int}
-        used_pct: {description: Used share of the host's GPU memory in percent, one decimal., type: float}
+        used_pct: {description: "Used share of the host's GPU memory in percent, one decimal.", type: float}
         dirty_gpus: {description: Indexes of the GPUs that are not clean., type: list, elements: int}
         footprint_gpus:
           description:

@@ -9,7 +9,7 @@
 
 `/var/lib/zeromib-gpu/released.json`, root-only (file 0600, a directory it creates 0700), written
 atomically (a temporary file in the same directory, fsync, rename, fsync of the directory) under a
-lock, so that a crash or two runs at once never leave half a record. Format (docs/restore_gpus.md):
+lock, so that a crash or two runs at once never leave half a record. Format (docs/docsite/rst/guide_restore.rst):
 
     {"format": 1, "updated_at": "...", "entries": [ENTRY, ...]}       # entries in release order
     unit:       {"kind": "unit", "name": "vllm.service", "actions": ["stopped", "disabled"],

@@ -11,7 +11,7 @@ At run time these are plain dicts (what AnsibleModule returns as JSON): import t
 under `typing.TYPE_CHECKING` (`if t.TYPE_CHECKING: from ..._types import Holder`), so that a
 managed node never loads it; with `from __future__ import annotations` the annotations that name
 these types are never evaluated there (Python 3.8 included). The public keys are those of
-docs/design.md; keys that start with "_" are internal and never returned (the modules' `public_*`
+the modules' RETURN (docs/gpu_facts.md, docs/gpu_release.md); keys that start with "_" are internal and never returned (the modules' `public_*`
 functions copy only public keys).
 """
 
@@ -188,7 +188,7 @@ class DriverGpu(t.TypedDict):
 
 
 class ReleaseResult(t.TypedDict, total=False):
-    """What gpu_release returns (docs/design.md, docs/gpu_release.md). Written by Release only."""
+    """What gpu_release returns (docs/gpu_release.md). Written by Release only."""
 
     changed: bool
     released: bool

@@ -15,7 +15,7 @@ description:
   - Scans C(/proc/*/fd) and C(/proc/*/maps) for processes that hold C(/dev/nvidia*), as C(fuser -v /dev/nvidia*) does.
     This finds what nvidia-smi cannot see, such as a child forked after CUDA init whose parent is gone.
   - Nothing a user of the node can set (a process name, a path, a cgroup in their own subtree) is believed; the collection's
-    C(docs/security.md) says what is.
+    C(docs/docsite/rst/guide_security.rst) says what is.
   - Says which GPUs each of them really uses, and why. Every CUDA process and every NVML client opens every GPU's device
     file, so an open file says nothing. A live process that nvidia-smi lists as a compute app on a GPU uses that GPU
     (C(attribution=listed)); one it does not list uses the GPUs whose device file it maps with a context-sized mapping
@@ -33,7 +33,7 @@ description:
     slowdown, persistence mode, MIG mode, the driver's recovery action, the NVSwitch fabric as the GPU reports it, and Xid errors of
     the GPU in the kernel log that NVIDIA's Xid catalog says need a reset or a reboot. The readings come from the same
     C(nvidia-smi --query-gpu) call; each GPU's C(health_unchecked) names the checks that could not run. See the collection's
-    C(docs/health.md).
+    C(docs/docsite/rst/guide_health.rst).
   - Returns the result as the fact C(ansible_facts.gpu). Changes nothing (the optional O(smoke_test) allocates and frees GPU memory
     on free GPUs only, and never in check mode) but its own cache of the kernel log it has judged (the journal's cursor and the
     window's Xid lines, C(/var/lib/zeromib-gpu/kernel-log.json), root-only), so the next look reads only new lines, and the code it
@@ -333,7 +333,7 @@ ansible_facts:
             - Device files are known by kernel identity (device number, or the inode of the node's own C(/dev/nvidiaN)), not by path.
               A name protects only a process whose identity backs it; C(protection_note) says why a process named like a protected
               daemon is not protected, C(container_note) why a cgroup path naming a container or pod was not believed (a user-delegated
-              subtree, or the runtime does not run the process there). See the collection's C(docs/security.md).
+              subtree, or the runtime does not run the process there). See the collection's C(docs/docsite/rst/guide_security.rst).
           type: list
           elements: dict
           returned: always

@@ -68,7 +68,7 @@ options:
     type: path
 notes:
   - Needs root (O(ignore:become=true)); the record is readable by root only.
-  - The record, its format and how several releases before one restore merge, are described in C(docs/restore_gpus.md).
+  - The record, its format and how several releases before one restore merge, are described in C(docs/docsite/rst/guide_restore.rst).
   - The role P(zeromib.gpu.restore_gpus#role) runs this module, for the C(always) of a C(block) around training.
   - B(Supervisord programs) (C(supervisor:) in O(zeromib.gpu.gpu_release#module:services)) - the C(autostart)/C(autorestart) lines that
     M(zeromib.gpu.gpu_release) wrote (marked with its comment) are put back as they were, and a program that was running is started

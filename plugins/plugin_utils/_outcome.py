@@ -183,7 +183,7 @@ def _passed(outcome: Outcome, result: t.Mapping[str, t.Any], host: str) -> Outco
         host, _plural(len(after), "GPU"), "free" if not outcome["check_mode"] else outcome["status"],
         outcome["mib_before"], outcome["mib_after"], ", " + ", ".join(did) if did else "", outcome["elapsed_s"])
     if outcome["health_unchecked"]:
-        # Said aloud: a check that could not run is no proof of health (docs/health.md).
+        # Said aloud: a check that could not run is no proof of health (docs/docsite/rst/guide_health.rst).
         outcome["message"] += "; not checked on this driver or GPU: " + ", ".join(outcome["health_unchecked"])
     return outcome
 

@@ -11,7 +11,7 @@ in the variable manager's two caches: `set_fact` and `register` in the non-persi
 task returned (`ansible_facts`) in the fact cache. Reading a name there costs nothing per host,
 where `hostvars[host]` (in a template, or `HostVars.raw_get`) first merges every variable the
 host has: inventory, groups, facts, the play's vars (at 1,000 hosts, ~9 s for one pass of
-free_gpus.yml's summary, docs/benchmarks.md). The caches are the variable manager's own
+free_gpus.yml's summary, benchmarks/HISTORY.md, "The audit report at fleet scale (issue 26)"). The caches are the variable manager's own
 attributes; a host none of whose names is found there (or an ansible-core without them) is read
 through `HostVars.raw_get`, the public way.
 

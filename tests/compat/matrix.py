@@ -1,7 +1,7 @@
 """The compatibility matrix of zeromib.gpu: which ansible-core runs the controller on which
 Python, and which Pythons run the modules on managed nodes. Every entry is really run by
 `make test` (tests/fleet/test_compat.py, tests/compat/test_managed_pythons.py); README.md,
-docs/development.md and meta/runtime.yml state exactly this.
+CONTRIBUTING.md and meta/runtime.yml state exactly this.
 
 Controller venvs are built once per entry (ansible-core and jmespath, pinned) and reused while
 their recipe is unchanged, in the user's cache, ~/.cache/zeromib-gpu/compat: every checkout of the

@@ -330,7 +330,8 @@ RestartSec=1
 WantedBy=multi-user.target
 """,
     # vLLM V1's shape: the API server (the unit's main process) holds no GPU, its EngineCore
-    # child does (docs/design.md, field behaviour). Stopped through the unit, never merely killed.
+    # child does (docs/docsite/rst/guide_design.rst,
+    # "Known field behaviour elsewhere"). Stopped through the unit, never merely killed.
     "vllm-v1.service": """[Unit]
 Description=vLLM V1 server (simulated): API server without GPU, EngineCore child on the GPU
 After=nvidia-sim-devices.service
@@ -413,7 +414,8 @@ WORKLOADS = {
 # cgroup/v2 plugin where /proc/self/cgroup also lists v1 hierarchies (this machine: "Hybrid mode
 # is not supported"); with cgroup/v1, proctrack/linuxproc and task/none it runs, and a job's
 # tasks stay in slurmd.service's cgroup under a slurmstepd reparented to PID 1 (measured): the
-# shape docs/design.md describes for Slurm with cgroup v1.
+# shape docs/docsite/rst/guide_design.rst, "Known field behaviour elsewhere" describes for Slurm
+# with cgroup v1.
 SLURM_CONF = """# Written by tests/fleet/fleet.py: a one-node cluster on this host only.
 ClusterName={name}
 SlurmctldHost={name}(127.0.0.1)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """A notebook hub in miniature, for the fleet: it starts "kernels" as its own children, inside
-its own systemd unit, as jupyterhub's LocalProcessSpawner does (docs/design.md: jupyterhub's kernels
+its own systemd unit, as jupyterhub's LocalProcessSpawner does (docs/docsite/rst/guide_design.rst, field behaviour: jupyterhub's kernels
 run inside jupyterhub.service). Installed on fleet hosts as /usr/local/bin/jupyterhub, so that
 its process is named like the real hub (comm "jupyterhub", `python3 /usr/local/bin/jupyterhub`),
 and run by a unit with another name (notebook-hub.service): gpu_release must tell it is a

@@ -57,7 +57,8 @@ while True:
 
 # vLLM V1's shape: the API server (main process) holds no GPU; its children are the resource
 # tracker of Python's multiprocessing (no GPU) and the EngineCore (an NVML client), whose
-# children, the TP workers, hold the GPUs (docs/design.md, field behaviour).
+# children, the TP workers, hold the GPUs (docs/docsite/rst/guide_design.rst,
+# field behaviour).
 VLLM = r'''#!/usr/bin/python3
 import json, os, subprocess, sys, time
 gpus, ready = sys.argv[sys.argv.index("--gpus") + 1], sys.argv[sys.argv.index("--ready-file") + 1]

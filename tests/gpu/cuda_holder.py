@@ -10,7 +10,7 @@ then waits. Like a training process or an inference server's worker.
 the PID as the caller's /proc numbers it (also when started under `unshare --pid --fork`).
 
 --fork-child: after CUDA init, fork a child that inherits the device files and outlives the
-parent (the orphan of docs/design.md). --name: pose as another program (kernel comm and argv[0]).
+parent (the orphan of tests/gpu/results/README.md, "Measured on a real H200"). --name: pose as another program (kernel comm and argv[0]).
 --no-context: open the device files only, no CUDA context (like nvidia-persistenced).
 --nvml-loop: no CUDA at all: an NVML client reading every GPU's memory once a second through
 pynvml (nvidia-ml-py), as a metrics exporter does.
@@ -145,17 +145,17 @@ def shm_workers(count):
 
     mp.set_sharing_strategy("file_system")
     queue = mp.get_context("fork").Queue()
-    workers = [mp.get_context("fork").Process(target=_shm_worker, args=(queue,), daemon=False) for _ in range(count)]
+    workers = [mp.get_context("fork").Process(target=_shm_worker, args=(queue,), daemon=False) for _number in range(count)]
     for worker in workers:
         worker.start()
-    tensors = [torch.ones(8 << 20, dtype=torch.uint8).share_memory_() for _ in range(count * 2)]
+    tensors = [torch.ones(8 << 20, dtype=torch.uint8).share_memory_() for _number in range(count * 2)]
     for tensor in tensors:
         queue.put(tensor)
     return workers, tensors, queue
 
 
 def _shm_worker(queue):
-    kept = [queue.get() for _ in range(2)]
+    kept = [queue.get() for _number in range(2)]
     while kept:
         time.sleep(3600)
 

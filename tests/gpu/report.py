@@ -1,9 +1,9 @@
 # Copyright (c) zeromib.gpu contributors
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Render the results.json of tests/gpu/acceptance.py as the tables of docs/real-gpu.md.
+"""Render the results.json of tests/gpu/acceptance.py as the tables of tests/gpu/results/README.md.
 
-    python3 tests/gpu/report.py docs/real-gpu/run-2026-11-29/results.json
+    python3 tests/gpu/report.py tests/gpu/results/run-2026-11-29-1020/results.json
 """
 import json
 import statistics

@@ -323,7 +323,7 @@ def test_podman_disabled_fails_clearly_where_podman_cannot_change_a_restart_poli
     assert podman.inspect("pvllm-d")["State"]["Running"] is True and run["stopped_containers"] == []
 
 
-# ------------------------------------------------------------------ what a user may name (issue 19, docs/security.md)
+# ------------------------------------------------------------------ what a user may name (issue 19, docs/docsite/rst/guide_security.rst)
 
 USER = 4242
 

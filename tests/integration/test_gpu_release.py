@@ -295,7 +295,7 @@ def test_a_huge_time_fails_naming_the_option_and_its_bound_and_touches_nothing(n
 
 
 def test_holder_of_a_selected_and_an_unselected_gpu_is_freed_only_with_kill_spanning(nshost):
-    # docs/design.md "Spanning": ending it would end its work on GPU 0, which the selection keeps out.
+    # docs/docsite/rst/guide_design.rst, "What comes back, and what spans GPUs": ending it would end its work on GPU 0, which the selection keeps out.
     host = nshost("h200x8")
     both = host.spawn(["gpu_holder", "--gpus", "0,1", "--mib", "1024"])
     run = run_module(host, "gpu_release", {"gpus": ["1"]})

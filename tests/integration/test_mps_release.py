@@ -35,7 +35,7 @@ def test_every_gpu_selected_frees_the_clients_and_quits_the_server(nshost):
     assert used(host, 0) == 8802 + 66 + 15  # H200: two apps read their sum + 15 MiB
     facts = run_module(host, "gpu_facts")["ansible_facts"]["gpu"]
     placed = {h["pid"]: (h["gpu_indexes"], h["attribution"]) for h in facts["holders"]}
-    # As gpu_facts placed them on a real H200 (docs/real-gpu.md, MPS run of 2026-12-01).
+    # As gpu_facts placed them on a real H200 (tests/gpu/results/README.md, MPS run of 2026-12-01).
     assert placed == {control: ([], "undecided"), server: ([0], "listed"), client.pid: ([0], "listed")}
     run = run_module(host, "gpu_release")
     assert not run.failed and run["released"] is True, run.msg
@@ -80,7 +80,7 @@ def test_kill_spanning_quits_a_server_that_serves_an_unselected_gpu(nshost):
     assert host.alive(client1.pid) and host.wait_gone(server, 2) and host.wait_gone(control, 2)
 
 
-# --- issue 31: MPS by identity only (a name decides nothing; docs/security.md)
+# --- issue 31: MPS by identity only (a name decides nothing; docs/docsite/rst/guide_security.rst)
 
 USER = 4242
 

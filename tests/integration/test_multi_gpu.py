@@ -1,7 +1,7 @@
 """Which process uses which GPU, through real ansible-playbook on simulated multi-GPU hosts.
 
 Every CUDA process opens (and maps) every GPU's node, NVML clients open them all too (measured on
-a real 2-GPU H200, see docs/design.md "Measured on a real 2-GPU H200 node"): gpu_facts and gpu_release
+a real 2-GPU H200, see tests/gpu/results/README.md, "Measured on a real 2-GPU H200 node"): gpu_facts and gpu_release
 must go by `attribution` (listed, mapped, nvml_client), never by the device files alone; a GPU
 next to a context on another GPU reads the 4 MiB cross-GPU footprint and is clean."""
 import os
@@ -61,7 +61,7 @@ def test_freeing_gpu_1_kills_its_holder_keeps_the_gpu0_trainer_and_reads_the_foo
 
 
 def test_gpus_1_with_only_a_gpu0_trainer_running_kills_nothing(nshost):
-    # docs/design.md: with the 2026-11-29 code, `gpus: ["1"]` with only a GPU-0 training process
+    # tests/gpu/results/README.md: with the 2026-11-29 code, `gpus: ["1"]` with only a GPU-0 training process
     # running killed that process (it has GPU 1's node open and mapped, 128 KiB).
     host = nshost("h200x2")
     trainer = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "2566"])

@@ -1,7 +1,7 @@
 """The nvidia-smi simulator behaves like the real driver (tests/fixtures/nvidia-smi).
 
 Byte-for-byte comparisons against the H200 captures, the live memory model measured on a
-real H200 (docs/design.md), the per-process device files and mappings of a real 2-GPU H200
+real H200 (tests/gpu/results/README.md), the per-process device files and mappings of a real 2-GPU H200
 (tests/fixtures/h200x2-proc, replayed case by case), fault injection, and the namespace
 rig itself.
 """
@@ -515,7 +515,7 @@ def test_real_final_idle_after_all_killed(host2):
 
 
 def test_footprint_is_per_gpu_not_per_process(host2):
-    # docs/design.md: 4 MiB on GPU 1 "also with two such processes"
+    # tests/gpu/results/README.md: 4 MiB on GPU 1 "also with two such processes"
     holder(host2, "two_holders", 0)
     holder(host2, "two_holders", 0)
     assert used(host2)[1] == FOOT

@@ -1,5 +1,5 @@
-"""What a user of a shared GPU node can write decides nothing root does (issue 19, docs/design.md "What
-can be trusted on a shared node", docs/security.md).
+"""What a user of a shared GPU node can write decides nothing root does (issue 19, docs/docsite/rst/guide_design.rst, "What
+can be trusted on a shared node", docs/docsite/rst/guide_security.rst).
 
 Each test is one attack of the issue, done as an unprivileged user would do it, inside a simulated
 host: a real uid of its own (4242, `setpriv --reuid 4242 --regid 4242 --clear-groups`), its own

@@ -3,7 +3,7 @@
 Run with `.venv/bin/pytest tests/quality` after `make deps` (requirements-dev.txt and
 requirements-lint.txt in .venv). Everything runs offline except ansible-test, which fills its
 venvs in ~/.ansible/test/venv from PyPI on first use. On failure the tool's own output is shown.
-See docs/development.md for what each gate checks and how to run it by hand.
+See CONTRIBUTING.md, "The gates", for what each gate checks and how to run it by hand.
 """
 
 from __future__ import annotations
@@ -173,6 +173,16 @@ def test_changelog_fragments_lint() -> None:
     )
 
 
+def test_antsibull_docs_lint_collection_docs() -> None:
+    """antsibull-docs lint-collection-docs, as docs.ansible.com's build would judge the collection:
+    every plugin's and role's documentation renders (--plugin-docs), and the docsite guides
+    (docs/docsite/extra-docs.yml, links.yml, rst/) are valid RST whose labels and references to
+    this collection's plugins resolve (--check-extra-docs-refs)."""
+    ensure_collection_link()
+    require_rc0(run_tool([str(BIN / "antsibull-docs"), "lint-collection-docs", "--plugin-docs", "--check-extra-docs-refs", "."]),
+                "antsibull-docs lint-collection-docs")
+
+
 def test_generated_doc_pages_match_the_module_and_role_docs() -> None:
     """docs/gpu_*.md, docs/slurm_node.md and docs/free_gpus.md are tests/tools/gen_docs.py's output:
     a page edited by hand (or a module's doc edited without the page) fails here."""
@@ -236,7 +246,7 @@ TARBALL_ALLOWED = (
     "roles/slurm_gpu_checks/defaults/*.yml", "roles/slurm_gpu_checks/meta/*.yml", "roles/slurm_gpu_checks/tasks/*.yml",
     "roles/slurm_gpu_checks/handlers/*.yml", "roles/slurm_gpu_checks/templates/*.j2", "roles/slurm_gpu_checks/files/pack_runner.py",
     "playbooks/*.yml", "playbooks/tasks/templates/*.j2",
-    "docs/*.md", "docs/images/*.png",
+    "docs/*.md", "docs/images/*.png", "docs/docsite/*.yml", "docs/docsite/rst/*.rst",
     "changelogs/changelog.yaml", "changelogs/config.yaml", "CHANGELOG.rst",
 )
 TARBALL_REQUIRED = (
@@ -248,6 +258,7 @@ TARBALL_REQUIRED = (
     "playbooks/restore_gpus.yml",
     "roles/slurm_gpu_checks/tasks/main.yml", "roles/slurm_gpu_checks/files/pack_runner.py", "plugins/module_utils/_slurm/_jobcheck.py",
     "docs/gpu_release.md", "changelogs/changelog.yaml",
+    "docs/docsite/extra-docs.yml", "docs/docsite/links.yml", "docs/docsite/rst/guide_free.rst",
 )
 
 

@@ -33,7 +33,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi impo
 # supervisord, MPS, the respawn watch, the restore record) is imported by the function that
 # uses it: a clean host (the gate before every job) loads none of it. Each module_util is
 # compiled from source on every run (AnsiballZ ships no bytecode), ~40 ms of the ~90 ms that
-# gpu_release's own imports took on a clean simulated host (docs/benchmarks.md). Ansible finds
+# gpu_release's own imports took on a clean simulated host (benchmarks/HISTORY.md, "The clean gate's cost (issue 36, 2026-12-01)"). Ansible finds
 # imports anywhere in a module's source, so the payload still carries them all.
 
 if t.TYPE_CHECKING:
@@ -420,7 +420,7 @@ def describe_unplaced(app: ComputeApp, holders: list[Holder], index: int) -> str
 
 def trust_notes(holders: list[Holder], selected: list[int]) -> list[str]:
     """Notes on holders of the selected GPUs that a name or a cgroup path could have passed off as
-    something they are not (see docs/security.md)."""
+    something they are not (see docs/docsite/rst/guide_security.rst)."""
     notes = []
     for holder in holders:
         if not _attribution.may_signal_for(holder, selected):
@@ -635,7 +635,7 @@ FREEING_CODE = ("_act._containers", "_act._units", "_act._supervisor", "_act._se
 def load_freeing_code(_raw_holders: t.Any) -> None:
     """Some process maps a GPU: the code that frees it is loaded while nvidia-smi answers rather
     than after (each import compiles its source, AnsiballZ ships no bytecode: ~15-25 ms of the
-    H200's elapsed_s when a holder was found, docs/benchmarks.md)."""
+    H200's elapsed_s when a holder was found, benchmarks/HISTORY.md, "The look's /proc pass beside nvidia-smi")."""
     for name in FREEING_CODE:
         importlib.import_module("ansible_collections.zeromib.gpu.plugins.module_utils." + name)
 

@@ -133,8 +133,8 @@ def _send_if_same(system: Node, pid: int, start_time: int | None, send: t.Callab
 # 5.3 s with kill_timeout 5, against ~0.3 s for a SIGKILL).
 IGNORES_SIGTERM = "ignores SIGTERM"
 NAMESPACE_INIT = "init of its PID namespace, no SIGTERM handler"
-# SIGKILL at once, not SIGTERM then SIGCONT, for these three (docs/design.md, "The node as the
-# field runs it"):
+# SIGKILL at once, not SIGTERM then SIGCONT, for these three (the design rule "a signal that cannot arrive is not
+# waited for", docs/docsite/rst/guide_design.rst):
 # - a tracee in a ptrace stop (t) is resumed by its tracer only: SIGCONT does nothing to it, and
 #   SIGKILL is the one signal a tracer cannot hold back;
 # - a frozen cgroup is thawed only by writing its cgroup.freeze, the freezer's owner's call (Slurm's

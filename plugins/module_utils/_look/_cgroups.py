@@ -9,7 +9,7 @@
 
 A cgroup path is what a user can write inside the subtree systemd delegates to them
 (`user@UID.service`, or any cgroup directory they own): there they can name a cgroup
-`docker-<any id>.scope` or `kubepods.slice` (docs/design.md, "What can be trusted on a shared
+`docker-<any id>.scope` or `kubepods.slice` (docs/docsite/rst/guide_design.rst, "What can be trusted on a shared
 node"). So what a path names is believed only outside such subtrees (`container_ref`,
 `delegated_to`: the cgroup file system's owners, the kernel's word), and even then it is a claim
 that the container's runtime must confirm before anything is stopped through it (_containers).

@@ -11,7 +11,7 @@ what gpu_release does about them is _act/_containers).
 `annotate`: what a holder's cgroup path claims (_cgroups), believed only outside a delegated
 subtree and once the runtime (_engines) confirms that the process runs in that container (its
 State.Pid, or a process in the cgroup of State.Pid: `confirmed`). Anything else is an ordinary
-holder, reported with a note (docs/security.md).
+holder, reported with a note (docs/docsite/rst/guide_security.rst).
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ MIB = 1 << 20
 # test proves that memory can be allocated and written, not that all of it can.
 MAX_FREE_SHARE = 0.5
 # How long the GPU may take to read free again once the test process has exited. Measured on
-# H200: release follows process exit by ~20-130 ms (docs/design.md).
+# H200: release follows process exit by ~20-130 ms (tests/gpu/results/README.md, "Measured on a real H200").
 SETTLE_S = 5.0
 # The steps of one GPU's test, in order: what `progress` reports and a failure names.
 STEPS = ("cuDeviceGetByPCIBusId", "cuCtxCreate", "cuMemGetInfo", "cuMemAlloc", "cuMemsetD8", "cuCtxSynchronize", "cuMemFree",

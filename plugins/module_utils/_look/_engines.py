@@ -86,7 +86,7 @@ class RuntimeUnavailable(Exception):
 
 def _http() -> t.Any:
     """http.client, imported when a runtime is asked, not with this module: a holder outside any
-    container never needs it (~18 ms of a dirty look's imports on the H200, docs/benchmarks.md)."""
+    container never needs it (~18 ms of a dirty look's imports on the H200, benchmarks/HISTORY.md, "The look's /proc pass beside nvidia-smi")."""
     import http.client  # pylint: disable=import-outside-toplevel
 
     return http.client

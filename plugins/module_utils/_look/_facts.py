@@ -366,7 +366,7 @@ def look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, *, with_proc
     when it finds a process mapping a GPU, the compute-apps call starts at once and
     `while_waiting(raw holders)` runs too (gpu_release loads the code that frees them). Speed:
     on the H200 the GPU query waits ~30 ms on the driver, the pass and that loading ~10-40 ms
-    (docs/benchmarks.md)."""
+    (benchmarks/HISTORY.md, "The look's /proc pass beside nvidia-smi")."""
     with_apps = with_processes if with_apps is None else with_apps
     unreadable: list[int] = []
     early: dict[str, t.Any] = {}

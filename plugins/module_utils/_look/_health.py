@@ -12,7 +12,7 @@ GPU, and say which checks could not run (`health_unchecked`). Thin readers run c
 bounded in time and size: the kernel log (journalctl, else dmesg), Fabric Manager's unit and
 version where a GPU has a fabric, and, when asked, `dcgmi diag`.
 
-The GPU's own reading is the authority (docs/health.md): host context (a unit, a binary) explains
+The GPU's own reading is the authority (docs/docsite/rst/guide_health.rst): host context (a unit, a binary) explains
 a bad reading and never turns a good one bad.
 """
 

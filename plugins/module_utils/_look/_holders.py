@@ -7,7 +7,7 @@
 
 """Who holds /dev/nvidia*: a scan of /proc/*/fd and /proc/*/maps, as `fuser -v` does.
 
-nvidia-smi cannot see a child forked after CUDA init once its parent is gone (docs/design.md,
+nvidia-smi cannot see a child forked after CUDA init once its parent is gone (tests/gpu/results/README.md,
 measured on an H200): only the device files tell the truth about who keeps GPU memory. Which
 GPU a holder uses is NOT which device files it has open (every CUDA process and every NVML
 client opens every /dev/nvidiaN of the node): that is decided in _attribution.py, from
@@ -16,7 +16,7 @@ nvidia-smi's compute apps and the mapping sizes this scan records.
 /proc is read as bytes and decoded once, with replacement: a 15-byte comm can end inside a
 multi-byte character (CJK names, setproctitle).
 
-What a user controls decides nothing here (docs/security.md): a device file is known by what the
+What a user controls decides nothing here (docs/docsite/rst/guide_security.rst): a device file is known by what the
 kernel says it is (`DeviceTable`: its device number, or the very inode of this node's own
 /dev/nvidia* node), never by the path a process opened it through; a protected daemon is known by
 its real uid and its executable as the kernel resolves it, never by its name alone.
@@ -373,7 +373,7 @@ def parse_environ(raw: bytes) -> dict[str, str]:
 def environ_of(pid: int, proc: str = "/proc") -> dict[str, str]:
     """The environment a process started with, {} when it cannot be read (gone, or not ours to
     read). Written by whoever started the process: a hint for display and lookups, never a
-    reason to signal or stop anything (docs/design.md, "What can be trusted")."""
+    reason to signal or stop anything (docs/docsite/rst/guide_design.rst, "What can be trusted on a shared node")."""
     try:
         return parse_environ(_read(f"{proc}/{pid:d}/environ"))
     except OSError:
@@ -573,7 +573,7 @@ def read_executable(base: str, fs_root: str = "") -> tuple[str | None, int | Non
 
 
 def read_process(pid: int, proc: str = "/proc", users: dict[int, str] | None = None) -> Holder | None:
-    """Identity and placement of one process (the docs/design.md holder shape, without the GPU
+    """Identity and placement of one process (the holder shape of gpu_facts' RETURN, docs/gpu_facts.md, without the GPU
     attribution), or None if it vanished."""
     users = {} if users is None else users
     base = f"{proc}/{pid:d}"
@@ -713,7 +713,7 @@ def scan_holders(proc: str = "/proc", unreadable: list[int] | None = None, with_
 
     The maps of every process that has a device file open are read: attribution needs their
     sizes. Reading the maps of all the others is two thirds of a full scan's cost (~70 of ~100 us
-    a process, docs/benchmarks.md) and finds only processes that mapped a device file and then
+    a process, benchmarks/HISTORY.md, "What profiling changed (2026-11-29)") and finds only processes that mapped a device file and then
     closed it, which CUDA never does; callers ask for that (`with_maps`) only where such a
     process could be what holds a GPU. Without `with_maps`, the PIDs skipped for having no
     device file open are appended to `without_devices`, if given, for `scan_mapped` later."""
@@ -962,7 +962,7 @@ class ProcessNames:
         return _first_match(self._names, self.candidates(record), cut=self._cut)
 
 
-# Daemons a GPU node needs and a desktop lives on (docs/design.md). Names are matched against the
+# Daemons a GPU node needs and a desktop lives on (docs/docsite/rst/guide_design.rst, "Never signalled"). Names are matched against the
 # executable's basename, argv[0]'s basename and the kernel's 15-character comm, and protect only
 # a process whose identity backs them (`vouched`): any user can name a process so.
 BUILTIN_PROTECTED_NAMES = ProcessNames(
@@ -984,7 +984,8 @@ def impostor_note(record: t.Mapping[str, t.Any], name: str) -> str:
     """What to tell about a process named like a protected daemon that is not one."""
     uid = record.get("uid") if record.get("uid") is not None else "?"
     exe = record.get("exe_path") or "an executable the kernel does not show"
-    return f"pid {record['pid']:d} is named like {name} but is run by uid {uid} from {exe}: not protected, an ordinary holder (docs/security.md)"
+    return (f"pid {record['pid']:d} is named like {name} but is run by uid {uid} from {exe}: not protected, an ordinary holder "
+            "(the collection's security guide)")
 
 
 def protection_reason(record: dict[str, t.Any], names: t.Iterable[str], pids: t.Container[int], own_lineage: t.Container[int],

@@ -32,7 +32,7 @@ if t.TYPE_CHECKING:
     Started = t.Tuple[t.List[str], "subprocess.Popen[bytes]", float]
 
 # Health readings, asked in the same --query-gpu call as GPU_FIELDS by a look that checks
-# health (they cost nothing measurable there; docs/health.md), not by gpu_release's memory
+# health (they cost nothing measurable there; docs/docsite/rst/guide_health.rst), not by gpu_release's memory
 # polls. Read by _health.py. A driver that rejects one (rc 2) is asked again without it, and
 # the GPU's health is reported as not fully checked.
 HEALTH_FIELDS = (
@@ -69,7 +69,7 @@ RENAMED_FIELDS = {"clocks_event_reasons.": "clocks_throttle_reasons."}
 # fabric.state): they are dropped with it, one rejected call instead of two.
 REJECTED_WITH = {"fabric.state": ("fabric.health.summary",)}
 
-# nvidia-smi fields we ask for, mapped to the record keys of docs/design.md. The order is the
+# nvidia-smi fields we ask for, mapped to the record keys of gpu_facts' RETURN (docs/gpu_facts.md). The order is the
 # order of the CSV columns.
 GPU_FIELDS = (
     ("index", "index", "int"),
@@ -90,7 +90,7 @@ GPU_FIELDS = (
 
 # No process_name: nvidia-smi prints a process's name as the process set it (argv[0], comm),
 # commas and line feeds included, so a name could add a row that "lists" another user's PID on
-# any GPU (docs/security.md). Without it every cell is the driver's: a number or a UUID, and a
+# any GPU (docs/docsite/rst/guide_security.rst). Without it every cell is the driver's: a number or a UUID, and a
 # row either parses as exactly these typed columns or the answer is rejected. Names for display
 # come from /proc (_facts.join_apps).
 APP_FIELDS = (

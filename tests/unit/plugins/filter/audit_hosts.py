@@ -3,7 +3,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 
 """Per-host audit records in the shape audit_gpus.yml gives gpu_audit_model: {host, status, error, gpu},
-gpu being ansible_facts.gpu exactly as docs/design.md fixes it (values from the real H200 captures)."""
+gpu being ansible_facts.gpu exactly as gpu_facts' RETURN (docs/gpu_facts.md) fixes it (values from the real H200 captures)."""
 
 from __future__ import annotations
 

@@ -200,7 +200,7 @@ class World:
 
     def gpu_text(self):
         def mib(i, value):
-            # WDDM rows and GPUs in an error state read [N/A] (docs/design.md, field behaviour).
+            # WDDM rows and GPUs in an error state read [N/A] (docs/docsite/rst/guide_design.rst, "Known field behaviour elsewhere").
             return "[N/A]" if i in self.unreadable else str(value)
 
         return "".join(
@@ -216,7 +216,7 @@ class World:
             for index, mib in sorted(proc.mem.items()):
                 if proc.smi_pid is not None:
                     rows.append(f"{proc.smi_pid}, {uuid(index)}, {mib}")
-        # pid, gpu_uuid, used_memory: the module never asks nvidia-smi for names (docs/security.md).
+        # pid, gpu_uuid, used_memory: the module never asks nvidia-smi for names (docs/docsite/rst/guide_security.rst).
         rows += [f"{pid}, {uuid(i)}, {mib}" for i, pid, _name, mib in self.leaked]
         return "".join(row + "\n" for row in rows)
 

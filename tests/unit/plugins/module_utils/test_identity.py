@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""No name decides alone (issue 31, docs/security.md): every list of process names in module_utils
+"""No name decides alone (issue 31, docs/docsite/rst/guide_security.rst): every list of process names in module_utils
 is a _holders.ProcessNames, whose only question (`of`) asks the identity rule first.
 
 The test enumerates module_utils itself, so a list added later fails it until it is classified:

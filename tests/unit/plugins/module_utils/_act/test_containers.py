@@ -213,7 +213,7 @@ def test_act_reports_a_container_it_could_not_stop():
     assert done["stopped"] == [] and "could not stop container vllm-a" in done["warnings"][0]
 
 
-# ------------------------------------------------------------------ what a user may name (docs/security.md)
+# ------------------------------------------------------------------ what a user may name (docs/docsite/rst/guide_security.rst)
 
 
 def test_cgroup_in_a_directory_a_user_owns_is_no_container(tmp_path):

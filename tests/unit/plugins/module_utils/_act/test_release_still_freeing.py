@@ -184,6 +184,7 @@ def read_stat(pid):
     with open(f"/proc/{pid}/stat", "rb") as handle:
         return handle.read()
 
+
 ZOMBIE_LEADER = """
 import ctypes, sys, threading, time
 threading.Thread(target=time.sleep, args=(60,), daemon=False).start()

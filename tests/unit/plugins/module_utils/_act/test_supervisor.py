@@ -141,8 +141,8 @@ NUMPROCS_CONF = [("/etc/supervisor/conf.d/trainer.conf", TRAINER, True),
                  ("/etc/supervisor/conf.d/exporter.conf", "[program:exporter]\ncommand=/bin/sleep 100000\n", True)]
 
 
-def numprocs_plan(patterns, state, files=NUMPROCS_CONF, status=NUMPROCS_STATUS):
-    return _supervisor.plan(patterns, state, [Fake(status, files)], node="gpu-node-7")
+def numprocs_plan(patterns, state, files=None, status=NUMPROCS_STATUS):
+    return _supervisor.plan(patterns, state, [Fake(status, NUMPROCS_CONF if files is None else files)], node="gpu-node-7")
 
 
 def test_the_names_of_numprocs_copies_come_from_their_section_as_supervisord_makes_them():

@@ -406,7 +406,7 @@ def test_unexplained_gpus_are_those_above_the_limit_without_only_live_listed_hol
     assert facts.unexplained_gpus(gpus, apps, holding, 4) == [1, 2]
 
 
-# ------------------------------------------------------------------ the driver's own list of GPUs (docs/security.md)
+# ------------------------------------------------------------------ the driver's own list of GPUs (docs/docsite/rst/guide_security.rst)
 
 
 def _information(bus, minor, excluded="No"):

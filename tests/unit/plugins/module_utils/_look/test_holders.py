@@ -105,7 +105,7 @@ def test_parse_cgroup(text, path):
         (f"/system.slice/docker-{ID64}.scope", f"docker-{ID64}.scope", False, ID64),
         (f"/docker/{ID64}", None, False, ID64),
         (f"/machine.slice/libpod-{ID64}.scope/container", f"libpod-{ID64}.scope", False, ID64),
-        # A user's own subtree: they may name a cgroup docker-<anyone's id>.scope there (docs/security.md).
+        # A user's own subtree: they may name a cgroup docker-<anyone's id>.scope there (docs/docsite/rst/guide_security.rst).
         (f"/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID64}.scope/container", f"libpod-{ID64}.scope", False, None),
         (f"/user.slice/user-4242.slice/user@4242.service/app.slice/docker-{ID64}.scope", f"docker-{ID64}.scope", False, None),
         (f"/user.slice/user-4242.slice/user@4242.service/kubepods.slice/kubepods-{POD}.slice/cri-containerd-{ID64}.scope",
@@ -533,7 +533,7 @@ def test_comm_cut_inside_a_multibyte_character_is_read_not_skipped(proc):
     assert holders.start_time_of(702, str(proc)) == 1000
 
 
-# ------------------------------------------------------------------ device files by kernel identity (docs/security.md)
+# ------------------------------------------------------------------ device files by kernel identity (docs/docsite/rst/guide_security.rst)
 
 PROC_DEVICES = """Character devices:
   1 mem

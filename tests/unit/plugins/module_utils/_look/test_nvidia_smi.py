@@ -27,7 +27,7 @@ MEMORY_FIELDS = (("index", "index", "int"), ("uuid", "uuid", "str"), ("memory.us
 _KNOWN = {field: (key, kind) for field, key, kind in smi.GPU_FIELDS + smi.APP_FIELDS}
 _KNOWN.update(
     {
-        # The captures asked for names; the module no longer does (docs/security.md).
+        # The captures asked for names; the module no longer does (docs/docsite/rst/guide_security.rst).
         "process_name": ("name", "raw"),
         "used_gpu_memory": ("used_memory_mib", "int"),
         "gpu_bus_id": ("gpu_bus_id", "str"),
@@ -115,7 +115,7 @@ H200_EXPECTED = {
     "held_apps_live_nh.txt": HELD_APPS,
     "idle_q_apps_empty.txt": [],
     "idle_q_apps_empty_nh.txt": [],
-    # This project's own captures from the real-GPU acceptance run (docs/real-gpu.md).
+    # This project's own captures from the real-GPU acceptance run (tests/gpu/results/README.md).
     "run_idle_q_gpu_nounits.txt": [dict(RUN_H200, memory_used_mib=0, memory_free_mib=143156, utilization_gpu_pct=0, temperature_c=35, power_draw_w=79.08)],
     "run_held_q_gpu_nounits.txt": [dict(RUN_H200, memory_used_mib=41487, memory_free_mib=101670, utilization_gpu_pct=3, temperature_c=36, power_draw_w=85.45)],
     "run_orphan_q_gpu_nounits.txt": [
@@ -420,7 +420,7 @@ def test_desktop_compositor_shows_up_as_a_compute_app():
 
 # ------------------------------------------------------------------ synthesised edge cases
 
-# The column set the captures (and the module before docs/security.md) asked for: names included.
+# The column set the captures (and the module before docs/docsite/rst/guide_security.rst) asked for: names included.
 APPS = (("pid", "pid", "int"), ("process_name", "name", "raw"), ("used_memory", "used_memory_mib", "int"), ("gpu_uuid", "gpu_uuid", "str"))
 U = "GPU-ab0cf4f6-818d-be7e-f16b-963690d7c5c5"
 V = "GPU-0d1e2f30-4152-6374-8596-a7b8c9d0e1f2"
