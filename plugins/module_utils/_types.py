@@ -200,6 +200,11 @@ class ReleaseResult(t.TypedDict, total=False):
     stopped_units: list[str]
     disabled_units: list[str]
     masked_units: list[str]
+    # A system container's own units, named as their services entry (`lxc:101:vllm.service`).
+    stopped_guest_units: list[str]
+    killed_guest_units: list[str]
+    disabled_guest_units: list[str]
+    masked_guest_units: list[str]
     killed_units: list[str]
     kept_units: list[dict[str, t.Any]]
     launchers: list[dict[str, t.Any]]
