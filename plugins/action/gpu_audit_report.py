@@ -84,7 +84,8 @@ def queries(busy_pct: float) -> dict[str, str]:
         "busy_gpus": "hosts[?up{}].gpus[] | [?used_pct >= `{}`].{{host: host, index: index, used_pct: used_pct}}".format(
             " && memory_used_mib > `0`" if float(busy_pct) > 0 else "", busy),
         "holders": ("hosts[].holders[] | [?blocking].{host: host, pid: pid, name: name, user: user, unit: unit, container: container, "
-                    "container_label: container_label, gpu_indexes: gpu_indexes, spanning: spanning, used_memory_mib: used_memory_mib, "
+                    "container_label: container_label, guest_label: guest_label, gpu_indexes: gpu_indexes, spanning: spanning, "
+                    "used_memory_mib: used_memory_mib, "
                     "cmdline: cmdline}"),
         "stale_processes": "hosts[].stale_processes[]",
         "not_visible": "hosts[?up && length(not_visible) > `0`].{host: host, gpu_count: gpu_count, not_visible: not_visible}",
@@ -289,6 +290,8 @@ def _reason_kind(text: str) -> str:
 def _owner(holder: t.Mapping[str, t.Any]) -> str:
     if holder.get("unit"):
         return holder["unit"]
+    if holder.get("guest_label"):
+        return holder["guest_label"]
     if holder.get("container_label"):
         return "container " + holder["container_label"].split(" (")[0]
     return "%s (no unit)" % (holder.get("name") or "?")
@@ -335,6 +338,8 @@ def attention_groups(report: t.Mapping[str, t.Any]) -> list[dict[str, t.Any]]:
             owners = sorted(set(_owner(h) for h in host["holders"] if h["blocking"]))
             if owners:
                 kind = "held by " + ", ".join(owners[:3]) + (f" and {len(owners) - 3} more" if len(owners) > 3 else "")
+            elif host.get("inside_container"):
+                kind = "memory used, no holder in this container (held outside it?)"
             elif host["stale_processes"]:
                 kind = "memory counted for a gone PID"
             else:
@@ -368,6 +373,8 @@ def _tip_holder(h: t.Mapping[str, t.Any]) -> str:
         line += " · unit {}".format(h["unit"])
     if h.get("container"):
         line += " · container %s" % (h.get("container_label") or str(h["container"])[:12])
+    if h.get("guest_label"):
+        line += " · {}".format(h["guest_label"])
     gpus = ",".join(str(i) for i in h.get("gpu_indexes") or []) or ("none (NVML client)" if h.get("nvml_client") else "none")
     return line + " · GPUs {}\n    {}".format(gpus, h.get("cmdline") or "")
 

@@ -139,6 +139,12 @@ _value:
               nor dirty.
           type: list
           elements: str
+        inside_container:
+          description:
+            - V(true) when the host's gpu_facts ran in a container (an LXC/LXD/nspawn guest, a pod; gpu_facts' C(inside_container)):
+              memory no process there holds may be held by the host or another guest sharing the GPU, so the reason of a dirty host
+              says to look on the host rather than pointing at a gone PID.
+          type: bool
         driver_version: {description: NVIDIA driver version., type: str}
         cuda_version: {description: CUDA version the driver supports., type: str}
         gpu_count: {description: GPUs found; V(null) when the host did not answer., type: int}
@@ -191,13 +197,17 @@ _value:
               so it makes the host dirty), C(spanning) (it uses more than one GPU - JAX, DataParallel, an MPS server - so
               freeing only some of them fails unless C(kill_spanning) is set; the reason says V(uses GPUs 0,1)) and
               C(container_label) (the container as the report shows it next to the PID, V(vllm (vllm/vllm-openai:v0.11.0))
-              with the name and image its runtime gave, else the short id; prefixed with the Kubernetes pod; V(null) outside containers).
+              with the name and image its runtime gave, else the short id; prefixed with the Kubernetes pod; V(null) outside containers)
+              and C(guest_label) (the system container it runs in, seen from the host, with the guest's own unit,
+              V(LXC guest 101: vllm.service); V(null) outside guests).
           type: list
           elements: dict
         stale_processes:
           description:
             - Compute apps whose PID is gone (C(alive=false)) while nvidia-smi still counts their
-              memory; usually a forked child still holds it, else only a reboot or GPU reset frees it.
+              memory; usually a forked child still holds it, else only a reboot or GPU reset frees it. On a host
+              whose C(inside_container) is V(true) (gpu_facts ran in a container), such a PID is usually a process of the
+              host or of another guest sharing the GPU, which the container cannot see: the reason says to look on the host.
           type: list
           elements: dict
 """

@@ -20,6 +20,10 @@ lock, so that a crash or two runs at once never leave half a record. Format (doc
                  "restart_max_retries": 0, "gpu_indexes": [0], "released_at": "..."}
     supervisor: {"kind": "supervisor", "name": "vllm", "actions": ["stopped"], "running": true,
                  "gpu_indexes": [0], "released_at": "..."}
+    guest_unit: {"kind": "guest_unit", "name": "vllm.service", "guest_kind": "lxc", "guest": "101",
+                 "entry": "lxc:101:vllm.service", "actions": ["stopped"], "active": true, ...}
+                (a system container's own unit, stopped through the guest's systemd: the unit
+                keys, and which guest; a record without such entries reads as before)
     every kind: "released_by": "alice" (the login user of the release's session), where known.
 
 Each entry holds the state BEFORE the first release that changed it. A later release that finds
@@ -49,7 +53,7 @@ if t.TYPE_CHECKING:
 
 PATH = "/var/lib/zeromib-gpu/released.json"
 FORMAT = 1
-KINDS = ("unit", "container", "supervisor")
+KINDS = ("unit", "container", "supervisor", "guest_unit")
 # Actions in the order a release takes them; a restore undoes them in reverse.
 ACTIONS = ("stopped", "disabled", "masked")
 
@@ -66,6 +70,8 @@ def key(entry: t.Mapping[str, t.Any]) -> tuple[t.Any, ...]:
     """What identifies one thing across releases: a unit by name, a container by runtime and id."""
     if entry.get("kind") == "container":
         return ("container", entry.get("runtime"), entry.get("id"))
+    if entry.get("kind") == "guest_unit":
+        return ("guest_unit", entry.get("guest_kind"), entry.get("guest"), entry.get("name"))
     return (entry.get("kind"), entry.get("name"))
 
 
@@ -108,6 +114,46 @@ def without(record: Record, restored_keys: t.Iterable[tuple[t.Any, ...]], at: st
 # ---------------------------------------------------------------- what a release changed
 
 
+def _unit_state(props: t.Mapping[str, str]) -> tuple[bool, str]:
+    """(active, ActiveState) of a unit before the release, from systemctl show's props."""
+    active_state = props.get("ActiveState") or "unknown"
+    return active_state in ("active", "activating", "reloading", "refreshing") or props.get("SubState") == "auto-restart", active_state
+
+
+def _in_guest_unit(holder: Holder, kind: t.Any, guest: t.Any, unit: t.Any) -> bool:
+    found: t.Mapping[str, t.Any] = holder.get("guest") or {}
+    return (found.get("kind"), found.get("name"), found.get("unit")) == (kind, guest, unit)
+
+
+def guest_unit_entries(result: t.Mapping[str, t.Any], before: t.Mapping[str, t.Mapping[str, t.Any]], holders: t.Iterable[Holder],
+                       at: str | None) -> list[Entry]:
+    """Entries for a guest's units a gpu_release result says it acted on (`stopped_guest_units`,
+    ... as `lxc:101:vllm.service`). `before`: {that name: {guest_kind, guest, unit, props}}
+    (_guest_units.before). As for the host's units, a unit that was not active and was only
+    stopped changed nothing: no entry."""
+    actions: dict[str, list[str]] = {}
+    for key, action in (("stopped_guest_units", "stopped"), ("disabled_guest_units", "disabled"), ("masked_guest_units", "masked")):
+        for name in result.get(key) or []:
+            actions.setdefault(name, []).append(action)
+    holders = list(holders)
+    entries = []
+    for name, taken in actions.items():
+        known = before.get(name) or {}
+        props = known.get("props") or {}
+        active, active_state = _unit_state(props)
+        taken = [a for a in taken if a != "stopped" or active]
+        if not taken or not known:
+            continue
+        guest_kind, guest, unit = known.get("guest_kind"), known.get("guest"), known.get("unit")
+        entries.append({
+            "kind": "guest_unit", "name": unit, "guest_kind": guest_kind, "guest": guest, "entry": name,
+            "actions": taken, "active": active, "active_state": active_state, "unit_file_state": props.get("UnitFileState") or "",
+            "gpu_indexes": sorted({i for h in holders if _in_guest_unit(h, guest_kind, guest, unit) for i in h.get("gpu_indexes") or []}),
+            "released_at": at,
+        })
+    return entries
+
+
 def unit_entries(result: t.Mapping[str, t.Any], before: t.Mapping[str, t.Mapping[str, str]], holders: t.Iterable[Holder],
                  at: str | None) -> list[Entry]:
     """Entries for the units a gpu_release result says it acted on. `before`: {unit: systemctl
@@ -120,8 +166,7 @@ def unit_entries(result: t.Mapping[str, t.Any], before: t.Mapping[str, t.Mapping
     entries = []
     for unit in list(actions):
         props = before.get(unit) or {}
-        active_state = props.get("ActiveState") or "unknown"
-        active = active_state in ("active", "activating", "reloading", "refreshing") or props.get("SubState") == "auto-restart"
+        active, active_state = _unit_state(props)
         taken = [a for a in actions[unit] if a != "stopped" or active]
         if not taken:
             continue
@@ -210,12 +255,14 @@ def supervisor_entries(result: t.Mapping[str, t.Any], at: str | None, holders: t
 
 
 def release_entries(result: t.Mapping[str, t.Any], unit_before: t.Mapping[str, t.Mapping[str, str]], holders: t.Iterable[Holder],
-                    at: str | None, by: str | None = None) -> list[Entry]:
+                    at: str | None, by: str | None = None, guest_before: t.Mapping[str, t.Mapping[str, t.Any]] | None = None) -> list[Entry]:
     """Everything a gpu_release result changed, in the order it acted: containers, then units,
-    then supervisor programs. `by`: who ran the release (login_user), kept as `released_by` so
-    that an audit can say which run stopped what (its time and its user)."""
+    then a guest's units, then supervisor programs. `by`: who ran the release (login_user), kept
+    as `released_by` so that an audit can say which run stopped what (its time and its user).
+    `guest_before`: the guest units' state before (guest_unit_entries)."""
     holders = list(holders)
-    entries = container_entries(result, at) + unit_entries(result, unit_before, holders, at) + supervisor_entries(result, at, holders)
+    entries = (container_entries(result, at) + unit_entries(result, unit_before, holders, at)
+               + guest_unit_entries(result, guest_before or {}, holders, at) + supervisor_entries(result, at, holders))
     if by:
         for entry in entries:
             entry["released_by"] = by
@@ -341,8 +388,8 @@ def add(path: str, new_entries: t.Iterable[Entry], at: str | None = None) -> Rec
 
 def describe(entry: t.Mapping[str, t.Any]) -> str:
     """`vllm.service stopped, disabled by zeromib at 2026-12-01T10:00:00Z`."""
-    what = {"unit": "", "container": "container ", "supervisor": "supervisor program "}.get(entry.get("kind") or "", "")
-    name = entry.get("name") or (entry.get("id") or "")[:12]
+    what = {"unit": "", "container": "container ", "supervisor": "supervisor program ", "guest_unit": "guest unit "}.get(entry.get("kind") or "", "")
+    name = (entry.get("entry") if entry.get("kind") == "guest_unit" else None) or entry.get("name") or (entry.get("id") or "")[:12]
     return "{}{} {} by zeromib at {}".format(what, name, ", ".join(entry.get("actions") or []), entry.get("released_at") or "an unknown time")
 
 

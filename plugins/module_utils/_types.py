@@ -112,6 +112,8 @@ class Holder(t.TypedDict, total=False):
     container_note: str | None
     pod: str | None
     pod_uid: str | None
+    # The system container (Proxmox LXC, LXD, nspawn) the process runs in, from the host (_guests).
+    guest: Guest | None
     protected: bool
     protection_note: str | None
     kernel_thread: bool
@@ -198,6 +200,11 @@ class ReleaseResult(t.TypedDict, total=False):
     stopped_units: list[str]
     disabled_units: list[str]
     masked_units: list[str]
+    # A system container's own units, named as their services entry (`lxc:101:vllm.service`).
+    stopped_guest_units: list[str]
+    killed_guest_units: list[str]
+    disabled_guest_units: list[str]
+    masked_guest_units: list[str]
     killed_units: list[str]
     kept_units: list[dict[str, t.Any]]
     launchers: list[dict[str, t.Any]]
@@ -234,6 +241,30 @@ class ContainerRef(t.TypedDict):
     runtime: str | None
     kubernetes: bool
     pod_uid: str | None
+
+
+class GuestRef(t.TypedDict):
+    """The system container a cgroup path lies in (_cgroups.guest_ref): kind (lxc, lxd, nspawn),
+    name (Proxmox's VMID, LXD's or the machine's name), the guest's own unit of the process, the
+    boundary cgroup and the cgroup above it."""
+
+    kind: str
+    name: str
+    unit: str | None
+    cgroup: str
+    parent: str
+
+
+class Guest(t.TypedDict):
+    """A holder's system container, seen from the host (gpu_facts' holders[].guest, _guests):
+    its kind and name, the guest's own unit of the process, the host PID of the guest's init and
+    the system manager that init is (systemd, init, openrc-init...; None when it is none)."""
+
+    kind: str
+    name: str
+    unit: str | None
+    init_pid: int | None
+    manager: str | None
 
 
 class ContainerRecord(t.TypedDict):

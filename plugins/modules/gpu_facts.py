@@ -178,6 +178,15 @@ ansible_facts:
           elements: str
           returned: always
           sample: ["0000:2a:00.0", "0000:3a:00.0"]
+        inside_container:
+          description:
+            - V(true) when this look ran in a container (a PID namespace other than the kernel's first - an LXC or LXD guest, an
+              nspawn container, a Docker container or a Kubernetes pod), where the processes of the host and of other guests that
+              share its GPUs are invisible - memory that no process here holds may be held there. V(false) on the host, V(null) when
+              nvidia-smi failed.
+          type: bool
+          returned: always
+          sample: false
         pending_restore:
           description:
             - What M(zeromib.gpu.gpu_release) stopped, disabled or masked on this host and M(zeromib.gpu.gpu_restore) has not put back
@@ -334,6 +343,12 @@ ansible_facts:
               A name protects only a process whose identity backs it; C(protection_note) says why a process named like a protected
               daemon is not protected, C(container_note) why a cgroup path naming a container or pod was not believed (a user-delegated
               subtree, or the runtime does not run the process there). See the collection's C(docs/docsite/rst/guide_security.rst).
+            - C(guest) is the system container the process runs in, seen from the host (Proxmox LXC C(/lxc/<id>/ns), LXD
+              C(/lxc.payload.<name>), systemd-nspawn C(/machine.slice/systemd-nspawn@<name>.service/payload) or C(machine-<name>.scope)
+              in its cgroup path), V(null) elsewhere - C(kind) (V(lxc), V(lxd), V(nspawn)), C(name) (the VMID or the guest's name),
+              C(unit) (the guest's own unit of the process, V(null) where none), C(init_pid) (the host PID of the guest's init) and
+              C(manager) (the system manager that init is, such as V(systemd); V(null) when it is none). Such a process's C(unit) is
+              V(null) - its unit is the guest's, never the host's. See the collection's C(docs/docsite/rst/guide_system_containers.rst).
           type: list
           elements: dict
           returned: always
@@ -356,6 +371,29 @@ ansible_facts:
               container_image: vllm/vllm-openai:v0.11.0
               pod: null
               pod_uid: null
+              guest: null
+              protected: false
+              protection_note: null
+              container_note: null
+            - pid: 4101
+              ppid: 4100
+              name: python3
+              cmdline: python3 -m vllm.entrypoints.openai.api_server
+              user: root
+              state: S
+              start_time: 654321
+              devices: [/dev/nvidia4, /dev/nvidiactl, /dev/nvidia-uvm]
+              gpu_indexes: [4]
+              attribution: listed
+              candidate_gpu_indexes: []
+              unit: null
+              container: null
+              container_runtime: null
+              container_name: null
+              container_image: null
+              pod: null
+              pod_uid: null
+              guest: {kind: lxc, name: "101", unit: vllm.service, init_pid: 4000, manager: systemd}
               protected: false
               protection_note: null
               container_note: null
@@ -400,7 +438,7 @@ def gather(params: t.Mapping[str, t.Any], which: t.Callable[[str], str | None] |
     dcgm = _health.dcgm_diag(params.get("dcgm_diag") or 0, which or (lambda name: None))
     facts = _facts.assemble(
         snapshot.gpus, snapshot.apps, snapshot.holders, params["max_used_mib"], params["processes"], _facts.cuda_driver_version(),
-        snapshot.footprint, snapshot.health, dcgm, snapshot.not_visible,
+        snapshot.footprint, snapshot.health, dcgm, snapshot.not_visible, snapshot.inside_container,
     )
     _cuda_smoke.for_facts(smi, params, facts, snapshot, check_mode)
     return facts, _facts.unreadable_warning(snapshot.unreadable)

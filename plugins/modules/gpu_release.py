@@ -94,6 +94,17 @@ options:
         C(supervisorctl status) prints (V(name), V(group:name)); they are stopped through C(supervisorctl stop), at most O(kill_timeout)
         (+ 5 s) per call. Only a supervisord running as root is asked, through its own configuration (C(-c) of its command line).
         A glob that matches no program (or a host without supervisord) is listed in RV(services_not_found).
+      - V(lxc:<id glob>:<unit glob>) (Proxmox and LXC), V(lxd:<name glob>:<unit glob>) (LXD, Incus) and V(machine:<name glob>:<unit glob>)
+        (systemd-nspawn) name a system container's own units, when the play runs on the host (V(lxc:101:vllm*.service)). They are
+        stopped (and get O(service_state)) by the guest's own systemd, entered with C(nsenter -t <guest init> -a systemctl ...), with the
+        same rules as the host's units; gpu_restore starts them again. A guest that is not running, or a unit it does not have, is
+        listed in RV(services_not_found); a guest whose init is no systemd fails the task before anything is done.
+      - A bare unit name is the host's unit, never a guest's of the same name, and the GPU selection holds for it - a named unit whose
+        processes hold only GPUs outside O(gpus) is kept (RV(kept_units), kind V(other_gpus)) - freeing GPU 4 never stops the
+        V(vllm.service) serving on GPUs 0 and 1. A named unit that holds nothing is stopped.
+      - A process of a guest's service whose guest runs a system manager is never signalled from the host (the guest's manager would
+        start it again) - without such an entry the task fails before anything is done, naming the guest, the command to run there and
+        the entry to add. See the collection's C(docs/docsite/rst/guide_system_containers.rst).
     type: list
     elements: str
     default: []
@@ -120,6 +131,7 @@ options:
         copy cannot be disabled alone - V(disabled) for some copies but not all fails before anything is done, naming the copies it would
         disable too. Name the program (V(supervisor:trainer:*)) to stop and disable every copy, or use V(stopped), which stops the
         named copy only.
+      - A system container's units named in O(services) (V(lxc:101:vllm.service)) are disabled or masked by the guest's systemd.
     type: str
     choices: [stopped, disabled, masked]
     default: stopped
@@ -385,6 +397,29 @@ disabled_programs:
     - {name: vllm, supervisor_pid: 812, config: /etc/supervisor/supervisord.conf, state_before: RUNNING, pid: 815,
        file: /etc/supervisor/conf.d/vllm.conf, section: "program:vllm", autostart_before: "true", autorestart_before: "true",
        group_updated: false}
+stopped_guest_units:
+  description:
+    - A system container's own units named in O(services), stopped through the guest's systemd (in check mode, to be stopped), each
+      named as its entry - V(lxc:101:vllm.service), V(lxd:web:vllm.service), V(machine:build:vllm.service).
+  type: list
+  elements: str
+  returned: always
+  sample: [lxc:101:vllm.service]
+disabled_guest_units:
+  description: The same, disabled in the guest with O(service_state=disabled).
+  type: list
+  elements: str
+  returned: always
+masked_guest_units:
+  description: The same, masked in the guest with O(service_state=masked).
+  type: list
+  elements: str
+  returned: always
+killed_guest_units:
+  description: A guest's units whose stop outlasted O(kill_timeout), killed through the guest's systemd and stopped again.
+  type: list
+  elements: str
+  returned: always
 stopped_mps_servers:
   description:
     - MPS servers stopped through their control daemon (in check mode, to be stopped, with C(how=null)). C(how) is the command used,
@@ -453,13 +488,16 @@ kept_units:
   description:
     - Units that a glob in O(services) matched but that a glob never selects, with the reason - essential to the node, network,
       storage, identity, remote access or time, a launcher, or a protected main process. Name one exactly to stop it, where allowed.
+    - Named units whose processes hold only GPUs outside O(gpus) (kind V(other_gpus)); select their GPUs to stop them.
   type: list
   elements: dict
   returned: always
   sample:
     - {unit: tailscaled.service, reason: "network: the node needs it to stay reachable and its data safe; name it exactly to stop it"}
 services_not_found:
-  description: Units of O(services) that systemd does not know on this host, and V(container:<glob>) entries that match no container.
+  description:
+    - Units of O(services) that systemd does not know on this host, V(container:<glob>) entries that match no container, and guest entries
+      (V(lxc:101:vllm.service)) that name no running guest or no unit of it.
   type: list
   elements: str
   returned: always

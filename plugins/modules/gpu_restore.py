@@ -169,6 +169,24 @@ started_programs:
   type: list
   elements: str
   returned: always
+started_guest_units:
+  description:
+    - A system container's own units (stopped by gpu_release through a V(lxc:), V(lxd:) or V(machine:) entry of its C(services)) started
+      again through the guest's systemd, named as that entry (V(lxc:101:vllm.service)). A guest that is not running keeps its entry.
+  type: list
+  elements: str
+  returned: always
+  sample: [lxc:101:vllm.service]
+enabled_guest_units:
+  description: The same, enabled again in the guest.
+  type: list
+  elements: str
+  returned: always
+unmasked_guest_units:
+  description: The same, unmasked in the guest.
+  type: list
+  elements: str
+  returned: always
 forgotten:
   description: Entries dropped from the record through O(forget).
   type: list

@@ -83,6 +83,18 @@ def _container_label(holder: t.Mapping[str, t.Any]) -> str | None:
     return label
 
 
+_GUEST_WORDS = {"lxc": "LXC guest", "lxd": "LXD guest", "nspawn": "nspawn guest"}
+
+
+def _guest_label(holder: t.Mapping[str, t.Any]) -> str | None:
+    """`LXC guest 101: vllm.service` for a holder in a system container seen from the host, else None."""
+    guest = holder.get("guest")
+    if not isinstance(guest, Mapping) or not guest.get("name"):
+        return None
+    label = "{} {}".format(_GUEST_WORDS.get(str(guest.get("kind")), "guest"), guest["name"])
+    return "{}: {}".format(label, guest["unit"]) if guest.get("unit") else label
+
+
 def _gpu_records(host: str, facts: t.Mapping[str, t.Any]) -> tuple[list[dict[str, t.Any]], list[dict[str, t.Any]], list[dict[str, t.Any]]]:
     holders = []
     mib_by_pid: dict[t.Any, int] = {}
@@ -103,6 +115,7 @@ def _gpu_records(host: str, facts: t.Mapping[str, t.Any]) -> tuple[list[dict[str
         # Freeing a subset of its GPUs refuses it (gpu_release's kill_spanning): worth a note.
         record["spanning"] = len(set(record["gpu_indexes"])) > 1
         record["container_label"] = _container_label(record)
+        record["guest_label"] = _guest_label(record)
         holders.append(record)
     holders.sort(key=lambda h: (not h["blocking"], h["gpu_indexes"][:1] or [1 << 30], h.get("pid") or 0))
 
@@ -188,7 +201,7 @@ def _smoke_test(gpu: t.Mapping[str, t.Any]) -> dict[str, t.Any] | None:
     return dict(test, result=result)
 
 
-def _dirty_reason(gpus: list[dict[str, t.Any]], holders: list[dict[str, t.Any]], stale: list[dict[str, t.Any]]) -> str:
+def _dirty_reason(gpus: list[dict[str, t.Any]], holders: list[dict[str, t.Any]], stale: list[dict[str, t.Any]], inside_container: bool = False) -> str:
     parts = []
     dirty = [g for g in gpus if not g["clean"]]
     if len(dirty) > 3:
@@ -203,7 +216,7 @@ def _dirty_reason(gpus: list[dict[str, t.Any]], holders: list[dict[str, t.Any]],
         # One line per owner: eight vLLM workers of one unit read as the unit, not eight PIDs.
         owners: dict[str, list[dict[str, t.Any]]] = {}
         for h in blocking:
-            owner = h.get("unit") or ("container {}".format(h["container_label"]) if h.get("container_label") else None)
+            owner = h.get("unit") or h.get("guest_label") or ("container {}".format(h["container_label"]) if h.get("container_label") else None)
             owners.setdefault(owner or "pid {}".format(h.get("pid")), []).append(h)
         shown = []
         for owner, members in owners.items():
@@ -217,8 +230,14 @@ def _dirty_reason(gpus: list[dict[str, t.Any]], holders: list[dict[str, t.Any]],
                 shown.append(f"{owner} ({len(members)} processes){note}")
         more = f" and {len(shown) - 3} more" if len(shown) > 3 else ""
         parts.append("held by " + ", ".join(shown[:3]) + more)
-    if stale and not blocking:
+    if stale and not blocking and inside_container:
+        # A container sees no process of the host or of the other guests that share its GPUs.
+        parts.append("memory counted for PID {}, not in this container: held outside it (the host or another guest)? look on the host".format(
+            ", ".join(str(p.get("pid")) for p in stale[:3])))
+    elif stale and not blocking:
         parts.append("memory counted for gone PID {}".format(", ".join(str(p.get("pid")) for p in stale[:3])))
+    elif dirty and not blocking and inside_container:
+        parts.append("no process in this container holds it: held outside it (the host or another guest)? look on the host")
     return "; ".join(parts) or "gpu_facts reports the host not clean"
 
 
@@ -336,13 +355,16 @@ def _host_record(entry: t.Any) -> dict[str, t.Any]:
         # GPUs the host's driver lists that its namespace cannot reach (a container or job given
         # other GPUs, issue 37): not this host's, so neither clean nor dirty; a line in the report.
         "not_visible": [str(bus) for bus in facts.get("not_visible") or []] if not facts.get("error") else [],
+        # The host ran gpu_facts in a container (an LXC/LXD/nspawn guest, a pod): memory no process
+        # there holds may be held by the host or another guest.
+        "inside_container": bool(facts.get("inside_container")),
     }
     if record["gpu_count"] is None and facts:
         record["gpu_count"] = len(gpus)
     record["used_pct"] = _pct(record["memory_used_mib"], record["memory_total_mib"])
     record["status"], record["up"], record["reason"] = _status(entry, raw_status, facts)
     if record["status"] == "dirty":
-        record["reason"] = _dirty_reason(gpus, holders, stale)
+        record["reason"] = _dirty_reason(gpus, holders, stale, record["inside_container"])
     if record["up"]:
         record["health_reason"] = _health_reason(record)
     return record

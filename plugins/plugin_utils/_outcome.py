@@ -125,9 +125,10 @@ def _record(result: t.Mapping[str, t.Any], host: str, check_mode: bool) -> Outco
         "selected": result.get("selected_gpus") or [],
         "mib_before": _mib(selected_gpus(result, "gpus_before")),
         "mib_after": _mib(after),
-        "stopped_units": result.get("stopped_units") or [],
-        "disabled_units": result.get("disabled_units") or [],
-        "masked_units": result.get("masked_units") or [],
+        # A system container's units (`lxc:101:vllm.service`, stopped through the guest's systemd) read as units, by that name.
+        "stopped_units": (result.get("stopped_units") or []) + (result.get("stopped_guest_units") or []),
+        "disabled_units": (result.get("disabled_units") or []) + (result.get("disabled_guest_units") or []),
+        "masked_units": (result.get("masked_units") or []) + (result.get("masked_guest_units") or []),
         "stopped_containers": [container_label(c) for c in result.get("stopped_containers") or []],
         "disabled_containers": [container_label(c) for c in result.get("disabled_containers") or []],
         "killed": [{"pid": k.get("pid"), "name": k.get("name"), "signal": k.get("signal"), "container": k.get("container")}

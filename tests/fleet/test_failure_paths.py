@@ -150,7 +150,7 @@ def test_misspelled_variable_is_warned_about_naming_the_closest_known_one(trio):
     assert f"{good}: free_gpus_" not in out
 
 
-def test_leaked_memory_fails_that_host_fast_with_reset_advice_and_the_others_are_freed(trio):
+def test_leaked_memory_fails_that_host_fast_and_the_others_are_freed(trio):
     fleet, (busy, leaky), _mig = trio
     fleet.workload(busy, "train", gpus="0", mib=1000)
     fleet.set_fault(leaky, leak={"1": 2000})
@@ -162,7 +162,10 @@ def test_leaked_memory_fails_that_host_fast_with_reset_advice_and_the_others_are
     outcome = res["ansible_facts"]["free_gpus_result"]
     # no holder and nothing done: a short grace, not the 60 s wait_timeout
     assert outcome["elapsed_s"] < 5, outcome
-    assert "GPU 1" in res["msg"] and "2000 MiB" in res["msg"] and "reset" in res["msg"] and "reboot" in res["msg"], res["msg"]
+    # A fleet host is an nspawn guest of this machine (a PID namespace of its own): the memory may be held
+    # outside it, so no reset or reboot is advised from inside (issue 56); the host's own advice is the unit tests'.
+    assert "GPU 1" in res["msg"] and "2000 MiB" in res["msg"] and "may be held outside it" in res["msg"], res["msg"]
+    assert "reset" not in res["msg"] and "reboot" not in res["msg"], res["msg"]
     # printed once, in the summary (issue 32), without the GPU records (they come with -v)
     assert run.stdout.count("reads 2000 MiB") == 1, run.stdout[-4000:]
     assert not any("2000 MiB" in f for f in fatal_lines(run, leaky))

@@ -21,6 +21,7 @@ import typing as t
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _attribution
 from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _facts
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _guests
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders_mod
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _signals
@@ -38,6 +39,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi impo
 
 if t.TYPE_CHECKING:
     from ansible_collections.zeromib.gpu.plugins.module_utils._act import _containers, _services, _settle, _supervisor  # noqa: F401 - annotations
+    from ansible_collections.zeromib.gpu.plugins.module_utils._act._guest_units import GuestPlan
     from ansible_collections.zeromib.gpu.plugins.module_utils._types import ComputeApp, ContainersDone, DriverGpu, Gpu, Holder, ReleaseResult
     from ansible_collections.zeromib.gpu.plugins.module_utils._act._supervisor import ProgramPlan
     from ansible_collections.zeromib.gpu.plugins.module_utils._act._units import UnitPlan
@@ -110,6 +112,15 @@ class System:
         if path is None:
             return None, False
         return holders_mod.unit_of(path), holders_mod.is_system_service(path)
+
+    def running_guests(self, kind: str, name_glob: str) -> list[t.Any]:
+        """The system containers of `kind` running on this node whose name matches (_guests.running)."""
+        return _guests.running(kind, name_glob, proc=self.proc)
+
+    def guest_systemctl(self, guest: t.Any, args: list[str], timeout: float) -> tuple[int, str, str]:
+        """A guest's own systemctl, in the guest's namespaces (_guest_units.nsenter_systemctl)."""
+        from ansible_collections.zeromib.gpu.plugins.module_utils._act import _guest_units
+        return _guest_units.nsenter_systemctl(guest, args, timeout)
 
     @staticmethod
     def now() -> float:
@@ -271,6 +282,9 @@ def describe_holder(holder: Holder | dict[str, t.Any]) -> str:
         parts.append("unit {}".format(holder["unit"]))
     if holder.get("container"):
         parts.append("container {}".format(holder.get("container_name") or (holder.get("container") or "")[:12]))
+    guest = holder.get("guest")
+    if guest:
+        parts.append("{}{}".format(_guests.label(guest), ": {}".format(guest["unit"]) if guest.get("unit") else ""))
     parts.append("state {}".format(holder.get("state")))
     if holder.get("protected"):
         parts.append("protected")
@@ -288,11 +302,27 @@ EARLY_HEADS = {
 }
 
 
-def gpu_failure(gpu: Gpu, holders: list[Holder], apps: list[ComputeApp], blind: bool = False, freeing: str | None = None) -> str:
+# The words that mark a GPU of a failure message as possibly held outside this container.
+INSIDE_A_CONTAINER = "this run is inside a container (a PID namespace of its own)"
+
+
+def held_outside(gpu: Gpu, dead_claims: list[ComputeApp]) -> str:
+    """Memory no process of this container holds: a container sees neither the host's processes
+    nor other guests' that share its GPUs (nvidia-smi lists them under PIDs that do not exist
+    here), so no reset or reboot is advised from inside (it would take the GPU from them)."""
+    listed = " (nvidia-smi charges it to pid {}, which does not exist here)".format(", ".join(str(a["pid"]) for a in dead_claims)) if dead_claims else ""
+    return (", and no process of this container holds it{}: {}, which cannot see the host's processes or other guests', so GPU {} may "
+            "be held outside it, by the host or another guest sharing it. Look on the host: zeromib.gpu.gpu_facts there names the holder "
+            "and the guest it runs in (gpu_release there frees it)".format(listed, INSIDE_A_CONTAINER, gpu["index"]))
+
+
+def gpu_failure(gpu: Gpu, holders: list[Holder], apps: list[ComputeApp], blind: bool = False, freeing: str | None = None,
+                inside: bool = False) -> str:
     """The part of the failure message of one dirty GPU: its MiB and what still holds it.
     `blind`: some processes could not be read (not root), so "nothing holds it" is unknown and
     neither a reset nor a baseline is advised. `freeing`: why it is still being freed (see
-    freeing_notes), when it is; then no reset is advised either."""
+    freeing_notes), when it is; then no reset is advised either. `inside`: this run is in a
+    container, where memory with no holder here may be held outside it (held_outside)."""
     on_gpu = [h for h in holders if gpu["index"] in h["gpu_indexes"]]
     unprotected = [h for h in on_gpu if not h["protected"]]
     claims = [a for a in apps if a.get("gpu_index") == gpu["index"]]
@@ -321,6 +351,8 @@ def gpu_failure(gpu: Gpu, holders: list[Holder], apps: list[ComputeApp], blind: 
         text += ", and no process that this module can read holds it (its holder may be one it cannot read)"
     elif freeing:
         text += ", and no live process holds it any more: the driver is still freeing its memory"
+    elif inside and not on_gpu and (dead_claims or not is_idle_baseline(gpu)):
+        text += held_outside(gpu, dead_claims)
     elif dead_claims:
         text += (
             ", attributed to exited process(es) {} and no live process holds the GPU: the driver has not freed this "
@@ -352,15 +384,18 @@ def permission_head(unreadable: int) -> str:
 
 def failure_message(dirty_gpus: list[Gpu], holders: list[Holder], apps: list[ComputeApp], waited_s: float, unkillable: list[dict[str, t.Any]],
                     protected_only: bool = False, early: str | None = None, unreadable: int = 0,
-                    freeing: t.Mapping[int, str] | None = None) -> str:
+                    freeing: t.Mapping[int, str] | None = None, inside: bool = False) -> str:
     """One message naming each dirty GPU, its MiB and what still holds it. `early`: why the
     wait stopped before wait_timeout (a key of EARLY_HEADS). `unreadable`: how many processes
     could not be read (not root): then the permission problem is the head. `freeing`: the GPUs
-    still being freed when wait_timeout ran out, and why (freeing_notes)."""
+    still being freed when wait_timeout ran out, and why (freeing_notes). `inside`: the run is
+    in a container (gpu_failure)."""
     freeing = freeing or {}
-    lines = [gpu_failure(gpu, holders, apps, blind=unreadable > 0, freeing=freeing.get(gpu["index"])) for gpu in dirty_gpus]
+    lines = [gpu_failure(gpu, holders, apps, blind=unreadable > 0, freeing=freeing.get(gpu["index"]), inside=inside) for gpu in dirty_gpus]
     if unreadable:
         head = permission_head(unreadable)
+    elif early == "no_holder" and any(INSIDE_A_CONTAINER in line for line in lines):
+        head = "GPUs read above max_used_mib with no process of this container holding them (waiting would not free them)"
     elif protected_only or early in EARLY_HEADS:
         head = EARLY_HEADS[early or "protected"]
     elif any(gpu["index"] in freeing for gpu in dirty_gpus):
@@ -508,6 +543,12 @@ def plan_diff(result: ReleaseResult, check_mode: bool) -> tuple[list[str], list[
         before.append("container {}: {}".format(name, "running" if name in stopped_c else "restart policy set"))
         states = ("stopped" if name in stopped_c else None, "restart policy no" if name in disabled_c else None)
         after.append("container {}: {}".format(name, ", ".join(x for x in states if x)))
+    guest_disabled = set(result.get("disabled_guest_units") or []) | set(result.get("masked_guest_units") or [])
+    guest_stopped = list(result.get("stopped_guest_units") or [])
+    for name in guest_stopped + sorted(guest_disabled - set(guest_stopped)):
+        before.append("guest unit {}: {}".format(name, "active" if name in guest_stopped else "enabled"))
+        state = "masked" if name in (result.get("masked_guest_units") or []) else "disabled" if name in guest_disabled else None
+        after.append("guest unit {}: {}".format(name, ", ".join(x for x in ("stopped" if name in guest_stopped else None, state) if x)))
     for entry in result.get("killed") or []:
         label = "process {} {}".format(entry.get("pid"), entry.get("name"))
         before.append(f"{label}: running")
@@ -536,6 +577,11 @@ def new_result(state_key: str | None) -> ReleaseResult:
         "disabled_containers": [],
         "stopped_programs": [],
         "disabled_programs": [],
+        # A system container's own units, stopped (disabled, masked) through the guest's systemd: `lxc:101:vllm.service`.
+        "stopped_guest_units": [],
+        "killed_guest_units": [],
+        "disabled_guest_units": [],
+        "masked_guest_units": [],
         "stopped_mps_servers": [],
         # MPS clients told terminate_client through their server's control daemon before any signal (_mps).
         "terminated_mps_clients": [],
@@ -608,6 +654,8 @@ class Plan:
         self.containers: t.Any = None
         self.units: UnitPlan | None = None
         self.programs: ProgramPlan | None = None
+        # A guest's units named in services, stopped through the guest's systemd (_guest_units).
+        self.guests: list[GuestPlan] = []
         self.to_do = False
         self.gpus_clean = False
         self.dirty_before: list[Gpu] = []
@@ -680,6 +728,11 @@ class Release:
         self.unreadable = 0
         # The verify loop's last readings: whether a GPU is still being freed at the end (freeing_notes).
         self.trend = MemoryTrend()
+        # Guest entries of services that name no running guest or no unit there; the guest units' state before.
+        self.guests_not_found: list[str] = []
+        self.guest_before: dict[str, dict[str, t.Any]] = {}
+        # Whether the look ran in a container (_guests.pid_namespace_nested): memory no process here holds may be held outside.
+        self.inside_container = False
 
     # --- the whole run
 
@@ -752,6 +805,7 @@ class Release:
             max_used_mib=self.max_used_mib(), footprint_mib=self.footprint_mib(), main_pid_of=self.main_pid_of,
         )
         holders = _container_of.annotate(holders, self.system.runtimes, self.system.proc)
+        holders = _guests.annotate(holders, self.system.proc)
         for holder in holders:
             if (holder["pid"], holder["start_time"]) in self.spared_inits:
                 holder["protected"], holder["protected_reason"] = True, SPARED_INIT
@@ -802,6 +856,7 @@ class Release:
         self.selected = True
         self.result["gpus_before"] = t.cast("list[Gpu]", [_facts.public_gpu(g, limit, snapshot.footprint) for g in gpus])
         self.result["selected_gpus"] = plan.selected
+        self.inside_container = bool(getattr(snapshot, "inside_container", False))
         self.choose_targets(plan)
         planning = self.system.now()
         if holders or self.params.get("services"):
@@ -810,17 +865,20 @@ class Release:
             plan.targets = plan.containers.signal
             plan.units = self.plan_units(plan.targets, holders, plan.selected)
             plan.programs = self.plan_programs()
+            plan.guests = self.plan_guests(holders, plan.selected)
         else:
             # No process holds a GPU and services names nothing (the clean gate): the planners of
             # containers, units and supervisord would find nothing, so they are not loaded.
             plan.containers, plan.units, plan.programs = NoContainers(), no_units(), no_programs()
         self.refuse_spanning(holders, plan.selected, plan.containers, plan.mps_servers, plan.programs)
+        self.refuse_guest_services(plan)
         self.result["timings"]["plan_s"] = round(self.system.now() - planning, 3)
-        self.result["services_not_found"] = plan.units["not_found"] + plan.containers.not_found + plan.programs["not_found"]
+        self.result["services_not_found"] = (plan.units["not_found"] + plan.containers.not_found + plan.programs["not_found"]
+                                             + self.guests_not_found)
         plan.gpus_clean = all(g["clean"] for g in self.result["gpus_before"] if g["index"] in plan.selected)
         plan.to_do = bool(plan.containers or plan.units["stop"] or plan.units["disable"] or plan.units["mask"]
                           or (plan.targets and self.params.get("kill", True)) or plan.programs["stop"] or plan.programs["disable"]
-                          or plan.mps_servers)
+                          or plan.mps_servers or bool(plan.guests and self.guest_units.acted_on(plan.guests)))
         plan.dirty_before = [g for g in gpus if g["index"] in plan.selected and g["index"] not in snapshot.footprint
                              and not _facts.gpu_is_clean(g, limit)]
         plan.unheld_at_look = {g["index"] for g in unheld(plan.dirty_before, holders, snapshot.apps)}
@@ -893,8 +951,17 @@ class Release:
         """The `services` option, read once: units, containers and supervisord programs (_services)."""
         if self._named is None:
             from ansible_collections.zeromib.gpu.plugins.module_utils._act import _services
-            self._named = _services.parse(self.params.get("services"))
+            try:
+                self._named = _services.parse(self.params.get("services"))
+            except ValueError as exc:
+                raise StepFailed(str(exc)) from exc
         return self._named
+
+    @property
+    def guest_units(self) -> t.Any:
+        """_act/_guest_units, loaded where services names a guest or a guest's process holds a GPU."""
+        from ansible_collections.zeromib.gpu.plugins.module_utils._act import _guest_units
+        return _guest_units
 
     def plan_units(self, targets: list[Holder], holders: list[Holder], selected: list[int]) -> UnitPlan:
         from ansible_collections.zeromib.gpu.plugins.module_utils._act import _units
@@ -904,9 +971,35 @@ class Release:
             self.params.get("launchers") or (), bool(self.params.get("kill_spanning")))
         steps = _units.plan(self.system.systemctl, self.named.units, owned if self.params.get("stop_owning_units") else [],
                             self.params.get("service_state"), forbidden, self.names, self.system.proc, self.params.get("launchers") or ())
+        _units.keep_outside_selection(steps, _units.held_gpus(holders), selected, owned)
         self.result["kept_units"].extend(steps["kept_units"])
         self.result["warnings"].extend(steps["warnings"])
         return steps
+
+    def plan_guests(self, holders: list[Holder], selected: list[int]) -> list[GuestPlan]:
+        """A guest's units named in services (lxc:101:vllm.service, ...), planned through the
+        guest's systemd (_guest_units); [] without such entries."""
+        if not self.named.guests:
+            return []
+        plans, self.guests_not_found, warnings = self.guest_units.plan(
+            self.system, self.named.guests, holders, selected, self.params.get("service_state"), self.names,
+            float(self.params.get("kill_timeout") or 0.0))
+        self.result["warnings"].extend(warnings)
+        for guest_plan in plans:
+            self.result["kept_units"].extend(dict(k, unit=self.guest_units.name(guest_plan["guest"], k["unit"]))
+                                             for k in guest_plan["steps"]["kept_units"])
+        return plans
+
+    def refuse_guest_services(self, plan: Plan) -> None:
+        """From the host, a process of a guest's service whose guest runs a system manager is not
+        signalled (the guest's manager would start it again) unless services names the unit of
+        that guest: the run fails before anything is done, naming the command to run there and
+        the entry to add (check mode says the same)."""
+        if not self.params.get("kill", True) or not any(h.get("guest") for h in plan.targets):
+            return
+        refused = self.guest_units.refused_holders(plan.targets, plan.guests)
+        if refused:
+            raise StepFailed(self.guest_units.refusal(refused, plan.selected, _guests.host_tools(), self.params.get("service_state")))
 
     def refuse_spanning(self, holders: list[Holder], selected: list[int], container_plan: _containers.Plan, mps_servers: list[Holder],
                         program_plan: ProgramPlan | None = None) -> None:
@@ -977,9 +1070,12 @@ class Release:
             self.result["disabled_units"] = units["disable"]
         elif self.state_key == "masked_units":
             self.result["masked_units"] = units["mask"]
+        if plan.guests:
+            self.result.update(self.guest_units.planned(plan.guests, self.params.get("service_state")))  # type: ignore[typeddict-item]
         # What the real run would signal: holders whose unit is stopped end with it.
         by_unit = set(units["stop"])
-        signalled = [h for h in plan.targets if not (h.get("system_service") and h.get("unit") in by_unit)]
+        signalled = [h for h in plan.targets if not (h.get("system_service") and h.get("unit") in by_unit)
+                     and not (plan.guests and self.guest_units.covered(h, plan.guests))]
         freezer = _signals.Freezer(self.system.proc)
         self.result["killed"] = [] if not self.params.get("kill", True) else [
             {"pid": h["pid"], "name": h["name"], "cmdline": h["cmdline"], "unit": h.get("unit"), "container": h.get("container"),
@@ -1003,15 +1099,15 @@ class Release:
         if blind:
             # Not root: the real run cannot see who holds these GPUs either; said as its first sentence, once.
             self.result["warnings"] = [w for w in self.result["warnings"] if not w.startswith("could not read the open files")]
-            return failure_message(blind, holders, apps, 0.0, [], False, None, self.unreadable)
+            return failure_message(blind, holders, apps, 0.0, [], False, None, self.unreadable, inside=self.inside_container)
         protected = [g for g in dirty if only_protected([g], holders, apps)]
         if protected:
-            return failure_message(protected, holders, apps, 0.0, [], True, "protected")
+            return failure_message(protected, holders, apps, 0.0, [], True, "protected", inside=self.inside_container)
         if not self.params.get("kill", True):
             left = [h for h in _facts.dirty_holders(holders, selected) if h["pid"] in {t["pid"] for t in signalled}]
             stuck = [g for g in dirty if any(g["index"] in h["gpu_indexes"] for h in left)]
             if stuck:
-                return failure_message(stuck, holders, apps, 0.0, [], False, "not_killed")
+                return failure_message(stuck, holders, apps, 0.0, [], False, "not_killed", inside=self.inside_container)
         nobody = [g["index"] for g in unheld(dirty, holders, apps)] if may_be_unheld else []
         if nobody:
             # The grace counts from the first scan, which a loaded host makes late: the deadline only
@@ -1020,7 +1116,7 @@ class Release:
             if not clean and early == "no_holder":
                 still = [g for g in gpus if g["index"] in nobody and not _facts.gpu_is_clean(g, self.max_used_mib())]
                 holders_now, apps_now = self.scan(gpus)
-                return failure_message(still, holders_now, apps_now, 0.0, [], False, "no_holder")
+                return failure_message(still, holders_now, apps_now, 0.0, [], False, "no_holder", inside=self.inside_container)
         return None
 
     # --- act
@@ -1037,6 +1133,8 @@ class Release:
                 outside.update(self.act_containers(plan.containers))
             if units["stop"] or units["disable"] or units["mask"]:
                 self.act_units(units)
+            if plan.guests:
+                self.act_guests(plan.guests)
             if programs["stop"] or programs["disable"]:
                 self.act_programs(programs)
         except StepFailed as exc:
@@ -1046,7 +1144,7 @@ class Release:
         finally:
             self.write_record(units.get("before") or {}, plan.holders)
         targets = plan.targets
-        if plan.containers.stop or units["stop"] or programs["stop"]:
+        if plan.containers.stop or units["stop"] or programs["stop"] or self.result["stopped_guest_units"]:
             # Stopping a unit or a container ended its processes; see who is left before signalling anyone.
             holders, _apps = self.scan(plan.gpus)
             targets, _protected = plan_targets(holders, plan.selected, self.regexes, bool(self.params.get("kill_spanning")))
@@ -1066,6 +1164,7 @@ class Release:
             or self.result["stopped_containers"] or self.result["disabled_containers"]
             or self.result["stopped_programs"] or self.result["disabled_programs"] or self.result["stopped_mps_servers"]
             or self.result["terminated_mps_clients"]
+            or self.result["stopped_guest_units"] or self.result["disabled_guest_units"] or self.result["masked_guest_units"]
         )
 
     def foreign(self, targets: list[Holder]) -> t.Callable[[int, int], bool]:
@@ -1108,6 +1207,16 @@ class Release:
         started = self.system.now()
         try:
             self.fold(_units.act(self.system, plan, self.params.get("kill_timeout") or 0.0))
+        finally:
+            self._add_stop_time(started)
+
+    def act_guests(self, plans: list[GuestPlan]) -> None:
+        """A guest's named units, through the guest's systemd (_guest_units); their state before
+        goes to the restore record."""
+        self.guest_before = self.guest_units.before(plans)
+        started = self.system.now()
+        try:
+            self.fold(self.guest_units.act(self.system, plans, float(self.params.get("kill_timeout") or 0.0)))
         finally:
             self._add_stop_time(started)
 
@@ -1214,7 +1323,7 @@ class Release:
         freeing = {} if early else freeing_notes(dirty, holders, apps, self.trend, lambda pid: holders_mod.is_exiting(pid, self.system.proc),
                                                  signalled)
         return failure_message(dirty, holders, apps, self.result["timings"]["wait_s"], self.result["unkillable"],
-                               early == "protected", early, unreadable, freeing)
+                               early == "protected", early, unreadable, freeing, self.inside_container)
 
     def verify(self, selected: list[int], deadline: float, acted: bool, unheld_at_look: t.Collection[int] = ()
                ) -> tuple[list[Gpu], bool, str | None, set[int]]:
@@ -1282,7 +1391,8 @@ class Release:
         path = getattr(self.system, "record_path", None)
         if not path:
             return
-        entries = _record.release_entries(self.result, unit_before, holders, _record.now_iso(), _record.login_user(self.system.proc))
+        entries = _record.release_entries(self.result, unit_before, holders, _record.now_iso(), _record.login_user(self.system.proc),
+                                          self.guest_before)
         try:
             record = _record.add(path, entries)
         except (_record.RecordError, OSError) as exc:
@@ -1324,8 +1434,10 @@ class Release:
             # Memory and holders are what a dry run cannot change: the plan is the difference.
             ending = {k["pid"] for k in self.result.get("killed") or []}
             stopping = set(self.result.get("stopped_units") or [])
+            stopping_guests = set(self.result.get("stopped_guest_units") or [])
             gpus_after, holders_after = gpus_before, [h for h in holders_before if h["pid"] not in ending
-                                                      and not (h.get("system_service") and h.get("unit") in stopping)]
+                                                      and not (h.get("system_service") and h.get("unit") in stopping)
+                                                      and not (h.get("guest") and _guests.entry(h["guest"] or {}) in stopping_guests)]
         self.result["diff"] = {  # type: ignore[typeddict-unknown-key]
             "before": summarize_diff(gpus_before, holders_before, changes_before),
             "after": summarize_diff(gpus_after if gpus_after is not None else gpus_before,

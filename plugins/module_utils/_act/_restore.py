@@ -44,6 +44,7 @@ if t.TYPE_CHECKING:
 
     # The steps an entry needed (or took), and why it was not restored (None: it was).
     Outcome = t.Tuple[t.List[str], t.Optional[str]]
+    Systemctl = t.Callable[[t.List[str]], t.Tuple[int, str, str]]
 
 # How often a wait for the GPUs looks (one nvidia-smi call and a /proc scan each time).
 GPU_POLL_S = 0.5
@@ -70,6 +71,16 @@ class System:
     def systemctl(self, args: t.Sequence[str], timeout: float = 30.0) -> tuple[int, str, str]:
         """(rc, out, err); a call that outlasts `timeout` is ended and reads rc 124 (systemd goes on with its job)."""
         return _commands.systemctl(self.systemctl_path, args, timeout)
+
+    def running_guests(self, kind: str, name_glob: str) -> list[t.Any]:
+        """The system containers of `kind` running on this node whose name matches (_guests.running)."""
+        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _guests  # pylint: disable=import-outside-toplevel
+        return _guests.running(kind, name_glob, proc=self.proc)
+
+    def guest_systemctl(self, guest: t.Any, args: list[str], timeout: float) -> tuple[int, str, str]:
+        """A guest's own systemctl, in the guest's namespaces (_guest_units.nsenter_systemctl)."""
+        from ansible_collections.zeromib.gpu.plugins.module_utils._act import _guest_units  # pylint: disable=import-outside-toplevel
+        return _guest_units.nsenter_systemctl(guest, args, timeout)
 
     @staticmethod
     def now() -> float:
@@ -139,7 +150,10 @@ def parse_wait(value: t.Any) -> float:
 
 
 def label(entry: Entry) -> str:
-    """How a plan names an entry: `vllm.service`, `container vllm`, `supervisor program vllm`."""
+    """How a plan names an entry: `vllm.service`, `container vllm`, `supervisor program vllm`,
+    `guest unit lxc:101:vllm.service`."""
+    if entry.get("kind") == "guest_unit":
+        return "guest unit {}".format(entry.get("entry") or entry.get("name"))
     what = {"container": "container ", "supervisor": "supervisor program "}.get(entry.get("kind") or "", "")
     return what + (entry.get("name") or (entry.get("id") or "")[:12])
 
@@ -176,7 +190,8 @@ def plan_line(entry: Entry, steps: t.Sequence[str]) -> str:
 
 def forgotten(entries: t.Iterable[Entry], patterns: t.Sequence[str]) -> list[Entry]:
     """Entries that `forget` names (unit or container names, globs allowed)."""
-    return [e for e in entries if any(fnmatch.fnmatchcase(e.get("name") or "", p) or (e.get("id") or "").startswith(p) for p in patterns)]
+    return [e for e in entries if any(fnmatch.fnmatchcase(e.get("name") or "", p) or (e.get("id") or "").startswith(p)
+                                      or (e.get("kind") == "guest_unit" and fnmatch.fnmatchcase(e.get("entry") or "", p)) for p in patterns)]
 
 
 # ---------------------------------------------------------------- the run
@@ -207,6 +222,10 @@ class Restore:
             "restored_policies": [],
             "started_containers": [],
             "started_programs": [],
+            # A system container's own units, put back through the guest's systemd: `lxc:101:vllm.service`.
+            "unmasked_guest_units": [],
+            "enabled_guest_units": [],
+            "started_guest_units": [],
             "forgotten": [],
             "already_restored": [],
             "not_restored": [],
@@ -220,25 +239,27 @@ class Restore:
 
     # --- units
 
-    def _show(self, units: list[str]) -> dict[str, dict[str, str]]:
-        rc, out, err = self.system.systemctl(["show", "--property=Id,LoadState,ActiveState,SubState,UnitFileState,Result", "--no-pager"]
-                                             + units, timeout=self.step_timeout)
+    def _show(self, units: list[str], systemctl: Systemctl | None = None) -> dict[str, dict[str, str]]:
+        call = systemctl or (lambda args: self.system.systemctl(args, timeout=self.step_timeout))
+        rc, out, err = call(["show", "--property=Id,LoadState,ActiveState,SubState,UnitFileState,Result", "--no-pager"] + units)
         if rc != 0:
             raise RestoreError(f"systemctl show failed (rc {rc}): {(err or out).strip()}", self.result)
         return _units.parse_show(out)
 
-    def _unit_step(self, unit: str, step: str, before: Entry) -> str | None:
+    def _unit_step(self, unit: str, step: str, before: Entry, systemctl: Systemctl | None = None) -> str | None:
+        """One step on a unit (of the host, or of a guest through `systemctl`); why it failed, or None."""
+        call = systemctl or (lambda args: self.system.systemctl(args, timeout=self.step_timeout))
         args = {"unmask": ["unmask"], "enable": ["enable"], "start": ["start"]}[step]
         if step == "enable" and (before.get("unit_file_state") or "").endswith("-runtime"):
             args = ["enable", "--runtime"]
-        rc, out, err = self.system.systemctl(args + ["--no-ask-password", unit], timeout=self.step_timeout)
+        rc, out, err = call(args + ["--no-ask-password", unit])
         if rc == 124:
             return f"systemctl {step} {unit} did not finish within {self.step_timeout:.0f} s (step_timeout)"
         if rc != 0:
             return f"systemctl {step} {unit} failed (rc {rc:d}): {(err or out).strip()}"
         if step == "start":
             # `systemctl start` returns when the start job is done; a unit that died at once reads failed.
-            state = self._show([unit]).get(unit, {})
+            state = self._show([unit], call).get(unit, {})
             if state.get("ActiveState") not in ("active", "activating", "reloading") or state.get("SubState") == "auto-restart":
                 return "{} did not start: it reads {} ({}, result {})".format(unit, state.get("ActiveState"), state.get("SubState"), state.get("Result"))
         return None
@@ -269,6 +290,40 @@ class Restore:
                 steps = [s for s in unit_steps(entry, self._show([unit]).get(unit, {})) if s != "unmask"]
             else:
                 steps = steps[1:]
+        return done, None
+
+    # --- a guest's units
+
+    def restore_guest_unit(self, entry: Entry) -> Outcome:
+        """A system container's own unit, put back through the guest's systemd (nsenter into the
+        guest's namespaces, _guest_units), with the steps of a host unit. A guest that is not
+        running keeps its entry: start the guest, then run gpu_restore again."""
+        from ansible_collections.zeromib.gpu.plugins.module_utils._act import _guest_units  # pylint: disable=import-outside-toplevel
+        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _guests  # pylint: disable=import-outside-toplevel
+        unit, kind, name = entry["name"], entry.get("guest_kind") or "", str(entry.get("guest"))
+        guests = [g for g in self.system.running_guests(kind, _glob_escape(name)) if g["name"] == name]
+        if not guests:
+            return [], "{} is not running: start it, then run gpu_restore again".format(_guests.label({"kind": kind, "name": name}))
+        guest = guests[0]
+        if guest.get("manager") != "systemd":
+            return [], "{} runs {} as its init, not systemd".format(_guests.label(guest), guest.get("manager") or "no system manager")
+        node = _guest_units.GuestNode(self.system, guest, self.step_timeout)
+        try:
+            props = self._show([unit], node.systemctl).get(unit, {})
+        except RestoreError as exc:
+            return [], exc.msg
+        if (props.get("LoadState") or "not-found") == "not-found":
+            return [], f"{unit} is no longer known to the guest's systemd (its unit file was removed?)"
+        steps = unit_steps(entry, props)
+        keys = {"unmask": "unmasked_guest_units", "enable": "enabled_guest_units", "start": "started_guest_units"}
+        done = []
+        for step in steps:
+            if not self.check_mode:
+                why = self._unit_step(unit, step, entry, node.systemctl)
+                if why:
+                    return steps, why
+            done.append(step)
+            self.result[keys[step]].append(entry.get("entry") or unit)
         return done, None
 
     # --- containers
@@ -397,6 +452,8 @@ class Restore:
                 steps, why = self.restore_unit(entry, props.get(entry["name"], {}))
             elif entry["kind"] == "container":
                 steps, why = self.restore_container(entry)
+            elif entry["kind"] == "guest_unit":
+                steps, why = self.restore_guest_unit(entry)
             else:
                 steps, why = self.restore_program(entry)
             before, after = change_lines(entry, steps, self.policies_now.get(entry.get("id") or ""))
@@ -451,7 +508,7 @@ class Restore:
     def wait_for_gpus(self, entries: list[Entry], seconds: float) -> None:
         """Until every restored entry that held GPUs at the release holds a GPU again."""
         # A program is waited for when this run found its supervisord (restore_program).
-        wanted = [e for e in entries if e["kind"] in ("unit", "container") or (e["kind"] == "supervisor" and e.get("name") in self.supervisors)]
+        wanted = [e for e in entries if e["kind"] in ("unit", "container", "guest_unit") or (e["kind"] == "supervisor" and e.get("name") in self.supervisors)]
         if not wanted or self.look is None:
             return
         started = self.system.now()
@@ -527,6 +584,9 @@ def program_edit(entry: Entry, supervisor_mod: ModuleType) -> str | None:
 def _holds(entry: Entry, holder: Holder, programs: t.Mapping[str, int] | None = None, proc: str = "/proc") -> bool:
     if entry["kind"] == "unit":
         return holder.get("unit") == entry["name"] and holder.get("system_service", True)
+    if entry["kind"] == "guest_unit":
+        guest: t.Mapping[str, t.Any] = holder.get("guest") or {}
+        return (guest.get("kind"), guest.get("name"), guest.get("unit")) == (entry.get("guest_kind"), entry.get("guest"), entry["name"])
     if entry["kind"] == "supervisor":
         pid = (programs or {}).get(entry.get("name") or "")
         return pid is not None and pid in ancestry(holder.get("pid"), proc)
@@ -534,6 +594,11 @@ def _holds(entry: Entry, holder: Holder, programs: t.Mapping[str, int] | None = 
     if not container:
         return False
     return (entry.get("id") or "").startswith(container)
+
+
+def _glob_escape(name: str) -> str:
+    """A name as an fnmatch glob that matches only itself."""
+    return "".join(f"[{char}]" if char in "*?[]" else char for char in name)
 
 
 def ancestry(pid: t.Any, proc: str = "/proc", limit: int = 64) -> list[int]:

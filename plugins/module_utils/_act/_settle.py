@@ -216,9 +216,25 @@ def supervisor_program(environ: dict[str, str]) -> str | None:
     return process if not group or group == process else f"{group}:{process}"
 
 
+def guest_init_hint(parent: t.Mapping[str, t.Any]) -> str | None:
+    """What to do when the restarter is the init of a system container seen from the host, or
+    None: never `kill` it (that ends the whole guest); stop the server in the guest."""
+    ref = _cgroups.guest_ref(parent.get("cgroup"))
+    if ref is None or not parent.get("pid_namespace_init"):
+        return None
+    from ansible_collections.zeromib.gpu.plugins.module_utils._look import _guests  # pylint: disable=import-outside-toplevel
+    guest = {"kind": ref["kind"], "name": ref["name"], "init_pid": parent["pid"]}
+    return ("pid {} is the init of {}, which starts it again; ending that init ends the whole guest: stop the server inside the guest "
+            "(enter it with `{}`), or, where the guest runs systemd, name its unit in services as {}".format(
+                parent["pid"], _guests.label(guest), _guests.guest_command(guest, ["sh"], _guests.host_tools()), _guests.entry(guest)))
+
+
 def stop_hint(kind: str | None, parent: t.Mapping[str, t.Any], child_environ: dict[str, str], proc: str = "/proc") -> str:
     """What stops this restarter, in the user's words (a command to run, or what to name)."""
     pid = parent["pid"]
+    guest_hint = guest_init_hint(parent)
+    if guest_hint:
+        return guest_hint
     if kind == "supervisord":
         program = supervisor_program(child_environ) or "<program>"
         return (f"supervisord restarts program {program} (autorestart): stop it with `supervisorctl stop {program}`, or name it in services as "

@@ -634,6 +634,41 @@ def plan(systemctl: Systemctl, named: list[str], owned: list[str], service_state
     return steps
 
 
+def keep_outside_selection(steps: UnitPlan, unit_gpus: t.Mapping[str, t.Collection[int]], selected: t.Collection[int],
+                           owned: t.Collection[str] = ()) -> list[str]:
+    """Named units whose processes hold GPUs, none of them selected, leave the plan (in place):
+    freeing GPU 4 never stops the vllm.service that serves on GPUs 0 and 1, whoever named it (the
+    GPU selection rule holds for every unit). Each is listed in kept_units (kind `other_gpus`) and
+    in one warning; returns their names. A named unit that holds nothing now is still stopped
+    (it is named so that it cannot start again); one that also holds a selected GPU is the
+    spanning rule's (owners)."""
+    chosen = set(selected)
+    kept = []
+    for unit in list(dict.fromkeys(steps["stop"] + steps["disable"] + steps["mask"])):
+        gpus = set(unit_gpus.get(unit) or ())
+        if unit in owned or not gpus or gpus & chosen:
+            continue
+        for key in ("stop", "disable", "mask"):
+            if unit in steps[key]:
+                steps[key].remove(unit)  # type: ignore[literal-required]
+        steps["kept_units"].append({"unit": unit, "kind": "other_gpus", "reason": "it holds only GPU {}, outside the selection".format(
+            ",".join(str(i) for i in sorted(gpus)))})
+        kept.append(unit)
+    if kept:
+        steps["warnings"].append("services: kept {} (named, but its processes hold only GPUs outside the selection {}; select their GPUs to "
+                                 "stop it)".format(", ".join(kept), ",".join(str(i) for i in sorted(chosen))))
+    return kept
+
+
+def held_gpus(holders: t.Iterable[Holder]) -> dict[str, set[int]]:
+    """{host system unit: the GPUs its processes hold}."""
+    used: dict[str, set[int]] = {}
+    for holder in holders:
+        if holder.get("system_service") and holder.get("unit"):
+            used.setdefault(holder["unit"] or "", set()).update(holder.get("gpu_indexes") or [])
+    return used
+
+
 # ---------------------------------------------------------------- acting
 
 

@@ -22,7 +22,7 @@ import re
 import typing as t
 
 if t.TYPE_CHECKING:
-    from ansible_collections.zeromib.gpu.plugins.module_utils._types import ContainerRef
+    from ansible_collections.zeromib.gpu.plugins.module_utils._types import ContainerRef, GuestRef
 
 DOCKER = "docker"
 PODMAN = "podman"
@@ -102,6 +102,76 @@ def user_manager_claim(cgroup_path: str | None) -> str | None:
     if manager and cgroup_path and _named_ref(cgroup_path) is not None:
         return manager.group(0).strip("/")
     return None
+
+
+# ---------------------------------------------------------------- system containers (guests)
+
+LXC = "lxc"
+LXD = "lxd"
+NSPAWN = "nspawn"
+GUEST_KINDS = (LXC, LXD, NSPAWN)
+# Where a system container's own tree starts, as its manager on the host names it (the guest's
+# systemd sees this directory as its `/`). Only root (or the delegate of the directory above,
+# which _guests asks of the file system) creates these directories: a guest cannot write above
+# its delegation, so the boundary is the kernel's word.
+_GUEST_BOUNDARIES = (
+    # Proxmox VE: /lxc/<vmid> carries the limits, the guest's delegated tree is its `ns` below.
+    (LXC, re.compile(r"/lxc/([^/]+)/ns(?=/|$)")),
+    # LXD, Incus and LXC 4+: /lxc.payload.<name> (the monitor sits in /lxc.monitor.<name>).
+    (LXD, re.compile(r"/lxc\.payload\.([^/]+)(?=/|$)")),
+    # systemd-nspawn@NAME.service (machinectl start): the container in payload/, nspawn itself in supervisor/.
+    (NSPAWN, re.compile(r"/machine\.slice/systemd-nspawn@([^/]+)\.service/payload(?=/|$)")),
+    # A container systemd-machined registered (systemd-nspawn run by hand): machine-NAME.scope,
+    # with payload/ below it since systemd 240.
+    (NSPAWN, re.compile(r"/machine\.slice/machine-([^/]+)\.scope(?:/payload)?(?=/|$)")),
+    # LXC before 4.0, and cgroup v1 hierarchies without the `ns` split: /lxc/<name>.
+    (LXC, re.compile(r"/lxc/([^/]+)(?=/|$)")),
+)
+_UNIT_PART = re.compile(r"^[^/]+\.(?:service|scope)$")
+_ESCAPED = re.compile(r"\\x([0-9a-fA-F]{2})")
+
+
+def _unescape(name: str) -> str:
+    """systemd's unit-name escaping (`web\\x2d1` is `web-1`)."""
+    return _ESCAPED.sub(lambda m: chr(int(m.group(1), 16)), name)
+
+
+def _guest_boundary(cgroup_path: str) -> tuple[str, str, int, int] | None:
+    """(kind, name, start, end) of the outermost guest boundary in a path, or None."""
+    found = None
+    for kind, pattern in _GUEST_BOUNDARIES:
+        match = pattern.search(cgroup_path)
+        if match and (found is None or match.start() < found[2]):
+            found = (kind, _unescape(match.group(1)), match.start(), match.end())
+    # A libvirt virtual machine's scope (machine-qemu-1-vm.scope) holds the VM's emulator, a
+    # process of the host: no guest whose own manager could be asked.
+    if found and found[0] == NSPAWN and found[1].startswith("qemu-"):
+        return None
+    return found
+
+
+def guest_ref(cgroup_path: str | None) -> GuestRef | None:
+    """The system container (guest) a cgroup path lies in, from the host: {kind, name, unit,
+    cgroup, parent}. `unit` is the guest's own unit of the process (the deepest `.service` or
+    `.scope` below the boundary, None below a user manager of the guest or where none is named),
+    `cgroup` the boundary directory, `parent` the directory above it (whose owner vouches for the
+    boundary: _guests). None for a path in no guest, and for one in a user manager's subtree of
+    the host, whose user may name cgroups at will. No I/O."""
+    if not cgroup_path:
+        return None
+    found = _guest_boundary(cgroup_path)
+    if found is None:
+        return None
+    kind, name, start, end = found
+    if _USER_MANAGER.search(cgroup_path[:start]):
+        return None
+    inner = cgroup_path[end:]
+    unit = None
+    if not _USER_MANAGER.search(inner):
+        for part in inner.split("/"):
+            if _UNIT_PART.match(part):
+                unit = part
+    return {"kind": kind, "name": name, "unit": unit, "cgroup": cgroup_path[:end], "parent": cgroup_path[:start] or "/"}
 
 
 def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[str]:

@@ -15,6 +15,7 @@ import os
 import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _attribution
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _guests
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders_mod
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _nvidia_smi as smi_mod
@@ -73,6 +74,8 @@ HOLDER_KEYS = (
     "container_image",
     "pod",
     "pod_uid",
+    # The system container the holder runs in, seen from the host (_guests): None elsewhere.
+    "guest",
 )
 
 
@@ -163,9 +166,10 @@ def health_summary(public_gpus: list[Gpu], health: _health.Health | None = None,
 
 def assemble(gpus: list[Gpu], apps: list[ComputeApp], holders: list[Holder], max_used_mib: float, with_processes: bool, cuda_version: str | None = None,
              footprint: t.Container[int] = (), health: _health.Health | None = None, dcgm: dict[str, t.Any] | None = None,
-             not_visible: t.Sequence[DriverGpu] = ()) -> dict[str, t.Any]:
+             not_visible: t.Sequence[DriverGpu] = (), inside_container: bool = False) -> dict[str, t.Any]:
     """The `ansible_facts.gpu` dict. `gpus` carry minor numbers and health, `holders` are attributed;
-    `not_visible`: the driver's GPUs this namespace cannot reach (not_visible_gpus)."""
+    `not_visible`: the driver's GPUs this namespace cannot reach (not_visible_gpus);
+    `inside_container`: this look ran in a container (_guests.pid_namespace_nested)."""
     public_gpus = [public_gpu(gpu, max_used_mib, footprint) for gpu in gpus]
     used = [gpu["memory_used_mib"] for gpu in public_gpus]
     clean = bool(public_gpus) and all(gpu["clean"] for gpu in public_gpus)
@@ -179,6 +183,7 @@ def assemble(gpus: list[Gpu], apps: list[ComputeApp], holders: list[Holder], max
         "memory_used_mib": None if any(u is None for u in used) else sum(u for u in used if u is not None),
         "error": None,
         "not_visible": [gpu["bus"] for gpu in not_visible],
+        "inside_container": inside_container,
         "gpus": public_gpus,
         "processes": apps if with_processes else [],
         "holders": [public_holder(h) for h in holders] if with_processes else [],
@@ -195,6 +200,7 @@ def failed_facts(error: str) -> dict[str, t.Any]:
         "memory_used_mib": None,
         "error": error,
         "not_visible": [],
+        "inside_container": None,
         "gpus": [],
         "processes": [],
         "holders": [],
@@ -238,6 +244,8 @@ class Snapshot:
         self.unreadable = unreadable or []
         # GPUs whose memory is only the footprint of contexts on other GPUs.
         self.footprint = set(footprint)
+        # Whether this look ran in a container, where GPU memory may be held by processes outside it.
+        self.inside_container = False
 
 
 def not_visible_gpus(gpus: list[Gpu], driver_gpus: t.Mapping[str | None, DriverGpu], reachable: t.Callable[[int], bool] | None = None) -> list[DriverGpu]:
@@ -429,8 +437,11 @@ def _look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, early: dict
         from ansible_collections.zeromib.gpu.plugins.module_utils._look import _container_of
         from ansible_collections.zeromib.gpu.plugins.module_utils._look import _engines
         _container_of.annotate(holders, runtimes or (runtimes_of() if runtimes_of else _engines.Runtimes()), proc)
+        _guests.annotate(holders, proc)
     footprint = _attribution.footprint_gpus(gpus, holders, apps, max_used_mib, footprint_mib)
-    return Snapshot(gpus, apps, holders, unreadable, footprint, health, not_visible)
+    snapshot = Snapshot(gpus, apps, holders, unreadable, footprint, health, not_visible)
+    snapshot.inside_container = _guests.pid_namespace_nested(proc)
+    return snapshot
 
 
 def unreadable_warning(unreadable: t.Sized | None) -> str | None:

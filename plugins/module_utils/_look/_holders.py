@@ -316,8 +316,9 @@ def parse_cgroup(text: bytes | str) -> str | None:
 
 
 def unit_of(cgroup_path: str | None) -> str | None:
-    """The systemd unit a cgroup path belongs to: its deepest `*.service` or `*.scope`."""
-    if not cgroup_path:
+    """The systemd unit a cgroup path belongs to: its deepest `*.service` or `*.scope`. None below
+    a system container's boundary: there the unit is the guest's, never the host's (_guests)."""
+    if not cgroup_path or _cgroups.guest_ref(cgroup_path) is not None:
         return None
     unit = None
     for part in cgroup_path.split("/"):

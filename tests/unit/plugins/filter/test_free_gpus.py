@@ -32,6 +32,13 @@ def test_freed_host_reports_mib_before_and_after_and_what_was_done():
     assert outcome["message"] == "node01: 2 GPUs free (40970 -> 0 MiB), stopped vllm.service, killed 1 process in 0.41 s"
 
 
+def test_a_guests_unit_stopped_through_its_systemd_reads_as_a_unit_by_its_entry():
+    result = release([gpu(4, 40969)], [gpu(4, 0)], stopped_guest_units=["lxc:101:vllm.service"], disabled_guest_units=["lxc:101:vllm.service"])
+    outcome = free_gpus_outcome(result, "pve01", 1)
+    assert outcome["stopped_units"] == ["lxc:101:vllm.service"] and outcome["disabled_units"] == ["lxc:101:vllm.service"]
+    assert "stopped lxc:101:vllm.service" in outcome["message"]
+
+
 def test_clean_host_is_clean_not_freed():
     outcome = free_gpus_outcome(release([gpu(0, 0)], [gpu(0, 0)], changed=False), "node02")
     assert outcome["ok"] and outcome["status"] == "clean"

@@ -97,6 +97,33 @@ def test_stale_memory_without_a_live_holder_is_the_reason():
     assert _one(record)["reason"] == "GPU 0 10267 MiB; memory counted for gone PID 427"
 
 
+def test_inside_a_container_memory_of_a_pid_it_cannot_see_is_said_to_be_held_outside():
+    """gpu_facts run in an LXC guest: the host's (or another guest's) process on the shared GPU is
+    a PID the guest cannot see, never "a gone PID" to reset for."""
+    record = ah.dirty_with_holders()
+    record["gpu"]["holders"] = []
+    record["gpu"]["inside_container"] = True
+    host = _one(record)
+    assert host["inside_container"] is True
+    assert host["reason"] == ("GPU 0 10267 MiB; memory counted for PID 427, not in this container: held outside it (the host or another guest)? "
+                              "look on the host")
+    record["gpu"]["processes"] = []
+    assert _one(record)["reason"] == "GPU 0 10267 MiB; no process in this container holds it: held outside it (the host or another guest)? look on the host"
+
+
+def test_a_holder_in_a_guest_is_named_with_its_guest_and_the_guests_own_unit():
+    """From the Proxmox host: the guest's vllm.service is no unit of the host."""
+    record = ah.clean_h200x8("pve")
+    guest = {"kind": "lxc", "name": "101", "unit": "vllm.service", "init_pid": 4000, "manager": "systemd"}
+    record["gpu"]["holders"] = [dict(ah.holder(4101 + i, "python3", [4 + i]), guest=guest) for i in range(2)]
+    record["gpu"]["holders"].append(ah.holder(900, "python3", [0], unit="vllm.service"))
+    record["gpu"]["clean"] = False
+    host = _one(record)
+    assert {h["pid"]: h["guest_label"] for h in host["holders"]} == {4101: "LXC guest 101: vllm.service", 4102: "LXC guest 101: vllm.service",
+                                                                     900: None}
+    assert host["reason"] == "held by 900 python3 (vllm.service), LXC guest 101: vllm.service (2 processes)"
+
+
 def test_a_holder_alone_makes_a_host_dirty_even_at_zero_mib():
     record = ah.clean_h200x8("held")
     record["gpu"]["holders"] = [ah.holder(77, "python3", [2], container="3f9c2d1ab4e8a7c6d5e4f3a2")]

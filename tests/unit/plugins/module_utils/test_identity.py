@@ -71,6 +71,9 @@ NOT_PROCESS_NAMES = {
     "_units.UNIT_SUFFIXES": "unit name suffixes",
     "_units.LAUNCHER_UNITS": "unit globs, matched against systemd's unit names (no process's)",
     "_units.ESSENTIAL_UNITS": "unit globs of the `*` essentials, matched against systemd's unit names (no process's)",
+    "_cgroups.GUEST_KINDS": "kinds of system containers (lxc, lxd, nspawn)",
+    # The host cannot vouch for a guest's executable (the guest's file, owned by the guest's mapped root): see RAW_NAME_READERS.
+    "_guests.SYSTEM_MANAGERS": "names of a guest's init (PID 1 of the guest's PID namespace, the kernel's word), read by _guests.manager_of",
 }
 
 # Where the names a process gives itself are read without the identity rule, and why that decides
@@ -87,6 +90,9 @@ RAW_NAME_READERS = {
     ("_settle", "_names"): "for supervisor_kind, a label; the walk's stop is stops_the_walk (identified first)",
     ("_settle", "stops_the_walk"): "after `identified` (its first operand): the walk's stop",
     ("_settle", "supervisor_kind"): "a label for the message (what stops the restarter); deciding, it is asked after `identified`",
+    ("_guests", "manager_of"): ("the guest's word about its own init (the process the kernel numbers 1 in the guest's PID namespace): it "
+                                "decides only whether gpu_release refuses (stops less) or signals the guest's process as any other, "
+                                "never that anything is stopped"),
 }
 RAW_MATCHERS = {"name_matches", "own_names", "process_names", "_first_match", "among", "_names", "candidates"}
 

@@ -165,6 +165,7 @@ def test_failed_facts_shape():
         "memory_used_mib": None,
         "error": "nvidia-smi timed out after 10 s",
         "not_visible": [],
+        "inside_container": None,
         "gpus": [],
         "processes": [],
         "holders": [],
