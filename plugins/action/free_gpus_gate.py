@@ -5,7 +5,9 @@
 
 On the controller: validate the role's variables against its meta/argument_specs.yml, run
 zeromib.gpu.gpu_release once on the node, turn its result into the `free_gpus_result` fact with
-the free_gpus_outcome filter, and fail with that fact's message when the verdict says so.
+the free_gpus_outcome filter, and record the verdict in it. It never fails the host itself: the
+role's next task (plugins/action/free_gpus_verdict.py) fails each host that is not free with
+that fact's message, once, when every host's outcome is known.
 
 Why an action and not four tasks (validation, module, set_fact, assert): every task costs
 Ansible a worker process per host on the controller (~0.05-0.1 s of CPU each on 2 cores,
@@ -67,8 +69,10 @@ def unknown_variables(names: t.Iterable[str], spec: t.Mapping[str, t.Any]) -> li
 # Ansible's validator words a type mistake for a module author ("argument 'x' is of type str and
 # we were unable to convert to float: <class '..._AnsibleTaggedStr'> cannot be ..."): said here as
 # the user wrote it, the variable, what it must be and the value given.
-_TYPE_ERROR = re.compile(r"^argument '(?P<name>[^']+)' is of type \w+ and we were unable to convert to (?P<type>\w+)")
-_ELEMENT_ERROR = re.compile(r"^Elements value for option '(?P<name>[^']+)' is of type \w+ and we were unable to convert to (?P<type>\w+)")
+# ansible-core 2.17 and 2.18 name the type given as a class (`is of type <class 'str'>`).
+_GIVEN = r"is of type (?:\w+|<class '[^']+'>) and we were unable to convert to (?P<type>\w+)"
+_TYPE_ERROR = re.compile(r"^argument '(?P<name>[^']+)' " + _GIVEN)
+_ELEMENT_ERROR = re.compile(r"^Elements value for option '(?P<name>[^']+)' " + _GIVEN)
 _TYPE_WORDS = {"float": "a number", "int": "a whole number", "bool": "true or false", "list": "a list", "dict": "a mapping",
                "str": "a string", "raw": "a value"}
 
@@ -153,18 +157,6 @@ def without_records(result: dict[str, t.Any], verbosity: int) -> dict[str, t.Any
     return {key: value for key, value in result.items() if key not in RECORD_KEYS}
 
 
-def compact(result: dict[str, t.Any], verbosity: int) -> dict[str, t.Any]:
-    """A failed gate's result as shown without -v: the message once, no GPU records."""
-    if verbosity > 0:
-        return result
-    shown = without_records(result, verbosity)
-    # The message is `msg`; the rescue puts it back into free_gpus_result (free_gpus_rescued).
-    outcome = dict(shown["ansible_facts"]["free_gpus_result"])
-    outcome.pop("message", None)
-    shown["ansible_facts"] = {"free_gpus_result": outcome}
-    return shown
-
-
 def gate_failures(release: t.Mapping[str, t.Any], params: t.Mapping[str, t.Any], check_mode: bool) -> list[str]:
     """The role's verdict on one host -> the names of the checks that fail (empty: the host passes)."""
     return role_verdict(release, params, check_mode).failed_checks
@@ -223,13 +215,6 @@ class _Invalid(Exception):
         self.result = result
 
 
-def summary_follows(task_vars: t.Mapping[str, t.Any]) -> bool:
-    """Whether the host's message is said by free_gpus.yml's fleet summary (which then fails the
-    host), so that the gate records the outcome without failing. Not with free_gpus_on_failure=drain:
-    the drain runs in the role's rescue, after a failed gate."""
-    return bool(task_vars.get("_free_gpus_summary_follows")) and task_vars.get("free_gpus_on_failure", "none") != "drain"
-
-
 def pause_collector_in_worker() -> None:
     """In Ansible's worker (a fork of the controller that ends with this one task), no cyclic
     garbage collection: Ansible builds gpu_release's payload here (the `ast` of every module_util
@@ -248,24 +233,18 @@ class ActionModule(ActionBase):
     _supports_check_mode = True
     _supports_async = False
 
-    def _said_once(self, result: dict[str, t.Any], task_vars: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
-        """A failed gate's result; under free_gpus.yml (summary_follows) the task passes with the
-        outcome recorded, and the summary says the message (once) before the play fails the host."""
+    def _recorded(self, result: dict[str, t.Any]) -> dict[str, t.Any]:
+        """The gate's result on a host that is not free: recorded, not failed. The role's next task
+        (zeromib.gpu.free_gpus_verdict) fails the host with this message, once, where every host's
+        outcome is known; free_gpus.yml's fleet summary says it instead."""
         verbosity = Display().verbosity
         if verbosity < 3:
-            # Ansible's [ERROR] line then says this task's msg (in the role's words), not gpu_release's
-            # own exception text; -vvv keeps the module's traceback.
+            # -vvv keeps the module's traceback.
             result.pop("exception", None)
-        if summary_follows(task_vars):
-            # An ok result is printed with -v only, GPU records and all; the summary has the message.
-            # "failed" stays, False: Ansible fails a result without it whose rc is not 0 (no sudo).
-            result["failed"] = False
-            return without_records(result, verbosity)
-        if verbosity == 0 and not self._task.diff:
-            # Said once, in Ansible's [ERROR] line: no JSON dump of the failed result (free_gpus_result
-            # and all) below it; -v or --diff shows it. The role's rescue reads the whole result.
-            result["_ansible_no_log"] = True
-        return compact(result, verbosity)
+        # An ok result is printed with -v only. "failed" stays, False: Ansible fails a result
+        # without it whose rc is not 0 (no sudo).
+        result["failed"] = False
+        return without_records(result, verbosity)
 
     def _dry_run(self, args: dict[str, t.Any], task_vars: dict[str, t.Any]) -> dict[str, t.Any]:
         """gpu_release in check mode (it changes nothing): what a strict run checks first."""
@@ -347,24 +326,23 @@ class ActionModule(ActionBase):
             # The summary of free_gpus.yml lists this host with its error, as any failed host.
             result["ansible_facts"] = {"free_gpus_result": failed(host, invalid["msg"], "invalid")}
             result["warnings"] = warnings
-            return self._said_once(result, task_vars)
+            return self._recorded(result)
         strict = bool(params.get("free_gpus_strict"))
         if strict and warnings:
-            return self._said_once(self._strict_failure(result, host, unknown_variables(task_vars, self._argument_spec(task_vars)), []),
-                                   task_vars)
+            return self._recorded(self._strict_failure(result, host, unknown_variables(task_vars, self._argument_spec(task_vars)), []))
         if strict and params.get("free_gpus_services") and not self._task.check_mode:
             # A dry run first: a services entry that matches nothing fails before anything is done.
             dry = self._dry_run(module_args(params), task_vars)
             missing = list(dry.get("services_not_found") or [])
             if missing:
-                return self._said_once(self._strict_failure(result, host, [], missing, self._known_names(task_vars)), task_vars)
+                return self._recorded(self._strict_failure(result, host, [], missing, self._known_names(task_vars)))
         release = self._execute_module(module_name="zeromib.gpu.gpu_release", module_args=module_args(params),
                                        task_vars=task_vars)
         missing = list(release.get("services_not_found") or [])
         if missing:
             if strict:
                 # check mode: the dry run is this run
-                return self._said_once(self._strict_failure(result, host, [], missing, self._known_names(task_vars)), task_vars)
+                return self._recorded(self._strict_failure(result, host, [], missing, self._known_names(task_vars)))
             release_warnings = [warning_text(w) for w in release.get("warnings") or []]
             release["warnings"] = release_warnings + [f"{host}: {w}" for w in not_found_warnings(missing, self._known_names(task_vars), release_warnings)]
         check_mode = bool(self._task.check_mode)
@@ -375,13 +353,11 @@ class ActionModule(ActionBase):
         result.update(release)
         result["warnings"] = warnings + [in_role_words(text) if isinstance(text := warning_text(w), str) else w
                                          for w in release.get("warnings") or []]
-        # Ansible drops the facts of a failed task; the role's rescue sets them from here.
+        # Set on every host, free or not: this task never fails (Ansible drops a failed task's facts).
         result["ansible_facts"] = {"free_gpus_result": outcome}
-        if found.failed_checks:
-            result["failed"] = True
-            result["msg"] = outcome["message"]
-            result["failed_checks"] = found.failed_checks
-            return self._said_once(result, task_vars)
-        result.pop("failed", None)
         result["msg"] = outcome["message"]
+        if found.failed_checks:
+            result["failed_checks"] = found.failed_checks
+            return self._recorded(result)
+        result.pop("failed", None)
         return without_records(result, Display().verbosity)

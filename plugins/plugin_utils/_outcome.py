@@ -218,6 +218,27 @@ def failed(host: str, message: object, status: str = "failed") -> Outcome:
     }
 
 
+def stopped(own: t.Mapping[str, t.Any] | None, host: str, failed_hosts: t.Sequence[str], missing: t.Sequence[str] = ()) -> Outcome:
+    """A host that any_errors_fatal stops because other hosts failed: its own outcome, with
+    `status` stopped, `stopped_by` naming those hosts and a message that says so (and how to put
+    back what its run stopped, which stays stopped)."""
+    outcome = t.cast(Outcome, dict(own)) if isinstance(own, Mapping) else failed(host, "stopped", "stopped")
+    outcome["stopped_by"] = list(failed_hosts or missing)
+    if failed_hosts:
+        why = "{} failed".format(", ".join(failed_hosts))
+    elif missing:
+        why = "{} failed or {} unreachable".format(", ".join(missing), "was" if len(missing) == 1 else "were")
+    else:
+        why = "another host failed or was unreachable (see the recap)"
+    said = "its GPUs are free" if outcome.get("ok") else "it was not checked"
+    outcome["message"] = f"{host}: {said}, but the play stops here because {why} (any_errors_fatal)"
+    if any(outcome.get(key) for key in ("stopped_units", "disabled_units", "masked_units", "stopped_containers", "disabled_containers")):
+        outcome["message"] += (f"; what was stopped here stays stopped: put it back with "
+                               f"`ansible-playbook playbooks/restore_gpus.yml -l {host}` (or the zeromib.gpu.restore_gpus role)")
+    outcome["status"] = "stopped"
+    return outcome
+
+
 # gpu_release's options that its messages name and that the role sets as free_gpus_<option>: in
 # the role's messages they are named as the user sets them. Words that are also plain English
 # (kill, gpus, services, match, protect, timeout) are renamed only where a message uses them as

@@ -59,3 +59,10 @@ def test_the_roles_messages_name_role_variables():
     assert in_role_words("services: vlm.service matches no unit on this host") == "free_gpus_services: vlm.service matches no unit on this host"
     # plain English is left alone, and a role variable is not renamed twice
     assert in_role_words("killed 2 processes; free_gpus_max_used_mib is 0") == "killed 2 processes; free_gpus_max_used_mib is 0"
+
+
+def test_ansible_core_2_17s_wording_of_a_type_mistake_is_said_the_same_way():
+    # 2.17 and 2.18 name the type given as a class (seen on the fleet with the compat venv: issue 55)
+    messages = ["argument 'free_gpus_wait_timeout' is of type <class 'str'> and we were unable to convert to float: "
+                "<class 'str'> cannot be converted to a float"]
+    assert plain_errors(messages, {"free_gpus_wait_timeout": "2m"}) == ["free_gpus_wait_timeout must be a number of seconds (e.g. 120), got '2m'"]
