@@ -22,6 +22,8 @@ from collections.abc import Mapping
 
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.zeromib.gpu.plugins.action import free_gpus_gate as _gate
+from ansible_collections.zeromib.gpu.plugins.plugin_utils import _services_check
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import failed, stopped
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._plain import plain
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._play_vars import play_vars
@@ -46,7 +48,9 @@ def should_drain(outcome: t.Mapping[str, t.Any], on_failure: t.Any, check_mode: 
     return str(on_failure) == "drain" and not check_mode and outcome.get("status") != "invalid"
 
 
-class ActionModule(ActionBase):
+class ActionModule(_gate.ActionModule):
+    """The gate's own methods (validation, release) serve a host the fleet check held back."""
+
     TRANSFERS_FILES = False
     _VALID_ARGS = frozenset(["msg"])
     _supports_check_mode = True
@@ -69,7 +73,8 @@ class ActionModule(ActionBase):
 
     def run(self, tmp: str | None = None, task_vars: dict[str, t.Any] | None = None) -> dict[str, t.Any]:
         task_vars = task_vars or {}
-        result = super().run(tmp, task_vars)
+        # ActionBase's, not the gate's
+        result = ActionBase.run(self, tmp, task_vars)
         del tmp
         host = str(task_vars.get("inventory_hostname"))
         batch = [str(h) for h in task_vars.get("ansible_play_batch") or [host]]
@@ -78,6 +83,8 @@ class ActionModule(ActionBase):
         if not isinstance(own, Mapping):
             own = failed(host, "the role's gate gave no result on this host", "failed")
         result["changed"] = False
+        if own.get("services_unmatched") and not self._task.args.get("msg"):
+            own, result = self._fleet_checked(own, outcomes, host, result, task_vars)
         if self._task.args.get("msg"):
             # free_gpus.yml's last task: the reason is in its summary; this fails the host pointing to it.
             result["msg"] = str(self._task.args["msg"])
@@ -92,8 +99,11 @@ class ActionModule(ActionBase):
             if self._var(task_vars, "_free_gpus_summary_follows", False):
                 # free_gpus.yml: its summary says the message, then the play fails the host.
                 return result
-            return fail_once(result)
-        not_free = [name for name in batch if name != host and name in outcomes and not is_free(outcomes[name])]
+            # The reason, once; a fact (what the fleet check found) would be dropped from a failed result.
+            return fail_once({key: result[key] for key in ("changed", "msg", "warnings") if key in result})
+        # A host the fleet check held back is not failing unless its entry is a typo (its release runs now, beside this).
+        not_free = [name for name in batch if name != host and name in outcomes and not is_free(outcomes[name])
+                    and ((outcomes[name] or {}).get("status") != "deferred" or _services_check.fleet_typos(name, outcomes))]
         if not_free and self._task.any_errors_fatal and not self._var(task_vars, "_free_gpus_summary_follows", False):
             said = stopped(own, host, not_free)
             # A warning: one line without -v (an ok result would need verbose_always, which dumps the
@@ -102,3 +112,27 @@ class ActionModule(ActionBase):
             return result
         result["msg"] = own.get("message")
         return result
+
+    def _fleet_checked(self, own: t.Mapping[str, t.Any], outcomes: t.Mapping[str, t.Any], host: str, result: dict[str, t.Any],
+                       task_vars: dict[str, t.Any]) -> tuple[t.Mapping[str, t.Any], dict[str, t.Any]]:
+        """A host on which some free_gpus_services entry matches nothing: a typo if no host of the
+        play matches it either (the host fails, nothing was done on it); otherwise, when the gate
+        held it back, its release runs now. -> (its outcome, this task's result so far)."""
+        typos = _services_check.fleet_typos(host, outcomes)
+        if typos:
+            outcome = failed(host, _services_check.typo_message(typos), "invalid")
+        elif own.get("status") == "deferred":
+            look = {"matched": own.get("services_matched") or [], "unmatched": own.get("services_unmatched") or [],
+                    "close": own.get("services_close") or {}, "error": None}
+            try:
+                params = self._validated(task_vars)
+            except _gate._Invalid as exc:
+                outcome = failed(host, exc.result["msg"], "invalid")
+            else:
+                result = self.release(result, params, task_vars, host, look)
+                outcome = result["ansible_facts"][OUTCOME]
+                result["failed"] = False
+        else:
+            return own, result
+        result["ansible_facts"] = {OUTCOME: outcome}
+        return outcome, result

@@ -54,6 +54,11 @@ class Outcome(t.TypedDict, total=False):
     smoke_test_issues: list[str]
     smoke_test_notes: list[str]
     stopped_by: list[str]
+    # free_gpus_services entries that match something on this host, those that match nothing, and
+    # for those the nearest units here (the role's fleet check reads every host's).
+    services_matched: list[str]
+    services_unmatched: list[str]
+    services_close: dict[str, list[str]]
 
 
 def _mib(gpus: list[Gpu]) -> int | None:

@@ -136,18 +136,25 @@ def test_nan_and_a_template_error_fail_their_hosts_before_gpu_release_with_a_cle
     assert "Traceback" not in run.stdout + run.stderr
 
 
-def test_misspelled_variable_is_warned_about_naming_the_closest_known_one(trio):
+def test_misspelled_variable_fails_that_host_before_anything_is_done_naming_the_closest_known_one(trio):
+    # issue 55: typos stop the play (was a warning, and the run went on)
     fleet, (good, typo), _mig = trio
+    fleet.workload(typo, "vllm")
     host_vars(fleet, typo, {"free_gpus_sevices": ["sglang.service"], "free_gpus_kil_timeout": 2})
     run = fleet.ansible_playbook(PLAYBOOK, limit=[good, typo])
-    assert run.rc == 0, run
-    for host in (good, typo):
-        expect(run, host, ALL_FREE)
-    out = re.sub(r"\s+", " ", run.stdout + run.stderr)
-    assert (f"{typo}: free_gpus_sevices is not a variable of the zeromib.gpu.free_gpus role and is ignored; "
-            "did you mean free_gpus_services?") in out, out[-3000:]
-    assert f"{typo}: free_gpus_kil_timeout is not a variable" in out and "did you mean free_gpus_kill_timeout?" in out
-    assert f"{good}: free_gpus_" not in out
+    assert run.rc == 2, run
+    expect(run, typo, NOT_FREE)
+    expect(run, good, FREE)
+    lines = summary_lines(run)
+    assert summary_status(lines, typo) == "invalid", lines
+    said = summary_row(lines, typo).split(f"{typo}: ", 1)[1]
+    assert said == ("settings mistake, nothing was done: free_gpus_kil_timeout is not a variable of the zeromib.gpu.free_gpus role; did you "
+                    "mean free_gpus_kill_timeout?; free_gpus_sevices is not a variable of the zeromib.gpu.free_gpus role; did you mean "
+                    "free_gpus_services?"), said
+    # nothing was done: vLLM still runs there
+    assert fleet.ssh(typo, "systemctl is-active vllm.service").stdout.strip() == "active"
+    out = run.stdout + run.stderr
+    assert out.count("free_gpus_sevices is not a variable") == 1 and f"{good}: free_gpus_" not in out, out[-3000:]
 
 
 def test_leaked_memory_fails_that_host_fast_with_reset_advice_and_the_others_are_freed(trio):

@@ -183,39 +183,35 @@ def test_the_audit_honours_the_roles_baseline_when_its_own_is_unset_and_its_own_
     assert audit("own", {"gpu_audit_max_used_mib": 0}) == {"rc": 2, "status": {good: "clean", mig: "dirty"}}
 
 
-def test_strict_fails_typos_and_services_that_match_nothing_before_anything_is_done(trio):
-    """(4) free_gpus_strict: a misspelled variable, and a unit that does not exist; without it, warnings."""
-    fleet, (typo, missing), mig = trio
+def test_strict_fails_a_host_for_a_services_entry_that_matches_nothing_there_before_anything_is_done(trio):
+    """(4) free_gpus_strict keeps its per-host meaning: an entry that matches nothing on this host fails
+    it, even where another host matches it; without it, that is no mistake in a mixed fleet (issue 55)."""
+    fleet, (strict, lax), mig = trio
     fleet.rig.write_baselines()
-    holders = {host: fleet.workload(host, "vllm") for host in (typo, missing)}
-    host_vars(fleet, typo, {"free_gpus_strict": True, "free_gpus_sevices": ["vllm.service"], "free_gpus_kill": False})
-    host_vars(fleet, missing, {"free_gpus_strict": True, "free_gpus_services": ["vlm.service"], "free_gpus_kill": False})
-    run = fleet.ansible_playbook(PLAYBOOK, limit=[typo, missing, mig])
-    assert run.rc == 2, run
-    for host in (typo, missing):
-        expect(run, host, NOT_FREE)
-    expect(run, mig, FREE)
-    lines = summary_lines(run)
-    assert message_of(lines, typo) == ("settings mistake, nothing was done (free_gpus_strict): free_gpus_sevices is not a variable of "
-                                       "the zeromib.gpu.free_gpus role; did you mean free_gpus_services?"), lines
-    assert message_of(lines, missing) == ("settings mistake, nothing was done (free_gpus_strict): free_gpus_services: vlm.service matches "
-                                          "no unit, container or supervisord program on this host; did you mean vllm.service?"), lines
-    for host in (typo, missing):
-        assert summary_status(lines, host) == "invalid"
-        # nothing was done: vllm still runs
-        assert fleet.ssh(host, "systemctl is-active vllm.service").stdout.strip() == "active", host
-        assert run.stdout.count(f"{host}: settings mistake, nothing was done (free_gpus_strict)") == 1
-    del holders
-    # without free_gpus_strict: a warning naming the closest unit, once, and the run goes on
-    host_vars(fleet, missing, {"free_gpus_services": ["vlm.service", "vllm.service"]})
-    host_vars(fleet, typo, None)
-    lax = fleet.ansible_playbook(PLAYBOOK, limit=[missing, typo])
-    assert lax.rc == 0, lax
-    out = re.sub(r"\s+", " ", lax.stdout + lax.stderr)
-    warning = (f"{missing}: free_gpus_services: vlm.service matches no unit, container or supervisord program on this host; "
-               "did you mean vllm.service?")
-    assert out.count(warning) == 1, out[-3000:]
-    assert summary_status(summary_lines(lax), missing) == "freed"
+    fleet.workload(strict, "vllm")
+    try:
+        assert fleet.ssh(mig, "printf '[Service]\\nExecStart=/bin/sleep infinity\\n' > /etc/systemd/system/tgi.service && "
+                              "systemctl daemon-reload").returncode == 0
+        for host in (strict, lax):
+            host_vars(fleet, host, {"free_gpus_services": ["vllm*.service", "tgi.service"], "free_gpus_kill": False,
+                                    **({"free_gpus_strict": True} if host == strict else {})})
+        host_vars(fleet, mig, {"free_gpus_services": ["vllm*.service", "tgi.service"]})
+        run = fleet.ansible_playbook(PLAYBOOK, limit=[strict, lax, mig])
+        assert run.rc == 2, run
+        expect(run, strict, NOT_FREE)
+        for host in (lax, mig):
+            expect(run, host, FREE)
+        lines = summary_lines(run)
+        assert message_of(lines, strict) == ("settings mistake, nothing was done (free_gpus_strict): free_gpus_services: tgi.service matches "
+                                             "no unit, container or supervisord program on this host"), lines
+        assert summary_status(lines, strict) == "invalid"
+        # nothing was done there: vllm still runs
+        assert fleet.ssh(strict, "systemctl is-active vllm.service").stdout.strip() == "active"
+        assert run.stdout.count(f"{strict}: settings mistake, nothing was done (free_gpus_strict)") == 1
+        # no line about tgi.service for the hosts that lack it: it matches on the MIG host
+        assert "matches no unit" not in " ".join((run.stdout + run.stderr).replace(message_of(lines, strict), "").split()), run.stdout[-3000:]
+    finally:
+        fleet.ssh(mig, "rm -f /etc/systemd/system/tgi.service && systemctl daemon-reload")
 
 
 RESTORE = "playbooks/restore_gpus.yml"

@@ -52,12 +52,12 @@ def test_role_variables_become_gpu_release_options_without_the_gate_only_ones():
 
 
 def test_misspelled_role_variables_are_named_with_the_closest_known_one():
-    from ansible_collections.zeromib.gpu.plugins.action.free_gpus_gate import unknown_variables
+    from ansible_collections.zeromib.gpu.plugins.action.free_gpus_gate import NOT_OPTIONS, unknown_variables
     spec = {"free_gpus_services": {}, "free_gpus_kill_timeout": {}, "free_gpus_gpus": {}}
     names = ["free_gpus_sevices", "free_gpus_services", "free_gpus_result", "free_gpus_hosts", "free_gpus_zzz_qqq", "other_var"]
-    assert unknown_variables(names, spec) == [
-        "free_gpus_sevices is not a variable of the zeromib.gpu.free_gpus role and is ignored; did you mean free_gpus_services?",
-        "free_gpus_zzz_qqq is not a variable of the zeromib.gpu.free_gpus role and is ignored (its variables: meta/argument_specs.yml)",
+    assert unknown_variables(names, spec, not_options=NOT_OPTIONS) == [
+        "free_gpus_sevices is not a variable of the zeromib.gpu.free_gpus role; did you mean free_gpus_services?",
+        "free_gpus_zzz_qqq is not a variable of the zeromib.gpu.free_gpus role (its variables: meta/argument_specs.yml)",
     ]
 
 
@@ -132,17 +132,84 @@ def test_a_variable_that_cannot_be_templated_fails_naming_the_undefined_one():
     assert plugin.module.calls == []
 
 
-def test_a_clean_host_passes_with_the_outcomes_message_and_a_warning_for_a_misspelled_variable():
-    plugin, task_vars = _gate(module_result=_released(), free_gpus_services=["vllm*.service"], free_gpus_sevices=["x"],
-                              free_gpus_expected_count=2)
+def _listing(units):
+    """_low_level_execute_command answering `systemctl list-units/list-unit-files` with UNITS (rc 1: None)."""
+    calls = []
+
+    def run(cmd, *args, **kwargs):
+        calls.append(cmd)
+        if units is None:
+            return {"rc": 1, "stdout": "", "stderr": "System has not been booted with systemd as init system (PID 1)."}
+        return {"rc": 0, "stdout": "".join(f"{u} loaded inactive dead {u}\n" for u in units), "stderr": ""}
+    run.calls = calls
+    return run
+
+
+def test_a_misspelled_variable_is_a_settings_mistake_and_nothing_runs():
+    # issue 55: typos stop the play (was a warning, and the run went on with the inference servers enabled)
+    plugin, task_vars = _gate(module_result=_released(), free_gpus_services=["vllm*.service"], free_gpus_sevices=["x"])
     result = plugin.run(task_vars=task_vars)
-    assert "failed" not in result and "failed_checks" not in result
-    assert result["msg"] == "node01: 2 GPUs free (0 -> 0 MiB) in 0.2 s" == result["ansible_facts"]["free_gpus_result"]["message"]
-    assert result["warnings"] == ["node01: free_gpus_sevices is not a variable of the zeromib.gpu.free_gpus role and is ignored; "
-                                  "did you mean free_gpus_services?"]
+    said = ("settings mistake, nothing was done: free_gpus_sevices is not a variable of the zeromib.gpu.free_gpus role; "
+            "did you mean free_gpus_services?")
+    assert result["failed"] is False and result["msg"] == said and plugin.module.calls == []
+    assert result["ansible_facts"]["free_gpus_result"]["status"] == "invalid"
+
+
+def test_a_clean_host_passes_with_the_outcomes_message_and_its_services_checked_first():
+    plugin, task_vars = _gate(module_result=_released(), free_gpus_services=["vllm*.service"], free_gpus_expected_count=2)
+    plugin._low_level_execute_command = _listing(["vllm.service", "ssh.service"])
+    result = plugin.run(task_vars=task_vars)
+    assert "failed" not in result and "failed_checks" not in result and not result["warnings"]
+    outcome = result["ansible_facts"]["free_gpus_result"]
+    assert result["msg"] == "node01: 2 GPUs free (0 -> 0 MiB) in 0.2 s" == outcome["message"]
+    assert outcome["services_matched"] == ["vllm*.service"] and outcome["services_unmatched"] == []
     [call] = plugin.module.calls
     assert call["module_name"] == "zeromib.gpu.gpu_release" and call["module_args"]["services"] == ["vllm*.service"]
     assert "expected_count" not in call["module_args"] and "require_healthy" not in call["module_args"]
+    assert len(plugin._low_level_execute_command.calls) == 1, "one listing, one SSH round trip"
+
+
+def test_a_services_entry_that_matches_nothing_here_holds_the_host_back_for_the_fleet_check():
+    plugin, task_vars = _gate(module_result=_released(), free_gpus_services=["vllm.service", "sglang.service"])
+    plugin._low_level_execute_command = _listing(["vllm.service", "vllm-v1.service"])
+    result = plugin.run(task_vars=task_vars)
+    outcome = result["ansible_facts"]["free_gpus_result"]
+    assert plugin.module.calls == [], "nothing done before the fleet check"
+    assert outcome["status"] == "deferred" and outcome["services_unmatched"] == ["sglang.service"]
+    assert outcome["services_matched"] == ["vllm.service"] and result["failed"] is False and not result["changed"]
+
+
+def test_strict_fails_the_host_for_an_entry_that_matches_nothing_here_or_when_it_cannot_tell():
+    plugin, task_vars = _gate(module_result=_released(), free_gpus_services=["vllm-server.service"], free_gpus_strict=True)
+    plugin._low_level_execute_command = _listing(["vllm.service", "vllm-v1.service"])
+    result = plugin.run(task_vars=task_vars)
+    assert result["msg"] == ("settings mistake, nothing was done (free_gpus_strict): free_gpus_services: vllm-server.service matches no unit, "
+                             "container or supervisord program on this host; did you mean vllm.service?")
+    assert plugin.module.calls == []
+    # a host whose system manager cannot be asked: strict cannot vouch for the entry, so nothing is done
+    plugin, task_vars = _gate(module_result=_released(), free_gpus_services=["vllm.service"], free_gpus_strict=True)
+    plugin._low_level_execute_command = _listing(None)
+    result = plugin.run(task_vars=task_vars)
+    assert result["msg"].startswith("settings mistake, nothing was done (free_gpus_strict): free_gpus_services: cannot tell which entries "
+                                    "exist on this host: systemctl could not list the units (rc 1): System has not been booted with systemd")
+    assert plugin.module.calls == []
+
+
+def test_without_strict_a_host_that_cannot_list_its_units_is_not_held_back_and_vouches_for_nothing():
+    plugin, task_vars = _gate(module_result=_released(), free_gpus_services=["vllm.service"])
+    plugin._low_level_execute_command = _listing(None)
+    outcome = plugin.run(task_vars=task_vars)["ansible_facts"]["free_gpus_result"]
+    assert len(plugin.module.calls) == 1 and outcome["services_matched"] == [] and outcome["services_unmatched"] == []
+
+
+def test_gpu_releases_line_per_host_about_a_glob_that_matches_nothing_goes():
+    said = "services: sglang*.service matches no unit on this host"
+    plugin, task_vars = _gate(module_result=_released(warnings=[said, "something else"]), free_gpus_services=["sglang*.service"],
+                              check_mode=True)
+    plugin._low_level_execute_command = _listing(["vllm.service"])
+    result = plugin.run(task_vars=task_vars)
+    assert result["warnings"] == ["something else"]
+    assert result["ansible_facts"]["free_gpus_result"]["services_unmatched"] == ["sglang*.service"], "check mode: recorded, not held back"
 
 
 def test_a_clean_host_returns_its_gpu_and_holder_records_only_with_verbosity(monkeypatch):

@@ -132,3 +132,68 @@ def test_under_free_gpus_yml_nothing_fails_here_and_its_last_task_fails_with_the
 def test_a_host_without_an_outcome_fails_saying_so():
     verdict, task_vars = _verdict("n3", {"n3": None})
     assert result_of(lambda: verdict.run(task_vars=task_vars))["msg"] == "n3: the role's gate gave no result on this host"
+
+
+# --------------------------------------------------------------------------- the fleet check of free_gpus_services
+
+
+def _deferred(host, matched, unmatched, close=None):
+    outcome = free_gpus_failed(host, f"waiting for the fleet check of free_gpus_services: {', '.join(unmatched)} matches nothing on this host",
+                               "deferred")
+    outcome.update(services_matched=list(matched), services_unmatched=list(unmatched), services_close=close or {})
+    return outcome
+
+
+def _checked(host, matched):
+    outcome = _outcome(host)
+    outcome.update(services_matched=list(matched), services_unmatched=[], services_close={})
+    return outcome
+
+
+SERVICES = {"free_gpus_services": ["vllm*.service", "sglang.service"]}
+
+
+def _released(**kw):
+    return dict({"changed": True, "released": True, "healthy": True, "selected_gpus": [0], "elapsed_s": 0.3, "stopped_units": ["vllm.service"],
+                 "gpus_before": [{"index": 0, "memory_used_mib": 40960, "clean": False}], "gpus": [{"index": 0, "memory_used_mib": 0, "clean": True}]}, **kw)
+
+
+def test_a_host_held_back_for_an_entry_another_host_matches_is_freed_now():
+    from ansible_collections.zeromib.gpu.tests.unit.plugins.action.action_harness import ROLE_PATH
+
+    outcomes = {"h200": _checked("h200", ["vllm*.service", "sglang.service"]), "h100": _deferred("h100", ["vllm*.service"], ["sglang.service"])}
+    verdict, task_vars = _verdict("h100", outcomes, any_errors_fatal=True, module_result=_released(), role_path=ROLE_PATH, **SERVICES)
+    result = verdict.run(task_vars=task_vars)
+    [call] = verdict.module.calls
+    assert call["module_name"] == "zeromib.gpu.gpu_release" and call["module_args"]["services"] == SERVICES["free_gpus_services"]
+    fact = result["ansible_facts"]["free_gpus_result"]
+    assert not result.get("failed") and fact["status"] == "freed" and fact["services_unmatched"] == ["sglang.service"]
+    assert result["msg"].startswith("h100: 1 GPU free (40960 -> 0 MiB), stopped vllm.service") and not result.get("warnings"), result
+    # the free host beside it: a host held back is no host that stops the play
+    verdict, task_vars = _verdict("h200", outcomes, any_errors_fatal=True)
+    assert not verdict.run(task_vars=task_vars).get("warnings")
+
+
+def test_an_entry_no_host_matches_fails_every_host_that_has_it_and_none_acts():
+    close = {"vllm-server.service": ["vllm.service", "vllm-v1.service"]}
+    outcomes = {"a": _deferred("a", [], ["vllm-server.service"], close), "b": _deferred("b", [], ["vllm-server.service"], close)}
+    said = ("settings mistake, nothing was done: free_gpus_services: vllm-server.service matches no unit, container or supervisord "
+            "program on any host of the play; did you mean vllm.service?")
+    for host in outcomes:
+        verdict, task_vars = _verdict(host, outcomes, any_errors_fatal=True, free_gpus_on_failure="drain")
+        result = result_of(lambda verdict=verdict, task_vars=task_vars: verdict.run(task_vars=task_vars))
+        assert result["msg"] == f"{host}: {said}" and result["failed"] is True
+        assert verdict.module.calls == [], "no release, no drain"
+    # under free_gpus.yml: recorded for its summary, not failed here
+    verdict, task_vars = _verdict("a", outcomes, _free_gpus_summary_follows=True)
+    result = verdict.run(task_vars=task_vars)
+    assert result["ansible_facts"]["free_gpus_result"]["status"] == "invalid" and not result.get("failed")
+
+
+def test_in_check_mode_the_same_typo_fails_the_dry_run():
+    close = {"sglang-x.service": ["sglang.service"]}
+    checked = _outcome("a")
+    checked.update(services_matched=["vllm*.service"], services_unmatched=["sglang-x.service"], services_close=close)
+    verdict, task_vars = _verdict("a", {"a": checked}, check_mode=True)
+    result = result_of(lambda: verdict.run(task_vars=task_vars))
+    assert result["failed"] is True and "sglang-x.service matches no unit" in result["msg"] and "did you mean sglang.service?" in result["msg"]

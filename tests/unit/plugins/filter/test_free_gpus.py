@@ -213,3 +213,20 @@ def test_spanning_holders_are_in_the_outcome_and_the_summary():
     assert outcome["ok"] is True and "ended spanning vllm.service uses GPUs 0,1 (kill_spanning)" in outcome["message"]
     lines = free_gpus_summary([outcome])
     assert "spanning: vllm.service uses GPUs 0,1" in lines[1]
+
+
+def test_unknown_role_variables_names_each_typo_of_a_role_with_the_closest_known_name():
+    import os
+
+    import pytest
+    from ansible.errors import AnsibleFilterError
+
+    from ansible_collections.zeromib.gpu.plugins.filter.role_variables import unknown_role_variables
+
+    roles = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..", "roles")
+    names = ["restore_gpus_resume_drainned", "restore_gpus_forget", "restore_gpus_result"]
+    assert unknown_role_variables(names, os.path.join(roles, "restore_gpus"), "restore_gpus_", not_options=["restore_gpus_result"]) == [
+        "restore_gpus_resume_drainned is not a variable of the zeromib.gpu.restore_gpus role; did you mean restore_gpus_resume_drained?"]
+    assert unknown_role_variables(["slurm_gpu_checks_state"], os.path.join(roles, "slurm_gpu_checks"), "slurm_gpu_checks_") == []
+    with pytest.raises(AnsibleFilterError, match="no meta/argument_specs.yml"):
+        unknown_role_variables([], os.path.join(roles, "nonexistent"), "x_")
