@@ -83,8 +83,11 @@ class ActionModule(_gate.ActionModule):
         if not isinstance(own, Mapping):
             own = failed(host, "the role's gate gave no result on this host", "failed")
         result["changed"] = False
+        # Every host of the batch has looked (the linear strategy's lockstep); under `strategy: free`
+        # some may not have yet, and no entry is called a typo on their behalf.
+        all_looked = all(isinstance(outcomes.get(name), Mapping) for name in batch)
         if own.get("services_unmatched") and not self._task.args.get("msg"):
-            own, result = self._fleet_checked(own, outcomes, host, result, task_vars)
+            own, result = self._fleet_checked(own, outcomes if all_looked else {host: own}, host, result, task_vars, all_looked)
         if self._task.args.get("msg"):
             # free_gpus.yml's last task: the reason is in its summary; this fails the host pointing to it.
             result["msg"] = str(self._task.args["msg"])
@@ -114,11 +117,11 @@ class ActionModule(_gate.ActionModule):
         return result
 
     def _fleet_checked(self, own: t.Mapping[str, t.Any], outcomes: t.Mapping[str, t.Any], host: str, result: dict[str, t.Any],
-                       task_vars: dict[str, t.Any]) -> tuple[t.Mapping[str, t.Any], dict[str, t.Any]]:
+                       task_vars: dict[str, t.Any], all_looked: bool = True) -> tuple[t.Mapping[str, t.Any], dict[str, t.Any]]:
         """A host on which some free_gpus_services entry matches nothing: a typo if no host of the
         play matches it either (the host fails, nothing was done on it); otherwise, when the gate
         held it back, its release runs now. -> (its outcome, this task's result so far)."""
-        typos = _services_check.fleet_typos(host, outcomes)
+        typos = _services_check.fleet_typos(host, outcomes) if all_looked else {}
         if typos:
             outcome = failed(host, _services_check.typo_message(typos), "invalid")
         elif own.get("status") == "deferred":

@@ -197,3 +197,14 @@ def test_in_check_mode_the_same_typo_fails_the_dry_run():
     verdict, task_vars = _verdict("a", {"a": checked}, check_mode=True)
     result = result_of(lambda: verdict.run(task_vars=task_vars))
     assert result["failed"] is True and "sglang-x.service matches no unit" in result["msg"] and "did you mean sglang.service?" in result["msg"]
+
+
+def test_while_a_host_of_the_batch_has_not_looked_yet_no_entry_is_called_a_typo():
+    # strategy: free; the held-back host is freed rather than failed on the others' behalf
+    from ansible_collections.zeromib.gpu.tests.unit.plugins.action.action_harness import ROLE_PATH
+
+    outcomes = {"a": _deferred("a", ["vllm*.service"], ["sglang.service"]), "b": None}
+    verdict, task_vars = _verdict("a", outcomes, module_result=_released(), role_path=ROLE_PATH, **SERVICES)
+    result = verdict.run(task_vars=task_vars)
+    assert [c["module_name"] for c in verdict.module.calls] == ["zeromib.gpu.gpu_release"]
+    assert not result.get("failed") and result["ansible_facts"]["free_gpus_result"]["status"] == "freed"

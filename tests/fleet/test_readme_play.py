@@ -1,0 +1,86 @@
+"""One pattern everywhere (issue 55): README.md's "Real use" play is playbooks/example_training.yml as
+shipped, docs/free_gpus.md and docs/restore_gpus.md show the same, and the README's text itself,
+copied, runs on a mixed fleet whose GPU counts and idle baselines are set per group in the
+inventory (a play var would beat them: the MIG host was told to set the baseline it had, and the
+4-GPU host failed "expected 8"). Works on a fleet of 3 hosts (ZEROMIB_FLEET_HOSTS=3)."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from scenarios import TRAINING
+from test_failure_paths import counts, recap
+from test_failure_paths import trio  # noqa: F401  # pylint: disable=unused-import  # a pytest fixture, used by name
+
+REPO = Path(__file__).resolve().parents[2]
+MARKER = "/run/zeromib-training-started"
+
+
+def readme_play() -> str:
+    """The YAML block of README.md's "Real use" section, as a user copies it."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("\n## Real use\n"):]
+    section = section[:section.index("\n## ", 1)]
+    blocks = re.findall(r"^```yaml\n(.*?)^```$", section, re.S | re.M)
+    assert len(blocks) == 1, f"README's Real use has {len(blocks)} YAML blocks"
+    return blocks[0]
+
+
+def test_the_readme_and_both_guides_show_the_shipped_training_play():
+    shipped = (REPO / TRAINING).read_text()
+    assert readme_play() == shipped
+    for guide in ("docs/free_gpus.md", "docs/restore_gpus.md"):
+        assert f"```yaml\n{shipped}```" in (REPO / guide).read_text(), guide
+    # counts and baselines are the inventory's: the play sets neither
+    assert "free_gpus_expected_count:" not in shipped and "free_gpus_max_used_mib:" not in shipped
+
+
+@pytest.fixture
+def per_group(trio):
+    """The fleet's inventory with what README.md's inventory sets per group: each group's GPU count,
+    and the MIG group's idle baseline."""
+    fleet, plain, mig = trio
+    counts_by_group = {}
+    for host in fleet.hosts:
+        counts_by_group[host.preset.replace("-", "_")] = host.gpu_count
+    for group, count in counts_by_group.items():
+        fleet.write_group_vars(group, {"free_gpus_expected_count": count, **({"free_gpus_max_used_mib": 64} if group == "a100_mig" else {})})
+    yield fleet, plain, mig
+    for group in counts_by_group:
+        fleet.remove_group_vars(group)
+    fleet.ssh_all(f"rm -f {MARKER}")
+
+
+def test_the_readmes_play_as_copied_frees_a_mixed_fleet_trains_and_puts_the_servers_back(per_group, tmp_path):
+    fleet, (h200, other), mig = per_group
+    fleet.workload(h200, "vllm")
+    copied = tmp_path / "train.yml"
+    copied.write_text(readme_play())
+    run = fleet.ansible_playbook(copied, limit=[h200, other, mig], extra_vars={"training_command": f"touch {MARKER}"})
+    assert run.rc == 0, run
+    for host in (h200, other, mig):
+        assert recap(run, host)["failed"] == 0 and recap(run, host)["unreachable"] == 0, run.stdout
+    # the 8-GPU, 4-GPU and MIG hosts each passed with their group's count and baseline
+    gate = "zeromib.gpu.free_gpus : Free the GPUs and verify that they read at most the baseline"
+    assert {host: run.result(gate, host)["ansible_facts"]["free_gpus_result"]["count"] for host in (h200, other, mig)} == {
+        host.name: host.gpu_count for host in fleet.hosts if host.name in (h200, other, mig)}
+    assert run.result(gate, h200)["ansible_facts"]["free_gpus_result"]["stopped_units"] == ["vllm.service"]
+    assert all(r.returncode == 0 for r in fleet.ssh_all(f"test -e {MARKER}", hosts=[h200, other, mig]).values()), "training ran everywhere"
+    # and the server stopped for it is back
+    assert fleet.ssh(h200, "systemctl is-active vllm.service").stdout.strip() == "active"
+    assert json.dumps(run.json).count("censored") == 0
+
+
+def test_a_var_above_the_inventory_would_beat_the_groups_count_so_the_play_sets_none(per_group):
+    """Why the counts are the inventory's: the old README's play var (here -e, which beats it too) fails the
+    4-GPU and MIG hosts."""
+    fleet, (h200, other), mig = per_group
+    run = fleet.ansible_playbook(TRAINING, limit=[h200, other, mig], extra_vars={"training_command": "true"},
+                                 args=["-e", "free_gpus_expected_count=8"])
+    assert run.rc == 2, run
+    assert recap(run, h200) == counts(ok=3), run.stdout
+    for host in (other, mig):
+        assert "expected 8 GPUs" in run.result("zeromib.gpu.free_gpus : Assert that every selected GPU is free", host)["msg"]
