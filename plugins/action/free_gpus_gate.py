@@ -30,7 +30,7 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
-from ansible_collections.zeromib.gpu.plugins.plugin_utils import _plain, _services_check
+from ansible_collections.zeromib.gpu.plugins.plugin_utils import _plain, _role_spec, _services_check
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._role_vars import role_options, unknown_variables
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import failed, in_role_words, outcome_of
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._verdict import Verdict, verdict
@@ -46,8 +46,8 @@ OMIT_WHEN_EMPTY = frozenset(["nvidia_smi", "expected_mig_mode"])
 # free_gpus.yml's host pattern.
 NOT_OPTIONS = frozenset(["free_gpus_result", "free_gpus_hosts"])
 # What a gate's result leaves out without -v: the GPU and holder records (a screen each on an
-# 8-GPU node; free_gpus_result keeps their figures) and the role's whole argument spec.
-RECORD_KEYS = ("gpus", "gpus_before", "holders", "argument_spec_data")
+# 8-GPU node; free_gpus_result keeps their figures).
+RECORD_KEYS = ("gpus", "gpus_before", "holders")
 
 
 # Ansible's validator words a type mistake for a module author ("argument 'x' is of type str and
@@ -238,10 +238,11 @@ class ActionModule(ActionBase):
         return spec
 
     def _validated(self, task_vars: dict[str, t.Any]) -> dict[str, t.Any]:
-        """The role's variables, checked and typed as Ansible's automatic validation task checks
-        them (ansible.builtin.validate_argument_spec: same validator, same message), then their
+        """The role's variables, checked and typed with Ansible's own validator against their types
+        (plugin_utils/_role_spec.py: the role's file says `raw`, so that Ansible's automatic
+        validation lets this check speak), each mistake said in the user's words, then their
         ranges as gpu_release checks them."""
-        spec = self._argument_spec(task_vars)
+        spec = _role_spec.typed(self._argument_spec(task_vars))
         try:
             provided = self._templar.template({name: task_vars[name] for name in spec if name in task_vars})
         except AnsibleError as exc:
@@ -255,7 +256,6 @@ class ActionModule(ActionBase):
                 "failed": True,
                 "msg": "settings mistake, nothing was done: {}".format("; ".join(errors)),
                 "argument_errors": errors,
-                "argument_spec_data": spec,
             })
         problems = range_problems(checked.validated_parameters)
         if problems:

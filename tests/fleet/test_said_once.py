@@ -132,3 +132,44 @@ def test_ansible_runners_job_events_carry_each_reason_and_nothing_censored(one_o
     for host, reason in why.items():
         assert failed[host]["event_data"]["res"]["msg"].startswith(reason), failed[host]["event_data"]["res"]
         assert failed[host]["stdout"].count(reason) == 1 and "Origin:" not in failed[host]["stdout"], failed[host]["stdout"]
+
+
+# The role with Ansible's own role argument validation on (rolespec_validate's default), as a user
+# who copies the include without that line has it.
+VALIDATED = [{
+    "name": "Train, with Ansible's role argument validation",
+    "hosts": "gpu_nodes",
+    "gather_facts": False,
+    "become": True,
+    "any_errors_fatal": True,
+    "pre_tasks": [{"name": "Free the GPUs", "ansible.builtin.include_role": {"name": "zeromib.gpu.free_gpus"},
+                   "vars": {"free_gpus_services": ["vllm*.service"]}}],
+}]
+
+
+@pytest.mark.parametrize(("core", "python"), CORES, ids=[f"ansible-core-{c}" for c, _p in CORES])
+def test_with_ansibles_role_validation_on_a_wrong_type_is_said_in_the_collections_words_first(trio, core, python):
+    """Issue 55: the validation task's `_AnsibleTaggedStr` and 45 KB spec dump are gone; the
+    collection's line is the host's one failure."""
+    fleet, (good, wrong), choice = trio
+    fleet.rig.write_baselines()
+    host_vars(fleet, wrong, {"free_gpus_wait_timeout": "2m", "free_gpus_xid_ignore": ["x"]})
+    host_vars(fleet, choice, {"free_gpus_service_state": "stoped"})
+    bin_dir = matrix.controller_bin(core, python)
+    run = fleet.ansible_playbook(VALIDATED, limit=[good, wrong, choice], bin_dir=bin_dir,
+                                 env={"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"})
+    assert run.rc == 2, run
+    out = run.stdout + run.stderr
+    assert "Validating arguments against arg spec 'main'" in out, "Ansible's validation task ran"
+    for bad in ("_AnsibleTaggedStr", "<class", "argument_spec_data", "Validation of arguments failed", "censored", "Origin:"):
+        assert bad not in out, (bad, out[-3000:])
+    assert len(out) < 6000, f"{len(out)} characters: a spec dump?"
+    said = {wrong: (f"{wrong}: settings mistake, nothing was done: free_gpus_wait_timeout must be a number of seconds (e.g. 120), got '2m'; "
+                    'each entry of free_gpus_xid_ignore must be a whole number, got ["x"]'),
+            choice: f"{choice}: settings mistake, nothing was done: value of free_gpus_service_state must be one of: stopped, disabled, masked, got: stoped"}
+    for host, msg in said.items():
+        [fatal] = fatal_lines(run, host)
+        assert json.loads(fatal.partition(" => ")[2])["msg"] == msg, fatal
+        # the validation task (ok), the include, the gate (ok: it records), then the verdict fails it
+        assert recap(run, host) == counts(ok=3, failed=1), run.stdout
+    assert recap(run, good) == counts(ok=4), run.stdout
