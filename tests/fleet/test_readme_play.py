@@ -84,3 +84,40 @@ def test_a_var_above_the_inventory_would_beat_the_groups_count_so_the_play_sets_
     assert recap(run, h200) == counts(ok=3), run.stdout
     for host in (other, mig):
         assert "expected 8 GPUs" in run.result("zeromib.gpu.free_gpus : Assert that every selected GPU is free", host)["msg"]
+
+
+import sys  # noqa: E402
+
+from test_first_sentence import unprivileged  # noqa: E402,F401  # pylint: disable=unused-import  # a pytest fixture, used by name
+from test_failure_paths import fatal_lines, host_vars  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compat"))
+import matrix  # noqa: E402
+
+CORES = [entry for entry in matrix.CONTROLLER if entry[0].startswith(("2.17.", "2.21."))]
+
+
+@pytest.mark.parametrize(("core", "python"), CORES, ids=[f"ansible-core-{c}" for c, _p in CORES])
+def test_the_readmes_play_says_no_sudo_and_no_python_in_the_roles_words_where_facts_are_gathered_by_default(unprivileged, tmp_path, core, python):
+    """Issue 55: with the play's default fact gathering, Ansible's own Gathering Facts failed first
+    with "Module result deserialization failed". The README's play gathers none (gather_facts:
+    false), so a controller whose ansible.cfg gathers implicitly (the default) still hears the role."""
+    fleet, (nosudo, nopython), mig = unprivileged
+    fleet.rig.write_baselines()
+    host_vars(fleet, nosudo, {"ansible_user": "zmuser"})
+    host_vars(fleet, nopython, {"ansible_python_interpreter": "/usr/bin/python3.13"})
+    copied = tmp_path / "train.yml"
+    copied.write_text(readme_play())
+    bin_dir = matrix.controller_bin(core, python)
+    run = fleet.ansible_playbook(copied, limit=[nosudo, nopython, mig], bin_dir=bin_dir,
+                                 env={"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_GATHERING": "implicit"})
+    assert run.rc == 2, run
+    out = run.stdout + run.stderr
+    assert "Gathering Facts" not in out and "deserialization" not in out and "No start of json char" not in out, out[-3000:]
+    said = {nosudo: "the module could not start on this host: /bin/sh: 1: sudo: not found (rc 127); sudo is not installed",
+            nopython: "the module could not start on this host: /bin/sh: 1: /usr/bin/python3.13: not found (rc 127); no working Python"}
+    for host, start in said.items():
+        [fatal] = fatal_lines(run, host)
+        assert json.loads(fatal.partition(" => ")[2])["msg"].startswith(f"{host}: {start}"), fatal
+        assert out.count(start) == 1, out[-3000:]
+    assert recap(run, mig) == counts(ok=3), run.stdout
