@@ -215,6 +215,10 @@ def test_unreachable_host_is_listed_unreachable_and_only_it(trio):
     expect(run, good, counts(ok=2, changed=1))
     lines = summary_lines(run)
     assert summary_status(lines, down) == "unreachable" and summary_status(lines, good) == "freed", lines
+    # issue 55: the end says the reachable hosts are free, and the summary's last line names the unreachable one
+    assert "TASK [End the play, every reachable host's GPUs are free]" in run.stdout and "every host's GPUs are free" not in run.stdout
+    assert lines[-1] == f"2 hosts: 1 unreachable ({down}), 1 freed", lines
+    assert "can be reached over ssh" in summary_row(lines, down), lines
 
 
 def test_dirty_node_under_any_errors_fatal_is_the_only_one_failed_and_the_others_say_who_stopped_the_play(trio):

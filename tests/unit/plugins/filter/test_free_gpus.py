@@ -77,7 +77,7 @@ def test_summary_lists_worst_hosts_first_and_the_ones_that_never_reported():
     assert lines[0].split()[:2] == ["STATUS", "HOST"]
     assert [line.split()[1] for line in lines[1:5]] == ["node-d", "node-c", "node-b", "node-a"]
     assert "unreachable" in lines[1] and "nvidia-smi timed out" in lines[2] and "40970 -> 0" in lines[3]
-    assert lines[-1] == "4 hosts: 1 unreachable, 1 failed, 1 freed, 1 clean"
+    assert lines[-1] == "4 hosts: 1 unreachable (node-d), 1 failed, 1 freed, 1 clean"  # issue 55: named
 
 
 def test_summary_reads_outcomes_from_hostvars_and_tolerates_hosts_without_one():
@@ -142,7 +142,7 @@ def test_summary_of_one_host_says_host_not_hosts():
     lines = free_gpus_summary([free_gpus_outcome(release([gpu(0, 40970)], [gpu(0, 0)]), "node-a")], ["node-a"])
     assert lines[-1] == "1 host: 1 freed"
     lines = free_gpus_summary([], ["node-a", "node-b"])
-    assert lines[-1] == "2 hosts: 2 unreachable"
+    assert lines[-1] == "2 hosts: 2 unreachable (node-a, node-b)"
 
 
 def test_rescued_host_keeps_its_gates_outcome_with_the_message_put_back():
@@ -179,7 +179,7 @@ def test_summary_from_hostvars_lists_a_host_without_a_result_of_this_run_with_it
     lines = free_gpus_summary(hostvars, ["n1", "n2", "n3"], ["n1", "n2"])
     assert lines[1].split()[:2] == ["unreachable", "n3"]  # a cached result of an earlier run is not read
     assert lines[2].split()[:3] == ["failed", "n2", "-"] and lines[2].endswith("n2: template error in free_gpus_gpus")
-    assert lines[-1] == "3 hosts: 1 unreachable, 1 failed, 1 clean"
+    assert lines[-1] == "3 hosts: 1 unreachable (n3), 1 failed, 1 clean"
 
 
 def test_checks_that_could_not_run_are_said_in_the_message_and_the_summary():
