@@ -230,3 +230,21 @@ def test_unknown_role_variables_names_each_typo_of_a_role_with_the_closest_known
     assert unknown_role_variables(["slurm_gpu_checks_state"], os.path.join(roles, "slurm_gpu_checks"), "slurm_gpu_checks_") == []
     with pytest.raises(AnsibleFilterError, match="no meta/argument_specs.yml"):
         unknown_role_variables([], os.path.join(roles, "nonexistent"), "x_")
+
+
+def test_restore_summary_is_one_line_per_host_worst_first():
+    from ansible_collections.zeromib.gpu.plugins.filter.restore_gpus import restore_gpus_summary
+
+    hostvars = {
+        "a": {"restore_gpus_result": {"changed": True, "restored": [{"kind": "unit", "name": "vllm.service", "steps": ["start"]},
+                                                                    {"kind": "container", "name": "tgi", "steps": ["restart policy", "start"]}]}},
+        "b": {"restore_gpus_result": {"changed": False, "restored": []}},
+        "c": {"restore_gpus_result": {"failed": True, "msg": "vllm.service: start failed:\nJob failed"}},
+        "d": {},
+    }
+    lines = restore_gpus_summary(hostvars, ["a", "b", "c", "d"])
+    assert [line.split()[:2] for line in lines[1:5]] == [["unreachable", "d"], ["failed", "c"], ["put", "back"], ["nothing", "b"]]
+    assert " ".join(lines[2].split()) == "failed c restore failed: vllm.service: start failed: Job failed"
+    assert " ".join(lines[3].split()) == "put back a unit vllm.service (start), container tgi (restart policy, start)"
+    assert lines[-1] == "4 hosts: 1 unreachable, 1 failed, 1 put back, 1 nothing"
+    assert restore_gpus_summary(hostvars, ["a"], True)[1].startswith("would put back  a     unit vllm.service (start)")
