@@ -80,7 +80,7 @@ def no_match_warning(text: t.Any, entries: t.Iterable[str]) -> bool:
     """Whether a gpu_release warning only says that one of ENTRIES matches no unit on this host
     (the fleet check says it once instead, when it matters)."""
     return isinstance(text, str) and any(f"services: {name} matches no unit on this host" in text
-                                         for entry in entries for name in {str(entry), normalize_unit(str(entry))})
+                                         for entry in entries for name in (str(entry), normalize_unit(str(entry))))
 
 
 def _stem(name: str) -> str:
