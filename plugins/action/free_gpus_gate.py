@@ -199,18 +199,25 @@ class ActionModule(ActionBase):
         from one listing of systemd's units; container: and supervisor: entries from a dry run (only
         when there are such entries, and not in check mode, where the run itself says it)."""
         entries = [str(entry) for entry in params.get("free_gpus_services") or []]
-        listed = self._low_level_execute_command(_services_check.LIST_UNITS)
-        if listed.get("rc") != 0:
-            said = " ".join(str(listed.get("stderr") or listed.get("stdout") or "").split())[:200]
-            return {"matched": [], "unmatched": [], "close": {}, "error": f"systemctl could not list the units (rc {listed.get('rc')}): {said}"}
-        units = _services_check.listed_units(str(listed.get("stdout") or ""))
-        unmatched = _services_check.unmatched(entries, units)
+        unmatched: list[str] = []
+        units: list[str] = []
+        if _services_check.unit_entries(entries):
+            listed = self._low_level_execute_command(_services_check.list_command(entries))
+            if listed.get("rc") != 0:
+                said = " ".join(str(listed.get("stderr") or listed.get("stdout") or "").split())[:200]
+                return {"matched": [], "unmatched": [], "close": {}, "error": f"systemctl could not list the units (rc {listed.get('rc')}): {said}"}
+            units = _services_check.listed_units(str(listed.get("stdout") or ""))
+            unmatched = _services_check.unmatched(entries, units)
         others = _services_check.other_entries(entries)
         if others and not self._task.check_mode:
             dry = self._dry_run(module_args(params), task_vars)
             unmatched += _services_check.from_release(others, dry.get("services_not_found") or [], [])
-        return {"matched": [e for e in entries if e not in unmatched], "unmatched": unmatched,
-                "close": _services_check.candidates(unmatched, units), "error": None}
+        close: dict[str, list[str]] = {}
+        if unmatched:
+            # Only now every service of the host, for "did you mean".
+            every = self._low_level_execute_command(_services_check.LIST_SERVICES)
+            close = _services_check.candidates(unmatched, units + _services_check.listed_units(str(every.get("stdout") or "")))
+        return {"matched": [e for e in entries if e not in unmatched], "unmatched": unmatched, "close": close, "error": None}
 
     def _invalid(self, result: dict[str, t.Any], host: str, problems: list[str], marker: str = "") -> dict[str, t.Any]:
         """A settings mistake found before anything was done, recorded for the verdict."""

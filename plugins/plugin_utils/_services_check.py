@@ -25,10 +25,32 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._units import is_glob,
 # the unit listing.
 OTHER_KINDS = ("container:", "supervisor:")
 
-# Every unit systemd has loaded (running, failed, wanted) and every unit file, aliases included:
-# what gpu_release's own look (`systemctl show` LoadState) finds. C locale: the columns are parsed.
-LIST_UNITS = ("LC_ALL=C systemctl list-units --all --plain --no-legend --no-pager && "
-              "LC_ALL=C systemctl list-unit-files --plain --no-legend --no-pager")
+# The units systemd has loaded (running, failed, wanted) and the unit files, aliases included, that
+# the entries name: what gpu_release's own look (`systemctl show` LoadState) finds. Asked with the
+# entries as patterns: listing every unit file takes ~0.4 s on a small Debian host, the patterns
+# ~10 ms. C locale: the columns are parsed.
+_LIST = ("LC_ALL=C systemctl list-units --all --plain --no-legend --no-pager -- {patterns} && "
+         "LC_ALL=C systemctl list-unit-files --plain --no-legend --no-pager -- {patterns}")
+# Every service unit of the host, for "did you mean": asked only when an entry matched nothing.
+LIST_SERVICES = ("LC_ALL=C systemctl list-units --all --type=service --plain --no-legend --no-pager && "
+                 "LC_ALL=C systemctl list-unit-files --type=service --plain --no-legend --no-pager")
+
+
+def _quoted(word: str) -> str:
+    return "'" + word.replace("'", "'\\''") + "'"
+
+
+def list_command(entries: t.Iterable[str]) -> str:
+    """The command that lists what ENTRIES (unit names and globs) may match, and the template of
+    each instance named (`getty@tty2.service` exists when `getty@.service` does)."""
+    patterns: list[str] = []
+    for entry in unit_entries(entries):
+        pattern = normalize_unit(str(entry))
+        prefix, at, rest = pattern.partition("@")
+        for name in (pattern, f"{prefix}@.{rest.rsplit('.', 1)[-1]}" if at and not is_glob(pattern) else None):
+            if name and name not in patterns:
+                patterns.append(name)
+    return _LIST.format(patterns=" ".join(_quoted(p) for p in patterns))
 
 
 def unit_entries(entries: t.Iterable[str]) -> list[str]:

@@ -82,3 +82,11 @@ def test_only_a_no_match_line_about_an_entry_is_dropped():
     assert check.no_match_warning("services: vllm*.service matches no unit on this host", ["vllm*.service"])
     assert check.no_match_warning("services: vllm.service matches no unit on this host", ["vllm"])
     assert not check.no_match_warning("services: kept 2 units that a glob matched", ["vllm*.service"])
+
+
+def test_the_listing_asks_systemd_for_the_entries_only_and_the_template_of_an_instance():
+    # every unit file takes ~0.4 s to list on a small Debian host, the patterns ~10 ms (measured on the fleet)
+    command = check.list_command(["vllm*", "getty@tty2.service", "it's.service", "container:tgi*"])
+    assert command == ("LC_ALL=C systemctl list-units --all --plain --no-legend --no-pager -- 'vllm*.service' 'getty@tty2.service' "
+                       "'getty@.service' 'it'\\''s.service' && LC_ALL=C systemctl list-unit-files --plain --no-legend --no-pager -- "
+                       "'vllm*.service' 'getty@tty2.service' 'getty@.service' 'it'\\''s.service'")
