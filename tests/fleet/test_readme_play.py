@@ -121,3 +121,37 @@ def test_the_readmes_play_says_no_sudo_and_no_python_in_the_roles_words_where_fa
         assert json.loads(fatal.partition(" => ")[2])["msg"].startswith(f"{host}: {start}"), fatal
         assert out.count(start) == 1, out[-3000:]
     assert recap(run, mig) == counts(ok=3), run.stdout
+
+
+@pytest.mark.parametrize(("core", "python"), CORES, ids=[f"ansible-core-{c}" for c, _p in CORES])
+def test_the_readmes_play_on_a_dirty_host_a_wrong_type_and_no_sudo_says_each_reason_once(unprivileged, tmp_path, core, python):
+    """Issue 55's "done when": the README's play, copied, each failing host's reason its one line in
+    the terminal and in the json callback's record; no censored line; nothing trained."""
+    fleet, (dirty, nosudo), wrong = unprivileged
+    fleet.rig.write_baselines()
+    fleet.set_fault(dirty, leak={"0": 1500})
+    host_vars(fleet, nosudo, {"ansible_user": "zmuser"})
+    host_vars(fleet, wrong, {"free_gpus_wait_timeout": "2m"})
+    copied = tmp_path / "train.yml"
+    copied.write_text(readme_play())
+    bin_dir = matrix.controller_bin(core, python)
+    try:
+        run = fleet.ansible_playbook(copied, limit=[dirty, nosudo, wrong], bin_dir=bin_dir, extra_vars={"training_command": f"touch {MARKER}"},
+                                     env={"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_GATHERING": "implicit"})
+    finally:
+        fleet.clear_faults(dirty)
+    assert run.rc == 2, run
+    out = run.stdout + run.stderr
+    said = {dirty: "GPUs read above free_gpus_max_used_mib with no process holding them",
+            nosudo: "the module could not start on this host: /bin/sh: 1: sudo: not found (rc 127)",
+            wrong: "settings mistake, nothing was done: free_gpus_wait_timeout must be a number of seconds (e.g. 120), got '2m'"}
+    verdict = "zeromib.gpu.free_gpus : Assert that every selected GPU is free"
+    for host, reason in said.items():
+        [fatal] = fatal_lines(run, host)
+        assert json.loads(fatal.partition(" => ")[2])["msg"].startswith(f"{host}: {reason}"), fatal
+        assert out.count(reason) == 1, (reason, out[-3000:])
+        assert run.result(verdict, host)["msg"].startswith(f"{host}: {reason}")
+        assert recap(run, host) == counts(ok=2, failed=1), run.stdout
+    for bad in ("censored", "Origin:", "[ERROR]", "deserialization", "_AnsibleTaggedStr"):
+        assert bad not in out and bad not in json.dumps(run.json), bad
+    assert not any(r.returncode == 0 for r in fleet.ssh_all(f"test -e {MARKER}", hosts=list(said)).values()), "training started"
