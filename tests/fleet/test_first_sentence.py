@@ -245,8 +245,8 @@ def test_restore_says_what_it_put_back_per_host_and_any_errors_fatal_says_how(tr
         assert recap(back, host)["failed"] == 0, back.stdout
     # issue 55: one summary, as free_gpus.yml's (was a task per host saying it, and 16 skipping lines)
     lines = back.result(RESTORE_SUMMARY, served)["msg"]
-    assert [line.split()[:3] for line in lines[1:4]] == [["put", "back", served], ["nothing", sorted([leaky, mig])[0], "-"],
-                                                        ["nothing", sorted([leaky, mig])[1], "-"]], lines
+    quiet = sorted([leaky, mig])
+    assert [line.split()[:3] for line in lines[1:4]] == [["put", "back", served], ["nothing", quiet[0], "-"], ["nothing", quiet[1], "-"]], lines
     assert lines[1].endswith("unit vllm.service (start)") and lines[-1] == "3 hosts: 1 put back, 2 nothing", lines
     assert back.stdout.count("unit vllm.service (start)") == 1
     assert [t["status"] for t in back.results(SAY_RESTORED)] == ["skipped"] * 3

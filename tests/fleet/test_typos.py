@@ -61,9 +61,9 @@ def test_a_services_entry_no_host_matches_fails_the_play_before_any_host_acts(bu
     fleet, vllm, sglang, mig = busy
     hosts = [vllm, sglang, mig]
     bin_dir = matrix.controller_bin(core, python)
+    services = ["vllm*.service", "sglang.service", "vllm-server.service"]
     run = fleet.ansible_playbook(TRAINING, limit=hosts, bin_dir=bin_dir, env={"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"},
-                                 extra_vars={"training_command": f"touch {MARKER}", "free_gpus_services": ["vllm*.service", "sglang.service",
-                                                                                                          "vllm-server.service"]})
+                                 extra_vars={"training_command": f"touch {MARKER}", "free_gpus_services": services})
     assert run.rc == 2, run
     said = ("settings mistake, nothing was done: free_gpus_services: vllm-server.service matches no unit, container or supervisord program "
             "on any host of the play; did you mean vllm.service?")
