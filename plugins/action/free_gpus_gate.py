@@ -5,7 +5,9 @@
 
 On the controller: validate the role's variables against its meta/argument_specs.yml, run
 zeromib.gpu.gpu_release once on the node, turn its result into the `free_gpus_result` fact with
-the free_gpus_outcome filter, and fail with that fact's message when the verdict says so.
+the free_gpus_outcome filter, and record the verdict in it. It never fails the host itself: the
+role's next task (plugins/action/free_gpus_verdict.py) fails each host that is not free with
+that fact's message, once, when every host's outcome is known.
 
 Why an action and not four tasks (validation, module, set_fact, assert): every task costs
 Ansible a worker process per host on the controller (~0.05-0.1 s of CPU each on 2 cores,
@@ -15,7 +17,6 @@ no SSH were most of the gate's cost over a one-task play.
 
 from __future__ import annotations
 
-import difflib
 import gc
 import multiprocessing
 import json
@@ -30,15 +31,12 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
-from ansible_collections.zeromib.gpu.plugins.plugin_utils import _plain
+from ansible_collections.zeromib.gpu.plugins.plugin_utils import _plain, _role_spec, _services_check
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._role_vars import role_options, unknown_variables
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import failed, in_role_words, outcome_of
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._verdict import Verdict, verdict
 
-# The C loader when PyYAML was built with libyaml (the argument specs load faster).
-_YamlLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
 ROLE_PREFIX = "free_gpus_"
-ENTRY_POINT = "main"
 # Role variables that are not gpu_release options: the gate itself uses them.
 GATE_ONLY = frozenset(["free_gpus_expected_count", "free_gpus_require_healthy", "free_gpus_strict"])
 # Role variables of the role's rescue (tasks/drain.yml), not of gpu_release.
@@ -49,27 +47,17 @@ OMIT_WHEN_EMPTY = frozenset(["nvidia_smi", "expected_mig_mode"])
 # free_gpus.yml's host pattern.
 NOT_OPTIONS = frozenset(["free_gpus_result", "free_gpus_hosts"])
 # What a gate's result leaves out without -v: the GPU and holder records (a screen each on an
-# 8-GPU node; free_gpus_result keeps their figures) and the role's whole argument spec.
-RECORD_KEYS = ("gpus", "gpus_before", "holders", "argument_spec_data")
-
-
-def unknown_variables(names: t.Iterable[str], spec: t.Mapping[str, t.Any]) -> list[str]:
-    """free_gpus_* variables the role does not know -> warnings naming the closest known one."""
-    warnings = []
-    # Compared without the prefix they all share, which would make every name look close.
-    known = sorted(name[len(ROLE_PREFIX):] for name in spec if name.startswith(ROLE_PREFIX))
-    for name in sorted(n for n in names if n.startswith(ROLE_PREFIX) and n not in spec and n not in NOT_OPTIONS):
-        close = difflib.get_close_matches(name[len(ROLE_PREFIX):], known, n=1, cutoff=0.6)
-        warnings.append("{} is not a variable of the zeromib.gpu.free_gpus role and is ignored{}".format(
-            name, f"; did you mean {ROLE_PREFIX}{close[0]}?" if close else " (its variables: meta/argument_specs.yml)"))
-    return warnings
+# 8-GPU node; free_gpus_result keeps their figures).
+RECORD_KEYS = ("gpus", "gpus_before", "holders")
 
 
 # Ansible's validator words a type mistake for a module author ("argument 'x' is of type str and
 # we were unable to convert to float: <class '..._AnsibleTaggedStr'> cannot be ..."): said here as
 # the user wrote it, the variable, what it must be and the value given.
-_TYPE_ERROR = re.compile(r"^argument '(?P<name>[^']+)' is of type \w+ and we were unable to convert to (?P<type>\w+)")
-_ELEMENT_ERROR = re.compile(r"^Elements value for option '(?P<name>[^']+)' is of type \w+ and we were unable to convert to (?P<type>\w+)")
+# ansible-core 2.17 and 2.18 name the type given as a class (`is of type <class 'str'>`).
+_GIVEN = r"is of type (?:\w+|<class '[^']+'>) and we were unable to convert to (?P<type>\w+)"
+_TYPE_ERROR = re.compile(r"^argument '(?P<name>[^']+)' " + _GIVEN)
+_ELEMENT_ERROR = re.compile(r"^Elements value for option '(?P<name>[^']+)' " + _GIVEN)
 _TYPE_WORDS = {"float": "a number", "int": "a whole number", "bool": "true or false", "list": "a list", "dict": "a mapping",
                "str": "a string", "raw": "a value"}
 
@@ -112,32 +100,6 @@ def warning_text(warning: t.Any) -> t.Any:
     return msg if isinstance(msg, str) else warning
 
 
-def not_found_warnings(not_found: t.Iterable[str], known: t.Iterable[str], warnings: t.Iterable[str]) -> list[str]:
-    """services entries gpu_release found nothing for -> one warning each (unless it already warned
-    about it), naming the closest unit, container or program name the host has."""
-    names = sorted(set(known))
-    said = []
-    for entry in not_found:
-        if any(isinstance(w, str) and entry in w for w in warnings):
-            continue
-        close = difflib.get_close_matches(entry, names, n=1, cutoff=0.6)
-        said.append("free_gpus_services: {} matches no unit, container or supervisord program on this host{}".format(
-            entry, f"; did you mean {close[0]}?" if close else ""))
-    return said
-
-
-def strict_problems(unknown: t.Iterable[str], not_found: t.Iterable[str], known: t.Iterable[str]) -> list[str]:
-    """free_gpus_strict: the typos and the services entries that match nothing, as one sentence each."""
-    names = sorted(set(known))
-    # Not ignored here: the run stops.
-    problems = [u.replace(" and is ignored", "") for u in unknown]
-    for entry in not_found:
-        close = difflib.get_close_matches(entry, names, n=1, cutoff=0.6)
-        problems.append("free_gpus_services: {} matches no unit, container or supervisord program on this host{}".format(
-            entry, f"; did you mean {close[0]}?" if close else ""))
-    return problems
-
-
 def range_problems(params: t.Mapping[str, t.Any]) -> list[str]:
     """The role's numeric variables checked as gpu_release checks its options, named as the role names them."""
     plain = {name[len(ROLE_PREFIX):]: value for name, value in params.items() if name.startswith(ROLE_PREFIX)}
@@ -152,18 +114,6 @@ def without_records(result: dict[str, t.Any], verbosity: int) -> dict[str, t.Any
     if verbosity > 0:
         return result
     return {key: value for key, value in result.items() if key not in RECORD_KEYS}
-
-
-def compact(result: dict[str, t.Any], verbosity: int) -> dict[str, t.Any]:
-    """A failed gate's result as shown without -v: the message once, no GPU records."""
-    if verbosity > 0:
-        return result
-    shown = without_records(result, verbosity)
-    # The message is `msg`; the rescue puts it back into free_gpus_result (free_gpus_rescued).
-    outcome = dict(shown["ansible_facts"]["free_gpus_result"])
-    outcome.pop("message", None)
-    shown["ansible_facts"] = {"free_gpus_result": outcome}
-    return shown
 
 
 def gate_failures(release: t.Mapping[str, t.Any], params: t.Mapping[str, t.Any], check_mode: bool) -> list[str]:
@@ -189,27 +139,6 @@ def module_args(params: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
     return args
 
 
-_SPECS: dict[str, dict[str, t.Any] | None] = {}
-
-
-def role_options(role_path: str) -> dict[str, t.Any] | None:
-    """The `options` of the role's main entry point, or None without a spec file. Cached: the
-    strategy imports this plugin on the controller before it forks a worker per host, and the
-    collection's own role is read here at import, so no worker parses the YAML again
-    (~10 ms each with Ansible's loader)."""
-    role_path = os.path.realpath(role_path)
-    if role_path not in _SPECS:
-        _SPECS[role_path] = None
-        for ext in (".yml", ".yaml"):
-            path = os.path.join(role_path, "meta", "argument_specs" + ext)
-            if os.path.exists(path):
-                with open(path, "rb") as handle:
-                    specs = yaml.load(handle, Loader=_YamlLoader) or {}
-                _SPECS[role_path] = ((specs.get("argument_specs") or {}).get(ENTRY_POINT) or {}).get("options") or {}
-                break
-    return _SPECS[role_path]
-
-
 try:
     role_options(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "roles", "free_gpus"))
 except (OSError, yaml.YAMLError):
@@ -222,13 +151,6 @@ class _Invalid(Exception):
     def __init__(self, result: dict[str, t.Any]) -> None:
         super().__init__(result["msg"])
         self.result = result
-
-
-def summary_follows(task_vars: t.Mapping[str, t.Any]) -> bool:
-    """Whether the host's message is said by free_gpus.yml's fleet summary (which then fails the
-    host), so that the gate records the outcome without failing. Not with free_gpus_on_failure=drain:
-    the drain runs in the role's rescue, after a failed gate."""
-    return bool(task_vars.get("_free_gpus_summary_follows")) and task_vars.get("free_gpus_on_failure", "none") != "drain"
 
 
 def pause_collector_in_worker() -> None:
@@ -249,27 +171,22 @@ class ActionModule(ActionBase):
     _supports_check_mode = True
     _supports_async = False
 
-    def _said_once(self, result: dict[str, t.Any], task_vars: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
-        """A failed gate's result; under free_gpus.yml (summary_follows) the task passes with the
-        outcome recorded, and the summary says the message (once) before the play fails the host."""
+    def _recorded(self, result: dict[str, t.Any]) -> dict[str, t.Any]:
+        """The gate's result on a host that is not free: recorded, not failed. The role's next task
+        (zeromib.gpu.free_gpus_verdict) fails the host with this message, once, where every host's
+        outcome is known; free_gpus.yml's fleet summary says it instead."""
         verbosity = Display().verbosity
         if verbosity < 3:
-            # Ansible's [ERROR] line then says this task's msg (in the role's words), not gpu_release's
-            # own exception text; -vvv keeps the module's traceback.
+            # -vvv keeps the module's traceback.
             result.pop("exception", None)
-        if summary_follows(task_vars):
-            # An ok result is printed with -v only, GPU records and all; the summary has the message.
-            # "failed" stays, False: Ansible fails a result without it whose rc is not 0 (no sudo).
-            result["failed"] = False
-            return without_records(result, verbosity)
-        if verbosity == 0 and not self._task.diff:
-            # Said once, in Ansible's [ERROR] line: no JSON dump of the failed result (free_gpus_result
-            # and all) below it; -v or --diff shows it. The role's rescue reads the whole result.
-            result["_ansible_no_log"] = True
-        return compact(result, verbosity)
+        # An ok result is printed with -v only. "failed" stays, False: Ansible fails a result
+        # without it whose rc is not 0 (no sudo).
+        result["failed"] = False
+        return without_records(result, verbosity)
 
     def _dry_run(self, args: dict[str, t.Any], task_vars: dict[str, t.Any]) -> dict[str, t.Any]:
-        """gpu_release in check mode (it changes nothing): what a strict run checks first."""
+        """gpu_release in check mode (it changes nothing): which container: and supervisor: entries
+        match nothing, before anything is done."""
         was = self._task.check_mode
         self._task.check_mode = True
         try:
@@ -277,26 +194,47 @@ class ActionModule(ActionBase):
         finally:
             self._task.check_mode = was
 
-    def _known_names(self, task_vars: dict[str, t.Any]) -> list[str]:
-        """The host's systemd unit names (service units), for "did you mean"; asked only when a
-        services entry matched nothing. Empty when systemctl cannot be asked."""
-        listed = self._low_level_execute_command("systemctl list-unit-files --type=service --plain --no-legend --no-pager 2>/dev/null; "
-                                                 "systemctl list-units --type=service --all --plain --no-legend --no-pager 2>/dev/null")
-        names = []
-        for line in str(listed.get("stdout") or "").splitlines():
-            fields = line.split()
-            if fields and fields[0].endswith(".service") and "@." not in fields[0]:
-                names.append(fields[0])
-        return names
+    def _services_look(self, params: t.Mapping[str, t.Any], task_vars: dict[str, t.Any]) -> dict[str, t.Any]:
+        """Which free_gpus_services entries match something on this host, before anything is done:
+        {matched, unmatched, close (entry -> the nearest units here), error}. Unit names and globs
+        from one listing of systemd's units; container: and supervisor: entries from a dry run (only
+        when there are such entries, and not in check mode, where the run itself says it)."""
+        entries = [str(entry) for entry in params.get("free_gpus_services") or []]
+        unmatched: list[str] = []
+        units: list[str] = []
+        if _services_check.unit_entries(entries):
+            listed = self._low_level_execute_command(_services_check.list_command(entries))
+            if listed.get("rc") != 0:
+                said = " ".join(str(listed.get("stderr") or listed.get("stdout") or "").split())[:200]
+                return {"matched": [], "unmatched": [], "close": {}, "error": f"systemctl could not list the units (rc {listed.get('rc')}): {said}"}
+            units = _services_check.listed_units(str(listed.get("stdout") or ""))
+            unmatched = _services_check.unmatched(entries, units)
+        others = _services_check.other_entries(entries)
+        if others and not self._task.check_mode:
+            dry = self._dry_run(module_args(params), task_vars)
+            unmatched += _services_check.from_release(others, dry.get("services_not_found") or [], [])
+        close: dict[str, list[str]] = {}
+        if unmatched:
+            # Only now every service of the host, for "did you mean".
+            every = self._low_level_execute_command(_services_check.LIST_SERVICES)
+            close = _services_check.candidates(unmatched, units + _services_check.listed_units(str(every.get("stdout") or "")))
+        return {"matched": [e for e in entries if e not in unmatched], "unmatched": unmatched, "close": close, "error": None}
 
-    def _strict_failure(self, result: dict[str, t.Any], host: str, unknown: list[str], missing: list[str],
-                        known: t.Iterable[str] = ()) -> dict[str, t.Any]:
-        problems = strict_problems(unknown, missing, known)
-        msg = "settings mistake, nothing was done (free_gpus_strict): " + "; ".join(problems)
-        result.update({"failed": True, "msg": msg, "argument_errors": problems,
-                       "ansible_facts": {"free_gpus_result": failed(host, msg, "invalid")}})
-        result["warnings"] = []
-        return result
+    def _invalid(self, result: dict[str, t.Any], host: str, problems: list[str], marker: str = "") -> dict[str, t.Any]:
+        """A settings mistake found before anything was done, recorded for the verdict."""
+        msg = f"settings mistake, nothing was done{marker}: " + "; ".join(problems)
+        result.update({"msg": msg, "argument_errors": problems, "ansible_facts": {"free_gpus_result": failed(host, msg, "invalid")}})
+        return self._recorded(result)
+
+    def _deferred(self, result: dict[str, t.Any], host: str, look: t.Mapping[str, t.Any], warnings: list[str]) -> dict[str, t.Any]:
+        """Some services entry matches nothing on this host: nothing is done yet. The role's verdict
+        runs this host's release once every host has looked, unless no host of the play matches
+        that entry (a typo: then every host that has it fails, and none has acted)."""
+        outcome = failed(host, "waiting for the fleet check of free_gpus_services: {} {} nothing on this host".format(
+            ", ".join(look["unmatched"]), "matches" if len(look["unmatched"]) == 1 else "match"), "deferred")
+        outcome.update({"services_matched": look["matched"], "services_unmatched": look["unmatched"], "services_close": look["close"]})
+        result.update({"msg": outcome["message"], "changed": False, "warnings": warnings, "ansible_facts": {"free_gpus_result": outcome}})
+        return self._recorded(result)
 
     def _argument_spec(self, task_vars: dict[str, t.Any]) -> dict[str, t.Any]:
         role_path = task_vars.get("role_path")
@@ -308,10 +246,11 @@ class ActionModule(ActionBase):
         return spec
 
     def _validated(self, task_vars: dict[str, t.Any]) -> dict[str, t.Any]:
-        """The role's variables, checked and typed as Ansible's automatic validation task checks
-        them (ansible.builtin.validate_argument_spec: same validator, same message), then their
+        """The role's variables, checked and typed with Ansible's own validator against their types
+        (plugin_utils/_role_spec.py: the role's file says `raw`, so that Ansible's automatic
+        validation lets this check speak), each mistake said in the user's words, then their
         ranges as gpu_release checks them."""
-        spec = self._argument_spec(task_vars)
+        spec = _role_spec.typed(self._argument_spec(task_vars))
         try:
             provided = self._templar.template({name: task_vars[name] for name in spec if name in task_vars})
         except AnsibleError as exc:
@@ -325,7 +264,6 @@ class ActionModule(ActionBase):
                 "failed": True,
                 "msg": "settings mistake, nothing was done: {}".format("; ".join(errors)),
                 "argument_errors": errors,
-                "argument_spec_data": spec,
             })
         problems = range_problems(checked.validated_parameters)
         if problems:
@@ -339,7 +277,7 @@ class ActionModule(ActionBase):
         del tmp
         # Ansible sets it for every task.
         host = t.cast(str, task_vars.get("inventory_hostname"))
-        warnings = [f"{host}: {warning}" for warning in unknown_variables(task_vars, self._argument_spec(task_vars))]
+        unknown = unknown_variables(task_vars, self._argument_spec(task_vars), not_options=NOT_OPTIONS)
         try:
             params = self._validated(task_vars)
         except _Invalid as exc:
@@ -347,42 +285,56 @@ class ActionModule(ActionBase):
             result.update(invalid)
             # The summary of free_gpus.yml lists this host with its error, as any failed host.
             result["ansible_facts"] = {"free_gpus_result": failed(host, invalid["msg"], "invalid")}
-            result["warnings"] = warnings
-            return self._said_once(result, task_vars)
+            return self._recorded(result)
+        if unknown:
+            # A typo in a variable's name: its value would be ignored (issue 55: typos stop the play).
+            return self._invalid(result, host, unknown)
         strict = bool(params.get("free_gpus_strict"))
-        if strict and warnings:
-            return self._said_once(self._strict_failure(result, host, unknown_variables(task_vars, self._argument_spec(task_vars)), []),
-                                   task_vars)
-        if strict and params.get("free_gpus_services") and not self._task.check_mode:
-            # A dry run first: a services entry that matches nothing fails before anything is done.
-            dry = self._dry_run(module_args(params), task_vars)
-            missing = list(dry.get("services_not_found") or [])
-            if missing:
-                return self._said_once(self._strict_failure(result, host, [], missing, self._known_names(task_vars)), task_vars)
+        look = None
+        if params.get("free_gpus_services"):
+            look = self._services_look(params, task_vars)
+            if strict and (look["unmatched"] or look["error"]):
+                problems = [f"free_gpus_services: cannot tell which entries exist on this host: {look['error']}"] if look["error"] else [
+                    "free_gpus_services: {} matches no unit, container or supervisord program on this host{}".format(
+                        entry, f"; did you mean {near}?" if (near := _services_check.closest(entry, look["close"].get(entry) or [])) else "")
+                    for entry in look["unmatched"]]
+                return self._invalid(result, host, problems, " (free_gpus_strict)")
+            if look["unmatched"] and not self._task.check_mode:
+                return self._deferred(result, host, look, [])
+        return self.release(result, params, task_vars, host, look)
+
+    def release(self, result: dict[str, t.Any], params: dict[str, t.Any], task_vars: dict[str, t.Any], host: str,
+                look: t.Mapping[str, t.Any] | None) -> dict[str, t.Any]:
+        """gpu_release on this host, its verdict in free_gpus_result (the role's verdict runs this
+        for a host the fleet check held back)."""
         release = self._execute_module(module_name="zeromib.gpu.gpu_release", module_args=module_args(params),
                                        task_vars=task_vars)
-        missing = list(release.get("services_not_found") or [])
-        if missing:
-            if strict:
-                # check mode: the dry run is this run
-                return self._said_once(self._strict_failure(result, host, [], missing, self._known_names(task_vars)), task_vars)
-            release_warnings = [warning_text(w) for w in release.get("warnings") or []]
-            release["warnings"] = release_warnings + [f"{host}: {w}" for w in not_found_warnings(missing, self._known_names(task_vars), release_warnings)]
+        entries = [str(entry) for entry in params.get("free_gpus_services") or []]
+        # What matches nothing on this host is the fleet check's to say, once (an entry that matches
+        # on some hosts only is no mistake in a mixed fleet); gpu_release's line per host goes.
+        release_warnings = [text for w in release.get("warnings") or []
+                            if not _services_check.no_match_warning(text := warning_text(w), entries)]
         check_mode = bool(self._task.check_mode)
         found = role_verdict(release, params, check_mode)
         outcome = outcome_of(release, host, found, check_mode)
         # Said as the role's user sets them: free_gpus_max_used_mib, not the module's max_used_mib.
         outcome["message"] = in_role_words(outcome["message"])
+        if look is not None:
+            # In check mode the run itself says which container: and supervisor: entries match nothing.
+            unmatched = list(look["unmatched"]) + [e for e in _services_check.from_release(
+                _services_check.other_entries(entries), release.get("services_not_found") or [], []) if e not in look["unmatched"]]
+            if unmatched and params.get("free_gpus_strict"):
+                return self._invalid(result, host, [f"free_gpus_services: {entry} matches no unit, container or supervisord program on this host"
+                                                    for entry in unmatched], " (free_gpus_strict)")
+            outcome.update({"services_matched": [e for e in entries if e not in unmatched] if not look["error"] else [],
+                            "services_unmatched": unmatched, "services_close": look["close"]})
         result.update(release)
-        result["warnings"] = warnings + [in_role_words(text) if isinstance(text := warning_text(w), str) else w
-                                         for w in release.get("warnings") or []]
-        # Ansible drops the facts of a failed task; the role's rescue sets them from here.
+        result["warnings"] = [in_role_words(text) if isinstance(text, str) else text for text in release_warnings]
+        # Set on every host, free or not: this task never fails (Ansible drops a failed task's facts).
         result["ansible_facts"] = {"free_gpus_result": outcome}
-        if found.failed_checks:
-            result["failed"] = True
-            result["msg"] = outcome["message"]
-            result["failed_checks"] = found.failed_checks
-            return self._said_once(result, task_vars)
-        result.pop("failed", None)
         result["msg"] = outcome["message"]
+        if found.failed_checks:
+            result["failed_checks"] = found.failed_checks
+            return self._recorded(result)
+        result.pop("failed", None)
         return without_records(result, Display().verbosity)

@@ -32,6 +32,8 @@ from ansible_collections.zeromib.gpu.plugins.plugin_utils._summary import summar
 # ansible-lint's output).
 OUTCOME = "free_gpus_result"
 FAILURE = "_free_gpus_failure"
+# The role's gate's registered result: for a host Ansible could not reach, its SSH error.
+GATE = "__free_gpus_gate"
 
 
 def not_free(variables: t.Mapping[str, t.Mapping[str, t.Any]], live: t.Iterable[str]) -> list[str]:
@@ -62,9 +64,14 @@ class ActionModule(ActionBase):
         # they hold (an earlier run's cached fact), and one the caches lack costs a whole raw_get.
         variables = {host: {name: plain(value) for name, value in found.items()}
                      for host, found in play_vars(task_vars, live, (OUTCOME, FAILURE)).items()}
+        gone = [host for host in hosts_all if host not in live]
+        said = {host: found.get(GATE, {}).get("msg") if isinstance(found.get(GATE), Mapping) else None
+                for host, found in play_vars(task_vars, gone, (GATE,)).items()} if gone else {}
         result.update({
-            "msg": summary_lines(variables, hosts_all, live),
+            "msg": summary_lines(variables, hosts_all, live, said),
             "not_free": not_free(variables, live),
+            # The hosts that left the play (unreachable, or failed before the gate): the play's end says so.
+            "unreachable_hosts": gone,
             # Shown without -v, as debug's message is.
             "_ansible_verbose_always": True,
         })

@@ -70,22 +70,7 @@ def free_gpus_rescued(failed_result: t.Any, host: str, own_result: t.Any = None,
             failed.append(other)
         elif other not in live and not isinstance(result, Mapping):
             missing.append(other)
-    outcome = t.cast(Outcome, dict(own_result)) if isinstance(own_result, Mapping) else free_gpus_failed(host, "stopped", "stopped")
-    outcome["stopped_by"] = failed or missing
-    if failed:
-        why = "{} failed".format(", ".join(failed))
-    elif missing:
-        why = "{} failed or {} unreachable".format(", ".join(missing), "was" if len(missing) == 1 else "were")
-    else:
-        why = "another host failed or was unreachable (see the recap)"
-    own = "its GPUs are free" if outcome.get("ok") else "it was not checked"
-    outcome["message"] = f"{host}: {own}, but the play stops here because {why} (any_errors_fatal)"
-    if any(outcome.get(key) for key in ("stopped_units", "disabled_units", "masked_units", "stopped_containers", "disabled_containers")):
-        # What this host's run stopped stays stopped until restore_gpus puts it back.
-        outcome["message"] += (f"; what was stopped here stays stopped: put it back with "
-                               f"`ansible-playbook playbooks/restore_gpus.yml -l {host}` (or the zeromib.gpu.restore_gpus role)")
-    outcome["status"] = "stopped"
-    return outcome
+    return _outcome.stopped(own_result, host, failed, missing)
 
 
 def free_gpus_summary(data: t.Any, hosts: list[str] | None = None, live: t.Container[str] | None = None) -> list[str]:

@@ -9,17 +9,18 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: free_gpus_gate
-short_description: The free_gpus role's gate - free the GPUs and fail unless they read free, in one task
+short_description: The free_gpus role's gate - free the GPUs and record whether they read free, in one task
 version_added: 0.1.0
 description:
-  - The single task of the role P(zeromib.gpu.free_gpus#role); use the role, not this plugin.
+  - The first task of the role P(zeromib.gpu.free_gpus#role); use the role, not this plugin.
   - On the controller, checks the role's variables (C(free_gpus_*)) against the role's C(meta/argument_specs.yml), as Ansible's
     automatic role argument validation does, with the same message.
   - Runs M(zeromib.gpu.gpu_release) once on the node with those variables, and returns its result.
   - Sets the fact C(free_gpus_result) (see the filter P(zeromib.gpu.free_gpus_outcome#filter)).
-  - Fails, with the message of C(free_gpus_result), unless every selected GPU reads at most C(free_gpus_max_used_mib) and the node
-    has C(free_gpus_expected_count) GPUs. In check mode a dirty node passes (it would be freed); a node whose GPUs cannot be read,
-    or whose plan is refused, fails.
+  - Records in C(free_gpus_result) whether every selected GPU reads at most C(free_gpus_max_used_mib) and the node has
+    C(free_gpus_expected_count) GPUs, with the message saying why not; it never fails the host itself. The role's next task,
+    M(zeromib.gpu.free_gpus_verdict), fails each host that is not free with that message, once. In check mode a dirty node passes
+    (it would be freed); a node whose GPUs cannot be read, or whose plan is refused, does not.
   - One task per host, where a validation task, the module, a C(set_fact) and an C(assert) cost four.
 author:
   - zeromib.gpu contributors (@zeromib)
@@ -46,11 +47,12 @@ notes:
   - Takes no options; it reads the role's variables. It fails outside the role.
   - When the role is run with C(rolespec_validate=false) (as C(playbooks/free_gpus.yml) does), this task is the only validation, and
     the play saves Ansible's automatic validation task on every host.
-  - Ansible keeps no facts from a failed task; the role's rescue sets C(free_gpus_result) on a failed host from this task's result.
+  - The task never fails (Ansible keeps no facts from a failed task), so C(free_gpus_result) is set on every host.
   - C(free_gpus_result) is returned as a fact (also C(ansible_facts.free_gpus_result)); with fact caching it is cached like any fact,
     so a summary should read it only for the hosts of the current play (C(ansible_play_hosts)), as C(playbooks/free_gpus.yml) does.
 seealso:
   - module: zeromib.gpu.gpu_release
+  - module: zeromib.gpu.free_gpus_verdict
 """
 
 EXAMPLES = r"""
@@ -69,11 +71,11 @@ msg:
   returned: always
 failed_checks:
   description:
-    - The checks that failed, in this order - V(gpu_release failed), V(released), V(every selected GPU clean),
+    - The checks that failed (the host is not free), in this order - V(gpu_release failed), V(released), V(every selected GPU clean),
       V(free_gpus_expected_count), V(free_gpus_require_healthy), V(free_gpus_smoke_test).
   type: list
   elements: str
-  returned: failure
+  returned: when the host is not free
 released:
   description:
     - Every other key of M(zeromib.gpu.gpu_release)'s result is returned as it returns it, except its GPU and holder

@@ -73,4 +73,11 @@ not_free:
   elements: str
   returned: always
   sample: [gpu-node-07]
+unreachable_hosts:
+  description: The hosts of the play that have left it (unreachable, or failed before the role's gate), which the summary lists as
+    unreachable, quoting the SSH error where the gate's registered result holds it.
+  type: list
+  elements: str
+  returned: always
+  sample: [gpu-node-03]
 """

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import baseline_with_margin
+
 
 SCHEMA_VERSION = 1
 _INPUT_STATUSES = {"ok": "ok", "error": "error", "failed": "error", "unreachable": "unreachable"}
@@ -230,15 +232,36 @@ def _dirty_reason(gpus: list[dict[str, t.Any]], holders: list[dict[str, t.Any]],
                 shown.append(f"{owner} ({len(members)} processes){note}")
         more = f" and {len(shown) - 3} more" if len(shown) > 3 else ""
         parts.append("held by " + ", ".join(shown[:3]) + more)
+    # An idle MIG baseline is said as such, also inside a container (the same advice as the role's).
+    advice = _baseline_advice(dirty, blocking, stale)
     if stale and not blocking and inside_container:
         # A container sees no process of the host or of the other guests that share its GPUs.
         parts.append("memory counted for PID {}, not in this container: held outside it (the host or another guest)? look on the host".format(
             ", ".join(str(p.get("pid")) for p in stale[:3])))
     elif stale and not blocking:
         parts.append("memory counted for gone PID {}".format(", ".join(str(p.get("pid")) for p in stale[:3])))
-    elif dirty and not blocking and inside_container:
+    elif dirty and not blocking and inside_container and not advice:
         parts.append("no process in this container holds it: held outside it (the host or another guest)? look on the host")
+    if advice:
+        parts.append(advice)
     return "; ".join(parts) or "gpu_facts reports the host not clean"
+
+
+# MIG GPUs read 50-59 MiB with nothing on them (docs/docsite/rst/guide_troubleshooting.rst); past this it is no baseline.
+_IDLE_BASELINE_MIB = 256
+
+
+def _baseline_advice(dirty: list[dict[str, t.Any]], blocking: list[dict[str, t.Any]], stale: list[dict[str, t.Any]]) -> str | None:
+    """A dirty GPU in MIG mode that no process holds and that reads a few MiB is its idle baseline:
+    the same advice, with the same margin, as the free_gpus role gives for it (issue 55)."""
+    readings = [_int_or_none(g.get("memory_used_mib")) for g in dirty]
+    if not dirty or blocking or stale or any(r is None or r > _IDLE_BASELINE_MIB for r in readings):
+        return None
+    if not all(str(g.get("mig_mode") or "").lower() == "enabled" for g in dirty):
+        return None
+    most = max(r for r in readings if r is not None)
+    return (f"no process holds them: the idle baseline of MIG mode; set free_gpus_max_used_mib: {baseline_with_margin(most)} "
+            f"(its {most} MiB reading with a margin; per host or group; the audit reads it too)")
 
 
 # ---- pending restore (issue 24): what zeromib.gpu.gpu_release stopped and gpu_restore has not put

@@ -98,10 +98,12 @@ def _host_samples(samples: _Samples, host: t.Mapping[str, t.Any]) -> None:
     up = bool(host.get("up"))
     _add(samples, "zeromib_gpu_host_up", [("host", name)], up)
     _add(samples, "zeromib_gpu_host_clean", [("host", name)], host.get("status") == "clean")
-    _add(samples, "zeromib_gpu_host_info", [
+    # An info metric carries only what is known: a version not read (an unreachable host, a driver
+    # that does not say its CUDA version) is no label, rather than an empty one.
+    _add(samples, "zeromib_gpu_host_info", [(label, value) for label, value in (
         ("host", name), ("status", host.get("status")),
         ("driver_version", host.get("driver_version")), ("cuda_version", host.get("cuda_version")),
-    ], 1)
+    ) if label == "host" or value not in (None, "")], 1)
     if not up:
         return
     if _is_number(host.get("gpu_count")):

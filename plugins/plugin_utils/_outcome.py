@@ -54,6 +54,11 @@ class Outcome(t.TypedDict, total=False):
     smoke_test_issues: list[str]
     smoke_test_notes: list[str]
     stopped_by: list[str]
+    # free_gpus_services entries that match something on this host, those that match nothing, and
+    # for those the nearest units here (the role's fleet check reads every host's).
+    services_matched: list[str]
+    services_unmatched: list[str]
+    services_close: dict[str, list[str]]
 
 
 def _mib(gpus: list[Gpu]) -> int | None:
@@ -219,6 +224,27 @@ def failed(host: str, message: object, status: str = "failed") -> Outcome:
     }
 
 
+def stopped(own: t.Mapping[str, t.Any] | None, host: str, failed_hosts: t.Sequence[str], missing: t.Sequence[str] = ()) -> Outcome:
+    """A host that any_errors_fatal stops because other hosts failed: its own outcome, with
+    `status` stopped, `stopped_by` naming those hosts and a message that says so (and how to put
+    back what its run stopped, which stays stopped)."""
+    outcome = t.cast(Outcome, dict(own)) if isinstance(own, Mapping) else failed(host, "stopped", "stopped")
+    outcome["stopped_by"] = list(failed_hosts or missing)
+    if failed_hosts:
+        why = "{} failed".format(", ".join(failed_hosts))
+    elif missing:
+        why = "{} failed or {} unreachable".format(", ".join(missing), "was" if len(missing) == 1 else "were")
+    else:
+        why = "another host failed or was unreachable (see the recap)"
+    said = "its GPUs are free" if outcome.get("ok") else "it was not checked"
+    outcome["message"] = f"{host}: {said}, but the play stops here because {why} (any_errors_fatal)"
+    if any(outcome.get(key) for key in ("stopped_units", "disabled_units", "masked_units", "stopped_containers", "disabled_containers")):
+        outcome["message"] += (f"; what was stopped here stays stopped: put it back with "
+                               f"`ansible-playbook playbooks/restore_gpus.yml -l {host}` (or the zeromib.gpu.restore_gpus role)")
+    outcome["status"] = "stopped"
+    return outcome
+
+
 # gpu_release's options that its messages name and that the role sets as free_gpus_<option>: in
 # the role's messages they are named as the user sets them. Words that are also plain English
 # (kill, gpus, services, match, protect, timeout) are renamed only where a message uses them as
@@ -237,10 +263,22 @@ _CONTEXT = (
 )
 
 
+def baseline_with_margin(mib: int) -> int:
+    """The max_used_mib to set for a GPU whose idle baseline reads MIB: the next multiple of 16 with
+    at least 4 MiB to spare (55 -> 64: MIG GPUs read 50-59 MiB idle, docs/docsite/rst/guide_troubleshooting.rst). The
+    exact reading would fail the host again the day its GPU reads 1 MiB more."""
+    return -(-(int(mib) + 4) // 16) * 16
+
+
+_BASELINE_ADVICE = re.compile(r"set free_gpus_max_used_mib: (\d+) \(per host or group\)")
+
+
 def in_role_words(text: str) -> str:
     """A gpu_release message as the free_gpus role's user reads it: its options named as the role
-    variables they set (`set max_used_mib: 55` -> `set free_gpus_max_used_mib: 55`)."""
+    variables they set (`set max_used_mib: 55` -> `set free_gpus_max_used_mib: 64`, with the
+    baseline's margin)."""
     text = _OPTION.sub(r"free_gpus_\1", str(text))
     for pattern, replacement in _CONTEXT:
         text = pattern.sub(replacement, text)  # type: ignore[arg-type]
-    return text
+    return _BASELINE_ADVICE.sub(lambda m: f"set free_gpus_max_used_mib: {baseline_with_margin(int(m.group(1)))} "
+                                          f"(its {m.group(1)} MiB reading with a margin; per host or group)", text)

@@ -59,9 +59,21 @@ def _note(outcome: t.Mapping[str, t.Any]) -> str:
     return "; ".join(notes)
 
 
-def summary_lines(data: t.Any, hosts: t.Sequence[str] | None = None, live: t.Container[str] | None = None) -> list[str]:
+def unreachable_message(host: str, said: t.Any = None) -> str:
+    """The line of a host with no outcome of this run, quoting what Ansible said of it (the gate's
+    registered result of an unreachable host holds the SSH error) where there is something."""
+    text = " ".join(str(said).split()) if said else ""
+    if text:
+        return f"{host}: unreachable, or failed before gpu_release ran: {text}"
+    return (f"{host}: unreachable, or failed before gpu_release ran: the SSH error is in Ansible's UNREACHABLE (or fatal) "
+            f"line for {host} above")
+
+
+def summary_lines(data: t.Any, hosts: t.Sequence[str] | None = None, live: t.Container[str] | None = None,
+                  said: t.Mapping[str, t.Any] | None = None) -> list[str]:
     """Outcomes, or hostvars, -> fleet summary lines, worst first. A host of `hosts` without an
-    outcome (unreachable, or failed before gpu_release ran) is listed too; `live`: see _outcomes."""
+    outcome (unreachable, or failed before gpu_release ran) is listed too, with what Ansible said
+    of it where `said` has it; `live`: see _outcomes."""
     rows = []
     by_host = {}
     for outcome in _outcomes(data, hosts, live):
@@ -70,10 +82,8 @@ def summary_lines(data: t.Any, hosts: t.Sequence[str] | None = None, live: t.Con
     for host in hosts or sorted(by_host):
         outcome = by_host.get(host)
         if outcome is None:
-            # Ansible keeps no fact of an unreachable host: its own UNREACHABLE line has the SSH error.
-            rows.append(("unreachable", host, "-", "-", "-", "-", "-",
-                         f"{host}: unreachable, or failed before gpu_release ran: the SSH error is in Ansible's UNREACHABLE (or fatal) "
-                         f"line for {host} above"))
+            # Ansible keeps no fact of an unreachable host; the gate's registered result has its SSH error.
+            rows.append(("unreachable", host, "-", "-", "-", "-", "-", unreachable_message(host, (said or {}).get(host))))
             continue
         killed = outcome.get("killed") or []
         changed_state = {u: "disabled" for u in outcome.get("disabled_units") or []}
@@ -106,6 +116,9 @@ def summary_lines(data: t.Any, hosts: t.Sequence[str] | None = None, live: t.Con
     totals: dict[str, int] = {}
     for row in rows:
         totals[row[0]] = totals.get(row[0], 0) + 1
-    lines.append("{} host{}: {}".format(len(rows), "" if len(rows) == 1 else "s", ", ".join(f"{n} {s}" for s, n in sorted(
-        totals.items(), key=lambda item: _STATUS_ORDER.get(item[0], 1)))))
+    # The unreachable hosts by name: they have left the play, and nothing after this line names them.
+    gone = [row[1] for row in rows if row[0] == "unreachable"]
+    lines.append("{} host{}: {}".format(len(rows), "" if len(rows) == 1 else "s", ", ".join(
+        f"{n} {s}" + (" ({})".format(", ".join(gone)) if s == "unreachable" else "")
+        for s, n in sorted(totals.items(), key=lambda item: _STATUS_ORDER.get(item[0], 1)))))
     return lines

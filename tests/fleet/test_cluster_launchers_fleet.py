@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from scenarios import (PLAYBOOK, RELEASE_TASK, alive, baseline, failure_messages, main_pid, summary_lines, summary_row, summary_status,
+from scenarios import (PLAYBOOK, RELEASE_TASK, alive, baseline, main_pid, summary_lines, summary_row, summary_status,
                        unit_states, wait_for)
 
 pytestmark = pytest.mark.usefixtures("fleet_baselines")
@@ -311,15 +311,19 @@ def test_glob_matches_installed_units_systemd_has_not_loaded(installed_units):
         "llmfile-on.service": ("inactive", "disabled"), "llmfile-off.service": ("inactive", "disabled")}
 
 
-def test_a_glob_that_matches_nothing_warns_naming_the_host(clean_fleet):
+def test_a_glob_that_matches_nothing_on_any_host_is_a_settings_mistake_and_nothing_is_done(clean_fleet):
+    # issue 55: typos stop the play (was a warning naming the host, rc 0)
     fleet = clean_fleet
     host = gpu_host(fleet)
+    fleet.workload(host, "vllm")
     run = fleet.ansible_playbook(PLAYBOOK, limit=host, extra_vars={"free_gpus_services": ["tgi-none*.service"]})
-    assert run.rc == 0, run
-    # the role's variable, as the user sets it (issue 32; was "services: ...")
-    assert f"[WARNING]: {host}: free_gpus_services: tgi-none*.service matches no unit on this host" in run.stdout + run.stderr, \
-        run.stdout + run.stderr
-    assert not failure_messages(run, host)
+    assert run.rc == 2, run
+    lines = summary_lines(run)
+    assert summary_status(lines, host) == "invalid", lines
+    assert summary_row(lines, host).endswith(f"{host}: settings mistake, nothing was done: free_gpus_services: tgi-none*.service matches no "
+                                             "unit, container or supervisord program on any host of the play"), lines
+    assert "on this host" not in run.stdout + run.stderr
+    assert unit_states(fleet, host, "vllm.service")["vllm.service"][0] == "active", "nothing was done"
 
 
 # --------------------------------------------------------------------------- spanning units (issue 20.3)

@@ -118,7 +118,7 @@ def test_a_wrong_type_is_one_line_naming_the_variable_once_per_host_and_not_not_
     assert "not free" not in fatal[0]
 
 
-def test_said_once_under_free_gpus_yml_and_twice_at_most_in_a_users_own_play(trio):
+def test_said_once_under_free_gpus_yml_and_in_a_users_own_play(trio):
     """(6) and (7): the MIG host with the default baseline; the fix named as the role's variable."""
     fleet, (good, _other), mig = trio
     run = fleet.ansible_playbook(PLAYBOOK, limit=[good, mig])
@@ -127,31 +127,33 @@ def test_said_once_under_free_gpus_yml_and_twice_at_most_in_a_users_own_play(tri
     expect(run, good, FREE)
     said = message_of(summary_lines(run), mig)
     assert said.startswith("GPUs read above free_gpus_max_used_mib with no process holding them"), said
-    assert "set free_gpus_max_used_mib: 55 (per host or group)" in said and "role:" not in said and "set max_used_mib" not in said
+    # issue 55: with a margin over the exact reading, as the audit says it too
+    assert "set free_gpus_max_used_mib: 64 (its 55 MiB reading with a margin; per host or group)" in said
+    assert "role:" not in said and "set max_used_mib" not in said
     assert run.stdout.count("reads 55 MiB, and no process holds") == 2  # its two GPUs, in one line
     assert len([line for line in run.stdout.splitlines() if "reads 55 MiB" in line]) == 1, run.stdout[-4000:]
     assert "End the hosts whose GPUs are free" not in run.stdout and "free_gpus_result" not in run.stdout
-    assert not errors(run)[:-1] or all(mig in e and "not free (its line" in e for e in errors(run)), errors(run)
+    assert not errors(run) and "Origin:" not in run.stdout + run.stderr, errors(run)  # issue 55: the last task says one line a host
     # every host free: the play ends with one line after the summary
     fleet.rig.write_baselines()
     clean = fleet.ansible_playbook(PLAYBOOK, limit=[good, mig])
     assert clean.rc == 0, clean
     for host in (good, mig):
         expect(clean, host, ALL_FREE)
-    assert clean.stdout.count("TASK [End the play, every host's GPUs are free]") == 1, clean.stdout[-2000:]
+    assert clean.stdout.count("TASK [End the play, every reachable host's GPUs are free]") == 1, clean.stdout[-2000:]
     assert "End the hosts" not in clean.stdout and "Fail the hosts" not in clean.stdout
-    # the role in the user's own play (pre_tasks, any_errors_fatal): the gate's [ERROR] and the
-    # role's assert (what a rescue around the role reads), no JSON dump of either
+    # the role in the user's own play (pre_tasks, any_errors_fatal): the verdict's one fatal line
+    # with the reason (what a rescue around the role reads), no [ERROR] excerpt, nothing censored (issue 55)
     fleet.remove_group_vars("a100_mig")
     own = fleet.ansible_playbook(TRAINING, limit=[good, mig], extra_vars={"training_command": "true"})
     assert own.rc == 2, own
-    assert recap(own, mig) == counts(ok=2, failed=1, rescued=1, skipped=2), own.stdout
-    assert recap(own, good) == counts(ok=4), own.stdout
-    mine = [e for e in errors(own) if f"{mig}: " in e]
-    assert len(mine) == 2 and all(e.startswith(f"[ERROR]: Task failed: Action failed: {mig}: GPUs read above free_gpus_max_used_mib")
-                                  for e in mine), errors(own)
+    assert recap(own, mig) == counts(ok=2, failed=1), own.stdout
+    assert recap(own, good) == counts(ok=3), own.stdout
+    [fatal] = fatal_lines(own, mig)
+    assert fatal.startswith(f'fatal: [{mig}]: FAILED! => {{"changed": false, "msg": "{mig}: GPUs read above free_gpus_max_used_mib'), fatal
+    assert not errors(own) and "censored" not in own.stdout + own.stderr and "Origin:" not in own.stdout + own.stderr
     assert "free_gpus_result" not in own.stdout and "memory_total_mib" not in own.stdout
-    assert len([line for line in own.stdout.splitlines() if "reads 55 MiB" in line]) == 2, own.stdout[-4000:]
+    assert len([line for line in own.stdout.splitlines() if "reads 55 MiB" in line]) == 1, own.stdout[-4000:]
 
 
 def test_role_messages_name_role_variables_and_the_modules_name_its_options(trio):
@@ -183,43 +185,41 @@ def test_the_audit_honours_the_roles_baseline_when_its_own_is_unset_and_its_own_
     assert audit("own", {"gpu_audit_max_used_mib": 0}) == {"rc": 2, "status": {good: "clean", mig: "dirty"}}
 
 
-def test_strict_fails_typos_and_services_that_match_nothing_before_anything_is_done(trio):
-    """(4) free_gpus_strict: a misspelled variable, and a unit that does not exist; without it, warnings."""
-    fleet, (typo, missing), mig = trio
+def test_strict_fails_a_host_for_a_services_entry_that_matches_nothing_there_before_anything_is_done(trio):
+    """(4) free_gpus_strict keeps its per-host meaning: an entry that matches nothing on this host fails
+    it, even where another host matches it; without it, that is no mistake in a mixed fleet (issue 55)."""
+    fleet, (strict, lax), mig = trio
     fleet.rig.write_baselines()
-    holders = {host: fleet.workload(host, "vllm") for host in (typo, missing)}
-    host_vars(fleet, typo, {"free_gpus_strict": True, "free_gpus_sevices": ["vllm.service"], "free_gpus_kill": False})
-    host_vars(fleet, missing, {"free_gpus_strict": True, "free_gpus_services": ["vlm.service"], "free_gpus_kill": False})
-    run = fleet.ansible_playbook(PLAYBOOK, limit=[typo, missing, mig])
-    assert run.rc == 2, run
-    for host in (typo, missing):
-        expect(run, host, NOT_FREE)
-    expect(run, mig, FREE)
-    lines = summary_lines(run)
-    assert message_of(lines, typo) == ("settings mistake, nothing was done (free_gpus_strict): free_gpus_sevices is not a variable of "
-                                       "the zeromib.gpu.free_gpus role; did you mean free_gpus_services?"), lines
-    assert message_of(lines, missing) == ("settings mistake, nothing was done (free_gpus_strict): free_gpus_services: vlm.service matches "
-                                          "no unit, container or supervisord program on this host; did you mean vllm.service?"), lines
-    for host in (typo, missing):
-        assert summary_status(lines, host) == "invalid"
-        # nothing was done: vllm still runs
-        assert fleet.ssh(host, "systemctl is-active vllm.service").stdout.strip() == "active", host
-        assert run.stdout.count(f"{host}: settings mistake, nothing was done (free_gpus_strict)") == 1
-    del holders
-    # without free_gpus_strict: a warning naming the closest unit, once, and the run goes on
-    host_vars(fleet, missing, {"free_gpus_services": ["vlm.service", "vllm.service"]})
-    host_vars(fleet, typo, None)
-    lax = fleet.ansible_playbook(PLAYBOOK, limit=[missing, typo])
-    assert lax.rc == 0, lax
-    out = re.sub(r"\s+", " ", lax.stdout + lax.stderr)
-    warning = (f"{missing}: free_gpus_services: vlm.service matches no unit, container or supervisord program on this host; "
-               "did you mean vllm.service?")
-    assert out.count(warning) == 1, out[-3000:]
-    assert summary_status(summary_lines(lax), missing) == "freed"
+    fleet.workload(strict, "vllm")
+    try:
+        assert fleet.ssh(mig, "printf '[Service]\\nExecStart=/bin/sleep infinity\\n' > /etc/systemd/system/tgi.service && "
+                              "systemctl daemon-reload").returncode == 0
+        for host in (strict, lax):
+            host_vars(fleet, host, {"free_gpus_services": ["vllm*.service", "tgi.service"], "free_gpus_kill": False,
+                                    **({"free_gpus_strict": True} if host == strict else {})})
+        host_vars(fleet, mig, {"free_gpus_services": ["vllm*.service", "tgi.service"]})
+        run = fleet.ansible_playbook(PLAYBOOK, limit=[strict, lax, mig])
+        assert run.rc == 2, run
+        expect(run, strict, NOT_FREE)
+        for host in (lax, mig):
+            expect(run, host, FREE)
+        lines = summary_lines(run)
+        assert message_of(lines, strict) == ("settings mistake, nothing was done (free_gpus_strict): free_gpus_services: tgi.service matches "
+                                             "no unit, container or supervisord program on this host"), lines
+        assert summary_status(lines, strict) == "invalid"
+        # nothing was done there: vllm still runs
+        assert fleet.ssh(strict, "systemctl is-active vllm.service").stdout.strip() == "active"
+        assert run.stdout.count(f"{strict}: settings mistake, nothing was done (free_gpus_strict)") == 1
+        # no line about tgi.service for the hosts that lack it: it matches on the MIG host
+        assert "matches no unit" not in " ".join((run.stdout + run.stderr).replace(message_of(lines, strict), "").split()), run.stdout[-3000:]
+    finally:
+        fleet.ssh(mig, "rm -f /etc/systemd/system/tgi.service && systemctl daemon-reload")
 
 
 RESTORE = "playbooks/restore_gpus.yml"
+VERDICT = "zeromib.gpu.free_gpus : Assert that every selected GPU is free"
 SAY_RESTORED = "zeromib.gpu.restore_gpus : Say what was put back"
+RESTORE_SUMMARY = "Fleet restore summary (unreachable and failed hosts first)"
 
 
 def test_restore_says_what_it_put_back_per_host_and_any_errors_fatal_says_how(trio):
@@ -232,21 +232,24 @@ def test_restore_says_what_it_put_back_per_host_and_any_errors_fatal_says_how(tr
     run = fleet.ansible_playbook(TRAINING, limit=[served, leaky, mig], extra_vars={"training_command": "true"})
     assert run.rc == 2, run
     assert recap(run, leaky)["failed"] == 1 and recap(run, served)["failed"] == 0 and recap(run, mig)["failed"] == 0, run.stdout
-    said = run.result("zeromib.gpu.free_gpus : Say which host stopped the play", served)["msg"]
+    said = run.result(VERDICT, served)["msg"]
     assert said.startswith(f"{served}: its GPUs are free, but the play stops here because {leaky} failed (any_errors_fatal)"), said
     assert said.endswith(f"put it back with `ansible-playbook playbooks/restore_gpus.yml -l {served}` (or the zeromib.gpu.restore_gpus role)")
     # nothing was stopped on the MIG host: no restore advice there
-    assert "restore_gpus" not in run.result("zeromib.gpu.free_gpus : Say which host stopped the play", mig)["msg"]
+    assert "restore_gpus" not in run.result(VERDICT, mig)["msg"]
     assert fleet.ssh(served, "systemctl is-active vllm.service").stdout.strip() != "active"
     fleet.clear_faults(leaky)
     back = fleet.ansible_playbook(RESTORE, limit=[served, leaky, mig])
     assert back.rc == 0, back
     for host in (served, leaky, mig):
         assert recap(back, host)["failed"] == 0, back.stdout
-    assert back.result(SAY_RESTORED, served)["msg"] == f"{served}: put back unit vllm.service (start)"
-    for host in (leaky, mig):
-        assert back.result(SAY_RESTORED, host)["msg"] == f"{host}: nothing to put back"
-    assert back.stdout.count(f"{served}: put back unit vllm.service (start)") == 1
+    # issue 55: one summary, as free_gpus.yml's (was a task per host saying it, and 16 skipping lines)
+    lines = back.result(RESTORE_SUMMARY, served)["msg"]
+    quiet = sorted([leaky, mig])
+    assert [line.split()[:3] for line in lines[1:4]] == [["put", "back", served], ["nothing", quiet[0], "-"], ["nothing", quiet[1], "-"]], lines
+    assert lines[1].endswith("unit vllm.service (start)") and lines[-1] == "3 hosts: 1 put back, 2 nothing", lines
+    assert back.stdout.count("unit vllm.service (start)") == 1
+    assert [t["status"] for t in back.results(SAY_RESTORED)] == ["skipped"] * 3
     assert fleet.ssh(served, "systemctl is-active vllm.service").stdout.strip() == "active"
 
 
@@ -263,8 +266,10 @@ def test_an_unreachable_host_points_to_its_ssh_error_and_a_wrong_index_is_a_clea
     expect(run, wrong, NOT_FREE)
     expect(run, mig, FREE)
     lines = summary_lines(run)
-    assert message_of(lines, down).startswith(f"unreachable, or failed before gpu_release ran: the SSH error is in Ansible's "
-                                              f"UNREACHABLE (or fatal) line for {down} above"), lines
+    # issue 55: the line quotes the SSH error the gate's registered result holds
+    unreachable = message_of(lines, down)
+    assert unreachable.startswith("unreachable, or failed before gpu_release ran: ") and "can be reached over ssh" in unreachable, lines
+    assert lines[-1].startswith(f"3 hosts: 1 unreachable ({down})"), lines
     assert re.search(rf"^fatal: \[{re.escape(down)}\]: UNREACHABLE! .*ssh", run.stdout, re.M | re.I), run.stdout[-3000:]
     said = message_of(lines, wrong)
     assert said.startswith("GPU '99' is not on this host: it has indexes 0, 1"), said

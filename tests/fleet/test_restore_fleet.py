@@ -17,8 +17,8 @@ pytestmark = pytest.mark.usefixtures("fleet_baselines")
 
 RESTORE = "playbooks/restore_gpus.yml"
 RESTORE_TASK = "zeromib.gpu.restore_gpus : Put back the units and containers gpu_release stopped, disabled or masked"
-ROLE_PLAN_TASK = "zeromib.gpu.restore_gpus : Show what would be put back (check mode)"
-FLEET_PLAN_TASK = "The fleet's restore plan, host by host (check mode)"
+ROLE_SAY_TASK = "zeromib.gpu.restore_gpus : Say what was put back"
+FLEET_SUMMARY_TASK = "Fleet restore summary (unreachable and failed hosts first)"
 # What a check-mode plan and the real run both report (issue 33): the same values.
 PLAN_KEYS = ("changed", "plan", "restored", "started_units", "enabled_units", "unmasked_units", "restored_policies", "started_containers",
              "started_programs", "already_restored", "not_restored", "pending")
@@ -242,8 +242,12 @@ def test_a_check_restore_lists_exactly_what_the_real_run_then_does(clean_fleet):
         plan = check.result(RESTORE_TASK, host)
         assert plan["changed"] is True and sorted(plan["started_units"]) == sorted(units) and plan["enabled_units"] == ["sglang.service"], plan
         assert sorted(plan["plan"]) == ["sglang.service: enable, start", "vllm.service: start"], plan["plan"]
-        assert check.result(ROLE_PLAN_TASK, host)["msg"] == plan["plan"]
-        assert check.result(FLEET_PLAN_TASK, host)["msg"] == {host: plan["plan"]}
+        # issue 55: restore_gpus.yml's summary, one line per host, says the plan's steps
+        said = check.result(FLEET_SUMMARY_TASK, host)["msg"]
+        assert " ".join(said[1].split()) == f"would put back {host} " + ", ".join(
+            f"unit {entry['name']} ({', '.join(entry['steps'])})" for entry in plan["restored"]), said
+        assert said[2:] == ["1 host: 1 would put back"], said
+        assert {f"{e['name']}: {', '.join(e['steps'])}" for e in plan["restored"]} == set(plan["plan"])
         assert "sglang.service: disabled, stopped" in plan["diff"]["before"] and "sglang.service: enabled, running" in plan["diff"]["after"]
 
         restore = fleet.ansible_playbook(RESTORE, limit=host)
@@ -251,11 +255,12 @@ def test_a_check_restore_lists_exactly_what_the_real_run_then_does(clean_fleet):
         done = restore.result(RESTORE_TASK, host)
         assert {k: done[k] for k in PLAN_KEYS} == {k: plan[k] for k in PLAN_KEYS}, (plan, done)
         assert states(fleet, host, units) == before and record(fleet, host) is None
-        assert [t["status"] for t in restore.results(ROLE_PLAN_TASK, host)] in ([], ["skipped"])
+        assert [t["status"] for t in restore.results(ROLE_SAY_TASK, host)] == ["skipped"], "said once, in the summary"
 
         nothing = fleet.ansible_playbook(RESTORE, limit=host, check=True)
         assert nothing.rc == 0 and nothing.stats[host]["changed"] == 0, str(nothing)
-        assert nothing.result(ROLE_PLAN_TASK, host)["msg"] == "nothing to put back"
+        said = nothing.result(FLEET_SUMMARY_TASK, host)["msg"]
+        assert said[1].split() == ["nothing", host, "-"] and said[2:] == ["1 host: 1 nothing"], said
     finally:
         fleet.ssh(host, "systemctl disable --now vllm.service sglang.service; rm -f " + RECORD)
 

@@ -52,12 +52,12 @@ def test_role_variables_become_gpu_release_options_without_the_gate_only_ones():
 
 
 def test_misspelled_role_variables_are_named_with_the_closest_known_one():
-    from ansible_collections.zeromib.gpu.plugins.action.free_gpus_gate import unknown_variables
+    from ansible_collections.zeromib.gpu.plugins.action.free_gpus_gate import NOT_OPTIONS, unknown_variables
     spec = {"free_gpus_services": {}, "free_gpus_kill_timeout": {}, "free_gpus_gpus": {}}
     names = ["free_gpus_sevices", "free_gpus_services", "free_gpus_result", "free_gpus_hosts", "free_gpus_zzz_qqq", "other_var"]
-    assert unknown_variables(names, spec) == [
-        "free_gpus_sevices is not a variable of the zeromib.gpu.free_gpus role and is ignored; did you mean free_gpus_services?",
-        "free_gpus_zzz_qqq is not a variable of the zeromib.gpu.free_gpus role and is ignored (its variables: meta/argument_specs.yml)",
+    assert unknown_variables(names, spec, not_options=NOT_OPTIONS) == [
+        "free_gpus_sevices is not a variable of the zeromib.gpu.free_gpus role; did you mean free_gpus_services?",
+        "free_gpus_zzz_qqq is not a variable of the zeromib.gpu.free_gpus role (its variables: meta/argument_specs.yml)",
     ]
 
 
@@ -74,16 +74,6 @@ def test_the_gate_bounds_every_time_variable_of_the_role(name):
     assert range_problems({"free_gpus_" + name: 1e10}) == [f"free_gpus_{name} must be at most 86400 seconds (one day), got 10000000000.0"]
     assert range_problems({"free_gpus_" + name: float("inf")}) == [f"free_gpus_{name} must be at most 86400 seconds (one day), got inf"]
     assert range_problems({"free_gpus_xid_window_hours": 1e10}) == ["free_gpus_xid_window_hours must be at most 8760 hours (one year), got 10000000000.0"]
-
-
-def test_a_failed_gate_shows_no_gpu_records_and_its_message_once_without_verbosity():
-    from ansible_collections.zeromib.gpu.plugins.action.free_gpus_gate import compact
-    result = {"failed": True, "msg": "n1: GPU 0 reads 55 MiB", "gpus": [{"index": 0}], "gpus_before": [{"index": 0}], "holders": [],
-              "killed": [], "ansible_facts": {"free_gpus_result": {"host": "n1", "message": "n1: GPU 0 reads 55 MiB", "ok": False}}}
-    shown = compact(result, 0)
-    assert "gpus" not in shown and "gpus_before" not in shown and "holders" not in shown and shown["killed"] == []
-    assert str(shown).count("GPU 0 reads 55 MiB") == 1
-    assert compact(result, 1) is result  # -v shows everything
 
 
 # --------------------------------------------------------------------------- the task: ActionModule.run
@@ -113,16 +103,16 @@ def test_the_gate_outside_its_role_fails_saying_where_it_runs():
     assert plugin.module.calls == []
 
 
-def test_a_variable_of_the_wrong_type_fails_as_ansibles_validation_does_and_runs_nothing():
+def test_a_variable_of_the_wrong_type_is_recorded_in_the_users_words_and_runs_nothing():
     plugin, task_vars = _gate(free_gpus_kill_timeout="soon")
     result = plugin.run(task_vars=task_vars)
     # One line in the user's words (issue 32), not the validator's "is of type str and we were unable to convert".
-    assert result["failed"] and result["msg"] == (
-        "settings mistake, nothing was done: free_gpus_kill_timeout must be a number of seconds (e.g. 120), got 'soon'")
+    said = "settings mistake, nothing was done: free_gpus_kill_timeout must be a number of seconds (e.g. 120), got 'soon'"
+    # Recorded, not failed: the role's verdict fails the host with it (issue 55: said once).
+    assert result["failed"] is False and result["msg"] == said
     assert "Traceback" not in str(result) and plugin.module.calls == []
     outcome = result["ansible_facts"]["free_gpus_result"]
-    # The message once, as `msg`: the role's rescue puts it back into free_gpus_result.
-    assert outcome["status"] == "invalid" and outcome["ok"] is False and "message" not in outcome
+    assert outcome["status"] == "invalid" and outcome["ok"] is False and outcome["message"] == f"node01: {said}"
     assert "argument_spec_data" not in result  # the role's whole spec only with -v
 
 
@@ -137,22 +127,89 @@ def test_a_variable_that_cannot_be_templated_fails_naming_the_undefined_one():
 
     plugin, task_vars = _gate(free_gpus_kill_timeout=trust_as_template("{{ no_such_variable }}"))
     result = plugin.run(task_vars=task_vars)
-    assert result["failed"] and result["msg"] == (
+    assert result["failed"] is False and result["msg"] == (
         "settings mistake, nothing was done: a free_gpus_* variable cannot be templated: 'no_such_variable' is undefined")
     assert plugin.module.calls == []
 
 
-def test_a_clean_host_passes_with_the_outcomes_message_and_a_warning_for_a_misspelled_variable():
-    plugin, task_vars = _gate(module_result=_released(), free_gpus_services=["vllm*.service"], free_gpus_sevices=["x"],
-                              free_gpus_expected_count=2)
+def _listing(units):
+    """_low_level_execute_command answering `systemctl list-units/list-unit-files` with UNITS (rc 1: None)."""
+    calls = []
+
+    def run(cmd, *args, **kwargs):
+        calls.append(cmd)
+        if units is None:
+            return {"rc": 1, "stdout": "", "stderr": "System has not been booted with systemd as init system (PID 1)."}
+        return {"rc": 0, "stdout": "".join(f"{u} loaded inactive dead {u}\n" for u in units), "stderr": ""}
+    run.calls = calls
+    return run
+
+
+def test_a_misspelled_variable_is_a_settings_mistake_and_nothing_runs():
+    # issue 55: typos stop the play (was a warning, and the run went on with the inference servers enabled)
+    plugin, task_vars = _gate(module_result=_released(), free_gpus_services=["vllm*.service"], free_gpus_sevices=["x"])
     result = plugin.run(task_vars=task_vars)
-    assert "failed" not in result and "failed_checks" not in result
-    assert result["msg"] == "node01: 2 GPUs free (0 -> 0 MiB) in 0.2 s" == result["ansible_facts"]["free_gpus_result"]["message"]
-    assert result["warnings"] == ["node01: free_gpus_sevices is not a variable of the zeromib.gpu.free_gpus role and is ignored; "
-                                  "did you mean free_gpus_services?"]
+    said = ("settings mistake, nothing was done: free_gpus_sevices is not a variable of the zeromib.gpu.free_gpus role; "
+            "did you mean free_gpus_services?")
+    assert result["failed"] is False and result["msg"] == said and plugin.module.calls == []
+    assert result["ansible_facts"]["free_gpus_result"]["status"] == "invalid"
+
+
+def test_a_clean_host_passes_with_the_outcomes_message_and_its_services_checked_first():
+    plugin, task_vars = _gate(module_result=_released(), free_gpus_services=["vllm*.service"], free_gpus_expected_count=2)
+    plugin._low_level_execute_command = _listing(["vllm.service", "ssh.service"])
+    result = plugin.run(task_vars=task_vars)
+    assert "failed" not in result and "failed_checks" not in result and not result["warnings"]
+    outcome = result["ansible_facts"]["free_gpus_result"]
+    assert result["msg"] == "node01: 2 GPUs free (0 -> 0 MiB) in 0.2 s" == outcome["message"]
+    assert outcome["services_matched"] == ["vllm*.service"] and outcome["services_unmatched"] == []
     [call] = plugin.module.calls
     assert call["module_name"] == "zeromib.gpu.gpu_release" and call["module_args"]["services"] == ["vllm*.service"]
     assert "expected_count" not in call["module_args"] and "require_healthy" not in call["module_args"]
+    assert len(plugin._low_level_execute_command.calls) == 1, "one listing, one SSH round trip"
+
+
+def test_a_services_entry_that_matches_nothing_here_holds_the_host_back_for_the_fleet_check():
+    plugin, task_vars = _gate(module_result=_released(), free_gpus_services=["vllm.service", "sglang.service"])
+    plugin._low_level_execute_command = _listing(["vllm.service", "vllm-v1.service"])
+    result = plugin.run(task_vars=task_vars)
+    outcome = result["ansible_facts"]["free_gpus_result"]
+    assert plugin.module.calls == [], "nothing done before the fleet check"
+    assert outcome["status"] == "deferred" and outcome["services_unmatched"] == ["sglang.service"]
+    assert outcome["services_matched"] == ["vllm.service"] and result["failed"] is False and not result["changed"]
+
+
+def test_strict_fails_the_host_for_an_entry_that_matches_nothing_here_or_when_it_cannot_tell():
+    plugin, task_vars = _gate(module_result=_released(), free_gpus_services=["vllm-server.service"], free_gpus_strict=True)
+    plugin._low_level_execute_command = _listing(["vllm.service", "vllm-v1.service"])
+    result = plugin.run(task_vars=task_vars)
+    assert result["msg"] == ("settings mistake, nothing was done (free_gpus_strict): free_gpus_services: vllm-server.service matches no unit, "
+                             "container or supervisord program on this host; did you mean vllm.service?")
+    assert plugin.module.calls == []
+    # a host whose system manager cannot be asked: strict cannot vouch for the entry, so nothing is done
+    plugin, task_vars = _gate(module_result=_released(), free_gpus_services=["vllm.service"], free_gpus_strict=True)
+    plugin._low_level_execute_command = _listing(None)
+    result = plugin.run(task_vars=task_vars)
+    assert result["msg"].startswith("settings mistake, nothing was done (free_gpus_strict): free_gpus_services: cannot tell which entries "
+                                    "exist on this host: systemctl could not list the units (rc 1): System has not been booted with systemd")
+    assert plugin.module.calls == []
+
+
+def test_without_strict_a_host_that_cannot_list_its_units_is_not_held_back_and_vouches_for_nothing():
+    plugin, task_vars = _gate(module_result=_released(), free_gpus_services=["vllm.service"])
+    plugin._low_level_execute_command = _listing(None)
+    outcome = plugin.run(task_vars=task_vars)["ansible_facts"]["free_gpus_result"]
+    assert len(plugin.module.calls) == 1 and outcome["services_matched"] == [] and outcome["services_unmatched"] == []
+
+
+def test_gpu_releases_line_per_host_about_a_glob_that_matches_nothing_goes():
+    said = "services: sglang*.service matches no unit on this host"
+    plugin, task_vars = _gate(module_result=_released(warnings=[said, "something else"]), free_gpus_services=["sglang*.service"],
+                              check_mode=True)
+    plugin._low_level_execute_command = _listing(["vllm.service"])
+    result = plugin.run(task_vars=task_vars)
+    assert result["warnings"] == ["something else"]
+    assert result["ansible_facts"]["free_gpus_result"]["services_unmatched"] == ["sglang*.service"], "check mode: recorded, not held back"
 
 
 def test_a_clean_host_returns_its_gpu_and_holder_records_only_with_verbosity(monkeypatch):
@@ -170,13 +227,13 @@ def test_a_clean_host_returns_its_gpu_and_holder_records_only_with_verbosity(mon
     assert [g["index"] for g in result["gpus"]] == [0, 1] == [g["index"] for g in result["gpus_before"]] and result["holders"] == []
 
 
-def test_a_dirty_host_fails_with_the_checks_that_failed_and_no_gpu_records():
+def test_a_dirty_host_is_recorded_with_the_checks_that_failed_and_no_gpu_records():
     dirty = _released(clean=False, failed=True, msg="GPUs still in use after 60.0 s: GPU 0 reads 1024 MiB")
     plugin, task_vars = _gate(module_result=dirty)
     result = plugin.run(task_vars=task_vars)
-    assert result["failed"] is True and result["failed_checks"] == ["gpu_release failed", "released", "every selected GPU clean"]
+    assert result["failed"] is False and result["failed_checks"] == ["gpu_release failed", "released", "every selected GPU clean"]
     assert result["msg"] == "node01: GPUs still in use after 60.0 s: GPU 0 reads 1024 MiB"
-    assert "gpus" not in result and "message" not in result["ansible_facts"]["free_gpus_result"]
+    assert "gpus" not in result and result["ansible_facts"]["free_gpus_result"]["message"] == result["msg"]
     assert result["ansible_facts"]["free_gpus_result"]["status"] == "dirty"
 
 

@@ -98,3 +98,16 @@ def test_every_host_free_leaves_no_host_to_fail():
 
 def test_a_host_without_any_outcome_is_not_free():
     assert plugin.not_free({"a": {}, "b": {"free_gpus_result": {"ok": True}}, "c": {"free_gpus_result": "oops"}}, ["a", "b", "c"]) == ["a", "c"]
+
+
+def test_a_host_that_left_the_play_is_named_unreachable_with_the_ssh_error_its_gate_registered():
+    # issue 55: the line quotes what Ansible said (was: "the SSH error is in Ansible's UNREACHABLE line above")
+    error = "Task failed: Data could not be sent to remote host \"10.0.0.9\". Make sure this host can be reached over ssh: No route to host"
+    hostvars = _HostVars({"n2": {"__free_gpus_gate": {"unreachable": True, "msg": error}}}, {"n1": {"free_gpus_result": outcome("n1")}})
+    plugin_ = action(plugin.ActionModule, {}, name="zeromib.gpu.free_gpus_summary")
+    result = plugin_.run(task_vars={"hostvars": hostvars, "ansible_play_hosts_all": ["n1", "n2", "n3"], "ansible_play_hosts": ["n1"]})
+    assert result["unreachable_hosts"] == ["n2", "n3"] and result["not_free"] == []
+    assert result["msg"][1].endswith(f"n2: unreachable, or failed before gpu_release ran: {error}"), result["msg"]
+    assert result["msg"][2].endswith("n3: unreachable, or failed before gpu_release ran: the SSH error is in Ansible's UNREACHABLE (or fatal) "
+                                     "line for n3 above")
+    assert result["msg"][-1] == "3 hosts: 2 unreachable (n2, n3), 1 freed"

@@ -14,13 +14,19 @@ import yaml
 
 from ansible_collections.zeromib.gpu.plugins.action import free_gpus_gate
 from ansible_collections.zeromib.gpu.plugins.modules import gpu_release
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._role_spec import TYPES, typed
 
 ROLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, os.pardir, os.pardir, "roles", "free_gpus")
 
 
-def _role_spec():
+def _role_file_spec():
     with open(os.path.join(ROLE, "meta", "argument_specs.yml")) as handle:
         return yaml.safe_load(handle)["argument_specs"]["main"]["options"]
+
+
+def _role_spec():
+    """The role's variables as the gate checks them: the file's, with the gate's types."""
+    return typed(_role_file_spec())
 
 
 def _role_defaults():
@@ -58,3 +64,22 @@ def test_the_role_defaults_are_its_argument_spec_defaults():
     spec, defaults = _role_spec(), _role_defaults()
     assert sorted(defaults) == sorted(spec)
     assert {name: value for name, value in defaults.items() if value != spec[name].get("default")} == {}
+
+
+def test_the_roles_file_types_every_variable_raw_so_that_ansibles_own_check_lets_the_gates_speak():
+    spec = _role_file_spec()
+    assert sorted(spec) == sorted(TYPES), "one type for each variable of the role, and none other"
+    assert {name: option.get("type") for name, option in spec.items() if option.get("type") != "raw" or "elements" in option
+            or "choices" in option} == {}
+
+
+@pytest.mark.parametrize("name", sorted(TYPES))
+def test_each_variables_description_says_what_it_takes(name):
+    description = " ".join(_role_file_spec()[name]["description"])
+    kind = TYPES[name]
+    if "choices" in kind:
+        said = "One of " + ", ".join('V("")' if c == "" else f"V({c})" for c in kind["choices"]) + "."
+    else:
+        said = {"float": "A number.", "int": "A whole number.", "bool": "V(true) or V(false).", "str": "A string.",
+                "list": "A list of whole numbers." if kind.get("elements") == "int" else "A list of strings."}[kind["type"]]
+    assert description.endswith(said), (name, description[-80:])

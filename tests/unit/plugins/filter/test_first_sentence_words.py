@@ -51,11 +51,25 @@ def test_a_type_mistake_is_one_line_with_the_variable_the_type_and_the_value():
 
 
 def test_the_roles_messages_name_role_variables():
+    # issue 55: with a margin over the exact reading (as docs and the audit say), not the reading itself
     assert in_role_words("this is its idle baseline, not a leak; set max_used_mib: 55 (role: free_gpus_max_used_mib, per host or group) "
-                         "to accept it") == "this is its idle baseline, not a leak; set free_gpus_max_used_mib: 55 (per host or group) to accept it"
+                         "to accept it") == ("this is its idle baseline, not a leak; set free_gpus_max_used_mib: 64 (its 55 MiB reading with a margin; "
+                                             "per host or group) to accept it")
     assert in_role_words("or set kill_spanning: true (role: free_gpus_kill_spanning) to end them") == "or set free_gpus_kill_spanning: true to end them"
     assert in_role_words("GPUs are held by processes that kill=false leaves running") == \
         "GPUs are held by processes that free_gpus_kill: false leaves running"
     assert in_role_words("services: vlm.service matches no unit on this host") == "free_gpus_services: vlm.service matches no unit on this host"
     # plain English is left alone, and a role variable is not renamed twice
     assert in_role_words("killed 2 processes; free_gpus_max_used_mib is 0") == "killed 2 processes; free_gpus_max_used_mib is 0"
+
+
+def test_ansible_core_2_17s_wording_of_a_type_mistake_is_said_the_same_way():
+    # 2.17 and 2.18 name the type given as a class (seen on the fleet with the compat venv: issue 55)
+    messages = ["argument 'free_gpus_wait_timeout' is of type <class 'str'> and we were unable to convert to float: "
+                "<class 'str'> cannot be converted to a float"]
+    assert plain_errors(messages, {"free_gpus_wait_timeout": "2m"}) == ["free_gpus_wait_timeout must be a number of seconds (e.g. 120), got '2m'"]
+
+
+def test_an_idle_baselines_advice_has_a_margin():
+    from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import baseline_with_margin
+    assert [baseline_with_margin(mib) for mib in (4, 50, 55, 59, 60, 61, 120)] == [16, 64, 64, 64, 64, 80, 128]

@@ -84,7 +84,7 @@ def test_summary_lists_worst_hosts_first_and_the_ones_that_never_reported():
     assert lines[0].split()[:2] == ["STATUS", "HOST"]
     assert [line.split()[1] for line in lines[1:5]] == ["node-d", "node-c", "node-b", "node-a"]
     assert "unreachable" in lines[1] and "nvidia-smi timed out" in lines[2] and "40970 -> 0" in lines[3]
-    assert lines[-1] == "4 hosts: 1 unreachable, 1 failed, 1 freed, 1 clean"
+    assert lines[-1] == "4 hosts: 1 unreachable (node-d), 1 failed, 1 freed, 1 clean"  # issue 55: named
 
 
 def test_summary_reads_outcomes_from_hostvars_and_tolerates_hosts_without_one():
@@ -149,7 +149,7 @@ def test_summary_of_one_host_says_host_not_hosts():
     lines = free_gpus_summary([free_gpus_outcome(release([gpu(0, 40970)], [gpu(0, 0)]), "node-a")], ["node-a"])
     assert lines[-1] == "1 host: 1 freed"
     lines = free_gpus_summary([], ["node-a", "node-b"])
-    assert lines[-1] == "2 hosts: 2 unreachable"
+    assert lines[-1] == "2 hosts: 2 unreachable (node-a, node-b)"
 
 
 def test_rescued_host_keeps_its_gates_outcome_with_the_message_put_back():
@@ -186,7 +186,7 @@ def test_summary_from_hostvars_lists_a_host_without_a_result_of_this_run_with_it
     lines = free_gpus_summary(hostvars, ["n1", "n2", "n3"], ["n1", "n2"])
     assert lines[1].split()[:2] == ["unreachable", "n3"]  # a cached result of an earlier run is not read
     assert lines[2].split()[:3] == ["failed", "n2", "-"] and lines[2].endswith("n2: template error in free_gpus_gpus")
-    assert lines[-1] == "3 hosts: 1 unreachable, 1 failed, 1 clean"
+    assert lines[-1] == "3 hosts: 1 unreachable (n3), 1 failed, 1 clean"
 
 
 def test_checks_that_could_not_run_are_said_in_the_message_and_the_summary():
@@ -220,3 +220,38 @@ def test_spanning_holders_are_in_the_outcome_and_the_summary():
     assert outcome["ok"] is True and "ended spanning vllm.service uses GPUs 0,1 (kill_spanning)" in outcome["message"]
     lines = free_gpus_summary([outcome])
     assert "spanning: vllm.service uses GPUs 0,1" in lines[1]
+
+
+def test_unknown_role_variables_names_each_typo_of_a_role_with_the_closest_known_name():
+    import os
+
+    import pytest
+    from ansible.errors import AnsibleFilterError
+
+    from ansible_collections.zeromib.gpu.plugins.filter.role_variables import unknown_role_variables
+
+    roles = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..", "roles")
+    names = ["restore_gpus_resume_drainned", "restore_gpus_forget", "restore_gpus_result"]
+    assert unknown_role_variables(names, os.path.join(roles, "restore_gpus"), "restore_gpus_", not_options=["restore_gpus_result"]) == [
+        "restore_gpus_resume_drainned is not a variable of the zeromib.gpu.restore_gpus role; did you mean restore_gpus_resume_drained?"]
+    assert unknown_role_variables(["slurm_gpu_checks_state"], os.path.join(roles, "slurm_gpu_checks"), "slurm_gpu_checks_") == []
+    with pytest.raises(AnsibleFilterError, match="no meta/argument_specs.yml"):
+        unknown_role_variables([], os.path.join(roles, "nonexistent"), "x_")
+
+
+def test_restore_summary_is_one_line_per_host_worst_first():
+    from ansible_collections.zeromib.gpu.plugins.filter.restore_gpus import restore_gpus_summary
+
+    hostvars = {
+        "a": {"restore_gpus_result": {"changed": True, "restored": [{"kind": "unit", "name": "vllm.service", "steps": ["start"]},
+                                                                    {"kind": "container", "name": "tgi", "steps": ["restart policy", "start"]}]}},
+        "b": {"restore_gpus_result": {"changed": False, "restored": []}},
+        "c": {"restore_gpus_result": {"failed": True, "msg": "vllm.service: start failed:\nJob failed"}},
+        "d": {},
+    }
+    lines = restore_gpus_summary(hostvars, ["a", "b", "c", "d"])
+    assert [line.split()[:2] for line in lines[1:5]] == [["unreachable", "d"], ["failed", "c"], ["put", "back"], ["nothing", "b"]]
+    assert " ".join(lines[2].split()) == "failed c restore failed: vllm.service: start failed: Job failed"
+    assert " ".join(lines[3].split()) == "put back a unit vllm.service (start), container tgi (restart policy, start)"
+    assert lines[-1] == "4 hosts: 1 unreachable, 1 failed, 1 put back, 1 nothing"
+    assert restore_gpus_summary(hostvars, ["a"], True)[1].startswith("would put back  a     unit vllm.service (start)")

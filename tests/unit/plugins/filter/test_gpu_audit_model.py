@@ -275,3 +275,18 @@ def test_ages_read_in_the_unit_a_person_would_say(seconds, text):
 def test_a_healthy_fully_checked_host_has_no_health_reason():
     host = _one(ah.clean_h200x8())
     assert host["health_reason"] is None and host["unchecked_gpus"] == []
+
+
+def test_an_idle_mig_host_above_the_audits_baseline_gets_the_roles_advice_with_its_margin():
+    # issue 55: the audit gave no advice where the role says to set the baseline; both say 64 for 55 MiB
+    from ansible_collections.zeromib.gpu.plugins.filter.gpu_audit_model import gpu_audit_model
+    from ansible_collections.zeromib.gpu.tests.unit.plugins.filter import audit_hosts as ah
+
+    idle = {"host": "mig-a100", "status": "ok", "error": None, "gpu": ah.facts(ah.gpu(i, used=55, max_used=0, mig="Enabled") for i in range(2))}
+    [host] = gpu_audit_model([idle], 0)["hosts"]
+    assert host["status"] == "dirty" and host["reason"] == (
+        "GPU 0 55 MiB, GPU 1 55 MiB; no process holds them: the idle baseline of MIG mode; set free_gpus_max_used_mib: 64 "
+        "(its 55 MiB reading with a margin; per host or group; the audit reads it too)"), host["reason"]
+    # not a MIG GPU: leaked memory, no baseline advice
+    leak = {"host": "h200", "status": "ok", "error": None, "gpu": ah.facts([ah.gpu(0, used=55, max_used=0)])}
+    assert "set free_gpus_max_used_mib" not in gpu_audit_model([leak], 0)["hosts"][0]["reason"]

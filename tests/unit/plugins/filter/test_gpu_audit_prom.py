@@ -88,7 +88,10 @@ def test_fleet_metrics():
     assert {h: _value(samples, "zeromib_gpu_host_clean", host=h) for h in ("clean-h200", "dirty-h200", "mig-h200", "hung-driver", "gone")} == {
         "clean-h200": 1, "dirty-h200": 0, "mig-h200": 1, "hung-driver": 0, "gone": 0}
     assert _value(samples, "zeromib_gpu_host_info", host="dirty-h200", status="dirty", driver_version="580.159.04", cuda_version="13.0") == 1
-    assert _value(samples, "zeromib_gpu_host_info", host="gone", status="unreachable", driver_version="", cuda_version="") == 1
+    assert _value(samples, "zeromib_gpu_host_info", host="gone", status="unreachable") == 1
+    # issue 55: what is not known is no label (was cuda_version="")
+    [gone] = [labels for (metric, labels) in samples if metric == "zeromib_gpu_host_info" and ("host", "gone") in labels]
+    assert {k for k, _v in gone} == {"host", "status"}
     assert _value(samples, "zeromib_gpu_holders", host="dirty-h200") == 1, "protected holders and NVML clients do not count"
     assert _value(samples, "zeromib_gpu_nvml_clients", host="dirty-h200") == 2
     assert _value(samples, "zeromib_gpu_nvml_clients", host="clean-h200") == 0

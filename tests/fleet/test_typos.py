@@ -1,0 +1,122 @@
+"""Typos stop the play before anything is done (issue 55), through the role in a user's own play
+(playbooks/example_training.yml) over real SSH on the fleet's systemd hosts: a misspelled
+free_gpus_* variable fails every host that has it; a free_gpus_services entry that matches nothing
+on any host of the play fails the play before any host acts, with the closest unit that exists;
+one that matches on some hosts only is how a mixed fleet looks, and says nothing.
+Works on a fleet of 3 hosts (ZEROMIB_FLEET_HOSTS=3)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from scenarios import TRAINING
+from test_failure_paths import counts, fatal_lines, recap
+from test_failure_paths import trio  # noqa: F401  # pylint: disable=unused-import  # a pytest fixture, used by name
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compat"))
+import matrix  # noqa: E402
+
+VERDICT = "zeromib.gpu.free_gpus : Assert that every selected GPU is free"
+MARKER = "/run/zeromib-training-started"
+CORES = [entry for entry in matrix.CONTROLLER if entry[0].startswith(("2.17.", "2.19."))]
+
+
+@pytest.fixture
+def busy(trio):
+    """vLLM runs on the first host, an enabled SGLang on the second; the MIG host's baseline set."""
+    fleet, (vllm, sglang), mig = trio
+    fleet.rig.write_baselines()
+    fleet.workload(vllm, "vllm")
+    fleet.workload(sglang, "sglang")
+    yield fleet, vllm, sglang, mig
+    fleet.ssh_all(f"rm -f {MARKER}")
+
+
+def untouched(fleet, vllm: str, sglang: str) -> None:
+    assert fleet.ssh(vllm, "systemctl is-active vllm.service").stdout.strip() == "active"
+    assert fleet.ssh(sglang, "systemctl is-active sglang.service; systemctl is-enabled sglang.service").stdout.split() == ["active", "enabled"]
+    assert not any(r.returncode == 0 for r in fleet.ssh_all(f"test -e {MARKER}").values()), "training started somewhere"
+
+
+def test_a_misspelled_variable_fails_every_host_that_has_it_and_nothing_is_done(busy):
+    fleet, vllm, sglang, mig = busy
+    hosts = [vllm, sglang, mig]
+    run = fleet.ansible_playbook(TRAINING, limit=hosts, extra_vars={"training_command": f"touch {MARKER}",
+                                                                    "free_gpus_servic_state": "disabled"})
+    assert run.rc == 2, run
+    said = ("settings mistake, nothing was done: free_gpus_servic_state is not a variable of the zeromib.gpu.free_gpus role; "
+            "did you mean free_gpus_service_state?")
+    for host in hosts:
+        assert recap(run, host) == counts(ok=2, failed=1), run.stdout
+        [fatal] = fatal_lines(run, host)
+        assert f'"msg": "{host}: {said}"' in fatal, fatal
+    assert (run.stdout + run.stderr).count("free_gpus_servic_state is not a variable") == len(hosts)
+    untouched(fleet, vllm, sglang)
+
+
+@pytest.mark.parametrize(("core", "python"), CORES, ids=[f"ansible-core-{c}" for c, _p in CORES])
+def test_a_services_entry_no_host_matches_fails_the_play_before_any_host_acts(busy, core, python):
+    fleet, vllm, sglang, mig = busy
+    hosts = [vllm, sglang, mig]
+    bin_dir = matrix.controller_bin(core, python)
+    services = ["vllm*.service", "sglang.service", "vllm-server.service"]
+    run = fleet.ansible_playbook(TRAINING, limit=hosts, bin_dir=bin_dir, env={"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"},
+                                 extra_vars={"training_command": f"touch {MARKER}", "free_gpus_services": services})
+    assert run.rc == 2, run
+    said = ("settings mistake, nothing was done: free_gpus_services: vllm-server.service matches no unit, container or supervisord program "
+            "on any host of the play; did you mean vllm.service?")
+    for host in hosts:
+        # the gate held it back (nothing done), the verdict fails it: one line each
+        assert recap(run, host) == counts(ok=2, failed=1), run.stdout
+        assert run.result(VERDICT, host)["msg"] == f"{host}: {said}"
+        assert len(fatal_lines(run, host)) == 1
+    out = run.stdout + run.stderr
+    assert "on this host" not in out and "censored" not in out, out[-3000:]
+    untouched(fleet, vllm, sglang)
+
+
+def test_an_entry_that_matches_on_some_hosts_only_is_a_mixed_fleet_and_every_host_is_freed(busy):
+    fleet, vllm, sglang, mig = busy
+    hosts = [vllm, sglang, mig]
+    try:
+        # tgi.service exists on the MIG host only
+        assert fleet.ssh(mig, "printf '[Service]\\nExecStart=/bin/sleep infinity\\n' > /etc/systemd/system/tgi.service && "
+                              "systemctl daemon-reload").returncode == 0
+        run = fleet.ansible_playbook(TRAINING, limit=hosts, extra_vars={
+            "training_command": f"touch {MARKER}", "free_gpus_services": ["vllm*.service", "sglang.service", "tgi.service"]})
+        assert run.rc == 0, run
+        for host in hosts:
+            assert recap(run, host)["failed"] == 0, run.stdout
+        # the hosts without tgi.service were held back by the gate and freed by the verdict
+        assert run.result(VERDICT, vllm)["msg"].startswith(f"{vllm}: 8 GPUs free") and "vllm.service" in run.result(VERDICT, vllm)["msg"]
+        assert run.result(VERDICT, vllm)["ansible_facts"]["free_gpus_result"]["stopped_units"] == ["vllm.service"]
+        assert "sglang.service" in run.result(VERDICT, sglang)["ansible_facts"]["free_gpus_result"]["disabled_units"]
+        out = " ".join((run.stdout + run.stderr).split())
+        assert "tgi.service" not in out and "matches no unit" not in out, out[-3000:]
+        assert all(r.returncode == 0 for r in fleet.ssh_all(f"test -e {MARKER}", hosts=hosts).values()), "training ran everywhere"
+    finally:
+        fleet.ssh(mig, "rm -f /etc/systemd/system/tgi.service && systemctl daemon-reload")
+
+
+def test_a_misspelled_restore_or_slurm_variable_fails_the_host_before_anything_is_done(busy):
+    fleet, vllm, _sglang, _mig = busy
+    freed = fleet.ansible_playbook("playbooks/free_gpus.yml", limit=[vllm], extra_vars={"free_gpus_services": ["vllm*.service"]})
+    assert freed.rc == 0, freed
+    typo = fleet.ansible_playbook("playbooks/restore_gpus.yml", limit=[vllm], extra_vars={"restore_gpus_resume_drainned": True})
+    assert typo.rc == 2, typo
+    assert recap(typo, vllm)["failed"] == 1, typo.stdout
+    [fatal] = fatal_lines(typo, vllm)
+    assert ("settings mistake, nothing was done: restore_gpus_resume_drainned is not a variable of the zeromib.gpu.restore_gpus role; "
+            "did you mean restore_gpus_resume_drained?") in fatal, fatal
+    # nothing was put back yet; spelt right, it is
+    assert fleet.ssh(vllm, "systemctl is-active vllm.service").stdout.strip() != "active"
+    back = fleet.ansible_playbook("playbooks/restore_gpus.yml", limit=[vllm])
+    assert back.rc == 0 and fleet.ssh(vllm, "systemctl is-active vllm.service").stdout.strip() == "active", back
+    slurm = fleet.ansible_playbook([{"name": "Slurm hooks", "hosts": vllm, "gather_facts": False, "become": True, "tasks": [
+        {"name": "The role", "ansible.builtin.include_role": {"name": "zeromib.gpu.slurm_gpu_checks"},
+         "vars": {"slurm_gpu_checks_stat": "absent"}}]}])
+    assert slurm.rc == 2 and recap(slurm, vllm)["failed"] == 1, slurm
+    assert ("settings mistake, nothing was done: slurm_gpu_checks_stat is not a variable of the zeromib.gpu.slurm_gpu_checks role; "
+            "did you mean slurm_gpu_checks_state?") in fatal_lines(slurm, vllm)[0]
