@@ -141,7 +141,7 @@ _value:
           elements: str
         inside_container:
           description:
-            - V(true) when the host's gpu_facts ran in a container (an LXC/LXD/nspawn guest, a pod; gpu_facts' C(inside_container)):
+            - V(true) when the host's gpu_facts ran in a container (an LXC/LXD/nspawn guest, a pod; gpu_facts' C(inside_container));
               memory no process there holds may be held by the host or another guest sharing the GPU, so the reason of a dirty host
               says to look on the host rather than pointing at a gone PID.
           type: bool
@@ -199,7 +199,7 @@ _value:
               C(container_label) (the container as the report shows it next to the PID, V(vllm (vllm/vllm-openai:v0.11.0))
               with the name and image its runtime gave, else the short id; prefixed with the Kubernetes pod; V(null) outside containers)
               and C(guest_label) (the system container it runs in, seen from the host, with the guest's own unit,
-              V(LXC guest 101: vllm.service); V(null) outside guests).
+              such as V(LXC guest 101) followed by the unit; V(null) outside guests).
           type: list
           elements: dict
         stale_processes:
@@ -207,7 +207,7 @@ _value:
             - Compute apps whose PID is gone (C(alive=false)) while nvidia-smi still counts their
               memory; usually a forked child still holds it, else only a reboot or GPU reset frees it. On a host
               whose C(inside_container) is V(true) (gpu_facts ran in a container), such a PID is usually a process of the
-              host or of another guest sharing the GPU, which the container cannot see: the reason says to look on the host.
+              host or of another guest sharing the GPU, which the container cannot see; the reason says to look on the host.
           type: list
           elements: dict
 """

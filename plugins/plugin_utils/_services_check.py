@@ -32,8 +32,10 @@ OTHER_KINDS = (_services.CONTAINER, _services.SUPERVISOR, *_services.GUEST_PREFI
 # the entries name: what gpu_release's own look (`systemctl show` LoadState) finds. Asked with the
 # entries as patterns: listing every unit file takes ~0.4 s on a small Debian host, the patterns
 # ~10 ms. C locale: the columns are parsed.
+# list-unit-files exits 1 when no unit file matches the patterns (systemd 252): that is an answer
+# (nothing matches), not a failure to ask; any other status is.
 _LIST = ("LC_ALL=C systemctl list-units --all --plain --no-legend --no-pager -- {patterns} && "
-         "LC_ALL=C systemctl list-unit-files --plain --no-legend --no-pager -- {patterns}")
+         "{{ LC_ALL=C systemctl list-unit-files --plain --no-legend --no-pager -- {patterns} || [ $? -eq 1 ]; }}")
 # Every service unit of the host, for "did you mean": asked only when an entry matched nothing.
 LIST_SERVICES = ("LC_ALL=C systemctl list-units --all --type=service --plain --no-legend --no-pager && "
                  "LC_ALL=C systemctl list-unit-files --type=service --plain --no-legend --no-pager")

@@ -114,11 +114,23 @@ def boot(fleet, host: str, kind: str, name: str, gpu: int, mib: int = 40960, tim
         setup.append(f"systemd-run --quiet --unit systemd-nspawn@{name}.service --slice machine.slice -p Delegate=yes {d}/launch.sh")
     else:
         setup.append(f"mkdir -p {CG}{boundary} {CG}{monitor} && (setsid {d}/launch.sh </dev/null >/dev/null 2>&1 &)")
-    _sh(fleet, host, " && ".join(setup))
-    guest.init_pid = _wait_init(fleet, host, guest, timeout)
-    state = _sh(fleet, host, f"nsenter -t {guest.init_pid} -a systemctl is-system-running --wait || true", timeout=timeout).strip()
-    assert state in ("running", "degraded"), f"guest {kind} {name}: {state}"
-    wait_gpu(fleet, host, gpu, lambda mib: mib >= 1000, timeout)
+    try:
+        _sh(fleet, host, " && ".join(setup))
+        guest.init_pid = _wait_init(fleet, host, guest, timeout)
+        # Until the guest's systemd answers on its bus (a loaded machine: several seconds), systemctl
+        # prints nothing to stdout; ask again until it says running (or degraded) or the time is up.
+        deadline, state = time.monotonic() + timeout, ""
+        while state not in ("running", "degraded") and time.monotonic() < deadline:
+            state = _sh(fleet, host, f"nsenter -t {guest.init_pid} -a systemctl is-system-running --wait || true", timeout=timeout).strip()
+            if state not in ("running", "degraded"):
+                time.sleep(0.5)
+        assert state in ("running", "degraded"), f"guest {kind} {name}: {state!r}"
+        wait_gpu(fleet, host, gpu, lambda mib: mib >= 1000, timeout)
+    except BaseException:
+        # Half booted: the test's list does not hold it yet, so nothing else would end it (its server
+        # would hold a GPU of the fleet's host for the tests that come after).
+        teardown(fleet, host, [guest])
+        raise
     return guest
 
 
@@ -142,9 +154,13 @@ def stand_in(fleet, host: str, name: str, gpu: int, mib: int = 40960, timeout: f
             f"exec unshare --pid --cgroup --uts --fork sh -c {shlex.quote(loop)}\n")
     script = (f"mkdir -p {CG}{boundary} {CG}{monitor} && printf %s {shlex.quote(body)} > {path} && chmod +x {path} && "
               f"(setsid {path} </dev/null >/dev/null 2>&1 &)")
-    _sh(fleet, host, script)
-    guest.init_pid = _wait_init(fleet, host, guest, timeout)
-    wait_gpu(fleet, host, gpu, lambda used: used >= 1000, timeout)
+    try:
+        _sh(fleet, host, script)
+        guest.init_pid = _wait_init(fleet, host, guest, timeout)
+        wait_gpu(fleet, host, gpu, lambda used: used >= 1000, timeout)
+    except BaseException:
+        teardown(fleet, host, [guest])
+        raise
     return guest
 
 

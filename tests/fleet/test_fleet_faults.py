@@ -78,12 +78,15 @@ def test_hung_host_fails_with_a_message_that_says_nvidia_smi_timed_out(faulty):
     assert "timed out" in summary_row(summary_lines(faulty["run"]), faulty["hung"])
 
 
-def test_leaked_gpu_fails_the_host_naming_gpu_mib_and_reset_or_reboot(faulty):
+def test_leaked_gpu_fails_the_host_naming_gpu_mib_and_where_to_look(faulty):
     run, leaky = faulty["run"], faulty["leaky"]
     assert run.stats[leaky]["failures"] == 1, run.stats[leaky]
     msg = run.result(RELEASE_TASK, leaky)["msg"]
     assert "GPU 1" in msg and f"{LEAK_MIB} MiB" in msg, msg
-    assert "reset" in msg and "reboot" in msg, msg
+    # A fleet host is a container (systemd-nspawn): memory no process there holds may be held
+    # outside it, so it says where to look, never a reset (issue 56; a bare node's reset advice is
+    # the unit tests', test_release_run).
+    assert "may be held outside it" in msg and "reset" not in msg and "reboot" not in msg, msg
     # printed once, in the summary (issue 32): the task that fails the host afterwards points to it
     assert not any(msg in m for m in failure_messages(run, leaky)), failure_messages(run, leaky)
     assert run.stdout.count(f"reads {LEAK_MIB} MiB") == 1, run.stdout[-3000:]
@@ -98,7 +101,7 @@ def test_leaked_gpu_fails_in_the_roles_assert_with_a_message_naming_the_host(fau
     # summary says the message once); the playbook fails the host after its summary.
     assert [t["task"] for t in failed] == [FAIL_TASK], [t["task"] for t in failed]
     msg = run.result(RELEASE_TASK, leaky)["msg"]
-    assert leaky in msg and "GPU 1" in msg and f"{LEAK_MIB} MiB" in msg and "reset" in msg, msg
+    assert leaky in msg and "GPU 1" in msg and f"{LEAK_MIB} MiB" in msg and "may be held outside it" in msg, msg
     assert failed[0]["result"]["msg"] == f"{leaky}: not free (its line in the fleet summary above says why)"
 
 

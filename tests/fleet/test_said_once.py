@@ -41,7 +41,7 @@ def one_of_each(trio):
 
 
 def reasons(leaky: str, mig: str) -> dict[str, str]:
-    return {leaky: f"{leaky}: GPUs read above free_gpus_max_used_mib with no process holding them", mig: f"{mig}: {WRONG_TYPE}"}
+    return {leaky: f"{leaky}: GPUs read above free_gpus_max_used_mib with no process of this container holding them", mig: f"{mig}: {WRONG_TYPE}"}
 
 
 def assert_said_once(out: str, fatal: dict[str, list[str]], why: dict[str, str]) -> None:
