@@ -472,6 +472,7 @@ def _stand_in_collection(tmp_path):
     (coll / "plugins" / "filter").symlink_to(REPO / "plugins" / "filter")
     (coll / "plugins" / "plugin_utils").symlink_to(REPO / "plugins" / "plugin_utils")
     (coll / "plugins" / "action").symlink_to(REPO / "plugins" / "action")
+    (coll / "plugins" / "module_utils").symlink_to(REPO / "plugins" / "module_utils")  # plugin_utils import a few of its names
     (coll / "plugins" / "modules" / "gpu_facts.py").write_text(STAND_IN)
     return root
 
