@@ -143,17 +143,24 @@ def read_maps(base: str) -> bytes:
         return handle.read()
 
 
-# A maps line's device ("fd:01", hex major:minor) and inode columns.
-_MAPS_IDENTITY = re.compile(rb"^[0-9a-f]+-[0-9a-f]+ \S+ \S+ ([0-9a-f]+):([0-9a-f]+) (\d+)", re.MULTILINE)
+def maps_device(dev: int) -> bytes:
+    """A device number as /proc/PID/maps spells it: "%02x:%02x" of its major and minor (tmpfs: "00:1a")."""
+    return b"%02x:%02x" % (os.major(dev), os.minor(dev))
 
 
-def mapped_identities(maps: bytes, inode_numbers: t.Collection[bytes]) -> set[tuple[int, int]]:
-    """{(st_dev, st_ino)} of the files a process maps, among those whose inode number is one of
-    `inode_numbers` (a byte search skips the regex for the many processes that map none)."""
-    if not any(b" " + number + b" " in maps for number in inode_numbers):
-        return set()
-    return {(os.makedev(int(major, 16), int(minor, 16)), int(inode)) for major, minor, inode in _MAPS_IDENTITY.findall(maps)
-            if inode in inode_numbers}
+def mapped_identities(maps: bytes, devices: t.Collection[bytes], inode_numbers: t.Collection[bytes]) -> set[tuple[int, int]]:
+    """{(st_dev, st_ino)} of the files a process maps that live on one of `devices` (maps' own
+    spelling, maps_device) with an inode number among `inode_numbers`. A byte search for the device
+    skips the many processes that map nothing of /dev/shm (a Python process maps ~30 KB of
+    libraries); the regex then reads only that device's lines."""
+    found: set[tuple[int, int]] = set()
+    for device in devices:
+        if b" " + device + b" " not in maps:
+            continue
+        pattern = re.compile(rb"^[0-9a-f]+-[0-9a-f]+ \S+ \S+ " + re.escape(device) + rb" (\d+) ", re.MULTILINE)
+        major, minor = (int(part, 16) for part in device.split(b":"))
+        found.update((os.makedev(major, minor), int(inode)) for inode in pattern.findall(maps) if inode in inode_numbers)
+    return found
 
 
 class Holding:
@@ -164,6 +171,7 @@ class Holding:
         self.wanted = {(f.dev, f.ino): f for f in files}
         self.names = {f.name for f in files}
         self.inode_numbers = {str(f.ino).encode() for f in files}
+        self.devices = {maps_device(f.dev) for f in files}
         self.held: set[tuple[int, int]] = set()
         # Names open through a path outside /dev/shm (a bind mount of it elsewhere): not stat-ed,
         # and counted as held, since the file cannot be told from another of that name unread.
@@ -188,7 +196,7 @@ class Holding:
                 self.maybe.add(target.rsplit("/", 1)[-1])
 
     def add_maps(self, maps: bytes) -> None:
-        self.held.update(identity for identity in mapped_identities(maps, self.inode_numbers) if identity in self.wanted)
+        self.held.update(identity for identity in mapped_identities(maps, self.devices, self.inode_numbers) if identity in self.wanted)
 
     def scan(self, proc: str = "/proc") -> None:
         """Every process, until every file is found held."""

@@ -147,8 +147,10 @@ def test_maps_lines_are_matched_by_device_and_inode_never_by_path():
     maps = (b"7f00a0000000-7f00a0400000 rw-s 00000000 00:1a 4242 /dev/shm/nccl-abcdef\n"
             b"7f00b0000000-7f00b0001000 rw-s 00000000 00:1b 4242 /somewhere/else\n"
             b"7f00c0000000-7f00c0001000 r--p 00000000 08:01 99 /usr/lib/libc.so.6\n")
-    assert _shm.mapped_identities(maps, {b"4242"}) == {(os.makedev(0, 0x1a), 4242), (os.makedev(0, 0x1b), 4242)}
-    assert _shm.mapped_identities(maps, {b"7"}) == set()
+    assert _shm.mapped_identities(maps, {b"00:1a", b"00:1b"}, {b"4242"}) == {(os.makedev(0, 0x1a), 4242), (os.makedev(0, 0x1b), 4242)}
+    assert _shm.mapped_identities(maps, {b"00:1a"}, {b"4242", b"99"}) == {(os.makedev(0, 0x1a), 4242)}
+    assert _shm.mapped_identities(maps, {b"00:1a"}, {b"7"}) == set() and _shm.maps_device(os.makedev(0, 0x1a)) == b"00:1a"
+    assert _shm.maps_device(os.makedev(259, 3)) == b"103:03"
 
 
 FULL = {"path": "/dev/shm", "size_mib": 64.0, "free_mib": 20.0, "unheld": [{"size_mib": 40.0}], "unheld_mib": 40.0}
