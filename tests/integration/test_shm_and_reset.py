@@ -58,8 +58,8 @@ def test_a_killed_jobs_segments_are_listed_largest_first_and_a_live_users_open_o
     shm = gpu["shm"]
     assert (shm["path"], shm["files"], shm["complete"], shm["error"]) == ("/dev/shm", 5, True, None)
     assert names(shm["unheld"]) == ["torch_4711_1298412897_0", "nccl-Xb3kLq", "sem.mp-k2j4h5g6"]
-    assert [(r["pattern"], r["size_mib"], r["user"]) for r in shm["unheld"]] == [("torch_*", 24.0, "root"), ("nccl-*", 8.0, "root"),
-                                                                                ("sem.mp-*", 0.0, "root")]
+    expected = [("torch_*", 24.0, "root"), ("nccl-*", 8.0, "root"), ("sem.mp-*", 0.0, "root")]
+    assert [(r["pattern"], r["size_mib"], r["user"]) for r in shm["unheld"]] == expected
     assert shm["unheld_mib"] == 32.0 and 0 < shm["free_mib"] < shm["size_mib"] == 4096.0
     # Still held by the user's live process (one open, one only mapped): never listed.
     assert host.alive(live.pid) and gpu["healthy"] is True

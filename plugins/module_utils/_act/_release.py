@@ -1346,7 +1346,8 @@ class Release:
 
     def _finish(self, gpus_before: list[Gpu], holders_before: list[Holder], gpus_after: list[Gpu] | None = None,
                 holders_after: list[Holder] | None = None) -> ReleaseResult:
-        self.result.update(self.with_shm_floor(_facts.health_summary(self.result["gpus"] or self.result["gpus_before"], self.health)))  # type: ignore[typeddict-item, arg-type]
+        summary = _facts.health_summary(self.result["gpus"] or self.result["gpus_before"], self.health)  # type: ignore[arg-type]
+        self.result.update(self.with_shm_floor(summary))  # type: ignore[typeddict-item]
         changes_before, changes_after = plan_diff(self.result, self.check_mode)
         if self.check_mode:
             # Memory and holders are what a dry run cannot change: the plan is the difference.
