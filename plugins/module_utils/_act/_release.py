@@ -656,8 +656,6 @@ class Release:
         # health issue of its free space at the end (_shm.floor_issue).
         self.shm_at_look: set[tuple[int, int]] = set()
         self.shm_issue: str | None = None
-        self._shm_unheld: list[dict[str, t.Any]] = []
-        self._shm_complete: bool | None = None
 
     # --- the whole run
 
@@ -725,47 +723,18 @@ class Release:
         if not clean and (self.health is None or not floor):
             return
         from ansible_collections.zeromib.gpu.plugins.module_utils._look import _shm
+        done = None
         if clean:
-            self.clean_shm(may_clean)
+            from ansible_collections.zeromib.gpu.plugins.module_utils._act import _shm_clean
+            done = _shm_clean.clean(self.shm_at_look, may_clean, self.check_mode, self.system.proc)
+            self.result["shm_removed"] = done.removed
+            self.result["warnings"].extend(done.warnings)
+            self.result["changed"] = self.result["changed"] or bool(done.removed)
         record = _shm.look(processes=False)
-        if clean:
-            removed = {entry["path"] for entry in self.result["shm_removed"]} if not self.check_mode else set()
-            record["unheld"] = [entry for entry in self._shm_unheld if entry["path"] not in removed]
-            record["unheld_mib"] = round(sum(entry["size_mib"] for entry in record["unheld"]), 2)
-            record["complete"] = self._shm_complete
+        if done is not None:
+            record.update(unheld=done.unheld, unheld_mib=round(sum(entry["size_mib"] for entry in done.unheld), 2), complete=done.complete)
         self.result["shm"] = record
         self.shm_issue = _shm.floor_issue(record, floor, len(self.before[0])) if self.health is not None else None
-
-    def clean_shm(self, released: bool) -> None:
-        """clean_shm: the unheld files of /dev/shm that a job pattern names and that were there at
-        the look go (_shm_clean); in check mode they are listed as the plan."""
-        from ansible_collections.zeromib.gpu.plugins.module_utils._act import _shm_clean
-        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _shm
-        try:
-            files = _shm.list_files()
-        except OSError as exc:
-            self.result["warnings"].append(f"clean_shm: {_shm.SHM_DIR} cannot be read: {exc.strerror or exc}")
-            return
-        holding = _shm.scan_holding(files, proc=self.system.proc)
-        now = time.time()
-        unheld = holding.unheld()
-        self._shm_unheld, self._shm_complete = _shm.unheld_record(unheld, now), holding.unreadable == 0
-        chosen = _shm_clean.removable(unheld, self.shm_at_look)
-        if not released:
-            removed = []
-        elif self.check_mode:
-            removed = chosen
-        else:
-            why = _shm_clean.why_not(holding, os.geteuid()) if chosen else None
-            if why:
-                removed = []
-                self.result["warnings"].append(why)
-            else:
-                removed, warnings = _shm_clean.remove(chosen)
-                self.result["warnings"].extend(warnings)
-        self.result["shm_removed"] = _shm.unheld_record(removed, now)
-        if removed:
-            self.result["changed"] = True
 
     def max_used_mib(self) -> float:
         return self.params.get("max_used_mib") or 0

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import stat as stat_mod
+import time
 import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _shm
@@ -96,3 +97,36 @@ def remove(entries: t.Sequence[_shm.Entry], shm: str = _shm.SHM_DIR) -> tuple[li
     finally:
         os.close(dfd)
     return removed, warnings
+
+
+class Done(t.NamedTuple):
+    """What one clean_shm step did: the files it removed (in check mode, would remove) and those no
+    live process holds that stay, as _shm.unheld_record lists them; whether every process was read."""
+
+    removed: list[dict[str, t.Any]]
+    unheld: list[dict[str, t.Any]]
+    complete: bool
+    warnings: list[str]
+
+
+def clean(present_at_look: t.Container[Identity], act: bool, check_mode: bool, proc: str = "/proc", shm: str = _shm.SHM_DIR,
+          euid: int | None = None) -> Done:
+    """Find what no live process holds in `shm` now and remove what may go (`act`: the GPUs are
+    proven free; in check mode nothing is removed and the plan is returned as removed)."""
+    try:
+        files = _shm.list_files(shm)
+    except OSError as exc:
+        return Done([], [], False, [f"clean_shm: {shm} cannot be read: {exc.strerror or exc}"])
+    holding = _shm.scan_holding(files, shm, proc)
+    unheld = holding.unheld()
+    chosen = removable(unheld, present_at_look) if act else []
+    warnings: list[str] = []
+    if check_mode or not chosen:
+        removed = chosen
+    else:
+        why = why_not(holding, os.geteuid() if euid is None else euid)
+        removed, warnings = ([], [why]) if why else remove(chosen, shm)
+    now = time.time()
+    gone = set() if check_mode else {(e.dev, e.ino) for e in removed}
+    stay = [e for e in unheld if (e.dev, e.ino) not in gone]
+    return Done(_shm.unheld_record(removed, now, shm), _shm.unheld_record(stay, now, shm), holding.unreadable == 0, warnings)

@@ -87,3 +87,18 @@ def test_nothing_goes_without_root_or_when_a_process_could_not_be_read():
     assert "2 process(es) could not be read" in _shm_clean.why_not(holding, 0)
     holding.unreadable = 0
     assert _shm_clean.why_not(holding, 0) is None
+
+
+def test_clean_removes_what_no_live_process_holds_and_check_mode_only_lists_it(shm, monkeypatch):
+    # This test's own process is the one that may hold a file (this machine's PID 1 hides its maps even from root).
+    monkeypatch.setattr(_shm, "_pids", lambda proc: [os.getpid()])
+    for name in ("nccl-aaaaaa", "torch_1_1_0", "sem.daemon"):
+        (shm / name).write_bytes(b"x" * 8192)
+    at_look = {(e.dev, e.ino) for e in entries(shm).values()}
+    with open(shm / "torch_1_1_0", "rb"):  # held open by this live process
+        plan = _shm_clean.clean(at_look, act=True, check_mode=True, shm=str(shm), euid=0)
+        assert [r["path"] for r in plan.removed] == [str(shm / "nccl-aaaaaa")] and sorted(os.listdir(shm)) == ["nccl-aaaaaa", "sem.daemon", "torch_1_1_0"]
+        assert not _shm_clean.clean(at_look, act=False, check_mode=False, shm=str(shm), euid=0).removed
+        done = _shm_clean.clean(at_look, act=True, check_mode=False, shm=str(shm), euid=0)
+    assert [r["pattern"] for r in done.removed] == ["nccl-*"] and [r["pattern"] for r in done.unheld] == ["sem.*"]
+    assert sorted(os.listdir(shm)) == ["sem.daemon", "torch_1_1_0"] and done.warnings == []
