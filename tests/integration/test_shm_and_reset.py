@@ -14,6 +14,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ansible_in_ns import COLLECTIONS, run_module  # noqa: E402
+from test_gpu_health_gate import run_role  # noqa: E402
 
 if COLLECTIONS not in sys.path:
     sys.path.append(COLLECTIONS)
@@ -82,12 +83,28 @@ def test_dev_shm_below_the_floor_for_the_nodes_gpus_makes_it_unhealthy_naming_wh
     [issue] = gpu["health_issues"]
     assert re.fullmatch(r"/dev/shm has 5[56] MiB free of 256 MiB, below the 256 MiB that 2 GPU\(s\) need at 128 MiB each "
                         r"\(shm_min_free_mib_per_gpu\): NCCL init and DataLoader workers fail with \"No space left on device\" "
-                        r"\(1 file\(s\) no live process holds take 200 MiB\)", issue), issue
+                        r"\(1 file\(s\) no live process holds take 200 MiB\); clean_shm \(role: free_gpus_clean_shm\) removes the 1 "
+                        r"of killed jobs", issue), issue
     assert facts(run_module(host, "gpu_facts", {"shm_min_free_mib_per_gpu": 16}))["healthy"] is True
     # The gate says it too, and cleaning what the killed job left restores the room.
     run = run_module(host, "gpu_release", {"clean_shm": True})
     assert run["released"] is True and run["healthy"] is True and names(run["shm_removed"]) == ["torch_99_1_0"]
     assert shm_files(host) == []
+
+
+def test_the_role_fails_a_host_whose_dev_shm_is_full_and_passes_it_once_clean_shm_empties_it(nshost):
+    host = nshost("h200x2", shm_size_mib=256)
+    killed = job(host, "open:nccl-Full01:200")
+    host.kill(killed.pid)
+    assert host.wait_gone(killed.pid)
+    outcome = run_role(host, {})
+    assert outcome["failed"] and outcome["msg"].startswith("localhost: ") and "unhealthy: " in outcome["msg"], outcome["msg"]
+    # Said in the role's words: its variables, not the module's options.
+    assert "at 128 MiB each (free_gpus_shm_min_free_mib_per_gpu)" in outcome["msg"]
+    assert outcome["msg"].endswith("(1 file(s) no live process holds take 200 MiB); free_gpus_clean_shm removes the 1 of killed jobs"), outcome["msg"]
+    outcome = run_role(host, {"free_gpus_clean_shm": True})
+    assert not outcome["failed"], outcome["msg"]
+    assert outcome["result"]["healthy"] is True and shm_files(host) == []
 
 
 # --------------------------------------------------------------------------- gpu_release clean_shm

@@ -731,6 +731,9 @@ class Release:
             self.result["warnings"].extend(done.warnings)
             self.result["changed"] = self.result["changed"] or bool(done.removed)
         record = _shm.look(processes=False)
+        if done is None and self.health is not None and _shm.floor_issue(record, floor, len(self.before[0])):
+            # Below the floor: what fills it is worth a scan of the processes (only then).
+            record = _shm.look(proc=self.system.proc)
         if done is not None:
             record.update(unheld=done.unheld, unheld_mib=round(sum(entry["size_mib"] for entry in done.unheld), 2), complete=done.complete)
         self.result["shm"] = record

@@ -309,6 +309,9 @@ def floor_issue(record: t.Mapping[str, t.Any], per_gpu_mib: int | None, gpu_coun
         return None
     unheld = record.get("unheld") or []
     leftovers = " ({:d} file(s) no live process holds take {:g} MiB)".format(len(unheld), float(record.get("unheld_mib") or 0)) if unheld else ""
+    jobs = [f for f in unheld if any(p.clean and p.label == f.get("pattern") for p in PATTERNS)]
+    if jobs:
+        leftovers += f"; clean_shm (role: free_gpus_clean_shm) removes the {len(jobs):d} of killed jobs"
     return ("{} has {:g} MiB free of {:g} MiB, below the {:d} MiB that {:d} GPU(s) need at {:d} MiB each (shm_min_free_mib_per_gpu): "
             "NCCL init and DataLoader workers fail with \"No space left on device\"{}".format(
                 record.get("path"), float(free), float(record.get("size_mib") or 0), floor, gpu_count, per_gpu_mib, leftovers))

@@ -153,13 +153,16 @@ def test_maps_lines_are_matched_by_device_and_inode_never_by_path():
     assert _shm.maps_device(os.makedev(259, 3)) == b"103:03"
 
 
-FULL = {"path": "/dev/shm", "size_mib": 64.0, "free_mib": 20.0, "unheld": [{"size_mib": 40.0}], "unheld_mib": 40.0}
+FULL = {"path": "/dev/shm", "size_mib": 64.0, "free_mib": 20.0, "unheld": [{"size_mib": 40.0, "pattern": None}], "unheld_mib": 40.0}
 
 
 def test_free_space_below_the_floor_for_each_gpu_is_a_health_issue_naming_the_leftovers():
     issue = _shm.floor_issue(FULL, 128, 1)
     assert issue == ("/dev/shm has 20 MiB free of 64 MiB, below the 128 MiB that 1 GPU(s) need at 128 MiB each (shm_min_free_mib_per_gpu): "
                      "NCCL init and DataLoader workers fail with \"No space left on device\" (1 file(s) no live process holds take 40 MiB)")
+    jobs = dict(FULL, unheld=[{"size_mib": 30.0, "pattern": "torch_*"}, {"size_mib": 10.0, "pattern": "sem.*"}])
+    assert _shm.floor_issue(jobs, 128, 1).endswith("(2 file(s) no live process holds take 40 MiB); clean_shm (role: free_gpus_clean_shm) "
+                                                   "removes the 1 of killed jobs")
     assert _shm.floor_issue(FULL, 16, 1) is None and _shm.floor_issue(FULL, 0, 8) is None
     assert _shm.floor_issue(dict(FULL, free_mib=None), 128, 8) is None and _shm.floor_issue(FULL, 128, 0) is None
     summary = _shm.with_floor({"healthy": True, "health_issues": []}, issue)
