@@ -67,7 +67,8 @@ ARGUMENT_SPEC = {
 
 # A host with a pending restore (services zeromib stopped and never put back), or whose driver was
 # upgraded under its loaded module (new jobs fail there), needs attention too, clean or not.
-NEEDS_ATTENTION = "status != 'clean' || health_reason != null || length(pending_restore) > `0` || driver_drift != null"
+# Files killed jobs left in /dev/shm (the next job's NCCL init may run out of space there) too.
+NEEDS_ATTENTION = "status != 'clean' || health_reason != null || length(pending_restore) > `0` || driver_drift != null || shm.leftovers != null"
 
 
 def queries(busy_pct: float) -> dict[str, str]:
@@ -78,7 +79,7 @@ def queries(busy_pct: float) -> dict[str, str]:
     busy = json.dumps(float(busy_pct))
     return {
         "attention": (f"hosts[?{NEEDS_ATTENTION}].{{host: host, status: status, reason: reason, health: health_reason, "
-                      "pending_restore: length(pending_restore), driver: driver_drift}"),
+                      "pending_restore: length(pending_restore), driver: driver_drift, shm: shm.leftovers}"),
         "dirty_gpus": ("hosts[?up && length(dirty_gpus) > `0`].gpus[] | [?!clean].{host: host, index: index, uuid: uuid, name: name, "
                        "memory_used_mib: memory_used_mib, memory_total_mib: memory_total_mib, used_pct: used_pct, holders: holders[].pid}"),
         "busy_gpus": "hosts[?up{}].gpus[] | [?used_pct >= `{}`].{{host: host, index: index, used_pct: used_pct}}".format(
@@ -356,7 +357,9 @@ def attention_groups(report: t.Mapping[str, t.Any]) -> list[dict[str, t.Any]]:
             add(_restore_kind(host), "pending restore", entry)
         if host.get("driver_drift"):
             add("driver upgraded under the loaded module", "driver drift", entry)
-    order = {"unreachable": 0, "error": 1, "dirty": 2, "unhealthy": 3, "unchecked": 4, "pending restore": 5, "driver drift": 6}
+        if (host.get("shm") or {}).get("leftovers"):
+            add("files of killed jobs left in /dev/shm", "shm leftovers", entry)
+    order = {"unreachable": 0, "error": 1, "dirty": 2, "unhealthy": 3, "unchecked": 4, "pending restore": 5, "driver drift": 6, "shm leftovers": 7}
     result = sorted(groups.values(), key=lambda g: (-len(g["hosts"]), order[g["status"]], g["title"]))
     for group in result:
         del group["_seen"]

@@ -81,4 +81,15 @@ options:
     type: int
     choices: [0, 1, 2, 3, 4]
     default: 0
+  shm_min_free_mib_per_gpu:
+    description:
+      - The host is unhealthy when C(/dev/shm) has less free space than this many MiB for each GPU nvidia-smi shows (C(shm.free_mib)
+        below it times C(count)) - NCCL puts its buffers there and fails its init with V(No space left on device), PyTorch DataLoader
+        workers with bus errors, while every GPU reads 0 MiB.
+      - The default, 128 MiB a GPU (1 GiB on an 8-GPU node), is what NCCL's shared-memory transport takes there for a ring and a tree
+        on 4 channels (~9.2 MiB of buffers a channel and peer at NCCL's default buffer sizes), with room for PyTorch's segments;
+        Docker's 64 MiB default fails NCCL outright. V(0) does not check. Checked only with O(health).
+      - See the collection's C(docs/health.md) and C(docs/troubleshooting.md).
+    type: int
+    default: 128
 """

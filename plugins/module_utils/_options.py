@@ -36,6 +36,8 @@ SHARED_SPEC = dict(
     xid_fatal=dict(type="list", elements="int", default=[]),
     smoke_test=dict(type="bool", default=False),
     smoke_test_mib=dict(type="int", default=1024),
+    # _shm.DEFAULT_MIN_FREE_MIB_PER_GPU, with its reason.
+    shm_min_free_mib_per_gpu=dict(type="int", default=128),
 )
 
 # option -> the smallest value it accepts, and whether that bound itself is allowed.
@@ -53,6 +55,7 @@ RANGES = {
     "xid_window_hours": (0, True),
     "expected_count": (0, True),
     "smoke_test_mib": (0, True),
+    "shm_min_free_mib_per_gpu": (0, True),
     "settle_timeout": (0, True),
     # gpu_restore: every step (a systemctl call, a container start) must be given some time.
     "step_timeout": (0, False),

@@ -223,6 +223,9 @@ class ReleaseResult(t.TypedDict, total=False):
     undecided: list[dict[str, t.Any]]
     spanning: list[dict[str, t.Any]]
     restore_record: dict[str, t.Any] | None
+    # /dev/shm at the end (_shm.look's record) and what clean_shm removed (or, in check mode, would).
+    shm: dict[str, t.Any] | None
+    shm_removed: list[dict[str, t.Any]]
     warnings: list[str]
     gpus_before: list[Gpu]
     gpus: list[Gpu]

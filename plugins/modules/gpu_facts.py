@@ -28,6 +28,11 @@ description:
     here, is no device, or may not be opened (a device cgroup, permissions) is not this node's - a container, a Slurm step or
     C(docker --device) given some of the machine's GPUs sees the driver's list of them all - and is listed in
     C(not_visible), neither clean nor an error.
+  - Reads C(/dev/shm), where NCCL, PyTorch and Python multiprocessing keep their shared-memory segments - its size and free space,
+    and (with O(processes)) the files that no live process has open or mapped, as killed jobs leave them, largest and oldest
+    first with the job pattern each matches (C(nccl-*), C(torch_*), C(sem.mp-*), ...). A file is known held by the kernel's
+    identity of it (device and inode, through the open files and mappings of every process), never by its name. The host is
+    unhealthy when its free space is below O(shm_min_free_mib_per_gpu) for each GPU.
   - Says whether each GPU is ready for work, not just free (C(healthy), C(health_issues)) - uncorrectable ECC errors, pending
     or failed row remaps (retired pages before Ampere), a PCIe link below its generation or width, hardware or thermal
     slowdown, persistence mode, MIG mode, the driver's recovery action, the NVSwitch fabric as the GPU reports it, and Xid errors of
@@ -201,9 +206,33 @@ ansible_facts:
             summary: ["vllm.service stopped, disabled by zeromib at 2026-12-01T10:00:00Z"]
             entries: [{kind: unit, name: vllm.service, actions: [stopped, disabled], active: true, unit_file_state: enabled}]
             error: null
+        shm:
+          description:
+            - C(/dev/shm) - C(path), C(size_mib) and C(free_mib) (the space an unprivileged job may still use), C(files) (regular files in it),
+              C(unheld) (the files no live process has open or mapped, largest and oldest first - C(path), C(size_mib) (what it takes in
+              memory), C(age_s) (since it was last written), C(pattern) (the job framework's name pattern, V(null) for none known -
+              V(nccl-*) NCCL, V(torch_*) PyTorch, V(cuda.shm.*) CUDA IPC handles, V(psm_*) Python's multiprocessing.shared_memory (vLLM),
+              V(psm_shm.*) Omni-Path PSM/PSM2, V(sem.mp-*) Python multiprocessing semaphores, V(pym-*) its heap arenas, V(sem.*) other
+              POSIX semaphores) and C(user)), C(unheld_mib) (their total), C(complete) (V(false) when some process could not be read, not
+              root - a file it holds may be listed) and C(error) (why C(/dev/shm) could not be read).
+            - C(unheld) is V(null) with O(processes=false). A file open through a path outside C(/dev/shm) under its name (a bind mount
+              of it elsewhere) counts as held.
+            - M(zeromib.gpu.gpu_release) with O(zeromib.gpu.gpu_release#module:clean_shm) removes the unheld files of a job pattern.
+          type: dict
+          returned: always
+          sample:
+            path: /dev/shm
+            size_mib: 64304.2
+            free_mib: 63856.2
+            files: 16
+            unheld: [{path: /dev/shm/torch_4242_1298412897_0, size_mib: 32.0, age_s: 41, pattern: torch_*, user: alice}]
+            unheld_mib: 448.0
+            complete: true
+            error: null
         healthy:
           description:
             - V(true) when no GPU has a health issue (and C(dcgmi diag), when asked for, passed). See RV(ansible_facts.gpu.health_issues).
+            - V(false) also when C(/dev/shm) has less free space than O(shm_min_free_mib_per_gpu) for each GPU.
             - V(false) when RV(ansible_facts.gpu.error) is set.
           type: bool
           returned: always
@@ -410,6 +439,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._look import _cuda_smo
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _kernel_log_state
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _shm
 from ansible_collections.zeromib.gpu.plugins.module_utils import _record
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import NvidiaSmi, NvidiaSmiError, driver_versions
@@ -441,6 +471,9 @@ def gather(params: t.Mapping[str, t.Any], which: t.Callable[[str], str | None] |
         snapshot.footprint, snapshot.health, dcgm, snapshot.not_visible, snapshot.inside_container,
     )
     _cuda_smoke.for_facts(smi, params, facts, snapshot, check_mode)
+    facts["shm"] = _shm.look(processes=params["processes"])
+    if params["health"]:
+        facts = _shm.with_floor(facts, _shm.floor_issue(facts["shm"], params["shm_min_free_mib_per_gpu"], facts["count"]))
     return facts, _facts.unreadable_warning(snapshot.unreadable)
 
 
@@ -460,6 +493,7 @@ def main() -> None:
             module.fail_json(**exc.details())
         facts, warning = _facts.failed_facts(exc.msg), None
         facts.update(_cuda_smoke.summary([], asked=False))
+        facts["shm"] = _shm.look(processes=module.params["processes"])
     if warning:
         module.warn(warning)
     # A host whose inference servers are still stopped by zeromib (gpu_restore not run yet).

@@ -34,6 +34,7 @@ description:
   - B(Verify) - poll C(memory.used) every O(poll_interval) until every selected GPU reads at most O(max_used_mib), or fail after
     O(wait_timeout) with one message naming each dirty GPU, its MiB and what still holds it. When something was signalled that a
     restart policy outside this run's control may start again, watch a short settle window before answering (see the notes).
+  - B(/dev/shm) - with O(clean_shm), once the GPUs are proven free, remove what killed jobs left in C(/dev/shm) (see O(clean_shm)).
   - A host that is already clean is not touched and reports C(changed=false).
 author:
   - zeromib.gpu contributors (@zeromib)
@@ -55,7 +56,7 @@ attributes:
     support: full
     details:
       - Per-GPU memory and the holders, then the units, containers and processes acted on - before, and after (what is stopped,
-        disabled, masked, signalled). In check mode, C(after) is the plan.
+        disabled, masked, signalled) - and the files of C(/dev/shm) that O(clean_shm) removes. In check mode, C(after) is the plan.
   platform:
     platforms: posix
 options:
@@ -223,6 +224,23 @@ options:
       - Seconds between memory reads while waiting. The driver frees memory 20-130 ms after a process exits.
     type: float
     default: 0.1
+  clean_shm:
+    description:
+      - Once every selected GPU reads free, remove from C(/dev/shm) the files that killed jobs left there, so that the next job's NCCL
+        init does not fail for want of space while every GPU reads 0 MiB. In check mode (and diff mode) RV(shm_removed) lists what
+        would go.
+      - A file goes only when it is a regular file directly in C(/dev/shm) (never through a link, never in a subdirectory), named like a
+        job framework's segment (V(nccl-*), V(torch_*), V(cuda.shm.*), V(psm_*), V(psm_shm.*), V(psm2_shm.*), V(sem.mp-*), V(pym-*);
+        other POSIX semaphores, V(sem.*), are only listed), it was there when the run started (the same inode - a file made since belongs
+        to a job that may not have opened it yet), and no live process has it open or mapped, by the kernel's identity of the file.
+        Whoever owns it.
+      - Needs root (O(ignore:become=true)), and every process readable (a process this module cannot read may hold a file); otherwise
+        nothing is removed and a warning says why. C(/dev/shm) must be a root-owned directory with the sticky bit (as every tmpfs there
+        is) - a file is unlinked through the directory's descriptor after a last check that it is the same inode, so a name swapped
+        meanwhile by a user swaps only a file of theirs, and a link is removed, never followed.
+      - Nothing is removed when the run fails. See RV(shm) for what stays.
+    type: bool
+    default: false
   settle_timeout:
     description:
       - Seconds to keep watching, once the selected GPUs read clean, for a signalled holder that something starts again (the respawn
@@ -240,7 +258,12 @@ notes:
     larger value fails naming the option and its bound. O(gpus) and O(protect) take indexes and PIDs in ASCII digits only. O(services) takes at
     most 1000 entries (use globs), none longer than a unit name can be.
   - The module never resets a GPU. Memory that nvidia-smi attributes to a process that no longer exists, with no live holder left,
-    is a context the driver has not freed; the failure message says that a GPU reset or a reboot is needed.
+    is a context the driver has not freed; the failure message says that a GPU reset or a reboot is needed, what on this node would
+    refuse a bare C(nvidia-smi --gpu-reset) (persistence mode, the processes that hold the GPU's device node with the unit, container
+    or pod they run in, a loaded C(nvidia_drm)), and the exact sequence as root - persistence off for that GPU, stop what holds it,
+    C(nvidia-smi --gpu-reset -i N), start it again, persistence on, the reading that must show 0 MiB. It says to reboot where no reset
+    can succeed (C(nvidia_drm) in use by a console or display server; an NVSwitch GPU whose reset must take GPUs still in use because
+    Fabric Manager is not running). See the collection's C(docs/troubleshooting.md).
   - A failure after acting (nvidia-smi reports a GPU lost, a signal is not permitted, the GPUs stay dirty) still returns what was done
     - RV(stopped_units), RV(killed), RV(killed_units), RV(stopped_containers).
   - B(Containers.) A holder in a Docker or Podman container (found from its cgroup path) is never signalled from outside; the container
@@ -595,7 +618,8 @@ holders:
   returned: always
 healthy:
   description:
-    - V(true) when no GPU has a health issue at the end, and C(dcgmi diag), when asked for and installed, passed.
+    - V(true) when no GPU has a health issue at the end, and C(dcgmi diag), when asked for and installed, passed, and C(/dev/shm) has the
+      free space of O(shm_min_free_mib_per_gpu).
       Health does not change RV(released); the P(zeromib.gpu.free_gpus#role) role asserts both.
     - The checks are those of M(zeromib.gpu.gpu_facts) (ECC, row remaps, PCIe link, slowdown, persistence and MIG mode, recovery
       action, NVSwitch fabric (Fabric Manager as context), Xids judged by NVIDIA's Xid catalog).
@@ -624,6 +648,22 @@ elapsed_s:
   type: float
   returned: always
   sample: 0.41
+shm:
+  description:
+    - C(/dev/shm) at the end, shaped like RV(zeromib.gpu.gpu_facts#module:ansible_facts.gpu.shm) (C(path), C(size_mib), C(free_mib),
+      C(files)); C(unheld) (what no live process holds, after O(clean_shm)) only with O(clean_shm), else V(null).
+    - V(null) when not read - without O(health) and O(clean_shm). Its free space below O(shm_min_free_mib_per_gpu) for each GPU makes
+      RV(healthy) V(false).
+  type: dict
+  returned: always
+  sample: {path: /dev/shm, size_mib: 64304.2, free_mib: 64304.2, files: 0, unheld: [], unheld_mib: 0, complete: true, error: null}
+shm_removed:
+  description:
+    - The files O(clean_shm) removed from C(/dev/shm) (in check mode, would remove) - C(path), C(size_mib), C(age_s), C(pattern), C(user).
+  type: list
+  elements: dict
+  returned: always
+  sample: [{path: /dev/shm/nccl-Xb3kLq, size_mib: 36.0, age_s: 12, pattern: nccl-*, user: alice}]
 timings:
   description:
     - Seconds spent stopping units and containers (C(stop_s)), signalling processes (C(kill_s)), waiting for memory to read free
@@ -665,6 +705,7 @@ ARGUMENT_SPEC = dict(
     wait_timeout=dict(type="float", default=60),
     poll_interval=dict(type="float", default=0.1),
     settle_timeout=dict(type="float", default=5),
+    clean_shm=dict(type="bool", default=False),
 )
 
 
@@ -721,7 +762,7 @@ def main() -> None:
         if params["dcgm_diag"] and result.get("released") and not module.check_mode:
             # The diagnostic runs work on the GPUs: only once they are free.
             dcgm = _health.dcgm_diag(params["dcgm_diag"], module.get_bin_path)
-            result.update(_facts.health_summary(result["gpus"], release.health, dcgm))
+            result.update(release.with_shm_floor(_facts.health_summary(result["gpus"], release.health, dcgm)))
         # Last: CUDA work on GPUs proven free, after a fresh look at who holds them.
         result = smoke_tested(smi, params, result, module.check_mode)
     except NvidiaSmiError as exc:

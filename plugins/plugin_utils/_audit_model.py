@@ -344,6 +344,29 @@ def _driver_drift(facts: t.Mapping[str, t.Any]) -> str | None:
             "or the modules are reloaded".format(driver.get("loaded"), driver.get("library")))
 
 
+def _shm(facts: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
+    """/dev/shm as gpu_facts read it (`shm`): its space, and what killed jobs left there. `leftovers`
+    is one line when files of a job pattern are held by no process (the next job's NCCL init may
+    fail for want of space while every GPU reads 0 MiB), else None."""
+    shm = facts.get("shm")
+    if not isinstance(shm, Mapping):
+        return {"free_mib": None, "size_mib": None, "unheld_files": None, "unheld_mib": None, "leftovers": None}
+    unheld = [f for f in shm.get("unheld") or [] if isinstance(f, Mapping)]
+    jobs = [f for f in unheld if f.get("pattern")]
+    record = {"free_mib": shm.get("free_mib"), "size_mib": shm.get("size_mib"),
+              "unheld_files": len(unheld) if shm.get("unheld") is not None else None,
+              "unheld_mib": shm.get("unheld_mib"), "leftovers": None}
+    if jobs:
+        counts: dict[str, int] = {}
+        for f in jobs:
+            counts[str(f["pattern"])] = counts.get(str(f["pattern"]), 0) + 1
+        mib = sum(float(f.get("size_mib") or 0) for f in jobs)
+        record["leftovers"] = "{} file(s) of killed jobs in {} that no process holds, {:g} MiB ({}); {:g} MiB free of {:g} MiB".format(
+            len(jobs), shm.get("path") or "/dev/shm", round(mib, 1), ", ".join(f"{p} {n:d}" for p, n in sorted(counts.items())),
+            float(shm.get("free_mib") or 0), float(shm.get("size_mib") or 0))
+    return record
+
+
 def _host_record(entry: t.Any) -> dict[str, t.Any]:
     host, raw_status, facts = _checked_entry(entry)
     gpus, holders, stale = _gpu_records(host, facts)
@@ -375,6 +398,8 @@ def _host_record(entry: t.Any) -> dict[str, t.Any]:
         "pending_restore": _pending_restore(facts),
         "pending_restore_entries": _pending_restore_entries(facts),
         "driver_drift": _driver_drift(facts),
+        # /dev/shm: its free space and what killed jobs left there (gpu_facts' `shm`).
+        "shm": _shm(facts),
         # GPUs the host's driver lists that its namespace cannot reach (a container or job given
         # other GPUs, issue 37): not this host's, so neither clean nor dirty; a line in the report.
         "not_visible": [str(bus) for bus in facts.get("not_visible") or []] if not facts.get("error") else [],
@@ -451,4 +476,5 @@ def _summary(records: list[dict[str, t.Any]]) -> dict[str, int]:
         "gpus_health_unchecked": sum(1 for g in up_gpus if g["health_checked"] is False),
         "hosts_pending_restore": sum(1 for r in records if r["pending_restore"]),
         "hosts_driver_drift": sum(1 for r in records if r["driver_drift"]),
+        "hosts_shm_leftovers": sum(1 for r in records if r["up"] and r["shm"]["leftovers"]),
     }

@@ -251,7 +251,8 @@ def stopped(own: t.Mapping[str, t.Any] | None, host: str, failed_hosts: t.Sequen
 # an option (`kill=false`, `name it in services`, `services: ...` at the start).
 _OPTION_WORDS = ("max_used_mib", "nvidia_smi", "kill_spanning", "service_state", "wait_timeout", "kill_timeout", "stop_owning_units",
                  "expected_mig_mode", "min_pcie_gen", "min_pcie_width", "cross_gpu_footprint_mib", "smoke_test_mib", "xid_ignore",
-                 "xid_fatal", "xid_window_hours", "settle_timeout", "poll_interval", "require_persistence", "launchers", "dcgm_diag")
+                 "xid_fatal", "xid_window_hours", "settle_timeout", "poll_interval", "require_persistence", "launchers", "dcgm_diag",
+                 "shm_min_free_mib_per_gpu", "clean_shm")
 _OPTION = re.compile(r"(?<![\w.-])({})(?![\w-])".format("|".join(_OPTION_WORDS)))
 _CONTEXT = (
     (re.compile(r"(?<![\w.-])(kill|smoke_test)=(false|true)"), r"free_gpus_\1: \2"),

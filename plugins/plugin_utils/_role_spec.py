@@ -42,6 +42,8 @@ TYPES: dict[str, dict[str, t.Any]] = {
     "free_gpus_require_persistence": {"type": "bool"},
     "free_gpus_service_state": {"type": "str", "choices": ["stopped", "disabled", "masked"]},
     "free_gpus_services": {"type": "list", "elements": "str"},
+    "free_gpus_shm_min_free_mib_per_gpu": {"type": "int"},
+    "free_gpus_clean_shm": {"type": "bool"},
     "free_gpus_settle_timeout": {"type": "float"},
     "free_gpus_slurm_node_name": {"type": "str"},
     "free_gpus_smoke_test": {"type": "bool"},

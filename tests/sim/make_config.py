@@ -133,6 +133,12 @@ PRESETS = {
                  "driver_version": "580.159.04", "cuda_version": "13.0"},
     "l40s": {"model": "l40s", "count": 2, "buses": ["01", "81"],
              "driver_version": "595.80", "cuda_version": "13.2"},
+    # An HGX H100 8-GPU NVSwitch baseboard (DGX H100 shape): 4 NVSwitches, Fabric Manager running, every
+    # GPU registered with the fabric (fabric.state Completed, fabric.status Success, as a registered
+    # GPU reads them; the exporter's H200 VM capture has the same two values). Which GPUs a reset
+    # must take together follows nvidia-smi(1), --gpu-reset (tests/sim/nvidia-smi, cmd_reset).
+    "hgx-h100x8": {"model": "h100", "count": 8, "buses": HGX_BUSES, "driver_version": "590.48.01", "cuda_version": "13.1",
+                   "nvswitches": 4, "fields": {"fabric.state": "Completed", "fabric.status": "Success"}},
     "rtx4080-desktop": {"model": "rtx4080", "count": 1, "buses": ["01"],
                         "driver_version": "595.71.05", "cuda_version": "13.2",
                         # the capture's compositor: 25 MiB under /usr/bin/kwin_wayland;
@@ -190,6 +196,9 @@ def make_config(preset="h200x8", seed="simhost", minors=None, count=None, gpu_ov
     cfg["hostname"] = seed
     if "compositor" in p:
         cfg["compositor"] = dict(p["compositor"])
+    if p.get("nvswitches"):
+        cfg["nvswitches"] = p["nvswitches"]
+        cfg["fabric_manager"] = {"unit": "active", "version": cfg.get("driver_version"), "binary": "host"}
     gpus = []
     for i in range(n):
         g = copy.deepcopy(model)
@@ -201,7 +210,7 @@ def make_config(preset="h200x8", seed="simhost", minors=None, count=None, gpu_ov
         })
         if "serial" not in g:
             g["serial"] = str(int(_hex(seed, f"serial{i}", 12), 16) % 10 ** 13).zfill(13)
-        g["fields"] = {}
+        g["fields"] = dict(p.get("fields") or {})
         if gpu_overrides and i in gpu_overrides:
             g.update(gpu_overrides[i])
         gpus.append(g)

@@ -20,6 +20,14 @@
   /usr/bin/gpu_holder and /usr/bin/nvidia-cuda-mps-control (simulated MPS) are symlinks to tests/sim (and /usr/bin/journalctl and /usr/bin/dmesg to
   tests/sim/kernel-log, the simulated kernel log), and /usr/bin/python -> python3 is added
   when the machine has no /usr/bin/python (the two scripts use `#!/usr/bin/env python`).
+* /dev/shm is a tmpfs of the host's own (mode 1777, `shm_size_mib`, 4096 by default: a limit,
+  not memory taken), as every node and container has one: what a test leaves there, and what
+  the modules find there, is never the machine's.
+* `nvidia_drm` (its use count; None: not loaded): /sys/module is a tmpfs of the host's own with
+  nvidia_drm/refcnt (the count lsmod shows; a machine without loadable modules has neither it nor
+  /proc/modules), and a fake `modprobe` (tests/sim/modprobe) unloads and loads it there.
+* config `nvswitches: N`: /dev/nvidia-nvswitchctl and /dev/nvidia-nvswitch0..N-1 (an NVSwitch
+  baseboard's nodes).
 * the host name (UTS namespace) is the seed.
 
 Processes started with spawn() are children of the namespace's init (ppid 1, own
@@ -52,6 +60,8 @@ HOLDER = os.path.join(HERE, "gpu_holder")
 KERNEL_LOG = os.path.join(HERE, "kernel-log")
 # nv-fabricmanager and systemctl inside, for a config with "fabric_manager" (a fabric node)
 FABRIC_MANAGER = os.path.join(HERE, "fabricmanager")
+# modprobe inside, for a host given `nvidia_drm`
+MODPROBE = os.path.join(HERE, "modprobe")
 sys.path.insert(0, HERE)
 import make_config  # noqa: E402
 
@@ -59,7 +69,7 @@ STD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Where gpu_release keeps its restore record on a node: a private, empty tmpfs in every host.
 RECORD_DIR = "/var/lib/zeromib-gpu"
 PR_SET_PDEATHSIG = 1
-MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
 
 _LIVE = set()
@@ -115,7 +125,11 @@ class NsHost:
     """A simulated GPU host. See the module docstring."""
 
     def __init__(self, preset="h200x8", minors=None, seed=None, config=None, count=None,
-                 release_delay_s=None, tmp_root=None, start_timeout=30.0, libcuda=None, gpu_nodes=None):
+                 release_delay_s=None, tmp_root=None, start_timeout=30.0, libcuda=None, gpu_nodes=None, shm_size_mib=4096,
+                 nvidia_drm=None):
+        # /dev/shm's size (a tmpfs of the host's own) and nvidia_drm's use count (None: not loaded).
+        self.shm_size_mib = int(shm_size_mib)
+        self.nvidia_drm = nvidia_drm
         # A container given some of the host's GPUs (issue 37): the minors whose /dev/nvidia<minor>
         # it has; None: every GPU's. Its /proc/driver/nvidia still lists every GPU.
         self.gpu_nodes = None if gpu_nodes is None else [int(m) for m in gpu_nodes]
@@ -191,7 +205,10 @@ class NsHost:
         spec = {"dir": self.dir, "config": self.root.config, "hostname": self.seed,
                 "state": self.root.state, "sim": SIM, "holder": HOLDER, "kernel_log": KERNEL_LOG,
                 "fabric_manager": FABRIC_MANAGER,
-                "libcuda": self.libcuda, "gpu_nodes": self.gpu_nodes}
+                "libcuda": self.libcuda, "gpu_nodes": self.gpu_nodes, "shm_size_mib": self.shm_size_mib}
+        if self.nvidia_drm is not None:
+            spec["nvidia_drm"] = int(self.nvidia_drm)
+            spec["modprobe"] = MODPROBE
         spec_path = os.path.join(self.dir, "spec.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f)
@@ -762,6 +779,18 @@ def _setup(spec):
             _mknod("/dev/nvidia{}".format(g["minor"]))
     for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
         _mknod("/dev/" + n)
+    for n in range(int(cfg.get("nvswitches") or 0)):
+        _mknod(f"/dev/nvidia-nvswitch{n:d}")
+    if cfg.get("nvswitches"):
+        _mknod("/dev/nvidia-nvswitchctl")
+    # A /dev/shm of its own (the overlay above shows the machine's through): nothing a test
+    # leaves there, and nothing the modules read there, is the machine's.
+    _mount("nsshm", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size={:d}m".format(spec.get("shm_size_mib", 4096)))
+    if spec.get("nvidia_drm") is not None:
+        _mount("nssysmodule", "/sys/module", "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=1m")
+        os.makedirs("/sys/module/nvidia_drm/holders")
+        with open("/sys/module/nvidia_drm/refcnt", "w") as f:
+            f.write("{:d}\n".format(spec["nvidia_drm"]))
     # every host, MIG or not: the real (non-MIG) 2-GPU H200 has them, and CUDA processes
     # and NVML clients open both (tests/fixtures/h200x2-proc)
     os.makedirs("/dev/nvidia-caps", exist_ok=True)
@@ -811,6 +840,13 @@ def _setup(spec):
     links += [(name, spec["kernel_log"]) for name in ("journalctl", "dmesg") if spec.get("kernel_log")]
     # The simulated MPS control daemon (and client) beside gpu_holder.
     links.append(("nvidia-cuda-mps-control", os.path.join(os.path.dirname(spec["holder"]), "nvidia-cuda-mps-control")))
+    if spec.get("modprobe"):
+        # The machine's own modprobe (kmod) sits before /usr/bin on PATH: the fake goes over it,
+        # in this mount namespace only.
+        if os.path.isfile("/usr/sbin/modprobe"):
+            _mount(spec["modprobe"], "/usr/sbin/modprobe", None, MS_BIND)
+        else:
+            links.append(("modprobe", spec["modprobe"]))
     fm = cfg.get("fabric_manager") if spec.get("fabric_manager") else None
     if fm:
         # unit null: no systemd (the machine's own systemctl answers as without systemd as PID 1);

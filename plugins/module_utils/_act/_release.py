@@ -40,6 +40,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi impo
 if t.TYPE_CHECKING:
     from ansible_collections.zeromib.gpu.plugins.module_utils._act import _containers, _services, _settle, _supervisor  # noqa: F401 - annotations
     from ansible_collections.zeromib.gpu.plugins.module_utils._act._guest_units import GuestPlan
+    from ansible_collections.zeromib.gpu.plugins.module_utils._look import _reset  # noqa: F401 - annotations
     from ansible_collections.zeromib.gpu.plugins.module_utils._types import ComputeApp, ContainersDone, DriverGpu, Gpu, Holder, ReleaseResult
     from ansible_collections.zeromib.gpu.plugins.module_utils._act._supervisor import ProgramPlan
     from ansible_collections.zeromib.gpu.plugins.module_utils._act._units import UnitPlan
@@ -317,12 +318,13 @@ def held_outside(gpu: Gpu, dead_claims: list[ComputeApp]) -> str:
 
 
 def gpu_failure(gpu: Gpu, holders: list[Holder], apps: list[ComputeApp], blind: bool = False, freeing: str | None = None,
-                inside: bool = False) -> str:
+                inside: bool = False, node: _reset.Node | None = None) -> str:
     """The part of the failure message of one dirty GPU: its MiB and what still holds it.
     `blind`: some processes could not be read (not root), so "nothing holds it" is unknown and
     neither a reset nor a baseline is advised. `freeing`: why it is still being freed (see
     freeing_notes), when it is; then no reset is advised either. `inside`: this run is in a
-    container, where memory with no holder here may be held outside it (held_outside)."""
+    container, where memory with no holder here may be held outside it (held_outside). `node`:
+    what the reset advice needs (_reset)."""
     on_gpu = [h for h in holders if gpu["index"] in h["gpu_indexes"]]
     unprotected = [h for h in on_gpu if not h["protected"]]
     claims = [a for a in apps if a.get("gpu_index") == gpu["index"]]
@@ -356,23 +358,30 @@ def gpu_failure(gpu: Gpu, holders: list[Holder], apps: list[ComputeApp], blind: 
     elif dead_claims:
         text += (
             ", attributed to exited process(es) {} and no live process holds the GPU: the driver has not freed this "
-            "context; a GPU reset (nvidia-smi --gpu-reset -i {}) or a reboot is needed".format(
-                ", ".join("{} {}".format(a["pid"], a["name"] or "[No data]") for a in dead_claims), gpu["index"])
+            "context; {}".format(", ".join("{} {}".format(a["pid"], a["name"] or "[No data]") for a in dead_claims), reset_advice(gpu, holders, node))
         )
     elif on_gpu:
         # Graphics memory of a compositor (Xorg, gnome-shell) is not listed as a compute app.
         text += (
             ", held only by protected process(es) {} that nvidia-smi does not charge with this memory: if this is the GPU's "
-            "idle baseline (a desktop, MIG), set max_used_mib; otherwise the driver has not freed it and a GPU reset or a "
-            "reboot is needed".format("; ".join(describe_holder(h) for h in on_gpu))
+            "idle baseline (a desktop, MIG), set max_used_mib; otherwise the driver has not freed it: {}".format(
+                "; ".join(describe_holder(h) for h in on_gpu), reset_advice(gpu, holders, node))
         )
     elif is_idle_baseline(gpu):
         text += (", and no process holds the GPU: this is its idle baseline{}, not a leak; set max_used_mib: {} "
                  "(role: free_gpus_max_used_mib, per host or group) to accept it".format(" (MIG mode is enabled)" if is_mig(gpu) else "", used))
     else:
-        text += (", and no live process holds the GPU: memory the driver has not freed; a GPU reset or a reboot is needed "
-                 f"(if {used} MiB is this GPU's idle baseline, set max_used_mib: {used} instead)")
+        text += (f", and no live process holds the GPU: memory the driver has not freed (if {used} MiB is this GPU's idle baseline, set "
+                 f"max_used_mib: {used} instead); {reset_advice(gpu, holders, node)}")
     return text
+
+
+def reset_advice(gpu: Gpu, holders: list[Holder], node: _reset.Node | None) -> str:
+    """What frees a GPU that only a reset or a reboot can free, on this node (_reset: loaded only
+    for such a failure)."""
+    from ansible_collections.zeromib.gpu.plugins.module_utils._look import _reset
+    node = node or _reset.Node(gpus=[gpu])
+    return _reset.text(gpu, node._replace(holders=holders))
 
 
 def permission_head(unreadable: int) -> str:
@@ -384,14 +393,15 @@ def permission_head(unreadable: int) -> str:
 
 def failure_message(dirty_gpus: list[Gpu], holders: list[Holder], apps: list[ComputeApp], waited_s: float, unkillable: list[dict[str, t.Any]],
                     protected_only: bool = False, early: str | None = None, unreadable: int = 0,
-                    freeing: t.Mapping[int, str] | None = None, inside: bool = False) -> str:
+                    freeing: t.Mapping[int, str] | None = None, inside: bool = False, node: _reset.Node | None = None) -> str:
     """One message naming each dirty GPU, its MiB and what still holds it. `early`: why the
     wait stopped before wait_timeout (a key of EARLY_HEADS). `unreadable`: how many processes
     could not be read (not root): then the permission problem is the head. `freeing`: the GPUs
     still being freed when wait_timeout ran out, and why (freeing_notes). `inside`: the run is
-    in a container (gpu_failure)."""
+    in a container (gpu_failure). `node`: for the reset advice (_reset)."""
     freeing = freeing or {}
-    lines = [gpu_failure(gpu, holders, apps, blind=unreadable > 0, freeing=freeing.get(gpu["index"]), inside=inside) for gpu in dirty_gpus]
+    lines = [gpu_failure(gpu, holders, apps, blind=unreadable > 0, freeing=freeing.get(gpu["index"]), inside=inside, node=node)
+             for gpu in dirty_gpus]
     if unreadable:
         head = permission_head(unreadable)
     elif early == "no_holder" and any(INSIDE_A_CONTAINER in line for line in lines):
@@ -553,6 +563,10 @@ def plan_diff(result: ReleaseResult, check_mode: bool) -> tuple[list[str], list[
         label = "process {} {}".format(entry.get("pid"), entry.get("name"))
         before.append(f"{label}: running")
         after.append("{}: {}".format(label, _signals.planned_signals(entry) if check_mode else "ended by {}".format(entry.get("signal"))))
+    for removed in result.get("shm_removed") or []:
+        label = "shm {} ({:g} MiB, {})".format(removed["path"], removed["size_mib"], removed["pattern"])
+        before.append(f"{label}: held by no process")
+        after.append("{}: {}".format(label, "to be removed (clean_shm)" if check_mode else "removed"))
     return before, after
 
 
@@ -599,6 +613,10 @@ def new_result(state_key: str | None) -> ReleaseResult:
         # Units a glob in services matched but that are never selected by one (reason given).
         "kept_units": [],
         "warnings": [],
+        # /dev/shm at the end (_shm: its space, and with clean_shm what no process holds), None when
+        # not read (health off and no clean_shm); what clean_shm removed (in check mode, would remove).
+        "shm": None,
+        "shm_removed": [],
         "gpus_before": [],
         "gpus": [],
         "holders": [],
@@ -733,6 +751,10 @@ class Release:
         self.guest_before: dict[str, dict[str, t.Any]] = {}
         # Whether the look ran in a container (_guests.pid_namespace_nested): memory no process here holds may be held outside.
         self.inside_container = False
+        # clean_shm: the files /dev/shm held at the look, by inode (only those may go), and the
+        # health issue of its free space at the end (_shm.floor_issue).
+        self.shm_at_look: set[tuple[int, int]] = set()
+        self.shm_issue: str | None = None
 
     # --- the whole run
 
@@ -776,6 +798,8 @@ class Release:
         self.result["gpus"] = gpus
         self.result["holders"] = t.cast("list[Holder]", [_facts.public_holder(h) for h in holders])
         self.result["released"] = released
+        # clean_shm acts once the GPUs are proven free (in check mode: what the run would free).
+        self.read_shm(failure is None and (released or self.check_mode))
         self.result["elapsed_s"] = round(self.system.now() - self.started, 3)
         result = self._finish(*self.before, *(self.after or (None, None)))
         if failure:
@@ -788,6 +812,31 @@ class Release:
         from ansible_collections.zeromib.gpu.plugins.module_utils._act import _settle
         value = self.params.get("settle_timeout")
         return _settle.SETTLE_S if value is None else value
+
+    def read_shm(self, may_clean: bool) -> None:
+        """/dev/shm at the end: its free space, for the health floor (shm_min_free_mib_per_gpu), and
+        with clean_shm, the killed jobs' files removed once the GPUs are proven free (_shm_clean;
+        in check mode, those it would remove). Not read at all without health and clean_shm."""
+        floor = self.params.get("shm_min_free_mib_per_gpu")
+        clean = bool(self.params.get("clean_shm"))
+        if not clean and (self.health is None or not floor):
+            return
+        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _shm
+        done = None
+        if clean:
+            from ansible_collections.zeromib.gpu.plugins.module_utils._act import _shm_clean
+            done = _shm_clean.clean(self.shm_at_look, may_clean, self.check_mode, self.system.proc)
+            self.result["shm_removed"] = done.removed
+            self.result["warnings"].extend(done.warnings)
+            self.result["changed"] = self.result["changed"] or bool(done.removed)
+        record = _shm.look(processes=False)
+        if done is None and self.health is not None and _shm.floor_issue(record, floor, len(self.before[0])):
+            # Below the floor: what fills it is worth a scan of the processes (only then).
+            record = _shm.look(proc=self.system.proc)
+        if done is not None:
+            record.update(unheld=done.unheld, unheld_mib=round(sum(entry["size_mib"] for entry in done.unheld), 2), complete=done.complete)
+        self.result["shm"] = record
+        self.shm_issue = _shm.floor_issue(record, floor, len(self.before[0])) if self.health is not None else None
 
     def max_used_mib(self) -> float:
         return self.params.get("max_used_mib") or 0
@@ -834,6 +883,12 @@ class Release:
                                runtimes_of=lambda: self.system.runtimes, checks=_health.Checks.from_params(self.params), main_pid_of=self.main_pid_of,
                                kernel_log_state=getattr(self.system, "kernel_log_state", None), while_waiting=load_freeing_code)
         self.health = snapshot.health
+        if self.params.get("clean_shm"):
+            from ansible_collections.zeromib.gpu.plugins.module_utils._look import _shm
+            try:
+                self.shm_at_look = {(f.dev, f.ino) for f in _shm.list_files()}
+            except OSError:
+                self.shm_at_look = set()
         return snapshot
 
     # --- plan
@@ -1099,10 +1154,10 @@ class Release:
         if blind:
             # Not root: the real run cannot see who holds these GPUs either; said as its first sentence, once.
             self.result["warnings"] = [w for w in self.result["warnings"] if not w.startswith("could not read the open files")]
-            return failure_message(blind, holders, apps, 0.0, [], False, None, self.unreadable, inside=self.inside_container)
+            return failure_message(blind, holders, apps, 0.0, [], False, None, self.unreadable, inside=self.inside_container, node=self.reset_node())
         protected = [g for g in dirty if only_protected([g], holders, apps)]
         if protected:
-            return failure_message(protected, holders, apps, 0.0, [], True, "protected", inside=self.inside_container)
+            return failure_message(protected, holders, apps, 0.0, [], True, "protected", inside=self.inside_container, node=self.reset_node())
         if not self.params.get("kill", True):
             left = [h for h in _facts.dirty_holders(holders, selected) if h["pid"] in {t["pid"] for t in signalled}]
             stuck = [g for g in dirty if any(g["index"] in h["gpu_indexes"] for h in left)]
@@ -1116,7 +1171,7 @@ class Release:
             if not clean and early == "no_holder":
                 still = [g for g in gpus if g["index"] in nobody and not _facts.gpu_is_clean(g, self.max_used_mib())]
                 holders_now, apps_now = self.scan(gpus)
-                return failure_message(still, holders_now, apps_now, 0.0, [], False, "no_holder", inside=self.inside_container)
+                return failure_message(still, holders_now, apps_now, 0.0, [], False, "no_holder", inside=self.inside_container, node=self.reset_node())
         return None
 
     # --- act
@@ -1323,7 +1378,13 @@ class Release:
         freeing = {} if early else freeing_notes(dirty, holders, apps, self.trend, lambda pid: holders_mod.is_exiting(pid, self.system.proc),
                                                  signalled)
         return failure_message(dirty, holders, apps, self.result["timings"]["wait_s"], self.result["unkillable"],
-                               early == "protected", early, unreadable, freeing, self.inside_container)
+                               early == "protected", early, unreadable, freeing, self.inside_container, self.reset_node())
+
+    def reset_node(self) -> _reset.Node:
+        """What the reset advice of a failure needs of this node (read only for a failure)."""
+        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _reset
+        return _reset.Node(gpus=self.before[0], fabric_manager=getattr(self.health, "fabric_manager", None),
+                           drm=_reset.read_nvidia_drm(), nvswitch=_reset.nvswitch_present())
 
     def verify(self, selected: list[int], deadline: float, acted: bool, unheld_at_look: t.Collection[int] = ()
                ) -> tuple[list[Gpu], bool, str | None, set[int]]:
@@ -1426,9 +1487,17 @@ class Release:
         return _facts.join_apps(apps, gpus, lambda pid: _facts.alive(pid, self.system.proc),
                                 lambda pid: holders_mod.display_name(pid, self.system.proc))
 
+    def with_shm_floor(self, summary: dict[str, t.Any]) -> dict[str, t.Any]:
+        """The host's health keys with /dev/shm's free-space issue, if any (read_shm)."""
+        if self.shm_issue is None:
+            return summary
+        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _shm
+        return _shm.with_floor(summary, self.shm_issue)
+
     def _finish(self, gpus_before: list[Gpu], holders_before: list[Holder], gpus_after: list[Gpu] | None = None,
                 holders_after: list[Holder] | None = None) -> ReleaseResult:
-        self.result.update(_facts.health_summary(self.result["gpus"] or self.result["gpus_before"], self.health))  # type: ignore[typeddict-item, arg-type]
+        summary = _facts.health_summary(self.result["gpus"] or self.result["gpus_before"], self.health)  # type: ignore[arg-type]
+        self.result.update(self.with_shm_floor(summary))  # type: ignore[typeddict-item]
         changes_before, changes_after = plan_diff(self.result, self.check_mode)
         if self.check_mode:
             # Memory and holders are what a dry run cannot change: the plan is the difference.

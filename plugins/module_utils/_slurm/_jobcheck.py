@@ -55,14 +55,15 @@ SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/s
 RELEASE_DEFAULTS: dict[str, t.Any] = dict(
     {name: t.cast("dict[str, t.Any]", spec).get("default") for name, spec in _options.SHARED_SPEC.items()},
     gpus=[], services=[], service_state="stopped", stop_owning_units=True, kill=True, kill_spanning=False,
-    launchers=[], match=[], kill_timeout=10.0, wait_timeout=60.0, poll_interval=0.1, settle_timeout=5.0,
+    launchers=[], match=[], kill_timeout=10.0, wait_timeout=60.0, poll_interval=0.1, settle_timeout=5.0, clean_shm=False,
 )
 JOB_DEFAULTS = {"kill_timeout": 3.0, "wait_timeout": 15.0, "settle_timeout": 1.0}
 # The options a site sets in the config file: the release's own (the CUDA smoke test included:
 # the epilog runs it as gpu_release does, after the GPUs are proven free), and the runner's.
 RELEASE_OPTIONS = ("nvidia_smi", "timeout", "max_used_mib", "cross_gpu_footprint_mib", "protect", "health", "min_pcie_gen", "min_pcie_width",
                    "require_persistence", "expected_mig_mode", "xid_window_hours", "xid_ignore", "xid_fatal",
-                   "kill_timeout", "wait_timeout", "settle_timeout", "stop_owning_units", "kill_spanning", "smoke_test", "smoke_test_mib")
+                   "kill_timeout", "wait_timeout", "settle_timeout", "stop_owning_units", "kill_spanning", "smoke_test", "smoke_test_mib",
+                   "shm_min_free_mib_per_gpu", "clean_shm")
 RUNNER_DEFAULTS: dict[str, t.Any] = {
     "drain": True,                 # set a zeromib: drain reason through scontrol before failing
     "scontrol": None,              # path; searched on SAFE_PATH when not set
@@ -181,7 +182,7 @@ def check_config(raw: t.Any) -> dict[str, t.Any]:
     for name, choices in CHOICES.items():
         if config[name] not in choices:
             problems.append("{} must be one of {}, got {!r}".format(name, ", ".join(choices), config[name]))
-    for name in ("drain", "health", "require_persistence", "stop_owning_units", "kill_spanning", "smoke_test"):
+    for name in ("drain", "health", "require_persistence", "stop_owning_units", "kill_spanning", "smoke_test", "clean_shm"):
         if not isinstance(config[name], bool):
             problems.append(f"{name} must be true or false, got {config[name]!r}")
     problems += type_problems(config)
@@ -193,7 +194,7 @@ def check_config(raw: t.Any) -> dict[str, t.Any]:
 
 # JSON has no Ansible to convert a quoted "3" into a number: the runner takes only what it uses.
 NUMBERS = ("timeout", "max_used_mib", "cross_gpu_footprint_mib", "min_pcie_gen", "min_pcie_width", "xid_window_hours", "kill_timeout",
-           "wait_timeout", "settle_timeout", "smoke_test_mib")
+           "wait_timeout", "settle_timeout", "smoke_test_mib", "shm_min_free_mib_per_gpu")
 PATHS = ("nvidia_smi", "scontrol", "log")  # a string, or null
 
 

@@ -136,7 +136,8 @@ def test_an_unhealthy_gpu_on_a_clean_host_needs_attention_and_its_xid_age_reads_
     r = report(ah.clean_h200x8(), unhealthy())
     (entry,) = r["findings"]["attention"]
     assert entry == {"host": "xid-h200", "status": "clean", "reason": None,
-                     "health": "GPU 5 (00000000:1D:00.0): Xid 79 (GPU has fallen off the bus) in the kernel log 2 h ago", "pending_restore": 0, "driver": None}
+                     "health": "GPU 5 (00000000:1D:00.0): Xid 79 (GPU has fallen off the bus) in the kernel log 2 h ago", "pending_restore": 0, "driver": None,
+                     "shm": None}
     assert "7200 s" not in json.dumps(r["hosts"][1]["health_issues"])
 
 
@@ -189,6 +190,22 @@ def test_attention_is_grouped_by_kind_of_reason_largest_first():
         ("unhealthy", "Xid 79 (GPU has fallen off the bus)", 2),
     ]
     assert groups[0]["first"] == ["dirty00", "dirty01", "dirty02", "dirty03", "dirty04"]
+
+
+def test_files_killed_jobs_left_in_dev_shm_put_a_clean_host_under_needs_attention_with_its_line_and_gauges():
+    left = ah.clean_h200x8("left")
+    left["gpu"]["shm"] = {"path": "/dev/shm", "size_mib": 1024.0, "free_mib": 576.0, "files": 14, "unheld_mib": 448.0, "complete": True,
+                          "error": None, "unheld": [{"path": f"/dev/shm/torch_4242_{i:d}_0", "size_mib": 32.0, "age_s": 40, "pattern": "torch_*",
+                                                     "user": "alice"} for i in range(14)]}
+    r = report(left, ah.clean_h200x8("tidy"))
+    (entry,) = r["findings"]["attention"]
+    line = "14 file(s) of killed jobs in /dev/shm that no process holds, 448 MiB (torch_* 14); 576 MiB free of 1024 MiB"
+    assert (entry["host"], entry["status"], entry["shm"]) == ("left", "clean", line)
+    assert [(g["status"], g["title"], g["count"]) for g in plugin.attention_groups(r)] == [("shm leftovers", "files of killed jobs left in /dev/shm", 1)]
+    files = plugin.render(r)
+    assert "14 file(s) of killed jobs in /dev/shm that no process holds, 448 MiB" in files["report.md"] and line in files["report.html"]
+    assert 'zeromib_gpu_shm_unheld_files{host="left"} 14' in files["gpu_audit.prom"]
+    assert 'zeromib_gpu_shm_free_mib{host="left"} 576.0' in files["gpu_audit.prom"]
 
 
 @pytest.mark.parametrize("raw, escaped", [

@@ -53,6 +53,22 @@ def test_a_driver_upgraded_under_its_module_is_a_line_and_a_count_also_on_a_clea
     assert model["summary"]["hosts_driver_drift"] == 1 and model["hosts"][0]["status"] == "clean"
 
 
+def test_files_killed_jobs_left_in_dev_shm_are_a_line_and_a_count_also_on_a_clean_host():
+    left = ah.clean_h200x8("left")
+    left["gpu"]["shm"] = {"path": "/dev/shm", "size_mib": 1024.0, "free_mib": 576.0, "files": 15, "unheld_mib": 449.0, "complete": True, "error": None,
+                          "unheld": [{"path": f"/dev/shm/torch_4242_{i:d}_0", "size_mib": 32.0, "age_s": 40, "pattern": "torch_*", "user": "alice"}
+                                     for i in range(14)] + [{"path": "/dev/shm/app.state", "size_mib": 1.0, "age_s": 9, "pattern": None, "user": "root"}]}
+    tidy = ah.clean_h200x8("tidy")
+    tidy["gpu"]["shm"] = dict(left["gpu"]["shm"], unheld=[], unheld_mib=0)
+    model = gpu_audit_model([left, tidy, ah.clean_h200x8("older-facts")], EPOCH)
+    shm = {host["host"]: host["shm"] for host in model["hosts"]}
+    assert shm["left"] == {"free_mib": 576.0, "size_mib": 1024.0, "unheld_files": 15, "unheld_mib": 449.0,
+                           "leftovers": "14 file(s) of killed jobs in /dev/shm that no process holds, 448 MiB (torch_* 14); 576 MiB free of 1024 MiB"}
+    assert shm["tidy"]["leftovers"] is None and shm["tidy"]["unheld_files"] == 0
+    assert shm["older-facts"] == {"free_mib": None, "size_mib": None, "unheld_files": None, "unheld_mib": None, "leftovers": None}
+    assert model["summary"]["hosts_shm_leftovers"] == 1 and model["hosts"][0]["status"] == "clean"
+
+
 def test_fleet_summary_counts_hosts_gpus_and_blocking_holders():
     model = gpu_audit_model(ah.fleet(), EPOCH)
     assert model["summary"] == {
@@ -61,6 +77,7 @@ def test_fleet_summary_counts_hosts_gpus_and_blocking_holders():
         "memory_used_mib": 10267 + 8 * 55, "memory_total_mib": 24 * ah.H200_TOTAL,
         "holders": 1, "nvml_clients": 2, "hosts_unhealthy": 0, "gpus_unhealthy": 0,
         "hosts_health_unchecked": 0, "gpus_health_unchecked": 0, "hosts_pending_restore": 0, "hosts_driver_drift": 0,
+        "hosts_shm_leftovers": 0,
     }
     assert model["schema_version"] == 1
     assert model["generated_at"] == "2025-06-01T12:00:00Z" and model["generated_epoch"] == EPOCH

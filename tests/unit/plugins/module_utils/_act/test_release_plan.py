@@ -310,7 +310,7 @@ def test_dead_not_found_owner_without_live_holder_says_reset_or_reboot():
         [{"index": 0, "uuid": UUIDS[0], "memory_used_mib": 3590}], [], [app(427, 0, alive=False, name="[Not Found]", mib=3590)], 60.0, []
     )
     assert "attributed to exited process(es) 427 [Not Found]" in message
-    assert "a GPU reset (nvidia-smi --gpu-reset -i 0) or a reboot is needed" in message
+    assert "a GPU reset or a reboot is needed" in message and "`nvidia-smi --gpu-reset -i 0`" in message
 
 
 def test_dead_owner_with_empty_name_reads_no_data():
@@ -444,4 +444,4 @@ def test_a_gpu_read_blind_beside_a_dead_listed_owner_advises_no_reset():
     blind = release.gpu_failure(gpu, [], dead, blind=True)
     assert "its holder may be one it cannot read" in blind and "reset" not in blind
     seeing = release.gpu_failure(gpu, [], dead, blind=False)
-    assert "attributed to exited process(es) 4711 [No data]" in seeing and "a GPU reset (nvidia-smi --gpu-reset -i 0)" in seeing
+    assert "attributed to exited process(es) 4711 [No data]" in seeing and "`nvidia-smi --gpu-reset -i 0`" in seeing

@@ -1,0 +1,169 @@
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""_shm: what jobs left in /dev/shm, told from what live processes hold by the kernel's identity of
+each file. The holders here are real processes this test starts (a file open, a file mapped with its
+fd closed, one killed), against a directory standing in for /dev/shm."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _shm
+
+HOLD = r"""
+import mmap, os, sys, time
+path, how = sys.argv[1], sys.argv[2]
+fd = os.open(path, os.O_RDWR)
+keep = None
+if how == "map":
+    keep = mmap.mmap(fd, 4096)
+    os.close(fd)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def holders():
+    started = []
+
+    def start(path, how):
+        proc = subprocess.Popen([sys.executable, "-c", HOLD, str(path), how], stdout=subprocess.PIPE, text=True)
+        started.append(proc)
+        assert proc.stdout.readline().strip() == "ready"
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def write(path, mib=0.0, age_s=0):
+    with open(path, "wb") as handle:
+        handle.write(b"\1" * int(mib * _shm.MIB) or b"\1")
+    if age_s:
+        then = time.time() - age_s
+        os.utime(path, (then, then))
+    return path
+
+
+@pytest.mark.parametrize("name,label,clean", [
+    ("nccl-Xb3kLq", "nccl-*", True),
+    ("torch_4242_1298412897_0", "torch_*", True),
+    ("cuda.shm.3e9.52f2.1", "cuda.shm.*", True),
+    ("psm_1a2b3c4d", "psm_*", True),
+    ("psm_shm.8a3f2c10-6f1e-4a2b-9c1d-0e5f7a9b3c21", "psm_shm.*", True),
+    ("psm2_shm.10000000000a1b2c3d4e5f60", "psm_shm.*", True),
+    ("sem.mp-k2j4h5g6", "sem.mp-*", True),
+    ("pym-4242-x8k2_a1", "pym-*", True),
+    ("sem.postgres_lock", "sem.*", False),
+    ("torch_shm_manager_socket", None, False),
+    ("psm_toolong123", None, False),
+    ("pulse-shm-1234", None, False),
+])
+def test_each_framework_is_named_by_what_its_source_calls_its_segments(name, label, clean):
+    pattern = _shm.pattern_of(name)
+    assert (pattern.label if pattern else None, bool(pattern and pattern.clean)) == (label, clean)
+
+
+def test_unheld_files_are_listed_largest_then_oldest_with_their_pattern(tmp_path):
+    write(tmp_path / "nccl-aaaaaa", 2, age_s=10)
+    write(tmp_path / "torch_1_2_0", 2, age_s=300)
+    write(tmp_path / "sem.mp-small", age_s=900)
+    record = _shm.look(str(tmp_path), now=time.time())
+    assert [(os.path.basename(f["path"]), f["pattern"]) for f in record["unheld"]] == [
+        ("torch_1_2_0", "torch_*"), ("nccl-aaaaaa", "nccl-*"), ("sem.mp-small", "sem.mp-*")]
+    first = record["unheld"][0]
+    assert first["size_mib"] == 2.0 and 299 <= first["age_s"] <= 302 and first["user"] == "root"
+    assert record["files"] == 3 and record["unheld_mib"] == pytest.approx(4.0, abs=0.01)
+    assert record["size_mib"] > 0 and record["free_mib"] > 0 and record["error"] is None
+
+
+def test_a_file_open_or_mapped_by_a_live_process_is_held_and_a_killed_holders_is_not(tmp_path, holders):
+    opened = write(tmp_path / "nccl-opened", 1)
+    mapped = write(tmp_path / "torch_7_7_0", 1)
+    left = write(tmp_path / "torch_8_8_0", 1)
+    holders(opened, "open")
+    holders(mapped, "map")  # fd closed: only /proc/PID/maps shows it
+    killed = holders(left, "map")
+    assert {f["path"] for f in _shm.look(str(tmp_path))["unheld"]} == set()
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert [f["path"] for f in _shm.look(str(tmp_path))["unheld"]] == [str(left)]
+
+
+def test_a_file_of_the_same_name_open_elsewhere_is_not_stat_ed_and_keeps_the_file_listed_held(tmp_path, holders):
+    # A bind mount of /dev/shm elsewhere shows its files under other paths: the name alone keeps the
+    # file out of the unheld list (never removed), without a stat of a path that may not be tmpfs.
+    shm = tmp_path / "shm"
+    elsewhere = tmp_path / "elsewhere"
+    shm.mkdir()
+    elsewhere.mkdir()
+    write(shm / "nccl-shared", 1)
+    holders(write(elsewhere / "nccl-shared", 1), "open")
+    assert _shm.look(str(shm))["unheld"] == []
+
+
+def test_a_process_that_cannot_be_read_makes_the_list_incomplete(tmp_path, monkeypatch):
+    # Not root (or a process the kernel will not show): a file it holds may be listed as unheld.
+    write(tmp_path / "nccl-aaaaaa", 1)
+
+    def refused(base):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(_shm, "fd_targets", refused)
+    record = _shm.look(str(tmp_path))
+    assert record["complete"] is False and [os.path.basename(f["path"]) for f in record["unheld"]] == ["nccl-aaaaaa"]
+
+
+def test_without_processes_only_the_space_is_read(tmp_path):
+    write(tmp_path / "nccl-aaaaaa", 1)
+    record = _shm.look(str(tmp_path), processes=False)
+    assert record["files"] == 1 and record["unheld"] is None and record["complete"] is None
+
+
+def test_links_directories_and_sockets_are_no_files_of_it(tmp_path):
+    write(tmp_path / "target", 1)
+    os.symlink(str(tmp_path / "target"), str(tmp_path / "nccl-link"))
+    os.mkdir(tmp_path / "torch_1_1_dir")
+    assert [f.name for f in _shm.list_files(str(tmp_path))] == ["target"]
+
+
+def test_a_missing_dev_shm_is_said_not_raised(tmp_path):
+    record = _shm.look(str(tmp_path / "none"))
+    assert record["error"].startswith(str(tmp_path / "none") + " cannot be read") and record["free_mib"] is None
+
+
+def test_maps_lines_are_matched_by_device_and_inode_never_by_path():
+    maps = (b"7f00a0000000-7f00a0400000 rw-s 00000000 00:1a 4242 /dev/shm/nccl-abcdef\n"
+            b"7f00b0000000-7f00b0001000 rw-s 00000000 00:1b 4242 /somewhere/else\n"
+            b"7f00c0000000-7f00c0001000 r--p 00000000 08:01 99 /usr/lib/libc.so.6\n")
+    assert _shm.mapped_identities(maps, {b"00:1a", b"00:1b"}, {b"4242"}) == {(os.makedev(0, 0x1a), 4242), (os.makedev(0, 0x1b), 4242)}
+    assert _shm.mapped_identities(maps, {b"00:1a"}, {b"4242", b"99"}) == {(os.makedev(0, 0x1a), 4242)}
+    assert _shm.mapped_identities(maps, {b"00:1a"}, {b"7"}) == set() and _shm.maps_device(os.makedev(0, 0x1a)) == b"00:1a"
+    assert _shm.maps_device(os.makedev(259, 3)) == b"103:03"
+
+
+FULL = {"path": "/dev/shm", "size_mib": 64.0, "free_mib": 20.0, "unheld": [{"size_mib": 40.0, "pattern": None}], "unheld_mib": 40.0}
+
+
+def test_free_space_below_the_floor_for_each_gpu_is_a_health_issue_naming_the_leftovers():
+    issue = _shm.floor_issue(FULL, 128, 1)
+    assert issue == ("/dev/shm has 20 MiB free of 64 MiB, below the 128 MiB that 1 GPU(s) need at 128 MiB each (shm_min_free_mib_per_gpu): "
+                     "NCCL init and DataLoader workers fail with \"No space left on device\" (1 file(s) no live process holds take 40 MiB)")
+    jobs = dict(FULL, unheld=[{"size_mib": 30.0, "pattern": "torch_*"}, {"size_mib": 10.0, "pattern": "sem.*"}])
+    assert _shm.floor_issue(jobs, 128, 1).endswith("(2 file(s) no live process holds take 40 MiB); clean_shm (role: free_gpus_clean_shm) "
+                                                   "removes the 1 of killed jobs")
+    assert _shm.floor_issue(FULL, 16, 1) is None and _shm.floor_issue(FULL, 0, 8) is None
+    assert _shm.floor_issue(dict(FULL, free_mib=None), 128, 8) is None and _shm.floor_issue(FULL, 128, 0) is None
+    summary = _shm.with_floor({"healthy": True, "health_issues": []}, issue)
+    assert summary == {"healthy": False, "health_issues": [issue]}
