@@ -24,7 +24,7 @@ GATE = "zeromib.gpu.free_gpus : Free the GPUs and verify that they read at most 
 VERDICT = "zeromib.gpu.free_gpus : Assert that every selected GPU is free"
 # The oldest ansible-core the collection supports, the main venv's, and the newest.
 CORES = [entry for entry in matrix.CONTROLLER if entry[0].startswith(("2.17.", "2.19.", "2.21."))]
-LEAK = "reads 1500 MiB, attributed to exited process(es)"
+LEAK = "reads 1500 MiB, and no process of this container holds it"
 WRONG_TYPE = "settings mistake, nothing was done: free_gpus_wait_timeout must be a number of seconds (e.g. 120), got '2m'"
 
 
