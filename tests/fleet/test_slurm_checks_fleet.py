@@ -161,8 +161,12 @@ def test_the_role_installs_idempotently_checks_in_check_mode_and_removes_only_it
     assert dry.rc == 0 and dry.stats[host]["changed"] == 1, str(dry)  # the config would change
     assert '"max_used_mib": 8' not in fleet.ssh(host, "cat /etc/zeromib-gpu/slurm_gpu_checks.json").stdout
 
+    # A misspelt option stops the play at the role's argument spec, before anything is installed; a
+    # value JSON cannot carry as the runner needs it, at the runner's own check of the config.
     bad = install(fleet, host, kill_timout=3)
-    assert bad.rc != 0 and "unknown option 'kill_timout'" in str(bad), str(bad)
+    assert bad.rc != 0 and "slurm_gpu_checks_options.kill_timout. Supported parameters include" in str(bad), str(bad)
+    quoted = install(fleet, host, kill_timeout="3")
+    assert quoted.rc != 0 and "kill_timeout must be a number, got '3'" in str(quoted), str(quoted)
     install(fleet, host)
 
     gone = install(fleet, host, state="absent")
@@ -403,6 +407,61 @@ def test_an_admins_drain_is_never_overwritten_by_a_failing_epilog_nor_resumed(gr
     assert restore.rc == 0, str(restore)
     fields = node(fleet, host)
     assert drained(fields) and fields["Reason"] == "maintenance", fields
+
+
+# --------------------------------------------------------------------------- time bounds and draining (issue 59)
+
+
+def config_on_node(fleet, host) -> dict:
+    return json.loads(fleet.ssh(host, "cat /etc/zeromib-gpu/slurm_gpu_checks.json", check=True).stdout)
+
+
+def test_the_runner_is_bounded_below_prolog_epilog_timeout_and_a_hung_nvidia_smi_ends_in_a_drain_in_time(gres_host):
+    """PrologEpilogTimeout=30 in slurm.conf: the role sets the runner's deadline below it (30 less
+    its 5 s margin), refuses a deadline that Slurm's timeout would cut short, and an epilog whose
+    nvidia-smi hangs answers within its bounds, drained with a zeromib reason, before slurmd's
+    timeout would kill it with none."""
+    fleet, host = gres_host
+    try:
+        fleet.ssh(host, f"echo PrologEpilogTimeout=30 >> {CONF}; scontrol reconfigure", check=True)
+        assert install(fleet, host, timeout=3).rc == 0
+        assert config_on_node(fleet, host)["deadline"] == 25
+        refused = install(fleet, host, deadline=28)
+        assert refused.rc != 0 and "must stay below Slurm's PrologEpilogTimeout (30 s) by at least 5 s" in str(refused), str(refused)
+
+        assert install(fleet, host, timeout=3).rc == 0
+        job_id = submit(fleet, host, "sleep 3")
+        assert ended(fleet, host, job_id, "prolog")["ok"]
+        fleet.set_fault(host, hang=True)
+        run = ended(fleet, host, job_id)
+        assert not run["ok"] and run["causes"] == ["nvidia-smi: nvidia-smi timed out after 3 s (a hung driver or a GPU that fell off the bus); "
+                                                   "it was killed"], run
+        assert run["elapsed_s"] < 25, run
+        fields = node(fleet, host)
+        assert drained(fields) and fields["Reason"].startswith(f"zeromib: epilog job {job_id}: nvidia-smi: nvidia-smi timed out"), fields
+    finally:
+        fleet.clear_faults(host)
+        fleet.ssh(host, f"sed -i '/^PrologEpilogTimeout=/d' {CONF}; scontrol reconfigure")
+        install(fleet, host)
+
+
+def test_drain_exit_status_calls_no_slurm_command_and_slurmd_drains_the_node_for_the_failed_epilog(gres_host):
+    """Where a site forbids Slurm commands in its hooks: the epilog only fails; slurmd drains the
+    node with Slurm's own reason, and the cause is in the runner's log."""
+    fleet, host = gres_host
+    try:
+        assert install(fleet, host, drain="exit_status").rc == 0
+        job_id = submit(fleet, host, "sleep 3")
+        assert ended(fleet, host, job_id, "prolog")["ok"]
+        fleet.set_fault(host, leak={"0": 4096})
+        run = ended(fleet, host, job_id)
+        assert not run["ok"] and run["causes"] == ["GPU 0: 4096 MiB, no process holds it"], run
+        assert run["drain"] == "not drained through scontrol (drain: exit_status): slurmd drains the node for the failed hook", run
+        assert wait_for(lambda: drained(node(fleet, host)), timeout=30), node(fleet, host)
+        assert node(fleet, host)["Reason"] == "Epilog error", node(fleet, host)
+    finally:
+        fleet.clear_faults(host)
+        install(fleet, host)
 
 
 # --------------------------------------------------------------------------- the prolog

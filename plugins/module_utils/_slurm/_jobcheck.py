@@ -32,6 +32,7 @@ import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _jobs
+from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _bounded
 from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _drain
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._errors import ReleaseError, StepFailed
 from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import NvidiaSmi, NvidiaSmiError
@@ -46,6 +47,8 @@ CONFIG_PATH = "/etc/zeromib-gpu/slurm_gpu_checks.json"
 # a mark here (root-only: no user can make the epilog spare or end anything) for that epilog.
 PROLOG_FAILED_DIR = "/run/zeromib-gpu/prolog-failed"
 MODES = ("prolog", "epilog")
+# One scontrol call at most (slurmctld answers in milliseconds; a busy one in seconds).
+SCONTROL_S = 10.0
 # slurmd runs the hooks with a nearly empty environment: no PATH of the site's.
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/slurm/bin"
 
@@ -64,12 +67,18 @@ RELEASE_OPTIONS = ("nvidia_smi", "timeout", "max_used_mib", "cross_gpu_footprint
                    "require_persistence", "expected_mig_mode", "xid_window_hours", "xid_ignore", "xid_fatal",
                    "kill_timeout", "wait_timeout", "settle_timeout", "stop_owning_units", "kill_spanning", "smoke_test", "smoke_test_mib")
 RUNNER_DEFAULTS: dict[str, t.Any] = {
-    "drain": True,                 # set a zeromib: drain reason through scontrol before failing
+    "drain": "scontrol",           # scontrol: set a zeromib: drain reason before failing; exit_status: only fail (slurmd drains)
     "scontrol": None,              # path; searched on SAFE_PATH when not set
     "without_gres": "skip",        # a job Slurm gave no GPUs: skip (nothing to check) or all (every GPU of the node)
     "log": "/var/log/zeromib-gpu/slurm_gpu_checks.log",  # one JSON line a run; null: none
+    "deadline": 60.0,              # seconds: the whole run, below Slurm's PrologEpilogTimeout
 }
-CHOICES = {"without_gres": ("skip", "all")}
+CHOICES = {"without_gres": ("skip", "all"), "drain": ("scontrol", "exit_status")}
+# `drain: true/false`, the option's first spelling.
+DRAIN_BOOLEANS = {True: "scontrol", False: "exit_status"}
+# Kept back from the deadline for what follows the work: the drain's scontrol calls (each bounded
+# by what is left), or only the log line.
+RESERVE_S = {"scontrol": 5.0, "exit_status": 1.0}
 
 _GPU_TOKEN = re.compile(r"^(?:\d+|(?:GPU|MIG)-[0-9A-Fa-f-]+)$")
 
@@ -142,11 +151,16 @@ class JobRelease(Release):
     processes, and the respawn watch passes over their new ones (the only additions: Release's
     planning, signals and verdict are unchanged)."""
 
-    def __init__(self, *args: t.Any, ending_job: str, **kwargs: t.Any) -> None:
+    def __init__(self, *args: t.Any, ending_job: str, note: t.Callable[[str], None] = lambda _stage: None, **kwargs: t.Any) -> None:
         super().__init__(*args, **kwargs)
         self.ending_job = ending_job
+        self.note = note
         # {pid: job} of the holders spared as another job's, for the drain reason.
         self.spared: dict[int, str] = {}
+
+    def plan(self, snapshot: t.Any) -> t.Any:
+        self.note("signalling what the job left and waiting for its GPUs to read free" if not self.check_mode else "judging the look")
+        return super().plan(snapshot)
 
     def look(self) -> t.Any:
         snapshot = super().look()
@@ -178,22 +192,53 @@ def check_config(raw: t.Any) -> dict[str, t.Any]:
     config.update({k: RELEASE_DEFAULTS[k] for k in RELEASE_OPTIONS})
     config.update(JOB_DEFAULTS)
     config.update({k: v for k, v in raw.items() if k in known})
+    if isinstance(config["drain"], bool):
+        config["drain"] = DRAIN_BOOLEANS[config["drain"]]
     for name, choices in CHOICES.items():
         if config[name] not in choices:
             problems.append("{} must be one of {}, got {!r}".format(name, ", ".join(choices), config[name]))
-    for name in ("drain", "health", "require_persistence", "stop_owning_units", "kill_spanning", "smoke_test"):
+    for name in ("health", "require_persistence", "stop_owning_units", "kill_spanning", "smoke_test"):
         if not isinstance(config[name], bool):
             problems.append(f"{name} must be true or false, got {config[name]!r}")
     problems += type_problems(config)
     problems += _options.check({k: config[k] for k in RELEASE_OPTIONS})
+    if not problems:
+        problems += time_problems(config)
     if problems:
         raise JobCheckError("config: " + "; ".join(problems))
     return config
 
 
+def work_budget(config: t.Mapping[str, t.Any]) -> float:
+    """Seconds the work (look, signals, waits, smoke test) may take: the deadline less what the
+    drain and the log need after it."""
+    return float(config["deadline"]) - RESERVE_S.get(config["drain"], RESERVE_S["scontrol"])
+
+
+def time_problems(config: t.Mapping[str, t.Any]) -> list[str]:
+    """The bounded steps must fit the deadline: a config whose own waits outlast it would end in
+    the hook killed by its deadline on every dirty GPU, said as a hang rather than as the GPU."""
+    deadline, budget = float(config["deadline"]), work_budget(config)
+    if not 0 < deadline <= _options.ONE_DAY_S:
+        return [f"deadline must be a number of seconds above 0 and at most one day, got {config['deadline']!r}"]
+    reserve = deadline - budget
+    waits = ("kill_timeout", "wait_timeout", "settle_timeout")
+    total = sum(float(config[name]) for name in waits)
+    problems = []
+    if budget <= 0:
+        problems.append(f"deadline {deadline:g} s leaves nothing for the work after the {reserve:g} s kept for drain {config['drain']}")
+    elif total > budget:
+        problems.append(f"deadline {deadline:g} s leaves {budget:g} s for the work after the {reserve:g} s kept for drain {config['drain']}, "
+                        f"and kill_timeout + wait_timeout + settle_timeout are {total:g} s: lower them or raise deadline "
+                        "(it must stay below Slurm's PrologEpilogTimeout)")
+    elif float(config["timeout"]) > budget:
+        problems.append(f"timeout (nvidia-smi's) {float(config['timeout']):g} s is longer than the {budget:g} s the deadline leaves for the work")
+    return problems
+
+
 # JSON has no Ansible to convert a quoted "3" into a number: the runner takes only what it uses.
 NUMBERS = ("timeout", "max_used_mib", "cross_gpu_footprint_mib", "min_pcie_gen", "min_pcie_width", "xid_window_hours", "kill_timeout",
-           "wait_timeout", "settle_timeout", "smoke_test_mib")
+           "wait_timeout", "settle_timeout", "smoke_test_mib", "deadline")
 PATHS = ("nvidia_smi", "scontrol", "log")  # a string, or null
 
 
@@ -301,11 +346,18 @@ def drain_reason(mode: str, job: str, causes: list[str]) -> str:
 # ---------------------------------------------------------------- side effects
 
 
-def run_command(argv: list[str]) -> tuple[int, str, str]:
+def run_command(argv: list[str], deadline: float | None = None) -> tuple[int, str, str]:
+    """argv -> (rc, stdout, stderr), bounded by SCONTROL_S and by `deadline` (monotonic): the
+    hook's own deadline is never crossed waiting for slurmctld."""
+    timeout = SCONTROL_S if deadline is None else min(SCONTROL_S, deadline - time.monotonic())
+    if timeout <= 0:
+        return 124, "", "not run: the hook's deadline has come"
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False,
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False,
                               env=dict(os.environ, LANG="C", LC_ALL="C", SLURM_TIME_FORMAT="standard"))
-    except (OSError, subprocess.TimeoutExpired) as exc:
+    except subprocess.TimeoutExpired:
+        return 124, "", f"{os.path.basename(argv[0])} did not answer within {timeout:.1f} s"
+    except OSError as exc:
         return 127, "", str(exc)
     return done.returncode, done.stdout, done.stderr
 
@@ -320,8 +372,13 @@ def find_scontrol(configured: str | None) -> str | None:
     return None
 
 
-def drain(config: t.Mapping[str, t.Any], environ: t.Mapping[str, str], reason: str, run: t.Callable[[list[str]], tuple[int, str, str]] = run_command) -> str:
-    """Drain this node with `reason` unless someone else drained it (slurm_node's rule) -> what was done."""
+def drain(config: t.Mapping[str, t.Any], environ: t.Mapping[str, str], reason: str,
+          run: t.Callable[[list[str]], tuple[int, str, str]] = run_command) -> str:
+    """Drain this node with `reason` unless someone else drained it (slurm_node's rule) -> what
+    was done. With `drain: exit_status` nothing is called: slurmd drains the node for the failed
+    hook itself (reason "Epilog error" / "Prolog error"), and the cause is in the log."""
+    if config.get("drain") == "exit_status":
+        return "not drained through scontrol (drain: exit_status): slurmd drains the node for the failed hook"
     scontrol = find_scontrol(config.get("scontrol"))
     if not scontrol:
         return "not drained: scontrol not found (Slurm drains the node for the failed hook itself)"
@@ -366,14 +423,17 @@ def log(path: str | None, entry: t.Mapping[str, t.Any]) -> None:
         sys.stderr.write(f"zeromib: cannot write the log {path}: {exc.strerror}" + "\n")
 
 
-def check_job(mode: str, job: str, gpus: list[str] | None, config: t.Mapping[str, t.Any]) -> tuple[bool, list[str], dict[str, t.Any]]:
-    """gpu_release for the job's GPUs (the prolog in check mode: it looks, it never signals)."""
+def check_job(mode: str, job: str, gpus: list[str] | None, config: t.Mapping[str, t.Any],
+              note: t.Callable[[str], None] = lambda _stage: None) -> tuple[bool, list[str], dict[str, t.Any]]:
+    """gpu_release for the job's GPUs (the prolog in check mode: it looks, it never signals).
+    `note(stage)` says where the run is, for the cause when the deadline comes first."""
     params = release_params(config, gpus)
     try:
         smi = NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), params["timeout"])
-        release = JobRelease(smi, System(find_systemctl()), params, check_mode=(mode == "prolog"), ending_job=job)
+        release = JobRelease(smi, System(find_systemctl()), params, check_mode=(mode == "prolog"), ending_job=job, note=note)
     except NvidiaSmiError as exc:
         return False, [f"nvidia-smi: {exc.msg}"], {}
+    note("the look (nvidia-smi, the /proc scan, the health readings)")
     try:
         result: dict[str, t.Any] = dict(release.run())
         failure = None
@@ -385,6 +445,7 @@ def check_job(mode: str, job: str, gpus: list[str] | None, config: t.Mapping[str
         return False, [exc.msg], {}
     ok, causes = verdict(mode, result, failure, release.spared)
     if ok and mode == "epilog" and params["smoke_test"]:
+        note("the CUDA smoke test")
         try:
             ok, causes, result = smoke_test(smi, params, result)
         except NvidiaSmiError as exc:
@@ -445,7 +506,7 @@ def main(argv: t.Sequence[str], environ: t.Mapping[str, str], config_path: str =
             log(config["log"], {"mode": mode, "job": job, "gpus": gpus, "ok": True, "elapsed_s": round(time.monotonic() - started, 3),
                                 "skipped": "the prolog failed: the job never ran, nothing on its GPUs is its own (the prolog drained the node)"})
             return 0
-        ok, causes, result = check_job(mode, job, gpus, config)
+        ok, causes, result = bounded_check(mode, job, gpus, config, started)
     except JobCheckError as exc:
         ok, causes, result = False, [str(exc)], {}
     except Exception as exc:  # pylint: disable=broad-exception-caught
@@ -460,7 +521,8 @@ def main(argv: t.Sequence[str], environ: t.Mapping[str, str], config_path: str =
     if not ok:
         reason = drain_reason(mode, job, causes)
         sys.stderr.write(reason + "\n")
-        entry["drain"] = drain(config, environ, reason) if config.get("drain", True) else "not drained: drain is false"
+        hook_deadline = started + float(config.get("deadline") or RUNNER_DEFAULTS["deadline"]) - RESERVE_S["exit_status"]
+        entry["drain"] = drain(config, environ, reason, lambda argv: run_command(argv, hook_deadline))
         if mode == "prolog" and job != "?":
             mark_prolog_failed(job, marks)
     elif mode == "prolog" and job != "?":
@@ -470,3 +532,18 @@ def main(argv: t.Sequence[str], environ: t.Mapping[str, str], config_path: str =
     entry["elapsed_s"] = round(time.monotonic() - started, 3)
     log(config.get("log"), entry)
     return 0 if ok else 1
+
+
+def bounded_check(mode: str, job: str, gpus: list[str] | None, config: t.Mapping[str, t.Any], started: float
+                  ) -> tuple[bool, list[str], dict[str, t.Any]]:
+    """check_job in a child the hook stops waiting for when the work budget (the deadline less
+    the drain's reserve) is spent: the cause then says where the run was."""
+    budget = work_budget(config) - (time.monotonic() - started)
+    outcome = _bounded.run_bounded(lambda note: list(check_job(mode, job, gpus, config, note)), budget)
+    if not outcome.finished:
+        where = f" (still at: {outcome.stage})" if outcome.stage else ""
+        return False, [f"the {mode} did not finish within its deadline of {float(config['deadline']):g} s{where}; the run was stopped"], {}
+    if outcome.error is not None:
+        return False, [f"internal error, {outcome.error}"], {}
+    ok, causes, result = outcome.value
+    return bool(ok), list(causes), dict(result or {})
