@@ -464,6 +464,105 @@ def test_drain_exit_status_calls_no_slurm_command_and_slurmd_drains_the_node_for
         install(fleet, host)
 
 
+# --------------------------------------------------------------------------- configless Slurm (issue 59)
+
+CTLD = "/etc/slurm-ctld"  # the controller's own config, as on a head node: the compute node has none
+CONFIGLESS_UNITS = {
+    # Debian's units start only where /etc/slurm/slurm.conf exists; SchedMD's configless page asks
+    # for no ConditionPathExists on slurmd's.
+    "slurmctld": f'[Unit]\nConditionPathExists=\nConditionPathExists={CTLD}/slurm.conf\n[Service]\nEnvironment="SLURMCTLD_OPTIONS=-f {CTLD}/slurm.conf"\n',
+    "slurmd": '[Unit]\nConditionPathExists=\n[Service]\nEnvironment="SLURMD_OPTIONS=--conf-server 127.0.0.1"\n',
+}
+
+
+def go_configless(fleet, host):
+    """slurmctld with SlurmctldParameters=enable_configless reading its config from CTLD, slurmd
+    started with --conf-server, and no slurm.conf, gres.conf or cgroup.conf left in /etc/slurm:
+    slurmd keeps what slurmctld serves in its conf-cache (/run/slurm/conf), as a configless
+    compute node does. The role's hooks are removed first: the cluster starts without them."""
+    assert install(fleet, host, state="absent").rc == 0
+    units = "; ".join(f"mkdir -p /etc/systemd/system/{u}.service.d; printf {shlex.quote(text)} > /etc/systemd/system/{u}.service.d/configless.conf"
+                      for u, text in CONFIGLESS_UNITS.items())
+    fleet.ssh(host, f"""set -e; systemctl stop slurmd slurmctld; mkdir -p {CTLD}
+mv /etc/slurm/slurm.conf /etc/slurm/gres.conf /etc/slurm/cgroup.conf {CTLD}/; echo SlurmctldParameters=enable_configless >> {CTLD}/slurm.conf
+{units}; systemctl daemon-reload; rm -f {LOG}; systemctl start slurmctld; systemctl start slurmd""", check=True)
+    assert wait_for(lambda: fleet.ssh(host, f"test -s /run/slurm/conf/slurm.conf && scontrol show node -o {host} | grep -q Gres=gpu:8").returncode == 0,
+                    timeout=30), fleet.ssh(host, "journalctl -u slurmd -n 20 --no-pager").stdout
+    fleet.ssh(host, f"scontrol update nodename={host} state=resume 2>/dev/null; true")
+
+
+def leave_configless(fleet, host):
+    """The host as the other tests expect it: its own slurm.conf again, the units as Debian ships them."""
+    fleet.ssh(host, f"scancel --quiet --full -u root 2>/dev/null; systemctl stop slurmd slurmctld; "
+                    f"rm -rf /etc/systemd/system/slurmctld.service.d/configless.conf /etc/systemd/system/slurmd.service.d/configless.conf {CTLD}; "
+                    f"cp /etc/slurm/cgroup.conf.fleet /etc/slurm/cgroup.conf 2>/dev/null; systemctl daemon-reload; true")
+    configure(fleet, host)
+
+
+@pytest.fixture
+def configless_host(gres_host):
+    fleet, host = gres_host
+    fleet.ssh(host, "cp -n /etc/slurm/cgroup.conf /etc/slurm/cgroup.conf.fleet", check=True)
+    try:
+        go_configless(fleet, host)
+        yield fleet, host
+    finally:
+        leave_configless(fleet, host)
+
+
+def role_said(result, host) -> list[str]:
+    return result.result(f"{ROLE} : Say which lines the controller's slurm.conf needs (this node's is not edited)", host)["msg"]
+
+
+def test_a_configless_node_gets_the_hooks_with_no_slurm_conf_edited_and_they_run_from_the_lines_the_role_names(configless_host):
+    """The role on a configless compute node: no slurm.conf of its own, the controller's cached by
+    slurmd. It installs the runner, its config and the hooks, edits nothing, and says which lines
+    the controller's slurm.conf needs; with them added there (and scontrol reconfigure), slurmd
+    runs the hooks from those paths: a job's leftover is freed beside another job's process, the
+    next job starts on clean GPUs, and a dirty GPU drains the node through scontrol, which finds
+    the controller through the configless copy (slurmd's SLURM_CONF)."""
+    fleet, host = configless_host
+    cached = fleet.ssh(host, "md5sum /run/slurm/conf/slurm.conf", check=True).stdout
+    first = install(fleet, host)
+    assert first.rc == 0, str(first)
+    said = role_said(first, host)
+    assert said[0] == ("slurm.conf is not edited on this node (configless: slurmd reads the controller's slurm.conf, cached in /run/slurm/conf). "
+                       "The controller's slurm.conf needs, then scontrol reconfigure:"), said
+    assert said[1:3] == list(HOOKS) and said[3].startswith("PrologEpilogTimeout=75 (recommended"), said
+    assert fleet.ssh(host, "test ! -e /etc/slurm/slurm.conf && test -x /usr/local/libexec/zeromib-gpu/epilog && test -x " + RUNNER).returncode == 0
+    assert fleet.ssh(host, "md5sum /run/slurm/conf/slurm.conf", check=True).stdout == cached
+
+    fleet.ssh(host, f"printf '%s\\n' {' '.join(shlex.quote(line) for line in HOOKS)} PrologEpilogTimeout=40 >> {CTLD}/slurm.conf; scontrol reconfigure",
+              check=True)
+    assert wait_for(lambda: fleet.ssh(host, "grep -c '^[PE][a-z]*log=/usr/local/libexec/zeromib-gpu/' /run/slurm/conf/slurm.conf").stdout.strip() == "2",
+                    timeout=30)
+    # The controller's PrologEpilogTimeout, read from slurmd's copy, bounds the runner now: its
+    # config is the one change; a third run changes nothing.
+    again = install(fleet, host)
+    assert again.rc == 0 and again.stats[host]["changed"] == 1 and config_on_node(fleet, host)["deadline"] == 35, str(again)
+    assert role_said(again, host)[1:] == [f"{line}: already there" for line in HOOKS], role_said(again, host)
+    third = install(fleet, host)
+    assert third.rc == 0 and third.stats[host]["changed"] == 0, str(third)
+
+    running = submit(fleet, host, f"exec {HOLDER} --gpus 0 --mib 2000 --name cl_other --ready-file /run/nvidia-sim/ready/cl_other")
+    other = ready_pid(fleet, host, "cl_other")
+    ending = submit(fleet, host, leave_behind("cl_left", 1500))
+    left = ready_pid(fleet, host, "cl_left")
+    run = ended(fleet, host, ending)
+    assert run["ok"] and run["gpus"] == ["1"] and [k["pid"] for k in run["killed"]] == [left], run
+    assert alive(fleet, host, other) and job(fleet, host, running)["JobState"] == "RUNNING" and not alive(fleet, host, left)
+    assert fleet.gpu_memory(host)[1] == 0
+
+    after = submit(fleet, host, "sleep 2")
+    prolog = ended(fleet, host, after, "prolog")
+    [gpu] = prolog["gpus"]
+    assert prolog["ok"] and gpu != "0" and fleet.gpu_memory(host)[int(gpu)] == 0, prolog
+    fleet.set_fault(host, leak={gpu: 4096})
+    run = ended(fleet, host, after)
+    assert not run["ok"] and run["drain"].startswith(f"drained {host}: zeromib: epilog job {after}: GPU {gpu}: 4096 MiB"), run
+    assert drained(node(fleet, host)) and node(fleet, host)["Reason"].startswith(f"zeromib: epilog job {after}"), node(fleet, host)
+
+
 # --------------------------------------------------------------------------- the prolog
 
 
