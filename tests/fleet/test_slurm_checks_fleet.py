@@ -563,6 +563,108 @@ def test_a_configless_node_gets_the_hooks_with_no_slurm_conf_edited_and_they_run
     assert drained(node(fleet, host)) and node(fleet, host)["Reason"].startswith(f"zeromib: epilog job {after}"), node(fleet, host)
 
 
+# --------------------------------------------------------------------------- GPUs shared by shards (issue 59)
+
+SHARDS_PER_GPU = 2
+
+
+@pytest.fixture
+def shard_host(gres_host):
+    """The node's GPUs also as gres/shard (2 a GPU: two jobs on one GPU, no fence between them, as
+    22.05 does it), the role run again: GresTypes names shard, so the runner's shared_gpus is on."""
+    fleet, host = gres_host
+    shards = "".join(f"Name=shard Count={SHARDS_PER_GPU} File=/dev/nvidia{i}\\n" for i in range(8))
+    try:
+        fleet.ssh(host, f"""set -e; sed -i 's/^GresTypes=.*/GresTypes=gpu,shard/; s/ Gres=gpu:8 / Gres=gpu:8,shard:{8 * SHARDS_PER_GPU} /' {CONF}
+printf 'Name=gpu File=/dev/nvidia[0-7]\\n{shards}' > /etc/slurm/gres.conf; systemctl restart slurmctld slurmd""", check=True)
+        assert wait_for(lambda: f"shard:{8 * SHARDS_PER_GPU}" in fleet.ssh(host, f"scontrol show node -o {host}").stdout, timeout=30)
+        fleet.ssh(host, f"scontrol update nodename={host} state=resume 2>/dev/null; true")
+        assert install(fleet, host).rc == 0 and config_on_node(fleet, host)["shared_gpus"] is True
+        yield fleet, host
+    finally:
+        fleet.ssh(host, "scancel --quiet --full -u root 2>/dev/null; true")
+        configure(fleet, host)
+
+
+def submit_shard(fleet, host, script) -> str:
+    r = fleet.ssh(host, f"sbatch --parsable -o /dev/null --mem=10M --gres=shard:1 --wrap {shlex.quote(script)}", check=True)
+    return r.stdout.strip().split(";")[0]
+
+
+def running_holder(fleet, host, name, mib, submit_with=submit_shard):
+    """A job whose task holds `mib` on its GPU until cancelled -> (job id, the holder's pid)."""
+    job_id = submit_with(fleet, host, f"exec {HOLDER} --gpus 0 --mib {mib:d} --name {name} --ready-file /run/nvidia-sim/ready/{name}")
+    pid = ready_pid(fleet, host, name)
+    assert wait_for(lambda: job(fleet, host, job_id).get("JobState") == "RUNNING", timeout=30)
+    return job_id, pid
+
+
+def test_jobs_sharing_a_gpu_by_shards_each_epilog_frees_only_its_own_leftover_and_passes_beside_the_other(shard_host):
+    """Two jobs on GPU 0 by gres/shard: the ending one leaves a holder; its epilog ends that holder
+    only, reads the GPU as what the other job holds there, and passes; the other job runs on; the
+    next shard job's prolog and epilog pass on the busy GPU. Before, the epilog saw the other job's
+    memory on the GPU and drained the node at every job end."""
+    fleet, host = shard_host
+    running, other = running_holder(fleet, host, "sh_other", 2000)
+    ending = submit_shard(fleet, host, leave_behind("sh_left", 1500))
+    left = ready_pid(fleet, host, "sh_left")
+    run = ended(fleet, host, ending)
+    assert run["ok"] and run["gpus"] == ["0"] and [k["pid"] for k in run["killed"]] == [left], run
+    assert run["shared"]["0"]["owners"] == [f"Slurm job {running}"] and run["shared"]["0"]["held_mib"] >= 2000, run
+    assert alive(fleet, host, other) and not alive(fleet, host, left) and job(fleet, host, running)["JobState"] == "RUNNING"
+    assert fleet.gpu_memory(host)[0] >= 2000 and not drained(node(fleet, host)), node(fleet, host)
+
+    after = submit_shard(fleet, host, "sleep 1")
+    assert wait_for(lambda: job(fleet, host, after).get("JobState") == "COMPLETED", timeout=60), job(fleet, host, after)
+    prolog, epilog = ended(fleet, host, after, "prolog"), ended(fleet, host, after)
+    assert prolog["ok"] and prolog["gpus"] == ["0"] and prolog["holders"] == [] and epilog["ok"] and epilog["killed"] == [], (prolog, epilog)
+    assert alive(fleet, host, other) and not drained(node(fleet, host))
+
+
+def test_on_a_shared_gpu_the_epilog_drains_only_for_what_the_ending_job_left(shard_host):
+    """Memory beyond what the other job holds, that no process holds (a leak of the ending job):
+    drained, named against the other job's share; the other job's process is never signalled."""
+    fleet, host = shard_host
+    running, other = running_holder(fleet, host, "sh_other2", 2000)
+    ending = submit_shard(fleet, host, "sleep 3")
+    assert ended(fleet, host, ending, "prolog")["ok"]
+    fleet.set_fault(host, leak={"0": 3000})
+    run = ended(fleet, host, ending)
+    [cause] = run["causes"]
+    assert not run["ok"] and run["killed"] == [] and cause.startswith("GPU 0: "), run
+    assert cause.endswith(f" MiB beyond the 2015 MiB that Slurm job {running} holds there, no process holds the rest"), cause
+    assert alive(fleet, host, other) and job(fleet, host, running)["JobState"] == "RUNNING"
+    fields = node(fleet, host)
+    assert drained(fields) and fields["Reason"].startswith(f"zeromib: epilog job {ending}: GPU 0: "), fields
+
+
+NHC_CONFIG = "/etc/zeromib-gpu/nhc.json"
+NHC_CHECK = f"SLURM_JOB_ID=0 /usr/bin/python3 -I {RUNNER} prolog --config={NHC_CONFIG}"
+
+
+def test_the_nhc_recipe_passes_a_busy_node_and_names_a_stray_holder_without_signalling_anything(shard_host):
+    """docs/slurm.md's check for LBNL NHC, run as NHC runs it between jobs on a node whose jobs are
+    running (one on GPU 0 by shard, one on GPU 1): every job's memory is its own, nothing is
+    signalled; a process of no job on a GPU fails the check, naming it, and stays."""
+    fleet, host = shard_host
+    fleet.ssh(host, f"printf '%s\\n' '{{\"without_gres\": \"all\", \"shared_gpus\": true, \"drain\": \"exit_status\", "
+                    f"\"log\": \"/var/log/zeromib-gpu/nhc.log\"}}' > {NHC_CONFIG}; chmod 600 {NHC_CONFIG}", check=True)
+    try:
+        _shard_job, on_gpu0 = running_holder(fleet, host, "nhc_a", 2000)
+        _gpu_job, on_gpu1 = running_holder(fleet, host, "nhc_b", 1000, submit_with=lambda f, h, s: submit(f, h, s, gpus=1))
+        busy = fleet.ssh(host, NHC_CHECK)
+        assert busy.returncode == 0, (busy.stdout, busy.stderr)
+        assert alive(fleet, host, on_gpu0) and alive(fleet, host, on_gpu1)
+        stray = fleet.workload(host, "train", gpus="2", mib=1000)
+        dirty = fleet.ssh(host, NHC_CHECK)
+        assert dirty.returncode == 1 and dirty.stderr.startswith("zeromib: prolog job 0: GPU 2: "), dirty.stderr
+        assert f"held by pid {stray['pid']} train.py" in dirty.stderr, dirty.stderr
+        assert alive(fleet, host, stray["pid"]) and alive(fleet, host, on_gpu0) and alive(fleet, host, on_gpu1)
+        assert not drained(node(fleet, host))  # NHC drains, with its own reason: the check only fails
+    finally:
+        fleet.ssh(host, f"rm -f {NHC_CONFIG} /var/log/zeromib-gpu/nhc.log /run/zeromib-gpu/prolog-failed/0")
+
+
 # --------------------------------------------------------------------------- the prolog
 
 

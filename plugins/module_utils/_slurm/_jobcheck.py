@@ -34,6 +34,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _jobs
 from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _bounded
 from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _drain
+from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _shared
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._errors import ReleaseError, StepFailed
 from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import NvidiaSmi, NvidiaSmiError
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._release import Release, System
@@ -72,6 +73,7 @@ RUNNER_DEFAULTS: dict[str, t.Any] = {
     "without_gres": "skip",        # a job Slurm gave no GPUs: skip (nothing to check) or all (every GPU of the node)
     "log": "/var/log/zeromib-gpu/slurm_gpu_checks.log",  # one JSON line a run; null: none
     "deadline": 60.0,              # seconds: the whole run, below Slurm's PrologEpilogTimeout
+    "shared_gpus": False,          # GPUs several jobs use at once (gres/shard, gres/mps): other jobs' memory is theirs
 }
 CHOICES = {"without_gres": ("skip", "all"), "drain": ("scontrol", "exit_status")}
 # `drain: true/false`, the option's first spelling.
@@ -133,8 +135,10 @@ def mode_of(argv: t.Sequence[str], environ: t.Mapping[str, str]) -> str:
 
 
 def spare_other_jobs(holders: list[Holder], ending: str, proc: str = "/proc", spared: dict[int, str] | None = None) -> list[Holder]:
-    """Holders of other jobs marked protected (reason `Slurm job N`); new records. `spared` gets
-    {pid: job} of each (the result's public holders do not carry the reason)."""
+    """Holders of other jobs marked protected (reason `Slurm job N`), and an MPS server whose GPUs
+    another job's process uses (`MPS server for Slurm job N`: quitting it would end that job's
+    clients); new records. `spared` gets {pid: owner} of each (the result's public holders do not
+    carry the reason): the job's number, or the server's reason."""
     marked = []
     for holder in holders:
         owner = None if holder.get("protected") else _jobs.owning_job(holder["pid"], proc)
@@ -142,6 +146,29 @@ def spare_other_jobs(holders: list[Holder], ending: str, proc: str = "/proc", sp
             holder = t.cast("Holder", dict(holder, protected=True, protected_reason=f"Slurm job {owner}"))
             if spared is not None:
                 spared[holder["pid"]] = t.cast(str, owner)
+        marked.append(holder)
+    return spare_shared_servers(marked, spared)
+
+
+def spare_shared_servers(holders: list[Holder], spared: dict[int, str] | None = None) -> list[Holder]:
+    """An MPS server (vouched: _act/_mps) on a GPU that a process of another job also holds is
+    kept: its clients may be that job's, and a quit ends every client of the server."""
+    from ansible_collections.zeromib.gpu.plugins.module_utils._act import _mps  # pylint: disable=import-outside-toplevel
+
+    jobs_on: dict[int, set[str]] = {}
+    for holder in holders:
+        reason = str(holder.get("protected_reason") or "")
+        if reason.startswith("Slurm job "):
+            for index in holder.get("gpu_indexes") or []:
+                jobs_on.setdefault(index, set()).add(reason[len("Slurm job "):])
+    marked = []
+    for holder in holders:
+        jobs = sorted({job for index in holder.get("gpu_indexes") or [] for job in jobs_on.get(index, ())}, key=lambda j: (len(j), j))
+        if jobs and not holder.get("protected") and _mps.is_server(holder):
+            reason = "MPS server for Slurm job {}".format(", ".join(jobs))
+            holder = t.cast("Holder", dict(holder, protected=True, protected_reason=reason))
+            if spared is not None:
+                spared[holder["pid"]] = reason
         marked.append(holder)
     return marked
 
@@ -171,6 +198,14 @@ class JobRelease(Release):
         holders, apps = super().scan(gpus)
         return spare_other_jobs(holders, self.ending_job, self.system.proc, self.spared), apps
 
+    def others(self, pid: int) -> str | None:
+        """Whose a process is when it is not the ending job's to free: `Slurm job N` for another
+        job's, the reason of an MPS server kept for one; None for the ending job's or no job's."""
+        if pid in self.spared and not self.spared[pid].isdigit():
+            return self.spared[pid]
+        owner = _jobs.owning_job(pid, self.system.proc)
+        return f"Slurm job {owner}" if _jobs.other_job(owner, self.ending_job) else None
+
     def foreign(self, targets: list[Holder]) -> t.Callable[[int, int], bool]:
         """For the respawn watch: (new pid, killed pid) -> whether the new process runs in another
         job than the ending one. Only a process of the ending job or of no job can be what this
@@ -197,7 +232,7 @@ def check_config(raw: t.Any) -> dict[str, t.Any]:
     for name, choices in CHOICES.items():
         if config[name] not in choices:
             problems.append("{} must be one of {}, got {!r}".format(name, ", ".join(choices), config[name]))
-    for name in ("health", "require_persistence", "stop_owning_units", "kill_spanning", "smoke_test"):
+    for name in ("health", "require_persistence", "stop_owning_units", "kill_spanning", "smoke_test", "shared_gpus"):
         if not isinstance(config[name], bool):
             problems.append(f"{name} must be true or false, got {config[name]!r}")
     problems += type_problems(config)
@@ -297,19 +332,33 @@ def release_params(config: t.Mapping[str, t.Any], gpus: list[str] | None) -> dic
 # ---------------------------------------------------------------- the verdict
 
 
+def given(gpu: t.Mapping[str, t.Any], tokens: list[str] | None) -> bool:
+    """Whether Slurm gave the job this GPU (by nvidia-smi index or UUID, as job_gpus reads them)."""
+    return any(token == str(gpu.get("index")) or token.lower() == str(gpu.get("uuid") or "").lower() for token in tokens or [])
+
+
 def dirty_causes(result: t.Mapping[str, t.Any], spared: t.Mapping[int, str] | None = None) -> list[str]:
     """Short causes, one per GPU of the job that is not free or not healthy: `GPU 0: 4096 MiB,
-    held by pid 345 python3` / `GPU 1: 4096 MiB, no process holds it` / `GPU 2: <health issue>`."""
+    held by pid 345 python3` / `GPU 1: 4096 MiB, no process holds it` / `GPU 2: <health issue>`;
+    on a shared GPU the MiB are those beyond what other jobs hold there (`result["shared"]`)."""
     selected = set(result.get("selected_gpus") or [])
     holders = result.get("holders") or []
+    shared = result.get("shared") or {}
     causes = []
     for gpu in result.get("gpus") or result.get("gpus_before") or []:
         if gpu.get("index") not in selected:
             continue
         if not gpu.get("clean"):
             on = [h for h in holders if gpu["index"] in (h.get("gpu_indexes") or [])]
-            who = "held by " + ", ".join(short_holder(h, spared or {}) for h in on[:3]) if on else "no process holds it"
-            causes.append("GPU {}: {} MiB, {}".format(gpu["index"], gpu.get("memory_used_mib"), who))
+            share = shared.get(str(gpu["index"]))
+            if share is None:
+                who = "held by " + ", ".join(short_holder(h, spared or {}) for h in on[:3]) if on else "no process holds it"
+                causes.append("GPU {}: {} MiB, {}".format(gpu["index"], gpu.get("memory_used_mib"), who))
+                continue
+            # What the other jobs hold is deducted: only the rest's holders are the cause.
+            rest = [h for h in on if owner_of(h, spared or {}) not in share.get("owners", ())]
+            who = "held by " + ", ".join(short_holder(h, spared or {}) for h in rest[:3]) if rest else "no process holds the rest"
+            causes.append("GPU {}: {} MiB{}, {}".format(gpu["index"], gpu.get("memory_used_mib"), _shared.describe(share), who))
     for issue in result.get("health_issues") or []:
         causes.append(str(issue))
     return causes
@@ -324,7 +373,9 @@ def owner_of(holder: t.Mapping[str, t.Any], spared: t.Mapping[int, str]) -> str 
     if holder.get("protected_reason"):
         return str(holder["protected_reason"])
     job = spared.get(holder.get("pid"))  # type: ignore[arg-type]
-    return f"Slurm job {job}" if job else None
+    if not job:
+        return None
+    return f"Slurm job {job}" if job.isdigit() else job
 
 
 def verdict(mode: str, result: t.Mapping[str, t.Any], failure: str | None, spared: t.Mapping[int, str] | None = None) -> tuple[bool, list[str]]:
@@ -433,6 +484,10 @@ def check_job(mode: str, job: str, gpus: list[str] | None, config: t.Mapping[str
         release = JobRelease(smi, System(find_systemctl()), params, check_mode=(mode == "prolog"), ending_job=job, note=note)
     except NvidiaSmiError as exc:
         return False, [f"nvidia-smi: {exc.msg}"], {}
+    readings = None
+    if config.get("shared_gpus"):
+        # Other jobs' memory on the job's GPUs is theirs (_shared): the release judges the rest.
+        readings = release.smi = _shared.SharedReadings(smi, lambda gpu: gpus is None or given(gpu, gpus), release.others, params["max_used_mib"])
     note("the look (nvidia-smi, the /proc scan, the health readings)")
     try:
         result: dict[str, t.Any] = dict(release.run())
@@ -443,8 +498,13 @@ def check_job(mode: str, job: str, gpus: list[str] | None, config: t.Mapping[str
         result, failure = dict(exc.result), exc.msg
     except StepFailed as exc:
         return False, [exc.msg], {}
+    if readings is not None and readings.last:
+        result["shared"] = _shared.record(readings.last)
     ok, causes = verdict(mode, result, failure, release.spared)
-    if ok and mode == "epilog" and params["smoke_test"]:
+    if ok and mode == "epilog" and params["smoke_test"] and result.get("shared"):
+        # Its readings would count what the other jobs on the GPU allocate meanwhile.
+        result["smoke_test_skipped"] = "other jobs use the GPU"
+    elif ok and mode == "epilog" and params["smoke_test"]:
         note("the CUDA smoke test")
         try:
             ok, causes, result = smoke_test(smi, params, result)
@@ -518,6 +578,9 @@ def main(argv: t.Sequence[str], environ: t.Mapping[str, str], config_path: str =
                                ("holders" if mode == "prolog" else "killed"): acted}
     if result.get("smoke_test_passed") is not None:
         entry["smoke_test_passed"] = result["smoke_test_passed"]
+    for key in ("shared", "smoke_test_skipped"):
+        if result.get(key):
+            entry[key] = result[key]
     if not ok:
         reason = drain_reason(mode, job, causes)
         sys.stderr.write(reason + "\n")
