@@ -34,10 +34,11 @@ from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _jobs
 from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _bounded
 from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _drain
+from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _mig
 from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _shared
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._errors import ReleaseError, StepFailed
 from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import NvidiaSmi, NvidiaSmiError
-from ansible_collections.zeromib.gpu.plugins.module_utils._act._release import Release, System
+from ansible_collections.zeromib.gpu.plugins.module_utils._act._release import Release, System, is_mig
 
 if t.TYPE_CHECKING:
     from ansible_collections.zeromib.gpu.plugins.module_utils._types import Holder
@@ -74,6 +75,7 @@ RUNNER_DEFAULTS: dict[str, t.Any] = {
     "log": "/var/log/zeromib-gpu/slurm_gpu_checks.log",  # one JSON line a run; null: none
     "deadline": 60.0,              # seconds: the whole run, below Slurm's PrologEpilogTimeout
     "shared_gpus": False,          # GPUs several jobs use at once (gres/shard, gres/mps): other jobs' memory is theirs
+    "mig_baseline_mib": 60,        # what an idle MIG GPU reads (50-59 MiB measured on H100/H200): a slice's parent may read it
 }
 CHOICES = {"without_gres": ("skip", "all"), "drain": ("scontrol", "exit_status")}
 # `drain: true/false`, the option's first spelling.
@@ -82,7 +84,7 @@ DRAIN_BOOLEANS = {True: "scontrol", False: "exit_status"}
 # by what is left), or only the log line.
 RESERVE_S = {"scontrol": 5.0, "exit_status": 1.0}
 
-_GPU_TOKEN = re.compile(r"^(?:\d+|(?:GPU|MIG)-[0-9A-Fa-f-]+)$")
+_GPU_TOKEN = re.compile(r"^(?:\d+|GPU-[0-9A-Fa-f-]+|" + _mig.TOKEN + ")$")
 
 
 class JobCheckError(Exception):
@@ -103,7 +105,12 @@ def job_gpus(environ: t.Mapping[str, str]) -> list[str] | None:
     """The job's GPUs as slurmd gives them to the prolog and epilog: SLURM_JOB_GPUS (gres ids),
     else CUDA_VISIBLE_DEVICES, else GPU_DEVICE_ORDINAL (both set alike by slurmd, measured on
     22.05). None: the job was given no GPU. slurmd writes this environment, not the job's user."""
-    for name in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"):
+    # A MIG slice: SLURM_JOB_GPUS is its place in slurmd's list of slices, CUDA_VISIBLE_DEVICES its
+    # MIG UUID (AutoDetect=nvml): the UUID names it (_mig).
+    names: tuple[str, ...] = ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")
+    if any(_mig.is_mig(token.strip()) for token in (environ.get("CUDA_VISIBLE_DEVICES") or "").split(",")):
+        names = ("CUDA_VISIBLE_DEVICES",)
+    for name in names:
         raw = environ.get(name)
         if raw is None or raw.strip() == "":
             continue
@@ -178,14 +185,26 @@ class JobRelease(Release):
     processes, and the respawn watch passes over their new ones (the only additions: Release's
     planning, signals and verdict are unchanged)."""
 
-    def __init__(self, *args: t.Any, ending_job: str, note: t.Callable[[str], None] = lambda _stage: None, **kwargs: t.Any) -> None:
+    def __init__(self, *args: t.Any, ending_job: str, note: t.Callable[[str], None] = lambda _stage: None, numbered: bool = False,
+                 **kwargs: t.Any) -> None:
         super().__init__(*args, **kwargs)
         self.ending_job = ending_job
         self.note = note
+        # The job's GPUs came as numbers: on a MIG GPU those are slurmd's count of slices (_mig).
+        self.numbered = numbered
+        # Why the run was refused before anything was done: the cause, whatever the GPUs read.
+        self.refusal: str | None = None
         # {pid: job} of the holders spared as another job's, for the drain reason.
         self.spared: dict[int, str] = {}
 
     def plan(self, snapshot: t.Any) -> t.Any:
+        wanted = {str(token) for token in self.params.get("gpus") or []}
+        mig = [g for g in snapshot.gpus if str(g["index"]) in wanted and is_mig(g)] if self.numbered else []
+        if mig:
+            self.refusal = ("GPU {} is in MIG mode and Slurm named the job's GPUs by number ({}): on a MIG GPU slurmd's numbers count its "
+                             "slices, not GPUs. Let slurmd give the slices' MIG UUIDs (gres.conf AutoDetect=nvml sets "
+                             "CUDA_VISIBLE_DEVICES=MIG-...)".format(mig[0]["index"], ",".join(sorted(wanted))))
+            raise StepFailed(self.refusal)
         self.note("signalling what the job left and waiting for its GPUs to read free" if not self.check_mode else "judging the look")
         return super().plan(snapshot)
 
@@ -237,6 +256,8 @@ def check_config(raw: t.Any) -> dict[str, t.Any]:
             problems.append(f"{name} must be true or false, got {config[name]!r}")
     problems += type_problems(config)
     problems += _options.check({k: config[k] for k in RELEASE_OPTIONS})
+    if not problems and config["mig_baseline_mib"] < 0:
+        problems.append(f"mig_baseline_mib must be 0 or more, got {config['mig_baseline_mib']!r}")
     if not problems:
         problems += time_problems(config)
     if problems:
@@ -273,7 +294,7 @@ def time_problems(config: t.Mapping[str, t.Any]) -> list[str]:
 
 # JSON has no Ansible to convert a quoted "3" into a number: the runner takes only what it uses.
 NUMBERS = ("timeout", "max_used_mib", "cross_gpu_footprint_mib", "min_pcie_gen", "min_pcie_width", "xid_window_hours", "kill_timeout",
-           "wait_timeout", "settle_timeout", "smoke_test_mib", "deadline")
+           "wait_timeout", "settle_timeout", "smoke_test_mib", "deadline", "mig_baseline_mib")
 PATHS = ("nvidia_smi", "scontrol", "log")  # a string, or null
 
 
@@ -481,11 +502,19 @@ def check_job(mode: str, job: str, gpus: list[str] | None, config: t.Mapping[str
     params = release_params(config, gpus)
     try:
         smi = NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), params["timeout"])
-        release = JobRelease(smi, System(find_systemctl()), params, check_mode=(mode == "prolog"), ending_job=job, note=note)
+        slices = [token for token in gpus or [] if _mig.is_mig(token)]
+        if slices:
+            # The slices' parent GPUs, shared with the jobs of their other slices, at the MIG baseline.
+            gpus = params["gpus"] = _mig.parents_of(gpus or [], lambda: smi.run(["-L"]))
+            params["max_used_mib"] = max(params["max_used_mib"], config["mig_baseline_mib"])
+        release = JobRelease(smi, System(find_systemctl()), params, check_mode=(mode == "prolog"), ending_job=job, note=note,
+                             numbered=bool(gpus) and not slices and all(token.isdigit() for token in gpus or []))
     except NvidiaSmiError as exc:
         return False, [f"nvidia-smi: {exc.msg}"], {}
+    except _mig.MigError as exc:
+        return False, [str(exc)], {}
     readings = None
-    if config.get("shared_gpus"):
+    if config.get("shared_gpus") or slices:
         # Other jobs' memory on the job's GPUs is theirs (_shared): the release judges the rest.
         readings = release.smi = _shared.SharedReadings(smi, lambda gpu: gpus is None or given(gpu, gpus), release.others, params["max_used_mib"])
     note("the look (nvidia-smi, the /proc scan, the health readings)")
@@ -495,6 +524,8 @@ def check_job(mode: str, job: str, gpus: list[str] | None, config: t.Mapping[str
     except NvidiaSmiError as exc:
         return False, [f"nvidia-smi: {exc.msg}"], {}
     except ReleaseError as exc:
+        if release.refusal:
+            return False, [release.refusal], {}
         result, failure = dict(exc.result), exc.msg
     except StepFailed as exc:
         return False, [exc.msg], {}

@@ -141,3 +141,49 @@ def test_shared_gpus_is_a_boolean():
     assert jobcheck.check_config({})["shared_gpus"] is False
     with pytest.raises(jobcheck.JobCheckError, match="shared_gpus must be true or false"):
         jobcheck.check_config({"shared_gpus": "yes"})
+
+
+# ------------------------------------------------------------------ the epilog's run on the fake node
+
+from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils.fake_node import FakeSmi as NodeSmi  # noqa: E402
+from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils.fake_node import FakeSystem, World, params  # noqa: E402
+
+# Where slurmstepd put a task of job 12, read from a real slurmd 22.05.8 on cgroup v2
+# (tests/fixtures/slurm-22.05.8/cgroup-v2/).
+JOB_12_TASK = "0::/system.slice/zsl-01_slurmstepd.scope/job_12/step_batch/user/task_0\n"
+
+
+@pytest.fixture
+def world(tmp_path):
+    root = tmp_path / "proc"
+    root.mkdir()
+    return World(root)
+
+
+def epilog_run(world, ending="13", shared=True, **options):
+    """JobRelease for the ending job on GPU 0, through SharedReadings when `shared` (as check_job wires it)."""
+    real = NodeSmi(world)
+    worker = jobcheck.JobRelease(real, FakeSystem(world), params(gpus=["0"], settle_timeout=0.5, **options), ending_job=ending,
+                                 driver_root=str(world.root.parent / "no-driver"))
+    if shared:
+        worker.smi = _shared.SharedReadings(real, lambda g: g["index"] == 0, worker.others, 0)
+    return worker, worker.run
+
+
+def test_on_a_shared_gpu_the_epilog_ends_its_leftover_only_and_passes_beside_the_other_job(world):
+    world.spawn(300, mem={0: 2000}, cgroup=JOB_12_TASK, comm="train_12")
+    world.spawn(310, mem={0: 1500}, comm="leftover")  # the ending job's, reparented out of it: no job's
+    worker, run = epilog_run(world)
+    result = run()
+    assert result["released"] and [k["pid"] for k in result["killed"]] == [310] and 300 in world.procs
+    assert worker.smi.last == {0: _shared.Share(2000, 1, ("Slurm job 12",))}
+    assert world.memory_used(0) == 2000
+
+
+def test_without_shared_gpus_the_other_jobs_memory_fails_the_epilog_naming_the_job(world):
+    world.spawn(300, mem={0: 2000}, cgroup=JOB_12_TASK, comm="train_12")
+    worker, run = epilog_run(world, shared=False)
+    with pytest.raises(jobcheck.ReleaseError) as info:
+        run()
+    ok, causes = jobcheck.verdict("epilog", info.value.result, info.value.msg, worker.spared)
+    assert not ok and causes == ["GPU 0: 2000 MiB, held by pid 300 train_12 (Slurm job 12)"] and 300 in world.procs
