@@ -11,8 +11,13 @@ what the epilog is for.
 Runs on a fleet of 1 or more hosts: `ZEROMIB_FLEET_HOSTS=1 ZEROMIB_FLEET_PROFILE=h200 pytest tests/fleet/test_slurm_checks_fleet.py`."""
 from __future__ import annotations
 
+import base64
 import json
+import os
 import shlex
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -663,6 +668,92 @@ def test_the_nhc_recipe_passes_a_busy_node_and_names_a_stray_holder_without_sign
         assert not drained(node(fleet, host))  # NHC drains, with its own reason: the check only fails
     finally:
         fleet.ssh(host, f"rm -f {NHC_CONFIG} /var/log/zeromib-gpu/nhc.log /run/zeromib-gpu/prolog-failed/0")
+
+
+# --------------------------------------------------------------------------- cgroup v2 job containment (issue 59)
+
+SHIM = Path(__file__).resolve().parent / "slurm_v2only.c"
+SHIM_ON_HOST = "/usr/local/lib/zeromib-test/slurm_v2only.so"
+V2_CAPTURE = Path(__file__).resolve().parents[1] / "fixtures" / "slurm-22.05.8" / "cgroup-v2" / "job7.json"
+
+
+def built_shim(tmp_path) -> bytes:
+    """tests/fleet/slurm_v2only.c, built with this machine's cc (the hosts have none)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    assert cc, "the cgroup v2 stand-in needs a C compiler on this machine (apt-get install gcc)"
+    out = tmp_path / "slurm_v2only.so"
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(out), str(SHIM), "-ldl"], check=True, capture_output=True)
+    return out.read_bytes()
+
+
+@pytest.fixture
+def cgroup_v2_host(gres_host, tmp_path):
+    """The node with proctrack/cgroup, task/cgroup, PrologFlags=Contain and cgroup.conf
+    CgroupPlugin=cgroup/v2, ConstrainDevices=yes. The hosts boot with the unified hierarchy, but
+    this machine mounts the v1 controllers too and the kernel lists them in /proc/self/cgroup, which
+    slurmd 22.05 refuses ("fatal: Hybrid mode is not supported"): slurmd (and the slurmstepd it
+    starts) run with slurm_v2only.c preloaded, which shows them the unified line alone. The
+    cgroups slurmstepd makes and where it puts each process are the kernel's."""
+    fleet, host = gres_host
+    shim = base64.b64encode(built_shim(tmp_path)).decode()
+    try:
+        fleet.ssh(host, f"""set -e; cp -n /etc/slurm/cgroup.conf /etc/slurm/cgroup.conf.fleet; mkdir -p {os.path.dirname(SHIM_ON_HOST)}
+echo {shim} | base64 -d > {SHIM_ON_HOST}; chmod 755 {SHIM_ON_HOST}
+sed -i 's#^ProctrackType=.*#ProctrackType=proctrack/cgroup#; s#^TaskPlugin=.*#TaskPlugin=task/cgroup#' {CONF}; echo PrologFlags=Contain >> {CONF}
+printf 'CgroupPlugin=cgroup/v2\\nConstrainDevices=yes\\n' > /etc/slurm/cgroup.conf
+mkdir -p /etc/systemd/system/slurmd.service.d; printf '[Service]\\nEnvironment=LD_PRELOAD={SHIM_ON_HOST}\\n' > /etc/systemd/system/slurmd.service.d/v2only.conf
+systemctl daemon-reload; systemctl restart slurmctld slurmd""", check=True)
+        assert wait_for(lambda: fleet.ssh(host, f"test -d /sys/fs/cgroup/system.slice/{host}_slurmstepd.scope && "
+                                                f"scontrol show node -o {host} | grep -q Gres=gpu:8").returncode == 0, timeout=30), \
+            fleet.ssh(host, "journalctl -u slurmd -n 20 --no-pager").stdout
+        fleet.ssh(host, f"scontrol update nodename={host} state=resume 2>/dev/null; true")
+        assert install(fleet, host).rc == 0
+        yield fleet, host
+    finally:
+        fleet.ssh(host, "scancel --quiet --full -u root 2>/dev/null; rm -f /etc/systemd/system/slurmd.service.d/v2only.conf; "
+                        "cp /etc/slurm/cgroup.conf.fleet /etc/slurm/cgroup.conf; rmdir /sys/fs/cgroup/escaped.slice 2>/dev/null; "
+                        "systemctl daemon-reload; true")
+        configure(fleet, host)
+
+
+def cgroup_of(fleet, host, pid) -> str:
+    return next(line for line in fleet.ssh(host, f"cat /proc/{pid:d}/cgroup", check=True).stdout.splitlines() if line.startswith("0::"))
+
+
+def test_on_cgroup_v2_the_epilog_frees_what_escaped_the_job_and_spares_another_jobs_detached_process_by_its_cgroup(cgroup_v2_host):
+    """Real slurmstepd on cgroup v2: job M detaches a holder (it leaves M's process tree but not
+    M's cgroup, which alone names its job) and runs on; job N leaves a holder that moved itself
+    out of N's cgroup (as a root job, or a daemon it restarted, can): Slurm's own kill of N's
+    cgroup misses it, the epilog ends it, M's process lives on, and the next job starts on clean
+    GPUs. The paths are those captured into tests/fixtures/slurm-22.05.8/cgroup-v2/."""
+    fleet, host = cgroup_v2_host
+    # With ConstrainDevices, slurmd numbers the job's CUDA_VISIBLE_DEVICES within the devices it
+    # fences (the job's first GPU is 0); the sim's nodes share one device number and are not fenced,
+    # so its holders are pointed at the job's GPU by SLURM_JOB_GPUS, as the fence would have it.
+    own_gpu = 'CUDA_VISIBLE_DEVICES="$SLURM_JOB_GPUS" '
+    running = submit(fleet, host, f"({own_gpu}setsid nohup {HOLDER} --gpus 0 --mib 1000 --name v2_other --ready-file /run/nvidia-sim/ready/v2_other "
+                                  "</dev/null >/dev/null 2>&1 &); exec sleep 300")
+    other = ready_pid(fleet, host, "v2_other")
+    assert cgroup_of(fleet, host, other) == f"0::/system.slice/{host}_slurmstepd.scope/job_{running}/step_batch/user/task_0"
+    captured = json.loads(V2_CAPTURE.read_text())
+    shape = {p["cmdline"]: p["cgroup"][-1].replace(captured["node"], host).replace("job_7", f"job_{running}") for p in captured["processes"]}
+    assert cgroup_of(fleet, host, other) == shape["sleep 301"]
+
+    ending = submit(fleet, host, f"mkdir -p /sys/fs/cgroup/escaped.slice; export {own_gpu}; " + leave_behind("v2_left", 1500).replace(
+        " & for i", " & echo $! > /sys/fs/cgroup/escaped.slice/cgroup.procs; for i", 1))
+    left = ready_pid(fleet, host, "v2_left")
+    assert cgroup_of(fleet, host, left) == "0::/escaped.slice"
+    run = ended(fleet, host, ending)
+    assert run["ok"] and run["gpus"] == ["1"] and [k["pid"] for k in run["killed"]] == [left], run
+    assert alive(fleet, host, other) and not alive(fleet, host, left) and job(fleet, host, running)["JobState"] == "RUNNING"
+    assert fleet.gpu_memory(host)[1] == 0
+
+    after = submit(fleet, host, "true")
+    assert wait_for(lambda: job(fleet, host, after).get("JobState") == "COMPLETED", timeout=60), job(fleet, host, after)
+    prolog, epilog = ended(fleet, host, after, "prolog"), ended(fleet, host, after)
+    assert prolog["ok"] and epilog["ok"] and epilog["killed"] == [] and alive(fleet, host, other), (prolog, epilog)
+    assert epilog["elapsed_s"] < 1.0, epilog  # a clean node's epilog
+    assert not drained(node(fleet, host)), node(fleet, host)
 
 
 # --------------------------------------------------------------------------- the prolog

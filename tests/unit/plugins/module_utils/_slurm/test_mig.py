@@ -67,7 +67,7 @@ def mig_world(tmp_path):
     return world
 
 
-JOB_12_TASK = "0::/system.slice/zsl-01_slurmstepd.scope/job_12/step_batch/user/task_0\n"
+JOB_12_TASK = "0::/system.slice/s59-01_slurmstepd.scope/job_12/step_batch/user/task_0\n"
 
 
 def test_the_epilog_of_a_slice_ends_its_leftover_on_the_parent_and_passes_at_the_mig_baseline_beside_another_slices_job(mig_world):

@@ -150,7 +150,7 @@ from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils.fake_node i
 
 # Where slurmstepd put a task of job 12, read from a real slurmd 22.05.8 on cgroup v2
 # (tests/fixtures/slurm-22.05.8/cgroup-v2/).
-JOB_12_TASK = "0::/system.slice/zsl-01_slurmstepd.scope/job_12/step_batch/user/task_0\n"
+JOB_12_TASK = "0::/system.slice/s59-01_slurmstepd.scope/job_12/step_batch/user/task_0\n"
 
 
 @pytest.fixture
