@@ -11,8 +11,13 @@ what the epilog is for.
 Runs on a fleet of 1 or more hosts: `ZEROMIB_FLEET_HOSTS=1 ZEROMIB_FLEET_PROFILE=h200 pytest tests/fleet/test_slurm_checks_fleet.py`."""
 from __future__ import annotations
 
+import base64
 import json
+import os
 import shlex
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -161,8 +166,12 @@ def test_the_role_installs_idempotently_checks_in_check_mode_and_removes_only_it
     assert dry.rc == 0 and dry.stats[host]["changed"] == 1, str(dry)  # the config would change
     assert '"max_used_mib": 8' not in fleet.ssh(host, "cat /etc/zeromib-gpu/slurm_gpu_checks.json").stdout
 
+    # A misspelt option stops the play at the role's argument spec, before anything is installed; a
+    # value JSON cannot carry as the runner needs it, at the runner's own check of the config.
     bad = install(fleet, host, kill_timout=3)
-    assert bad.rc != 0 and "unknown option 'kill_timout'" in str(bad), str(bad)
+    assert bad.rc != 0 and "slurm_gpu_checks_options.kill_timout. Supported parameters include" in str(bad), str(bad)
+    quoted = install(fleet, host, kill_timeout="3")
+    assert quoted.rc != 0 and "kill_timeout must be a number, got '3'" in str(quoted), str(quoted)
     install(fleet, host)
 
     gone = install(fleet, host, state="absent")
@@ -403,6 +412,348 @@ def test_an_admins_drain_is_never_overwritten_by_a_failing_epilog_nor_resumed(gr
     assert restore.rc == 0, str(restore)
     fields = node(fleet, host)
     assert drained(fields) and fields["Reason"] == "maintenance", fields
+
+
+# --------------------------------------------------------------------------- time bounds and draining (issue 59)
+
+
+def config_on_node(fleet, host) -> dict:
+    return json.loads(fleet.ssh(host, "cat /etc/zeromib-gpu/slurm_gpu_checks.json", check=True).stdout)
+
+
+def test_the_runner_is_bounded_below_prolog_epilog_timeout_and_a_hung_nvidia_smi_ends_in_a_drain_in_time(gres_host):
+    """PrologEpilogTimeout=30 in slurm.conf: the role sets the runner's deadline below it (30 less
+    its 5 s margin), refuses a deadline that Slurm's timeout would cut short, and an epilog whose
+    nvidia-smi hangs answers within its bounds, drained with a zeromib reason, before slurmd's
+    timeout would kill it with none."""
+    fleet, host = gres_host
+    try:
+        fleet.ssh(host, f"echo PrologEpilogTimeout=30 >> {CONF}; scontrol reconfigure", check=True)
+        assert install(fleet, host, timeout=3).rc == 0
+        assert config_on_node(fleet, host)["deadline"] == 25
+        refused = install(fleet, host, deadline=28)
+        assert refused.rc != 0 and "must stay below Slurm's PrologEpilogTimeout (30 s) by at least 5 s" in str(refused), str(refused)
+
+        assert install(fleet, host, timeout=3).rc == 0
+        job_id = submit(fleet, host, "sleep 3")
+        assert ended(fleet, host, job_id, "prolog")["ok"]
+        fleet.set_fault(host, hang=True)
+        run = ended(fleet, host, job_id)
+        assert not run["ok"] and run["causes"] == ["nvidia-smi: nvidia-smi timed out after 3 s (a hung driver or a GPU that fell off the bus); "
+                                                   "it was killed"], run
+        assert run["elapsed_s"] < 25, run
+        fields = node(fleet, host)
+        assert drained(fields) and fields["Reason"].startswith(f"zeromib: epilog job {job_id}: nvidia-smi: nvidia-smi timed out"), fields
+    finally:
+        fleet.clear_faults(host)
+        fleet.ssh(host, f"sed -i '/^PrologEpilogTimeout=/d' {CONF}; scontrol reconfigure")
+        install(fleet, host)
+
+
+def test_drain_exit_status_calls_no_slurm_command_and_slurmd_drains_the_node_for_the_failed_epilog(gres_host):
+    """Where a site forbids Slurm commands in its hooks: the epilog only fails; slurmd drains the
+    node with Slurm's own reason, and the cause is in the runner's log."""
+    fleet, host = gres_host
+    try:
+        assert install(fleet, host, drain="exit_status").rc == 0
+        job_id = submit(fleet, host, "sleep 3")
+        assert ended(fleet, host, job_id, "prolog")["ok"]
+        fleet.set_fault(host, leak={"0": 4096})
+        run = ended(fleet, host, job_id)
+        assert not run["ok"] and run["causes"] == ["GPU 0: 4096 MiB, no process holds it"], run
+        assert run["drain"] == "not drained through scontrol (drain: exit_status): slurmd drains the node for the failed hook", run
+        assert wait_for(lambda: drained(node(fleet, host)), timeout=30), node(fleet, host)
+        assert node(fleet, host)["Reason"] == "Epilog error", node(fleet, host)
+    finally:
+        fleet.clear_faults(host)
+        install(fleet, host)
+
+
+# --------------------------------------------------------------------------- configless Slurm (issue 59)
+
+CTLD = "/etc/slurm-ctld"  # the controller's own config, as on a head node: the compute node has none
+CONFIGLESS_UNITS = {
+    # Debian's units start only where /etc/slurm/slurm.conf exists; SchedMD's configless page asks
+    # for no ConditionPathExists on slurmd's.
+    "slurmctld": f'[Unit]\nConditionPathExists=\nConditionPathExists={CTLD}/slurm.conf\n[Service]\nEnvironment="SLURMCTLD_OPTIONS=-f {CTLD}/slurm.conf"\n',
+    "slurmd": '[Unit]\nConditionPathExists=\n[Service]\nEnvironment="SLURMD_OPTIONS=--conf-server 127.0.0.1"\n',
+}
+
+
+def go_configless(fleet, host):
+    """slurmctld with SlurmctldParameters=enable_configless reading its config from CTLD, slurmd
+    started with --conf-server, and no slurm.conf, gres.conf or cgroup.conf left in /etc/slurm:
+    slurmd keeps what slurmctld serves in its conf-cache (/run/slurm/conf), as a configless
+    compute node does. The role's hooks are removed first: the cluster starts without them."""
+    assert install(fleet, host, state="absent").rc == 0
+    units = "; ".join(f"mkdir -p /etc/systemd/system/{u}.service.d; printf {shlex.quote(text)} > /etc/systemd/system/{u}.service.d/configless.conf"
+                      for u, text in CONFIGLESS_UNITS.items())
+    fleet.ssh(host, f"""set -e; systemctl stop slurmd slurmctld; mkdir -p {CTLD}
+mv /etc/slurm/slurm.conf /etc/slurm/gres.conf /etc/slurm/cgroup.conf {CTLD}/; echo SlurmctldParameters=enable_configless >> {CTLD}/slurm.conf
+{units}; systemctl daemon-reload; rm -f {LOG}; systemctl start slurmctld; systemctl start slurmd""", check=True)
+    assert wait_for(lambda: fleet.ssh(host, f"test -s /run/slurm/conf/slurm.conf && scontrol show node -o {host} | grep -q Gres=gpu:8").returncode == 0,
+                    timeout=30), fleet.ssh(host, "journalctl -u slurmd -n 20 --no-pager").stdout
+    fleet.ssh(host, f"scontrol update nodename={host} state=resume 2>/dev/null; true")
+
+
+def leave_configless(fleet, host):
+    """The host as the other tests expect it: its own slurm.conf again, the units as Debian ships them."""
+    fleet.ssh(host, f"scancel --quiet --full -u root 2>/dev/null; systemctl stop slurmd slurmctld; "
+                    f"rm -rf /etc/systemd/system/slurmctld.service.d/configless.conf /etc/systemd/system/slurmd.service.d/configless.conf {CTLD}; "
+                    f"cp /etc/slurm/cgroup.conf.fleet /etc/slurm/cgroup.conf 2>/dev/null; systemctl daemon-reload; true")
+    configure(fleet, host)
+
+
+@pytest.fixture
+def configless_host(gres_host):
+    fleet, host = gres_host
+    fleet.ssh(host, "cp -n /etc/slurm/cgroup.conf /etc/slurm/cgroup.conf.fleet", check=True)
+    try:
+        go_configless(fleet, host)
+        yield fleet, host
+    finally:
+        leave_configless(fleet, host)
+
+
+def role_said(result, host) -> list[str]:
+    return result.result(f"{ROLE} : Say which lines the controller's slurm.conf needs (this node's is not edited)", host)["msg"]
+
+
+def test_a_configless_node_gets_the_hooks_with_no_slurm_conf_edited_and_they_run_from_the_lines_the_role_names(configless_host):
+    """The role on a configless compute node: no slurm.conf of its own, the controller's cached by
+    slurmd. It installs the runner, its config and the hooks, edits nothing, and says which lines
+    the controller's slurm.conf needs; with them added there (and scontrol reconfigure), slurmd
+    runs the hooks from those paths: a job's leftover is freed beside another job's process, the
+    next job starts on clean GPUs, and a dirty GPU drains the node through scontrol, which finds
+    the controller through the configless copy (slurmd's SLURM_CONF)."""
+    fleet, host = configless_host
+    cached = fleet.ssh(host, "md5sum /run/slurm/conf/slurm.conf", check=True).stdout
+    first = install(fleet, host)
+    assert first.rc == 0, str(first)
+    said = role_said(first, host)
+    assert said[0] == ("slurm.conf is not edited on this node (configless: slurmd reads the controller's slurm.conf, cached in /run/slurm/conf). "
+                       "The controller's slurm.conf needs, then scontrol reconfigure:"), said
+    assert said[1:3] == list(HOOKS) and said[3].startswith("PrologEpilogTimeout=75 (recommended"), said
+    assert fleet.ssh(host, "test ! -e /etc/slurm/slurm.conf && test -x /usr/local/libexec/zeromib-gpu/epilog && test -x " + RUNNER).returncode == 0
+    assert fleet.ssh(host, "md5sum /run/slurm/conf/slurm.conf", check=True).stdout == cached
+
+    fleet.ssh(host, f"printf '%s\\n' {' '.join(shlex.quote(line) for line in HOOKS)} PrologEpilogTimeout=40 >> {CTLD}/slurm.conf; scontrol reconfigure",
+              check=True)
+    assert wait_for(lambda: fleet.ssh(host, "grep -c '^[PE][a-z]*log=/usr/local/libexec/zeromib-gpu/' /run/slurm/conf/slurm.conf").stdout.strip() == "2",
+                    timeout=30)
+    # The controller's PrologEpilogTimeout, read from slurmd's copy, bounds the runner now: its
+    # config is the one change; a third run changes nothing.
+    again = install(fleet, host)
+    assert again.rc == 0 and again.stats[host]["changed"] == 1 and config_on_node(fleet, host)["deadline"] == 35, str(again)
+    assert role_said(again, host)[1:] == [f"{line}: already there" for line in HOOKS], role_said(again, host)
+    third = install(fleet, host)
+    assert third.rc == 0 and third.stats[host]["changed"] == 0, str(third)
+
+    running = submit(fleet, host, f"exec {HOLDER} --gpus 0 --mib 2000 --name cl_other --ready-file /run/nvidia-sim/ready/cl_other")
+    other = ready_pid(fleet, host, "cl_other")
+    ending = submit(fleet, host, leave_behind("cl_left", 1500))
+    left = ready_pid(fleet, host, "cl_left")
+    run = ended(fleet, host, ending)
+    assert run["ok"] and run["gpus"] == ["1"] and [k["pid"] for k in run["killed"]] == [left], run
+    assert alive(fleet, host, other) and job(fleet, host, running)["JobState"] == "RUNNING" and not alive(fleet, host, left)
+    assert fleet.gpu_memory(host)[1] == 0
+
+    after = submit(fleet, host, "sleep 2")
+    prolog = ended(fleet, host, after, "prolog")
+    [gpu] = prolog["gpus"]
+    assert prolog["ok"] and gpu != "0" and fleet.gpu_memory(host)[int(gpu)] == 0, prolog
+    fleet.set_fault(host, leak={gpu: 4096})
+    run = ended(fleet, host, after)
+    assert not run["ok"] and run["drain"].startswith(f"drained {host}: zeromib: epilog job {after}: GPU {gpu}: 4096 MiB"), run
+    assert drained(node(fleet, host)) and node(fleet, host)["Reason"].startswith(f"zeromib: epilog job {after}"), node(fleet, host)
+
+
+# --------------------------------------------------------------------------- GPUs shared by shards (issue 59)
+
+SHARDS_PER_GPU = 2
+
+
+@pytest.fixture
+def shard_host(gres_host):
+    """The node's GPUs also as gres/shard (2 a GPU: two jobs on one GPU, no fence between them, as
+    22.05 does it), the role run again: GresTypes names shard, so the runner's shared_gpus is on."""
+    fleet, host = gres_host
+    shards = "".join(f"Name=shard Count={SHARDS_PER_GPU} File=/dev/nvidia{i}\\n" for i in range(8))
+    try:
+        fleet.ssh(host, f"""set -e; sed -i 's/^GresTypes=.*/GresTypes=gpu,shard/; s/ Gres=gpu:8 / Gres=gpu:8,shard:{8 * SHARDS_PER_GPU} /' {CONF}
+printf 'Name=gpu File=/dev/nvidia[0-7]\\n{shards}' > /etc/slurm/gres.conf; systemctl restart slurmctld slurmd""", check=True)
+        assert wait_for(lambda: f"shard:{8 * SHARDS_PER_GPU}" in fleet.ssh(host, f"scontrol show node -o {host}").stdout, timeout=30)
+        fleet.ssh(host, f"scontrol update nodename={host} state=resume 2>/dev/null; true")
+        assert install(fleet, host).rc == 0 and config_on_node(fleet, host)["shared_gpus"] is True
+        yield fleet, host
+    finally:
+        fleet.ssh(host, "scancel --quiet --full -u root 2>/dev/null; true")
+        configure(fleet, host)
+
+
+def submit_shard(fleet, host, script) -> str:
+    r = fleet.ssh(host, f"sbatch --parsable -o /dev/null --mem=10M --gres=shard:1 --wrap {shlex.quote(script)}", check=True)
+    return r.stdout.strip().split(";")[0]
+
+
+def running_holder(fleet, host, name, mib, submit_with=submit_shard):
+    """A job whose task holds `mib` on its GPU until cancelled -> (job id, the holder's pid)."""
+    job_id = submit_with(fleet, host, f"exec {HOLDER} --gpus 0 --mib {mib:d} --name {name} --ready-file /run/nvidia-sim/ready/{name}")
+    pid = ready_pid(fleet, host, name)
+    assert wait_for(lambda: job(fleet, host, job_id).get("JobState") == "RUNNING", timeout=30)
+    return job_id, pid
+
+
+def test_jobs_sharing_a_gpu_by_shards_each_epilog_frees_only_its_own_leftover_and_passes_beside_the_other(shard_host):
+    """Two jobs on GPU 0 by gres/shard: the ending one leaves a holder; its epilog ends that holder
+    only, reads the GPU as what the other job holds there, and passes; the other job runs on; the
+    next shard job's prolog and epilog pass on the busy GPU. Before, the epilog saw the other job's
+    memory on the GPU and drained the node at every job end."""
+    fleet, host = shard_host
+    running, other = running_holder(fleet, host, "sh_other", 2000)
+    ending = submit_shard(fleet, host, leave_behind("sh_left", 1500))
+    left = ready_pid(fleet, host, "sh_left")
+    run = ended(fleet, host, ending)
+    assert run["ok"] and run["gpus"] == ["0"] and [k["pid"] for k in run["killed"]] == [left], run
+    assert run["shared"]["0"]["owners"] == [f"Slurm job {running}"] and run["shared"]["0"]["held_mib"] >= 2000, run
+    assert alive(fleet, host, other) and not alive(fleet, host, left) and job(fleet, host, running)["JobState"] == "RUNNING"
+    assert fleet.gpu_memory(host)[0] >= 2000 and not drained(node(fleet, host)), node(fleet, host)
+
+    after = submit_shard(fleet, host, "sleep 1")
+    assert wait_for(lambda: job(fleet, host, after).get("JobState") == "COMPLETED", timeout=60), job(fleet, host, after)
+    prolog, epilog = ended(fleet, host, after, "prolog"), ended(fleet, host, after)
+    assert prolog["ok"] and prolog["gpus"] == ["0"] and prolog["holders"] == [] and epilog["ok"] and epilog["killed"] == [], (prolog, epilog)
+    assert alive(fleet, host, other) and not drained(node(fleet, host))
+
+
+def test_on_a_shared_gpu_the_epilog_drains_only_for_what_the_ending_job_left(shard_host):
+    """Memory beyond what the other job holds, that no process holds (a leak of the ending job):
+    drained, named against the other job's share; the other job's process is never signalled."""
+    fleet, host = shard_host
+    running, other = running_holder(fleet, host, "sh_other2", 2000)
+    ending = submit_shard(fleet, host, "sleep 3")
+    assert ended(fleet, host, ending, "prolog")["ok"]
+    fleet.set_fault(host, leak={"0": 3000})
+    run = ended(fleet, host, ending)
+    [cause] = run["causes"]
+    assert not run["ok"] and run["killed"] == [] and cause.startswith("GPU 0: "), run
+    assert cause.endswith(f" MiB beyond the 2015 MiB that Slurm job {running} holds there, no process holds the rest"), cause
+    assert alive(fleet, host, other) and job(fleet, host, running)["JobState"] == "RUNNING"
+    fields = node(fleet, host)
+    assert drained(fields) and fields["Reason"].startswith(f"zeromib: epilog job {ending}: GPU 0: "), fields
+
+
+NHC_CONFIG = "/etc/zeromib-gpu/nhc.json"
+NHC_CHECK = f"SLURM_JOB_ID=0 /usr/bin/python3 -I {RUNNER} prolog --config={NHC_CONFIG}"
+
+
+def test_the_nhc_recipe_passes_a_busy_node_and_names_a_stray_holder_without_signalling_anything(shard_host):
+    """the Slurm guide's check (docs/docsite/rst/guide_slurm.rst) for LBNL NHC, run as NHC runs it between jobs on a node whose jobs are
+    running (one on GPU 0 by shard, one on GPU 1): every job's memory is its own, nothing is
+    signalled; a process of no job on a GPU fails the check, naming it, and stays."""
+    fleet, host = shard_host
+    fleet.ssh(host, f"printf '%s\\n' '{{\"without_gres\": \"all\", \"shared_gpus\": true, \"drain\": \"exit_status\", "
+                    f"\"log\": \"/var/log/zeromib-gpu/nhc.log\"}}' > {NHC_CONFIG}; chmod 600 {NHC_CONFIG}", check=True)
+    try:
+        _shard_job, on_gpu0 = running_holder(fleet, host, "nhc_a", 2000)
+        _gpu_job, on_gpu1 = running_holder(fleet, host, "nhc_b", 1000, submit_with=lambda f, h, s: submit(f, h, s, gpus=1))
+        busy = fleet.ssh(host, NHC_CHECK)
+        assert busy.returncode == 0, (busy.stdout, busy.stderr)
+        assert alive(fleet, host, on_gpu0) and alive(fleet, host, on_gpu1)
+        stray = fleet.workload(host, "train", gpus="2", mib=1000)
+        dirty = fleet.ssh(host, NHC_CHECK)
+        assert dirty.returncode == 1 and dirty.stderr.startswith("zeromib: prolog job 0: GPU 2: "), dirty.stderr
+        assert f"held by pid {stray['pid']} train.py" in dirty.stderr, dirty.stderr
+        assert alive(fleet, host, stray["pid"]) and alive(fleet, host, on_gpu0) and alive(fleet, host, on_gpu1)
+        assert not drained(node(fleet, host))  # NHC drains, with its own reason: the check only fails
+    finally:
+        fleet.ssh(host, f"rm -f {NHC_CONFIG} /var/log/zeromib-gpu/nhc.log /run/zeromib-gpu/prolog-failed/0")
+
+
+# --------------------------------------------------------------------------- cgroup v2 job containment (issue 59)
+
+SHIM = Path(__file__).resolve().parent / "slurm_v2only.c"
+SHIM_ON_HOST = "/usr/local/lib/zeromib-test/slurm_v2only.so"
+V2_CAPTURE = Path(__file__).resolve().parents[1] / "fixtures" / "slurm-22.05.8" / "cgroup-v2" / "job7.json"
+
+
+def built_shim(tmp_path) -> bytes:
+    """tests/fleet/slurm_v2only.c, built with this machine's cc (the hosts have none)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    assert cc, "the cgroup v2 stand-in needs a C compiler on this machine (apt-get install gcc)"
+    out = tmp_path / "slurm_v2only.so"
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(out), str(SHIM), "-ldl"], check=True, capture_output=True)
+    return out.read_bytes()
+
+
+@pytest.fixture
+def cgroup_v2_host(gres_host, tmp_path):
+    """The node with proctrack/cgroup, task/cgroup, PrologFlags=Contain and cgroup.conf
+    CgroupPlugin=cgroup/v2, ConstrainDevices=yes. The hosts boot with the unified hierarchy, but
+    this machine mounts the v1 controllers too and the kernel lists them in /proc/self/cgroup, which
+    slurmd 22.05 refuses ("fatal: Hybrid mode is not supported"): slurmd (and the slurmstepd it
+    starts) run with slurm_v2only.c preloaded, which shows them the unified line alone. The
+    cgroups slurmstepd makes and where it puts each process are the kernel's."""
+    fleet, host = gres_host
+    shim = base64.b64encode(built_shim(tmp_path)).decode()
+    try:
+        fleet.ssh(host, f"""set -e; cp -n /etc/slurm/cgroup.conf /etc/slurm/cgroup.conf.fleet; mkdir -p {os.path.dirname(SHIM_ON_HOST)}
+echo {shim} | base64 -d > {SHIM_ON_HOST}; chmod 755 {SHIM_ON_HOST}
+sed -i 's#^ProctrackType=.*#ProctrackType=proctrack/cgroup#; s#^TaskPlugin=.*#TaskPlugin=task/cgroup#' {CONF}; echo PrologFlags=Contain >> {CONF}
+printf 'CgroupPlugin=cgroup/v2\\nConstrainDevices=yes\\n' > /etc/slurm/cgroup.conf
+mkdir -p /etc/systemd/system/slurmd.service.d; printf '[Service]\\nEnvironment=LD_PRELOAD={SHIM_ON_HOST}\\n' > /etc/systemd/system/slurmd.service.d/v2only.conf
+systemctl daemon-reload; systemctl restart slurmctld slurmd""", check=True)
+        assert wait_for(lambda: fleet.ssh(host, f"test -d /sys/fs/cgroup/system.slice/{host}_slurmstepd.scope && "
+                                                f"scontrol show node -o {host} | grep -q Gres=gpu:8").returncode == 0, timeout=30), \
+            fleet.ssh(host, "journalctl -u slurmd -n 20 --no-pager").stdout
+        fleet.ssh(host, f"scontrol update nodename={host} state=resume 2>/dev/null; true")
+        assert install(fleet, host).rc == 0
+        yield fleet, host
+    finally:
+        fleet.ssh(host, "scancel --quiet --full -u root 2>/dev/null; rm -f /etc/systemd/system/slurmd.service.d/v2only.conf; "
+                        "cp /etc/slurm/cgroup.conf.fleet /etc/slurm/cgroup.conf; rmdir /sys/fs/cgroup/escaped.slice 2>/dev/null; "
+                        "systemctl daemon-reload; true")
+        configure(fleet, host)
+
+
+def cgroup_of(fleet, host, pid) -> str:
+    return next(line for line in fleet.ssh(host, f"cat /proc/{pid:d}/cgroup", check=True).stdout.splitlines() if line.startswith("0::"))
+
+
+def test_on_cgroup_v2_the_epilog_frees_what_escaped_the_job_and_spares_another_jobs_detached_process_by_its_cgroup(cgroup_v2_host):
+    """Real slurmstepd on cgroup v2: job M detaches a holder (it leaves M's process tree but not
+    M's cgroup, which alone names its job) and runs on; job N leaves a holder that moved itself
+    out of N's cgroup (as a root job, or a daemon it restarted, can): Slurm's own kill of N's
+    cgroup misses it, the epilog ends it, M's process lives on, and the next job starts on clean
+    GPUs. The paths are those captured into tests/fixtures/slurm-22.05.8/cgroup-v2/."""
+    fleet, host = cgroup_v2_host
+    # With ConstrainDevices, slurmd numbers the job's CUDA_VISIBLE_DEVICES within the devices it
+    # fences (the job's first GPU is 0); the sim's nodes share one device number and are not fenced,
+    # so its holders are pointed at the job's GPU by SLURM_JOB_GPUS, as the fence would have it.
+    own_gpu = 'CUDA_VISIBLE_DEVICES="$SLURM_JOB_GPUS" '
+    running = submit(fleet, host, f"({own_gpu}setsid nohup {HOLDER} --gpus 0 --mib 1000 --name v2_other --ready-file /run/nvidia-sim/ready/v2_other "
+                                  "</dev/null >/dev/null 2>&1 &); exec sleep 300")
+    other = ready_pid(fleet, host, "v2_other")
+    assert cgroup_of(fleet, host, other) == f"0::/system.slice/{host}_slurmstepd.scope/job_{running}/step_batch/user/task_0"
+    captured = json.loads(V2_CAPTURE.read_text())
+    shape = {p["cmdline"]: p["cgroup"][-1].replace(captured["node"], host).replace("job_7", f"job_{running}") for p in captured["processes"]}
+    assert cgroup_of(fleet, host, other) == shape["sleep 301"]
+
+    ending = submit(fleet, host, f"mkdir -p /sys/fs/cgroup/escaped.slice; export {own_gpu}; " + leave_behind("v2_left", 1500).replace(
+        " & for i", " & echo $! > /sys/fs/cgroup/escaped.slice/cgroup.procs; for i", 1))
+    left = ready_pid(fleet, host, "v2_left")
+    assert cgroup_of(fleet, host, left) == "0::/escaped.slice"
+    run = ended(fleet, host, ending)
+    assert run["ok"] and run["gpus"] == ["1"] and [k["pid"] for k in run["killed"]] == [left], run
+    assert alive(fleet, host, other) and not alive(fleet, host, left) and job(fleet, host, running)["JobState"] == "RUNNING"
+    assert fleet.gpu_memory(host)[1] == 0
+
+    after = submit(fleet, host, "true")
+    assert wait_for(lambda: job(fleet, host, after).get("JobState") == "COMPLETED", timeout=60), job(fleet, host, after)
+    prolog, epilog = ended(fleet, host, after, "prolog"), ended(fleet, host, after)
+    assert prolog["ok"] and epilog["ok"] and epilog["killed"] == [] and alive(fleet, host, other), (prolog, epilog)
+    assert epilog["elapsed_s"] < 1.0, epilog  # a clean node's epilog
+    assert not drained(node(fleet, host)), node(fleet, host)
 
 
 # --------------------------------------------------------------------------- the prolog

@@ -37,7 +37,7 @@ def runner(tmp_path_factory):
 def epilog(host, runner, tmp_path, job, gpus="0,1", **options):
     """The hook as slurmd calls it -> (rc, stderr, the run's log entry)."""
     config, log = tmp_path / f"config-{job}.json", tmp_path / f"log-{job}.jsonl"
-    config.write_text(json.dumps(dict({"drain": False, "log": str(log)}, **options)))
+    config.write_text(json.dumps(dict({"drain": "exit_status", "log": str(log)}, **options)))
     config.chmod(0o600)
     env = {"SLURM_JOB_ID": job, "SLURM_JOB_GPUS": gpus, "CUDA_VISIBLE_DEVICES": gpus, "SLURM_SCRIPT_CONTEXT": "epilog_slurmd",
            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
@@ -63,7 +63,7 @@ def test_a_gpu_that_fails_cuda_fails_the_epilog_naming_it(host, runner, tmp_path
     assert (rc, entry["ok"], entry["smoke_test_passed"]) == (1, False, False)
     [cause] = entry["causes"]
     assert cause.startswith(f"GPU 1 ({BUS[1]}): CUDA_ERROR_OUT_OF_MEMORY") and "cuMemAlloc" in cause, cause
-    assert stderr.startswith("zeromib: epilog job 702: GPU 1 (") and entry["drain"] == "not drained: drain is false"
+    assert stderr.startswith("zeromib: epilog job 702: GPU 1 (") and entry["drain"].startswith("not drained through scontrol (drain: exit_status)")
 
 
 def test_without_smoke_test_the_epilog_runs_no_cuda(host, runner, tmp_path):
@@ -165,4 +165,4 @@ def test_the_killed_argv_again_in_its_own_job_or_in_none_still_fails_the_epilog(
     [cause] = entry["causes"]
     assert f"pid {task} " in cause and f"runs the command line of killed pid {left.pid} again, started by pid {stepd.pid} sh" in cause, cause
     assert stderr.startswith("zeromib: epilog job 801: the GPUs read clean, but something this run killed was started again"), stderr
-    assert entry["drain"] == "not drained: drain is false"  # slurmd drains the node for the failed epilog itself
+    assert entry["drain"].startswith("not drained through scontrol (drain: exit_status)")  # slurmd drains the node for the failed epilog itself

@@ -253,6 +253,6 @@ def refusal(holders: list[Holder], selected: t.Collection[int], tools: t.Collect
                          gpus=",".join(str(i) for i in gpus), manager=guest.get("manager"),
                          stop=_guests.guest_command(guest, ["systemctl", "stop", unit], tools),
                          keep=_guests.guest_command(guest, ["systemctl", then, unit], tools), entry=_guests.entry(guest, unit)))
+    gpu_list = ",".join(str(i) for i in sorted(selected))
     return ("refusing to free GPU {}: {} held by a system container's own service, which only the guest's manager stops for good: {}. "
-            "Nothing was stopped or signalled".format(",".join(str(i) for i in sorted(selected)), "it is" if len(groups) == 1 else "they are",
-                                                     "; ".join(parts)))
+            "Nothing was stopped or signalled".format(gpu_list, "it is" if len(groups) == 1 else "they are", "; ".join(parts)))

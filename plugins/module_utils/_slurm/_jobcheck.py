@@ -32,10 +32,13 @@ import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _jobs
+from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _bounded
 from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _drain
+from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _mig
+from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _shared
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._errors import ReleaseError, StepFailed
 from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import NvidiaSmi, NvidiaSmiError
-from ansible_collections.zeromib.gpu.plugins.module_utils._act._release import Release, System
+from ansible_collections.zeromib.gpu.plugins.module_utils._act._release import Release, System, is_mig
 
 if t.TYPE_CHECKING:
     from ansible_collections.zeromib.gpu.plugins.module_utils._types import Holder
@@ -46,6 +49,8 @@ CONFIG_PATH = "/etc/zeromib-gpu/slurm_gpu_checks.json"
 # a mark here (root-only: no user can make the epilog spare or end anything) for that epilog.
 PROLOG_FAILED_DIR = "/run/zeromib-gpu/prolog-failed"
 MODES = ("prolog", "epilog")
+# One scontrol call at most (slurmctld answers in milliseconds; a busy one in seconds).
+SCONTROL_S = 10.0
 # slurmd runs the hooks with a nearly empty environment: no PATH of the site's.
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/slurm/bin"
 
@@ -65,14 +70,22 @@ RELEASE_OPTIONS = ("nvidia_smi", "timeout", "max_used_mib", "cross_gpu_footprint
                    "kill_timeout", "wait_timeout", "settle_timeout", "stop_owning_units", "kill_spanning", "smoke_test", "smoke_test_mib",
                    "shm_min_free_mib_per_gpu", "clean_shm")
 RUNNER_DEFAULTS: dict[str, t.Any] = {
-    "drain": True,                 # set a zeromib: drain reason through scontrol before failing
+    "drain": "scontrol",           # scontrol: set a zeromib: drain reason before failing; exit_status: only fail (slurmd drains)
     "scontrol": None,              # path; searched on SAFE_PATH when not set
     "without_gres": "skip",        # a job Slurm gave no GPUs: skip (nothing to check) or all (every GPU of the node)
     "log": "/var/log/zeromib-gpu/slurm_gpu_checks.log",  # one JSON line a run; null: none
+    "deadline": 60.0,              # seconds: the whole run, below Slurm's PrologEpilogTimeout
+    "shared_gpus": False,          # GPUs several jobs use at once (gres/shard, gres/mps): other jobs' memory is theirs
+    "mig_baseline_mib": 60,        # what an idle MIG GPU reads (50-59 MiB measured on H100/H200): a slice's parent may read it
 }
-CHOICES = {"without_gres": ("skip", "all")}
+CHOICES = {"without_gres": ("skip", "all"), "drain": ("scontrol", "exit_status")}
+# `drain: true/false`, the option's first spelling.
+DRAIN_BOOLEANS = {True: "scontrol", False: "exit_status"}
+# Kept back from the deadline for what follows the work: the drain's scontrol calls (each bounded
+# by what is left), or only the log line.
+RESERVE_S = {"scontrol": 5.0, "exit_status": 1.0}
 
-_GPU_TOKEN = re.compile(r"^(?:\d+|(?:GPU|MIG)-[0-9A-Fa-f-]+)$")
+_GPU_TOKEN = re.compile(r"^(?:\d+|GPU-[0-9A-Fa-f-]+|" + _mig.TOKEN + ")$")
 
 
 class JobCheckError(Exception):
@@ -93,7 +106,12 @@ def job_gpus(environ: t.Mapping[str, str]) -> list[str] | None:
     """The job's GPUs as slurmd gives them to the prolog and epilog: SLURM_JOB_GPUS (gres ids),
     else CUDA_VISIBLE_DEVICES, else GPU_DEVICE_ORDINAL (both set alike by slurmd, measured on
     22.05). None: the job was given no GPU. slurmd writes this environment, not the job's user."""
-    for name in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"):
+    # A MIG slice: SLURM_JOB_GPUS is its place in slurmd's list of slices, CUDA_VISIBLE_DEVICES its
+    # MIG UUID (AutoDetect=nvml): the UUID names it (_mig).
+    names: tuple[str, ...] = ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")
+    if any(_mig.is_mig(token.strip()) for token in (environ.get("CUDA_VISIBLE_DEVICES") or "").split(",")):
+        names = ("CUDA_VISIBLE_DEVICES",)
+    for name in names:
         raw = environ.get(name)
         if raw is None or raw.strip() == "":
             continue
@@ -125,8 +143,10 @@ def mode_of(argv: t.Sequence[str], environ: t.Mapping[str, str]) -> str:
 
 
 def spare_other_jobs(holders: list[Holder], ending: str, proc: str = "/proc", spared: dict[int, str] | None = None) -> list[Holder]:
-    """Holders of other jobs marked protected (reason `Slurm job N`); new records. `spared` gets
-    {pid: job} of each (the result's public holders do not carry the reason)."""
+    """Holders of other jobs marked protected (reason `Slurm job N`), and an MPS server whose GPUs
+    another job's process uses (`MPS server for Slurm job N`: quitting it would end that job's
+    clients); new records. `spared` gets {pid: owner} of each (the result's public holders do not
+    carry the reason): the job's number, or the server's reason."""
     marked = []
     for holder in holders:
         owner = None if holder.get("protected") else _jobs.owning_job(holder["pid"], proc)
@@ -134,6 +154,29 @@ def spare_other_jobs(holders: list[Holder], ending: str, proc: str = "/proc", sp
             holder = t.cast("Holder", dict(holder, protected=True, protected_reason=f"Slurm job {owner}"))
             if spared is not None:
                 spared[holder["pid"]] = t.cast(str, owner)
+        marked.append(holder)
+    return spare_shared_servers(marked, spared)
+
+
+def spare_shared_servers(holders: list[Holder], spared: dict[int, str] | None = None) -> list[Holder]:
+    """An MPS server (vouched: _act/_mps) on a GPU that a process of another job also holds is
+    kept: its clients may be that job's, and a quit ends every client of the server."""
+    from ansible_collections.zeromib.gpu.plugins.module_utils._act import _mps  # pylint: disable=import-outside-toplevel
+
+    jobs_on: dict[int, set[str]] = {}
+    for holder in holders:
+        reason = str(holder.get("protected_reason") or "")
+        if reason.startswith("Slurm job "):
+            for index in holder.get("gpu_indexes") or []:
+                jobs_on.setdefault(index, set()).add(reason[len("Slurm job "):])
+    marked = []
+    for holder in holders:
+        jobs = sorted({job for index in holder.get("gpu_indexes") or [] for job in jobs_on.get(index, ())}, key=lambda j: (len(j), j))
+        if jobs and not holder.get("protected") and _mps.is_server(holder):
+            reason = "MPS server for Slurm job {}".format(", ".join(jobs))
+            holder = t.cast("Holder", dict(holder, protected=True, protected_reason=reason))
+            if spared is not None:
+                spared[holder["pid"]] = reason
         marked.append(holder)
     return marked
 
@@ -143,11 +186,28 @@ class JobRelease(Release):
     processes, and the respawn watch passes over their new ones (the only additions: Release's
     planning, signals and verdict are unchanged)."""
 
-    def __init__(self, *args: t.Any, ending_job: str, **kwargs: t.Any) -> None:
+    def __init__(self, *args: t.Any, ending_job: str, note: t.Callable[[str], None] = lambda _stage: None, numbered: bool = False,
+                 **kwargs: t.Any) -> None:
         super().__init__(*args, **kwargs)
         self.ending_job = ending_job
+        self.note = note
+        # The job's GPUs came as numbers: on a MIG GPU those are slurmd's count of slices (_mig).
+        self.numbered = numbered
+        # Why the run was refused before anything was done: the cause, whatever the GPUs read.
+        self.refusal: str | None = None
         # {pid: job} of the holders spared as another job's, for the drain reason.
         self.spared: dict[int, str] = {}
+
+    def plan(self, snapshot: t.Any) -> t.Any:
+        wanted = {str(token) for token in self.params.get("gpus") or []}
+        mig = [g for g in snapshot.gpus if str(g["index"]) in wanted and is_mig(g)] if self.numbered else []
+        if mig:
+            self.refusal = ("GPU {} is in MIG mode and Slurm named the job's GPUs by number ({}): on a MIG GPU slurmd's numbers count its "
+                             "slices, not GPUs. Let slurmd give the slices' MIG UUIDs (gres.conf AutoDetect=nvml sets "
+                             "CUDA_VISIBLE_DEVICES=MIG-...)".format(mig[0]["index"], ",".join(sorted(wanted))))
+            raise StepFailed(self.refusal)
+        self.note("signalling what the job left and waiting for its GPUs to read free" if not self.check_mode else "judging the look")
+        return super().plan(snapshot)
 
     def look(self) -> t.Any:
         snapshot = super().look()
@@ -157,6 +217,14 @@ class JobRelease(Release):
     def scan(self, gpus: t.Any) -> t.Any:
         holders, apps = super().scan(gpus)
         return spare_other_jobs(holders, self.ending_job, self.system.proc, self.spared), apps
+
+    def others(self, pid: int) -> str | None:
+        """Whose a process is when it is not the ending job's to free: `Slurm job N` for another
+        job's, the reason of an MPS server kept for one; None for the ending job's or no job's."""
+        if pid in self.spared and not self.spared[pid].isdigit():
+            return self.spared[pid]
+        owner = _jobs.owning_job(pid, self.system.proc)
+        return f"Slurm job {owner}" if _jobs.other_job(owner, self.ending_job) else None
 
     def foreign(self, targets: list[Holder]) -> t.Callable[[int, int], bool]:
         """For the respawn watch: (new pid, killed pid) -> whether the new process runs in another
@@ -179,22 +247,55 @@ def check_config(raw: t.Any) -> dict[str, t.Any]:
     config.update({k: RELEASE_DEFAULTS[k] for k in RELEASE_OPTIONS})
     config.update(JOB_DEFAULTS)
     config.update({k: v for k, v in raw.items() if k in known})
+    if isinstance(config["drain"], bool):
+        config["drain"] = DRAIN_BOOLEANS[config["drain"]]
     for name, choices in CHOICES.items():
         if config[name] not in choices:
             problems.append("{} must be one of {}, got {!r}".format(name, ", ".join(choices), config[name]))
-    for name in ("drain", "health", "require_persistence", "stop_owning_units", "kill_spanning", "smoke_test", "clean_shm"):
+    for name in ("health", "require_persistence", "stop_owning_units", "kill_spanning", "smoke_test", "clean_shm", "shared_gpus"):
         if not isinstance(config[name], bool):
             problems.append(f"{name} must be true or false, got {config[name]!r}")
     problems += type_problems(config)
     problems += _options.check({k: config[k] for k in RELEASE_OPTIONS})
+    if not problems and config["mig_baseline_mib"] < 0:
+        problems.append(f"mig_baseline_mib must be 0 or more, got {config['mig_baseline_mib']!r}")
+    if not problems:
+        problems += time_problems(config)
     if problems:
         raise JobCheckError("config: " + "; ".join(problems))
     return config
 
 
+def work_budget(config: t.Mapping[str, t.Any]) -> float:
+    """Seconds the work (look, signals, waits, smoke test) may take: the deadline less what the
+    drain and the log need after it."""
+    return float(config["deadline"]) - RESERVE_S.get(config["drain"], RESERVE_S["scontrol"])
+
+
+def time_problems(config: t.Mapping[str, t.Any]) -> list[str]:
+    """The bounded steps must fit the deadline: a config whose own waits outlast it would end in
+    the hook killed by its deadline on every dirty GPU, said as a hang rather than as the GPU."""
+    deadline, budget = float(config["deadline"]), work_budget(config)
+    if not 0 < deadline <= _options.ONE_DAY_S:
+        return [f"deadline must be a number of seconds above 0 and at most one day, got {config['deadline']!r}"]
+    reserve = deadline - budget
+    waits = ("kill_timeout", "wait_timeout", "settle_timeout")
+    total = sum(float(config[name]) for name in waits)
+    problems = []
+    if budget <= 0:
+        problems.append(f"deadline {deadline:g} s leaves nothing for the work after the {reserve:g} s kept for drain {config['drain']}")
+    elif total > budget:
+        problems.append(f"deadline {deadline:g} s leaves {budget:g} s for the work after the {reserve:g} s kept for drain {config['drain']}, "
+                        f"and kill_timeout + wait_timeout + settle_timeout are {total:g} s: lower them or raise deadline "
+                        "(it must stay below Slurm's PrologEpilogTimeout)")
+    elif float(config["timeout"]) > budget:
+        problems.append(f"timeout (nvidia-smi's) {float(config['timeout']):g} s is longer than the {budget:g} s the deadline leaves for the work")
+    return problems
+
+
 # JSON has no Ansible to convert a quoted "3" into a number: the runner takes only what it uses.
 NUMBERS = ("timeout", "max_used_mib", "cross_gpu_footprint_mib", "min_pcie_gen", "min_pcie_width", "xid_window_hours", "kill_timeout",
-           "wait_timeout", "settle_timeout", "smoke_test_mib", "shm_min_free_mib_per_gpu")
+           "wait_timeout", "settle_timeout", "smoke_test_mib", "shm_min_free_mib_per_gpu", "deadline", "mig_baseline_mib")
 PATHS = ("nvidia_smi", "scontrol", "log")  # a string, or null
 
 
@@ -253,19 +354,33 @@ def release_params(config: t.Mapping[str, t.Any], gpus: list[str] | None) -> dic
 # ---------------------------------------------------------------- the verdict
 
 
+def given(gpu: t.Mapping[str, t.Any], tokens: list[str] | None) -> bool:
+    """Whether Slurm gave the job this GPU (by nvidia-smi index or UUID, as job_gpus reads them)."""
+    return any(token == str(gpu.get("index")) or token.lower() == str(gpu.get("uuid") or "").lower() for token in tokens or [])
+
+
 def dirty_causes(result: t.Mapping[str, t.Any], spared: t.Mapping[int, str] | None = None) -> list[str]:
     """Short causes, one per GPU of the job that is not free or not healthy: `GPU 0: 4096 MiB,
-    held by pid 345 python3` / `GPU 1: 4096 MiB, no process holds it` / `GPU 2: <health issue>`."""
+    held by pid 345 python3` / `GPU 1: 4096 MiB, no process holds it` / `GPU 2: <health issue>`;
+    on a shared GPU the MiB are those beyond what other jobs hold there (`result["shared"]`)."""
     selected = set(result.get("selected_gpus") or [])
     holders = result.get("holders") or []
+    shared = result.get("shared") or {}
     causes = []
     for gpu in result.get("gpus") or result.get("gpus_before") or []:
         if gpu.get("index") not in selected:
             continue
         if not gpu.get("clean"):
             on = [h for h in holders if gpu["index"] in (h.get("gpu_indexes") or [])]
-            who = "held by " + ", ".join(short_holder(h, spared or {}) for h in on[:3]) if on else "no process holds it"
-            causes.append("GPU {}: {} MiB, {}".format(gpu["index"], gpu.get("memory_used_mib"), who))
+            share = shared.get(str(gpu["index"]))
+            if share is None:
+                who = "held by " + ", ".join(short_holder(h, spared or {}) for h in on[:3]) if on else "no process holds it"
+                causes.append("GPU {}: {} MiB, {}".format(gpu["index"], gpu.get("memory_used_mib"), who))
+                continue
+            # What the other jobs hold is deducted: only the rest's holders are the cause.
+            rest = [h for h in on if owner_of(h, spared or {}) not in share.get("owners", ())]
+            who = "held by " + ", ".join(short_holder(h, spared or {}) for h in rest[:3]) if rest else "no process holds the rest"
+            causes.append("GPU {}: {} MiB{}, {}".format(gpu["index"], gpu.get("memory_used_mib"), _shared.describe(share), who))
     for issue in result.get("health_issues") or []:
         causes.append(str(issue))
     return causes
@@ -280,7 +395,9 @@ def owner_of(holder: t.Mapping[str, t.Any], spared: t.Mapping[int, str]) -> str 
     if holder.get("protected_reason"):
         return str(holder["protected_reason"])
     job = spared.get(holder.get("pid"))  # type: ignore[arg-type]
-    return f"Slurm job {job}" if job else None
+    if not job:
+        return None
+    return f"Slurm job {job}" if job.isdigit() else job
 
 
 def verdict(mode: str, result: t.Mapping[str, t.Any], failure: str | None, spared: t.Mapping[int, str] | None = None) -> tuple[bool, list[str]]:
@@ -302,11 +419,18 @@ def drain_reason(mode: str, job: str, causes: list[str]) -> str:
 # ---------------------------------------------------------------- side effects
 
 
-def run_command(argv: list[str]) -> tuple[int, str, str]:
+def run_command(argv: list[str], deadline: float | None = None) -> tuple[int, str, str]:
+    """argv -> (rc, stdout, stderr), bounded by SCONTROL_S and by `deadline` (monotonic): the
+    hook's own deadline is never crossed waiting for slurmctld."""
+    timeout = SCONTROL_S if deadline is None else min(SCONTROL_S, deadline - time.monotonic())
+    if timeout <= 0:
+        return 124, "", "not run: the hook's deadline has come"
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False,
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False,
                               env=dict(os.environ, LANG="C", LC_ALL="C", SLURM_TIME_FORMAT="standard"))
-    except (OSError, subprocess.TimeoutExpired) as exc:
+    except subprocess.TimeoutExpired:
+        return 124, "", f"{os.path.basename(argv[0])} did not answer within {timeout:.1f} s"
+    except OSError as exc:
         return 127, "", str(exc)
     return done.returncode, done.stdout, done.stderr
 
@@ -321,8 +445,13 @@ def find_scontrol(configured: str | None) -> str | None:
     return None
 
 
-def drain(config: t.Mapping[str, t.Any], environ: t.Mapping[str, str], reason: str, run: t.Callable[[list[str]], tuple[int, str, str]] = run_command) -> str:
-    """Drain this node with `reason` unless someone else drained it (slurm_node's rule) -> what was done."""
+def drain(config: t.Mapping[str, t.Any], environ: t.Mapping[str, str], reason: str,
+          run: t.Callable[[list[str]], tuple[int, str, str]] = run_command) -> str:
+    """Drain this node with `reason` unless someone else drained it (slurm_node's rule) -> what
+    was done. With `drain: exit_status` nothing is called: slurmd drains the node for the failed
+    hook itself (reason "Epilog error" / "Prolog error"), and the cause is in the log."""
+    if config.get("drain") == "exit_status":
+        return "not drained through scontrol (drain: exit_status): slurmd drains the node for the failed hook"
     scontrol = find_scontrol(config.get("scontrol"))
     if not scontrol:
         return "not drained: scontrol not found (Slurm drains the node for the failed hook itself)"
@@ -367,25 +496,48 @@ def log(path: str | None, entry: t.Mapping[str, t.Any]) -> None:
         sys.stderr.write(f"zeromib: cannot write the log {path}: {exc.strerror}" + "\n")
 
 
-def check_job(mode: str, job: str, gpus: list[str] | None, config: t.Mapping[str, t.Any]) -> tuple[bool, list[str], dict[str, t.Any]]:
-    """gpu_release for the job's GPUs (the prolog in check mode: it looks, it never signals)."""
+def check_job(mode: str, job: str, gpus: list[str] | None, config: t.Mapping[str, t.Any],
+              note: t.Callable[[str], None] = lambda _stage: None) -> tuple[bool, list[str], dict[str, t.Any]]:
+    """gpu_release for the job's GPUs (the prolog in check mode: it looks, it never signals).
+    `note(stage)` says where the run is, for the cause when the deadline comes first."""
     params = release_params(config, gpus)
     try:
         smi = NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), params["timeout"])
-        release = JobRelease(smi, System(find_systemctl()), params, check_mode=(mode == "prolog"), ending_job=job)
+        slices = [token for token in gpus or [] if _mig.is_mig(token)]
+        if slices:
+            # The slices' parent GPUs, shared with the jobs of their other slices, at the MIG baseline.
+            gpus = params["gpus"] = _mig.parents_of(gpus or [], lambda: smi.run(["-L"]))
+            params["max_used_mib"] = max(params["max_used_mib"], config["mig_baseline_mib"])
+        release = JobRelease(smi, System(find_systemctl()), params, check_mode=(mode == "prolog"), ending_job=job, note=note,
+                             numbered=bool(gpus) and not slices and all(token.isdigit() for token in gpus or []))
     except NvidiaSmiError as exc:
         return False, [f"nvidia-smi: {exc.msg}"], {}
+    except _mig.MigError as exc:
+        return False, [str(exc)], {}
+    readings = None
+    if config.get("shared_gpus") or slices:
+        # Other jobs' memory on the job's GPUs is theirs (_shared): the release judges the rest.
+        readings = release.smi = _shared.SharedReadings(smi, lambda gpu: gpus is None or given(gpu, gpus), release.others, params["max_used_mib"])
+    note("the look (nvidia-smi, the /proc scan, the health readings)")
     try:
         result: dict[str, t.Any] = dict(release.run())
         failure = None
     except NvidiaSmiError as exc:
         return False, [f"nvidia-smi: {exc.msg}"], {}
     except ReleaseError as exc:
+        if release.refusal:
+            return False, [release.refusal], {}
         result, failure = dict(exc.result), exc.msg
     except StepFailed as exc:
         return False, [exc.msg], {}
+    if readings is not None and readings.last:
+        result["shared"] = _shared.record(readings.last)
     ok, causes = verdict(mode, result, failure, release.spared)
-    if ok and mode == "epilog" and params["smoke_test"]:
+    if ok and mode == "epilog" and params["smoke_test"] and result.get("shared"):
+        # Its readings would count what the other jobs on the GPU allocate meanwhile.
+        result["smoke_test_skipped"] = "other jobs use the GPU"
+    elif ok and mode == "epilog" and params["smoke_test"]:
+        note("the CUDA smoke test")
         try:
             ok, causes, result = smoke_test(smi, params, result)
         except NvidiaSmiError as exc:
@@ -446,7 +598,7 @@ def main(argv: t.Sequence[str], environ: t.Mapping[str, str], config_path: str =
             log(config["log"], {"mode": mode, "job": job, "gpus": gpus, "ok": True, "elapsed_s": round(time.monotonic() - started, 3),
                                 "skipped": "the prolog failed: the job never ran, nothing on its GPUs is its own (the prolog drained the node)"})
             return 0
-        ok, causes, result = check_job(mode, job, gpus, config)
+        ok, causes, result = bounded_check(mode, job, gpus, config, started)
     except JobCheckError as exc:
         ok, causes, result = False, [str(exc)], {}
     except Exception as exc:  # pylint: disable=broad-exception-caught
@@ -458,10 +610,14 @@ def main(argv: t.Sequence[str], environ: t.Mapping[str, str], config_path: str =
                                ("holders" if mode == "prolog" else "killed"): acted}
     if result.get("smoke_test_passed") is not None:
         entry["smoke_test_passed"] = result["smoke_test_passed"]
+    for key in ("shared", "smoke_test_skipped"):
+        if result.get(key):
+            entry[key] = result[key]
     if not ok:
         reason = drain_reason(mode, job, causes)
         sys.stderr.write(reason + "\n")
-        entry["drain"] = drain(config, environ, reason) if config.get("drain", True) else "not drained: drain is false"
+        hook_deadline = started + float(config.get("deadline") or RUNNER_DEFAULTS["deadline"]) - RESERVE_S["exit_status"]
+        entry["drain"] = drain(config, environ, reason, lambda argv: run_command(argv, hook_deadline))
         if mode == "prolog" and job != "?":
             mark_prolog_failed(job, marks)
     elif mode == "prolog" and job != "?":
@@ -471,3 +627,18 @@ def main(argv: t.Sequence[str], environ: t.Mapping[str, str], config_path: str =
     entry["elapsed_s"] = round(time.monotonic() - started, 3)
     log(config.get("log"), entry)
     return 0 if ok else 1
+
+
+def bounded_check(mode: str, job: str, gpus: list[str] | None, config: t.Mapping[str, t.Any], started: float
+                  ) -> tuple[bool, list[str], dict[str, t.Any]]:
+    """check_job in a child the hook stops waiting for when the work budget (the deadline less
+    the drain's reserve) is spent: the cause then says where the run was."""
+    budget = work_budget(config) - (time.monotonic() - started)
+    outcome = _bounded.run_bounded(lambda note: list(check_job(mode, job, gpus, config, note)), budget)
+    if not outcome.finished:
+        where = f" (still at: {outcome.stage})" if outcome.stage else ""
+        return False, [f"the {mode} did not finish within its deadline of {float(config['deadline']):g} s{where}; the run was stopped"], {}
+    if outcome.error is not None:
+        return False, [f"internal error, {outcome.error}"], {}
+    ok, causes, result = outcome.value
+    return bool(ok), list(causes), dict(result or {})

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import subprocess
+import time
 import sys
 import types
 import zipfile
@@ -222,7 +223,7 @@ def test_the_defaults_are_gpu_releases_except_the_shorter_waits():
     ({"dcgm_diag": 1}, "unknown option 'dcgm_diag'"),  # not run by the hooks: never silently ignored
     ({"wait_timeout": float("nan")}, "wait_timeout must be a finite number"),
     ({"without_gres": "some"}, "without_gres must be one of skip, all"),
-    ({"drain": "yes"}, "drain must be true or false"),
+    ({"drain": "yes"}, "drain must be one of scontrol, exit_status, got 'yes'"),
     ({"protect": "sshd"}, "protect must be a list"),
     ([], "must be a JSON object"),
 ])
@@ -407,6 +408,20 @@ def test_the_packed_runner_imports_every_module_it_packs_without_ansible(tmp_pat
     assert int(count) >= 25 and with_ansible == "False", done.stdout
 
 
+def recorded_checks(tmp_path, monkeypatch, answer):
+    """check_job replaced by `answer(mode)`, each call's mode written to a file: the hook runs
+    the check in a forked child (its deadline), whose memory the test does not share."""
+    record = tmp_path / "checks"
+
+    def check(mode, job, gpus, cfg, note=None):
+        with open(record, "a") as handle:
+            handle.write(mode + "\n")
+        return answer(mode)
+
+    monkeypatch.setattr(jobcheck, "check_job", check)
+    return lambda: record.read_text().split() if record.exists() else []
+
+
 def test_the_epilog_after_a_failed_prolog_touches_nothing_and_only_once(tmp_path, monkeypatch):
     # slurmd runs the epilog after a failed prolog too: the job never ran, its GPUs' holders are someone else's.
     marks = str(tmp_path / "marks")
@@ -414,12 +429,11 @@ def test_the_epilog_after_a_failed_prolog_touches_nothing_and_only_once(tmp_path
     config.write_text(json.dumps({"log": str(tmp_path / "log"), "drain": False}))
     config.chmod(0o600)
     monkeypatch.setattr(jobcheck, "read_config", lambda path, **_kw: jobcheck.check_config(json.loads(config.read_text())))
-    calls = []
-    monkeypatch.setattr(jobcheck, "check_job", lambda mode, job, gpus, cfg: calls.append(mode) or (mode == "epilog", ["GPU 0: 1000 MiB, held by pid 9 x"], {}))
+    calls = recorded_checks(tmp_path, monkeypatch, lambda mode: (mode == "epilog", ["GPU 0: 1000 MiB, held by pid 9 x"], {}))
     env = {"SLURM_JOB_ID": "3", "SLURM_JOB_GPUS": "0"}
     assert jobcheck.main(["prolog"], env, marks=marks) == 1
-    assert jobcheck.main(["epilog"], env, marks=marks) == 0 and calls == ["prolog"]
-    assert jobcheck.main(["epilog"], env, marks=marks) == 0 and calls == ["prolog", "epilog"]  # the mark is taken once
+    assert jobcheck.main(["epilog"], env, marks=marks) == 0 and calls() == ["prolog"]
+    assert jobcheck.main(["epilog"], env, marks=marks) == 0 and calls() == ["prolog", "epilog"]  # the mark is taken once
     assert oct(os.stat(marks).st_mode & 0o777) == "0o700"
 
 
@@ -449,7 +463,7 @@ def test_json_types_the_runner_cannot_use_are_named(raw, message):
 def test_a_config_the_hook_was_given_must_exist(tmp_path):
     with pytest.raises(jobcheck.JobCheckError, match="does not exist"):
         jobcheck.read_config(str(tmp_path / "none.json"), owner=os.geteuid(), required=True)
-    assert jobcheck.read_config(str(tmp_path / "none.json"), owner=os.geteuid())["drain"] is True
+    assert jobcheck.read_config(str(tmp_path / "none.json"), owner=os.geteuid())["drain"] == "scontrol"
 
 
 def test_a_config_that_is_a_link_or_a_fifo_is_refused_without_blocking(tmp_path):
@@ -478,8 +492,102 @@ def test_a_passing_prolog_clears_a_stale_mark_of_its_job(tmp_path, monkeypatch):
     marks = str(tmp_path / "marks")
     config = private_config(tmp_path)
     jobcheck.mark_prolog_failed("9", marks)
-    calls = []
-    monkeypatch.setattr(jobcheck, "check_job", lambda mode, job, gpus, cfg: calls.append(mode) or (True, [], {}))
+    calls = recorded_checks(tmp_path, monkeypatch, lambda mode: (True, [], {}))
     env = {"SLURM_JOB_ID": "9", "SLURM_JOB_GPUS": "0"}
     assert jobcheck.main(["prolog", f"--config={config}"], env, marks=marks) == 0
-    assert jobcheck.main(["epilog", f"--config={config}"], env, marks=marks) == 0 and calls == ["prolog", "epilog"]
+    assert jobcheck.main(["epilog", f"--config={config}"], env, marks=marks) == 0 and calls() == ["prolog", "epilog"]
+
+
+# ------------------------------------------------------------------ the hook's deadline (issue 59)
+
+
+def fast_config(tmp_path, **options):
+    """A config whose deadline is 3 s: 2 s of work after drain exit_status's 1 s."""
+    config = tmp_path / "fast.json"
+    config.write_text(json.dumps(dict({"log": str(tmp_path / "runner.log"), "drain": "exit_status", "deadline": 3, "timeout": 1,
+                                       "kill_timeout": 0, "wait_timeout": 1, "settle_timeout": 0}, **options)))
+    config.chmod(0o600)
+    return config
+
+
+def test_a_check_that_hangs_is_stopped_at_the_deadline_and_the_hook_answers_naming_where_it_was(tmp_path, monkeypatch, capsys):
+    """A step with no bound of its own (a read stuck in the driver) would keep the hook until
+    slurmd's PrologEpilogTimeout killed it with no reason: the hook answers at its deadline."""
+    pid_file = tmp_path / "worker.pid"
+
+    def hang(mode, job, gpus, cfg, note=lambda _s: None):
+        pid_file.write_text(str(os.getpid()))
+        note("the look (nvidia-smi, the /proc scan, the health readings)")
+        time.sleep(3600)
+
+    monkeypatch.setattr(jobcheck, "check_job", hang)
+    started = time.monotonic()
+    rc = jobcheck.main(["epilog", f"--config={fast_config(tmp_path)}"], {"SLURM_JOB_ID": "12", "SLURM_JOB_GPUS": "0"}, marks=str(tmp_path / "m"))
+    elapsed = time.monotonic() - started
+    assert rc == 1 and 1.9 < elapsed < 3.0, elapsed
+    [entry] = [json.loads(line) for line in (tmp_path / "runner.log").read_text().splitlines()]
+    assert entry["causes"] == ["the epilog did not finish within its deadline of 3 s (still at: the look (nvidia-smi, the /proc scan, "
+                               "the health readings)); the run was stopped"], entry
+    assert entry["drain"].startswith("not drained through scontrol (drain: exit_status)")
+    assert capsys.readouterr().err.startswith("zeromib: epilog job 12: the epilog did not finish within its deadline of 3 s")
+    assert not os.path.exists(f"/proc/{int(pid_file.read_text())}")  # the stuck child was killed and reaped
+
+
+def test_the_check_runs_in_a_child_and_its_answer_comes_back_whole(tmp_path, monkeypatch):
+    monkeypatch.setattr(jobcheck, "check_job", lambda mode, job, gpus, cfg, note=None: (
+        False, ["GPU 0: 4096 MiB, held by pid 7 x"], {"killed": [{"pid": 7, "name": "x", "signal": "SIGKILL", "parent": os.getpid()}]}))
+    rc = jobcheck.main(["epilog", f"--config={fast_config(tmp_path)}"], {"SLURM_JOB_ID": "13", "SLURM_JOB_GPUS": "0"}, marks=str(tmp_path / "m"))
+    [entry] = [json.loads(line) for line in (tmp_path / "runner.log").read_text().splitlines()]
+    assert rc == 1 and entry["causes"] == ["GPU 0: 4096 MiB, held by pid 7 x"] and entry["killed"] == [{"pid": 7, "name": "x", "signal": "SIGKILL"}]
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"deadline": 20}, "deadline 20 s leaves 15 s for the work after the 5 s kept for drain scontrol, and kill_timeout + wait_timeout + "
+                       "settle_timeout are 19 s: lower them or raise deadline (it must stay below Slurm's PrologEpilogTimeout)"),
+    ({"deadline": 4}, "deadline 4 s leaves nothing for the work after the 5 s kept for drain scontrol"),
+    ({"deadline": 30, "timeout": 28}, "timeout (nvidia-smi's) 28 s is longer than the 25 s the deadline leaves for the work"),
+    ({"deadline": 0}, "deadline must be a number of seconds above 0 and at most one day, got 0"),
+    ({"deadline": "60"}, "deadline must be a number, got '60'"),
+])
+def test_a_deadline_the_bounded_steps_do_not_fit_is_refused_when_written(options, message):
+    with pytest.raises(jobcheck.JobCheckError, match=re.escape(message)):
+        jobcheck.check_config(options)
+
+
+def test_waits_that_fit_the_deadline_pass_and_exit_status_keeps_less_back():
+    config = jobcheck.check_config({"deadline": 20, "drain": "exit_status"})
+    assert (config["deadline"], jobcheck.work_budget(config)) == (20, 19.0)
+    assert jobcheck.check_config({})["deadline"] == 60.0
+
+
+@pytest.mark.parametrize("given, drain", [(True, "scontrol"), (False, "exit_status"), ("exit_status", "exit_status")])
+def test_drain_takes_its_first_spelling_true_or_false_too(given, drain):
+    assert jobcheck.check_config({"drain": given})["drain"] == drain
+
+
+def test_drain_exit_status_calls_no_slurm_command():
+    run = FakeSlurm()
+    done = jobcheck.drain({"drain": "exit_status", "scontrol": "/bin/true"}, {"SLURMD_NODENAME": "gpu01"}, "zeromib: epilog job 1: x", run)
+    assert run.calls == [] and done == "not drained through scontrol (drain: exit_status): slurmd drains the node for the failed hook"
+
+
+def test_scontrol_is_never_waited_for_past_the_hooks_deadline(tmp_path):
+    slow = tmp_path / "scontrol"
+    slow.write_text("#!/bin/sh\nexec sleep 30\n")
+    slow.chmod(0o755)
+    started = time.monotonic()
+    rc, _out, err = jobcheck.run_command([str(slow), "show", "node"], deadline=started + 0.5)
+    assert rc == 124 and "did not answer within 0.5 s" in err and time.monotonic() - started < 3
+    assert jobcheck.run_command([str(slow)], deadline=time.monotonic() - 1) == (124, "", "not run: the hook's deadline has come")
+
+
+def test_the_roles_argument_spec_lists_every_runner_option_with_the_runners_default():
+    """The table of docs/slurm_gpu_checks.md is generated from the spec (tests/tools/gen_docs.py): the spec
+    must say what the runner does, or a misspelt option stops the play and a real one does not."""
+    import yaml
+    with open(os.path.join(ROOT, "roles", "slurm_gpu_checks", "meta", "argument_specs.yml"), encoding="utf-8") as handle:
+        spec = yaml.safe_load(handle)
+    options = spec["argument_specs"]["main"]["options"]["slurm_gpu_checks_options"]["options"]
+    defaults = jobcheck.check_config({})
+    assert set(options) == set(defaults)
+    assert {name: options[name].get("default") for name in options} == defaults
