@@ -66,9 +66,11 @@ test-quick: venv collection lint
 	$(TESTS_BYTECODE) $(VENV)/bin/pytest -q -n $(QUICK_WORKERS) tests/unit
 
 ## lint: the fast gate (seconds), run first by `make test`: ruff (ruff.toml, community.crypto's
-## rules) on the whole checkout, and mypy (.mypy.ini) on plugins/ in the collection layout.
+## rules) on the whole checkout, ansible-test's pep8 (the continuation-line rules ruff lacks),
+## and mypy (.mypy.ini) on plugins/ in the collection layout.
 lint: venv collection
 	$(VENV)/bin/ruff check --quiet .
+	@tests/quality/sanity.sh sanity --test pep8 --color no >.build/pep8.log 2>&1 || { cat .build/pep8.log; exit 1; }
 	cd $(dir $(COLLECTION_LINK))../.. && $(abspath $(VENV))/bin/mypy --config-file $(CURDIR)/.mypy.ini -p ansible_collections.zeromib.gpu.plugins
 
 ## docs: the collection's docsite, built with antsibull-docs (the tool that builds docs.ansible.com):

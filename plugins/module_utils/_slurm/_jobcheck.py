@@ -203,8 +203,8 @@ class JobRelease(Release):
         mig = [g for g in snapshot.gpus if str(g["index"]) in wanted and is_mig(g)] if self.numbered else []
         if mig:
             self.refusal = ("GPU {} is in MIG mode and Slurm named the job's GPUs by number ({}): on a MIG GPU slurmd's numbers count its "
-                             "slices, not GPUs. Let slurmd give the slices' MIG UUIDs (gres.conf AutoDetect=nvml sets "
-                             "CUDA_VISIBLE_DEVICES=MIG-...)".format(mig[0]["index"], ",".join(sorted(wanted))))
+                            "slices, not GPUs. Let slurmd give the slices' MIG UUIDs (gres.conf AutoDetect=nvml sets "
+                            "CUDA_VISIBLE_DEVICES=MIG-...)".format(mig[0]["index"], ",".join(sorted(wanted))))
             raise StepFailed(self.refusal)
         self.note("signalling what the job left and waiting for its GPUs to read free" if not self.check_mode else "judging the look")
         return super().plan(snapshot)

@@ -115,8 +115,8 @@ class SharedReadings:
 def describe(share: t.Mapping[str, t.Any]) -> str:
     """` beyond the 2009 MiB that Slurm job 12 holds there` for a cause (a record() entry)."""
     owners = list(share.get("owners") or [])
-    return " beyond the {:d} MiB that {} {} there".format(int(share.get("allowance_mib") or 0), ", ".join(owners),
-                                                      "holds" if len(owners) == 1 else "hold")
+    verb = "holds" if len(owners) == 1 else "hold"
+    return " beyond the {:d} MiB that {} {} there".format(int(share.get("allowance_mib") or 0), ", ".join(owners), verb)
 
 
 def record(last: t.Mapping[int, Share]) -> dict[str, dict[str, t.Any]]:
