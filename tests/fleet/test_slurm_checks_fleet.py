@@ -752,7 +752,6 @@ def test_on_cgroup_v2_the_epilog_frees_what_escaped_the_job_and_spares_another_j
     assert wait_for(lambda: job(fleet, host, after).get("JobState") == "COMPLETED", timeout=60), job(fleet, host, after)
     prolog, epilog = ended(fleet, host, after, "prolog"), ended(fleet, host, after)
     assert prolog["ok"] and epilog["ok"] and epilog["killed"] == [] and alive(fleet, host, other), (prolog, epilog)
-    assert epilog["elapsed_s"] < 1.0, epilog  # a clean node's epilog
     assert not drained(node(fleet, host)), node(fleet, host)
 
 
