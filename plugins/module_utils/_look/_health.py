@@ -27,7 +27,7 @@ import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _kernel_log_state as log_state
-from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import GPU_FIELDS, HEALTH_FIELDS, kill_group, normalize_bus_id
+from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import GPU_FIELDS, HEALTH_FIELDS, KERNEL_MODULE_NAMED, kill_group, normalize_bus_id
 
 if t.TYPE_CHECKING:
     from ansible_collections.zeromib.gpu.plugins.module_utils._types import Gpu
@@ -165,7 +165,7 @@ _XID = re.compile(
 # "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  580.105.08 ..." (public dmesg reports);
 # "NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build ..."
 # (the open module's banner, the text of /proc/driver/nvidia/version).
-_DRIVER_LOAD = re.compile(r"NVRM: loading NVIDIA UNIX .*?Kernel Module(?: for \S+)?\s+(?P<version>\d[\w.-]*)")
+_DRIVER_LOAD = re.compile(r"NVRM: loading " + KERNEL_MODULE_NAMED)
 _ISO_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\S*)")
 
 # Bounds of the kernel log read: the last 24 h of kernel messages is usually well under 1 MiB.

@@ -129,7 +129,9 @@ RC_MISMATCH = 18
 MODULE_VERSION_FILE = "/proc/driver/nvidia/version"
 # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.173.02  Tue Jun 23 ..." or
 # "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build ...".
-_MODULE_VERSION = re.compile(r"^NVRM version: NVIDIA UNIX .*?Kernel Module(?: for \S+)?\s+(\d[\w.-]*)", re.MULTILINE)
+# The same words open the kernel's "NVRM: loading NVIDIA UNIX ..." line that _health reads.
+KERNEL_MODULE_NAMED = r"NVIDIA UNIX .*?Kernel Module(?: for \S+)?\s+(?P<version>\d[\w.-]*)"
+_MODULE_VERSION = re.compile(r"^NVRM version: " + KERNEL_MODULE_NAMED, re.MULTILINE)
 # Where the driver's libnvidia-ml.so.1 lives (Debian/Ubuntu, RHEL/SUSE, the GPU Operator's and
 # NVIDIA's container toolkit's mount): the version it points to is the installed driver's.
 LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/nvidia/lib64", "/run/nvidia/driver/usr/lib64")
