@@ -4,10 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip install -q --disable-pip-version-check
 # The Python .venv is made from: the distribution's /usr/bin/python3 when it is one ansible-core
-# runs on (3.11 or later), else python3 on PATH. Debian builds its Python with PGO and LTO; on the
-# 2-core machine it ran the test suite's Python ~20 % faster than a default pyenv build of 3.11
-# (benchmarks/HISTORY.md, "The test suite on the 2-core machine"). An existing .venv is kept;
-# `make clean` removes it.
+# runs on (3.11 or later), else python3 on PATH. Debian builds its Python with PGO and LTO, faster
+# than a default pyenv build (benchmarks/HISTORY.md, "How the suite runs in parallel"). An existing
+# .venv is kept; `make clean` removes it.
 VENV_PYTHON ?= $(shell /usr/bin/python3 -c 'import sys, venv; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && echo /usr/bin/python3 || echo python3)
 COLLECTION_LINK := .build/collections/ansible_collections/zeromib/gpu
 
@@ -35,31 +34,31 @@ demo-deps: install
 ## test: everything CI runs (unit, sanity, lint, module tests on simulated hosts, the fleet, the
 ## ansible-core / Python matrix, Molecule, ansible-runner, ansible-builder), on TEST_WORKERS
 ## pytest-xdist workers: most of the suite waits (kill and settle windows, SSH, boots) rather than
-## computes, so more workers than the 2 cores pay (measured: benchmarks/HISTORY.md). Tests that
-## share a rig run in one worker (pytest.ini's --dist loadgroup, tests/conftest.py).
+## computes, so more workers than the 2 cores pay (benchmarks/HISTORY.md, "How the suite runs in
+## parallel"). Tests that share a rig run in one worker (pytest.ini's --dist loadgroup,
+## tests/conftest.py).
 ## TEST_WORKERS=0 runs them all in one process, as plain `pytest` does.
 TEST_WORKERS ?= 6
 # Python's bytecode cache on for the tests, also where the environment turns it off
 # (PYTHONDONTWRITEBYTECODE=1 on the 2-core machines): without it each pytest worker compiles and
-# assertion-rewrites every test file again (collection 5.4 s of CPU against 2.1-2.3 s; over a
-# 1,621-test slice the difference was within the noise: benchmarks/HISTORY.md). The caches are
-# __pycache__ folders, ignored by git and by the galaxy build; `make clean` removes them.
+# assertion-rewrites every test file again. The caches are __pycache__ folders, ignored by git and
+# by the galaxy build; `make clean` removes them.
 TESTS_BYTECODE := PYTHONDONTWRITEBYTECODE=
 # In a fresh clone those caches do not exist yet, and the workers, started together, would each
-# write them (6 workers: 28.9 s of CPU before the first test, against 13.3 s from the caches). One
-# collecting pytest writes them first (4.5 s of CPU, next to make lint's mypy on the other core):
-# from `make test` to the first test, 12.3 s instead of 18.7 s in a fresh clone (benchmarks/HISTORY.md).
+# write them, each paying the whole compile. One collecting pytest writes them first, next to make
+# lint's mypy on the other core (the figures: benchmarks/HISTORY.md, "How the suite runs in parallel").
 test: deps
 	@$(MAKE) --no-print-directory -j2 lint test-collect
 	$(TESTS_BYTECODE) $(VENV)/bin/pytest -n $(TEST_WORKERS)
 
 # test-collect: collect the suite once, only for the bytecode it leaves, where no run has left it
 # yet (tests/__pycache__ missing: where it is, the workers recompile only what changed, and a
-# collection first would add ~2 s); the run that follows reports whatever collection finds.
+# collection first would only add its own time); the run that follows reports whatever collection
+# finds.
 test-collect: venv collection
 	@[ -d tests/__pycache__ ] || $(TESTS_BYTECODE) $(VENV)/bin/pytest -n 0 -q --collect-only -p no:cacheprovider >/dev/null 2>&1 || true
 
-## test-quick: the development loop (about a minute): make lint, then the unit tests on
+## test-quick: the development loop: make lint, then the unit tests on
 ## QUICK_WORKERS workers (pure Python, CPU-bound: one per core). No rigs, no root, no Debian packages.
 QUICK_WORKERS ?= 2
 test-quick: venv collection lint
@@ -101,10 +100,10 @@ bench: deps
 	$(PY) benchmarks/run.py
 
 ## clean: what make made: this checkout's fleets (also left over from a killed run), the fleet's
-## base rootfs cache /var/cache/zeromib-fleet (~500 MB; kept while another checkout's fleet is
-## up), .venv, .build (collection link, matrix venvs, ansible-test copies, promtool), caches and
-## reports; then what the tests leave elsewhere (tests/tools/clean-test-leftovers.sh: __pycache__,
-## finished pytest temp folders, ~/.ansible/test when sanity.sh created it, the matrix's venvs in
+## base rootfs cache /var/cache/zeromib-fleet (kept while another checkout's fleet is up), .venv,
+## .build (collection link, matrix venvs, ansible-test copies, promtool), caches and reports; then
+## what the tests leave elsewhere (tests/tools/clean-test-leftovers.sh: __pycache__, finished
+## pytest temp folders, ~/.ansible/test when sanity.sh created it, the matrix's venvs in
 ## ~/.cache/zeromib-gpu/compat). Debian packages stay:
 ## `make uninstall-packages` removes the ones make installed.
 clean:

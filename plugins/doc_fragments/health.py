@@ -89,7 +89,7 @@ options:
       - The default, 128 MiB a GPU (1 GiB on an 8-GPU node), is what NCCL's shared-memory transport takes there for a ring and a tree
         on 4 channels (~9.2 MiB of buffers a channel and peer at NCCL's default buffer sizes), with room for PyTorch's segments;
         Docker's 64 MiB default fails NCCL outright. V(0) does not check. Checked only with O(health).
-      - See the collection's C(docs/health.md) and C(docs/troubleshooting.md).
+      - See the collection's C(docs/docsite/rst/guide_health.rst) and C(docs/docsite/rst/guide_troubleshooting.rst).
     type: int
     default: 128
 """

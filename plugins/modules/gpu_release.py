@@ -263,7 +263,7 @@ notes:
     or pod they run in, a loaded C(nvidia_drm)), and the exact sequence as root - persistence off for that GPU, stop what holds it,
     C(nvidia-smi --gpu-reset -i N), start it again, persistence on, the reading that must show 0 MiB. It says to reboot where no reset
     can succeed (C(nvidia_drm) in use by a console or display server; an NVSwitch GPU whose reset must take GPUs still in use because
-    Fabric Manager is not running). See the collection's C(docs/troubleshooting.md).
+    Fabric Manager is not running). See the collection's C(docs/docsite/rst/guide_troubleshooting.rst).
   - A failure after acting (nvidia-smi reports a GPU lost, a signal is not permitted, the GPUs stay dirty) still returns what was done
     - RV(stopped_units), RV(killed), RV(killed_units), RV(stopped_containers).
   - B(Containers.) A holder in a Docker or Podman container (found from its cgroup path) is never signalled from outside; the container

@@ -12,7 +12,7 @@ excerpt of the task's file, and then the `fatal: [host]: FAILED! => {...}` line,
 `msg` again: the reason three times on the screen. 2.17 and 2.18 print the `fatal:` line only.
 Hiding the result with no_log is no way out: callback plugins (AWX/AAP job events,
 ansible-runner, ARA, json) then receive `{"censored": ...}`, and on 2.17/2.18 the terminal shows
-nothing else either (docs/design.md, "Said once, seen by every consumer").
+nothing else either (docs/docsite/rst/guide_troubleshooting.rst, "The role in your own play").
 
 Where the error carries the result itself and says that no `exception` goes with it (2.19's
 `ContributesToTaskResult.omit_exception_key`, which `AnsibleActionSkip` uses), Ansible builds the

@@ -17,8 +17,8 @@ own files of the same names. Each process's open files are read with `readlink` 
 blocks) and only those that point into /dev/shm are stat-ed (tmpfs answers from memory); its
 mappings come from the `dev` and `inode` columns of /proc/PID/maps, which the kernel writes
 without asking any file system. Nothing else of another process is read: a stalled FUSE mount
-blocks a stat of a file on it, and a look must not hang (docs/design.md, "Root's reads are
-bounded"). The two per-process reads are `fd_targets` and `read_maps`, each in its own try.
+blocks a stat of a file on it, and a look must not hang. The two per-process reads are
+`fd_targets` and `read_maps`, each in its own try.
 
 The whole scan runs only when /dev/shm holds a regular file at all: a clean node pays a statvfs
 and an empty directory listing."""
@@ -207,7 +207,7 @@ class Holding:
 
     def scan_one(self, base: str, thread: bool = False) -> None:
         """One process (or one of its threads). A zombie leader reads no fds and no maps while its
-        threads live (docs/design.md, "Half-dead processes"): those are read through its threads."""
+        threads live: those are read through its threads."""
         try:
             self.add_fds(fd_targets(base))
             maps = read_maps(base)
