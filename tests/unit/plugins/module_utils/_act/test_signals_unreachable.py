@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import time
@@ -106,13 +107,19 @@ def world(tmp_path):
 
 
 def set_state(world, pid, state):
-    """The kernel's state letter in /proc/PID/stat (field 3), as a stop, a tracer or a SIGCONT leaves it."""
+    """The kernel's state letter in /proc/PID/stat (field 3) and /proc/PID/status (`State:`), as a
+    stop, a tracer or a SIGCONT leaves it: the signaller reads status, which answers where stat may wait."""
     path = os.path.join(str(world.root), str(pid), "stat")
     with open(path) as handle:
         text = handle.read()
     right = text.rindex(")")
     with open(path, "w") as handle:
         handle.write(text[: right + 2] + state + text[right + 3:])
+    status = os.path.join(str(world.root), str(pid), "status")
+    with open(status) as handle:
+        text = handle.read()
+    with open(status, "w") as handle:
+        handle.write(re.sub(r"^State:\t\S", "State:\t" + state, text, flags=re.MULTILINE))
 
 
 def stopped_holder(world, pid, state):
