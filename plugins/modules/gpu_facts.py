@@ -483,7 +483,7 @@ def gather(params: t.Mapping[str, t.Any], which: t.Callable[[str], str | None] |
         snapshot.footprint, snapshot.health, dcgm, snapshot.not_visible, snapshot.inside_container, len(snapshot.unscanned),
     )
     _cuda_smoke.for_facts(smi, params, facts, snapshot, check_mode)
-    facts["shm"] = _shm.look(processes=params["processes"])
+    facts["shm"] = _shm.look(processes=params["processes"], deadline_s=params["timeout"])
     if params["health"]:
         facts = _shm.with_floor(facts, _shm.floor_issue(facts["shm"], params["shm_min_free_mib_per_gpu"], facts["count"]))
     return facts, _facts.scan_warnings(snapshot)
@@ -505,7 +505,7 @@ def main() -> None:
             module.fail_json(**exc.details())
         facts, warnings = _facts.failed_facts(exc.msg), []
         facts.update(_cuda_smoke.summary([], asked=False))
-        facts["shm"] = _shm.look(processes=module.params["processes"])
+        facts["shm"] = _shm.look(processes=module.params["processes"], deadline_s=module.params["timeout"])
     for warning in warnings:
         module.warn(warning)
     # A host whose inference servers are still stopped by zeromib (gpu_restore not run yet).

@@ -59,6 +59,8 @@ def test_a_file_open_on_a_stalled_mount_neither_hangs_gpu_facts_nor_makes_a_hold
 
 def test_gpu_facts_reports_a_process_that_does_not_answer_as_blocked_and_never_clean(stalled):
     host, mount = stalled
+    # A job's leftover in /dev/shm: the look then also reads every process's fds and maps for it.
+    assert host.run(["sh", "-c", "head -c 4096 /dev/zero > /dev/shm/nccl-stalled"]).returncode == 0
     stuck = spawn_user(host, EXEC_ON_IT, mount.data, mount.flag)
     mount.stall()
     time.sleep(0.3)  # its execve reaches the close of the file
@@ -76,6 +78,8 @@ def test_gpu_facts_reports_a_process_that_does_not_answer_as_blocked_and_never_c
     assert holder["gpu_indexes"] == [1] and holder["attribution"] == "listed"
     assert mount.holder_of_file.pid not in [h["pid"] for h in facts["holders"]]
     assert any(f"pid {stuck.pid} python3 (uid 4242" in w and "did not answer" in w for w in run.get("warnings", [])), run.get("warnings")
+    # /dev/shm's pass met the same process: it went on, and says a file it holds may be listed unheld.
+    assert (facts["shm"]["files"], facts["shm"]["complete"]) == (1, False), facts["shm"]
 
 
 def test_the_audits_gpu_facts_reports_it_too(stalled):

@@ -843,14 +843,14 @@ class Release:
         done = None
         if clean:
             from ansible_collections.zeromib.gpu.plugins.module_utils._act import _shm_clean
-            done = _shm_clean.clean(self.shm_at_look, may_clean, self.check_mode, self.system.proc)
+            done = _shm_clean.clean(self.shm_at_look, may_clean, self.check_mode, self.system.proc, deadline_s=self.params.get("timeout"))
             self.result["shm_removed"] = done.removed
             self.result["warnings"].extend(done.warnings)
             self.result["changed"] = self.result["changed"] or bool(done.removed)
         record = _shm.look(processes=False)
         if done is None and self.health is not None and _shm.floor_issue(record, floor, len(self.before[0])):
             # Below the floor: what fills it is worth a scan of the processes (only then).
-            record = _shm.look(proc=self.system.proc)
+            record = _shm.look(proc=self.system.proc, deadline_s=self.params.get("timeout"))
         if done is not None:
             record.update(unheld=done.unheld, unheld_mib=round(sum(entry["size_mib"] for entry in done.unheld), 2), complete=done.complete)
         self.result["shm"] = record

@@ -360,6 +360,16 @@ def _thread_state(thread: threading.Thread) -> str | None:
     return _state(os.getpid(), f"/task/{thread.native_id or 0:d}")
 
 
+def _thread_waits(thread: threading.Thread) -> bool:
+    """Whether a reader thread sleeps in the kernel on something else than this process's own
+    locks: a thread waiting for the GIL (a futex) on a loaded node only runs late, it waits on no
+    other process."""
+    if _thread_state(thread) in ("R", None):
+        return False
+    wchan = _thread_wchan(thread)
+    return not (wchan or "").startswith("futex")
+
+
 def _thread_wchan(thread: threading.Thread) -> str | None:
     return wchan_of(f"/proc/{os.getpid():d}/task/{thread.native_id or 0:d}/wchan")
 
@@ -432,7 +442,7 @@ def _one_thread(work: t.Callable[[t.Any], t.Any], items: t.Sequence[t.Any], star
         index, now = progress[0], time.monotonic()
         if index != seen:
             seen, since = index, now
-        elif now - since >= budget and _thread_state(thread) != "R":
+        elif now - since >= budget and _thread_waits(thread):
             left.set()
             return index, _thread_wchan(thread)
         if now >= deadline:
@@ -463,7 +473,7 @@ def call(function: t.Callable[..., T], *args: t.Any, budget: float = PROCESS_BUD
     thread.start()
     since = time.monotonic()
     while not done.wait(POLL_S):
-        if time.monotonic() - since >= budget and _thread_state(thread) != "R":
+        if time.monotonic() - since >= budget and _thread_waits(thread):
             raise ReadBlocked(_thread_wchan(thread))
     ok, value = box[0]
     if ok:
