@@ -44,7 +44,9 @@ SIGTERM_MASK = 1 << 14
     ({"sigterm": "default", "pid_namespace_init": True}, "t", False, signals.NAMESPACE_INIT),
     # No reading now (the process is gone): the scan's state.
     ({"sigterm": "default", "state": "T"}, None, False, signals.STOPPED),
-], ids=["sleeping", "running", "disk-sleep", "stopped", "traced", "frozen", "sigign-first", "ns-init-first", "scan-state"])
+    # A zombie leader whose threads run on: a handler that runs on its main thread never runs.
+    ({"sigterm": "caught", "threads": 3}, "Z", False, signals.ZOMBIE_LEADER),
+], ids=["sleeping", "running", "disk-sleep", "stopped", "traced", "frozen", "sigign-first", "ns-init-first", "scan-state", "zombie-leader"])
 def test_which_holder_gets_sigkill_at_once(holder, state, frozen, reason):
     assert signals.sigkill_at_once(holder, state, frozen) == reason
 
