@@ -17,11 +17,15 @@ no SSH were most of the gate's cost over a one-task play.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import multiprocessing
 import json
 import os
 import re
+import signal
+import threading
+import time
 import typing as t
 
 import yaml
@@ -145,6 +149,78 @@ except (OSError, yaml.YAMLError):
     pass
 
 
+# The gate's bound on one gpu_release run (issue 57): every step of the module has a bound of its
+# own, so a node where it outlives their sum is wedged (a file system or driver that does not
+# answer even the module's bounded reads, a Python that cannot start). Without this the play's
+# gate would wait for that one node for good, and with it the fleet step and the training start.
+# The sum, from the role's own variables:
+#   6 x free_gpus_timeout: nvidia-smi calls and /proc passes, each bounded by it (the look's query
+#     and its compute apps, the scan, the rescan after acting, the verify loop's last reading,
+#     /dev/shm's pass);
+#   2 x free_gpus_kill_timeout: the stop of units and containers, then the signals (SIGTERM, then
+#     SIGKILL after kill_timeout);
+#   free_gpus_wait_timeout: the verify loop; free_gpus_settle_timeout: the respawn watch;
+#   with free_gpus_smoke_test, free_gpus_timeout for cuInit and for each GPU (free_gpus_expected_count,
+#     8 when not set);
+#   GATE_MARGIN_S: Ansible's connection, the payload's transfer and Python's start on a loaded
+#     node (a clean gate takes 2-6 s on the 2-core test machine).
+# With the defaults (10, 10, 60, 5): 60 + 20 + 60 + 5 + 40 = 185 s. Not Ansible's task `timeout:`
+# keyword: that fails the host with Ansible's own words and no free_gpus_result, so the fleet
+# summary would call the host unreachable; here the host gets its outcome, said once by the verdict.
+GATE_MARGIN_S = 40.0
+
+
+def gate_bound_s(params: t.Mapping[str, t.Any]) -> float:
+    """Seconds the gate waits for gpu_release on one node (the sum above), from validated role variables."""
+    def seconds(name: str) -> float:
+        value = params.get(name)
+        return float(value) if isinstance(value, (int, float)) and value == value and value > 0 else 0.0
+    timeout = seconds("free_gpus_timeout")
+    smoke = (int(params.get("free_gpus_expected_count") or 8) + 1) * timeout if params.get("free_gpus_smoke_test") else 0.0
+    return (6 * timeout + 2 * seconds("free_gpus_kill_timeout") + seconds("free_gpus_wait_timeout") + seconds("free_gpus_settle_timeout")
+            + smoke + GATE_MARGIN_S)
+
+
+def no_answer_message(bound: float) -> str:
+    return (f"gpu_release did not answer within {bound:.0f} s, the bound of this host's free_gpus_* timeouts (6 x free_gpus_timeout + "
+            "2 x free_gpus_kill_timeout + free_gpus_wait_timeout + free_gpus_settle_timeout + 40 s): the node is wedged (a file system "
+            "or the driver does not answer, or Python cannot start there); what its GPUs hold is unknown, and the run may still be "
+            "waiting there. See the troubleshooting guide, \"A node that does not answer\"")
+
+
+class NoAnswer(BaseException):
+    """The gate's bound passed while gpu_release ran. A BaseException, as Ansible's own task
+    timeout is: nothing between the alarm and the gate takes it for an error of its own."""
+
+
+@contextlib.contextmanager
+def bounded(seconds: float) -> t.Iterator[None]:
+    """Raise NoAnswer in the block once `seconds` have passed (SIGALRM: the worker's main thread
+    waits in the connection's read of the module's answer). Where Ansible's own task timeout
+    comes first, or off the main thread (a test calling the plugin), the block is not bounded here."""
+    if threading.current_thread() is not threading.main_thread() or seconds <= 0:
+        yield
+        return
+    outer, _interval = signal.getitimer(signal.ITIMER_REAL)
+    if outer and outer <= seconds:
+        yield
+        return
+
+    def expired(_signum: int, _frame: t.Any) -> None:
+        raise NoAnswer()
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    started = time.monotonic()
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer:
+            signal.setitimer(signal.ITIMER_REAL, max(0.001, outer - (time.monotonic() - started)))
+
+
 class _Invalid(Exception):
     """The role's variables fail their checks: `result` is the task's failed result."""
 
@@ -190,7 +266,8 @@ class ActionModule(ActionBase):
         was = self._task.check_mode
         self._task.check_mode = True
         try:
-            return self._execute_module(module_name="zeromib.gpu.gpu_release", module_args=dict(args), task_vars=task_vars)
+            with bounded(gate_bound_s({ROLE_PREFIX + name: value for name, value in args.items()})):
+                return self._execute_module(module_name="zeromib.gpu.gpu_release", module_args=dict(args), task_vars=task_vars)
         finally:
             self._task.check_mode = was
 
@@ -224,6 +301,12 @@ class ActionModule(ActionBase):
         """A settings mistake found before anything was done, recorded for the verdict."""
         msg = f"settings mistake, nothing was done{marker}: " + "; ".join(problems)
         result.update({"msg": msg, "argument_errors": problems, "ansible_facts": {"free_gpus_result": failed(host, msg, "invalid")}})
+        return self._recorded(result)
+
+    def _no_answer(self, result: dict[str, t.Any], host: str, bound: float) -> dict[str, t.Any]:
+        """gpu_release outlived the gate's bound on this host: it fails alone, the rest of the play goes on."""
+        msg = no_answer_message(bound)
+        result.update({"msg": msg, "changed": False, "ansible_facts": {"free_gpus_result": failed(host, msg, "failed")}})
         return self._recorded(result)
 
     def _deferred(self, result: dict[str, t.Any], host: str, look: t.Mapping[str, t.Any], warnings: list[str]) -> dict[str, t.Any]:
@@ -292,7 +375,10 @@ class ActionModule(ActionBase):
         strict = bool(params.get("free_gpus_strict"))
         look = None
         if params.get("free_gpus_services"):
-            look = self._services_look(params, task_vars)
+            try:
+                look = self._services_look(params, task_vars)
+            except NoAnswer:
+                return self._no_answer(result, host, gate_bound_s(params))
             if strict and (look["unmatched"] or look["error"]):
                 problems = [f"free_gpus_services: cannot tell which entries exist on this host: {look['error']}"] if look["error"] else [
                     "free_gpus_services: {} matches no unit, container or supervisord program on this host{}".format(
@@ -307,8 +393,12 @@ class ActionModule(ActionBase):
                 look: t.Mapping[str, t.Any] | None) -> dict[str, t.Any]:
         """gpu_release on this host, its verdict in free_gpus_result (the role's verdict runs this
         for a host the fleet check held back)."""
-        release = self._execute_module(module_name="zeromib.gpu.gpu_release", module_args=module_args(params),
-                                       task_vars=task_vars)
+        bound = gate_bound_s(params)
+        try:
+            with bounded(bound):
+                release = self._execute_module(module_name="zeromib.gpu.gpu_release", module_args=module_args(params), task_vars=task_vars)
+        except NoAnswer:
+            return self._no_answer(result, host, bound)
         entries = [str(entry) for entry in params.get("free_gpus_services") or []]
         # What matches nothing on this host is the fleet check's to say, once (an entry that matches
         # on some hosts only is no mistake in a mixed fleet); gpu_release's line per host goes.

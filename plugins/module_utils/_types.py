@@ -132,6 +132,13 @@ class Holder(t.TypedDict, total=False):
     # process is the init of a PID namespace below ours (_signals sends such a one SIGKILL at once).
     sigterm: str | None
     pid_namespace_init: bool
+    # /proc/PID/status `Threads:`: a zombie leader (state Z) with more than one runs on in them.
+    threads: int | None
+    # Its /proc entries did not answer within the scan's budget (_bounded_reads): `waits_in` is where
+    # root's read waited, `wchan` where the process itself sleeps (None where that did not answer).
+    blocked: bool
+    wchan: str | None
+    waits_in: str | None
 
 
 class ContainerEntry(t.TypedDict, total=False):

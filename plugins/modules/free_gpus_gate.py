@@ -21,6 +21,11 @@ description:
     C(free_gpus_expected_count) GPUs, with the message saying why not; it never fails the host itself. The role's next task,
     M(zeromib.gpu.free_gpus_verdict), fails each host that is not free with that message, once. In check mode a dirty node passes
     (it would be freed); a node whose GPUs cannot be read, or whose plan is refused, does not.
+  - Waits for M(zeromib.gpu.gpu_release) at most the bound of the host's own timeouts - 6 x C(free_gpus_timeout) + 2 x
+    C(free_gpus_kill_timeout) + C(free_gpus_wait_timeout) + C(free_gpus_settle_timeout) (+ C(free_gpus_timeout) for cuInit and each GPU
+    with C(free_gpus_smoke_test)) + 40 s, 185 s with the defaults. A node where it outlives that is wedged (a file system or the
+    driver does not answer, or Python cannot start there); its C(free_gpus_result) says C(gpu_release did not answer within N s) and
+    the host fails alone, while the rest of the play goes on.
   - One task per host, where a validation task, the module, a C(set_fact) and an C(assert) cost four.
 author:
   - zeromib.gpu contributors (@zeromib)

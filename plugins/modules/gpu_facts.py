@@ -362,6 +362,15 @@ ansible_facts:
               none context-sized; C(candidate_gpu_indexes) are the GPUs it may use) or V(nvml_client) (it maps no per-GPU
               device file and is not listed, such as C(nvidia-smi dmon), an exporter, C(nvidia-persistenced); it uses no
               GPU memory, C(gpu_indexes) is empty and it does not make a host dirty).
+            - V(blocked) (C(blocked=true)) is a process whose C(/proc) entries did not answer within the scan's budget (a process in
+              C(execve) closing a file of a FUSE or NFS mount that stopped answering, a process stuck in the kernel); it is told from
+              C(/proc/PID/status) alone (C(cmdline) empty, C(start_time) null), C(wchan) is where it sleeps (null when that did not
+              answer either) and C(waits_in) where the scan's read of it waited. It may use any GPU (C(candidate_gpu_indexes) lists
+              them all), so the host is not clean beside it, and gpu_release never signals it. The scan waits on no process longer
+              than a quarter of O(timeout) (at most 0.5 s) and ends within O(timeout) in all; processes it did not reach make the host
+              not clean, with a warning.
+            - A thread-group leader that exited while its other threads run on (state V(Z), C(ps) shows C(Zl <defunct>)) is read
+              through a live thread and reported with state V(Z) like any holder.
             - C(container) is the container id from the process's cgroup path (Docker, Podman, containerd, CRI-O, Kubernetes),
               C(container_runtime) the runtime the path names (V(docker), V(podman), V(containerd), V(cri-o); V(null) for a Kubernetes
               pod on the cgroupfs driver unless Docker knows the container). C(container_name) and C(container_image) come from the
@@ -426,6 +435,9 @@ ansible_facts:
               protected: false
               protection_note: null
               container_note: null
+              blocked: false
+              wchan: null
+              waits_in: null
 """
 
 import atexit
@@ -457,8 +469,8 @@ def checked_params(params: t.Mapping[str, t.Any]) -> str | None:
 
 
 def gather(params: t.Mapping[str, t.Any], which: t.Callable[[str], str | None] | None = None,
-           check_mode: bool = False) -> tuple[dict[str, t.Any], str | None]:
-    """Options -> (the ansible_facts.gpu dict, a warning or None). Raises NvidiaSmiError.
+           check_mode: bool = False) -> tuple[dict[str, t.Any], list[str]]:
+    """Options -> (the ansible_facts.gpu dict, warnings). Raises NvidiaSmiError.
     `which(name)` finds dcgmi (None: not installed)."""
     smi = NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), params["timeout"])
     snapshot = _facts.look(smi, params["protect"], with_processes=params["processes"], max_used_mib=params["max_used_mib"],
@@ -468,13 +480,13 @@ def gather(params: t.Mapping[str, t.Any], which: t.Callable[[str], str | None] |
     dcgm = _health.dcgm_diag(params.get("dcgm_diag") or 0, which or (lambda name: None))
     facts = _facts.assemble(
         snapshot.gpus, snapshot.apps, snapshot.holders, params["max_used_mib"], params["processes"], _facts.cuda_driver_version(),
-        snapshot.footprint, snapshot.health, dcgm, snapshot.not_visible, snapshot.inside_container,
+        snapshot.footprint, snapshot.health, dcgm, snapshot.not_visible, snapshot.inside_container, len(snapshot.unscanned),
     )
     _cuda_smoke.for_facts(smi, params, facts, snapshot, check_mode)
-    facts["shm"] = _shm.look(processes=params["processes"])
+    facts["shm"] = _shm.look(processes=params["processes"], deadline_s=params["timeout"])
     if params["health"]:
         facts = _shm.with_floor(facts, _shm.floor_issue(facts["shm"], params["shm_min_free_mib_per_gpu"], facts["count"]))
-    return facts, _facts.unreadable_warning(snapshot.unreadable)
+    return facts, _facts.scan_warnings(snapshot)
 
 
 def main() -> None:
@@ -487,14 +499,14 @@ def main() -> None:
     if problem:
         module.fail_json(msg=problem)
     try:
-        facts, warning = gather(module.params, module.get_bin_path, module.check_mode)
+        facts, warnings = gather(module.params, module.get_bin_path, module.check_mode)
     except NvidiaSmiError as exc:
         if module.params["fail_on_error"]:
             module.fail_json(**exc.details())
-        facts, warning = _facts.failed_facts(exc.msg), None
+        facts, warnings = _facts.failed_facts(exc.msg), []
         facts.update(_cuda_smoke.summary([], asked=False))
-        facts["shm"] = _shm.look(processes=module.params["processes"])
-    if warning:
+        facts["shm"] = _shm.look(processes=module.params["processes"], deadline_s=module.params["timeout"])
+    for warning in warnings:
         module.warn(warning)
     # A host whose inference servers are still stopped by zeromib (gpu_restore not run yet).
     facts["pending_restore"] = _record.pending()

@@ -112,7 +112,7 @@ def _gpu_records(host: str, facts: t.Mapping[str, t.Any]) -> tuple[list[dict[str
         record["protected"] = bool(record.get("protected"))
         record["used_memory_mib"] = mib_by_pid.get(record.get("pid"))
         record["nvml_client"] = record.get("attribution") == "nvml_client"
-        uses = bool(record["gpu_indexes"]) or record.get("attribution") == "undecided"
+        uses = bool(record["gpu_indexes"]) or record.get("attribution") in ("undecided", "blocked")
         record["blocking"] = uses and not record["nvml_client"] and not record["protected"]
         # Freeing a subset of its GPUs refuses it (gpu_release's kill_spanning): worth a note.
         record["spanning"] = len(set(record["gpu_indexes"])) > 1

@@ -81,7 +81,9 @@ def test_clean_gate_payload_carries_every_module_util_but_a_clean_host_loads_non
     names, stdout = loaded(host, payload)
     assert '"released": true' in stdout
     assert names & set(LAZY) == set(), names
-    assert {"_release", "_facts", "_health", "_nvidia_smi"} <= names
+    # The reading wing's bounded reads (_look/_bounded_reads) come with the scan on every host: no
+    # read of another process may hang the gate (issue 57).
+    assert {"_release", "_facts", "_health", "_nvidia_smi", "_holders", "_bounded_reads"} <= names
     # Of the acting wing, a clean host loads the orchestrator and what it names in its signatures only.
     acting, _stdout = loaded(host, payload, "_act")
     assert acting == {"_release", "_errors", "_signals"}, acting

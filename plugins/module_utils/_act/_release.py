@@ -98,11 +98,8 @@ class System:
         return _supervisor.find_supervisors(self.proc)
 
     def state(self, pid: int) -> str | None:
-        try:
-            with open(f"{self.proc}/{pid}/stat", "rb") as handle:
-                return holders_mod.parse_stat(handle.read())[1]
-        except (OSError, ValueError, IndexError):
-            return None
+        found = holders_mod.status_of(pid, self.proc)
+        return None if found is None else found[0]
 
     def signal(self, pid: int, signum: int) -> None:
         os.kill(pid, signum)
@@ -287,6 +284,10 @@ def describe_holder(holder: Holder | dict[str, t.Any]) -> str:
     if guest:
         parts.append("{}{}".format(_guests.label(guest), ": {}".format(guest["unit"]) if guest.get("unit") else ""))
     parts.append("state {}".format(holder.get("state")))
+    if holder.get("state") == "Z" and not holder.get("blocked"):
+        parts.append("zombie leader, {} threads running".format(max(0, (holder.get("threads") or 1) - 1)))
+    if holder.get("blocked"):
+        parts.append("did not answer" + (": wchan {}".format(holder["wchan"]) if holder.get("wchan") else ""))
     if holder.get("protected"):
         parts.append("protected")
     if holder.get("attribution") == _attribution.UNDECIDED:
@@ -332,12 +333,15 @@ def gpu_failure(gpu: Gpu, holders: list[Holder], apps: list[ComputeApp], blind: 
     claimed_pids = {a["pid"] for a in claims if a.get("alive")}
     protected_claimants = [h for h in on_gpu if h["protected"] and h["pid"] in claimed_pids]
     undecided = [h for h in holders if h.get("attribution") == _attribution.UNDECIDED and gpu["index"] in (h.get("candidate_gpu_indexes") or [])]
+    blocked = [h for h in _attribution.blocked_for(holders, [gpu["index"]]) if not h.get("protected")]
     used = gpu.get("memory_used_mib")
     text = "GPU {} ({}) reads {} MiB".format(gpu["index"], gpu.get("uuid"), "unknown" if used is None else used)
     if freeing:
         text += f" ({freeing})"
     if unprotected or protected_claimants:
         text += ", held by " + "; ".join(describe_holder(h) for h in unprotected + protected_claimants)
+    elif blocked:
+        text += ", possibly held by {}: what it holds cannot be read".format("; ".join(describe_holder(h) for h in blocked))
     elif undecided:
         # Never signalled for a selection it may not belong to (see _attribution).
         text += (", possibly held by {}, not signalled because it may use GPUs outside the selection: select them all, "
@@ -415,7 +419,9 @@ def failure_message(dirty_gpus: list[Gpu], holders: list[Holder], apps: list[Com
     else:
         head = f"GPUs still in use after {waited_s:.1f} s"
     if unkillable:
-        lines.append("unkillable (outlived SIGKILL, likely D state in the driver): " + "; ".join(describe_holder(h) for h in unkillable))
+        lines.append("unkillable (outlived SIGKILL: a thread of it stays in the kernel, D state, in the driver or a file system that does not "
+                     "answer): " + "; ".join(describe_holder(h) for h in unkillable) + "; a reboot is needed (nothing else ends a process "
+                     "stuck in the kernel)")
     return "{}: {}".format(head, ". ".join(lines))
 
 
@@ -443,6 +449,18 @@ def freeing_notes(dirty_gpus: list[Gpu], holders: list[Holder], apps: list[Compu
         if parts:
             notes[gpu["index"]] = "; ".join(parts)
     return notes
+
+
+def blocked_message(blocked: list[Holder], unscanned: int, selected: list[int], timeout: float | None) -> str:
+    """Why a run stops before acting when some process did not answer the scan (or the scan's
+    deadline left processes unread): what holds the selected GPUs cannot be known."""
+    parts = [_facts.blocked_text(h) for h in blocked]
+    if unscanned:
+        parts.append(f"the scan reached its deadline ({timeout} s, the timeout option) with {unscanned:d} process(es) not read")
+    return ("cannot free GPU {}: {}; what it holds is unknown, so no GPU can be proven free, and a process whose identity cannot be read is "
+            "never signalled. Nothing was stopped or signalled. A file system that stopped answering (FUSE, NFS) holds it: bring its server "
+            "back, or abort the FUSE connection (echo 1 > /sys/fs/fuse/connections/N/abort) or unmount it lazily (umount -l), then run "
+            "gpu_release again".format(_gpu_list(selected), "; ".join(parts)))
 
 
 def unplaced_claims(claims: list[ComputeApp], holders: list[Holder], index: int) -> list[ComputeApp]:
@@ -825,14 +843,14 @@ class Release:
         done = None
         if clean:
             from ansible_collections.zeromib.gpu.plugins.module_utils._act import _shm_clean
-            done = _shm_clean.clean(self.shm_at_look, may_clean, self.check_mode, self.system.proc)
+            done = _shm_clean.clean(self.shm_at_look, may_clean, self.check_mode, self.system.proc, deadline_s=self.params.get("timeout"))
             self.result["shm_removed"] = done.removed
             self.result["warnings"].extend(done.warnings)
             self.result["changed"] = self.result["changed"] or bool(done.removed)
         record = _shm.look(processes=False)
         if done is None and self.health is not None and _shm.floor_issue(record, floor, len(self.before[0])):
             # Below the floor: what fills it is worth a scan of the processes (only then).
-            record = _shm.look(proc=self.system.proc)
+            record = _shm.look(proc=self.system.proc, deadline_s=self.params.get("timeout"))
         if done is not None:
             record.update(unheld=done.unheld, unheld_mib=round(sum(entry["size_mib"] for entry in done.unheld), 2), complete=done.complete)
         self.result["shm"] = record
@@ -852,6 +870,7 @@ class Release:
         holders, apps = _facts.scan_and_attribute(
             gpus, None, lambda: self._apps(gpus), protect_names=self.names, protect_pids=self.pids, own_lineage=self.lineage, proc=self.system.proc,
             max_used_mib=self.max_used_mib(), footprint_mib=self.footprint_mib(), main_pid_of=self.main_pid_of,
+            limits=_facts.scan_limits(self.params.get("timeout")),
         )
         holders = _container_of.annotate(holders, self.system.runtimes, self.system.proc)
         holders = _guests.annotate(holders, self.system.proc)
@@ -913,6 +932,7 @@ class Release:
         self.result["selected_gpus"] = plan.selected
         self.inside_container = bool(getattr(snapshot, "inside_container", False))
         self.choose_targets(plan)
+        self.refuse_blocked(holders, plan.selected, len(getattr(snapshot, "unscanned", None) or []))
         planning = self.system.now()
         if holders or self.params.get("services"):
             plan.containers = self.plan_containers(holders, plan.targets)
@@ -1055,6 +1075,15 @@ class Release:
         refused = self.guest_units.refused_holders(plan.targets, plan.guests)
         if refused:
             raise StepFailed(self.guest_units.refusal(refused, plan.selected, _guests.host_tools(), self.params.get("service_state")))
+
+    def refuse_blocked(self, holders: list[Holder], selected: list[int], unscanned: int) -> None:
+        """Processes that did not answer the look's scan (_holders.blocked_record), unless protected
+        (another Slurm job's), or processes the scan's deadline left unread: a failure before
+        anything is done (check mode says the same)."""
+        blocked = [h for h in _attribution.blocked_for(holders, selected) if not h.get("protected")]
+        if blocked or unscanned:
+            self.result["holders"] = t.cast("list[Holder]", [_facts.public_holder(h) for h in holders])
+            raise StepFailed(blocked_message(blocked, unscanned, selected, self.params.get("timeout")))
 
     def refuse_spanning(self, holders: list[Holder], selected: list[int], container_plan: _containers.Plan, mps_servers: list[Holder],
                         program_plan: ProgramPlan | None = None) -> None:

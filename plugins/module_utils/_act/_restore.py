@@ -602,15 +602,15 @@ def _glob_escape(name: str) -> str:
 
 
 def ancestry(pid: t.Any, proc: str = "/proc", limit: int = 64) -> list[int]:
-    """`pid` and its parents up to PID 1, from /proc/PID/stat (the kernel's parent links)."""
+    """`pid` and its parents up to PID 1, from /proc/PID/status (the kernel's parent links; status
+    answers where stat may wait: _holders.status_of)."""
     chain: list[int] = []
     while isinstance(pid, int) and pid > 1 and len(chain) < limit and pid not in chain:
         chain.append(pid)
-        try:
-            with open(f"{proc}/{pid:d}/stat", "rb") as handle:
-                pid = _holders.parse_stat(handle.read())[2]
-        except (OSError, ValueError, IndexError):
+        found = _holders.status_of(pid, proc)
+        if found is None:
             break
+        pid = found[1]
     return chain
 
 

@@ -144,17 +144,12 @@ def short(text: str | None, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _read(path: str) -> bytes:
-    with open(path, "rb") as handle:
-        return handle.read()
-
-
 def read_table(proc: str = "/proc") -> Table:
-    """{pid: (ppid, session id, start time)} of every live process (one read of each stat)."""
+    """{pid: (ppid, session id, start time)} of every live process (one read of each stat, under
+    the scan's bound: a process whose stat does not answer is left out, _holders.read_stats)."""
     table: Table = {}
-    for pid in holders_mod.list_pids(proc):
+    for pid, data in sorted(holders_mod.read_stats(holders_mod.list_pids(proc), proc).items()):
         try:
-            data = _read(f"{proc}/{pid}/stat")
             _comm, state, ppid, start_time = holders_mod.parse_stat(data)
             session = int(data[data.rindex(b")") + 2:].split()[3])
         except (OSError, ValueError, IndexError):

@@ -52,6 +52,9 @@ def why_not(holding: _shm.Holding, euid: int) -> str | None:
     if holding.unreadable:
         return (f"clean_shm: {holding.unreadable:d} process(es) could not be read, and one of them may hold a file of /dev/shm: "
                 "nothing was removed")
+    if holding.blocked:
+        return (f"clean_shm: {holding.blocked:d} process(es) did not answer (a file system that stopped answering?), and one of them may "
+                "hold a file of /dev/shm: nothing was removed")
     return None
 
 
@@ -110,14 +113,15 @@ class Done(t.NamedTuple):
 
 
 def clean(present_at_look: t.Container[Identity], act: bool, check_mode: bool, proc: str = "/proc", shm: str = _shm.SHM_DIR,
-          euid: int | None = None) -> Done:
+          euid: int | None = None, deadline_s: float | None = None) -> Done:
     """Find what no live process holds in `shm` now and remove what may go (`act`: the GPUs are
-    proven free; in check mode nothing is removed and the plan is returned as removed)."""
+    proven free; in check mode nothing is removed and the plan is returned as removed).
+    `deadline_s` bounds the /proc pass (_shm.Holding.scan)."""
     try:
         files = _shm.list_files(shm)
     except OSError as exc:
         return Done([], [], False, [f"clean_shm: {shm} cannot be read: {exc.strerror or exc}"])
-    holding = _shm.scan_holding(files, shm, proc)
+    holding = _shm.scan_holding(files, shm, proc, deadline_s)
     unheld = holding.unheld()
     chosen = removable(unheld, present_at_look) if act else []
     warnings: list[str] = []
@@ -129,4 +133,4 @@ def clean(present_at_look: t.Container[Identity], act: bool, check_mode: bool, p
     now = time.time()
     gone = set() if check_mode else {(e.dev, e.ino) for e in removed}
     stay = [e for e in unheld if (e.dev, e.ino) not in gone]
-    return Done(_shm.unheld_record(removed, now, shm), _shm.unheld_record(stay, now, shm), holding.unreadable == 0, warnings)
+    return Done(_shm.unheld_record(removed, now, shm), _shm.unheld_record(stay, now, shm), holding.complete, warnings)

@@ -147,14 +147,20 @@ NAMESPACE_INIT = "init of its PID namespace, no SIGTERM handler"
 STOPPED = "stopped (state T)"
 TRACED = "stopped by its tracer (state t)"
 FROZEN = "in a frozen cgroup (cgroup.freeze)"
+# A zombie leader (state Z, its other threads running on: _holders.holds_threads): its main thread
+# has exited, and a runtime that runs signal handlers on its main thread (CPython runs every Python
+# handler there: a trainer's SIGTERM handler) can never run one, so a caught SIGTERM stays pending
+# for the whole kill_timeout. SIGKILL to the PID ends the whole thread group (issue 57).
+ZOMBIE_LEADER = "its main thread has exited (zombie leader, state Z)"
 
 
 def sigkill_at_once(holder: Holder | t.Mapping[str, t.Any], state: str | None = None, frozen: bool = False) -> str | None:
     """Why SIGTERM cannot reach this holder, or None: a process that ignores SIGTERM, or the
     init of a PID namespace below ours without a handler for it, which the kernel shields from
     SIGTERM (pid_namespaces(7)), both from its /proc/PID/status at the scan; a process that is
-    stopped or stopped by its tracer (`state`, /proc/PID/stat read right before the signal; the
-    scan's when None), or one in a frozen cgroup (`frozen`): it cannot run a SIGTERM handler."""
+    stopped or stopped by its tracer, or a zombie leader whose threads run on (`state`, read right
+    before the signal; the scan's when None), or one in a frozen cgroup (`frozen`): it cannot run a
+    SIGTERM handler."""
     sigterm = holder.get("sigterm")
     if sigterm == "ignored":
         return IGNORES_SIGTERM
@@ -165,6 +171,8 @@ def sigkill_at_once(holder: Holder | t.Mapping[str, t.Any], state: str | None = 
         return STOPPED
     if state == "t":
         return TRACED
+    if state == "Z":
+        return ZOMBIE_LEADER
     if frozen:
         return FROZEN
     return None

@@ -31,6 +31,11 @@ What does tell them apart, in this order:
    exporters, the Kubernetes device plugin, nvidia-persistenced). It uses no GPU memory: never
    dirty, never signalled unless `match` names it.
 
+blocked: a process whose /proc entries did not answer (_holders.blocked_record: in execve on a
+FUSE mount that stopped answering, a stalled NFS server). What it holds is unknown: it may use any
+GPU of the node (`candidate_gpu_indexes`), so no GPU is clean beside it, and it is never signalled
+(its identity cannot be checked).
+
 Spanning: a process placed on a selected GPU and on one outside the selection (listed or
 mapped on both: JAX on every visible GPU, a DataParallel trainer, an MPS server) is never
 signalled for that selection unless the caller says kill_spanning (`may_signal_for`,
@@ -59,6 +64,7 @@ LISTED = "listed"
 MAPPED = "mapped"
 UNDECIDED = "undecided"
 NVML_CLIENT = "nvml_client"
+BLOCKED = "blocked"
 
 # Context GPU: 2176 KiB mapped; the other GPUs: 128 KiB (H200, driver 580.159.04). A factor of
 # two below the one and eight above the other.
@@ -132,6 +138,10 @@ def attribute(holders: t.Iterable[Holder], apps: t.Iterable[ComputeApp], minor_t
     result: list[Holder] = []
     for holder in holders:
         record = t.cast("Holder", dict(holder))
+        if record.get("blocked"):
+            record["gpu_indexes"], record["attribution"], record["candidate_gpu_indexes"] = [], BLOCKED, sorted(set(minor_to_index.values()))
+            result.append(record)
+            continue
         gpus, why, candidates = place(
             listed.get(record["pid"]),
             mapped_gpu_kib(record.get("mapped"), minor_to_index),
@@ -171,6 +181,8 @@ def may_signal_for(holder: Holder, selected: t.Iterable[int], kill_spanning: boo
     (or `kill_spanning`: ending its work on the unselected GPUs too was asked for), or,
     undecided, every GPU it may use is selected."""
     chosen = set(selected)
+    if holder.get("attribution") == BLOCKED:
+        return False
     if holder.get("attribution") == UNDECIDED:
         candidates = set(holder.get("candidate_gpu_indexes") or [])
         return bool(candidates) and candidates <= chosen
@@ -196,6 +208,12 @@ def undecided_for(holders: t.Iterable[Holder], selected: t.Iterable[int]) -> lis
     ]
 
 
+def blocked_for(holders: t.Iterable[Holder], selected: t.Iterable[int]) -> list[Holder]:
+    """Processes that did not answer and may use a selected GPU (all of them do: see BLOCKED)."""
+    chosen = set(selected)
+    return [holder for holder in holders if holder.get("attribution") == BLOCKED and set(holder.get("candidate_gpu_indexes") or []) & chosen]
+
+
 def footprint_gpus(gpus: t.Iterable[Gpu], holders: t.Iterable[Holder], apps: t.Iterable[ComputeApp], max_used_mib: float,
                    footprint_mib: float | None = CROSS_GPU_FOOTPRINT_MIB) -> set[int]:
     """Indexes of the GPUs whose memory above max_used_mib is only the cross-GPU footprint: no
@@ -206,7 +224,7 @@ def footprint_gpus(gpus: t.Iterable[Gpu], holders: t.Iterable[Holder], apps: t.I
     with_context = {app["gpu_index"] for app in apps if app.get("gpu_index") is not None}
     for holder in holders:
         with_context.update(holder.get("gpu_indexes") or [])
-        if holder.get("attribution") == UNDECIDED:
+        if holder.get("attribution") in (UNDECIDED, BLOCKED):
             with_context.update(holder.get("candidate_gpu_indexes") or [])
     footprint: set[int] = set()
     for gpu in gpus:

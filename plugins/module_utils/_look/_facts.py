@@ -76,6 +76,11 @@ HOLDER_KEYS = (
     "pod_uid",
     # The system container the holder runs in, seen from the host (_guests): None elsewhere.
     "guest",
+    # A process whose /proc entries did not answer (_holders.blocked_record): where it sleeps,
+    # and where root's read of it waited.
+    "blocked",
+    "wchan",
+    "waits_in",
 )
 
 
@@ -166,15 +171,16 @@ def health_summary(public_gpus: list[Gpu], health: _health.Health | None = None,
 
 def assemble(gpus: list[Gpu], apps: list[ComputeApp], holders: list[Holder], max_used_mib: float, with_processes: bool, cuda_version: str | None = None,
              footprint: t.Container[int] = (), health: _health.Health | None = None, dcgm: dict[str, t.Any] | None = None,
-             not_visible: t.Sequence[DriverGpu] = (), inside_container: bool = False) -> dict[str, t.Any]:
+             not_visible: t.Sequence[DriverGpu] = (), inside_container: bool = False, unscanned: int = 0) -> dict[str, t.Any]:
     """The `ansible_facts.gpu` dict. `gpus` carry minor numbers and health, `holders` are attributed;
     `not_visible`: the driver's GPUs this namespace cannot reach (not_visible_gpus);
-    `inside_container`: this look ran in a container (_guests.pid_namespace_nested)."""
+    `inside_container`: this look ran in a container (_guests.pid_namespace_nested); `unscanned`:
+    how many processes the scan's deadline left unread (then nothing is clean)."""
     public_gpus = [public_gpu(gpu, max_used_mib, footprint) for gpu in gpus]
     used = [gpu["memory_used_mib"] for gpu in public_gpus]
     clean = bool(public_gpus) and all(gpu["clean"] for gpu in public_gpus)
     if with_processes:
-        clean = clean and not dirty_holders(holders)
+        clean = clean and not dirty_holders(holders) and not unscanned
     return dict(health_summary(public_gpus, health, dcgm), **{
         "driver_version": gpus[0].get("driver_version") if gpus else None,
         "cuda_version": cuda_version,
@@ -232,7 +238,8 @@ class Snapshot:
     """One look at the node: what gpu_facts returns and what gpu_release plans from."""
 
     def __init__(self, gpus: list[Gpu], apps: list[ComputeApp], holders: list[Holder], unreadable: list[int] | None = None,
-                 footprint: t.Iterable[int] = (), health: _health.Health | None = None, not_visible: list[DriverGpu] | None = None) -> None:
+                 footprint: t.Iterable[int] = (), health: _health.Health | None = None, not_visible: list[DriverGpu] | None = None,
+                 unscanned: list[int] | None = None) -> None:
         self.gpus = gpus
         # The driver's GPUs this namespace cannot reach (not_visible_gpus): not this node's.
         self.not_visible = not_visible or []
@@ -246,6 +253,8 @@ class Snapshot:
         self.footprint = set(footprint)
         # Whether this look ran in a container, where GPU memory may be held by processes outside it.
         self.inside_container = False
+        # PIDs the scan's deadline left unread (_holders.scan_holders): nothing is clean then.
+        self.unscanned = unscanned or []
 
 
 def not_visible_gpus(gpus: list[Gpu], driver_gpus: t.Mapping[str | None, DriverGpu], reachable: t.Callable[[int], bool] | None = None) -> list[DriverGpu]:
@@ -296,38 +305,42 @@ class DeviceScan(t.NamedTuple):
     others: list[int]
 
 
-def scan_devices(proc: str = "/proc", unreadable: list[int] | None = None, ours: t.Collection[int] = ()) -> DeviceScan:
+def scan_devices(proc: str = "/proc", unreadable: list[int] | None = None, ours: t.Collection[int] = (),
+                 limits: holders_mod.ScanLimits = holders_mod.DEFAULT_LIMITS, unscanned: list[int] | None = None) -> DeviceScan:
     """`ours`: PIDs this module started (its nvidia-smi calls), left out: they hold the device
-    files only while they answer."""
+    files only while they answer. `limits`, `unscanned`: as scan_holders'."""
     others: list[int] = []
     table = holders_mod.DeviceTable.read()
-    raw = holders_mod.scan_holders(proc, unreadable, with_maps=False, without_devices=others, table=table)
+    raw = holders_mod.scan_holders(proc, unreadable, with_maps=False, without_devices=others, table=table, limits=limits, unscanned=unscanned)
     return DeviceScan(table, [h for h in raw if h["pid"] not in ours], [pid for pid in others if pid not in ours])
 
 
 def scan_and_attribute(gpus: list[Gpu], apps: list[ComputeApp] | None, fetch_apps: t.Callable[[], list[ComputeApp]], *,
                        protect_names: t.Iterable[str], protect_pids: t.Collection[int], own_lineage: t.Collection[int], proc: str = "/proc",
                        unreadable: list[int] | None = None, max_used_mib: float = 0, footprint_mib: float | None = _attribution.CROSS_GPU_FOOTPRINT_MIB,
-                       main_pid_of: MainPidOf | None = None, scanned: DeviceScan | None = None) -> tuple[list[Holder], list[ComputeApp]]:
+                       main_pid_of: MainPidOf | None = None, scanned: DeviceScan | None = None,
+                       limits: holders_mod.ScanLimits = holders_mod.DEFAULT_LIMITS, unscanned: list[int] | None = None
+                       ) -> tuple[list[Holder], list[ComputeApp]]:
     """The /proc scan, attributed to GPUs and marked protected -> (holders, apps).
 
     `apps` are joined compute apps, or None when not fetched yet: `fetch_apps()` is then called
     only if the answer depends on them (see _attribution.needs_listing). `protect_names`,
     `protect_pids`: the protect option split (_holders.split_protect); `own_lineage`: this
     module and its ancestors (never signalled); `unreadable` gets the PIDs whose files could not
-    be read; `scanned`: the device-file pass when it was done already (while nvidia-smi ran)."""
+    be read; `scanned`: the device-file pass when it was done already (while nvidia-smi ran);
+    `limits`: how long the scan may wait (scan_holders), `unscanned` gets the PIDs it left unread."""
     # Processes that mapped a device file and closed it (CUDA never does) matter only where a GPU
     # holds more than the footprint and than what live, listed processes with the device files
     # open explain: only then are the maps of processes without a device file open read. Speed:
     # a busy node with 1,000 processes looked in 120-144 ms reading them all, in about the time of
     # an idle look without (benchmarks/changes.md).
     limit = max_used_mib + (footprint_mib or 0)
-    table, raw, others = scanned if scanned is not None else scan_devices(proc, unreadable)
+    table, raw, others = scanned if scanned is not None else scan_devices(proc, unreadable, limits=limits, unscanned=unscanned)
     raw = list(raw)
     if apps is None and (any_dirty(gpus, limit) or _attribution.needs_listing(raw)):
         apps = fetch_apps()
     if unexplained_gpus(gpus, apps or [], raw, limit):
-        raw += holders_mod.scan_mapped(others, proc, table)
+        raw += holders_mod.scan_mapped(others, proc, table, limits, unscanned)
     apps = apps or []
     attributed = _attribution.attribute(raw, apps, minor_to_index(gpus))
     return holders_mod.protect(attributed, protect_names, protect_pids, own_lineage, main_pid_of), apps
@@ -377,10 +390,12 @@ def look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, *, with_proc
     (benchmarks/HISTORY.md, "The look's /proc pass beside nvidia-smi")."""
     with_apps = with_processes if with_apps is None else with_apps
     unreadable: list[int] = []
-    early: dict[str, t.Any] = {}
+    unscanned: list[int] = []
+    limits = scan_limits(getattr(smi, "timeout", None))
+    early: dict[str, t.Any] = {"limits": limits, "unscanned": unscanned}
 
     def meanwhile() -> None:
-        scanned = early["scan"] = scan_devices(proc, unreadable, getattr(smi, "pids", ()))
+        scanned = early["scan"] = scan_devices(proc, unreadable, getattr(smi, "pids", ()), limits, unscanned)
         if _attribution.needs_listing(scanned.raw):
             if not with_apps:
                 early["apps"] = smi.start(smi.app_args())
@@ -429,6 +444,7 @@ def _look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, early: dict
     holders, apps = scan_and_attribute(
         gpus, joined(listed) if with_apps else None, fetch_apps, protect_names=names, protect_pids=pids, own_lineage=lineage, proc=proc,
         unreadable=unreadable, max_used_mib=max_used_mib, footprint_mib=footprint_mib, main_pid_of=main_pid_of, scanned=early.get("scan"),
+        limits=early["limits"], unscanned=early["unscanned"],
     )
     if early.get("apps") is not None:
         # Started for a process mapping a GPU, and the answer did not need it after all.
@@ -439,9 +455,44 @@ def _look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, early: dict
         _container_of.annotate(holders, runtimes or (runtimes_of() if runtimes_of else _engines.Runtimes()), proc)
         _guests.annotate(holders, proc)
     footprint = _attribution.footprint_gpus(gpus, holders, apps, max_used_mib, footprint_mib)
-    snapshot = Snapshot(gpus, apps, holders, unreadable, footprint, health, not_visible)
+    snapshot = Snapshot(gpus, apps, holders, unreadable, footprint, health, not_visible, early["unscanned"])
     snapshot.inside_container = _guests.pid_namespace_nested(proc)
     return snapshot
+
+
+def scan_limits(timeout: float | None) -> holders_mod.ScanLimits:
+    """How long a look's /proc scan may wait: the module's `timeout` in all (what one nvidia-smi
+    call may take), and a budget per process of at most a quarter of it."""
+    if not timeout or timeout <= 0:
+        return holders_mod.DEFAULT_LIMITS
+    return holders_mod.ScanLimits(min(holders_mod.DEFAULT_LIMITS.budget, timeout / 4), float(timeout))
+
+
+def scan_warnings(snapshot: Snapshot) -> list[str]:
+    """What to tell of a look's scan: processes not ours to read, processes that did not answer,
+    and those its deadline left unread."""
+    warnings = [w for w in (unreadable_warning(snapshot.unreadable), unscanned_warning(snapshot.unscanned)) if w]
+    blocked = [h for h in snapshot.holders if h.get("blocked")]
+    if blocked:
+        warnings.append("{} (a file system that stopped answering, FUSE or NFS, or a process stuck in the kernel): what they hold is unknown, "
+                        "so no GPU of this node reads clean beside them".format("; ".join(blocked_text(h) for h in blocked)))
+    return warnings
+
+
+def blocked_text(holder: t.Mapping[str, t.Any]) -> str:
+    """`pid 123 python3 (uid 4242, state S, wchan request_wait_answer) did not answer: root's read waited in mm_access`."""
+    about = ["uid {}".format(holder.get("uid")), "state {}".format(holder.get("state"))]
+    if holder.get("wchan"):
+        about.append("wchan {}".format(holder["wchan"]))
+    text = "pid {} {} ({}) did not answer".format(holder["pid"], holder.get("name"), ", ".join(about))
+    return text + (": root's read of its /proc entries waited in {}".format(holder["waits_in"]) if holder.get("waits_in") else "")
+
+
+def unscanned_warning(unscanned: t.Sized | None) -> str | None:
+    if not unscanned:
+        return None
+    return (f"the /proc scan reached its deadline (the timeout option) with {len(unscanned):d} process(es) not read, after processes that did "
+            "not answer: what holds the GPUs is unknown and no GPU is clean")
 
 
 def unreadable_warning(unreadable: t.Sized | None) -> str | None:

@@ -20,6 +20,13 @@ What a user controls decides nothing here (docs/docsite/rst/guide_security.rst):
 kernel says it is (`DeviceTable`: its device number, or the very inode of this node's own
 /dev/nvidia* node), never by the path a process opened it through; a protected daemon is known by
 its real uid and its executable as the kernel resolves it, never by its name alone.
+
+No read here can hang root (_bounded_reads): files a process holds are stat'ed from what the kernel has
+cached (`_bounded_reads.stat_nosync`: a stalled FUSE or NFS server is never asked), the pass over /proc
+runs in a bounded child, and a process whose /proc entries do not answer is reported `blocked`,
+never passed over. A thread-group leader that exited while its other threads run on (state Z,
+`Threads:` > 1: `ps` shows `Zl <defunct>`) is a live process: its files, maps and command line are
+read through a live thread (/proc/PID/task/TID/...), whose are the group's.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import re
 import stat as stat_mod
 import typing as t
 
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _bounded_reads
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _cgroups
 
 if t.TYPE_CHECKING:
@@ -125,16 +133,48 @@ class DeviceTable:
             self.mount_ns = os.readlink("/proc/self/ns/mnt")
         except OSError:
             self.mount_ns = None
+        # {(mount namespace, root) of processes elsewhere: their file systems} (see view).
+        self._trees: dict[tuple[str, str], MountTable] = {}
 
-    def known_fd(self, link: str, target: str, mount_ns: str | None) -> str | None:
-        """name_of an fd. For a process in this module's own mount namespace the path it shows is
-        a path of this namespace's tree, which only root can mount on, so one stat per path serves
-        every such process (a busy node: thousands of fds on /dev/null and log files); a process
-        elsewhere, or a deleted file, is asked fd by fd. Raises OSError as os.stat does."""
-        if mount_ns is None or mount_ns != self.mount_ns or target.endswith(DELETED_SUFFIX):
-            return self.name_of(os.stat(link))
+    def view(self, base: str) -> View:
+        """How to read the paths a process (its /proc directory `base`) shows: whether it sees this
+        module's tree (its mount namespace is ours: its paths name the same files as here), and
+        the file systems of its tree. Where every file system here answers a stat from the cache
+        (MountTable.all_answer: no Lustre, GPFS, 9p...), another namespace's are taken to be of
+        the same kinds (only root mounts those, and a container binds the node's); otherwise its
+        own mountinfo is read, once per namespace and root."""
+        own = own_tree()
+        try:
+            mount_ns = os.readlink(base + "/ns/mnt")
+        except OSError:
+            return View(False, own)
+        if mount_ns == self.mount_ns:
+            return View(True, own)
+        if own.all_answer:
+            return View(False, own)
+        try:
+            key = (mount_ns, os.readlink(base + "/root"))
+            if key not in self._trees:
+                self._trees[key] = MountTable(_read(base + "/mountinfo"))
+            return View(False, self._trees[key])
+        except OSError:
+            return View(False, MountTable(b""))
+
+    def known_fd(self, link: str, target: str, view: View | None) -> str | None:
+        """name_of an fd. For a process that sees this module's tree (`view.same`) the path it shows
+        is a path of this tree, which only root can mount on, so one stat per path serves every
+        such process (a busy node: thousands of fds on /dev/null and log files); a process
+        elsewhere, or a deleted file, is asked fd by fd. The stat asks the kernel's cache, never a
+        file system's server (_bounded_reads.stat_nosync), and is made here only on a file system known
+        to answer it so (`view.mounts`, MountTable.answers); others raise NeedsIsolation. Raises
+        OSError as os.stat does."""
+        if view is None or not view.same or target.endswith(DELETED_SUFFIX):
+            if view is not None:
+                view.mounts.check(target)
+            return self.name_of(_bounded_reads.stat_nosync(link))
         if target not in self._fds:
-            self._fds[target] = self.name_of(os.stat(link))
+            view.mounts.check(target)
+            self._fds[target] = self.name_of(_bounded_reads.stat_nosync(link))
         return self._fds[target]
 
     def known_mapping(self, map_file: bytes, dev: bytes, inode: bytes) -> str | None:
@@ -142,7 +182,7 @@ class DeviceTable:
         one inode of the kernel, so one stat per (dev, inode) serves every mapping of it."""
         key = (dev, inode)
         if key not in self._mappings:
-            self._mappings[key] = self.name_of(os.stat(map_file))
+            self._mappings[key] = self.name_of(_bounded_reads.stat_nosync(os.fsdecode(map_file)))
         return self._mappings[key]
 
     @classmethod
@@ -179,7 +219,7 @@ class DeviceTable:
 
     frontend: t.Collection[int] = (FRONTEND_MAJOR,)
 
-    def name_of(self, st: os.stat_result) -> str | None:
+    def name_of(self, st: os.stat_result | _bounded_reads.Stat) -> str | None:
         """The canonical /dev/nvidia* name of a stat result, or None when it is no NVIDIA device."""
         if not stat_mod.S_ISCHR(st.st_mode):
             return None
@@ -188,6 +228,85 @@ class DeviceTable:
             minor = os.minor(st.st_rdev)
             name = _CONTROL_MINORS.get(minor) or f"/dev/nvidia{minor:d}"
         return name
+
+
+# File systems whose getattr never waits on a server with AT_STATX_DONT_SYNC: local ones, memory
+# ones, and the network ones that honour the flag (FUSE, NFS, CIFS, Ceph; overlayfs passes it on).
+# Measured for FUSE on 6.18: stat() of a file of a stalled daemon waits for good, statx with the
+# flag answers from the cache. Elsewhere (Lustre, GPFS, BeeGFS, 9p, autofs triggers, an unknown
+# type) a stat is made in a forked reader only (_bounded_reads.NeedsIsolation).
+ANSWERING_FS = frozenset((
+    "ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "jfs", "reiserfs", "vfat", "msdos", "exfat", "ntfs3", "squashfs", "erofs",
+    "iso9660", "udf", "tmpfs", "ramfs", "devtmpfs", "devpts", "proc", "sysfs", "cgroup", "cgroup2", "mqueue", "hugetlbfs", "bpf",
+    "tracefs", "debugfs", "securityfs", "pstore", "configfs", "efivarfs", "binfmt_misc", "fusectl", "rpc_pipefs", "nsfs", "overlay",
+    "fuse", "fuseblk", "nfs", "nfs4", "cifs", "smb3", "ceph",
+))
+
+
+def _unescape(field: bytes) -> str:
+    """A mountinfo path field: octal escapes (\\040 a space) undone."""
+    return re.sub(rb"\\([0-7]{3})", lambda m: bytes((int(m.group(1), 8),)), field).decode("utf-8", "replace")
+
+
+class MountTable:
+    """The file systems of one tree, from /proc/PID/mountinfo (mount points as its process sees
+    them): which one a path lies on, its longest mount point that is a prefix."""
+
+    def __init__(self, mountinfo: bytes) -> None:
+        points: dict[str, str] = {}
+        for line in mountinfo.splitlines():
+            left, sep, right = line.partition(b" - ")
+            fields, tail = left.split(), right.split()
+            if sep and len(fields) >= 5 and tail:
+                points[_unescape(fields[4])] = tail[0].decode("ascii", "replace")
+        self._points = sorted(points.items(), key=lambda item: len(item[0]), reverse=True)
+        self._answers: dict[str, bool] = {}
+        # An empty table (unreadable) knows nothing: every stat then waits for a forked reader.
+        self.all_answer = bool(points) and all(_answering(fstype) for fstype in points.values())
+
+    def fstype(self, path: str) -> str | None:
+        for point, fstype in self._points:
+            if path == point or point == "/" or path.startswith(point + "/"):
+                return fstype
+        return None
+
+    def answers(self, path: str) -> bool:
+        """Whether a stat of a file at `path` (of this tree) cannot wait on a server (ANSWERING_FS)."""
+        if self.all_answer:
+            return True
+        if path not in self._answers:
+            fstype = self.fstype(path[: -len(DELETED_SUFFIX)] if path.endswith(DELETED_SUFFIX) else path)
+            self._answers[path] = fstype is not None and _answering(fstype)
+        return self._answers[path]
+
+    def check(self, path: str) -> None:
+        """Raise _bounded_reads.NeedsIsolation for a path a stat of which may wait, outside a forked reader."""
+        if not self.all_answer and not _bounded_reads.isolated() and not self.answers(path):
+            raise _bounded_reads.NeedsIsolation(path)
+
+
+def _answering(fstype: str) -> bool:
+    return fstype in ANSWERING_FS or fstype.startswith("fuse.")
+
+
+_OWN_TREE: list[MountTable] = []
+
+
+def own_tree() -> MountTable:
+    """This module's file systems (/proc/self/mountinfo), read once a run."""
+    if not _OWN_TREE:
+        try:
+            _OWN_TREE.append(MountTable(_read("/proc/self/mountinfo")))
+        except OSError:
+            _OWN_TREE.append(MountTable(b""))
+    return _OWN_TREE[0]
+
+
+class View(t.NamedTuple):
+    """How a process's paths read here (DeviceTable.view)."""
+
+    same: bool
+    mounts: MountTable
 
 
 def gpu_node(minor: int) -> str:
@@ -372,13 +491,18 @@ def parse_environ(raw: bytes) -> dict[str, str]:
 
 
 def environ_of(pid: int, proc: str = "/proc") -> dict[str, str]:
-    """The environment a process started with, {} when it cannot be read (gone, or not ours to
-    read). Written by whoever started the process: a hint for display and lookups, never a
-    reason to signal or stop anything (docs/docsite/rst/guide_design.rst, "What can be trusted on a shared node")."""
+    """The environment a process started with, {} when it cannot be read (gone, not ours to read,
+    or not answering: _bounded_reads). Written by whoever started the process: a hint for display
+    and lookups, never a reason to signal or stop anything (docs/docsite/rst/guide_design.rst,
+    "What can be trusted on a shared node")."""
     try:
-        return parse_environ(_read(f"{proc}/{pid:d}/environ"))
-    except OSError:
+        return _bounded_reads.call(_environ, pid, proc)
+    except (OSError, _bounded_reads.ReadBlocked):
         return {}
+
+
+def _environ(pid: int, proc: str) -> dict[str, str]:
+    return parse_environ(_read(process_dir(pid, proc) + "/environ"))
 
 
 def cgroup_paths(pid: int, proc: str = "/proc") -> list[str] | None:
@@ -447,15 +571,25 @@ def signal_facts(text: bytes | str) -> tuple[str | None, bool]:
 
 def open_devices(pid: int, proc: str = "/proc", table: DeviceTable | None = None) -> set[str]:
     """The /dev/nvidia* names of the device files a process has open, known by identity (see
-    DeviceTable): os.stat of /proc/PID/fd/N follows the kernel's link to the opened inode,
+    DeviceTable): a stat of /proc/PID/fd/N follows the kernel's link to the opened inode,
     whatever path or namespace it was opened through. Only where the kernel cannot be asked
     (the fd closed meanwhile, a test's fake /proc) does the path's spelling count. Raises
     OSError when the process is gone or not ours to read."""
-    table = table if table is not None else DeviceTable()
+    return _open_devices(pid, proc, table if table is not None else DeviceTable())[0]
+
+
+def _open_devices(pid: int, proc: str, table: DeviceTable) -> tuple[set[str], str]:
+    """(open_devices, the directory its files are read through: /proc/PID, or a live thread's
+    for a zombie leader)."""
     devices: set[str] = set()
-    fd_dir = f"{proc}/{pid:d}/fd"
-    entries = os.listdir(fd_dir)
-    mount_ns = None
+    base = f"{proc}/{pid:d}"
+    entries = os.listdir(base + "/fd")
+    if not entries and _threads_beyond_leader(base):
+        # A zombie leader's own fd table is gone; its live threads share the group's.
+        base = process_dir(pid, proc)
+        entries = os.listdir(base + "/fd")
+    fd_dir = base + "/fd"
+    view = None
     for entry in entries:
         link = fd_dir + "/" + entry
         try:
@@ -465,18 +599,51 @@ def open_devices(pid: int, proc: str = "/proc", table: DeviceTable | None = None
         # socket:[..], pipe:[..], anon_inode:..: never a device file.
         if not target.startswith("/"):
             continue
-        if mount_ns is None:
-            try:
-                mount_ns = os.readlink(f"{proc}/{pid:d}/ns/mnt")
-            except OSError:
-                mount_ns = ""
+        if view is None:
+            view = table.view(base)
         try:
-            device = table.known_fd(link, target, mount_ns or None)
+            device = table.known_fd(link, target, view)
         except OSError:
             device = device_path(target)
         if device is not None:
             devices.add(device)
-    return devices
+    return devices, base
+
+
+def _threads_beyond_leader(base: str) -> bool:
+    """Whether a process runs more than one thread: /proc/PID/task links one directory per thread
+    (a stat, not a read: kernel threads, whose fd table also reads empty, cost no more)."""
+    try:
+        return os.stat(base + "/task").st_nlink > 3
+    except OSError:
+        return False
+
+
+def live_thread(pid: int, proc: str = "/proc") -> int | None:
+    """A live thread of a process whose leader is a zombie (the main thread called pthread_exit
+    or SYS_exit while others run on: `ps` shows `Zl <defunct>`, and /proc/PID/fd and maps read
+    empty); None when the leader is alive, or no thread of it is."""
+    base = f"{proc}/{pid:d}"
+    try:
+        if parse_stat(_read(base + "/stat"))[1] != "Z":
+            return None
+        tids = sorted(int(tid) for tid in os.listdir(base + "/task") if tid.isdigit() and int(tid) != pid)
+    except (OSError, ValueError, IndexError):
+        return None
+    for tid in tids:
+        try:
+            if parse_stat(_read(f"{base}/task/{tid:d}/stat"))[1] not in ("Z", "X"):
+                return tid
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
+
+
+def process_dir(pid: int, proc: str = "/proc") -> str:
+    """Where a process's files, maps, command line and environment are read: /proc/PID, or, for
+    a zombie leader with live threads, one live thread's /proc/PID/task/TID (see live_thread)."""
+    tid = live_thread(pid, proc)
+    return f"{proc}/{pid:d}" if tid is None else f"{proc}/{pid:d}/task/{tid:d}"
 
 
 # A maps line whose path mentions nvidia (a spelling of a device file), and, built per table, one
@@ -492,12 +659,13 @@ def _maps_by_inode(inode_numbers: t.Collection[bytes]) -> re.Pattern[bytes] | No
     return re.compile(rb"^([0-9a-f]+)-([0-9a-f]+) \S+ \S+ (\S+) (" + alternatives + rb")\s+(/.*)$", re.MULTILINE)
 
 
-def mapped_by_identity(maps: bytes, table: DeviceTable, map_files: bytes | None = None) -> Mapped:
+def mapped_by_identity(maps: bytes, table: DeviceTable, map_files: bytes | None = None, mounts: MountTable | None = None) -> Mapped:
     """/proc/PID/maps (bytes) -> {device name: [mappings, KiB]}, known by identity: a line is a
     candidate when its inode is one of the table's or its path is spelled like a device file;
     /proc/PID/map_files/<range> (root) then says what the mapped file is (os.stat: its rdev,
     dev and inode). Without map_files (not root, a fake /proc) a candidate counts by its path's
-    spelling only, as the scan did before."""
+    spelling only, as the scan did before. `mounts`: the process's file systems (DeviceTable.view),
+    checked before a stat (MountTable.check)."""
     found: Mapped = {}
     seen: set[bytes] = set()
     patterns = [_MAPS_SPELLED] + ([table.maps_by_inode] if table.maps_by_inode is not None else [])
@@ -510,6 +678,8 @@ def mapped_by_identity(maps: bytes, table: DeviceTable, map_files: bytes | None 
             spelled = device_path(path.decode("utf-8", "replace")) if b"nvidia" in path else None
             device = spelled
             if map_files is not None:
+                if mounts is not None:
+                    mounts.check(path.decode("utf-8", "replace"))
                 try:
                     device = table.known_mapping(b"%s/%s-%s" % (map_files, start, end), dev, inode)
                 except OSError:
@@ -523,16 +693,28 @@ def mapped_by_identity(maps: bytes, table: DeviceTable, map_files: bytes | None 
 
 
 def read_maps(pid: int, proc: str = "/proc", table: DeviceTable | None = None) -> Mapped | None:
-    """{device: [mappings, KiB]} of a process, or None when its maps cannot be read."""
-    table = table if table is not None else DeviceTable()
+    """{device: [mappings, KiB]} of a process, or None when its maps cannot be read (gone, not
+    ours, or not answering: _bounded_reads)."""
     try:
-        maps = _read(f"{proc}/{pid:d}/maps")
+        return _bounded_reads.call(_read_maps, pid, proc, table if table is not None else DeviceTable(), None)
+    except _bounded_reads.ReadBlocked:
+        return None
+
+
+def _read_maps(pid: int, proc: str, table: DeviceTable, base: str | None) -> Mapped | None:
+    """read_maps through `base` (process_dir's, when known already)."""
+    base = base or f"{proc}/{pid:d}"
+    try:
+        maps = _read(base + "/maps")
+        if not maps and _threads_beyond_leader(base):
+            base = process_dir(pid, proc)
+            maps = _read(base + "/maps")
     except OSError:
         return None
     # Most processes map no device file: byte searches skip the regex for them.
     if b"nvidia" not in maps and not any(b" " + ino + b" " in maps for ino in table.inode_numbers):
         return {}
-    return mapped_by_identity(maps, table, (f"{proc}/{pid:d}/map_files").encode())
+    return mapped_by_identity(maps, table, (base + "/map_files").encode(), table.view(base).mounts)
 
 
 # Where a daemon a node needs is installed: only root writes there. /proc/PID/exe names the
@@ -556,16 +738,31 @@ def read_executable(base: str, fs_root: str = "") -> tuple[str | None, int | Non
     whether that path names the same inode in this module's own mount namespace (a user's bind
     mount of /usr/bin/python3 onto /usr/bin/Xorg in a namespace of their own does not). A
     deleted executable (a package upgraded under a running daemon) cannot be verified by inode:
-    its path and owner then speak. (None, None, False) where the kernel does not answer."""
+    its path and owner then speak. (None, None, False) where the kernel does not answer.
+
+    Only an executable in a system directory can be vouched for (`vouched`): any other is neither
+    stat'ed nor looked up (a user's program on a FUSE mount that stopped answering would hold the
+    lookup), and reads (path, None, False). The stat of the executable asks the kernel's cache only
+    (_bounded_reads.stat_nosync)."""
     try:
         path = os.readlink(base + "/exe")
-        st = os.stat(base + "/exe")
     except OSError:
         return None, None, False
     if fs_root and path.startswith(fs_root + "/"):
         path = path[len(fs_root):]
-    if path.endswith(DELETED_SUFFIX):
-        return path[: -len(DELETED_SUFFIX)], st.st_uid, True
+    deleted = path.endswith(DELETED_SUFFIX)
+    if deleted:
+        path = path[: -len(DELETED_SUFFIX)]
+    if not path.startswith(SYSTEM_DIRS):
+        return path, None, False
+    if not fs_root:
+        _trees().view(base).mounts.check(path)
+    try:
+        st = _bounded_reads.stat_nosync(base + "/exe")
+    except OSError:
+        return path, None, False
+    if deleted:
+        return path, st.st_uid, True
     try:
         here = os.stat(fs_root + path)
     except OSError:
@@ -573,18 +770,38 @@ def read_executable(base: str, fs_root: str = "") -> tuple[str | None, int | Non
     return path, st.st_uid, (here.st_dev, here.st_ino) == (st.st_dev, st.st_ino)
 
 
+_TREES: list[DeviceTable] = []
+
+
+def _trees() -> DeviceTable:
+    """The trees processes see (DeviceTable.view), read once a run."""
+    if not _TREES:
+        _TREES.append(DeviceTable())
+    return _TREES[0]
+
+
 def read_process(pid: int, proc: str = "/proc", users: dict[int, str] | None = None) -> Holder | None:
     """Identity and placement of one process (the holder shape of gpu_facts' RETURN, docs/gpu_facts.md, without the GPU
-    attribution), or None if it vanished."""
+    attribution), or None if it vanished. A process whose /proc entries do not answer within the
+    budget (_bounded_reads) reads as blocked_record says."""
     users = {} if users is None else users
-    base = f"{proc}/{pid:d}"
     try:
-        stat = _read(base + "/stat")
+        return _bounded_reads.call(_read_process, pid, proc, users)
+    except _bounded_reads.ReadBlocked as exc:
+        return blocked_record(pid, proc, exc.waits_in, users)
+
+
+def _read_process(pid: int, proc: str = "/proc", users: dict[int, str] | None = None) -> Holder | None:
+    """read_process, unbounded: in a bounded reader only."""
+    users = {} if users is None else users
+    try:
+        stat = _read(f"{proc}/{pid:d}/stat")
         comm, state, ppid, start_time = parse_stat(stat)
         kernel_thread = is_kernel_thread(stat)
+        base = process_dir(pid, proc) if state == "Z" else f"{proc}/{pid:d}"
         argv, cmdline = parse_cmdline(_read(base + "/cmdline"))
-        status = _read(base + "/status")
-        cgroup = _read(base + "/cgroup")
+        status = _read(f"{proc}/{pid:d}/status")
+        cgroup = _read(f"{proc}/{pid:d}/cgroup")
     except (OSError, ValueError, IndexError):
         return None
     exe, exe_owner, exe_verified = read_executable(base, _fs_root(proc))
@@ -616,7 +833,79 @@ def read_process(pid: int, proc: str = "/proc", users: dict[int, str] | None = N
         "kernel_thread": kernel_thread,
         "sigterm": sigterm,
         "pid_namespace_init": namespace_init,
+        "threads": status_field(status, "Threads"),
+        "blocked": False,
+        "wchan": None,
     }
+    return record
+
+
+def status_field(status: bytes | str, key: str) -> int | None:
+    """An integer field of /proc/PID/status (`Threads`, `PPid`), None when absent."""
+    for line in _text(status).splitlines():
+        name, _sep, value = line.partition(":")
+        if name == key:
+            try:
+                return int(value.split()[0])
+            except (ValueError, IndexError):
+                return None
+    return None
+
+
+def status_of(pid: int, proc: str = "/proc") -> tuple[str, int] | None:
+    """(state letter, parent pid) from /proc/PID/status, None when gone. Status answers where
+    /proc/PID/stat may wait (a process in execve on a file system that stopped answering:
+    _bounded_reads's doc), so the checks made in loops read it."""
+    try:
+        status = _text(_read(f"{proc}/{pid:d}/status"))
+    except OSError:
+        return None
+    state = _STATUS_STATE.search(status)
+    return (state.group(1) if state else "?"), status_field(status, "PPid") or 0
+
+
+def holds_threads(record: t.Mapping[str, t.Any]) -> bool:
+    """Whether a process is alive: any state but Z and X, or a zombie leader whose other threads
+    run on (`Threads:` > 1), which holds what the group holds."""
+    return record.get("state") not in ("Z", "X") or (record.get("state") == "Z" and (record.get("threads") or 0) > 1)
+
+
+# /proc/PID/status answers where stat, wchan, maps and the rest wait (_bounded_reads's doc): what is
+# told of a process that does not answer comes from it.
+_STATUS_STATE = re.compile(r"^State:\s+(\S)", re.MULTILINE)
+_STATUS_NAME = re.compile(r"^Name:\t(.*)$", re.MULTILINE)
+WCHAN_BUDGET_S = 0.1
+
+
+def blocked_record(pid: int, proc: str, waits_in: str | None, users: dict[int, str] | None = None) -> Holder | None:
+    """What can be told of a process whose /proc entries did not answer (a process in execve
+    closing a file of a FUSE mount that stopped answering holds them; a stalled NFS server, a
+    process stuck in the kernel): its name, state, parent and owner from /proc/PID/status, its
+    wchan where that answers at once. `blocked` is true, `waits_in` is where root's read waited.
+    Its devices, maps and start time are unknown: it may hold any GPU and is never signalled.
+    None when it is gone."""
+    try:
+        status = _text(_read(f"{proc}/{pid:d}/status"))
+        cgroup_path = parse_cgroup(_read(f"{proc}/{pid:d}/cgroup"))
+    except OSError:
+        return None
+    name = _STATUS_NAME.search(status)
+    state = _STATUS_STATE.search(status)
+    uid = _uid_from_status(status)
+    try:
+        wchan = _bounded_reads.call(_bounded_reads.wchan_of, f"{proc}/{pid:d}/wchan", budget=WCHAN_BUDGET_S)
+    except _bounded_reads.ReadBlocked:
+        wchan = None
+    # start_time None: /proc/PID/stat is what does not answer; never signalled without it.
+    record = t.cast("Holder", {
+        "pid": pid, "ppid": status_field(status, "PPid") or 0, "name": name.group(1) if name else "?", "cmdline": "",
+        "argv0": None, "exe": None, "exe_path": None, "exe_owner": None, "exe_verified": False, "uid": uid,
+        "user": _user_name(uid, {} if users is None else users) if uid is not None else None, "state": state.group(1) if state else "?",
+        "start_time": None, "devices": [], "mapped": None, "gpu_indexes": [], "unit": unit_of(cgroup_path),
+        "system_service": is_system_service(cgroup_path), "container": container_of(cgroup_path), "cgroup": cgroup_path, "protected": False,
+        "kernel_thread": False, "sigterm": None, "pid_namespace_init": False,
+        "threads": status_field(status, "Threads"), "blocked": True, "wchan": wchan, "waits_in": waits_in,
+    })
     return record
 
 
@@ -671,27 +960,31 @@ def namespace_members(init_pid: int, proc: str = "/proc") -> list[int]:
     every namespace nested in it. Those are the processes whose namespace is its namespace or
     has it as an ancestor (asked of the kernel, NS_GET_PARENT: also a process that entered a
     nested namespace by setns from outside), and every descendant of those (a fork stays in its
-    parent's namespace or one below it; this also covers where the kernel cannot be asked)."""
+    parent's namespace or one below it; this also covers where the kernel cannot be asked). A
+    process whose /proc entries do not answer (_bounded_reads) counts as a member: it may be one."""
     own = pid_namespace_of(init_pid, proc)
     depth = _nspid_depth(init_pid, proc)
     if own is None:
         return []
-    inside: set[int] = set()
-    children: dict[int, list[int]] = {}
-    for pid in list_pids(proc):
-        if pid == init_pid:
-            continue
+
+    def one(pid: int) -> tuple[int, bool] | None:
         try:
             ppid = parse_stat(_read(f"{proc}/{pid:d}/stat"))[2]
         except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(pid)
+            return None
         if pid_namespace_of(pid, proc) == own:
-            inside.add(pid)
-            continue
+            return ppid, True
         deeper = _nspid_depth(pid, proc)
-        if depth is not None and deeper is not None and deeper > depth and _ancestor_namespace(pid, deeper - depth, proc) == own:
-            inside.add(pid)
+        return ppid, bool(depth is not None and deeper is not None and deeper > depth and _ancestor_namespace(pid, deeper - depth, proc) == own)
+
+    pids = [pid for pid in list_pids(proc) if pid != init_pid]
+    outcome = _bounded_reads.scan(one, pids, isolate=False)
+    inside = {pids[blocked.item] for blocked in outcome.blocked} | {pids[index] for index in outcome.unread}
+    children: dict[int, list[int]] = {}
+    for index, (ppid, within) in outcome.results.items():
+        children.setdefault(ppid, []).append(pids[index])
+        if within:
+            inside.add(pids[index])
     members, todo = set(inside), list(inside)
     while todo:
         for child in children.get(todo.pop(), []):
@@ -705,63 +998,105 @@ def list_pids(proc: str = "/proc") -> list[int]:
     return sorted(int(entry) for entry in os.listdir(proc) if entry.isdigit())
 
 
+class ScanLimits(t.NamedTuple):
+    """How long a pass over /proc may wait: on one process (`budget`) and in all (`deadline_s`)."""
+
+    budget: float = _bounded_reads.PROCESS_BUDGET_S
+    deadline_s: float = _bounded_reads.DEADLINE_S
+
+
+DEFAULT_LIMITS = ScanLimits()
+# Processes found blocked in this run, {pid: where root's read waited}: later passes of the same
+# run (gpu_release looks again after acting) report them without waiting on them again.
+_BLOCKED: dict[int, str | None] = {}
+
+
 def scan_holders(proc: str = "/proc", unreadable: list[int] | None = None, with_maps: bool = True, without_devices: list[int] | None = None,
-                 table: DeviceTable | None = None) -> list[Holder]:
+                 table: DeviceTable | None = None, limits: ScanLimits = DEFAULT_LIMITS, unscanned: list[int] | None = None) -> list[Holder]:
     """Every live process with a /dev/nvidia* node open or (with `with_maps`) mapped, with its
-    mappings of those nodes (`mapped`). Processes that vanish mid-scan or that we may not read
-    are skipped (the PIDs we may not read are appended to `unreadable`, if given); a zombie
-    holds nothing and is no holder.
+    mappings of those nodes (`mapped`), and every process whose /proc entries did not answer
+    (blocked_record). Processes that vanish mid-scan or that we may not read are skipped (the PIDs
+    we may not read are appended to `unreadable`, if given); a zombie holds nothing and is no
+    holder, but a zombie leader whose threads run on is a process like any other.
 
     The maps of every process that has a device file open are read: attribution needs their
     sizes. Reading the maps of all the others is two thirds of a full scan's cost (~70 of ~100 us
     a process, benchmarks/HISTORY.md, "What profiling changed (2026-11-29)") and finds only processes that mapped a device file and then
     closed it, which CUDA never does; callers ask for that (`with_maps`) only where such a
     process could be what holds a GPU. Without `with_maps`, the PIDs skipped for having no
-    device file open are appended to `without_devices`, if given, for `scan_mapped` later."""
-    holders = []
-    users: dict[int, str] = {}
+    device file open are appended to `without_devices`, if given, for `scan_mapped` later.
+
+    The pass runs in a bounded reader (_bounded_reads.scan, `limits`); the PIDs its deadline left
+    unread are appended to `unscanned`, if given."""
     table = table if table is not None else DeviceTable.read()
-    for pid in list_pids(proc):
+    users: dict[int, str] = {}
+
+    def one(pid: int) -> t.Any:
         try:
-            devices = open_devices(pid, proc, table)
+            devices, base = _open_devices(pid, proc, table)
         except PermissionError:
-            if unreadable is not None:
-                unreadable.append(pid)
-            continue
+            return "unreadable"
         except OSError:
-            continue
+            return None
         if not devices and not with_maps:
-            if without_devices is not None:
-                without_devices.append(pid)
-            continue
-        record = _holder(pid, devices, proc, users, table)
-        if record is not None:
-            holders.append(record)
-    return holders
+            return None
+        return _holder(pid, devices, base, proc, users, table)
+
+    return _bounded_pass(one, list_pids(proc), proc, limits, unreadable, without_devices if not with_maps else None, unscanned)
 
 
-def scan_mapped(pids: t.Iterable[int], proc: str = "/proc", table: DeviceTable | None = None) -> list[Holder]:
+def scan_mapped(pids: t.Iterable[int], proc: str = "/proc", table: DeviceTable | None = None, limits: ScanLimits = DEFAULT_LIMITS,
+                unscanned: list[int] | None = None) -> list[Holder]:
     """The processes among `pids` (which had no device file open) that map a /dev/nvidia* node:
     the second half of a full scan, done only when a GPU's memory is not explained without it.
     Speed: it saves re-listing every process's fds (measured, benchmarks/changes.md)."""
-    holders = []
-    users: dict[int, str] = {}
     table = table if table is not None else DeviceTable.read()
-    for pid in pids:
-        record = _holder(pid, set(), proc, users, table)
-        if record is not None:
+    users: dict[int, str] = {}
+    return _bounded_pass(lambda pid: _holder(pid, set(), None, proc, users, table), list(pids), proc, limits, None, None, unscanned)
+
+
+def _bounded_pass(one: t.Callable[[int], t.Any], pids: list[int], proc: str, limits: ScanLimits, unreadable: list[int] | None,
+                  others: list[int] | None, unscanned: list[int] | None) -> list[Holder]:
+    """`one(pid)` over `pids` in a bounded reader -> holder records, blocked ones included.
+    `one` returns a holder record, "unreadable" or None; `others` gets the PIDs it returned
+    None for (and those gone meanwhile: a later read of them finds nothing)."""
+    known = [pid for pid in pids if pid in _BLOCKED]
+    todo = [pid for pid in pids if pid not in _BLOCKED]
+    outcome = _bounded_reads.scan(one, todo, limits.budget, limits.deadline_s, isolate=False)
+    holders: list[Holder] = []
+    answered = set()
+    for index, result in sorted(outcome.results.items()):
+        answered.add(index)
+        if result == "unreadable":
+            if unreadable is not None:
+                unreadable.append(todo[index])
+        else:
+            holders.append(result)
+    silent = {blocked.item for blocked in outcome.blocked} | set(outcome.unread)
+    if others is not None:
+        others.extend(pid for index, pid in enumerate(todo) if index not in answered and index not in silent)
+    if unscanned is not None:
+        unscanned.extend(todo[index] for index in outcome.unread)
+    for blocked in outcome.blocked:
+        _BLOCKED[todo[blocked.item]] = blocked.waits_in
+    users: dict[int, str] = {}
+    for pid in sorted(known + [todo[blocked.item] for blocked in outcome.blocked]):
+        record = blocked_record(pid, proc, _BLOCKED[pid], users)
+        if record is None:
+            _BLOCKED.pop(pid, None)
+        else:
             holders.append(record)
-    return holders
+    return sorted(holders, key=lambda holder: holder["pid"])
 
 
-def _holder(pid: int, devices: set[str], proc: str, users: dict[int, str], table: DeviceTable) -> Holder | None:
+def _holder(pid: int, devices: set[str], base: str | None, proc: str, users: dict[int, str], table: DeviceTable) -> Holder | None:
     """A holder record for a process with `devices` open, its maps read; None when it holds
-    nothing or is gone (or a zombie)."""
-    mapped = read_maps(pid, proc, table)
+    nothing or is gone (or a zombie whose threads have all exited)."""
+    mapped = _read_maps(pid, proc, table, base)
     if not devices and not mapped:
         return None
-    record = read_process(pid, proc, users)
-    if record is None or record["state"] in ("Z", "X"):
+    record = _read_process(pid, proc, users)
+    if record is None or not holds_threads(record):
         return None
     record["devices"] = sorted(devices | set(mapped or ()))
     # None: the maps could not be read, so the mapping sizes are unknown.
@@ -769,14 +1104,38 @@ def _holder(pid: int, devices: set[str], proc: str, users: dict[int, str], table
     return record
 
 
+def read_stats(pids: t.Iterable[int], proc: str = "/proc", limits: ScanLimits = DEFAULT_LIMITS) -> dict[int, bytes]:
+    """{pid: /proc/PID/stat} of `pids`, read in a bounded reader: a process whose stat does not
+    answer (in execve, closing a file of a stalled FUSE mount) is left out, as one gone is."""
+
+    def one(pid: int) -> bytes | None:
+        try:
+            return _read(f"{proc}/{pid:d}/stat")
+        except OSError:
+            return None
+
+    items = list(pids)
+    outcome = _bounded_reads.scan(one, items, limits.budget, limits.deadline_s, isolate=False)
+    return {items[index]: data for index, data in outcome.results.items()}
+
+
 def display_name(pid: int, proc: str = "/proc") -> str | None:
     """A live process's argv[0] (what nvidia-smi would print as its name), else its comm; None
-    when it is gone. For display only: the process chose it."""
+    when it is gone or does not answer. For display only: the process chose it."""
     try:
-        argv, _cmdline = parse_cmdline(_read(f"{proc}/{pid:d}/cmdline"))
+        return _bounded_reads.call(_display_name, pid, proc)
+    except _bounded_reads.ReadBlocked:
+        return None
+
+
+def _display_name(pid: int, proc: str) -> str | None:
+    try:
+        stat = _read(f"{proc}/{pid:d}/stat")
+        base = process_dir(pid, proc) if parse_stat(stat)[1] == "Z" else f"{proc}/{pid:d}"
+        argv, _cmdline = parse_cmdline(_read(base + "/cmdline"))
         if argv and argv[0]:
             return argv[0]
-        return parse_stat(_read(f"{proc}/{pid:d}/stat"))[0]
+        return parse_stat(stat)[0]
     except (OSError, ValueError, IndexError):
         return None
 
@@ -799,9 +1158,21 @@ def is_exiting(pid: int, proc: str = "/proc") -> bool:
 
 
 def start_time_of(pid: int, proc: str = "/proc") -> int | None:
-    """Start time of a live, non-zombie PID, or None: the identity check before a signal."""
+    """Start time of a live PID, or None: the identity check before a signal. A zombie leader
+    whose threads run on is alive (holds_threads); a process whose stat does not answer within the
+    budget reads as gone here (its identity cannot be checked, so it is never signalled)."""
+    try:
+        return _bounded_reads.call(_start_time, pid, proc)
+    except _bounded_reads.ReadBlocked:
+        return None
+
+
+def _start_time(pid: int, proc: str) -> int | None:
     try:
         _comm, state, _ppid, start_time = parse_stat(_read(f"{proc}/{pid:d}/stat"))
+        if state == "Z":
+            threads = status_field(_read(f"{proc}/{pid:d}/status"), "Threads")
+            state = "z" if threads is not None and threads > 1 else state
     except (OSError, ValueError, IndexError):
         return None
     if state in ("Z", "X"):

@@ -17,8 +17,13 @@ own files of the same names. Each process's open files are read with `readlink` 
 blocks) and only those that point into /dev/shm are stat-ed (tmpfs answers from memory); its
 mappings come from the `dev` and `inode` columns of /proc/PID/maps, which the kernel writes
 without asking any file system. Nothing else of another process is read: a stalled FUSE mount
-blocks a stat of a file on it, and a look must not hang. The two per-process reads are
-`fd_targets` and `read_maps`, each in its own try.
+blocks a stat of a file on it, and a look must not hang (docs/design.md, "Root's reads are
+bounded"). The two per-process reads are `fd_targets` and `read_maps`, each in its own try, and
+the pass runs in the holder scan's bounded reader (_bounded_reads): the maps of a process in
+execve on a FUSE mount that stopped answering wait with it, so such a process is counted
+`blocked` (the list is then incomplete, and clean_shm removes nothing) and the pass goes on. The
+stat of a file found in /dev/shm asks the kernel's cache only (_bounded_reads.stat_nosync): in
+another mount namespace that path may be a user's FUSE mount.
 
 The whole scan runs only when /dev/shm holds a regular file at all: a clean node pays a statvfs
 and an empty directory listing."""
@@ -30,6 +35,8 @@ import re
 import stat as stat_mod
 import time
 import typing as t
+
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _bounded_reads
 
 SHM_DIR = "/dev/shm"
 MIB = 1024 * 1024
@@ -138,7 +145,7 @@ def fd_targets(base: str) -> list[tuple[str, str]]:
 
 
 def read_maps(base: str) -> bytes:
-    """`base`/maps. Raises OSError. The bounded reader of the holder scan replaces this one."""
+    """`base`/maps. Raises OSError. Waits as long as the process holds its exec lock: in Holding.scan's bounded reader only."""
     with open(base + "/maps", "rb") as handle:
         return handle.read()
 
@@ -177,6 +184,13 @@ class Holding:
         # and counted as held, since the file cannot be told from another of that name unread.
         self.maybe: set[str] = set()
         self.unreadable = 0
+        # Processes whose reads did not answer within the budget, or that the deadline left unread.
+        self.blocked = 0
+
+    @property
+    def complete(self) -> bool:
+        """Whether every process was read: otherwise a file listed unheld may be held."""
+        return self.unreadable == 0 and self.blocked == 0
 
     def done(self) -> bool:
         return len(self.held) == len(self.wanted)
@@ -187,7 +201,7 @@ class Holding:
                 continue  # a deleted file is no file of the directory; sockets, pipes, anon inodes
             if target.startswith(self.shm):
                 try:
-                    st = os.stat(link)
+                    st = _bounded_reads.stat_nosync(link)
                 except OSError:
                     continue
                 if (st.st_dev, st.st_ino) in self.wanted:
@@ -198,12 +212,16 @@ class Holding:
     def add_maps(self, maps: bytes) -> None:
         self.held.update(identity for identity in mapped_identities(maps, self.devices, self.inode_numbers) if identity in self.wanted)
 
-    def scan(self, proc: str = "/proc") -> None:
-        """Every process, until every file is found held."""
-        for pid in _pids(proc):
-            if self.done():
-                return
-            self.scan_one(f"{proc}/{pid:d}")
+    def scan(self, proc: str = "/proc", deadline_s: float | None = None) -> None:
+        """Every process, until every file is found held, in the bounded reader (`deadline_s` for
+        the whole pass, _bounded_reads.DEADLINE_S without it)."""
+
+        def one(pid: int) -> None:
+            if not self.done():
+                self.scan_one(f"{proc}/{pid:d}")
+
+        outcome = _bounded_reads.scan(one, _pids(proc), deadline_s=deadline_s)
+        self.blocked += len(outcome.blocked) + len(outcome.unread)
 
     def scan_one(self, base: str, thread: bool = False) -> None:
         """One process (or one of its threads). A zombie leader reads no fds and no maps while its
@@ -261,11 +279,13 @@ def unheld_record(files: t.Iterable[Entry], now: float, shm: str = SHM_DIR) -> l
     return record
 
 
-def look(shm: str = SHM_DIR, proc: str = "/proc", processes: bool = True, now: float | None = None) -> dict[str, t.Any]:
+def look(shm: str = SHM_DIR, proc: str = "/proc", processes: bool = True, now: float | None = None,
+         deadline_s: float | None = None) -> dict[str, t.Any]:
     """The `shm` record of gpu_facts: {path, size_mib, free_mib, files, unheld, unheld_mib,
     complete, error}. `processes`: find the unheld files (a /proc pass, only when there are files);
     without it `unheld` is None. `complete` is False when some process could not be read (not
-    root): a file it holds may be listed as unheld."""
+    root, or its reads did not answer within the bounded reader's budget; `deadline_s` bounds the
+    pass): a file it holds may be listed as unheld."""
     record: dict[str, t.Any] = {"path": shm, "size_mib": None, "free_mib": None, "files": 0, "unheld": None, "unheld_mib": None,
                                 "complete": None, "error": None}
     try:
@@ -277,16 +297,16 @@ def look(shm: str = SHM_DIR, proc: str = "/proc", processes: bool = True, now: f
     record.update(size_mib=round(size, 1), free_mib=round(free, 1), files=len(files))
     if not processes:
         return record
-    holding = scan_holding(files, shm, proc)
+    holding = scan_holding(files, shm, proc, deadline_s)
     unheld = unheld_record(holding.unheld(), time.time() if now is None else now, shm)
-    record.update(unheld=unheld, unheld_mib=round(sum(f["size_mib"] for f in unheld), 2), complete=holding.unreadable == 0)
+    record.update(unheld=unheld, unheld_mib=round(sum(f["size_mib"] for f in unheld), 2), complete=holding.complete)
     return record
 
 
-def scan_holding(files: t.Sequence[Entry], shm: str = SHM_DIR, proc: str = "/proc") -> Holding:
+def scan_holding(files: t.Sequence[Entry], shm: str = SHM_DIR, proc: str = "/proc", deadline_s: float | None = None) -> Holding:
     holding = Holding(files, shm)
     if files:
-        holding.scan(proc)
+        holding.scan(proc, deadline_s)
     return holding
 
 

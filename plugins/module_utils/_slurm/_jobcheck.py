@@ -371,7 +371,8 @@ def dirty_causes(result: t.Mapping[str, t.Any], spared: t.Mapping[int, str] | No
         if gpu.get("index") not in selected:
             continue
         if not gpu.get("clean"):
-            on = [h for h in holders if gpu["index"] in (h.get("gpu_indexes") or [])]
+            on = [h for h in holders if gpu["index"] in (h.get("gpu_indexes") or [])
+                  or (h.get("blocked") and gpu["index"] in (h.get("candidate_gpu_indexes") or []))]
             share = shared.get(str(gpu["index"]))
             if share is None:
                 who = "held by " + ", ".join(short_holder(h, spared or {}) for h in on[:3]) if on else "no process holds it"
@@ -388,7 +389,8 @@ def dirty_causes(result: t.Mapping[str, t.Any], spared: t.Mapping[int, str] | No
 
 def short_holder(holder: t.Mapping[str, t.Any], spared: t.Mapping[int, str]) -> str:
     owner = owner_of(holder, spared)
-    return "pid {} {}".format(holder.get("pid"), holder.get("name")) + (f" ({owner})" if owner else "")
+    text = "pid {} {}".format(holder.get("pid"), holder.get("name")) + (f" ({owner})" if owner else "")
+    return text + (" (did not answer: a stalled file system?)" if holder.get("blocked") else "")
 
 
 def owner_of(holder: t.Mapping[str, t.Any], spared: t.Mapping[int, str]) -> str | None:

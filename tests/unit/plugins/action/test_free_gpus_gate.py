@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
+import signal
 
 import pytest
 
@@ -291,3 +292,59 @@ def test_the_collector_is_paused_only_in_a_forked_worker_process() -> None:
     process.join(10)
     assert (enabled, frozen) == (False, True)
     assert gc.isenabled()
+
+
+# ------------------------------------------------------------------ the gate's bound (issue 57)
+
+
+def test_the_gates_bound_is_the_sum_of_the_roles_own_timeouts_and_a_margin():
+    from ansible_collections.zeromib.gpu.plugins.action.free_gpus_gate import gate_bound_s
+
+    defaults = {"free_gpus_timeout": 10, "free_gpus_kill_timeout": 10, "free_gpus_wait_timeout": 60, "free_gpus_settle_timeout": 5}
+    assert gate_bound_s(defaults) == 6 * 10 + 2 * 10 + 60 + 5 + 40 == 185
+    # The smoke test: cuInit and each GPU, each bounded by free_gpus_timeout (8 GPUs when the count is not set).
+    assert gate_bound_s(dict(defaults, free_gpus_smoke_test=True, free_gpus_expected_count=2)) == 185 + 3 * 10
+    assert gate_bound_s(dict(defaults, free_gpus_smoke_test=True)) == 185 + 9 * 10
+    assert gate_bound_s({}) == 40
+
+
+def test_a_node_whose_gpu_release_does_not_answer_fails_alone_with_the_bound_in_its_first_words(monkeypatch):
+    import time
+
+    from ansible_collections.zeromib.gpu.plugins.action import free_gpus_gate
+
+    def wedged(args):
+        time.sleep(30)  # the alarm interrupts it
+        return _released()
+    monkeypatch.setattr(free_gpus_gate, "GATE_MARGIN_S", 0.3)
+    plugin, task_vars = _gate(module_result=wedged, free_gpus_timeout=0.1, free_gpus_kill_timeout=0.1, free_gpus_wait_timeout=0.1,
+                              free_gpus_settle_timeout=0)
+    started = time.monotonic()
+    result = plugin.run(task_vars=task_vars)
+    assert time.monotonic() - started < 5
+    outcome = result["ansible_facts"]["free_gpus_result"]
+    assert result["msg"].startswith("gpu_release did not answer within 1 s, the bound of this host's free_gpus_* timeouts"), result["msg"]
+    # Recorded, not failed: the verdict fails the host with it, once.
+    assert result["failed"] is False and (outcome["status"], outcome["ok"]) == ("failed", False)
+    assert outcome["message"] == "node01: " + result["msg"]
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0) and signal.getsignal(signal.SIGALRM) is signal.SIG_DFL
+
+
+def test_an_outer_alarm_set_first_is_kept_and_restored():
+    from ansible_collections.zeromib.gpu.plugins.action.free_gpus_gate import bounded
+
+    fired = []
+    previous = signal.signal(signal.SIGALRM, lambda *_args: fired.append(True))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 30)
+        with bounded(5):
+            assert 4 < signal.getitimer(signal.ITIMER_REAL)[0] <= 5
+        assert 25 < signal.getitimer(signal.ITIMER_REAL)[0] <= 30
+        # An outer one sooner than the bound: left alone, it stays Ansible's to enforce.
+        signal.setitimer(signal.ITIMER_REAL, 2)
+        with bounded(5):
+            assert signal.getitimer(signal.ITIMER_REAL)[0] <= 2
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert not fired

@@ -280,6 +280,16 @@ def test_an_undecided_holder_blocks_although_it_has_no_gpu_index():
     assert [h["pid"] for h in host["nvml_clients"]] == [801]
 
 
+def test_a_process_that_did_not_answer_the_scan_blocks_too():
+    """gpu_facts' `blocked` holder (a stalled file system): what it holds is unknown."""
+    record = ah.monitors_only()
+    record["gpu"]["holders"].append(ah.holder(901, "python3", [], attribution="blocked"))
+    record["gpu"]["holders"][-1].update(candidate_gpu_indexes=[0, 1], blocked=True, waits_in="mm_access")
+    record["gpu"]["clean"] = False
+    host = _one(record)
+    assert host["status"] == "dirty" and [h["pid"] for h in host["holders"] if h["blocking"]] == [901]
+
+
 @pytest.mark.parametrize("seconds, text", [(45, "45 s"), (119, "119 s"), (600, "10 min"), (7200, "2 h"), (5 * 86400, "5 d")])
 def test_ages_read_in_the_unit_a_person_would_say(seconds, text):
     from ansible_collections.zeromib.gpu.plugins.filter.gpu_audit_model import age_text, human_ages

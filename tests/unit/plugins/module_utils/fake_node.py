@@ -168,6 +168,11 @@ class World:
         right = text.rindex(")")
         with open(os.path.join(str(self.root), str(pid), "stat"), "w") as handle:
             handle.write(text[: right + 2] + "D" + text[right + 3 :])
+        status = os.path.join(str(self.root), str(pid), "status")
+        with open(status) as handle:
+            text = handle.read()
+        with open(status, "w") as handle:
+            handle.write(text.replace("State:\tS (sleeping)", "State:\tD (disk sleep)"))
         proc.on_kill = "ignore"
 
     def reuse_pid(self, pid):

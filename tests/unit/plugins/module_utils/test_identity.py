@@ -27,6 +27,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders
 
 NOT_PROCESS_NAMES = {
     "_commands.SYSTEM_DIRS": "directories",
+    "_holders.ANSWERING_FS": "file system types (mountinfo)",
     "_jobcheck.MODES": "the Slurm hook modes (prolog, epilog)",
     "_jobcheck.NUMBERS": "config option names (numbers)",
     "_jobcheck.PATHS": "config option names (paths)",

@@ -363,7 +363,9 @@ def test_protected_only_failure_names_the_protected_process():
 def test_unkillable_holders_are_listed():
     stuck = holder(500, [0], state="D")
     message = release.failure_message(DIRTY0, [stuck], [], 70.0, [stuck])
-    assert message.endswith("unkillable (outlived SIGKILL, likely D state in the driver): pid 500 python3 [python3 train.py] (state D)")
+    assert message.endswith("unkillable (outlived SIGKILL: a thread of it stays in the kernel, D state, in the driver or a file system that does "
+                            "not answer): pid 500 python3 [python3 train.py] (state D); a reboot is needed (nothing else ends a process stuck "
+                            "in the kernel)")
 
 
 @pytest.mark.parametrize(

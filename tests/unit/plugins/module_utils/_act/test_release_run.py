@@ -167,7 +167,8 @@ def test_unkillable_holder_in_d_state_is_reported(world):
     error = fail(world, kill_timeout=2.0, wait_timeout=5.0)
     assert [name for _t, _pid, name in world.signals] == ["SIGTERM", "SIGKILL"]
     assert error.result["unkillable"][0]["pid"] == 495 and error.result["unkillable"][0]["state"] == "D"
-    assert "unkillable (outlived SIGKILL, likely D state in the driver): pid 495 python3 [python3 serve.py] (unit session-3.scope, state D)" in error.msg
+    assert ("unkillable (outlived SIGKILL: a thread of it stays in the kernel, D state, in the driver or a file system that does not answer): "
+            "pid 495 python3 [python3 serve.py] (unit session-3.scope, state D); a reboot is needed") in error.msg
     assert f"GPU 0 ({uuid(0)}) reads 40960 MiB, held by pid 495 python3" in error.msg
 
 

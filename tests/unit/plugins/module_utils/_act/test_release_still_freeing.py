@@ -147,7 +147,9 @@ def test_a_holder_in_d_state_that_is_not_exiting_gets_no_such_hope(root):
     world.spawn(495, {0: 40960}, on_term="ignore", on_kill="D")
     error = fail(world, kill_timeout=1.0, wait_timeout=2.0)
     assert error.msg.startswith("GPUs still in use after 2.0 s: GPU 0 (") and "wait_timeout" not in error.msg, error.msg
-    assert "unkillable (outlived SIGKILL, likely D state in the driver): pid 495" in error.msg
+    assert ("unkillable (outlived SIGKILL: a thread of it stays in the kernel, D state, in the driver or a file system that does not "
+            "answer): pid 495") in error.msg
+    assert error.msg.endswith("a reboot is needed (nothing else ends a process stuck in the kernel)"), error.msg
 
 
 def test_falling_memory_beside_a_holder_this_run_left_running_gets_no_such_hope(root):

@@ -226,6 +226,7 @@ def test_wait_for_gpus_finds_a_programs_gpus_through_its_process_family(tmp_path
     for pid, ppid in ((500, 42), (501, 500), (42, 1), (900, 1)):
         (proc / str(pid)).mkdir(parents=True)
         (proc / str(pid) / "stat").write_text(f"{pid} (x) S {ppid} 0 0 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 100 0 0\n")
+        (proc / str(pid) / "status").write_text(f"Name:\tx\nState:\tS (sleeping)\nPid:\t{pid}\nPPid:\t{ppid}\n")
     entry = {"kind": "supervisor", "name": "vllm"}
     assert restore.ancestry(501, str(proc)) == [501, 500, 42]
     assert restore._holds(entry, {"pid": 501}, {"vllm": 500}, str(proc)) is True
@@ -246,6 +247,7 @@ def test_wait_for_gpus_waits_for_a_program_until_its_process_family_holds_its_gp
     for pid, ppid in ((500, 42), (501, 500), (42, 1)):
         (proc / str(pid)).mkdir(parents=True)
         (proc / str(pid) / "stat").write_text(f"{pid} (x) S {ppid} 0 0 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 100 0 0\n")
+        (proc / str(pid) / "status").write_text(f"Name:\tx\nState:\tS (sleeping)\nPid:\t{pid}\nPPid:\t{ppid}\n")
     system = FakeSystemd(str(tmp_path / "d" / "released.json"), {})
     system.proc = str(proc)
     entry = {"kind": "supervisor", "name": "vllm", "gpu_indexes": [0], "actions": ["stopped"], "running": True}

@@ -86,6 +86,9 @@ def test_nothing_goes_without_root_or_when_a_process_could_not_be_read():
     holding.unreadable = 2
     assert "2 process(es) could not be read" in _shm_clean.why_not(holding, 0)
     holding.unreadable = 0
+    holding.blocked = 1
+    assert "1 process(es) did not answer" in _shm_clean.why_not(holding, 0) and "nothing was removed" in _shm_clean.why_not(holding, 0)
+    holding.blocked = 0
     assert _shm_clean.why_not(holding, 0) is None
 
 

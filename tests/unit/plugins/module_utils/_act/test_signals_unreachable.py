@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import time
@@ -43,7 +44,9 @@ SIGTERM_MASK = 1 << 14
     ({"sigterm": "default", "pid_namespace_init": True}, "t", False, signals.NAMESPACE_INIT),
     # No reading now (the process is gone): the scan's state.
     ({"sigterm": "default", "state": "T"}, None, False, signals.STOPPED),
-], ids=["sleeping", "running", "disk-sleep", "stopped", "traced", "frozen", "sigign-first", "ns-init-first", "scan-state"])
+    # A zombie leader whose threads run on: a handler that runs on its main thread never runs.
+    ({"sigterm": "caught", "threads": 3}, "Z", False, signals.ZOMBIE_LEADER),
+], ids=["sleeping", "running", "disk-sleep", "stopped", "traced", "frozen", "sigign-first", "ns-init-first", "scan-state", "zombie-leader"])
 def test_which_holder_gets_sigkill_at_once(holder, state, frozen, reason):
     assert signals.sigkill_at_once(holder, state, frozen) == reason
 
@@ -106,13 +109,19 @@ def world(tmp_path):
 
 
 def set_state(world, pid, state):
-    """The kernel's state letter in /proc/PID/stat (field 3), as a stop, a tracer or a SIGCONT leaves it."""
+    """The kernel's state letter in /proc/PID/stat (field 3) and /proc/PID/status (`State:`), as a
+    stop, a tracer or a SIGCONT leaves it: the signaller reads status, which answers where stat may wait."""
     path = os.path.join(str(world.root), str(pid), "stat")
     with open(path) as handle:
         text = handle.read()
     right = text.rindex(")")
     with open(path, "w") as handle:
         handle.write(text[: right + 2] + state + text[right + 3:])
+    status = os.path.join(str(world.root), str(pid), "status")
+    with open(status) as handle:
+        text = handle.read()
+    with open(status, "w") as handle:
+        handle.write(re.sub(r"^State:\t\S", "State:\t" + state, text, flags=re.MULTILINE))
 
 
 def stopped_holder(world, pid, state):

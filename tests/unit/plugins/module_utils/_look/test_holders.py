@@ -463,10 +463,10 @@ def test_processes_we_may_not_read_are_counted_so_a_non_root_run_can_say_so(monk
     for pid in (10, 11):
         (tmp_path / str(pid)).mkdir()
 
-    def denied(pid, proc, with_maps=True):
+    def denied(pid, proc, table):
         raise PermissionError(13, "Permission denied", f"{proc}/{pid:d}/fd")
 
-    monkeypatch.setattr(holders, "open_devices", denied)
+    monkeypatch.setattr(holders, "_open_devices", denied)
     unreadable = []
     assert holders.scan_holders(str(tmp_path), unreadable) == []
     assert unreadable == [10, 11]

@@ -125,6 +125,67 @@ def test_a_process_that_cannot_be_read_makes_the_list_incomplete(tmp_path, monke
     assert record["complete"] is False and [os.path.basename(f["path"]) for f in record["unheld"]] == ["nccl-aaaaaa"]
 
 
+def test_a_process_whose_maps_do_not_answer_is_counted_blocked_and_the_pass_goes_on(tmp_path, monkeypatch):
+    # A process in execve on a FUSE mount that stopped answering: its maps wait with it (a FIFO
+    # stands in). The look returns within its deadline, the list incomplete, the rest read.
+    write(tmp_path / "nccl-aaaaaa", 1)
+    fifo = str(tmp_path / "fifo")
+    os.mkfifo(fifo)
+    real = _shm.read_maps
+
+    def maps(base):
+        if base.endswith("/2"):
+            os.close(os.open(fifo, os.O_RDONLY))
+        return real(base) if base.endswith(f"/{os.getpid()}") else b""
+    monkeypatch.setattr(_shm, "read_maps", maps)
+    monkeypatch.setattr(_shm, "_pids", lambda proc: [1, 2, os.getpid()])
+    monkeypatch.setattr(_shm, "fd_targets", lambda base: [])
+    try:
+        started = time.monotonic()
+        holding = _shm.scan_holding(_shm.list_files(str(tmp_path)), str(tmp_path), deadline_s=5)
+        assert time.monotonic() - started < 3
+        assert (holding.blocked, holding.complete) == (1, False)
+    finally:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+# The main thread exits (SYS_exit, as after pthread_exit in main) while a thread keeps the files:
+# the leader reads Z with empty fd and maps, its live thread holds them (issue 57).
+ZOMBIE_LEADER = r"""
+import ctypes, mmap, os, sys, threading, time
+opened = os.open(sys.argv[1], os.O_RDWR)
+fd = os.open(sys.argv[2], os.O_RDWR)
+keep = mmap.mmap(fd, 4096)
+os.close(fd)
+threading.Thread(target=lambda: time.sleep(600)).start()
+print("ready", flush=True)
+ctypes.CDLL(None).syscall(int(sys.argv[3]), 0)
+"""
+
+
+def _state(pid):
+    with open(f"/proc/{pid:d}/stat") as handle:
+        return handle.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_zombie_leaders_files_are_held_through_its_live_thread(tmp_path):
+    opened, mapped, left = write(tmp_path / "nccl-opened", 1), write(tmp_path / "torch_7_7_0", 1), write(tmp_path / "torch_8_8_0", 1)
+    number = {"x86_64": 60, "aarch64": 93}[os.uname().machine]
+    proc = subprocess.Popen([sys.executable, "-c", ZOMBIE_LEADER, str(opened), str(mapped), str(number)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        deadline = time.monotonic() + 10
+        while _state(proc.pid) != "Z":
+            assert time.monotonic() < deadline, "the leader did not turn zombie"
+            time.sleep(0.01)
+        assert os.listdir(f"/proc/{proc.pid}/fd") == []
+        assert [f["path"] for f in _shm.look(str(tmp_path))["unheld"]] == [str(left)]
+    finally:
+        # SIGKILL to the thread group ends the live thread; the leader is then reaped.
+        proc.kill()
+        proc.wait(10)
+
+
 def test_without_processes_only_the_space_is_read(tmp_path):
     write(tmp_path / "nccl-aaaaaa", 1)
     record = _shm.look(str(tmp_path), processes=False)
