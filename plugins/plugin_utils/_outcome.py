@@ -45,6 +45,7 @@ class Outcome(t.TypedDict, total=False):
     footprint_gpus: list[int | None]
     footprint_mib: int | None
     nvml_clients: list[dict[str, t.Any]]
+    nvml_clients_with_units: list[dict[str, t.Any]]
     elapsed_s: float | None
     check_mode: bool
     healthy: bool | None
@@ -123,6 +124,8 @@ def _record(result: t.Mapping[str, t.Any], host: str, check_mode: bool) -> Outco
     """The figures of free_gpus_result, before the verdict: what was read and what was done."""
     after = selected_gpus(result)
     footprint = [g for g in after if g.get("cross_gpu_footprint")]
+    clients = [h for h in result.get("holders") or [] if isinstance(h, Mapping) and h.get("attribution") == "nvml_client"]
+    ending = set(result.get("stopped_units") or [])
     return {
         "host": host,
         # None (shown "-") when gpu_release read no GPU: it failed before it looked, never "0/0".
@@ -144,8 +147,9 @@ def _record(result: t.Mapping[str, t.Any], host: str, check_mode: bool) -> Outco
         # and the NVML clients (monitors, exporters) left running: they use no GPU memory.
         "footprint_gpus": [g.get("index") for g in footprint],
         "footprint_mib": _mib(footprint),
-        "nvml_clients": [{"pid": h.get("pid"), "name": h.get("name")} for h in result.get("holders") or []
-                         if isinstance(h, Mapping) and h.get("attribution") == "nvml_client"],
+        "nvml_clients": [{"pid": h.get("pid"), "name": h.get("name")} for h in clients if not _ends_with_unit(h, ending, check_mode)],
+        "nvml_clients_with_units": [{"pid": h.get("pid"), "name": h.get("name"), "unit": h.get("unit")} for h in clients
+                                    if _ends_with_unit(h, ending, check_mode)],
         "elapsed_s": result.get("elapsed_s"),
         "check_mode": bool(check_mode),
         "healthy": result.get("healthy"),
@@ -154,6 +158,20 @@ def _record(result: t.Mapping[str, t.Any], host: str, check_mode: bool) -> Outco
         "smoke_test_passed": result.get("smoke_test_passed"),
         "smoke_test_issues": list(result.get("smoke_test_issues") or []),
     }
+
+
+def _ends_with_unit(holder: t.Mapping[str, t.Any], stopping: t.Container[str], check_mode: bool) -> bool:
+    """Check mode: an NVML client of a host unit the real run stops (vllm.service's API server)
+    ends with it; only a dry run still lists it among the holders left. A guest's process is the
+    guest's unit's, named apart (stopped_guest_units)."""
+    return check_mode and not holder.get("guest") and holder.get("unit") in stopping
+
+
+def clients_with_units(clients: t.Iterable[t.Mapping[str, t.Any]]) -> str:
+    """'1 NVML client stops with vllm.service' (check mode's plan, in the summary's words)."""
+    clients = list(clients)
+    units = list(dict.fromkeys(str(c.get("unit")) for c in clients))
+    return "{} {} with {}".format(_plural(len(clients), "NVML client"), "stops" if len(clients) == 1 else "stop", ", ".join(units))
 
 
 def _done(outcome: Outcome) -> list[str]:
@@ -169,6 +187,8 @@ def _done(outcome: Outcome) -> list[str]:
     if outcome["footprint_gpus"]:
         did.append(f"{footprint_note(outcome)} at the cross-GPU footprint")
     did.extend(outcome["smoke_test_notes"])
+    if outcome["nvml_clients_with_units"]:
+        did.append(clients_with_units(outcome["nvml_clients_with_units"]))
     if outcome["nvml_clients"]:
         did.append(_plural(len(outcome["nvml_clients"]), "NVML client") + " left running")
     return did
@@ -219,7 +239,7 @@ def failed(host: str, message: object, status: str = "failed") -> Outcome:
         "host": host, "status": status, "ok": False, "message": text if text.startswith(f"{host}: ") else f"{host}: {text}",
         "count": None, "selected": [], "mib_before": None, "mib_after": None, "stopped_units": [], "disabled_units": [],
         "masked_units": [], "stopped_containers": [], "disabled_containers": [], "killed": [], "protected": [],
-        "footprint_gpus": [], "footprint_mib": None, "nvml_clients": [], "elapsed_s": None, "check_mode": False,
+        "footprint_gpus": [], "footprint_mib": None, "nvml_clients": [], "nvml_clients_with_units": [], "elapsed_s": None, "check_mode": False,
         "healthy": None, "health_issues": [],
     }
 

@@ -151,7 +151,9 @@ def select_gpus(gpus: list[Gpu], wanted: t.Iterable[t.Any] | None, not_visible: 
         elif text.lower() in by_uuid:
             selected.add(by_uuid[text.lower()])
         else:
-            raise StepFailed(unknown_gpu_message(text, sorted(indexes), sorted(by_uuid), not_visible))
+            # Matched without case, said as nvidia-smi prints it: the user copies it from there.
+            uuids = [gpu["uuid"] for gpu in sorted(gpus, key=lambda g: g["index"]) if gpu.get("uuid")]
+            raise StepFailed(unknown_gpu_message(text, sorted(indexes), uuids, not_visible))
     return sorted(selected)
 
 
