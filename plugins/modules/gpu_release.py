@@ -480,6 +480,14 @@ killed_units:
   elements: str
   returned: always
   sample: [stubborn.service]
+failed_units:
+  description:
+    - Units of RV(killed_units) that systemd left V(failed) (C(Result=signal)); a warning names them. M(zeromib.gpu.gpu_restore) resets
+      them (C(systemctl reset-failed)) before starting them again.
+  type: list
+  elements: str
+  returned: always
+  sample: [stubborn.service]
 launchers:
   description:
     - Units that started holders of the selected GPUs but are not the workload (see O(stop_owning_units)), with the holders signalled

@@ -37,6 +37,7 @@ class Outcome(t.TypedDict, total=False):
     stopped_units: list[str]
     disabled_units: list[str]
     masked_units: list[str]
+    failed_units: list[str]
     stopped_containers: list[str]
     disabled_containers: list[str]
     killed: list[dict[str, t.Any]]
@@ -137,6 +138,8 @@ def _record(result: t.Mapping[str, t.Any], host: str, check_mode: bool) -> Outco
         "stopped_units": (result.get("stopped_units") or []) + (result.get("stopped_guest_units") or []),
         "disabled_units": (result.get("disabled_units") or []) + (result.get("disabled_guest_units") or []),
         "masked_units": (result.get("masked_units") or []) + (result.get("masked_guest_units") or []),
+        # Killed through systemd and left `failed` (Result=signal) until gpu_restore resets them.
+        "failed_units": list(result.get("failed_units") or []),
         "stopped_containers": [container_label(c) for c in result.get("stopped_containers") or []],
         "disabled_containers": [container_label(c) for c in result.get("disabled_containers") or []],
         "killed": [{"pid": k.get("pid"), "name": k.get("name"), "signal": k.get("signal"), "container": k.get("container")}
@@ -178,6 +181,9 @@ def _done(outcome: Outcome) -> list[str]:
     """What a host that passes had done and left running, in the message's words."""
     did = [f"{verb} {', '.join(names)}" for verb, names in (
         ("stopped", outcome["stopped_units"]), ("disabled", outcome["disabled_units"]), ("masked", outcome["masked_units"])) if names]
+    if outcome["failed_units"]:
+        did.append("left {} failed (killed through systemd; restore_gpus resets {})".format(
+            ", ".join(outcome["failed_units"]), "it" if len(outcome["failed_units"]) == 1 else "them"))
     did += ["{} container{} {}".format(verb, "" if len(names) == 1 else "s", ", ".join(names)) for verb, names in (
         ("stopped", outcome["stopped_containers"]), ("disabled", outcome["disabled_containers"])) if names]
     if outcome["killed"]:
@@ -238,7 +244,7 @@ def failed(host: str, message: object, status: str = "failed") -> Outcome:
     return {
         "host": host, "status": status, "ok": False, "message": text if text.startswith(f"{host}: ") else f"{host}: {text}",
         "count": None, "selected": [], "mib_before": None, "mib_after": None, "stopped_units": [], "disabled_units": [],
-        "masked_units": [], "stopped_containers": [], "disabled_containers": [], "killed": [], "protected": [],
+        "masked_units": [], "failed_units": [], "stopped_containers": [], "disabled_containers": [], "killed": [], "protected": [],
         "footprint_gpus": [], "footprint_mib": None, "nvml_clients": [], "nvml_clients_with_units": [], "elapsed_s": None, "check_mode": False,
         "healthy": None, "health_issues": [],
     }

@@ -90,6 +90,8 @@ def summary_lines(data: t.Any, hosts: t.Sequence[str] | None = None, live: t.Con
         killed = outcome.get("killed") or []
         changed_state = {u: "disabled" for u in outcome.get("disabled_units") or []}
         changed_state.update({u: "masked" for u in outcome.get("masked_units") or []})
+        for unit in outcome.get("failed_units") or []:
+            changed_state[unit] = changed_state[unit] + ", left failed" if unit in changed_state else "left failed"
         units = [f"{u} ({changed_state[u]})" if u in changed_state else u for u in outcome.get("stopped_units") or []]
         units += [f"{u} ({state})" for u, state in changed_state.items() if u not in (outcome.get("stopped_units") or [])]
         disabled = outcome.get("disabled_containers") or []

@@ -584,8 +584,9 @@ def new_result(state_key: str | None) -> ReleaseResult:
         "changed": False,
         "released": False,
         "stopped_units": [],
-        # Units whose stop outlasted kill_timeout, killed through systemd.
+        # Units whose stop outlasted kill_timeout, killed through systemd; those it left `failed`.
         "killed_units": [],
+        "failed_units": [],
         "launchers": [],
         # The driver's GPUs this namespace cannot reach: not this node's (_facts.not_visible_gpus).
         "not_visible": [],

@@ -272,3 +272,13 @@ def test_check_mode_says_an_nvml_client_of_a_unit_it_stops_ends_with_it():
     # The real run lists only what it left: a client still there after its unit's stop is kept.
     real = free_gpus_outcome(dict(result, released=True, gpus=[gpu(0, 0)]), "node06", 1)
     assert real["nvml_clients_with_units"] == [] and len(real["nvml_clients"]) == 2
+
+
+def test_a_unit_killed_through_systemd_and_left_failed_is_named_in_the_message_and_the_summary():
+    """Issue 55: systemd leaves a unit it SIGKILLed `failed`; nothing said so."""
+    result = release([gpu(0, 4096)], [gpu(0, 0)], stopped_units=["stubborn.service"], killed_units=["stubborn.service"],
+                     failed_units=["stubborn.service"])
+    outcome = free_gpus_outcome(result, "node01", 1)
+    assert outcome["message"] == ("node01: 1 GPU free (4096 -> 0 MiB), stopped stubborn.service, left stubborn.service failed (killed "
+                                  "through systemd; restore_gpus resets it) in 0.41 s")
+    assert "stubborn.service (left failed)" in free_gpus_summary([outcome], ["node01"])[1]
