@@ -244,6 +244,10 @@ class ActionModule(ActionBase):
             params = self._validated(task_vars)
         except _Invalid as exc:
             invalid = exc.result
+            if unknown and invalid.get("argument_errors"):
+                # Every mistake in one pass: a typo beside a wrong type is said too (its value would be ignored).
+                invalid["argument_errors"] = unknown + invalid["argument_errors"]
+                invalid["msg"] = "settings mistake, nothing was done: " + "; ".join(invalid["argument_errors"])
             result.update(invalid)
             # The summary of free_gpus.yml lists this host with its error, as any failed host.
             result["ansible_facts"] = {"free_gpus_result": failed(host, invalid["msg"], "invalid")}
