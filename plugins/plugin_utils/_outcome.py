@@ -142,7 +142,8 @@ def _record(result: t.Mapping[str, t.Any], host: str, check_mode: bool) -> Outco
         "failed_units": list(result.get("failed_units") or []),
         "stopped_containers": [container_label(c) for c in result.get("stopped_containers") or []],
         "disabled_containers": [container_label(c) for c in result.get("disabled_containers") or []],
-        "killed": [{"pid": k.get("pid"), "name": k.get("name"), "signal": k.get("signal"), "container": k.get("container")}
+        "killed": [{"pid": k.get("pid"), "name": k.get("name"), "signal": k.get("signal"), "container": k.get("container"),
+                    "sigkill_at_once": k.get("sigkill_at_once")}
                    for k in result.get("killed") or []],
         "protected": result.get("protected") or [],
         "spanning": _spanning(result),
@@ -177,6 +178,15 @@ def clients_with_units(clients: t.Iterable[t.Mapping[str, t.Any]]) -> str:
     return "{} {} with {}".format(_plural(len(clients), "NVML client"), "stops" if len(clients) == 1 else "stop", ", ".join(units))
 
 
+def planned_signals(killed: t.Sequence[t.Mapping[str, t.Any]]) -> str:
+    """Check mode's plan for the holders it would signal, with the signal the real run sends each:
+    `would signal 2 processes (1 SIGTERM, then SIGKILL after kill_timeout; 512 python3 SIGKILL at once: stopped (state T))`."""
+    at_once = [k for k in killed if k.get("sigkill_at_once")]
+    ways = ["{} SIGTERM, then SIGKILL after kill_timeout".format(len(killed) - len(at_once))] if len(at_once) < len(killed) else []
+    ways += ["{} {} SIGKILL at once: {}".format(k.get("pid"), k.get("name") or "?", k["sigkill_at_once"]) for k in at_once]
+    return "would signal {} ({})".format(_plural(len(killed), "process", "es"), "; ".join(ways))
+
+
 def _done(outcome: Outcome) -> list[str]:
     """What a host that passes had done and left running, in the message's words."""
     did = [f"{verb} {', '.join(names)}" for verb, names in (
@@ -186,7 +196,9 @@ def _done(outcome: Outcome) -> list[str]:
             ", ".join(outcome["failed_units"]), "it" if len(outcome["failed_units"]) == 1 else "them"))
     did += ["{} container{} {}".format(verb, "" if len(names) == 1 else "s", ", ".join(names)) for verb, names in (
         ("stopped", outcome["stopped_containers"]), ("disabled", outcome["disabled_containers"])) if names]
-    if outcome["killed"]:
+    if outcome["killed"] and outcome["check_mode"]:
+        did.append(planned_signals(outcome["killed"]))
+    elif outcome["killed"]:
         did.append("killed " + _plural(len(outcome["killed"]), "process", "es"))
     if outcome["spanning"]:
         did.append(f"ended spanning {spanning_note(outcome['spanning'])} (kill_spanning)")

@@ -268,3 +268,31 @@ def test_check_mode_fails_on_a_node_whose_nvidia_smi_is_missing_or_hung(clean_fl
     messages = summary_row(summary_lines(run), host)
     assert ("not found" in messages) if fault == "nvidia-smi missing" else ("timed out" in messages), messages
     assert alive(fleet, host, [train["pid"]])[train["pid"]]  # a dry run never acts
+
+
+def test_check_mode_plans_sigkill_at_once_for_a_stopped_holder_as_the_real_run_sends_it(clean_fleet):
+    """Issue 55: check mode's plan says the signal the real run will send; a stopped holder (Ctrl-Z,
+    SIGSTOP) cannot act on SIGTERM and gets SIGKILL at once."""
+    fleet = clean_fleet
+    host = gpu_host(fleet)
+    train = fleet.workload(host, "train", gpus="0", mib=2048)
+    fleet.ssh(host, f"kill -STOP {train['pid']}", check=True)
+    try:
+        check = fleet.ansible_playbook(PLAYBOOK, limit=host, check=True, extra_vars={"free_gpus_kill_timeout": KILL_TIMEOUT})
+        assert check.rc == 0, check
+        planned = run_entry(check.result(RELEASE_TASK, host), train["pid"])
+        assert (planned["signal"], planned["sigkill_at_once"]) == (None, "stopped (state T)"), planned
+        row = summary_row(summary_lines(check), host)
+        assert row.split()[:2] == ["would", "free"] and f"{train['pid']} " in row and "SIGKILL at once: stopped (state T)" in row, row
+        assert alive(fleet, host, [train["pid"]])[train["pid"]]
+        run = fleet.ansible_playbook(PLAYBOOK, limit=host, extra_vars={"free_gpus_kill_timeout": KILL_TIMEOUT})
+        assert run.rc == 0, run
+        done = run_entry(run.result(RELEASE_TASK, host), train["pid"])
+        assert (done["signal"], done["sigkill_at_once"]) == ("SIGKILL", "stopped (state T)"), done
+    finally:
+        fleet.ssh(host, f"kill -KILL {train['pid']} 2>/dev/null; true")
+
+
+def run_entry(result, pid):
+    [entry] = [k for k in result["killed"] if k["pid"] == pid]
+    return entry

@@ -282,3 +282,16 @@ def test_a_unit_killed_through_systemd_and_left_failed_is_named_in_the_message_a
     assert outcome["message"] == ("node01: 1 GPU free (4096 -> 0 MiB), stopped stubborn.service, left stubborn.service failed (killed "
                                   "through systemd; restore_gpus resets it) in 0.41 s")
     assert "stubborn.service (left failed)" in free_gpus_summary([outcome], ["node01"])[1]
+
+
+def test_check_mode_says_the_signal_the_real_run_sends_each_holder():
+    """Issue 55: the plan said 'killed 1 process' and nothing of the signal; a stopped holder gets SIGKILL at once."""
+    killed = [{"pid": 495, "name": "python3", "signal": None, "sigkill_at_once": None},
+              {"pid": 512, "name": "python3", "signal": None, "sigkill_at_once": "stopped (state T)"}]
+    result = release([gpu(0, 40970)], [gpu(0, 40970)], released=False, killed=killed)
+    outcome = free_gpus_outcome(result, "node06", 1, True)
+    assert ("would signal 2 processes (1 SIGTERM, then SIGKILL after kill_timeout; 512 python3 SIGKILL at once: stopped (state T))"
+            in outcome["message"]), outcome["message"]
+    assert "killed" not in outcome["message"]
+    line = free_gpus_summary([outcome], ["node06"])[1]
+    assert line.split()[:3] == ["would", "free", "node06"] and "512 python3 SIGKILL at once: stopped (state T)" in line, line
