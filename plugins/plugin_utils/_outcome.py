@@ -182,7 +182,7 @@ def planned_signals(killed: t.Sequence[t.Mapping[str, t.Any]]) -> str:
     """Check mode's plan for the holders it would signal, with the signal the real run sends each:
     `would signal 2 processes (1 SIGTERM, then SIGKILL after kill_timeout; 512 python3 SIGKILL at once: stopped (state T))`."""
     at_once = [k for k in killed if k.get("sigkill_at_once")]
-    ways = ["{} SIGTERM, then SIGKILL after kill_timeout".format(len(killed) - len(at_once))] if len(at_once) < len(killed) else []
+    ways = [f"{len(killed) - len(at_once)} SIGTERM, then SIGKILL after kill_timeout"] if len(at_once) < len(killed) else []
     ways += ["{} {} SIGKILL at once: {}".format(k.get("pid"), k.get("name") or "?", k["sigkill_at_once"]) for k in at_once]
     return "would signal {} ({})".format(_plural(len(killed), "process", "es"), "; ".join(ways))
 
