@@ -20,6 +20,7 @@ each mistake is said by `plain_errors`, the gate's words.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import typing as t
@@ -85,8 +86,9 @@ SLURM_TYPES: dict[str, dict[str, t.Any]] = {
     "slurm_gpu_checks_hook_name": {"type": "str"},
     "slurm_gpu_checks_hooks": {"type": "list", "elements": "str", "choices": ["prolog", "epilog"]},
     "slurm_gpu_checks_manage_slurm_conf": {"type": "bool"},
-    # A mapping; its entries are the runner's to check, as it reads them from JSON (no conversion).
-    "slurm_gpu_checks_options": {"type": "dict", "options": None},
+    # A mapping whose entries the file names (a misspelt one stops the play here); their values are
+    # the runner's to check as well, as it reads them from JSON (no conversion: "3" is no number there).
+    "slurm_gpu_checks_options": {"type": "dict"},
     "slurm_gpu_checks_prolog_epilog_timeout": {"type": "int"},
     "slurm_gpu_checks_python": {"type": "path"},
     "slurm_gpu_checks_reconfigure": {"type": "bool"},
@@ -116,6 +118,8 @@ def typed(options: t.Mapping[str, t.Mapping[str, t.Any]], types: t.Mapping[str, 
 _GIVEN = r"is of type (?:\w+|<class '[^']+'>)(?: found in '(?P<parent>[^']+)'\.?)? and we were unable to convert to (?P<type>\w+)"
 _TYPE_ERROR = re.compile(r"^argument '(?P<name>[^']+)' " + _GIVEN)
 _ELEMENT_ERROR = re.compile(r"^Elements value for option '(?P<name>[^']+)' " + _GIVEN)
+# A key a mapping's options do not have (the validator's message, without its caller's prefix).
+_UNSUPPORTED = re.compile(r"^(?P<names>[\w.]+(?:, [\w.]+)*)\. Supported parameters include: (?P<known>.*?)\.?$")
 _TYPE_WORDS = {"float": "a number", "int": "a whole number", "bool": "true or false", "list": "a list", "dict": "a mapping",
                "str": "a string", "path": "a path (a string)", "raw": "a value"}
 
@@ -154,7 +158,22 @@ def plain_errors(messages: t.Iterable[str], provided: t.Mapping[str, t.Any]) -> 
         elif element:
             name, value = _given(element, provided)
             text = "each entry of {} must be {}, got {}".format(name, _must_be(name, element["type"]), _shown(value))
+        elif _UNSUPPORTED.match(text):
+            said.extend(_unsupported(_UNSUPPORTED.match(text)))  # type: ignore[arg-type]
+            continue
         said.append(text)
+    return said
+
+
+def _unsupported(found: t.Match[str]) -> list[str]:
+    """`x.kill_timout. Supported parameters include: ...` -> `x.kill_timout is not an option of x; did you mean kill_timeout?`."""
+    known = [name.strip() for name in found["known"].split(",")]
+    said = []
+    for name in found["names"].split(", "):
+        parent, _dot, leaf = name.rpartition(".")
+        close = difflib.get_close_matches(leaf, known, n=1, cutoff=0.6)
+        said.append("{} is not an option{}{}".format(name, f" of {parent}" if parent else "",
+                                                     f"; did you mean {close[0]}?" if close else " (its options: {})".format(", ".join(known))))
     return said
 
 
@@ -163,5 +182,10 @@ def type_problems(settings: t.Mapping[str, t.Any], options: t.Mapping[str, t.Map
     """The role's variables given (`settings`) checked against their types -> one line per mistake."""
     spec = typed(options, types)
     provided = {name: value for name, value in settings.items() if name in spec}
-    checked = ArgumentSpecValidator(spec).validate(provided, validate_role_argument_spec=True)
+    # The variables' own types first: the validator walks a mapping's options even where the value is
+    # no mapping (a TypeError out of ansible-core), so the options are checked only once that passed.
+    top = {name: {key: value for key, value in option.items() if key != "options"} for name, option in spec.items()}
+    checked = ArgumentSpecValidator(top).validate(provided, validate_role_argument_spec=True)
+    if not checked.error_messages:
+        checked = ArgumentSpecValidator(spec).validate(provided, validate_role_argument_spec=True)
     return plain_errors(checked.error_messages, provided)

@@ -70,6 +70,10 @@ def test_a_typo_comes_first_and_the_types_after():
                     "restore_gpus_step_timeout must be a number of seconds (e.g. 120), got '2m'"]
 
 
-def test_the_runners_options_are_the_runners_to_check():
-    # Its entries are checked on the node by the runner (JSON, no conversion), not converted here.
-    assert role_settings_problems({"slurm_gpu_checks_options": {"max_used_mib": "64", "unknown": 1}}, SLURM, "slurm_gpu_checks_") == []
+def test_a_misspelt_runner_option_is_named_with_the_closest_one():
+    said = role_settings_problems({"slurm_gpu_checks_options": {"kill_timout": 3}}, SLURM, "slurm_gpu_checks_")
+    assert said == ["slurm_gpu_checks_options.kill_timout is not an option of slurm_gpu_checks_options; did you mean kill_timeout?"]
+    assert role_settings_problems({"slurm_gpu_checks_options": {"kill_timeout": "3m"}}, SLURM, "slurm_gpu_checks_") == [
+        "slurm_gpu_checks_options.kill_timeout must be a number of seconds (e.g. 120), got '3m'"]
+    # "3" converts here; the runner, reading JSON, refuses it on the node with its own line.
+    assert role_settings_problems({"slurm_gpu_checks_options": {"kill_timeout": "3"}}, SLURM, "slurm_gpu_checks_") == []
