@@ -20,9 +20,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import multiprocessing
-import json
 import os
-import re
 import signal
 import threading
 import time
@@ -35,7 +33,7 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
-from ansible_collections.zeromib.gpu.plugins.plugin_utils import _plain, _role_spec, _services_check
+from ansible_collections.zeromib.gpu.plugins.plugin_utils import _role_spec, _services_check
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._role_vars import role_options, unknown_variables
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import failed, in_role_words, outcome_of
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._verdict import Verdict, verdict
@@ -55,44 +53,8 @@ NOT_OPTIONS = frozenset(["free_gpus_result", "free_gpus_hosts"])
 RECORD_KEYS = ("gpus", "gpus_before", "holders")
 
 
-# Ansible's validator words a type mistake for a module author ("argument 'x' is of type str and
-# we were unable to convert to float: <class '..._AnsibleTaggedStr'> cannot be ..."): said here as
-# the user wrote it, the variable, what it must be and the value given.
-# ansible-core 2.17 and 2.18 name the type given as a class (`is of type <class 'str'>`).
-_GIVEN = r"is of type (?:\w+|<class '[^']+'>) and we were unable to convert to (?P<type>\w+)"
-_TYPE_ERROR = re.compile(r"^argument '(?P<name>[^']+)' " + _GIVEN)
-_ELEMENT_ERROR = re.compile(r"^Elements value for option '(?P<name>[^']+)' " + _GIVEN)
-_TYPE_WORDS = {"float": "a number", "int": "a whole number", "bool": "true or false", "list": "a list", "dict": "a mapping",
-               "str": "a string", "raw": "a value"}
-
-
-def _shown(value: t.Any) -> str:
-    plain = _plain.plain(value)
-    return repr(plain) if isinstance(plain, str) else json.dumps(plain, default=str)
-
-
-def _must_be(name: str, kind: str) -> str:
-    words = _TYPE_WORDS.get(kind, f"a {kind}")
-    if kind in ("float", "int") and name.endswith(("_timeout", "_interval")):
-        words += " of seconds (e.g. 120)"
-    return words
-
-
-def plain_errors(messages: t.Iterable[str], provided: t.Mapping[str, t.Any]) -> list[str]:
-    """The validator's messages -> one line each, naming the variable, its type and the value given."""
-    said = []
-    for message in messages:
-        text = " ".join(str(message).split())
-        found = _TYPE_ERROR.match(text)
-        element = _ELEMENT_ERROR.match(text)
-        if found:
-            name = found["name"]
-            text = "{} must be {}, got {}".format(name, _must_be(name, found["type"]), _shown(provided.get(name)))
-        elif element:
-            name = element["name"]
-            text = "each entry of {} must be {}, got {}".format(name, _must_be(name, element["type"]), _shown(provided.get(name)))
-        said.append(text)
-    return said
+# The validator's messages said in the user's words (shared with the restore and Slurm roles' check).
+plain_errors = _role_spec.plain_errors
 
 
 def warning_text(warning: t.Any) -> t.Any:
@@ -365,6 +327,10 @@ class ActionModule(ActionBase):
             params = self._validated(task_vars)
         except _Invalid as exc:
             invalid = exc.result
+            if unknown and invalid.get("argument_errors"):
+                # Every mistake in one pass: a typo beside a wrong type is said too (its value would be ignored).
+                invalid["argument_errors"] = unknown + invalid["argument_errors"]
+                invalid["msg"] = "settings mistake, nothing was done: " + "; ".join(invalid["argument_errors"])
             result.update(invalid)
             # The summary of free_gpus.yml lists this host with its error, as any failed host.
             result["ansible_facts"] = {"free_gpus_result": failed(host, invalid["msg"], "invalid")}

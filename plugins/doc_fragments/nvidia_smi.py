@@ -31,25 +31,18 @@ options:
     default: 0
   cross_gpu_footprint_mib:
     description:
-      - While a process has a CUDA context on one GPU, every other GPU of the node that it can see reads a few MiB with no
-        compute app on it (4 MiB on H200, driver 580). A GPU that no process uses, while contexts live on other GPUs, is
-        clean when it reads at most O(max_used_mib) plus this many MiB; it is then reported with C(cross_gpu_footprint=true).
-      - This lets one GPU be freed while the others train. V(0) turns the allowance off.
+      - A GPU that no process uses, while contexts live on other GPUs, is clean at O(max_used_mib) plus this many MiB (4 MiB measured
+        on H200), reported with C(cross_gpu_footprint=true); so one GPU can be freed while the others train. V(0) turns it off.
     type: int
     default: 4
   protect:
     description:
-      - Extra process names or PIDs never signalled and not counted as making a host dirty.
-      - Added to the built-in list (PID 1, the module and its Ansible session, kernel threads, C(nvidia-persistenced),
-        C(nv-hostengine), C(nvidia-fabricmanager), C(nv-fabricmanager), C(dcgm-exporter), C(Xorg), C(Xwayland),
-        C(gnome-shell), C(kwin_wayland), C(sshd), C(systemd)).
-      - A name matches the executable's basename, the basename of C(argv[0]), or the kernel's C(comm), which is
-        truncated to 15 characters (C(nvidia-persistenced) shows as C(nvidia-persiste)).
-      - A name (built-in or given here) protects only a process whose identity backs it, since any user can name a process
-        so - run by root or a system account (uid up to 999) from a root-owned executable in a system directory (C(/usr/bin),
-        C(/usr/sbin), C(/usr/lib...), C(/usr/local/bin), C(/usr/local/nvidia/bin), ...), as the kernel resolved it; or the
-        main process of the system unit it runs in. Any other process so named is an ordinary holder, with a warning. Give a
-        PID for a daemon that is neither. See the collection's C(docs/docsite/rst/guide_security.rst).
+      - Extra process names or PIDs never signalled and not counted as making a host dirty, added to the built-in list (PID 1, the
+        module's session, kernel threads, C(nvidia-persistenced), C(nv-hostengine), Fabric Manager, C(dcgm-exporter), display servers,
+        C(sshd), C(systemd)).
+      - A name protects only a process whose identity backs it (root or a system account running a root-owned system executable, or
+        a system unit's main process); give a PID for any other.
+        R(Details, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.protect).
     type: list
     elements: str
     default: []

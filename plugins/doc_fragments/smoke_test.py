@@ -12,21 +12,11 @@ class ModuleDocFragment:
 options:
   smoke_test:
     description:
-      - Prove that each free GPU really runs CUDA, through the driver's own C(libcuda.so.1) (the CUDA driver API via ctypes; no
-        toolkit, no Python package) - per GPU, addressed by PCI bus id, C(cuInit), C(cuDeviceGetByPCIBusId), C(cuCtxCreate),
-        C(cuMemGetInfo), C(cuMemAlloc) of O(smoke_test_mib), C(cuMemsetD8) over it, C(cuCtxSynchronize), C(cuMemFree),
-        C(cuCtxDestroy); then the GPU must read free again (C(nvidia-smi), polled for up to 5 s).
-      - Catches what memory and health readings cannot - a driver and library that do not match after an upgrade without reboot,
-        a GPU that cannot create a context after an Xid, memory that cannot be allocated or written, a fabric that never
-        registered (C(CUDA_ERROR_SYSTEM_NOT_READY (802))).
-      - The calls run in a child process of their own, bounded by O(timeout) for C(cuInit) and for each GPU; a hung call is
-        killed with its process group and fails the GPU, never passes it. A failure names the CUDA error by name and number
-        and the call, for example C(CUDA_ERROR_SYSTEM_NOT_READY (802) at cuCtxCreate).
-      - Never runs in check mode, never on a GPU that a process uses (checked right before), never on a GPU in MIG mode (its
-        instances would have to be addressed one by one); those GPUs are skipped and C(smoke_test.skipped) says why.
-      - Costs about 0.2 s per GPU on an H200 at the default size (measured 0.17-0.20 s from context creation to destruction; the
-        memset itself takes milliseconds, 16 GiB cost the same), plus 0.1-0.2 s once for C(cuInit) and a C(nvidia-smi) read after
-        it; see the collection's C(docs/docsite/rst/guide_smoke_test.rst).
+      - Prove that each free GPU really runs CUDA, through the driver's own C(libcuda.so.1) (no toolkit, no Python package) - create a
+        context, allocate and write O(smoke_test_mib), free it, and read the GPU free again; a failure names the CUDA error and call.
+      - Runs in a bounded child process; never in check mode, on a GPU in use or on a GPU in MIG mode (C(smoke_test.skipped) says why).
+        About 0.2 s per GPU on an H200. R(Details, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.smoke-test),
+        R(the smoke test guide, ansible_collections.zeromib.gpu.docsite.guide_smoke_test).
     type: bool
     default: false
   smoke_test_mib:

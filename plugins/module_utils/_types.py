@@ -213,6 +213,7 @@ class ReleaseResult(t.TypedDict, total=False):
     disabled_guest_units: list[str]
     masked_guest_units: list[str]
     killed_units: list[str]
+    failed_units: list[str]
     kept_units: list[dict[str, t.Any]]
     launchers: list[dict[str, t.Any]]
     services_not_found: list[str]

@@ -10,40 +10,14 @@ module: gpu_facts
 short_description: Read every NVIDIA GPU of a node, and who holds it
 version_added: 0.1.0
 description:
-  - Reads each GPU's state with C(nvidia-smi --query-gpu) and its compute apps with C(nvidia-smi --query-compute-apps),
-    run side by side in the C locale and bounded by O(timeout).
-  - Scans C(/proc/*/fd) and C(/proc/*/maps) for processes that hold C(/dev/nvidia*), as C(fuser -v /dev/nvidia*) does.
-    This finds what nvidia-smi cannot see, such as a child forked after CUDA init whose parent is gone.
-  - Nothing a user of the node can set (a process name, a path, a cgroup in their own subtree) is believed; the collection's
-    C(docs/docsite/rst/guide_security.rst) says what is.
-  - Says which GPUs each of them really uses, and why. Every CUDA process and every NVML client opens every GPU's device
-    file, so an open file says nothing. A live process that nvidia-smi lists as a compute app on a GPU uses that GPU
-    (C(attribution=listed)); one it does not list uses the GPUs whose device file it maps with a context-sized mapping
-    (C(attribution=mapped)), or is C(undecided) when no mapping is context-sized; a process that maps no per-GPU device
-    file is an NVML client (C(attribution=nvml_client)), such as C(nvidia-smi dmon) or an exporter, and never makes a host dirty.
-  - Maps each GPU to its device file through C(Device Minor) in C(/proc/driver/nvidia/gpus/*/information);
-    the minor number is not always the index.
-  - Checks nvidia-smi's GPUs against the driver's own list there. A GPU the driver has, whose device node C(/dev/nvidia<minor>)
-    this namespace can open, and that nvidia-smi leaves out is an error (it can never be proven free). A GPU whose node is absent
-    here, is no device, or may not be opened (a device cgroup, permissions) is not this node's - a container, a Slurm step or
-    C(docker --device) given some of the machine's GPUs sees the driver's list of them all - and is listed in
-    C(not_visible), neither clean nor an error.
-  - Reads C(/dev/shm), where NCCL, PyTorch and Python multiprocessing keep their shared-memory segments - its size and free space,
-    and (with O(processes)) the files that no live process has open or mapped, as killed jobs leave them, largest and oldest
-    first with the job pattern each matches (C(nccl-*), C(torch_*), C(sem.mp-*), ...). A file is known held by the kernel's
-    identity of it (device and inode, through the open files and mappings of every process), never by its name. The host is
-    unhealthy when its free space is below O(shm_min_free_mib_per_gpu) for each GPU.
-  - Says whether each GPU is ready for work, not just free (C(healthy), C(health_issues)) - uncorrectable ECC errors, pending
-    or failed row remaps (retired pages before Ampere), a PCIe link below its generation or width, hardware or thermal
-    slowdown, persistence mode, MIG mode, the driver's recovery action, the NVSwitch fabric as the GPU reports it, and Xid errors of
-    the GPU in the kernel log that NVIDIA's Xid catalog says need a reset or a reboot. The readings come from the same
-    C(nvidia-smi --query-gpu) call; each GPU's C(health_unchecked) names the checks that could not run. See the collection's
-    C(docs/docsite/rst/guide_health.rst).
-  - Returns the result as the fact C(ansible_facts.gpu). Changes nothing (the optional O(smoke_test) allocates and frees GPU memory
-    on free GPUs only, and never in check mode) but its own cache of the kernel log it has judged (the journal's cursor and the
-    window's Xid lines, C(/var/lib/zeromib-gpu/kernel-log.json), root-only), so the next look reads only new lines, and the code it
-    compiled (C(/var/lib/zeromib-gpu/bytecode), as M(zeromib.gpu.gpu_release) keeps it); in check mode it writes nothing and reads
-    the whole window.
+  - Reads each GPU's state and compute apps with C(nvidia-smi) (C locale, bounded by O(timeout)), and scans C(/proc) for the processes
+    that hold C(/dev/nvidia*), as C(fuser -v) does - also what nvidia-smi cannot see, such as the orphaned child of a dead owner.
+  - Says which GPUs each process really uses (C(attribution) - V(listed), V(mapped), V(undecided), or an V(nvml_client), which never
+    makes a host dirty), believing nothing a user of the node can set.
+  - Checks nvidia-smi's GPUs against the driver's own list (a GPU left out is an error; one this namespace cannot reach is
+    C(not_visible)), reads C(/dev/shm), and says whether each GPU is ready for work (C(healthy), C(health_issues)).
+  - Returns the fact C(ansible_facts.gpu) and changes nothing but its own root-only caches (in check mode, nothing). Every reading in
+    detail - R(what gpu_facts reads, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.gpu-facts).
 author:
   - zeromib.gpu contributors (@zeromib)
 extends_documentation_fragment:
@@ -80,10 +54,13 @@ notes:
   - Every number is checked before anything runs - V(nan), V(inf) and negative values are refused, and O(timeout) must be greater
     than 0 and at most 86400 seconds (one day), O(xid_window_hours) at most 8760 (one year); a value past its bound fails naming the
     option and the bound (the same check as M(zeromib.gpu.gpu_release)'s).
-  - The attribution rule and the readings it is derived from are in the collection's C(docs/gpu_facts.md).
+  - The attribution rule and the readings it is derived from -
+    R(which process uses which GPU, ansible_collections.zeromib.gpu.docsite.guide_attribution).
   - Managed nodes need Python 3.8 or later and the NVIDIA driver's C(nvidia-smi); no Python package.
 seealso:
   - module: zeromib.gpu.gpu_release
+  - ref: ansible_collections.zeromib.gpu.docsite.guide_gpu_release
+    description: What gpu_facts reads, and each option of gpu_release, in detail.
 requirements:
   - nvidia-smi from the NVIDIA driver on the managed node
 """

@@ -10,32 +10,17 @@ module: gpu_release
 short_description: Free NVIDIA GPUs safely and prove that they read 0 MiB
 version_added: 0.1.0
 description:
-  - Frees the selected GPUs of a node in four steps, and returns as soon as they are proven free.
-  - B(Look) - one snapshot of the GPUs (C(nvidia-smi)), their compute apps, and every process holding C(/dev/nvidia*) (a C(/proc) scan).
-  - B(Plan) - the units named in O(services) that are active (or, per O(service_state), enabled or not masked), with the sockets and
-    timers that trigger them; the systemd services that are the GPU workload (O(stop_owning_units)), never a launcher of other jobs;
-    the Docker and Podman containers named in O(services) or holding a selected GPU; and the holders left to signal, never a protected
-    process, never PID 1, never the module's own Ansible session, never a process that uses only unselected GPUs, never an NVML client
-    (unless O(match) names it). A holder in a Kubernetes pod fails the run here, before anything is done.
-  - Which GPU a process uses is not which device files it has open (every CUDA process opens every GPU's); it is the GPU where
-    nvidia-smi lists it as a compute app or, for a process nvidia-smi does not list (the orphaned child of a dead owner), the GPU whose
-    device file it maps with a context-sized mapping. A process that cannot be placed so is reported in RV(undecided) and signalled
-    only when every GPU it may use is selected. See M(zeromib.gpu.gpu_facts).
-  - B(Act) - stop the containers through their runtime (after setting the restart policy of named ones to C(no) with
-    O(service_state=disabled)); C(systemctl stop --no-block) the units, all at once, and wait for them at most O(kill_timeout) before
-    C(systemctl kill --signal=SIGKILL) (never C(TimeoutStopSec), 90 s by default); then C(disable) or C(mask) the named ones. SIGTERM the
-    remaining holders, SIGKILL those still alive after O(kill_timeout); a holder that SIGTERM cannot reach (it ignores SIGTERM -
-    C(SigIgn) in C(/proc/PID/status) - or it is the init of its own PID namespace without a SIGTERM handler, as under
-    C(unshare --pid --fork); or, read right before its first signal, it is stopped - state C(T), as after Ctrl-Z, SIGSTOP or a job
-    suspension -, stopped by its tracer - state C(t), as under a debugger - or in a frozen cgroup v2 - C(cgroup.freeze)) gets SIGKILL at once, and its
-    RV(killed) entry says why (C(sigkill_at_once)). A PID is signalled only
-    while it is the process that was planned - through a pidfd where the node has them (Linux 5.3+, Python 3.9+), else after a check
-    of its start time right before every signal.
-  - B(Verify) - poll C(memory.used) every O(poll_interval) until every selected GPU reads at most O(max_used_mib), or fail after
-    O(wait_timeout) with one message naming each dirty GPU, its MiB and what still holds it. When something was signalled that a
-    restart policy outside this run's control may start again, watch a short settle window before answering (see the notes).
-  - B(/dev/shm) - with O(clean_shm), once the GPUs are proven free, remove what killed jobs left in C(/dev/shm) (see O(clean_shm)).
-  - A host that is already clean is not touched and reports C(changed=false).
+  - Frees the selected GPUs of a node and returns as soon as they are proven free, in four steps.
+  - B(Look) - one snapshot of the GPUs, their compute apps and every process holding C(/dev/nvidia*).
+  - B(Plan) - the units and containers to stop and the holders to signal, never a protected process, the module's own session, an
+    NVML client or a process that uses only unselected GPUs. A refusal (a Kubernetes pod, a spanning process) fails here, before
+    anything is done.
+  - B(Act) - stop containers and units (bounded by O(kill_timeout)), then SIGTERM the holders left and SIGKILL those still alive
+    after O(kill_timeout); a holder that SIGTERM cannot reach gets SIGKILL at once.
+  - B(Verify) - poll C(memory.used) until every selected GPU reads at most O(max_used_mib), or fail after O(wait_timeout) naming each
+    dirty GPU, its MiB and what holds it.
+  - A host that is already clean is not touched (C(changed=false)). Every step and rule in detail -
+    R(gpu_release in detail, ansible_collections.zeromib.gpu.docsite.guide_gpu_release).
 author:
   - zeromib.gpu contributors (@zeromib)
 extends_documentation_fragment:
@@ -47,176 +32,91 @@ attributes:
   check_mode:
     support: full
     details:
-      - Reports the plan (RV(stopped_units), and RV(killed) with C(signal=null)) and does not fail on a dirty host that the real run
-        would free.
-      - It fails, with the message the real run would give, where the real run certainly fails - a dirty GPU that no process holds
-        (leaked memory, or an idle baseline above O(max_used_mib), after the same short grace), a GPU held only by protected processes,
-        and O(kill=false) with holders it would leave running - and where the plan is refused (a Kubernetes pod).
+      - Reports the plan (RV(stopped_units), and RV(killed) with C(signal=null) and the C(sigkill_at_once) each would get); a dirty
+        host the real run would free passes. It fails where the real run certainly fails, with the same message.
   diff_mode:
     support: full
     details:
-      - Per-GPU memory and the holders, then the units, containers and processes acted on - before, and after (what is stopped,
-        disabled, masked, signalled) - and the files of C(/dev/shm) that O(clean_shm) removes. In check mode, C(after) is the plan.
+      - Per-GPU memory and holders, and the units, containers, processes and C(/dev/shm) files acted on, before and after (in check
+        mode, the plan).
   platform:
     platforms: posix
 options:
   gpus:
     description:
-      - Indexes or UUIDs of the GPUs to free. Processes that use only other GPUs are left alone, so one GPU can be freed while the
-        others train; the GPUs freed then read the cross-GPU footprint of those contexts (see O(cross_gpu_footprint_mib)).
-      - Empty selects every GPU nvidia-smi shows. Indexes are nvidia-smi's on this node; in a container or job given some of the
-        host's GPUs they count from 0 there. A GPU this namespace cannot reach (RV(not_visible)) cannot be selected; naming it is an
-        error that says so.
+      - Indexes or UUIDs of the GPUs to free; empty selects every GPU nvidia-smi shows. Processes that use only other GPUs are left
+        alone. A GPU this namespace cannot reach (RV(not_visible)) cannot be selected.
     type: list
     elements: str
     default: []
   services:
     description:
-      - systemd units to stop even if they hold nothing now, for example a vLLM server that is restarting.
-      - Globs are allowed (V(vllm*.service)); a name without a suffix gets C(.service). A glob that matches no unit is a warning.
-      - Units that do not exist on the host are listed in RV(services_not_found), not an error, so one list fits a mixed fleet.
-      - The C(.socket) and C(.timer) units that trigger a named unit (C(TriggeredBy=)) are stopped with it and get the same O(service_state),
-        so that they cannot start it again.
-      - Globs match the units systemd has loaded and the installed unit files (C(systemctl list-unit-files)), so an enabled but
-        inactive V(vllm.service) is matched too (and disabled with O(service_state=disabled)). Templates (C(getty@.service)) are not
-        matched; their instances are.
-      - Never stopped, named or not - the unit of the module's own session, a unit whose main process is protected (see O(protect)),
-        systemd's own units, D-Bus, login, SSH, consoles and networking. Named, such a unit fails the task before anything is done;
-        matched by a glob, it is kept (RV(kept_units)).
-      - Never selected by a glob, stopped only when named exactly - what keeps the node reachable and its data safe. Network
-        (networking, C(ifup@*), NetworkManager, systemd-networkd, C(wg-quick@*), tailscaled, nftables, iptables, firewalld, ufw, ...),
-        storage (iscsid, multipathd, C(nfs*), rpcbind, autofs, C(lvm*), C(zfs*), Lustre, BeeGFS, GPFS, Ceph, ...), identity (sssd, nslcd,
-        winbind, nscd), remote access (sshd, ssh, dropbear) and time (chrony, chronyd, ntp, ntpsec, systemd-timesyncd); and launchers
-        (cron, atd, Slurm, Ray, jupyterhub, container engines, O(launchers), ...). They are listed in RV(kept_units) with the reason, and
-        one warning names them. So V(*) cannot take the node down.
-      - V(container:<name glob>) names Docker or Podman containers instead (V(container:vllm*)), in any state; a glob that matches no
-        container (or a host without Docker and Podman) is listed in RV(services_not_found).
-      - V(supervisor:<program glob>) names programs of supervisord (V(supervisor:vllm*)), matched against the names
-        C(supervisorctl status) prints (V(name), V(group:name)); they are stopped through C(supervisorctl stop), at most O(kill_timeout)
-        (+ 5 s) per call. Only a supervisord running as root is asked, through its own configuration (C(-c) of its command line).
-        A glob that matches no program (or a host without supervisord) is listed in RV(services_not_found).
-      - V(lxc:<id glob>:<unit glob>) (Proxmox and LXC), V(lxd:<name glob>:<unit glob>) (LXD, Incus) and V(machine:<name glob>:<unit glob>)
-        (systemd-nspawn) name a system container's own units, when the play runs on the host (V(lxc:101:vllm*.service)). They are
-        stopped (and get O(service_state)) by the guest's own systemd, entered with C(nsenter -t <guest init> -a systemctl ...), with the
-        same rules as the host's units; gpu_restore starts them again. A guest that is not running, or a unit it does not have, is
-        listed in RV(services_not_found); a guest whose init is no systemd fails the task before anything is done.
-      - A bare unit name is the host's unit, never a guest's of the same name, and the GPU selection holds for it - a named unit whose
-        processes hold only GPUs outside O(gpus) is kept (RV(kept_units), kind V(other_gpus)) - freeing GPU 4 never stops the
-        V(vllm.service) serving on GPUs 0 and 1. A named unit that holds nothing is stopped.
-      - A process of a guest's service whose guest runs a system manager is never signalled from the host (the guest's manager would
-        start it again) - without such an entry the task fails before anything is done, naming the guest, the command to run there and
-        the entry to add. See the collection's C(docs/docsite/rst/guide_system_containers.rst).
+      - systemd units to stop even if they hold nothing now (globs allowed, V(vllm*.service); no suffix means C(.service)). Units
+        missing on a host are listed in RV(services_not_found), so one list fits a mixed fleet.
+      - V(container:<glob>) names Docker or Podman containers, V(supervisor:<glob>) supervisord programs, and
+        V(lxc:<id>:<unit>), V(lxd:<name>:<unit>) or V(machine:<name>:<unit>) a system container's own units.
+      - A glob never selects what keeps the node reachable and its data safe (network, storage, identity, remote access, time) nor a
+        launcher; they are kept (RV(kept_units)). Every rule -
+        R(services in detail, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.services).
     type: list
     elements: str
     default: []
   service_state:
     description:
-      - What to leave the units of O(services) in.
-      - V(stopped) stops them; V(disabled) also disables them, so they do not start at the next boot; V(masked) masks them.
-      - Units found through O(stop_owning_units) are only stopped, never disabled.
-      - C(systemctl mask) cannot mask a unit whose own file is in C(/etc/systemd/system) (where it would put its link to C(/dev/null)).
-        V(masked) then fails before anything is stopped or signalled, saying to move the unit file to C(/usr/local/lib/systemd/system)
-        or to use V(disabled).
-      - For containers named in O(services), V(disabled) sets the restart policy to C(no) (C(docker update --restart=no)) before stopping
-        them, so that neither a restart of the Docker daemon nor a reboot starts them again. A container cannot be masked; V(masked)
-        leaves named containers as V(disabled) does, and they are reported in RV(disabled_containers).
-      - Containers found holding a selected GPU are only stopped; with restart policy V(always) Docker starts them again when its
-        daemon restarts. Name them in O(services) to disable them.
-      - For supervisord programs named in O(services), V(disabled) (and V(masked), since supervisord has no mask) sets C(autostart=false) and
-        C(autorestart=false) in the program's section of its configuration file (a file only root can write); the file is what supervisord
-        reads again at its restart and at boot, so the program stays stopped across both. The running supervisord is not made to re-read
-        it (C(supervisorctl update GROUP) would stop and re-add every other program of the group) - it never restarts a program it
-        stopped. Stopping or disabling one program never stops, starts or re-adds another. The values before are returned in
-        RV(disabled_programs).
-      - The copies of a supervisord program with C(numprocs) > 1 (V(trainer:trainer_0), V(trainer:trainer_1)) share its section, so one
-        copy cannot be disabled alone - V(disabled) for some copies but not all fails before anything is done, naming the copies it would
-        disable too. Name the program (V(supervisor:trainer:*)) to stop and disable every copy, or use V(stopped), which stops the
-        named copy only.
-      - A system container's units named in O(services) (V(lxc:101:vllm.service)) are disabled or masked by the guest's systemd.
+      - What to leave the entries of O(services) in - V(stopped), V(disabled) (also not started at boot; for a container, restart
+        policy C(no); for a supervisord program, C(autostart) and C(autorestart) off) or V(masked).
+      - Units found through O(stop_owning_units) are only stopped.
+        R(Details, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.service-state).
     type: str
     choices: [stopped, disabled, masked]
     default: stopped
   stop_owning_units:
     description:
-      - Stop a holder that runs inside a systemd C(.service) through its unit, so that C(Restart=) cannot start it again, when that unit
-        B(is) the GPU workload (C(vllm.service)), that is when its main process or the main process's descendants hold the GPUs (also
-        vLLM V1, whose API server holds no GPU and whose C(VLLM::EngineCore) child does).
-      - A B(launcher) that merely started a holder is never stopped - job schedulers (slurmd, slurmstepd, PBS, LSF, HTCondor's
-        condor_master, condor_startd, condor_starter), cron, anacron, atd, cluster runtimes (a Ray node - C(ray start), raylet,
-        gcs_server; Dask workers - dask-worker, C(dask worker), C(dask cuda worker), distributed.cli; Nomad - C(nomad agent)), notebook
-        hubs, servers and kernel gateways (jupyterhub, jupyter-lab, jupyter-notebook, jupyter-server, jupyter-kernelgateway), CI
-        runners (gitlab-runner, GitHub and Buildkite agents), container engines (dockerd, containerd, kubelet, crio, podman),
-        supervisord, login and SSH, C(user@.service), systemd's own units, and those of O(launchers). It is known by the unit's name,
-        by the names of its main process (C(MainPID) from systemd) or of its C(ExecStart=) command (a renamed unit file is still
-        recognised), or because the holders are not its main process or its descendants. Their holders are signalled instead, and the
-        launcher is listed in RV(launchers), with the Slurm job id where the holder runs in a Slurm job.
-      - Running processes without a GPU is no sign of a launcher - an inference server's unit has those too (vLLM's API server,
-        Python's multiprocessing resource tracker, tokenizer workers) and is stopped as the workload. Nor are C(ray::) worker names - vLLM's
-        Ray executor starts raylet and C(ray::) workers under its own API server, and that unit is the workload.
-      - A workload unit that also holds GPUs outside O(gpus) is not stopped for a partial selection - see O(kill_spanning).
-      - Holders in a C(.scope) (a login session, a container) are signalled as processes; the module never stops the unit
-        or scope its own session runs in, nor one that runs a protected process.
+      - Stop a holder inside a systemd C(.service) through its unit, so that C(Restart=) cannot start it again, when that unit is the
+        GPU workload (its main process or their descendants hold the GPUs).
+      - A launcher that merely started a holder (a scheduler, cron, Ray, Jupyter, a container engine, O(launchers), ...) is never
+        stopped; its holders are signalled and it is listed in RV(launchers).
+        R(Details, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.stop-owning-units).
     type: bool
     default: true
   kill_spanning:
     description:
-      - What to do with a B(spanning) process, one that uses a selected GPU and also GPUs outside O(gpus) (nvidia-smi lists it on
-        both, or it maps both context-sized) - JAX preallocates on every visible GPU, a DataParallel trainer, an MPS server.
-        Ending it would end its work on the GPUs the selection kept out.
-      - V(false) - the run fails before anything is stopped or signalled (check mode fails the same way), naming each such process
-        (pid, name, command line) and the unselected GPUs it uses, listed in RV(spanning). The same holds for a workload unit
-        (C(stop_owning_units)) or a container found holding a selected GPU whose processes also hold GPUs outside the selection, and
-        for a supervisord program named in O(services) whose C(numprocs) copies hold a selected GPU and GPUs outside the selection.
-      - V(true) - end them anyway - signal the process, stop the unit or the container.
-      - With every GPU selected (the default) nothing spans.
+      - A process, unit or container that uses a selected GPU and GPUs outside O(gpus) (B(spanning)) fails the run before anything is
+        done, naming it (RV(spanning)); V(true) ends it anyway.
+        R(Details, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.kill-spanning).
     type: bool
     default: false
   launchers:
     description:
-      - A site's own launchers, added to the built-in ones (see O(stop_owning_units)) - a launcher's unit is never stopped to free
-        GPUs; its GPU holders are signalled and it is named in RV(launchers). A glob in O(services) never selects one either.
-      - An entry that ends in a unit suffix is a unit glob (V(mysched*.service)); any other is a process name glob (V(mysched),
-        V(my-agent*)), matched against the executable, C(argv[0]), the script an interpreter runs and C(comm) of the unit's main
-        process (C(MainPID) from systemd) and the command of its C(ExecStart=).
+      - A site's own launchers, added to the built-in ones (see O(stop_owning_units)) - unit globs (V(mysched*.service)) or process
+        name globs (V(my-agent*)).
     type: list
     elements: str
     default: []
   kill:
     description:
-      - Signal the holders that remain after the units are stopped, and stop the containers found holding selected GPUs. With V(false)
-        only the units and containers named in O(services), and the units found through O(stop_owning_units), are acted on, and a GPU
-        still held by a process it leaves running fails the task at once (waiting would not free it), naming the process.
+      - Signal the holders left after the units are stopped, and stop the containers found holding selected GPUs. With V(false) a GPU
+        still held by a process left running fails the task at once, naming it.
     type: bool
     default: true
   match:
     description:
-      - Python regular expressions searched in each holder's command line. When set, only matching holders (and their units)
-        are acted on; O(services) are always acted on.
-      - An NVML client (a process that maps no per-GPU device file and that nvidia-smi does not list, such as C(nvidia-smi dmon)
-        or a metrics exporter) is signalled only when O(match) names it.
+      - Python regular expressions searched in each holder's command line; when set, only matching holders (and their units) are
+        acted on. O(services) are always acted on. An NVML client is signalled only when O(match) names it.
     type: list
     elements: str
     default: []
   kill_timeout:
     description:
-      - Seconds between SIGTERM and SIGKILL, and how long a process may outlive SIGKILL before it is reported as unkillable.
-      - A process that SIGTERM cannot reach (it ignores SIGTERM, it is the init of its own PID namespace without a handler for it, it is
-        stopped or stopped by its tracer, or its cgroup is frozen) gets SIGKILL at once, without this wait (C(sigkill_at_once) in RV(killed)).
-      - Also how long a unit may take to stop before it is killed through systemd (RV(killed_units)).
-      - Also the grace a container gets from its runtime (C(docker stop -t), rounded up to whole seconds) before the runtime SIGKILLs it.
+      - Seconds between SIGTERM and SIGKILL; also how long a unit may take to stop before systemd kills it (RV(killed_units)), and a
+        container's stop grace. A holder that SIGTERM cannot reach gets SIGKILL at once (C(sigkill_at_once) in RV(killed)).
     type: float
     default: 10
   wait_timeout:
     description:
-      - Seconds to wait, after acting, for every selected GPU to read at most O(max_used_mib).
-      - The wait ends early, with a failure, when it cannot help - the GPUs are held only by protected processes, a GPU's memory reads
-        V([N/A]) (it can never be proven free), O(kill=false) leaves a holder running, or no process holds a dirty GPU and nothing was
-        done for it (after a 1 s grace of readings that do not drop, since a process that just exited frees its memory within ~1 s on
-        H200). A small steady reading with no holder (MIG GPUs idle at 50-59 MiB) is called the GPU's idle baseline, with the
-        O(max_used_mib) to set; a larger one leaked memory, which needs a GPU reset or a reboot.
-      - A GPU still being freed when it runs out - its memory fell over the last second of readings, or a process the kernel is ending
-        (C(PF_EXITING), e.g. one unpinning a large host-memory pool after the stop) still holds it - fails saying so, and that a longer
-        O(wait_timeout) (role variable C(free_gpus_wait_timeout)) may free it; no reset is advised for it.
+      - Seconds to wait, after acting, for every selected GPU to read at most O(max_used_mib). The wait ends early, with a failure, when
+        waiting cannot help (protected holders, no holder, O(kill=false)).
+        R(Details, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.wait-timeout).
     type: float
     default: 60
   poll_interval:
@@ -226,88 +126,32 @@ options:
     default: 0.1
   clean_shm:
     description:
-      - Once every selected GPU reads free, remove from C(/dev/shm) the files that killed jobs left there, so that the next job's NCCL
-        init does not fail for want of space while every GPU reads 0 MiB. In check mode (and diff mode) RV(shm_removed) lists what
-        would go.
-      - A file goes only when it is a regular file directly in C(/dev/shm) (never through a link, never in a subdirectory), named like a
-        job framework's segment (V(nccl-*), V(torch_*), V(cuda.shm.*), V(psm_*), V(psm_shm.*), V(psm2_shm.*), V(sem.mp-*), V(pym-*);
-        other POSIX semaphores, V(sem.*), are only listed), it was there when the run started (the same inode - a file made since belongs
-        to a job that may not have opened it yet), and no live process has it open or mapped, by the kernel's identity of the file.
-        Whoever owns it.
-      - Needs root (O(ignore:become=true)), and every process readable (a process this module cannot read may hold a file); otherwise
-        nothing is removed and a warning says why. C(/dev/shm) must be a root-owned directory with the sticky bit (as every tmpfs there
-        is) - a file is unlinked through the directory's descriptor after a last check that it is the same inode, so a name swapped
-        meanwhile by a user swaps only a file of theirs, and a link is removed, never followed.
-      - Nothing is removed when the run fails. See RV(shm) for what stays.
+      - Once every selected GPU reads free, remove the files killed jobs left in C(/dev/shm) (NCCL, torch, multiprocessing segments) that
+        no process holds, so that the next job does not fail for want of space. Needs root; nothing is removed when the run fails.
+        R(Which files, and how, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.clean-shm).
     type: bool
     default: false
   settle_timeout:
     description:
-      - Seconds to keep watching, once the selected GPUs read clean, for a signalled holder that something starts again (the respawn
-        watch, see the notes). Only spent when such a restarter survived the signals; a window over parents ends as soon as the last
-        of them exits.
-      - The default covers a shell loop without C(sleep), supervisord, pm2, runsv, s6-supervise, torchrun's elastic agent, systemd's
-        C(RestartSec) and Docker's first restart. Raise it for a restarter that waits longer (a loop with C(sleep 30)).
+      - Seconds to keep watching, once the GPUs read clean, for a signalled holder that something starts again (a shell loop,
+        supervisord, torchrun's agent, a container's restart policy). Only spent when such a restarter survived the signals.
     type: float
     default: 5
 notes:
   - Needs root (O(ignore:become=true)) to see and signal other users' processes and to manage systemd units.
-  - Every number is checked before anything runs - V(nan) and V(inf) are refused, as are negative values; O(timeout) and
-    O(poll_interval) must be greater than 0. Every time has an upper bound - O(timeout), O(kill_timeout), O(wait_timeout),
-    O(poll_interval) and O(settle_timeout) at most 86400 seconds (one day), O(xid_window_hours) at most 8760 (one year) - and a
-    larger value fails naming the option and its bound. O(gpus) and O(protect) take indexes and PIDs in ASCII digits only. O(services) takes at
-    most 1000 entries (use globs), none longer than a unit name can be.
-  - The module never resets a GPU. Memory that nvidia-smi attributes to a process that no longer exists, with no live holder left,
-    is a context the driver has not freed; the failure message says that a GPU reset or a reboot is needed, what on this node would
-    refuse a bare C(nvidia-smi --gpu-reset) (persistence mode, the processes that hold the GPU's device node with the unit, container
-    or pod they run in, a loaded C(nvidia_drm)), and the exact sequence as root - persistence off for that GPU, stop what holds it,
-    C(nvidia-smi --gpu-reset -i N), start it again, persistence on, the reading that must show 0 MiB. It says to reboot where no reset
-    can succeed (C(nvidia_drm) in use by a console or display server; an NVSwitch GPU whose reset must take GPUs still in use because
-    Fabric Manager is not running). See the collection's C(docs/docsite/rst/guide_troubleshooting.rst).
-  - A failure after acting (nvidia-smi reports a GPU lost, a signal is not permitted, the GPUs stay dirty) still returns what was done
-    - RV(stopped_units), RV(killed), RV(killed_units), RV(stopped_containers).
-  - B(Containers.) A holder in a Docker or Podman container (found from its cgroup path) is never signalled from outside; the container
-    is stopped through its runtime (the Engine API on C(/run/docker.sock) or C($DOCKER_HOST), Podman's on C(/run/podman/podman.sock)
-    or C($CONTAINER_HOST), else the C(docker)/C(podman) command), with O(kill_timeout) as its grace. Only when the runtime cannot be
-    asked (or is containerd or CRI-O outside Kubernetes) are the container's processes signalled, with a warning, and watched as below.
-  - B(Kubernetes.) A holder of a selected GPU in a Kubernetes pod (a C(kubepods) cgroup) is never signalled or stopped; the kubelet
-    would restart it and the pod's owner would lose its work without the scheduler knowing. The module fails before acting, naming the
-    pod (namespace/name where the runtime says it, else its UID), and says to cordon and drain the node.
-  - B(No false released.) When this run signalled, from outside, a process whose restart is outside its control (in a container it
-    could not stop through the runtime, or in a C(.service) of a user's systemd manager whose C(Restart=) is not C(no)), it watches for
-    O(settle_timeout) seconds after the GPUs read clean (Docker restarts a killed container within ~0.3-0.5 s, measured; systemd's
-    C(RestartSec) defaults to 100 ms). A new process in that container's or unit's cgroup, or a selected GPU that reads dirty again,
-    fails the run naming it; RV(released) is V(true) only when the window passed quietly.
-  - B(Respawn watch.) Likewise for a signalled holder whose parent is still alive (walking up from its parent to its session leader
-    or a launcher; never PID 1, a protected daemon or the Ansible session) - a C(while true; do python train.py; done) loop, supervisord,
-    pm2, runsv, s6-supervise, circusd, monit, torchrun's elastic agent. A new process under that parent that runs the killed command
-    line again, or that maps a selected GPU's device file (a new holder), fails the run naming the parent (PID, name, command line)
-    and what stops it (C(supervisorctl stop NAME), C(pm2 stop NAME), C(sv down DIR), C(s6-svc -d DIR); torchrun's agent goes first).
-    Without such a parent there is no window (C(settle_s) of RV(timings) is 0); a parent that exits with its holder ends the window at
-    once.
-  - B(MPS.) C(nvidia-cuda-mps-control) (the control daemon) and C(nvidia-cuda-mps-server) are recognised by executable, C(argv[0])
-    or script name. Clients are freed like any holder, after C(echo terminate_client <server PID> <client PID> | nvidia-cuda-mps-control)
-    through their server's control daemon (NVIDIA's documented early termination, which keeps the server and its other clients sound;
-    the daemon's own C(get_client_list) says which processes are its clients), then signalled as before if still alive (see
-    RV(terminated_mps_clients)); the control daemon is never signalled. The server is stopped through its control
-    daemon when every GPU it serves (where nvidia-smi lists it) is selected - C(echo quit | nvidia-cuda-mps-control) with the daemon's
-    C(CUDA_MPS_PIPE_DIRECTORY) (default C(/tmp/nvidia-mps)), or C(quit) written into that directory's C(control) FIFO without the
-    program - after its clients are signalled; a server still alive after O(kill_timeout) is signalled. A server that also serves a GPU
-    outside the selection fails the run before anything is done (check mode too), naming it and those GPUs, since stopping it would end the
-    MPS clients of the other GPUs. See RV(stopped_mps_servers).
-  - B(Restore.) What the run stopped, disabled or masked (units, containers, supervisord programs), with its state before, is added to a
-    root-only record, C(/var/lib/zeromib-gpu/released.json); M(zeromib.gpu.gpu_restore) puts it back after training. Nothing is written
-    in check mode or when the run changed nothing. See RV(restore_record).
-  - B(Compiled code.) AnsiballZ sends a module's source, never its bytecode, so the code a run compiled is kept in root's bytecode cache on
-    the node, C(/var/lib/zeromib-gpu/bytecode) (the directory 0700, a file 0600 per module), and the next run of a module of this
-    collection loads it instead of compiling (~45 ms of CPU a clean gate on the benchmark's simulated hosts). An entry is used only
-    for the same source (its SHA-256) and the same Python, from a regular file of root's in directories no one else may write (each
-    one up to C(/)); anything else is compiled as without the cache, and a cache that cannot be written costs only the next run's compile.
-    Nothing is written in check mode.
-  - The role P(zeromib.gpu.free_gpus#role) runs this module and asserts the result, for C(pre_tasks) of a training play.
+  - Every number is checked before anything runs (no V(nan), V(inf) or negatives; times at most one day).
+  - The module never resets a GPU; leaked memory is said with the reset sequence that works on this node, or a reboot.
+  - A failure after acting still returns what was done (RV(stopped_units), RV(killed), RV(killed_units), RV(stopped_containers)); what
+    was stopped is recorded for M(zeromib.gpu.gpu_restore).
+  - Containers, Kubernetes pods, restarters, MPS and the bytecode cache -
+    R(rules for every run, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.notes).
 seealso:
   - module: zeromib.gpu.gpu_facts
   - module: zeromib.gpu.gpu_restore
+  - ref: ansible_collections.zeromib.gpu.docsite.guide_gpu_release
+    description: Each step, option and rule of gpu_release in detail.
+  - ref: ansible_collections.zeromib.gpu.docsite.guide_troubleshooting
+    description: What each failure message means and what to do.
 requirements:
   - nvidia-smi from the NVIDIA driver on the managed node
   - systemd, when O(services) or O(stop_owning_units) are used
@@ -480,6 +324,14 @@ killed_units:
   elements: str
   returned: always
   sample: [stubborn.service]
+failed_units:
+  description:
+    - Units of RV(killed_units) that systemd left V(failed) (C(Result=signal)); a warning names them. M(zeromib.gpu.gpu_restore) resets
+      them (C(systemctl reset-failed)) before starting them again.
+  type: list
+  elements: str
+  returned: always
+  sample: [stubborn.service]
 launchers:
   description:
     - Units that started holders of the selected GPUs but are not the workload (see O(stop_owning_units)), with the holders signalled
@@ -527,13 +379,10 @@ services_not_found:
 killed:
   description:
     - Processes signalled, with the last signal sent (V(SIGTERM) or V(SIGKILL)) and the seconds from the first signal to their exit.
-    - C(sigkill_at_once) says why a process got SIGKILL at once, without SIGTERM and without waiting O(kill_timeout) - V(ignores SIGTERM)
-      (bit 15 of C(SigIgn) in C(/proc/PID/status)) or V(init of its PID namespace, no SIGTERM handler) (a process such as one started by
-      C(unshare --pid --fork), which the kernel shields from a SIGTERM it has no handler for, bit 15 of C(SigCgt) clear), both as the
-      look read them; V(stopped (state T)) (SIGSTOP, Ctrl-Z, a suspended job), V(stopped by its tracer (state t)) (a debugger) or
-      V(in a frozen cgroup (cgroup.freeze)) (cgroup v2's freezer, as C(scontrol suspend) uses it), read right before the signal, since
-      a SIGTERM would stay pending until the process runs again and SIGKILL ends it without resuming it; V(null) for a process that
-      SIGTERM can reach.
+    - C(sigkill_at_once) says why a process got SIGKILL at once, without SIGTERM - V(ignores SIGTERM),
+      V(init of its PID namespace, no SIGTERM handler), V(stopped (state T)), V(stopped by its tracer (state t)) or
+      V(in a frozen cgroup (cgroup.freeze)); V(null) for a process that SIGTERM can reach.
+      R(Why, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.kill-timeout).
     - In check mode, the processes that would be signalled, with C(signal=null) and the C(sigkill_at_once) they would get.
   type: list
   elements: dict

@@ -152,6 +152,14 @@ started_units:
   elements: str
   returned: always
   sample: [vllm.service]
+reset_failed_units:
+  description:
+    - Units that read V(failed) (killed through systemd by M(zeromib.gpu.gpu_release), RV(zeromib.gpu.gpu_release#module:failed_units)),
+      reset with C(systemctl reset-failed) right before their start.
+  type: list
+  elements: str
+  returned: always
+  sample: [stubborn.service]
 restored_policies:
   description: Containers whose restart policy was put back.
   type: list
@@ -173,6 +181,12 @@ started_guest_units:
   description:
     - A system container's own units (stopped by gpu_release through a V(lxc:), V(lxd:) or V(machine:) entry of its C(services)) started
       again through the guest's systemd, named as that entry (V(lxc:101:vllm.service)). A guest that is not running keeps its entry.
+  type: list
+  elements: str
+  returned: always
+  sample: [lxc:101:vllm.service]
+reset_failed_guest_units:
+  description: As RV(reset_failed_units), for a system container's own units, named as their entry.
   type: list
   elements: str
   returned: always

@@ -37,6 +37,7 @@ class Outcome(t.TypedDict, total=False):
     stopped_units: list[str]
     disabled_units: list[str]
     masked_units: list[str]
+    failed_units: list[str]
     stopped_containers: list[str]
     disabled_containers: list[str]
     killed: list[dict[str, t.Any]]
@@ -45,6 +46,7 @@ class Outcome(t.TypedDict, total=False):
     footprint_gpus: list[int | None]
     footprint_mib: int | None
     nvml_clients: list[dict[str, t.Any]]
+    nvml_clients_with_units: list[dict[str, t.Any]]
     elapsed_s: float | None
     check_mode: bool
     healthy: bool | None
@@ -123,6 +125,8 @@ def _record(result: t.Mapping[str, t.Any], host: str, check_mode: bool) -> Outco
     """The figures of free_gpus_result, before the verdict: what was read and what was done."""
     after = selected_gpus(result)
     footprint = [g for g in after if g.get("cross_gpu_footprint")]
+    clients = [h for h in result.get("holders") or [] if isinstance(h, Mapping) and h.get("attribution") == "nvml_client"]
+    ending = set(result.get("stopped_units") or [])
     return {
         "host": host,
         # None (shown "-") when gpu_release read no GPU: it failed before it looked, never "0/0".
@@ -134,9 +138,12 @@ def _record(result: t.Mapping[str, t.Any], host: str, check_mode: bool) -> Outco
         "stopped_units": (result.get("stopped_units") or []) + (result.get("stopped_guest_units") or []),
         "disabled_units": (result.get("disabled_units") or []) + (result.get("disabled_guest_units") or []),
         "masked_units": (result.get("masked_units") or []) + (result.get("masked_guest_units") or []),
+        # Killed through systemd and left `failed` (Result=signal) until gpu_restore resets them.
+        "failed_units": list(result.get("failed_units") or []),
         "stopped_containers": [container_label(c) for c in result.get("stopped_containers") or []],
         "disabled_containers": [container_label(c) for c in result.get("disabled_containers") or []],
-        "killed": [{"pid": k.get("pid"), "name": k.get("name"), "signal": k.get("signal"), "container": k.get("container")}
+        "killed": [{"pid": k.get("pid"), "name": k.get("name"), "signal": k.get("signal"), "container": k.get("container"),
+                    "sigkill_at_once": k.get("sigkill_at_once")}
                    for k in result.get("killed") or []],
         "protected": result.get("protected") or [],
         "spanning": _spanning(result),
@@ -144,8 +151,9 @@ def _record(result: t.Mapping[str, t.Any], host: str, check_mode: bool) -> Outco
         # and the NVML clients (monitors, exporters) left running: they use no GPU memory.
         "footprint_gpus": [g.get("index") for g in footprint],
         "footprint_mib": _mib(footprint),
-        "nvml_clients": [{"pid": h.get("pid"), "name": h.get("name")} for h in result.get("holders") or []
-                         if isinstance(h, Mapping) and h.get("attribution") == "nvml_client"],
+        "nvml_clients": [{"pid": h.get("pid"), "name": h.get("name")} for h in clients if not _ends_with_unit(h, ending, check_mode)],
+        "nvml_clients_with_units": [{"pid": h.get("pid"), "name": h.get("name"), "unit": h.get("unit")} for h in clients
+                                    if _ends_with_unit(h, ending, check_mode)],
         "elapsed_s": result.get("elapsed_s"),
         "check_mode": bool(check_mode),
         "healthy": result.get("healthy"),
@@ -156,19 +164,49 @@ def _record(result: t.Mapping[str, t.Any], host: str, check_mode: bool) -> Outco
     }
 
 
+def _ends_with_unit(holder: t.Mapping[str, t.Any], stopping: t.Container[str], check_mode: bool) -> bool:
+    """Check mode: an NVML client of a host unit the real run stops (vllm.service's API server)
+    ends with it; only a dry run still lists it among the holders left. A guest's process is the
+    guest's unit's, named apart (stopped_guest_units)."""
+    return check_mode and not holder.get("guest") and holder.get("unit") in stopping
+
+
+def clients_with_units(clients: t.Iterable[t.Mapping[str, t.Any]]) -> str:
+    """'1 NVML client stops with vllm.service' (check mode's plan, in the summary's words)."""
+    clients = list(clients)
+    units = list(dict.fromkeys(str(c.get("unit")) for c in clients))
+    return "{} {} with {}".format(_plural(len(clients), "NVML client"), "stops" if len(clients) == 1 else "stop", ", ".join(units))
+
+
+def planned_signals(killed: t.Sequence[t.Mapping[str, t.Any]]) -> str:
+    """Check mode's plan for the holders it would signal, with the signal the real run sends each:
+    `would signal 2 processes (1 SIGTERM, then SIGKILL after kill_timeout; 512 python3 SIGKILL at once: stopped (state T))`."""
+    at_once = [k for k in killed if k.get("sigkill_at_once")]
+    ways = [f"{len(killed) - len(at_once)} SIGTERM, then SIGKILL after kill_timeout"] if len(at_once) < len(killed) else []
+    ways += ["{} {} SIGKILL at once: {}".format(k.get("pid"), k.get("name") or "?", k["sigkill_at_once"]) for k in at_once]
+    return "would signal {} ({})".format(_plural(len(killed), "process", "es"), "; ".join(ways))
+
+
 def _done(outcome: Outcome) -> list[str]:
     """What a host that passes had done and left running, in the message's words."""
     did = [f"{verb} {', '.join(names)}" for verb, names in (
         ("stopped", outcome["stopped_units"]), ("disabled", outcome["disabled_units"]), ("masked", outcome["masked_units"])) if names]
+    if outcome["failed_units"]:
+        did.append("left {} failed (killed through systemd; restore_gpus resets {})".format(
+            ", ".join(outcome["failed_units"]), "it" if len(outcome["failed_units"]) == 1 else "them"))
     did += ["{} container{} {}".format(verb, "" if len(names) == 1 else "s", ", ".join(names)) for verb, names in (
         ("stopped", outcome["stopped_containers"]), ("disabled", outcome["disabled_containers"])) if names]
-    if outcome["killed"]:
+    if outcome["killed"] and outcome["check_mode"]:
+        did.append(planned_signals(outcome["killed"]))
+    elif outcome["killed"]:
         did.append("killed " + _plural(len(outcome["killed"]), "process", "es"))
     if outcome["spanning"]:
         did.append(f"ended spanning {spanning_note(outcome['spanning'])} (kill_spanning)")
     if outcome["footprint_gpus"]:
         did.append(f"{footprint_note(outcome)} at the cross-GPU footprint")
     did.extend(outcome["smoke_test_notes"])
+    if outcome["nvml_clients_with_units"]:
+        did.append(clients_with_units(outcome["nvml_clients_with_units"]))
     if outcome["nvml_clients"]:
         did.append(_plural(len(outcome["nvml_clients"]), "NVML client") + " left running")
     return did
@@ -218,8 +256,8 @@ def failed(host: str, message: object, status: str = "failed") -> Outcome:
     return {
         "host": host, "status": status, "ok": False, "message": text if text.startswith(f"{host}: ") else f"{host}: {text}",
         "count": None, "selected": [], "mib_before": None, "mib_after": None, "stopped_units": [], "disabled_units": [],
-        "masked_units": [], "stopped_containers": [], "disabled_containers": [], "killed": [], "protected": [],
-        "footprint_gpus": [], "footprint_mib": None, "nvml_clients": [], "elapsed_s": None, "check_mode": False,
+        "masked_units": [], "failed_units": [], "stopped_containers": [], "disabled_containers": [], "killed": [], "protected": [],
+        "footprint_gpus": [], "footprint_mib": None, "nvml_clients": [], "nvml_clients_with_units": [], "elapsed_s": None, "check_mode": False,
         "healthy": None, "health_issues": [],
     }
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from ansible.errors import AnsibleError
 
-from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import failed, footprint_note, spanning_note
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import clients_with_units, failed, footprint_note, planned_signals, spanning_note
 
 # Summary order: what needs the operator's eyes first.
 _STATUS_ORDER = {"unreachable": 0, "failed": 1, "invalid": 1, "unhealthy": 1, "dirty": 2, "stopped": 3, "would free": 3, "freed": 4, "clean": 5}
@@ -50,6 +50,10 @@ def _note(outcome: t.Mapping[str, t.Any]) -> str:
         notes.append(f"{footprint_note(outcome)}: cross-GPU footprint")
     if outcome.get("spanning"):
         notes.append("spanning: {}".format(spanning_note(outcome["spanning"])))
+    if outcome.get("check_mode") and outcome.get("killed"):
+        notes.append(planned_signals(outcome["killed"]))
+    if outcome.get("nvml_clients_with_units"):
+        notes.append(clients_with_units(outcome["nvml_clients_with_units"]))
     clients = outcome.get("nvml_clients") or []
     if clients:
         notes.append("{} NVML client{} kept".format(len(clients), "" if len(clients) == 1 else "s"))
@@ -88,6 +92,8 @@ def summary_lines(data: t.Any, hosts: t.Sequence[str] | None = None, live: t.Con
         killed = outcome.get("killed") or []
         changed_state = {u: "disabled" for u in outcome.get("disabled_units") or []}
         changed_state.update({u: "masked" for u in outcome.get("masked_units") or []})
+        for unit in outcome.get("failed_units") or []:
+            changed_state[unit] = changed_state[unit] + ", left failed" if unit in changed_state else "left failed"
         units = [f"{u} ({changed_state[u]})" if u in changed_state else u for u in outcome.get("stopped_units") or []]
         units += [f"{u} ({state})" for u, state in changed_state.items() if u not in (outcome.get("stopped_units") or [])]
         disabled = outcome.get("disabled_containers") or []

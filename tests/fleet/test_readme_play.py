@@ -160,3 +160,53 @@ def test_the_readmes_play_on_a_dirty_host_a_wrong_type_and_no_sudo_says_each_rea
     for bad in ("censored", "Origin:", "[ERROR]", "deserialization", "_AnsibleTaggedStr"):
         assert bad not in out and bad not in json.dumps(run.json), bad
     assert not any(r.returncode == 0 for r in fleet.ssh_all(f"test -e {MARKER}", hosts=list(said)).values()), "training started"
+
+    # The same play through ansible-runner (what AWX/AAP record): each reason in the host's failed event, nothing censored.
+    fleet.set_fault(dirty, leak={"0": 1500})
+    try:
+        events = runner_events(fleet, copied, [dirty, nosudo, wrong], bin_dir, tmp_path)
+    finally:
+        fleet.clear_faults(dirty)
+    assert "censored" not in json.dumps(events), [e for e in events if "censored" in json.dumps(e)][:2]
+    failed = {e["event_data"]["host"]: e for e in events if e.get("event") == "runner_on_failed"}
+    assert set(failed) == set(said), sorted(failed)
+    for host, reason in said.items():
+        assert failed[host]["event_data"]["res"]["msg"].startswith(f"{host}: {reason}"), failed[host]["event_data"]["res"]
+        assert failed[host]["stdout"].count(reason) == 1 and "Origin:" not in failed[host]["stdout"], failed[host]["stdout"]
+
+    # One typo: the play does nothing on any host, each host says it once.
+    typo = fleet.ansible_playbook(copied, limit=[dirty, nosudo, wrong], bin_dir=bin_dir,
+                                  extra_vars={"training_command": f"touch {MARKER}", "free_gpus_sevices": ["vllm.service"]},
+                                  env={"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_GATHERING": "implicit"})
+    assert typo.rc == 2, typo
+    out = typo.stdout + typo.stderr
+    reason = ("settings mistake, nothing was done: free_gpus_sevices is not a variable of the zeromib.gpu.free_gpus role; "
+              "did you mean free_gpus_services?")
+    for host in said:
+        [fatal] = fatal_lines(typo, host)
+        assert json.loads(fatal.partition(" => ")[2])["msg"].startswith(f"{host}: {reason}"), fatal
+        assert typo.result(verdict, host)["msg"].startswith(f"{host}: {reason}")
+    # the host with a wrong type says both mistakes, in one line
+    assert typo.result(verdict, wrong)["msg"] == f"{wrong}: {reason}; {said[wrong].partition(': ')[2]}"
+    assert out.count(reason) == len(said) and "censored" not in out and "censored" not in json.dumps(typo.json), out[-3000:]
+    assert not any(r.returncode == 0 for r in fleet.ssh_all(f"test -e {MARKER}", hosts=list(said)).values()), "training started"
+
+
+def runner_events(fleet, playbook, hosts, bin_dir, tmp_path):
+    """ansible-runner's job events of PLAYBOOK, run by the ansible-playbook of BIN_DIR (its own callback, awx_display, loads into it)."""
+    import shutil
+
+    import ansible_runner
+
+    data = tmp_path / "job"
+    data.mkdir()
+    env = {key: value for key, value in fleet._env(str(tmp_path / "unused.json")).items() if not key.startswith(("ANSIBLE_CALLBACK",))}
+    env.pop("ANSIBLE_LOAD_CALLBACK_PLUGINS", None)
+    env.update({"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_GATHERING": "implicit"})
+    assert shutil.which("ansible-playbook", path=env["PATH"]) == str(bin_dir / "ansible-playbook")
+    (data / "project").mkdir()
+    shutil.copy(playbook, data / "project" / "train.yml")
+    r = ansible_runner.run(private_data_dir=str(data), playbook="train.yml", inventory=str(fleet.inventory), limit=",".join(hosts),
+                           envvars=env, extravars={"training_command": f"touch {MARKER}"}, quiet=True)
+    assert r.rc == 2, r.stdout.read()[-4000:]
+    return list(r.events)

@@ -120,3 +120,41 @@ def test_a_misspelled_restore_or_slurm_variable_fails_the_host_before_anything_i
     assert slurm.rc == 2 and recap(slurm, vllm)["failed"] == 1, slurm
     assert ("settings mistake, nothing was done: slurm_gpu_checks_stat is not a variable of the zeromib.gpu.slurm_gpu_checks role; "
             "did you mean slurm_gpu_checks_state?") in fatal_lines(slurm, vllm)[0]
+
+
+@pytest.mark.parametrize(("core", "python"), CORES, ids=[f"ansible-core-{c}" for c, _p in CORES])
+def test_a_wrong_type_for_restore_or_slurm_is_said_in_the_collections_words_with_ansibles_validation_on(busy, core, python):
+    """Issue 55, point 5 for the other roles: with Ansible's role argument validation on (the
+    default; restore_gpus.yml imports the role, the Slurm play includes it), a value of the wrong
+    type fails the host before anything is done with the collection's line, not Ansible's (a Python
+    class name and a dump of the specification)."""
+    fleet, vllm, _sglang, _mig = busy
+    bin_dir = matrix.controller_bin(core, python)
+    env = {"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"}
+    freed = fleet.ansible_playbook("playbooks/free_gpus.yml", limit=[vllm], extra_vars={"free_gpus_services": ["vllm*.service"]})
+    assert freed.rc == 0, freed
+    typed = fleet.ansible_playbook("playbooks/restore_gpus.yml", limit=[vllm], bin_dir=bin_dir, env=env,
+                                   extra_vars={"restore_gpus_step_timeout": "2m"})
+    assert typed.rc == 2 and recap(typed, vllm)["failed"] == 1, typed
+    [fatal] = fatal_lines(typed, vllm)
+    said = "settings mistake, nothing was done: restore_gpus_step_timeout must be a number of seconds (e.g. 120), got '2m'"
+    assert said in fatal, fatal
+    out = typed.stdout + typed.stderr
+    for bad in ("Tagged", "<class", "argument_spec_data", "censored", "[ERROR]", "Origin:"):
+        assert bad not in out, (bad, out[-3000:])
+    assert out.count("restore_gpus_step_timeout must be") == 1, out[-3000:]
+    # nothing was put back
+    assert fleet.ssh(vllm, "systemctl is-active vllm.service").stdout.strip() != "active"
+    slurm = fleet.ansible_playbook([{"name": "Slurm hooks", "hosts": vllm, "gather_facts": False, "become": True, "tasks": [
+        {"name": "The role", "ansible.builtin.include_role": {"name": "zeromib.gpu.slurm_gpu_checks"},
+         "vars": {"slurm_gpu_checks_prolog_epilog_timeout": "1m", "slurm_gpu_checks_state": "absent"}}]}], bin_dir=bin_dir, env=env)
+    assert slurm.rc == 2 and recap(slurm, vllm)["failed"] == 1, slurm
+    [fatal] = fatal_lines(slurm, vllm)
+    assert ("settings mistake, nothing was done: slurm_gpu_checks_prolog_epilog_timeout must be a whole number of seconds (e.g. 120), "
+            "got '1m'") in fatal, fatal
+    out = slurm.stdout + slurm.stderr
+    for bad in ("Tagged", "<class", "argument_spec_data", "censored", "[ERROR]", "Origin:"):
+        assert bad not in out, (bad, out[-3000:])
+    assert out.count("slurm_gpu_checks_prolog_epilog_timeout must be") == 1, out[-3000:]
+    back = fleet.ansible_playbook("playbooks/restore_gpus.yml", limit=[vllm])
+    assert back.rc == 0 and fleet.ssh(vllm, "systemctl is-active vllm.service").stdout.strip() == "active", back

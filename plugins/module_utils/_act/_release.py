@@ -148,7 +148,9 @@ def select_gpus(gpus: list[Gpu], wanted: t.Iterable[t.Any] | None, not_visible: 
         elif text.lower() in by_uuid:
             selected.add(by_uuid[text.lower()])
         else:
-            raise StepFailed(unknown_gpu_message(text, sorted(indexes), sorted(by_uuid), not_visible))
+            # Matched without case, said as nvidia-smi prints it: the user copies it from there.
+            uuids = [gpu["uuid"] for gpu in sorted(gpus, key=lambda g: g["index"]) if gpu.get("uuid")]
+            raise StepFailed(unknown_gpu_message(text, sorted(indexes), uuids, not_visible))
     return sorted(selected)
 
 
@@ -600,8 +602,9 @@ def new_result(state_key: str | None) -> ReleaseResult:
         "changed": False,
         "released": False,
         "stopped_units": [],
-        # Units whose stop outlasted kill_timeout, killed through systemd.
+        # Units whose stop outlasted kill_timeout, killed through systemd; those it left `failed`.
         "killed_units": [],
+        "failed_units": [],
         "launchers": [],
         # The driver's GPUs this namespace cannot reach: not this node's (_facts.not_visible_gpus).
         "not_visible": [],

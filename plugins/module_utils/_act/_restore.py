@@ -109,6 +109,10 @@ def unit_steps(entry: Entry, props: t.Mapping[str, str]) -> list[str]:
     if ("disabled" in actions or "masked" in actions) and was_enabled and file_state_now not in _units.ENABLED_STATES:
         steps.append("enable")
     if "stopped" in actions and entry.get("active") and (props.get("ActiveState") not in ("active", "reloading", "refreshing")):
+        if props.get("ActiveState") == "failed":
+            # A unit the release killed through systemd reads failed (Result=signal): reset first, so that
+            # neither `systemctl --failed` nor a start-rate limit it reached keeps it from coming back clean.
+            steps.append("reset-failed")
         steps.append("start")
     return steps
 
@@ -162,6 +166,7 @@ def label(entry: Entry) -> str:
 _STEP_STATES = {
     "unmask": ("masked", "unmasked"),
     "enable": ("disabled", "enabled"),
+    "reset-failed": ("failed", "failed state reset"),
     "start": ("stopped", "running"),
     "autostart": ("autostart off", "autostart as before"),
 }
@@ -219,6 +224,8 @@ class Restore:
             "unmasked_units": [],
             "enabled_units": [],
             "started_units": [],
+            # Units the release left failed (killed through systemd), reset before their start.
+            "reset_failed_units": [],
             "restored_policies": [],
             "started_containers": [],
             "started_programs": [],
@@ -226,6 +233,7 @@ class Restore:
             "unmasked_guest_units": [],
             "enabled_guest_units": [],
             "started_guest_units": [],
+            "reset_failed_guest_units": [],
             "forgotten": [],
             "already_restored": [],
             "not_restored": [],
@@ -249,7 +257,7 @@ class Restore:
     def _unit_step(self, unit: str, step: str, before: Entry, systemctl: Systemctl | None = None) -> str | None:
         """One step on a unit (of the host, or of a guest through `systemctl`); why it failed, or None."""
         call = systemctl or (lambda args: self.system.systemctl(args, timeout=self.step_timeout))
-        args = {"unmask": ["unmask"], "enable": ["enable"], "start": ["start"]}[step]
+        args = {"unmask": ["unmask"], "enable": ["enable"], "reset-failed": ["reset-failed"], "start": ["start"]}[step]
         if step == "enable" and (before.get("unit_file_state") or "").endswith("-runtime"):
             args = ["enable", "--runtime"]
         rc, out, err = call(args + ["--no-ask-password", unit])
@@ -266,7 +274,8 @@ class Restore:
 
     def _report_unit(self, unit: str, step: str) -> None:
         """A step done (in check mode: planned) goes under its result key."""
-        {"unmask": self.result["unmasked_units"], "enable": self.result["enabled_units"], "start": self.result["started_units"]}[step].append(unit)
+        {"unmask": self.result["unmasked_units"], "enable": self.result["enabled_units"], "reset-failed": self.result["reset_failed_units"],
+         "start": self.result["started_units"]}[step].append(unit)
 
     def restore_unit(self, entry: Entry, props: t.Mapping[str, str]) -> Outcome:
         unit = entry["name"]
@@ -315,7 +324,8 @@ class Restore:
         if (props.get("LoadState") or "not-found") == "not-found":
             return [], f"{unit} is no longer known to the guest's systemd (its unit file was removed?)"
         steps = unit_steps(entry, props)
-        keys = {"unmask": "unmasked_guest_units", "enable": "enabled_guest_units", "start": "started_guest_units"}
+        keys = {"unmask": "unmasked_guest_units", "enable": "enabled_guest_units", "reset-failed": "reset_failed_guest_units",
+                "start": "started_guest_units"}
         done = []
         for step in steps:
             if not self.check_mode:

@@ -50,6 +50,7 @@ if t.TYPE_CHECKING:
 
         stopped_units: list[str]
         killed_units: list[str]
+        failed_units: list[str]
         disabled_units: list[str]
         masked_units: list[str]
         kept_units: list[dict[str, t.Any]]
@@ -708,12 +709,34 @@ def stop_bounded(system: Node, units: list[str], kill_timeout: float, done: Unit
     system.systemctl(["kill", "--signal=SIGKILL", "--no-ask-password"] + left)
     done["killed_units"] = list(left)
     _systemctl_or_fail(system.systemctl, ["stop", "--no-block"], left, done)
+    killed = list(left)
     left = wait_stopped(system, left, kill_timeout)
     if left:
         done["warnings"].append(
             "{} still not stopped {:.0f} s after SIGKILL (a process in D state?): see systemctl status".format(", ".join(left), kill_timeout)
         )
+    failed = left_failed(system, [u for u in killed if u not in left])
+    if failed:
+        done["failed_units"] = failed
+        done["warnings"].append(failed_warning(failed, kill_timeout))
     return done
+
+
+def left_failed(system: Node, units: list[str]) -> list[str]:
+    """The units that read `failed` now: systemd leaves a unit it SIGKILLed there (Result=signal),
+    listed by `systemctl --failed` and monitoring until someone resets it."""
+    if not units:
+        return []
+    rc, out, _err = system.systemctl(["show", "--property=Id,ActiveState", "--no-pager"] + units)
+    states = parse_show(out) if rc == 0 else {}
+    return [u for u in units if states.get(u, {}).get("ActiveState") == "failed"]
+
+
+def failed_warning(units: list[str], kill_timeout: float) -> str:
+    return ("{} {} killed through systemd (the stop outlasted kill_timeout, {:g} s) and {} left failed: gpu_restore (the restore_gpus "
+            "role) resets {} before starting {} again (by hand: systemctl reset-failed {})".format(
+                ", ".join(units), "was" if len(units) == 1 else "were", kill_timeout, "is" if len(units) == 1 else "are",
+                "it" if len(units) == 1 else "them", "it" if len(units) == 1 else "them", " ".join(units)))
 
 
 def act(system: Node, steps: UnitPlan, kill_timeout: float) -> UnitsDone:

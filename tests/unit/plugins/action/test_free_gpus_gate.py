@@ -156,6 +156,15 @@ def test_a_misspelled_variable_is_a_settings_mistake_and_nothing_runs():
     assert result["ansible_facts"]["free_gpus_result"]["status"] == "invalid"
 
 
+def test_a_typo_beside_a_wrong_type_is_said_with_it_in_one_line():
+    # issue 55: every mistake in one pass (the type error alone hid the typo until it was fixed)
+    plugin, task_vars = _gate(module_result=_released(), free_gpus_wait_timeout="2m", free_gpus_sevices=["x"])
+    result = plugin.run(task_vars=task_vars)
+    assert result["msg"] == ("settings mistake, nothing was done: free_gpus_sevices is not a variable of the zeromib.gpu.free_gpus role; "
+                             "did you mean free_gpus_services?; free_gpus_wait_timeout must be a number of seconds (e.g. 120), got '2m'")
+    assert plugin.module.calls == []
+
+
 def test_a_clean_host_passes_with_the_outcomes_message_and_its_services_checked_first():
     plugin, task_vars = _gate(module_result=_released(), free_gpus_services=["vllm*.service"], free_gpus_expected_count=2)
     plugin._low_level_execute_command = _listing(["vllm.service", "ssh.service"])

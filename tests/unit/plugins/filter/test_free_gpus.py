@@ -255,3 +255,43 @@ def test_restore_summary_is_one_line_per_host_worst_first():
     assert " ".join(lines[3].split()) == "put back a unit vllm.service (start), container tgi (restart policy, start)"
     assert lines[-1] == "4 hosts: 1 unreachable, 1 failed, 1 put back, 1 nothing"
     assert restore_gpus_summary(hostvars, ["a"], True)[1].startswith("would put back  a     unit vllm.service (start)")
+
+
+def test_check_mode_says_an_nvml_client_of_a_unit_it_stops_ends_with_it():
+    """Issue 55: check mode read '1 NVML client kept' for vllm.service's API server, which the real
+    run's stop of vllm.service ends."""
+    api = {"pid": 300, "name": "vllm", "attribution": "nvml_client", "gpu_indexes": [], "unit": "vllm.service", "guest": None}
+    monitor = {"pid": 9, "name": "nvidia-smi", "attribution": "nvml_client", "gpu_indexes": [], "unit": None, "guest": None}
+    result = release([gpu(0, 40970)], [gpu(0, 40970)], released=False, stopped_units=["vllm.service"], holders=[api, monitor])
+    outcome = free_gpus_outcome(result, "node06", 1, True)
+    assert outcome["nvml_clients"] == [{"pid": 9, "name": "nvidia-smi"}]
+    assert outcome["nvml_clients_with_units"] == [{"pid": 300, "name": "vllm", "unit": "vllm.service"}]
+    assert "1 NVML client stops with vllm.service, 1 NVML client left running" in outcome["message"], outcome["message"]
+    line = free_gpus_summary([outcome], ["node06"])[1]
+    assert line.endswith("1 NVML client stops with vllm.service; 1 NVML client kept"), line
+    # The real run lists only what it left: a client still there after its unit's stop is kept.
+    real = free_gpus_outcome(dict(result, released=True, gpus=[gpu(0, 0)]), "node06", 1)
+    assert real["nvml_clients_with_units"] == [] and len(real["nvml_clients"]) == 2
+
+
+def test_a_unit_killed_through_systemd_and_left_failed_is_named_in_the_message_and_the_summary():
+    """Issue 55: systemd leaves a unit it SIGKILLed `failed`; nothing said so."""
+    result = release([gpu(0, 4096)], [gpu(0, 0)], stopped_units=["stubborn.service"], killed_units=["stubborn.service"],
+                     failed_units=["stubborn.service"])
+    outcome = free_gpus_outcome(result, "node01", 1)
+    assert outcome["message"] == ("node01: 1 GPU free (4096 -> 0 MiB), stopped stubborn.service, left stubborn.service failed (killed "
+                                  "through systemd; restore_gpus resets it) in 0.41 s")
+    assert "stubborn.service (left failed)" in free_gpus_summary([outcome], ["node01"])[1]
+
+
+def test_check_mode_says_the_signal_the_real_run_sends_each_holder():
+    """Issue 55: the plan said 'killed 1 process' and nothing of the signal; a stopped holder gets SIGKILL at once."""
+    killed = [{"pid": 495, "name": "python3", "signal": None, "sigkill_at_once": None},
+              {"pid": 512, "name": "python3", "signal": None, "sigkill_at_once": "stopped (state T)"}]
+    result = release([gpu(0, 40970)], [gpu(0, 40970)], released=False, killed=killed)
+    outcome = free_gpus_outcome(result, "node06", 1, True)
+    assert ("would signal 2 processes (1 SIGTERM, then SIGKILL after kill_timeout; 512 python3 SIGKILL at once: stopped (state T))"
+            in outcome["message"]), outcome["message"]
+    assert "killed" not in outcome["message"]
+    line = free_gpus_summary([outcome], ["node06"])[1]
+    assert line.split()[:3] == ["would", "free", "node06"] and "512 python3 SIGKILL at once: stopped (state T)" in line, line

@@ -62,7 +62,16 @@ def test_unknown_gpu_is_refused_naming_what_the_host_has(wanted):
     with pytest.raises(release.StepFailed) as info:
         release.select_gpus(GPUS, wanted)
     assert "is not on this host: it has indexes 0, 1, 2" in info.value.msg
-    assert UUIDS[0].lower() in info.value.msg
+    assert ", ".join(UUIDS) in info.value.msg
+
+
+def test_wrong_gpu_message_keeps_each_uuid_as_nvidia_smi_prints_it():
+    """Issue 55: 'GPU-ab0cf4f6-...' came back as 'gpu-ab0cf4f6-...', which matches nothing the user can grep for."""
+    gpus = [{"index": 0, "uuid": "GPU-AB0CF4F6-818D-BE7E-F16B-963690D7C5C5", "memory_used_mib": 0}]
+    with pytest.raises(release.StepFailed) as info:
+        release.select_gpus(gpus, ["3"])
+    assert info.value.msg == "GPU '3' is not on this host: it has indexes 0 and UUIDs GPU-AB0CF4F6-818D-BE7E-F16B-963690D7C5C5"
+    assert release.select_gpus(gpus, ["gpu-ab0cf4f6-818d-be7e-f16b-963690d7c5c5"]) == [0]
 
 
 # ------------------------------------------------------------------ units
@@ -430,7 +439,7 @@ def test_gpu_not_visible_here_is_refused_naming_it_as_given(given, words):
         release.select_gpus(GPUS, ["0", given], NOT_VISIBLE)
     assert info.value.msg.startswith(words[0]), info.value.msg
     assert all(word in info.value.msg for word in words), (words, info.value.msg)
-    assert UUIDS[0].lower() in info.value.msg  # what can be selected here
+    assert UUIDS[0] in info.value.msg  # what can be selected here, as nvidia-smi prints it
 
 
 def test_unknown_uuid_on_a_node_with_gpus_not_visible_is_not_on_this_host():

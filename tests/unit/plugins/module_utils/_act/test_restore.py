@@ -29,6 +29,8 @@ def props(active="inactive", file_state="disabled", load="loaded"):
     # already back (someone started it): nothing to do
     (unit_entry("a", ["stopped", "disabled"]), props(active="active", file_state="enabled"), []),
     (unit_entry("a", ["stopped", "disabled"], file_state="enabled-runtime"), props(), ["enable", "start"]),
+    # killed through systemd by the release (issue 55): left failed, reset before its start
+    (unit_entry("a", ["stopped"]), props(active="failed", file_state="enabled"), ["reset-failed", "start"]),
 ])
 def test_unit_steps_undo_only_what_is_still_undone(entry, now, steps):
     assert restore.unit_steps(entry, now) == steps
@@ -72,6 +74,8 @@ class FakeSystemd(restore.System):
             unit.update(LoadState="loaded", UnitFileState="enabled")
         elif verb == "enable":
             unit["UnitFileState"] = "enabled"
+        elif verb == "reset-failed":
+            unit.update(ActiveState="inactive", Result="success")
         elif verb == "start":
             if names[0] in self.broken:
                 unit.update(ActiveState="failed", Result="exit-code")
@@ -261,3 +265,16 @@ def test_wait_for_gpus_waits_for_a_program_until_its_process_family_holds_its_gp
     run.supervisors["vllm"] = FakeSupervisor(777)
     with pytest.raises(restore.RestoreError, match=r"vllm is not holding a GPU again after 0 s .*vllm: 0"):
         run.wait_for_gpus([entry], 0.1)
+
+
+def test_a_unit_the_release_left_failed_is_reset_then_started(tmp_path):
+    """Issue 55: a unit killed through systemd reads failed (Result=signal) until reset-failed."""
+    path = tmp_path / "d" / "released.json"
+    write(path, [unit_entry("stubborn.service", ["stopped"])])
+    system = FakeSystemd(str(path), {"stubborn.service": dict(props(active="failed", file_state="enabled"), Result="signal")})
+    planned = restore.Restore(system, {}, check_mode=True).run()
+    assert planned["reset_failed_units"] == ["stubborn.service"] and planned["plan"] == ["stubborn.service: reset-failed, start"]
+    result = restore.Restore(system, {"step_timeout": 5}).run()
+    assert system.log == [("reset-failed", "stubborn.service"), ("start", "stubborn.service")]
+    assert result["reset_failed_units"] == result["started_units"] == ["stubborn.service"]
+    assert system.units["stubborn.service"]["ActiveState"] == "active"

@@ -560,7 +560,12 @@ def test_a_unit_ignoring_sigterm_is_killed_through_systemd_after_kill_timeout_no
     # the stop job is queued again after the kill, so that Restart= cannot start the unit
     assert [args for _t, args in node.calls if args[0] == "stop"][-1] == ["stop", "--no-block", "--no-ask-password", "stubborn.service"]
     assert result["killed_units"] == ["stubborn.service"] and node.state["stubborn.service"] == "failed"
-    assert node.t < 2.5 and result["warnings"] == []
+    assert node.t < 2.5
+    # Issue 55: systemd leaves the unit it SIGKILLed `failed`; the result names it, and what clears it.
+    assert result["failed_units"] == ["stubborn.service"]
+    assert result["warnings"] == ["stubborn.service was killed through systemd (the stop outlasted kill_timeout, 2 s) and is left failed: "
+                                  "gpu_restore (the restore_gpus role) resets it before starting it again (by hand: systemctl reset-failed "
+                                  "stubborn.service)"]
 
 
 def test_a_failing_stop_is_reported_with_what_was_done_so_far():

@@ -1,0 +1,68 @@
+#!/usr/bin/python
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# Documentation only: the check is the action plugin plugins/action/role_variables_check.py.
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: role_variables_check
+short_description: The first task of the restore_gpus and slurm_gpu_checks roles - their variables checked before anything is done
+version_added: 0.1.0
+description:
+  - The first task of P(zeromib.gpu.restore_gpus#role) and P(zeromib.gpu.slurm_gpu_checks#role); use the roles, not this plugin.
+  - Runs on the controller only. Fails the host, before anything is done, when a variable with the role's prefix is not one of the
+    role's (a typo would leave the role on its default), naming the closest known one, or when a value is not of the variable's type,
+    naming the variable, what it takes and the value given.
+  - The roles' C(meta/argument_specs.yml) type their variables V(raw), so that Ansible's own role argument validation, which runs first,
+    passes them on to this check (with the real types there, it failed first, naming a Python class and dumping the specification).
+  - The reason is the host's one failure line, in C(msg); nothing is hidden with C(no_log), so callback plugins receive it too.
+author:
+  - zeromib.gpu contributors (@zeromib)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
+attributes:
+  action:
+    support: full
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+options:
+  prefix:
+    description: The prefix of the role's variables.
+    type: str
+    choices: [restore_gpus_, slurm_gpu_checks_]
+    required: true
+  not_options:
+    description: Names with the prefix that are no variable of the role and no typo (a fact the role sets).
+    type: list
+    elements: str
+    default: []
+seealso:
+  - module: zeromib.gpu.free_gpus_gate
+    description: The free_gpus role's gate checks that role's variables the same way.
+"""
+
+EXAMPLES = r"""
+- name: Check the role's variables
+  zeromib.gpu.role_variables_check:
+    prefix: restore_gpus_
+    not_options: [restore_gpus_result]
+"""
+
+RETURN = r"""
+msg:
+  description: What is wrong, after C(settings mistake, nothing was done:), or that the variables are fine.
+  type: str
+  returned: always
+"""
