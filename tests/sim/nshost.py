@@ -23,9 +23,10 @@
 * /dev/shm is a tmpfs of the host's own (mode 1777, `shm_size_mib`, 4096 by default: a limit,
   not memory taken), as every node and container has one: what a test leaves there, and what
   the modules find there, is never the machine's.
-* `nvidia_drm` (its use count; None: not loaded): /sys/module is a tmpfs of the host's own with
-  nvidia_drm/refcnt (the count lsmod shows; a machine without loadable modules has neither it nor
-  /proc/modules), and a fake `modprobe` (tests/sim/modprobe) unloads and loads it there.
+* /sys/module is a tmpfs of the host's own with nvidia/ (the driver loaded; `driver_module=False`:
+  without it, a sysfs that hides the kernel's modules), and with `nvidia_drm` (its use count; None:
+  not loaded) nvidia_drm/refcnt (the count lsmod shows; a machine without loadable modules has
+  neither it nor /proc/modules), and a fake `modprobe` (tests/sim/modprobe) unloads and loads it there.
 * config `nvswitches: N`: /dev/nvidia-nvswitchctl and /dev/nvidia-nvswitch0..N-1 (an NVSwitch
   baseboard's nodes).
 * the host name (UTS namespace) is the seed.
@@ -126,10 +127,11 @@ class NsHost:
 
     def __init__(self, preset="h200x8", minors=None, seed=None, config=None, count=None,
                  release_delay_s=None, tmp_root=None, start_timeout=30.0, libcuda=None, gpu_nodes=None, shm_size_mib=4096,
-                 nvidia_drm=None):
+                 nvidia_drm=None, driver_module=True):
         # /dev/shm's size (a tmpfs of the host's own) and nvidia_drm's use count (None: not loaded).
         self.shm_size_mib = int(shm_size_mib)
         self.nvidia_drm = nvidia_drm
+        self.driver_module = driver_module
         # A container given some of the host's GPUs (issue 37): the minors whose /dev/nvidia<minor>
         # it has; None: every GPU's. Its /proc/driver/nvidia still lists every GPU.
         self.gpu_nodes = None if gpu_nodes is None else [int(m) for m in gpu_nodes]
@@ -206,6 +208,7 @@ class NsHost:
                 "state": self.root.state, "sim": SIM, "holder": HOLDER, "kernel_log": KERNEL_LOG,
                 "fabric_manager": FABRIC_MANAGER,
                 "libcuda": self.libcuda, "gpu_nodes": self.gpu_nodes, "shm_size_mib": self.shm_size_mib}
+        spec["driver_module"] = bool(self.driver_module)
         if self.nvidia_drm is not None:
             spec["nvidia_drm"] = int(self.nvidia_drm)
             spec["modprobe"] = MODPROBE
@@ -786,8 +789,15 @@ def _setup(spec):
     # A /dev/shm of its own (the overlay above shows the machine's through): nothing a test
     # leaves there, and nothing the modules read there, is the machine's.
     _mount("nsshm", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size={:d}m".format(spec.get("shm_size_mib", 4096)))
+    # The kernel's modules as a node with the driver loaded shows them, in a container too (sysfs'
+    # modules are the kernel's): nvidia/ always (the reset advice believes /sys/module only then),
+    # nvidia_drm/ when given. `driver_module: False`: a sysfs that hides them (not mounted, masked).
+    _mount("nssysmodule", "/sys/module", "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=1m")
+    if spec.get("driver_module", True):
+        os.makedirs("/sys/module/nvidia/holders")
+        with open("/sys/module/nvidia/refcnt", "w") as f:
+            f.write("0\n")
     if spec.get("nvidia_drm") is not None:
-        _mount("nssysmodule", "/sys/module", "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=1m")
         os.makedirs("/sys/module/nvidia_drm/holders")
         with open("/sys/module/nvidia_drm/refcnt", "w") as f:
             f.write("{:d}\n".format(spec["nvidia_drm"]))
