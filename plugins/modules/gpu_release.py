@@ -238,6 +238,13 @@ options:
         nothing is removed and a warning says why. C(/dev/shm) must be a root-owned directory with the sticky bit (as every tmpfs there
         is) - a file is unlinked through the directory's descriptor after a last check that it is the same inode, so a name swapped
         meanwhile by a user swaps only a file of theirs, and a link is removed, never followed.
+      - In a container (a PID namespace of its own), nothing is removed - in check mode either - where C(/dev/shm) may be shared with
+        the host or another container, whose processes this module cannot see (a file one of them holds looks unheld from inside) - the
+        container shares the node's IPC namespace (C(docker --ipc=host)), C(/dev/shm) is a directory of another file system bound there,
+        or its mount is a slave of a mount outside (a bind of the host's with LXC's or nspawn's default propagation). RV(shm) still lists
+        the files and a warning says why; clean them on the host. A bind of an outside tmpfs made private, in a container with an IPC
+        namespace of its own (C(-v /dev/shm:/dev/shm) without C(--ipc=host)), looks like a C(/dev/shm) of its own from inside, so do not
+        set O(clean_shm) there.
       - Nothing is removed when the run fails. See RV(shm) for what stays.
     type: bool
     default: false

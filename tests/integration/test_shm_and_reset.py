@@ -141,6 +141,8 @@ def test_clean_shm_frees_the_job_then_removes_only_its_unheld_segments_and_check
 
     again = run_module(host, "gpu_release", {"clean_shm": True})
     assert again["changed"] is False and again["shm_removed"] == []
+    # A tmpfs of the host's own, in an IPC namespace of its own: cleaned, and no refusal said.
+    assert shm_warnings(run) == shm_warnings(plan) == []
 
 
 def test_clean_shm_removes_nothing_made_after_the_run_started_nor_through_a_link(nshost):
@@ -160,6 +162,53 @@ def test_clean_shm_removes_nothing_made_after_the_run_started_nor_through_a_link
         assert handle.read() == "precious\n"
     assert shm_files(host) == ["nccl-Late01", "nccl-Planted"]
     assert names(run["shm"]["unheld"]) == ["nccl-Late01"]
+
+
+def shm_warnings(run):
+    """gpu_release's clean_shm warnings, without the host name each warning starts with."""
+    return [w.split(": ", 1)[1] for w in run.get("warnings") or [] if ": clean_shm" in w]
+
+
+def refusal(run):
+    [said] = shm_warnings(run)
+    return said
+
+
+def test_clean_shm_refuses_a_dev_shm_bound_from_outside_where_a_process_it_cannot_see_holds_a_segment(nshost, tmp_path):
+    """An LXC guest given the host's /dev/shm: a segment the host's own job keeps open looks unheld
+    from inside (the guest cannot see that process). Nothing is removed, in check mode either; what
+    is there is listed, and the reason names the bind."""
+    outside = tmp_path / "host-shm"
+    outside.mkdir()
+    os.chmod(outside, 0o1777)
+    with open(outside / "nccl-HostJob", "wb") as held:  # this test's process: outside the host's PID namespace
+        held.write(b"\0" * 4096)
+        held.flush()
+        host = nshost("h200x1", shm_from=str(outside))
+        killed = job(host, "open:torch_99_1_0:4")
+        host.kill(killed.pid)
+        assert host.wait_gone(killed.pid)
+        for check in (True, False):
+            run = run_module(host, "gpu_release", {"clean_shm": True}, check=check, diff=True)
+            assert not run.failed, run.msg
+            assert run["shm_removed"] == [] and names(run["shm"]["unheld"]) == ["torch_99_1_0", "nccl-HostJob"], run["shm"]
+            assert re.fullmatch(r"clean_shm: nothing was removed: /dev/shm is the directory /\S*host-shm of a file system \(\w+\) mounted from "
+                                r"outside this container on /dev/shm, so a process there may hold a file that no process here holds \(clean it "
+                                r"on the host\)", refusal(run)), refusal(run)
+            assert "to be removed" not in run["diff"]["after"]
+        assert sorted(os.listdir(outside)) == ["nccl-HostJob", "torch_99_1_0"]
+
+
+def test_clean_shm_refuses_a_container_that_shares_the_nodes_ipc_namespace(nshost):
+    """docker --ipc=host: the container's /dev/shm is the node's, whatever its mount looks like."""
+    host = nshost("h200x1", own_ipc=False)
+    killed = job(host, "open:torch_99_1_0:4")
+    host.kill(killed.pid)
+    assert host.wait_gone(killed.pid)
+    run = run_module(host, "gpu_release", {"clean_shm": True})
+    assert run["released"] is True and run["shm_removed"] == [] and shm_files(host) == ["torch_99_1_0"]
+    assert refusal(run).startswith("clean_shm: nothing was removed: this container shares the node's IPC namespace (as docker --ipc=host does), "
+                                   "and with it the node's /dev/shm, so a process there may hold a file"), refusal(run)
 
 
 # --------------------------------------------------------------------------- reset advice
