@@ -86,6 +86,13 @@ def test_dev_shm_below_the_floor_for_the_nodes_gpus_makes_it_unhealthy_naming_wh
                         r"\(shm_min_free_mib_per_gpu\): NCCL init and DataLoader workers fail with \"No space left on device\" "
                         r"\(1 file\(s\) no live process holds take 200 MiB\); clean_shm \(role: free_gpus_clean_shm\) removes the 1 "
                         r"of killed jobs", issue), issue
+    # The audit: the host unhealthy for it, grouped by the kind of issue.
+    from ansible_collections.zeromib.gpu.plugins.action import gpu_audit_report
+    report = gpu_audit_report.build_report([{"host": "node01", "status": "ok", "error": None, "gpu": gpu}], generated_at=0.0)
+    [entry] = report["hosts"]
+    assert entry["health_issues"] == [issue] and report["summary"]["hosts_unhealthy"] == 1, entry
+    groups = {(g["status"], g["title"]): [h["host"] for h in g["hosts"]] for g in gpu_audit_report.attention_groups(report)}
+    assert [(status, hosts) for (status, _title), hosts in groups.items()] == [("unhealthy", ["node01"]), ("shm leftovers", ["node01"])], groups
     assert facts(run_module(host, "gpu_facts", {"shm_min_free_mib_per_gpu": 16}))["healthy"] is True
     # The gate says it too, and cleaning what the killed job left restores the room.
     run = run_module(host, "gpu_release", {"clean_shm": True})
@@ -336,6 +343,26 @@ def test_the_simulated_reset_replays_nvidias_wording(nshost):
     assert (done.returncode, done.stdout) == (0, "GPU 00000000:00:06.0 was successfully reset.\nAll done.\n")
     with open(os.path.join(host.root.state, "persistence.json")) as handle:
         assert json.load(handle) == {host.config["gpus"][0]["uuid"]: "Disabled"}  # the mode it set, kept by UUID
+
+
+def test_the_role_says_the_sequence_once_and_the_audit_says_where_to_look(nshost):
+    """The same leak through free_gpus (its host's line, said once) and through the audit, which
+    gives no advice of its own: dirty, no holder in this container, look on the host."""
+    host = nshost("h200x1", nvidia_drm=0)
+    host.set_fault({"leak": {"0": 4096}})
+    outcome = run_role(host, {})
+    assert outcome["failed"] and outcome["msg"].startswith("localhost: GPUs read above free_gpus_max_used_mib with no process of this "
+                                                           "container holding them"), outcome["msg"]
+    steps, _verify = advised_steps(outcome["msg"])
+    assert steps == ["nvidia-smi -i 0 -pm 0", "modprobe -r nvidia_drm", "nvidia-smi --gpu-reset -i 0", "modprobe nvidia_drm", "nvidia-smi -i 0 -pm 1"]
+    assert outcome["msg"].count("To reset, as root on the host") == 1 and outcome["msg"].count("may be held outside it") == 1
+    gpu = facts(run_module(host, "gpu_facts"))
+    assert gpu["clean"] is False and gpu["inside_container"] is True
+    from ansible_collections.zeromib.gpu.plugins.action import gpu_audit_report
+    report = gpu_audit_report.build_report([{"host": "node01", "status": "ok", "error": None, "gpu": gpu}], generated_at=0.0)
+    [entry] = report["hosts"]
+    assert (entry["status"], entry["reason"]) == ("dirty", "GPU 0 4096 MiB; memory counted for PID 3000000, not in this container: held outside "
+                                                           "it (the host or another guest)? look on the host"), entry
 
 
 def test_a_container_that_cannot_read_the_kernels_modules_is_given_no_sequence(nshost):
