@@ -213,6 +213,33 @@ def test_a_driver_upgraded_under_its_loaded_module_is_said_as_such_by_facts_and_
     assert report["driver"] == {"loaded": loaded, "library": None, "library_path": None, "mismatch": False}
     release = run_module(host, "gpu_release")
     assert release.failed and release.msg.startswith(first), release.msg
+    # The role says it first, once, in its host's line.
+    from test_gpu_health_gate import run_role
+    outcome = run_role(host, {})
+    assert outcome["failed"] and outcome["msg"].startswith("localhost: " + first) and outcome["msg"].count("Driver/library") == 1, outcome["msg"]
+    # The audit: a host in error, its reason the same first sentence.
+    from ansible_collections.zeromib.gpu.plugins.action import gpu_audit_report
+    [entry] = gpu_audit_report.build_report([{"host": "node01", "status": "ok", "error": None, "gpu": report}], generated_at=0.0)["hosts"]
+    assert entry["status"] == "error" and entry["reason"].startswith(first), entry
+
+
+def test_a_driver_package_upgraded_on_disk_is_drift_for_facts_and_the_audit_before_nvidia_smi_breaks(nshost):
+    """The library on disk (the GPU Operator's driver root, here under the host's own /run) is newer
+    than the loaded module: nvidia-smi still answers, the audit already says it."""
+    host = nshost("h200x1")
+    loaded = host.config["driver_version"]
+    lib = "/run/nvidia/driver/usr/lib64"
+    done = host.run(["sh", "-c", f"mkdir -p {lib} && : > {lib}/libnvidia-ml.so.580.178.04 && ln -s libnvidia-ml.so.580.178.04 {lib}/libnvidia-ml.so.1"])
+    assert done.returncode == 0, done.stderr
+    report = facts(run_module(host, "gpu_facts"))
+    assert report["clean"] is True and report["error"] is None
+    assert report["driver"] == {"loaded": loaded, "library": "580.178.04", "library_path": f"{lib}/libnvidia-ml.so.580.178.04", "mismatch": True}
+    from ansible_collections.zeromib.gpu.plugins.action import gpu_audit_report
+    built = gpu_audit_report.build_report([{"host": "node01", "status": "ok", "error": None, "gpu": report}], generated_at=0.0)
+    [entry] = built["hosts"]
+    assert entry["status"] == "clean" and entry["driver_drift"].startswith(
+        f"driver upgraded under the loaded module (kernel module {loaded}, library 580.178.04): new CUDA jobs fail"), entry["driver_drift"]
+    assert built["summary"]["hosts_driver_drift"] == 1
 
 
 def test_missing_nvidia_smi_is_named(nshost):

@@ -7,11 +7,11 @@ one it keeps mapped with its descriptor closed. The reset advice is followed to 
 host, against the simulated nvidia-smi, which refuses `--gpu-reset` as the real one does while
 persistence mode is on, a process holds the GPU's node or nvidia_drm is loaded (tests/sim/README.md).
 """
-import pytest
 import json
 import os
 import re
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ansible_in_ns import COLLECTIONS, run_module  # noqa: E402
@@ -86,6 +86,13 @@ def test_dev_shm_below_the_floor_for_the_nodes_gpus_makes_it_unhealthy_naming_wh
                         r"\(shm_min_free_mib_per_gpu\): NCCL init and DataLoader workers fail with \"No space left on device\" "
                         r"\(1 file\(s\) no live process holds take 200 MiB\); clean_shm \(role: free_gpus_clean_shm\) removes the 1 "
                         r"of killed jobs", issue), issue
+    # The audit: the host unhealthy for it, grouped by the kind of issue.
+    from ansible_collections.zeromib.gpu.plugins.action import gpu_audit_report
+    report = gpu_audit_report.build_report([{"host": "node01", "status": "ok", "error": None, "gpu": gpu}], generated_at=0.0)
+    [entry] = report["hosts"]
+    assert entry["health_issues"] == [issue] and report["summary"]["hosts_unhealthy"] == 1, entry
+    groups = {(g["status"], g["title"]): [h["host"] for h in g["hosts"]] for g in gpu_audit_report.attention_groups(report)}
+    assert [(status, hosts) for (status, _title), hosts in groups.items()] == [("unhealthy", ["node01"]), ("shm leftovers", ["node01"])], groups
     assert facts(run_module(host, "gpu_facts", {"shm_min_free_mib_per_gpu": 16}))["healthy"] is True
     # The gate says it too, and cleaning what the killed job left restores the room.
     run = run_module(host, "gpu_release", {"clean_shm": True})
@@ -141,6 +148,8 @@ def test_clean_shm_frees_the_job_then_removes_only_its_unheld_segments_and_check
 
     again = run_module(host, "gpu_release", {"clean_shm": True})
     assert again["changed"] is False and again["shm_removed"] == []
+    # A tmpfs of the host's own, in an IPC namespace of its own: cleaned, and no refusal said.
+    assert shm_warnings(run) == shm_warnings(plan) == []
 
 
 def test_clean_shm_removes_nothing_made_after_the_run_started_nor_through_a_link(nshost):
@@ -162,18 +171,79 @@ def test_clean_shm_removes_nothing_made_after_the_run_started_nor_through_a_link
     assert names(run["shm"]["unheld"]) == ["nccl-Late01"]
 
 
+def shm_warnings(run):
+    """gpu_release's clean_shm warnings, without the host name each warning starts with."""
+    return [w.split(": ", 1)[1] for w in run.get("warnings") or [] if ": clean_shm" in w]
+
+
+def refusal(run):
+    [said] = shm_warnings(run)
+    return said
+
+
+def test_clean_shm_refuses_a_dev_shm_bound_from_outside_where_a_process_it_cannot_see_holds_a_segment(nshost, tmp_path):
+    """An LXC guest given the host's /dev/shm: a segment the host's own job keeps open looks unheld
+    from inside (the guest cannot see that process). Nothing is removed, in check mode either; what
+    is there is listed, and the reason names the bind."""
+    outside = tmp_path / "host-shm"
+    outside.mkdir()
+    os.chmod(outside, 0o1777)
+    with open(outside / "nccl-HostJob", "wb") as held:  # this test's process: outside the host's PID namespace
+        held.write(b"\0" * 4096)
+        held.flush()
+        host = nshost("h200x1", shm_from=str(outside))
+        killed = job(host, "open:torch_99_1_0:4")
+        host.kill(killed.pid)
+        assert host.wait_gone(killed.pid)
+        for check in (True, False):
+            run = run_module(host, "gpu_release", {"clean_shm": True}, check=check, diff=True)
+            assert not run.failed, run.msg
+            assert run["shm_removed"] == [] and names(run["shm"]["unheld"]) == ["torch_99_1_0", "nccl-HostJob"], run["shm"]
+            assert re.fullmatch(r"clean_shm: nothing was removed: /dev/shm is the directory /\S*host-shm of a file system \(\w+\) mounted from "
+                                r"outside this container on /dev/shm, so a process there may hold a file that no process here holds \(clean it "
+                                r"on the host\)", refusal(run)), refusal(run)
+            assert "to be removed" not in run["diff"]["after"]
+        assert sorted(os.listdir(outside)) == ["nccl-HostJob", "torch_99_1_0"]
+
+
+def test_clean_shm_refuses_a_container_that_shares_the_nodes_ipc_namespace(nshost):
+    """docker --ipc=host: the container's /dev/shm is the node's, whatever its mount looks like."""
+    host = nshost("h200x1", own_ipc=False)
+    killed = job(host, "open:torch_99_1_0:4")
+    host.kill(killed.pid)
+    assert host.wait_gone(killed.pid)
+    run = run_module(host, "gpu_release", {"clean_shm": True})
+    assert run["released"] is True and run["shm_removed"] == [] and shm_files(host) == ["torch_99_1_0"]
+    assert refusal(run).startswith("clean_shm: nothing was removed: this container shares the node's IPC namespace (as docker --ipc=host does), "
+                                   "and with it the node's /dev/shm, so a process there may hold a file"), refusal(run)
+
+
 # --------------------------------------------------------------------------- reset advice
+
+
+# A namespace host is itself a container (a PID namespace of its own): memory no process of it
+# holds may be held outside it, said first (issue 56); the advice is then what the host's operator
+# runs if nothing there holds it either, read from the kernel's modules and NVML, which are the host's.
+HELD_OUTSIDE = ("this run is inside a container (a PID namespace of its own), which cannot see the "
+                "host's processes or other guests', so GPU {gpu} may be held outside it, by the host or another guest sharing it. Look on the host: "
+                "zeromib.gpu.gpu_facts there names the holder and the guest it runs in (gpu_release there frees it); if nothing on the host holds it "
+                "either, ")
 
 
 def advised_steps(message):
     """The commands of the advice, in order, and the reading that must show 0 MiB."""
-    sequence = message.split("To reset, as root, in this order: ", 1)[1]
+    sequence = message.split("To reset, as root on the host, in this order: ", 1)[1]
     steps, verify = sequence.split("; then `", 1)
     return re.findall(r"`([^`]+)`", steps), verify.split("`", 1)[0]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 56 merged after: a namespace host is itself a container, so gpu_release says the memory may be held "
-                   "outside it instead of the reset sequence; the sequence is tested by tests/unit/plugins/module_utils/_look/test_reset.py. Open work.")
+def said_from_inside(run, gpu):
+    """The failure's first sentence and the GPU's part are the from-inside ones; the host's advice follows."""
+    assert run.failed and run.msg.startswith("GPUs read above max_used_mib with no process of this container holding them"), run.msg
+    assert f"GPU {gpu} " in run.msg and "MiB, and no process of this container holds it" in run.msg and HELD_OUTSIDE.format(gpu=gpu) in run.msg, run.msg
+    return run.msg.split(HELD_OUTSIDE.format(gpu=gpu), 1)[1]
+
+
 def test_a_leak_on_a_node_with_persistence_on_and_nvidia_drm_loaded_gets_the_sequence_that_works(nshost):
     host = nshost("h200x1", nvidia_drm=0)
     host.spawn(["gpu_holder", "--persistence-daemon", "--name", "nvidia-persistenced"])
@@ -182,9 +252,9 @@ def test_a_leak_on_a_node_with_persistence_on_and_nvidia_drm_loaded_gets_the_seq
     bare = host.smi("--gpu-reset", "-i", "0")
     assert bare.returncode == 255 and REFUSED in bare.stdout
     run = run_module(host, "gpu_release")
-    assert run.failed
-    assert ("a bare `nvidia-smi --gpu-reset -i 0` is refused on this node (\"In use by another client\"): persistence mode is on, "
-            "nvidia_drm is loaded") in run.msg
+    advice = said_from_inside(run, 0)
+    assert advice.startswith("a GPU reset or a reboot of the host is needed; a bare `nvidia-smi --gpu-reset -i 0` is refused on this node "
+                             "(\"In use by another client\"): persistence mode is on, nvidia_drm is loaded. To reset, as root on the host"), advice
     steps, verify = advised_steps(run.msg)
     assert steps == ["nvidia-smi -i 0 -pm 0", "modprobe -r nvidia_drm", "nvidia-smi --gpu-reset -i 0", "modprobe nvidia_drm", "nvidia-smi -i 0 -pm 1"]
     for step in steps:
@@ -195,14 +265,18 @@ def test_a_leak_on_a_node_with_persistence_on_and_nvidia_drm_loaded_gets_the_seq
     assert run_module(host, "gpu_release")["released"] is True
 
 
-@pytest.mark.xfail(strict=True, reason="issue 56 merged after: a namespace host is itself a container, so gpu_release says the memory may be held "
-                   "outside it instead of the reset sequence; the sequence is tested by tests/unit/plugins/module_utils/_look/test_reset.py. Open work.")
 def test_a_protected_daemon_holding_the_gpus_node_is_named_and_stopped_in_the_sequence(nshost):
     host = nshost("h200x1")
     hostengine = host.spawn(["gpu_holder", "--monitor", "pynvml", "--name", "nv-hostengine"])
     host.set_fault({"leak": {"0": 4096}})
     run = run_module(host, "gpu_release")
-    assert f"persistence mode is on, pid {hostengine.pid} nv-hostengine holds its device node" in run.msg
+    advice = said_from_inside(run, 0)
+    assert f"persistence mode is on, pid {hostengine.pid} nv-hostengine holds its device node" in advice
+    # The daemon is this container's: its PID is not the host's, so its steps are marked to run here.
+    assert (f"`nvidia-smi -i 0 -pm 0`; `kill {hostengine.pid}` (in this container); `nvidia-smi --gpu-reset -i 0`; "
+            "`start nv-hostengine again as it was started` (in this container); `nvidia-smi -i 0 -pm 1`") in advice
+    assert advice.endswith("A process of the host or of another guest with the GPU's device node open (DCGM's nv-hostengine, dcgm-exporter) "
+                           "refuses the reset as well and is not seen from here: zeromib.gpu.gpu_facts on the host names it"), advice
     steps, verify = advised_steps(run.msg)
     assert steps == ["nvidia-smi -i 0 -pm 0", f"kill {hostengine.pid}", "nvidia-smi --gpu-reset -i 0", "start nv-hostengine again as it was started",
                      "nvidia-smi -i 0 -pm 1"]
@@ -211,38 +285,42 @@ def test_a_protected_daemon_holding_the_gpus_node_is_named_and_stopped_in_the_se
     assert host.run(["sh", "-c", verify]).stdout == "0, 0 MiB\n"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 56 merged after: a namespace host is itself a container, so gpu_release says the memory may be held "
-                   "outside it instead of the reset sequence; the sequence is tested by tests/unit/plugins/module_utils/_look/test_reset.py. Open work.")
 def test_nvidia_drm_in_use_by_a_console_means_reboot(nshost):
     host = nshost("h200x1", nvidia_drm=1)
     host.set_fault({"leak": {"0": 4096}})
     run = run_module(host, "gpu_release")
-    assert ("no live process holds the GPU: the driver has not freed this context; only a reboot frees it on this node: nvidia_drm is "
-            "loaded and in use (1 user(s): a console or display server on an NVIDIA GPU), and no GPU can be reset while it is") in run.msg
+    assert said_from_inside(run, 0) == ("only a reboot of the host frees it: nvidia_drm is loaded and in use (1 user(s): a console or display "
+                                        "server on an NVIDIA GPU), and no GPU can be reset while it is")
     assert "in this order" not in run.msg
     assert host.run(["modprobe", "-r", "nvidia_drm"]).stderr == "modprobe: FATAL: Module nvidia_drm is in use.\n"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 56 merged after: a namespace host is itself a container, so gpu_release says the memory may be held "
-                   "outside it instead of the reset sequence; the sequence is tested by tests/unit/plugins/module_utils/_look/test_reset.py. Open work.")
 def test_an_nvswitch_gpu_resets_alone_with_fabric_manager_and_with_its_baseboard_without(nshost):
     host = nshost("hgx-h100x8")
     host.set_fault({"leak": {"3": 4096}})
     run = run_module(host, "gpu_release", {"gpus": ["3"]})
+    assert said_from_inside(run, 3).startswith("a GPU reset or a reboot of the host is needed; a bare `nvidia-smi --gpu-reset -i 3` is refused")
     steps, _verify = advised_steps(run.msg)
     assert steps == ["nvidia-smi -i 3 -pm 0", "nvidia-smi --gpu-reset -i 3", "nvidia-smi -i 3 -pm 1"]
 
     host.set_fault({"leak": {"3": 4096}, "fabricmanager_state": "failed"})
     busy = host.spawn(["gpu_holder", "--gpus", "5", "--mib", "1024"])
     run = run_module(host, "gpu_release", {"gpus": ["3"]})
-    assert ("only a reboot frees it on this node: Fabric Manager is not running, and without it an NVSwitch GPU is reset only together with "
-            f"its NVLink peers: GPU(s) 0,1,2,4,5,6,7 are in use (pid {busy.pid} python3)") in run.msg
+    assert said_from_inside(run, 3) == ("only a reboot of the host frees it: Fabric Manager is not running, and without it an NVSwitch GPU is "
+                                        f"reset only together with its NVLink peers: GPU(s) 0,1,2,4,5,6,7 are in use (pid {busy.pid} python3); once "
+                                        "they are free, the reset sequence can take them all")
     # A bare reset of GPU 3 alone is refused by the driver's rule (nvidia-smi(1)).
     assert host.smi("--gpu-reset", "-i", "3").returncode == 255
 
     host.kill(busy.pid)
     assert host.wait_gone(busy.pid)
+    # Until the driver has freed GPU 5 (release_delay_s), its memory may be another guest's: no reset takes it.
+    deadline = time.monotonic() + 10
+    while host.smi("--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "5").stdout.strip() != "0":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     run = run_module(host, "gpu_release", {"gpus": ["3"]})
+    said_from_inside(run, 3)
     steps, verify = advised_steps(run.msg)
     every = "0,1,2,3,4,5,6,7"
     assert steps == [f"nvidia-smi -i {every} -pm 0", f"nvidia-smi --gpu-reset -i {every}", f"nvidia-smi -i {every} -pm 1"]
@@ -265,3 +343,33 @@ def test_the_simulated_reset_replays_nvidias_wording(nshost):
     assert (done.returncode, done.stdout) == (0, "GPU 00000000:00:06.0 was successfully reset.\nAll done.\n")
     with open(os.path.join(host.root.state, "persistence.json")) as handle:
         assert json.load(handle) == {host.config["gpus"][0]["uuid"]: "Disabled"}  # the mode it set, kept by UUID
+
+
+def test_the_role_says_the_sequence_once_and_the_audit_says_where_to_look(nshost):
+    """The same leak through free_gpus (its host's line, said once) and through the audit, which
+    gives no advice of its own: dirty, no holder in this container, look on the host."""
+    host = nshost("h200x1", nvidia_drm=0)
+    host.set_fault({"leak": {"0": 4096}})
+    outcome = run_role(host, {})
+    assert outcome["failed"] and outcome["msg"].startswith("localhost: GPUs read above free_gpus_max_used_mib with no process of this "
+                                                           "container holding them"), outcome["msg"]
+    steps, _verify = advised_steps(outcome["msg"])
+    assert steps == ["nvidia-smi -i 0 -pm 0", "modprobe -r nvidia_drm", "nvidia-smi --gpu-reset -i 0", "modprobe nvidia_drm", "nvidia-smi -i 0 -pm 1"]
+    assert outcome["msg"].count("To reset, as root on the host") == 1 and outcome["msg"].count("may be held outside it") == 1
+    gpu = facts(run_module(host, "gpu_facts"))
+    assert gpu["clean"] is False and gpu["inside_container"] is True
+    from ansible_collections.zeromib.gpu.plugins.action import gpu_audit_report
+    report = gpu_audit_report.build_report([{"host": "node01", "status": "ok", "error": None, "gpu": gpu}], generated_at=0.0)
+    [entry] = report["hosts"]
+    assert (entry["status"], entry["reason"]) == ("dirty", "GPU 0 4096 MiB; memory counted for PID 3000000, not in this container: held outside "
+                                                           "it (the host or another guest)? look on the host"), entry
+
+
+def test_a_container_that_cannot_read_the_kernels_modules_is_given_no_sequence(nshost):
+    """Without /sys/module/nvidia, whether nvidia_drm is loaded on the host is unknown: a sequence
+    read from here could be the wrong one, so the host's own run is named instead."""
+    host = nshost("h200x1", driver_module=False)
+    host.set_fault({"leak": {"0": 4096}})
+    run = run_module(host, "gpu_release")
+    assert said_from_inside(run, 0) == "gpu_release there says what frees it (this container cannot read the kernel's modules, /sys/module)"
+    assert "reset" not in run.msg and "reboot" not in run.msg and "`" not in run.msg

@@ -20,18 +20,21 @@
   /usr/bin/gpu_holder and /usr/bin/nvidia-cuda-mps-control (simulated MPS) are symlinks to tests/sim (and /usr/bin/journalctl and /usr/bin/dmesg to
   tests/sim/kernel-log, the simulated kernel log), and /usr/bin/python -> python3 is added
   when the machine has no /usr/bin/python (the two scripts use `#!/usr/bin/env python`).
-* /dev/shm is a tmpfs of the host's own (mode 1777, `shm_size_mib`, 4096 by default: a limit,
+* IPC namespace of its own (`own_ipc=False`: the machine's, as docker --ipc=host shares the node's).
+* /dev/shm is a tmpfs of the host's own (`shm_from`: a directory outside bound there instead, as an
+  LXC guest given the host's; mode 1777, `shm_size_mib`, 4096 by default: a limit,
   not memory taken), as every node and container has one: what a test leaves there, and what
   the modules find there, is never the machine's.
-* `nvidia_drm` (its use count; None: not loaded): /sys/module is a tmpfs of the host's own with
-  nvidia_drm/refcnt (the count lsmod shows; a machine without loadable modules has neither it nor
-  /proc/modules), and a fake `modprobe` (tests/sim/modprobe) unloads and loads it there.
+* /sys/module is a tmpfs of the host's own with nvidia/ (the driver loaded; `driver_module=False`:
+  without it, a sysfs that hides the kernel's modules), and with `nvidia_drm` (its use count; None:
+  not loaded) nvidia_drm/refcnt (the count lsmod shows; a machine without loadable modules has
+  neither it nor /proc/modules), and a fake `modprobe` (tests/sim/modprobe) unloads and loads it there.
 * config `nvswitches: N`: /dev/nvidia-nvswitchctl and /dev/nvidia-nvswitch0..N-1 (an NVSwitch
   baseboard's nodes).
 * the host name (UTS namespace) is the seed.
 
 Processes started with spawn() are children of the namespace's init (ppid 1, own
-session), like daemons. run() uses `nsenter -t INIT -m -u -p` (the command's parent is
+session), like daemons. run() uses `nsenter -t INIT -m -u -p [-i]` (the command's parent is
 outside the namespace: ppid 0 inside). Teardown SIGKILLs the init, which makes the
 kernel kill everything in the PID namespace; the mount namespace dies with it. An
 atexit hook and PR_SET_PDEATHSIG (on unshare, tied to the creating thread) make sure
@@ -126,10 +129,15 @@ class NsHost:
 
     def __init__(self, preset="h200x8", minors=None, seed=None, config=None, count=None,
                  release_delay_s=None, tmp_root=None, start_timeout=30.0, libcuda=None, gpu_nodes=None, shm_size_mib=4096,
-                 nvidia_drm=None):
+                 nvidia_drm=None, driver_module=True, shm_from=None, own_ipc=True):
         # /dev/shm's size (a tmpfs of the host's own) and nvidia_drm's use count (None: not loaded).
         self.shm_size_mib = int(shm_size_mib)
         self.nvidia_drm = nvidia_drm
+        self.driver_module = driver_module
+        # /dev/shm bound from a directory outside (a host's, shared: LXC's lxc.mount.entry) instead
+        # of a tmpfs of its own; own_ipc False: the machine's IPC namespace (docker --ipc=host).
+        self.shm_from = shm_from
+        self.own_ipc = own_ipc
         # A container given some of the host's GPUs (issue 37): the minors whose /dev/nvidia<minor>
         # it has; None: every GPU's. Its /proc/driver/nvidia still lists every GPU.
         self.gpu_nodes = None if gpu_nodes is None else [int(m) for m in gpu_nodes]
@@ -206,6 +214,8 @@ class NsHost:
                 "state": self.root.state, "sim": SIM, "holder": HOLDER, "kernel_log": KERNEL_LOG,
                 "fabric_manager": FABRIC_MANAGER,
                 "libcuda": self.libcuda, "gpu_nodes": self.gpu_nodes, "shm_size_mib": self.shm_size_mib}
+        spec["driver_module"] = bool(self.driver_module)
+        spec["shm_from"] = self.shm_from
         if self.nvidia_drm is not None:
             spec["nvidia_drm"] = int(self.nvidia_drm)
             spec["modprobe"] = MODPROBE
@@ -215,7 +225,7 @@ class NsHost:
         t0 = time.monotonic()
         with open(self.root.log, "wb") as log:
             self._unshare = subprocess.Popen(
-                ["unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc", "--kill-child",
+                ["unshare", "--mount", "--uts", "--pid", *(["--ipc"] if self.own_ipc else []), "--fork", "--mount-proc", "--kill-child",
                  sys.executable, "-I", os.path.abspath(__file__), "_init", spec_path],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 preexec_fn=_pdeathsig, close_fds=True)
@@ -309,7 +319,7 @@ class NsHost:
         On timeout the command (inside) and nsenter are SIGKILLed and
         subprocess.TimeoutExpired is raised."""
         self._need()
-        cmd = ["nsenter", "-t", str(self.init_pid), "-m", "-u", "-p", "--"] + list(argv)
+        cmd = ["nsenter", "-t", str(self.init_pid), "-m", "-u", "-p", *(["-i"] if self.own_ipc else []), "--"] + list(argv)
         p = subprocess.Popen(cmd, env=self._env(env), cwd=cwd, stdin=subprocess.PIPE if input
                              is not None else subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, universal_newlines=True)
@@ -785,9 +795,19 @@ def _setup(spec):
         _mknod("/dev/nvidia-nvswitchctl")
     # A /dev/shm of its own (the overlay above shows the machine's through): nothing a test
     # leaves there, and nothing the modules read there, is the machine's.
-    _mount("nsshm", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size={:d}m".format(spec.get("shm_size_mib", 4096)))
+    if spec.get("shm_from"):
+        _mount(spec["shm_from"], "/dev/shm", None, MS_BIND)
+    else:
+        _mount("nsshm", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size={:d}m".format(spec.get("shm_size_mib", 4096)))
+    # The kernel's modules as a node with the driver loaded shows them, in a container too (sysfs'
+    # modules are the kernel's): nvidia/ always (the reset advice believes /sys/module only then),
+    # nvidia_drm/ when given. `driver_module: False`: a sysfs that hides them (not mounted, masked).
+    _mount("nssysmodule", "/sys/module", "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=1m")
+    if spec.get("driver_module", True):
+        os.makedirs("/sys/module/nvidia/holders")
+        with open("/sys/module/nvidia/refcnt", "w") as f:
+            f.write("0\n")
     if spec.get("nvidia_drm") is not None:
-        _mount("nssysmodule", "/sys/module", "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=1m")
         os.makedirs("/sys/module/nvidia_drm/holders")
         with open("/sys/module/nvidia_drm/refcnt", "w") as f:
             f.write("{:d}\n".format(spec["nvidia_drm"]))

@@ -320,6 +320,13 @@ def held_outside(gpu: Gpu, dead_claims: list[ComputeApp]) -> str:
             "and the guest it runs in (gpu_release there frees it)".format(listed, INSIDE_A_CONTAINER, gpu["index"]))
 
 
+def host_advice(gpu: Gpu, holders: list[Holder], node: _reset.Node | None) -> str:
+    """After held_outside: what the host's operator runs if nothing on the host holds the GPU
+    either (_reset.text, from inside)."""
+    from ansible_collections.zeromib.gpu.plugins.module_utils._look import _reset
+    return "; " + reset_advice(gpu, holders, (node or _reset.Node(gpus=[gpu], kernel_seen=False))._replace(inside=True))
+
+
 def gpu_failure(gpu: Gpu, holders: list[Holder], apps: list[ComputeApp], blind: bool = False, freeing: str | None = None,
                 inside: bool = False, node: _reset.Node | None = None) -> str:
     """The part of the failure message of one dirty GPU: its MiB and what still holds it.
@@ -360,7 +367,7 @@ def gpu_failure(gpu: Gpu, holders: list[Holder], apps: list[ComputeApp], blind: 
     elif freeing:
         text += ", and no live process holds it any more: the driver is still freeing its memory"
     elif inside and not on_gpu and (dead_claims or not is_idle_baseline(gpu)):
-        text += held_outside(gpu, dead_claims)
+        text += held_outside(gpu, dead_claims) + host_advice(gpu, holders, node)
     elif dead_claims:
         text += (
             ", attributed to exited process(es) {} and no live process holds the GPU: the driver has not freed this "
@@ -1416,7 +1423,8 @@ class Release:
         """What the reset advice of a failure needs of this node (read only for a failure)."""
         from ansible_collections.zeromib.gpu.plugins.module_utils._look import _reset
         return _reset.Node(gpus=self.before[0], fabric_manager=getattr(self.health, "fabric_manager", None),
-                           drm=_reset.read_nvidia_drm(), nvswitch=_reset.nvswitch_present())
+                           drm=_reset.read_nvidia_drm(), nvswitch=_reset.nvswitch_present(), inside=self.inside_container,
+                           kernel_seen=_reset.driver_module_seen())
 
     def verify(self, selected: list[int], deadline: float, acted: bool, unheld_at_look: t.Collection[int] = ()
                ) -> tuple[list[Gpu], bool, str | None, set[int]]:

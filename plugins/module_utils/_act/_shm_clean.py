@@ -14,6 +14,9 @@ A file goes only when all of these hold:
   that started meanwhile, whose processes may not have opened or mapped it yet;
 - the last scan found no live process with it open or mapped, and that scan read every process
   (root): a process this module cannot read may hold it;
+- every process that may hold a file of /dev/shm is one this run can see: in a container, a
+  /dev/shm shared with the host or another container (_shm.not_private) is never cleaned, in
+  check mode too, as a process there holds files that look unheld from here;
 - /dev/shm is a root-owned directory with the sticky bit (tmpfs' 1777), opened without following a
   link: there only a file's owner (or root) can remove or rename it, so a user who swaps a name
   between the check and the unlink swaps only their own file. The name is unlinked through the
@@ -125,6 +128,11 @@ def clean(present_at_look: t.Container[Identity], act: bool, check_mode: bool, p
     unheld = holding.unheld()
     chosen = removable(unheld, present_at_look) if act else []
     warnings: list[str] = []
+    outside = _shm.shared_with_outside(shm, proc) if chosen else None
+    if outside:
+        # Listed, never removed: a process this run cannot see may hold any of them.
+        chosen, warnings = [], [f"clean_shm: nothing was removed: {outside}, so a process there may hold a file that no process here holds "
+                                "(clean it on the host)"]
     if check_mode or not chosen:
         removed = chosen
     else:

@@ -27,6 +27,14 @@ What refuses a reset (each seen on real nodes):
 - the NVSwitch reset scope (nvidia-smi(1), --gpu-reset): on NVSwitch systems an Ampere or later GPU
   can be reset alone while Fabric Manager runs; without it, or before Ampere, every GPU with NVLink
   connections to it must be reset in the same command.
+
+From inside a container (a PID namespace of its own) the GPU may be held by the host or another
+guest, which the container cannot see; the advice is then what the host's operator runs if nothing
+there holds it either. It is given only where the container reads the host's own facts: the
+kernel's modules (/sys/module/nvidia, there whenever the driver is loaded: sysfs' modules are the
+kernel's, no namespace's, so nvidia_drm's absence there is the host's) and the GPUs' persistence mode
+(NVML's, the same from anywhere). Processes of the host that hold a GPU's node, and the host's
+Fabric Manager, are not seen from inside: the advice says so rather than guess.
 """
 
 from __future__ import annotations
@@ -45,6 +53,8 @@ if t.TYPE_CHECKING:
 PERSISTENCED = holders_mod.ProcessNames("nvidia-persistenced")
 # Fabric Manager facilitates the reset of a GPU of an NVSwitch system (nvidia-smi(1)): never stopped for it.
 FABRIC_MANAGER = holders_mod.ProcessNames("nv-fabricmanager", "nvidia-fabricmanager")
+# A peer GPU reading more than this holds memory of someone (MIG's idle baseline is 50-59 MiB: gpu_release's BASELINE_MAX_MIB).
+IDLE_MIB = 64
 # GPUs before Ampere on NVSwitch baseboards (DGX-2/HGX-2: V100) reset only with all their NVLink peers.
 _PRE_AMPERE = re.compile(r"\b(?:V100|P100|Tesla V|Tesla P)", re.IGNORECASE)
 
@@ -66,6 +76,17 @@ class Node(t.NamedTuple):
     # None: nvidia_drm not loaded (or /sys/module unreadable, said as not loaded).
     drm: Drm | None = None
     nvswitch: bool = False
+    # This look ran in a container (_guests.pid_namespace_nested): the advice is the host's.
+    inside: bool = False
+    # The kernel's modules were readable (driver_module_seen): nvidia_drm's state is known.
+    kernel_seen: bool = True
+
+
+def driver_module_seen(sys_module: str = "/sys/module") -> bool:
+    """Whether this look reads the kernel's own module state: /sys/module/nvidia is there whenever
+    the driver is loaded, in a container too. Where it is missing (sysfs not mounted, or masked),
+    whether nvidia_drm is loaded is unknown."""
+    return os.path.isdir(os.path.join(sys_module, "nvidia"))
 
 
 def read_nvidia_drm(sys_module: str = "/sys/module") -> Drm | None:
@@ -112,6 +133,8 @@ class Plan(t.NamedTuple):
     steps: list[str]
     gpus: list[int]
     verify: str
+    # Steps that stop or start a process of this container (run there: its PIDs are not the host's).
+    here: frozenset[str] = frozenset()
 
 
 def _fm_running(fabric_manager: dict[str, t.Any] | None) -> bool | None:
@@ -132,6 +155,8 @@ def reset_scope(gpu: Gpu, node: Node) -> tuple[list[int], str | None]:
     if running:
         return [gpu["index"]], None
     said = "Fabric Manager is not running" if running is False else "Fabric Manager was not found running on this host"
+    if running is None and node.inside:
+        said = "Fabric Manager was not found running (a container asks its own systemd, not the host's)"
     return peers, f"{said}, and without it an NVSwitch GPU is reset only together with its NVLink peers"
 
 
@@ -182,9 +207,15 @@ def plan(gpu: Gpu, node: Node) -> Plan:
         return Plan(True, f"nvidia_drm is loaded and in use ({node.drm.users:d} user(s){users}: a console or display server on an NVIDIA GPU), "
                           "and no GPU can be reset while it is", [], [], gpus, verify)
     others = [h for h in node.holders if not h.get("protected") and set(h.get("gpu_indexes") or []) & (set(gpus) - {gpu["index"]})]
-    if wider and others:
+    in_use = [_label(h) for h in others[:3]]
+    if node.inside:
+        # A peer's memory held by the host or another guest: no holder here, but in use all the same.
+        held_here = {i for h in node.holders for i in h.get("gpu_indexes") or []}
+        readings = {i: by_index[i].get("memory_used_mib") for i in gpus if i in by_index and i != gpu["index"] and i not in held_here}
+        in_use += [f"GPU {i} reads {used} MiB with no holder in this container" for i, used in readings.items() if (used or 0) > IDLE_MIB]
+    if wider and in_use:
         return Plan(True, "{}: GPU(s) {} are in use ({}); once they are free, the reset sequence can take them all".format(
-            wider, ",".join(str(i) for i in sorted(set(gpus) - {gpu["index"]})), "; ".join(_label(h) for h in others[:3])), [], [], gpus, verify)
+            wider, ",".join(str(i) for i in sorted(set(gpus) - {gpu["index"]})), "; ".join(in_use)), [], [], gpus, verify)
     blockers: list[str] = []
     pm = [g["index"] for g in taken if str(g.get("persistence_mode") or "").lower() == "enabled"]
     if pm:
@@ -210,17 +241,32 @@ def plan(gpu: Gpu, node: Node) -> Plan:
     # NVIDIA/NVSentinel#1692 (restored on the way out) and of the public H100 write-up.
     steps = ([f"nvidia-smi -i {pm_ids} -pm 0"] if pm else []) + [stop for stop, _start in stops] + ["nvidia-smi --gpu-reset -i " + ids]
     steps += [start for _stop, start in reversed(stops)] + ([f"nvidia-smi -i {pm_ids} -pm 1"] if pm else [])
-    return Plan(False, wider or "", blockers, steps, gpus, verify)
+    here = frozenset(step for pair in stops[:len(stops) - (node.drm is not None)] for step in pair) if node.inside else frozenset()
+    return Plan(False, wider or "", blockers, steps, gpus, verify, here)
+
+
+# Said of the host's operator from inside a container: the advice holds only if the host has no holder either.
+FROM_INSIDE = "if nothing on the host holds it either, "
 
 
 def text(gpu: Gpu, node: Node) -> str:
-    """The advice as the failure message says it."""
+    """The advice as the failure message says it (from inside a container: what the host's
+    operator runs, the container's own steps marked)."""
+    if node.inside and not node.kernel_seen:
+        return f"{FROM_INSIDE}gpu_release there says what frees it (this container cannot read the kernel's modules, /sys/module)"
     p = plan(gpu, node)
     if p.reboot:
+        if node.inside:
+            return f"{FROM_INSIDE}only a reboot of the host frees it: {p.why}"
         return f"only a reboot frees it on this node: {p.why}"
     ids = ",".join(str(i) for i in p.gpus)
     scope = f"; the reset must take GPUs {ids} together: {p.why}" if len(p.gpus) > 1 else ""
     blocked = "; a bare `nvidia-smi --gpu-reset -i {}` is refused on this node (\"In use by another client\"): {}".format(
         ids, ", ".join(p.blockers)) if p.blockers else ""
-    return "a GPU reset or a reboot is needed{}{}. To reset, as root, in this order: {}; then `{}` must read 0 MiB".format(
-        scope, blocked, "; ".join(f"`{s}`" for s in p.steps), p.verify)
+    steps = "; ".join("`{}`{}".format(s, " (in this container)" if s in p.here else "") for s in p.steps)
+    if node.inside:
+        return (f"{FROM_INSIDE}a GPU reset or a reboot of the host is needed{scope}{blocked}. To reset, as root on the host, in this order: "
+                f"{steps}; then `{p.verify}` must read 0 MiB. A process of the host or of another guest with the GPU's device node open "
+                "(DCGM's nv-hostengine, dcgm-exporter) refuses the reset as well and is not seen from here: zeromib.gpu.gpu_facts on the "
+                "host names it")
+    return f"a GPU reset or a reboot is needed{scope}{blocked}. To reset, as root, in this order: {steps}; then `{p.verify}` must read 0 MiB"

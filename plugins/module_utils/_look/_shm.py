@@ -125,6 +125,99 @@ def list_files(path: str = SHM_DIR) -> list[Entry]:
     return found
 
 
+# ---------------------------------------------------------------- whose /dev/shm it is
+
+# The kernel's inodes of the initial PID and IPC namespaces (include/linux/proc_ns.h:
+# PROC_PID_INIT_INO, PROC_IPC_INIT_INO; _guests reads the first one too).
+PROC_PID_INIT_INO = 0xEFFFFFFC
+PROC_IPC_INIT_INO = 0xEFFFFFFF
+
+
+class Mount(t.NamedTuple):
+    """One line of /proc/self/mountinfo (proc(5)): `root` is the directory of the file system
+    mounted here ("/": all of it), `tags` its propagation (shared:N, master:N)."""
+
+    point: str
+    root: str
+    tags: list[str]
+    fstype: str
+
+
+def _unescape(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def parse_mountinfo(text: str) -> list[Mount]:
+    mounts = []
+    for line in text.splitlines():
+        left, _sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) < 6 or not tail:
+            continue
+        mounts.append(Mount(_unescape(fields[4]), _unescape(fields[3]), fields[6:], tail[0]))
+    return mounts
+
+
+def mount_of(path: str, mounts: t.Sequence[Mount]) -> Mount | None:
+    """The mount `path` lies on: the longest mount point above it, the last one where several
+    are stacked (the one on top)."""
+    best: Mount | None = None
+    for mount in mounts:
+        point = mount.point.rstrip("/") or "/"
+        above = point == "/" or path == point or path.startswith(point + "/")
+        if above and (best is None or len(point) >= len(best.point.rstrip("/") or "/")):
+            best = mount
+    return best
+
+
+def not_private(mount: Mount | None, pid_ns: int, ipc_ns: int, shm: str = SHM_DIR) -> str | None:
+    """Why processes this run cannot see may hold files of `shm`, or None. Pure.
+
+    A file is unheld only if no process has it open or mapped, and the scan sees only this PID
+    namespace's processes. In the kernel's first PID namespace that is every process on the node:
+    nothing to fear. In any other (a container), /dev/shm counts as the container's own only when
+    nothing the kernel shows says it is reachable from outside:
+    - the container shares the node's IPC namespace (docker --ipc=host and the like): its runtime
+      gives it the node's /dev/shm with it;
+    - /dev/shm is a directory of another file system bound here (mountinfo's root is not "/":
+      LXC's `lxc.mount.entry = /dev/shm ...` of a host directory, a dir-backed rootfs): the rest
+      of that file system, and whoever uses it, is outside;
+    - its mount is a slave (master:N) of a mount elsewhere: a bind of the host's /dev/shm with
+      LXC's or nspawn's default rslave propagation; a tmpfs mounted for the container itself is
+      no slave of anything. (shared:N alone is not outside: a guest's systemd makes every mount
+      shared within the guest.)
+    What the kernel does not show from inside is a bind of an outside tmpfs's whole root made
+    private, in a container with an IPC namespace of its own (`-v /dev/shm:/dev/shm` without
+    --ipc=host): that looks exactly like a tmpfs of its own, and is said in the option's docs."""
+    if pid_ns == PROC_PID_INIT_INO:
+        return None
+    if ipc_ns == PROC_IPC_INIT_INO:
+        return "this container shares the node's IPC namespace (as docker --ipc=host does), and with it the node's /dev/shm"
+    if mount is None:
+        return f"{shm} is on no mount listed in /proc/self/mountinfo"
+    if mount.root != "/":
+        return f"{shm} is the directory {mount.root} of a file system ({mount.fstype}) mounted from outside this container on {mount.point}"
+    masters = [tag for tag in mount.tags if tag.startswith("master:")]
+    if masters:
+        return f"{shm}'s mount receives mounts from outside this container ({masters[0]}): a bind of the host's or another container's"
+    return None
+
+
+def shared_with_outside(shm: str = SHM_DIR, proc: str = "/proc") -> str | None:
+    """not_private for this run: its PID and IPC namespaces and the mount `shm` is on, read from
+    `proc`; where they cannot be read, that is the reason (nothing says the files are private)."""
+    try:
+        pid_ns = os.stat(f"{proc}/self/ns/pid").st_ino
+        ipc_ns = os.stat(f"{proc}/self/ns/ipc").st_ino
+        with open(f"{proc}/self/mountinfo", "rb") as handle:
+            mounts = parse_mountinfo(handle.read().decode("utf-8", "replace"))
+    except OSError as exc:
+        return f"whether {shm} is this container's own cannot be read: {exc.strerror or exc}"
+    if pid_ns == PROC_PID_INIT_INO:
+        return None
+    return not_private(mount_of(os.path.realpath(shm), mounts), pid_ns, ipc_ns, shm)
+
+
 def _pids(proc: str) -> list[int]:
     return sorted(int(name) for name in os.listdir(proc) if name.isdigit())
 

@@ -181,6 +181,19 @@ def test_inside_a_container_memory_no_process_holds_is_said_to_be_held_outside_a
     assert "held outside" in checked.msg and "reset" not in checked.msg
 
 
+def test_on_a_node_that_is_no_container_the_same_leak_gets_the_reset_advice_first(world):
+    """The initial PID namespace sees every process: memory nobody holds is the driver's, and the
+    GPU's part says the reset advice at once, with no word of a holder outside."""
+    world.leaked.append((0, 3000000, "[Not Found]", 3590))
+    for check_mode in (False, True):
+        error = fail(world, wait_timeout=60.0, check_mode=check_mode)
+        assert error.msg.startswith(release.EARLY_HEADS["no_holder"] + ": GPU 0 ("), error.msg
+        part = error.msg.split(" reads ", 1)[1]
+        assert part.startswith("3590 MiB, attributed to exited process(es) 3000000 [Not Found] and no live process holds the GPU: the driver "
+                               "has not freed this context; a GPU reset or a reboot is needed"), part
+        assert "To reset, as root, in this order: " in part and "container" not in error.msg and "if nothing on the host" not in error.msg
+
+
 def test_inside_a_container_an_idle_mig_baseline_is_still_told_as_one(world):
     """An nspawn or LXC node with MIG GPUs reads 55 MiB idle: the baseline advice stands."""
     (world.root / "self" / "ns").mkdir(parents=True)

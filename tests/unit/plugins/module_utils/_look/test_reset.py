@@ -141,3 +141,54 @@ def test_a_users_process_named_like_the_persistence_daemon_is_stopped_not_truste
     one = gpu(0)
     impostor = daemon(4242, name, ALL, uid=4242, protected=False)
     assert "kill 4242" in _reset.plan(one, _reset.Node([one], [impostor])).steps
+
+
+# ------------------------------------------------------------------ from inside a container
+
+
+def test_from_inside_a_container_the_sequence_is_the_hosts_and_this_containers_own_steps_are_marked():
+    """A container reads the host's kernel and NVML, not the host's processes: the advice is what
+    the host's operator runs if nothing there holds the GPU either; a process of this container is
+    stopped in it (its PID is not the host's)."""
+    gpus = [gpu(0), gpu(1)]
+    holders = [daemon(57, "nv-hostengine", ALL)]
+    node = _reset.Node(gpus, holders, drm=_reset.Drm(0, ""), inside=True)
+    text = _reset.text(gpus[0], node)
+    assert text == (
+        "if nothing on the host holds it either, a GPU reset or a reboot of the host is needed; a bare `nvidia-smi --gpu-reset -i 0` is "
+        "refused on this node (\"In use by another client\"): persistence mode is on, pid 57 nv-hostengine holds its device node, nvidia_drm "
+        "is loaded. To reset, as root on the host, in this order: `nvidia-smi -i 0 -pm 0`; `kill 57` (in this container); `modprobe -r "
+        "nvidia_drm`; `nvidia-smi --gpu-reset -i 0`; `modprobe nvidia_drm`; `start nv-hostengine again as it was started` (in this "
+        "container); `nvidia-smi -i 0 -pm 1`; then `nvidia-smi -i 0 --query-gpu=index,memory.used --format=csv,noheader` must read 0 MiB. "
+        "A process of the host or of another guest with the GPU's device node open (DCGM's nv-hostengine, dcgm-exporter) refuses the reset "
+        "as well and is not seen from here: zeromib.gpu.gpu_facts on the host names it")
+    # The same node seen from the host: no marks, no "if".
+    assert _reset.text(gpus[0], node._replace(inside=False)).startswith("a GPU reset or a reboot is needed; a bare")
+    assert "(in this container)" not in _reset.text(gpus[0], node._replace(inside=False))
+
+
+def test_from_inside_a_peer_gpu_with_memory_and_no_holder_here_is_in_use_and_fabric_manager_is_not_asked_of_the_container():
+    """Another guest's job on GPU 5: the baseboard reset would take it, so a reboot once it is free."""
+    hgx = [dict(g, memory_used_mib=4) for g in HGX]
+    hgx[5]["memory_used_mib"] = 40960
+    text = _reset.text(hgx[3], _reset.Node(hgx, fabric_manager={"unit": {"load_state": "not-found"}}, nvswitch=True, inside=True))
+    assert text == ("if nothing on the host holds it either, only a reboot of the host frees it: Fabric Manager was not found running (a "
+                    "container asks its own systemd, not the host's), and without it an NVSwitch GPU is reset only together with its NVLink "
+                    "peers: GPU(s) 0,1,2,4,5,6,7 are in use (GPU 5 reads 40960 MiB with no holder in this container); once they are free, "
+                    "the reset sequence can take them all")
+    # Idle peers (a few MiB of cross-GPU footprint) are no use: the whole baseboard's sequence.
+    hgx[5]["memory_used_mib"] = 4
+    assert "in this order: `nvidia-smi --gpu-reset -i 0,1,2,3,4,5,6,7`; then" in _reset.text(hgx[3], _reset.Node(hgx, nvswitch=True, inside=True))
+
+
+def test_from_inside_without_the_kernels_modules_no_sequence_is_given():
+    gpus = [gpu(0)]
+    node = _reset.Node(gpus, inside=True, kernel_seen=False)
+    assert _reset.text(gpus[0], node) == ("if nothing on the host holds it either, gpu_release there says what frees it (this container cannot "
+                                          "read the kernel's modules, /sys/module)")
+
+
+def test_the_driver_module_is_seen_where_sysfs_shows_the_kernels_modules(tmp_path):
+    assert _reset.driver_module_seen(str(tmp_path)) is False
+    (tmp_path / "nvidia").mkdir()
+    assert _reset.driver_module_seen(str(tmp_path)) is True

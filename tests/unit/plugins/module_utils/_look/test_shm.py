@@ -228,3 +228,37 @@ def test_free_space_below_the_floor_for_each_gpu_is_a_health_issue_naming_the_le
     assert _shm.floor_issue(dict(FULL, free_mib=None), 128, 8) is None and _shm.floor_issue(FULL, 128, 0) is None
     summary = _shm.with_floor({"healthy": True, "health_issues": []}, issue)
     assert summary == {"healthy": False, "health_issues": [issue]}
+
+
+# ------------------------------------------------------------------ whose /dev/shm it is (clean_shm's guard)
+
+NESTED_PID, OWN_IPC = 4026532177, 4026532176
+# mountinfo lines of /dev/shm as each kind of container shows it (proc(5) format).
+OWN_TMPFS = "70 79 0:45 / /dev/shm rw,nosuid,nodev,relatime - tmpfs shm rw,size=65536k"
+NSPAWN_SHARED = "312 300 0:61 / /dev/shm rw,nosuid,nodev shared:160 - tmpfs tmpfs rw,uid=0,gid=0"
+LXC_HOST_BIND = "402 390 0:25 / /dev/shm rw,nosuid,nodev master:6 - tmpfs tmpfs rw"
+SUBDIR_BIND = "88 77 254:0 /srv/guests/101/shm /dev/shm rw,relatime - ext4 /dev/vda rw"
+ROOT = "47 46 254:0 / / rw,relatime - ext4 /dev/vda rw"
+
+
+@pytest.mark.parametrize("lines, pid_ns, ipc_ns, said", [
+    pytest.param([ROOT, OWN_TMPFS], _shm.PROC_PID_INIT_INO, _shm.PROC_IPC_INIT_INO, None, id="the-node-itself-sees-every-process"),
+    pytest.param([ROOT, OWN_TMPFS], NESTED_PID, OWN_IPC, None, id="a-container-with-a-tmpfs-of-its-own"),
+    pytest.param([ROOT, NSPAWN_SHARED], NESTED_PID, OWN_IPC, None, id="an-nspawn-guest-whose-systemd-made-it-shared"),
+    pytest.param([ROOT, OWN_TMPFS], NESTED_PID, _shm.PROC_IPC_INIT_INO, "this container shares the node's IPC namespace", id="docker-ipc-host"),
+    pytest.param([ROOT, LXC_HOST_BIND], NESTED_PID, OWN_IPC, "/dev/shm's mount receives mounts from outside this container (master:6)",
+                 id="lxc-bind-of-the-hosts"),
+    pytest.param([ROOT, SUBDIR_BIND], NESTED_PID, OWN_IPC, "/dev/shm is the directory /srv/guests/101/shm of a file system (ext4)",
+                 id="a-directory-of-the-hosts-disk"),
+    pytest.param([ROOT, OWN_TMPFS, SUBDIR_BIND], NESTED_PID, OWN_IPC, "/dev/shm is the directory /srv/guests/101/shm", id="the-mount-on-top-counts"),
+])
+def test_dev_shm_is_cleaned_in_a_container_only_where_nothing_says_it_is_reachable_from_outside(lines, pid_ns, ipc_ns, said):
+    mounts = _shm.parse_mountinfo("\n".join(lines) + "\n")
+    reason = _shm.not_private(_shm.mount_of("/dev/shm", mounts), pid_ns, ipc_ns)
+    assert reason == said if said is None else reason.startswith(said), reason
+
+
+def test_mountinfo_escapes_and_the_covering_mount_of_a_path_that_is_no_mount_point():
+    mounts = _shm.parse_mountinfo(ROOT + "\n90 47 0:30 /a\\040b /dev rw - tmpfs dev rw\n")
+    assert mounts[1].root == "/a b" and _shm.mount_of("/dev/shm", mounts).point == "/dev"
+    assert _shm.mount_of("/devices", mounts).point == "/"
