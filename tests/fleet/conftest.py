@@ -331,6 +331,38 @@ def fleet():
             signal.signal(signal.SIGTERM, prev)
 
 
+@pytest.fixture(scope="module")
+def suite_fleet():
+    """`suite_fleet(suite)`: a one-host fleet (8x H200) booted from another Debian release's base
+    (fleet.SUITES: "trixie" is Debian 13, Slurm 24.11), brought up the first time a test of the
+    module asks for it (the base is built then, once, and cached), reset to idle GPUs by the
+    caller, torn down at the module's end, on failure too. The session fleet stays bookworm's."""
+    why = _prerequisites_missing()
+    if why:
+        if _must_run():
+            pytest.fail(f"fleet required (CI / ZEROMIB_FLEET_REQUIRED=1) but: {why}")
+        pytest.skip(why)
+    up: dict[str, _rig.Fleet] = {}
+
+    def get(suite: str) -> FleetHandle:
+        if suite not in up:
+            worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+            rig = _rig.Fleet(_rig.checkout_prefix("d" if suite == "trixie" else "s")
+                             + (worker[2:] if worker.startswith("gw") and worker[2:].isdigit() else ""))
+            up[suite] = rig
+            rig.up(1, "h200", suite=suite)
+        return FleetHandle(up[suite])
+
+    try:
+        yield get
+    finally:
+        for rig in up.values():
+            try:
+                rig.down()
+            except Exception as e:  # report, but never hide the test's own failure
+                print(f"fleet teardown ({rig.prefix}): {e}", file=sys.stderr)
+
+
 @pytest.fixture
 def clean_fleet(fleet):
     """The session fleet; every host is reset to idle GPUs after the test."""

@@ -1,17 +1,17 @@
 """A fleet of real systemd hosts with simulated NVIDIA GPUs, for tests of zeromib.gpu.
 
-Each host is a booted Debian 12 container (systemd-nspawn, real systemd, sshd, python3) on its
+Each host is a booted Debian 12 (or, with --suite trixie, 13) container (systemd-nspawn, real systemd, sshd, python3) on its
 own network namespace, reachable over SSH exactly as Ansible reaches a GPU node. All hosts share
 one read-only base rootfs (built once with mmdebstrap and cached as a tarball); each host writes
 into its own overlay upper dir, which also carries the GPU simulator and the workload units.
 
-    python3 tests/fleet/fleet.py up --hosts 8 [--profile mixed|h200] [--name PREFIX]
+    python3 tests/fleet/fleet.py up --hosts 8 [--profile mixed|h200] [--name PREFIX] [--suite bookworm|trixie]
     fleet.py status [--name PREFIX]
     fleet.py workload HOST NAME [--name PREFIX] [--gpus 0,1] [--mib N]
     fleet.py reboot HOST [--name PREFIX]
     fleet.py ssh HOST COMMAND... [--name PREFIX]
     fleet.py down [--name PREFIX]
-    fleet.py base
+    fleet.py base [--suite trixie]
     fleet.py clean              # every fleet of this checkout down, the base rootfs cache removed
 
 Everything a fleet creates is written to its state dir (default /run/zeromib-fleet/PREFIX/)
@@ -50,7 +50,10 @@ MAX_HOSTS = 32
 
 # The one place the Debian archive is named; override with ZEROMIB_FLEET_MIRROR.
 DEBIAN_MIRROR = os.environ.get("ZEROMIB_FLEET_MIRROR", "http://deb.debian.org/debian")
-SUITE = "bookworm"
+SUITE = "bookworm"  # every fleet's hosts, unless `up` is given another suite
+# Debian 13 (Slurm 24.11, Python 3.13, systemd 257): a second base, built the first time a test
+# (or `fleet.py up --suite trixie`) asks for it and cached beside the bookworm one.
+SUITES = ("bookworm", "trixie")
 PACKAGES = [
     "systemd", "systemd-sysv", "dbus", "libpam-systemd", "openssh-server", "python3",
     "iproute2", "procps", "usr-is-merged", "psmisc",
@@ -138,19 +141,27 @@ def run(cmd: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess
 
 # ---------------------------------------------------------------------------- base rootfs
 
-def recipe_hash() -> str:
-    return hashlib.sha256(json.dumps(BASE_RECIPE, sort_keys=True).encode()).hexdigest()[:12]
+def base_recipe(suite: str = SUITE) -> dict:
+    """BASE_RECIPE for SUITE: the same packages and hooks (bookworm's is BASE_RECIPE itself, so
+    its hash, and the cached base, stay what they were)."""
+    if suite not in SUITES:
+        raise FleetError(f"unknown suite {suite!r}; choose from {SUITES}")
+    return dict(BASE_RECIPE, suite=suite)
 
 
-def base_paths() -> tuple[Path, Path]:
-    h = recipe_hash()
-    return CACHE_DIR / f"base-{SUITE}-{h}.tar", CACHE_DIR / f"base-{SUITE}-{h}"
+def recipe_hash(suite: str = SUITE) -> str:
+    return hashlib.sha256(json.dumps(base_recipe(suite), sort_keys=True).encode()).hexdigest()[:12]
 
 
-def ensure_base(timings: dict | None = None) -> Path:
-    """The extracted base rootfs, built (mmdebstrap) and restored (tar) only when missing."""
+def base_paths(suite: str = SUITE) -> tuple[Path, Path]:
+    h = recipe_hash(suite)
+    return CACHE_DIR / f"base-{suite}-{h}.tar", CACHE_DIR / f"base-{suite}-{h}"
+
+
+def ensure_base(timings: dict | None = None, suite: str = SUITE) -> Path:
+    """The extracted base rootfs of SUITE, built (mmdebstrap) and restored (tar) only when missing."""
     timings = timings if timings is not None else {}
-    tarball, root = base_paths()
+    tarball, root = base_paths(suite)
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
     with open(CACHE_DIR / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -162,7 +173,7 @@ def ensure_base(timings: dict | None = None) -> Path:
             cmd = ["mmdebstrap", "--quiet", "--mode=root", "--format=tar",
                    f"--variant={BASE_RECIPE['variant']}", "--include=" + ",".join(PACKAGES)]
             cmd += [f"--customize-hook={h}" for h in CUSTOMIZE_HOOKS]
-            cmd += [SUITE, str(tmp), DEBIAN_MIRROR]
+            cmd += [suite, str(tmp), DEBIAN_MIRROR]
             log(f"building base rootfs {tarball.name} (mmdebstrap, ~20-40 s)")
             run(cmd, capture_output=False, stdout=subprocess.DEVNULL)
             tmp.rename(tarball)
@@ -629,10 +640,11 @@ class Fleet:
                 return slot
         raise FleetError("no free subnet slot")
 
-    def up(self, n: int, profile: str = "mixed", ready_timeout: float = 120) -> dict:
+    def up(self, n: int, profile: str = "mixed", ready_timeout: float = 120, suite: str = SUITE) -> dict:
         if not 1 <= n <= MAX_HOSTS:
             raise FleetError(f"--hosts must be 1..{MAX_HOSTS}")
         profile_presets(profile, n)  # validate before anything is touched
+        base_recipe(suite)
         timings: dict = {}
         if self.state:
             owner = self.state.get("owner_pid")
@@ -642,11 +654,11 @@ class Fleet:
             log(f"cleaning stale state of fleet {self.prefix}")
             self.down()
         t_all = time.monotonic()
-        base = ensure_base(timings)
+        base = ensure_base(timings, suite)
         try:
             with open(CACHE_DIR / ".slots.lock", "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # two fleets coming up never pick one subnet slot
-                self._create(n, profile, base, timings)
+                self._create(n, profile, base, timings, suite)
             self._wait_ready(ready_timeout, timings)
         except BaseException:
             log("bring-up failed; tearing down what was created")
@@ -666,7 +678,7 @@ class Fleet:
                 tail = con.read_text(errors="replace").splitlines()[-15:]
                 log(f"{h['name']} console tail:\n  " + "\n  ".join(tail))
 
-    def _create(self, n: int, profile: str, base: Path, timings: dict) -> None:
+    def _create(self, n: int, profile: str, base: Path, timings: dict, suite: str = SUITE) -> None:
         t0 = time.monotonic()
         slot = self._pick_slot()
         roots = cgroup_roots()
@@ -688,7 +700,7 @@ class Fleet:
                 "minors": [1, 0, 3, 2] if profile == "mixed" and presets[i - 1] == "h100x4" else None,
             })
         # Recorded before anything exists, so that `down` can undo a half-done `up`.
-        self.state = {"prefix": self.prefix, "slot": slot, "profile": profile, "base": str(base),
+        self.state = {"prefix": self.prefix, "slot": slot, "profile": profile, "base": str(base), "suite": suite,
                       "owner_pid": os.getpid(), "owner_start": proc_start_time(os.getpid()),
                       "cgroup_parents": [str(r) + cg_rel for r in roots], "hosts": hosts,
                       "sim_source": str(SIM_DIR)}
@@ -1233,6 +1245,7 @@ def main(argv: list[str] | None = None) -> int:
     p_up = sub.add_parser("up", help="bring up N hosts (tears down a stale fleet of the same name first)")
     p_up.add_argument("--hosts", type=int, default=8)
     p_up.add_argument("--profile", choices=PROFILES, default="mixed")
+    p_up.add_argument("--suite", choices=SUITES, default=SUITE, help="the hosts' Debian release (default %(default)s)")
     p_down = sub.add_parser("down", help="tear down everything the state dir records")
     p_st = sub.add_parser("status", help="hosts, their processes and memory (PSS)")
     p_wl = sub.add_parser("workload", help="start a workload on a host: " + ", ".join(sorted(WORKLOADS)))
@@ -1245,7 +1258,8 @@ def main(argv: list[str] | None = None) -> int:
     p_ssh = sub.add_parser("ssh", help="run a command on a host over SSH")
     p_ssh.add_argument("host")
     p_ssh.add_argument("command", nargs=argparse.REMAINDER)
-    sub.add_parser("base", help="build/restore the cached base rootfs only")
+    p_base = sub.add_parser("base", help="build/restore the cached base rootfs only")
+    p_base.add_argument("--suite", choices=SUITES, default=SUITE)
     sub.add_parser("clean", help="down every fleet of this checkout; remove the base rootfs cache "
                                  "unless another checkout's fleet uses it")
     for p in (p_up, p_down, p_st, p_wl, p_rb, p_ssh):
@@ -1254,7 +1268,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if a.cmd == "base":
         t: dict = {}
-        print(json.dumps({"base": str(ensure_base(t)), **t}))
+        print(json.dumps({"base": str(ensure_base(t, a.suite)), **t}))
         return 0
     if a.cmd == "clean":
         print(json.dumps(clean()))
@@ -1263,7 +1277,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "up":
         if os.geteuid() != 0:
             raise SystemExit("fleet.py up needs root (netns, cgroups, nspawn)")
-        timings = fleet.up(a.hosts, a.profile)
+        timings = fleet.up(a.hosts, a.profile, suite=a.suite)
         baselines = fleet.write_baselines()
         st = fleet.status()
         print(json.dumps({"inventory": str(fleet.inventory), "ansible_cfg": str(fleet.ansible_cfg),

@@ -1,9 +1,11 @@
 /* Stand-in for a node booted with the unified cgroup hierarchy alone, on a machine that mounts the
-   cgroup v1 controllers too (tests/fleet's hosts). slurmd and slurmstepd 22.05 (and 24.11) read
-   /proc/self/cgroup and refuse to run when its first line is not the unified one ("fatal: Hybrid
-   mode is not supported"); preloaded into them (LD_PRELOAD), this shows them the "0::" line alone,
-   as such a node's kernel would. Nothing else changes: the cgroups slurmstepd then makes, and where
-   it puts each process, are the kernel's. Used by tests/fleet/test_slurm_checks_fleet.py. */
+   cgroup v1 controllers too (tests/fleet's hosts). slurmd and slurmstepd 22.05 and 24.11 read
+   /proc/PID/cgroup and refuse to run when it lists more than the unified line ("fatal: Hybrid
+   mode is not supported"): 22.05 reads /proc/self/cgroup, 24.11 /proc/<pid>/cgroup (and compares
+   it with /proc/<pid>/mountinfo). Preloaded into them (LD_PRELOAD), this shows them the "0::" line
+   alone of any /proc/{self,thread-self,<pid>}/cgroup, as such a node's kernel would. Nothing else
+   changes: the cgroups slurmstepd then makes, and where it puts each process, are the kernel's.
+   Used by tests/fleet/test_slurm_checks_fleet.py. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -13,14 +15,14 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-static int filtered(void)
+static int filtered(const char *path)
 {
 	char buf[8192], *line, *save = NULL;
 	ssize_t n;
 	int src, fd;
 	int (*real_open)(const char *, int, ...) = dlsym(RTLD_NEXT, "open");
 
-	src = real_open("/proc/self/cgroup", O_RDONLY | O_CLOEXEC);
+	src = real_open(path, O_RDONLY | O_CLOEXEC);
 	if (src < 0)
 		return -1;
 	n = read(src, buf, sizeof(buf) - 1);
@@ -41,9 +43,26 @@ static int filtered(void)
 	return fd;
 }
 
-static int is_self_cgroup(const char *path)
+static int is_proc_cgroup(const char *path)
 {
-	return path && (strcmp(path, "/proc/self/cgroup") == 0 || strcmp(path, "/proc/thread-self/cgroup") == 0);
+	const char *p;
+
+	if (!path || strncmp(path, "/proc/", 6) != 0)
+		return 0;
+	p = path + 6;
+	if (strncmp(p, "self/", 5) == 0)
+		p += 5;
+	else if (strncmp(p, "thread-self/", 12) == 0)
+		p += 12;
+	else {
+		if (*p < '0' || *p > '9')
+			return 0;
+		while (*p >= '0' && *p <= '9')
+			p++;
+		if (*p++ != '/')
+			return 0;
+	}
+	return strcmp(p, "cgroup") == 0;
 }
 
 int open(const char *path, int flags, ...)
@@ -58,8 +77,8 @@ int open(const char *path, int flags, ...)
 		mode = va_arg(ap, mode_t);
 		va_end(ap);
 	}
-	if (is_self_cgroup(path))
-		return filtered();
+	if (is_proc_cgroup(path))
+		return filtered(path);
 	return real(path, flags, mode);
 }
 
@@ -75,8 +94,8 @@ int open64(const char *path, int flags, ...)
 		mode = va_arg(ap, mode_t);
 		va_end(ap);
 	}
-	if (is_self_cgroup(path))
-		return filtered();
+	if (is_proc_cgroup(path))
+		return filtered(path);
 	return real(path, flags, mode);
 }
 
@@ -85,8 +104,8 @@ FILE *fopen(const char *path, const char *mode)
 	static FILE *(*real)(const char *, const char *);
 	if (!real)
 		real = dlsym(RTLD_NEXT, "fopen");
-	if (is_self_cgroup(path)) {
-		int fd = filtered();
+	if (is_proc_cgroup(path)) {
+		int fd = filtered(path);
 		return fd < 0 ? NULL : fdopen(fd, mode);
 	}
 	return real(path, mode);

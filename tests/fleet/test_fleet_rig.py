@@ -155,6 +155,17 @@ def test_fleet_size_is_checked_before_anything_is_created(n):
     assert rig.Fleet(rig.checkout_prefix("x")).leftovers() == []
 
 
+def test_a_suite_is_checked_before_anything_is_built_and_bookworms_base_keeps_its_recipe():
+    """A second suite changes nothing of the default base: its recipe (hence its hash, and the
+    cached base every fleet boots from) is BASE_RECIPE's, and trixie's differs only by the suite."""
+    with pytest.raises(rig.FleetError, match="unknown suite 'sid'"):
+        rig.Fleet(rig.checkout_prefix("x")).up(1, suite="sid")
+    assert rig.Fleet(rig.checkout_prefix("x")).leftovers() == []
+    assert rig.base_recipe() == rig.BASE_RECIPE and rig.base_paths()[0].name.startswith("base-bookworm-")
+    assert {k: v for k, v in rig.base_recipe("trixie").items() if rig.BASE_RECIPE[k] != v} == {"suite": "trixie"}
+    assert rig.recipe_hash("trixie") != rig.recipe_hash()
+
+
 def test_simulator_faults_are_set_per_host_and_cleared_by_reset(clean_fleet):
     fleet, host = clean_fleet, clean_fleet.names[-1]
     fleet.set_fault(host, gpu_lost=[0])

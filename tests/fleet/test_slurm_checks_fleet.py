@@ -92,12 +92,15 @@ def ended(fleet, host, job_id, mode="epilog"):
 
 
 HOOKS = ("Prolog=/usr/local/libexec/zeromib-gpu/prolog", "Epilog=/usr/local/libexec/zeromib-gpu/epilog")
+# Left by a test that changed the node's Slurm setup: the next test that needs the node configures
+# it again (the last one on a host, the Debian 13 one, spares that ~10 s restart and role run).
+RECONFIGURE = "/run/zeromib-test-reconfigure"
 
 
 def configure(fleet, host):
     """The host's Slurm node given its 8 GPUs as gres and 4 CPUs (two jobs side by side), from the
     slurm.conf saved before the first change, and the hooks installed by the role."""
-    fleet.ssh(host, f"""set -e; [ -e {SAVED} ] || cp {CONF} {SAVED}; cp {SAVED} {CONF}; rm -rf /etc/slurm/epilog.d /run/site-epilog-*
+    fleet.ssh(host, f"""set -e; [ -e {SAVED} ] || cp {CONF} {SAVED}; cp {SAVED} {CONF}; rm -rf /etc/slurm/epilog.d /run/site-epilog-* {RECONFIGURE}
 sed -i 's/^NodeName=.*/NodeName={host} NodeAddr=127.0.0.1 CPUs=4 RealMemory=100 Gres=gpu:8 State=UNKNOWN/' {CONF}
 echo GresTypes=gpu >> {CONF}
 echo 'Name=gpu File=/dev/nvidia[0-7]' > /etc/slurm/gres.conf
@@ -109,8 +112,8 @@ rm -f {LOG}; systemctl restart munge; systemctl restart slurmctld slurmd""", che
 
 def as_configured(fleet, host) -> bool:
     """The hooks are the role's and only the role's (a test that failed half-way may have left a
-    site's hook, or removed ours)."""
-    conf = fleet.ssh(host, f"cat {CONF}; test -x {RUNNER} && test ! -e /etc/slurm/epilog.d && echo RUNNER-OK").stdout.splitlines()
+    site's hook, or removed ours, or changed the plugins)."""
+    conf = fleet.ssh(host, f"cat {CONF}; test -x {RUNNER} && test ! -e /etc/slurm/epilog.d && test ! -e {RECONFIGURE} && echo RUNNER-OK").stdout.splitlines()
     hooks = [line for line in conf if line.startswith(("Prolog=", "Epilog="))]
     return sorted(hooks) == sorted(HOOKS) and "RUNNER-OK" in conf
 
@@ -130,7 +133,7 @@ def slurm_node(fleet):
         fleet.clear_faults(host)
         install(fleet, host, state="absent")
         fleet.ssh(host, f"scancel --quiet --full -u root 2>/dev/null; mv {SAVED} {CONF} 2>/dev/null; rm -rf /etc/slurm/gres.conf {LOG} "
-                        f"/etc/slurm/epilog.d /run/site-epilog-*; systemctl restart slurmctld slurmd; sleep 1; "
+                        f"/etc/slurm/epilog.d /run/site-epilog-* {RECONFIGURE}; systemctl restart slurmctld slurmd; sleep 1; "
                         f"scontrol update nodename={host} state=resume 2>/dev/null; systemctl stop slurmd slurmctld; true")
 
 
@@ -139,6 +142,12 @@ def gres_host(slurm_node, clean_fleet):
     """The file's Slurm node for one test, as a fresh one would be: no job, not drained, no fault,
     an empty hook log, the role's hooks (configured again if a test left them otherwise)."""
     fleet, host = clean_fleet, slurm_node
+    as_fresh(fleet, host)
+    yield fleet, host
+    fleet.clear_faults(host)
+
+
+def as_fresh(fleet, host):
     fleet.clear_faults(host)
     fleet.ssh(host, f"scancel --quiet --full -u root 2>/dev/null; rm -f {LOG}; true")
     assert wait_for(lambda: fleet.ssh(host, "squeue -h").stdout.strip() == "", timeout=60), fleet.ssh(host, "squeue").stdout
@@ -147,8 +156,57 @@ def gres_host(slurm_node, clean_fleet):
     fleet.ssh(host, f"scontrol update nodename={host} state=resume 2>/dev/null; true")
     assert wait_for(lambda: not drained(node(fleet, host)) and "Gres=gpu:8" in fleet.ssh(host, f"scontrol show node -o {host}").stdout,
                     timeout=15), node(fleet, host)
+
+
+# Debian 13's Slurm 24.11 beside Debian 12's 22.05: a trixie host of its own (suite_fleet, brought
+# up only when a 24.11 case runs), configured as the session fleet's node is.
+SLURM_VERSIONS = ("22.05", "24.11")
+
+
+def slurm_version(fleet, host) -> str:
+    return fleet.ssh(host, "slurmd -V", check=True).stdout.split()[-1]
+
+
+@pytest.fixture(scope="module")
+def slurm2411_node(suite_fleet):
+    fleet = suite_fleet("trixie")
+    host = fleet.names[0]
+    configure(fleet, host)
+    return fleet, host
+
+
+@pytest.fixture
+def gres2411_host(slurm2411_node):
+    fleet, host = slurm2411_node
+    as_fresh(fleet, host)
     yield fleet, host
     fleet.clear_faults(host)
+    fleet.reset()
+
+
+@pytest.fixture(params=SLURM_VERSIONS)
+def any_gres_host(request, suite_fleet):
+    """gres_host on Slurm 22.05 (the session fleet's bookworm host) or on 24.11 (a trixie host);
+    the node's own slurmd says which it runs."""
+    fleet, host = request.getfixturevalue("gres_host" if request.param == "22.05" else "gres2411_host")
+    assert slurm_version(fleet, host).startswith(request.param + "."), slurm_version(fleet, host)
+    return fleet, host
+
+
+def test_on_debian_13_free_gpus_stops_a_unit_and_ends_a_stray_holder(slurm2411_node):
+    """The collection's modules on trixie's Python 3.13 and systemd 257, as on bookworm's."""
+    fleet, host = slurm2411_node
+    try:
+        assert fleet.ssh(host, "python3 -c 'import sys; print(sys.version_info[:2])'").stdout.strip() == "(3, 13)"
+        assert fleet.ssh(host, "systemctl --version").stdout.split()[1] == "257"
+        fleet.workload(host, "vllm")
+        stray = fleet.workload(host, "train", gpus="3", mib=1000)
+        freed = fleet.ansible_playbook("playbooks/free_gpus.yml", limit=host)
+        assert freed.rc == 0, str(freed)
+        assert set(fleet.gpu_memory(host).values()) == {0}, fleet.gpu_memory(host)
+        assert not alive(fleet, host, stray["pid"]) and fleet.ssh(host, "systemctl is-active vllm").stdout.strip() != "active"
+    finally:
+        fleet.reset()
 
 
 # --------------------------------------------------------------------------- the role
@@ -212,8 +270,8 @@ def test_a_site_hook_is_never_replaced_and_a_directory_glob_gets_the_hook_beside
 # --------------------------------------------------------------------------- the epilog
 
 
-def test_a_job_that_leaves_an_orphaned_holder_is_freed_by_the_epilog_and_the_next_job_runs(gres_host):
-    fleet, host = gres_host
+def test_a_job_that_leaves_an_orphaned_holder_is_freed_by_the_epilog_and_the_next_job_runs(any_gres_host):
+    fleet, host = any_gres_host
     job_id = submit(fleet, host, leave_behind("left_behind", 3000))
     pid = ready_pid(fleet, host, "left_behind")
     run = ended(fleet, host, job_id)
@@ -675,7 +733,8 @@ def test_the_nhc_recipe_passes_a_busy_node_and_names_a_stray_holder_without_sign
 
 SHIM = Path(__file__).resolve().parent / "slurm_v2only.c"
 SHIM_ON_HOST = "/usr/local/lib/zeromib-test/slurm_v2only.so"
-V2_CAPTURE = Path(__file__).resolve().parents[1] / "fixtures" / "slurm-22.05.8" / "cgroup-v2" / "job7.json"
+V2_CAPTURES = {"22.05": Path(__file__).resolve().parents[1] / "fixtures" / "slurm-22.05.8" / "cgroup-v2" / "job7.json",
+               "24.11": Path(__file__).resolve().parents[1] / "fixtures" / "slurm-24.11.5" / "cgroup-v2" / "job1.json"}
 
 
 def built_shim(tmp_path) -> bytes:
@@ -688,14 +747,15 @@ def built_shim(tmp_path) -> bytes:
 
 
 @pytest.fixture
-def cgroup_v2_host(gres_host, tmp_path):
-    """The node with proctrack/cgroup, task/cgroup, PrologFlags=Contain and cgroup.conf
-    CgroupPlugin=cgroup/v2, ConstrainDevices=yes. The hosts boot with the unified hierarchy, but
-    this machine mounts the v1 controllers too and the kernel lists them in /proc/self/cgroup, which
-    slurmd 22.05 refuses ("fatal: Hybrid mode is not supported"): slurmd (and the slurmstepd it
-    starts) run with slurm_v2only.c preloaded, which shows them the unified line alone. The
-    cgroups slurmstepd makes and where it puts each process are the kernel's."""
-    fleet, host = gres_host
+def cgroup_v2_host(any_gres_host, tmp_path):
+    """The node (Slurm 22.05 or 24.11) with proctrack/cgroup, task/cgroup, PrologFlags=Contain and
+    cgroup.conf CgroupPlugin=cgroup/v2, ConstrainDevices=yes. The hosts boot with the unified
+    hierarchy, but this machine mounts the v1 controllers too and the kernel lists them in
+    /proc/PID/cgroup, which slurmd 22.05.8 and 24.11.5 alike refuse ("fatal: Hybrid mode is not
+    supported"): slurmd (and the slurmstepd it starts) run with slurm_v2only.c preloaded, which
+    shows them the unified line alone. The cgroups slurmstepd makes and where it puts each process
+    are the kernel's."""
+    fleet, host = any_gres_host
     shim = base64.b64encode(built_shim(tmp_path)).decode()
     try:
         fleet.ssh(host, f"""set -e; cp -n /etc/slurm/cgroup.conf /etc/slurm/cgroup.conf.fleet; mkdir -p {os.path.dirname(SHIM_ON_HOST)}
@@ -711,10 +771,9 @@ systemctl daemon-reload; systemctl restart slurmctld slurmd""", check=True)
         assert install(fleet, host).rc == 0
         yield fleet, host
     finally:
-        fleet.ssh(host, "scancel --quiet --full -u root 2>/dev/null; rm -f /etc/systemd/system/slurmd.service.d/v2only.conf; "
+        fleet.ssh(host, f"touch {RECONFIGURE}; scancel --quiet --full -u root 2>/dev/null; rm -f /etc/systemd/system/slurmd.service.d/v2only.conf; "
                         "cp /etc/slurm/cgroup.conf.fleet /etc/slurm/cgroup.conf; rmdir /sys/fs/cgroup/escaped.slice 2>/dev/null; "
                         "systemctl daemon-reload; true")
-        configure(fleet, host)
 
 
 def cgroup_of(fleet, host, pid) -> str:
@@ -726,8 +785,9 @@ def test_on_cgroup_v2_the_epilog_frees_what_escaped_the_job_and_spares_another_j
     M's cgroup, which alone names its job) and runs on; job N leaves a holder that moved itself
     out of N's cgroup (as a root job, or a daemon it restarted, can): Slurm's own kill of N's
     cgroup misses it, the epilog ends it, M's process lives on, and the next job starts on clean
-    GPUs. The paths are those captured into tests/fixtures/slurm-22.05.8/cgroup-v2/."""
+    GPUs. The paths are those captured from the same Slurm into tests/fixtures/slurm-<version>/cgroup-v2/."""
     fleet, host = cgroup_v2_host
+    captured = json.loads(V2_CAPTURES[slurm_version(fleet, host).rsplit(".", 1)[0]].read_text())
     # With ConstrainDevices, slurmd numbers the job's CUDA_VISIBLE_DEVICES within the devices it
     # fences (the job's first GPU is 0); the sim's nodes share one device number and are not fenced,
     # so its holders are pointed at the job's GPU by SLURM_JOB_GPUS, as the fence would have it.
@@ -736,8 +796,8 @@ def test_on_cgroup_v2_the_epilog_frees_what_escaped_the_job_and_spares_another_j
                                   "</dev/null >/dev/null 2>&1 &); exec sleep 300")
     other = ready_pid(fleet, host, "v2_other")
     assert cgroup_of(fleet, host, other) == f"0::/system.slice/{host}_slurmstepd.scope/job_{running}/step_batch/user/task_0"
-    captured = json.loads(V2_CAPTURE.read_text())
-    shape = {p["cmdline"]: p["cgroup"][-1].replace(captured["node"], host).replace("job_7", f"job_{running}") for p in captured["processes"]}
+    shape = {p["cmdline"]: p["cgroup"][-1].replace(captured["node"], host).replace(f"job_{captured['job']}/", f"job_{running}/")
+             for p in captured["processes"]}
     assert cgroup_of(fleet, host, other) == shape["sleep 301"]
 
     ending = submit(fleet, host, f"mkdir -p /sys/fs/cgroup/escaped.slice; export {own_gpu}; " + leave_behind("v2_left", 1500).replace(
