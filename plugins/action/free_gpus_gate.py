@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import multiprocessing
 import os
 import signal
@@ -136,7 +137,7 @@ def gate_bound_s(params: t.Mapping[str, t.Any]) -> float:
     """Seconds the gate waits for gpu_release on one node (the sum above), from validated role variables."""
     def seconds(name: str) -> float:
         value = params.get(name)
-        return float(value) if isinstance(value, (int, float)) and value == value and value > 0 else 0.0
+        return float(value) if isinstance(value, (int, float)) and math.isfinite(value) and value > 0 else 0.0
     timeout = seconds("free_gpus_timeout")
     smoke = (int(params.get("free_gpus_expected_count") or 8) + 1) * timeout if params.get("free_gpus_smoke_test") else 0.0
     return (6 * timeout + 2 * seconds("free_gpus_kill_timeout") + seconds("free_gpus_wait_timeout") + seconds("free_gpus_settle_timeout")

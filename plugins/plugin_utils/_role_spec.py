@@ -100,9 +100,11 @@ SLURM_TYPES: dict[str, dict[str, t.Any]] = {
 ROLE_TYPES = {"free_gpus_": TYPES, "restore_gpus_": RESTORE_TYPES, "slurm_gpu_checks_": SLURM_TYPES}
 
 
-def typed(options: t.Mapping[str, t.Mapping[str, t.Any]], types: t.Mapping[str, t.Mapping[str, t.Any]] = TYPES) -> dict[str, dict[str, t.Any]]:
+def typed(options: t.Mapping[str, t.Mapping[str, t.Any]],
+          types: t.Mapping[str, t.Mapping[str, t.Any]] | None = None) -> dict[str, dict[str, t.Any]]:
     """The role file's options with their types, elements and choices as the role's check has them
     (a None in `types` drops the file's key: the role's check leaves that part to another)."""
+    types = TYPES if types is None else types
     out = {}
     for name, option in options.items():
         loose = {key: value for key, value in option.items() if key not in ("type", "elements", "choices")}

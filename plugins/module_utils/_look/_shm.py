@@ -17,8 +17,8 @@ own files of the same names. Each process's open files are read with `readlink` 
 blocks) and only those that point into /dev/shm are stat-ed (tmpfs answers from memory); its
 mappings come from the `dev` and `inode` columns of /proc/PID/maps, which the kernel writes
 without asking any file system. Nothing else of another process is read: a stalled FUSE mount
-blocks a stat of a file on it, and a look must not hang (docs/design.md, "Root's reads are
-bounded"). The two per-process reads are `fd_targets` and `read_maps`, each in its own try, and
+blocks a stat of a file on it, and a look must not hang (the troubleshooting guide, "A file system that stops
+answering"). The two per-process reads are `fd_targets` and `read_maps`, each in its own try, and
 the pass runs in the holder scan's bounded reader (_bounded_reads): the maps of a process in
 execve on a FUSE mount that stopped answering wait with it, so such a process is counted
 `blocked` (the list is then incomplete, and clean_shm removes nothing) and the pass goes on. The
