@@ -34,6 +34,23 @@ def smi_used(gpu):
     return int(out) if out.isdigit() else out
 
 
+def adhoc_result(stdout):
+    """An ad-hoc run's one result: its default callback prints `localhost | STATUS => {json}` (the
+    json callback left ansible-core for ansible.posix in 2.19)."""
+    at = stdout.find("localhost | ") if stdout.startswith("localhost | ") else stdout.find("\nlocalhost | ")
+    head, sep, body = stdout[at:].partition(" => ") if at >= 0 else ("", "", "")
+    if not sep or "\n" in head.strip():
+        raise ValueError("no ad-hoc result")
+    return json.JSONDecoder().raw_decode(body.lstrip())[0]
+
+
+def remove_own_shm(pids, before):
+    """Remove what this run's holders left in /dev/shm (PyTorch names its segments torch_<PID>_...)."""
+    for name in set(shm_files()) - set(before):
+        if any(name.startswith(f"torch_{pid}_") for pid in pids):
+            os.unlink(os.path.join("/dev/shm", name))
+
+
 def read(path):
     with open(path) as handle:
         return handle.read()
@@ -54,6 +71,7 @@ class Run:
     def __init__(self, out, gpu, mib, kill_timeout):
         self.out, self.gpu, self.mib, self.kill_timeout = out, gpu, mib, kill_timeout
         self.started = []
+        self.holders_started = 0
         self.results = {"gpu": gpu, "mib": mib, "kill_timeout": kill_timeout, "scenarios": {}}
         tmp = tempfile.mkdtemp(prefix="zeromib-half-dead-")
         collections = os.path.join(tmp, "collections", "ansible_collections", "zeromib")
@@ -61,24 +79,28 @@ class Run:
         os.symlink(REPO, os.path.join(collections, "gpu"))
         self.tmp = tmp
         self.env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=os.path.join(tmp, "collections"), ANSIBLE_LOCALHOST_WARNING="False",
-                        ANSIBLE_INVENTORY_UNPARSED_WARNING="False", ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="json",
-                        ANSIBLE_NOCOLOR="1")
+                        ANSIBLE_INVENTORY_UNPARSED_WARNING="False", ANSIBLE_NOCOLOR="1")
 
     def module(self, name, args, check=False):
         """Run zeromib.gpu.<name> once -> (its result, wall seconds of the ansible command)."""
-        argv = ["ansible", "localhost", "-c", "local", "-m", "zeromib.gpu." + name, "-a", json.dumps(args),
-                "-e", "ansible_python_interpreter=" + sys.executable] + (["--check", "--diff"] if check else [])
+        argv = (["ansible", "localhost", "-c", "local", "-m", "zeromib.gpu." + name] + (["-a", json.dumps(args)] if args else [])
+                + ["-e", "ansible_python_interpreter=" + sys.executable] + (["--check", "--diff"] if check else []))
         started = time.monotonic()
         done = subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=300, check=False)
         wall = round(time.monotonic() - started, 3)
         try:
-            result = json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
-        except (ValueError, KeyError, IndexError):
+            result = adhoc_result(done.stdout)
+            # Ansible prints a module's warnings on stderr, not in the ad-hoc result.
+            result["stderr_of_ansible"] = done.stderr[-4000:]
+        except ValueError:
             result = {"unparsed": done.stdout[-4000:], "stderr": done.stderr[-4000:], "rc": done.returncode}
         return result, wall
 
     def holder(self, *extra):
-        ready = os.path.join(self.tmp, f"ready-{len(self.started)}")
+        # One name per holder of the whole run: end_all empties self.started, and a ready file left
+        # by an earlier scenario's holder would make this one look ready before it holds anything.
+        self.holders_started += 1
+        ready = os.path.join(self.tmp, f"ready-{self.holders_started}")
         proc = subprocess.Popen([sys.executable, os.path.join(HERE, "cuda_holder.py"), "--gpu", str(self.gpu), "--mib", str(self.mib),
                                  "--ready", ready, *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         self.started.append(proc.pid)
@@ -130,7 +152,8 @@ class Run:
                 facts, wall = self.module("gpu_facts", {})
                 gpu = facts.get("ansible_facts", {}).get("gpu", {})
                 record["facts"] = {"wall_s": wall, "holders": [h for h in gpu.get("holders", []) if h.get("pid") == pid],
-                                   "clean": gpu.get("clean"), "shm": gpu.get("shm")}
+                                   "clean": gpu.get("clean"), "shm": gpu.get("shm"), "failed": facts.get("failed"),
+                                   "msg": facts.get("msg"), "warnings": facts.get("stderr_of_ansible"), "keys": sorted(facts)}
                 plan, wall = self.module("gpu_release", dict({"gpus": [self.gpu], "kill_timeout": self.kill_timeout}, **(release_args or {})),
                                          check=True)
                 record["check"] = {"wall_s": wall, "failed": plan.get("failed"), "msg": plan.get("msg"), "diff": plan.get("diff"),
@@ -138,17 +161,20 @@ class Run:
             result, wall = self.module("gpu_release", dict({"gpus": [self.gpu], "kill_timeout": self.kill_timeout}, **(release_args or {})))
             record.update(release_wall_s=wall, released=result.get("released"), elapsed_s=result.get("elapsed_s"),
                           timings=result.get("timings"), killed=result.get("killed"), msg=result.get("msg"),
-                          shm_removed=result.get("shm_removed"), used_after_mib=smi_used(self.gpu), state_after=self.state(pid))
-            if name == "shm":
+                          shm_removed=result.get("shm_removed"), shm=result.get("shm"), warnings=result.get("stderr_of_ansible"),
+                          used_after_mib=smi_used(self.gpu), state_after=self.state(pid))
+            if name.startswith("shm"):
                 record["shm_left_after_release"] = {k: v for k, v in shm_files().items() if k not in shm_before}
                 facts, _wall = self.module("gpu_facts", {})
                 record["facts_after"] = facts.get("ansible_facts", {}).get("gpu", {}).get("shm")
             with open(os.path.join(self.out, f"{name}.json"), "w") as handle:
                 json.dump({"release": result}, handle, indent=1, default=str)
         finally:
+            holders = list(self.started)
             self.end_all()
-            if name == "shm":
+            if name.startswith("shm"):
                 record["shm_left_at_end"] = {k: v for k, v in shm_files().items() if k not in shm_before}
+                remove_own_shm(holders, shm_before)
         self.results["scenarios"][name] = record
         print(name, json.dumps({k: record.get(k) for k in ("state_before", "used_before_mib", "released", "elapsed_s", "release_wall_s",
                                                            "used_after_mib", "killed", "msg")}, default=str), flush=True)
