@@ -132,3 +132,11 @@ def check(params: t.Mapping[str, t.Any], prefix: str = "") -> list[str]:
         if problem:
             problems.append(prefix + problem)
     return problems
+
+
+def baseline_with_margin(mib: int) -> int:
+    """The max_used_mib to set for a GPU whose idle baseline reads MIB: the next multiple of 16 with
+    at least 4 MiB to spare (55 -> 64: MIG GPUs read 50-59 MiB idle). The exact reading would fail
+    the host again the day its GPU reads 1 MiB more. gpu_release, the free_gpus role and the audit
+    all advise this value."""
+    return -(-(int(mib) + 4) // 16) * 16

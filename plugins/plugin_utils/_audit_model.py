@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import baseline_with_margin
+from ansible_collections.zeromib.gpu.plugins.module_utils._options import baseline_with_margin
 
 
 SCHEMA_VERSION = 1

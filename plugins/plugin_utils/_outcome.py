@@ -298,26 +298,20 @@ _CONTEXT = (
     (re.compile(r"\b(name (?:it|that unit|one) in) (services|match|protect)\b"), r"\1 free_gpus_\2"),
     (re.compile(r"(^|; |: )(services|match|protect|gpus): "), r"\1free_gpus_\2: "),
     # The module's own pointer to the role's name is now the name itself.
+    (re.compile(r"; role: free_gpus_\w+(?:, ([^)]*))?\)"), lambda m: f"; {m.group(1)})" if m.group(1) else ")"),
     (re.compile(r" \(role: free_gpus_\w+(?:, ([^)]*))?\)"), lambda m: f" ({m.group(1)})" if m.group(1) else ""),
 )
 
 
-def baseline_with_margin(mib: int) -> int:
-    """The max_used_mib to set for a GPU whose idle baseline reads MIB: the next multiple of 16 with
-    at least 4 MiB to spare (55 -> 64: MIG GPUs read 50-59 MiB idle, docs/docsite/rst/guide_troubleshooting.rst). The
-    exact reading would fail the host again the day its GPU reads 1 MiB more."""
-    return -(-(int(mib) + 4) // 16) * 16
 
-
-_BASELINE_ADVICE = re.compile(r"set free_gpus_max_used_mib: (\d+) \(per host or group\)")
 
 
 def in_role_words(text: str) -> str:
     """A gpu_release message as the free_gpus role's user reads it: its options named as the role
-    variables they set (`set max_used_mib: 55` -> `set free_gpus_max_used_mib: 64`, with the
-    baseline's margin)."""
+    variables they set (`set max_used_mib: 64 (its 55 MiB reading with a margin; role:
+    free_gpus_max_used_mib, per host or group)` -> `set free_gpus_max_used_mib: 64 (its 55 MiB
+    reading with a margin; per host or group)`)."""
     text = _OPTION.sub(r"free_gpus_\1", str(text))
     for pattern, replacement in _CONTEXT:
         text = pattern.sub(replacement, text)  # type: ignore[arg-type]
-    return _BASELINE_ADVICE.sub(lambda m: f"set free_gpus_max_used_mib: {baseline_with_margin(int(m.group(1)))} "
-                                          f"(its {m.group(1)} MiB reading with a margin; per host or group)", text)
+    return text

@@ -20,6 +20,7 @@ import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _attribution
 from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
+from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _guests
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _health
@@ -381,8 +382,9 @@ def gpu_failure(gpu: Gpu, holders: list[Holder], apps: list[ComputeApp], blind: 
                 "; ".join(describe_holder(h) for h in on_gpu), reset_advice(gpu, holders, node))
         )
     elif is_idle_baseline(gpu):
-        text += (", and no process holds the GPU: this is its idle baseline{}, not a leak; set max_used_mib: {} "
-                 "(role: free_gpus_max_used_mib, per host or group) to accept it".format(" (MIG mode is enabled)" if is_mig(gpu) else "", used))
+        text += (", and no process holds the GPU: this is its idle baseline{}, not a leak; set max_used_mib: {} (its {} MiB reading with "
+                 "a margin; role: free_gpus_max_used_mib, per host or group) to accept it".format(
+                     " (MIG mode is enabled)" if is_mig(gpu) else "", _options.baseline_with_margin(used), used))
     else:
         text += (f", and no live process holds the GPU: memory the driver has not freed (if {used} MiB is this GPU's idle baseline, set "
                  f"max_used_mib: {used} instead); {reset_advice(gpu, holders, node)}")

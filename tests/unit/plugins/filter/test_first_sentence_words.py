@@ -52,9 +52,10 @@ def test_a_type_mistake_is_one_line_with_the_variable_the_type_and_the_value():
 
 def test_the_roles_messages_name_role_variables():
     # issue 55: with a margin over the exact reading (as docs and the audit say), not the reading itself
-    assert in_role_words("this is its idle baseline, not a leak; set max_used_mib: 55 (role: free_gpus_max_used_mib, per host or group) "
-                         "to accept it") == ("this is its idle baseline, not a leak; set free_gpus_max_used_mib: 64 (its 55 MiB reading with a margin; "
-                                             "per host or group) to accept it")
+    said = in_role_words("this is its idle baseline, not a leak; set max_used_mib: 64 (its 55 MiB reading with a margin; "
+                         "role: free_gpus_max_used_mib, per host or group) to accept it")
+    assert said == ("this is its idle baseline, not a leak; set free_gpus_max_used_mib: 64 (its 55 MiB reading with a margin; "
+                    "per host or group) to accept it")
     assert in_role_words("or set kill_spanning: true (role: free_gpus_kill_spanning) to end them") == "or set free_gpus_kill_spanning: true to end them"
     assert in_role_words("GPUs are held by processes that kill=false leaves running") == \
         "GPUs are held by processes that free_gpus_kill: false leaves running"
@@ -71,5 +72,5 @@ def test_ansible_core_2_17s_wording_of_a_type_mistake_is_said_the_same_way():
 
 
 def test_an_idle_baselines_advice_has_a_margin():
-    from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import baseline_with_margin
+    from ansible_collections.zeromib.gpu.plugins.module_utils._options import baseline_with_margin
     assert [baseline_with_margin(mib) for mib in (4, 50, 55, 59, 60, 61, 120)] == [16, 64, 64, 64, 64, 80, 128]

@@ -354,13 +354,13 @@ def test_leaked_memory_without_any_claim_says_reset_or_reboot():
 def test_small_reading_without_any_claim_is_an_idle_baseline_not_a_reset():
     message = release.failure_message([{"index": 1, "uuid": UUIDS[1], "memory_used_mib": 12}], [], [], 0.0, [], early="no_holder")
     assert message.startswith(release.EARLY_HEADS["no_holder"])
-    assert "this is its idle baseline, not a leak; set max_used_mib: 12" in message and "reset" not in message
+    assert "this is its idle baseline, not a leak; set max_used_mib: 16 (its 12 MiB reading with a margin" in message and "reset" not in message
 
 
 def test_mig_gpu_reading_55_mib_without_any_claim_is_its_idle_baseline():
     gpu = {"index": 0, "uuid": UUIDS[0], "memory_used_mib": 55, "mig_mode": "Enabled"}
     message = release.failure_message([gpu], [], [], 0.0, [], early="no_holder")
-    assert "idle baseline (MIG mode is enabled), not a leak; set max_used_mib: 55" in message and "reboot" not in message
+    assert "idle baseline (MIG mode is enabled), not a leak; set max_used_mib: 64 (its 55 MiB reading with a margin" in message and "reboot" not in message
 
 
 def test_protected_only_failure_names_the_protected_process():
