@@ -303,9 +303,6 @@ _CONTEXT = (
 )
 
 
-
-
-
 def in_role_words(text: str) -> str:
     """A gpu_release message as the free_gpus role's user reads it: its options named as the role
     variables they set (`set max_used_mib: 64 (its 55 MiB reading with a margin; role:
