@@ -41,6 +41,9 @@ class Outcome(t.TypedDict, total=False):
     stopped_containers: list[str]
     disabled_containers: list[str]
     killed: list[dict[str, t.Any]]
+    # The files clean_shm removed from /dev/shm (in check mode, would remove), and their MiB.
+    shm_removed: list[str]
+    shm_removed_mib: float
     protected: list[t.Any]
     spanning: list[dict[str, t.Any]]
     footprint_gpus: list[int | None]
@@ -121,6 +124,16 @@ def _smoke_notes(gpus: t.Sequence[t.Mapping[str, t.Any]]) -> list[str]:
     return notes
 
 
+def _shm_removed(result: t.Mapping[str, t.Any]) -> list[t.Mapping[str, t.Any]]:
+    return [f for f in result.get("shm_removed") or [] if isinstance(f, Mapping)]
+
+
+def shm_note(outcome: Outcome | t.Mapping[str, t.Any]) -> str:
+    """'removed 4 files of /dev/shm (32.0 MiB)', or 'would remove' in check mode."""
+    verb = "would remove" if outcome.get("check_mode") else "removed"
+    return "{} {} of /dev/shm ({} MiB)".format(verb, _plural(len(outcome.get("shm_removed") or []), "file"), outcome.get("shm_removed_mib"))
+
+
 def _record(result: t.Mapping[str, t.Any], host: str, check_mode: bool) -> Outcome:
     """The figures of free_gpus_result, before the verdict: what was read and what was done."""
     after = selected_gpus(result)
@@ -145,6 +158,8 @@ def _record(result: t.Mapping[str, t.Any], host: str, check_mode: bool) -> Outco
         "killed": [{"pid": k.get("pid"), "name": k.get("name"), "signal": k.get("signal"), "container": k.get("container"),
                     "sigkill_at_once": k.get("sigkill_at_once")}
                    for k in result.get("killed") or []],
+        "shm_removed": [str(f.get("path")) for f in _shm_removed(result)],
+        "shm_removed_mib": round(sum(float(f.get("size_mib") or 0) for f in _shm_removed(result)), 1),
         "protected": result.get("protected") or [],
         "spanning": _spanning(result),
         # Selected GPUs that read only the cross-GPU footprint of contexts on other GPUs (clean),
@@ -200,6 +215,8 @@ def _done(outcome: Outcome) -> list[str]:
         did.append(planned_signals(outcome["killed"]))
     elif outcome["killed"]:
         did.append("killed " + _plural(len(outcome["killed"]), "process", "es"))
+    if outcome["shm_removed"]:
+        did.append(shm_note(outcome))
     if outcome["spanning"]:
         did.append(f"ended spanning {spanning_note(outcome['spanning'])} (kill_spanning)")
     if outcome["footprint_gpus"]:
@@ -256,9 +273,9 @@ def failed(host: str, message: object, status: str = "failed") -> Outcome:
     return {
         "host": host, "status": status, "ok": False, "message": text if text.startswith(f"{host}: ") else f"{host}: {text}",
         "count": None, "selected": [], "mib_before": None, "mib_after": None, "stopped_units": [], "disabled_units": [],
-        "masked_units": [], "failed_units": [], "stopped_containers": [], "disabled_containers": [], "killed": [], "protected": [],
-        "footprint_gpus": [], "footprint_mib": None, "nvml_clients": [], "nvml_clients_with_units": [], "elapsed_s": None, "check_mode": False,
-        "healthy": None, "health_issues": [],
+        "masked_units": [], "failed_units": [], "stopped_containers": [], "disabled_containers": [], "killed": [], "shm_removed": [],
+        "shm_removed_mib": 0.0, "protected": [], "footprint_gpus": [], "footprint_mib": None, "nvml_clients": [], "nvml_clients_with_units": [],
+        "elapsed_s": None, "check_mode": False, "healthy": None, "health_issues": [],
     }
 
 

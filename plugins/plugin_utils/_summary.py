@@ -14,7 +14,9 @@ from collections.abc import Mapping
 
 from ansible.errors import AnsibleError
 
-from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import clients_with_units, failed, footprint_note, planned_signals, spanning_note
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import (
+    clients_with_units, failed, footprint_note, planned_signals, shm_note, spanning_note,
+)
 
 # Summary order: what needs the operator's eyes first.
 _STATUS_ORDER = {"unreachable": 0, "failed": 1, "invalid": 1, "unhealthy": 1, "dirty": 2, "stopped": 3, "would free": 3, "freed": 4, "clean": 5}
@@ -52,6 +54,8 @@ def _note(outcome: t.Mapping[str, t.Any]) -> str:
         notes.append("spanning: {}".format(spanning_note(outcome["spanning"])))
     if outcome.get("check_mode") and outcome.get("killed"):
         notes.append(planned_signals(outcome["killed"]))
+    if outcome.get("shm_removed"):
+        notes.append(shm_note(outcome))
     if outcome.get("nvml_clients_with_units"):
         notes.append(clients_with_units(outcome["nvml_clients_with_units"]))
     clients = outcome.get("nvml_clients") or []

@@ -940,7 +940,7 @@ class Fleet:
 
     def baselines(self) -> dict[str, int]:
         """{inventory group: max_used_mib} for the presets whose GPUs idle above 0 MiB (the MIG
-        host: 55 MiB -> 64), as an operator sets them (README.md, "A simulated fleet")."""
+        host: 55 MiB -> 64), as an operator sets them (README.md, "Real use")."""
         groups: dict[str, int] = {}
         for h in self.hosts:
             idle = int(h.get("idle_mib", 0))

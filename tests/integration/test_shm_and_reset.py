@@ -113,6 +113,9 @@ def test_the_role_fails_a_host_whose_dev_shm_is_full_and_passes_it_once_clean_sh
     outcome = run_role(host, {"free_gpus_clean_shm": True})
     assert not outcome["failed"], outcome["msg"]
     assert outcome["result"]["healthy"] is True and shm_files(host) == []
+    # The role's fact and its line say what went, as gpu_release's result does.
+    assert outcome["result"]["shm_removed"] == ["/dev/shm/nccl-Full01"] and outcome["result"]["shm_removed_mib"] == 200.0, outcome["result"]
+    assert "removed 1 file of /dev/shm (200.0 MiB)" in outcome["result"]["message"], outcome["result"]["message"]
 
 
 # --------------------------------------------------------------------------- gpu_release clean_shm

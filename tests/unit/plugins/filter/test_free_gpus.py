@@ -295,3 +295,19 @@ def test_check_mode_says_the_signal_the_real_run_sends_each_holder():
     assert "killed" not in outcome["message"]
     line = free_gpus_summary([outcome], ["node06"])[1]
     assert line.split()[:3] == ["would", "free", "node06"] and "512 python3 SIGKILL at once: stopped (state T)" in line, line
+
+
+def test_the_dev_shm_files_clean_shm_removed_are_in_the_result_the_message_and_the_summary():
+    """Issue 58: gpu_release's shm_removed reached only the module's result; the role's fact and its line said nothing of it."""
+    removed = [{"path": "/dev/shm/torch_4242_1_0", "size_mib": 8.0, "age_s": 3, "pattern": "torch_*", "user": "alice"},
+               {"path": "/dev/shm/nccl-Xb3kLq", "size_mib": 36.5, "age_s": 12, "pattern": "nccl-*", "user": "alice"}]
+    result = release([gpu(0, 4623)], [gpu(0, 0)], killed=[{"pid": 495, "name": "python3", "signal": "SIGKILL"}], shm_removed=removed)
+    outcome = free_gpus_outcome(result, "node01", 1)
+    assert outcome["shm_removed"] == ["/dev/shm/torch_4242_1_0", "/dev/shm/nccl-Xb3kLq"] and outcome["shm_removed_mib"] == 44.5
+    assert outcome["message"] == "node01: 1 GPU free (4623 -> 0 MiB), killed 1 process, removed 2 files of /dev/shm (44.5 MiB) in 0.41 s"
+    assert free_gpus_summary([outcome], ["node01"])[1].endswith("removed 2 files of /dev/shm (44.5 MiB)")
+    planned = free_gpus_outcome(dict(result, released=False, gpus=[gpu(0, 4623)], shm_removed=removed[:1]), "node01", 1, True)
+    assert "would remove 1 file of /dev/shm (8.0 MiB)" in planned["message"], planned["message"]
+    # Without clean_shm the module returns no list: nothing is said, and the keys read empty.
+    plain = free_gpus_outcome(release([gpu(0, 0)], [gpu(0, 0)], changed=False), "node01", 1)
+    assert (plain["shm_removed"], plain["shm_removed_mib"]) == ([], 0) and "/dev/shm" not in plain["message"]
