@@ -1,5 +1,5 @@
 """A user's file system that stops answering never hangs root (issue 54 class 4, issue 57): gpu_facts,
-gpu_release (and check mode), the audit's gpu_facts and the Slurm epilog on a simulated host where
+gpu_release (and check mode), the audit's gpu_facts, gpu_restore's wait and the Slurm epilog on a simulated host where
 an unprivileged user keeps processes on a FUSE mount whose daemon stopped answering
 (tests/sim/stall_fs, tests/integration/stalled_fs.py):
 - a process with a file of it open: stat() of its fd would wait for good (D state past SIGKILL);
@@ -17,8 +17,11 @@ import time
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "sim")]
 from ansible_in_ns import run_module  # noqa: E402
+from supervisor_rig import Supervisord  # noqa: E402
+from test_supervisor_release import HOLDER, wait_used  # noqa: E402
 from stalled_fs import EXEC_ON_IT, HOLD_OPEN, StalledFs, spawn_user, waits_in_fuse  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -161,6 +164,25 @@ def test_the_epilog_fails_within_its_bound_naming_the_process_that_does_not_answ
     assert [c.split(", ")[0] for c in entry["causes"]] == ["GPU 0: 4 MiB", "GPU 1: 2057 MiB"], entry["causes"]
     assert all(f"pid {stuck.pid} python3 (did not answer: a stalled file system?)" in c for c in entry["causes"]), entry["causes"]
     assert stderr.startswith("zeromib: epilog job 901: GPU 0: 4 MiB, held by ") and entry["killed"] == []
+
+
+def test_gpu_restores_wait_for_gpus_ends_beside_a_process_that_does_not_answer(nshost):
+    """gpu_restore's wait_for_gpus scans /proc every 0.5 s with the look's bounded reads: the
+    restarted program is seen holding its GPU again and the module returns, the user's process
+    that does not answer notwithstanding (each scan gives it its budget, then moves on)."""
+    host = nshost("h200x1", seed="stalledrestore")
+    Supervisord(host, {"vllm": HOLDER})
+    assert wait_used(host, 0, 8192)
+    run = run_module(host, "gpu_release", {"services": ["supervisor:vllm"]})
+    assert not run.failed and run["released"] is True, run.msg
+    with StalledFs(host) as mount:
+        spawn_user(host, EXEC_ON_IT, mount.data, mount.flag)
+        mount.stall()
+        time.sleep(0.3)
+        restore = run_module(host, "gpu_restore", {"wait_for_gpus": 20})
+        assert not restore.failed and restore.wall_s < BOUND_S, restore.msg
+        assert restore["started_programs"] == ["vllm"] and restore["gpus_held"] == {"vllm": [0]}, restore.result
+        # The user's process is left as it was (not read here: a plain read of its /proc/PID/stat would wait with it).
 
 
 STAT_IN_A_FORKED_READER = """
