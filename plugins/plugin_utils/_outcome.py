@@ -124,10 +124,6 @@ def _smoke_notes(gpus: t.Sequence[t.Mapping[str, t.Any]]) -> list[str]:
     return notes
 
 
-def _shm_removed(result: t.Mapping[str, t.Any]) -> list[t.Mapping[str, t.Any]]:
-    return [f for f in result.get("shm_removed") or [] if isinstance(f, Mapping)]
-
-
 def shm_note(outcome: Outcome | t.Mapping[str, t.Any]) -> str:
     """'removed 4 files of /dev/shm (32.0 MiB)', or 'would remove' in check mode."""
     verb = "would remove" if outcome.get("check_mode") else "removed"
@@ -140,6 +136,7 @@ def _record(result: t.Mapping[str, t.Any], host: str, check_mode: bool) -> Outco
     footprint = [g for g in after if g.get("cross_gpu_footprint")]
     clients = [h for h in result.get("holders") or [] if isinstance(h, Mapping) and h.get("attribution") == "nvml_client"]
     ending = set(result.get("stopped_units") or [])
+    removed = [f for f in result.get("shm_removed") or [] if isinstance(f, Mapping)]
     return {
         "host": host,
         # None (shown "-") when gpu_release read no GPU: it failed before it looked, never "0/0".
@@ -158,8 +155,8 @@ def _record(result: t.Mapping[str, t.Any], host: str, check_mode: bool) -> Outco
         "killed": [{"pid": k.get("pid"), "name": k.get("name"), "signal": k.get("signal"), "container": k.get("container"),
                     "sigkill_at_once": k.get("sigkill_at_once")}
                    for k in result.get("killed") or []],
-        "shm_removed": [str(f.get("path")) for f in _shm_removed(result)],
-        "shm_removed_mib": round(sum(float(f.get("size_mib") or 0) for f in _shm_removed(result)), 1),
+        "shm_removed": [str(f.get("path")) for f in removed],
+        "shm_removed_mib": round(sum(float(f.get("size_mib") or 0) for f in removed), 1),
         "protected": result.get("protected") or [],
         "spanning": _spanning(result),
         # Selected GPUs that read only the cross-GPU footprint of contexts on other GPUs (clean),
