@@ -34,6 +34,18 @@ demo: demo-deps
 demo-deps: install
 	@tests/tools/apt-deps.sh demo
 
+## fleet-up: the demo's simulated fleet, kept up to try your own playbook on (FLEET_HOSTS hosts, as
+## root; the demo's packages): vLLM running on the first host, and on another a Proxmox-LXC-shaped
+## guest whose own systemd runs vLLM. Prints the inventory and commands to try.
+## fleet-down: takes it down (also after a crash; `make clean` downs every fleet of the checkout).
+FLEET_NAME ?= zmf
+FLEET_HOSTS ?= 4
+fleet-up: demo-deps
+	@$(PY) tests/fleet/fleet.py try --hosts $(FLEET_HOSTS) --name $(FLEET_NAME)
+
+fleet-down:
+	$(PY) tests/fleet/fleet.py down --name $(FLEET_NAME)
+
 ## test: everything CI runs (unit, sanity, lint, module tests on simulated hosts, the fleet, the
 ## ansible-core / Python matrix, Molecule, ansible-runner, ansible-builder), on TEST_WORKERS
 ## pytest-xdist workers: most of the suite waits (kill and settle windows, SSH, boots) rather than
