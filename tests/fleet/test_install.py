@@ -168,8 +168,8 @@ def test_readme_install_in_a_checkout_after_make_install_makes_the_role_found_fr
     home.mkdir()
     env = user_env(HOME=str(home))
     lines = readme_block("## Install")
-    line = next(s for s in lines if s.startswith("ansible-galaxy collection install git+" if form == "git"
-                                                else "ansible-galaxy collection build"))
+    start = "ansible-galaxy collection install git+" if form == "git" else "ansible-galaxy collection build"
+    line = next(s for s in lines if s.startswith(start))
     line = line.replace("git+https://github.com/zeromib/gpu.git,main", f"git+file://{checkout},main")
     sh(["bash", "-euo", "pipefail", "-c", line], checkout, env)
     installed = home / ".ansible" / "collections" / "ansible_collections" / "zeromib" / "gpu"
