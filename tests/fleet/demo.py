@@ -8,7 +8,7 @@ memory again, puts back what was stopped with playbooks/restore_gpus.yml (as a t
 left pending restore), and tears the fleet down, also on Ctrl-C or failure. Exits non-zero when
 freeing or the restore failed. Needs root; stdlib only.
 
-    .venv/bin/python tests/fleet/demo.py [--keep]      # --keep: leave the fleet up afterwards
+    .venv/bin/python tests/fleet/demo.py [--keep] [--name PREFIX]   # --keep: leave the fleet up afterwards
 """
 from __future__ import annotations
 
@@ -106,20 +106,23 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--keep", action="store_true", help="leave the fleet up (tear it down with "
                                                         f"`python3 tests/fleet/fleet.py down --name {PREFIX}`)")
+    ap.add_argument("--name", default=PREFIX, help="the fleet's prefix (default %(default)s, this checkout's demo; "
+                                                   "tests/fleet/test_demo.py gives its own)")
     a = ap.parse_args(argv)
+    prefix = a.name
     why = prerequisites()
     if why:
         print(f"demo: {why}", file=sys.stderr)
         return 2
     t0 = time.monotonic()
     times: dict[str, float] = {}
-    fleet = rig.Fleet(PREFIX)
+    fleet = rig.Fleet(prefix)
     freed_rc = None
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
     try:
-        banner(f"Booting a simulated fleet of {HOSTS} GPU nodes (systemd-nspawn, prefix {PREFIX})")
+        banner(f"Booting a simulated fleet of {HOSTS} GPU nodes (systemd-nspawn, prefix {prefix})")
         t = time.monotonic()
         fleet.up(HOSTS, "mixed")
         times["up"] = time.monotonic() - t
@@ -197,14 +200,14 @@ def main(argv: list[str] | None = None) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not leave half a fleet
         if a.keep and freed_rc is not None:
-            say(f"\n    fleet kept: python3 tests/fleet/fleet.py down --name {PREFIX}")
+            say(f"\n    fleet kept: python3 tests/fleet/fleet.py down --name {prefix}")
         else:
             t = time.monotonic()
             try:
                 fleet.down()
                 times["down"] = time.monotonic() - t
             except Exception as e:  # noqa: BLE001
-                print(f"demo: teardown failed: {e}; run `python3 tests/fleet/fleet.py down --name {PREFIX}`",
+                print(f"demo: teardown failed: {e}; run `python3 tests/fleet/fleet.py down --name {prefix}`",
                       file=sys.stderr)
                 freed_rc = freed_rc or 1
     total = time.monotonic() - t0
