@@ -2,7 +2,9 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PIP := $(VENV)/bin/pip install -q --disable-pip-version-check
+# Every install is constrained by constraints.txt, the whole resolved set (`make lock` writes it):
+# requirements*.txt name the direct dependencies, the lock what each of them brings.
+PIP := $(VENV)/bin/pip install -q --disable-pip-version-check -c constraints.txt
 # The Python .venv is made from: the distribution's /usr/bin/python3 when it is one ansible-core
 # runs on (3.11 or later), else python3 on PATH. Debian builds its Python with PGO and LTO, faster
 # than a default pyenv build (benchmarks/HISTORY.md, "How the suite runs in parallel"). An existing
@@ -10,7 +12,8 @@ PIP := $(VENV)/bin/pip install -q --disable-pip-version-check
 VENV_PYTHON ?= $(shell /usr/bin/python3 -c 'import sys, venv; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && echo /usr/bin/python3 || echo python3)
 COLLECTION_LINK := .build/collections/ansible_collections/zeromib/gpu
 
-.PHONY: install collection demo demo-deps test test-collect test-quick lint docs deps venv bench clean uninstall-packages
+.PHONY: install collection demo demo-deps test test-matrix test-collect test-quick lint docs deps venv lock bench clean \
+	uninstall-packages fleet-up fleet-down
 
 ## install: what running the playbooks from this checkout needs: .venv with requirements.txt
 ## (ansible-core, jmespath), and the checkout linked as zeromib.gpu where ./ansible.cfg looks
@@ -31,6 +34,18 @@ demo: demo-deps
 demo-deps: install
 	@tests/tools/apt-deps.sh demo
 
+## fleet-up: the demo's simulated fleet, kept up to try your own playbook on (FLEET_HOSTS hosts, as
+## root; the demo's packages): vLLM running on the first host, and on another a Proxmox-LXC-shaped
+## guest whose own systemd runs vLLM. Prints the inventory and commands to try.
+## fleet-down: takes it down (also after a crash; `make clean` downs every fleet of the checkout).
+FLEET_NAME ?= zmf
+FLEET_HOSTS ?= 4
+fleet-up: demo-deps
+	@$(PY) tests/fleet/fleet.py try --hosts $(FLEET_HOSTS) --name $(FLEET_NAME)
+
+fleet-down:
+	$(PY) tests/fleet/fleet.py down --name $(FLEET_NAME)
+
 ## test: everything CI runs (unit, sanity, lint, module tests on simulated hosts, the fleet, the
 ## ansible-core / Python matrix, Molecule, ansible-runner, ansible-builder), on TEST_WORKERS
 ## pytest-xdist workers: most of the suite waits (kill and settle windows, SSH, boots) rather than
@@ -38,7 +53,11 @@ demo-deps: install
 ## parallel"). Tests that share a rig run in one worker (pytest.ini's --dist loadgroup,
 ## tests/conftest.py).
 ## TEST_WORKERS=0 runs them all in one process, as plain `pytest` does.
+## The ansible-core/Python matrix runs on the interpreters this machine has; the run's last lines
+## name those it could not run and how to add them (tests/conftest.py).
 TEST_WORKERS ?= 6
+# present: the matrix entries whose Python is here; all: every entry (make test-matrix, .ci/run).
+MATRIX ?= present
 # Python's bytecode cache on for the tests, also where the environment turns it off
 # (PYTHONDONTWRITEBYTECODE=1 on the 2-core machines): without it each pytest worker compiles and
 # assertion-rewrites every test file again. The caches are __pycache__ folders, ignored by git and
@@ -49,7 +68,13 @@ TESTS_BYTECODE := PYTHONDONTWRITEBYTECODE=
 # lint's mypy on the other core (the figures: benchmarks/HISTORY.md, "How the suite runs in parallel").
 test: deps
 	@$(MAKE) --no-print-directory -j2 lint test-collect
-	$(TESTS_BYTECODE) $(VENV)/bin/pytest -n $(TEST_WORKERS)
+	ZEROMIB_MATRIX=$(MATRIX) $(TESTS_BYTECODE) $(VENV)/bin/pytest -n $(TEST_WORKERS)
+
+## test-matrix: `make test` with every interpreter of the ansible-core/Python matrix required
+## (tests/compat/matrix.py: Python 3.8-3.13, on PATH or under pyenv): a missing one fails its tests.
+## What CI runs where the machine has them (.ci/run).
+test-matrix:
+	@$(MAKE) --no-print-directory test MATRIX=all
 
 # test-collect: collect the suite once, only for the bytecode it leaves, where no run has left it
 # yet (tests/__pycache__ missing: where it is, the workers recompile only what changed, and a
@@ -85,12 +110,18 @@ deps: venv collection
 
 venv: $(VENV)/.installed-test
 
-$(VENV)/.installed-run: requirements.txt
+## lock: resolve requirements*.txt again into constraints.txt (the whole set, every package pinned)
+## and each matrix venv's tests/compat/constraints/ file, in fresh venvs (tests/tools/lock.py);
+## then `make deps` installs what changed.
+lock:
+	$(VENV_PYTHON) tests/tools/lock.py --python $(VENV_PYTHON)
+
+$(VENV)/.installed-run: requirements.txt constraints.txt
 	test -x $(PY) || $(VENV_PYTHON) -m venv $(VENV) || { rm -rf $(VENV); python3 -m venv $(VENV); }
 	$(PIP) -r requirements.txt
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed-run requirements-dev.txt requirements-lint.txt
+$(VENV)/.installed-test: $(VENV)/.installed-run requirements-dev.txt requirements-lint.txt constraints.txt
 	$(PIP) -r requirements-dev.txt -r requirements-lint.txt
 	touch $@
 

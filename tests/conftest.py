@@ -21,18 +21,28 @@ not from a list of names, so tests written later are grouped the same way:
 - every other test is free: xdist gives it to whichever worker is idle.
 
 Without xdist (`pytest` alone, `-n 0`, `-p no:xdist`) the markers change nothing.
+
+The ansible-core/Python matrix (tests/compat/matrix.py): a test parametrized on `python` (an
+interpreter of the matrix, "X.Y") that this machine does not have is skipped at collection, before
+its rig comes up, with the reason; the run ends with one line naming those Pythons and how to add
+them. Under ZEROMIB_MATRIX=all (`make test-matrix`, CI) nothing is skipped: a missing interpreter
+fails its tests.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests" / "compat"))
+import matrix  # noqa: E402
 TOOLS = REPO / ".build" / "tools" / "bin"
 if TOOLS.is_dir() and str(TOOLS) not in os.environ.get("PATH", "").split(os.pathsep):
     os.environ["PATH"] = f"{TOOLS}{os.pathsep}{os.environ.get('PATH', '')}"
@@ -152,10 +162,54 @@ def rig_groups(keyed: list[set[str]]) -> list[str | None]:
 GROUPS_FILE = "zeromib_groups_file"
 
 
+def matrix_python(item: pytest.Item) -> str | None:
+    """The matrix interpreter ITEM runs on: its `python` parameter, where it is one ("3.8")."""
+    value = getattr(getattr(item, "callspec", None), "params", {}).get("python")
+    return value if isinstance(value, str) and value in matrix.every_python() else None
+
+
+def skip_missing_pythons(items: list[pytest.Item]) -> None:
+    """Skips the matrix tests whose interpreter this machine lacks (not under ZEROMIB_MATRIX=all)."""
+    if matrix.every_required():
+        return
+    for item in items:
+        minor = matrix_python(item)
+        if minor is not None and matrix.present(minor) is None:
+            item.add_marker(pytest.mark.skip(reason=f"Python {minor} {matrix.NOT_HERE}: {matrix.how_to_add([minor])}"))
+
+
+def matrix_line(skip_reasons: list[str]) -> str | None:
+    """The run's one line on the matrix Pythons it could not run, from its skips' reasons."""
+    minors = sorted({m.group(1) for r in skip_reasons for m in [re.search(rf"Python (\S+) {re.escape(matrix.NOT_HERE)}", r)] if m},
+                    key=lambda v: tuple(map(int, v.split("."))))
+    if not minors:
+        return None
+    count = sum(matrix.NOT_HERE in r for r in skip_reasons)
+    return (f"ansible-core/Python matrix: not run on Python {', '.join(minors)} ({count} test{'s' * (count != 1)} "
+            f"skipped, not on this machine); to add them: {matrix.how_to_add(minors)}")
+
+
+def _skip_reason(report) -> str:
+    longrepr = getattr(report, "longrepr", None)
+    return str(longrepr[2]) if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr or "")
+
+
+# The outermost wrapper: its line comes after the terminal reporter's own summaries (-ra's skips
+# included), right above pytest's last line.
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config):
+    result = yield
+    line = matrix_line([_skip_reason(r) for r in terminalreporter.stats.get("skipped", [])])
+    if line:
+        terminalreporter.write_line(line, yellow=True, bold=True)
+    return result
+
+
 # A wrapper: its part before `yield` runs before every plain implementation; after it, the items
 # are the ones this run keeps (-k, -m and deselection done).
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]):
+    skip_missing_pythons(items)
     free = [item for item in items if item.get_closest_marker("xdist_group") is None]
     for item, group in zip(free, rig_groups([rig_keys(item) for item in free])):
         if group is not None:

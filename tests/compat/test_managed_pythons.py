@@ -1,7 +1,8 @@
 """Managed-node Pythons of the compatibility matrix (tests/compat/matrix.py): gpu_facts and
 gpu_release run under each CPython 3.8-3.13 (ansible_python_interpreter) on a simulated GPU
-host, driven by requirements.txt's ansible-core. A Python missing from this machine fails the
-test; it is never skipped."""
+host, driven by requirements.txt's ansible-core. A Python missing from this machine skips its entry
+under `make test` (the run's last lines name it) and fails it under `make test-matrix`
+(tests/conftest.py)."""
 from __future__ import annotations
 
 import pytest

@@ -3,10 +3,12 @@
 Brings up 4 Debian 12 hosts (systemd-nspawn, real systemd and sshd, simulated NVIDIA GPUs; see
 tests/fleet/README.md), starts what a busy GPU fleet runs, shows the GPU memory of every host,
 runs playbooks/free_gpus.yml (Ansible's own output, ending with the fleet summary), shows the
-memory again, runs playbooks/audit_gpus.yml into ./gpu_audit_report, and tears the fleet down,
-also on Ctrl-C or failure. Exits non-zero when freeing failed. Needs root; stdlib only.
+memory again, puts back what was stopped with playbooks/restore_gpus.yml (as a training play's
+`always` does when training ends), runs playbooks/audit_gpus.yml into ./gpu_audit_report (nothing
+left pending restore), and tears the fleet down, also on Ctrl-C or failure. Exits non-zero when
+freeing or the restore failed. Needs root; stdlib only.
 
-    .venv/bin/python tests/fleet/demo.py [--keep]      # --keep: leave the fleet up afterwards
+    .venv/bin/python tests/fleet/demo.py [--keep] [--name PREFIX]   # --keep: leave the fleet up afterwards
 """
 from __future__ import annotations
 
@@ -104,20 +106,23 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--keep", action="store_true", help="leave the fleet up (tear it down with "
                                                         f"`python3 tests/fleet/fleet.py down --name {PREFIX}`)")
+    ap.add_argument("--name", default=PREFIX, help="the fleet's prefix (default %(default)s, this checkout's demo; "
+                                                   "tests/fleet/test_demo.py gives its own)")
     a = ap.parse_args(argv)
+    prefix = a.name
     why = prerequisites()
     if why:
         print(f"demo: {why}", file=sys.stderr)
         return 2
     t0 = time.monotonic()
     times: dict[str, float] = {}
-    fleet = rig.Fleet(PREFIX)
+    fleet = rig.Fleet(prefix)
     freed_rc = None
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
     try:
-        banner(f"Booting a simulated fleet of {HOSTS} GPU nodes (systemd-nspawn, prefix {PREFIX})")
+        banner(f"Booting a simulated fleet of {HOSTS} GPU nodes (systemd-nspawn, prefix {prefix})")
         t = time.monotonic()
         fleet.up(HOSTS, "mixed")
         times["up"] = time.monotonic() - t
@@ -161,10 +166,23 @@ def main(argv: list[str] | None = None) -> int:
         for line in gpu_lines(fleet, {}):
             say(line)
 
+        cmd = [str(VENV_BIN / "ansible-playbook"), "-i", str(fleet.inventory), "playbooks/restore_gpus.yml"]
+        banner("Putting back what was stopped (as when training ends): ansible-playbook -i " + str(fleet.inventory)
+               + " playbooks/restore_gpus.yml")
+        t = time.monotonic()
+        restored_rc = run_streaming(cmd, ansible_env(fleet))
+        times["restore"] = time.monotonic() - t
+        if freed_rc == 0 and restored_rc != 0:
+            freed_rc = restored_rc
+
+        banner("GPU memory after the restore (the inference servers are back; the stray and orphaned processes are not)")
+        for line in gpu_lines(fleet, {}):
+            say(line)
+
         report_dir = Path.cwd() / REPORT_DIR
         cmd = [str(VENV_BIN / "ansible-playbook"), "-i", str(fleet.inventory), "playbooks/audit_gpus.yml",
                "-e", json.dumps({"gpu_audit_report_dir": str(report_dir)})]
-        banner(f"Auditing the fleet (read-only) into {report_dir}/")
+        banner(f"Auditing the fleet as it runs now (read-only; the servers put back hold their GPUs again) into {report_dir}/")
         t = time.monotonic()
         audit_rc = run_streaming(cmd, ansible_env(fleet))
         times["audit"] = time.monotonic() - t
@@ -182,14 +200,14 @@ def main(argv: list[str] | None = None) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not leave half a fleet
         if a.keep and freed_rc is not None:
-            say(f"\n    fleet kept: python3 tests/fleet/fleet.py down --name {PREFIX}")
+            say(f"\n    fleet kept: python3 tests/fleet/fleet.py down --name {prefix}")
         else:
             t = time.monotonic()
             try:
                 fleet.down()
                 times["down"] = time.monotonic() - t
             except Exception as e:  # noqa: BLE001
-                print(f"demo: teardown failed: {e}; run `python3 tests/fleet/fleet.py down --name {PREFIX}`",
+                print(f"demo: teardown failed: {e}; run `python3 tests/fleet/fleet.py down --name {prefix}`",
                       file=sys.stderr)
                 freed_rc = freed_rc or 1
     total = time.monotonic() - t0
@@ -198,9 +216,9 @@ def main(argv: list[str] | None = None) -> int:
         say("    interrupted")
         return 130
     if freed_rc != 0:
-        say(f"    FAILED: free_gpus.yml or the demo itself ended with rc {freed_rc}")
+        say(f"    FAILED: free_gpus.yml, restore_gpus.yml or the demo itself ended with rc {freed_rc}")
         return freed_rc or 1
-    say("    every GPU of every node was freed and verified")
+    say("    every GPU of every node was freed and verified, and what was stopped was put back")
     return 0
 
 

@@ -10,6 +10,8 @@ into its own overlay upper dir, which also carries the GPU simulator and the wor
     fleet.py workload HOST NAME [--name PREFIX] [--gpus 0,1] [--mib N]
     fleet.py reboot HOST [--name PREFIX]
     fleet.py ssh HOST COMMAND... [--name PREFIX]
+    fleet.py guest HOST [--kind lxc|lxd|nspawn] [--guest 101] [--gpu N] [--name PREFIX]
+    fleet.py try [--hosts 4] [--name PREFIX]   # `make fleet-up`: a fleet to try your own playbook on
     fleet.py down [--name PREFIX]
     fleet.py base [--suite trixie]
     fleet.py clean              # every fleet of this checkout down, the base rootfs cache removed
@@ -577,6 +579,11 @@ class Fleet:
         if check and r.returncode != 0:
             raise FleetError(f"{name}: {cmd!r} -> rc {r.returncode}: {r.stdout}{r.stderr}")
         return r
+
+    def gpu_memory(self, name: str) -> dict[int, int]:
+        """{index: MiB used} as host NAME's nvidia-smi reports it."""
+        r = self.ssh(name, "nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits", check=True)
+        return {int(i): int(m) for i, m in (ln.split(",") for ln in r.stdout.splitlines() if ln.strip())}
 
     def _close_masters(self) -> None:
         if not self.cp_dir.is_dir():
@@ -1237,6 +1244,53 @@ def clean(repo: Path = REPO) -> dict:
     return out
 
 
+# ---------------------------------------------------------------------------- guests and `try`
+
+def guest_host(fleet: Fleet) -> dict:
+    """Where a guest goes: the last host with 8 GPUs that idle at 0 MiB (the first one, zmf-01,
+    keeps its own vLLM in `try`), else the last host."""
+    eight = [h for h in fleet.hosts if h.get("gpu_count", 0) >= 8 and not h.get("idle_mib", 0)]
+    return (eight or fleet.hosts)[-1]
+
+
+def boot_guest(fleet: Fleet, host: str, kind: str = "lxc", name: str = "101", gpu: int | None = None) -> dict:
+    """A system container of KIND in HOST (tests/fleet/guests.py): a real systemd in its own
+    namespaces below the cgroup its kind gives it (Proxmox's /lxc/<VMID>/ns for lxc), whose enabled
+    vllm.service (Restart=always) holds one GPU, the host's last unless GPU is given. It lives inside
+    the host: `down` ends it with the host."""
+    if str(FLEET_DIR) not in sys.path:
+        sys.path.insert(0, str(FLEET_DIR))
+    import guests  # beside this file; the tests import it by this name too
+    h = fleet.host(host)
+    gpu = h.get("gpu_count", 1) - 1 if gpu is None else gpu
+    try:
+        guest = guests.boot(fleet, h["name"], kind, name, gpu)
+    except AssertionError as e:
+        raise FleetError(f"{h['name']}: guest {kind}:{name} did not come up: {e}") from None
+    return {"host": h["name"], "kind": kind, "guest": name, "gpu": gpu, "init_pid": guest.init_pid,
+            "cgroup": guest.boundary, "services_entry": guest.entry()}
+
+
+def try_lines(fleet: Fleet, vllm_host: str, guest: dict) -> list[str]:
+    """What `make fleet-up` prints: the fleet, its inventory, commands to try, how to take it down."""
+    inv = fleet.inventory
+    kinds = ", ".join(f"{h['name']} {h.get('gpu_count', 0)}x {h['preset']}" for h in fleet.hosts)
+    services = json.dumps({"free_gpus_services": ["vllm*.service", guest["services_entry"]]})
+    return [
+        f"fleet {fleet.prefix} is up: {kinds}",
+        f"  busy: {vllm_host} runs vllm.service on every GPU; {guest['host']} holds a Proxmox-LXC-shaped guest "
+        f"{guest['guest']} ({guest['cgroup']}) whose own systemd runs vllm.service on GPU {guest['gpu']}",
+        f"inventory: {inv}   (group gpu_nodes; group_vars/ beside it: the MIG group's baseline)",
+        "try, from the checkout after `. .venv/bin/activate`:",
+        f"  ansible-playbook playbooks/free_gpus.yml -i {inv} -l gpu_nodes -e '{services}'",
+        f"  ansible-playbook playbooks/restore_gpus.yml -i {inv} -l gpu_nodes",
+        f"  ansible-playbook playbooks/audit_gpus.yml -i {inv}",
+        f"  ansible-playbook your_play.yml -i {inv}            # your own play, the role in its pre_tasks",
+        f"  python3 tests/fleet/fleet.py workload {vllm_host} vllm --name {fleet.prefix}   # busy again (fleet.py -h: more)",
+        "take it down: make fleet-down",
+    ]
+
+
 # ---------------------------------------------------------------------------- CLI
 
 def main(argv: list[str] | None = None) -> int:
@@ -1258,11 +1312,19 @@ def main(argv: list[str] | None = None) -> int:
     p_ssh = sub.add_parser("ssh", help="run a command on a host over SSH")
     p_ssh.add_argument("host")
     p_ssh.add_argument("command", nargs=argparse.REMAINDER)
+    p_guest = sub.add_parser("guest", help="boot a system container whose systemd runs vllm.service on one GPU, in HOST")
+    p_guest.add_argument("host")
+    p_guest.add_argument("--kind", choices=("lxc", "lxd", "nspawn"), default="lxc", help="its cgroup shape (default Proxmox's lxc)")
+    p_guest.add_argument("--guest", default="101", help="its name (a VMID for lxc; default %(default)s)")
+    p_guest.add_argument("--gpu", type=int, help="the GPU its vllm.service holds (default: the host's last)")
+    p_try = sub.add_parser("try", help="`make fleet-up`: N hosts kept up, vLLM on the first, an LXC guest running "
+                                       "vLLM on another; prints the inventory and commands to try")
+    p_try.add_argument("--hosts", type=int, default=4)
     p_base = sub.add_parser("base", help="build/restore the cached base rootfs only")
     p_base.add_argument("--suite", choices=SUITES, default=SUITE)
     sub.add_parser("clean", help="down every fleet of this checkout; remove the base rootfs cache "
                                  "unless another checkout's fleet uses it")
-    for p in (p_up, p_down, p_st, p_wl, p_rb, p_ssh):
+    for p in (p_up, p_down, p_st, p_wl, p_rb, p_ssh, p_guest, p_try):
         p.add_argument("--name", default=DEFAULT_PREFIX, help="fleet prefix (hosts PREFIX-01..)")
     a = ap.parse_args(argv)
 
@@ -1287,6 +1349,21 @@ def main(argv: list[str] | None = None) -> int:
                               "state": h.get("system_state"), "failed_units": h.get("failed_units")}
                               for h in fleet.hosts],
                           "pss_mib_per_host": [x["pss_mib"] for x in st["hosts"]]}, indent=1))
+    elif a.cmd == "try":
+        if os.geteuid() != 0:
+            raise SystemExit("fleet.py try needs root (netns, cgroups, nspawn)")
+        try:
+            fleet.up(a.hosts, "mixed")
+            fleet.write_baselines()
+            vllm_host = fleet.hosts[0]["name"]
+            guest = boot_guest(fleet, guest_host(fleet)["name"])
+            fleet.workload(vllm_host, "vllm")
+        except BaseException:
+            fleet.down()  # half a fleet is no fleet to try things on
+            raise
+        print("\n".join(try_lines(fleet, vllm_host, guest)))
+    elif a.cmd == "guest":
+        print(json.dumps(boot_guest(fleet, a.host, a.kind, a.guest, a.gpu)))
     elif a.cmd == "down":
         print(json.dumps(fleet.down()))
     elif a.cmd == "status":

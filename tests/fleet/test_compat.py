@@ -1,8 +1,8 @@
 """The ansible-core compatibility matrix on the controller (tests/compat/matrix.py): each
 ansible-core release that meta/runtime.yml admits frees a busy fleet host with free_gpus.yml (the
 role, gpu_release, the summary filter) and audits it with audit_gpus.yml (gpu_facts, the JMESPath
-fleet query, the report templates), over SSH, from its own venv. A release or Python missing from
-this machine fails the test; it is never skipped."""
+fleet query, the report templates), over SSH, from its own venv. A Python missing from this machine skips its entry under `make test`
+(the run's last lines name it) and fails it under `make test-matrix` (tests/conftest.py)."""
 from __future__ import annotations
 
 import json

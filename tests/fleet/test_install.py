@@ -119,7 +119,7 @@ def test_install_from_git_and_from_tarball_without_galaxy_then_run_installed_for
     fleet = clean_fleet
     install = readme_block("## Install")
     assert any(s.startswith("ansible-galaxy collection install git+") for s in install), install
-    assert any(s.startswith("ansible-galaxy collection build && ansible-galaxy collection install zeromib-gpu-") for s in install), install
+    assert any(s.startswith("ansible-galaxy collection build --force && ansible-galaxy collection install zeromib-gpu-") for s in install), install
     inventory = write_inventory(fleet, tmp_path / "ops")
 
     from_git = tmp_path / "from-git"
@@ -138,6 +138,52 @@ def test_install_from_git_and_from_tarball_without_galaxy_then_run_installed_for
         r = sh(["ansible-playbook", "zeromib.gpu.free_gpus", "-i", str(inventory), "-l", host], inventory.parent, env)
         assert "1 host: 1 freed" in r.stdout, r.stdout
         assert idle(fleet, host)
+
+
+USER_PLAY = """---
+- name: Free the GPUs, then train
+  hosts: gpu_nodes
+  gather_facts: false
+  become: true
+  pre_tasks:
+    - name: Free the GPUs of every node and prove they read 0 MiB
+      ansible.builtin.import_role:
+        name: zeromib.gpu.free_gpus
+  tasks:
+    - name: Train
+      ansible.builtin.command: "true"
+      changed_when: true
+"""
+
+
+@pytest.mark.parametrize("form", ["git", "tarball"])
+def test_readme_install_in_a_checkout_after_make_install_makes_the_role_found_from_a_fresh_folder(checkout, tmp_path, form):
+    """README.md's install commands, as written, run inside the checkout after `make install` has
+    linked it (its ansible.cfg then finds the checkout first: without --force, "Nothing to do"), with
+    a home of the test's own; then a play of the user's in a fresh folder, with no ansible.cfg, finds
+    the role and the installed playbook by name. Nothing runs on a host: --list-tasks reads the role,
+    and the installed free_gpus.yml refuses an inventory that matches nothing."""
+    sh("make collection", checkout)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = user_env(HOME=str(home))
+    lines = readme_block("## Install")
+    start = "ansible-galaxy collection install git+" if form == "git" else "ansible-galaxy collection build"
+    line = next(s for s in lines if s.startswith(start))
+    line = line.replace("git+https://github.com/zeromib/gpu.git,main", f"git+file://{checkout},main")
+    sh(["bash", "-euo", "pipefail", "-c", line], checkout, env)
+    installed = home / ".ansible" / "collections" / "ansible_collections" / "zeromib" / "gpu"
+    assert (installed / "MANIFEST.json").exists() and not installed.is_symlink(), sorted(home.rglob("*"))[:20]
+
+    mine = tmp_path / "my-playbooks"
+    mine.mkdir()
+    (mine / "inventory.ini").write_text("[gpu_nodes]\nnode1 ansible_host=192.0.2.1\n")
+    (mine / "train.yml").write_text(USER_PLAY)
+    r = sh(["ansible-playbook", "-i", "inventory.ini", "train.yml", "--list-tasks"], mine, env)
+    assert "zeromib.gpu.free_gpus : " in r.stdout and "Train" in r.stdout, r.stdout
+    r = subprocess.run(["ansible-playbook", "zeromib.gpu.free_gpus", "-i", "missing.ini", "-l", "gpu_nodes"], cwd=mine, env=env,
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 4 and "free_gpus.yml: no host to free" in r.stdout + r.stderr, r.stdout + r.stderr
 
 
 def test_free_gpus_job_through_ansible_runner_in_two_slices(clean_fleet, checkout, tmp_path):

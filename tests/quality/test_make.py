@@ -205,3 +205,31 @@ def test_every_test_of_a_shared_rig_gets_its_group_from_its_fixtures(tmp_path):
     assert {group for group, _uses, node in rows if node.startswith("tests/integration/test_trust.py")} == {"-"}
     gates = {node.split("::")[1]: group for group, _uses, node in rows if node.startswith("tests/quality/")}
     assert gates["test_sanity"] == gates["test_units"] == "ansible-test" and gates["test_changelog_fragments_lint"] == "-"
+
+
+def test_fleet_up_keeps_the_demos_fleet_with_the_demos_installs_and_fleet_down_takes_it_down(tmp_path):
+    """`make fleet-up` installs what `make demo` does (no test tooling), then `fleet.py try` (the
+    fleet, its LXC guest and the printed commands: tests/fleet/test_fleet_try.py); `make fleet-down`
+    downs the same fleet by name."""
+    up = make_dry_run("fleet-up", tmp_path)
+    assert "-r requirements.txt" in up and "tests/tools/apt-deps.sh demo" in up, up
+    assert "requirements-dev" not in up and "apt-deps.sh test" not in up, up
+    assert "tests/fleet/fleet.py try --hosts 4 --name zmf" in up, up
+    down = make_dry_run("fleet-down", tmp_path)
+    assert "tests/fleet/fleet.py down --name zmf" in down, down
+    named = subprocess.run(["make", "-n", "fleet-down", "FLEET_NAME=mine", f"VENV={tmp_path / 'venv'}"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout
+    assert "fleet.py down --name mine" in named, named
+
+
+def test_make_test_runs_the_matrix_present_and_test_matrix_requires_every_entry(tmp_path):
+    """`make test` runs the matrix entries whose Python is here (tests/conftest.py skips the rest
+    and names them); `make test-matrix` is the same run with every entry required, and CI's
+    .ci/run runs it where the machine has every Python."""
+    test = [line for line in make_dry_run("test", tmp_path).splitlines() if "bin/pytest -n" in line and "--collect-only" not in line]
+    assert len(test) == 1 and "ZEROMIB_MATRIX=present" in test[0], test
+    matrix = subprocess.run(["make", "-n", "test-matrix", f"VENV={tmp_path / 'venv'}"], cwd=REPO, capture_output=True,
+                            text=True, check=True).stdout
+    assert "ZEROMIB_MATRIX=all" in matrix and "ZEROMIB_MATRIX=present" not in matrix, matrix
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "tests/compat/matrix.py --check" in ci and "make test-matrix" in ci, ci
