@@ -30,6 +30,8 @@ import guests as rig  # noqa: E402  (tests/fleet/guests.py: the guests these ten
 
 # Where the guest's root keeps its records (inside the guest: read through its init's root).
 RECORDS = "/var/lib/zeromib-tenant"
+# The real systemctl, copied aside by the guest's root before it puts its own in its place.
+REAL = "/usr/local/lib/zeromib-tenant/systemctl.real"
 # Every directory a PATH may name before the real systemctl's.
 PATHS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 # The capabilities a guest manager drops from its guests' bounding set (LXC's defaults, in part).
@@ -58,13 +60,19 @@ def _sh(fleet, host: str, script: str, timeout: float = 60) -> str:
 def record_systemctl(fleet, host: str, guest: rig.Guest) -> None:
     """The guest's root puts its own systemctl at every PATH directory of the guest (the real one
     copied aside first): each run records what confines it, then execs the real one."""
-    real = "/usr/local/lib/zeromib-tenant/systemctl.real"
-    script = "#!/bin/sh\n" + RECORD + f'exec {real} "$@"\n'
-    inside = (f"mkdir -p /usr/local/lib/zeromib-tenant {RECORDS} && cp /usr/bin/systemctl {real} && "
+    script = "#!/bin/sh\n" + RECORD + f'exec {REAL} "$@"\n'
+    inside = (f"mkdir -p /usr/local/lib/zeromib-tenant {RECORDS} && cp /usr/bin/systemctl {REAL} && "
               + " && ".join(f"mkdir -p {d} && rm -f {d}/systemctl && printf %s {shlex.quote(script)} > {d}/systemctl && chmod 755 {d}/systemctl"
                             for d in PATHS if d not in ("/bin", "/sbin")))
     # The test acts as the guest's root: in all its namespaces (the rig's own way in, not the module's).
     _sh(fleet, host, f"nsenter -t {guest.init_pid} -a sh -c {shlex.quote(inside)}")
+
+
+def unit_state(fleet, host: str, guest: rig.Guest, unit: str = "vllm.service") -> str:
+    """ActiveState of a guest's unit, asked by the test (as the guest's root) with the real
+    systemctl, so that the records hold only what the module ran."""
+    out = fleet.ssh(host, f"nsenter -t {guest.init_pid} -a {REAL} show -p ActiveState --value {unit}").stdout
+    return out.strip()
 
 
 def records(fleet, host: str, guest: rig.Guest) -> list[dict[str, dict[str, str] | str]]:
