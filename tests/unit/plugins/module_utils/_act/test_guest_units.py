@@ -105,7 +105,8 @@ def test_the_hosts_unit_of_the_same_name_is_not_stopped_for_the_guests_holder_an
     assert 900 in world.procs and 7100 in world.procs
     assert error.msg.startswith("refusing to free GPU 4: it is held by a system container's own service")
     assert "vllm.service of LXC guest 101 (pids 7100, GPU 4; its systemd would start it again)" in error.msg
-    assert "run `pct exec 101 -- systemctl stop vllm.service` (and `" in error.msg and "nsenter" not in error.msg and "systemctl disable vllm.service` to keep it" in error.msg
+    assert "run `pct exec 101 -- systemctl stop vllm.service` (and `" in error.msg and "nsenter" not in error.msg
+    assert "systemctl disable vllm.service` to keep it" in error.msg
     assert "add lxc:101:vllm.service to services" in error.msg and "kill 7000" not in error.msg
 
 
