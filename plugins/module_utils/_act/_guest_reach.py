@@ -59,6 +59,8 @@ GUEST_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/b
              "SYSTEMD_PAGER": "", "SYSTEMD_COLORS": "0"}
 # Where machined records the machines it knows (LEADER=, CLASS=): what `systemctl -M` itself reads.
 MACHINES_DIR = "/run/systemd/machines"
+# How long the guest's MainPIDs are looked for among its processes (a guest of thousands takes milliseconds).
+TRANSLATE_S = 5.0
 # rc of a call the host refuses to make (the reason is its stderr).
 REFUSED_RC = 126
 _MAIN_PID = re.compile(r"^MainPID=(\d+)$", re.MULTILINE)
@@ -317,10 +319,13 @@ def run_bounded(argv: t.Sequence[str], timeout: float, preexec: t.Callable[[], N
 # ---------------------------------------------------------------- the guest's numbers in the host's
 
 
-def host_pids(init: Init, wanted: t.Collection[int], proc: str = "/proc", mounts: t.Sequence[str] | None = None) -> dict[int, int]:
+def host_pids(init: Init, wanted: t.Collection[int], proc: str = "/proc", mounts: t.Sequence[str] | None = None,
+              deadline_s: float = TRANSLATE_S) -> dict[int, int]:
     """{guest PID: host PID} of the processes of the guest's own PID namespace (those of the init's
     depth in the guest's cgroup tree, in the init's namespace) whose guest PID is `wanted`; read
-    in the host's /proc, never the guest's."""
+    in the host's /proc, never the guest's. The guest makes as many cgroups and processes as it
+    likes: the walk ends after `deadline_s` (what was not found reads 0: no main process)."""
+    deadline = time.monotonic() + deadline_s
     ref = _cgroups.guest_ref(init.cgroup) if init.cgroup else None
     if ref is None or not wanted:
         return {}
@@ -333,6 +338,8 @@ def host_pids(init: Init, wanted: t.Collection[int], proc: str = "/proc", mounts
         directory = os.path.join(mount, ref["cgroup"].lstrip("/"))
         for folder, dirs, files in os.walk(directory):
             dirs.sort()
+            if time.monotonic() > deadline:
+                return found
             if "cgroup.procs" not in files:
                 continue
             try:
