@@ -378,7 +378,7 @@ def host_main_pids(out: str, init: Init, proc: str = "/proc", mounts: t.Sequence
 # ---------------------------------------------------------------- one call
 
 
-def _cgroup_root(mounts: t.Sequence[str], proc: str) -> str | None:
+def _cgroup_root(mounts: t.Sequence[str]) -> str | None:
     """The cgroup v2 mount of this node (the first cgroup2 line of mountinfo)."""
     for mount in mounts:
         if os.path.exists(os.path.join(mount, "cgroup.controllers")):
@@ -396,11 +396,12 @@ def refusal(guest: t.Mapping[str, t.Any], proc: str = "/proc", which: t.Callable
     if "nsenter" in tools:
         mounts = _cgroups.cgroup_mounts()
         why = why_not_confined(read_init(int(guest.get("init_pid") or 0), proc) if guest.get("init_pid") else None,
-                               read_init(os.getpid(), proc), _cgroup_root(mounts, proc), proc)
+                               read_init(os.getpid(), proc), _cgroup_root(mounts), proc)
     if why is None:
         return None
-    return ("{}: {}, and this host has none of {}, which run a command confined as the guest; gpu_release never runs a guest's "
-            "program with the host's privileges").format(_guests.label(guest), why, ", ".join(_guests.ENTER_TOOLS.get(str(guest.get("kind")), ())))
+    return ("{}: {}, and no tool of its manager on this host reaches it ({}: they run a command confined as the guest); gpu_release "
+            "never runs a guest's program with the host's privileges").format(
+                _guests.label(guest), why, ", ".join(_guests.ENTER_TOOLS.get(str(guest.get("kind")), ())))
 
 
 def _tools(which: t.Callable[[str], str | None]) -> dict[str, str]:
@@ -429,7 +430,7 @@ def guest_systemctl(guest: t.Mapping[str, t.Any], args: t.Sequence[str], timeout
         if why or init is None:
             return REFUSED_RC, "", why or f"{_guests.label(guest)}: its init is gone"
         mounts = _cgroups.cgroup_mounts()
-        root = t.cast(str, _cgroup_root(mounts, proc))
+        root = t.cast(str, _cgroup_root(mounts))
         procs_file = os.path.join(root, t.cast(str, init.cgroup).lstrip("/"), "cgroup.procs")
         drop = [cap for cap in range(cap_last() + 1) if not init.cap_bnd >> cap & 1]
         prctl = ctypes.CDLL(None, use_errno=True).prctl
