@@ -91,9 +91,13 @@ def _sh(fleet, host, script: str, timeout: float = 60) -> str:
     return r.stdout
 
 
-def boot(fleet, host: str, kind: str, name: str, gpu: int, mib: int = 40960, timeout: float = 60) -> Guest:
+def boot(fleet, host: str, kind: str, name: str, gpu: int, mib: int = 40960, timeout: float = 60, bounding: str = "",
+         props: tuple[str, ...] = ()) -> Guest:
     """A guest of KIND with a real systemd whose enabled vllm.service holds GPU `gpu`; returns
-    once its systemd is running and the GPU reads its memory on the host."""
+    once its systemd is running and the GPU reads its memory on the host. `bounding`: capabilities
+    its init's bounding set lacks, as a guest manager drops them (setpriv's `-sys_module,...`);
+    `props`: properties of the nspawn shape's launcher unit (`SystemCallFilter=~kexec_load`: a
+    seccomp filter of the guest's own, as systemd-nspawn adds)."""
     boundary, monitor = (path.format(name=name) for path in SHAPES[kind])
     guest = Guest(kind, name, boundary, monitor, f"/var/lib/zeromib-guests/{kind}-{name}", gpu)
     d = guest.dir
@@ -108,10 +112,11 @@ def boot(fleet, host: str, kind: str, name: str, gpu: int, mib: int = 40960, tim
         f"printf %s {shlex.quote(INNER.format(dir=d))} > {d}/inner.sh",
         # The launcher joins the boundary before it makes the cgroup namespace (rooted there), then
         # `unshare` (its PID) is moved out to the monitor's cgroup, as lxc-start's monitor lives outside.
-        f"printf %s {shlex.quote(launcher(guest))} > {d}/launch.sh && chmod +x {d}/launch.sh",
+        f"printf %s {shlex.quote(launcher(guest, bounding))} > {d}/launch.sh && chmod +x {d}/launch.sh",
     ]
     if kind == "nspawn":
-        setup.append(f"systemd-run --quiet --unit systemd-nspawn@{name}.service --slice machine.slice -p Delegate=yes {d}/launch.sh")
+        setup.append(f"systemd-run --quiet --unit systemd-nspawn@{name}.service --slice machine.slice -p Delegate=yes "
+                     + "".join(f"-p {shlex.quote(p)} " for p in props) + f"{d}/launch.sh")
     else:
         setup.append(f"mkdir -p {CG}{boundary} {CG}{monitor} && (setsid {d}/launch.sh </dev/null >/dev/null 2>&1 &)")
     try:
@@ -134,12 +139,14 @@ def boot(fleet, host: str, kind: str, name: str, gpu: int, mib: int = 40960, tim
     return guest
 
 
-def launcher(guest: Guest) -> str:
-    """The guest's launcher script: into the boundary, the monitor out, then the init."""
+def launcher(guest: Guest, bounding: str = "") -> str:
+    """The guest's launcher script: into the boundary, the monitor out, then the init (with the
+    bounding set less `bounding`)."""
+    drop = f"setpriv --bounding-set={bounding} -- " if bounding else ""
     return (f"#!/bin/sh\nset -e\nmkdir -p {CG}{guest.boundary} {CG}{guest.monitor}\n"
             f"echo $$ > {CG}{guest.boundary}/cgroup.procs\n"
             f"(sleep 0.5; echo $$ > {CG}{guest.monitor}/cgroup.procs) &\n"
-            f"exec unshare --pid --mount --uts --ipc --cgroup --net --fork --propagation private sh {guest.dir}/inner.sh "
+            f"exec {drop}unshare --pid --mount --uts --ipc --cgroup --net --fork --propagation private sh {guest.dir}/inner.sh "
             f"</dev/null >{guest.dir}/console.log 2>&1\n")
 
 

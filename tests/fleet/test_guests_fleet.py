@@ -16,6 +16,9 @@ import guests as rig
 
 # GPU of each shape's guest; the host's own vllm.service serves on GPUs 0 and 1.
 SHAPES = [("lxc", "101", 4), ("lxd", "web", 5), ("nspawn", "build", 6)]
+# How the advice reaches each kind's guest when the host has none of the managers' tools (the rig's hosts):
+# with the kind's own tool, confined as the guest.
+MANAGER = {"lxc": "pct exec 101 -- systemctl ", "lxd": "lxc exec web -- systemctl ", "nspawn": "systemctl -M build "}
 # In /run: the guests overlay the host's /etc, not its /run (the drop-in would reach their vllm.service too).
 DROP_IN = "/run/systemd/system/vllm.service.d/zeromib-guests-test.conf"
 
@@ -99,7 +102,8 @@ def test_without_an_entry_the_run_refuses_and_the_hosts_unit_of_the_same_name_ke
     for check in (True, False):
         result = module(fleet, host, "gpu_release", args, check=check)
         assert result["failed"] and result["msg"].startswith(f"refusing to free GPU {gpu}: it is held by a system container's own service")
-        assert f"add {guest.entry()} to services" in result["msg"] and "-a systemctl stop vllm.service" in result["msg"]
+        assert f"add {guest.entry()} to services" in result["msg"] and f"run `{MANAGER[kind]}stop vllm.service`" in result["msg"]
+        assert "nsenter" not in result["msg"]  # never advised: it runs the guest's own program with the host's privileges
         assert f"kill {guest.init_pid}" not in result["msg"]
         assert host_unit(fleet, host) == ("active", host_pid) and rig.host_pids(fleet, host, guest) == before
         assert fleet.gpu_memory(host)[0] >= 1000 and fleet.gpu_memory(host)[gpu] >= 1000

@@ -11,19 +11,18 @@ guest's systemd when `services` names them (`lxc:101:vllm*.service`, `lxd:web:vl
 
 A guest whose init is a system manager starts its `vllm.service` again within a second of its
 processes being killed from outside; and the host's `systemctl stop vllm.service` stops the
-host's unit of that name, not the guest's. So a guest's unit is stopped inside the guest, by the
-guest's own systemctl in the guest's namespaces (`nsenter -t <guest init> -a systemctl ...`:
-util-linux, the same for Proxmox, LXD and nspawn, without their host tools), with the plans and
-the time bounds of _units. Without such an entry, a run that would signal a process of a guest
-unit whose guest runs a system manager refuses before anything is done, naming the guest, the
-command to run there and the entry to add (`refusal`).
+host's unit of that name, not the guest's. So a guest's unit is stopped inside the guest, through
+the guest's systemd, with the plans and the time bounds of _units; every call is made confined as
+the guest (its manager's tool, else joined to its init's cgroup, bounding set and namespaces), or
+refused before anything is done where the host cannot (_guest_reach). Without such an entry, a run
+that would signal a process of a guest unit whose guest runs a system manager refuses before
+anything is done, naming the guest, the command to run there and the entry to add (`refusal`).
 """
 
 from __future__ import annotations
 
 import typing as t
 
-from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _guests
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _units
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._errors import StepFailed
@@ -37,9 +36,11 @@ if t.TYPE_CHECKING:
         """What acting on a guest's units needs of _release.System (and _restore.System)."""
 
         def guest_systemctl(self, guest: Guest, args: list[str], timeout: float) -> tuple[int, str, str]: ...
+        def guest_refusal(self, guest: Guest) -> str | None: ...
         def running_guests(self, kind: str, name_glob: str) -> list[Guest]: ...
         def now(self) -> float: ...
         def sleep(self, seconds: float) -> None: ...
+        proc: str
 
     class GuestPlan(t.TypedDict):
         """One guest's part of the plan: the guest, the entries that named it and _units' plan
@@ -61,15 +62,17 @@ def name(guest: t.Mapping[str, t.Any], unit: str) -> str:
     return _guests.entry(guest, unit)
 
 
-def nsenter_systemctl(guest: t.Mapping[str, t.Any], args: t.Sequence[str], timeout: float,
-                      which: t.Callable[[str], str | None] = _commands.which) -> tuple[int, str, str]:
-    """(rc, out, err) of the guest's own systemctl, run in all the guest's namespaces (its user
-    namespace too: an unprivileged guest's root acts there, not the host's) by nsenter; rc 127
-    without nsenter, 124 past `timeout` (_commands.systemctl)."""
-    path = which("nsenter")
-    if not path:
-        return 127, "", "nsenter (util-linux) is not on this host, and a guest's units are reached through it"
-    return _commands.systemctl(path, ["-t", str(guest["init_pid"]), "-a", "systemctl"] + list(args), timeout)
+def guest_systemctl(guest: t.Mapping[str, t.Any], args: t.Sequence[str], timeout: float, proc: str = "/proc") -> tuple[int, str, str]:
+    """(rc, out, err) of systemctl in the guest, confined as the guest; rc 126 with the reason
+    where the host cannot, 124 past `timeout`; `show`'s MainPID in host numbers (_guest_reach)."""
+    from ansible_collections.zeromib.gpu.plugins.module_utils._act import _guest_reach  # pylint: disable=import-outside-toplevel
+    return _guest_reach.guest_systemctl(guest, args, timeout, proc)
+
+
+def guest_refusal(guest: t.Mapping[str, t.Any], proc: str = "/proc") -> str | None:
+    """Why the host cannot ask this guest's systemd confined as the guest (None: it can)."""
+    from ansible_collections.zeromib.gpu.plugins.module_utils._act import _guest_reach  # pylint: disable=import-outside-toplevel
+    return _guest_reach.refusal(guest, proc)
 
 
 class GuestNode:
@@ -130,10 +133,15 @@ def plan(system: Node, entries: t.Sequence[GuestUnits], holders: list[Holder], s
                              "only. Stop them in the guest with its own tools (enter it with {}). Nothing was stopped or signalled".format(
                                  ", ".join(e.entry for e in named), _guests.label(guest), guest.get("manager") or "no system manager",
                                  _guests.guest_command(guest, ["sh"], _guests.host_tools())))
+        refused = system.guest_refusal(guest)
+        if refused:
+            raise StepFailed("services: {}: {}. Run `{}` there yourself. Nothing was stopped or signalled".format(
+                ", ".join(e.entry for e in named), refused,
+                _guests.guest_command(guest, ["systemctl", "stop"] + [e.unit for e in named], _guests.host_tools())))
         node = GuestNode(system, guest, max(CALL_S, kill_timeout))
         try:
-            steps = _units.plan(node.systemctl, [e.unit for e in named], [], service_state, set(), protect_names,
-                                "/proc/{:d}/root/proc".format(guest["init_pid"] or 0))
+            # The host's /proc: MainPID comes back in host numbers (_guest_reach), nothing is read in the guest's.
+            steps = _units.plan(node.systemctl, [e.unit for e in named], [], service_state, set(), protect_names, system.proc)
         except StepFailed as exc:
             raise StepFailed("{} ({}): {}".format(_guests.label(guest), ", ".join(e.entry for e in named), exc.msg)) from exc
         _units.keep_outside_selection(steps, unit_gpus(holders, guest), selected)

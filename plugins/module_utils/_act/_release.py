@@ -117,9 +117,14 @@ class System:
         return _guests.running(kind, name_glob, proc=self.proc)
 
     def guest_systemctl(self, guest: t.Any, args: list[str], timeout: float) -> tuple[int, str, str]:
-        """A guest's own systemctl, in the guest's namespaces (_guest_units.nsenter_systemctl)."""
+        """systemctl in a guest, confined as the guest (_guest_units.guest_systemctl)."""
         from ansible_collections.zeromib.gpu.plugins.module_utils._act import _guest_units
-        return _guest_units.nsenter_systemctl(guest, args, timeout)
+        return _guest_units.guest_systemctl(guest, args, timeout, self.proc)
+
+    def guest_refusal(self, guest: t.Any) -> str | None:
+        """Why this host cannot reach the guest's systemd confined as the guest (None: it can)."""
+        from ansible_collections.zeromib.gpu.plugins.module_utils._act import _guest_units
+        return _guest_units.guest_refusal(guest, self.proc)
 
     @staticmethod
     def now() -> float:

@@ -78,9 +78,14 @@ class System:
         return _guests.running(kind, name_glob, proc=self.proc)
 
     def guest_systemctl(self, guest: t.Any, args: list[str], timeout: float) -> tuple[int, str, str]:
-        """A guest's own systemctl, in the guest's namespaces (_guest_units.nsenter_systemctl)."""
+        """systemctl in a guest, confined as the guest (_guest_units.guest_systemctl)."""
         from ansible_collections.zeromib.gpu.plugins.module_utils._act import _guest_units  # pylint: disable=import-outside-toplevel
-        return _guest_units.nsenter_systemctl(guest, args, timeout)
+        return _guest_units.guest_systemctl(guest, args, timeout, self.proc)
+
+    def guest_refusal(self, guest: t.Any) -> str | None:
+        """Why this host cannot reach the guest's systemd confined as the guest (None: it can)."""
+        from ansible_collections.zeromib.gpu.plugins.module_utils._act import _guest_units  # pylint: disable=import-outside-toplevel
+        return _guest_units.guest_refusal(guest, self.proc)
 
     @staticmethod
     def now() -> float:
@@ -304,8 +309,8 @@ class Restore:
     # --- a guest's units
 
     def restore_guest_unit(self, entry: Entry) -> Outcome:
-        """A system container's own unit, put back through the guest's systemd (nsenter into the
-        guest's namespaces, _guest_units), with the steps of a host unit. A guest that is not
+        """A system container's own unit, put back through the guest's systemd, confined as the
+        guest (_guest_units, _guest_reach), with the steps of a host unit. A guest that is not
         running keeps its entry: start the guest, then run gpu_restore again."""
         from ansible_collections.zeromib.gpu.plugins.module_utils._act import _guest_units  # pylint: disable=import-outside-toplevel
         from ansible_collections.zeromib.gpu.plugins.module_utils._look import _guests  # pylint: disable=import-outside-toplevel
@@ -316,6 +321,10 @@ class Restore:
         guest = guests[0]
         if guest.get("manager") != "systemd":
             return [], "{} runs {} as its init, not systemd".format(_guests.label(guest), guest.get("manager") or "no system manager")
+        refused = self.system.guest_refusal(guest)
+        if refused:
+            return [], "{}. Run `{}` there yourself (the entry stays in the record)".format(
+                refused, _guests.guest_command(guest, ["systemctl", "start", unit], _guests.host_tools()))
         node = _guest_units.GuestNode(self.system, guest, self.step_timeout)
         try:
             props = self._show([unit], node.systemctl).get(unit, {})

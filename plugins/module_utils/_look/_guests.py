@@ -239,10 +239,10 @@ def running(kind: str, name_glob: str, mounts: t.Iterable[str] | None = None, pr
 
 
 def host_tools(lookup: t.Callable[[str], str | None] = _commands.which) -> dict[str, str]:
-    """{tool: path} of the host's tools that reach into guests (pct, lxc-attach, lxc, incus,
-    machinectl, nsenter), looked up on this node."""
+    """{tool: path} of the host's tools that run a command in a guest confined as the guest (pct,
+    lxc-attach, lxc, incus, machinectl), looked up on this node."""
     tools: dict[str, str] = {}
-    for name in sorted({n for names in ENTER_TOOLS.values() for n in names} | {"nsenter"}):
+    for name in sorted({n for names in ENTER_TOOLS.values() for n in names}):
         path = lookup(name)
         if path:
             tools[name] = path
@@ -250,20 +250,21 @@ def host_tools(lookup: t.Callable[[str], str | None] = _commands.which) -> dict[
 
 
 def guest_command(guest: t.Mapping[str, t.Any], command: t.Sequence[str], tools: t.Collection[str]) -> str:
-    """`command` run in the guest by the first of the host's tools that reaches it: `pct exec 101 --
-    systemctl stop vllm.service`, `lxc exec web -- ...`, `systemctl -M build stop ...`, else
-    `nsenter -t <init pid> -a ...` (any kind, util-linux)."""
+    """`command` run in the guest, confined by its manager: with the first of the host's tools
+    that reaches it, else with its kind's own (`pct exec 101 -- systemctl stop vllm.service`,
+    `lxc exec web -- ...`, `systemctl -M build stop ...`). Never `nsenter -a`: that runs the
+    guest's own program outside its cgroup, bounding set and seccomp filter."""
     kind, name = guest.get("kind") or "", str(guest.get("name"))
     words = " ".join(shlex.quote(word) for word in command)
-    for tool in ENTER_TOOLS.get(kind, ()):
-        if tool not in tools:
-            continue
-        if tool == "pct":
-            return f"pct exec {shlex.quote(name)} -- {words}"
-        if tool in ("lxc", "incus"):
-            return f"{tool} exec {shlex.quote(name)} -- {words}"
-        if tool == "lxc-attach":
-            return f"lxc-attach -n {shlex.quote(name)} -- {words}"
-        if tool == "machinectl" and command and command[0] == "systemctl":
+    known = [tool for tool in ENTER_TOOLS.get(kind, ("lxc-attach",)) if tool != "pct" or name.isdigit()]
+    present = [tool for tool in known if tool in tools]
+    tool = (present or known or ["lxc-attach"])[0]
+    if tool == "pct":
+        return f"pct exec {shlex.quote(name)} -- {words}"
+    if tool in ("lxc", "incus"):
+        return f"{tool} exec {shlex.quote(name)} -- {words}"
+    if tool == "machinectl":
+        if command and command[0] == "systemctl":
             return "systemctl -M {} {}".format(shlex.quote(name), " ".join(shlex.quote(word) for word in command[1:]))
-    return "nsenter -t {} -a {}".format(guest.get("init_pid") or "<guest init pid>", words)
+        return "machinectl shell {}{}".format(shlex.quote(name), "" if list(command) == ["sh"] else " /bin/sh -c " + shlex.quote(words))
+    return f"lxc-attach -n {shlex.quote(name)} -- {words}"

@@ -26,7 +26,7 @@ INIT = 7000
 
 class GuestSystem(FakeSystem):
     """The fake node with one Proxmox guest, 101, whose systemd runs `world.guest_units` (a table
-    of _units' shape): its systemctl is FakeSystem's over that table, as nsenter would reach it."""
+    of _units' shape): its systemctl is FakeSystem's over that table, as _guest_reach would reach it."""
 
     def running_guests(self, kind, name_glob):
         if kind != "lxc" or not self.world.guest_running:
@@ -44,6 +44,9 @@ class GuestSystem(FakeSystem):
             world.units = host
             del world.systemctl_log[logged:]  # the guest's systemd was asked, not the host's
 
+    def guest_refusal(self, guest):
+        return self.world.guest_refusal
+
 
 @pytest.fixture
 def world(tmp_path):
@@ -51,6 +54,7 @@ def world(tmp_path):
     root.mkdir()
     node = World(root, gpus=8)
     node.guest_units, node.guest_log, node.guest_running, node.guest_manager = {}, [], True, "systemd"
+    node.guest_refusal = None
     fakeproc.write_process(root, 6990, comm="lxc-start", ppid=1, cgroup="0::/lxc.monitor/101\n", argv=("lxc-start", "-F", "-n", "101"))
     fakeproc.write_process(root, INIT, comm="systemd", ppid=6990, cgroup=f"0::{GUEST}/init.scope\n", argv=("/sbin/init",),
                            nspid=(INIT, 1), exe="/usr/lib/systemd/systemd")
@@ -101,7 +105,8 @@ def test_the_hosts_unit_of_the_same_name_is_not_stopped_for_the_guests_holder_an
     assert 900 in world.procs and 7100 in world.procs
     assert error.msg.startswith("refusing to free GPU 4: it is held by a system container's own service")
     assert "vllm.service of LXC guest 101 (pids 7100, GPU 4; its systemd would start it again)" in error.msg
-    assert "-a systemctl stop vllm.service` (and `" in error.msg and "systemctl disable vllm.service` to keep it" in error.msg
+    assert "run `pct exec 101 -- systemctl stop vllm.service` (and `" in error.msg and "nsenter" not in error.msg
+    assert "systemctl disable vllm.service` to keep it" in error.msg
     assert "add lxc:101:vllm.service to services" in error.msg and "kill 7000" not in error.msg
 
 
@@ -247,7 +252,10 @@ class RestoreSystem(_restore.System):
     def __init__(self, tmp_path, running=True):
         super().__init__(systemctl_path=None, runtimes=object(), record_path=str(tmp_path / "state" / "released.json"), proc=str(tmp_path))
         self.props = {"Id": "vllm.service", "LoadState": "loaded", "ActiveState": "inactive", "SubState": "dead", "UnitFileState": "disabled"}
-        self.calls, self.running = [], running
+        self.calls, self.running, self.refused = [], running, None
+
+    def guest_refusal(self, guest):
+        return self.refused
 
     def running_guests(self, kind, name_glob):
         return [{"kind": "lxc", "name": "101", "unit": None, "init_pid": INIT, "manager": "systemd"}] if self.running else []
@@ -283,3 +291,28 @@ def test_restore_keeps_the_entry_of_a_guest_that_is_not_running(tmp_path):
         _restore.Restore(system, {"step_timeout": 30}).run()
     assert "LXC guest 101 is not running: start it, then run gpu_restore again" in info.value.msg
     assert _record.read(system.record_path)["entries"]
+
+
+def test_restore_refuses_a_guest_it_cannot_reach_confined_and_keeps_the_entry(tmp_path):
+    """No tool of the guest's manager and an init the host cannot join (a seccomp filter of its
+    own): nothing is run in the guest, the entry stays, the message names the command."""
+    system = RestoreSystem(tmp_path)
+    system.refused = "LXC guest 101: its init runs under a seccomp filter"
+    _record.add(system.record_path, [{"kind": "guest_unit", "name": "vllm.service", "guest_kind": "lxc", "guest": "101",
+                                      "entry": "lxc:101:vllm.service", "actions": ["stopped"], "active": True,
+                                      "unit_file_state": "enabled", "gpu_indexes": [4]}])
+    with pytest.raises(_restore.RestoreError) as caught:
+        _restore.Restore(system, {"step_timeout": 30}).run()
+    assert system.calls == []
+    assert "seccomp filter" in caught.value.msg and "Run `pct exec 101 -- systemctl start vllm.service` there yourself" in caught.value.msg
+    assert [e["name"] for e in _record.read(system.record_path)["entries"]] == ["vllm.service"]
+
+
+@pytest.mark.parametrize("check_mode", [False, True], ids=["run", "check"])
+def test_release_refuses_a_guest_it_cannot_reach_confined_before_anything_is_done(world, check_mode):
+    guest_server(world)
+    world.guest_refusal = "LXC guest 101: its init runs under a seccomp filter"
+    error = fail(world, services=["lxc:101:vllm.service"], gpus=["4"], check_mode=check_mode)
+    assert world.guest_log == [] and world.signals == [] and 7100 in world.procs
+    assert error.msg.startswith("services: lxc:101:vllm.service: LXC guest 101: its init runs under a seccomp filter")
+    assert "Run `pct exec 101 -- systemctl stop vllm.service` there yourself. Nothing was stopped or signalled" in error.msg

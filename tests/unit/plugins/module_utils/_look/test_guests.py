@@ -162,17 +162,23 @@ def test_running_lists_each_kind_by_name_with_its_init(tmp_path):
     pytest.param("lxd", "web", {"lxc", "nsenter"}, "lxc exec web -- systemctl stop vllm.service", id="lxd"),
     pytest.param("lxd", "web", {"incus"}, "incus exec web -- systemctl stop vllm.service", id="incus"),
     pytest.param("nspawn", "build", {"machinectl"}, "systemctl -M build stop vllm.service", id="machined"),
-    pytest.param("nspawn", "build", {"nsenter"}, "nsenter -t 4000 -a systemctl stop vllm.service", id="nspawn-without-machinectl"),
-    pytest.param("lxd", "we b", set(), "nsenter -t 4000 -a systemctl stop vllm.service", id="no-tool"),
+    # Without the manager's tool here, the kind's own (never nsenter -a: the guest's program with the host's privileges).
+    pytest.param("nspawn", "build", {"nsenter"}, "systemctl -M build stop vllm.service", id="nspawn-without-machinectl"),
+    pytest.param("lxd", "we b", set(), "lxc exec 'we b' -- systemctl stop vllm.service", id="no-tool"),
+    pytest.param("lxc", "101", set(), "pct exec 101 -- systemctl stop vllm.service", id="proxmox-without-pct"),
+    pytest.param("lxc", "web", {"pct"}, "lxc-attach -n web -- systemctl stop vllm.service", id="pct-names-only-numbered-guests"),
+    pytest.param("nspawn", "build", {"machinectl"}, "machinectl shell build", id="a-shell", marks=[]),
 ])
-def test_the_command_to_run_uses_a_tool_the_host_has(kind, name, tools, command):
+def test_the_command_to_run_uses_the_guests_manager(kind, name, tools, command):
     guest = {"kind": kind, "name": name, "unit": "vllm.service", "init_pid": 4000, "manager": "systemd"}
-    assert _guests.guest_command(guest, ["systemctl", "stop", "vllm.service"], tools) == command
+    words = ["sh"] if command == "machinectl shell build" else ["systemctl", "stop", "vllm.service"]
+    assert _guests.guest_command(guest, words, tools) == command
+    assert "nsenter" not in command
 
 
 def test_host_tools_are_looked_up_not_assumed():
     found = {"pct": "/usr/sbin/pct", "nsenter": "/usr/bin/nsenter"}
-    assert _guests.host_tools(found.get) == found
+    assert _guests.host_tools(found.get) == {"pct": "/usr/sbin/pct"}
 
 
 @pytest.mark.parametrize("kind, entry", [("lxc", "lxc:101:vllm.service"), ("lxd", "lxd:101:vllm.service"), ("nspawn", "machine:101:vllm.service")])
