@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _units
-from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils.fake_node import World, run, stops
+from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils.fake_node import World, fail, run, stops
 
 
 @pytest.fixture
@@ -126,3 +126,19 @@ def test_an_owned_unit_the_node_needs_is_refused_as_a_named_one_is(world, unit, 
 def test_owned_refusal(unit, has_main, named, explicit, refused):
     reason = _units.owned_refusal(unit, has_main, named, explicit)
     assert (reason is None) if refused is None else (refused in (reason or "")), reason
+
+
+def test_the_reset_advice_names_her_unit_never_the_host_unit_her_sub_cgroup_is_named_after(world):
+    # GPU 0 leaked (no live context) while her NVML client, in her sub-cgroup `networking.service`,
+    # keeps its node open: the advice stops what holds the node, as systemd names it.
+    host_units_without_main(world, "networking.service")
+    world.unit("lab-alice.service")
+    world.spawn(700, {}, unit="lab-alice.service", cgroup=f"0::{ALICE}\n", comm="sh", argv=("/bin/sh", "job.sh"), devices=[])
+    world.spawn(701, {}, unit="lab-alice.service", cgroup=f"0::{ALICE}/networking.service\n", ppid=700,
+                devices=["/dev/nvidia0", "/dev/nvidiactl"])
+    world.leaked.append((0, 427, "[Not Found]", 3590))
+    for check_mode in (True, False):
+        error = fail(world, gpus=["0"], check_mode=check_mode)
+        assert "pid 701 python3 (lab-alice.service) holds its device node" in error.msg, error.msg
+        assert "`systemctl stop lab-alice.service`" in error.msg and "networking.service" not in error.msg
+        assert stops(world) == []
