@@ -85,7 +85,10 @@ def facts_units(fleet, host: str) -> dict[int, str | None]:
 
 
 def ready_pid(fleet, host: str, path: str) -> int:
-    found = wait_for(lambda: fleet.ssh(host, f"cat {path} 2>/dev/null").stdout.strip(), timeout=30)
+    def written() -> str:
+        return fleet.ssh(host, f"cat {path} 2>/dev/null").stdout.strip()
+
+    found = wait_for(written, timeout=30)
     assert found, f"{host}: {path} never written"
     return int(json.loads(found)["pid"])
 
@@ -200,4 +203,3 @@ def test_her_own_job_in_her_delegated_unit_is_still_freed_through_her_unit(clean
         assert not any(alive(fleet, host, alice.pids.values()).values())
         assert fleet.gpu_memory(host) == baseline(fleet, host)
         assert unit_states(fleet, host, "lab-alice.service")["lab-alice.service"][0] in ("inactive", "failed", "unknown")
-
