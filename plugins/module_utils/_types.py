@@ -87,8 +87,9 @@ class Holder(t.TypedDict, total=False):
 
     Who wrote each key: the kernel (pid, ppid, state, start_time, uid, devices, mapped, exe_path,
     exe_owner, cgroup), the process itself (name, cmdline: never a reason to signal or spare it),
-    zeromib.gpu's attribution (gpu_indexes, attribution, candidate_gpu_indexes, protected, unit,
-    system_service) and a container runtime's API (container, container_*, pod, pod_uid)."""
+    zeromib.gpu's attribution (gpu_indexes, attribution, candidate_gpu_indexes, protected), systemd
+    (unit, system_service: the unit its ControlGroup= places the process in, _look/_unit_owner) and
+    a container runtime's API (container, container_*, pod, pod_uid)."""
 
     pid: int
     ppid: int

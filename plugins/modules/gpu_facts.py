@@ -354,6 +354,10 @@ ansible_facts:
               runtime (Docker or Podman, through its API socket or its CLI) and are V(null) where it cannot be asked.
             - C(pod) is V(namespace/name) of the Kubernetes pod (from the container's C(io.kubernetes.pod.*) labels, or crictl), C(pod_uid)
               its UID (from the cgroup path); both V(null) outside Kubernetes.
+            - C(unit) is the host's systemd unit the process runs in, as systemd says it - the first C(.service) or C(.scope) of its
+              cgroup path, kept only where that unit's C(ControlGroup=) is that directory, else V(null). Below a unit that delegates its
+              cgroup (C(Delegate=yes), C(user@UID.service)) the names are its user's, and the unit is the delegating one
+              (C(lab-alice.service) for a process in its C(networking.service) sub-cgroup).
             - Device files are known by kernel identity (device number, or the inode of the node's own C(/dev/nvidiaN)), not by path.
               A name protects only a process whose identity backs it; C(protection_note) says why a process named like a protected
               daemon is not protected, C(container_note) why a cgroup path naming a container or pod was not believed (a user-delegated

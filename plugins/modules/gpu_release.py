@@ -76,6 +76,10 @@ options:
         GPU workload (its main process or their descendants hold the GPUs).
       - A launcher that merely started a holder (a scheduler, cron, Ray, Jupyter, a container engine, O(launchers), ...) is never
         stopped; its holders are signalled and it is listed in RV(launchers).
+      - The unit is the one systemd says the holder runs in (a sub-cgroup a user names below her C(Delegate=yes) unit is her
+        unit's). A unit without a main process (a oneshot with C(RemainAfterExit=yes)) is stopped for its holders only when
+        O(services) names it; an essential unit never, and one that keeps the node reachable and its data safe only when named
+        exactly - their holders are signalled and the unit is listed in RV(launchers).
         R(Details, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.stop-owning-units).
     type: bool
     default: true
@@ -334,9 +338,11 @@ failed_units:
   sample: [stubborn.service]
 launchers:
   description:
-    - Units that started holders of the selected GPUs but are not the workload (see O(stop_owning_units)), with the holders signalled
-      instead of stopping them. One entry per unit and Slurm job; C(slurm_job_id) comes from the holder's cgroup (C(job_<id>)) or its
-      C(SLURM_JOB_ID); holders in a Slurm job outside any service (a C(slurmstepd.scope)) are listed too.
+    - Units that started holders of the selected GPUs but are not the workload (see O(stop_owning_units)), and units that own holders
+      but are not stopped for them (essential, keeping the node reachable, or without a main process and not named in O(services)),
+      with the holders signalled instead of stopping them and the C(reason). One entry per unit and Slurm job; C(slurm_job_id) comes
+      from the holder's cgroup (C(job_<id>)) or its C(SLURM_JOB_ID); holders in a Slurm job outside any service (a
+      C(slurmstepd.scope)) are listed too.
     - In check mode, the same plan.
   type: list
   elements: dict

@@ -759,6 +759,8 @@ class Release:
         # Workload units that also hold GPUs outside the selection (plan_units).
         self.spanning_units: list[dict[str, t.Any]] = []
         self._main_pids: dict[str, int | None] = {}
+        # systemd's ControlGroup= of each unit a holder's cgroup named (_unit_owner): asked once per run.
+        self.unit_cgroups: dict[str, str] = {}
         # Namespace inits this run spares (spare_namespace_inits), by identity: still spared, and
         # so protected, in every later scan of the run.
         self.spared_inits: set[tuple[int, int]] = set()
@@ -891,6 +893,7 @@ class Release:
         )
         holders = _container_of.annotate(holders, self.system.runtimes, self.system.proc)
         holders = _guests.annotate(holders, self.system.proc)
+        holders = _facts.annotate_units(holders, self.system.systemctl, self.unit_cgroups)
         for holder in holders:
             if (holder["pid"], holder["start_time"]) in self.spared_inits:
                 holder["protected"], holder["protected_reason"] = True, SPARED_INIT
@@ -917,7 +920,8 @@ class Release:
         snapshot = _facts.look(self.smi, self.params.get("protect"), with_processes=True, proc=self.system.proc, driver_root=self.driver_root, with_apps=False,
                                max_used_mib=self.max_used_mib(), footprint_mib=self.footprint_mib(),
                                runtimes_of=lambda: self.system.runtimes, checks=_health.Checks.from_params(self.params), main_pid_of=self.main_pid_of,
-                               kernel_log_state=getattr(self.system, "kernel_log_state", None), while_waiting=load_freeing_code)
+                               kernel_log_state=getattr(self.system, "kernel_log_state", None), while_waiting=load_freeing_code,
+                               systemctl=self.system.systemctl, unit_cgroups=self.unit_cgroups)
         self.health = snapshot.health
         if self.params.get("clean_shm"):
             from ansible_collections.zeromib.gpu.plugins.module_utils._look import _shm
@@ -1060,7 +1064,7 @@ class Release:
         forbidden = self.forbidden_units(holders)
         owned, self.result["launchers"], self.spanning_units = _units.owners(
             self.system.systemctl, targets, holders, selected, forbidden, self.system.proc, self.names,
-            self.params.get("launchers") or (), bool(self.params.get("kill_spanning")))
+            self.params.get("launchers") or (), bool(self.params.get("kill_spanning")), self.named.units)
         steps = _units.plan(self.system.systemctl, self.named.units, owned if self.params.get("stop_owning_units") else [],
                             self.params.get("service_state"), forbidden, self.names, self.system.proc, self.params.get("launchers") or ())
         _units.keep_outside_selection(steps, _units.held_gpus(holders), selected, owned)

@@ -85,13 +85,25 @@ def unit_cgroup(cgroup_path: str | None, unit: str) -> str | None:
     return None
 
 
-def user_restart(systemctl: Systemctl | None, holder: Holder) -> str | None:
+def user_unit(holder: Holder) -> str | None:
+    """The unit of a user's own manager a holder runs in: the deepest `*.service` of its cgroup
+    below the `user@UID.service` systemd says it runs in (_unit_owner), or None. A name its user
+    chose: used only to watch that cgroup and to ask that user's manager, never to stop anything."""
+    owner = holder.get("unit") or ""
+    if not owner.startswith("user@"):
+        return None
+    _above, sep, below = (holder.get("cgroup") or "").partition("/" + owner + "/")
+    units = [part for part in below.split("/") if part.endswith(".service")] if sep else []
+    return units[-1] if units else None
+
+
+def user_restart(systemctl: Systemctl | None, holder: Holder, unit: str) -> str | None:
     """Restart= of a user-manager unit, asked through `systemctl --user --machine=USER@`, or
     None when it cannot be asked (then the unit is watched)."""
     user = holder.get("user")
     if not user or systemctl is None:
         return None
-    rc, out, _err = systemctl(["--user", f"--machine={user}@", "show", "--property=Restart", "--value", holder.get("unit") or ""])
+    rc, out, _err = systemctl(["--user", f"--machine={user}@", "show", "--property=Restart", "--value", "--", unit])
     return (out.strip() or None) if rc == 0 else None
 
 
@@ -106,10 +118,10 @@ def watch_list(signalled: list[Holder], outside_reasons: t.Mapping[str, t.Any], 
                 described = dict(holder, container_runtime=holder.get("container_runtime") or ref.get("runtime"))
                 watched.setdefault(cgroup, f"container {_containers.describe_entry(_containers.holder_entry(described))}")
             continue
-        unit = holder.get("unit") or ""
-        if unit.endswith(".service") and "/user@" in cgroup:
+        unit = user_unit(holder)
+        if unit:
             path = unit_cgroup(cgroup, unit)
-            if path and path not in watched and user_restart(systemctl, holder) != "no":
+            if path and path not in watched and user_restart(systemctl, holder, unit) != "no":
                 watched[path] = "unit {} of {}'s systemd manager".format(unit, holder.get("user") or "a user")
     return watched
 

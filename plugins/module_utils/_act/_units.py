@@ -360,24 +360,46 @@ def _unit_gpus(unit: str, holders: list[Holder]) -> set[int]:
     return used
 
 
+def owned_refusal(unit: str, has_main: bool, named: t.Collection[str], explicit: t.Collection[str]) -> str | None:
+    """Why a unit that owns holders is not stopped for them, whatever else it is, or None: the
+    refusals of named units hold for owned ones too (a holder's unit is what systemd says, yet the
+    holder chose to run there). Essential units never (named or not); what keeps the node reachable
+    and its data safe only when named exactly; a unit without a main process (oneshot,
+    RemainAfterExit=yes, or its main process ended) only when named: with no main process there is
+    no workload to tell its holders by, any process in it may be anyone's. `named`: the units the
+    services entries select (globs expanded), `explicit`: those named exactly. Pure."""
+    if matches(unit, ESSENTIAL_UNITS):
+        return f"{unit} is essential to the node (systemd's own units, D-Bus, login, SSH, consoles, networking): never stopped"
+    kind = keeps_node(unit)
+    if kind and unit not in explicit:
+        return f"{unit} is {kind}: the node needs it to stay reachable and its data safe; stopped only when services names it exactly"
+    if not has_main and unit not in named and unit not in explicit:
+        return f"{unit} has no main process (oneshot, RemainAfterExit=yes, or it ended): stopped for its holders only when services names it"
+    return None
+
+
 def _owner_verdict(unit: str, props: dict[str, str], in_unit: list[Holder], unit_gpus: set[int], selected: list[int],
-                   forbidden: set[str], proc: str, protect_names: t.Iterable[str], site: tuple[tuple[str, ...], tuple[str, ...]]
-                   ) -> tuple[str, str] | None:
-    """stop_verdict for a unit that owns targets, with this session's and protected units first."""
+                   forbidden: set[str], proc: str, protect_names: t.Iterable[str], site: tuple[tuple[str, ...], tuple[str, ...]],
+                   named: t.Collection[str] = (), explicit: t.Collection[str] = ()) -> tuple[str, str] | None:
+    """stop_verdict for a unit that owns targets, with this session's, protected and refused
+    units (owned_refusal) first."""
     if unit in forbidden:
         return "launcher", f"{unit} runs this Ansible session or a protected process"
     pid, main = main_process(props, proc)
     protected = protected_main(pid, main, protect_names)
     if protected:
         return "launcher", f"the main process of {unit} ({protected}) is protected"
-    # Without a main process (MainPID=0, or gone) there is nothing to tell descendants by.
+    refused = owned_refusal(unit, main is not None, named, explicit)
+    if refused:
+        return "launcher", refused
+    # Without a main process (named: owned_refusal lets it through) every holder is the workload named.
     under_main = main is None or all(pid in holders_mod.lineage(h["pid"], proc) for h in in_unit)
     return stop_verdict(unit, main_names(pid, main, props), under_main, unit_gpus, selected, site)
 
 
 def owners(systemctl: Systemctl, targets: list[Holder], holders: list[Holder], selected: list[int], forbidden: set[str],
-           proc: str = "/proc", protect_names: t.Iterable[str] = (), launchers: t.Iterable[str] = (), kill_spanning: bool = False
-           ) -> tuple[list[str], list[dict[str, t.Any]], list[dict[str, t.Any]]]:
+           proc: str = "/proc", protect_names: t.Iterable[str] = (), launchers: t.Iterable[str] = (), kill_spanning: bool = False,
+           named: t.Iterable[str] = ()) -> tuple[list[str], list[dict[str, t.Any]], list[dict[str, t.Any]]]:
     """The system services that own targets -> (to stop, launchers, spanning).
 
     `launchers` (returned) lists, per unit (and Slurm job), the holders signalled instead of
@@ -388,9 +410,16 @@ def owners(systemctl: Systemctl, targets: list[Holder], holders: list[Holder], s
     outside_gpus}]; they are stopped (and still listed) only with `kill_spanning`: the caller
     refuses to act otherwise. `launchers` (the option) adds a site's own (see split_launchers).
 
-    Which unit a holder is in comes from its cgroup (outside any user-delegated subtree), the
-    unit's main process and command from systemd (MainPID, ExecStart)."""
+    `named`: the services entries (unit names and globs). A unit that services does not name is
+    never stopped for its holders when it is essential, keeps the node reachable, or has no main
+    process (owned_refusal): its holders are signalled and it is listed in `launchers`.
+
+    Which unit a holder is in is systemd's (the look's _unit_owner: its ControlGroup= is the
+    holder's cgroup or the directory a delegated subtree starts at), the unit's main process and
+    command too (MainPID, ExecStart)."""
     site = split_launchers(launchers)
+    patterns = [normalize_unit(p) for p in named or []]
+    explicit = {p for p in patterns if not is_glob(p)}
     units = _service_units(targets)
     props: dict[str, dict[str, str]] = {}
     if units:
@@ -402,7 +431,8 @@ def owners(systemctl: Systemctl, targets: list[Holder], holders: list[Holder], s
     for unit in units:
         in_unit = [h for h in targets if h.get("unit") == unit and h.get("system_service")]
         unit_gpus = _unit_gpus(unit, holders)
-        verdict = _owner_verdict(unit, props.get(unit, {}), in_unit, unit_gpus, selected, forbidden, proc, protect_names, site)
+        verdict = _owner_verdict(unit, props.get(unit, {}), in_unit, unit_gpus, selected, forbidden, proc, protect_names, site,
+                                 {unit} if matches(unit, patterns) else set(), explicit)
         if verdict is not None and verdict[0] == "launcher":
             reasons[unit] = verdict[1]
             continue
@@ -631,6 +661,8 @@ def plan(systemctl: Systemctl, named: list[str], owned: list[str], service_state
     if triggers:
         props.update(_show(systemctl, triggers, steps))
         named_units += triggers
+    # The refusals of owned units (owners, owned_refusal) hold here too, whoever built `owned`.
+    owned = [u for u in owned if not matches(u, ESSENTIAL_UNITS) and (u in explicit or not keeps_node(u))]
     _fill_steps(steps, named_units, owned, props, service_state)
     return steps
 

@@ -25,6 +25,7 @@ if t.TYPE_CHECKING:
     from ansible_collections.zeromib.gpu.plugins.module_utils._types import ComputeApp, DriverGpu, Gpu, Holder
 
     MainPidOf = t.Callable[[str], t.Optional[int]]
+    Systemctl = t.Callable[[t.List[str]], t.Tuple[int, str, str]]
 
 GPU_KEYS = (
     "index",
@@ -374,14 +375,17 @@ def look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, *, with_proc
          driver_root: str = "/proc/driver/nvidia/gpus", with_apps: bool | None = None, max_used_mib: float = 0,
          footprint_mib: float | None = _attribution.CROSS_GPU_FOOTPRINT_MIB, runtimes: Runtimes | None = None, checks: _health.Checks | None = None,
          main_pid_of: MainPidOf | None = None, runtimes_of: t.Callable[[], Runtimes] | None = None,
-         kernel_log_state: str | None = None, while_waiting: t.Callable[[list[Holder]], None] | None = None) -> Snapshot:
+         kernel_log_state: str | None = None, while_waiting: t.Callable[[list[Holder]], None] | None = None,
+         systemctl: Systemctl | None = None, unit_cgroups: dict[str, str] | None = None) -> Snapshot:
     """nvidia-smi (GPUs and, side by side, compute apps, and the kernel log for Xids) then the
     /proc scan -> Snapshot. GPU records carry their health (`checks`: a _health.Checks).
 
     `with_apps` defaults to `with_processes`; gpu_release looks without them and asks for them
     only when some process maps a per-GPU node (a clean node: one nvidia-smi call). Without
     `checks`, health is not read (the GPUs' `healthy` reads None). The container runtimes
-    (`runtimes`, or `runtimes_of()`) are asked only about holders, and loaded only then.
+    (`runtimes`, or `runtimes_of()`) are asked only about holders, and loaded only then; so is
+    systemd, for the unit each holder's cgroup names (_unit_owner.confirm: `systemctl`, the run's,
+    else the node's; `unit_cgroups`, the run's answers so far).
 
     The device-file pass over /proc runs while nvidia-smi answers (neither needs the other);
     when it finds a process mapping a GPU, the compute-apps call starts at once and
@@ -405,7 +409,8 @@ def look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, *, with_proc
     try:
         return _look(smi, protect, early, unreadable, meanwhile if with_processes else None, with_processes=with_processes, proc=proc,
                      driver_root=driver_root, with_apps=with_apps, max_used_mib=max_used_mib, footprint_mib=footprint_mib, runtimes=runtimes,
-                     checks=checks, main_pid_of=main_pid_of, runtimes_of=runtimes_of, kernel_log_state=kernel_log_state)
+                     checks=checks, main_pid_of=main_pid_of, runtimes_of=runtimes_of, kernel_log_state=kernel_log_state,
+                     systemctl=systemctl, unit_cgroups=unit_cgroups)
     except BaseException:
         if early.get("apps") is not None:
             smi.abandon(early["apps"])
@@ -415,7 +420,8 @@ def look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, *, with_proc
 def _look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, early: dict[str, t.Any], unreadable: list[int],
           meanwhile: t.Callable[[], None] | None, *, with_processes: bool, proc: str, driver_root: str, with_apps: bool, max_used_mib: float,
           footprint_mib: float | None, runtimes: Runtimes | None, checks: _health.Checks | None, main_pid_of: MainPidOf | None,
-          runtimes_of: t.Callable[[], Runtimes] | None, kernel_log_state: str | None) -> Snapshot:
+          runtimes_of: t.Callable[[], Runtimes] | None, kernel_log_state: str | None, systemctl: Systemctl | None = None,
+          unit_cgroups: dict[str, str] | None = None) -> Snapshot:
     gpus, listed, health = _query_gpus(smi, with_apps, checks, kernel_log_state, meanwhile)
     driver_gpus = smi_mod.read_driver_gpus(driver_root)
     # A GPU the driver has and nvidia-smi left out (rc 0, one row fewer) is never read as clean,
@@ -454,10 +460,17 @@ def _look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, early: dict
         from ansible_collections.zeromib.gpu.plugins.module_utils._look import _engines
         _container_of.annotate(holders, runtimes or (runtimes_of() if runtimes_of else _engines.Runtimes()), proc)
         _guests.annotate(holders, proc)
+        annotate_units(holders, systemctl, unit_cgroups)
     footprint = _attribution.footprint_gpus(gpus, holders, apps, max_used_mib, footprint_mib)
     snapshot = Snapshot(gpus, apps, holders, unreadable, footprint, health, not_visible, early["unscanned"])
     snapshot.inside_container = _guests.pid_namespace_nested(proc)
     return snapshot
+
+
+def annotate_units(holders: list[Holder], systemctl: Systemctl | None = None, unit_cgroups: dict[str, str] | None = None) -> list[Holder]:
+    """Each holder's unit as systemd confirms it (_unit_owner, loaded only for holders)."""
+    from ansible_collections.zeromib.gpu.plugins.module_utils._look import _unit_owner
+    return _unit_owner.confirm(holders, systemctl, unit_cgroups)
 
 
 def scan_limits(timeout: float | None) -> holders_mod.ScanLimits:

@@ -435,24 +435,29 @@ def parse_cgroup(text: bytes | str) -> str | None:
 
 
 def unit_of(cgroup_path: str | None) -> str | None:
-    """The systemd unit a cgroup path belongs to: its deepest `*.service` or `*.scope`. None below
-    a system container's boundary: there the unit is the guest's, never the host's (_guests)."""
+    """The unit of the host's systemd a cgroup path claims: its FIRST `*.service` or `*.scope` from
+    the root. systemd puts a unit only in a slice, never in another unit, so everything below that
+    directory is the unit's own: where systemd delegates it (`Delegate=yes`, `user@UID.service`), its
+    user or container names the directories below at will (`.../lab-alice.service/networking.service`
+    is lab-alice.service's). A claim until systemd confirms it (_unit_owner.confirm: the unit's
+    ControlGroup= is that directory). None below a system container's boundary: there the unit is
+    the guest's, never the host's (_guests)."""
     if not cgroup_path or _cgroups.guest_ref(cgroup_path) is not None:
         return None
-    unit = None
     for part in cgroup_path.split("/"):
         if _UNIT.match(part):
-            unit = part
-    return unit
+            return part
+    return None
 
 
 def is_system_service(cgroup_path: str | None) -> bool:
-    """True when the unit is a .service of the system manager (not of a user@ manager), i.e.
-    one that `systemctl stop` can stop."""
+    """True when the unit is a .service of the system manager that runs its own processes, i.e.
+    one that `systemctl stop` stops for them: not a user's manager (`user@UID.service`, the whole
+    session of its user), not a container's runtime."""
     unit = unit_of(cgroup_path)
     # A container's processes can sit below its runtime's unit (containerd.service): stopping
     # that unit would take down every container of the node.
-    return bool(unit and cgroup_path and unit.endswith(".service") and "/user@" not in cgroup_path and container_of(cgroup_path) is None)
+    return bool(unit and unit.endswith(".service") and not unit.startswith("user@") and container_of(cgroup_path) is None)
 
 
 def container_of(cgroup_path: str | None) -> str | None:

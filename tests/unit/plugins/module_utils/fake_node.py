@@ -84,6 +84,29 @@ class World:
             "timeout_stop": timeout_stop,
         }
 
+    def control_group(self, name):
+        """systemd's ControlGroup= of a unit. A unit of the test's (World.unit): its directory in
+        system.slice while it runs or has processes left, else empty. Any other (init.scope, a
+        session's scope, a user's manager, a container's scope): the directory of that name that a
+        process of the tree sits in or below, where only slices lie above it, as systemd places
+        units (a directory of that name below another unit is no unit of systemd's)."""
+        unit = self.units.get(name)
+        if unit is not None:
+            if unit["props"]["ActiveState"] in ("inactive", "failed") and not unit["pids"]:
+                return ""
+            return unit.get("cgroup") or f"/system.slice/{name}"
+        for entry in os.listdir(str(self.root)):
+            try:
+                with open(os.path.join(str(self.root), entry, "cgroup")) as handle:
+                    lines = handle.read().splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                parts = line.split("::", 1)[1].split("/") if line.startswith("0::") else []
+                if name in parts and all(part.endswith(".slice") for part in parts[1:parts.index(name)]):
+                    return "/".join(parts[: parts.index(name) + 1])
+        return ""
+
     def settle(self, name):
         """A stopping unit is inactive once its last process is gone (failed if SIGKILLed)."""
         unit = self.units[name]
@@ -287,10 +310,13 @@ class FakeSystem(release.System):
             for name in names:
                 if name in world.units:
                     unit = world.units[name]
-                    props = dict(unit["props"], MainPID=str(unit["main"] if unit["main"] in world.procs else 0))
+                    props = dict(unit["props"], MainPID=str(unit["main"] if unit["main"] in world.procs else 0),
+                                 ControlGroup=world.control_group(name))
                 else:
                     props = {"Id": name, "LoadState": "not-found", "ActiveState": "inactive", "SubState": "dead", "UnitFileState": "",
-                             "MainPID": "0", "TriggeredBy": "", "FragmentPath": ""}
+                             "MainPID": "0", "TriggeredBy": "", "FragmentPath": "", "ControlGroup": world.control_group(name)}
+                    if props["ControlGroup"]:  # a unit the test did not declare, running all the same (a session's scope, user@)
+                        props.update(LoadState="loaded", ActiveState="active", SubState="running")
                 blocks.append("".join(f"{key}={props[key]}\n" for key in wanted if key in props))
             return 0, "\n".join(blocks), ""
         for name in names:

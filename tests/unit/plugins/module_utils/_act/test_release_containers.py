@@ -159,7 +159,7 @@ def test_user_unit_that_respawns_inside_the_settle_window_fails_naming_it(world)
     assert [pid for _t, pid, _name in world.signals] == [495]
     assert "came back" in error.msg and "pid 812 python3 [python3 serve.py] in unit vllm.service of root's systemd manager" in error.msg
     assert error.result["released"] is False and error.result["timings"]["settle_s"] < _settle.SETTLE_S
-    assert ["--user", "--machine=root@", "show", "--property=Restart", "--value", "vllm.service"] in world.systemctl_log
+    assert ["--user", "--machine=root@", "show", "--property=Restart", "--value", "--", "vllm.service"] in world.systemctl_log
 
 
 def test_user_unit_that_stays_down_is_released_after_the_window(world):
@@ -214,9 +214,12 @@ def test_watch_list_covers_only_what_can_respawn_outside_this_runs_control():
     signalled = [
         h(f"/docker/{A}", container=A),  # its runtime could not be asked
         h(f"/docker/{B}", container=B),  # not among those: not watched
-        h(user_unit + "/sub", unit="vllm.service"),
+        # systemd's unit of the holder is the user's manager; her own unit is the deepest name below it
+        h(user_unit + "/sub", unit="user@1000.service"),
         h("/system.slice/cron.service", unit="cron.service"),  # a system unit this run did not stop: a launcher
         h("/user.slice/user-1000.slice/session-3.scope", unit="session-3.scope"),
+        # a system unit she was delegated: the names below it are hers, and no user manager answers for them
+        h("/system.slice/lab-alice.service/app.slice/vllm.service", unit="lab-alice.service"),
     ]
     assert _settle.watch_list(signalled, {A: "no docker"}, systemctl=None) == {
         f"/docker/{A}": f"container {A[:12]} (docker)",

@@ -528,7 +528,9 @@ def test_failure_result_carries_a_diff(world):
 def test_unknown_gpu_in_the_request_is_refused_before_anything_happens(world):
     world.spawn(495, {0: 1000})
     error = fail(world, gpus=["7"])
-    assert "it has indexes 0, 1" in error.msg and world.signals == [] and world.systemctl_log == []
+    assert "it has indexes 0, 1" in error.msg and world.signals == []
+    # The look asked systemd which unit the holder runs in (a read, _unit_owner), and nothing else.
+    assert world.systemctl_log == [["show", "--property=Id,ControlGroup", "--no-pager", "--", "session-3.scope"]]
 
 
 def test_a_refused_request_fails_with_its_message_alone_and_a_refused_plan_with_the_result_so_far(world):

@@ -100,16 +100,22 @@ def test_parse_cgroup(text, path):
         ("/system.slice/system-vllm.slice/vllm@1.service", "vllm@1.service", True, None),
         ("/init.scope", "init.scope", False, None),
         ("/user.slice/user-1000.slice/session-3.scope", "session-3.scope", False, None),
-        ("/user.slice/user-1000.slice/user@1000.service/app.slice/foo.service", "foo.service", False, None),
-        ("/user.slice/user-1000.slice/user@1000.service/init.scope", "init.scope", False, None),
+        # systemd's unit is the user's manager: below it, every name is its user's (_unit_owner)
+        ("/user.slice/user-1000.slice/user@1000.service/app.slice/foo.service", "user@1000.service", False, None),
+        ("/user.slice/user-1000.slice/user@1000.service/init.scope", "user@1000.service", False, None),
         (f"/system.slice/docker-{ID64}.scope", f"docker-{ID64}.scope", False, ID64),
         (f"/docker/{ID64}", None, False, ID64),
         (f"/machine.slice/libpod-{ID64}.scope/container", f"libpod-{ID64}.scope", False, ID64),
         # A user's own subtree: they may name a cgroup docker-<anyone's id>.scope there (docs/docsite/rst/guide_security.rst).
-        (f"/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID64}.scope/container", f"libpod-{ID64}.scope", False, None),
-        (f"/user.slice/user-4242.slice/user@4242.service/app.slice/docker-{ID64}.scope", f"docker-{ID64}.scope", False, None),
+        (f"/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID64}.scope/container", "user@1000.service", False, None),
+        (f"/user.slice/user-4242.slice/user@4242.service/app.slice/docker-{ID64}.scope", "user@4242.service", False, None),
         (f"/user.slice/user-4242.slice/user@4242.service/kubepods.slice/kubepods-{POD}.slice/cri-containerd-{ID64}.scope",
-         f"cri-containerd-{ID64}.scope", False, None),
+         "user@4242.service", False, None),
+        # A unit with Delegate=yes and User=: she names the directories below it (tests/tenants/delegated_user.py)
+        ("/system.slice/lab-alice.service/networking.service", "lab-alice.service", True, None),
+        ("/system.slice/lab-alice.service/user@0.service/x.scope", "lab-alice.service", True, None),
+        # A container's root below a unit of its own (systemd-nspawn --keep-unit): root-owned, still the container's names
+        ("/system.slice/lab-box.service/payload/system.slice/networking.service", "lab-box.service", True, None),
         (
             f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-{POD}.slice/cri-containerd-{ID64}.scope",
             f"cri-containerd-{ID64}.scope",
@@ -136,6 +142,9 @@ def test_parse_cgroup(text, path):
         "podman-rootless-is-the-users-own",
         "docker-id-named-in-a-user-subtree",
         "kubepods-in-a-user-subtree",
+        "delegated-unit-names-below-it-are-its-users",
+        "delegated-unit-a-user-manager-named-below-it",
+        "keep-unit-container-names-below-its-unit",
         "k8s-cri-containerd",
         "k8s-crio",
         "k8s-cgroupfs-burstable",
