@@ -20,6 +20,7 @@ SERVICE = r"""
 import json, os, sys, time
 from multiprocessing import shared_memory
 block = shared_memory.SharedMemory(create=True, size=1 << 20)
+block.buf[:] = b"\1" * (1 << 20)  # the data it serves: 1 MiB of pages written
 block.buf[:9] = b"live data"
 name = block.name
 block.close()  # the handle closed, the block left for readers to attach to by name
