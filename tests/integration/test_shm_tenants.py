@@ -6,13 +6,14 @@ unlinking it, as Python documents for a block others attach to by name: no proce
 yet it is live. Freeing another job's GPU with clean_shm removed it, and her next reader got
 FileNotFoundError. Now a file goes only when it ties to a process the run ended: its name names
 that PID (torch_<pid>_*), or its owner had processes ended and runs none that could open it."""
+import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from ansible_in_ns import run_module  # noqa: E402
-from test_shm_and_reset import job, names, refusal, shm_files  # noqa: E402
+from test_shm_and_reset import JOB, job, names, refusal, shm_files  # noqa: E402
 
 from tests.tenants.shm_user import attach, shm_user  # noqa: E402
 
@@ -94,3 +95,30 @@ def test_clean_shm_refuses_a_container_whose_ipc_namespace_a_pod_may_share(nshos
                                 "namespace (source \"shm\"), which other containers may share (the containers of one Kubernetes pod, docker "
                                 "--ipc=container:NAME) with processes this run cannot see, so a process there may hold a file that no process "
                                 "here holds (clean it on the host)"), refusal(run)
+
+
+# Container B of the pod: a PID namespace of its own inside the host, its IPC namespace and /dev/shm
+# the host's (container A's, as a pod's containers share the pause container's). B starts her job
+# on GPU 0 as uid 4343, waits for its CUDA init, then becomes ansible-playbook ("$@").
+POD_SIBLING = ('setpriv --reuid 4343 --regid 4343 --clear-groups -- /usr/bin/python3 "$0" "open:nccl-Pod001:4" "map:torch_{pid}_1_0:4" '
+               'exec /usr/bin/gpu_holder --gpus 0 --mib 1024 --ready-file "$READY" & '
+               'while [ ! -e "$READY" ]; do sleep 0.05; done; exec "$@"')
+
+
+def test_a_pods_container_never_removes_a_block_of_a_process_in_another_container_of_the_pod(nshost):
+    """The pod for real: her data service runs in container A; her job runs in container B, which
+    shares A's IPC namespace and /dev/shm but sees none of A's processes. gpu_release in B ends her
+    job; from B her block is held by no process and her uid runs nothing, so only the refusal
+    keeps it."""
+    host = nshost("h200x1", shm_source="shm")
+    with shm_user(host, uid=4343, gpu=None) as her:
+        ready = os.path.join(host.dir, "ready", "pod-sibling.json")
+        prefix = ["env", f"READY={ready}", "unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "/bin/sh", "-c", POD_SIBLING, JOB]
+        run = run_module(host, "gpu_release", {"clean_shm": True}, argv_prefix=prefix)
+        assert not run.failed, run.msg
+        with open(ready) as handle:
+            job_pid = json.load(handle)["pid"]  # as B sees it
+        assert [(k["pid"], k["gpu_indexes"]) for k in run["killed"]] == [(job_pid, [0])] and run["released"] is True
+        assert run["shm_removed"] == [] and host.alive(her.service.pid) and attach(host, her) is True
+        assert sorted(shm_files(host)) == sorted([her.block, "nccl-Pod001", f"torch_{job_pid}_1_0"])
+        assert refusal(run).startswith("clean_shm: nothing was removed: /dev/shm is the tmpfs a container runtime made"), refusal(run)
