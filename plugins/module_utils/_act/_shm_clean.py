@@ -171,14 +171,6 @@ def file_modes(entries: t.Iterable[_shm.Entry], shm: str) -> dict[str, tuple[int
     return modes
 
 
-def kept_line(kept: t.Sequence[t.Mapping[str, t.Any]]) -> str | None:
-    """The files of killed jobs' patterns clean_shm kept, and why, in one line; None for none."""
-    if not kept:
-        return None
-    return "clean_shm kept {:d} file(s) of /dev/shm ({:g} MiB): {}".format(
-        len(kept), round(sum(float(k.get("size_mib") or 0) for k in kept), 2), "; ".join("{} ({})".format(k["path"], k["why"]) for k in kept))
-
-
 def why_not(holding: _shm.Holding, euid: int) -> str | None:
     """Why nothing may be removed at all, or None."""
     if euid != 0:
