@@ -235,6 +235,8 @@ class ReleaseResult(t.TypedDict, total=False):
     # /dev/shm at the end (_shm.look's record) and what clean_shm removed (or, in check mode, would).
     shm: dict[str, t.Any] | None
     shm_removed: list[dict[str, t.Any]]
+    # The files of killed jobs' patterns clean_shm kept, each with `why` (nothing ties it to a process this run ended).
+    shm_kept: list[dict[str, t.Any]]
     warnings: list[str]
     gpus_before: list[Gpu]
     gpus: list[Gpu]

@@ -130,8 +130,13 @@ options:
     default: 0.1
   clean_shm:
     description:
-      - Once every selected GPU reads free, remove the files killed jobs left in C(/dev/shm) (NCCL, torch, multiprocessing segments) that
-        no process holds, so that the next job does not fail for want of space. Needs root; nothing is removed when the run fails.
+      - Once every selected GPU reads free, remove the files the jobs this run ended left in C(/dev/shm) (NCCL, torch, multiprocessing
+        segments) that no process holds, so that the next job does not fail for want of space. Needs root; nothing is removed when the
+        run fails.
+      - A file goes only when it ties to a process this run ended - its name names that PID, or its owner had processes ended and runs
+        none left that could open it. Another user's live block (a service's shared memory, held by no process) and a file of a job that
+        ended before the run stay, named in RV(shm_kept) with why. Nothing is removed in a container whose C(/dev/shm) or IPC namespace
+        may be shared with processes it cannot see (a Kubernetes pod's).
         R(Which files, and how, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.clean-shm).
     type: bool
     default: false
@@ -519,6 +524,14 @@ shm_removed:
   elements: dict
   returned: always
   sample: [{path: /dev/shm/nccl-Xb3kLq, size_mib: 36.0, age_s: 12, pattern: nccl-*, user: alice}]
+shm_kept:
+  description:
+    - The files of job patterns in C(/dev/shm) that O(clean_shm) kept because nothing ties them to a process this run ended, each with
+      C(why) - C(path), C(size_mib), C(age_s), C(pattern), C(user), C(why). Empty without O(clean_shm) or when the run failed.
+  type: list
+  elements: dict
+  returned: always
+  sample: [{path: /dev/shm/psm_1a2b3c4d, size_mib: 1.0, age_s: 600, pattern: psm_*, user: bob, why: "this run ended no process of its owner (uid 4343)"}]
 timings:
   description:
     - Seconds spent stopping units and containers (C(stop_s)), signalling processes (C(kill_s)), waiting for memory to read free

@@ -44,6 +44,8 @@ class Outcome(t.TypedDict, total=False):
     # The files clean_shm removed from /dev/shm (in check mode, would remove), and their MiB.
     shm_removed: list[str]
     shm_removed_mib: float
+    # The files of killed jobs' patterns clean_shm kept ({path, size_mib, why}): nothing ties them to a process the run ended.
+    shm_kept: list[dict[str, t.Any]]
     protected: list[t.Any]
     spanning: list[dict[str, t.Any]]
     footprint_gpus: list[int | None]
@@ -130,6 +132,15 @@ def shm_note(outcome: Outcome | t.Mapping[str, t.Any]) -> str:
     return "{} {} of /dev/shm ({} MiB)".format(verb, _plural(len(outcome.get("shm_removed") or []), "file"), outcome.get("shm_removed_mib"))
 
 
+def shm_kept_note(outcome: Outcome | t.Mapping[str, t.Any]) -> str:
+    """'kept 1 file of /dev/shm (1.0 MiB): /dev/shm/psm_1a2b3c4d (why)', every file and its reason
+    in the one line."""
+    kept = outcome.get("shm_kept") or []
+    return "kept {} of /dev/shm ({:g} MiB): {}".format(
+        _plural(len(kept), "file"), round(sum(float(k.get("size_mib") or 0) for k in kept), 1),
+        "; ".join("{} ({})".format(k.get("path"), k.get("why")) for k in kept))
+
+
 def _record(result: t.Mapping[str, t.Any], host: str, check_mode: bool) -> Outcome:
     """The figures of free_gpus_result, before the verdict: what was read and what was done."""
     after = selected_gpus(result)
@@ -157,6 +168,8 @@ def _record(result: t.Mapping[str, t.Any], host: str, check_mode: bool) -> Outco
                    for k in result.get("killed") or []],
         "shm_removed": [str(f.get("path")) for f in removed],
         "shm_removed_mib": round(sum(float(f.get("size_mib") or 0) for f in removed), 1),
+        "shm_kept": [{"path": str(f.get("path")), "size_mib": f.get("size_mib"), "why": f.get("why")}
+                     for f in result.get("shm_kept") or [] if isinstance(f, Mapping)],
         "protected": result.get("protected") or [],
         "spanning": _spanning(result),
         # Selected GPUs that read only the cross-GPU footprint of contexts on other GPUs (clean),
@@ -214,6 +227,8 @@ def _done(outcome: Outcome) -> list[str]:
         did.append("killed " + _plural(len(outcome["killed"]), "process", "es"))
     if outcome["shm_removed"]:
         did.append(shm_note(outcome))
+    if outcome["shm_kept"]:
+        did.append(shm_kept_note(outcome))
     if outcome["spanning"]:
         did.append(f"ended spanning {spanning_note(outcome['spanning'])} (kill_spanning)")
     if outcome["footprint_gpus"]:
@@ -271,7 +286,7 @@ def failed(host: str, message: object, status: str = "failed") -> Outcome:
         "host": host, "status": status, "ok": False, "message": text if text.startswith(f"{host}: ") else f"{host}: {text}",
         "count": None, "selected": [], "mib_before": None, "mib_after": None, "stopped_units": [], "disabled_units": [],
         "masked_units": [], "failed_units": [], "stopped_containers": [], "disabled_containers": [], "killed": [], "shm_removed": [],
-        "shm_removed_mib": 0.0, "protected": [], "footprint_gpus": [], "footprint_mib": None, "nvml_clients": [], "nvml_clients_with_units": [],
+        "shm_removed_mib": 0.0, "shm_kept": [], "protected": [], "footprint_gpus": [], "footprint_mib": None, "nvml_clients": [], "nvml_clients_with_units": [],
         "elapsed_s": None, "check_mode": False, "healthy": None, "health_issues": [],
     }
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from ansible.errors import AnsibleError
 
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import (
-    clients_with_units, failed, footprint_note, planned_signals, shm_note, spanning_note,
+    clients_with_units, failed, footprint_note, planned_signals, shm_kept_note, shm_note, spanning_note,
 )
 
 # Summary order: what needs the operator's eyes first.
@@ -56,6 +56,8 @@ def _note(outcome: t.Mapping[str, t.Any]) -> str:
         notes.append(planned_signals(outcome["killed"]))
     if outcome.get("shm_removed"):
         notes.append(shm_note(outcome))
+    if outcome.get("shm_kept"):
+        notes.append(shm_kept_note(outcome))
     if outcome.get("nvml_clients_with_units"):
         notes.append(clients_with_units(outcome["nvml_clients_with_units"]))
     clients = outcome.get("nvml_clients") or []

@@ -2,6 +2,7 @@
 
     shm_job.py [open:NAME:MIB | map:NAME:MIB | later:NAME:MIB]... [exec ARGV... | child ARGV...] --ready-file PATH
 
+`{pid}` in a NAME is this process's PID (kept across `exec`), as PyTorch names its segments.
 Each `open:` file is created in /dev/shm with MIB written (pages it really takes) and kept open, as
 NCCL keeps its nccl-XXXXXX segment's descriptor; each `map:` file is mapped shared and its
 descriptor closed, as PyTorch's file_system strategy and sem_open leave theirs (only
@@ -39,6 +40,7 @@ def main(argv):
             mode, rest = item, argv[i + 1:]
             break
         how, name, mib = item.split(":")
+        name = name.replace("{pid}", str(os.getpid()))  # a framework's name with its maker's PID (torch_<pid>_...)
         if how == "later":
             later.append((name, mib))
             continue

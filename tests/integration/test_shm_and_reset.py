@@ -23,6 +23,9 @@ if COLLECTIONS not in sys.path:
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB = os.path.join(HERE, "shm_job.py")
 USER = 4242
+# The user whose job gpu_release ends in these tests.
+KILLED = 4244
+NOTHING_OF_ROOT = "this run ended no process of its owner (uid 0)"
 REFUSED = "GPU 00000000:00:06.0: In use by another client"
 
 
@@ -84,8 +87,8 @@ def test_dev_shm_below_the_floor_for_the_nodes_gpus_makes_it_unhealthy_naming_wh
     [issue] = gpu["health_issues"]
     assert re.fullmatch(r"/dev/shm has 5[56] MiB free of 256 MiB, below the 256 MiB that 2 GPU\(s\) need at 128 MiB each "
                         r"\(shm_min_free_mib_per_gpu\): NCCL init and DataLoader workers fail with \"No space left on device\" "
-                        r"\(1 file\(s\) no live process holds take 200 MiB\); clean_shm \(role: free_gpus_clean_shm\) removes the 1 "
-                        r"of killed jobs", issue), issue
+                        r"\(1 file\(s\) no live process holds take 200 MiB\); clean_shm \(role: free_gpus_clean_shm\) removes "
+                        r"such files of the jobs its run ends \(1 here match job patterns\)", issue), issue
     # The audit: the host unhealthy for it, grouped by the kind of issue.
     from ansible_collections.zeromib.gpu.plugins.action import gpu_audit_report
     report = gpu_audit_report.build_report([{"host": "node01", "status": "ok", "error": None, "gpu": gpu}], generated_at=0.0)
@@ -94,28 +97,37 @@ def test_dev_shm_below_the_floor_for_the_nodes_gpus_makes_it_unhealthy_naming_wh
     groups = {(g["status"], g["title"]): [h["host"] for h in g["hosts"]] for g in gpu_audit_report.attention_groups(report)}
     assert [(status, hosts) for (status, _title), hosts in groups.items()] == [("unhealthy", ["node01"]), ("shm leftovers", ["node01"])], groups
     assert facts(run_module(host, "gpu_facts", {"shm_min_free_mib_per_gpu": 16}))["healthy"] is True
-    # The gate says it too, and cleaning what the killed job left restores the room.
+    # clean_shm on a run that ends nothing removes nothing: no process of this run ties to the file
+    # (a job that died before it, a service's block alike); it says what it kept and why.
     run = run_module(host, "gpu_release", {"clean_shm": True})
-    assert run["released"] is True and run["healthy"] is True and names(run["shm_removed"]) == ["torch_99_1_0"]
-    assert shm_files(host) == []
+    assert run["released"] is True and run["healthy"] is False and run["shm_removed"] == []
+    assert [(os.path.basename(k["path"]), k["why"]) for k in run["shm_kept"]] == [("torch_99_1_0", "this run ended no process of its owner (uid 0)")]
+    assert shm_files(host) == ["torch_99_1_0"]
 
 
 def test_the_role_fails_a_host_whose_dev_shm_is_full_and_passes_it_once_clean_shm_empties_it(nshost):
     host = nshost("h200x2", shm_size_mib=256)
-    killed = job(host, "open:nccl-Full01:200")
-    host.kill(killed.pid)
-    assert host.wait_gone(killed.pid)
+    # A user's CUDA job on GPU 0 that keeps its NCCL segment open: the role ends it.
+    job(host, "open:nccl-Full01:200", user=USER, then=["/usr/bin/gpu_holder", "--gpus", "0", "--mib", "1024"])
     outcome = run_role(host, {})
     assert outcome["failed"] and outcome["msg"].startswith("localhost: ") and "unhealthy: " in outcome["msg"], outcome["msg"]
     # Said in the role's words: its variables, not the module's options.
     assert "at 128 MiB each (free_gpus_shm_min_free_mib_per_gpu)" in outcome["msg"]
-    assert outcome["msg"].endswith("(1 file(s) no live process holds take 200 MiB); free_gpus_clean_shm removes the 1 of killed jobs"), outcome["msg"]
+    assert outcome["msg"].endswith("(1 file(s) no live process holds take 200 MiB); free_gpus_clean_shm removes such files of the jobs its run "
+                                   "ends (1 here match job patterns)"), outcome["msg"]
+    # A later run ended nothing of its owner's: the file stays, and the role's fact says why.
+    outcome = run_role(host, {"free_gpus_clean_shm": True})
+    assert outcome["failed"] and outcome["result"]["shm_removed"] == [] and shm_files(host) == ["nccl-Full01"], outcome["result"]
+    assert outcome["result"]["shm_kept"] == [{"path": "/dev/shm/nccl-Full01", "size_mib": 200.0, "why": f"this run ended no process of its owner (uid {USER})"}]
+    host.run(["rm", "/dev/shm/nccl-Full01"], check=True)  # the operator, by hand
+    # With clean_shm on the run that ends the job, what the job left goes with it.
+    job(host, "open:nccl-Full02:200", user=USER, then=["/usr/bin/gpu_holder", "--gpus", "0", "--mib", "1024"])
     outcome = run_role(host, {"free_gpus_clean_shm": True})
     assert not outcome["failed"], outcome["msg"]
     assert outcome["result"]["healthy"] is True and shm_files(host) == []
     # The role's fact and its line say what went, as gpu_release's result does.
-    assert outcome["result"]["shm_removed"] == ["/dev/shm/nccl-Full01"] and outcome["result"]["shm_removed_mib"] == 200.0, outcome["result"]
-    assert "removed 1 file of /dev/shm (200.0 MiB)" in outcome["result"]["message"], outcome["result"]["message"]
+    assert outcome["result"]["shm_removed"] == ["/dev/shm/nccl-Full02"] and outcome["result"]["shm_removed_mib"] == 200.0, outcome["result"]
+    assert outcome["result"]["shm_kept"] == [] and "removed 1 file of /dev/shm (200.0 MiB)" in outcome["result"]["message"], outcome["result"]
 
 
 # --------------------------------------------------------------------------- gpu_release clean_shm
@@ -123,36 +135,45 @@ def test_the_role_fails_a_host_whose_dev_shm_is_full_and_passes_it_once_clean_sh
 
 def test_clean_shm_frees_the_job_then_removes_only_its_unheld_segments_and_check_and_diff_mode_say_so_first(nshost):
     host = nshost("h200x2")
-    # A CUDA job on GPU 0 that keeps its NCCL segment open: gpu_release ends it, then its file goes.
-    cuda = job(host, "open:nccl-Job0AA:16", then=["/usr/bin/gpu_holder", "--gpus", "0", "--mib", "2048"])
+    # A user's CUDA job on GPU 0 that keeps its NCCL segment open and left a PyTorch segment named
+    # with its PID (unmapped at its exec): gpu_release ends it, then both go.
+    cuda = job(host, "open:nccl-Job0AA:16", "map:torch_{pid}_5_0:8", user=KILLED, then=["/usr/bin/gpu_holder", "--gpus", "0", "--mib", "2048"])
+    torch = f"torch_{cuda.pid}_5_0"
+    # Root's job that died before this run: its files tie to no process the run ends.
     left = job(host, "open:torch_4711_5_0:8", "map:sem.mp-abcdef12:0", "open:sem.app_lock:0", "open:app-state.db:1")
     host.kill(left.pid)
     assert host.wait_gone(left.pid)
     live = job(host, "open:nccl-Live01:4", "map:torch_5150_1_0:4", user=USER)
     before = shm_files(host)
+    root_kept = [("torch_4711_5_0", NOTHING_OF_ROOT), ("sem.mp-abcdef12", NOTHING_OF_ROOT)]
 
     plan = run_module(host, "gpu_release", {"clean_shm": True}, check=True, diff=True)
     assert not plan.failed, plan.msg
     assert plan["changed"] is True and [k["pid"] for k in plan["killed"]] == [cuda.pid]
     # Check mode lists what is unheld now: the segment the running job still holds is not yet among them.
-    assert names(plan["shm_removed"]) == ["torch_4711_5_0", "sem.mp-abcdef12"]
-    assert "shm /dev/shm/torch_4711_5_0 (8 MiB, torch_*): to be removed (clean_shm)" in plan["diff"]["after"]
+    assert names(plan["shm_removed"]) == [torch] and kept(plan) == root_kept
+    assert f"shm /dev/shm/{torch} (8 MiB, torch_*): to be removed (clean_shm)" in plan["diff"]["after"]
     assert shm_files(host) == before and host.alive(cuda.pid)
 
     run = run_module(host, "gpu_release", {"clean_shm": True}, diff=True)
     assert not run.failed, run.msg
     assert run["released"] is True and run["changed"] is True and not host.alive(cuda.pid)
-    assert names(run["shm_removed"]) == ["nccl-Job0AA", "torch_4711_5_0", "sem.mp-abcdef12"]
-    assert [r["pattern"] for r in run["shm_removed"]] == ["nccl-*", "torch_*", "sem.mp-*"]
+    assert names(run["shm_removed"]) == ["nccl-Job0AA", torch] and kept(run) == root_kept
+    assert [r["pattern"] for r in run["shm_removed"]] == ["nccl-*", "torch_*"]
     assert "shm /dev/shm/nccl-Job0AA (16 MiB, nccl-*): removed" in run["diff"]["after"]
-    # Left: what a live process holds, a POSIX semaphore of no job pattern, a file of no job pattern.
-    assert shm_files(host) == ["app-state.db", "nccl-Live01", "sem.app_lock", "torch_5150_1_0"]
-    assert names(run["shm"]["unheld"]) == ["app-state.db", "sem.app_lock"] and host.alive(live.pid)
+    # Left: what a live process holds, what no process of this run ties to, a POSIX semaphore and a file of no job pattern.
+    assert shm_files(host) == ["app-state.db", "nccl-Live01", "sem.app_lock", "sem.mp-abcdef12", "torch_4711_5_0", "torch_5150_1_0"]
+    assert sorted(names(run["shm"]["unheld"])) == ["app-state.db", "sem.app_lock", "sem.mp-abcdef12", "torch_4711_5_0"] and host.alive(live.pid)
 
     again = run_module(host, "gpu_release", {"clean_shm": True})
-    assert again["changed"] is False and again["shm_removed"] == []
+    # A run that ends nothing removes nothing, and says why each file of a job pattern stays.
+    assert again["changed"] is False and again["shm_removed"] == [] and kept(again) == root_kept
     # A tmpfs of the host's own, in an IPC namespace of its own: cleaned, and no refusal said.
     assert shm_warnings(run) == shm_warnings(plan) == []
+
+
+def kept(run):
+    return [(os.path.basename(k["path"]), k["why"]) for k in run["shm_kept"]]
 
 
 def test_clean_shm_removes_nothing_made_after_the_run_started_nor_through_a_link(nshost):
@@ -195,28 +216,26 @@ def test_clean_shm_refuses_a_dev_shm_bound_from_outside_where_a_process_it_canno
         held.write(b"\0" * 4096)
         held.flush()
         host = nshost("h200x1", shm_from=str(outside))
-        killed = job(host, "open:torch_99_1_0:4")
-        host.kill(killed.pid)
-        assert host.wait_gone(killed.pid)
+        # The job this run ends, and the segment it left with its PID in the name.
+        killed = job(host, "map:torch_{pid}_1_0:4", user=KILLED, then=["/usr/bin/gpu_holder", "--gpus", "0", "--mib", "1024"])
+        torch = f"torch_{killed.pid}_1_0"
         for check in (True, False):
             run = run_module(host, "gpu_release", {"clean_shm": True}, check=check, diff=True)
             assert not run.failed, run.msg
-            assert run["shm_removed"] == [] and names(run["shm"]["unheld"]) == ["torch_99_1_0", "nccl-HostJob"], run["shm"]
+            assert run["shm_removed"] == [] and names(run["shm"]["unheld"]) == [torch, "nccl-HostJob"], run["shm"]
             assert re.fullmatch(r"clean_shm: nothing was removed: /dev/shm is the directory /\S*host-shm of a file system \(\w+\) mounted from "
                                 r"outside this container on /dev/shm, so a process there may hold a file that no process here holds \(clean it "
                                 r"on the host\)", refusal(run)), refusal(run)
             assert "to be removed" not in run["diff"]["after"]
-        assert sorted(os.listdir(outside)) == ["nccl-HostJob", "torch_99_1_0"]
+        assert sorted(os.listdir(outside)) == ["nccl-HostJob", torch]
 
 
 def test_clean_shm_refuses_a_container_that_shares_the_nodes_ipc_namespace(nshost):
     """docker --ipc=host: the container's /dev/shm is the node's, whatever its mount looks like."""
     host = nshost("h200x1", own_ipc=False)
-    killed = job(host, "open:torch_99_1_0:4")
-    host.kill(killed.pid)
-    assert host.wait_gone(killed.pid)
+    killed = job(host, "map:torch_{pid}_1_0:4", user=KILLED, then=["/usr/bin/gpu_holder", "--gpus", "0", "--mib", "1024"])
     run = run_module(host, "gpu_release", {"clean_shm": True})
-    assert run["released"] is True and run["shm_removed"] == [] and shm_files(host) == ["torch_99_1_0"]
+    assert run["released"] is True and run["shm_removed"] == [] and shm_files(host) == [f"torch_{killed.pid}_1_0"]
     assert refusal(run).startswith("clean_shm: nothing was removed: this container shares the node's IPC namespace (as docker --ipc=host does), "
                                    "and with it the node's /dev/shm, so a process there may hold a file"), refusal(run)
 

@@ -22,7 +22,8 @@
   when the machine has no /usr/bin/python (the two scripts use `#!/usr/bin/env python`).
 * IPC namespace of its own (`own_ipc=False`: the machine's, as docker --ipc=host shares the node's).
 * /dev/shm is a tmpfs of the host's own (`shm_from`: a directory outside bound there instead, as an
-  LXC guest given the host's; mode 1777, `shm_size_mib`, 4096 by default: a limit,
+  LXC guest given the host's; `shm_source="shm"`: mounted as a container runtime mounts a pod's,
+  "nsshm" by default; mode 1777, `shm_size_mib`, 4096 by default: a limit,
   not memory taken), as every node and container has one: what a test leaves there, and what
   the modules find there, is never the machine's.
 * /sys/module is a tmpfs of the host's own with nvidia/ (the driver loaded; `driver_module=False`:
@@ -129,7 +130,7 @@ class NsHost:
 
     def __init__(self, preset="h200x8", minors=None, seed=None, config=None, count=None,
                  release_delay_s=None, tmp_root=None, start_timeout=30.0, libcuda=None, gpu_nodes=None, shm_size_mib=4096,
-                 nvidia_drm=None, driver_module=True, shm_from=None, own_ipc=True):
+                 nvidia_drm=None, driver_module=True, shm_from=None, own_ipc=True, shm_source="nsshm"):
         # /dev/shm's size (a tmpfs of the host's own) and nvidia_drm's use count (None: not loaded).
         self.shm_size_mib = int(shm_size_mib)
         self.nvidia_drm = nvidia_drm
@@ -138,6 +139,9 @@ class NsHost:
         # of a tmpfs of its own; own_ipc False: the machine's IPC namespace (docker --ipc=host).
         self.shm_from = shm_from
         self.own_ipc = own_ipc
+        # The source /dev/shm's tmpfs is mounted with: "shm" as a container runtime mounts the
+        # one of a container's or a pod's IPC namespace (Docker, Podman, containerd, CRI-O).
+        self.shm_source = shm_source
         # A container given some of the host's GPUs (issue 37): the minors whose /dev/nvidia<minor>
         # it has; None: every GPU's. Its /proc/driver/nvidia still lists every GPU.
         self.gpu_nodes = None if gpu_nodes is None else [int(m) for m in gpu_nodes]
@@ -216,6 +220,7 @@ class NsHost:
                 "libcuda": self.libcuda, "gpu_nodes": self.gpu_nodes, "shm_size_mib": self.shm_size_mib}
         spec["driver_module"] = bool(self.driver_module)
         spec["shm_from"] = self.shm_from
+        spec["shm_source"] = self.shm_source
         if self.nvidia_drm is not None:
             spec["nvidia_drm"] = int(self.nvidia_drm)
             spec["modprobe"] = MODPROBE
@@ -798,7 +803,8 @@ def _setup(spec):
     if spec.get("shm_from"):
         _mount(spec["shm_from"], "/dev/shm", None, MS_BIND)
     else:
-        _mount("nsshm", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size={:d}m".format(spec.get("shm_size_mib", 4096)))
+        _mount(spec.get("shm_source") or "nsshm", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV,
+               "mode=1777,size={:d}m".format(spec.get("shm_size_mib", 4096)))
     # The kernel's modules as a node with the driver loaded shows them, in a container too (sysfs'
     # modules are the kernel's): nvidia/ always (the reset advice believes /sys/module only then),
     # nvidia_drm/ when given. `driver_module: False`: a sysfs that hides them (not mounted, masked).

@@ -652,6 +652,8 @@ def new_result(state_key: str | None) -> ReleaseResult:
         # not read (health off and no clean_shm); what clean_shm removed (in check mode, would remove).
         "shm": None,
         "shm_removed": [],
+        # The files of killed jobs' patterns clean_shm kept, each with its `why` (_shm_clean.attribute).
+        "shm_kept": [],
         "gpus_before": [],
         "gpus": [],
         "holders": [],
@@ -792,6 +794,9 @@ class Release:
         # health issue of its free space at the end (_shm.floor_issue).
         self.shm_at_look: set[tuple[int, int]] = set()
         self.shm_issue: str | None = None
+        # clean_shm: the processes this run is to end (signalled, or stopped with their unit,
+        # container or program), by PID: only their files may go (ended_processes).
+        self.ending: dict[int, Holder] = {}
 
     # --- the whole run
 
@@ -862,8 +867,10 @@ class Release:
         done = None
         if clean:
             from ansible_collections.zeromib.gpu.plugins.module_utils._act import _shm_clean
-            done = _shm_clean.clean(self.shm_at_look, may_clean, self.check_mode, self.system.proc, deadline_s=self.params.get("timeout"))
+            done = _shm_clean.clean(self.shm_at_look, may_clean, self.check_mode, self.system.proc, deadline_s=self.params.get("timeout"),
+                                    ended=self.ended_processes() if may_clean else {})
             self.result["shm_removed"] = done.removed
+            self.result["shm_kept"] = done.kept
             self.result["warnings"].extend(done.warnings)
             self.result["changed"] = self.result["changed"] or bool(done.removed)
         record = _shm.look(processes=False)
@@ -874,6 +881,23 @@ class Release:
             record.update(unheld=done.unheld, unheld_mib=round(sum(entry["size_mib"] for entry in done.unheld), 2), complete=done.complete)
         self.result["shm"] = record
         self.shm_issue = _shm.floor_issue(record, floor, len(self.before[0])) if self.health is not None else None
+
+    def ended_processes(self) -> dict[int, int | None]:
+        """{pid: uid} of the processes this run ended: those it was to end that are gone now, by
+        identity (a zombie its parent has not reaped is gone); in check mode, those it would
+        signal and those whose unit it would stop."""
+        if self.check_mode:
+            signalled = {k["pid"] for k in self.result.get("killed") or []}
+            stopping = set(self.result.get("stopped_units") or [])
+            return {pid: h.get("uid") for pid, h in self.ending.items()
+                    if pid in signalled or (h.get("system_service") and h.get("unit") in stopping)}
+        return {pid: h.get("uid") for pid, h in self.ending.items()
+                if h.get("start_time") is not None and holders_mod.start_time_of(pid, self.system.proc) != h.get("start_time")}
+
+    def to_end(self, holders: t.Iterable[Holder]) -> None:
+        """Note processes this run is to end (ended_processes)."""
+        for holder in holders:
+            self.ending.setdefault(holder["pid"], holder)
 
     def max_used_mib(self) -> float:
         return self.params.get("max_used_mib") or 0
@@ -987,6 +1011,7 @@ class Release:
         targets, spared = self.spare_namespace_inits(targets)
         protected += spared
         plan.targets, plan.mps_servers = self.plan_mps(targets)
+        self.to_end(plan.targets + plan.mps_servers)
         self.result["warnings"].extend(trust_notes(plan.holders, plan.selected))
         self.result["undecided"] = undecided_record(_attribution.undecided_for(plan.holders, plan.selected))
         self.result["protected"] = [{"pid": h["pid"], "name": h["name"], "unit": h.get("unit"), "gpu_indexes": h["gpu_indexes"]}
@@ -1256,6 +1281,7 @@ class Release:
             # Neither a control daemon (never signalled) nor a server to be quit through it (_mps).
             from ansible_collections.zeromib.gpu.plugins.module_utils._act import _mps
             targets = _mps.without_daemons([t for t in targets if not _containers.pod_holders([t])], plan.mps_servers)
+            self.to_end(targets)
         if targets and self.params.get("kill", True):
             minors = [g["minor_number"] for g in plan.gpus if g["index"] in plan.selected]
             self.watch = _settle.watch_for(targets, outside, self.system.systemctl, self.lineage, minors, self.system.proc,

@@ -459,13 +459,10 @@ def find_supervisors(proc: str = "/proc", which: Which = _which, run: Run = _run
 
 def _real_uid(pid: int, proc: str) -> int | None:
     try:
-        with open(f"{proc}/{pid}/status") as handle:
-            for line in handle:
-                if line.startswith("Uid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
+        uids = holders_mod.status_ints(holders_mod.read_status(pid, proc), "Uid")
+    except OSError:
         return None
-    return None
+    return uids[0] if uids else None
 
 
 def _ppid(pid: int, proc: str) -> int | None:

@@ -78,17 +78,9 @@ def ns_pids(pid: int, proc: str = "/proc") -> list[int]:
     """The PIDs of a process from this namespace down to its own (/proc/PID/status NSpid):
     `[4242, 1]` for a guest's init seen from the host; [] where it cannot be read."""
     try:
-        with open(f"{proc}/{pid:d}/status", "rb") as handle:
-            text = handle.read().decode("ascii", "replace")
+        return _holders.status_ints(_holders.read_status(pid, proc), "NSpid") or []
     except OSError:
         return []
-    for line in text.splitlines():
-        if line.startswith("NSpid:"):
-            try:
-                return [int(field) for field in line.split()[1:]]
-            except ValueError:
-                return []
-    return []
 
 
 def _inside(path: str | None, boundary: str) -> bool:

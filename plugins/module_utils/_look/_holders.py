@@ -390,6 +390,59 @@ def _text(data: bytes | str) -> str:
 # they are and splitlines() takes for line breaks; a comm of "x\x1cUid: 0 0 0 0" would read as root.
 
 
+# ---------------------------------------------------------------- /proc/PID/status: the one reader
+
+# Every read of /proc/PID/status in plugins/ is read_status (tests/quality/test_one_status_reader.py).
+# The kernel escapes only "\n" and "\\" in the Name: line (a process's comm, 15 bytes its user
+# chooses): \r, \x0b, \x0c, \x1c-\x1e, \x85 and U+2028 come out as they are, and each of them is a
+# line break to str.splitlines() (\r to bytes.splitlines() and a text-mode file too). Split there, a
+# comm of "\x0bThreads:\t2" made an unreaped zombie a leader whose threads run on; the file is split
+# at "\n" alone, and each field is taken at its first line (Name: comes first, and is one line).
+
+
+def parse_status(data: bytes | str) -> dict[str, str]:
+    """/proc/PID/status (bytes or text) -> {field: value}, each value as the kernel wrote it after
+    the field's ":" and tab."""
+    fields: dict[str, str] = {}
+    for line in _text(data).split("\n"):
+        key, sep, value = line.partition(":")
+        if sep and key not in fields:
+            fields[key] = value[1:] if value.startswith("\t") else value
+    return fields
+
+
+def read_status(pid: int, proc: str = "/proc") -> dict[str, str]:
+    """parse_status of /proc/PID/status. Raises OSError when the process is gone. The file answers
+    where /proc/PID/stat may wait (_bounded_reads's doc)."""
+    return parse_status(_read(f"{proc}/{pid:d}/status"))
+
+
+def status_ints(status: bytes | str | t.Mapping[str, str], key: str) -> list[int] | None:
+    """The integers of a field of /proc/PID/status (`Uid`: real, effective, saved, file system;
+    `Groups`, `NSpid`), None when absent or not numbers."""
+    fields = status if isinstance(status, t.Mapping) else parse_status(status)
+    if key not in fields:
+        return None
+    try:
+        return [int(value) for value in fields[key].split()]
+    except ValueError:
+        return None
+
+
+def status_field(status: bytes | str | t.Mapping[str, str], key: str) -> int | None:
+    """An integer field of /proc/PID/status (`Threads`, `PPid`), None when absent."""
+    fields = status if isinstance(status, t.Mapping) else parse_status(status)
+    try:
+        return int(fields[key].split()[0])
+    except (KeyError, ValueError, IndexError):
+        return None
+
+
+def status_state(status: t.Mapping[str, str]) -> str:
+    """The state letter of a parsed status (`S`, `Z`...), "?" when absent."""
+    return (status.get("State") or "?").strip()[:1] or "?"
+
+
 def parse_stat(data: bytes | str) -> tuple[str, str, int, int]:
     """/proc/PID/stat (bytes or text) -> (comm, state, ppid, start_time). comm may hold spaces,
     parens and, as bytes, half of a multi-byte character."""
@@ -539,34 +592,30 @@ def _user_name(uid: int, cache: dict[int, str]) -> str:
     return cache[uid]
 
 
-def _uid_from_status(text: bytes | str) -> int | None:
-    for line in _text(text).split("\n"):
-        if line.startswith("Uid:"):
-            return int(line.split()[1])
-    return None
+def _uid_from_status(status: bytes | str | t.Mapping[str, str]) -> int | None:
+    """The real uid of a status."""
+    uids = status_ints(status, "Uid")
+    return uids[0] if uids else None
 
 
 SIGTERM_BIT = 1 << (15 - 1)  # signal N is bit N-1 of the SigIgn/SigCgt masks (proc(5))
 
 
-def signal_facts(text: bytes | str) -> tuple[str | None, bool]:
+def signal_facts(text: bytes | str | t.Mapping[str, str]) -> tuple[str | None, bool]:
     """/proc/PID/status -> (what SIGTERM does to the process: "ignored", "caught" or "default";
     None when the kernel did not say, whether it is the init of its own PID namespace). NSpid
     lists its PID in each namespace from ours down to its own: more than one entry ending in 1 is
     the init of a namespace below ours, which the kernel shields from every signal it has no
     handler for (pid_namespaces(7)), SIGKILL aside."""
+    fields = text if isinstance(text, t.Mapping) else parse_status(text)
     masks: dict[str, int] = {}
-    namespace_init = False
-    for line in _text(text).split("\n"):
-        key, _sep, value = line.partition(":")
-        if key in ("SigIgn", "SigCgt"):
-            try:
-                masks[key] = int(value.strip(), 16)
-            except ValueError:
-                pass
-        elif key == "NSpid":
-            pids = value.split()
-            namespace_init = len(pids) > 1 and pids[-1] == "1"
+    for key in ("SigIgn", "SigCgt"):
+        try:
+            masks[key] = int(fields[key].strip(), 16)
+        except (KeyError, ValueError):
+            pass
+    pids = (fields.get("NSpid") or "").split()
+    namespace_init = len(pids) > 1 and pids[-1] == "1"
     if "SigIgn" not in masks or "SigCgt" not in masks:
         return None, namespace_init
     if masks["SigIgn"] & SIGTERM_BIT:
@@ -805,7 +854,7 @@ def _read_process(pid: int, proc: str = "/proc", users: dict[int, str] | None = 
         kernel_thread = is_kernel_thread(stat)
         base = process_dir(pid, proc) if state == "Z" else f"{proc}/{pid:d}"
         argv, cmdline = parse_cmdline(_read(base + "/cmdline"))
-        status = _read(f"{proc}/{pid:d}/status")
+        status = read_status(pid, proc)
         cgroup = _read(f"{proc}/{pid:d}/cgroup")
     except (OSError, ValueError, IndexError):
         return None
@@ -845,28 +894,15 @@ def _read_process(pid: int, proc: str = "/proc", users: dict[int, str] | None = 
     return record
 
 
-def status_field(status: bytes | str, key: str) -> int | None:
-    """An integer field of /proc/PID/status (`Threads`, `PPid`), None when absent."""
-    for line in _text(status).splitlines():
-        name, _sep, value = line.partition(":")
-        if name == key:
-            try:
-                return int(value.split()[0])
-            except (ValueError, IndexError):
-                return None
-    return None
-
-
 def status_of(pid: int, proc: str = "/proc") -> tuple[str, int] | None:
     """(state letter, parent pid) from /proc/PID/status, None when gone. Status answers where
     /proc/PID/stat may wait (a process in execve on a file system that stopped answering:
     _bounded_reads's doc), so the checks made in loops read it."""
     try:
-        status = _text(_read(f"{proc}/{pid:d}/status"))
+        status = read_status(pid, proc)
     except OSError:
         return None
-    state = _STATUS_STATE.search(status)
-    return (state.group(1) if state else "?"), status_field(status, "PPid") or 0
+    return status_state(status), status_field(status, "PPid") or 0
 
 
 def holds_threads(record: t.Mapping[str, t.Any]) -> bool:
@@ -877,8 +913,6 @@ def holds_threads(record: t.Mapping[str, t.Any]) -> bool:
 
 # /proc/PID/status answers where stat, wchan, maps and the rest wait (_bounded_reads's doc): what is
 # told of a process that does not answer comes from it.
-_STATUS_STATE = re.compile(r"^State:\s+(\S)", re.MULTILINE)
-_STATUS_NAME = re.compile(r"^Name:\t(.*)$", re.MULTILINE)
 WCHAN_BUDGET_S = 0.1
 
 
@@ -890,12 +924,10 @@ def blocked_record(pid: int, proc: str, waits_in: str | None, users: dict[int, s
     Its devices, maps and start time are unknown: it may hold any GPU and is never signalled.
     None when it is gone."""
     try:
-        status = _text(_read(f"{proc}/{pid:d}/status"))
+        status = read_status(pid, proc)
         cgroup_path = parse_cgroup(_read(f"{proc}/{pid:d}/cgroup"))
     except OSError:
         return None
-    name = _STATUS_NAME.search(status)
-    state = _STATUS_STATE.search(status)
     uid = _uid_from_status(status)
     try:
         wchan = _bounded_reads.call(_bounded_reads.wchan_of, f"{proc}/{pid:d}/wchan", budget=WCHAN_BUDGET_S)
@@ -903,9 +935,9 @@ def blocked_record(pid: int, proc: str, waits_in: str | None, users: dict[int, s
         wchan = None
     # start_time None: /proc/PID/stat is what does not answer; never signalled without it.
     record = t.cast("Holder", {
-        "pid": pid, "ppid": status_field(status, "PPid") or 0, "name": name.group(1) if name else "?", "cmdline": "",
+        "pid": pid, "ppid": status_field(status, "PPid") or 0, "name": status.get("Name", "?"), "cmdline": "",
         "argv0": None, "exe": None, "exe_path": None, "exe_owner": None, "exe_verified": False, "uid": uid,
-        "user": _user_name(uid, {} if users is None else users) if uid is not None else None, "state": state.group(1) if state else "?",
+        "user": _user_name(uid, {} if users is None else users) if uid is not None else None, "state": status_state(status),
         "start_time": None, "devices": [], "mapped": None, "gpu_indexes": [], "unit": unit_of(cgroup_path),
         "system_service": is_system_service(cgroup_path), "container": container_of(cgroup_path), "cgroup": cgroup_path, "protected": False,
         "kernel_thread": False, "sigterm": None, "pid_namespace_init": False,
@@ -930,13 +962,10 @@ NS_GET_PARENT = 0xB702
 def _nspid_depth(pid: int, proc: str) -> int | None:
     """How many PID namespaces, ours included, a process is in (its NSpid line's length)."""
     try:
-        status = _text(_read(f"{proc}/{pid:d}/status"))
+        pids = read_status(pid, proc).get("NSpid")
     except OSError:
         return None
-    for line in status.split("\n"):
-        if line.startswith("NSpid:"):
-            return len(line.split()) - 1
-    return None
+    return None if pids is None else len(pids.split())
 
 
 def _ancestor_namespace(pid: int, levels: int, proc: str) -> tuple[int, int] | None:
@@ -1176,7 +1205,7 @@ def _start_time(pid: int, proc: str) -> int | None:
     try:
         _comm, state, _ppid, start_time = parse_stat(_read(f"{proc}/{pid:d}/stat"))
         if state == "Z":
-            threads = status_field(_read(f"{proc}/{pid:d}/status"), "Threads")
+            threads = status_field(read_status(pid, proc), "Threads")
             state = "z" if threads is not None and threads > 1 else state
     except (OSError, ValueError, IndexError):
         return None

@@ -127,6 +127,11 @@ def list_files(path: str = SHM_DIR) -> list[Entry]:
 
 # ---------------------------------------------------------------- whose /dev/shm it is
 
+# The source Docker, Podman, containerd (Kubernetes' CRI) and CRI-O give the tmpfs they mount for a
+# container's or a pod's IPC namespace (unix.Mount("shm", ..., "tmpfs", ...)) and bind into every
+# container that joins it: from inside, the one mark that the namespace is a runtime's to share.
+CONTAINER_SHM_SOURCE = "shm"
+
 # The kernel's inodes of the initial PID and IPC namespaces (include/linux/proc_ns.h:
 # PROC_PID_INIT_INO, PROC_IPC_INIT_INO; _guests reads the first one too).
 PROC_PID_INIT_INO = 0xEFFFFFFC
@@ -141,6 +146,8 @@ class Mount(t.NamedTuple):
     root: str
     tags: list[str]
     fstype: str
+    # The mount's source as its mounter named it ("shm": a container runtime's, CONTAINER_SHM_SOURCE).
+    source: str = ""
 
 
 def _unescape(field: str) -> str:
@@ -149,12 +156,13 @@ def _unescape(field: str) -> str:
 
 def parse_mountinfo(text: str) -> list[Mount]:
     mounts = []
-    for line in text.splitlines():
+    # At "\n" only: the kernel escapes it (and space, tab, backslash) in a path, not \x1c or \x85.
+    for line in text.split("\n"):
         left, _sep, right = line.partition(" - ")
         fields, tail = left.split(), right.split()
         if len(fields) < 6 or not tail:
             continue
-        mounts.append(Mount(_unescape(fields[4]), _unescape(fields[3]), fields[6:], tail[0]))
+        mounts.append(Mount(_unescape(fields[4]), _unescape(fields[3]), fields[6:], tail[0], _unescape(tail[1]) if len(tail) > 1 else ""))
     return mounts
 
 
@@ -186,9 +194,15 @@ def not_private(mount: Mount | None, pid_ns: int, ipc_ns: int, shm: str = SHM_DI
       LXC's or nspawn's default rslave propagation; a tmpfs mounted for the container itself is
       no slave of anything. (shared:N alone is not outside: a guest's systemd makes every mount
       shared within the guest.)
+    - its tmpfs is a container runtime's (source "shm", CONTAINER_SHM_SOURCE): Docker, Podman,
+      containerd and CRI-O make one per IPC namespace, which other containers join (a Kubernetes
+      pod's containers all do, docker --ipc=container:NAME) in PID namespaces of their own, so
+      their processes are not visible here and nothing shows from inside whether any joined.
     What the kernel does not show from inside is a bind of an outside tmpfs's whole root made
     private, in a container with an IPC namespace of its own (`-v /dev/shm:/dev/shm` without
-    --ipc=host): that looks exactly like a tmpfs of its own, and is said in the option's docs."""
+    --ipc=host), or an IPC namespace a system container shares on purpose (LXC's
+    lxc.namespace.share.ipc): those look exactly like a tmpfs of its own, and are said in the
+    option's docs."""
     if pid_ns == PROC_PID_INIT_INO:
         return None
     if ipc_ns == PROC_IPC_INIT_INO:
@@ -197,6 +211,9 @@ def not_private(mount: Mount | None, pid_ns: int, ipc_ns: int, shm: str = SHM_DI
         return f"{shm} is on no mount listed in /proc/self/mountinfo"
     if mount.root != "/":
         return f"{shm} is the directory {mount.root} of a file system ({mount.fstype}) mounted from outside this container on {mount.point}"
+    if mount.fstype == "tmpfs" and mount.source == CONTAINER_SHM_SOURCE:
+        return (f"{shm} is the tmpfs a container runtime made for this container's IPC namespace (source \"shm\"), which other "
+                "containers may share (the containers of one Kubernetes pod, docker --ipc=container:NAME) with processes this run cannot see")
     masters = [tag for tag in mount.tags if tag.startswith("master:")]
     if masters:
         return f"{shm}'s mount receives mounts from outside this container ({masters[0]}): a bind of the host's or another container's"
@@ -424,7 +441,7 @@ def floor_issue(record: t.Mapping[str, t.Any], per_gpu_mib: int | None, gpu_coun
     leftovers = " ({:d} file(s) no live process holds take {:g} MiB)".format(len(unheld), float(record.get("unheld_mib") or 0)) if unheld else ""
     jobs = [f for f in unheld if any(p.clean and p.label == f.get("pattern") for p in PATTERNS)]
     if jobs:
-        leftovers += f"; clean_shm (role: free_gpus_clean_shm) removes the {len(jobs):d} of killed jobs"
+        leftovers += f"; clean_shm (role: free_gpus_clean_shm) removes such files of the jobs its run ends ({len(jobs):d} here match job patterns)"
     return ("{} has {:g} MiB free of {:g} MiB, below the {:d} MiB that {:d} GPU(s) need at {:d} MiB each (shm_min_free_mib_per_gpu): "
             "NCCL init and DataLoader workers fail with \"No space left on device\"{}".format(
                 record.get("path"), float(free), float(record.get("size_mib") or 0), floor, gpu_count, per_gpu_mib, leftovers))

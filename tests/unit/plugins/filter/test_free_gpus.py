@@ -311,3 +311,20 @@ def test_the_dev_shm_files_clean_shm_removed_are_in_the_result_the_message_and_t
     # Without clean_shm the module returns no list: nothing is said, and the keys read empty.
     plain = free_gpus_outcome(release([gpu(0, 0)], [gpu(0, 0)], changed=False), "node01", 1)
     assert (plain["shm_removed"], plain["shm_removed_mib"]) == ([], 0) and "/dev/shm" not in plain["message"]
+
+
+def test_the_dev_shm_files_clean_shm_kept_are_said_with_their_reason_in_one_line():
+    """Issue 65: a file nothing ties to a process the run ended stays; the fact, the message and the summary say which and why."""
+    why = "this run ended no process of its owner (uid 4343)"
+    kept = [{"path": "/dev/shm/psm_1a2b3c4d", "size_mib": 1.0, "age_s": 600, "pattern": "psm_*", "user": "bob", "why": why},
+            {"path": "/dev/shm/nccl-Q7mZp2", "size_mib": 4.0, "age_s": 9, "pattern": "nccl-*", "user": "root",
+             "why": "its owner (uid 0) runs processes this run did not end, which may use it (pid 1 systemd)"}]
+    result = release([gpu(0, 4623)], [gpu(0, 0)], killed=[{"pid": 495, "name": "python3", "signal": "SIGKILL"}], shm_kept=kept)
+    outcome = free_gpus_outcome(result, "node01", 1)
+    assert outcome["shm_kept"] == [{"path": k["path"], "size_mib": k["size_mib"], "why": k["why"]} for k in kept]
+    said = ("kept 2 files of /dev/shm (5 MiB): /dev/shm/psm_1a2b3c4d (this run ended no process of its owner (uid 4343)); /dev/shm/nccl-Q7mZp2 "
+            "(its owner (uid 0) runs processes this run did not end, which may use it (pid 1 systemd))")
+    assert outcome["message"] == f"node01: 1 GPU free (4623 -> 0 MiB), killed 1 process, {said} in 0.41 s", outcome["message"]
+    assert "\n" not in outcome["message"] and free_gpus_summary([outcome], ["node01"])[1].endswith(said)
+    plain = free_gpus_outcome(release([gpu(0, 0)], [gpu(0, 0)], changed=False), "node01", 1)
+    assert plain["shm_kept"] == [] and "/dev/shm" not in plain["message"]

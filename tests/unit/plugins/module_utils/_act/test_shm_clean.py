@@ -95,13 +95,86 @@ def test_nothing_goes_without_root_or_when_a_process_could_not_be_read():
 def test_clean_removes_what_no_live_process_holds_and_check_mode_only_lists_it(shm, monkeypatch):
     # This test's own process is the one that may hold a file (this machine's PID 1 hides its maps even from root).
     monkeypatch.setattr(_shm, "_pids", lambda proc: [os.getpid()])
-    for name in ("nccl-aaaaaa", "torch_1_1_0", "sem.daemon"):
+    for name in ("nccl-aaaaaa", "torch_4711_1_0", "torch_1_1_0", "sem.daemon"):
         (shm / name).write_bytes(b"x" * 8192)
     at_look = {(e.dev, e.ino) for e in entries(shm).values()}
+    ended = {4711: os.geteuid()}  # the job this run ended, whose PID torch_4711_* names
     with open(shm / "torch_1_1_0", "rb"):  # held open by this live process
-        plan = _shm_clean.clean(at_look, act=True, check_mode=True, shm=str(shm), euid=0)
-        assert [r["path"] for r in plan.removed] == [str(shm / "nccl-aaaaaa")] and sorted(os.listdir(shm)) == ["nccl-aaaaaa", "sem.daemon", "torch_1_1_0"]
-        assert not _shm_clean.clean(at_look, act=False, check_mode=False, shm=str(shm), euid=0).removed
-        done = _shm_clean.clean(at_look, act=True, check_mode=False, shm=str(shm), euid=0)
-    assert [r["pattern"] for r in done.removed] == ["nccl-*"] and [r["pattern"] for r in done.unheld] == ["sem.*"]
-    assert sorted(os.listdir(shm)) == ["sem.daemon", "torch_1_1_0"] and done.warnings == []
+        plan = _shm_clean.clean(at_look, act=True, check_mode=True, shm=str(shm), euid=0, ended=ended)
+        assert [r["path"] for r in plan.removed] == [str(shm / "torch_4711_1_0")]
+        assert sorted(os.listdir(shm)) == ["nccl-aaaaaa", "sem.daemon", "torch_1_1_0", "torch_4711_1_0"]
+        assert not _shm_clean.clean(at_look, act=False, check_mode=False, shm=str(shm), euid=0, ended=ended).removed
+        done = _shm_clean.clean(at_look, act=True, check_mode=False, shm=str(shm), euid=0, ended=ended)
+    assert [r["pattern"] for r in done.removed] == ["torch_*"] and sorted(r["pattern"] for r in done.unheld) == ["nccl-*", "sem.*"]
+    # The NCCL segment names no PID, and its owner (this test's uid) runs this very process: kept, and said why.
+    [kept] = done.kept
+    assert kept["path"] == str(shm / "nccl-aaaaaa")
+    assert kept["why"].startswith(f"its owner (uid {os.geteuid():d}) runs processes this run did not end, which may use it (pid {os.getpid():d} ")
+    assert sorted(os.listdir(shm)) == ["nccl-aaaaaa", "sem.daemon", "torch_1_1_0"] and done.warnings == []
+
+
+# ------------------------------------------------------------------ which files tie to this run (issue 65)
+
+
+def entry(name, uid=4242):
+    return _shm.Entry(name, 1, abs(hash(name)) % 100000, uid, 4096, 0.0)
+
+
+def live(pid, uid, name="python3", groups=()):
+    return _shm_clean.Live(pid, name, frozenset({uid}), frozenset({uid, *groups}))
+
+
+@pytest.mark.parametrize("name, pid", [
+    ("torch_4711_1298412897_0", 4711), ("pym-4711-k2j4h5g6", 4711), ("cuda.shm.3.1267.0", 0x1267),
+    ("nccl-Xb3kLq", None), ("psm_1a2b3c4d", None), ("sem.mp-k2j4h5g6", None), ("psm_shm.0123", None), ("torch_x_1", None),
+])
+def test_the_pid_a_frameworks_name_carries(name, pid):
+    assert _shm_clean.named_pid(name) == pid
+
+
+def test_a_file_goes_only_when_it_ties_to_a_process_this_run_ended():
+    files = [
+        entry("torch_4711_1_0"),                 # names the ended job's PID, its uid: goes
+        entry("torch_4712_1_0", uid=4343),       # names an ended PID of another uid: no tie by name
+        entry("nccl-job0aa"),                    # 4242 had a process ended and runs none now: goes
+        entry("psm_1a2b3c4d", uid=4343),         # 4343's live service's block: nothing of 4343 was ended
+        entry("psm_0a0b0c0d", uid=4444),         # 4444 had a job ended, and runs a service still
+        entry("nccl-root01", uid=0),             # root always runs processes this run did not end
+    ]
+    ended = {4711: 4242, 4712: 4242, 5000: 4444, 5001: 0}
+    running = [live(1, 0, "init"), live(77, 4343, "data-service"), live(88, 4444, "loader")]
+    chosen, kept = _shm_clean.attribute(files, ended, running, {})
+    assert [e.name for e in chosen] == ["torch_4711_1_0", "nccl-job0aa"]
+    assert [(e.name, why) for e, why in kept] == [
+        ("torch_4712_1_0", "this run ended no process of its owner (uid 4343)"),
+        ("psm_1a2b3c4d", "this run ended no process of its owner (uid 4343)"),
+        ("psm_0a0b0c0d", "its owner (uid 4444) runs processes this run did not end, which may use it (pid 88 loader)"),
+        ("nccl-root01", "its owner (uid 0) runs processes this run did not end, which may use it (pid 1 init)"),
+    ]
+
+
+def test_a_file_its_mode_opens_to_others_stays_while_they_run():
+    files = [entry("nccl-shared"), entry("nccl-group"), entry("nccl-private")]
+    modes = {"nccl-shared": (0o666, 4242), "nccl-group": (0o660, 500), "nccl-private": (0o600, 500)}
+    running = [live(1, 0, "init"), live(90, 4343, "reader\x0bThreads:\t2", groups=(500,))]
+    chosen, kept = _shm_clean.attribute(files, {4711: 4242}, running, modes)
+    assert [e.name for e in chosen] == ["nccl-private"]
+    assert [(e.name, why) for e, why in kept] == [
+        ("nccl-shared", "its mode (-rw-rw-rw-) lets processes this run did not end open it (pid 90 reader\\x0bThreads:\\t2)"),
+        ("nccl-group", "its mode (-rw-rw----) lets processes this run did not end open it (pid 90 reader\\x0bThreads:\\t2)"),
+    ]
+
+
+def test_live_processes_read_each_status_once_and_leave_out_the_ended_and_the_dead(tmp_path):
+    def status(pid, name, state, threads, uid, groups=""):
+        (tmp_path / str(pid)).mkdir()
+        text = (f"Name:\t{name}\nState:\t{state}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nGid:\t{uid}\t{uid}\t{uid}\t{uid}\n"
+                f"Groups:\t{groups}\nThreads:\t{threads}\n")
+        (tmp_path / str(pid) / "status").write_text(text)
+
+    status(10, "x\x0bThreads:\t2", "Z (zombie)", 1, 4343)        # an unreaped zombie whose name forges a thread count
+    status(11, "leader", "Z (zombie)", 3, 4343)                    # a zombie leader whose threads run on: live
+    status(12, "svc", "S (sleeping)", 1, 4444, "500 501")
+    status(13, "ended", "S (sleeping)", 1, 4242)                   # this run's: left out
+    found = _shm_clean.live_processes(str(tmp_path), ended={13})
+    assert [(p.pid, p.name, sorted(p.uids), sorted(p.gids)) for p in found] == [(11, "leader", [4343], [4343]), (12, "svc", [4444], [500, 501, 4444])]

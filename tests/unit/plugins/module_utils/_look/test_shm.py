@@ -223,7 +223,7 @@ def test_free_space_below_the_floor_for_each_gpu_is_a_health_issue_naming_the_le
                      "NCCL init and DataLoader workers fail with \"No space left on device\" (1 file(s) no live process holds take 40 MiB)")
     jobs = dict(FULL, unheld=[{"size_mib": 30.0, "pattern": "torch_*"}, {"size_mib": 10.0, "pattern": "sem.*"}])
     assert _shm.floor_issue(jobs, 128, 1).endswith("(2 file(s) no live process holds take 40 MiB); clean_shm (role: free_gpus_clean_shm) "
-                                                   "removes the 1 of killed jobs")
+                                                   "removes such files of the jobs its run ends (1 here match job patterns)")
     assert _shm.floor_issue(FULL, 16, 1) is None and _shm.floor_issue(FULL, 0, 8) is None
     assert _shm.floor_issue(dict(FULL, free_mib=None), 128, 8) is None and _shm.floor_issue(FULL, 128, 0) is None
     summary = _shm.with_floor({"healthy": True, "health_issues": []}, issue)
@@ -234,7 +234,9 @@ def test_free_space_below_the_floor_for_each_gpu_is_a_health_issue_naming_the_le
 
 NESTED_PID, OWN_IPC = 4026532177, 4026532176
 # mountinfo lines of /dev/shm as each kind of container shows it (proc(5) format).
-OWN_TMPFS = "70 79 0:45 / /dev/shm rw,nosuid,nodev,relatime - tmpfs shm rw,size=65536k"
+OWN_TMPFS = "70 79 0:45 / /dev/shm rw,nosuid,nodev,relatime - tmpfs tmpfs rw,size=65536k"
+# Docker's, Podman's, containerd's and CRI-O's: the tmpfs of an IPC namespace other containers may join (a pod's).
+RUNTIME_TMPFS = "70 79 0:45 / /dev/shm rw,nosuid,nodev,noexec,relatime - tmpfs shm rw,size=65536k"
 NSPAWN_SHARED = "312 300 0:61 / /dev/shm rw,nosuid,nodev shared:160 - tmpfs tmpfs rw,uid=0,gid=0"
 LXC_HOST_BIND = "402 390 0:25 / /dev/shm rw,nosuid,nodev master:6 - tmpfs tmpfs rw"
 SUBDIR_BIND = "88 77 254:0 /srv/guests/101/shm /dev/shm rw,relatime - ext4 /dev/vda rw"
@@ -245,6 +247,10 @@ ROOT = "47 46 254:0 / / rw,relatime - ext4 /dev/vda rw"
     pytest.param([ROOT, OWN_TMPFS], _shm.PROC_PID_INIT_INO, _shm.PROC_IPC_INIT_INO, None, id="the-node-itself-sees-every-process"),
     pytest.param([ROOT, OWN_TMPFS], NESTED_PID, OWN_IPC, None, id="a-container-with-a-tmpfs-of-its-own"),
     pytest.param([ROOT, NSPAWN_SHARED], NESTED_PID, OWN_IPC, None, id="an-nspawn-guest-whose-systemd-made-it-shared"),
+    pytest.param([ROOT, RUNTIME_TMPFS], NESTED_PID, OWN_IPC, "/dev/shm is the tmpfs a container runtime made for this container's IPC namespace "
+                 "(source \"shm\"), which other containers may share (the containers of one Kubernetes pod, docker --ipc=container:NAME)",
+                 id="a-pods-or-a-docker-containers-ipc-namespace"),
+    pytest.param([ROOT, RUNTIME_TMPFS], _shm.PROC_PID_INIT_INO, _shm.PROC_IPC_INIT_INO, None, id="the-node-sees-every-process-of-its-pods"),
     pytest.param([ROOT, OWN_TMPFS], NESTED_PID, _shm.PROC_IPC_INIT_INO, "this container shares the node's IPC namespace", id="docker-ipc-host"),
     pytest.param([ROOT, LXC_HOST_BIND], NESTED_PID, OWN_IPC, "/dev/shm's mount receives mounts from outside this container (master:6)",
                  id="lxc-bind-of-the-hosts"),
