@@ -46,6 +46,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _bounded_reads
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _cgroups
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _guests
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders
 
 # prctl(2) options (include/uapi/linux/prctl.h).
 PR_CAPBSET_DROP = 24
@@ -81,16 +82,14 @@ class Init(t.NamedTuple):
     lsm: str | None
 
 
-def status_fields(raw: bytes) -> dict[str, str]:
-    """/proc/PID/status -> {field: value}, split at "\\n" only (a process name may hold any
-    other line break, and a guest names its processes at will)."""
-    fields: dict[str, str] = {}
-    for line in raw.split(b"\n"):
-        name, sep, value = line.partition(b":")
-        key = name.decode("ascii", "replace")
-        if sep and key not in fields:
-            fields[key] = value.decode("ascii", "replace").strip()
-    return fields
+def status_of(pid: int, proc: str = "/proc") -> dict[str, str]:
+    """/proc/PID/status of the host's /proc through the one reader (_holders.read_status: split at
+    "\\n" only, since a guest names its processes at will), under _bounded_reads' budget; {} when
+    it fails or does not answer."""
+    try:
+        return _bounded_reads.call(_holders.read_status, pid, proc)
+    except (OSError, _bounded_reads.ReadBlocked):
+        return {}
 
 
 def _read_small(path: str, limit: int = 65536) -> bytes:
@@ -121,11 +120,10 @@ def lsm_label(pid: int | str, proc: str = "/proc") -> str | None:
 
 def read_init(pid: int, proc: str = "/proc") -> Init | None:
     """The guest init's confinement from the host's /proc, or None when it cannot be read."""
-    status = _bounded(f"{proc}/{pid:d}/status")
+    fields = status_of(pid, proc)
     cgroup = _bounded(f"{proc}/{pid:d}/cgroup")
-    if status is None or cgroup is None:
+    if not fields or cgroup is None:
         return None
-    fields = status_fields(status)
     try:
         nspid = tuple(int(word) for word in fields.get("NSpid", "").split())
         cap_bnd = int(fields["CapBnd"], 16)
@@ -193,7 +191,7 @@ def ancestors(pid: int, proc: str = "/proc", depth: int = 64) -> list[int]:
     while pid > 0 and pid not in found and len(found) < depth:
         found.append(pid)
         try:
-            pid = int(status_fields(_bounded(f"{proc}/{pid:d}/status") or b"").get("PPid", "0"))
+            pid = int(status_of(pid, proc).get("PPid", "0"))
         except ValueError:
             break
     return found
@@ -201,7 +199,7 @@ def ancestors(pid: int, proc: str = "/proc", depth: int = 64) -> list[int]:
 
 def filters_of(pid: int, proc: str = "/proc") -> tuple[int, int]:
     """(Seccomp mode, Seccomp_filters) of a process; (-1, -1) where it cannot be read."""
-    fields = status_fields(_bounded(f"{proc}/{pid:d}/status") or b"")
+    fields = status_of(pid, proc)
     try:
         return int(fields["Seccomp"]), int(fields.get("Seccomp_filters", "-1"))
     except (KeyError, ValueError):
@@ -347,9 +345,8 @@ def host_pids(init: Init, wanted: t.Collection[int], proc: str = "/proc", mounts
             except (OSError, ValueError):
                 continue
             for pid in pids:
-                status = _bounded(f"{proc}/{pid:d}/status")
                 try:
-                    nspid = tuple(int(word) for word in status_fields(status or b"").get("NSpid", "").split())
+                    nspid = tuple(int(word) for word in status_of(pid, proc).get("NSpid", "").split())
                 except ValueError:
                     continue
                 if len(nspid) != len(init.nspid) or nspid[-1] not in wanted or nspid[-1] in found:

@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _guest_reach as reach
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders
 
 FULL = 0x1FFFFFFFFFF
 GUEST_BND = FULL & ~(1 << 16) & ~(1 << 17)  # no CAP_SYS_MODULE, CAP_SYS_RAWIO
@@ -38,7 +39,7 @@ def init_of(proc, pid=7000, **kw):
 def test_a_process_name_forges_no_status_field(brk):
     """The guest names its processes at will: only "\\n" ends a line of /proc/PID/status."""
     raw = f"Name:\tx{brk}CapBnd:\t0000000000000000{brk}Seccomp:\t0\nCapBnd:\t{GUEST_BND:016x}\nSeccomp:\t2\n".encode("utf-8")
-    fields = reach.status_fields(raw)
+    fields = _holders.parse_status(raw)
     assert int(fields["CapBnd"], 16) == GUEST_BND and fields["Seccomp"] == "2"
 
 
