@@ -146,10 +146,10 @@ def parse(text: str, node_name: str) -> GresConf:
     autodetect: str | None = None
     line_autodetect: str | None = None
     for line in logical_lines(text):
+        if line.split()[0].lower().startswith("include"):
+            raise Unmapped(f"gres.conf includes another file ({line!r}), which is not read here")
         pairs = [_pair(word, line) for word in line.split()]
         first = pairs[0][0]
-        if first == "include":
-            raise Unmapped(f"gres.conf includes another file ({line!r}), which is not read here")
         values = dict(pairs)
         if first == "autodetect" and len(pairs) == 1:
             autodetect = values["autodetect"].lower()
@@ -269,11 +269,6 @@ def map_indexes(indexes: t.Sequence[int], conf: GresConf, minor_of: t.Callable[[
 def describe(mapped: t.Sequence[tuple[int, str, NodeGpu]]) -> dict[str, str]:
     """For the hook's log: {"0": "GPU-... (/dev/nvidia6)"}."""
     return {str(index): f"{gpu.uuid} ({path})" for index, path, gpu in mapped}
-
-
-def differs(mapped: t.Sequence[tuple[int, str, NodeGpu]], smi_index_of: t.Mapping[str, int]) -> bool:
-    """Whether some GRES index is not the nvidia-smi index of its GPU (the trap this module avoids)."""
-    return any(smi_index_of.get(gpu.uuid.lower()) != index for index, _path, gpu in mapped)
 
 
 # ---------------------------------------------------------------- reading the node
