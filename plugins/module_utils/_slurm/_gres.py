@@ -8,7 +8,7 @@
 """Slurm's GPU numbers mapped to GPUs: SLURM_JOB_GPUS holds slurmd's GRES indexes, never
 nvidia-smi's indexes.
 
-What slurmd gives the prolog and epilog (Slurm 22.05 to 25.11: gres_common_prep_set_env, before
+What slurmd gives the prolog and epilog (Slurm 22.05 to 25.11: gres_common_prep_set_env, in 22.05
 23.02 gres_common_epilog_set_env, in src/plugins/gres/common/gres_common.c): SLURM_JOB_GPUS is
 each device's place in slurmd's list of gres/gpu devices, and CUDA_VISIBLE_DEVICES the device's
 unique id where it has one (a MIG slice's UUID; every GPU's UUID with AutoDetect=nvml from 25.11
@@ -54,10 +54,8 @@ class Record(t.NamedTuple):
     """One gres/gpu record of gres.conf that applies to this node."""
 
     files: tuple[str, ...]     # File= expanded, () for none
-    kind: str                  # "Name" or "NodeName": the line's first key, slurmd's two arrays
     type_name: str | None
     multiple_files: bool
-    autodetect: str | None     # AutoDetect= on this line
 
 
 class GresConf(t.NamedTuple):
@@ -171,8 +169,7 @@ def parse(text: str, node_name: str) -> GresConf:
             expanded = tuple(expand(files)) if files else ()
         except ValueError as exc:
             raise Unmapped(f"gres.conf File={files}: {exc}") from None
-        record = Record(expanded, "Name" if first == "name" else "NodeName", values.get("type"), "multiplefiles" in values,
-                        values.get("autodetect", "").lower() or None)
+        record = Record(expanded, values.get("type"), "multiplefiles" in values)
         (named if first == "name" else by_node).append(record)
     # A node's own AutoDetect (on one of its lines) overrides the global one.
     return GresConf(tuple(named + by_node), line_autodetect or autodetect)
