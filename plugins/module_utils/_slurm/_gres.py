@@ -9,7 +9,7 @@
 nvidia-smi's indexes.
 
 What slurmd gives the prolog and epilog (Slurm 22.05 to 25.11: gres_common_prep_set_env, in 22.05
-23.02 gres_common_epilog_set_env, in src/plugins/gres/common/gres_common.c): SLURM_JOB_GPUS is
+gres_common_epilog_set_env, in src/plugins/gres/common/gres_common.c): SLURM_JOB_GPUS is
 each device's place in slurmd's list of gres/gpu devices, and CUDA_VISIBLE_DEVICES the device's
 unique id where it has one (a MIG slice's UUID; every GPU's UUID with AutoDetect=nvml from 25.11
 and with AutoDetect=nvidia), else that same place. slurmd's list (gres_node_config_load in
