@@ -321,8 +321,8 @@ def test_slurms_gres_index_is_mapped_to_the_gpu_behind_its_device_file_not_read_
     run = ended(fleet, host, ending)
     [index] = run["gpus"]
     gpu = GRES_FILES[int(index)]
-    assert run["gres"]["mapped"][index].endswith(f" (/dev/nvidia{gpu})") and gpu != int(index), run
-    assert run["ok"] and [k["pid"] for k in run["killed"]] == [mine], run
+    assert gpu != int(index) and run["ok"] and [k["pid"] for k in run["killed"]] == [mine], run
+    assert run["gres"]["mapped"][index].endswith(f" (/dev/nvidia{gpu})"), run
     assert not alive(fleet, host, mine) and alive(fleet, host, other_pid) and job(fleet, host, running)["JobState"] == "RUNNING"
     memory = fleet.gpu_memory(host)
     assert memory[gpu] < 64 and max(memory.values()) >= 2000, memory  # the running job's context leaves its footprint
