@@ -659,6 +659,8 @@ def test_a_configless_node_gets_the_hooks_with_no_slurm_conf_edited_and_they_run
     left = ready_pid(fleet, host, "cl_left")
     run = ended(fleet, host, ending)
     assert run["ok"] and run["gpus"] == ["1"] and [k["pid"] for k in run["killed"]] == [left], run
+    # Slurm's number mapped through the gres.conf slurmd keeps beside its cached slurm.conf (SLURM_CONF, issue 69).
+    assert run["gres"]["mapped"]["1"].endswith(" (/dev/nvidia1)"), run
     assert alive(fleet, host, other) and job(fleet, host, running)["JobState"] == "RUNNING" and not alive(fleet, host, left)
     assert fleet.gpu_memory(host)[1] == 0
 
