@@ -15,7 +15,8 @@ import json
 import pytest
 
 from test_gpu_release import used
-from test_slurm_epilog_smoke import gres_conf, runner, task_cgroup, wait_used  # noqa: F401  # pylint: disable=unused-import  (runner: a fixture)
+# runner: the packed hook, a fixture of that module.
+from test_slurm_epilog_smoke import gres_conf, runner, task_cgroup, wait_used  # noqa: F401  # pylint: disable=unused-import
 
 # nvidia-smi's GPU 6 has minor number 0 (/dev/nvidia0), GPU 0 minor number 1.
 MINORS = [1, 2, 3, 4, 5, 6, 0, 7]
