@@ -334,9 +334,6 @@ def minor_reader(table: _holders.DeviceTable | None = None) -> t.Callable[[str],
     return minor_of
 
 
-SMI_ORDER_ARGS = ["--query-gpu=index,uuid", "--format=csv,noheader"]
-
-
 def job_gpus(indexes: t.Sequence[int], environ: t.Mapping[str, str], run_smi: t.Callable[[list[str]], str],
              driver_root: str = "/proc/driver/nvidia/gpus") -> list[tuple[int, str, NodeGpu]]:
     """The job's GRES indexes mapped through this node's gres.conf and driver; Unmapped says why not."""
@@ -345,4 +342,4 @@ def job_gpus(indexes: t.Sequence[int], environ: t.Mapping[str, str], run_smi: t.
     driver = node_gpus(read_driver_gpus(driver_root))
     if not driver:
         raise Unmapped(f"the driver lists no GPU with its minor number and UUID ({driver_root})")
-    return map_indexes(indexes, conf, minor_reader(), driver, lambda: parse_smi_order(run_smi(list(SMI_ORDER_ARGS)), driver))
+    return map_indexes(indexes, conf, minor_reader(), driver, lambda: parse_smi_order(run_smi(["--query-gpu=index,uuid", "--format=csv,noheader"]), driver))
