@@ -90,6 +90,7 @@ def queries(busy_pct: float) -> dict[str, str]:
                     "cmdline: cmdline}"),
         "stale_processes": "hosts[].stale_processes[]",
         "not_visible": "hosts[?up && length(not_visible) > `0`].{host: host, gpu_count: gpu_count, not_visible: not_visible}",
+        "minor_order": "hosts[?up && minor_order_differs].{host: host, gpus: gpus[].{index: index, minor_number: minor_number}}",
         "nvml_clients": ("hosts[?up].nvml_clients[].{host: host, pid: pid, name: name, user: user, unit: unit, "
                          "container: container, protected: protected, cmdline: cmdline}"),
     }

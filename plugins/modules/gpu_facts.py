@@ -160,6 +160,17 @@ ansible_facts:
           elements: str
           returned: always
           sample: ["0000:2a:00.0", "0000:3a:00.0"]
+        minor_order_differs:
+          description:
+            - V(true) when the GPUs' device nodes C(/dev/nvidia<minor>), in the order of their minor numbers, are not in nvidia-smi's
+              index order (PCI bus order) - each GPU's C(minor_number) beside its C(index) in RV(ansible_facts.gpu.gpus) says which
+              is which. Every tool that counts device files then names other GPUs than nvidia-smi - Slurm's C(File=/dev/nvidia[0-7])
+              numbers a job's GPUs so (the hooks of the role C(zeromib.gpu.slurm_gpu_checks) map them; the audit flags such a node).
+            - V(false) when both orders agree, V(null) when the driver's C(/proc/driver/nvidia/gpus) could not be read (C(minor_number) is
+              then the index, assumed) or nvidia-smi failed.
+          type: bool
+          returned: always
+          sample: false
         inside_container:
           description:
             - V(true) when this look ran in a container (a PID namespace other than the kernel's first - an LXC or LXD guest, an
@@ -264,6 +275,8 @@ ansible_facts:
         gpus:
           description:
             - One entry per GPU. V([N/A]) and other bracketed values read as V(null).
+            - C(minor_number) is the GPU's device minor number (C(/dev/nvidia<minor_number>), the driver's C(Device Minor:)), which need not
+              be its C(index) (see RV(ansible_facts.gpu.minor_order_differs)); the index where the driver's files cannot be read.
             - With O(smoke_test), C(smoke_test) - C(ok) (V(null) when not tested), C(error), C(seconds), C(mib), C(skipped) (why not
               tested - in use by a process, MIG mode, check mode) and C(memory_used_mib_after); V(null) without O(smoke_test).
             - C(healthy) is V(false) when C(health_issues) (plain sentences) is not empty; C(health_unchecked) lists the checks that
@@ -463,6 +476,7 @@ def gather(params: t.Mapping[str, t.Any], which: t.Callable[[str], str | None] |
         snapshot.gpus, snapshot.apps, snapshot.holders, params["max_used_mib"], params["processes"], _facts.cuda_driver_version(),
         snapshot.footprint, snapshot.health, dcgm, snapshot.not_visible, snapshot.inside_container, len(snapshot.unscanned),
     )
+    facts["minor_order_differs"] = snapshot.minor_order_differs
     _cuda_smoke.for_facts(smi, params, facts, snapshot, check_mode)
     facts["shm"] = _shm.look(processes=params["processes"], deadline_s=params["timeout"])
     if params["health"]:

@@ -406,6 +406,9 @@ def _host_record(entry: t.Any) -> dict[str, t.Any]:
         # The host ran gpu_facts in a container (an LXC/LXD/nspawn guest, a pod): memory no process
         # there holds may be held by the host or another guest.
         "inside_container": bool(facts.get("inside_container")),
+        # /dev/nvidia<minor> not in nvidia-smi's order (gpu_facts' minor_order_differs): every tool that
+        # counts device files (Slurm's File=/dev/nvidia[0-7]) names other GPUs than nvidia-smi there.
+        "minor_order_differs": facts.get("minor_order_differs") if isinstance(facts.get("minor_order_differs"), bool) and not facts.get("error") else None,
     }
     if record["gpu_count"] is None and facts:
         record["gpu_count"] = len(gpus)

@@ -28,6 +28,7 @@ _FAMILIES = (
     ("zeromib_gpu_nvml_clients", "NVML clients of the host: they open GPU device files but use no GPU memory."),
     ("zeromib_gpu_pending_restore", "Entries gpu_release stopped, disabled or masked on the host that gpu_restore has not put back yet."),
     ("zeromib_gpu_driver_drift", "1 when the driver library on disk is not the loaded kernel module's version: new CUDA jobs fail there."),
+    ("zeromib_gpu_minor_order_differs", "1 when the host's /dev/nvidia<minor> files are not in nvidia-smi's index order (Slurm's File= numbers other GPUs)."),
     ("zeromib_gpu_shm_free_mib", "Free space of the host's /dev/shm in MiB (NCCL and PyTorch keep their shared segments there)."),
     ("zeromib_gpu_shm_unheld_mib", "MiB of /dev/shm taken by files no live process has open or mapped (what killed jobs left)."),
     ("zeromib_gpu_shm_unheld_files", "Files in /dev/shm that no live process has open or mapped."),
@@ -116,6 +117,8 @@ def _host_samples(samples: _Samples, host: t.Mapping[str, t.Any]) -> None:
     # Read from the host's record by gpu_facts: known only for a host that answered.
     _add(samples, "zeromib_gpu_pending_restore", [("host", name)], sum(1 for e in host.get("pending_restore_entries") or [] if e.get("kind")))
     _add(samples, "zeromib_gpu_driver_drift", [("host", name)], 1 if host.get("driver_drift") else 0)
+    if isinstance(host.get("minor_order_differs"), bool):
+        _add(samples, "zeromib_gpu_minor_order_differs", [("host", name)], 1 if host["minor_order_differs"] else 0)
     shm = host.get("shm") or {}
     for family, key in (("zeromib_gpu_shm_free_mib", "free_mib"), ("zeromib_gpu_shm_unheld_mib", "unheld_mib"),
                         ("zeromib_gpu_shm_unheld_files", "unheld_files")):

@@ -285,6 +285,51 @@ def test_a_job_that_leaves_an_orphaned_holder_is_freed_by_the_epilog_and_the_nex
     assert ended(fleet, host, after)["ok"] and ended(fleet, host, after, "prolog")["ok"]
 
 
+# gres.conf listing /dev/nvidia6 first: slurmd's GRES index 0 is nvidia-smi's GPU 6, 1 is GPU 0, and
+# so on (issue 69: the order PrincetonUniversity/jobstats #34 reports, where minor numbers do not
+# follow the PCI bus; here the files are written out of the bus order, which slurmd reads alike).
+GRES_FILES = [6, 0, 1, 2, 3, 4, 5, 7]
+
+
+def on_the_gpu_slurm_gave(name, mib, detach):
+    """A job script whose holder runs on the GPU behind the device file of its GRES index (what
+    ConstrainDevices and CUDA make of a real job: the rig has no device cgroup, and the simulator
+    counts CUDA_VISIBLE_DEVICES, slurmd's GRES indexes here, as nvidia-smi's)."""
+    ready = f"/run/nvidia-sim/ready/{name}"
+    pick = f"set -- {' '.join(map(str, GRES_FILES))}; shift $SLURM_JOB_GPUS; gpu=$1"
+    run = f"env -u CUDA_VISIBLE_DEVICES {HOLDER} --gpus $gpu --mib {mib:d} --name {name} --ready-file {ready}"
+    if detach:
+        return (f"mkdir -p /run/nvidia-sim/ready; rm -f {ready}; {pick}; setsid nohup {run} </dev/null >/dev/null 2>&1 & "
+                f"for i in $(seq 400); do [ -e {ready} ] && break; sleep 0.025; done")
+    return f"mkdir -p /run/nvidia-sim/ready; rm -f {ready}; {pick}; exec {run}"
+
+
+def test_slurms_gres_index_is_mapped_to_the_gpu_behind_its_device_file_not_read_as_an_nvidia_smi_index(any_gres_host):
+    """slurmd itself numbers the GPUs by gres.conf's files. Job R runs on its GPU; job E leaves a
+    holder on its own and ends. The epilog of E, given E's GRES index in SLURM_JOB_GPUS, frees the
+    GPU behind that index's file and leaves R's GPU alone; before issue 69 it looked at the
+    nvidia-smi GPU of that number, passed, and left the holder."""
+    fleet, host = any_gres_host
+    fleet.ssh(host, f"touch {RECONFIGURE}; printf 'Name=gpu File=/dev/nvidia6\\nName=gpu File=/dev/nvidia[0-5,7]\\n' > /etc/slurm/gres.conf; "
+                    "systemctl restart slurmctld slurmd", check=True)
+    assert wait_for(lambda: "Gres=gpu:8" in fleet.ssh(host, f"scontrol show node -o {host}").stdout and not drained(node(fleet, host)),
+                    timeout=30), node(fleet, host)
+    running = submit(fleet, host, on_the_gpu_slurm_gave("gres_running", 2000, detach=False))
+    other_pid = ready_pid(fleet, host, "gres_running")
+    ending = submit(fleet, host, on_the_gpu_slurm_gave("gres_left", 1000, detach=True))
+    mine = ready_pid(fleet, host, "gres_left")
+    run = ended(fleet, host, ending)
+    [index] = run["gpus"]
+    gpu = GRES_FILES[int(index)]
+    assert gpu != int(index) and run["ok"] and [k["pid"] for k in run["killed"]] == [mine], run
+    assert run["gres"]["mapped"][index].endswith(f" (/dev/nvidia{gpu})"), run
+    assert not alive(fleet, host, mine) and alive(fleet, host, other_pid) and job(fleet, host, running)["JobState"] == "RUNNING"
+    memory = fleet.gpu_memory(host)
+    assert memory[gpu] < 64 and max(memory.values()) >= 2000, memory  # the running job's context leaves its footprint
+    assert ended(fleet, host, ending, "prolog")["gres"]["mapped"][index] == run["gres"]["mapped"][index]
+    assert not drained(node(fleet, host)), node(fleet, host)
+
+
 def test_the_epilog_touches_only_its_own_processes_beside_another_running_job(gres_host):
     fleet, host = gres_host
     running = submit(fleet, host, f"exec {HOLDER} --gpus 0 --mib 2000 --name other_job --ready-file /run/nvidia-sim/ready/other_job")
@@ -614,6 +659,8 @@ def test_a_configless_node_gets_the_hooks_with_no_slurm_conf_edited_and_they_run
     left = ready_pid(fleet, host, "cl_left")
     run = ended(fleet, host, ending)
     assert run["ok"] and run["gpus"] == ["1"] and [k["pid"] for k in run["killed"]] == [left], run
+    # Slurm's number mapped through the gres.conf slurmd keeps beside its cached slurm.conf (SLURM_CONF, issue 69).
+    assert run["gres"]["mapped"]["1"].endswith(" (/dev/nvidia1)"), run
     assert alive(fleet, host, other) and job(fleet, host, running)["JobState"] == "RUNNING" and not alive(fleet, host, left)
     assert fleet.gpu_memory(host)[1] == 0
 

@@ -39,6 +39,8 @@ def test_idle_8_gpu_node_reads_clean_and_maps_minor_numbers(nshost):
     assert gpu["count"] == 8 and gpu["clean"] is True and gpu["memory_used_mib"] == 0
     assert gpu["driver_version"] == "580.159.04" and gpu["error"] is None
     assert [g["minor_number"] for g in gpu["gpus"]] == [1, 0, 2, 3, 4, 5, 6, 7]
+    # /dev/nvidia0 is GPU 1: Slurm's File=/dev/nvidia[0-7] numbers the GPUs otherwise than nvidia-smi (issue 69).
+    assert gpu["minor_order_differs"] is True
     first = gpu["gpus"][0]
     assert first["memory_total_mib"] == 143771 and first["memory_reserved_mib"] == 616 and first["name"] == "NVIDIA H200"
     assert isinstance(first["power_draw_w"], float) and first["mig_mode"] == "Disabled"
@@ -84,6 +86,7 @@ def test_persistenced_holding_every_node_does_not_make_the_host_dirty(nshost):
     host = nshost("h200x8")
     daemon = start_daemon(host, "nvidia-persistenced")
     gpu = facts(run_module(host, "gpu_facts"))
+    assert gpu["minor_order_differs"] is False  # minor numbers in nvidia-smi's order
     [record] = [h for h in gpu["holders"] if h["pid"] == daemon]
     # The kernel truncates comm to 15 characters; argv[0] still carries the full name.
     assert record["name"] == "nvidia-persiste" and record["protected"] is True

@@ -34,13 +34,23 @@ def runner(tmp_path_factory):
     return str(out)
 
 
+def gres_conf(host, text=None, owner=0, mode=0o644):
+    """/etc/slurm/gres.conf inside the simulated host (its own /etc), `owner`'s with `mode`; by default
+    what a site writes for the host's GPUs: `Name=gpu File=/dev/nvidia[0-N]`."""
+    text = "Name=gpu File=/dev/nvidia[0-{:d}]\n".format(len(host.config["gpus"]) - 1) if text is None else text
+    host.run(["sh", "-c", f"mkdir -p /etc/slurm && cat > /etc/slurm/gres.conf && chown {owner:d} /etc/slurm/gres.conf && "
+              f"chmod {mode:o} /etc/slurm/gres.conf"], input=text, check=True)
+
+
 def epilog(host, runner, tmp_path, job, gpus="0,1", **options):
-    """The hook as slurmd calls it -> (rc, stderr, the run's log entry)."""
+    """The hook as slurmd calls it, beside the node's gres.conf (which maps Slurm's GPU numbers to
+    GPUs: test_slurm_gres_minors.py) -> (rc, stderr, the run's log entry)."""
     config, log = tmp_path / f"config-{job}.json", tmp_path / f"log-{job}.jsonl"
     config.write_text(json.dumps(dict({"drain": "exit_status", "log": str(log)}, **options)))
     config.chmod(0o600)
+    gres_conf(host)
     env = {"SLURM_JOB_ID": job, "SLURM_JOB_GPUS": gpus, "CUDA_VISIBLE_DEVICES": gpus, "SLURM_SCRIPT_CONTEXT": "epilog_slurmd",
-           "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+           "SLURM_CONF": "/etc/slurm/slurm.conf", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     proc = host.run(["/usr/bin/python3", runner, "epilog", f"--config={config}"], env=env, timeout=120)
     # A config the runner refuses has no log of its own: the line goes to the default log, the host's.
     text = log.read_text() if log.exists() else host.read(DEFAULT_LOG)

@@ -23,6 +23,7 @@ from ansible_in_ns import run_module  # noqa: E402
 from supervisor_rig import Supervisord  # noqa: E402
 from test_supervisor_release import HOLDER, wait_used  # noqa: E402
 from stalled_fs import EXEC_ON_IT, HOLD_OPEN, StalledFs, spawn_user, waits_in_fuse  # noqa: E402
+from test_slurm_epilog_smoke import gres_conf  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # gpu_facts and gpu_release with `timeout: 5` end within it plus Ansible's own start (~2-6 s on
@@ -145,8 +146,9 @@ def epilog(host, runner, tmp_path, job, gpus="0,1", **options):
     config, log = tmp_path / f"config-{job}.json", tmp_path / f"log-{job}.jsonl"
     config.write_text(json.dumps(dict({"drain": False, "log": str(log)}, **options)))
     config.chmod(0o600)
+    gres_conf(host)  # the node's gres.conf: Slurm's GPU numbers mapped to GPUs (issue 69)
     env = {"SLURM_JOB_ID": job, "SLURM_JOB_GPUS": gpus, "CUDA_VISIBLE_DEVICES": gpus, "SLURM_SCRIPT_CONTEXT": "epilog_slurmd",
-           "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+           "SLURM_CONF": "/etc/slurm/slurm.conf", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     started = time.monotonic()
     proc = host.run(["/usr/bin/python3", runner, "epilog", f"--config={config}"], env=env, timeout=120)
     return proc.returncode, proc.stderr, json.loads(log.read_text().splitlines()[-1]), time.monotonic() - started

@@ -103,6 +103,17 @@ def with_minor_numbers(gpus: t.Iterable[Gpu], minors_by_bus: t.Mapping[str | Non
     return result
 
 
+def minor_order_differs(gpus: t.Iterable[Gpu], minors_by_bus: t.Mapping[str | None, int]) -> bool | None:
+    """Whether the GPUs in the order of their minor numbers (/dev/nvidia<minor>, the order of
+    Slurm's `File=/dev/nvidia[0-7]` and of every tool that counts device files) are not in
+    nvidia-smi's index order (PCI bus order); None where a GPU's minor number is not the driver's
+    word (its files unread: minor_number is then the index, assumed)."""
+    minors = [(minors_by_bus.get(smi_mod.normalize_bus_id(gpu.get("pci_bus_id"))), gpu["index"]) for gpu in gpus]
+    if not minors or any(minor is None for minor, _index in minors):
+        return None
+    return [index for _minor, index in sorted(minors, key=lambda pair: t.cast(int, pair[0]))] != sorted(index for _minor, index in minors)
+
+
 def minor_to_index(gpus: t.Iterable[Gpu]) -> dict[int, int]:
     return {gpu["minor_number"]: gpu["index"] for gpu in gpus}
 
@@ -208,6 +219,7 @@ def failed_facts(error: str) -> dict[str, t.Any]:
         "error": error,
         "not_visible": [],
         "inside_container": None,
+        "minor_order_differs": None,
         "gpus": [],
         "processes": [],
         "holders": [],
@@ -256,6 +268,8 @@ class Snapshot:
         self.inside_container = False
         # PIDs the scan's deadline left unread (_holders.scan_holders): nothing is clean then.
         self.unscanned = unscanned or []
+        # Whether the minor numbers' order is not nvidia-smi's (minor_order_differs); None: unread.
+        self.minor_order_differs: bool | None = None
 
 
 def not_visible_gpus(gpus: list[Gpu], driver_gpus: t.Mapping[str | None, DriverGpu], reachable: t.Callable[[int], bool] | None = None) -> list[DriverGpu]:
@@ -428,9 +442,13 @@ def _look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, early: dict
     # unless this namespace cannot reach it: then it is not this node's (not_visible).
     not_visible = not_visible_gpus(gpus, driver_gpus)
     smi_mod.check_against_driver(gpus, driver_gpus, [gpu["bus"] for gpu in not_visible], cmd=[smi.path] if getattr(smi, "path", None) else None)
-    gpus = with_minor_numbers(gpus, {bus: gpu["minor"] for bus, gpu in driver_gpus.items() if gpu["minor"] is not None})
+    minors_by_bus = {bus: gpu["minor"] for bus, gpu in driver_gpus.items() if gpu["minor"] is not None}
+    differs = minor_order_differs(gpus, minors_by_bus)
+    gpus = with_minor_numbers(gpus, minors_by_bus)
     if not with_processes:
-        return Snapshot(gpus, [], [], health=health, not_visible=not_visible)
+        bare = Snapshot(gpus, [], [], health=health, not_visible=not_visible)
+        bare.minor_order_differs = differs
+        return bare
     names, pids = holders_mod.split_protect(protect)
     lineage = holders_mod.lineage(os.getpid(), proc)
 
@@ -464,6 +482,7 @@ def _look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, early: dict
     footprint = _attribution.footprint_gpus(gpus, holders, apps, max_used_mib, footprint_mib)
     snapshot = Snapshot(gpus, apps, holders, unreadable, footprint, health, not_visible, early["unscanned"])
     snapshot.inside_container = _guests.pid_namespace_nested(proc)
+    snapshot.minor_order_differs = differs
     return snapshot
 
 

@@ -34,6 +34,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _jobs
 from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _bounded
 from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _drain
+from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _gres
 from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _mig
 from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _shared
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._errors import ReleaseError, StepFailed
@@ -103,13 +104,15 @@ def job_id(environ: t.Mapping[str, str]) -> str:
 
 
 def job_gpus(environ: t.Mapping[str, str]) -> list[str] | None:
-    """The job's GPUs as slurmd gives them to the prolog and epilog: SLURM_JOB_GPUS (gres ids),
-    else CUDA_VISIBLE_DEVICES, else GPU_DEVICE_ORDINAL (both set alike by slurmd, measured on
-    22.05). None: the job was given no GPU. slurmd writes this environment, not the job's user."""
-    # A MIG slice: SLURM_JOB_GPUS is its place in slurmd's list of slices, CUDA_VISIBLE_DEVICES its
-    # MIG UUID (AutoDetect=nvml): the UUID names it (_mig).
+    """The job's GPUs as slurmd gives them to the prolog and epilog: the UUIDs of
+    CUDA_VISIBLE_DEVICES where slurmd gives UUIDs, else SLURM_JOB_GPUS (slurmd's GRES indexes,
+    never nvidia-smi's: _gres maps them), else CUDA_VISIBLE_DEVICES, else GPU_DEVICE_ORDINAL (set
+    alike by slurmd, measured on 22.05). None: the job was given no GPU. slurmd writes this
+    environment, not the job's user."""
+    # A UUID names its GPU: a MIG slice's (SLURM_JOB_GPUS is then its place in slurmd's list of
+    # slices, _mig), every GPU's with AutoDetect=nvml from Slurm 25.11 and with AutoDetect=nvidia.
     names: tuple[str, ...] = ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")
-    if any(_mig.is_mig(token.strip()) for token in (environ.get("CUDA_VISIBLE_DEVICES") or "").split(",")):
+    if any(_mig.is_mig(token.strip()) or token.strip()[:4].upper() == "GPU-" for token in (environ.get("CUDA_VISIBLE_DEVICES") or "").split(",")):
         names = ("CUDA_VISIBLE_DEVICES",)
     for name in names:
         raw = environ.get(name)
@@ -186,25 +189,26 @@ class JobRelease(Release):
     processes, and the respawn watch passes over their new ones (the only additions: Release's
     planning, signals and verdict are unchanged)."""
 
-    def __init__(self, *args: t.Any, ending_job: str, note: t.Callable[[str], None] = lambda _stage: None, numbered: bool = False,
+    def __init__(self, *args: t.Any, ending_job: str, note: t.Callable[[str], None] = lambda _stage: None, numbered: t.Sequence[str] = (),
                  **kwargs: t.Any) -> None:
         super().__init__(*args, **kwargs)
         self.ending_job = ending_job
         self.note = note
-        # The job's GPUs came as numbers: on a MIG GPU those are slurmd's count of slices (_mig).
-        self.numbered = numbered
+        # The job's GPUs came as numbers (these): on a MIG GPU those are slurmd's count of slices (_mig).
+        self.numbered = list(numbered)
         # Why the run was refused before anything was done: the cause, whatever the GPUs read.
         self.refusal: str | None = None
         # {pid: job} of the holders spared as another job's, for the drain reason.
         self.spared: dict[int, str] = {}
 
     def plan(self, snapshot: t.Any) -> t.Any:
-        wanted = {str(token) for token in self.params.get("gpus") or []}
-        mig = [g for g in snapshot.gpus if str(g["index"]) in wanted and is_mig(g)] if self.numbered else []
+        # The GPUs the job's numbers were mapped to (_gres), or every GPU where they could not be.
+        wanted = [str(token) for token in self.params.get("gpus") or []]
+        mig = [g for g in snapshot.gpus if (not wanted or given(g, wanted)) and is_mig(g)] if self.numbered else []
         if mig:
             self.refusal = ("GPU {} is in MIG mode and Slurm named the job's GPUs by number ({}): on a MIG GPU slurmd's numbers count its "
                             "slices, not GPUs. Let slurmd give the slices' MIG UUIDs (gres.conf AutoDetect=nvml sets "
-                            "CUDA_VISIBLE_DEVICES=MIG-...)".format(mig[0]["index"], ",".join(sorted(wanted))))
+                            "CUDA_VISIBLE_DEVICES=MIG-...)".format(mig[0]["index"], ",".join(self.numbered)))
             raise StepFailed(self.refusal)
         self.note("signalling what the job left and waiting for its GPUs to read free" if not self.check_mode else "judging the look")
         return super().plan(snapshot)
@@ -498,11 +502,26 @@ def log(path: str | None, entry: t.Mapping[str, t.Any]) -> None:
         sys.stderr.write(f"zeromib: cannot write the log {path}: {exc.strerror}" + "\n")
 
 
+def map_gres(numbers: list[str], environ: t.Mapping[str, str], smi: NvidiaSmi) -> tuple[list[str] | None, dict[str, t.Any]]:
+    """Slurm's GPU numbers (GRES indexes) -> (the GPUs' UUIDs, what the log says of it); (None, why)
+    where slurmd's list cannot be read: then every GPU of the node is checked, never the GPU that
+    nvidia-smi happens to number so (_gres)."""
+    try:
+        mapped = _gres.job_gpus([int(n) for n in numbers], environ, smi.run)
+    except _gres.Unmapped as exc:
+        return None, {"unmapped": f"{exc}; every GPU of the node was checked, other jobs' memory deducted"}
+    return [gpu.uuid for _index, _path, gpu in mapped], {"mapped": _gres.describe(mapped)}
+
+
 def check_job(mode: str, job: str, gpus: list[str] | None, config: t.Mapping[str, t.Any],
-              note: t.Callable[[str], None] = lambda _stage: None) -> tuple[bool, list[str], dict[str, t.Any]]:
+              note: t.Callable[[str], None] = lambda _stage: None, environ: t.Mapping[str, str] | None = None
+              ) -> tuple[bool, list[str], dict[str, t.Any]]:
     """gpu_release for the job's GPUs (the prolog in check mode: it looks, it never signals).
-    `note(stage)` says where the run is, for the cause when the deadline comes first."""
+    `note(stage)` says where the run is, for the cause when the deadline comes first. `environ`:
+    slurmd's (where gres.conf is, the node's name), for mapping Slurm's GPU numbers."""
     params = release_params(config, gpus)
+    numbers = list(gpus) if gpus and all(token.isdigit() for token in gpus) else []
+    gres: dict[str, t.Any] = {}
     try:
         smi = NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), params["timeout"])
         slices = [token for token in gpus or [] if _mig.is_mig(token)]
@@ -510,14 +529,29 @@ def check_job(mode: str, job: str, gpus: list[str] | None, config: t.Mapping[str
             # The slices' parent GPUs, shared with the jobs of their other slices, at the MIG baseline.
             gpus = params["gpus"] = _mig.parents_of(gpus or [], lambda: smi.run(["-L"]))
             params["max_used_mib"] = max(params["max_used_mib"], config["mig_baseline_mib"])
-        release = JobRelease(smi, System(find_systemctl()), params, check_mode=(mode == "prolog"), ending_job=job, note=note,
-                             numbered=bool(gpus) and not slices and all(token.isdigit() for token in gpus or []))
+        if numbers:
+            note("mapping Slurm's GPU numbers to GPUs (gres.conf, the driver's minor numbers)")
+            gpus, gres = map_gres(numbers, os.environ if environ is None else environ, smi)
+            params["gpus"] = list(gpus or [])
+        release = JobRelease(smi, System(find_systemctl()), params, check_mode=(mode == "prolog"), ending_job=job, note=note, numbered=numbers)
     except NvidiaSmiError as exc:
         return False, [f"nvidia-smi: {exc.msg}"], {}
     except _mig.MigError as exc:
         return False, [str(exc)], {}
+    ok, causes, result = judge_job(mode, release, smi, params, config, gpus, bool(slices) or bool(gres.get("unmapped")), note)
+    if gres:
+        result["gres"] = gres
+    if not ok and gres.get("unmapped"):
+        causes.append("Slurm's GPU numbers {} not mapped: {}".format(",".join(numbers), gres["unmapped"]))
+    return ok, causes, result
+
+
+def judge_job(mode: str, release: JobRelease, smi: NvidiaSmi, params: dict[str, t.Any], config: t.Mapping[str, t.Any],
+              gpus: list[str] | None, shared: bool, note: t.Callable[[str], None]) -> tuple[bool, list[str], dict[str, t.Any]]:
+    """The release run, its verdict and the epilog's smoke test. `shared`: other jobs' memory on
+    the job's GPUs is theirs (MIG slices, every GPU checked for want of a mapping)."""
     readings = None
-    if config.get("shared_gpus") or slices:
+    if config.get("shared_gpus") or shared:
         # Other jobs' memory on the job's GPUs is theirs (_shared): the release judges the rest.
         readings = release.smi = _shared.SharedReadings(smi, lambda gpu: gpus is None or given(gpu, gpus), release.others, params["max_used_mib"])
     note("the look (nvidia-smi, the /proc scan, the health readings)")
@@ -600,7 +634,7 @@ def main(argv: t.Sequence[str], environ: t.Mapping[str, str], config_path: str =
             log(config["log"], {"mode": mode, "job": job, "gpus": gpus, "ok": True, "elapsed_s": round(time.monotonic() - started, 3),
                                 "skipped": "the prolog failed: the job never ran, nothing on its GPUs is its own (the prolog drained the node)"})
             return 0
-        ok, causes, result = bounded_check(mode, job, gpus, config, started)
+        ok, causes, result = bounded_check(mode, job, gpus, config, started, environ)
     except JobCheckError as exc:
         ok, causes, result = False, [str(exc)], {}
     except Exception as exc:  # pylint: disable=broad-exception-caught
@@ -612,7 +646,7 @@ def main(argv: t.Sequence[str], environ: t.Mapping[str, str], config_path: str =
                                ("holders" if mode == "prolog" else "killed"): acted}
     if result.get("smoke_test_passed") is not None:
         entry["smoke_test_passed"] = result["smoke_test_passed"]
-    for key in ("shared", "smoke_test_skipped"):
+    for key in ("shared", "smoke_test_skipped", "gres"):
         if result.get(key):
             entry[key] = result[key]
     if not ok:
@@ -631,12 +665,12 @@ def main(argv: t.Sequence[str], environ: t.Mapping[str, str], config_path: str =
     return 0 if ok else 1
 
 
-def bounded_check(mode: str, job: str, gpus: list[str] | None, config: t.Mapping[str, t.Any], started: float
-                  ) -> tuple[bool, list[str], dict[str, t.Any]]:
+def bounded_check(mode: str, job: str, gpus: list[str] | None, config: t.Mapping[str, t.Any], started: float,
+                  environ: t.Mapping[str, str] | None = None) -> tuple[bool, list[str], dict[str, t.Any]]:
     """check_job in a child the hook stops waiting for when the work budget (the deadline less
     the drain's reserve) is spent: the cause then says where the run was."""
     budget = work_budget(config) - (time.monotonic() - started)
-    outcome = _bounded.run_bounded(lambda note: list(check_job(mode, job, gpus, config, note)), budget)
+    outcome = _bounded.run_bounded(lambda note: list(check_job(mode, job, gpus, config, note, environ=environ)), budget)
     if not outcome.finished:
         where = f" (still at: {outcome.stage})" if outcome.stage else ""
         return False, [f"the {mode} did not finish within its deadline of {float(config['deadline']):g} s{where}; the run was stopped"], {}

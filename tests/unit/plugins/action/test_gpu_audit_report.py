@@ -349,3 +349,40 @@ def test_gpus_not_visible_on_a_host_are_a_line_of_the_report_never_dirty_nor_cle
     row = '<tr data-host="lxc101"><td class="mono">lxc101</td><td class="num">1</td><td class="mono">0000:18:00.0, 0000:2a:00.0</td></tr>'
     assert row in files["report.html"]
     assert "cannot see" not in plugin.render(report(ah.clean_h200x8()))["report.md"]  # no section where every host sees its GPUs
+
+
+# --------------------------------------------------------------------------- device files not in nvidia-smi's order (issue 69)
+
+
+def minors_permuted(host="gpu-amd01"):
+    """A host whose /dev/nvidia0 is nvidia-smi's GPU 6 (PrincetonUniversity/jobstats #34), as gpu_facts reports it."""
+    record = ah.clean_h200x8(host)
+    minors = [1, 2, 3, 4, 5, 6, 0, 7]
+    for gpu in record["gpu"]["gpus"]:
+        gpu["minor_number"] = minors[gpu["index"]]
+    record["gpu"]["minor_order_differs"] = True
+    return record
+
+
+def test_a_host_whose_device_files_are_not_in_nvidia_smis_order_is_flagged_with_each_gpus_file():
+    r = report(ah.clean_h200x8(), minors_permuted())
+    record = [h for h in r["hosts"] if h["host"] == "gpu-amd01"][0]
+    assert record["status"] == "clean" and record["minor_order_differs"] is True
+    [finding] = r["findings"]["minor_order"]
+    assert finding["host"] == "gpu-amd01" and finding["gpus"][6] == {"index": 6, "minor_number": 0}
+    files = plugin.render(r)
+    assert "## Hosts whose device files are not in nvidia-smi's order" in files["report.md"]
+    row = "| gpu-amd01 | " + ", ".join(f"{i}: /dev/nvidia{m}" for i, m in enumerate([1, 2, 3, 4, 5, 6, 0, 7])) + " |"
+    assert row in files["report.md"]
+    assert '<tr data-host="gpu-amd01"><td class="mono">gpu-amd01</td><td class="mono">0: /dev/nvidia1, ' in files["report.html"]
+    assert 'zeromib_gpu_minor_order_differs{host="gpu-amd01"} 1' in files["gpu_audit.prom"]
+    plain = plugin.render(report(ah.clean_h200x8()))
+    assert "zeromib_gpu_minor_order_differs{" not in plain["gpu_audit.prom"]  # a host whose minor numbers are unknown has no sample
+    assert "not in nvidia-smi's order" not in plain["report.md"] and 'id="minor-order"' not in plain["report.html"]
+
+
+def test_a_host_whose_minor_numbers_are_unknown_is_not_flagged():
+    record = minors_permuted()
+    record["gpu"]["minor_order_differs"] = None
+    r = report(record)
+    assert r["hosts"][0]["minor_order_differs"] is None and r["findings"]["minor_order"] == []

@@ -21,7 +21,7 @@ EPOCH = 1748779200.0
 FAMILIES = [
     "zeromib_gpu_audit_timestamp_seconds", "zeromib_gpu_audit_hosts", "zeromib_gpu_host_up", "zeromib_gpu_host_clean",
     "zeromib_gpu_host_info", "zeromib_gpu_devices", "zeromib_gpu_holders", "zeromib_gpu_nvml_clients", "zeromib_gpu_pending_restore",
-    "zeromib_gpu_driver_drift", "zeromib_gpu_shm_free_mib", "zeromib_gpu_shm_unheld_mib", "zeromib_gpu_shm_unheld_files",
+    "zeromib_gpu_driver_drift", "zeromib_gpu_minor_order_differs", "zeromib_gpu_shm_free_mib", "zeromib_gpu_shm_unheld_mib", "zeromib_gpu_shm_unheld_files",
     "zeromib_gpu_memory_used_mib",
     "zeromib_gpu_memory_total_mib", "zeromib_gpu_clean", "zeromib_gpu_healthy", "zeromib_gpu_health_checked", "zeromib_gpu_ecc_uncorrected",
     "zeromib_gpu_xid_recent",

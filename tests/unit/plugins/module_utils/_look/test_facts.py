@@ -166,6 +166,7 @@ def test_failed_facts_shape():
         "error": "nvidia-smi timed out after 10 s",
         "not_visible": [],
         "inside_container": None,
+        "minor_order_differs": None,
         "gpus": [],
         "processes": [],
         "holders": [],
@@ -206,6 +207,18 @@ def test_with_minor_numbers_from_the_driver_and_fallback_to_index():
     assert [(g["index"], g["minor_number"]) for g in result] == [(0, 1), (1, 0), (2, 2)]
     assert "minor_number" not in gpus[0], "with_minor_numbers must not change its input"
     assert facts.minor_to_index(result) == {1: 0, 0: 1, 2: 2}
+
+
+def test_minor_order_differs_only_by_the_drivers_word():
+    """A node whose /dev/nvidia0 is not nvidia-smi's GPU 0 (Slurm's File= order is then not
+    nvidia-smi's): said; the same order: not; a GPU without the driver's minor: unknown, never false."""
+    gpus = [h200_row(0), h200_row(1), h200_row(2)]
+    assert facts.minor_order_differs(gpus, {"0000:18:00.0": 1, "0000:2a:00.0": 0, "0000:3a:00.0": 2}) is True
+    assert facts.minor_order_differs(gpus, {"0000:18:00.0": 0, "0000:2a:00.0": 1, "0000:3a:00.0": 2}) is False
+    # A container given GPUs 2 and 3 of the host: their minors keep nvidia-smi's order.
+    assert facts.minor_order_differs(gpus[:2], {"0000:18:00.0": 2, "0000:2a:00.0": 3}) is False
+    assert facts.minor_order_differs(gpus, {"0000:18:00.0": 1, "0000:2a:00.0": 0}) is None
+    assert facts.minor_order_differs([], {}) is None
 
 
 def test_without_driver_proc_files_minor_is_the_index():

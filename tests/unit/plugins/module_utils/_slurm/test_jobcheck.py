@@ -413,7 +413,7 @@ def recorded_checks(tmp_path, monkeypatch, answer):
     the check in a forked child (its deadline), whose memory the test does not share."""
     record = tmp_path / "checks"
 
-    def check(mode, job, gpus, cfg, note=None):
+    def check(mode, job, gpus, cfg, note=None, environ=None):
         with open(record, "a") as handle:
             handle.write(mode + "\n")
         return answer(mode)
@@ -480,7 +480,7 @@ def test_a_config_that_is_a_link_or_a_fifo_is_refused_without_blocking(tmp_path)
 
 def test_an_unexpected_error_drains_with_a_reason_never_a_traceback(tmp_path, monkeypatch, capsys):
     config = private_config(tmp_path)
-    monkeypatch.setattr(jobcheck, "check_job", lambda *a: 1 / 0)
+    monkeypatch.setattr(jobcheck, "check_job", lambda *a, **kw: 1 / 0)
     assert jobcheck.main(["epilog", f"--config={config}"], {"SLURM_JOB_ID": "8", "SLURM_JOB_GPUS": "0"}, marks=str(tmp_path / "m")) == 1
     assert capsys.readouterr().err.startswith("zeromib: epilog job 8: internal error, ZeroDivisionError")
     assert '"ok": false' in (tmp_path / "runner.log").read_text()
@@ -515,7 +515,7 @@ def test_a_check_that_hangs_is_stopped_at_the_deadline_and_the_hook_answers_nami
     slurmd's PrologEpilogTimeout killed it with no reason: the hook answers at its deadline."""
     pid_file = tmp_path / "worker.pid"
 
-    def hang(mode, job, gpus, cfg, note=lambda _s: None):
+    def hang(mode, job, gpus, cfg, note=lambda _s: None, environ=None):
         pid_file.write_text(str(os.getpid()))
         note("the look (nvidia-smi, the /proc scan, the health readings)")
         time.sleep(3600)
@@ -534,7 +534,7 @@ def test_a_check_that_hangs_is_stopped_at_the_deadline_and_the_hook_answers_nami
 
 
 def test_the_check_runs_in_a_child_and_its_answer_comes_back_whole(tmp_path, monkeypatch):
-    monkeypatch.setattr(jobcheck, "check_job", lambda mode, job, gpus, cfg, note=None: (
+    monkeypatch.setattr(jobcheck, "check_job", lambda mode, job, gpus, cfg, note=None, environ=None: (
         False, ["GPU 0: 4096 MiB, held by pid 7 x"], {"killed": [{"pid": 7, "name": "x", "signal": "SIGKILL", "parent": os.getpid()}]}))
     rc = jobcheck.main(["epilog", f"--config={fast_config(tmp_path)}"], {"SLURM_JOB_ID": "13", "SLURM_JOB_GPUS": "0"}, marks=str(tmp_path / "m"))
     [entry] = [json.loads(line) for line in (tmp_path / "runner.log").read_text().splitlines()]

@@ -84,7 +84,7 @@ def test_the_epilog_of_a_slice_ends_its_leftover_on_the_parent_and_passes_at_the
 
 def test_a_job_named_by_numbers_on_a_mig_gpu_is_refused_before_anything_is_done(mig_world):
     mig_world.spawn(310, mem={0: 2000}, comm="leftover")
-    worker = jobcheck.JobRelease(FakeSmi(mig_world), FakeSystem(mig_world), params(gpus=["0"]), ending_job="21", numbered=True,
+    worker = jobcheck.JobRelease(FakeSmi(mig_world), FakeSystem(mig_world), params(gpus=["0"]), ending_job="21", numbered=["0"],
                                  driver_root=str(mig_world.root.parent / "no-driver"))
     with pytest.raises(jobcheck.ReleaseError):
         worker.run()
