@@ -326,3 +326,38 @@ def in_role_words(text: str) -> str:
     for pattern, replacement in _CONTEXT:
         text = pattern.sub(replacement, text)  # type: ignore[arg-type]
     return text
+
+
+SETTINGS_MISTAKE = "settings mistake, nothing was done"
+
+
+def _reason(outcome: t.Mapping[str, t.Any]) -> str:
+    """An outcome's message without its host's name."""
+    host, message = str(outcome.get("host")), str(outcome.get("message") or "")
+    return message[len(host) + 2:] if message.startswith(f"{host}: ") else message
+
+
+def same_mistakes(outcomes: t.Iterable[t.Any]) -> dict[str, str]:
+    """{host: the first host with the same settings mistake} for each host of OUTCOMES (in the
+    order they are said) whose settings mistake an earlier one has word for word: a mistake of the
+    whole play (`-e`, the play's or the role's vars, a group's) is said once, on its first host."""
+    first: dict[str, str] = {}
+    same: dict[str, str] = {}
+    for outcome in outcomes:
+        if not isinstance(outcome, Mapping) or outcome.get("status") != "invalid" or not outcome.get("host"):
+            continue
+        reason = _reason(outcome)
+        if reason in first:
+            same[str(outcome["host"])] = first[reason]
+        else:
+            first[reason] = str(outcome["host"])
+    return same
+
+
+def same_mistake_message(outcome: t.Mapping[str, t.Any], first: str) -> str:
+    """`h2: settings mistake, nothing was done: the same as h1 (free_gpus_wait_timeout), whose line says it`."""
+    reason = _reason(outcome)
+    said = reason.split(": ", 1)[1] if reason.startswith(SETTINGS_MISTAKE) and ": " in reason else reason
+    names = list(dict.fromkeys(re.findall(r"(?:^|; )(free_gpus_\w+)", said)))
+    return "{}: {}: the same as {}{}, whose line says it".format(outcome.get("host"), SETTINGS_MISTAKE, first,
+                                                                 " ({})".format(", ".join(names)) if names else "")
