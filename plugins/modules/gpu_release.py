@@ -128,7 +128,7 @@ options:
     description:
       - Once every selected GPU reads free, remove the files killed jobs left in C(/dev/shm) (NCCL, torch, multiprocessing segments) that
         no process holds, so that the next job does not fail for want of space. Needs root; nothing is removed when the run fails.
-        R(Which files, and how, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.clean-shm).
+        R(Which files and how, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.clean-shm).
     type: bool
     default: false
   settle_timeout:
@@ -384,7 +384,7 @@ killed:
     - C(sigkill_at_once) says why a process got SIGKILL at once, without SIGTERM - V(ignores SIGTERM),
       V(init of its PID namespace, no SIGTERM handler), V(stopped (state T)), V(stopped by its tracer (state t)) or
       V(in a frozen cgroup (cgroup.freeze)); V(null) for a process that SIGTERM can reach.
-      R(Why: the gpu_release guide on kill_timeout, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.kill-timeout).
+      R(Why in the gpu_release guide on kill_timeout, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.kill-timeout).
     - In check mode, the processes that would be signalled, with C(signal=null) and the C(sigkill_at_once) they would get.
   type: list
   elements: dict

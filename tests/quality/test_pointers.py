@@ -30,7 +30,8 @@ TOP = r"(?:plugins|roles|tests|docs|playbooks|benchmarks|changelogs|meta|tasks|d
 PATH = re.compile(r"(?<![\w/.~$:-])(" + TOP + r"/[\w.*@-]+(?:/[\w.*@-]+)*)")
 # Made by a run, or a placeholder of the page's own (docs/X.md).
 NOT_IN_GIT = re.compile(r"(^tests/output|__pycache__|(^|/)X\b|_X\b|^tests/sanity\b)")
-REF = re.compile(r":ref:`(?:[^`<]*<)?([\w.-]+)>?`|\bR\(([^,()]+),\s*([\w.-]+)\)")
+# R(text, ref): Ansible splits at the first comma, so a text with a comma leaves a ref that is no label.
+REF = re.compile(r":ref:`(?:[^`<]*<)?([\w.-]+)>?`|\bR\(([^,()]+),\s*([^()]+?)\)")
 SECTION = re.compile(r"\b(README(?:\.md)?|CONTRIBUTING(?:\.md)?|HISTORY\.md|guide_\w+\.rst|the (\w+) guide)(?:'s)?,? (?:section )?[\"“]([^\"”]+)[\"”]")
 MD_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 # A link's text that says nothing where ansible-doc prints it without its target.
@@ -167,3 +168,10 @@ def test_see_also_points_where_the_collection_is_published(source):
 def test_user_pages_carry_no_project_history(page):
     said = [line.strip() for line in text_of(page).splitlines() if HISTORY.search(line)]
     assert not said, f"{rel(page)} tells the project's history (say what is true now): {said}"
+
+
+@pytest.mark.parametrize("page", sorted((REPO / "docs").glob("*.md")), ids=rel)
+def test_generated_pages_link_what_ansible_doc_references(page):
+    """tests/tools/gen_docs.py renders R(text, ref) as a link to the guide's section or the page (was `text, ref` in a code span)."""
+    dead = re.findall(r"`[^`]*ansible_collections\.zeromib[^`]*`", page.read_text())
+    assert not dead, f"{rel(page)}: references rendered as text: {dead[:3]}"
