@@ -175,3 +175,15 @@ def test_generated_pages_link_what_ansible_doc_references(page):
     """tests/tools/gen_docs.py renders R(text, ref) as a link to the guide's section or the page (was `text, ref` in a code span)."""
     dead = re.findall(r"`[^`]*ansible_collections\.zeromib[^`]*`", page.read_text())
     assert not dead, f"{rel(page)}: references rendered as text: {dead[:3]}"
+
+
+# The plugins a role or playbook of the collection runs for itself: ansible-doc lists them beside the public modules.
+INTERNAL = ("free_gpus_gate", "free_gpus_verdict", "free_gpus_summary", "gpu_audit_report", "role_variables_check")
+
+
+@pytest.mark.parametrize("source", [p for p in DOC_SOURCES if p.parent.name == "modules"], ids=rel)
+def test_internal_modules_say_so_where_ansible_doc_lists_them(source):
+    doc = yaml.safe_load(documentation(source))
+    internal = source.stem in INTERNAL
+    assert doc["short_description"].startswith("Internal (") is internal, doc["short_description"]
+    assert doc["description"][0].startswith("B(Internal to the collection)") is internal, doc["description"][0]
