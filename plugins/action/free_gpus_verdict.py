@@ -127,7 +127,7 @@ class ActionModule(_gate.ActionModule):
         not_free = [name for name in batch if name != host and name in outcomes and not is_free(outcomes[name])
                     and ((outcomes[name] or {}).get("status") != "deferred" or _services_check.fleet_typos(name, outcomes))]
         if not_free and self._task.any_errors_fatal and not self._var(task_vars, "_free_gpus_summary_follows", False):
-            said = stopped(own, host, not_free)
+            said = stopped(own, host, not_free, outcomes=outcomes)
             # A warning: one line without -v (an ok result would need verbose_always, which dumps the
             # whole result, facts and all).
             result.update({"msg": said["message"], "warnings": [said["message"]], "ansible_facts": {OUTCOME: said}})

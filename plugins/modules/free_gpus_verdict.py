@@ -12,7 +12,9 @@ module: free_gpus_verdict
 short_description: Internal (the free_gpus role's last task) - fail each host whose GPUs are not free, with its reason, once
 version_added: 0.1.0
 description:
-  - B(Internal to the collection) - the last task of the role P(zeromib.gpu.free_gpus#role); its options and return values may change without notice. Use the role or playbook that runs it, not this plugin in a play of your own.
+  - B(Internal to the collection) - the last task of the role P(zeromib.gpu.free_gpus#role);
+    its options and return values may change without notice. Use the role or playbook that runs it, not this plugin in a
+    play of your own.
   - The last task of the role P(zeromib.gpu.free_gpus#role), after M(zeromib.gpu.free_gpus_gate); use the role, not this plugin.
   - Runs on the controller only; reads the C(free_gpus_result) fact that the gate set on every host of the batch.
   - A host that is not free fails here with the message of its C(free_gpus_result) as C(msg), and nothing else is printed for it
