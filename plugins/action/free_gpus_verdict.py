@@ -59,7 +59,8 @@ def say_success(message: str) -> None:
     Under free_gpus.yml its fleet summary says it instead."""
     display = Display()
     if display.verbosity == 0:
-        display.display(message, color=C.COLOR_OK)
+        # C's colors are set from the configuration at run time.
+        display.display(message, color=getattr(C, "COLOR_OK", "green"))
 
 
 class ActionModule(_gate.ActionModule):

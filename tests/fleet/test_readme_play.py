@@ -187,8 +187,8 @@ def test_the_readmes_play_on_a_dirty_host_a_wrong_type_and_no_sudo_says_each_rea
     [fatal] = fatal_lines(typo, first)
     assert json.loads(fatal.partition(" => ")[2])["msg"] == f"{first}: {reason}", fatal
     [fatal] = fatal_lines(typo, other)
-    assert json.loads(fatal.partition(" => ")[2])["msg"] == (f"{other}: settings mistake, nothing was done: the same as {first} "
-                                                            "(free_gpus_sevices), whose line says it"), fatal
+    pointer = f"{other}: settings mistake, nothing was done: the same as {first} (free_gpus_sevices), whose line says it"
+    assert json.loads(fatal.partition(" => ")[2])["msg"] == pointer, fatal
     # the host with a wrong type says both mistakes, in one line
     assert typo.result(verdict, wrong)["msg"] == f"{wrong}: {reason}; {said[wrong].partition(': ')[2]}"
     assert out.count(reason) == 2 and "censored" not in out and "censored" not in json.dumps(typo.json), out[-3000:]

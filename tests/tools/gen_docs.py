@@ -38,7 +38,7 @@ def ref_target(ref):
 
 MARKUP = [
     # R(text, ref): a link, not `text, ref` in a code span.
-    (re.compile(r"R\(([^,()]+),\s*([\w.-]+)\)"), lambda m: "[{}]({})".format(m.group(1).strip(), ref_target(m.group(2)))),
+    (re.compile(r"R\(([^,()]+),\s*([\w.-]+)\)"), lambda m: f"[{m.group(1).strip()}]({ref_target(m.group(2))})"),
     (re.compile(r"L\(([^,()]+),\s*([^)\s]+)\)"), r"[\1](\2)"),
     (re.compile(r"O\(ignore:([^)=]+)(=[^)]*)?\)"), r"`\1\2`"),
     (re.compile(r"RV\(([^)]*)\)"), r"`\1`"),

@@ -423,16 +423,16 @@ def by_holder(gpus: t.Sequence[Gpu], texts: t.Sequence[str]) -> list[str]:
     for position, (gpu, text) in enumerate(zip(gpus, texts)):
         rest = text[len(gpu_head(gpu)):] if text.startswith(gpu_head(gpu)) else ""
         groups.setdefault(rest if rest.startswith(_HOLDER_TEXTS) else position, []).append(position)
-    lines = []
-    for rest, positions in groups.items():
-        if len(positions) == 1 or not isinstance(rest, str):
+    lines: list[str] = []
+    for key, positions in groups.items():
+        if len(positions) == 1 or not isinstance(key, str):
             lines.extend(texts[p] for p in positions)
             continue
         readings = [gpus[p].get("memory_used_mib") for p in positions]
         known = [int(r) for r in readings if r is not None]
         each = (f"{known[0]} MiB each" if len(set(known)) == 1 else f"{min(known)}-{max(known)} MiB") if len(known) == len(readings) else "unknown MiB"
         total = f" ({sum(known)} MiB in all)" if len(known) == len(readings) else ""
-        lines.append("GPUs {} read {}{}{}".format(index_list([int(gpus[p]["index"]) for p in positions]), each, total, rest))
+        lines.append("GPUs {} read {}{}{}".format(index_list([int(gpus[p]["index"]) for p in positions]), each, total, key))
     return lines
 
 
