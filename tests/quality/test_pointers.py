@@ -139,7 +139,7 @@ def test_every_markdown_link_leads_to_a_file_and_section_that_exist(page):
         target = m.group(1)
         if re.match(r"[a-z]+:", target):
             continue
-        path, _, anchor = target.partition("#")
+        path, _hash, anchor = target.partition("#")
         file = (page.parent / path).resolve() if path else page
         assert file.exists(), f"{rel(page)} links to {target}: no such file"
         if anchor and file.suffix == ".md":

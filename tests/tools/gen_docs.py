@@ -27,7 +27,7 @@ def ref_target(ref):
     the guide's file and section (its label's last part), or the generated page."""
     name = ref[len(PREFIX):] if ref.startswith(PREFIX) else ref
     if name.startswith("docsite."):
-        guide, _, anchor = name[len("docsite."):].partition(".")
+        guide, _dot, anchor = name[len("docsite."):].partition(".")
         return f"docsite/rst/{guide}.rst" + (f"#{anchor}" if anchor else "")
     for suffix, source in (("_module", "../plugins/modules/{}.py"), ("_role", "../roles/{}/meta/argument_specs.yml")):
         if name.endswith(suffix):
