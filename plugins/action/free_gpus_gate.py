@@ -28,7 +28,7 @@ import time
 import typing as t
 
 import yaml
-from ansible.errors import AnsibleActionFail, AnsibleError
+from ansible.errors import AnsibleActionFail, AnsibleConnectionFailure, AnsibleError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
@@ -151,6 +151,27 @@ def no_answer_message(bound: float) -> str:
             "waiting there. See the troubleshooting guide, \"A node that does not answer\"")
 
 
+# What Ansible's local connection raises when become ends before it starts (no sudo, a sudo that
+# asks for a password): an error of the task, in Ansible's words, where over SSH the same shell's
+# words reach the module's result (module_stderr) and the role says them.
+BECOME_FAILED = "waiting for become success"
+
+
+def become_failure(error: AnsibleError) -> dict[str, t.Any] | None:
+    """A become that did not start -> the result of a module that could not start, whose
+    module_stderr is what the shell or sudo said (plugin_utils/_verdict.start_failure words it);
+    None for any other error."""
+    text = str(getattr(error, "message", None) or error)
+    if BECOME_FAILED not in text:
+        return None
+    said = ""
+    for stream in (">>> Standard Error", ">>> Standard Output"):
+        if stream in text:
+            said = text.split(stream, 1)[1].split(">>> ", 1)[0].strip()
+            break
+    return {"failed": True, "msg": "MODULE FAILURE", "module_stderr": said or text.splitlines()[0]}
+
+
 class NoAnswer(BaseException):
     """The gate's bound passed while gpu_release ran. A BaseException, as Ansible's own task
     timeout is: nothing between the alarm and the gate takes it for an error of its own."""
@@ -230,9 +251,33 @@ class ActionModule(ActionBase):
         self._task.check_mode = True
         try:
             with bounded(gate_bound_s({ROLE_PREFIX + name: value for name, value in args.items()})):
-                return self._execute_module(module_name="zeromib.gpu.gpu_release", module_args=dict(args), task_vars=task_vars)
+                return self._release_module(dict(args), task_vars)
         finally:
             self._task.check_mode = was
+
+    def _release_module(self, args: dict[str, t.Any], task_vars: dict[str, t.Any]) -> dict[str, t.Any]:
+        """gpu_release on this host; a become that did not start is its result, not the task's error."""
+        try:
+            return self._execute_module(module_name="zeromib.gpu.gpu_release", module_args=args, task_vars=task_vars)
+        except AnsibleConnectionFailure:
+            raise
+        except AnsibleError as exc:
+            failure = become_failure(exc)
+            if failure is None:
+                raise
+            return failure
+
+    def _command(self, command: str) -> dict[str, t.Any]:
+        """A shell command on this host (a become that did not start: its rc 1 and what it said)."""
+        try:
+            return self._low_level_execute_command(command)
+        except AnsibleConnectionFailure:
+            raise
+        except AnsibleError as exc:
+            failure = become_failure(exc)
+            if failure is None:
+                raise
+            return {"rc": 1, "stdout": "", "stderr": failure["module_stderr"]}
 
     def _services_look(self, params: t.Mapping[str, t.Any], task_vars: dict[str, t.Any]) -> dict[str, t.Any]:
         """Which free_gpus_services entries match something on this host, before anything is done:
@@ -243,7 +288,7 @@ class ActionModule(ActionBase):
         unmatched: list[str] = []
         units: list[str] = []
         if _services_check.unit_entries(entries):
-            listed = self._low_level_execute_command(_services_check.list_command(entries))
+            listed = self._command(_services_check.list_command(entries))
             if listed.get("rc") != 0:
                 said = " ".join(str(listed.get("stderr") or listed.get("stdout") or "").split())[:200]
                 return {"matched": [], "unmatched": [], "close": {}, "error": f"systemctl could not list the units (rc {listed.get('rc')}): {said}"}
@@ -256,7 +301,7 @@ class ActionModule(ActionBase):
         close: dict[str, list[str]] = {}
         if unmatched:
             # Only now every service of the host, for "did you mean".
-            every = self._low_level_execute_command(_services_check.LIST_SERVICES)
+            every = self._command(_services_check.LIST_SERVICES)
             close = _services_check.candidates(unmatched, units + _services_check.listed_units(str(every.get("stdout") or "")))
         return {"matched": [e for e in entries if e not in unmatched], "unmatched": unmatched, "close": close, "error": None}
 
@@ -363,7 +408,7 @@ class ActionModule(ActionBase):
         bound = gate_bound_s(params)
         try:
             with bounded(bound):
-                release = self._execute_module(module_name="zeromib.gpu.gpu_release", module_args=module_args(params), task_vars=task_vars)
+                release = self._release_module(module_args(params), task_vars)
         except NoAnswer:
             return self._no_answer(result, host, bound)
         entries = [str(entry) for entry in params.get("free_gpus_services") or []]

@@ -10,7 +10,7 @@ and never fails. This task runs when every host of the batch has its outcome, an
   rescue around the role reads in `ansible_failed_result.msg`, the result callbacks receive;
 - free, while other hosts of the batch are not and the task is `any_errors_fatal`: warns which
   hosts stop the play, and how to put back what its own run stopped;
-- free: nothing to say (`ok`).
+- free: its one line (`h1: 8 GPUs free (327752 -> 0 MiB), stopped vllm.service in 0.436 s`), `ok`.
 Under free_gpus.yml (`_free_gpus_summary_follows`) nothing fails here: its fleet summary says
 each host's message, then its last task (this action with `msg`) fails the hosts that are not free.
 """
@@ -20,11 +20,13 @@ from __future__ import annotations
 import typing as t
 from collections.abc import Mapping
 
+from ansible import constants as C
 from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
 
 from ansible_collections.zeromib.gpu.plugins.action import free_gpus_gate as _gate
 from ansible_collections.zeromib.gpu.plugins.plugin_utils import _services_check
-from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import failed, stopped
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import failed, same_mistake_message, same_mistakes, stopped
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._plain import plain
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._play_vars import play_vars
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._said_once import fail_once
@@ -46,6 +48,19 @@ def should_drain(outcome: t.Mapping[str, t.Any], on_failure: t.Any, check_mode: 
     """free_gpus_on_failure=drain drains a host whose GPUs could not be freed or are unhealthy; a
     settings mistake (nothing was done, nothing is wrong with the node) drains nothing."""
     return str(on_failure) == "drain" and not check_mode and outcome.get("status") != "invalid"
+
+
+def say_success(message: str) -> None:
+    """A free host's one line, in the default output: `h1: 8 GPUs free (327752 -> 0 MiB), stopped
+    vllm.service in 0.436 s` above its `ok: [h1]`. An ok result's msg is printed with -v only (with
+    the whole result, ~20 KB a host), and `_ansible_verbose_always` would print it as a JSON block;
+    Ansible's worker hands this line to the controller's display, which the result callbacks of
+    AWX/AAP and ansible-runner record as the task's output too. With -v the result says it itself.
+    Under free_gpus.yml its fleet summary says it instead."""
+    display = Display()
+    if display.verbosity == 0:
+        # C's colors are set from the configuration at run time.
+        display.display(message, color=getattr(C, "COLOR_OK", "green"))
 
 
 class ActionModule(_gate.ActionModule):
@@ -102,18 +117,25 @@ class ActionModule(_gate.ActionModule):
             if self._var(task_vars, "_free_gpus_summary_follows", False):
                 # free_gpus.yml: its summary says the message, then the play fails the host.
                 return result
+            # A settings mistake the whole play shares is said once, by the first host of the batch that has it.
+            in_order = [own if name == host else outcomes.get(name) for name in batch]
+            first = same_mistakes(in_order).get(host) if own.get("status") == "invalid" else None
+            if first:
+                result["msg"] = same_mistake_message(own, first)
             # The reason, once; a fact (what the fleet check found) would be dropped from a failed result.
             return fail_once({key: result[key] for key in ("changed", "msg", "warnings") if key in result})
         # A host the fleet check held back is not failing unless its entry is a typo (its release runs now, beside this).
         not_free = [name for name in batch if name != host and name in outcomes and not is_free(outcomes[name])
                     and ((outcomes[name] or {}).get("status") != "deferred" or _services_check.fleet_typos(name, outcomes))]
         if not_free and self._task.any_errors_fatal and not self._var(task_vars, "_free_gpus_summary_follows", False):
-            said = stopped(own, host, not_free)
+            said = stopped(own, host, not_free, outcomes=outcomes)
             # A warning: one line without -v (an ok result would need verbose_always, which dumps the
             # whole result, facts and all).
             result.update({"msg": said["message"], "warnings": [said["message"]], "ansible_facts": {OUTCOME: said}})
             return result
         result["msg"] = own.get("message")
+        if not self._var(task_vars, "_free_gpus_summary_follows", False):
+            say_success(str(result["msg"]))
         return result
 
     def _fleet_checked(self, own: t.Mapping[str, t.Any], outcomes: t.Mapping[str, t.Any], host: str, result: dict[str, t.Any],

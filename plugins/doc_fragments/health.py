@@ -15,7 +15,7 @@ options:
       - Read each GPU's health (ECC, row remaps, retired pages, PCIe link, clocks, persistence, MIG mode, recovery action, NVSwitch
         fabric, Xids in the kernel log) and say whether it is ready for work (C(healthy), C(health_issues)); a check that could not run
         is named in C(health_unchecked). V(false) reads memory and holders only.
-        R(Details, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.health),
+        R(More in the gpu_release guide on health, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.health),
         R(the health guide, ansible_collections.zeromib.gpu.docsite.guide_health).
     type: bool
     default: true
@@ -45,7 +45,7 @@ options:
     description:
       - Hours of kernel log searched for each GPU's Xid errors (only those since the driver last loaded count). An Xid is a fault when
         NVIDIA's catalog asks for more than restarting the application; O(xid_ignore) and O(xid_fatal) change that. V(0) reads no log.
-        R(Details, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.xid-window-hours).
+        R(More in the gpu_release guide on xid_window_hours, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.xid-window-hours).
     type: float
     default: 24
   xid_ignore:
@@ -71,7 +71,7 @@ options:
     description:
       - The host is unhealthy when C(/dev/shm) has less free space than this many MiB for each GPU (NCCL's init fails there for want of
         space while every GPU reads 0 MiB). The default suits NCCL on 4 channels; Docker's 64 MiB default fails it. V(0) does not check.
-        R(Details, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.shm-min-free-mib-per-gpu).
+        R(More in the gpu_release guide on shm_min_free_mib_per_gpu, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.shm-min-free-mib-per-gpu).
     type: int
     default: 128
 """

@@ -42,7 +42,7 @@ options:
         C(sshd), C(systemd)).
       - A name protects only a process whose identity backs it (root or a system account running a root-owned system executable, or
         a system unit's main process); give a PID for any other.
-        R(Details, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.protect).
+        R(More in the gpu_release guide on protect, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.protect).
     type: list
     elements: str
     default: []

@@ -15,7 +15,7 @@ options:
       - Prove that each free GPU really runs CUDA, through the driver's own C(libcuda.so.1) (no toolkit, no Python package) - create a
         context, allocate and write O(smoke_test_mib), free it, and read the GPU free again; a failure names the CUDA error and call.
       - Runs in a bounded child process; never in check mode, on a GPU in use or on a GPU in MIG mode (C(smoke_test.skipped) says why).
-        About 0.2 s per GPU on an H200. R(Details, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.smoke-test),
+        About 0.2 s per GPU on an H200. R(More in the gpu_release guide on smoke_test, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.smoke-test),
         R(the smoke test guide, ansible_collections.zeromib.gpu.docsite.guide_smoke_test).
     type: bool
     default: false

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: free_gpus_gate
-short_description: The free_gpus role's gate - free the GPUs and record whether they read free, in one task
+short_description: Internal (the free_gpus role's gate) - free the GPUs and record whether they read free, in one task
 version_added: 0.1.0
 description:
+  - B(Internal to the collection) - the first task of the role P(zeromib.gpu.free_gpus#role);
+    its options and return values may change without notice. Use the role or playbook that runs it, not this plugin in a
+    play of your own.
   - The first task of the role P(zeromib.gpu.free_gpus#role); use the role, not this plugin.
   - On the controller, checks the role's variables (C(free_gpus_*)) against the role's C(meta/argument_specs.yml), as Ansible's
     automatic role argument validation does, with the same message.

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: free_gpus_summary
-short_description: The fleet summary of free_gpus.yml, and which hosts are not free, in one controller step
+short_description: Internal (the summary step of free_gpus.yml) - the fleet summary, and which hosts are not free
 version_added: 0.1.0
 description:
+  - B(Internal to the collection) - the summary step of C(playbooks/free_gpus.yml);
+    its options and return values may change without notice. Use the role or playbook that runs it, not this plugin in a
+    play of your own.
   - The summary step of C(playbooks/free_gpus.yml), run once (C(run_once)) after the role P(zeromib.gpu.free_gpus#role); runs on
     the controller only and touches no managed node.
   - Reads the C(free_gpus_result) fact of every host of the play, and C(_free_gpus_failure) (set by C(free_gpus.yml)'s rescue

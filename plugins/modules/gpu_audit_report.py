@@ -9,9 +9,12 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: gpu_audit_report
-short_description: Write the fleet GPU audit report on the controller, in one step
+short_description: Internal (the report step of audit_gpus.yml) - write the fleet GPU audit report on the controller
 version_added: 0.1.0
 description:
+  - B(Internal to the collection) - the report step of C(playbooks/audit_gpus.yml) and C(playbooks/audit_merge.yml);
+    its options and return values may change without notice. Use the role or playbook that runs it, not this plugin in a
+    play of your own.
   - The report step of C(playbooks/audit_gpus.yml) (its task file C(playbooks/tasks/audit_report.yml)); runs on the controller
     only and touches no managed node.
   - Reads the hosts' data once - the registered M(zeromib.gpu.gpu_facts) result of every host of the play (O(result_var)), or

@@ -59,7 +59,8 @@ notes:
   - Managed nodes need Python 3.8 or later and the NVIDIA driver's C(nvidia-smi); no Python package.
 seealso:
   - module: zeromib.gpu.gpu_release
-  - ref: ansible_collections.zeromib.gpu.docsite.guide_gpu_release
+  - name: The gpu_release guide
+    link: https://github.com/zeromib/gpu/blob/main/docs/docsite/rst/guide_gpu_release.rst
     description: What gpu_facts reads, and each option of gpu_release, in detail.
 requirements:
   - nvidia-smi from the NVIDIA driver on the managed node

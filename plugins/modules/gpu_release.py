@@ -66,7 +66,7 @@ options:
       - What to leave the entries of O(services) in - V(stopped), V(disabled) (also not started at boot; for a container, restart
         policy C(no); for a supervisord program, C(autostart) and C(autorestart) off) or V(masked).
       - Units found through O(stop_owning_units) are only stopped.
-        R(Details, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.service-state).
+        R(More in the gpu_release guide on service_state, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.service-state).
     type: str
     choices: [stopped, disabled, masked]
     default: stopped
@@ -80,14 +80,14 @@ options:
         unit's). A unit without a main process (a oneshot with C(RemainAfterExit=yes)) is stopped for its holders only when
         O(services) names it; an essential unit never, and one that keeps the node reachable and its data safe only when named
         exactly - their holders are signalled and the unit is listed in RV(launchers).
-        R(Details, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.stop-owning-units).
+        R(More in the gpu_release guide on stop_owning_units, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.stop-owning-units).
     type: bool
     default: true
   kill_spanning:
     description:
       - A process, unit or container that uses a selected GPU and GPUs outside O(gpus) (B(spanning)) fails the run before anything is
         done, naming it (RV(spanning)); V(true) ends it anyway.
-        R(Details, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.kill-spanning).
+        R(More in the gpu_release guide on kill_spanning, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.kill-spanning).
     type: bool
     default: false
   launchers:
@@ -120,7 +120,7 @@ options:
     description:
       - Seconds to wait, after acting, for every selected GPU to read at most O(max_used_mib). The wait ends early, with a failure, when
         waiting cannot help (protected holders, no holder, O(kill=false)).
-        R(Details, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.wait-timeout).
+        R(More in the gpu_release guide on wait_timeout, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.wait-timeout).
     type: float
     default: 60
   poll_interval:
@@ -137,7 +137,7 @@ options:
         none left that could open it. Another user's live block (a service's shared memory, held by no process) and a file of a job that
         ended before the run stay, named in RV(shm_kept) with why. Nothing is removed in a container whose C(/dev/shm) or IPC namespace
         may be shared with processes it cannot see (a Kubernetes pod's).
-        R(Which files, and how, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.clean-shm).
+        R(Which files and how, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.clean-shm).
     type: bool
     default: false
   settle_timeout:
@@ -157,9 +157,11 @@ notes:
 seealso:
   - module: zeromib.gpu.gpu_facts
   - module: zeromib.gpu.gpu_restore
-  - ref: ansible_collections.zeromib.gpu.docsite.guide_gpu_release
+  - name: The gpu_release guide
+    link: https://github.com/zeromib/gpu/blob/main/docs/docsite/rst/guide_gpu_release.rst
     description: Each step, option and rule of gpu_release in detail.
-  - ref: ansible_collections.zeromib.gpu.docsite.guide_troubleshooting
+  - name: The troubleshooting guide
+    link: https://github.com/zeromib/gpu/blob/main/docs/docsite/rst/guide_troubleshooting.rst
     description: What each failure message means and what to do.
 requirements:
   - nvidia-smi from the NVIDIA driver on the managed node
@@ -393,7 +395,7 @@ killed:
     - C(sigkill_at_once) says why a process got SIGKILL at once, without SIGTERM - V(ignores SIGTERM),
       V(init of its PID namespace, no SIGTERM handler), V(stopped (state T)), V(stopped by its tracer (state t)) or
       V(in a frozen cgroup (cgroup.freeze)); V(null) for a process that SIGTERM can reach.
-      R(Why, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.kill-timeout).
+      R(Why in the gpu_release guide on kill_timeout, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.kill-timeout).
     - In check mode, the processes that would be signalled, with C(signal=null) and the C(sigkill_at_once) they would get.
   type: list
   elements: dict

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: role_variables_check
-short_description: The first task of the restore_gpus and slurm_gpu_checks roles - their variables checked before anything is done
+short_description: Internal (the first task of the restore_gpus and slurm_gpu_checks roles) - check their variables before anything is done
 version_added: 0.1.0
 description:
+  - B(Internal to the collection) - the first task of the roles P(zeromib.gpu.restore_gpus#role) and P(zeromib.gpu.slurm_gpu_checks#role);
+    its options and return values may change without notice. Use the role or playbook that runs it, not this plugin in a
+    play of your own.
   - The first task of P(zeromib.gpu.restore_gpus#role) and P(zeromib.gpu.slurm_gpu_checks#role); use the roles, not this plugin.
   - Runs on the controller only. Fails the host, before anything is done, when a variable with the role's prefix is not one of the
     role's (a typo would leave the role on its default), naming the closest known one, or when a value is not of the variable's type,

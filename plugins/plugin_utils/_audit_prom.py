@@ -22,7 +22,7 @@ _FAMILIES = (
     ("zeromib_gpu_audit_hosts", "Hosts in the GPU audit by status (clean, dirty, error, unreachable)."),
     ("zeromib_gpu_host_up", "1 when the host answered with GPU facts, 0 when unreachable or in error."),
     ("zeromib_gpu_host_clean", "1 when every GPU of the host is clean and no unprotected process holds one."),
-    ("zeromib_gpu_host_info", "Audit status, NVIDIA driver and CUDA version of the host; always 1."),
+    ("zeromib_gpu_host_info", "Audit status and NVIDIA driver version of the host, and the CUDA version where its libcuda says it; always 1."),
     ("zeromib_gpu_devices", "GPUs the host reported."),
     ("zeromib_gpu_holders", "Unprotected processes using a GPU of the host."),
     ("zeromib_gpu_nvml_clients", "NVML clients of the host: they open GPU device files but use no GPU memory."),

@@ -291,10 +291,13 @@ def failed(host: str, message: object, status: str = "failed") -> Outcome:
     }
 
 
-def stopped(own: t.Mapping[str, t.Any] | None, host: str, failed_hosts: t.Sequence[str], missing: t.Sequence[str] = ()) -> Outcome:
+def stopped(own: t.Mapping[str, t.Any] | None, host: str, failed_hosts: t.Sequence[str], missing: t.Sequence[str] = (),
+            outcomes: t.Mapping[str, t.Any] | None = None) -> Outcome:
     """A host that any_errors_fatal stops because other hosts failed: its own outcome, with
     `status` stopped, `stopped_by` naming those hosts and a message that says so (and how to put
-    back what its run stopped, which stays stopped)."""
+    back what its run stopped, which stays stopped). When every one of them failed for a settings
+    mistake (OUTCOMES, theirs), the message says that first, with the variables: this line may be
+    printed above theirs, and the cause is the first thing read."""
     outcome = t.cast(Outcome, dict(own)) if isinstance(own, Mapping) else failed(host, "stopped", "stopped")
     outcome["stopped_by"] = list(failed_hosts or missing)
     if failed_hosts:
@@ -304,7 +307,14 @@ def stopped(own: t.Mapping[str, t.Any] | None, host: str, failed_hosts: t.Sequen
     else:
         why = "another host failed or was unreachable (see the recap)"
     said = "its GPUs are free" if outcome.get("ok") else "it was not checked"
-    outcome["message"] = f"{host}: {said}, but the play stops here because {why} (any_errors_fatal)"
+    mistakes = [(name, (outcomes or {}).get(name)) for name in failed_hosts]
+    if failed_hosts and all(isinstance(found, Mapping) and found.get("status") == "invalid" for _name, found in mistakes):
+        names = list(dict.fromkeys(name for _host, found in mistakes for name in _mistaken(t.cast(t.Mapping[str, t.Any], found))))
+        outcome["message"] = "{}: the play stops here because {} {} a settings mistake{}, said on {} line (any_errors_fatal); {}".format(
+            host, ", ".join(failed_hosts), "has" if len(failed_hosts) == 1 else "have", f" ({', '.join(names)})" if names else "",
+            "its" if len(failed_hosts) == 1 else "their", said)
+    else:
+        outcome["message"] = f"{host}: {said}, but the play stops here because {why} (any_errors_fatal)"
     if any(outcome.get(key) for key in ("stopped_units", "disabled_units", "masked_units", "stopped_containers", "disabled_containers")):
         outcome["message"] += (f"; what was stopped here stays stopped: put it back with "
                                f"`ansible-playbook playbooks/restore_gpus.yml -l {host}` (or the zeromib.gpu.restore_gpus role)")
@@ -341,3 +351,43 @@ def in_role_words(text: str) -> str:
     for pattern, replacement in _CONTEXT:
         text = pattern.sub(replacement, text)  # type: ignore[arg-type]
     return text
+
+
+SETTINGS_MISTAKE = "settings mistake, nothing was done"
+
+
+def _reason(outcome: t.Mapping[str, t.Any]) -> str:
+    """An outcome's message without its host's name."""
+    host, message = str(outcome.get("host")), str(outcome.get("message") or "")
+    return message[len(host) + 2:] if message.startswith(f"{host}: ") else message
+
+
+def same_mistakes(outcomes: t.Iterable[t.Any]) -> dict[str, str]:
+    """{host: the first host with the same settings mistake} for each host of OUTCOMES (in the
+    order they are said) whose settings mistake an earlier one has word for word: a mistake of the
+    whole play (`-e`, the play's or the role's vars, a group's) is said once, on its first host."""
+    first: dict[str, str] = {}
+    same: dict[str, str] = {}
+    for outcome in outcomes:
+        if not isinstance(outcome, Mapping) or outcome.get("status") != "invalid" or not outcome.get("host"):
+            continue
+        reason = _reason(outcome)
+        if reason in first:
+            same[str(outcome["host"])] = first[reason]
+        else:
+            first[reason] = str(outcome["host"])
+    return same
+
+
+def _mistaken(outcome: t.Mapping[str, t.Any]) -> list[str]:
+    """The variables a settings mistake names, each once: `free_gpus_wait_timeout must be ...; free_gpus_sevices is not ...`."""
+    reason = _reason(outcome)
+    said = reason.split(": ", 1)[1] if reason.startswith(SETTINGS_MISTAKE) and ": " in reason else reason
+    return list(dict.fromkeys(re.findall(r"(?:^|; )(free_gpus_\w+)", said)))
+
+
+def same_mistake_message(outcome: t.Mapping[str, t.Any], first: str) -> str:
+    """`h2: settings mistake, nothing was done: the same as h1 (free_gpus_wait_timeout), whose line says it`."""
+    names = _mistaken(outcome)
+    return "{}: {}: the same as {}{}, whose line says it".format(outcome.get("host"), SETTINGS_MISTAKE, first,
+                                                                 " ({})".format(", ".join(names)) if names else "")

@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from ansible.errors import AnsibleError
 
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import (
-    clients_with_units, failed, footprint_note, planned_signals, shm_kept_note, shm_note, spanning_note,
+    clients_with_units, failed, footprint_note, planned_signals, same_mistake_message, same_mistakes, shm_kept_note, shm_note,
+    spanning_note,
 )
 
 # Summary order: what needs the operator's eyes first.
@@ -117,6 +118,9 @@ def summary_lines(data: t.Any, hosts: t.Sequence[str] | None = None, live: t.Con
             _note(outcome) if outcome.get("ok") else outcome.get("message", ""),
         ))
     rows.sort(key=lambda r: (_STATUS_ORDER.get(r[0], 1), r[1]))
+    # A settings mistake of the whole play is said once, on its first host's line.
+    same = same_mistakes(by_host.get(row[1]) for row in rows)
+    rows = [row[:7] + (same_mistake_message(by_host[row[1]], same[row[1]]),) if row[1] in same else row for row in rows]
     header = ("STATUS", "HOST", "GPUS", "MIB BEFORE -> AFTER", "UNITS/CONTAINERS STOPPED", "KILLED", "TIME", "")
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(7)]
     lines = []

@@ -86,6 +86,9 @@ def start_failure(result: t.Mapping[str, t.Any]) -> str | None:
         fix = "sudo asks for a password: run with --ask-become-pass (-K) or allow this user NOPASSWD for sudo"
     elif re.search(r"python|interpreter|pyenv", lowered):
         fix = "no working Python at the path Ansible uses: set ansible_python_interpreter to a Python 3 on this host (e.g. /usr/bin/python3)"
+    elif "become success" in lowered or "sudo" in lowered:
+        fix = ("become (sudo) did not start for this user: allow it NOPASSWD for sudo, run with --ask-become-pass (-K), "
+               "or connect as root (ansible_user: root) with become: false")
     elif "not found" in lowered or rc == 127:
         fix = "a command that Ansible runs to start the module is missing on this host (become method, shell or Python)"
     else:

@@ -19,12 +19,15 @@ RST error) fails the build with Sphinx's own words.
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 COLLECTION = "zeromib.gpu"
@@ -57,6 +60,42 @@ def ensure_collection_link() -> None:
         link.symlink_to(Path("..", "..", "..", ".."))
 
 
+# Each role's variable types as its first task checks them (plugins/plugin_utils/_role_spec.py).
+ROLE_TYPES = {"free_gpus": "TYPES", "restore_gpus": "RESTORE_TYPES", "slurm_gpu_checks": "SLURM_TYPES"}
+# What the documented collection copy leaves out: nothing antsibull-docs reads.
+NOT_DOCUMENTED = (".build", ".git", ".venv", "tests", "benchmarks", "__pycache__", "*.pyc", "molecule")
+
+
+def role_types() -> dict[str, dict[str, dict[str, object]]]:
+    """{role: {variable: {type, elements, choices}}}, read from _role_spec.py's source (no import of the collection)."""
+    tree = ast.parse((REPO / "plugins" / "plugin_utils" / "_role_spec.py").read_text())
+    found = {node.target.id: ast.literal_eval(node.value) for node in tree.body
+             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id in ROLE_TYPES.values()}
+    return {role: found[name] for role, name in ROLE_TYPES.items()}
+
+
+def typed_spec(spec: dict, types: dict[str, dict[str, object]]) -> dict:
+    """A role's argument specs with each `raw` variable typed as the role's first task checks it. The
+    role's file says `raw`, so that Ansible's own validation, which runs first, lets the role's
+    one-line errors speak; the reference should still say what each variable takes."""
+    for entry in (spec.get("argument_specs") or {}).values():
+        for name, option in (entry.get("options") or {}).items():
+            if option.get("type") == "raw" and name in types:
+                option.update(types[name])
+    return spec
+
+
+def typed_collection(dest: Path) -> Path:
+    """A copy of the collection for antsibull-docs, its roles' variables typed (typed_spec) -> its collections path."""
+    root = dest / "collection"
+    target = root / "ansible_collections" / "zeromib" / "gpu"
+    shutil.copytree(REPO, target, ignore=shutil.ignore_patterns(*NOT_DOCUMENTED))
+    for role, types in role_types().items():
+        path = target / "roles" / role / "meta" / "argument_specs.yml"
+        path.write_text(yaml.safe_dump(typed_spec(yaml.safe_load(path.read_text()), types), sort_keys=False, width=1000))
+    return root
+
+
 def offending(warnings: list[str]) -> list[str]:
     """The warnings that fail the build: all but the Ansible docsite's own labels, unresolvable
     offline, and a highlighting retry in a plugin's own EXAMPLES (Pygments' YAML+Jinja lexer on
@@ -82,6 +121,7 @@ def build(dest: Path) -> Path:
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
+    env["ANSIBLE_COLLECTIONS_PATH"] = str(typed_collection(dest))
     steps = [
         ["antsibull-docs", "sphinx-init", "--use-current", "--dest-dir", str(dest), COLLECTION],
     ]

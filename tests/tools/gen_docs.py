@@ -19,7 +19,27 @@ import yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODULES = ("gpu_facts", "gpu_release", "gpu_restore", "slurm_node")
+PREFIX = "ansible_collections.zeromib.gpu."
+
+
+def ref_target(ref):
+    """An R() target (a guide's label, a module's or role's page) -> the link from a page of docs/:
+    the guide's file and section (its label's last part), or the generated page."""
+    name = ref[len(PREFIX):] if ref.startswith(PREFIX) else ref
+    if name.startswith("docsite."):
+        guide, _dot, anchor = name[len("docsite."):].partition(".")
+        return f"docsite/rst/{guide}.rst" + (f"#{anchor}" if anchor else "")
+    for suffix, source in (("_module", "../plugins/modules/{}.py"), ("_role", "../roles/{}/meta/argument_specs.yml")):
+        if name.endswith(suffix):
+            page = name[:-len(suffix)]
+            return f"{page}.md" if os.path.exists(os.path.join(REPO, "docs", page + ".md")) else source.format(page)
+    raise SystemExit(f"R() names {ref}, which gen_docs.py cannot link")
+
+
 MARKUP = [
+    # R(text, ref): a link, not `text, ref` in a code span.
+    (re.compile(r"R\(([^,()]+),\s*([\w.-]+)\)"), lambda m: f"[{m.group(1).strip()}]({ref_target(m.group(2))})"),
+    (re.compile(r"L\(([^,()]+),\s*([^)\s]+)\)"), r"[\1](\2)"),
     (re.compile(r"O\(ignore:([^)=]+)(=[^)]*)?\)"), r"`\1\2`"),
     (re.compile(r"RV\(([^)]*)\)"), r"`\1`"),
     (re.compile(r"[OVCERP]\(([^)]*)\)"), r"`\1`"),

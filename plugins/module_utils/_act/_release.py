@@ -350,7 +350,7 @@ def gpu_failure(gpu: Gpu, holders: list[Holder], apps: list[ComputeApp], blind: 
     undecided = [h for h in holders if h.get("attribution") == _attribution.UNDECIDED and gpu["index"] in (h.get("candidate_gpu_indexes") or [])]
     blocked = [h for h in _attribution.blocked_for(holders, [gpu["index"]]) if not h.get("protected")]
     used = gpu.get("memory_used_mib")
-    text = "GPU {} ({}) reads {} MiB".format(gpu["index"], gpu.get("uuid"), "unknown" if used is None else used)
+    text = gpu_head(gpu)
     if freeing:
         text += f" ({freeing})"
     if unprotected or protected_claimants:
@@ -396,6 +396,51 @@ def gpu_failure(gpu: Gpu, holders: list[Holder], apps: list[ComputeApp], blind: 
     return text
 
 
+def gpu_head(gpu: Gpu) -> str:
+    """How gpu_failure's text of one GPU begins: `GPU 3 (GPU-...) reads 6662 MiB`."""
+    used = gpu.get("memory_used_mib")
+    return "GPU {} ({}) reads {} MiB".format(gpu["index"], gpu.get("uuid"), "unknown" if used is None else used)
+
+
+def index_list(indexes: t.Sequence[int]) -> str:
+    """[0, 1, 2, 3, 5] -> `0-3,5`."""
+    runs: list[list[int]] = []
+    for index in indexes:
+        if runs and index == runs[-1][-1] + 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return ",".join(f"{run[0]}-{run[-1]}" if len(run) > 2 else ",".join(str(i) for i in run) for run in runs)
+
+
+# The GPU texts that name who holds the GPU and nothing of the GPU itself: GPUs with the same are said together.
+_HOLDER_TEXTS = (", held by ", ", possibly held by ")
+
+
+def by_holder(gpus: t.Sequence[Gpu], texts: t.Sequence[str]) -> list[str]:
+    """The texts of gpu_failure, one per GPU, with the GPUs that one holder (or the same holders)
+    keeps said once: `GPUs 0-7 read 40960 MiB each (327680 MiB in all), held by pid 700 python3 (...)`,
+    where 8 GPUs of one training job were 8 copies of its description. A GPU whose text says
+    something of its own (a reset, a baseline, memory still falling) keeps its own sentence, UUID
+    and all."""
+    # Keyed by the holder text, or by the GPU's position where its text is its own.
+    groups: dict[str | int, list[int]] = {}
+    for position, (gpu, text) in enumerate(zip(gpus, texts)):
+        rest = text[len(gpu_head(gpu)):] if text.startswith(gpu_head(gpu)) else ""
+        groups.setdefault(rest if rest.startswith(_HOLDER_TEXTS) else position, []).append(position)
+    lines: list[str] = []
+    for key, positions in groups.items():
+        if len(positions) == 1 or not isinstance(key, str):
+            lines.extend(texts[p] for p in positions)
+            continue
+        readings = [gpus[p].get("memory_used_mib") for p in positions]
+        known = [int(r) for r in readings if r is not None]
+        each = (f"{known[0]} MiB each" if len(set(known)) == 1 else f"{min(known)}-{max(known)} MiB") if len(known) == len(readings) else "unknown MiB"
+        total = f" ({sum(known)} MiB in all)" if len(known) == len(readings) else ""
+        lines.append("GPUs {} read {}{}{}".format(index_list([int(gpus[p]["index"]) for p in positions]), each, total, key))
+    return lines
+
+
 def reset_advice(gpu: Gpu, holders: list[Holder], node: _reset.Node | None) -> str:
     """What frees a GPU that only a reset or a reboot can free, on this node (_reset: loaded only
     for such a failure)."""
@@ -420,8 +465,8 @@ def failure_message(dirty_gpus: list[Gpu], holders: list[Holder], apps: list[Com
     still being freed when wait_timeout ran out, and why (freeing_notes). `inside`: the run is
     in a container (gpu_failure). `node`: for the reset advice (_reset)."""
     freeing = freeing or {}
-    lines = [gpu_failure(gpu, holders, apps, blind=unreadable > 0, freeing=freeing.get(gpu["index"]), inside=inside, node=node)
-             for gpu in dirty_gpus]
+    lines = by_holder(dirty_gpus, [gpu_failure(gpu, holders, apps, blind=unreadable > 0, freeing=freeing.get(gpu["index"]), inside=inside,
+                                               node=node) for gpu in dirty_gpus])
     if unreadable:
         head = permission_head(unreadable)
     elif early == "no_holder" and any(INSIDE_A_CONTAINER in line for line in lines):

@@ -357,3 +357,45 @@ def test_an_outer_alarm_set_first_is_kept_and_restored():
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     assert not fired
+
+
+# Ansible's local connection (ansible-core 2.19's words) when sudo is not there: the task's error, not the module's result.
+NO_SUDO_LOCALLY = "Premature end of stream waiting for become success.\n>>> Standard Error\n/bin/sh: 1: sudo: not found"
+
+
+def _raises(text):
+    from ansible.errors import AnsibleError
+
+    def run(_args):
+        raise AnsibleError(text)
+    return run
+
+
+@pytest.mark.parametrize("services", [[], ["vllm.service"]], ids=["gpu_release", "the services look"])
+def test_no_sudo_over_a_local_connection_is_said_in_the_roles_words(services):
+    """Issue 67: without fact gathering, a host without sudo over the local connection failed the task with
+    Ansible's "Premature end of stream waiting for become success"; its outcome now says the cause and the fix."""
+    plugin, task_vars = _gate(module_result=_raises(NO_SUDO_LOCALLY), **({"free_gpus_services": services} if services else {}))
+    plugin._low_level_execute_command = lambda *_a, **_k: _raises(NO_SUDO_LOCALLY)(None)
+    result = plugin.run(task_vars=task_vars)
+    if services:
+        # the look could not list the units: the entry waits for the fleet check; the release says why (the verdict runs it)
+        result = plugin.release({}, plugin._validated(task_vars), task_vars, "node01", {"matched": [], "unmatched": [], "close": {}, "error": "x"})
+    message = result["ansible_facts"]["free_gpus_result"]["message"]
+    assert message.startswith("node01: the module could not start on this host: /bin/sh: 1: sudo: not found; sudo is not installed"), message
+    assert "Premature end of stream" not in message and result["failed"] is False
+
+
+def test_a_sudo_that_wants_a_password_over_a_local_connection_says_how_to_give_it():
+    plugin, task_vars = _gate(module_result=_raises("Premature end of stream waiting for become success or become password prompt.\n"
+                                                    ">>> Standard Error\nsudo: a password is required"))
+    message = plugin.run(task_vars=task_vars)["ansible_facts"]["free_gpus_result"]["message"]
+    assert "sudo: a password is required" in message and "--ask-become-pass (-K)" in message, message
+
+
+def test_any_other_error_of_ansible_stays_its_own():
+    from ansible.errors import AnsibleError
+
+    plugin, task_vars = _gate(module_result=_raises("something else entirely"))
+    with pytest.raises(AnsibleError, match="something else entirely"):
+        plugin.run(task_vars=task_vars)

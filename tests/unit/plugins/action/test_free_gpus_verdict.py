@@ -208,3 +208,13 @@ def test_while_a_host_of_the_batch_has_not_looked_yet_no_entry_is_called_a_typo(
     result = verdict.run(task_vars=task_vars)
     assert [c["module_name"] for c in verdict.module.calls] == ["zeromib.gpu.gpu_release"]
     assert not result.get("failed") and result["ansible_facts"]["free_gpus_result"]["status"] == "freed"
+
+
+def test_under_any_errors_fatal_a_host_stopped_by_a_settings_mistake_says_the_cause_first():
+    """Issue 67: its warning may be printed above the failing host's line, so the cause comes first, with the variable."""
+    wrong = free_gpus_failed("n2", "settings mistake, nothing was done: free_gpus_wait_timeout must be a number of seconds (e.g. 120), got '2m'",
+                             "invalid")
+    verdict, task_vars = _verdict("n1", {"n1": _outcome("n1", stopped_units=["vllm.service"]), "n2": wrong}, any_errors_fatal=True)
+    said = verdict.run(task_vars=task_vars)["msg"]
+    assert said.startswith("n1: the play stops here because n2 has a settings mistake (free_gpus_wait_timeout), said on its line "
+                           "(any_errors_fatal); its GPUs are free; what was stopped here stays stopped: put it back with"), said

@@ -314,6 +314,32 @@ def test_failure_message_names_gpu_uuid_mib_and_holders():
     assert "pid 501" not in message
 
 
+def test_gpus_one_process_holds_are_said_once_with_the_process():
+    """8 GPUs of one training job: one sentence for the process and its GPUs, not 8 copies of it (issue 67)."""
+    gpus = [{"index": i, "uuid": f"GPU-{i:08d}-0000-0000-0000-000000000000", "memory_used_mib": 40969} for i in range(8)]
+    job = holder(700, list(range(8)), cmdline="torchrun --nproc-per-node 8 train.py --model llama-70b --data /scratch/tokens")
+    message = release.failure_message(gpus, [job], [app(700, i) for i in range(8)], 60.0, [])
+    assert message == ("GPUs still in use after 60.0 s: GPUs 0-7 read 40969 MiB each (327752 MiB in all), held by "
+                       "pid 700 python3 [torchrun --nproc-per-node 8 train.py --model llama-70b --...] (state S)")
+    assert message.count("pid 700") == 1 and "GPU-0000" not in message
+
+
+def test_gpus_are_grouped_by_holder_and_a_gpu_with_words_of_its_own_keeps_them():
+    gpus = [{"index": 0, "uuid": UUIDS[0], "memory_used_mib": 1000}, {"index": 1, "uuid": UUIDS[1], "memory_used_mib": 1002},
+            {"index": 2, "uuid": UUIDS[2], "memory_used_mib": 2048}, {"index": 3, "uuid": "GPU-3", "memory_used_mib": 500}]
+    message = release.failure_message(gpus, [holder(700, [0, 1]), holder(800, [3])], [app(700, 0), app(700, 1), app(800, 3)], 60.0, [])
+    held = "pid 700 python3 [python3 train.py] (state S)"
+    assert f"GPUs 0,1 read 1000-1002 MiB (2002 MiB in all), held by {held}" in message and message.count("pid 700") == 1
+    # the leaked GPU keeps its UUID and its own advice; a GPU alone with its holder reads as before
+    assert f"GPU 2 ({UUIDS[2]}) reads 2048 MiB, and no live process holds the GPU" in message
+    assert "GPU 3 (GPU-3) reads 500 MiB, held by pid 800 python3" in message
+
+
+@pytest.mark.parametrize(("indexes", "said"), [([0], "0"), ([0, 1], "0,1"), ([0, 1, 2, 3, 5, 7, 8], "0-3,5,7,8"), ([4, 5, 6], "4-6")])
+def test_index_list(indexes, said):
+    assert release.index_list(indexes) == said
+
+
 def test_dead_not_found_owner_without_live_holder_says_reset_or_reboot():
     message = release.failure_message(
         [{"index": 0, "uuid": UUIDS[0], "memory_used_mib": 3590}], [], [app(427, 0, alive=False, name="[Not Found]", mib=3590)], 60.0, []
