@@ -41,6 +41,7 @@ NOT_PROCESS_NAMES = {
     "_container_of.HOLDER_KEYS": "result keys",
     "_cuda_smoke.STEPS": "step names",
     "_release.FREEING_CODE": "module_utils names (loaded while nvidia-smi answers)",
+    "_release._HOLDER_TEXTS": "phrases of the failure message (GPUs said together by holder)",
     "_engines.MANAGED": "result keys",
     "_engines.BIN_DIRS": "directories",
     "_facts.GPU_KEYS": "result keys",
