@@ -1,0 +1,195 @@
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE: it may change without notice. Only the modules of
+# zeromib.gpu may use it.
+
+"""Which running GPU containers a `systemctl daemon-reload` would cut off their GPUs.
+
+On cgroup v2, systemd enforces a unit's DevicePolicy=/DeviceAllow= with a BPF device program
+on the unit's cgroup, and a reload attaches that program again on every unit. A container
+engine on the systemd cgroup driver (Docker's default on cgroup v2, containerd's and
+Kubernetes' usual one) runs each container in a unit with DevicePolicy=strict and the devices
+it knows of in DeviceAllow=; the NVIDIA runtime's hook grants /dev/nvidia* on top, outside
+systemd's knowledge, and a reload takes that access away: the container's next NVML call fails
+with "Failed to initialize NVML: Unknown Error" until it is recreated. A DeviceAllow= entry
+systemd cannot resolve (`/dev/char/195:0` on a node without that link) is dropped the same way.
+NVIDIA's fix: /dev/char links for the NVIDIA device nodes (`nvidia-ctk system
+create-dev-char-symlinks --create-all`) and the GPUs passed to the container as devices.
+
+`at_risk` reads, never runs anything in a container: each running unit's device policy
+(`systemctl show`), the NVIDIA device nodes of the node and of the unit's first process
+(`/proc/PID/root/dev`, lstat only: a container's root may lie, which can only make the run
+more careful), and what the unit's DeviceAllow= resolves to now, as systemd would resolve it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import stat
+import typing as t
+
+if t.TYPE_CHECKING:
+    Systemctl = t.Callable[[t.List[str]], t.Tuple[int, str, str]]
+
+FIX = "nvidia-ctk system create-dev-char-symlinks --create-all"
+# What DevicePolicy=closed (and auto with DeviceAllow=) allows besides DeviceAllow= (systemd.resource-control(5)).
+CLOSED_DEFAULTS = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty", "/dev/ptmx")
+# Bounds: a node with thousands of units or a cgroup tree without end is read this far, no further.
+MAX_CGROUPS_PER_UNIT = 64
+
+
+class Risk(t.NamedTuple):
+    unit: str
+    pid: int
+    devices: list[str]
+
+
+def nvidia_nodes(dev: str = "/dev") -> dict[str, int]:
+    """{path under dev: device number} of the node's NVIDIA character devices."""
+    found = {}
+    for folder in (dev, os.path.join(dev, "nvidia-caps")):
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            continue
+        for entry in names:
+            path = os.path.join(folder, entry)
+            if not entry.startswith("nvidia"):
+                continue
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if stat.S_ISCHR(st.st_mode):
+                found[os.path.relpath(path, dev)] = st.st_rdev
+    return found
+
+
+def char_majors(proc: str = "/proc") -> dict[str, int]:
+    """{driver name: major} of the character devices in /proc/devices."""
+    majors: dict[str, int] = {}
+    try:
+        with open(os.path.join(proc, "devices"), encoding="utf-8", errors="replace") as handle:
+            text = handle.read(65536)
+    except OSError:
+        return majors
+    section = ""
+    for line in text.splitlines():
+        if line.endswith(":"):
+            section = line
+            continue
+        fields = line.split()
+        if section.startswith("Character") and len(fields) == 2 and fields[0].isdigit():
+            majors[fields[1]] = int(fields[0])
+    return majors
+
+
+def allowed(policy: str, entries: t.Iterable[str], majors: t.Mapping[str, int],
+            resolve: t.Callable[[str], int | None]) -> tuple[set[int], set[int]] | None:
+    """What systemd's device program for this unit lets through: (device numbers, whole majors),
+    or None when systemd attaches no device program (policy auto and no DeviceAllow=)."""
+    entries = [e for e in entries if e]
+    if policy not in ("strict", "closed") and not entries:
+        return None
+    devices: set[int] = set()
+    whole: set[int] = set()
+    paths = [e.split()[0] for e in entries]
+    if policy != "strict":
+        paths += list(CLOSED_DEFAULTS)
+    for path in paths:
+        if path.startswith("char-"):
+            whole |= {major for name, major in majors.items() if fnmatch.fnmatchcase(name, path[len("char-"):])}
+        elif path.startswith("/dev/"):
+            number = resolve(path)  # systemd drops an entry it cannot stat: so does this
+            if number is not None:
+                devices.add(number)
+    return devices, whole
+
+
+def uncovered(nodes: t.Mapping[str, int], grant: tuple[set[int], set[int]]) -> list[str]:
+    devices, whole = grant
+    return [path for path, number in sorted(nodes.items()) if number not in devices and os.major(number) not in whole]
+
+
+def parse_units(text: str) -> list[dict[str, t.Any]]:
+    """`systemctl show -p Id,ControlGroup,DevicePolicy,DeviceAllow` of many units (one
+    DeviceAllow= line per entry) -> [{Id, ControlGroup, DevicePolicy, DeviceAllow: [...]}]."""
+    units: list[dict[str, t.Any]] = []
+    current: dict[str, t.Any] = {"DeviceAllow": []}
+    for line in text.splitlines() + [""]:
+        if not line.strip():
+            if current.get("Id"):
+                units.append(current)
+            current = {"DeviceAllow": []}
+            continue
+        key, _sep, value = line.partition("=")
+        if key == "DeviceAllow":
+            current["DeviceAllow"] += [value] if value else []
+        else:
+            current[key] = value
+    return units
+
+
+def first_pid(cgroup: str) -> int | None:
+    """The first process in CGROUP or below it (bounded)."""
+    for count, (folder, _dirs, _files) in enumerate(os.walk(cgroup)):
+        if count >= MAX_CGROUPS_PER_UNIT:
+            return None
+        try:
+            with open(os.path.join(folder, "cgroup.procs"), encoding="ascii", errors="replace") as handle:
+                for line in handle:
+                    if line.strip().isdigit():
+                        return int(line)
+        except OSError:
+            continue
+    return None
+
+
+def _resolver(root: str) -> t.Callable[[str], int | None]:
+    def resolve(path: str) -> int | None:
+        try:
+            st = os.stat(root + path)
+        except OSError:
+            return None
+        return st.st_rdev if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else None
+    return resolve
+
+
+def at_risk(systemctl: Systemctl, cgroup_root: str = "/sys/fs/cgroup", proc: str = "/proc", root: str = "") -> list[Risk]:
+    """The running units a daemon-reload would cut off NVIDIA devices their processes see.
+    `root` prefixes the node's own paths (/dev, for a test's simulated node)."""
+    if not os.path.exists(os.path.join(cgroup_root, "cgroup.controllers")):
+        return []  # cgroup v1: no device programs to attach again
+    host_nodes = nvidia_nodes(root + "/dev")
+    if not host_nodes:
+        return []
+    rc, out, _err = systemctl(["list-units", "--type=service,scope", "--state=running", "--plain", "--no-legend", "--no-pager"])
+    names = [line.split()[0] for line in out.splitlines() if line.split()] if rc == 0 else []
+    if not names:
+        return []
+    rc, out, _err = systemctl(["show", "--property=Id,ControlGroup,DevicePolicy,DeviceAllow", "--no-pager"] + names)
+    if rc != 0:
+        return []
+    majors = char_majors(proc)
+    resolve = _resolver(root)
+    risks = []
+    for unit in parse_units(out):
+        grant = allowed(unit.get("DevicePolicy") or "auto", unit["DeviceAllow"], majors, resolve)
+        if grant is None or not unit.get("ControlGroup"):
+            continue
+        pid = first_pid(cgroup_root + unit["ControlGroup"])
+        if pid is None:
+            continue
+        seen = nvidia_nodes(os.path.join(proc, str(pid), "root", "dev"))
+        lost = uncovered(seen, grant)
+        if lost:
+            risks.append(Risk(unit["Id"], pid, ["/dev/" + p for p in lost]))
+    return risks
+
+
+def describe(risks: t.Sequence[Risk]) -> str:
+    """`box.service (pid 412: /dev/nvidia0, /dev/nvidiactl), ...`"""
+    return ", ".join("{} (pid {}: {})".format(r.unit, r.pid, ", ".join(r.devices[:4]) + (", ..." if len(r.devices) > 4 else "")) for r in risks)
