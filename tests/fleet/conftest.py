@@ -363,6 +363,28 @@ def suite_fleet():
                 print(f"fleet teardown ({rig.prefix}): {e}", file=sys.stderr)
 
 
+@pytest.fixture(scope="module")
+def device_bpf_fleet():
+    """A one-host fleet (8x H200, bookworm) whose systemd manages device access (fleet.py up
+    --device-bpf: DevicePolicy= enforced with BPF device programs, as on a real node), for the
+    module's tests; torn down at the module's end, on failure too."""
+    why = _prerequisites_missing()
+    if why:
+        if _must_run():
+            pytest.fail(f"fleet required (CI / ZEROMIB_FLEET_REQUIRED=1) but: {why}")
+        pytest.skip(why)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    rig = _rig.Fleet(_rig.checkout_prefix("b") + (worker[2:] if worker.startswith("gw") and worker[2:].isdigit() else ""))
+    try:
+        rig.up(1, "h200", device_bpf=True)
+        yield FleetHandle(rig)
+    finally:
+        try:
+            rig.down()
+        except Exception as e:  # report, but never hide the test's own failure
+            print(f"fleet teardown ({rig.prefix}): {e}", file=sys.stderr)
+
+
 @pytest.fixture
 def clean_fleet(fleet):
     """The session fleet; every host is reset to idle GPUs after the test."""

@@ -109,9 +109,18 @@ def allowed(policy: str, entries: t.Iterable[str], majors: t.Mapping[str, int],
     return devices, whole
 
 
+def _gpus_first(path: str) -> tuple[int, int, str]:
+    """nvidia0, nvidia1, ..., nvidia10, then nvidiactl, then the rest (uvm, caps)."""
+    number = path[len("nvidia"):]
+    if number.isdigit():
+        return 0, int(number), path
+    return (1 if path == "nvidiactl" else 2), 0, path
+
+
 def uncovered(nodes: t.Mapping[str, int], grant: tuple[set[int], set[int]]) -> list[str]:
+    """The NODES (path under /dev: device number) that GRANT does not let through, GPUs first."""
     devices, whole = grant
-    return [path for path, number in sorted(nodes.items()) if number not in devices and os.major(number) not in whole]
+    return sorted((path for path, number in nodes.items() if number not in devices and os.major(number) not in whole), key=_gpus_first)
 
 
 def parse_units(text: str) -> list[dict[str, t.Any]]:

@@ -282,11 +282,11 @@ class Restore:
 
     def _file_state_on_disk(self, entry: Entry, props: t.Mapping[str, str], call: Systemctl) -> dict[str, str]:
         """PROPS with UnitFileState as the unit files on disk say (`systemctl is-enabled`), for a unit
-        the release masked: after a mask or unmask without a reload, systemd keeps reporting the
-        state it loaded for a unit that another unit wants (measured, systemd 252 and 257; a
-        disable reads at once)."""
+        the release disabled or masked: systemd keeps the state it last read for a unit until it
+        reloads its units (or unloads the unit), so after a disable, mask or unmask without a
+        reload `systemctl show` reads the state before (measured, systemd 252 and 257)."""
         props = dict(props)
-        if "masked" not in (entry.get("actions") or []):
+        if not {"disabled", "masked"} & set(entry.get("actions") or []):
             return props
         _rc, out, _err = call(["is-enabled", "--no-pager", entry["name"]])
         state = out.strip().splitlines()[-1].strip() if out.strip() else ""

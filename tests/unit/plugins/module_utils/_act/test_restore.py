@@ -335,3 +335,14 @@ def test_a_unit_systemd_holds_masked_is_started_after_a_reload_only_when_no_gpu_
     assert "docker-4f2a.scope (pid 812: /dev/nvidia4, /dev/nvidiactl)" in info.value.msg
     assert "nvidia-ctk system create-dev-char-symlinks --create-all" in info.value.msg and "reload_despite_gpu_containers" in info.value.msg
     assert [e["name"] for e in json.loads(path.read_text())["entries"]] == ["vllm.service"]
+
+
+def test_a_unit_disabled_without_a_reload_is_enabled_again_though_systemd_still_reports_it_enabled(tmp_path):
+    """systemd keeps the UnitFileState it last read until a reload: after `disable --no-reload`
+    of a unit whose state it had read, `systemctl show` still says enabled; `is-enabled` reads the files."""
+    path = tmp_path / "d" / "released.json"
+    write(path, [unit_entry("vllm.service", ["stopped", "disabled"])])
+    system = FakeSystemd(str(path), {"vllm.service": dict(props(file_state="enabled"), DiskState="disabled")})
+    result = restore.Restore(system, {"step_timeout": 5}).run()
+    assert system.log == [("enable", "vllm.service"), ("start", "vllm.service")]
+    assert result["enabled_units"] == ["vllm.service"] and result["started_units"] == ["vllm.service"]
