@@ -68,7 +68,7 @@ options:
     type: path
   reload_despite_gpu_containers:
     description:
-      - Unit files are changed without a C(systemctl daemon-reload) (C(--no-reload)): a reload cuts running GPU containers off their GPUs
+      - Unit files are changed without a C(systemctl daemon-reload) (C(--no-reload)), because a reload cuts running GPU containers off their GPUs
         on a cgroup v2 node whose container engine uses the systemd cgroup driver.
       - One case needs a reload - a unit to start again that systemd still holds masked (masked when systemd loaded it, and wanted by
         another unit, as an enabled unit is by its target); C(unmask) alone does not let it start. The run then reloads systemd only
