@@ -280,6 +280,9 @@ class Restore:
                 return "{} did not start: it reads {} ({}, result {})".format(unit, state.get("ActiveState"), state.get("SubState"), state.get("Result"))
         return None
 
+    def _host_systemctl(self, args: list[str]) -> tuple[int, str, str]:
+        return self.system.systemctl(args, timeout=self.step_timeout)
+
     def _file_state_on_disk(self, entry: Entry, props: t.Mapping[str, str], call: Systemctl) -> dict[str, str]:
         """PROPS with UnitFileState as the unit files on disk say (`systemctl is-enabled`), for a unit
         the release disabled or masked: systemd keeps the state it last read for a unit until it
@@ -327,7 +330,7 @@ class Restore:
         unit = entry["name"]
         if (props.get("LoadState") or "not-found") == "not-found":
             return [], f"{unit} is no longer known to systemd (its unit file was removed?)"
-        call = (lambda args: self.system.systemctl(args, timeout=self.step_timeout))  # noqa: E731
+        call = self._host_systemctl
         steps = unit_steps(entry, self._file_state_on_disk(entry, props, call))
         if self.check_mode:
             for step in steps:
