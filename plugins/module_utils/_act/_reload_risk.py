@@ -8,7 +8,8 @@
 """Which running GPU containers a `systemctl daemon-reload` would cut off their GPUs.
 
 On cgroup v2, systemd enforces a unit's DevicePolicy=/DeviceAllow= with a BPF device program
-on the unit's cgroup, and a reload attaches that program again on every unit. A container
+on the unit's cgroup, and a reload attaches that program again on every unit (systemd 252 at
+the reload, 257 at the next start of a unit in the same slice after it). A container
 engine on the systemd cgroup driver (Docker's default on cgroup v2, containerd's and
 Kubernetes' usual one) runs each container in a unit with DevicePolicy=strict and the devices
 it knows of in DeviceAllow=; the NVIDIA runtime's hook grants /dev/nvidia* on top, outside
