@@ -20,9 +20,11 @@ NVIDIA's fix: /dev/char links for the NVIDIA device nodes (`nvidia-ctk system
 create-dev-char-symlinks --create-all`) and the GPUs passed to the container as devices.
 
 `at_risk` reads, never runs anything in a container: each running unit's device policy
-(`systemctl show`), the NVIDIA device nodes of the node and of the unit's first process
-(`/proc/PID/root/dev`, lstat only: a container's root may lie, which can only make the run
-more careful), and what the unit's DeviceAllow= resolves to now, as systemd would resolve it.
+(`systemctl show`), the NVIDIA device nodes of the node and, by the same names, of the unit's
+first process (`/proc/PID/root/dev/NAME`, lstat only), and what the unit's DeviceAllow=
+resolves to now, as systemd would resolve it. A container's root owns its /dev: it may lie,
+which can only name it at risk; a /dev that is not a memory file system (a FUSE mount whose
+daemon stops answering would hold the lstat) is not read, and the unit counts as at risk.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ import os
 import stat
 import typing as t
 
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders
+
 if t.TYPE_CHECKING:
     Systemctl = t.Callable[[t.List[str]], t.Tuple[int, str, str]]
 
@@ -40,6 +44,8 @@ FIX = "nvidia-ctk system create-dev-char-symlinks --create-all"
 CLOSED_DEFAULTS = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty", "/dev/ptmx")
 # Bounds: a node with thousands of units or a cgroup tree without end is read this far, no further.
 MAX_CGROUPS_PER_UNIT = 64
+# A container's /dev is read only on these (what engines mount there): nothing in them waits on a server.
+MEMORY_FS = ("tmpfs", "devtmpfs", "ramfs")
 
 
 class Risk(t.NamedTuple):
@@ -158,6 +164,27 @@ def first_pid(cgroup: str) -> int | None:
     return None
 
 
+def container_nodes(proc: str, pid: int, names: t.Iterable[str]) -> dict[str, int] | str:
+    """{name: device number} of the node's NVIDIA device NAMES as PID's /dev has them (lstat by
+    name, never a listing), or why its /dev is not read."""
+    try:
+        with open(os.path.join(proc, str(pid), "mountinfo"), "rb") as handle:
+            fstype = _holders.MountTable(handle.read(1 << 20)).fstype("/dev/nvidiactl")
+    except OSError:
+        return "its mounts cannot be read"
+    if fstype not in MEMORY_FS:
+        return f"its /dev is on {fstype or 'no file system it lists'}, not read"
+    found = {}
+    for name in names:
+        try:
+            st = os.lstat(os.path.join(proc, str(pid), "root", "dev", name))
+        except OSError:
+            continue
+        if stat.S_ISCHR(st.st_mode):
+            found[name] = st.st_rdev
+    return found
+
+
 def _resolver(root: str) -> t.Callable[[str], int | None]:
     def resolve(path: str) -> int | None:
         try:
@@ -193,7 +220,10 @@ def at_risk(systemctl: Systemctl, cgroup_root: str = "/sys/fs/cgroup", proc: str
         pid = first_pid(cgroup_root + unit["ControlGroup"])
         if pid is None:
             continue
-        seen = nvidia_nodes(os.path.join(proc, str(pid), "root", "dev"))
+        seen = container_nodes(proc, pid, host_nodes)
+        if isinstance(seen, str):
+            risks.append(Risk(unit["Id"], pid, [seen]))
+            continue
         lost = uncovered(seen, grant)
         if lost:
             risks.append(Risk(unit["Id"], pid, ["/dev/" + p for p in lost]))

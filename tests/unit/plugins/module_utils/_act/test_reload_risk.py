@@ -77,3 +77,29 @@ def test_mask_and_disable_never_reload_systemd_and_a_mask_systemd_does_not_see_y
     assert done["masked_units"] == ["vllm.service", "sglang.service"]
     assert len(done["warnings"]) == 1 and done["warnings"][0].startswith("vllm.service is stopped and masked on disk")
     assert "sglang" not in done["warnings"][0] and "create-dev-char-symlinks" in done["warnings"][0]
+
+
+def mountinfo(dev_fstype):
+    return ("22 1 0:21 / / rw - overlay overlay rw\n"
+            f"23 22 0:22 / /dev rw,nosuid - {dev_fstype} {dev_fstype} rw\n").encode()
+
+
+def test_a_containers_dev_on_a_file_system_that_may_not_answer_is_not_read_and_counts_as_at_risk(tmp_path, monkeypatch):
+    """Its root owns its mounts: a /dev on FUSE whose daemon stops answering would hold an lstat."""
+    (tmp_path / "812").mkdir()
+    (tmp_path / "812" / "mountinfo").write_bytes(mountinfo("fuse.hostile"))
+    looked = []
+    monkeypatch.setattr(risk.os, "lstat", lambda path: looked.append(path) or os.stat("/"))
+    assert risk.container_nodes(str(tmp_path), 812, ["nvidia0"]) == "its /dev is on fuse.hostile, not read"
+    assert looked == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod of a character device needs root")
+def test_a_containers_nvidia_nodes_are_looked_up_by_the_nodes_names_only(tmp_path):
+    (tmp_path / "812" / "root" / "dev").mkdir(parents=True)
+    (tmp_path / "812" / "mountinfo").write_bytes(mountinfo("tmpfs"))
+    dev = tmp_path / "812" / "root" / "dev"
+    os.mknod(dev / "nvidia0", 0o600 | 0o020000, NVIDIA0)
+    os.mknod(dev / "nvidia9", 0o600 | 0o020000, os.makedev(195, 9))  # not one of the node's: never looked at
+    (dev / "nvidiactl").symlink_to("/dev/null")  # not a device node: not counted
+    assert risk.container_nodes(str(tmp_path), 812, ["nvidia0", "nvidiactl"]) == {"nvidia0": NVIDIA0}
