@@ -66,6 +66,18 @@ options:
   nvidia_smi:
     description: Path of C(nvidia-smi), used only by O(wait_for_gpus); searched like M(zeromib.gpu.gpu_facts) does when not set.
     type: path
+  reload_despite_gpu_containers:
+    description:
+      - Unit files are changed without a C(systemctl daemon-reload) (C(--no-reload)), because a reload cuts running GPU containers off their GPUs
+        on a cgroup v2 node whose container engine uses the systemd cgroup driver.
+      - One case needs a reload - a unit to start again that systemd still holds masked (masked when systemd loaded it, and wanted by
+        another unit, as an enabled unit is by its target); C(unmask) alone does not let it start. The run then reloads systemd only
+        when no running container has NVIDIA devices that the reload would take away (granted outside its unit's C(DeviceAllow=)); if
+        one has, that unit is not started and the task fails naming the containers and NVIDIA's fix
+        (C(nvidia-ctk system create-dev-char-symlinks --create-all)). A guest's systemd is never reloaded in that case.
+      - V(true) reloads all the same. R(Details, ansible_collections.zeromib.gpu.docsite.guide_containers.daemon-reload).
+    type: bool
+    default: false
 notes:
   - Needs root (O(ignore:become=true)); the record is readable by root only.
   - The record, its format and how several releases before one restore merge, are described in C(docs/docsite/rst/guide_restore.rst).
@@ -251,6 +263,7 @@ ARGUMENT_SPEC = dict(
     wait_for_gpus=dict(type="raw", default=False),
     forget=dict(type="list", elements="str", default=[]),
     nvidia_smi=dict(type="path"),
+    reload_despite_gpu_containers=dict(type="bool", default=False),
 )
 
 

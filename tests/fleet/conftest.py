@@ -363,6 +363,41 @@ def suite_fleet():
                 print(f"fleet teardown ({rig.prefix}): {e}", file=sys.stderr)
 
 
+@pytest.fixture(scope="module")
+def device_bpf_fleet():
+    """`device_bpf_fleet(suite)`: a one-host fleet (8x H200) of that Debian release whose systemd
+    manages device access (fleet.py up --device-bpf: DevicePolicy= enforced with BPF device
+    programs, as on a real node), brought up the first time a test of the module asks for it
+    and kept for the module's other tests; torn down at the module's end, on failure too."""
+    why = _prerequisites_missing()
+    if why:
+        if _must_run():
+            pytest.fail(f"fleet required (CI / ZEROMIB_FLEET_REQUIRED=1) but: {why}")
+        pytest.skip(why)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    suffix = worker[2:] if worker.startswith("gw") and worker[2:].isdigit() else ""
+    up: dict[str, _rig.Fleet] = {}
+
+    def down(rig: _rig.Fleet) -> None:
+        try:
+            rig.down()
+        except Exception as e:  # report, but never hide the test's own failure
+            print(f"fleet teardown ({rig.prefix}): {e}", file=sys.stderr)
+
+    def get(suite: str = _rig.SUITE) -> FleetHandle:
+        if suite not in up:
+            rig = _rig.Fleet(_rig.checkout_prefix("b" if suite == _rig.SUITE else "c") + suffix)
+            up[suite] = rig
+            rig.up(1, "h200", suite=suite, device_bpf=True)
+        return FleetHandle(up[suite])
+
+    try:
+        yield get
+    finally:
+        for rig in up.values():
+            down(rig)
+
+
 @pytest.fixture
 def clean_fleet(fleet):
     """The session fleet; every host is reset to idle GPUs after the test."""

@@ -5,7 +5,7 @@ own network namespace, reachable over SSH exactly as Ansible reaches a GPU node.
 one read-only base rootfs (built once with mmdebstrap and cached as a tarball); each host writes
 into its own overlay upper dir, which also carries the GPU simulator and the workload units.
 
-    python3 tests/fleet/fleet.py up --hosts 8 [--profile mixed|h200] [--name PREFIX] [--suite bookworm|trixie]
+    python3 tests/fleet/fleet.py up --hosts 8 [--profile mixed|h200] [--name PREFIX] [--suite bookworm|trixie] [--device-bpf]
     fleet.py status [--name PREFIX]
     fleet.py workload HOST NAME [--name PREFIX] [--gpus 0,1] [--mib N]
     fleet.py reboot HOST [--name PREFIX]
@@ -97,6 +97,10 @@ BASE_RECIPE = {
     "packages": PACKAGES,
     "hooks": CUSTOMIZE_HOOKS,
 }
+
+# `up --device-bpf`: hosts whose systemd manages device access, as on a real node: without bpf()
+# (EPERM in a default nspawn host) systemd attaches no device program to any unit (TEST_RIGS §8).
+DEVICE_BPF_ARGS = ["--capability=CAP_BPF,CAP_SYS_ADMIN,CAP_PERFMON", "--system-call-filter=bpf"]
 
 SUBNET_PREFIX = "10.213"  # 10.213.<slot>.<4*i+1|2>/30 per host; only on our own veth pairs
 NSPAWN_REBOOT_RC = 133
@@ -647,7 +651,7 @@ class Fleet:
                 return slot
         raise FleetError("no free subnet slot")
 
-    def up(self, n: int, profile: str = "mixed", ready_timeout: float = 120, suite: str = SUITE) -> dict:
+    def up(self, n: int, profile: str = "mixed", ready_timeout: float = 120, suite: str = SUITE, device_bpf: bool = False) -> dict:
         if not 1 <= n <= MAX_HOSTS:
             raise FleetError(f"--hosts must be 1..{MAX_HOSTS}")
         profile_presets(profile, n)  # validate before anything is touched
@@ -665,7 +669,7 @@ class Fleet:
         try:
             with open(CACHE_DIR / ".slots.lock", "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # two fleets coming up never pick one subnet slot
-                self._create(n, profile, base, timings, suite)
+                self._create(n, profile, base, timings, suite, device_bpf)
             self._wait_ready(ready_timeout, timings)
         except BaseException:
             log("bring-up failed; tearing down what was created")
@@ -685,7 +689,7 @@ class Fleet:
                 tail = con.read_text(errors="replace").splitlines()[-15:]
                 log(f"{h['name']} console tail:\n  " + "\n  ".join(tail))
 
-    def _create(self, n: int, profile: str, base: Path, timings: dict, suite: str = SUITE) -> None:
+    def _create(self, n: int, profile: str, base: Path, timings: dict, suite: str = SUITE, device_bpf: bool = False) -> None:
         t0 = time.monotonic()
         slot = self._pick_slot()
         roots = cgroup_roots()
@@ -708,6 +712,7 @@ class Fleet:
             })
         # Recorded before anything exists, so that `down` can undo a half-done `up`.
         self.state = {"prefix": self.prefix, "slot": slot, "profile": profile, "base": str(base), "suite": suite,
+                      "device_bpf": device_bpf,
                       "owner_pid": os.getpid(), "owner_start": proc_start_time(os.getpid()),
                       "cgroup_parents": [str(r) + cg_rel for r in roots], "hosts": hosts,
                       "sim_source": str(SIM_DIR)}
@@ -851,6 +856,8 @@ class Fleet:
             "--link-journal=no", "--resolv-conf=off", "--timezone=off", "--console=read-only",
             "--capability=CAP_MKNOD",
         ]
+        if self.state.get("device_bpf"):
+            nspawn += DEVICE_BPF_ARGS
         lines = ["#!/bin/sh", "# Supervises one fleet host: re-launches nspawn when the host reboots."]
         for cg in h["cgroups"]:
             lines.append(f"echo $$ > {cg}/cgroup.procs || exit 97")
@@ -1300,6 +1307,8 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--hosts", type=int, default=8)
     p_up.add_argument("--profile", choices=PROFILES, default="mixed")
     p_up.add_argument("--suite", choices=SUITES, default=SUITE, help="the hosts' Debian release (default %(default)s)")
+    p_up.add_argument("--device-bpf", action="store_true",
+                      help="let the hosts' systemd attach device programs (CAP_BPF, bpf()): DevicePolicy= as on a real node")
     p_down = sub.add_parser("down", help="tear down everything the state dir records")
     p_st = sub.add_parser("status", help="hosts, their processes and memory (PSS)")
     p_wl = sub.add_parser("workload", help="start a workload on a host: " + ", ".join(sorted(WORKLOADS)))
@@ -1339,7 +1348,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "up":
         if os.geteuid() != 0:
             raise SystemExit("fleet.py up needs root (netns, cgroups, nspawn)")
-        timings = fleet.up(a.hosts, a.profile, suite=a.suite)
+        timings = fleet.up(a.hosts, a.profile, suite=a.suite, device_bpf=a.device_bpf)
         baselines = fleet.write_baselines()
         st = fleet.status()
         print(json.dumps({"inventory": str(fleet.inventory), "ansible_cfg": str(fleet.ansible_cfg),

@@ -202,10 +202,11 @@ def systemctl(fleet, host: str, guest: Guest, args: str) -> str:
 
 
 def unit_state(fleet, host: str, guest: Guest, unit: str = "vllm.service") -> tuple[str, str, int]:
-    """(ActiveState, UnitFileState, MainPID as the guest numbers it) of the guest's unit."""
-    out = systemctl(fleet, host, guest, f"show -p ActiveState,UnitFileState,MainPID --no-pager {unit}")
+    """(ActiveState, unit file state, MainPID as the guest numbers it) of the guest's unit; the file
+    state as the files say (`is-enabled`: `show` keeps the one systemd last read until a reload)."""
+    out = systemctl(fleet, host, guest, f"show -p ActiveState,MainPID --no-pager {unit}")
     props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-    return props.get("ActiveState", ""), props.get("UnitFileState", ""), int(props.get("MainPID") or 0)
+    return props.get("ActiveState", ""), systemctl(fleet, host, guest, f"is-enabled {unit}"), int(props.get("MainPID") or 0)
 
 
 def host_pids(fleet, host: str, guest: Guest, unit: str = "vllm.service") -> list[int]:

@@ -229,11 +229,15 @@ def test_masked_works_for_a_unit_in_usr_local_lib_and_takes_the_socket_that_trig
     assert res["masked_units"] == ["llm-packaged.service", "llm-packaged.socket"], res
     states = unit_states(fleet, host, "llm-packaged.service", "llm-packaged.socket")
     assert states == {"llm-packaged.service": ("inactive", "masked"), "llm-packaged.socket": ("inactive", "masked")}
-    # a connection to the old socket address starts nothing; a start is refused
+    # Masked without a daemon-reload (issue 69): both are enabled, so systemd keeps them loaded as they
+    # were until its next reload or boot, and the run says so.
+    assert any("llm-packaged.service, llm-packaged.socket are stopped and masked on disk" in w for w in res.get("warnings", [])), res
+    # a connection to the old socket address starts nothing; from systemd's next reload on, a start is refused
     fleet.ssh(host, "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 18123), 1)' 2>/dev/null; true")
+    assert fleet.gpu_memory(host) == baseline(fleet, host)
+    fleet.ssh(host, "systemctl daemon-reload", check=True)
     started = fleet.ssh(host, "systemctl start llm-packaged.service")
     assert started.returncode != 0 and "masked" in started.stderr, started.stderr
-    assert fleet.gpu_memory(host) == baseline(fleet, host)
     # idempotent: a second run has nothing left to do
     again = fleet.ansible_playbook(PLAYBOOK, limit=host, extra_vars={
         "free_gpus_services": ["llm-packaged"], "free_gpus_service_state": "masked"})

@@ -54,13 +54,17 @@ def h200(fleet, n=1):
 
 
 def states(fleet, host, units) -> dict:
-    """{unit: (ActiveState, UnitFileState)} as systemctl shows them."""
-    out = fleet.ssh(host, "systemctl show -p Id,ActiveState,UnitFileState --no-pager " + " ".join(units), check=True).stdout
+    """{unit: (ActiveState, unit file state)}: the file state as the files say (`systemctl
+    is-enabled`); `systemctl show` keeps the one systemd last read until a reload, and the
+    collection changes unit files without one (issue 69)."""
+    out = fleet.ssh(host, "systemctl show -p Id,ActiveState --no-pager " + " ".join(units), check=True).stdout
+    files = fleet.ssh(host, "systemctl is-enabled " + " ".join(units)).stdout.split()
+    assert len(files) == len(units), files
     found, cur = {}, {}
     for line in out.splitlines() + [""]:
         if not line.strip():
             if cur.get("Id"):
-                found[cur["Id"]] = (cur.get("ActiveState"), cur.get("UnitFileState"))
+                found[cur["Id"]] = (cur.get("ActiveState"), files[units.index(cur["Id"])])
             cur = {}
             continue
         key, _sep, value = line.partition("=")

@@ -33,6 +33,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._look import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils import _record
+from ansible_collections.zeromib.gpu.plugins.module_utils._act import _reload_risk
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _units
 
 if t.TYPE_CHECKING:
@@ -71,6 +72,11 @@ class System:
     def systemctl(self, args: t.Sequence[str], timeout: float = 30.0) -> tuple[int, str, str]:
         """(rc, out, err); a call that outlasts `timeout` is ended and reads rc 124 (systemd goes on with its job)."""
         return _commands.systemctl(self.systemctl_path, args, timeout)
+
+    @staticmethod
+    def reload_risk(systemctl: Systemctl) -> list[_reload_risk.Risk]:
+        """The running GPU containers a daemon-reload would cut off their GPUs (_reload_risk)."""
+        return _reload_risk.at_risk(systemctl)
 
     def running_guests(self, kind: str, name_glob: str) -> list[t.Any]:
         """The system containers of `kind` running on this node whose name matches (_guests.running)."""
@@ -262,9 +268,11 @@ class Restore:
     def _unit_step(self, unit: str, step: str, before: Entry, systemctl: Systemctl | None = None) -> str | None:
         """One step on a unit (of the host, or of a guest through `systemctl`); why it failed, or None."""
         call = systemctl or (lambda args: self.system.systemctl(args, timeout=self.step_timeout))
-        args = {"unmask": ["unmask"], "enable": ["enable"], "reset-failed": ["reset-failed"], "start": ["start"]}[step]
+        # --no-reload: a daemon-reload cuts running GPU containers off their GPUs (_reload_risk).
+        args = {"unmask": ["unmask", "--no-reload"], "enable": ["enable", "--no-reload"], "reset-failed": ["reset-failed"],
+                "start": ["start"]}[step]
         if step == "enable" and (before.get("unit_file_state") or "").endswith("-runtime"):
-            args = ["enable", "--runtime"]
+            args = ["enable", "--no-reload", "--runtime"]
         rc, out, err = call(args + ["--no-ask-password", unit])
         if rc == 124:
             return f"systemctl {step} {unit} did not finish within {self.step_timeout:.0f} s (step_timeout)"
@@ -277,6 +285,47 @@ class Restore:
                 return "{} did not start: it reads {} ({}, result {})".format(unit, state.get("ActiveState"), state.get("SubState"), state.get("Result"))
         return None
 
+    def _host_systemctl(self, args: list[str]) -> tuple[int, str, str]:
+        return self.system.systemctl(args, timeout=self.step_timeout)
+
+    def _file_state_on_disk(self, entry: Entry, props: t.Mapping[str, str], call: Systemctl) -> dict[str, str]:
+        """PROPS with UnitFileState as the unit files on disk say (`systemctl is-enabled`), for a unit
+        the release disabled or masked: systemd keeps the state it last read for a unit until it
+        reloads its units (or unloads the unit), so after a disable, mask or unmask without a
+        reload `systemctl show` reads the state before (measured, systemd 252 and 257)."""
+        props = dict(props)
+        if not {"disabled", "masked"} & set(entry.get("actions") or []):
+            return props
+        _rc, out, _err = call(["is-enabled", "--no-pager", entry["name"]])
+        state = out.strip().splitlines()[-1].strip() if out.strip() else ""
+        if state and " " not in state:
+            props["UnitFileState"] = state
+        return props
+
+    def _reload_to_start(self, unit: str, call: Systemctl, guest: str | None = None) -> str | None:
+        """`unit` is unmasked on disk but systemd still holds it masked (another unit wants it, and
+        it was masked when systemd loaded it): only a daemon-reload lets it start. A reload cuts
+        running GPU containers off their GPUs (_reload_risk): refused while any is found, or, in a
+        guest, where they are not looked for, unless `reload_despite_gpu_containers`. Why not, or None."""
+        if not self.params.get("reload_despite_gpu_containers"):
+            if guest:
+                return (f"{unit} is unmasked in {guest}, but the guest's systemd holds it masked until it reloads its units, and this run does not "
+                        "reload a guest's systemd (a daemon-reload cuts the guest's running GPU containers off their GPUs unless the "
+                        f"node has /dev/char links for the NVIDIA device nodes: {_reload_risk.FIX}). Run systemctl daemon-reload in the guest, or set "
+                        "reload_despite_gpu_containers, then run gpu_restore again")
+            risks = self.system.reload_risk(call)
+            if risks:
+                return (f"{unit} is unmasked, but systemd holds it masked until it reloads its units, and a daemon-reload now would cut "
+                        "these running GPU containers off their GPUs (their access to the NVIDIA devices was granted outside systemd's "
+                        f"DeviceAllow=; they would fail with \"Failed to initialize NVML: Unknown Error\"): {_reload_risk.describe(risks)}. Fix the node first "
+                        f"({_reload_risk.FIX}, and the GPUs passed to the containers as devices), or set reload_despite_gpu_containers, then run "
+                        "gpu_restore again")
+        rc, out, err = call(["daemon-reload"])
+        if rc != 0:
+            return f"systemctl daemon-reload (to start {unit}, which systemd held masked) failed (rc {rc:d}): {(err or out).strip()}"
+        self.result["warnings"].append(f"systemd was reloaded{' in ' + guest if guest else ''} to start {unit}, which it held masked")
+        return None
+
     def _report_unit(self, unit: str, step: str) -> None:
         """A step done (in check mode: planned) goes under its result key."""
         {"unmask": self.result["unmasked_units"], "enable": self.result["enabled_units"], "reset-failed": self.result["reset_failed_units"],
@@ -286,7 +335,8 @@ class Restore:
         unit = entry["name"]
         if (props.get("LoadState") or "not-found") == "not-found":
             return [], f"{unit} is no longer known to systemd (its unit file was removed?)"
-        steps = unit_steps(entry, props)
+        call = self._host_systemctl
+        steps = unit_steps(entry, self._file_state_on_disk(entry, props, call))
         if self.check_mode:
             for step in steps:
                 self._report_unit(unit, step)
@@ -301,7 +351,11 @@ class Restore:
             self._report_unit(unit, step)
             if step == "unmask":
                 # Whether the unit reads enabled again after unmask depends on its links: read it, do not assume.
-                steps = [s for s in unit_steps(entry, self._show([unit]).get(unit, {})) if s != "unmask"]
+                now = self._show([unit]).get(unit, {})
+                steps = [s for s in unit_steps(entry, self._file_state_on_disk(entry, now, call)) if s != "unmask"]
+                why = self._reload_to_start(unit, call) if now.get("LoadState") == "masked" and "start" in steps else None
+                if why:
+                    return steps, why
             else:
                 steps = steps[1:]
         return done, None
@@ -332,13 +386,15 @@ class Restore:
             return [], exc.msg
         if (props.get("LoadState") or "not-found") == "not-found":
             return [], f"{unit} is no longer known to the guest's systemd (its unit file was removed?)"
-        steps = unit_steps(entry, props)
+        steps = unit_steps(entry, self._file_state_on_disk(entry, props, node.systemctl))
         keys = {"unmask": "unmasked_guest_units", "enable": "enabled_guest_units", "reset-failed": "reset_failed_guest_units",
                 "start": "started_guest_units"}
         done = []
         for step in steps:
             if not self.check_mode:
                 why = self._unit_step(unit, step, entry, node.systemctl)
+                if not why and step == "unmask" and "start" in steps and self._show([unit], node.systemctl).get(unit, {}).get("LoadState") == "masked":
+                    why = self._reload_to_start(unit, node.systemctl, _guests.label(guest))
                 if why:
                     return steps, why
             done.append(step)

@@ -777,10 +777,35 @@ def act(system: Node, steps: UnitPlan, kill_timeout: float) -> UnitsDone:
     done: UnitsDone = {"warnings": []}
     if steps["stop"]:
         stop_bounded(system, steps["stop"], kill_timeout, done)
+    # --no-reload: without it, disable and mask reload systemd, and a reload cuts running GPU
+    # containers off their GPUs (_reload_risk). The unit files change on disk; the boot reads them.
     if steps["disable"]:
-        _systemctl_or_fail(system.systemctl, ["disable"], steps["disable"], done)
+        _systemctl_or_fail(system.systemctl, ["disable", "--no-reload"], steps["disable"], done)
         done["disabled_units"] = list(steps["disable"])
     if steps["mask"]:
-        _systemctl_or_fail(system.systemctl, ["mask"], steps["mask"], done)
+        _systemctl_or_fail(system.systemctl, ["mask", "--no-reload"], steps["mask"], done)
         done["masked_units"] = list(steps["mask"])
+        startable = not_masked_yet(system, steps["mask"])
+        if startable:
+            done["warnings"].append(mask_pending_warning(startable))
     return done
+
+
+def not_masked_yet(system: Node, units: list[str]) -> list[str]:
+    """The units masked on disk that systemd still holds loaded as they were: one that another unit
+    wants (an enabled unit, wanted by its target) stays loaded until systemd reloads its units, and
+    until then it can be started (measured, systemd 252 and 257); one nothing wants is read again
+    from disk at once, and reads masked."""
+    rc, out, _err = system.systemctl(["show", "--property=Id,LoadState", "--no-pager"] + units)
+    states = parse_show(out) if rc == 0 else {}
+    return [u for u in units if states.get(u, {}).get("LoadState") != "masked"]
+
+
+def mask_pending_warning(units: list[str]) -> str:
+    one = len(units) == 1
+    return ("{} {} stopped and masked on disk (masked from the next boot), but systemd keeps {} loaded as {} {} until it reloads its "
+            "units: until then `systemctl start` and the units that want {} can still start {}. This run does not reload systemd: "
+            "a daemon-reload cuts running GPU containers off their GPUs unless the node has /dev/char links for the NVIDIA device "
+            "nodes (nvidia-ctk system create-dev-char-symlinks --create-all); with them, run systemctl daemon-reload".format(
+                ", ".join(units), "is" if one else "are", "it" if one else "them", "it" if one else "they", "was" if one else "were",
+                "it" if one else "them", "it" if one else "them"))

@@ -60,6 +60,7 @@ NOT_PROCESS_NAMES = {
     "_mps.BIN_DIRS": "directories",
     "_nvidia_smi.OPTIONAL_FIELDS": "nvidia-smi query fields",
     "_record.KINDS": "record kinds",
+    "_reload_risk.CLOSED_DEFAULTS": "device node paths (what DevicePolicy=closed allows)",
     "_record.ACTIONS": "record actions",
     "_settle.TORCHRUN_MODULES": "Python modules in a command line: a label for the message (supervisor_kind); the walk stops by stops_the_walk",
     "_signals.PRIVATE_KEYS": "result keys",

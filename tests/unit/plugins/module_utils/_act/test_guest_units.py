@@ -278,9 +278,9 @@ def test_restore_starts_and_enables_the_guests_unit_through_its_systemd(tmp_path
     assert result["enabled_guest_units"] == ["lxc:101:vllm.service"] and result["started_guest_units"] == ["lxc:101:vllm.service"]
     assert result["plan"] == ["guest unit lxc:101:vllm.service: enable, start"]
     if check_mode:
-        assert [c[0] for c in system.calls] == ["show"] and _record.read(system.record_path)["entries"]
+        assert [c[0] for c in system.calls] == ["show", "is-enabled"] and _record.read(system.record_path)["entries"]
     else:
-        assert [c[0] for c in system.calls] == ["show", "enable", "start", "show"] and not _record.read(system.record_path)["entries"]
+        assert [c[0] for c in system.calls] == ["show", "is-enabled", "enable", "start", "show"] and not _record.read(system.record_path)["entries"]
 
 
 def test_restore_keeps_the_entry_of_a_guest_that_is_not_running(tmp_path):

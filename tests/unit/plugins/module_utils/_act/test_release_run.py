@@ -310,7 +310,7 @@ def test_service_state_disabled_disables_named_enabled_units_only(world):
     result = run(world, services=["vllm*.service"], service_state="disabled")
     assert stops(world) == [
         ["stop", "--no-block", "--no-ask-password", "vllm-a.service", "sglang.service"],
-        ["disable", "--no-ask-password", "vllm-a.service", "vllm-b.service"],
+        ["disable", "--no-reload", "--no-ask-password", "vllm-a.service", "vllm-b.service"],
     ]
     assert result["stopped_units"] == ["vllm-a.service", "sglang.service"]
     assert result["disabled_units"] == ["vllm-a.service", "vllm-b.service"]
@@ -320,7 +320,7 @@ def test_service_state_disabled_disables_named_enabled_units_only(world):
 def test_service_state_masked(world):
     world.unit("vllm.service")
     result = run(world, services=["vllm"], service_state="masked")
-    assert stops(world) == [["stop", "--no-block", "--no-ask-password", "vllm.service"], ["mask", "--no-ask-password", "vllm.service"]]
+    assert stops(world) == [["stop", "--no-block", "--no-ask-password", "vllm.service"], ["mask", "--no-reload", "--no-ask-password", "vllm.service"]]
     assert result["masked_units"] == ["vllm.service"] and "disabled_units" not in result
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _engines
 from ansible_collections.zeromib.gpu.plugins.module_utils import _record
+from ansible_collections.zeromib.gpu.plugins.module_utils._act import _reload_risk
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _restore as restore
 
 AT = "2026-12-01T10:00:00Z"
@@ -68,9 +69,20 @@ class FakeSystemd(restore.System):
         verb, names = args[0], [a for a in args[1:] if not a.startswith("-")]
         if verb == "show":
             return 0, "\n".join("Id={}\n{}".format(n, "".join("{}={}\n".format(*kv) for kv in self.units[n].items())) for n in names), ""
-        self.log.append((verb, names[0]))
+        if verb == "is-enabled":
+            state = self.units[names[0]].get("DiskState") or self.units[names[0]].get("UnitFileState")
+            return (0 if state.startswith("enabled") else 1), state + "\n", ""
+        assert "--no-reload" in args or verb in ("start", "reset-failed", "daemon-reload"), f"an implicit daemon-reload: {args}"
+        self.log.append((verb, names[0] if names else None))
+        if verb == "daemon-reload":
+            for unit in self.units.values():
+                unit.update(LoadState=unit.pop("DiskLoad", unit["LoadState"]), UnitFileState=unit.pop("DiskState", unit["UnitFileState"]))
+            return 0, "", ""
         unit = self.units[names[0]]
-        if verb == "unmask":
+        if verb == "unmask" and unit.get("Wanted"):
+            # systemd 252/257: a unit another unit wants stays loaded as it was until a reload
+            unit.update(DiskLoad="loaded", DiskState="enabled")
+        elif verb == "unmask":
             unit.update(LoadState="loaded", UnitFileState="enabled")
         elif verb == "enable":
             unit["UnitFileState"] = "enabled"
@@ -278,3 +290,59 @@ def test_a_unit_the_release_left_failed_is_reset_then_started(tmp_path):
     assert system.log == [("reset-failed", "stubborn.service"), ("start", "stubborn.service")]
     assert result["reset_failed_units"] == result["started_units"] == ["stubborn.service"]
     assert system.units["stubborn.service"]["ActiveState"] == "active"
+
+
+def test_a_unit_masked_without_a_reload_is_unmasked_though_systemd_still_reports_it_enabled(tmp_path):
+    """After `systemctl mask --no-reload` of a unit its target wants, `systemctl show` keeps
+    reading LoadState=loaded, UnitFileState=enabled; `is-enabled` reads the files: masked."""
+    path = tmp_path / "d" / "released.json"
+    write(path, [unit_entry("vllm.service", ["stopped", "masked"])])
+    unit = dict(props(file_state="enabled"), DiskState="masked", Wanted=True)
+    system = FakeSystemd(str(path), {"vllm.service": unit})
+    result = restore.Restore(system, {"step_timeout": 5}).run()
+    assert system.log == [("unmask", "vllm.service"), ("start", "vllm.service")]
+    assert result["unmasked_units"] == ["vllm.service"] and result["started_units"] == ["vllm.service"]
+
+
+class RiskySystemd(FakeSystemd):
+    def __init__(self, path, units, risks):
+        super().__init__(path, units)
+        self.risks = risks
+
+    def reload_risk(self, systemctl):
+        return self.risks
+
+
+BOX = [_reload_risk.Risk("docker-4f2a.scope", 812, ["/dev/nvidia4", "/dev/nvidiactl"])]
+
+
+@pytest.mark.parametrize("risks, allow, reloaded", [([], False, True), (BOX, False, False), (BOX, True, True)],
+                         ids=["no-gpu-container", "gpu-container-refused", "gpu-container-allowed"])
+def test_a_unit_systemd_holds_masked_is_started_after_a_reload_only_when_no_gpu_container_loses_its_gpus(tmp_path, risks, allow, reloaded):
+    """Masked at boot and wanted by its target: unmask leaves it masked in systemd until a reload."""
+    path = tmp_path / "d" / "released.json"
+    write(path, [unit_entry("vllm.service", ["stopped", "masked"])])
+    system = RiskySystemd(str(path), {"vllm.service": dict(props(file_state="masked", load="masked"), Wanted=True)}, risks)
+    params = {"step_timeout": 5, "reload_despite_gpu_containers": allow}
+    if reloaded:
+        result = restore.Restore(system, params).run()
+        assert system.log == [("unmask", "vllm.service"), ("daemon-reload", None), ("start", "vllm.service")]
+        assert result["started_units"] == ["vllm.service"] and any("reloaded" in w for w in result["warnings"])
+        return
+    with pytest.raises(restore.RestoreError) as info:
+        restore.Restore(system, params).run()
+    assert system.log == [("unmask", "vllm.service")]
+    assert "docker-4f2a.scope (pid 812: /dev/nvidia4, /dev/nvidiactl)" in info.value.msg
+    assert "nvidia-ctk system create-dev-char-symlinks --create-all" in info.value.msg and "reload_despite_gpu_containers" in info.value.msg
+    assert [e["name"] for e in json.loads(path.read_text())["entries"]] == ["vllm.service"]
+
+
+def test_a_unit_disabled_without_a_reload_is_enabled_again_though_systemd_still_reports_it_enabled(tmp_path):
+    """systemd keeps the UnitFileState it last read until a reload: after `disable --no-reload`
+    of a unit whose state it had read, `systemctl show` still says enabled; `is-enabled` reads the files."""
+    path = tmp_path / "d" / "released.json"
+    write(path, [unit_entry("vllm.service", ["stopped", "disabled"])])
+    system = FakeSystemd(str(path), {"vllm.service": dict(props(file_state="enabled"), DiskState="disabled")})
+    result = restore.Restore(system, {"step_timeout": 5}).run()
+    assert system.log == [("enable", "vllm.service"), ("start", "vllm.service")]
+    assert result["enabled_units"] == ["vllm.service"] and result["started_units"] == ["vllm.service"]
