@@ -75,7 +75,7 @@ options:
         when no running container has NVIDIA devices that the reload would take away (granted outside its unit's C(DeviceAllow=)); if
         one has, that unit is not started and the task fails naming the containers and NVIDIA's fix
         (C(nvidia-ctk system create-dev-char-symlinks --create-all)). A guest's systemd is never reloaded in that case.
-      - V(true) reloads all the same. R(Details, ansible_collections.zeromib.gpu.docsite.guide_containers.daemon-reload).
+      - V(true) reloads all the same. R(More in the containers guide on daemon-reload, ansible_collections.zeromib.gpu.docsite.guide_containers.daemon-reload).
     type: bool
     default: false
 notes:

@@ -42,6 +42,7 @@ NOT_PROCESS_NAMES = {
     "_cuda_smoke.STEPS": "step names",
     "_release.FREEING_CODE": "module_utils names (loaded while nvidia-smi answers)",
     "_release._HOLDER_TEXTS": "phrases of the failure message (GPUs said together by holder)",
+    "_reload_risk.MEMORY_FS": "file system types (a container's /dev read only on these)",
     "_engines.MANAGED": "result keys",
     "_engines.BIN_DIRS": "directories",
     "_facts.GPU_KEYS": "result keys",
