@@ -313,7 +313,8 @@ class Holding:
             if not self.done():
                 self.scan_one(f"{proc}/{pid:d}")
 
-        outcome = _bounded_reads.scan(one, _pids(proc), deadline_s=deadline_s)
+        pids = _pids(proc)
+        outcome = _bounded_reads.scan(one, pids, deadline_s=deadline_s, processes=[f"{proc}/{pid:d}" for pid in pids])
         self.blocked += len(outcome.blocked) + len(outcome.unread)
 
     def scan_one(self, base: str, thread: bool = False) -> None:
