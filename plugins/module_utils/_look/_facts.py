@@ -175,12 +175,18 @@ def assemble(gpus: list[Gpu], apps: list[ComputeApp], holders: list[Holder], max
     """The `ansible_facts.gpu` dict. `gpus` carry minor numbers and health, `holders` are attributed;
     `not_visible`: the driver's GPUs this namespace cannot reach (not_visible_gpus);
     `inside_container`: this look ran in a container (_guests.pid_namespace_nested); `unscanned`:
-    how many processes the scan's deadline left unread (then nothing is clean)."""
+    how many processes the scan's deadline left unread. What could not be read (those, and
+    processes that did not answer) makes the node unclean only where a GPU holds memory that no
+    process read explains (_attribution.unexplained_by_readers): a GPU that reads clean with no
+    compute app is free whatever else could not be read."""
     public_gpus = [public_gpu(gpu, max_used_mib, footprint) for gpu in gpus]
     used = [gpu["memory_used_mib"] for gpu in public_gpus]
     clean = bool(public_gpus) and all(gpu["clean"] for gpu in public_gpus)
     if with_processes:
-        clean = clean and not dirty_holders(holders) and not unscanned
+        unread = bool(unscanned) or any(h.get("attribution") == _attribution.BLOCKED and not h["protected"] for h in holders)
+        readers = [h for h in holders if h.get("attribution") != _attribution.BLOCKED]
+        clean = clean and not dirty_holders(readers) and not (
+            unread and _attribution.unexplained_by_readers(gpus, apps, holders, [g["index"] for g in gpus], max_used_mib, footprint))
     return dict(health_summary(public_gpus, health, dcgm), **{
         "driver_version": gpus[0].get("driver_version") if gpus else None,
         "cuda_version": cuda_version,
