@@ -234,6 +234,8 @@ class ReleaseResult(t.TypedDict, total=False):
     # /dev/shm at the end (_shm.look's record) and what clean_shm removed (or, in check mode, would).
     shm: dict[str, t.Any] | None
     shm_removed: list[dict[str, t.Any]]
+    shm_removed_mib: float
+    truncated: dict[str, int]
     warnings: list[str]
     gpus_before: list[Gpu]
     gpus: list[Gpu]

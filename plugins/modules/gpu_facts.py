@@ -424,6 +424,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 # First of the collection's imports: the module_utils below are then compiled once, not twice (_compile_once).
 from ansible_collections.zeromib.gpu.plugins.module_utils import _compile_once
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _caps
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _cuda_smoke
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _health
@@ -489,7 +490,7 @@ def main() -> None:
     facts["pending_restore"] = _record.pending()
     # The loaded module against the library on disk: a drift fails new CUDA jobs, so the audit says it first.
     facts["driver"] = driver_versions()
-    module.exit_json(changed=False, ansible_facts={"gpu": facts})
+    module.exit_json(changed=False, ansible_facts={"gpu": _caps.cap_result(facts)})
 
 
 if __name__ == "__main__":

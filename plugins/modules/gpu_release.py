@@ -532,6 +532,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 # First of the collection's imports: the module_utils below are then compiled once, not twice (_compile_once).
 from ansible_collections.zeromib.gpu.plugins.module_utils import _compile_once
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _caps
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _kernel_log_state
@@ -575,8 +576,11 @@ def checked_params(params: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
 def warn_all(module: AnsibleModule, warnings: t.Iterable[str]) -> None:
     """Ansible prints a module's warnings without the host: name it (the node's host name)."""
     host = platform.node() or "this host"
-    for warning in warnings:
+    every = list(warnings)
+    for warning in every[:_caps.LIMIT]:
         module.warn(f"{host}: {warning}")
+    if len(every) > _caps.LIMIT:
+        module.warn(f"{host}: and {len(every) - _caps.LIMIT:d} more warnings")
 
 
 def smoke_tested(smi: NvidiaSmi, params: t.Mapping[str, t.Any], result: dict[str, t.Any], check_mode: bool) -> dict[str, t.Any]:
@@ -618,9 +622,9 @@ def main() -> None:
         module.fail_json(**exc.details())
     except ReleaseError as exc:
         warn_all(module, exc.result.pop("warnings", []))
-        module.fail_json(msg=exc.msg, **exc.result)
+        module.fail_json(msg=exc.msg, **(_caps.cap_result(exc.result) if exc.result else {}))
     warn_all(module, result.pop("warnings", []))
-    module.exit_json(**result)
+    module.exit_json(**_caps.cap_result(result))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import time
 import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _attribution
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _caps
 from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _facts
@@ -349,13 +350,13 @@ def gpu_failure(gpu: Gpu, holders: list[Holder], apps: list[ComputeApp], blind: 
     if freeing:
         text += f" ({freeing})"
     if unprotected or protected_claimants:
-        text += ", held by " + "; ".join(describe_holder(h) for h in unprotected + protected_claimants)
+        text += ", held by " + _caps.named([describe_holder(h) for h in unprotected + protected_claimants])
     elif blocked:
-        text += ", possibly held by {}: what it holds cannot be read".format("; ".join(describe_holder(h) for h in blocked))
+        text += f", possibly held by {_caps.named([describe_holder(h) for h in blocked])}: what it holds cannot be read"
     elif undecided:
         # Never signalled for a selection it may not belong to (see _attribution).
-        text += (", possibly held by {}, not signalled because it may use GPUs outside the selection: select them all, "
-                 "or name it in match".format("; ".join(describe_holder(h) for h in undecided)))
+        named = _caps.named([describe_holder(h) for h in undecided])
+        text += f", possibly held by {named}, not signalled because it may use GPUs outside the selection: select them all, or name it in match"
     elif unplaced_claims(claims, holders, gpu["index"]):
         # Never "no live process" while nvidia-smi lists a live PID: name it and say why it was not placed.
         text += ", " + "; ".join(describe_unplaced(app, holders, gpu["index"]) for app in unplaced_claims(claims, holders, gpu["index"]))
@@ -466,9 +467,9 @@ def blocked_message(blocked: list[Holder], unscanned: int, selected: list[int], 
     """Why a run stops before acting when some process did not answer the scan (or the scan's
     deadline left processes unread) and `gpus`, selected, hold memory no process read explains:
     what holds them cannot be known. Names at most NAMED processes, then how many more."""
-    parts = [_facts.blocked_text(h) + owner_words(h) for h in blocked[:NAMED]]
-    if len(blocked) > NAMED:
-        parts.append(f"and {len(blocked) - NAMED:d} more that did not answer")
+    parts = [_facts.blocked_text(h) + owner_words(h) for h in blocked[:_caps.NAMED]]
+    if len(blocked) > _caps.NAMED:
+        parts.append(f"and {len(blocked) - _caps.NAMED:d} more that did not answer")
     if unscanned:
         parts.append(f"the scan reached its deadline ({timeout} s, the timeout option) with {unscanned:d} process(es) not read")
     held = "; GPU {} holds memory that no process read explains".format(
@@ -477,10 +478,6 @@ def blocked_message(blocked: list[Holder], unscanned: int, selected: list[int], 
             "never signalled. Nothing was stopped or signalled. A file system that stopped answering (FUSE, NFS) holds it: its owner brings "
             "its server back, or root aborts the FUSE connection (echo 1 > /sys/fs/fuse/connections/N/abort) or unmounts it lazily (umount -l), "
             "then runs gpu_release again".format(_gpu_list(selected), "; ".join(parts), held))
-
-
-# Processes named in a message, at most; the rest are counted ("and N more").
-NAMED = 5
 
 
 def owner_words(holder: t.Mapping[str, t.Any]) -> str:
@@ -665,6 +662,9 @@ def new_result(state_key: str | None) -> ReleaseResult:
         # not read (health off and no clean_shm); what clean_shm removed (in check mode, would remove).
         "shm": None,
         "shm_removed": [],
+        "shm_removed_mib": 0.0,
+        # {list: how many entries it had} for each list cut to _caps.LIMIT entries (the module's exit).
+        "truncated": {},
         "gpus_before": [],
         "gpus": [],
         "holders": [],
@@ -875,6 +875,7 @@ class Release:
             from ansible_collections.zeromib.gpu.plugins.module_utils._act import _shm_clean
             done = _shm_clean.clean(self.shm_at_look, may_clean, self.check_mode, self.system.proc, deadline_s=self.params.get("timeout"))
             self.result["shm_removed"] = done.removed
+            self.result["shm_removed_mib"] = round(sum(entry["size_mib"] for entry in done.removed), 2)
             self.result["warnings"].extend(done.warnings)
             self.result["changed"] = self.result["changed"] or bool(done.removed)
         record = _shm.look(processes=False)
@@ -882,7 +883,7 @@ class Release:
             # Below the floor: what fills it is worth a scan of the processes (only then).
             record = _shm.look(proc=self.system.proc, deadline_s=self.params.get("timeout"))
         if done is not None:
-            record.update(unheld=done.unheld, unheld_mib=round(sum(entry["size_mib"] for entry in done.unheld), 2), complete=done.complete)
+            record = _shm.with_unheld(record, done.unheld, done.complete)
         self.result["shm"] = record
         self.shm_issue = _shm.floor_issue(record, floor, len(self.before[0])) if self.health is not None else None
 

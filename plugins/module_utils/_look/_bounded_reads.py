@@ -265,6 +265,10 @@ class _Reader:
         self.aside = False
         self.left = False
 
+    def is_left(self) -> bool:
+        """Whether the pass left this reader (its result is no longer wanted): set by the watcher."""
+        return self.left
+
 
 def _parallel(work: t.Callable[[t.Any], t.Any], items: t.Sequence[t.Any], budget: float, deadline: float) -> Outcome:
     """work(item) over items by up to READERS threads at once; a reader sleeping in the kernel on
@@ -284,16 +288,17 @@ def _parallel(work: t.Callable[[t.Any], t.Any], items: t.Sequence[t.Any], budget
             with lock:
                 if reader.left or reader.aside or not queue:
                     break
-                reader.item, reader.since = queue.pop(), time.monotonic()
+                item = reader.item = queue.pop()
+                reader.since = time.monotonic()
             try:
-                result = work(items[reader.item])
+                result = work(items[item])
             except Exception:  # pylint: disable=broad-exception-caught
                 result = None
             with lock:
-                if reader.left:
+                if reader.is_left():
                     return
                 if result is not None:
-                    results[reader.item] = result
+                    results[item] = result
                 reader.item = None
                 pending[0] -= 1
                 if not pending[0]:

@@ -14,6 +14,7 @@ import functools
 import os
 import typing as t
 
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _caps
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _attribution
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _guests
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _health
@@ -480,8 +481,9 @@ def scan_warnings(snapshot: Snapshot) -> list[str]:
     warnings = [w for w in (unreadable_warning(snapshot.unreadable), unscanned_warning(snapshot.unscanned)) if w]
     blocked = [h for h in snapshot.holders if h.get("blocked")]
     if blocked:
-        warnings.append("{} (a file system that stopped answering, FUSE or NFS, or a process stuck in the kernel): what they hold is unknown, "
-                        "so no GPU of this node reads clean beside them".format("; ".join(blocked_text(h) for h in blocked)))
+        named = _caps.named([blocked_text(h) for h in blocked])
+        warnings.append(f"{named} (a file system that stopped answering, FUSE or NFS, or a process stuck in the kernel): what they hold is "
+                        "unknown, so a GPU of this node that holds memory no process read explains is never clean beside them")
     return warnings
 
 

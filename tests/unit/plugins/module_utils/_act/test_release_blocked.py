@@ -8,7 +8,7 @@ it refuses before acting, naming it (tests/integration/test_stalled_fs.py runs i
 from __future__ import annotations
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _release
-from ansible_collections.zeromib.gpu.plugins.module_utils._look import _attribution
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _attribution, _caps
 
 
 def blocked_holder(pid=777):
@@ -58,5 +58,5 @@ def test_the_verdict_on_a_gpu_comes_from_the_gpu_not_from_what_could_not_be_read
 def test_the_message_names_the_gpu_that_holds_unexplained_memory_and_counts_the_rest():
     records = _attribution.attribute([dict(blocked_holder(p), unit="job.service") for p in range(100, 130)], [], {0: 0})
     message = _release.blocked_message(records, 0, [0], 5, [gpu(0, 4096)])
-    assert message.count("did not answer: root's read") == _release.NAMED and "and 25 more that did not answer" in message
+    assert message.count("did not answer: root's read") == _caps.NAMED and "and 25 more that did not answer" in message
     assert ", in unit job.service" in message and "GPU 0 (4096 MiB) holds memory that no process read explains" in message
