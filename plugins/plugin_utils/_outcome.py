@@ -44,6 +44,7 @@ class Outcome(t.TypedDict, total=False):
     # The files clean_shm removed from /dev/shm (in check mode, would remove), and their MiB.
     shm_removed: list[str]
     shm_removed_mib: float
+    shm_removed_count: int
     protected: list[t.Any]
     spanning: list[dict[str, t.Any]]
     footprint_gpus: list[int | None]
@@ -127,7 +128,15 @@ def _smoke_notes(gpus: t.Sequence[t.Mapping[str, t.Any]]) -> list[str]:
 def shm_note(outcome: Outcome | t.Mapping[str, t.Any]) -> str:
     """'removed 4 files of /dev/shm (32.0 MiB)', or 'would remove' in check mode."""
     verb = "would remove" if outcome.get("check_mode") else "removed"
-    return "{} {} of /dev/shm ({} MiB)".format(verb, _plural(len(outcome.get("shm_removed") or []), "file"), outcome.get("shm_removed_mib"))
+    count = outcome.get("shm_removed_count") or len(outcome.get("shm_removed") or [])
+    return "{} {} of /dev/shm ({} MiB)".format(verb, _plural(count, "file"), outcome.get("shm_removed_mib"))
+
+
+def _truncated(result: t.Mapping[str, t.Any], key: str) -> int | None:
+    """How many entries a list of the result had before gpu_release cut it (its `truncated`), or None."""
+    counts = result.get("truncated")
+    count = counts.get(key) if isinstance(counts, Mapping) else None
+    return count if isinstance(count, int) and not isinstance(count, bool) else None
 
 
 def _record(result: t.Mapping[str, t.Any], host: str, check_mode: bool) -> Outcome:
@@ -156,7 +165,10 @@ def _record(result: t.Mapping[str, t.Any], host: str, check_mode: bool) -> Outco
                     "sigkill_at_once": k.get("sigkill_at_once")}
                    for k in result.get("killed") or []],
         "shm_removed": [str(f.get("path")) for f in removed],
-        "shm_removed_mib": round(sum(float(f.get("size_mib") or 0) for f in removed), 1),
+        # gpu_release lists at most _caps.LIMIT of them: its total and its count (truncated) say the rest.
+        "shm_removed_mib": round(float(result["shm_removed_mib"]) if isinstance(result.get("shm_removed_mib"), (int, float))
+                                 else sum(float(f.get("size_mib") or 0) for f in removed), 1),
+        "shm_removed_count": _truncated(result, "shm_removed") or len(removed),
         "protected": result.get("protected") or [],
         "spanning": _spanning(result),
         # Selected GPUs that read only the cross-GPU footprint of contexts on other GPUs (clean),
@@ -271,7 +283,8 @@ def failed(host: str, message: object, status: str = "failed") -> Outcome:
         "host": host, "status": status, "ok": False, "message": text if text.startswith(f"{host}: ") else f"{host}: {text}",
         "count": None, "selected": [], "mib_before": None, "mib_after": None, "stopped_units": [], "disabled_units": [],
         "masked_units": [], "failed_units": [], "stopped_containers": [], "disabled_containers": [], "killed": [], "shm_removed": [],
-        "shm_removed_mib": 0.0, "protected": [], "footprint_gpus": [], "footprint_mib": None, "nvml_clients": [], "nvml_clients_with_units": [],
+        "shm_removed_mib": 0.0, "shm_removed_count": 0, "protected": [], "footprint_gpus": [], "footprint_mib": None, "nvml_clients": [],
+        "nvml_clients_with_units": [],
         "elapsed_s": None, "check_mode": False, "healthy": None, "health_issues": [],
     }
 
