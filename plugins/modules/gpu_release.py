@@ -508,11 +508,26 @@ shm:
   sample: {path: /dev/shm, size_mib: 64304.2, free_mib: 64304.2, files: 0, unheld: [], unheld_mib: 0, complete: true, error: null}
 shm_removed:
   description:
-    - The files O(clean_shm) removed from C(/dev/shm) (in check mode, would remove) - C(path), C(size_mib), C(age_s), C(pattern), C(user).
+    - The files O(clean_shm) removed from C(/dev/shm) (in check mode, would remove) - C(path), C(size_mib), C(age_s), C(pattern), C(user);
+      at most 50, the largest (RV(truncated) counts them all).
   type: list
   elements: dict
   returned: always
   sample: [{path: /dev/shm/nccl-Xb3kLq, size_mib: 36.0, age_s: 12, pattern: nccl-*, user: alice}]
+shm_removed_mib:
+  description:
+    - The MiB of all the files O(clean_shm) removed (in check mode, would remove), also those RV(shm_removed) does not list.
+  type: float
+  returned: always
+  sample: 36.0
+truncated:
+  description:
+    - The lists this result cut, each to its 50 most relevant entries (RV(holders) - those that keep a GPU from being free first;
+      RV(killed), RV(shm_removed), RV(shm).unheld and every other list), as {list - how many entries it had}; V({}) when none was cut.
+      No user sets the size of the result by starting processes or making files.
+  type: dict
+  returned: always
+  sample: {holders: 3012}
 timings:
   description:
     - Seconds spent stopping units and containers (C(stop_s)), signalling processes (C(kill_s)), waiting for memory to read free
