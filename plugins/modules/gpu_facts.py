@@ -188,12 +188,13 @@ ansible_facts:
             - C(/dev/shm) - C(path), C(size_mib) and C(free_mib) (the space an unprivileged job may still use), C(files) (regular files in it;
               past 20,000 files or 1 s of reading the rest are only counted, V(null) when even that outlasts 1 s), C(files_read) (the
               files read and looked for holders, those the listing and clean_shm consider),
-              C(unheld) (the files no live process has open or mapped, largest and oldest first, at most 50 - C(path), C(size_mib) (what it takes in
-              memory), C(age_s) (since it was last written), C(pattern) (the job framework's name pattern, V(null) for none known -
+              C(unheld) (the files no live process has open or mapped, largest and oldest first, at most 50 - C(path), C(size_mib) (what it
+              takes in memory), C(age_s) (since it was last written), C(pattern) (the job framework's name pattern, V(null) for none known -
               V(nccl-*) NCCL, V(torch_*) PyTorch, V(cuda.shm.*) CUDA IPC handles, V(psm_*) Python's multiprocessing.shared_memory (vLLM),
               V(psm_shm.*) Omni-Path PSM/PSM2, V(sem.mp-*) Python multiprocessing semaphores, V(pym-*) its heap arenas, V(sem.*) other
-              POSIX semaphores) and C(user)), C(unheld_count) and C(unheld_mib) (how many and their total, all of them), C(complete) (V(false) when some process could not be read, not
-              root - a file it holds may be listed) and C(error) (why C(/dev/shm) could not be read).
+              POSIX semaphores) and C(user)), C(unheld_count) and C(unheld_mib) (how many and their total, all of them), C(complete)
+              (V(false) when some process could not be read, not root - a file it holds may be listed) and C(error) (why C(/dev/shm) could
+              not be read).
             - C(unheld) is V(null) with O(processes=false). A file open through a path outside C(/dev/shm) under its name (a bind mount
               of it elsewhere) counts as held.
             - M(zeromib.gpu.gpu_release) with O(zeromib.gpu.gpu_release#module:clean_shm) removes the unheld files of a job pattern.
