@@ -71,13 +71,20 @@ def test_gpu_release_beside_them_frees_its_gpu_and_names_none_of_them_as_its_own
     assert run.wall_s < BOUND_S
 
 
-def test_three_hundred_thousand_files_in_dev_shm_give_a_small_result_with_a_count(nshost):
+@pytest.mark.parametrize("prefix", ["flood-", "nccl-flood-"], ids=["empty-files", "named-as-nccl"])
+def test_three_hundred_thousand_files_in_dev_shm_give_a_small_result_with_a_count(nshost, prefix):
+    """Empty files of no job are counted only; named as NCCL's segments, at most 10,000 are read and
+    looked for among the processes' files, and 50 listed."""
     host = nshost("h200x1", seed="shmflood")
-    with shm_flood.Flood(host, 300000):
+    with shm_flood.Flood(host, 300000, prefix=prefix):
         run = run_module(host, "gpu_facts", {"timeout": 10})
         assert not run.failed, run.msg
         shm = run["ansible_facts"]["gpu"]["shm"]
         assert shm["files"] == 300000 and shm["files_read"] < shm["files"], shm["files_read"]
-        assert len(shm["unheld"]) <= 50 and shm["unheld_count"] == shm["files_read"] and shm["unheld_mib"] == 0
+        if prefix == "flood-":
+            assert (shm["files_read"], shm["unheld"], shm["unheld_count"]) == (0, [], 0)
+        else:
+            assert 0 < shm["files_read"] <= 10000 and len(shm["unheld"]) == 50 and shm["unheld_count"] == shm["files_read"]
+            assert {f["pattern"] for f in shm["unheld"]} == {"nccl-*"} and shm["unheld_mib"] == 0
         assert len(json.dumps(run.result)) < RESULT_BYTES, len(json.dumps(run.result))
         assert run.wall_s < BOUND_S

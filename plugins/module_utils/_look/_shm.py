@@ -30,6 +30,7 @@ and an empty directory listing."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import stat as stat_mod
@@ -114,13 +115,16 @@ def space(path: str = SHM_DIR) -> tuple[float, float]:
 # makes 300,000 empty files in 0.7 s, and one record each made gpu_facts take 37 s and 773 MiB
 # (issue 66). Past either bound the rest are counted (names only, also bounded) and not read: they
 # are neither listed unheld nor ever removed.
-WALK_FILES = 20000
+WALK_FILES = 10000
 WALK_S = 1.0
 
 
 class Walk(t.NamedTuple):
-    """What a bounded walk of /dev/shm found: the regular files it read, how many entries the
-    directory holds (None: more than it could count in time), and whether it read them all."""
+    """What a bounded walk of /dev/shm found: the regular files it read that matter (they take
+    space, or a job's pattern names them: an empty file of no job is neither space nor anything
+    clean_shm would remove, so it is counted, never looked for among the processes' files), how
+    many files the directory holds (None: more than it could count in time), and whether it read
+    them all."""
 
     files: list[Entry]
     entries: int | None
@@ -132,31 +136,35 @@ def walk(path: str = SHM_DIR, limit: int = WALK_FILES, seconds: float = WALK_S) 
     them and for at most `seconds`; then the other entries counted for as long again. Their size
     is what they take (st_blocks): a sparse segment costs only the pages written."""
     found: list[Entry] = []
-    read = 0
+    read = regular = 0
     deadline = time.monotonic() + seconds
     with os.scandir(path) as entries:
         for entry in entries:
             if read >= limit or (read % 256 == 0 and time.monotonic() >= deadline):
                 rest = _count_rest(entries, time.monotonic() + seconds)
-                return Walk(found, None if rest is None else read + 1 + rest, False)
+                return Walk(found, None if rest is None else regular + 1 + rest, False)
             read += 1
             try:
                 st = entry.stat(follow_symlinks=False)
             except OSError:
                 continue  # removed meanwhile
             if stat_mod.S_ISREG(st.st_mode):
-                found.append(Entry(entry.name, st.st_dev, st.st_ino, st.st_uid, st.st_blocks * 512, st.st_mtime))
-    return Walk(found, len(found), True)
+                regular += 1
+                if st.st_blocks or pattern_of(entry.name):
+                    found.append(Entry(entry.name, st.st_dev, st.st_ino, st.st_uid, st.st_blocks * 512, st.st_mtime))
+    return Walk(found, regular, True)
 
 
 def _count_rest(entries: t.Iterator[t.Any], deadline: float) -> int | None:
     """How many entries are left; None (not known) when counting them outlasts `deadline`."""
     count = 0
-    for _entry in entries:
-        count += 1
-        if count % 4096 == 0 and time.monotonic() >= deadline:
+    while True:
+        block = sum(1 for _entry in itertools.islice(entries, 65536))
+        count += block
+        if block < 65536:
+            return count
+        if time.monotonic() >= deadline:
             return None
-    return count
 
 
 def list_files(path: str = SHM_DIR) -> list[Entry]:
@@ -395,12 +403,13 @@ def _user(uid: int, cache: dict[int, str]) -> str:
     return cache[uid]
 
 
-def unheld_record(files: t.Iterable[Entry], now: float, shm: str = SHM_DIR) -> list[dict[str, t.Any]]:
-    """The unheld files, largest and oldest first, each with the job pattern it matches."""
+def unheld_record(files: t.Iterable[Entry], now: float, shm: str = SHM_DIR, limit: int | None = None) -> list[dict[str, t.Any]]:
+    """The unheld files, largest and oldest first, each with the job pattern it matches; the
+    first `limit` of them, if given."""
     users: dict[int, str] = {}
     ordered = sorted(files, key=lambda f: (-f.bytes, f.mtime, f.name))
     record = []
-    for entry in ordered:
+    for entry in ordered[:limit]:
         pattern = pattern_of(entry.name)
         record.append({
             "path": shm.rstrip("/") + "/" + entry.name,
@@ -431,12 +440,15 @@ def look(shm: str = SHM_DIR, proc: str = "/proc", processes: bool = True, now: f
     if not processes:
         return record
     holding = scan_holding(found.files, shm, proc, deadline_s)
-    return with_unheld(record, unheld_record(holding.unheld(), time.time() if now is None else now, shm), holding.complete)
+    unheld = holding.unheld()
+    listed = unheld_record(unheld, time.time() if now is None else now, shm, UNHELD_LISTED)
+    record.update(unheld=listed, unheld_count=len(unheld), unheld_mib=round(sum(round(f.bytes / MIB, 2) for f in unheld), 2), complete=holding.complete)
+    return record
 
 
 def with_unheld(record: dict[str, t.Any], unheld: list[dict[str, t.Any]], complete: bool) -> dict[str, t.Any]:
-    """`record` with its unheld files: the largest UNHELD_LISTED of them listed, their count and
-    MiB over all of them (a user's 300,000 empty files are a count, not 300,000 records)."""
+    """`record` with its unheld files (unheld_record's): the largest UNHELD_LISTED of them listed,
+    their count and MiB over all of them (a user's 300,000 empty files are a count, not 300,000 records)."""
     record.update(unheld=unheld[:UNHELD_LISTED], unheld_count=len(unheld), unheld_mib=round(sum(f["size_mib"] for f in unheld), 2),
                   complete=complete)
     return record
