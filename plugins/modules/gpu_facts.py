@@ -187,7 +187,7 @@ ansible_facts:
           description:
             - C(/dev/shm) - C(path), C(size_mib) and C(free_mib) (the space an unprivileged job may still use), C(files) (regular files in it;
               past 10,000 files or 1 s of reading the rest are only counted, V(null) when even that outlasts 1 s), C(files_read) (the
-              files read and looked for holders, those the listing and clean_shm consider: those that take space or that a job's pattern
+              files read and looked for holders, those the listing and clean_shm consider - those that take space or that a job's pattern
               names; an empty file of no job is counted, never listed),
               C(unheld) (the files no live process has open or mapped, largest and oldest first, at most 50 - C(path), C(size_mib) (what it
               takes in memory), C(age_s) (since it was last written), C(pattern) (the job framework's name pattern, V(null) for none known -
