@@ -65,7 +65,9 @@ try:
     answer = json.loads(text)
 except ValueError:
     answer = {"failed": True, "msg": text[-2000:]}
-print(json.dumps({"wall_s": round(wall, 3), "peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+print(json.dumps({"wall_s": round(wall, 3), "peak_mib": round(own.ru_maxrss / 1024, 1),
+                  "cpu_s": round(own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime, 3),
                   "bytes": len(text), "failed": bool(answer.get("failed")), "msg": str(answer.get("msg") or "")[:300],
                   "released": answer.get("released"), "killed": [k.get("pid") for k in answer.get("killed") or []],
                   "truncated": answer.get("truncated") or (answer.get("ansible_facts") or {}).get("gpu", {}).get("truncated"),
@@ -77,8 +79,9 @@ EPILOG = r"""
 import json, resource, subprocess, sys, time
 started = time.monotonic()
 proc = subprocess.run(sys.argv[1:], capture_output=True, text=True)
+kids = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({"wall_s": round(time.monotonic() - started, 3), "rc": proc.returncode, "stderr": proc.stderr[-500:],
-                  "peak_mib": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)}))
+                  "peak_mib": round(kids.ru_maxrss / 1024, 1), "cpu_s": round(kids.ru_utime + kids.ru_stime, 3)}))
 """
 
 # Processes of the node: N children of one parent, each with F files open (/dev/null), the first G
@@ -219,8 +222,8 @@ def big_kernel_log(host, workdir, mib):
 
 
 def summary(runs):
-    return {"wall_s": round(statistics.median(r["wall_s"] for r in runs), 3), "peak_mib": max(r["peak_mib"] for r in runs),
-            "bytes": max(r["bytes"] for r in runs)}
+    return {"wall_s": round(statistics.median(r["wall_s"] for r in runs), 3), "cpu_s": round(statistics.median(r["cpu_s"] for r in runs), 3),
+            "peak_mib": max(r["peak_mib"] for r in runs), "bytes": max(r["bytes"] for r in runs)}
 
 
 def report(args, plain, bad, built_s, started):
@@ -234,21 +237,25 @@ def report(args, plain, bad, built_s, started):
         elif case == "gpu_release":
             ok = ok and all(not r["failed"] and r["freed_leftover"] for r in bad[case])
         verdicts.append(ok)
-        rows.append(f"| {case} | {p['wall_s']} | {b['wall_s']} | +{extra_s} | {p['peak_mib']} | {b['peak_mib']} | +{extra_mib} | "
-                    f"{p['bytes']} | {b['bytes']} | {'met' if ok else 'MISSED'} |")
+        extra_cpu = round(b["cpu_s"] - p["cpu_s"], 3)
+        rows.append(f"| {case} | {p['wall_s']} | {b['wall_s']} | +{extra_s} | {p['cpu_s']} | {b['cpu_s']} | +{extra_cpu} | {p['peak_mib']} | "
+                    f"{b['peak_mib']} | +{extra_mib} | {p['bytes']} | {b['bytes']} | {'met' if ok else 'MISSED'} |")
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     lines = [
         "# Pathological node against a plain one (benchmarks/pathological_node.py)", "",
         f"- date (UTC): {time.strftime('%Y-%m-%d %H:%M', time.gmtime(started))}; machine: {platform.node()}, {os.cpu_count()} cores, "
         f"{platform.platform()}, Python {platform.python_version()}; load average at the end {load}",
-        f"- command: {' '.join(sys.argv)}",
+        f"- command: {' '.join(sys.argv)}; load average at the start {args.load_at_start}",
+        "- CPU s: the module's and its children's CPU time (user + system): what the node pays, less bent by a loaded machine "
+        "than the wall time",
         f"- node: {args.processes} processes with {args.processes * args.files_each} open files, {args.shm_files} files in /dev/shm, "
         f"{args.cgroups} job cgroups, a {args.kernel_log_mib} MiB kernel log, {args.blocked} blocked processes of another job, "
         f"{args.guests} guests (built in {built_s:.1f} s)",
         f"- medians of {args.reps} runs (peak and size: the largest); targets: +{TARGET_EXTRA_S:g} s and +{TARGET_EXTRA_MIB:g} MiB over "
         f"the plain host, results under {TARGET_BYTES // 1024} KB, the epilog within {TARGET_EPILOG_S:g} s and passing", "",
-        "| case | plain s | pathological s | extra s | plain peak MiB | pathological peak MiB | extra MiB | plain bytes | pathological bytes | target |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| case | plain s | pathological s | extra s | plain CPU s | pathological CPU s | extra CPU s | plain peak MiB | pathological peak MiB "
+        "| extra MiB | plain bytes | pathological bytes | target (wall) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ] + rows + ["", "Raw runs:", "", "```json", json.dumps({"plain": plain, "pathological": bad}, indent=1, sort_keys=True)[:20000], "```", ""]
     return "\n".join(lines), all(verdicts)
 
@@ -265,6 +272,7 @@ def main():
     parser.add_argument("--guests", type=int, default=20)
     parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results", time.strftime("pathological-%Y-%m-%d-%H%M.md", time.gmtime())))
     args = parser.parse_args()
+    args.load_at_start = " ".join(f"{x:.1f}" for x in os.getloadavg())
     started = time.time()
     workdir = tempfile.mkdtemp(prefix="zeromib-patho-")
     runner = os.path.join(workdir, "slurm_gpu_checks.pyz")
