@@ -60,7 +60,8 @@ def cap_result(result: dict[str, t.Any], limit: int = LIMIT) -> dict[str, t.Any]
     {list: how many there were} for each list cut ({} when none was)."""
     out = dict(result)
     truncated: dict[str, int] = dict(out.get("truncated") or {})
-    if isinstance(out.get("holders"), list):
+    if isinstance(out.get("holders"), list) and len(out["holders"]) > limit:
+        # Cut most relevant first (a stable sort: the PID order within a rank); a list that fits keeps its order.
         out["holders"] = sorted(out["holders"], key=holder_rank)
     for key, value in result.items():
         if key in WHOLE or not isinstance(value, list):
