@@ -45,6 +45,7 @@ class Outcome(t.TypedDict, total=False):
     shm_removed: list[str]
     shm_removed_mib: float
     shm_removed_count: int
+    killed_count: int
     protected: list[t.Any]
     spanning: list[dict[str, t.Any]]
     footprint_gpus: list[int | None]
@@ -169,6 +170,7 @@ def _record(result: t.Mapping[str, t.Any], host: str, check_mode: bool) -> Outco
         "shm_removed_mib": round(float(result["shm_removed_mib"]) if isinstance(result.get("shm_removed_mib"), (int, float))
                                  else sum(float(f.get("size_mib") or 0) for f in removed), 1),
         "shm_removed_count": _truncated(result, "shm_removed") or len(removed),
+        "killed_count": _truncated(result, "killed") or len(result.get("killed") or []),
         "protected": result.get("protected") or [],
         "spanning": _spanning(result),
         # Selected GPUs that read only the cross-GPU footprint of contexts on other GPUs (clean),
@@ -283,7 +285,7 @@ def failed(host: str, message: object, status: str = "failed") -> Outcome:
         "host": host, "status": status, "ok": False, "message": text if text.startswith(f"{host}: ") else f"{host}: {text}",
         "count": None, "selected": [], "mib_before": None, "mib_after": None, "stopped_units": [], "disabled_units": [],
         "masked_units": [], "failed_units": [], "stopped_containers": [], "disabled_containers": [], "killed": [], "shm_removed": [],
-        "shm_removed_mib": 0.0, "shm_removed_count": 0, "protected": [], "footprint_gpus": [], "footprint_mib": None, "nvml_clients": [],
+        "shm_removed_mib": 0.0, "shm_removed_count": 0, "killed_count": 0, "protected": [], "footprint_gpus": [], "footprint_mib": None, "nvml_clients": [],
         "nvml_clients_with_units": [],
         "elapsed_s": None, "check_mode": False, "healthy": None, "health_issues": [],
     }
