@@ -225,7 +225,7 @@ def _done(outcome: Outcome) -> list[str]:
     if outcome["killed"] and outcome["check_mode"]:
         did.append(planned_signals(outcome["killed"]))
     elif outcome["killed"]:
-        did.append("killed " + _plural(len(outcome["killed"]), "process", "es"))
+        did.append("killed " + _plural(outcome.get("killed_count") or len(outcome["killed"]), "process", "es"))
     if outcome["shm_removed"]:
         did.append(shm_note(outcome))
     if outcome["spanning"]:

@@ -311,3 +311,15 @@ def test_the_dev_shm_files_clean_shm_removed_are_in_the_result_the_message_and_t
     # Without clean_shm the module returns no list: nothing is said, and the keys read empty.
     plain = free_gpus_outcome(release([gpu(0, 0)], [gpu(0, 0)], changed=False), "node01", 1)
     assert (plain["shm_removed"], plain["shm_removed_mib"]) == ([], 0) and "/dev/shm" not in plain["message"]
+
+
+def test_a_result_cut_to_its_first_entries_is_counted_whole_in_the_outcome_and_the_summary():
+    """Issue 66: gpu_release lists at most 50 of each list and counts them in `truncated`."""
+    result = release([gpu(0, 40970)], [gpu(0, 0)], killed=[{"pid": n, "name": "python3", "signal": "SIGKILL"} for n in range(50)],
+                     truncated={"killed": 3000, "shm_removed": 120}, shm_removed=[{"path": f"/dev/shm/nccl-{n}", "size_mib": 1.0} for n in range(50)],
+                     shm_removed_mib=120.0)
+    outcome = free_gpus_outcome(result, "node09")
+    assert (outcome["killed_count"], outcome["shm_removed_count"], outcome["shm_removed_mib"]) == (3000, 120, 120.0)
+    assert "killed 3000 processes" in outcome["message"]
+    [line] = [line for line in free_gpus_summary([outcome], ["node09"]) if "node09" in line]
+    assert " 3000 " in line
