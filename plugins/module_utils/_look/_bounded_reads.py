@@ -66,9 +66,10 @@ PROCESS_BUDGET_S = 0.5
 DEADLINE_S = 10.0
 # How often a waiting caller looks at the reader's progress (a reader that finishes wakes it at once).
 POLL_S = 0.05
-# Readers of one pass at work at once: a few, so that processes met blocked are set aside together
-# (the GIL makes more no faster on the many that answer).
-READERS = 8
+# Readers of one pass at work at once (besides those set aside): two, so that a reader waiting on a
+# process is noticed while the other goes on; more only share the GIL and cost a clean gate their
+# start (eight cost its look ~5 ms, benchmarks/HISTORY.md).
+READERS = 2
 # A reader sleeping in the kernel this long on one process is set aside (another reader goes on
 # with the rest); the budget then decides whether it is blocked. A /proc read of a process that
 # answers sleeps microseconds (mmap_lock held for a moment by the process itself).
