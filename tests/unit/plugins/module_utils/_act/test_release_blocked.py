@@ -60,3 +60,33 @@ def test_the_message_names_the_gpu_that_holds_unexplained_memory_and_counts_the_
     message = _release.blocked_message(records, 0, [0], 5, [gpu(0, 4096)])
     assert message.count("did not answer: root's read") == _caps.NAMED and "and 25 more that did not answer" in message
     assert ", in unit job.service" in message and "GPU 0 (4096 MiB) holds memory that no process read explains" in message
+
+
+def refusal(holders, gpus, apps=(), unscanned=()):
+    """Release.refuse_blocked on a look's snapshot -> the message it fails with, or None."""
+    from types import SimpleNamespace
+
+    from ansible_collections.zeromib.gpu.plugins.module_utils._act._errors import StepFailed
+    run = SimpleNamespace(params={"timeout": 5}, result={}, max_used_mib=lambda: 0)
+    snapshot = SimpleNamespace(holders=holders, gpus=gpus, apps=list(apps), unscanned=list(unscanned), footprint=set())
+    try:
+        _release.Release.refuse_blocked(run, snapshot, [g["index"] for g in gpus])
+    except StepFailed as exc:
+        return exc.msg
+    return None
+
+
+def test_what_could_not_be_read_fails_a_run_only_where_it_may_hold_unexplained_memory():
+    """Issue 66, through Release's own refusal: a user's blocked process beside GPUs that read clean
+    with no compute app, or another job's (protected) or another guest's beside a dirty GPU, never
+    fails this run; a user's beside memory nobody readable holds does, naming it and the GPU."""
+    [mine] = _attribution.attribute([blocked_holder(4321)], [], {0: 0, 1: 1})
+    [jobs] = _attribution.attribute([dict(blocked_holder(4322), protected=True)], [], {0: 0, 1: 1})
+    [guests] = _attribution.attribute([dict(blocked_holder(4323), guest={"kind": "lxd", "name": "g1"})], [], {0: 0, 1: 1})
+    assert refusal([mine], [gpu(0, 0), gpu(1, 0)]) is None
+    assert refusal([jobs, guests], [gpu(0, 4096), gpu(1, 0)]) is None
+    message = refusal([mine, jobs], [gpu(0, 4096), gpu(1, 0)])
+    assert message.startswith("cannot free GPU 0,1: pid 4321 python3") and "pid 4322" not in message
+    assert "GPU 0 (4096 MiB) holds memory that no process read explains" in message
+    assert "3 process(es) not read" in refusal([], [gpu(0, 4096)], unscanned=[1, 2, 3])
+    assert refusal([], [gpu(0, 0)], unscanned=[1, 2, 3]) is None
