@@ -32,16 +32,37 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests", "integration"))
-from test_audit_report import build_fleet  # noqa: E402  (the fleet the report tests use)
+from test_audit_report import _holder, build_fleet  # noqa: E402  (the fleet the report tests use)
 
 VENV = os.path.join(REPO, ".venv", "bin")
 # Landed main before issue 26: the task-file report.
 BEFORE_REV = "7476bfa"
 
 
-def fleet(count):
-    """`count` host records: the 30-host sample fleet repeated, every host renamed (rackNN-...)."""
-    base = build_fleet()
+def pathological(record):
+    """A host record as gpu_facts answers on the pathological node (issue 66,
+    benchmarks/pathological_node.py), capped as it is: 30 processes of another job that did not
+    answer and 20 guests' NVML clients listed of 10,050 holders (`truncated`), /dev/shm with 300,000
+    files of which 50 are listed of 10,000 unheld."""
+    facts = record.get("gpu")
+    if not facts:
+        return record
+    blocked = [dict(_holder(70000 + n, "python3", "", [], user="4242", state="D"), attribution="blocked", blocked=True, devices=[],
+                    candidate_gpu_indexes=list(range(8)), waits_in="request_wait_answer", cgroup=f"/system.slice/slurmstepd.scope/job_902/step_{n}")
+               for n in range(30)]
+    clients = [_holder(80000 + n, "exporter", "exporter --listen :9400", []) for n in range(20)]
+    facts = dict(facts, holders=list(facts.get("holders") or []) + blocked + clients, truncated={"holders": 10050, "shm.unheld": 10000})
+    facts["shm"] = {"path": "/dev/shm", "size_mib": 4096.0, "free_mib": 4096.0, "files": 300000, "files_read": 10000, "unheld_count": 10000,
+                    "unheld_mib": 0.0, "complete": False, "error": None,
+                    "unheld": [{"path": f"/dev/shm/nccl-flood-{n}", "size_mib": 0.0, "age_s": 60, "pattern": "nccl-*", "user": "4242"}
+                               for n in range(50)]}
+    return dict(record, gpu=facts)
+
+
+def fleet(count, worst=False):
+    """`count` host records: the 30-host sample fleet repeated, every host renamed (rackNN-...);
+    `worst`: each as the pathological node's gpu_facts answers (pathological)."""
+    base = [pathological(record) for record in build_fleet()] if worst else build_fleet()
     hosts = []
     rack = 0
     while len(hosts) < count:
@@ -92,7 +113,7 @@ NOOP = """\
 """
 
 
-def run_report(rev, count, where, from_part=False, noop=False):
+def run_report(rev, count, where, from_part=False, noop=False, worst=False):
     """from_part: the hosts' data in a part file (gpu_audit_parts, as audit_merge.yml reads the
     slices' parts) instead of an extra var that Ansible parses and tags first."""
     root, target = collection(rev, where)
@@ -100,9 +121,9 @@ def run_report(rev, count, where, from_part=False, noop=False):
     with open(data, "w") as handle:
         if from_part:
             json.dump({"format": "zeromib.gpu audit part", "version": 1, "generated_epoch": time.time(), "expected_hosts": [],
-                       "hosts_data": fleet(count)}, handle)
+                       "hosts_data": fleet(count, worst)}, handle)
         else:
-            json.dump({"gpu_audit_hosts_data": fleet(count)}, handle)
+            json.dump({"gpu_audit_hosts_data": fleet(count, worst)}, handle)
     play = os.path.join(where, "report.yml")
     with open(play, "w") as handle:
         handle.write(NOOP if noop else PLAY % os.path.join(target, "playbooks", "tasks", "audit_report.yml"))
@@ -227,6 +248,7 @@ def main():
     parser.add_argument("--before", action="store_true", help=f"run the task file of {BEFORE_REV} instead of this checkout's")
     parser.add_argument("--part", action="store_true", help="after: feed the hosts' data as a part file (gpu_audit_parts)")
     parser.add_argument("--noop", action="store_true", help="the same -e @hosts_data.json into a play that writes no report")
+    parser.add_argument("--pathological", action="store_true", help="every host as gpu_facts answers on the pathological node (issue 66)")
     parser.add_argument("--summary", type=int, metavar="N", help="time free_gpus.yml's summary task at N hosts instead")
     parser.add_argument("--page", type=int, metavar="N", help="load the report page of N hosts in headless Chromium instead")
     parser.add_argument("--screenshot", help="with --page: keep the screenshot here (docs/images/audit-report-4000.png)")
@@ -250,7 +272,7 @@ def main():
     for count in [int(n) for n in args.hosts.split(",")]:
         with tempfile.TemporaryDirectory(prefix="zeromib-bench-") as where:
             wall, rss, sizes = run_report(BEFORE_REV if args.before else None, count, where, from_part=args.part and not args.before,
-                                          noop=args.noop)
+                                          noop=args.noop, worst=args.pathological)
         if args.noop:
             print("| no report, `-e @hosts_data.json` only | {} | {:.1f} s | {:.1f} s | {:.0f} MiB | | | | | {:.1f} |".format(
                 f"{count:,}", wall, sizes["cpu"], rss, os.getloadavg()[0]), flush=True)
@@ -258,7 +280,8 @@ def main():
         if args.before:
             name = f"before ({BEFORE_REV}, task file), `-e @hosts_data.json`"
         else:
-            name = "after (gpu_audit_report), %s" % ("part file (`gpu_audit_parts`)" if args.part else "`-e @hosts_data.json`")
+            given = "part file (`gpu_audit_parts`)" if args.part else "`-e @hosts_data.json`"
+            name = f"after (gpu_audit_report), {given}" + (", pathological hosts" if args.pathological else "")
         print("| {} | {} | {:.1f} s | {:.1f} s | {:.0f} MiB | {:.1f} MB | {:.2f} MB | {:.2f} MB | {:.1f} MB | {:.1f} |".format(
             name, f"{count:,}", wall, sizes["cpu"], rss,
             sizes["report.json"], sizes["report.html"], sizes["report.md"], sizes["gpu_audit.prom"], os.getloadavg()[0]), flush=True)

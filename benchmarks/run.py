@@ -4,6 +4,7 @@
 """Benchmarks: how fast a fleet goes from busy to proven-free, against the alternatives.
 
     make bench                                   # = .venv/bin/python benchmarks/run.py
+                                                 #   (then benchmarks/pathological_node.py, issue 66)
     .venv/bin/python benchmarks/run.py --hosts 8,16,32 --reps 3 --out benchmarks/results/run-DATE.md
 
 Runs on the systemd-nspawn fleet of tests/fleet (real sshd, systemd, processes; simulated GPUs)
@@ -458,6 +459,7 @@ def main():
     parser.add_argument("--facts-reps", type=int, default=7)
     parser.add_argument("--skip-fleet", action="store_true")
     parser.add_argument("--skip-facts", action="store_true")
+    parser.add_argument("--skip-pathological", action="store_true", help="leave out benchmarks/pathological_node.py (issue 66)")
     parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results", time.strftime("run-%Y-%m-%d-%H%M.md", time.gmtime())))
     parser.add_argument("--before", default=BEFORE_REV, help="commit to run side by side as 'before' ('' for none)")
     args = parser.parse_args()
@@ -470,6 +472,13 @@ def main():
     if not args.skip_fleet:
         bench.fleet_part()
     text = bench.report()
+    if not args.skip_pathological:
+        # A node whose tenants do their worst against a plain one: its own report, appended here.
+        patho = args.out[:-3] + "-pathological.md" if args.out.endswith(".md") else args.out + "-pathological"
+        subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "pathological_node.py"), "--out", patho], check=False)
+        if os.path.exists(patho):
+            with open(patho) as handle:
+                text += "\n\n" + handle.read()
     with open(args.out, "w") as handle:
         handle.write(text)
     print(text)

@@ -109,6 +109,11 @@ _value:
               such as C(nvidia-smi dmon), exporters or C(nvidia-persistenced). They open the device files but use no
               GPU memory and never make a host dirty.
           type: int
+        holders_not_listed:
+          description:
+            - Processes holding device files that the hosts' C(holders) do not list (each host lists its 10 most relevant, those
+              that keep a GPU from being free first, and gpu_facts' own cap counts in its C(truncated)).
+          type: int
     hosts:
       description: One entry per host, sorted by name.
       type: list
@@ -164,6 +169,11 @@ _value:
               read is only the cross-GPU footprint of contexts on other GPUs (C(cross_gpu_footprint)).
           type: list
           elements: int
+        holders_not_listed:
+          description:
+            - How many more processes hold the host's device files than its C(holders) lists (at most 10, those that keep a GPU
+              from being free first); a user who starts thousands of them sets no size of the report.
+          type: int
         nvml_clients:
           description: The host's holders whose C(attribution) is V(nvml_client) (also in C(holders)).
           type: list

@@ -237,6 +237,8 @@ class ReleaseResult(t.TypedDict, total=False):
     shm_removed: list[dict[str, t.Any]]
     # The files of killed jobs' patterns clean_shm kept, each with `why` (nothing ties it to a process this run ended).
     shm_kept: list[dict[str, t.Any]]
+    shm_removed_mib: float
+    truncated: dict[str, int]
     warnings: list[str]
     gpus_before: list[Gpu]
     gpus: list[Gpu]

@@ -197,13 +197,17 @@ ansible_facts:
             error: null
         shm:
           description:
-            - C(/dev/shm) - C(path), C(size_mib) and C(free_mib) (the space an unprivileged job may still use), C(files) (regular files in it),
-              C(unheld) (the files no live process has open or mapped, largest and oldest first - C(path), C(size_mib) (what it takes in
-              memory), C(age_s) (since it was last written), C(pattern) (the job framework's name pattern, V(null) for none known -
+            - C(/dev/shm) - C(path), C(size_mib) and C(free_mib) (the space an unprivileged job may still use), C(files) (regular files in it;
+              past 10,000 files or 1 s of reading the rest are only counted, V(null) when even that outlasts 1 s), C(files_read) (the
+              files read and looked for holders, those the listing and clean_shm consider - those that take space or that a job's pattern
+              names; an empty file of no job is counted, never listed),
+              C(unheld) (the files no live process has open or mapped, largest and oldest first, at most 50 - C(path), C(size_mib) (what it
+              takes in memory), C(age_s) (since it was last written), C(pattern) (the job framework's name pattern, V(null) for none known -
               V(nccl-*) NCCL, V(torch_*) PyTorch, V(cuda.shm.*) CUDA IPC handles, V(psm_*) Python's multiprocessing.shared_memory (vLLM),
               V(psm_shm.*) Omni-Path PSM/PSM2, V(sem.mp-*) Python multiprocessing semaphores, V(pym-*) its heap arenas, V(sem.*) other
-              POSIX semaphores) and C(user)), C(unheld_mib) (their total), C(complete) (V(false) when some process could not be read, not
-              root - a file it holds may be listed) and C(error) (why C(/dev/shm) could not be read).
+              POSIX semaphores) and C(user)), C(unheld_count) and C(unheld_mib) (how many and their total, all of them), C(complete)
+              (V(false) when some process could not be read, not root - a file it holds may be listed) and C(error) (why C(/dev/shm) could
+              not be read).
             - C(unheld) is V(null) with O(processes=false). A file open through a path outside C(/dev/shm) under its name (a bind mount
               of it elsewhere) counts as held.
             - M(zeromib.gpu.gpu_release) with O(zeromib.gpu.gpu_release#module:clean_shm) removes the unheld files of a job pattern.
@@ -214,10 +218,20 @@ ansible_facts:
             size_mib: 64304.2
             free_mib: 63856.2
             files: 16
+            files_read: 16
             unheld: [{path: /dev/shm/torch_4242_1298412897_0, size_mib: 32.0, age_s: 41, pattern: torch_*, user: alice}]
+            unheld_count: 14
             unheld_mib: 448.0
             complete: true
             error: null
+        truncated:
+          description:
+            - The lists this fact cut, each to its 50 most relevant entries (C(holders) - those that keep a GPU from being free first;
+              C(processes); C(shm.unheld) - the largest), as {list - how many entries it had}; V({}) when none was cut. No user sets the
+              size of the answer by starting processes or making files.
+          type: dict
+          returned: always
+          sample: {holders: 3012}
         healthy:
           description:
             - V(true) when no GPU has a health issue (and C(dcgmi diag), when asked for, passed). See RV(ansible_facts.gpu.health_issues).
@@ -442,6 +456,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 # First of the collection's imports: the module_utils below are then compiled once, not twice (_compile_once).
 from ansible_collections.zeromib.gpu.plugins.module_utils import _compile_once
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _caps
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _cuda_smoke
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _health
@@ -508,7 +523,7 @@ def main() -> None:
     facts["pending_restore"] = _record.pending()
     # The loaded module against the library on disk: a drift fails new CUDA jobs, so the audit says it first.
     facts["driver"] = driver_versions()
-    module.exit_json(changed=False, ansible_facts={"gpu": facts})
+    module.exit_json(changed=False, ansible_facts={"gpu": _caps.cap_result(facts)})
 
 
 if __name__ == "__main__":

@@ -521,7 +521,8 @@ shm:
   sample: {path: /dev/shm, size_mib: 64304.2, free_mib: 64304.2, files: 0, unheld: [], unheld_mib: 0, complete: true, error: null}
 shm_removed:
   description:
-    - The files O(clean_shm) removed from C(/dev/shm) (in check mode, would remove) - C(path), C(size_mib), C(age_s), C(pattern), C(user).
+    - The files O(clean_shm) removed from C(/dev/shm) (in check mode, would remove) - C(path), C(size_mib), C(age_s), C(pattern), C(user);
+      at most 50, the largest (RV(truncated) counts them all).
   type: list
   elements: dict
   returned: always
@@ -534,6 +535,20 @@ shm_kept:
   elements: dict
   returned: always
   sample: [{path: /dev/shm/psm_1a2b3c4d, size_mib: 1.0, age_s: 600, pattern: psm_*, user: bob, why: "this run ended no process of its owner (uid 4343)"}]
+shm_removed_mib:
+  description:
+    - The MiB of all the files O(clean_shm) removed (in check mode, would remove), also those RV(shm_removed) does not list.
+  type: float
+  returned: always
+  sample: 36.0
+truncated:
+  description:
+    - The lists this result cut, each to its 50 most relevant entries (RV(holders) - those that keep a GPU from being free first;
+      RV(killed), RV(shm_removed), RV(shm).unheld and every other list), as {list - how many entries it had}; V({}) when none was cut.
+      No user sets the size of the result by starting processes or making files.
+  type: dict
+  returned: always
+  sample: {holders: 3012}
 timings:
   description:
     - Seconds spent stopping units and containers (C(stop_s)), signalling processes (C(kill_s)), waiting for memory to read free
@@ -553,6 +568,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 # First of the collection's imports: the module_utils below are then compiled once, not twice (_compile_once).
 from ansible_collections.zeromib.gpu.plugins.module_utils import _compile_once
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _caps
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _kernel_log_state
@@ -596,8 +612,11 @@ def checked_params(params: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
 def warn_all(module: AnsibleModule, warnings: t.Iterable[str]) -> None:
     """Ansible prints a module's warnings without the host: name it (the node's host name)."""
     host = platform.node() or "this host"
-    for warning in warnings:
+    every = list(warnings)
+    for warning in every[:_caps.LIMIT]:
         module.warn(f"{host}: {warning}")
+    if len(every) > _caps.LIMIT:
+        module.warn(f"{host}: and {len(every) - _caps.LIMIT:d} more warnings")
 
 
 def smoke_tested(smi: NvidiaSmi, params: t.Mapping[str, t.Any], result: dict[str, t.Any], check_mode: bool) -> dict[str, t.Any]:
@@ -639,9 +658,9 @@ def main() -> None:
         module.fail_json(**exc.details())
     except ReleaseError as exc:
         warn_all(module, exc.result.pop("warnings", []))
-        module.fail_json(msg=exc.msg, **exc.result)
+        module.fail_json(msg=exc.msg, **(_caps.cap_result(exc.result) if exc.result else {}))
     warn_all(module, result.pop("warnings", []))
-    module.exit_json(**result)
+    module.exit_json(**_caps.cap_result(result))
 
 
 if __name__ == "__main__":

@@ -137,7 +137,7 @@ def _gpu_records(host: str, facts: t.Mapping[str, t.Any]) -> tuple[list[dict[str
         record.update(_gpu_health(record))
         record["smoke_test"] = _smoke_test(record)
         index = record.get("index")
-        record["holders"] = [h for h in holders if index in h["gpu_indexes"]]
+        record["holders"] = [h for h in holders if index in h["gpu_indexes"]][:HOST_HOLDERS]
         record["processes"] = [
             dict(p) for p in facts.get("processes") or []
             if isinstance(p, Mapping) and (p.get("gpu_uuid") == record.get("uuid") or (p.get("gpu_uuid") is None and p.get("gpu_index") == index))
@@ -353,8 +353,9 @@ def _shm(facts: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
         return {"free_mib": None, "size_mib": None, "unheld_files": None, "unheld_mib": None, "leftovers": None}
     unheld = [f for f in shm.get("unheld") or [] if isinstance(f, Mapping)]
     jobs = [f for f in unheld if f.get("pattern")]
+    count = _int_or_none(shm.get("unheld_count"))
     record = {"free_mib": shm.get("free_mib"), "size_mib": shm.get("size_mib"),
-              "unheld_files": len(unheld) if shm.get("unheld") is not None else None,
+              "unheld_files": (len(unheld) if count is None else count) if shm.get("unheld") is not None else None,
               "unheld_mib": shm.get("unheld_mib"), "leftovers": None}
     if jobs:
         counts: dict[str, int] = {}
@@ -367,9 +368,24 @@ def _shm(facts: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
     return record
 
 
+# Holders a host lists in the report, most relevant first (blocking ones): the rest are counted in
+# its `holders_not_listed`, so that 4,000 hosts each with thousands of processes holding device
+# files (NVML clients, processes that do not answer) still make a report one can read (issue 66).
+HOST_HOLDERS = 10
+
+
+def _listed(holders: list[dict[str, t.Any]], facts: t.Mapping[str, t.Any]) -> tuple[list[dict[str, t.Any]], int]:
+    """(the first HOST_HOLDERS holders, how many more the host has: those cut here and those
+    gpu_facts' own cap left out, its `truncated`)."""
+    truncated = facts.get("truncated") if isinstance(facts.get("truncated"), Mapping) else {}
+    had = _int_or_none((truncated or {}).get("holders")) or len(facts.get("holders") or [])
+    return holders[:HOST_HOLDERS], max(0, had - min(len(holders), HOST_HOLDERS))
+
+
 def _host_record(entry: t.Any) -> dict[str, t.Any]:
     host, raw_status, facts = _checked_entry(entry)
-    gpus, holders, stale = _gpu_records(host, facts)
+    gpus, every_holder, stale = _gpu_records(host, facts)
+    holders, not_listed = _listed(every_holder, facts)
     used = [g["memory_used_mib"] for g in gpus if _int_or_none(g.get("memory_used_mib")) is not None]
     total = [g["memory_total_mib"] for g in gpus if _int_or_none(g.get("memory_total_mib")) is not None]
     record: dict[str, t.Any] = {
@@ -394,6 +410,7 @@ def _host_record(entry: t.Any) -> dict[str, t.Any]:
         "health_reason": None,
         "gpus": gpus,
         "holders": holders,
+        "holders_not_listed": not_listed,
         "stale_processes": stale,
         "pending_restore": _pending_restore(facts),
         "pending_restore_entries": _pending_restore_entries(facts),
@@ -415,7 +432,7 @@ def _host_record(entry: t.Any) -> dict[str, t.Any]:
     record["used_pct"] = _pct(record["memory_used_mib"], record["memory_total_mib"])
     record["status"], record["up"], record["reason"] = _status(entry, raw_status, facts)
     if record["status"] == "dirty":
-        record["reason"] = _dirty_reason(gpus, holders, stale, record["inside_container"])
+        record["reason"] = _dirty_reason(gpus, every_holder, stale, record["inside_container"])
     if record["up"]:
         record["health_reason"] = _health_reason(record)
     return record
@@ -473,6 +490,7 @@ def _summary(records: list[dict[str, t.Any]]) -> dict[str, int]:
         "memory_total_mib": sum(r["memory_total_mib"] or 0 for r in records if r["up"]),
         "holders": sum(1 for r in records if r["up"] for h in r["holders"] if h["blocking"]),
         "nvml_clients": sum(len(r["nvml_clients"]) for r in records if r["up"]),
+        "holders_not_listed": sum(r.get("holders_not_listed") or 0 for r in records if r["up"]),
         "hosts_unhealthy": sum(1 for r in records if r["up"] and r["healthy"] is False),
         "gpus_unhealthy": sum(1 for g in up_gpus if g["healthy"] is False),
         "hosts_health_unchecked": sum(1 for r in records if r["up"] and r["unchecked_gpus"]),

@@ -19,6 +19,9 @@ from collections.abc import Mapping
 from ansible_collections.zeromib.gpu.plugins.module_utils._look._health import CHECKS
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._verdict import Verdict, selected_gpus, verdict
 
+# /dev/shm files a kept-files line names with their reason before "and N more" (a user sets how many there are).
+SHM_KEPT_NAMED = 5
+
 if t.TYPE_CHECKING:
     from ansible_collections.zeromib.gpu.plugins.module_utils._types import ContainerEntry, Gpu
 
@@ -46,6 +49,9 @@ class Outcome(t.TypedDict, total=False):
     shm_removed_mib: float
     # The files of killed jobs' patterns clean_shm kept ({path, size_mib, why}): nothing ties them to a process the run ended.
     shm_kept: list[dict[str, t.Any]]
+    shm_removed_count: int
+    shm_kept_count: int
+    killed_count: int
     protected: list[t.Any]
     spanning: list[dict[str, t.Any]]
     footprint_gpus: list[int | None]
@@ -129,16 +135,29 @@ def _smoke_notes(gpus: t.Sequence[t.Mapping[str, t.Any]]) -> list[str]:
 def shm_note(outcome: Outcome | t.Mapping[str, t.Any]) -> str:
     """'removed 4 files of /dev/shm (32.0 MiB)', or 'would remove' in check mode."""
     verb = "would remove" if outcome.get("check_mode") else "removed"
-    return "{} {} of /dev/shm ({} MiB)".format(verb, _plural(len(outcome.get("shm_removed") or []), "file"), outcome.get("shm_removed_mib"))
+    count = outcome.get("shm_removed_count") or len(outcome.get("shm_removed") or [])
+    return "{} {} of /dev/shm ({} MiB)".format(verb, _plural(count, "file"), outcome.get("shm_removed_mib"))
+
+
+def _truncated(result: t.Mapping[str, t.Any], key: str) -> int | None:
+    """How many entries a list of the result had before gpu_release cut it (its `truncated`), or None."""
+    counts = result.get("truncated")
+    count = counts.get(key) if isinstance(counts, Mapping) else None
+    return count if isinstance(count, int) and not isinstance(count, bool) else None
 
 
 def shm_kept_note(outcome: Outcome | t.Mapping[str, t.Any]) -> str:
     """'kept 1 file of /dev/shm (1.0 MiB): /dev/shm/psm_1a2b3c4d (why)', every file and its reason
     in the one line."""
     kept = outcome.get("shm_kept") or []
-    return "kept {} of /dev/shm ({:g} MiB): {}".format(
-        _plural(len(kept), "file"), round(sum(float(k.get("size_mib") or 0) for k in kept), 1),
-        "; ".join("{} ({})".format(k.get("path"), k.get("why")) for k in kept))
+    count = max(int(outcome.get("shm_kept_count") or 0), len(kept))
+    # A user decides how many such files there are: the line names the first few, then counts.
+    said = "; ".join("{} ({})".format(k.get("path"), k.get("why")) for k in kept[:SHM_KEPT_NAMED])
+    if count > SHM_KEPT_NAMED:
+        said += "; and {:d} more".format(count - SHM_KEPT_NAMED)
+    return "kept {} of /dev/shm ({:g} MiB{}): {}".format(
+        _plural(count, "file"), round(sum(float(k.get("size_mib") or 0) for k in kept), 1),
+        "" if count == len(kept) else " listed", said)
 
 
 def _record(result: t.Mapping[str, t.Any], host: str, check_mode: bool) -> Outcome:
@@ -167,9 +186,14 @@ def _record(result: t.Mapping[str, t.Any], host: str, check_mode: bool) -> Outco
                     "sigkill_at_once": k.get("sigkill_at_once")}
                    for k in result.get("killed") or []],
         "shm_removed": [str(f.get("path")) for f in removed],
-        "shm_removed_mib": round(sum(float(f.get("size_mib") or 0) for f in removed), 1),
+        # gpu_release lists at most _caps.LIMIT of them: its total and its count (truncated) say the rest.
+        "shm_removed_mib": round(float(result["shm_removed_mib"]) if isinstance(result.get("shm_removed_mib"), (int, float))
+                                 else sum(float(f.get("size_mib") or 0) for f in removed), 1),
+        "shm_removed_count": _truncated(result, "shm_removed") or len(removed),
         "shm_kept": [{"path": str(f.get("path")), "size_mib": f.get("size_mib"), "why": f.get("why")}
                      for f in result.get("shm_kept") or [] if isinstance(f, Mapping)],
+        "shm_kept_count": _truncated(result, "shm_kept") or len(result.get("shm_kept") or []),
+        "killed_count": _truncated(result, "killed") or len(result.get("killed") or []),
         "protected": result.get("protected") or [],
         "spanning": _spanning(result),
         # Selected GPUs that read only the cross-GPU footprint of contexts on other GPUs (clean),
@@ -224,7 +248,7 @@ def _done(outcome: Outcome) -> list[str]:
     if outcome["killed"] and outcome["check_mode"]:
         did.append(planned_signals(outcome["killed"]))
     elif outcome["killed"]:
-        did.append("killed " + _plural(len(outcome["killed"]), "process", "es"))
+        did.append("killed " + _plural(outcome.get("killed_count") or len(outcome["killed"]), "process", "es"))
     if outcome["shm_removed"]:
         did.append(shm_note(outcome))
     if outcome["shm_kept"]:
@@ -286,7 +310,8 @@ def failed(host: str, message: object, status: str = "failed") -> Outcome:
         "host": host, "status": status, "ok": False, "message": text if text.startswith(f"{host}: ") else f"{host}: {text}",
         "count": None, "selected": [], "mib_before": None, "mib_after": None, "stopped_units": [], "disabled_units": [],
         "masked_units": [], "failed_units": [], "stopped_containers": [], "disabled_containers": [], "killed": [], "shm_removed": [],
-        "shm_removed_mib": 0.0, "shm_kept": [], "protected": [], "footprint_gpus": [], "footprint_mib": None, "nvml_clients": [], "nvml_clients_with_units": [],
+        "shm_removed_mib": 0.0, "shm_removed_count": 0, "shm_kept": [], "shm_kept_count": 0, "killed_count": 0, "protected": [], "footprint_gpus": [], "footprint_mib": None,
+        "nvml_clients": [], "nvml_clients_with_units": [],
         "elapsed_s": None, "check_mode": False, "healthy": None, "health_issues": [],
     }
 

@@ -113,7 +113,7 @@ def summary_lines(data: t.Any, hosts: t.Sequence[str] | None = None, live: t.Con
             "-" if outcome.get("mib_before") is None and outcome.get("mib_after") is None else "{} -> {}".format(
                 outcome.get("mib_before"), outcome.get("mib_after")),
             ", ".join(units) or "-",
-            str(len(killed)) if killed else "-",
+            str(outcome.get("killed_count") or len(killed)) if killed else "-",
             "{} s".format(outcome.get("elapsed_s")) if outcome.get("elapsed_s") is not None else "-",
             _note(outcome) if outcome.get("ok") else outcome.get("message", ""),
         ))

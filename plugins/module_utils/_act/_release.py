@@ -19,6 +19,7 @@ import time
 import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _attribution
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _caps
 from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _facts
@@ -354,13 +355,13 @@ def gpu_failure(gpu: Gpu, holders: list[Holder], apps: list[ComputeApp], blind: 
     if freeing:
         text += f" ({freeing})"
     if unprotected or protected_claimants:
-        text += ", held by " + "; ".join(describe_holder(h) for h in unprotected + protected_claimants)
+        text += ", held by " + _caps.named([describe_holder(h) for h in unprotected + protected_claimants])
     elif blocked:
-        text += ", possibly held by {}: what it holds cannot be read".format("; ".join(describe_holder(h) for h in blocked))
+        text += f", possibly held by {_caps.named([describe_holder(h) for h in blocked])}: what it holds cannot be read"
     elif undecided:
         # Never signalled for a selection it may not belong to (see _attribution).
-        text += (", possibly held by {}, not signalled because it may use GPUs outside the selection: select them all, "
-                 "or name it in match".format("; ".join(describe_holder(h) for h in undecided)))
+        named = _caps.named([describe_holder(h) for h in undecided])
+        text += f", possibly held by {named}, not signalled because it may use GPUs outside the selection: select them all, or name it in match"
     elif unplaced_claims(claims, holders, gpu["index"]):
         # Never "no live process" while nvidia-smi lists a live PID: name it and say why it was not placed.
         text += ", " + "; ".join(describe_unplaced(app, holders, gpu["index"]) for app in unplaced_claims(claims, holders, gpu["index"]))
@@ -512,16 +513,30 @@ def freeing_notes(dirty_gpus: list[Gpu], holders: list[Holder], apps: list[Compu
     return notes
 
 
-def blocked_message(blocked: list[Holder], unscanned: int, selected: list[int], timeout: float | None) -> str:
+def blocked_message(blocked: list[Holder], unscanned: int, selected: list[int], timeout: float | None, gpus: t.Sequence[Gpu] = ()) -> str:
     """Why a run stops before acting when some process did not answer the scan (or the scan's
-    deadline left processes unread): what holds the selected GPUs cannot be known."""
-    parts = [_facts.blocked_text(h) for h in blocked]
+    deadline left processes unread) and `gpus`, selected, hold memory no process read explains:
+    what holds them cannot be known. Names at most NAMED processes, then how many more."""
+    parts = [_facts.blocked_text(h) + owner_words(h) for h in blocked[:_caps.NAMED]]
+    if len(blocked) > _caps.NAMED:
+        parts.append(f"and {len(blocked) - _caps.NAMED:d} more that did not answer")
     if unscanned:
         parts.append(f"the scan reached its deadline ({timeout} s, the timeout option) with {unscanned:d} process(es) not read")
-    return ("cannot free GPU {}: {}; what it holds is unknown, so no GPU can be proven free, and a process whose identity cannot be read is "
-            "never signalled. Nothing was stopped or signalled. A file system that stopped answering (FUSE, NFS) holds it: bring its server "
-            "back, or abort the FUSE connection (echo 1 > /sys/fs/fuse/connections/N/abort) or unmount it lazily (umount -l), then run "
-            "gpu_release again".format(_gpu_list(selected), "; ".join(parts)))
+    held = "; GPU {} holds memory that no process read explains".format(
+        ", ".join("{} ({} MiB)".format(g["index"], "unknown" if g.get("memory_used_mib") is None else g["memory_used_mib"]) for g in gpus)) if gpus else ""
+    return ("cannot free GPU {}: {}{}; what it holds is unknown, so no GPU can be proven free, and a process whose identity cannot be read is "
+            "never signalled. Nothing was stopped or signalled. A file system that stopped answering (FUSE, NFS) holds it: its owner brings "
+            "its server back, or root aborts the FUSE connection (echo 1 > /sys/fs/fuse/connections/N/abort) or unmounts it lazily (umount -l), "
+            "then runs gpu_release again".format(_gpu_list(selected), "; ".join(parts), held))
+
+
+def owner_words(holder: t.Mapping[str, t.Any]) -> str:
+    """Whose a process that did not answer is beyond its uid (blocked_text), as the kernel places
+    it: its unit or container, from its cgroup."""
+    for key, label in (("unit", "unit"), ("container", "container")):
+        if holder.get(key):
+            return f", in {label} {holder[key]}"
+    return ""
 
 
 def unplaced_claims(claims: list[ComputeApp], holders: list[Holder], index: int) -> list[ComputeApp]:
@@ -699,6 +714,9 @@ def new_result(state_key: str | None) -> ReleaseResult:
         "shm_removed": [],
         # The files of killed jobs' patterns clean_shm kept, each with its `why` (_shm_clean.attribute).
         "shm_kept": [],
+        "shm_removed_mib": 0.0,
+        # {list: how many entries it had} for each list cut to _caps.LIMIT entries (the module's exit).
+        "truncated": {},
         "gpus_before": [],
         "gpus": [],
         "holders": [],
@@ -916,6 +934,7 @@ class Release:
                                     ended=self.ended_processes() if may_clean else {})
             self.result["shm_removed"] = done.removed
             self.result["shm_kept"] = done.kept
+            self.result["shm_removed_mib"] = round(sum(entry["size_mib"] for entry in done.removed), 2)
             self.result["warnings"].extend(done.warnings)
             self.result["changed"] = self.result["changed"] or bool(done.removed)
         record = _shm.look(processes=False)
@@ -923,7 +942,7 @@ class Release:
             # Below the floor: what fills it is worth a scan of the processes (only then).
             record = _shm.look(proc=self.system.proc, deadline_s=self.params.get("timeout"))
         if done is not None:
-            record.update(unheld=done.unheld, unheld_mib=round(sum(entry["size_mib"] for entry in done.unheld), 2), complete=done.complete)
+            record = _shm.with_unheld(record, done.unheld, done.complete)
         self.result["shm"] = record
         self.shm_issue = _shm.floor_issue(record, floor, len(self.before[0])) if self.health is not None else None
 
@@ -1022,7 +1041,7 @@ class Release:
         self.result["selected_gpus"] = plan.selected
         self.inside_container = bool(getattr(snapshot, "inside_container", False))
         self.choose_targets(plan)
-        self.refuse_blocked(holders, plan.selected, len(getattr(snapshot, "unscanned", None) or []))
+        self.refuse_blocked(snapshot, plan.selected)
         planning = self.system.now()
         if holders or self.params.get("services"):
             plan.containers = self.plan_containers(holders, plan.targets)
@@ -1167,14 +1186,25 @@ class Release:
         if refused:
             raise StepFailed(self.guest_units.refusal(refused, plan.selected, _guests.host_tools(), self.params.get("service_state")))
 
-    def refuse_blocked(self, holders: list[Holder], selected: list[int], unscanned: int) -> None:
-        """Processes that did not answer the look's scan (_holders.blocked_record), unless protected
-        (another Slurm job's), or processes the scan's deadline left unread: a failure before
-        anything is done (check mode says the same)."""
-        blocked = [h for h in _attribution.blocked_for(holders, selected) if not h.get("protected")]
-        if blocked or unscanned:
-            self.result["holders"] = t.cast("list[Holder]", [_facts.public_holder(h) for h in holders])
-            raise StepFailed(blocked_message(blocked, unscanned, selected, self.params.get("timeout")))
+    def refuse_blocked(self, snapshot: t.Any, selected: list[int]) -> None:
+        """Processes that did not answer the look's scan (_holders.blocked_record), or that the
+        scan's deadline left unread: a failure before anything is done (check mode says the same),
+        but only where a selected GPU holds memory that no process read explains
+        (_attribution.unexplained_by_readers). A blocked process that is another's (another Slurm
+        job's: protected; another guest's) never fails this run, and a selected GPU that reads
+        clean with no compute app is free whatever else could not be read (issue 66)."""
+        holders = snapshot.holders
+        unscanned = len(getattr(snapshot, "unscanned", None) or [])
+        blocked = [h for h in _attribution.blocked_for(holders, selected) if not h.get("protected") and not h.get("guest")]
+        if not blocked and not unscanned:
+            return
+        gpus = [g for g in snapshot.gpus if g["index"] in selected]
+        unexplained = _attribution.unexplained_by_readers(gpus, getattr(snapshot, "apps", None) or [], holders, selected, self.max_used_mib(),
+                                                          getattr(snapshot, "footprint", ()))
+        if not unexplained:
+            return
+        self.result["holders"] = t.cast("list[Holder]", [_facts.public_holder(h) for h in holders])
+        raise StepFailed(blocked_message(blocked, unscanned, selected, self.params.get("timeout"), [g for g in gpus if g["index"] in unexplained]))
 
     def refuse_spanning(self, holders: list[Holder], selected: list[int], container_plan: _containers.Plan, mps_servers: list[Holder],
                         program_plan: ProgramPlan | None = None) -> None:

@@ -214,6 +214,39 @@ def blocked_for(holders: t.Iterable[Holder], selected: t.Iterable[int]) -> list[
     return [holder for holder in holders if holder.get("attribution") == BLOCKED and set(holder.get("candidate_gpu_indexes") or []) & chosen]
 
 
+def unexplained_by_readers(gpus: t.Iterable[Gpu], apps: t.Iterable[ComputeApp], holders: t.Iterable[Holder], selected: t.Iterable[int],
+                           max_used_mib: float, footprint: t.Container[int] = ()) -> list[int]:
+    """Selected GPUs whose memory a process that could not be read (blocked, or left unread by
+    the scan's deadline) may hold: the verdict on a GPU comes from the GPU (issue 66). A GPU that
+    reads at most `max_used_mib` (or only the cross-GPU footprint) with no compute app is free,
+    whatever else could not be read; one above it is explained when processes that answered are
+    placed on it and every compute app listed there is one of them, alive. Anything else (no
+    reading, memory nobody readable holds, a listing of a dead or unread PID) is unexplained."""
+    chosen = set(selected)
+    listed: dict[int, list[ComputeApp]] = {}
+    for app in apps:
+        if app.get("gpu_index") is not None:
+            listed.setdefault(t.cast(int, app["gpu_index"]), []).append(app)
+    readers = [h for h in holders if h.get("attribution") != BLOCKED]
+    placed: dict[int, set[int]] = {}
+    for holder in readers:
+        for index in holder.get("gpu_indexes") or []:
+            placed.setdefault(index, set()).add(holder["pid"])
+    unexplained = []
+    for gpu in gpus:
+        index, used = gpu["index"], gpu.get("memory_used_mib")
+        claims = listed.get(index, [])
+        if index not in chosen:
+            continue
+        if used is not None and not claims and (used <= max_used_mib or index in footprint):
+            continue
+        pids = placed.get(index, set())
+        if used is not None and pids and all(app.get("alive") and app["pid"] in pids for app in claims):
+            continue
+        unexplained.append(index)
+    return unexplained
+
+
 def footprint_gpus(gpus: t.Iterable[Gpu], holders: t.Iterable[Holder], apps: t.Iterable[ComputeApp], max_used_mib: float,
                    footprint_mib: float | None = CROSS_GPU_FOOTPRINT_MIB) -> set[int]:
     """Indexes of the GPUs whose memory above max_used_mib is only the cross-GPU footprint: no

@@ -24,10 +24,15 @@ Ceph or overlayfs (Lustre, GPFS, 9p) may not honour AT_STATX_DONT_SYNC.
 So:
 - `stat_nosync`: statx(AT_STATX_DONT_SYNC), the attributes the kernel has, never a request to a
   file system's server; enough to tell a device node by its number and inode.
-- `scan`: a pass over many processes, with a budget per process and an overall deadline. A
-  process on which the reader waits longer than the budget, sleeping in the kernel (not running: a
-  loaded node only makes it slow), is `blocked`, and a new reader goes on after it. The reader is a
-  thread: the waits of /proc reads are killable (exec_update_lock, mmap_lock), so a thread left
+- `scan`: a pass over many processes, with a budget per process and one deadline for the whole
+  pass. A process on which a reader waits longer than the budget, sleeping in the kernel (not
+  running: a loaded node only makes it slow), is `blocked`. Readers work in parallel: one found
+  sleeping in the kernel on a process is set aside to wait out its budget while another goes on
+  with the rest, so thirty processes a user blocked cost one budget, not thirty (issue 66: read one
+  after the other, they outlasted the deadline and failed every other job's epilog). A process
+  found blocked is waited for once per run: every later reader of it (`scan` or `call` given its
+  PID: the holder scan again, namespace members, process stats, /dev/shm's holders) takes that
+  answer at once (`BLOCKED`). The readers are threads: the waits of /proc reads are killable (exec_update_lock, mmap_lock), so a thread left
   waiting ends with the module. A stat may not be (a file system that ignores AT_STATX_DONT_SYNC
   and waits in D state): work that would make one raises NeedsIsolation, and those items are read
   again in forked children, which are SIGKILLed and left when they wait (one in D state cannot die;
@@ -61,6 +66,23 @@ PROCESS_BUDGET_S = 0.5
 DEADLINE_S = 10.0
 # How often a waiting caller looks at the reader's progress (a reader that finishes wakes it at once).
 POLL_S = 0.05
+# Readers of one pass at work at once (besides those set aside): two, so that a reader waiting on a
+# process is noticed while the other goes on; more only share the GIL and cost a clean gate their
+# start (eight cost its look ~5 ms, benchmarks/HISTORY.md).
+READERS = 2
+# A reader sleeping in the kernel this long on one process is set aside (another reader goes on
+# with the rest); the budget then decides whether it is blocked. A /proc read of a process that
+# answers sleeps microseconds (mmap_lock held for a moment by the process itself).
+ASIDE_S = 0.02
+# How often a pass looks at its readers.
+WATCH_S = 0.01
+# Readers left waiting at most: each is a thread asleep in the kernel until the module ends. Past
+# that, the rest of a pass is left unread (said as the deadline says it).
+MAX_WAITING = 512
+
+# Processes found blocked in this run, {their /proc directory (/proc/PID): where root's read
+# waited}: a later reader of the same process takes this answer instead of waiting on it again.
+BLOCKED: dict[str, str | None] = {}
 
 _LENGTH = struct.Struct("<I")
 _INDEX = struct.Struct("<q")
@@ -181,34 +203,165 @@ def is_char_device(st: Stat | os.stat_result) -> bool:
 
 
 def scan(work: t.Callable[[t.Any], t.Any], items: t.Sequence[t.Any], budget: float = PROCESS_BUDGET_S, deadline_s: float | None = None,
-         isolate: bool = False) -> Outcome:
+         isolate: bool = False, processes: t.Sequence[str] | None = None) -> Outcome:
     """work(item) for each item -> Outcome; `deadline_s` bounds the whole pass. `work` returns None
-    for an item with nothing to say; an exception counts as None.
+    for an item with nothing to say; an exception counts as None. `processes`: the /proc directory
+    of the process each item reads (items[i] reads processes[i]): one found blocked earlier in the
+    run is blocked here at once, and one found blocked here is so for every later reader (BLOCKED).
 
-    In threads; the items whose work raises NeedsIsolation are read again in forked children (all
-    of them with `isolate`), where `work` returns plain data (marshal: dicts, lists, str, int,
-    float, bool, None)."""
+    In parallel threads; the items whose work raises NeedsIsolation are read again in forked
+    children (all of them with `isolate`), where `work` returns plain data (marshal: dicts, lists,
+    str, int, float, bool, None)."""
     _reap()
     deadline = time.monotonic() + (DEADLINE_S if deadline_s is None else deadline_s)
+    known = [Blocked(index, BLOCKED[process]) for index, process in enumerate(processes or ()) if process in BLOCKED]
+    skip = {b.item for b in known}
+    todo = [index for index in range(len(items)) if index not in skip]
+    outcome = _scan_todo(work, items, todo, budget, deadline, isolate)
+    if processes is not None:
+        for blocked in outcome.blocked:
+            BLOCKED[processes[blocked.item]] = blocked.waits_in
+    return Outcome(outcome.results, sorted(outcome.blocked + known), outcome.unread)
+
+
+def _scan_todo(work: t.Callable[[t.Any], t.Any], items: t.Sequence[t.Any], todo: list[int], budget: float, deadline: float,
+               isolate: bool) -> Outcome:
+    """scan over items[i] for i in `todo`; the Outcome's indexes are items' own."""
     if isolate:
-        return _scan(_one_child, work, items, budget, deadline)
+        rest = _scan(_one_child, work, [items[index] for index in todo], budget, deadline)
+        return _renumber(rest, todo)
     needs: list[int] = []
 
-    def in_thread(item_index: tuple[t.Any, int]) -> t.Any:
+    def in_thread(index: int) -> t.Any:
         try:
-            return work(item_index[0])
+            return work(items[index])
         except NeedsIsolation:
-            needs.append(item_index[1])
+            needs.append(index)
             return None
 
-    first = _scan(_one_thread, in_thread, [(item, index) for index, item in enumerate(items)], budget, deadline)
+    first = _renumber(_parallel(in_thread, todo, budget, deadline), todo)
     if not needs:
         return first
-    rest = _scan(_one_child, work, [items[index] for index in needs], budget, deadline)
+    needs.sort()
+    rest = _renumber(_scan(_one_child, work, [items[index] for index in needs], budget, deadline), needs)
     results = dict(first.results)
-    results.update({needs[index]: result for index, result in rest.results.items()})
-    blocked = first.blocked + [Blocked(needs[b.item], b.waits_in) for b in rest.blocked]
-    return Outcome(results, sorted(blocked), sorted(first.unread + [needs[index] for index in rest.unread]))
+    results.update(rest.results)
+    return Outcome(results, sorted(first.blocked + rest.blocked), sorted(first.unread + rest.unread))
+
+
+def _renumber(outcome: Outcome, indexes: t.Sequence[int]) -> Outcome:
+    """An Outcome over a sub-list of items, in the whole list's indexes."""
+    return Outcome({indexes[i]: result for i, result in outcome.results.items()}, [Blocked(indexes[b.item], b.waits_in) for b in outcome.blocked],
+                   [indexes[i] for i in outcome.unread])
+
+
+class _Reader:
+    """One reader thread of a parallel pass: the item it is on (None: between items), since when,
+    whether it was set aside (it ends after its item) or left (it is blocked, its result unwanted)."""
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+        self.item: int | None = None
+        self.since = 0.0
+        self.aside = False
+        self.left = False
+
+    def is_left(self) -> bool:
+        """Whether the pass left this reader (its result is no longer wanted): set by the watcher."""
+        return self.left
+
+
+def _parallel(work: t.Callable[[t.Any], t.Any], items: t.Sequence[t.Any], budget: float, deadline: float) -> Outcome:
+    """work(item) over items by up to READERS threads at once; a reader sleeping in the kernel on
+    one item for ASIDE_S is set aside and another takes the rest, and it is left (the item
+    blocked) once it has slept there for `budget`. At the deadline, what is not read is unread."""
+    lock = threading.Lock()
+    wake = threading.Event()
+    results: dict[int, t.Any] = {}
+    blocked: list[Blocked] = []
+    queue = list(range(len(items)))
+    queue.reverse()
+    pending = [len(items)]
+    readers: list[_Reader] = []
+
+    def run(reader: _Reader) -> None:
+        while True:
+            with lock:
+                if reader.left or reader.aside or not queue:
+                    break
+                item = reader.item = queue.pop()
+                reader.since = time.monotonic()
+            try:
+                result = work(items[item])
+            except Exception:  # pylint: disable=broad-exception-caught
+                result = None
+            with lock:
+                if reader.is_left():
+                    return
+                if result is not None:
+                    results[item] = result
+                reader.item = None
+                pending[0] -= 1
+                if not pending[0]:
+                    wake.set()
+
+    def start() -> None:
+        reader = _Reader()
+        reader.thread = threading.Thread(target=run, args=(reader,), name="zeromib-proc-read", daemon=True)
+        readers.append(reader)
+        reader.thread.start()
+
+    for _count in range(min(READERS, len(items))):
+        start()
+    while True:
+        with lock:
+            if not pending[0]:
+                return Outcome(results, sorted(blocked), [])
+        now = time.monotonic()
+        if now >= deadline:
+            return _stop(lock, readers, queue, results, blocked)
+        for reader in readers:
+            _watch(reader, now, budget, lock, pending, blocked)
+        readers[:] = [r for r in readers if not r.left and r.thread is not None and r.thread.is_alive()]
+        working = sum(1 for r in readers if not r.aside)
+        with lock:
+            more = bool(queue)
+        if more and working < READERS:
+            if len(readers) - working + len(blocked) >= MAX_WAITING:
+                return _stop(lock, readers, queue, results, blocked)
+            for _count in range(READERS - working):
+                start()
+        wake.wait(max(0.0, min(WATCH_S, deadline - time.monotonic())))
+        wake.clear()
+
+
+def _watch(reader: _Reader, now: float, budget: float, lock: threading.Lock, pending: list[int], blocked: list[Blocked]) -> None:
+    """Set a reader aside once it sleeps in the kernel on its item, and leave it (the item
+    blocked) once it has slept there for the budget."""
+    item, since, thread = reader.item, reader.since, reader.thread
+    if reader.left or item is None or thread is None or now - since < ASIDE_S or not _thread_waits(thread):
+        return
+    reader.aside = True
+    if now - since < budget:
+        return
+    waits_in = _thread_wchan(thread)
+    with lock:
+        if reader.item == item and not reader.left:
+            reader.left = True
+            pending[0] -= 1
+            blocked.append(Blocked(item, waits_in))
+
+
+def _stop(lock: threading.Lock, readers: list[_Reader], queue: list[int], results: dict[int, t.Any], blocked: list[Blocked]) -> Outcome:
+    """The deadline: every reader left, what it was on and what no reader took unread."""
+    with lock:
+        unread = list(queue)
+        queue[:] = []
+        for reader in readers:
+            if reader.item is not None and not reader.left:
+                unread.append(reader.item)
+            reader.left = True
+        return Outcome(dict(results), sorted(blocked), sorted(unread))
 
 
 def _scan(one: t.Callable[..., tuple[int, str | None]], work: t.Callable[[t.Any], t.Any], items: t.Sequence[t.Any], budget: float,
@@ -412,52 +565,26 @@ def _reap() -> None:
             _LEFT.remove(pid)
 
 
-def _one_thread(work: t.Callable[[t.Any], t.Any], items: t.Sequence[t.Any], start: int, results: dict[int, t.Any], budget: float,
-                deadline: float) -> tuple[int, str | None]:
-    """One thread reading items[start:] -> as _one_child. A thread left waiting stops at its next item."""
-    progress = [start]
-    left = threading.Event()
-    done = threading.Event()
-
-    def run() -> None:
-        try:
-            for index in range(start, len(items)):
-                if left.is_set():
-                    return
-                progress[0] = index
-                try:
-                    result = work(items[index])
-                except Exception:  # pylint: disable=broad-exception-caught
-                    result = None
-                if result is not None and not left.is_set():
-                    results[index] = result
-            progress[0] = len(items)
-        finally:
-            done.set()
-
-    thread = threading.Thread(target=run, name="zeromib-proc-read", daemon=True)
-    thread.start()
-    seen, since = -1, time.monotonic()
-    while not done.wait(max(0.0, min(POLL_S, deadline - time.monotonic()))):
-        index, now = progress[0], time.monotonic()
-        if index != seen:
-            seen, since = index, now
-        elif now - since >= budget and _thread_waits(thread):
-            left.set()
-            return index, _thread_wchan(thread)
-        if now >= deadline:
-            left.set()
-            return index, _DEADLINE
-    return (len(items), None) if progress[0] >= len(items) else (progress[0], _ENDED)
-
-
 # ---------------------------------------------------------------- one read of one process
 
 
-def call(function: t.Callable[..., T], *args: t.Any, budget: float = PROCESS_BUDGET_S) -> T:
+def call(function: t.Callable[..., T], *args: t.Any, budget: float = PROCESS_BUDGET_S, process: str | None = None) -> T:
     """function(*args) in a thread, waited for while it runs or for `budget` while it sleeps in
     the kernel; raises ReadBlocked past that (the thread is left: see the module's doc), else
-    returns its result or raises its exception."""
+    returns its result or raises its exception. `process`: the /proc directory of the process it
+    reads; one found blocked earlier in the run raises ReadBlocked at once, one found blocked here
+    is so for later readers."""
+    if process is not None and process in BLOCKED:
+        raise ReadBlocked(BLOCKED[process])
+    try:
+        return _call(function, *args, budget=budget)
+    except ReadBlocked as exc:
+        if process is not None:
+            BLOCKED[process] = exc.waits_in
+        raise
+
+
+def _call(function: t.Callable[..., T], *args: t.Any, budget: float = PROCESS_BUDGET_S) -> T:
     box: list[tuple[bool, t.Any]] = []
     done = threading.Event()
 

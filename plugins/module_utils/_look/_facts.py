@@ -14,6 +14,7 @@ import functools
 import os
 import typing as t
 
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _caps
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _attribution
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _guests
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _health
@@ -187,12 +188,18 @@ def assemble(gpus: list[Gpu], apps: list[ComputeApp], holders: list[Holder], max
     """The `ansible_facts.gpu` dict. `gpus` carry minor numbers and health, `holders` are attributed;
     `not_visible`: the driver's GPUs this namespace cannot reach (not_visible_gpus);
     `inside_container`: this look ran in a container (_guests.pid_namespace_nested); `unscanned`:
-    how many processes the scan's deadline left unread (then nothing is clean)."""
+    how many processes the scan's deadline left unread. What could not be read (those, and
+    processes that did not answer) makes the node unclean only where a GPU holds memory that no
+    process read explains (_attribution.unexplained_by_readers): a GPU that reads clean with no
+    compute app is free whatever else could not be read."""
     public_gpus = [public_gpu(gpu, max_used_mib, footprint) for gpu in gpus]
     used = [gpu["memory_used_mib"] for gpu in public_gpus]
     clean = bool(public_gpus) and all(gpu["clean"] for gpu in public_gpus)
     if with_processes:
-        clean = clean and not dirty_holders(holders) and not unscanned
+        unread = bool(unscanned) or any(h.get("attribution") == _attribution.BLOCKED and not h["protected"] for h in holders)
+        readers = [h for h in holders if h.get("attribution") != _attribution.BLOCKED]
+        clean = clean and not dirty_holders(readers) and not (
+            unread and _attribution.unexplained_by_readers(gpus, apps, holders, [g["index"] for g in gpus], max_used_mib, footprint))
     return dict(health_summary(public_gpus, health, dcgm), **{
         "driver_version": gpus[0].get("driver_version") if gpus else None,
         "cuda_version": cuda_version,
@@ -506,8 +513,9 @@ def scan_warnings(snapshot: Snapshot) -> list[str]:
     warnings = [w for w in (unreadable_warning(snapshot.unreadable), unscanned_warning(snapshot.unscanned)) if w]
     blocked = [h for h in snapshot.holders if h.get("blocked")]
     if blocked:
-        warnings.append("{} (a file system that stopped answering, FUSE or NFS, or a process stuck in the kernel): what they hold is unknown, "
-                        "so no GPU of this node reads clean beside them".format("; ".join(blocked_text(h) for h in blocked)))
+        named = _caps.named([blocked_text(h) for h in blocked])
+        warnings.append(f"{named} (a file system that stopped answering, FUSE or NFS, or a process stuck in the kernel): what they hold is "
+                        "unknown, so a GPU of this node that holds memory no process read explains is never clean beside them")
     return warnings
 
 

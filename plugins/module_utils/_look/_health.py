@@ -18,9 +18,11 @@ a bad reading and never turns a good one bad.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import re
+import select
 import subprocess
 import time
 import typing as t
@@ -636,16 +638,16 @@ class KernelLog:
             source, incremental, process = self._started
             deadline = self._began + self.timeout
             try:
-                stdout, stderr = process.communicate(timeout=max(0.0, deadline - time.monotonic()))
+                driver_lines, stderr = read_driver_lines(process, deadline, self.max_bytes)
             except subprocess.TimeoutExpired:
                 kill_group(process)
                 self.error = f"{source} took longer than {self.timeout:g} s"
                 break
-            text, cursor = _split_cursor(stdout[-self.max_bytes:].decode("utf-8", "replace"))
+            text, cursor = _split_cursor(driver_lines.text())
             said = stderr.decode("utf-8", "replace").strip().splitlines()
             # journalctl --show-cursor (systemd 252) exits 1, saying nothing, when no entry matches:
             # an empty answer, not a failure (seen on the fleet's hosts, whose journal holds no kernel line).
-            empty_journal = (source == "journalctl" and process.returncode == 1 and not said and not text.strip()
+            empty_journal = (source == "journalctl" and process.returncode == 1 and not said and not driver_lines.any_line
                              and cursor is None and bool(self.state_path))
             answered = process.returncode == 0 or empty_journal
             if answered and incremental and not any(NO_JOURNAL in line for line in said):
@@ -660,7 +662,7 @@ class KernelLog:
             if answered and not incremental:
                 wanted = driver_events(log_state.log_lines(text))
                 no_journal = source == "journalctl" and any(NO_JOURNAL in line for line in said)
-                if source == "journalctl" and (no_journal or not text.strip()):
+                if source == "journalctl" and (no_journal or not driver_lines.any_line):
                     # No journal, or one that kept no kernel message: dmesg may still hold the Xids.
                     self.fallback = "journalctl: %s" % (said[0] if no_journal else "no kernel message in the window")
                     kept = (no_journal, wanted)
@@ -702,6 +704,88 @@ class KernelLog:
             window = self.window_hours * 3600.0
             return parse_xids(after, up, window), parse_xids(before, up, window)
         return parse_xids(after), parse_xids(before)
+
+
+class DriverLines:
+    """What the Xid and driver-load checks need of a kernel log, kept as it streams in (issue 66: a
+    100 MB log read whole, then cut to its last 32 MiB, cost root 300 MiB): the lines that name the
+    driver ("NVRM: ") with the few dmesg lines before each (driver_messages judges a dmesg line by
+    the message start before it), and journalctl's cursor line; at most `max_bytes` of them, the
+    newest. `any_line`: whether the log had any line at all (an empty journal is passed over)."""
+
+    # dmesg lines kept before a driver line: driver_messages looks back to the last message start.
+    BEFORE = 8
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.kept: collections.deque[bytes] = collections.deque()
+        self.size = 0
+        self.recent: collections.deque[bytes] = collections.deque(maxlen=self.BEFORE)
+        self.rest = b""
+        self.any_line = False
+
+    def feed(self, chunk: bytes) -> None:
+        data = self.rest + chunk
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            self.rest = data[-self.max_bytes:]
+            return
+        self._lines(data[:cut])
+        self.rest = data[cut + 1:]
+
+    def _lines(self, whole: bytes) -> None:
+        self.any_line = self.any_line or bool(whole.strip())
+        if b"NVRM: " not in whole and log_state.CURSOR_PREFIX.encode() not in whole:
+            # Most of a log: only its last dmesg lines may matter to a driver line that follows.
+            self.recent.extend(line for line in whole.rsplit(b"\n", self.BEFORE)[-self.BEFORE:] if line[:1] == b"[")
+            return
+        for line in whole.split(b"\n"):
+            if b"NVRM: " in line:
+                self._keep(list(self.recent) + [line])
+                self.recent.clear()
+            elif line.startswith(log_state.CURSOR_PREFIX.encode()):
+                self._keep([line])
+            elif line[:1] == b"[":
+                self.recent.append(line)
+
+    def _keep(self, lines: list[bytes]) -> None:
+        for line in lines:
+            self.kept.append(line)
+            self.size += len(line) + 1
+        while self.size > self.max_bytes and self.kept:
+            self.size -= len(self.kept.popleft()) + 1
+
+    def text(self) -> str:
+        if self.rest:
+            self._lines(self.rest)
+            self.rest = b""
+        return b"\n".join(self.kept).decode("utf-8", "replace") + ("\n" if self.kept else "")
+
+
+# What a kernel log reader may say on stderr that is kept (the first line is what is told).
+STDERR_MAX_BYTES = 64 * 1024
+
+
+def read_driver_lines(process: subprocess.Popen[bytes], deadline: float, max_bytes: int) -> tuple[DriverLines, bytes]:
+    """A reader's output as DriverLines, and its stderr (the first STDERR_MAX_BYTES), read as they
+    come until both end; raises subprocess.TimeoutExpired at `deadline` (monotonic)."""
+    lines, stderr = DriverLines(max_bytes), b""
+    streams = [s for s in (process.stdout, process.stderr) if s is not None]
+    while streams:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise subprocess.TimeoutExpired(process.args, 0)
+        ready, _w, _x = select.select(streams, [], [], left)
+        for stream in ready:
+            chunk = os.read(stream.fileno(), 1 << 20)
+            if not chunk:
+                streams.remove(stream)
+            elif stream is process.stdout:
+                lines.feed(chunk)
+            elif len(stderr) < STDERR_MAX_BYTES:
+                stderr += chunk[:STDERR_MAX_BYTES - len(stderr)]
+    process.wait(max(0.0, deadline - time.monotonic()))
+    return lines, stderr
 
 
 def _split_cursor(text: str) -> tuple[str, str | None]:

@@ -554,7 +554,7 @@ def environ_of(pid: int, proc: str = "/proc") -> dict[str, str]:
     and lookups, never a reason to signal or stop anything (docs/docsite/rst/guide_design.rst,
     "What can be trusted on a shared node")."""
     try:
-        return _bounded_reads.call(_environ, pid, proc)
+        return _bounded_reads.call(_environ, pid, proc, process=f"{proc}/{pid:d}")
     except (OSError, _bounded_reads.ReadBlocked):
         return {}
 
@@ -750,7 +750,7 @@ def read_maps(pid: int, proc: str = "/proc", table: DeviceTable | None = None) -
     """{device: [mappings, KiB]} of a process, or None when its maps cannot be read (gone, not
     ours, or not answering: _bounded_reads)."""
     try:
-        return _bounded_reads.call(_read_maps, pid, proc, table if table is not None else DeviceTable(), None)
+        return _bounded_reads.call(_read_maps, pid, proc, table if table is not None else DeviceTable(), None, process=f"{proc}/{pid:d}")
     except _bounded_reads.ReadBlocked:
         return None
 
@@ -840,7 +840,7 @@ def read_process(pid: int, proc: str = "/proc", users: dict[int, str] | None = N
     budget (_bounded_reads) reads as blocked_record says."""
     users = {} if users is None else users
     try:
-        return _bounded_reads.call(_read_process, pid, proc, users)
+        return _bounded_reads.call(_read_process, pid, proc, users, process=f"{proc}/{pid:d}")
     except _bounded_reads.ReadBlocked as exc:
         return blocked_record(pid, proc, exc.waits_in, users)
 
@@ -916,7 +916,24 @@ def holds_threads(record: t.Mapping[str, t.Any]) -> bool:
 WCHAN_BUDGET_S = 0.1
 
 
-def blocked_record(pid: int, proc: str, waits_in: str | None, users: dict[int, str] | None = None) -> Holder | None:
+# Where each process found blocked sleeps, {its /proc directory: wchan}: read once per run.
+_WCHANS: dict[str, str | None] = {}
+
+
+def blocked_records(waits: t.Mapping[int, str | None], proc: str) -> list[Holder]:
+    """blocked_record of each {pid: where root's read waited}, their wchans read in one parallel
+    pass (a wchan waits as the process's other entries do: one after the other, thirty blocked
+    processes cost thirty budgets), once per run."""
+    todo = [pid for pid in waits if f"{proc}/{pid:d}" not in _WCHANS]
+    outcome = _bounded_reads.scan(_bounded_reads.wchan_of, [f"{proc}/{pid:d}/wchan" for pid in todo], budget=WCHAN_BUDGET_S, deadline_s=WCHAN_BUDGET_S * 4)
+    for index, pid in enumerate(todo):
+        _WCHANS[f"{proc}/{pid:d}"] = outcome.results.get(index)
+    users: dict[int, str] = {}
+    records = [blocked_record(pid, proc, waits[pid], users, wchan=_WCHANS[f"{proc}/{pid:d}"]) for pid in sorted(waits)]
+    return [record for record in records if record is not None]
+
+
+def blocked_record(pid: int, proc: str, waits_in: str | None, users: dict[int, str] | None = None, wchan: str | None | bool = False) -> Holder | None:
     """What can be told of a process whose /proc entries did not answer (a process in execve
     closing a file of a FUSE mount that stopped answering holds them; a stalled NFS server, a
     process stuck in the kernel): its name, state, parent and owner from /proc/PID/status, its
@@ -929,10 +946,11 @@ def blocked_record(pid: int, proc: str, waits_in: str | None, users: dict[int, s
     except OSError:
         return None
     uid = _uid_from_status(status)
-    try:
-        wchan = _bounded_reads.call(_bounded_reads.wchan_of, f"{proc}/{pid:d}/wchan", budget=WCHAN_BUDGET_S)
-    except _bounded_reads.ReadBlocked:
-        wchan = None
+    if wchan is False:
+        try:
+            wchan = _bounded_reads.call(_bounded_reads.wchan_of, f"{proc}/{pid:d}/wchan", budget=WCHAN_BUDGET_S)
+        except _bounded_reads.ReadBlocked:
+            wchan = None
     # start_time None: /proc/PID/stat is what does not answer; never signalled without it.
     record = t.cast("Holder", {
         "pid": pid, "ppid": status_field(status, "PPid") or 0, "name": status.get("Name", "?"), "cmdline": "",
@@ -1012,7 +1030,7 @@ def namespace_members(init_pid: int, proc: str = "/proc") -> list[int]:
         return ppid, bool(depth is not None and deeper is not None and deeper > depth and _ancestor_namespace(pid, deeper - depth, proc) == own)
 
     pids = [pid for pid in list_pids(proc) if pid != init_pid]
-    outcome = _bounded_reads.scan(one, pids, isolate=False)
+    outcome = _bounded_reads.scan(one, pids, isolate=False, processes=[f"{proc}/{pid:d}" for pid in pids])
     inside = {pids[blocked.item] for blocked in outcome.blocked} | {pids[index] for index in outcome.unread}
     children: dict[int, list[int]] = {}
     for index, (ppid, within) in outcome.results.items():
@@ -1040,9 +1058,6 @@ class ScanLimits(t.NamedTuple):
 
 
 DEFAULT_LIMITS = ScanLimits()
-# Processes found blocked in this run, {pid: where root's read waited}: later passes of the same
-# run (gpu_release looks again after acting) report them without waiting on them again.
-_BLOCKED: dict[int, str | None] = {}
 
 
 def scan_holders(proc: str = "/proc", unreadable: list[int] | None = None, with_maps: bool = True, without_devices: list[int] | None = None,
@@ -1093,33 +1108,24 @@ def _bounded_pass(one: t.Callable[[int], t.Any], pids: list[int], proc: str, lim
                   others: list[int] | None, unscanned: list[int] | None) -> list[Holder]:
     """`one(pid)` over `pids` in a bounded reader -> holder records, blocked ones included.
     `one` returns a holder record, "unreadable" or None; `others` gets the PIDs it returned
-    None for (and those gone meanwhile: a later read of them finds nothing)."""
-    known = [pid for pid in pids if pid in _BLOCKED]
-    todo = [pid for pid in pids if pid not in _BLOCKED]
-    outcome = _bounded_reads.scan(one, todo, limits.budget, limits.deadline_s, isolate=False)
+    None for (and those gone meanwhile: a later read of them finds nothing). A process found
+    blocked earlier in the run is reported without waiting on it again (_bounded_reads.BLOCKED)."""
+    outcome = _bounded_reads.scan(one, pids, limits.budget, limits.deadline_s, isolate=False, processes=[f"{proc}/{pid:d}" for pid in pids])
     holders: list[Holder] = []
     answered = set()
     for index, result in sorted(outcome.results.items()):
         answered.add(index)
         if result == "unreadable":
             if unreadable is not None:
-                unreadable.append(todo[index])
+                unreadable.append(pids[index])
         else:
             holders.append(result)
     silent = {blocked.item for blocked in outcome.blocked} | set(outcome.unread)
     if others is not None:
-        others.extend(pid for index, pid in enumerate(todo) if index not in answered and index not in silent)
+        others.extend(pid for index, pid in enumerate(pids) if index not in answered and index not in silent)
     if unscanned is not None:
-        unscanned.extend(todo[index] for index in outcome.unread)
-    for blocked in outcome.blocked:
-        _BLOCKED[todo[blocked.item]] = blocked.waits_in
-    users: dict[int, str] = {}
-    for pid in sorted(known + [todo[blocked.item] for blocked in outcome.blocked]):
-        record = blocked_record(pid, proc, _BLOCKED[pid], users)
-        if record is None:
-            _BLOCKED.pop(pid, None)
-        else:
-            holders.append(record)
+        unscanned.extend(pids[index] for index in outcome.unread)
+    holders.extend(blocked_records({pids[b.item]: b.waits_in for b in outcome.blocked}, proc))
     return sorted(holders, key=lambda holder: holder["pid"])
 
 
@@ -1149,7 +1155,7 @@ def read_stats(pids: t.Iterable[int], proc: str = "/proc", limits: ScanLimits = 
             return None
 
     items = list(pids)
-    outcome = _bounded_reads.scan(one, items, limits.budget, limits.deadline_s, isolate=False)
+    outcome = _bounded_reads.scan(one, items, limits.budget, limits.deadline_s, isolate=False, processes=[f"{proc}/{pid:d}" for pid in items])
     return {items[index]: data for index, data in outcome.results.items()}
 
 
@@ -1157,7 +1163,7 @@ def display_name(pid: int, proc: str = "/proc") -> str | None:
     """A live process's argv[0] (what nvidia-smi would print as its name), else its comm; None
     when it is gone or does not answer. For display only: the process chose it."""
     try:
-        return _bounded_reads.call(_display_name, pid, proc)
+        return _bounded_reads.call(_display_name, pid, proc, process=f"{proc}/{pid:d}")
     except _bounded_reads.ReadBlocked:
         return None
 
@@ -1196,7 +1202,7 @@ def start_time_of(pid: int, proc: str = "/proc") -> int | None:
     whose threads run on is alive (holds_threads); a process whose stat does not answer within the
     budget reads as gone here (its identity cannot be checked, so it is never signalled)."""
     try:
-        return _bounded_reads.call(_start_time, pid, proc)
+        return _bounded_reads.call(_start_time, pid, proc, process=f"{proc}/{pid:d}")
     except _bounded_reads.ReadBlocked:
         return None
 

@@ -30,6 +30,7 @@ and an empty directory listing."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import stat as stat_mod
@@ -110,19 +111,65 @@ def space(path: str = SHM_DIR) -> tuple[float, float]:
     return st.f_blocks * st.f_frsize / MIB, st.f_bavail * st.f_frsize / MIB
 
 
-def list_files(path: str = SHM_DIR) -> list[Entry]:
-    """The regular files directly in `path`, never following a link (lstat). Their size is what
-    they take (st_blocks): a sparse segment costs only the pages written."""
-    found = []
+# The walk of /dev/shm reads (lstat) at most this many files, for at most WALK_S seconds: a user
+# makes 300,000 empty files in 0.7 s, and one record each made gpu_facts take 37 s and 773 MiB
+# (issue 66). Past either bound the rest are counted (names only, also bounded) and not read: they
+# are neither listed unheld nor ever removed.
+WALK_FILES = 10000
+WALK_S = 1.0
+
+
+class Walk(t.NamedTuple):
+    """What a bounded walk of /dev/shm found: the regular files it read that matter (they take
+    space, or a job's pattern names them: an empty file of no job is neither space nor anything
+    clean_shm would remove, so it is counted, never looked for among the processes' files), how
+    many files the directory holds (None: more than it could count in time), and whether it read
+    them all."""
+
+    files: list[Entry]
+    entries: int | None
+    complete: bool
+
+
+def walk(path: str = SHM_DIR, limit: int = WALK_FILES, seconds: float = WALK_S) -> Walk:
+    """The regular files directly in `path`, never following a link (lstat), at most `limit` of
+    them and for at most `seconds`; then the other entries counted for as long again. Their size
+    is what they take (st_blocks): a sparse segment costs only the pages written."""
+    found: list[Entry] = []
+    read = regular = 0
+    deadline = time.monotonic() + seconds
     with os.scandir(path) as entries:
         for entry in entries:
+            if read >= limit or (read % 256 == 0 and time.monotonic() >= deadline):
+                rest = _count_rest(entries, time.monotonic() + seconds)
+                return Walk(found, None if rest is None else regular + 1 + rest, False)
+            read += 1
             try:
                 st = entry.stat(follow_symlinks=False)
             except OSError:
                 continue  # removed meanwhile
             if stat_mod.S_ISREG(st.st_mode):
-                found.append(Entry(entry.name, st.st_dev, st.st_ino, st.st_uid, st.st_blocks * 512, st.st_mtime))
-    return found
+                regular += 1
+                if st.st_blocks or pattern_of(entry.name):
+                    found.append(Entry(entry.name, st.st_dev, st.st_ino, st.st_uid, st.st_blocks * 512, st.st_mtime))
+    return Walk(found, regular, True)
+
+
+def _count_rest(entries: t.Iterator[t.Any], deadline: float) -> int | None:
+    """How many entries are left; None (not known) when counting them outlasts `deadline`."""
+    count = 0
+    while True:
+        block = sum(1 for _entry in itertools.islice(entries, 65536))
+        count += block
+        if block < 65536:
+            return count
+        if time.monotonic() >= deadline:
+            return None
+
+
+def list_files(path: str = SHM_DIR) -> list[Entry]:
+    """The regular files of a bounded walk of `path` (walk)."""
+    return walk(path).files
 
 
 # ---------------------------------------------------------------- whose /dev/shm it is
@@ -330,7 +377,8 @@ class Holding:
             if not self.done():
                 self.scan_one(f"{proc}/{pid:d}")
 
-        outcome = _bounded_reads.scan(one, _pids(proc), deadline_s=deadline_s)
+        pids = _pids(proc)
+        outcome = _bounded_reads.scan(one, pids, deadline_s=deadline_s, processes=[f"{proc}/{pid:d}" for pid in pids])
         self.blocked += len(outcome.blocked) + len(outcome.unread)
 
     def scan_one(self, base: str, thread: bool = False) -> None:
@@ -372,12 +420,13 @@ def _user(uid: int, cache: dict[int, str]) -> str:
     return cache[uid]
 
 
-def unheld_record(files: t.Iterable[Entry], now: float, shm: str = SHM_DIR) -> list[dict[str, t.Any]]:
-    """The unheld files, largest and oldest first, each with the job pattern it matches."""
+def unheld_record(files: t.Iterable[Entry], now: float, shm: str = SHM_DIR, limit: int | None = None) -> list[dict[str, t.Any]]:
+    """The unheld files, largest and oldest first, each with the job pattern it matches; the
+    first `limit` of them, if given."""
     users: dict[int, str] = {}
     ordered = sorted(files, key=lambda f: (-f.bytes, f.mtime, f.name))
     record = []
-    for entry in ordered:
+    for entry in ordered[:limit]:
         pattern = pattern_of(entry.name)
         record.append({
             "path": shm.rstrip("/") + "/" + entry.name,
@@ -396,21 +445,34 @@ def look(shm: str = SHM_DIR, proc: str = "/proc", processes: bool = True, now: f
     without it `unheld` is None. `complete` is False when some process could not be read (not
     root, or its reads did not answer within the bounded reader's budget; `deadline_s` bounds the
     pass): a file it holds may be listed as unheld."""
-    record: dict[str, t.Any] = {"path": shm, "size_mib": None, "free_mib": None, "files": 0, "unheld": None, "unheld_mib": None,
-                                "complete": None, "error": None}
+    record: dict[str, t.Any] = {"path": shm, "size_mib": None, "free_mib": None, "files": 0, "files_read": 0, "unheld": None, "unheld_count": None,
+                                "unheld_mib": None, "complete": None, "error": None}
     try:
         size, free = space(shm)
-        files = list_files(shm)
+        found = walk(shm)
     except OSError as exc:
         record["error"] = f"{shm} cannot be read: {exc.strerror or exc}"
         return record
-    record.update(size_mib=round(size, 1), free_mib=round(free, 1), files=len(files))
+    record.update(size_mib=round(size, 1), free_mib=round(free, 1), files=found.entries, files_read=len(found.files))
     if not processes:
         return record
-    holding = scan_holding(files, shm, proc, deadline_s)
-    unheld = unheld_record(holding.unheld(), time.time() if now is None else now, shm)
-    record.update(unheld=unheld, unheld_mib=round(sum(f["size_mib"] for f in unheld), 2), complete=holding.complete)
+    holding = scan_holding(found.files, shm, proc, deadline_s)
+    unheld = holding.unheld()
+    listed = unheld_record(unheld, time.time() if now is None else now, shm, UNHELD_LISTED)
+    record.update(unheld=listed, unheld_count=len(unheld), unheld_mib=round(sum(round(f.bytes / MIB, 2) for f in unheld), 2), complete=holding.complete)
     return record
+
+
+def with_unheld(record: dict[str, t.Any], unheld: list[dict[str, t.Any]], complete: bool) -> dict[str, t.Any]:
+    """`record` with its unheld files (unheld_record's): the largest UNHELD_LISTED of them listed,
+    their count and MiB over all of them (a user's 300,000 empty files are a count, not 300,000 records)."""
+    record.update(unheld=unheld[:UNHELD_LISTED], unheld_count=len(unheld), unheld_mib=round(sum(f["size_mib"] for f in unheld), 2),
+                  complete=complete)
+    return record
+
+
+# Unheld files a record lists (the largest first); the rest are in its count and MiB.
+UNHELD_LISTED = 50
 
 
 def scan_holding(files: t.Sequence[Entry], shm: str = SHM_DIR, proc: str = "/proc", deadline_s: float | None = None) -> Holding:
@@ -438,10 +500,15 @@ def floor_issue(record: t.Mapping[str, t.Any], per_gpu_mib: int | None, gpu_coun
     if float(free) >= floor:
         return None
     unheld = record.get("unheld") or []
-    leftovers = " ({:d} file(s) no live process holds take {:g} MiB)".format(len(unheld), float(record.get("unheld_mib") or 0)) if unheld else ""
+    count = record.get("unheld_count")
+    count = len(unheld) if count is None else int(count)
+    leftovers = " ({:d} file(s) no live process holds take {:g} MiB)".format(count, float(record.get("unheld_mib") or 0)) if count else ""
     jobs = [f for f in unheld if any(p.clean and p.label == f.get("pattern") for p in PATTERNS)]
-    if jobs:
+    if jobs and count <= len(unheld):
         leftovers += f"; clean_shm (role: free_gpus_clean_shm) removes such files of the jobs its run ends ({len(jobs):d} here match job patterns)"
+    elif jobs:
+        leftovers += (f"; clean_shm (role: free_gpus_clean_shm) removes such files of the jobs its run ends ({len(jobs):d} among the "
+                      f"{len(unheld):d} largest listed match job patterns, and {count - len(unheld):d} more files not listed)")
     return ("{} has {:g} MiB free of {:g} MiB, below the {:d} MiB that {:d} GPU(s) need at {:d} MiB each (shm_min_free_mib_per_gpu): "
             "NCCL init and DataLoader workers fail with \"No space left on device\"{}".format(
                 record.get("path"), float(free), float(record.get("size_mib") or 0), floor, gpu_count, per_gpu_mib, leftovers))

@@ -31,6 +31,7 @@ import time
 import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _caps
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _jobs
 from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _bounded
 from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _drain
@@ -379,12 +380,12 @@ def dirty_causes(result: t.Mapping[str, t.Any], spared: t.Mapping[int, str] | No
                   or (h.get("blocked") and gpu["index"] in (h.get("candidate_gpu_indexes") or []))]
             share = shared.get(str(gpu["index"]))
             if share is None:
-                who = "held by " + ", ".join(short_holder(h, spared or {}) for h in on[:3]) if on else "no process holds it"
+                who = "held by " + _caps.named([short_holder(h, spared or {}) for h in on], 3, ", ") if on else "no process holds it"
                 causes.append("GPU {}: {} MiB, {}".format(gpu["index"], gpu.get("memory_used_mib"), who))
                 continue
             # What the other jobs hold is deducted: only the rest's holders are the cause.
             rest = [h for h in on if owner_of(h, spared or {}) not in share.get("owners", ())]
-            who = "held by " + ", ".join(short_holder(h, spared or {}) for h in rest[:3]) if rest else "no process holds the rest"
+            who = "held by " + _caps.named([short_holder(h, spared or {}) for h in rest], 3, ", ") if rest else "no process holds the rest"
             causes.append("GPU {}: {} MiB{}, {}".format(gpu["index"], gpu.get("memory_used_mib"), _shared.describe(share), who))
     for issue in result.get("health_issues") or []:
         causes.append(str(issue))
@@ -641,9 +642,11 @@ def main(argv: t.Sequence[str], environ: t.Mapping[str, str], config_path: str =
         # A hook must drain with a reason, never die with a traceback slurmd only logs.
         ok, causes, result = False, [f"internal error, {type(exc).__name__}: {exc}"], {}
     # The prolog runs in check mode: its `killed` is the plan, the holders it found (never signalled).
-    acted = [{"pid": k.get("pid"), "name": k.get("name"), "signal": k.get("signal")} for k in result.get("killed") or []]
+    acted, count = _caps.cap_list([{"pid": k.get("pid"), "name": k.get("name"), "signal": k.get("signal")} for k in result.get("killed") or []])
     entry: dict[str, t.Any] = {"mode": mode, "job": job, "gpus": gpus, "ok": ok, "causes": causes,
                                ("holders" if mode == "prolog" else "killed"): acted}
+    if count is not None:
+        entry["truncated"] = {("holders" if mode == "prolog" else "killed"): count}
     if result.get("smoke_test_passed") is not None:
         entry["smoke_test_passed"] = result["smoke_test_passed"]
     for key in ("shared", "smoke_test_skipped", "gres"):

@@ -328,3 +328,29 @@ def test_the_dev_shm_files_clean_shm_kept_are_said_with_their_reason_in_one_line
     assert "\n" not in outcome["message"] and free_gpus_summary([outcome], ["node01"])[1].endswith(said)
     plain = free_gpus_outcome(release([gpu(0, 0)], [gpu(0, 0)], changed=False), "node01", 1)
     assert plain["shm_kept"] == [] and "/dev/shm" not in plain["message"]
+
+
+def test_a_result_cut_to_its_first_entries_is_counted_whole_in_the_outcome_and_the_summary():
+    """Issue 66: gpu_release lists at most 50 of each list and counts them in `truncated`."""
+    result = release([gpu(0, 40970)], [gpu(0, 0)], killed=[{"pid": n, "name": "python3", "signal": "SIGKILL"} for n in range(50)],
+                     truncated={"killed": 3000, "shm_removed": 120}, shm_removed=[{"path": f"/dev/shm/nccl-{n}", "size_mib": 1.0} for n in range(50)],
+                     shm_removed_mib=120.0)
+    outcome = free_gpus_outcome(result, "node09")
+    assert (outcome["killed_count"], outcome["shm_removed_count"], outcome["shm_removed_mib"]) == (3000, 120, 120.0)
+    assert "killed 3000 processes" in outcome["message"]
+    [line] = [line for line in free_gpus_summary([outcome], ["node09"]) if "node09" in line]
+    assert " 3000 " in line
+
+
+def test_the_kept_dev_shm_files_are_named_five_then_counted_whatever_a_user_made():
+    """A user sets how many files of job patterns stay in /dev/shm: the line names five with their
+    reason, then counts the rest (gpu_release lists 50 of them, `truncated` counts them all)."""
+    why = "this run ended no process of its owner (uid 4343)"
+    kept = [{"path": f"/dev/shm/psm_{n:08x}", "size_mib": 0.0, "why": why} for n in range(50)]
+    result = release([gpu(0, 4623)], [gpu(0, 0)], killed=[{"pid": 495, "name": "python3", "signal": "SIGKILL"}],
+                     shm_kept=kept, truncated={"shm_kept": 300000})
+    outcome = free_gpus_outcome(result, "node01", 1)
+    assert outcome["shm_kept_count"] == 300000
+    assert "kept 300000 files of /dev/shm (0 MiB listed): /dev/shm/psm_00000000 (" in outcome["message"]
+    assert outcome["message"].count("/dev/shm/psm_") == 5 and "; and 299995 more" in outcome["message"]
+    assert len(outcome["message"]) < 600, len(outcome["message"])

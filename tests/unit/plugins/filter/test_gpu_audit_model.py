@@ -75,7 +75,7 @@ def test_fleet_summary_counts_hosts_gpus_and_blocking_holders():
         "hosts_total": 5, "hosts_clean": 2, "hosts_dirty": 1, "hosts_error": 1, "hosts_unreachable": 1,
         "gpus_total": 24, "gpus_clean": 23, "gpus_dirty": 1,
         "memory_used_mib": 10267 + 8 * 55, "memory_total_mib": 24 * ah.H200_TOTAL,
-        "holders": 1, "nvml_clients": 2, "hosts_unhealthy": 0, "gpus_unhealthy": 0,
+        "holders": 1, "nvml_clients": 2, "holders_not_listed": 0, "hosts_unhealthy": 0, "gpus_unhealthy": 0,
         "hosts_health_unchecked": 0, "gpus_health_unchecked": 0, "hosts_pending_restore": 0, "hosts_driver_drift": 0,
         "hosts_shm_leftovers": 0,
     }
@@ -317,3 +317,15 @@ def test_an_idle_mig_host_above_the_audits_baseline_gets_the_roles_advice_with_i
     # not a MIG GPU: leaked memory, no baseline advice
     leak = {"host": "h200", "status": "ok", "error": None, "gpu": ah.facts([ah.gpu(0, used=55, max_used=0)])}
     assert "set free_gpus_max_used_mib" not in gpu_audit_model([leak], 0)["hosts"][0]["reason"]
+
+
+def test_a_host_with_thousands_of_holders_lists_the_ten_that_matter_and_counts_the_rest():
+    """Issue 66: a tenant sets no size of the report. gpu_facts sent its 50 most relevant holders of
+    3,000 (truncated); the host lists 10, those that keep a GPU from being free first."""
+    holders = [{"pid": 100 + n, "name": "python3", "gpu_indexes": [0] if n < 12 else [], "attribution": "listed" if n < 12 else "nvml_client",
+                "protected": False} for n in range(50)]
+    record = copy.deepcopy(ah.dirty_with_holders())
+    record["gpu"].update(holders=holders, truncated={"holders": 3000})
+    host = _one(record)
+    assert len(host["holders"]) == 10 and all(h["blocking"] for h in host["holders"]) and host["holders_not_listed"] == 2990
+    assert len(host["gpus"][0]["holders"]) == 10

@@ -56,8 +56,64 @@ def test_a_read_that_waits_is_reported_blocked_and_the_pass_goes_on(fifo, isolat
 
 
 def test_the_deadline_leaves_the_rest_unread(fifo):
+    """Another reader goes on past the item that waits; at the deadline that item is unread."""
     outcome = _bounded_reads.scan(waits_on(fifo), ["a", "waits", "b"], budget=5, deadline_s=0.3)
-    assert (outcome.results, outcome.blocked, outcome.unread) == ({0: "a"}, [], [1, 2])
+    assert (outcome.results, outcome.blocked, outcome.unread) == ({0: "a", 2: "b"}, [], [1])
+
+
+@pytest.fixture
+def fifos(tmp_path):
+    """Thirty FIFOs whose opens wait until a writer comes (at teardown)."""
+    paths = [str(tmp_path / f"fifo{n}") for n in range(30)]
+    for path in paths:
+        os.mkfifo(path)
+    yield paths
+    for path in paths:
+        for _attempt in range(4):
+            try:
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                break
+            time.sleep(0.01)
+
+
+def test_thirty_reads_that_wait_cost_one_budget_not_thirty(fifos):
+    """Issue 66: thirty processes a user blocked, read one after the other at 0.5 s each, outlasted
+    the pass's deadline; read in parallel they are all found blocked within about one budget, and
+    every item that answers is read."""
+    items = [("waits", path) if n % 2 else ("reads", n) for n, path in enumerate(fifos * 2)]
+
+    def work(item):
+        if item[0] == "waits":
+            os.close(os.open(item[1], os.O_RDONLY))
+        return item[1]
+
+    started = time.monotonic()
+    outcome = _bounded_reads.scan(work, items, budget=0.5, deadline_s=10)
+    took = time.monotonic() - started
+    assert [b.item for b in outcome.blocked] == [n for n in range(60) if n % 2] and outcome.unread == []
+    assert {b.waits_in for b in outcome.blocked} == {"wait_for_partner"}
+    assert sorted(outcome.results) == [n for n in range(60) if not n % 2]
+    assert took < 3, took
+
+
+def test_a_process_found_blocked_is_waited_for_once_in_the_run(fifo, monkeypatch):
+    """The pass that finds it blocked records it; a later pass or call on that PID does not wait."""
+    monkeypatch.setattr(_bounded_reads, "BLOCKED", {})
+    calls = []
+
+    def work(item):
+        calls.append(item)
+        return waits_on(fifo)(item)
+
+    first = _bounded_reads.scan(work, ["a", "waits"], budget=0.2, processes=["/proc/101", "/proc/102"])
+    assert [b.item for b in first.blocked] == [1] and _bounded_reads.BLOCKED == {"/proc/102": "wait_for_partner"}
+    started = time.monotonic()
+    again = _bounded_reads.scan(work, ["waits", "b"], budget=5, processes=["/proc/102", "/proc/103"])
+    assert again == _bounded_reads.Outcome({1: "b"}, [_bounded_reads.Blocked(0, "wait_for_partner")], [])
+    with pytest.raises(_bounded_reads.ReadBlocked):
+        _bounded_reads.call(work, "waits", budget=5, process="/proc/102")
+    assert time.monotonic() - started < 1 and calls.count("waits") == 1
 
 
 def test_a_busy_reader_is_not_called_blocked():
@@ -224,7 +280,7 @@ def test_the_scan_limits_follow_the_timeout_option():
 
 
 def test_a_scan_reports_a_process_found_blocked_earlier_in_the_run_without_waiting_again(monkeypatch):
-    monkeypatch.setitem(holders._BLOCKED, os.getpid(), "mm_access")
+    monkeypatch.setitem(_bounded_reads.BLOCKED, f"/proc/{os.getpid()}", "mm_access")
     started = time.monotonic()
     found = holders.scan_holders(with_maps=False)
     assert [h["waits_in"] for h in found if h["pid"] == os.getpid()] == ["mm_access"]

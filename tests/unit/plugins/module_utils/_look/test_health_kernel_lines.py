@@ -235,3 +235,25 @@ def test_a_forged_line_an_earlier_version_kept_is_judged_again(tmp_path):
     log, (found, _history) = _read(tmp_path, state_path)
     assert (log.incremental, found) == (True, {})
     assert log_state.read(state_path)["lines"] == []
+
+
+def test_a_large_kernel_log_is_read_as_it_streams_keeping_only_what_the_driver_checks_need():
+    """Issue 66: a 100 MB kernel log was read whole and cost root 300 MiB. Now only the driver's
+    lines (each with the dmesg lines before it) and the cursor are kept, the newest within the bound."""
+    from ansible_collections.zeromib.gpu.plugins.module_utils._look import _health
+    noise = b"".join(b"[ 12.%06d] usb 1-1: device descriptor read/64, error -71\n" % n for n in range(20000))
+    xid = b"[ 13.000000] NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
+    lines = _health.DriverLines(max_bytes=1 << 20)
+    for _round in range(50):
+        for start in range(0, len(noise), 65536):
+            lines.feed(noise[start:start + 65536])
+    lines.feed(xid[:40])
+    lines.feed(xid[40:] + noise[:100])
+    text = lines.text()
+    assert lines.any_line and len(text) < 4096, len(text)
+    assert text.splitlines()[-1] == xid.decode().strip() and text.splitlines()[-2].startswith("[ 12.019999] usb")
+    small = _health.DriverLines(max_bytes=300)
+    for _n in range(10):
+        small.feed(xid)
+    assert small.text().count("NVRM") == 2
+    assert not _health.DriverLines(100).any_line
