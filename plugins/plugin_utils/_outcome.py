@@ -154,7 +154,7 @@ def shm_kept_note(outcome: Outcome | t.Mapping[str, t.Any]) -> str:
     # A user decides how many such files there are: the line names the first few, then counts.
     said = "; ".join("{} ({})".format(k.get("path"), k.get("why")) for k in kept[:SHM_KEPT_NAMED])
     if count > SHM_KEPT_NAMED:
-        said += "; and {:d} more".format(count - SHM_KEPT_NAMED)
+        said += f"; and {count - SHM_KEPT_NAMED:d} more"
     return "kept {} of /dev/shm ({:g} MiB{}): {}".format(
         _plural(count, "file"), round(sum(float(k.get("size_mib") or 0) for k in kept), 1),
         "" if count == len(kept) else " listed", said)
@@ -310,7 +310,8 @@ def failed(host: str, message: object, status: str = "failed") -> Outcome:
         "host": host, "status": status, "ok": False, "message": text if text.startswith(f"{host}: ") else f"{host}: {text}",
         "count": None, "selected": [], "mib_before": None, "mib_after": None, "stopped_units": [], "disabled_units": [],
         "masked_units": [], "failed_units": [], "stopped_containers": [], "disabled_containers": [], "killed": [], "shm_removed": [],
-        "shm_removed_mib": 0.0, "shm_removed_count": 0, "shm_kept": [], "shm_kept_count": 0, "killed_count": 0, "protected": [], "footprint_gpus": [], "footprint_mib": None,
+        "shm_removed_mib": 0.0, "shm_removed_count": 0, "shm_kept": [], "shm_kept_count": 0, "killed_count": 0, "protected": [],
+        "footprint_gpus": [], "footprint_mib": None,
         "nvml_clients": [], "nvml_clients_with_units": [],
         "elapsed_s": None, "check_mode": False, "healthy": None, "health_issues": [],
     }
