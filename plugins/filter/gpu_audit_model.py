@@ -147,7 +147,7 @@ _value:
         minor_order_differs:
           description:
             - V(true) when the host's GPU device nodes C(/dev/nvidia<minor>), in the order of their minor numbers, are not in nvidia-smi's
-              index order (gpu_facts' C(minor_order_differs); each GPU's C(minor_number) says which is which): every tool that counts
+              index order (gpu_facts' C(minor_order_differs); each GPU's C(minor_number) says which is which) - every tool that counts
               device files, Slurm's C(File=/dev/nvidia[0-7]) among them, names other GPUs there than nvidia-smi. V(null) when unknown.
           type: bool
         inside_container:

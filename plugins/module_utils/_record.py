@@ -332,6 +332,17 @@ def read(path: str = PATH) -> Record:
     return validated(record, path)
 
 
+def unit_files_changed(path: str = PATH) -> set[str]:
+    """The units whose files a release disabled or masked and no restore has put back yet, by the
+    record at `path`; none where it cannot be read (a release then disables or masks as usual)."""
+    try:
+        record = read(path)
+    except (RecordError, OSError):
+        return set()
+    return {str(e.get("name")) for e in record.get("entries") or []
+            if e.get("kind") == "unit" and {"disabled", "masked"} & set(e.get("actions") or [])}
+
+
 def validated(record: t.Any, path: str = PATH) -> Record:
     if not isinstance(record, dict) or not isinstance(record.get("entries"), list):
         raise RecordError(f"the restore record {path} has no list of entries: move it away to start a new one")

@@ -13,7 +13,7 @@ import pytest
 
 import fleet as rig
 
-PREFIX = rig.checkout_prefix("d")
+PREFIX = rig.checkout_prefix("m")  # not "d": test_fleet_rig.py crashes a fleet of that prefix at the same time
 
 
 @pytest.fixture

@@ -19,9 +19,15 @@ import suite_conftest  # noqa: E402 (beside this file)
 TEST_ONLY_PACKAGES = ("chromium", "prometheus", "shellcheck")
 
 
+def plain_make_env() -> dict[str, str]:
+    """The environment of a make the user starts: none of the variables of the make that runs this
+    suite (`make test-matrix` exports MATRIX=all to its `make test`, and MAKEFLAGS carries it on)."""
+    return {k: v for k, v in os.environ.items() if k not in ("MATRIX", "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
+
+
 def make_dry_run(target: str, tmp_path: Path) -> str:
     r = subprocess.run(["make", "-n", target, f"VENV={tmp_path / 'venv'}"], cwd=REPO, capture_output=True, text=True,
-                       check=True)
+                       check=True, env=plain_make_env())
     return r.stdout
 
 
@@ -229,7 +235,7 @@ def test_make_test_runs_the_matrix_present_and_test_matrix_requires_every_entry(
     test = [line for line in make_dry_run("test", tmp_path).splitlines() if "bin/pytest -n" in line and "--collect-only" not in line]
     assert len(test) == 1 and "ZEROMIB_MATRIX=present" in test[0], test
     matrix = subprocess.run(["make", "-n", "test-matrix", f"VENV={tmp_path / 'venv'}"], cwd=REPO, capture_output=True,
-                            text=True, check=True).stdout
+                            text=True, check=True, env=plain_make_env()).stdout
     assert "ZEROMIB_MATRIX=all" in matrix and "ZEROMIB_MATRIX=present" not in matrix, matrix
     ci = (REPO / ".ci" / "run").read_text()
     assert "tests/compat/matrix.py --check" in ci and "make test-matrix" in ci, ci

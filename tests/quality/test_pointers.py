@@ -32,7 +32,8 @@ PATH = re.compile(r"(?<![\w/.~$:-])(" + TOP + r"/[\w.*@-]+(?:/[\w.*@-]+)*)")
 NOT_IN_GIT = re.compile(r"(^tests/output|__pycache__|(^|/)X\b|_X\b|^tests/sanity\b)")
 # R(text, ref): Ansible splits at the first comma, so a text with a comma leaves a ref that is no label.
 REF = re.compile(r":ref:`(?:[^`<]*<)?([\w.-]+)>?`|\bR\(([^,()]+),\s*([^()]+?)\)")
-SECTION = re.compile(r"\b(README(?:\.md)?|CONTRIBUTING(?:\.md)?|HISTORY\.md|guide_\w+\.rst|the (\w+) guide)(?:'s)?,? (?:section )?[\"“]([^\"”]+)[\"”]")
+SECTION = re.compile(r"\b(README(?:\.md)?|CONTRIBUTING(?:\.md)?|HISTORY\.md|guide_\w+\.rst|the (\w+) guide)(?:'s)?,? (?:section )?"
+                     r"[\"\u201c]([^\"\u201d]+)[\"\u201d]")
 MD_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 # A link's text that says nothing where ansible-doc prints it without its target.
 BARE = {"details", "why", "here", "more", "see", "this", "link"}

@@ -1155,7 +1155,8 @@ class Release:
             self.system.systemctl, targets, holders, selected, forbidden, self.system.proc, self.names,
             self.params.get("launchers") or (), bool(self.params.get("kill_spanning")), self.named.units)
         steps = _units.plan(self.system.systemctl, self.named.units, owned if self.params.get("stop_owning_units") else [],
-                            self.params.get("service_state"), forbidden, self.names, self.system.proc, self.params.get("launchers") or ())
+                            self.params.get("service_state"), forbidden, self.names, self.system.proc, self.params.get("launchers") or (),
+                            self.recorded_unit_files())
         _units.keep_outside_selection(steps, _units.held_gpus(holders), selected, owned)
         self.result["kept_units"].extend(steps["kept_units"])
         self.result["warnings"].extend(steps["warnings"])
@@ -1597,6 +1598,15 @@ class Release:
         if unheld_for.long_enough(dirty, unheld(dirty, holders, apps), now):
             return "no_holder"
         return None
+
+    def recorded_unit_files(self) -> set[str]:
+        """The units an earlier release disabled or masked, by the restore record (_record): their
+        files are read on disk before they are disabled or masked again (_units.already_on_disk)."""
+        path = getattr(self.system, "record_path", None)
+        if not path or self.params.get("service_state") not in ("disabled", "masked"):
+            return set()
+        from ansible_collections.zeromib.gpu.plugins.module_utils import _record
+        return _record.unit_files_changed(path)
 
     def write_record(self, unit_before: dict[str, dict[str, str]], holders: list[Holder]) -> None:
         """Add what this run stopped, disabled or masked to the restore record (_record)."""

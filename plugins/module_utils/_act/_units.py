@@ -638,7 +638,8 @@ def _fill_steps(steps: UnitPlan, named_units: list[str], owned: list[str], props
 
 
 def plan(systemctl: Systemctl, named: list[str], owned: list[str], service_state: str | None, forbidden: set[str],
-         protect_names: t.Iterable[str] = (), proc: str = "/proc", launchers: t.Iterable[str] = ()) -> UnitPlan:
+         protect_names: t.Iterable[str] = (), proc: str = "/proc", launchers: t.Iterable[str] = (),
+         recorded: t.Collection[str] = ()) -> UnitPlan:
     """{stop, disable, mask, not_found, before, kept_units, warnings}: named units (and the
     sockets and timers that trigger them) get `service_state`, owned ones are stopped only.
     Raises StepFailed (with the warnings so far) before anything is done when a named unit is
@@ -646,7 +647,8 @@ def plan(systemctl: Systemctl, named: list[str], owned: list[str], service_state
     asked. A glob never selects such a unit, nor a launcher (built in, or of the `launchers`
     option), nor what keeps the node reachable and its data safe (NODE_KEEPING_UNITS): those
     matches are kept and, where the glob would have changed them, listed in kept_units ({unit,
-    kind, reason}) and named in one warning."""
+    kind, reason}) and named in one warning. `recorded`: the units an earlier release disabled or
+    masked (the restore record), whose files are read on disk (already_on_disk)."""
     steps: UnitPlan = {"stop": [], "disable": [], "mask": [], "not_found": [], "before": {}, "kept_units": [], "warnings": []}
     no_match: list[str] = []
     expanded = expand_services(named, set(known_units(systemctl, named, service_state)), no_match)
@@ -664,7 +666,26 @@ def plan(systemctl: Systemctl, named: list[str], owned: list[str], service_state
     # The refusals of owned units (owners, owned_refusal) hold here too, whoever built `owned`.
     owned = [u for u in owned if not matches(u, ESSENTIAL_UNITS) and (u in explicit or not keeps_node(u))]
     _fill_steps(steps, named_units, owned, props, service_state)
+    already_on_disk(systemctl, steps, recorded)
     return steps
+
+
+def already_on_disk(systemctl: Systemctl, steps: UnitPlan, recorded: t.Collection[str]) -> None:
+    """Leave out of `steps` the disables and masks an earlier release already made on disk.
+    Unit files change with --no-reload (act), so systemd's UnitFileState is the one it read at its
+    last reload, and a second release would disable or mask again and say `changed`; `systemctl
+    is-enabled` reads the files. Asked only for the units the restore record says a release changed
+    (a first release asks nothing more); where it does not answer one line per unit, nothing is left out."""
+    candidates = [u for u in dict.fromkeys(steps["disable"] + steps["mask"]) if u in recorded]
+    if not candidates:
+        return
+    _rc, out, _err = systemctl(["is-enabled", "--"] + candidates)
+    states = [line.strip() for line in out.splitlines() if line.strip()]
+    if len(states) != len(candidates):
+        return
+    disk = dict(zip(candidates, states))
+    steps["disable"] = [u for u in steps["disable"] if disk.get(u, "enabled") in ENABLED_STATES]
+    steps["mask"] = [u for u in steps["mask"] if disk.get(u, "") not in MASKED_STATES]
 
 
 def keep_outside_selection(steps: UnitPlan, unit_gpus: t.Mapping[str, t.Collection[int]], selected: t.Collection[int],

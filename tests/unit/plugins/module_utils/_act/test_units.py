@@ -598,3 +598,30 @@ def test_owners_never_stops_a_unit_whose_main_process_is_protected(proc):
     systemctl = Systemctl({"lab.service": loaded(MainPID="710")})
     to_stop, _l, _w = units.owners(systemctl, [holder(711, [0], "lab.service")], [], [0], set(), str(proc), ["lab"])
     assert to_stop == []
+
+
+def test_a_disable_or_mask_an_earlier_release_made_on_disk_is_not_made_again():
+    """Unit files change with --no-reload, so systemd's UnitFileState still says `enabled` after a
+    release disabled the unit: the units the restore record names are read on disk (is-enabled),
+    and a second release changes nothing there (idempotent); the others are asked nothing."""
+    calls = []
+
+    def systemctl(args):
+        calls.append(args)
+        if args[0] == "is-enabled":
+            return 1, "disabled\nmasked\nenabled\n", ""
+        return 0, "", ""
+
+    steps = {"stop": ["vllm.service"], "disable": ["vllm.service", "tgi.service"], "mask": ["sglang.service", "ollama.service"]}
+    units.already_on_disk(systemctl, steps, {"vllm.service", "sglang.service", "ollama.service"})
+    assert calls == [["is-enabled", "--", "vllm.service", "sglang.service", "ollama.service"]]
+    assert steps == {"stop": ["vllm.service"], "disable": ["tgi.service"], "mask": ["ollama.service"]}
+    calls.clear()
+    units.already_on_disk(systemctl, steps, set())
+    assert calls == []
+
+
+def test_an_is_enabled_that_does_not_answer_each_unit_leaves_the_plan_as_it_was():
+    steps = {"stop": [], "disable": ["vllm.service"], "mask": ["sglang.service"]}
+    units.already_on_disk(lambda args: (4, "", "Failed to get unit file state"), steps, {"vllm.service", "sglang.service"})
+    assert steps == {"stop": [], "disable": ["vllm.service"], "mask": ["sglang.service"]}
