@@ -7,4 +7,6 @@ TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
-from tenants.stalled_fuse import EXEC_ON_IT, HOLD_OPEN, SIM, USER, StalledFs, blocked_in_execve, spawn_user, waits_in_fuse  # noqa: E402,F401
+from tenants.stalled_fuse import EXEC_ON_IT, HOLD_OPEN, SIM, USER, StalledFs, blocked_in_execve, spawn_user, waits_in_fuse  # noqa: E402
+
+__all__ = ["EXEC_ON_IT", "HOLD_OPEN", "SIM", "USER", "StalledFs", "blocked_in_execve", "spawn_user", "waits_in_fuse"]

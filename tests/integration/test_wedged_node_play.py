@@ -4,8 +4,9 @@ each host's Python enters its host's namespaces (its interpreter is `nsenter ...
 gpu_release sees that host's /proc, GPUs and file systems, as over SSH on a node.
 
 - A node with a user's process that does not answer /proc reads (in execve on a FUSE mount that
-  stopped answering: tests/integration/stalled_fs.py): gpu_release's bounded scan reports it and
-  refuses before acting; the host fails alone, within its timeouts, the other two are freed.
+  stopped answering: tests/tenants/stalled_fuse.py) and that the driver lists on the selected GPU
+  with memory no readable process explains: gpu_release's bounded scan reports it and refuses
+  before acting; the host fails alone, within its timeouts, the other two are freed.
 - A node where gpu_release itself never answers (its Python waits on the stalled file system
   before the module starts, as on a node whose site-packages or home is on a dead NFS server):
   the role's gate stops waiting at the bound of the host's own timeouts (plugins/action/
@@ -80,6 +81,10 @@ def holders(host):
 def test_a_node_whose_proc_does_not_answer_fails_alone_and_the_others_are_freed(fleet, tmp_path):
     hosts, mount = fleet
     stuck = spawn_user(hosts["node-c"], EXEC_ON_IT, mount.data, mount.flag)
+    # The driver lists it on GPU 0 with memory of its own: a GPU that reads clean with no compute
+    # process would be free whatever could not be read (issue 66); this one holds memory that no
+    # process that answered explains.
+    hosts["node-c"].set_fault(leak={"0": {"mib": 4096, "pid": stuck.pid}})
     mount.stall()
     time.sleep(0.3)  # its execve reaches the close of the file
     pythons = {name: interpreter(host, str(tmp_path / f"python-{name}")) for name, host in hosts.items()}
