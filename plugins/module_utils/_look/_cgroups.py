@@ -180,12 +180,15 @@ def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[str]:
     mounts: list[str] = []
     try:
         with open(mountinfo, "rb") as handle:
-            lines = handle.read().decode("utf-8", "replace").splitlines()
+            # "\n" only: a mount point a user names (a FUSE mount in her folder) may hold any other line break.
+            lines = handle.read().decode("utf-8", "replace").split("\n")
     except OSError:
         return mounts
     for line in lines:
         left, _sep, right = line.partition(" - ")
-        fields, tail = left.split(), right.split()
+        # The kernel separates fields with one space and escapes a space in a path (\040): str.split()
+        # would also split at a \x0b a user put in her mount point's name, shifting the fields.
+        fields, tail = left.split(" "), right.split(" ")
         if len(fields) < 5 or len(tail) < 3:
             continue
         point = fields[4].replace("\\040", " ")

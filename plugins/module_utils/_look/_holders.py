@@ -254,9 +254,11 @@ class MountTable:
 
     def __init__(self, mountinfo: bytes) -> None:
         points: dict[str, str] = {}
-        for line in mountinfo.splitlines():
+        # "\n" only: a mount point a user names may hold a "\r", which bytes.splitlines() breaks at.
+        for line in mountinfo.split(b"\n"):
             left, sep, right = line.partition(b" - ")
-            fields, tail = left.split(), right.split()
+            # One space between fields (a space in a path is \040); bytes.split() would also split at a \x0b.
+            fields, tail = left.split(b" "), right.split(b" ")
             if sep and len(fields) >= 5 and tail:
                 points[_unescape(fields[4])] = tail[0].decode("ascii", "replace")
         self._points = sorted(points.items(), key=lambda item: len(item[0]), reverse=True)

@@ -206,7 +206,8 @@ def parse_mountinfo(text: str) -> list[Mount]:
     # At "\n" only: the kernel escapes it (and space, tab, backslash) in a path, not \x1c or \x85.
     for line in text.split("\n"):
         left, _sep, right = line.partition(" - ")
-        fields, tail = left.split(), right.split()
+        # One space between fields (a space in a path is \040); str.split() would also split at a \x0b.
+        fields, tail = left.split(" "), right.split(" ")
         if len(fields) < 6 or not tail:
             continue
         mounts.append(Mount(_unescape(fields[4]), _unescape(fields[3]), fields[6:], tail[0], _unescape(tail[1]) if len(tail) > 1 else ""))

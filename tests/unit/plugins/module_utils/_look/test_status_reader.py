@@ -123,3 +123,19 @@ def test_a_real_process_named_with_line_breaks_reads_as_the_kernel_wrote_it():
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_mount_point_a_user_names_shifts_no_field_of_mountinfo(tmp_path):
+    """A FUSE mount in a user's folder is in the node's mountinfo under the name she chose: the
+    kernel escapes a space, tab, newline and backslash, not \\x0b, \\x1c or \\r, which str.split(),
+    bytes.split() and splitlines() all take for separators. Each table reads her mount as hers."""
+    from ansible_collections.zeromib.gpu.plugins.module_utils._look import _cgroups, _shm
+    point = "/home/alice/a\x0bb\x1cc\rd\x85e"
+    text = ("36 35 0:30 / /sys/fs/cgroup rw,nosuid shared:9 - cgroup2 cgroup2 rw\n"
+            f"40 35 0:50 / {point} rw,nosuid,nodev shared:77 - fuse.stall stall rw,user_id=4242\n")
+    (tmp_path / "mountinfo").write_bytes(text.encode("utf-8"))
+    assert _cgroups.cgroup_mounts(str(tmp_path / "mountinfo")) == ["/sys/fs/cgroup"]
+    table = holders.MountTable(text.encode("utf-8"))
+    assert sorted(table._points) == sorted([("/sys/fs/cgroup", "cgroup2"), (point, "fuse.stall")])
+    mounts = _shm.parse_mountinfo(text)
+    assert [(m.point, m.fstype) for m in mounts] == [("/sys/fs/cgroup", "cgroup2"), (point, "fuse.stall")]
