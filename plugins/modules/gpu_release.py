@@ -575,7 +575,8 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._look import _kernel_l
 from ansible_collections.zeromib.gpu.plugins.module_utils import _record
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import NvidiaSmi, NvidiaSmiError
-from ansible_collections.zeromib.gpu.plugins.module_utils._act._release import Release, ReleaseError, System
+from ansible_collections.zeromib.gpu.plugins.module_utils._act._release import Release, ReleaseError
+from ansible_collections.zeromib.gpu.plugins.module_utils._act._system import System
 
 ARGUMENT_SPEC = dict(
     _options.SHARED_SPEC,

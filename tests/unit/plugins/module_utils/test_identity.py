@@ -41,8 +41,7 @@ NOT_PROCESS_NAMES = {
     "_container_of.MANAGED": "result keys",
     "_container_of.HOLDER_KEYS": "result keys",
     "_cuda_smoke.STEPS": "step names",
-    "_release.FREEING_CODE": "module_utils names (loaded while nvidia-smi answers)",
-    "_release._HOLDER_TEXTS": "phrases of the failure message (GPUs said together by holder)",
+    "_words._HOLDER_TEXTS": "phrases of the failure message (GPUs said together by holder)",
     "_reload_risk.MEMORY_FS": "file system types (a container's /dev read only on these)",
     "_engines.MANAGED": "result keys",
     "_engines.BIN_DIRS": "directories",
@@ -76,6 +75,8 @@ NOT_PROCESS_NAMES = {
     "_units.UNIT_SUFFIXES": "unit name suffixes",
     "_units.LAUNCHER_UNITS": "unit globs, matched against systemd's unit names (no process's)",
     "_units.ESSENTIAL_UNITS": "unit globs of the `*` essentials, matched against systemd's unit names (no process's)",
+    "_unit_kinds.LAUNCHER_UNITS": "unit globs, matched against systemd's unit names (no process's)",
+    "_unit_kinds.ESSENTIAL_UNITS": "unit globs of the `*` essentials, matched against systemd's unit names (no process's)",
     "_cgroups.GUEST_KINDS": "kinds of system containers (lxc, lxd, nspawn)",
     # The host cannot vouch for a guest's executable (the guest's file, owned by the guest's mapped root): see RAW_NAME_READERS.
     "_guests.SYSTEM_MANAGERS": "names of a guest's init (PID 1 of the guest's PID namespace, the kernel's word), read by _guests.manager_of",
