@@ -31,6 +31,8 @@ NOT_PROCESS_NAMES = {
     "_holders.ANSWERING_FS": "file system types (mountinfo)",
     "_jobcheck.MODES": "the Slurm hook modes (prolog, epilog)",
     "_jobcheck.NUMBERS": "config option names (numbers)",
+    "_jobcheck.BOOLEANS": "config option names (true or false)",
+    "_options.BOTH": "module names (gpu_facts, gpu_release)",
     "_jobcheck.PATHS": "config option names (paths)",
     "_drain.ADMIN_STATES": "Slurm node states",
     "_jobcheck.RELEASE_OPTIONS": "gpu_release option names the hooks' config may set",
