@@ -201,7 +201,7 @@ def plan_guests(release: Release, holders: list[Holder], selected: list[int]) ->
     release.result["warnings"].extend(warnings)
     for guest_plan in plans:
         release.result["kept_units"].extend(dict(k, unit=_guest_units.name(guest_plan["guest"], k["unit"]))
-                                         for k in guest_plan["steps"]["kept_units"])
+                                            for k in guest_plan["steps"]["kept_units"])
     return plans
 
 
@@ -256,7 +256,7 @@ def act(release: Release, plan: Plan) -> None:
     if targets and release.params.get("kill", True):
         minors = [g["minor_number"] for g in plan.gpus if g["index"] in plan.selected]
         release.watch = _settle.watch_for(targets, outside, release.system.systemctl, release.lineage, minors, release.system.proc,
-                                       foreign=release.foreign(targets))
+                                          foreign=release.foreign(targets))
         act_mps_clients(release, plan.holders, targets)
         act_signals(release, targets)
     if plan.mps_servers:

@@ -366,4 +366,3 @@ class Plan:
         if self.programs is None:
             raise RuntimeError("the supervisor programs are planned before they are acted on")
         return self.programs
-

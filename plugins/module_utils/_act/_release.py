@@ -640,7 +640,6 @@ class Release:
         return self.result
 
 
-
 class Verdict(StepFailed):
     """The run's own verdict of failure, raised by Release.tail with the finished result."""
 

@@ -100,5 +100,3 @@ class System:
     @staticmethod
     def sleep(seconds: float) -> None:
         time.sleep(max(0.0, seconds))
-
-
