@@ -27,14 +27,13 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders 
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _shm
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _signals
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._errors import ReleaseError, StepFailed
-from ansible_collections.zeromib.gpu.plugins.module_utils._act._plan import (  # noqa: F401 - the plan room's names, as callers and tests know them
-    BASELINE_MAX_MIB, SPARED_INIT, STATE_KEYS, NoContainers, Plan, is_idle_baseline, is_mig, new_result, no_programs, no_units, only_protected,
-    plan_diff, plan_targets, select_gpus, spanning_containers, spanning_record, spanning_targets, trust_notes, undecided_record,
-    unheld,
+from ansible_collections.zeromib.gpu.plugins.module_utils._act._plan import (
+    SPARED_INIT, STATE_KEYS, NoContainers, Plan, new_result, no_programs, no_units, only_protected, plan_diff, plan_targets, select_gpus,
+    spanning_containers, spanning_record, spanning_targets, trust_notes, undecided_record, unheld,
 )
-from ansible_collections.zeromib.gpu.plugins.module_utils._act._system import System  # noqa: F401 - gpu_release and the Slurm hook make theirs from here
-from ansible_collections.zeromib.gpu.plugins.module_utils._act._words import (  # noqa: F401 - the failure words, as callers and tests know them
-    EARLY_HEADS, blocked_message, describe_holder, failure_message, freeing_notes, gpu_failure, index_list, reset_node, spanning_message, summarize_diff,
+from ansible_collections.zeromib.gpu.plugins.module_utils._act._system import System
+from ansible_collections.zeromib.gpu.plugins.module_utils._act._words import (
+    blocked_message, failure_message, freeing_notes, reset_node, spanning_message, summarize_diff,
 )
 from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import (
     GPU_FIELDS, NvidiaSmiError, check_against_driver, normalize_bus_id, parse_compute_apps,

@@ -40,7 +40,8 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _mig
 from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _shared
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._errors import ReleaseError, StepFailed
 from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import NvidiaSmi, NvidiaSmiError
-from ansible_collections.zeromib.gpu.plugins.module_utils._act._release import Release, is_mig
+from ansible_collections.zeromib.gpu.plugins.module_utils._act._plan import is_mig
+from ansible_collections.zeromib.gpu.plugins.module_utils._act._release import Release
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._system import System
 
 if t.TYPE_CHECKING:

@@ -58,7 +58,7 @@ def test_documentation_names_the_tables_options_of_the_module_with_the_same_type
 
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_the_modules_argument_spec_is_the_tables(name):
-    assert MODULES[name].ARGUMENT_SPEC == _options.argument_spec(name)
+    assert _options.argument_spec(name) == MODULES[name].ARGUMENT_SPEC
 
 
 def test_the_role_has_a_variable_for_each_option_it_passes_with_the_tables_default():
