@@ -16,6 +16,7 @@ a time at most its TIME_LIMITS."""
 
 from __future__ import annotations
 
+import collections
 import math
 import typing as t
 
@@ -27,28 +28,23 @@ ONE_DAY_S = 86400
 DAY = (ONE_DAY_S, "one day")
 
 
-class Option(t.NamedTuple):
+# A collections.namedtuple, not a typing.NamedTuple: with postponed annotations, the latter compiles
+# each field's annotation (typing.ForwardRef) on every gate's import.
+class Option(collections.namedtuple("Option", ["name", "type", "default", "doc", "elements", "choices", "low", "most", "modules", "role", "slurm"],
+                                    defaults=(None, "", None, None, None, None, BOTH, True, True))):
     """One option of gpu_facts and gpu_release, as every entry point reads it: the modules' argument
     spec (argument_spec), the Slurm runner's defaults and type checks (_slurm/_jobcheck), the free_gpus
-    role's variable types (plugin_utils/_role_spec, role_types) and the range check (check)."""
+    role's variable types (plugin_utils/_role_spec, role_types) and the range check (check).
 
-    name: str
-    # The modules' argument spec type ("path", "float", "int", "bool", "str", "list").
-    type: str
-    default: t.Any = None
-    doc: str = ""
-    elements: str | None = None
-    choices: tuple[t.Any, ...] | None = None
-    # The smallest value it accepts, and whether that bound itself is allowed (RANGES).
-    low: tuple[float, bool] | None = None
-    # The most it accepts in its own unit, and the words that say it (TIME_LIMITS).
-    most: tuple[int, str] | None = None
-    modules: tuple[str, ...] = BOTH
-    # The free_gpus role passes it as free_gpus_<name> (else the role has no such variable, or
-    # one of another name: health is free_gpus_require_healthy).
-    role: bool = True
-    # A site may set it in the Slurm hooks' config (_slurm/_jobcheck.RELEASE_OPTIONS).
-    slurm: bool = True
+    name, type (the modules' argument spec type: path, float, int, bool, str, list), default, doc (a
+    short one), elements and choices as the argument spec has them; low: the smallest value it accepts
+    and whether that bound itself is allowed (RANGES); most: the most it accepts in its own unit and
+    the words that say it (TIME_LIMITS); modules: which take it; role: the free_gpus role passes it as
+    free_gpus_<name> (else the role has no such variable, or one of another name: health is
+    free_gpus_require_healthy); slurm: a site may set it in the Slurm hooks' config
+    (_slurm/_jobcheck.RELEASE_OPTIONS)."""
+
+    __slots__ = ()
 
     def spec(self) -> dict[str, t.Any]:
         """The option's AnsibleModule argument spec entry."""
