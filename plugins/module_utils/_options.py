@@ -5,7 +5,8 @@
 # This module_utils is PRIVATE: it may change without notice. Only the plugins of
 # zeromib.gpu may use it.
 
-"""The options gpu_facts and gpu_release share, and the one range check of every option.
+"""The one table of gpu_facts' and gpu_release's options (OPTIONS), and the one range check of
+every option.
 
 Ansible's argument spec types a value (`float` accepts "nan" and "inf") but checks no range:
 a NaN timeout compares false with everything, so `now >= deadline` never holds and a wait
@@ -15,69 +16,142 @@ a time at most its TIME_LIMITS."""
 
 from __future__ import annotations
 
+import collections
 import math
 import typing as t
 
-# Options both modules take, with the same meaning and default.
-SHARED_SPEC = dict(
-    nvidia_smi=dict(type="path"),
-    timeout=dict(type="float", default=10),
-    max_used_mib=dict(type="int", default=0),
-    cross_gpu_footprint_mib=dict(type="int", default=4),
-    protect=dict(type="list", elements="str", default=[]),
-    health=dict(type="bool", default=True),
-    min_pcie_gen=dict(type="int", default=0),
-    min_pcie_width=dict(type="int", default=0),
-    require_persistence=dict(type="bool", default=True),
-    expected_mig_mode=dict(type="str", choices=["enabled", "disabled"]),
-    xid_window_hours=dict(type="float", default=24),
-    dcgm_diag=dict(type="int", default=0, choices=[0, 1, 2, 3, 4]),
-    xid_ignore=dict(type="list", elements="int", default=[]),
-    xid_fatal=dict(type="list", elements="int", default=[]),
-    smoke_test=dict(type="bool", default=False),
-    smoke_test_mib=dict(type="int", default=1024),
+FACTS = "gpu_facts"
+RELEASE = "gpu_release"
+BOTH = (FACTS, RELEASE)
+ONE_DAY_S = 86400
+# A bound of a time (seconds; xid_window_hours in hours) and how a message says it.
+DAY = (ONE_DAY_S, "one day")
+
+
+# A collections.namedtuple, not a typing.NamedTuple: with postponed annotations, the latter compiles
+# each field's annotation (typing.ForwardRef) on every gate's import.
+class Option(collections.namedtuple("Option", ["name", "type", "default", "doc", "elements", "choices", "low", "most", "modules", "role", "slurm"],
+                                    defaults=(None, "", None, None, None, None, BOTH, True, True))):
+    """One option of gpu_facts and gpu_release, as every entry point reads it: the modules' argument
+    spec (argument_spec), the Slurm runner's defaults and type checks (_slurm/_jobcheck), the free_gpus
+    role's variable types (plugin_utils/_role_spec, role_types) and the range check (check).
+
+    name, type (the modules' argument spec type: path, float, int, bool, str, list), default, doc (a
+    short one), elements and choices as the argument spec has them; low: the smallest value it accepts
+    and whether that bound itself is allowed (RANGES); most: the most it accepts in its own unit and
+    the words that say it (TIME_LIMITS); modules: which take it; role: the free_gpus role passes it as
+    free_gpus_<name> (else the role has no such variable, or one of another name: health is
+    free_gpus_require_healthy); slurm: a site may set it in the Slurm hooks' config
+    (_slurm/_jobcheck.RELEASE_OPTIONS)."""
+
+    __slots__ = ()
+
+    def spec(self) -> dict[str, t.Any]:
+        """The option's AnsibleModule argument spec entry."""
+        entry: dict[str, t.Any] = {"type": self.type}
+        if self.elements:
+            entry["elements"] = self.elements
+        if self.default is not None:
+            entry["default"] = list(self.default) if isinstance(self.default, tuple) else self.default
+        if self.choices:
+            entry["choices"] = list(self.choices)
+        return entry
+
+
+# The one table of gpu_facts' and gpu_release's options. Adding an option: a row here, its
+# DOCUMENTATION (the module's, or doc_fragments for both), the role's defaults, argument_specs and
+# guide entry (a role variable), nothing else: tests/unit/plugins/module_utils/test_option_table.py
+# holds DOCUMENTATION, the role's argument specs and this table to one another.
+OPTIONS = (
+    Option("nvidia_smi", "path", doc="path of nvidia-smi (searched when not set)"),
+    Option("timeout", "float", 10, "seconds for each nvidia-smi call and the /proc scan", low=(0, False), most=DAY),
+    Option("max_used_mib", "int", 0, "the most MiB a GPU may read and still be free", low=(0, True)),
+    Option("cross_gpu_footprint_mib", "int", 4, "MiB a context on another GPU leaves on a free one", low=(0, True)),
+    Option("protect", "list", (), "process names or PIDs never signalled", elements="str"),
+    Option("health", "bool", True, "read the GPUs' health (Xids, PCIe, persistence, /dev/shm)", role=False),
+    Option("min_pcie_gen", "int", 0, "the lowest PCIe generation a GPU may run at", low=(0, True)),
+    Option("min_pcie_width", "int", 0, "the narrowest PCIe link a GPU may run at", low=(0, True)),
+    Option("require_persistence", "bool", True, "a GPU without persistence mode is unhealthy"),
+    Option("expected_mig_mode", "str", None, "the MIG mode every GPU must be in", choices=("enabled", "disabled")),
+    Option("xid_window_hours", "float", 24, "how far back the kernel log's Xids count", low=(0, True), most=(8760, "one year")),
+    Option("dcgm_diag", "int", 0, "the dcgmi diag level to run (0: none)", choices=(0, 1, 2, 3, 4), slurm=False),
+    Option("xid_ignore", "list", (), "Xids that never make a GPU unhealthy", elements="int"),
+    Option("xid_fatal", "list", (), "Xids that always make a GPU unhealthy", elements="int"),
+    Option("smoke_test", "bool", False, "run the CUDA smoke test on the free GPUs"),
+    Option("smoke_test_mib", "int", 1024, "MiB the smoke test allocates on each GPU", low=(0, True)),
     # _shm.DEFAULT_MIN_FREE_MIB_PER_GPU, with its reason.
-    shm_min_free_mib_per_gpu=dict(type="int", default=128),
+    Option("shm_min_free_mib_per_gpu", "int", 128, "the least free /dev/shm per GPU (MiB)", low=(0, True)),
+    Option("processes", "bool", True, "list the processes that hold each GPU", modules=(FACTS,), role=False, slurm=False),
+    Option("fail_on_error", "bool", True, "fail when nvidia-smi cannot be read", modules=(FACTS,), role=False, slurm=False),
+    Option("gpus", "list", (), "the GPUs to free (indexes or UUIDs; none: all)", elements="str", modules=(RELEASE,), slurm=False),
+    Option("services", "list", (), "units, containers, programs and guests' units to stop", elements="str", modules=(RELEASE,), slurm=False),
+    Option("service_state", "str", "stopped", "what the named services are left", choices=("stopped", "disabled", "masked"),
+           modules=(RELEASE,), slurm=False),
+    Option("stop_owning_units", "bool", True, "stop the unit that runs a holder", modules=(RELEASE,)),
+    Option("kill", "bool", True, "signal the holders left", modules=(RELEASE,), slurm=False),
+    Option("kill_spanning", "bool", False, "also end what uses GPUs outside the selection", modules=(RELEASE,)),
+    Option("launchers", "list", (), "units of the site that start other people's jobs", elements="str", modules=(RELEASE,), slurm=False),
+    Option("match", "list", (), "regular expressions a holder's command line must match", elements="str", modules=(RELEASE,), slurm=False),
+    Option("kill_timeout", "float", 10, "seconds from SIGTERM to SIGKILL (and for each stop)", low=(0, True), most=DAY, modules=(RELEASE,)),
+    Option("wait_timeout", "float", 60, "seconds to wait for the GPUs to read free", low=(0, True), most=DAY, modules=(RELEASE,)),
+    Option("poll_interval", "float", 0.1, "seconds between readings while waiting", low=(0, False), most=DAY, modules=(RELEASE,), slurm=False),
+    Option("settle_timeout", "float", 5, "seconds to watch that nothing starts a killed holder again", low=(0, True), most=DAY,
+           modules=(RELEASE,)),
+    Option("clean_shm", "bool", False, "remove what the killed jobs left in /dev/shm", modules=(RELEASE,)),
+)
+BY_NAME = {option.name: option for option in OPTIONS}
+
+
+def argument_spec(module: str) -> dict[str, dict[str, t.Any]]:
+    """The argument spec of gpu_facts or gpu_release (their options of the table)."""
+    return {option.name: option.spec() for option in OPTIONS if module in option.modules}
+
+
+def defaults(module: str) -> dict[str, t.Any]:
+    """{option: default} of a module's options (lists as new lists)."""
+    return {name: entry.get("default") for name, entry in argument_spec(module).items()}
+
+
+def role_types(prefix: str = "free_gpus_") -> dict[str, dict[str, t.Any]]:
+    """The free_gpus role's variable types of the table's options (plugin_utils/_role_spec.TYPES):
+    a path is a string there, and "" (the role's default) stands for an unset choice."""
+    types = {}
+    for option in OPTIONS:
+        if not option.role:
+            continue
+        entry: dict[str, t.Any] = {"type": "str" if option.type == "path" else option.type}
+        if option.elements:
+            entry["elements"] = option.elements
+        if option.choices:
+            entry["choices"] = list(option.choices) if option.default is not None else [""] + list(option.choices)
+        types[prefix + option.name] = entry
+    return types
+
+
+# Options both modules take, with the same meaning and default.
+SHARED_SPEC = {option.name: option.spec() for option in OPTIONS if option.modules == BOTH}
+
+# option -> the smallest value it accepts, and whether that bound itself is allowed: the table's,
+# and those of gpu_restore and the role's own. 0 is a meaningful kill_timeout (SIGKILL at once) and
+# wait_timeout (one reading); a 0 timeout or poll_interval would never let nvidia-smi answer or
+# would spin.
+RANGES = dict(
+    {option.name: option.low for option in OPTIONS if option.low is not None},
+    expected_count=(0, True),
+    # gpu_restore: every step (a systemctl call, a container start) must be given some time.
+    step_timeout=(0, False),
+    wait_for_gpus=(0, True),
 )
 
-# option -> the smallest value it accepts, and whether that bound itself is allowed.
-# 0 is a meaningful kill_timeout (SIGKILL at once) and wait_timeout (one reading); a 0 timeout or
-# poll_interval would never let nvidia-smi answer or would spin.
-RANGES = {
-    "timeout": (0, False),
-    "poll_interval": (0, False),
-    "kill_timeout": (0, True),
-    "wait_timeout": (0, True),
-    "max_used_mib": (0, True),
-    "cross_gpu_footprint_mib": (0, True),
-    "min_pcie_gen": (0, True),
-    "min_pcie_width": (0, True),
-    "xid_window_hours": (0, True),
-    "expected_count": (0, True),
-    "smoke_test_mib": (0, True),
-    "shm_min_free_mib_per_gpu": (0, True),
-    "settle_timeout": (0, True),
-    # gpu_restore: every step (a systemctl call, a container start) must be given some time.
-    "step_timeout": (0, False),
-    "wait_for_gpus": (0, True),
-}
-
-# option -> the most it accepts, in its own unit (seconds; xid_window_hours in hours), and how the
-# message says it. Every option that is a time has its bound here: past it, deadlines overflow
-# what the OS takes (`timeout: 1e10` ended in an OverflowError from a subprocess wait), and no
-# GPU needs a longer wait than a day.
-ONE_DAY_S = 86400
-TIME_LIMITS = {
-    "timeout": (ONE_DAY_S, "one day"),
-    "kill_timeout": (ONE_DAY_S, "one day"),
-    "wait_timeout": (ONE_DAY_S, "one day"),
-    "poll_interval": (ONE_DAY_S, "one day"),
-    "settle_timeout": (ONE_DAY_S, "one day"),
-    "step_timeout": (ONE_DAY_S, "one day"),
-    "wait_for_gpus": (ONE_DAY_S, "one day"),
-    # A window over the kernel log, not a wait: a year of it is more than any node's uptime between reboots.
-    "xid_window_hours": (8760, "one year"),
-}
+# option -> the most it accepts, in its own unit, and how the message says it. Every option that is
+# a time has its bound here: past it, deadlines overflow what the OS takes (`timeout: 1e10` ended in
+# an OverflowError from a subprocess wait), and no GPU needs a longer wait than a day. A window
+# over the kernel log is not a wait: a year of it is more than any node's uptime between reboots.
+TIME_LIMITS = dict(
+    {option.name: option.most for option in OPTIONS if option.most is not None},
+    step_timeout=DAY,
+    wait_for_gpus=DAY,
+)
 
 # systemd refuses unit names longer than 255 characters (UNIT_NAME_MAX); the count keeps every
 # systemctl command line far below the kernel's limit on arguments (no "Argument list too long").

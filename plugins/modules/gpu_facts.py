@@ -466,11 +466,8 @@ from ansible_collections.zeromib.gpu.plugins.module_utils import _record
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import NvidiaSmi, NvidiaSmiError, driver_versions
 
-ARGUMENT_SPEC = dict(
-    _options.SHARED_SPEC,
-    processes=dict(type="bool", default=True),
-    fail_on_error=dict(type="bool", default=True),
-)
+# Built from the one option table (_options.OPTIONS); DOCUMENTATION above says the same (a test holds them equal).
+ARGUMENT_SPEC = _options.argument_spec(_options.FACTS)
 
 
 def checked_params(params: t.Mapping[str, t.Any]) -> str | None:

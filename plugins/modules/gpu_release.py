@@ -575,24 +575,11 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._look import _kernel_l
 from ansible_collections.zeromib.gpu.plugins.module_utils import _record
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import NvidiaSmi, NvidiaSmiError
-from ansible_collections.zeromib.gpu.plugins.module_utils._act._release import Release, ReleaseError, System
+from ansible_collections.zeromib.gpu.plugins.module_utils._act._release import Release, ReleaseError
+from ansible_collections.zeromib.gpu.plugins.module_utils._act._system import System
 
-ARGUMENT_SPEC = dict(
-    _options.SHARED_SPEC,
-    gpus=dict(type="list", elements="str", default=[]),
-    services=dict(type="list", elements="str", default=[]),
-    service_state=dict(type="str", default="stopped", choices=["stopped", "disabled", "masked"]),
-    stop_owning_units=dict(type="bool", default=True),
-    kill=dict(type="bool", default=True),
-    kill_spanning=dict(type="bool", default=False),
-    launchers=dict(type="list", elements="str", default=[]),
-    match=dict(type="list", elements="str", default=[]),
-    kill_timeout=dict(type="float", default=10),
-    wait_timeout=dict(type="float", default=60),
-    poll_interval=dict(type="float", default=0.1),
-    settle_timeout=dict(type="float", default=5),
-    clean_shm=dict(type="bool", default=False),
-)
+# Built from the one option table (_options.OPTIONS); DOCUMENTATION above says the same (a test holds them equal).
+ARGUMENT_SPEC = _options.argument_spec(_options.RELEASE)
 
 
 def checked_params(params: t.Mapping[str, t.Any]) -> dict[str, t.Any]:

@@ -27,44 +27,19 @@ import typing as t
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.plugin_utils import _plain
 
-TYPES: dict[str, dict[str, t.Any]] = {
-    "free_gpus_cross_gpu_footprint_mib": {"type": "int"},
-    "free_gpus_dcgm_diag": {"type": "int", "choices": [0, 1, 2, 3, 4]},
-    "free_gpus_expected_count": {"type": "int"},
-    "free_gpus_expected_mig_mode": {"type": "str", "choices": ["", "enabled", "disabled"]},
-    "free_gpus_gpus": {"type": "list", "elements": "str"},
-    "free_gpus_kill": {"type": "bool"},
-    "free_gpus_kill_spanning": {"type": "bool"},
-    "free_gpus_kill_timeout": {"type": "float"},
-    "free_gpus_launchers": {"type": "list", "elements": "str"},
-    "free_gpus_match": {"type": "list", "elements": "str"},
-    "free_gpus_max_used_mib": {"type": "int"},
-    "free_gpus_min_pcie_gen": {"type": "int"},
-    "free_gpus_min_pcie_width": {"type": "int"},
-    "free_gpus_nvidia_smi": {"type": "str"},
-    "free_gpus_on_failure": {"type": "str", "choices": ["none", "drain"]},
-    "free_gpus_poll_interval": {"type": "float"},
-    "free_gpus_protect": {"type": "list", "elements": "str"},
-    "free_gpus_require_healthy": {"type": "bool"},
-    "free_gpus_require_persistence": {"type": "bool"},
-    "free_gpus_service_state": {"type": "str", "choices": ["stopped", "disabled", "masked"]},
-    "free_gpus_services": {"type": "list", "elements": "str"},
-    "free_gpus_shm_min_free_mib_per_gpu": {"type": "int"},
-    "free_gpus_clean_shm": {"type": "bool"},
-    "free_gpus_settle_timeout": {"type": "float"},
-    "free_gpus_slurm_node_name": {"type": "str"},
-    "free_gpus_smoke_test": {"type": "bool"},
-    "free_gpus_smoke_test_mib": {"type": "int"},
-    "free_gpus_stop_owning_units": {"type": "bool"},
-    "free_gpus_strict": {"type": "bool"},
-    "free_gpus_timeout": {"type": "float"},
-    "free_gpus_wait_timeout": {"type": "float"},
-    "free_gpus_xid_fatal": {"type": "list", "elements": "int"},
-    "free_gpus_xid_ignore": {"type": "list", "elements": "int"},
-    "free_gpus_xid_window_hours": {"type": "float"},
-}
+# The gpu_release options the role passes (free_gpus_<option>) are typed by the one option table
+# (_options.role_types); the role's own variables, and require_healthy (gpu_release's health), here.
+TYPES: dict[str, dict[str, t.Any]] = dict(
+    _options.role_types("free_gpus_"),
+    free_gpus_expected_count={"type": "int"},
+    free_gpus_on_failure={"type": "str", "choices": ["none", "drain"]},
+    free_gpus_require_healthy={"type": "bool"},
+    free_gpus_slurm_node_name={"type": "str"},
+    free_gpus_strict={"type": "bool"},
+)
 
 
 RESTORE_TYPES: dict[str, dict[str, t.Any]] = {

@@ -4,8 +4,8 @@ gpu_release keeps the code it compiled in root's bytecode cache on the node (_co
 next gate loads it instead of compiling, only from root-only entries of the same source.
 
 gpu_release imports what only a host with something to free needs (containers, units,
-supervisord, MPS, the respawn watch, the restore record, the smoke test) inside the functions
-that use it. Ansible builds the AnsiballZ payload from the imports it finds anywhere in the
+supervisord, MPS, the respawn watch, the restore record: the freeing room, _act/_freeing; the
+smoke test) only where it is needed. Ansible builds the AnsiballZ payload from the imports it finds anywhere in the
 source: the payload must still carry every one of them (a missing one would fail only on the
 dirty host that needs it), and a clean host must load none of them.
 """
@@ -20,7 +20,7 @@ from ansible_in_ns import COLLECTIONS, VENV_BIN, run_module
 
 PREFIX = "ansible_collections/zeromib/gpu/plugins/module_utils/"
 # Loaded only where something is to be freed (or asked for): never on a clean host.
-LAZY = ("_containers", "_engines", "_mps", "_settle", "_supervisor", "_units", "_cuda_smoke")
+LAZY = ("_freeing", "_containers", "_engines", "_mps", "_settle", "_supervisor", "_units", "_cuda_smoke", "_guest_units", "_shm_clean")
 
 
 def kept_payload(host, module="gpu_release", args=""):
@@ -48,7 +48,7 @@ def payload_zip(path):
 
 # Runs the payload as python3 would, and at exit writes (fd 2) the module_utils in sys.modules.
 # Not `-X importtime`: it times only import statements, and gpu_release loads its freeing code
-# with importlib.import_module (_release.load_freeing_code).
+# (earlier releases loaded their freeing code with importlib.import_module; `sys.modules` sees any way).
 SHOW_LOADED = (
     "import atexit, os, runpy, sys\n"
     "atexit.register(lambda: os.write(2, ('LOADED ' + ' '.join(sorted(m for m in sys.modules if '.module_utils._' in m)) + '\\n').encode()))\n"
@@ -84,9 +84,11 @@ def test_clean_gate_payload_carries_every_module_util_but_a_clean_host_loads_non
     # The reading wing's bounded reads (_look/_bounded_reads) come with the scan on every host: no
     # read of another process may hang the gate (issue 57).
     assert {"_release", "_facts", "_health", "_nvidia_smi", "_holders", "_bounded_reads"} <= names
-    # Of the acting wing, a clean host loads the orchestrator and what it names in its signatures only.
+    # Of the acting wing, a clean host loads the engine's clean rooms only (issue 68): the run
+    # (_release), the plan (_plan), the failure words (_words) and the node's seam (_system, with
+    # _signals' pidfds); the freeing room (_act/_freeing) is in the payload, not loaded.
     acting, _stdout = loaded(host, payload, "_act")
-    assert acting == {"_release", "_errors", "_signals"}, acting
+    assert acting == {"_release", "_plan", "_words", "_system", "_errors", "_signals"}, acting
 
 
 def test_a_dirty_host_loads_what_it_needs_from_the_same_payload(nshost):

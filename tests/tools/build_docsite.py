@@ -19,7 +19,6 @@ RST error) fails the build with Sphinx's own words.
 from __future__ import annotations
 
 import argparse
-import ast
 import os
 import re
 import shutil
@@ -67,11 +66,11 @@ NOT_DOCUMENTED = (".build", ".git", ".venv", "tests", "benchmarks", "__pycache__
 
 
 def role_types() -> dict[str, dict[str, dict[str, object]]]:
-    """{role: {variable: {type, elements, choices}}}, read from _role_spec.py's source (no import of the collection)."""
-    tree = ast.parse((REPO / "plugins" / "plugin_utils" / "_role_spec.py").read_text())
-    found = {node.target.id: ast.literal_eval(node.value) for node in tree.body
-             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id in ROLE_TYPES.values()}
-    return {role: found[name] for role, name in ROLE_TYPES.items()}
+    """{role: {variable: {type, elements, choices}}}, from _role_spec.py (free_gpus' built from the one
+    option table, plugins/module_utils/_options.py), imported through this checkout's .build/collections."""
+    sys.path.insert(0, str(REPO / ".build" / "collections"))
+    from ansible_collections.zeromib.gpu.plugins.plugin_utils import _role_spec  # pylint: disable=import-outside-toplevel
+    return {role: getattr(_role_spec, name) for role, name in ROLE_TYPES.items()}
 
 
 def typed_spec(spec: dict, types: dict[str, dict[str, object]]) -> dict:

@@ -115,13 +115,11 @@ def module_page(name):
 
 
 def role_types():
-    """The free_gpus role's variable types as its gate checks them (plugins/plugin_utils/_role_spec.py's TYPES):
-    the role's file says `raw` for each."""
-    source = Path(REPO, "plugins", "plugin_utils", "_role_spec.py").read_text()
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == "TYPES":
-            return ast.literal_eval(node.value)
-    raise SystemExit("no TYPES in plugins/plugin_utils/_role_spec.py")
+    """The free_gpus role's variable types as its gate checks them (plugins/plugin_utils/_role_spec.py's TYPES,
+    built from the one option table, plugins/module_utils/_options.py): the role's file says `raw` for each."""
+    sys.path.insert(0, os.path.join(REPO, ".build", "collections"))
+    from ansible_collections.zeromib.gpu.plugins.plugin_utils._role_spec import TYPES  # pylint: disable=import-outside-toplevel
+    return TYPES
 
 
 def role_page():

@@ -17,23 +17,22 @@ Check mode plans exactly that: the steps of each entry are decided by the same f
 planned step is reported under the key the real run reports it under (`started_units`,
 `started_containers`, ...), so a plan reads like the run it predicts; nothing is done.
 
-No AnsibleModule in here; side effects go through `System` (systemctl with a time bound, the
-container runtimes, the clock), as in _release."""
+No AnsibleModule in here; side effects go through `System` (_system's, with systemctl bounded
+in time: the container runtimes, the clock), as in _release."""
 
 from __future__ import annotations
 
 import fnmatch
 import math
-import time
 import typing as t
 
-from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _engines
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils import _record
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _reload_risk
+from ansible_collections.zeromib.gpu.plugins.module_utils._act import _system
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _units
 
 if t.TYPE_CHECKING:
@@ -59,47 +58,23 @@ class RestoreError(Exception):
         self.result = result or {}
 
 
-class System:
-    """What gpu_restore does to the node, in one replaceable place."""
+class System(_system.System):
+    """What gpu_restore does to the node: the one System (_system) with restore's defaults (the
+    record at _record.PATH, every systemctl call bounded) and the daemon-reload risk."""
 
     def __init__(self, systemctl_path: str | None = None, runtimes: _engines.Runtimes | None = None, record_path: str = _record.PATH,
                  proc: str = "/proc") -> None:
-        self.systemctl_path = systemctl_path
-        self.runtimes = runtimes if runtimes is not None else _engines.Runtimes()
-        self.record_path = record_path
-        self.proc = proc
+        super().__init__(systemctl_path, proc=proc, runtimes=runtimes if runtimes is not None else _engines.Runtimes(), record_path=record_path)
+        self.record_path: str = record_path
 
-    def systemctl(self, args: t.Sequence[str], timeout: float = 30.0) -> tuple[int, str, str]:
+    def systemctl(self, args: t.Sequence[str], timeout: float | None = 30.0) -> tuple[int, str, str]:
         """(rc, out, err); a call that outlasts `timeout` is ended and reads rc 124 (systemd goes on with its job)."""
-        return _commands.systemctl(self.systemctl_path, args, timeout)
+        return super().systemctl(args, timeout)
 
     @staticmethod
     def reload_risk(systemctl: Systemctl) -> list[_reload_risk.Risk]:
         """The running GPU containers a daemon-reload would cut off their GPUs (_reload_risk)."""
         return _reload_risk.at_risk(systemctl)
-
-    def running_guests(self, kind: str, name_glob: str) -> list[t.Any]:
-        """The system containers of `kind` running on this node whose name matches (_guests.running)."""
-        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _guests  # pylint: disable=import-outside-toplevel
-        return _guests.running(kind, name_glob, proc=self.proc)
-
-    def guest_systemctl(self, guest: t.Any, args: list[str], timeout: float) -> tuple[int, str, str]:
-        """systemctl in a guest, confined as the guest (_guest_units.guest_systemctl)."""
-        from ansible_collections.zeromib.gpu.plugins.module_utils._act import _guest_units  # pylint: disable=import-outside-toplevel
-        return _guest_units.guest_systemctl(guest, args, timeout, self.proc)
-
-    def guest_refusal(self, guest: t.Any) -> str | None:
-        """Why this host cannot reach the guest's systemd confined as the guest (None: it can)."""
-        from ansible_collections.zeromib.gpu.plugins.module_utils._act import _guest_units  # pylint: disable=import-outside-toplevel
-        return _guest_units.guest_refusal(guest, self.proc)
-
-    @staticmethod
-    def now() -> float:
-        return time.monotonic()
-
-    @staticmethod
-    def sleep(seconds: float) -> None:
-        time.sleep(max(0.0, seconds))
 
 
 # ---------------------------------------------------------------- pure: what is left to undo

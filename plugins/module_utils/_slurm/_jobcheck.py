@@ -40,7 +40,9 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _mig
 from ansible_collections.zeromib.gpu.plugins.module_utils._slurm import _shared
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._errors import ReleaseError, StepFailed
 from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import NvidiaSmi, NvidiaSmiError
-from ansible_collections.zeromib.gpu.plugins.module_utils._act._release import Release, System, is_mig
+from ansible_collections.zeromib.gpu.plugins.module_utils._act._plan import is_mig
+from ansible_collections.zeromib.gpu.plugins.module_utils._act._release import Release
+from ansible_collections.zeromib.gpu.plugins.module_utils._act._system import System
 
 if t.TYPE_CHECKING:
     from ansible_collections.zeromib.gpu.plugins.module_utils._types import Holder
@@ -56,21 +58,15 @@ SCONTROL_S = 10.0
 # slurmd runs the hooks with a nearly empty environment: no PATH of the site's.
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/slurm/bin"
 
-# gpu_release's option defaults (plugins/modules/gpu_release.py ARGUMENT_SPEC; a unit test keeps
-# them equal) except where a job boundary needs less patience: slurmd waits for the epilog
-# (PrologEpilogTimeout) while the next job waits for the node.
-RELEASE_DEFAULTS: dict[str, t.Any] = dict(
-    {name: t.cast("dict[str, t.Any]", spec).get("default") for name, spec in _options.SHARED_SPEC.items()},
-    gpus=[], services=[], service_state="stopped", stop_owning_units=True, kill=True, kill_spanning=False,
-    launchers=[], match=[], kill_timeout=10.0, wait_timeout=60.0, poll_interval=0.1, settle_timeout=5.0, clean_shm=False,
-)
+# gpu_release's option defaults (the one option table, _options.OPTIONS) except where a job
+# boundary needs less patience: slurmd waits for the epilog (PrologEpilogTimeout) while the next
+# job waits for the node.
+RELEASE_DEFAULTS: dict[str, t.Any] = _options.defaults(_options.RELEASE)
 JOB_DEFAULTS = {"kill_timeout": 3.0, "wait_timeout": 15.0, "settle_timeout": 1.0}
-# The options a site sets in the config file: the release's own (the CUDA smoke test included:
-# the epilog runs it as gpu_release does, after the GPUs are proven free), and the runner's.
-RELEASE_OPTIONS = ("nvidia_smi", "timeout", "max_used_mib", "cross_gpu_footprint_mib", "protect", "health", "min_pcie_gen", "min_pcie_width",
-                   "require_persistence", "expected_mig_mode", "xid_window_hours", "xid_ignore", "xid_fatal",
-                   "kill_timeout", "wait_timeout", "settle_timeout", "stop_owning_units", "kill_spanning", "smoke_test", "smoke_test_mib",
-                   "shm_min_free_mib_per_gpu", "clean_shm")
+# The options a site sets in the config file: the release's own that the table marks `slurm` (the
+# CUDA smoke test included: the epilog runs it as gpu_release does, after the GPUs are proven
+# free), and the runner's.
+RELEASE_OPTIONS = tuple(option.name for option in _options.OPTIONS if option.slurm)
 RUNNER_DEFAULTS: dict[str, t.Any] = {
     "drain": "scontrol",           # scontrol: set a zeromib: drain reason before failing; exit_status: only fail (slurmd drains)
     "scontrol": None,              # path; searched on SAFE_PATH when not set
@@ -257,7 +253,7 @@ def check_config(raw: t.Any) -> dict[str, t.Any]:
     for name, choices in CHOICES.items():
         if config[name] not in choices:
             problems.append("{} must be one of {}, got {!r}".format(name, ", ".join(choices), config[name]))
-    for name in ("health", "require_persistence", "stop_owning_units", "kill_spanning", "smoke_test", "clean_shm", "shared_gpus"):
+    for name in BOOLEANS:
         if not isinstance(config[name], bool):
             problems.append(f"{name} must be true or false, got {config[name]!r}")
     problems += type_problems(config)
@@ -298,10 +294,14 @@ def time_problems(config: t.Mapping[str, t.Any]) -> list[str]:
     return problems
 
 
-# JSON has no Ansible to convert a quoted "3" into a number: the runner takes only what it uses.
-NUMBERS = ("timeout", "max_used_mib", "cross_gpu_footprint_mib", "min_pcie_gen", "min_pcie_width", "xid_window_hours", "kill_timeout",
-           "wait_timeout", "settle_timeout", "smoke_test_mib", "shm_min_free_mib_per_gpu", "deadline", "mig_baseline_mib")
-PATHS = ("nvidia_smi", "scontrol", "log")  # a string, or null
+# JSON has no Ansible to convert a quoted "3" into a number: the runner takes only what it uses,
+# typed as the option table types the release's options, and its own.
+NUMBERS = tuple(name for name in RELEASE_OPTIONS if _options.BY_NAME[name].type in ("int", "float")) + ("deadline", "mig_baseline_mib")
+BOOLEANS = tuple(name for name in RELEASE_OPTIONS if _options.BY_NAME[name].type == "bool") + ("shared_gpus",)
+PATHS = tuple(name for name in RELEASE_OPTIONS if _options.BY_NAME[name].type == "path") + ("scontrol", "log")  # a string, or null
+# The lists: of what (the words of the message).
+LISTS = {name: ((str, int), "names or PIDs") if _options.BY_NAME[name].elements == "str" else (int, "Xid numbers")
+         for name in RELEASE_OPTIONS if _options.BY_NAME[name].type == "list"}
 
 
 def type_problems(config: t.Mapping[str, t.Any]) -> list[str]:
@@ -314,14 +314,16 @@ def type_problems(config: t.Mapping[str, t.Any]) -> list[str]:
     for name in PATHS:
         if config[name] is not None and (not isinstance(config[name], str) or not config[name]):
             problems.append(f"{name} must be a path or null, got {config[name]!r}")
-    for name, element in (("protect", (str, int)), ("xid_ignore", int), ("xid_fatal", int)):
+    for name, (element, words) in LISTS.items():
         value = config[name]
         if not isinstance(value, list):
             problems.append(f"{name} must be a list, got {value!r}")
         elif any(isinstance(v, bool) or not isinstance(v, element) for v in value):
-            problems.append("{} must be a list of {}, got {!r}".format(name, "names or PIDs" if name == "protect" else "Xid numbers", value))
-    if config["expected_mig_mode"] not in (None, "enabled", "disabled"):
-        problems.append(f"expected_mig_mode must be enabled, disabled or null, got {config['expected_mig_mode']!r}")
+            problems.append(f"{name} must be a list of {words}, got {value!r}")
+    for name in RELEASE_OPTIONS:
+        choices = _options.BY_NAME[name].choices
+        if choices and config[name] not in (None,) + choices:
+            problems.append("{} must be {} or null, got {!r}".format(name, ", ".join(str(c) for c in choices), config[name]))
     return problems
 
 

@@ -15,6 +15,7 @@ import pytest
 from ansible_collections.zeromib.gpu.plugins.module_utils import _record
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _guest_units
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _release as release
+from ansible_collections.zeromib.gpu.plugins.module_utils._act import _words as words
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _restore
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _units
 from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils import fakeproc
@@ -192,7 +193,7 @@ def test_on_a_node_that_is_no_container_the_same_leak_gets_the_reset_advice_firs
     world.leaked.append((0, 3000000, "[Not Found]", 3590))
     for check_mode in (False, True):
         error = fail(world, wait_timeout=60.0, check_mode=check_mode)
-        assert error.msg.startswith(release.EARLY_HEADS["no_holder"] + ": GPU 0 ("), error.msg
+        assert error.msg.startswith(words.EARLY_HEADS["no_holder"] + ": GPU 0 ("), error.msg
         part = error.msg.split(" reads ", 1)[1]
         assert part.startswith("3590 MiB, attributed to exited process(es) 3000000 [Not Found] and no live process holds the GPU: the driver "
                                "has not freed this context; a GPU reset or a reboot is needed"), part
@@ -205,7 +206,7 @@ def test_inside_a_container_an_idle_mig_baseline_is_still_told_as_one(world):
     (world.root / "self" / "ns" / "pid").write_text("")
     world.mig, world.baseline = True, {0: 55, 1: 55}
     error = fail(world, wait_timeout=60.0)
-    assert error.msg.startswith(release.EARLY_HEADS["no_holder"]) and "idle baseline (MIG mode is enabled)" in error.msg
+    assert error.msg.startswith(words.EARLY_HEADS["no_holder"]) and "idle baseline (MIG mode is enabled)" in error.msg
     assert "held outside" not in error.msg
 
 

@@ -8,6 +8,7 @@ it refuses before acting, naming it (tests/integration/test_stalled_fs.py runs i
 from __future__ import annotations
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _release
+from ansible_collections.zeromib.gpu.plugins.module_utils._act import _words as words
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _attribution, _caps
 
 
@@ -23,12 +24,12 @@ def test_gpu_release_refuses_naming_it():
                               "waited in mm_access; what it holds is unknown")
     assert "Nothing was stopped or signalled" in message and "umount -l" in message
     assert "the scan reached its deadline (5 s, the timeout option) with 3 process(es) not read" in _release.blocked_message([], 3, [0], 5)
-    assert "did not answer" in _release.describe_holder(record)
+    assert "did not answer" in words.describe_holder(record)
 
 
 def test_a_zombie_leader_is_described_with_its_running_threads():
     holder = {"pid": 12, "name": "python3", "state": "Z", "threads": 3, "protected": False}
-    assert "state Z, zombie leader, 2 threads running" in _release.describe_holder(holder)
+    assert "state Z, zombie leader, 2 threads running" in words.describe_holder(holder)
 
 
 def gpu(index, used):

@@ -14,6 +14,7 @@ import pytest
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _mps, _settle, _signals, _supervisor
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _release as release
+from ansible_collections.zeromib.gpu.plugins.module_utils._act import _words as words
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _units as units_mod
 
 UUIDS = ["GPU-ab0cf4f6-818d-be7e-f16b-963690d7c5c5", "GPU-f07bb63c-cd2e-fe8d-534a-d4b919fe9734", "GPU-11111111-2222-3333-4444-555555555555"]
@@ -337,7 +338,7 @@ def test_gpus_are_grouped_by_holder_and_a_gpu_with_words_of_its_own_keeps_them()
 
 @pytest.mark.parametrize(("indexes", "said"), [([0], "0"), ([0, 1], "0,1"), ([0, 1, 2, 3, 5, 7, 8], "0-3,5,7,8"), ([4, 5, 6], "4-6")])
 def test_index_list(indexes, said):
-    assert release.index_list(indexes) == said
+    assert words.index_list(indexes) == said
 
 
 def test_dead_not_found_owner_without_live_holder_says_reset_or_reboot():
@@ -379,7 +380,7 @@ def test_leaked_memory_without_any_claim_says_reset_or_reboot():
 
 def test_small_reading_without_any_claim_is_an_idle_baseline_not_a_reset():
     message = release.failure_message([{"index": 1, "uuid": UUIDS[1], "memory_used_mib": 12}], [], [], 0.0, [], early="no_holder")
-    assert message.startswith(release.EARLY_HEADS["no_holder"])
+    assert message.startswith(words.EARLY_HEADS["no_holder"])
     assert "this is its idle baseline, not a leak; set max_used_mib: 16 (its 12 MiB reading with a margin" in message and "reset" not in message
 
 
@@ -415,7 +416,7 @@ def test_unkillable_holders_are_listed():
     ids=["command-line", "same-as-name", "kernel-thread-without-one", "60-chars-kept", "61-chars-cut"],
 )
 def test_holder_names_carry_their_command_line(cmdline, shown):
-    assert release.describe_holder(holder(7, [0], cmdline=cmdline)) == shown
+    assert words.describe_holder(holder(7, [0], cmdline=cmdline)) == shown
 
 
 def test_summarize_diff():
@@ -478,7 +479,7 @@ def test_a_gpu_read_blind_beside_a_dead_listed_owner_advises_no_reset():
     could not read; "a GPU reset or a reboot is needed" would then be wrong advice."""
     gpu = {"index": 0, "uuid": "GPU-0", "memory_used_mib": 40969}
     dead = [{"pid": 4711, "name": "[No data]", "gpu_index": 0, "alive": False}]
-    blind = release.gpu_failure(gpu, [], dead, blind=True)
+    blind = words.gpu_failure(gpu, [], dead, blind=True)
     assert "its holder may be one it cannot read" in blind and "reset" not in blind
-    seeing = release.gpu_failure(gpu, [], dead, blind=False)
+    seeing = words.gpu_failure(gpu, [], dead, blind=False)
     assert "attributed to exited process(es) 4711 [No data]" in seeing and "`nvidia-smi --gpu-reset -i 0`" in seeing

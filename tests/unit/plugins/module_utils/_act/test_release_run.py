@@ -16,6 +16,7 @@ import pytest
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _nvidia_smi as smi
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _release as release
+from ansible_collections.zeromib.gpu.plugins.module_utils._act import _words as words
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _settle
 from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils import fakeproc
 # The fake node (tests/unit/plugins/module_utils/fake_node.py).
@@ -452,7 +453,7 @@ def test_leaked_memory_with_no_holder_fails_after_a_short_grace_not_after_wait_t
     world.leaked.append((0, 427, "[Not Found]", 3590))
     error = fail(world, wait_timeout=60.0)
     assert release.NO_HOLDER_GRACE_S <= world.t < 3.0 and world.signals == []
-    assert error.msg.startswith(release.EARLY_HEADS["no_holder"])
+    assert error.msg.startswith(words.EARLY_HEADS["no_holder"])
     assert "attributed to exited process(es) 427 [Not Found]" in error.msg
     assert "a GPU reset or a reboot is needed" in error.msg and "`nvidia-smi --gpu-reset -i 0`" in error.msg
     assert error.result["gpus"][0]["memory_used_mib"] == 3590 and error.result["released"] is False
@@ -493,14 +494,14 @@ def test_memory_freeing_right_after_the_look_is_not_called_a_leak(world):
 def test_check_mode_predicts_gpus_held_only_by_protected_processes(world):
     world.spawn(900, {0: 500}, comm="jupyter-lab", argv=("/opt/conda/bin/python3", "/opt/conda/bin/jupyter-lab"))
     error = fail(world, check_mode=True, protect=["jupyter-lab"])
-    assert error.msg.startswith(release.EARLY_HEADS["protected"]) and "pid 900 jupyter-lab" in error.msg
+    assert error.msg.startswith(words.EARLY_HEADS["protected"]) and "pid 900 jupyter-lab" in error.msg
     assert world.signals == []
 
 
 def test_check_mode_predicts_kill_false_with_holders(world):
     world.spawn(900, {1: 500})
     error = fail(world, check_mode=True, kill=False)
-    assert error.msg.startswith(release.EARLY_HEADS["not_killed"]) and "GPU 1" in error.msg and "pid 900" in error.msg
+    assert error.msg.startswith(words.EARLY_HEADS["not_killed"]) and "GPU 1" in error.msg and "pid 900" in error.msg
     assert world.signals == [] and world.procs
 
 
