@@ -560,7 +560,8 @@ def judge_job(mode: str, release: JobRelease, smi: NvidiaSmi, params: dict[str, 
         result: dict[str, t.Any] = dict(release.run())
         failure = None
     except NvidiaSmiError as exc:
-        return False, [f"nvidia-smi: {exc.msg}"], {}
+        # A node shape no run can free (_look/_node_shapes) says so itself, first.
+        return False, [exc.msg if getattr(exc, "node_shape", False) else f"nvidia-smi: {exc.msg}"], {}
     except ReleaseError as exc:
         if release.refusal:
             return False, [release.refusal], {}

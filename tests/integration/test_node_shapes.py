@@ -1,0 +1,92 @@
+"""Node shapes where "every GPU reads 0 MiB, or name the holder" cannot hold (issue 70), through the
+real modules (ansible-playbook on a namespace host) and the Slurm hook as slurmd runs it, on the
+simulated driver taught each shape (tests/sim/README.md, "Node shapes").
+
+WSL2: the simulated host has no NVIDIA kernel driver (an empty /proc/driver), no /dev/nvidia*, a
+/dev/dxg, the kernel release WSL's kernel reports, and an nvidia-smi that lists the GPU with what
+Windows holds (2844 MiB) and no process (tests/fixtures/nvidia-smi/wsl2/README.md).
+"""
+import json
+
+import pytest
+
+from ansible_in_ns import run_module
+from test_gpu_release import used
+# runner: the packed hook, a fixture of that module.
+from test_slurm_epilog_smoke import runner  # noqa: F401  # pylint: disable=unused-import
+
+WSL_RELEASE = "5.15.79.1-microsoft-standard-WSL2"
+WSL_FIRST = f"This node is WSL2 (kernel {WSL_RELEASE}, /dev/dxg, no NVIDIA kernel driver): the GPU is shared with Windows"
+USER = 4242
+
+
+@pytest.fixture(scope="module")
+def wsl(module_nshost):
+    return module_nshost("wsl2-rtx3070", seed="wslnode")
+
+
+def no_reset_advice(text):
+    lowered = text.lower()
+    return not any(word in lowered for word in ("reset", "reboot", "leaked", "missing"))
+
+
+def hook(host, runner, tmp_path, mode, job, env=None):  # noqa: F811 (the fixture's value)
+    """The hook as slurmd calls it, with slurmd's `env` -> (rc, stderr, log entry)."""
+    config, log = tmp_path / f"config-{job}.json", tmp_path / f"log-{job}.jsonl"
+    config.write_text(json.dumps({"drain": "exit_status", "log": str(log)}))
+    config.chmod(0o600)
+    env = dict({"SLURM_JOB_ID": job, "SLURM_SCRIPT_CONTEXT": f"{mode}_slurmd", "SLURM_CONF": "/etc/slurm/slurm.conf",
+                "SLURMD_NODENAME": host.seed, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, **(env or {}))
+    proc = host.run(["/usr/bin/python3", runner, mode, f"--config={config}"], env=env, timeout=120)
+    return proc.returncode, proc.stderr, json.loads(log.read_text().splitlines()[-1])
+
+
+def test_the_wsl_rig_has_no_nvidia_driver_and_lists_windows_memory_without_a_process(wsl):
+    """The rig itself, as the public captures show WSL2."""
+    assert wsl.read("/proc/sys/kernel/osrelease").strip() == WSL_RELEASE
+    assert wsl.run(["sh", "-c", "test -c /dev/dxg && ! ls /dev/nvidia* && ! test -e /proc/driver/nvidia"]).returncode == 0
+    assert used(wsl, 0) == 2844
+    assert wsl.smi("--query-compute-apps=pid,used_memory", "--format=csv,noheader").stdout == ""
+
+
+def test_gpu_release_on_wsl2_refuses_in_one_sentence_that_sends_the_user_to_windows(wsl):
+    run = run_module(wsl, "gpu_release", {})
+    assert run.get("failed") and run["msg"].startswith(WSL_FIRST), run.result
+    assert run["msg"].endswith("free it on Windows (close the programs using it: Task Manager, Performance, GPU).")
+    assert run["msg"].count(". ") == 0 and no_reset_advice(run["msg"]), run["msg"]
+    assert not run.get("changed") and used(wsl, 0) == 2844
+
+
+def test_gpu_release_in_check_mode_on_wsl2_says_the_same(wsl):
+    run = run_module(wsl, "gpu_release", {}, check=True)
+    assert run.get("failed") and run["msg"].startswith(WSL_FIRST), run.result
+
+
+def test_gpu_facts_on_wsl2_fails_with_the_sentence_or_reports_it_as_the_error(wsl):
+    failed = run_module(wsl, "gpu_facts", {})
+    assert failed.get("failed") and failed["msg"].startswith(WSL_FIRST), failed.result
+    facts = run_module(wsl, "gpu_facts", {"fail_on_error": False})
+    gpu = facts["ansible_facts"]["gpu"]
+    assert not facts.get("failed") and gpu["clean"] is False and gpu["error"].startswith(WSL_FIRST), gpu
+
+
+def test_the_slurm_epilog_on_wsl2_fails_with_the_sentence_first(wsl, runner, tmp_path):  # noqa: F811
+    uuid = wsl.config["gpus"][0]["uuid"]
+    rc, stderr, entry = hook(wsl, runner, tmp_path, "epilog", "701", {"CUDA_VISIBLE_DEVICES": uuid, "SLURM_JOB_GPUS": "0"})
+    assert rc != 0 and not entry["ok"], (stderr, entry)
+    assert entry["causes"][0].startswith(WSL_FIRST) and no_reset_advice(" ".join(entry["causes"])), entry
+
+
+def test_a_users_own_dev_dxg_does_not_make_a_plain_node_wsl(nshost):
+    """The attacker: an unprivileged user binds a character device (/dev/null) at `dxg` of a /dev of
+    their own (a user+mount namespace) and holds a GPU from there. Root's look reads its own /dev and
+    the driver's list: the node stays a plain node and the holder is freed."""
+    host = nshost("h200x1", seed="fakedxg")
+    script = ("mount -t tmpfs none /mnt && mkdir /mnt/old && mount --rbind /dev /mnt/old && mount -t tmpfs none /dev && "
+              "for n in nvidia0 nvidiactl nvidia-uvm nvidia-uvm-tools null; do touch /dev/$n && mount --bind /mnt/old/$n /dev/$n || exit 1; done && "
+              "touch /dev/dxg && mount --bind /mnt/old/null /dev/dxg && test -c /dev/dxg && exec gpu_holder \"$@\"")
+    holder = host.spawn_as(USER, ["unshare", "-Ur", "--mount", "sh", "-c", script, "sh", "--gpus", "0", "--mib", "2048"], ready=True)
+    assert host.run(["test", "-c", f"/proc/{holder.pid}/root/dev/dxg"]).returncode == 0  # /dev/dxg, in the holder's namespace
+    run = run_module(host, "gpu_release", {})
+    assert not run.get("failed") and run["released"], run.result
+    assert [k["pid"] for k in run["killed"]] == [holder.pid] and used(host, 0) == 0
