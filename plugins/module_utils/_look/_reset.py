@@ -80,6 +80,9 @@ class Node(t.NamedTuple):
     inside: bool = False
     # The kernel's modules were readable (driver_module_seen): nvidia_drm's state is known.
     kernel_seen: bool = True
+    # _node_shapes.imex_domain(): this node's IMEX channels, where memory no process here holds may be
+    # another node's import (no reset advised then); None: no channel.
+    imex: t.Any = None
 
 
 def driver_module_seen(sys_module: str = "/sys/module") -> bool:

@@ -28,6 +28,7 @@ def release(tmp_path):
 def test_wsl2_is_refused_with_one_sentence_naming_the_kernel_and_windows(release):
     with pytest.raises(_node_shapes.NodeShapeRefused) as raised:
         _node_shapes.refuse_shared_with_windows(GPUS, {}, dxg="/dev/null", osrelease=release)
+    _node_shapes.refuse_shared_with_windows(GPUS, {}, dxg="/dev/stdin", osrelease=release)  # a link to a device is none
     msg = raised.value.msg
     assert isinstance(raised.value, NvidiaSmiError) and raised.value.node_shape
     assert msg.startswith("This node is WSL2 (kernel 5.15.79.1-microsoft-standard-WSL2, /dev/dxg, no NVIDIA kernel driver): "
@@ -56,6 +57,44 @@ def test_a_node_whose_driver_lists_its_gpus_reads_nothing_here(monkeypatch):
     def no_read(*_args, **_kwargs):
         raise AssertionError("read on a plain node")
     monkeypatch.setattr(os, "stat", no_read)
+    monkeypatch.setattr(os, "lstat", no_read)
     monkeypatch.setattr(_node_shapes, "kernel_release", no_read)
     _node_shapes.refuse_shared_with_windows(GPUS, DRIVER, dxg="/dev/null")
     _node_shapes.refuse_shared_with_windows([], {}, dxg="/dev/null")
+
+
+def test_imex_channels_are_root_s_character_devices_named_channel_n(tmp_path):
+    channels = tmp_path / "nvidia-caps-imex-channels"
+    channels.mkdir()
+    os.symlink("/dev/null", channels / "channel0")  # a link is no device file of this directory
+    (channels / "channel1").write_text("")
+    assert _node_shapes.imex_channels(str(channels)) == ()  # no character device (and not root's when run unprivileged)
+    assert _node_shapes.imex_channels(str(tmp_path / "absent")) == ()
+    assert _node_shapes.imex_domain(str(tmp_path / "absent")) is None
+
+
+def test_imex_nodes_quote_only_addresses():
+    lines = ["# the domain", "10.0.0.1", " node-02.rack7 # comment", "rm -rf /", "$(evil)", "", "fe80::1"]
+    assert _node_shapes.imex_nodes(lines) == ["10.0.0.1", "node-02.rack7", "fe80::1"]
+    assert _node_shapes.imex_nodes(None) == []
+
+
+def test_a_config_anyone_else_may_write_is_not_read(tmp_path):
+    path = tmp_path / "nodes_config.cfg"
+    path.write_text("10.0.0.1\n")
+    path.chmod(0o666)
+    assert _node_shapes.root_config_lines(str(path)) is None
+    path.chmod(0o644)
+    expected = ["10.0.0.1"] if os.geteuid() == 0 else None  # root's file only
+    assert _node_shapes.root_config_lines(str(path)) == expected
+    os.symlink(str(path), tmp_path / "link")
+    assert _node_shapes.root_config_lines(str(tmp_path / "link")) is None
+
+
+def test_pinned_elsewhere_names_the_channel_the_nodes_and_what_to_run_there_and_no_reset():
+    domain = _node_shapes.ImexDomain(("channel0",), ("10.0.0.1", "10.0.0.2"), 9)
+    text = _node_shapes.pinned_elsewhere({"index": 1, "uuid": "GPU-1", "memory_used_mib": 4096}, domain, [77])
+    assert text.startswith(", and no process of this node holds it (nvidia-smi charges it to exited pid 77): this node has IMEX channels "
+                           "(/dev/nvidia-caps-imex-channels/channel0), so the memory is possibly pinned from another node of the NVLink domain")
+    assert "(10.0.0.1, 10.0.0.2 and 7 more, from /etc/nvidia-imex/nodes_config.cfg)" in text and "nvidia-imex-ctl -N -H" in text
+    assert "--gpu-reset" not in text and "reboot" not in text
