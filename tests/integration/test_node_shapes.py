@@ -155,3 +155,25 @@ def test_without_imex_channels_the_same_memory_gets_the_reset_advice(nshost):
     host.set_fault({"leak": {"1": {"mib": 4096, "listed": False}}})
     msg = run_module(host, "gpu_release", {"gpus": [1]})["msg"]
     assert "IMEX" not in msg and "a GPU reset or a reboot of the host is needed" in msg, msg
+
+
+def test_inside_a_passthrough_vm_memory_no_process_holds_gets_no_reset_steps(nshost):
+    """A VM given the GPU (Virtualization Mode Pass-Through, as the lent H200 VM reads): the GPU's
+    reset is the hypervisor's; the advice is a reboot of this VM or its operator."""
+    host = nshost(config=make_config.make_config("h200x1", seed="ptvm", virtualization_mode="Pass-Through"), seed="ptvm")
+    host.set_fault({"leak": {"0": {"mib": 4096, "listed": False}}})
+    msg = run_module(host, "gpu_release", {})["msg"]
+    assert "this node is a VM given GPU 0 by passthrough (nvidia-smi -q: Virtualization Mode Pass-Through), so a GPU reset is the " \
+           "hypervisor's, not this VM's: reboot this VM" in msg, msg
+    assert "--gpu-reset" not in msg and "a GPU reset or a reboot" not in msg, msg
+
+
+def test_memory_no_process_holds_on_a_vgpu_host_is_given_to_vms_never_leaked(nshost):
+    """A vGPU hypervisor (Virtualization Mode Host VGPU): the VMs' framebuffer, reserved with no compute app."""
+    host = nshost(config=make_config.make_config("h200x2", seed="vgpuhost", virtualization_mode="Host VGPU"), seed="vgpuhost")
+    host.set_fault({"leak": {"1": {"mib": 24576, "listed": False}}})
+    run = run_module(host, "gpu_release", {"gpus": [1]})
+    msg = run["msg"]
+    assert run.get("failed") and "reads 24576 MiB, and no process of this host holds it: GPU 1 is shared as vGPUs with VMs (nvidia-smi -q: " \
+        "Virtualization Mode Host VGPU), and memory no process here holds is the framebuffer reserved for the vGPUs given to VMs, not a leak" in msg, msg
+    assert "--gpu-reset" not in msg and "has not freed" not in msg and "leaked" not in msg, msg

@@ -373,6 +373,10 @@ def gpu_failure(gpu: Gpu, holders: list[Holder], apps: list[ComputeApp], blind: 
         text += ", and no process that this module can read holds it (its holder may be one it cannot read)"
     elif freeing:
         text += ", and no live process holds it any more: the driver is still freeing its memory"
+    elif node is not None and (node.virtualization or {}).get(gpu["index"]) == "Host VGPU" and not on_gpu and not dead_claims:
+        # A vGPU host: what no process holds is the VMs' framebuffer (_look/_node_shapes, issue 70).
+        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _node_shapes
+        text += _node_shapes.given_to_vms(gpu)
     elif node is not None and node.imex is not None and not on_gpu and (dead_claims or not is_idle_baseline(gpu)):
         # A node of a multi-node NVLink domain: the holder may be another node's importer (_look/_node_shapes, issue 70).
         from ansible_collections.zeromib.gpu.plugins.module_utils._look import _node_shapes
@@ -1542,7 +1546,8 @@ class Release:
         from ansible_collections.zeromib.gpu.plugins.module_utils._look import _reset
         return _reset.Node(gpus=self.before[0], fabric_manager=getattr(self.health, "fabric_manager", None),
                            drm=_reset.read_nvidia_drm(), nvswitch=_reset.nvswitch_present(), inside=self.inside_container,
-                           kernel_seen=_reset.driver_module_seen(), imex=_node_shapes.imex_domain())
+                           kernel_seen=_reset.driver_module_seen(), imex=_node_shapes.imex_domain(),
+                           virtualization=_node_shapes.read_virtualization(self.smi.run, self.before[0]))
 
     def verify(self, selected: list[int], deadline: float, acted: bool, unheld_at_look: t.Collection[int] = ()
                ) -> tuple[list[Gpu], bool, str | None, set[int]]:

@@ -185,3 +185,68 @@ def short_note(domain: ImexDomain | None) -> str:
     if domain is None:
         return ""
     return " here: possibly pinned from another node of the NVLink domain (IMEX channels; nvidia-imex-ctl -N -H lists them: run gpu_facts there)"
+
+
+# --- GPUs and VMs: passthrough and vGPU guests, vGPU hosts ---------------------------------------
+#
+# `nvidia-smi -q` says per GPU "GPU Virtualization Mode / Virtualization Mode": None (bare metal),
+# Pass-Through (a VM given the whole GPU: the lent H100 and H200 VMs read so,
+# tests/fixtures/nvidia-smi/h200-580.159.04-q-2026-12-01/q.txt), VGPU (a VM given a vGPU), Host VGPU
+# (the hypervisor sharing the GPU as vGPUs; NVIDIA's vGPU guide), Host VSGA. The driver's word, read
+# only for a failure that would otherwise advise a reset. Inside a guest the physical GPU is the
+# hypervisor's: no reset steps are given there. On a vGPU host the framebuffer of each VM's vGPU is
+# reserved with no compute app (canonical/lxd#12128): given to a VM, never leaked.
+
+HOST_VGPU = "Host VGPU"
+_GPU_HEADER = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s*$")
+_VIRT_MODE = re.compile(r"^\s+Virtualization Mode\s+:\s*(.+?)\s*$")
+
+
+def virtualization_modes(q_text: str) -> dict[str, str]:
+    """{bus id, lower case, 8-digit domain: mode} from `nvidia-smi -q` text; pure."""
+    modes: dict[str, str] = {}
+    bus = None
+    for line in q_text.splitlines():
+        header = _GPU_HEADER.match(line)
+        if header:
+            bus = header.group(1).lower().rjust(16, "0")
+            continue
+        mode = _VIRT_MODE.match(line)
+        if mode and bus is not None and bus not in modes:
+            modes[bus] = mode.group(1)
+    return modes
+
+
+def read_virtualization(run_smi: t.Callable[[list[str]], str], gpus: t.Sequence[Gpu]) -> dict[int, str]:
+    """{GPU index: Virtualization Mode} of the GPUs whose mode is not None, from one `nvidia-smi -q`
+    (`run_smi(args) -> stdout`); {} where nvidia-smi does not answer or has no such line."""
+    try:
+        modes = virtualization_modes(run_smi(["-q"]))
+    except NvidiaSmiError:
+        return {}
+    found = {}
+    for gpu in gpus:
+        mode = modes.get(str(gpu.get("pci_bus_id") or "").lower().rjust(16, "0"))
+        if mode and mode not in ("None", "N/A"):
+            found[int(gpu["index"])] = mode
+    return found
+
+
+def guest_advice(gpu: Gpu, mode: str | None) -> str | None:
+    """What frees a GPU's memory inside a VM (instead of reset steps); None elsewhere. Pure."""
+    if mode == "Pass-Through":
+        return (f"this node is a VM given GPU {gpu['index']} by passthrough (nvidia-smi -q: Virtualization Mode Pass-Through), so a GPU reset "
+                "is the hypervisor's, not this VM's: reboot this VM (its hypervisor resets a passed-through GPU when it starts the VM again), "
+                "or ask the hypervisor's operator")
+    if mode == "VGPU":
+        return (f"this node is a VM given a vGPU (nvidia-smi -q: Virtualization Mode VGPU), so GPU {gpu['index']} is a share of a GPU of "
+                "the host, which no reset from here may touch: reboot this VM (its vGPU's memory goes back to the host), or ask the host's "
+                "operator")
+    return None
+
+
+def given_to_vms(gpu: Gpu) -> str:
+    """The words for memory no process holds on a vGPU host's GPU (after `GPU 3 (GPU-...) reads N MiB`); pure."""
+    return (f", and no process of this host holds it: GPU {gpu['index']} is shared as vGPUs with VMs (nvidia-smi -q: Virtualization Mode "
+            "Host VGPU), and memory no process here holds is the framebuffer reserved for the vGPUs given to VMs, not a leak: `nvidia-smi "
+            "vgpu` lists them; shut those VMs down (or remove their vGPUs) to free it, never with a GPU reset while they run")

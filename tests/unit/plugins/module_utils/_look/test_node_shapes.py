@@ -98,3 +98,45 @@ def test_pinned_elsewhere_names_the_channel_the_nodes_and_what_to_run_there_and_
                            "(/dev/nvidia-caps-imex-channels/channel0), so the memory is possibly pinned from another node of the NVLink domain")
     assert "(10.0.0.1, 10.0.0.2 and 7 more, from /etc/nvidia-imex/nodes_config.cfg)" in text and "nvidia-imex-ctl -N -H" in text
     assert "--gpu-reset" not in text and "reboot" not in text
+
+
+Q_TEXT = """
+==============NVSMI LOG==============
+
+Attached GPUs                                          : 2
+GPU 00000000:00:06.0
+    Product Name                                       : NVIDIA H200
+    GPU Virtualization Mode
+        Virtualization Mode                            : Pass-Through
+        Host VGPU Mode                                 : N/A
+GPU 00000000:00:07.0
+    GPU Virtualization Mode
+        Virtualization Mode                            : None
+        Host VGPU Mode                                 : N/A
+"""
+
+
+def test_virtualization_modes_per_gpu_from_q_text_as_the_h200_vm_reads():
+    assert _node_shapes.virtualization_modes(Q_TEXT) == {"00000000:00:06.0": "Pass-Through", "00000000:00:07.0": "None"}
+    gpus = [{"index": 0, "pci_bus_id": "00000000:00:06.0"}, {"index": 1, "pci_bus_id": "00000000:00:07.0"}]
+    assert _node_shapes.read_virtualization(lambda args: Q_TEXT, gpus) == {0: "Pass-Through"}
+
+    def fails(args):
+        raise NvidiaSmiError("timed out")
+    assert _node_shapes.read_virtualization(fails, gpus) == {}
+
+
+def test_the_real_h200_vm_capture_reads_pass_through():
+    path = os.path.join(os.path.dirname(__file__), *[os.pardir] * 4, "fixtures", "nvidia-smi", "h200-580.159.04-q-2026-12-01", "q.txt")
+    with open(path) as handle:
+        assert list(_node_shapes.virtualization_modes(handle.read()).values()) == ["Pass-Through"]
+
+
+def test_guest_and_host_words_give_no_reset_steps():
+    gpu = {"index": 0, "uuid": "GPU-0", "memory_used_mib": 4096}
+    for mode in ("Pass-Through", "VGPU"):
+        words = _node_shapes.guest_advice(gpu, mode)
+        assert words.startswith("this node is a VM given") and "reboot this VM" in words and "--gpu-reset" not in words
+    assert _node_shapes.guest_advice(gpu, None) is None and _node_shapes.guest_advice(gpu, "Host VGPU") is None
+    host = _node_shapes.given_to_vms(gpu)
+    assert "framebuffer reserved for the vGPUs given to VMs, not a leak" in host and "nvidia-smi vgpu" in host and "--gpu-reset" not in host
