@@ -140,3 +140,9 @@ def test_guest_and_host_words_give_no_reset_steps():
     assert _node_shapes.guest_advice(gpu, None) is None and _node_shapes.guest_advice(gpu, "Host VGPU") is None
     host = _node_shapes.given_to_vms(gpu)
     assert "framebuffer reserved for the vGPUs given to VMs, not a leak" in host and "nvidia-smi vgpu" in host and "--gpu-reset" not in host
+
+
+def test_the_slurm_hooks_short_note_names_the_shape_only_with_channels():
+    assert _node_shapes.short_note(None) == ""
+    note = _node_shapes.short_note(_node_shapes.ImexDomain(("channel0",)))
+    assert note.startswith(" here: possibly pinned from another node of the NVLink domain") and "reset" not in note
