@@ -119,6 +119,16 @@ MODELS = {
         "vbios_version": "95.03.44.00.B2", "ecc": False, "serial": "[N/A]",
         "display_active": "Enabled", "memory_free_adjust_mib": 2,
     },
+    "rtx3070-wsl2": {  # WSL2 on a Windows desktop: XuehaiPan/nvitop#49 and microsoft/wslg#919 (nvidia-smi 525.60.02,
+        # Windows driver 526.98: 2844-2880 MiB of 8192 held by Windows' desktop, bus 00000000:09:00.0, "On");
+        # NVIDIA/nvidia-container-toolkit#271 (-a under WSL2: Persistence Mode Enabled, Driver Model WDDM)
+        "name": "NVIDIA GeForce RTX 3070", "memory_total_mib": 8192, "memory_reserved_mib": 0,
+        "baseline_mib": 2844, "mig_mode": "[N/A]", "persistence_mode": "Enabled",
+        "compute_mode": "Default", "pstate": "P3", "temperature_c": 55, "power_draw_w": 30.0,
+        "power_limit_w": 240.0, "utilization_gpu_pct": 49, "clocks_sm_mhz": 1905, "clocks_max_sm_mhz": 2100,
+        "vbios_version": "94.04.25.00.A9", "ecc": False, "serial": "[N/A]",
+        "display_active": "Enabled", "memory_free_adjust_mib": 0,
+    },
 }
 
 PRESETS = {
@@ -144,6 +154,10 @@ PRESETS = {
                         # the capture's compositor: 25 MiB under /usr/bin/kwin_wayland;
                         # a rig spawns: gpu_holder --name /usr/bin/kwin_wayland --mib 25
                         "compositor": {"name": "/usr/bin/kwin_wayland", "mib": 25}},
+    # WSL2 (tests/fixtures/nvidia-smi/wsl2/README.md): no NVIDIA kernel driver, no /dev/nvidia*, /dev/dxg,
+    # nvidia-smi lists every GPU and no process; the kernel release as WSL's kernel spells it.
+    "wsl2-rtx3070": {"model": "rtx3070-wsl2", "count": 1, "buses": ["09"], "driver_version": "526.98", "cuda_version": "12.0",
+                     "wsl": {"osrelease": "5.15.79.1-microsoft-standard-WSL2"}},
 }
 
 
@@ -193,6 +207,8 @@ def make_config(preset="h200x8", seed="simhost", minors=None, count=None, gpu_ov
         if k in p:
             cfg[k] = p[k]
     cfg["preset"] = preset
+    if "wsl" in p:
+        cfg["wsl"] = dict(p["wsl"])
     cfg["hostname"] = seed
     if "compositor" in p:
         cfg["compositor"] = dict(p["compositor"])

@@ -789,11 +789,19 @@ def _setup(spec):
         pass
     # /dev
     _overlay("/dev", base)
-    for g in cfg["gpus"]:
+    wsl = cfg.get("wsl")
+    if wsl:
+        _wsl_setup(wsl, spec["dir"])
+    for g in [] if wsl else cfg["gpus"]:
         if spec.get("gpu_nodes") is None or g["minor"] in spec["gpu_nodes"]:
             _mknod("/dev/nvidia{}".format(g["minor"]))
-    for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
+    for n in () if wsl else ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
         _mknod("/dev/" + n)
+    if cfg.get("imex"):
+        # IMEX channels as the administrator creates them (NVIDIA's IMEX guide): root's, in /dev.
+        os.makedirs("/dev/nvidia-caps-imex-channels", exist_ok=True)
+        for n in range(int(cfg["imex"].get("channels", 1))):
+            _mknod(f"/dev/nvidia-caps-imex-channels/channel{n:d}")
     for n in range(int(cfg.get("nvswitches") or 0)):
         _mknod(f"/dev/nvidia-nvswitch{n:d}")
     if cfg.get("nvswitches"):
@@ -809,7 +817,7 @@ def _setup(spec):
     # modules are the kernel's): nvidia/ always (the reset advice believes /sys/module only then),
     # nvidia_drm/ when given. `driver_module: False`: a sysfs that hides them (not mounted, masked).
     _mount("nssysmodule", "/sys/module", "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=1m")
-    if spec.get("driver_module", True):
+    if spec.get("driver_module", True) and not wsl:
         os.makedirs("/sys/module/nvidia/holders")
         with open("/sys/module/nvidia/refcnt", "w") as f:
             f.write("0\n")
@@ -819,11 +827,19 @@ def _setup(spec):
             f.write("{:d}\n".format(spec["nvidia_drm"]))
     # every host, MIG or not: the real (non-MIG) 2-GPU H200 has them, and CUDA processes
     # and NVML clients open both (tests/fixtures/h200x2-proc)
-    os.makedirs("/dev/nvidia-caps", exist_ok=True)
-    for n in ("nvidia-cap1", "nvidia-cap2"):
+    for n in () if wsl else ("nvidia-cap1", "nvidia-cap2"):
+        os.makedirs("/dev/nvidia-caps", exist_ok=True)
         _mknod("/dev/nvidia-caps/" + n)
     # /proc/driver/nvidia
     _mount("nvidia-sim", "/proc/driver", "tmpfs", 0, "mode=755,size=1m")
+    # WSL2: no NVIDIA kernel driver, an empty /proc/driver (never the machine's).
+    if not wsl:
+        _proc_driver_nvidia(spec, cfg)
+    _mount(None, "/proc/driver", None, MS_REMOUNT | MS_RDONLY)
+    _setup_rest(spec, cfg, base)
+
+
+def _proc_driver_nvidia(spec, cfg):
     os.makedirs("/proc/driver/nvidia/gpus")
     dv = cfg.get("driver_version", "")
     with open("/proc/driver/nvidia/version", "w") as f:
@@ -844,11 +860,31 @@ def _setup(spec):
     if spec.get("gpu_nodes") is not None:
         _mount(gpus_dir, "/proc/driver/nvidia/gpus", None, MS_BIND)
         _mount(None, "/proc/driver/nvidia/gpus", None, MS_REMOUNT | MS_BIND | MS_RDONLY)
-    _mount(None, "/proc/driver", None, MS_REMOUNT | MS_RDONLY)
+
+
+def _wsl_setup(wsl, directory):
+    """WSL2's kernel as Linux sees it: Microsoft's /dev/dxg (a 1:5 stand-in, as the sim's other
+    nodes) and the kernel release WSL's kernel reports, bound over procfs' osrelease (the running
+    kernel's, which no namespace changes: only this mount namespace sees the stand-in)."""
+    _mknod("/dev/dxg")
+    release = os.path.join(directory, "osrelease")
+    with open(release, "w") as f:
+        f.write(wsl.get("osrelease", "5.15.79.1-microsoft-standard-WSL2") + "\n")
+    _mount(release, "/proc/sys/kernel/osrelease", None, MS_BIND)
+    _mount(None, "/proc/sys/kernel/osrelease", None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+
+
+def _setup_rest(spec, cfg, base):
     # /etc/nvidia-sim, /run/nvidia-sim, /usr/bin/{nvidia-smi,gpu_holder}
     _overlay("/etc", base)
     os.makedirs("/etc/nvidia-sim", exist_ok=True)
     shutil.copyfile(spec["config"], "/etc/nvidia-sim/config.json")
+    if (cfg.get("imex") or {}).get("nodes") is not None:
+        # nvidia-imex's list of the domain's nodes, root's (0644) as its package installs it.
+        os.makedirs("/etc/nvidia-imex", exist_ok=True)
+        with open("/etc/nvidia-imex/nodes_config.cfg", "w") as f:
+            f.write("".join(node + "\n" for node in cfg["imex"]["nodes"]))
+        os.chmod("/etc/nvidia-imex/nodes_config.cfg", 0o644)
     _overlay("/run", base)
     os.makedirs("/run/nvidia-sim", exist_ok=True)
     _mount(spec["state"], "/run/nvidia-sim", None, MS_BIND)

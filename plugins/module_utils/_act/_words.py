@@ -150,6 +150,14 @@ def gpu_failure(gpu: Gpu, holders: list[Holder], apps: list[ComputeApp], blind: 
         text += ", and no process that this module can read holds it (its holder may be one it cannot read)"
     elif freeing:
         text += ", and no live process holds it any more: the driver is still freeing its memory"
+    elif node is not None and (node.virtualization or {}).get(gpu["index"]) == "Host VGPU" and not on_gpu and not dead_claims:
+        # A vGPU host: what no process holds is the VMs' framebuffer (_look/_node_shapes, issue 70).
+        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _node_shapes
+        text += _node_shapes.given_to_vms(gpu)
+    elif node is not None and node.imex is not None and not on_gpu and (dead_claims or not is_idle_baseline(gpu)):
+        # A node of a multi-node NVLink domain: the holder may be another node's importer (_look/_node_shapes, issue 70).
+        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _node_shapes
+        text += _node_shapes.pinned_elsewhere(gpu, node.imex, [a["pid"] for a in dead_claims], inside)
     elif inside and not on_gpu and (dead_claims or not is_idle_baseline(gpu)):
         text += held_outside(gpu, dead_claims) + host_advice(gpu, holders, node)
     elif dead_claims:
@@ -334,12 +342,15 @@ def describe_unplaced(app: ComputeApp, holders: list[Holder], index: int) -> str
     return text + "it does not hold this GPU's device file; it is not signalled on a listing alone"
 
 
-def reset_node(gpus: list[Gpu], health: t.Any, inside: bool) -> _reset.Node:
-    """What the reset advice of a failure needs of this node (read only for a failure)."""
+def reset_node(gpus: list[Gpu], health: t.Any, inside: bool, run: t.Any = None) -> _reset.Node:
+    """What the reset advice of a failure needs of this node (read only for a failure). `run`:
+    nvidia-smi's runner, for each GPU's virtualization mode (_look/_node_shapes, issue 70)."""
+    from ansible_collections.zeromib.gpu.plugins.module_utils._look import _node_shapes
     from ansible_collections.zeromib.gpu.plugins.module_utils._look import _reset
     return _reset.Node(gpus=gpus, fabric_manager=getattr(health, "fabric_manager", None),
                        drm=_reset.read_nvidia_drm(), nvswitch=_reset.nvswitch_present(), inside=inside,
-                       kernel_seen=_reset.driver_module_seen())
+                       kernel_seen=_reset.driver_module_seen(), imex=_node_shapes.imex_domain(),
+                       virtualization=_node_shapes.read_virtualization(run, gpus) if run is not None else None)
 
 
 def summarize_diff(gpus: list[Gpu], holders: list[Holder], changes: t.Iterable[str] = ()) -> str:

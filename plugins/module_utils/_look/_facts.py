@@ -445,6 +445,10 @@ def _look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, early: dict
           unit_cgroups: dict[str, str] | None = None) -> Snapshot:
     gpus, listed, health = _query_gpus(smi, with_apps, checks, kernel_log_state, meanwhile)
     driver_gpus = smi_mod.read_driver_gpus(driver_root)
+    if gpus and not driver_gpus:
+        # GPUs without the NVIDIA kernel driver: a node shape no run can free (_node_shapes, issue 70).
+        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _node_shapes
+        _node_shapes.refuse_shared_with_windows(gpus, driver_gpus)
     # A GPU the driver has and nvidia-smi left out (rc 0, one row fewer) is never read as clean,
     # unless this namespace cannot reach it: then it is not this node's (not_visible).
     not_visible = not_visible_gpus(gpus, driver_gpus)

@@ -80,6 +80,12 @@ class Node(t.NamedTuple):
     inside: bool = False
     # The kernel's modules were readable (driver_module_seen): nvidia_drm's state is known.
     kernel_seen: bool = True
+    # _node_shapes.imex_domain(): this node's IMEX channels, where memory no process here holds may be
+    # another node's import (no reset advised then); None: no channel.
+    imex: t.Any = None
+    # _node_shapes.read_virtualization(): {GPU index: Virtualization Mode} where not None (VMs and
+    # vGPU hosts: no reset steps there); None: not read.
+    virtualization: t.Any = None
 
 
 def driver_module_seen(sys_module: str = "/sys/module") -> bool:
@@ -252,6 +258,12 @@ FROM_INSIDE = "if nothing on the host holds it either, "
 def text(gpu: Gpu, node: Node) -> str:
     """The advice as the failure message says it (from inside a container: what the host's
     operator runs, the container's own steps marked)."""
+    if node.virtualization:
+        # Inside a VM the physical GPU is the hypervisor's: no reset steps (_node_shapes, issue 70).
+        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _node_shapes
+        words = _node_shapes.guest_advice(gpu, node.virtualization.get(gpu["index"]))
+        if words:
+            return words
     if node.inside and not node.kernel_seen:
         return f"{FROM_INSIDE}gpu_release there says what frees it (this container cannot read the kernel's modules, /sys/module)"
     p = plan(gpu, node)

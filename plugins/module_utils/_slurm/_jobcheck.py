@@ -374,6 +374,7 @@ def dirty_causes(result: t.Mapping[str, t.Any], spared: t.Mapping[int, str] | No
     holders = result.get("holders") or []
     shared = result.get("shared") or {}
     causes = []
+    nobody = None  # "no process holds it", and on a node with IMEX channels where else it may be held (_look/_node_shapes)
     for gpu in result.get("gpus") or result.get("gpus_before") or []:
         if gpu.get("index") not in selected:
             continue
@@ -382,7 +383,10 @@ def dirty_causes(result: t.Mapping[str, t.Any], spared: t.Mapping[int, str] | No
                   or (h.get("blocked") and gpu["index"] in (h.get("candidate_gpu_indexes") or []))]
             share = shared.get(str(gpu["index"]))
             if share is None:
-                who = "held by " + _caps.named([short_holder(h, spared or {}) for h in on], 3, ", ") if on else "no process holds it"
+                if not on and nobody is None:
+                    from ansible_collections.zeromib.gpu.plugins.module_utils._look import _node_shapes  # pylint: disable=import-outside-toplevel
+                    nobody = "no process holds it" + _node_shapes.short_note(_node_shapes.imex_domain())
+                who = "held by " + _caps.named([short_holder(h, spared or {}) for h in on], 3, ", ") if on else str(nobody)
                 causes.append("GPU {}: {} MiB, {}".format(gpu["index"], gpu.get("memory_used_mib"), who))
                 continue
             # What the other jobs hold is deducted: only the rest's holders are the cause.
@@ -562,7 +566,8 @@ def judge_job(mode: str, release: JobRelease, smi: NvidiaSmi, params: dict[str, 
         result: dict[str, t.Any] = dict(release.run())
         failure = None
     except NvidiaSmiError as exc:
-        return False, [f"nvidia-smi: {exc.msg}"], {}
+        # A node shape no run can free (_look/_node_shapes) says so itself, first.
+        return False, [exc.msg if getattr(exc, "node_shape", False) else f"nvidia-smi: {exc.msg}"], {}
     except ReleaseError as exc:
         if release.refusal:
             return False, [release.refusal], {}
