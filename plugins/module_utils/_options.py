@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 import typing as t
 
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _readiness
+
 # Options both modules take, with the same meaning and default.
 SHARED_SPEC = dict(
     nvidia_smi=dict(type="path"),
@@ -38,6 +40,12 @@ SHARED_SPEC = dict(
     smoke_test_mib=dict(type="int", default=1024),
     # _shm.DEFAULT_MIN_FREE_MIB_PER_GPU, with its reason.
     shm_min_free_mib_per_gpu=dict(type="int", default=128),
+    # The training-ready profile (_look/_readiness.py): not given, the default one.
+    ready_profile=dict(type="dict", options=dict(
+        compute_mode=dict(type="str", choices=["default", "exclusive_process", "prohibited", "any"]),
+        clocks=dict(type="str", choices=["default", "any"]),
+        power_limit=dict(type="str"),
+    )),
 )
 
 # option -> the smallest value it accepts, and whether that bound itself is allowed.
@@ -127,6 +135,8 @@ def check(params: t.Mapping[str, t.Any], prefix: str = "") -> list[str]:
         problem = range_problem(name, params[name])
         if problem:
             problems.append(prefix + problem)
+    if "ready_profile" in params:
+        problems.extend(prefix + problem for problem in _readiness.profile_problems(params["ready_profile"]))
     if "services" in params:
         problem = services_problem(params["services"])
         if problem:

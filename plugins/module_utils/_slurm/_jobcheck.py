@@ -70,7 +70,7 @@ JOB_DEFAULTS = {"kill_timeout": 3.0, "wait_timeout": 15.0, "settle_timeout": 1.0
 RELEASE_OPTIONS = ("nvidia_smi", "timeout", "max_used_mib", "cross_gpu_footprint_mib", "protect", "health", "min_pcie_gen", "min_pcie_width",
                    "require_persistence", "expected_mig_mode", "xid_window_hours", "xid_ignore", "xid_fatal",
                    "kill_timeout", "wait_timeout", "settle_timeout", "stop_owning_units", "kill_spanning", "smoke_test", "smoke_test_mib",
-                   "shm_min_free_mib_per_gpu", "clean_shm")
+                   "shm_min_free_mib_per_gpu", "clean_shm", "ready_profile")
 RUNNER_DEFAULTS: dict[str, t.Any] = {
     "drain": "scontrol",           # scontrol: set a zeromib: drain reason before failing; exit_status: only fail (slurmd drains)
     "scontrol": None,              # path; searched on SAFE_PATH when not set
