@@ -35,7 +35,7 @@ if t.TYPE_CHECKING:
 # health (they cost nothing measurable there; docs/docsite/rst/guide_health.rst), not by gpu_release's memory
 # polls. Read by _health.py. A driver that rejects one (rc 2) is asked again without it, and
 # the GPU's health is reported as not fully checked.
-HEALTH_FIELDS = (
+HEALTH_FIELDS: tuple[Field, ...] = (
     ("ecc.errors.uncorrected.volatile.total", "ecc_uncorrected_volatile", "int"),
     ("remapped_rows.pending", "remapped_rows_pending", "str"),
     ("remapped_rows.failure", "remapped_rows_failure", "str"),

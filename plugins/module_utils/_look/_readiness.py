@@ -37,8 +37,8 @@ POWER_SLACK_W = 1.0
 # The profile's checks (values of health_unchecked) and the record keys each rests on.
 CHECK_KEYS = (
     ("compute_mode", ("compute_mode",)),
-    ("clock_settings", ("app_clocks_graphics_mhz", "app_clocks_graphics_default_mhz", "app_clocks_memory_mhz", "app_clocks_memory_default_mhz",
-                "clocks_user_limited")),
+    ("clock_settings", ("app_clocks_graphics_mhz", "app_clocks_graphics_default_mhz", "app_clocks_memory_mhz",
+                        "app_clocks_memory_default_mhz", "clocks_user_limited")),
     ("power_limit", ("power_limit_w", "power_default_limit_w")),
     ("ecc_mode", ("ecc_mode", "ecc_mode_pending")),
 )
@@ -176,7 +176,8 @@ def ecc_pending_issue(gpu: Gpu) -> str | None:
 def issues(gpu: Gpu, profile: Profile) -> list[str]:
     """Plain sentences, one per setting off the profile; a value the GPU does not report ([N/A],
     [Requested functionality has been deprecated] for application clocks on Hopper) is no issue."""
-    found = [compute_mode_issue(gpu, profile)] + t.cast("list[t.Optional[str]]", clock_issues(gpu, profile))
+    found: list[str | None] = [compute_mode_issue(gpu, profile)]
+    found += clock_issues(gpu, profile)
     found += [power_limit_issue(gpu, profile), ecc_pending_issue(gpu)]
     return [issue for issue in found if issue]
 

@@ -34,8 +34,8 @@ def test_an_idle_h200_is_ready_by_the_default_profile():
 
 
 @pytest.mark.parametrize("values,words", [
-    ({"compute_mode": "Exclusive_Process"}, ["compute mode is Exclusive_Process, expected Default", "all CUDA-capable devices are busy",
-                                            "nvidia-smi -i 0 -c DEFAULT"]),
+    ({"compute_mode": "Exclusive_Process"},
+     ["compute mode is Exclusive_Process, expected Default", "all CUDA-capable devices are busy", "nvidia-smi -i 0 -c DEFAULT"]),
     ({"compute_mode": "Prohibited"}, ["compute mode is Prohibited, expected Default"]),
     ({"power.limit": "300.00"}, ["power limit is 300 W, below the default 700 W", "nvidia-smi -i 0 -pl 700"]),
     ({"clocks.applications.graphics": "1410", "clocks.default_applications.graphics": "1980",
