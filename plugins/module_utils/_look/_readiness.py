@@ -28,6 +28,7 @@ if t.TYPE_CHECKING:
 
 # compute_mode as nvidia-smi prints it (nvidia-smi -q "Compute Mode"; --help-query-gpu), lower case.
 COMPUTE_MODES = ("default", "exclusive_process", "prohibited")
+SPELLED = {"default": "Default", "exclusive_process": "Exclusive_Process", "prohibited": "Prohibited"}
 ANY = "any"
 # The profile when none is given: what a training job started on a freed node expects.
 DEFAULT_PROFILE = {"compute_mode": "default", "clocks": "default", "power_limit": "default"}
@@ -134,7 +135,7 @@ def compute_mode_issue(gpu: Gpu, profile: Profile) -> str | None:
     cure = f"nvidia-smi -i {_index(gpu)} -c {profile.compute_mode.upper()} sets it"
     busy = (": a second CUDA process on it (multi-process training, the smoke test) fails with \"all CUDA-capable devices are busy or "
             "unavailable\"") if mode.lower() != "default" else ""
-    return f"compute mode is {mode}, expected {profile.compute_mode.capitalize()}{busy}; {cure}"
+    return f"compute mode is {mode}, expected {SPELLED.get(profile.compute_mode, profile.compute_mode)}{busy}; {cure}"
 
 
 def clock_issues(gpu: Gpu, profile: Profile) -> list[str]:
