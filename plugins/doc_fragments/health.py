@@ -93,12 +93,12 @@ options:
       clocks:
         description:
           - V(default) (when not given) - application clocks at their defaults and no clocks held down by a user setting (a clock lock,
-            C(nvidia-smi -lgc), seen while it holds the clocks: nvidia-smi has no query field for the lock itself). V(any) does not check.
+            C(nvidia-smi -lgc), seen while it holds the clocks - nvidia-smi has no query field for the lock itself). V(any) does not check.
         type: str
         choices: [default, any]
       power_limit:
         description:
-          - V(default) (when not given) - a power limit below the GPU's default power limit is an issue. A number - the least watts a GPU
+          - V(default) (when not given) - a power limit below the GPU's default power limit is an issue. A number is the least watts a GPU
             may be limited to (V(300)). V(any) does not check.
         type: str
 """
