@@ -87,18 +87,21 @@ options:
       compute_mode:
         description:
           - The compute mode every GPU must be in. In V(exclusive_process) or V(prohibited), a second CUDA process on the GPU fails with
-            "all CUDA-capable devices are busy or unavailable" (multi-process training, the smoke test). V(default) when not given.
+            "all CUDA-capable devices are busy or unavailable" (multi-process training, the smoke test). V(default) - the default.
         type: str
         choices: [default, exclusive_process, prohibited, any]
+        default: default
       clocks:
         description:
-          - V(default) (when not given) - application clocks at their defaults and no clocks held down by a user setting (a clock lock,
+          - V(default) - application clocks at their defaults and no clocks held down by a user setting (a clock lock,
             C(nvidia-smi -lgc), seen while it holds the clocks - nvidia-smi has no query field for the lock itself). V(any) does not check.
         type: str
         choices: [default, any]
+        default: default
       power_limit:
         description:
-          - V(default) (when not given) - a power limit below the GPU's default power limit is an issue. A number is the least watts a GPU
+          - V(default) - a power limit below the GPU's default power limit is an issue. A number is the least watts a GPU
             may be limited to (V(300)). V(any) does not check.
         type: str
+        default: default
 """

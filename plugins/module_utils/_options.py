@@ -42,9 +42,9 @@ SHARED_SPEC = dict(
     shm_min_free_mib_per_gpu=dict(type="int", default=128),
     # The training-ready profile (_look/_readiness.py): not given, the default one.
     ready_profile=dict(type="dict", default={}, options=dict(
-        compute_mode=dict(type="str", choices=["default", "exclusive_process", "prohibited", "any"]),
-        clocks=dict(type="str", choices=["default", "any"]),
-        power_limit=dict(type="str"),
+        compute_mode=dict(type="str", default="default", choices=["default", "exclusive_process", "prohibited", "any"]),
+        clocks=dict(type="str", default="default", choices=["default", "any"]),
+        power_limit=dict(type="str", default="default"),
     )),
 )
 

@@ -47,6 +47,7 @@ TYPES: dict[str, dict[str, t.Any]] = {
     "free_gpus_on_failure": {"type": "str", "choices": ["none", "drain"]},
     "free_gpus_poll_interval": {"type": "float"},
     "free_gpus_protect": {"type": "list", "elements": "str"},
+    "free_gpus_ready_fix": {"type": "bool"},
     "free_gpus_ready_profile": {"type": "dict"},
     "free_gpus_require_healthy": {"type": "bool"},
     "free_gpus_require_persistence": {"type": "bool"},

@@ -63,6 +63,8 @@ RELEASE_DEFAULTS: dict[str, t.Any] = dict(
     {name: t.cast("dict[str, t.Any]", spec).get("default") for name, spec in _options.SHARED_SPEC.items()},
     gpus=[], services=[], service_state="stopped", stop_owning_units=True, kill=True, kill_spanning=False,
     launchers=[], match=[], kill_timeout=10.0, wait_timeout=60.0, poll_interval=0.1, settle_timeout=5.0, clean_shm=False,
+    # The hooks check the training-ready profile (ready_profile) and change no GPU setting.
+    ready_fix=False,
 )
 JOB_DEFAULTS = {"kill_timeout": 3.0, "wait_timeout": 15.0, "settle_timeout": 1.0}
 # The options a site sets in the config file: the release's own (the CUDA smoke test included:
