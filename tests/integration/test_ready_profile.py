@@ -14,6 +14,9 @@ prints them: compute_mode values of R580's --help-query-gpu ("0: Default", "2: P
 Who else controls these readings: only root (nvidia-smi -c/-pl/-lgc/-ac need it), and the driver prints
 them; no user-written text (process names) is asked for in this query, so none is an attacker's input.
 """
+import json
+import os
+
 import pytest
 
 from ansible_in_ns import run_module
@@ -123,3 +126,84 @@ def test_an_older_driver_without_compute_mode_frees_memory_and_says_not_checked(
     # Skipped settings are not "unchecked".
     run = run_module(host, "gpu_facts", {"ready_profile": {"compute_mode": "any", "power_limit": "any"}})
     assert "compute_mode" not in run["ansible_facts"]["gpu"]["gpus"][1]["health_unchecked"]
+
+
+# --- ready_fix: put back to the profile, recorded; gpu_restore puts the inference side's settings back.
+
+def _settings(host, values=None):
+    """The simulated driver's settings (tests/sim/nvidia-smi settings.json): write `values` {uuid: {...}}, or read them."""
+    path = os.path.join(host.root.state, "settings.json")
+    if values is not None:
+        with open(path, "w") as handle:
+            json.dump(values, handle)
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        return {}
+
+
+def _setters(host):
+    try:
+        with open(os.path.join(host.root.state, "setters.log")) as handle:
+            return handle.read().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+def test_ready_fix_sets_the_profile_records_it_and_gpu_restore_puts_the_inference_side_back(nshost):
+    host = nshost("h200x2", seed="ready03")
+    uuid = host.config["gpus"][1]["uuid"]
+    inference = {"compute_mode": "Exclusive_Process", "power.limit": "350.00", "power.default_limit": "700.00",
+                 "clocks.applications.graphics": "1410", "clocks.default_applications.graphics": "1980",
+                 "clocks.applications.memory": "2619", "clocks.default_applications.memory": "2619"}
+    _settings(host, {uuid: inference})
+    holder = host.spawn(["gpu_holder", "--gpus", "1", "--mib", "2048"])
+    # Without the opt-in: found and said, nothing set.
+    check = run_module(host, "gpu_release", {"kill_timeout": 1, "wait_timeout": 5}, check=True)
+    assert check["ready_fixed"] == [] and _setters(host) == []
+    run = run_module(host, "gpu_release", {"kill_timeout": 1, "wait_timeout": 5, "ready_fix": True})
+    assert not run.failed, run.msg
+    assert run["released"] is True and not host.alive(holder.pid)
+    assert _setters(host) == [f"-i {uuid} -c 0", f"-i {uuid} -pl 700", f"-i {uuid} -rac"]
+    [fixed] = run["ready_fixed"]
+    assert fixed["index"] == 1 and fixed["changes"] == ["compute mode Exclusive_Process -> Default", "power limit 350 W -> 700 W",
+                                                         "application clocks reset to their defaults"]
+    # Read again: the GPU now matches the profile.
+    assert run["healthy"] is True and run["health_issues"] == [], run["health_issues"]
+    assert run["gpus"][1]["health"]["ready"]["compute_mode"] == "Default"
+    record = run_module(host, "gpu_facts", {})["ansible_facts"]["gpu"]["pending_restore"]
+    [entry] = [e for e in record["entries"] if e["kind"] == "gpu_settings"]
+    assert entry["name"] == uuid and entry["actions"] == ["compute_mode", "power_limit", "app_clocks"]
+    assert entry["before"] == {"compute_mode": "Exclusive_Process", "power_limit": 350.0, "app_clocks": {"graphics": 1410, "memory": 2619}}
+    restore = run_module(host, "gpu_restore", {})
+    assert not restore.failed, restore.msg
+    assert restore["restored_gpu_settings"] == [f"GPU 1 ({uuid}): compute mode Exclusive_Process, power limit 350 W, application clocks 2619,1410 MHz"]
+    assert _setters(host)[3:] == [f"-i {uuid} -c 3", f"-i {uuid} -pl 350", f"-i {uuid} -ac 2619,1410"]
+    now = _settings(host)[uuid]
+    assert now["compute_mode"] == "Exclusive_Process" and now["power.limit"] == "350.00" and now["clocks.applications.graphics"] == "1410"
+    assert run_module(host, "gpu_facts", {})["ansible_facts"]["gpu"]["pending_restore"] is None
+
+
+def test_a_clock_lock_is_removed_and_restore_says_it_does_not_lock_it_again(nshost):
+    host = nshost("h200x2", seed="ready04")
+    uuid = host.config["gpus"][0]["uuid"]
+    _settings(host, {uuid: {"locked_gpu": "1200,1200"}})
+    run = run_module(host, "gpu_release", {"kill_timeout": 1, "wait_timeout": 5, "ready_fix": True})
+    assert run["ready_fixed"][0]["changes"] == ["clock lock removed"] and run["healthy"] is True, run["health_issues"]
+    assert _setters(host) == [f"-i {uuid} -rgc -rmc"]
+    restore = run_module(host, "gpu_restore", {})
+    assert not restore.failed, restore.msg
+    assert any("not locked again" in w for w in restore.get("warnings", [])), restore.result
+
+
+def test_the_simulated_setters_refuse_an_unprivileged_user_as_the_driver_does(nshost):
+    """Who else could change these settings: only root. The simulated driver refuses an unprivileged
+    caller's setter as a real one does (rc 4, Insufficient Permissions) and changes nothing, so that a
+    test of ready_fix exercises what root alone can do."""
+    host = nshost("h200x2", seed="ready05")
+    uuid = host.config["gpus"][0]["uuid"]
+    _settings(host, {uuid: {"compute_mode": "Prohibited"}})
+    done = host.run(["setpriv", "--reuid=4242", "--regid=4242", "--clear-groups", "nvidia-smi", "-i", "0", "-c", "0"])
+    assert done.returncode == 4 and "Insufficient Permissions" in done.stdout
+    assert _settings(host)[uuid]["compute_mode"] == "Prohibited" and _setters(host) == []
