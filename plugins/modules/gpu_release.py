@@ -487,6 +487,15 @@ ready_fixed:
   returned: always
   sample: [{index: 1, uuid: GPU-ab0cf4f6-818d-be7e-f16b-963690d7c5c5, changes: ["compute mode Exclusive_Process -> Default"],
             commands: ["nvidia-smi -i GPU-ab0cf4f6-818d-be7e-f16b-963690d7c5c5 -c 0"]}]
+ghost_busy:
+  description:
+    - Each GPU this run killed a process on that still read busy (utilization at least 50 %) with no process and no memory - a
+      ghost-busy GPU - said with what was seen and done - a CUDA context opened and closed on it from a fresh process (the smoke
+      test's path), and what it reads now. One still busy after that is also a health issue, with the reset advice naming the
+      processes that hold its device node (NVML handles block a reset). V([]) when there was none.
+  type: list
+  elements: str
+  returned: always
 ready_fix_errors:
   description: "With O(ready_fix), each setter that failed, as C(GPU <index> (<bus id>): nvidia-smi <args> failed: <why>)."
   type: list
@@ -663,6 +672,17 @@ def ready_fixed(smi: NvidiaSmi, params: t.Mapping[str, t.Any], result: dict[str,
     return result
 
 
+def ghosts_cleared(smi: NvidiaSmi, params: t.Mapping[str, t.Any], result: dict[str, t.Any], check_mode: bool) -> dict[str, t.Any]:
+    """The result with `ghost_busy`: a GPU this run killed a process on that still reads busy with
+    no process and no memory gets a CUDA context opened and closed from a fresh process, and is
+    read again (_ghost_busy). Loaded only after kills: a clean gate does not pay for it."""
+    result = dict(result, ghost_busy=[])
+    if check_mode or not result.get("released") or not result.get("killed"):
+        return result
+    from ansible_collections.zeromib.gpu.plugins.module_utils._act import _ghost_busy
+    return _ghost_busy.after_release(smi, result, params["timeout"])
+
+
 def smoke_tested(smi: NvidiaSmi, params: t.Mapping[str, t.Any], result: dict[str, t.Any], check_mode: bool) -> dict[str, t.Any]:
     """The result with the smoke test's keys. _cuda_smoke is loaded only when the test is asked
     for: a gate without it does not pay for its import (65 ms of a clean gate's node time when it
@@ -694,6 +714,7 @@ def main() -> None:
         result: dict[str, t.Any] = dict(release.run())
         # The training-ready profile's settings (opt-in), before the diagnostic and the smoke test run work on the GPUs.
         result = ready_fixed(smi, params, result, release, module.check_mode)
+        result = ghosts_cleared(smi, params, result, module.check_mode)
         if params["dcgm_diag"] and result.get("released") and not module.check_mode:
             # The diagnostic runs work on the GPUs: only once they are free.
             dcgm = _health.dcgm_diag(params["dcgm_diag"], module.get_bin_path)
