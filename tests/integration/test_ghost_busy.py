@@ -60,3 +60,21 @@ def test_a_gpu_busy_before_the_run_and_never_killed_on_is_not_touched(host):
     finally:
         ghost(host, None)
     assert run["ghost_busy"] == [] and cuda_calls(host) == []
+
+
+def test_a_stuck_ghost_names_the_nvml_handle_holders_that_block_a_reset(host):
+    """nvidia-persistenced keeps every GPU's device node open (NVML handles): a reset is refused while it
+    runs, so the advice names it. gpu_release never signals it."""
+    configure(host)
+    ghost(host, "stuck")
+    daemon = host.spawn(["gpu_holder", "--persistence-daemon", "--name", "nvidia-persistenced"])
+    try:
+        holder = host.spawn(["gpu_holder", "--gpus", "1", "--mib", "2048"])
+        run = run_module(host, "gpu_release", {"kill_timeout": 1, "wait_timeout": 5})
+        assert host.alive(daemon.pid) and not host.alive(holder.pid)
+    finally:
+        ghost(host, None)
+        host.kill(daemon.pid)
+        host.wait_gone(daemon.pid, 5)
+    [said] = run["ghost_busy"]
+    assert f"reset it (nvidia-smi -r -i 1); a reset is refused while NVML handles are open: stop pid {daemon.pid} nvidia-persiste" in said, said

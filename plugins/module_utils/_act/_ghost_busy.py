@@ -44,8 +44,12 @@ def killed_on(result: t.Mapping[str, t.Any]) -> set[int]:
     return {index for entry in result.get("killed") or [] if entry.get("signal") for index in entry.get("gpu_indexes") or []}
 
 
-def holders_on(index: int, holders: t.Iterable[t.Mapping[str, t.Any]]) -> list[t.Mapping[str, t.Any]]:
-    return [h for h in holders if index in (h.get("gpu_indexes") or []) or index in (h.get("candidate_gpu_indexes") or [])]
+def holders_on(index: int, holders: t.Iterable[t.Mapping[str, t.Any]], minor: int | None = None) -> list[t.Mapping[str, t.Any]]:
+    """The holders placed on the GPU, and (given its minor) every process with its device node open:
+    an NVML client (nvidia-persistenced, DCGM's nv-hostengine) is placed on no GPU but holds them all."""
+    node = f"/dev/nvidia{minor:d}" if isinstance(minor, int) else None
+    return [h for h in holders if index in (h.get("gpu_indexes") or []) or index in (h.get("candidate_gpu_indexes") or [])
+            or (node is not None and node in (h.get("devices") or []))]
 
 
 def found(result: t.Mapping[str, t.Any]) -> list[dict[str, t.Any]]:
@@ -61,7 +65,8 @@ def found(result: t.Mapping[str, t.Any]) -> list[dict[str, t.Any]]:
             continue
         if [h for h in holders_on(index, result.get("holders") or []) if h.get("attribution") != "nvml_client"]:
             continue  # a process still works on it: busy, not a ghost
-        ghosts.append({"index": index, "pci_bus_id": gpu.get("pci_bus_id"), "utilization_gpu_pct": busy, "power_draw_w": gpu.get("power_draw_w")})
+        ghosts.append({"index": index, "pci_bus_id": gpu.get("pci_bus_id"), "minor_number": gpu.get("minor_number"), "utilization_gpu_pct": busy,
+                       "power_draw_w": gpu.get("power_draw_w")})
     return ghosts
 
 
@@ -80,7 +85,7 @@ def said(ghost: t.Mapping[str, t.Any], holders: t.Iterable[t.Mapping[str, t.Any]
         done = "; a CUDA context was opened and closed on it from a fresh process"
     if ghost.get("cleared"):
         return seen + done + ", and it now reads {} % at {} W (cleared)".format(ghost.get("utilization_after_pct"), _watts(ghost.get("power_after_w")))
-    blockers = [_label(h) for h in holders_on(ghost["index"], holders)]
+    blockers = [_label(h) for h in holders_on(ghost["index"], holders, ghost.get("minor_number"))]
     why = ("; a reset is refused while NVML handles are open: stop {} first".format(", ".join(blockers)) if blockers
            else "; nothing holds its device node now")
     return seen + done + ", and it still reads {} % busy: reset it (nvidia-smi -r -i {}){}".format(
