@@ -167,8 +167,8 @@ def test_ready_fix_sets_the_profile_records_it_and_gpu_restore_puts_the_inferenc
     assert run["released"] is True and not host.alive(holder.pid)
     assert _setters(host) == [f"-i {uuid} -c 0", f"-i {uuid} -pl 700", f"-i {uuid} -rac"]
     [fixed] = run["ready_fixed"]
-    assert fixed["index"] == 1 and fixed["changes"] == ["compute mode Exclusive_Process -> Default", "power limit 350 W -> 700 W",
-                                                         "application clocks reset to their defaults"]
+    assert fixed["index"] == 1
+    assert fixed["changes"] == ["compute mode Exclusive_Process -> Default", "power limit 350 W -> 700 W", "application clocks reset to their defaults"]
     # Read again: the GPU now matches the profile.
     assert run["healthy"] is True and run["health_issues"] == [], run["health_issues"]
     assert run["gpus"][1]["health"]["ready"]["compute_mode"] == "Default"
