@@ -185,6 +185,14 @@ started_containers:
   elements: str
   returned: always
   sample: [vllm]
+device_nodes:
+  description:
+    - The NVIDIA device nodes checked before anything was restored - C(needed) (C(/dev/nvidiactl), C(/dev/nvidia-uvm),
+      C(/dev/nvidia-uvm-tools) and each GPU's C(/dev/nvidia<minor>) the driver lists), C(missing) (absent or not a character device),
+      C(created) (by C(nvidia-modprobe), or that it would create in check mode), C(helper) and C(error). A node still missing fails
+      the restore before anything starts, naming it. V(null) when nothing was to restore or the NVIDIA driver is not loaded.
+  type: dict
+  returned: always
 restored_gpu_settings:
   description:
     - GPU settings that M(zeromib.gpu.gpu_release)'s O(zeromib.gpu.gpu_release#module:ready_fix) changed, set back with nvidia-smi

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import os
 import time
 import typing as t
 
@@ -93,6 +94,16 @@ class System:
         """Why this host cannot reach the guest's systemd confined as the guest (None: it can)."""
         from ansible_collections.zeromib.gpu.plugins.module_utils._act import _guest_units  # pylint: disable=import-outside-toplevel
         return _guest_units.guest_refusal(guest, self.proc)
+
+    @staticmethod
+    def device_nodes(check_mode: bool) -> dict[str, t.Any] | None:
+        """The NVIDIA device nodes checked and created where missing (_device_nodes.ensure); None
+        where the NVIDIA driver is not loaded (no /proc/driver/nvidia: nothing to check against)."""
+        from ansible_collections.zeromib.gpu.plugins.module_utils._act import _device_nodes  # pylint: disable=import-outside-toplevel
+        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _nvidia_smi  # pylint: disable=import-outside-toplevel
+        if not os.path.isdir("/proc/driver/nvidia"):
+            return None
+        return _device_nodes.ensure(_nvidia_smi.read_minor_numbers().values(), check_mode)
 
     @staticmethod
     def now() -> float:
@@ -243,6 +254,8 @@ class Restore:
             "restored_policies": [],
             "started_containers": [],
             "started_programs": [],
+            # The NVIDIA device nodes checked before anything started (_device_nodes.ensure); None when not checked.
+            "device_nodes": None,
             # GPU settings ready_fix changed, set back: `GPU 1 (GPU-...): compute mode Exclusive_Process`.
             "restored_gpu_settings": [],
             # A system container's own units, put back through the guest's systemd: `lxc:101:vllm.service`.
@@ -521,6 +534,11 @@ class Restore:
         self.result["forgotten"] = [_record.describe(e) for e in forget]
         forget_keys = {_record.key(e) for e in forget}
         todo = [e for e in entries if _record.key(e) not in forget_keys]
+        # Before anything starts: the device nodes restored GPU containers and guests open (issue 71).
+        nodes = self.system.device_nodes(self.check_mode) if todo else None
+        self.result["device_nodes"] = nodes
+        if nodes and nodes["error"]:
+            raise RestoreError(nodes["error"] + "; nothing was restored", self.result)
         units = [e["name"] for e in todo if e["kind"] == "unit"]
         props = self._show(units) if units else {}
         restored: list[Entry] = []
