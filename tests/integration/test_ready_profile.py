@@ -207,3 +207,21 @@ def test_the_simulated_setters_refuse_an_unprivileged_user_as_the_driver_does(ns
     done = host.run(["setpriv", "--reuid=4242", "--regid=4242", "--clear-groups", "nvidia-smi", "-i", "0", "-c", "0"])
     assert done.returncode == 4 and "Insufficient Permissions" in done.stdout
     assert _settings(host)[uuid]["compute_mode"] == "Prohibited" and _setters(host) == []
+
+
+def test_the_audit_shows_a_gpu_off_the_profile(h200x2):
+    """gpu_facts' answer of a host whose GPU 1 was left in Exclusive_Process, through the audit's model
+    (plugin_utils/_audit_model, what playbooks/audit_gpus.yml reports): clean but unhealthy, its
+    health reason naming the GPU and the setting."""
+    from ansible_collections.zeromib.gpu.plugins.plugin_utils import _audit_model
+
+    h200x2.clear_faults()
+    h200x2.set_fault({"field_values": {"1": {"compute_mode": "Exclusive_Process"}}})
+    try:
+        facts = run_module(h200x2, "gpu_facts", {})["ansible_facts"]["gpu"]
+    finally:
+        h200x2.clear_faults()
+    [record] = _audit_model.model_of([{"host": "node01", "status": "ok", "gpu": facts}])["hosts"]
+    assert record["status"] == "clean" and record["unhealthy_gpus"] == [1], record
+    assert record["health_reason"].startswith("GPU 1 (00000000:00:07.0): compute mode is Exclusive_Process, expected Default"), record
+    assert record["gpus"][1]["health_issues"][0].startswith("compute mode is Exclusive_Process"), record["gpus"][1]
