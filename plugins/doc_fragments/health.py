@@ -82,7 +82,6 @@ options:
         setting. A driver that does not know a field leaves that check in C(health_unchecked). A pending ECC mode change is always an issue.
         R(More in the health guide, ansible_collections.zeromib.gpu.docsite.guide_health.training-ready-profile).
     type: dict
-    default: {}
     suboptions:
       compute_mode:
         description:

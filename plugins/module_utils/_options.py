@@ -18,8 +18,6 @@ from __future__ import annotations
 import math
 import typing as t
 
-from ansible_collections.zeromib.gpu.plugins.module_utils._look import _readiness
-
 # Options both modules take, with the same meaning and default.
 SHARED_SPEC = dict(
     nvidia_smi=dict(type="path"),
@@ -41,7 +39,8 @@ SHARED_SPEC = dict(
     # _shm.DEFAULT_MIN_FREE_MIB_PER_GPU, with its reason.
     shm_min_free_mib_per_gpu=dict(type="int", default=128),
     # The training-ready profile (_look/_readiness.py): not given, the default one.
-    ready_profile=dict(type="dict", default={}, options=dict(
+    # No default ({} would be one dict object that Ansible fills in place, shared by every caller).
+    ready_profile=dict(type="dict", options=dict(
         compute_mode=dict(type="str", default="default", choices=["default", "exclusive_process", "prohibited", "any"]),
         clocks=dict(type="str", default="default", choices=["default", "any"]),
         power_limit=dict(type="str", default="default"),
@@ -127,6 +126,38 @@ def services_problem(services: t.Sequence[str] | None) -> str | None:
     return None
 
 
+# nvidia-smi's compute modes a ready_profile may ask for (lower case; _look/_readiness.py).
+READY_COMPUTE_MODES = ("default", "exclusive_process", "prohibited")
+
+
+def ready_profile_problems(given: t.Any, name: str = "ready_profile") -> list[str]:
+    """One sentence per mistake in a ready_profile value (the module's spec checks its own; the
+    Slurm prolog's JSON config comes here unchecked). The profile itself: _look/_readiness.py."""
+    if given is None:
+        return []
+    if not isinstance(given, dict):
+        return [f"{name} must be a mapping (compute_mode, clocks, power_limit), got {given!r}"]
+    known = {"compute_mode", "clocks", "power_limit"}
+    problems = [f"{name}: unknown key {key!r} (known: compute_mode, clocks, power_limit)" for key in sorted(set(given) - known)]
+    mode = given.get("compute_mode")
+    if mode is not None and str(mode).lower() not in READY_COMPUTE_MODES + ("any",):
+        problems.append(f"{name}.compute_mode must be one of default, exclusive_process, prohibited, any; got {mode!r}")
+    clocks = given.get("clocks")
+    if clocks is not None and str(clocks).lower() not in ("default", "any"):
+        problems.append(f"{name}.clocks must be default or any, got {clocks!r}")
+    power = given.get("power_limit")
+    if power is not None and not isinstance(power, bool) and str(power).strip().lower() not in ("default", "any"):
+        try:
+            watts = float(str(power))
+        except ValueError:
+            watts = float("nan")
+        if not watts > 0 or watts == float("inf"):
+            problems.append(f"{name}.power_limit must be default, any or the least watts a GPU may be limited to (e.g. 300), got {power!r}")
+    elif isinstance(power, bool):
+        problems.append(f"{name}.power_limit must be default, any or a number of watts, got {power!r}")
+    return problems
+
+
 def check(params: t.Mapping[str, t.Any], prefix: str = "") -> list[str]:
     """Every problem of the numeric options and of `services` in `params` -> a list of sentences
     (empty: fine). `prefix` names the options as the user wrote them (the role's free_gpus_)."""
@@ -136,7 +167,7 @@ def check(params: t.Mapping[str, t.Any], prefix: str = "") -> list[str]:
         if problem:
             problems.append(prefix + problem)
     if "ready_profile" in params:
-        problems.extend(prefix + problem for problem in _readiness.profile_problems(params["ready_profile"]))
+        problems.extend(prefix + problem for problem in ready_profile_problems(params["ready_profile"]))
     if "services" in params:
         problem = services_problem(params["services"])
         if problem:

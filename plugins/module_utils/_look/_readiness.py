@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import typing as t
 
+from ansible_collections.zeromib.gpu.plugins.module_utils._options import ready_profile_problems as profile_problems
+
 if t.TYPE_CHECKING:
     from ansible_collections.zeromib.gpu.plugins.module_utils._types import Gpu
 
-# compute_mode as nvidia-smi prints it (nvidia-smi -q "Compute Mode"; --help-query-gpu), lower case.
-COMPUTE_MODES = ("default", "exclusive_process", "prohibited")
+# The compute modes a profile may ask for, and the check of a given profile (profile_problems), are
+# _options' (READY_COMPUTE_MODES, ready_profile_problems): the option check runs on the controller too.
 SPELLED = {"default": "Default", "exclusive_process": "Exclusive_Process", "prohibited": "Prohibited"}
 ANY = "any"
 # The profile when none is given: what a training job started on a freed node expects.
@@ -66,33 +68,6 @@ class Profile:
 
     def record(self) -> dict[str, t.Any]:
         return {"compute_mode": self.compute_mode, "clocks": self.clocks, "power_limit": self.power_limit}
-
-
-def profile_problems(given: t.Any, name: str = "ready_profile") -> list[str]:
-    """One sentence per mistake in a ready_profile value (the module's spec checks its own; the
-    Slurm prolog's JSON config comes here unchecked)."""
-    if given is None:
-        return []
-    if not isinstance(given, dict):
-        return [f"{name} must be a mapping (compute_mode, clocks, power_limit), got {given!r}"]
-    problems = [f"{name}: unknown key {key!r} (known: compute_mode, clocks, power_limit)" for key in sorted(set(given) - set(DEFAULT_PROFILE))]
-    mode = given.get("compute_mode")
-    if mode is not None and str(mode).lower() not in COMPUTE_MODES + (ANY,):
-        problems.append(f"{name}.compute_mode must be one of default, exclusive_process, prohibited, any; got {mode!r}")
-    clocks = given.get("clocks")
-    if clocks is not None and str(clocks).lower() not in ("default", ANY):
-        problems.append(f"{name}.clocks must be default or any, got {clocks!r}")
-    power = given.get("power_limit")
-    if power is not None and not isinstance(power, bool) and str(power).strip().lower() not in ("default", ANY):
-        try:
-            watts = float(str(power))
-        except ValueError:
-            watts = float("nan")
-        if not watts > 0 or watts == float("inf"):
-            problems.append(f"{name}.power_limit must be default, any or the least watts a GPU may be limited to (e.g. 300), got {power!r}")
-    elif isinstance(power, bool):
-        problems.append(f"{name}.power_limit must be default, any or a number of watts, got {power!r}")
-    return problems
 
 
 def _word(value: t.Any) -> str | None:
