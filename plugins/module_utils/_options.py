@@ -151,7 +151,7 @@ def ready_profile_problems(given: t.Any, name: str = "ready_profile") -> list[st
             watts = float(str(power))
         except ValueError:
             watts = float("nan")
-        if not watts > 0 or watts == float("inf"):
+        if math.isnan(watts) or math.isinf(watts) or watts <= 0:
             problems.append(f"{name}.power_limit must be default, any or the least watts a GPU may be limited to (e.g. 300), got {power!r}")
     elif isinstance(power, bool):
         problems.append(f"{name}.power_limit must be default, any or a number of watts, got {power!r}")

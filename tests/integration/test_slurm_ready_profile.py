@@ -6,10 +6,23 @@ the hooks' config overrides or skips a setting; a wrong one is refused in one li
 cases of the hooks are in tests/fleet/test_slurm_checks_fleet.py.
 """
 import json
+import os
+import subprocess
 
 import pytest
 
-from test_slurm_epilog_smoke import BUS, gres_conf, runner  # noqa: F401  (the runner fixture)
+from test_slurm_epilog_smoke import BUS, gres_conf
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory):
+    """The hook as the slurm_gpu_checks role installs it (pack_runner.py)."""
+    out = tmp_path_factory.mktemp("runner") / "slurm_gpu_checks.pyz"
+    subprocess.run(["/usr/bin/python3", os.path.join(REPO, "roles", "slurm_gpu_checks", "files", "pack_runner.py"),
+                    os.path.join(REPO, "plugins", "module_utils"), str(out)], check=True, capture_output=True)
+    return str(out)
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +35,7 @@ def settings(host, values):
         json.dump(values, handle)
 
 
-def prolog(host, runner, tmp_path, job, gpus="0,1", **options):  # noqa: F811
+def prolog(host, runner, tmp_path, job, gpus="0,1", **options):
     config, log = tmp_path / f"config-{job}.json", tmp_path / f"log-{job}.jsonl"
     config.write_text(json.dumps(dict({"drain": "exit_status", "log": str(log)}, **options)))
     config.chmod(0o600)
@@ -34,7 +47,7 @@ def prolog(host, runner, tmp_path, job, gpus="0,1", **options):  # noqa: F811
     return proc.returncode, proc.stderr, json.loads(text.splitlines()[-1])
 
 
-def test_a_gpu_left_in_exclusive_process_fails_the_prolog_naming_it(host, runner, tmp_path):  # noqa: F811
+def test_a_gpu_left_in_exclusive_process_fails_the_prolog_naming_it(host, runner, tmp_path):
     settings(host, {host.config["gpus"][1]["uuid"]: {"compute_mode": "Exclusive_Process"}})
     try:
         rc, stderr, entry = prolog(host, runner, tmp_path, "801")
@@ -44,7 +57,7 @@ def test_a_gpu_left_in_exclusive_process_fails_the_prolog_naming_it(host, runner
     assert stderr.startswith(f"zeromib: prolog job 801: GPU 1 ({BUS[1]}): compute mode is Exclusive_Process, expected Default"), stderr
 
 
-def test_a_power_limit_below_the_default_fails_and_the_sites_profile_accepts_it(host, runner, tmp_path):  # noqa: F811
+def test_a_power_limit_below_the_default_fails_and_the_sites_profile_accepts_it(host, runner, tmp_path):
     settings(host, {host.config["gpus"][0]["uuid"]: {"power.limit": "400.00", "power.default_limit": "700.00"}})
     try:
         rc, stderr, entry = prolog(host, runner, tmp_path, "802", gpus="0")
@@ -55,7 +68,7 @@ def test_a_power_limit_below_the_default_fails_and_the_sites_profile_accepts_it(
         settings(host, {})
 
 
-def test_a_wrong_ready_profile_in_the_config_is_refused_in_one_line(host, runner, tmp_path):  # noqa: F811
+def test_a_wrong_ready_profile_in_the_config_is_refused_in_one_line(host, runner, tmp_path):
     rc, stderr, entry = prolog(host, runner, tmp_path, "805", ready_profile={"compute_mode": "exclusive"})
     assert (rc, entry["ok"]) == (1, False)
     [cause] = entry["causes"]
