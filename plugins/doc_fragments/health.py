@@ -74,4 +74,33 @@ options:
         R(More in the gpu_release guide on shm_min_free_mib_per_gpu, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.shm-min-free-mib-per-gpu).
     type: int
     default: 128
+  ready_profile:
+    description:
+      - The training-ready profile - the settings the next job expects on each GPU. A GPU off it is not healthy (C(health_issues) names
+        the setting, what it reads and the nvidia-smi command that sets it back); C(health.ready) shows the readings. They come from the
+        same C(nvidia-smi --query-gpu) call as the other health readings. Not given, every suboption takes its default; V(any) skips that
+        setting. A driver that does not know a field leaves that check in C(health_unchecked). A pending ECC mode change is always an issue.
+        R(More in the health guide, ansible_collections.zeromib.gpu.docsite.guide_health.training-ready-profile).
+    type: dict
+    suboptions:
+      compute_mode:
+        description:
+          - The compute mode every GPU must be in. In V(exclusive_process) or V(prohibited), a second CUDA process on the GPU fails with
+            "all CUDA-capable devices are busy or unavailable" (multi-process training, the smoke test). V(default) - the default.
+        type: str
+        choices: [default, exclusive_process, prohibited, any]
+        default: default
+      clocks:
+        description:
+          - V(default) - application clocks at their defaults and no clocks held down by a user setting (a clock lock,
+            C(nvidia-smi -lgc), seen while it holds the clocks - nvidia-smi has no query field for the lock itself). V(any) does not check.
+        type: str
+        choices: [default, any]
+        default: default
+      power_limit:
+        description:
+          - V(default) - a power limit below the GPU's default power limit is an issue. A number is the least watts a GPU
+            may be limited to (V(300)). V(any) does not check.
+        type: str
+        default: default
 """

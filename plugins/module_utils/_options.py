@@ -30,8 +30,9 @@ DAY = (ONE_DAY_S, "one day")
 
 # A collections.namedtuple, not a typing.NamedTuple: with postponed annotations, the latter compiles
 # each field's annotation (typing.ForwardRef) on every gate's import.
-class Option(collections.namedtuple("Option", ["name", "type", "default", "doc", "elements", "choices", "low", "most", "modules", "role", "slurm"],
-                                    defaults=(None, "", None, None, None, None, BOTH, True, True))):
+class Option(collections.namedtuple("Option", ["name", "type", "default", "doc", "elements", "choices", "low", "most", "modules", "role", "slurm",
+                                               "options"],
+                                    defaults=(None, "", None, None, None, None, BOTH, True, True, None))):
     """One option of gpu_facts and gpu_release, as every entry point reads it: the modules' argument
     spec (argument_spec), the Slurm runner's defaults and type checks (_slurm/_jobcheck), the free_gpus
     role's variable types (plugin_utils/_role_spec, role_types) and the range check (check).
@@ -55,6 +56,8 @@ class Option(collections.namedtuple("Option", ["name", "type", "default", "doc",
             entry["default"] = list(self.default) if isinstance(self.default, tuple) else self.default
         if self.choices:
             entry["choices"] = list(self.choices)
+        if self.options:
+            entry["options"] = {name: {key: list(value) if isinstance(value, list) else value for key, value in sub} for name, sub in self.options}
         return entry
 
 
@@ -81,6 +84,12 @@ OPTIONS = (
     Option("smoke_test_mib", "int", 1024, "MiB the smoke test allocates on each GPU", low=(0, True)),
     # _shm.DEFAULT_MIN_FREE_MIB_PER_GPU, with its reason.
     Option("shm_min_free_mib_per_gpu", "int", 128, "the least free /dev/shm per GPU (MiB)", low=(0, True)),
+    # The training-ready profile (_look/_readiness.py): not given, the default one. No default: {}
+    # would be one dict object that Ansible fills in place, shared by every caller.
+    Option("ready_profile", "dict", None, "the GPU settings a training job expects (compute mode, clocks, power limit)",
+           options=(("compute_mode", (("type", "str"), ("default", "default"), ("choices", ["default", "exclusive_process", "prohibited", "any"]))),
+                    ("clocks", (("type", "str"), ("default", "default"), ("choices", ["default", "any"]))),
+                    ("power_limit", (("type", "str"), ("default", "default"))))),
     Option("processes", "bool", True, "list the processes that hold each GPU", modules=(FACTS,), role=False, slurm=False),
     Option("fail_on_error", "bool", True, "fail when nvidia-smi cannot be read", modules=(FACTS,), role=False, slurm=False),
     Option("gpus", "list", (), "the GPUs to free (indexes or UUIDs; none: all)", elements="str", modules=(RELEASE,), slurm=False),
@@ -98,6 +107,8 @@ OPTIONS = (
     Option("settle_timeout", "float", 5, "seconds to watch that nothing starts a killed holder again", low=(0, True), most=DAY,
            modules=(RELEASE,)),
     Option("clean_shm", "bool", False, "remove what the killed jobs left in /dev/shm", modules=(RELEASE,)),
+    # The Slurm hooks check the profile and change no GPU setting.
+    Option("ready_fix", "bool", False, "set GPUs off the ready profile back to it, recorded for gpu_restore", modules=(RELEASE,), slurm=False),
 )
 BY_NAME = {option.name: option for option in OPTIONS}
 
@@ -193,6 +204,38 @@ def services_problem(services: t.Sequence[str] | None) -> str | None:
     return None
 
 
+# nvidia-smi's compute modes a ready_profile may ask for (lower case; _look/_readiness.py).
+READY_COMPUTE_MODES = ("default", "exclusive_process", "prohibited")
+
+
+def ready_profile_problems(given: t.Any, name: str = "ready_profile") -> list[str]:
+    """One sentence per mistake in a ready_profile value (the module's spec checks its own; the
+    Slurm prolog's JSON config comes here unchecked). The profile itself: _look/_readiness.py."""
+    if given is None:
+        return []
+    if not isinstance(given, dict):
+        return [f"{name} must be a mapping (compute_mode, clocks, power_limit), got {given!r}"]
+    known = {"compute_mode", "clocks", "power_limit"}
+    problems = [f"{name}: unknown key {key!r} (known: compute_mode, clocks, power_limit)" for key in sorted(set(given) - known)]
+    mode = given.get("compute_mode")
+    if mode is not None and str(mode).lower() not in READY_COMPUTE_MODES + ("any",):
+        problems.append(f"{name}.compute_mode must be one of default, exclusive_process, prohibited, any; got {mode!r}")
+    clocks = given.get("clocks")
+    if clocks is not None and str(clocks).lower() not in ("default", "any"):
+        problems.append(f"{name}.clocks must be default or any, got {clocks!r}")
+    power = given.get("power_limit")
+    if power is not None and not isinstance(power, bool) and str(power).strip().lower() not in ("default", "any"):
+        try:
+            watts = float(str(power))
+        except ValueError:
+            watts = float("nan")
+        if math.isnan(watts) or math.isinf(watts) or watts <= 0:
+            problems.append(f"{name}.power_limit must be default, any or the least watts a GPU may be limited to (e.g. 300), got {power!r}")
+    elif isinstance(power, bool):
+        problems.append(f"{name}.power_limit must be default, any or a number of watts, got {power!r}")
+    return problems
+
+
 def check(params: t.Mapping[str, t.Any], prefix: str = "") -> list[str]:
     """Every problem of the numeric options and of `services` in `params` -> a list of sentences
     (empty: fine). `prefix` names the options as the user wrote them (the role's free_gpus_)."""
@@ -201,6 +244,8 @@ def check(params: t.Mapping[str, t.Any], prefix: str = "") -> list[str]:
         problem = range_problem(name, params[name])
         if problem:
             problems.append(prefix + problem)
+    if "ready_profile" in params:
+        problems.extend(prefix + problem for problem in ready_profile_problems(params["ready_profile"]))
     if "services" in params:
         problem = services_problem(params["services"])
         if problem:

@@ -20,6 +20,11 @@ lock, so that a crash or two runs at once never leave half a record. Format (doc
                  "restart_max_retries": 0, "gpu_indexes": [0], "released_at": "..."}
     supervisor: {"kind": "supervisor", "name": "vllm", "actions": ["stopped"], "running": true,
                  "gpu_indexes": [0], "released_at": "..."}
+    gpu_settings: {"kind": "gpu_settings", "name": "GPU-<uuid>", "index": 1, "pci_bus_id": "...",
+                 "actions": ["compute_mode", "power_limit"], "before": {"compute_mode": "Exclusive_Process",
+                 "power_limit": 350.0}, "gpu_indexes": [1], "released_at": "..."}
+                (settings ready_fix put back to the training-ready profile; "before" gains the
+                settings a later release changes, and keeps those of the first)
     guest_unit: {"kind": "guest_unit", "name": "vllm.service", "guest_kind": "lxc", "guest": "101",
                  "entry": "lxc:101:vllm.service", "actions": ["stopped"], "active": true, ...}
                 (a system container's own unit, stopped through the guest's systemd: the unit
@@ -53,9 +58,10 @@ if t.TYPE_CHECKING:
 
 PATH = "/var/lib/zeromib-gpu/released.json"
 FORMAT = 1
-KINDS = ("unit", "container", "supervisor", "guest_unit")
-# Actions in the order a release takes them; a restore undoes them in reverse.
-ACTIONS = ("stopped", "disabled", "masked")
+KINDS = ("unit", "container", "supervisor", "guest_unit", "gpu_settings")
+# Actions in the order a release takes them; a restore undoes them in reverse. The last four are
+# a GPU's settings put back to the training-ready profile (_act/_ready_settings.py, ready_fix).
+ACTIONS = ("stopped", "disabled", "masked", "compute_mode", "power_limit", "app_clocks", "clock_lock")
 
 
 class RecordError(Exception):
@@ -98,6 +104,8 @@ def merge(record: Record, new_entries: t.Iterable[Entry], at: str | None = None)
             by_key[key(fresh)] = fresh
             continue
         old["actions"] = [a for a in ACTIONS if a in old.get("actions", []) or a in entry["actions"]]
+        if "before" in entry:
+            old["before"] = dict(entry["before"], **(old.get("before") or {}))
         old["gpu_indexes"] = sorted(set(old.get("gpu_indexes") or []) | set(entry.get("gpu_indexes") or []))
         old.setdefault("released_again_at", [])
         old["released_again_at"].append(entry.get("released_at"))
@@ -399,7 +407,8 @@ def add(path: str, new_entries: t.Iterable[Entry], at: str | None = None) -> Rec
 
 def describe(entry: t.Mapping[str, t.Any]) -> str:
     """`vllm.service stopped, disabled by zeromib at 2026-12-01T10:00:00Z`."""
-    what = {"unit": "", "container": "container ", "supervisor": "supervisor program ", "guest_unit": "guest unit "}.get(entry.get("kind") or "", "")
+    what = {"unit": "", "container": "container ", "supervisor": "supervisor program ", "guest_unit": "guest unit ",
+            "gpu_settings": "settings of GPU {} ".format(entry.get("index"))}.get(entry.get("kind") or "", "")
     name = (entry.get("entry") if entry.get("kind") == "guest_unit" else None) or entry.get("name") or (entry.get("id") or "")[:12]
     return "{}{} {} by zeromib at {}".format(what, name, ", ".join(entry.get("actions") or []), entry.get("released_at") or "an unknown time")
 

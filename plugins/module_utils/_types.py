@@ -66,6 +66,17 @@ class Gpu(t.TypedDict, total=False):
     fabric_state: str | None
     fabric_status: str | None
     fabric_health_summary: str | None
+    # The training-ready profile's readings (_nvidia_smi.READY_FIELDS; _readiness.py).
+    compute_mode: str | None
+    power_limit_w: float | None
+    power_default_limit_w: float | None
+    app_clocks_graphics_mhz: int | None
+    app_clocks_graphics_default_mhz: int | None
+    app_clocks_memory_mhz: int | None
+    app_clocks_memory_default_mhz: int | None
+    clocks_user_limited: str | None
+    ecc_mode: str | None
+    ecc_mode_pending: str | None
     # Internal: the optional nvidia-smi fields this driver rejected (memory.reserved aside).
     _rejected: list[str]
 

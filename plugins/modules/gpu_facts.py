@@ -296,14 +296,18 @@ ansible_facts:
               tested - in use by a process, MIG mode, check mode) and C(memory_used_mib_after); V(null) without O(smoke_test).
             - C(healthy) is V(false) when C(health_issues) (plain sentences) is not empty; C(health_unchecked) lists the checks that
               could not run (V(ecc), V(row_remap), V(retired_pages), V(pcie), V(clocks), V(persistence), V(mig),
-              V(recovery_action), V(fabric), V(xid); C(health.unchecked) says why); C(health_checked) is V(true) only when it is
-              empty.
+              V(recovery_action), V(fabric), V(xid), and the training-ready profile's V(compute_mode), V(clock_settings),
+              V(power_limit), V(ecc_mode); C(health.unchecked) says why); C(health_checked) is V(true) only when it is empty.
             - C(health) holds the readings - C(ecc_uncorrected_volatile), C(remapped_rows_pending), C(remapped_rows_failure),
               C(retired_pages_pending), C(pcie_link_gen_current), C(pcie_link_gen_max), C(pcie_link_width_current),
               C(pcie_link_width_max), C(pstate), C(slowdown) (active hardware or thermal slowdown reasons), C(mig_mode_pending),
               C(recovery_action), C(fabric_state), C(fabric_status), C(fabric_health_summary), C(xids) (this GPU's Xid lines of the kernel log in the window
               since the driver loaded, each C(xid), C(time), C(message), C(action) (NVIDIA's catalog) and C(fault)),
               C(xids_before_driver_load) and C(unchecked).
+            - C(health.ready) holds the training-ready profile's readings (O(ready_profile)) - C(compute_mode), C(power_limit_w),
+              C(power_default_limit_w), C(app_clocks_graphics_mhz), C(app_clocks_graphics_default_mhz), C(app_clocks_memory_mhz),
+              C(app_clocks_memory_default_mhz), C(clocks_user_limited) (the applications-clocks event reason is active),
+              C(ecc_mode), C(ecc_mode_pending), C(utilization_gpu_pct), C(power_draw_w), and C(profile), the profile checked.
             - C(clean) is V(true) when C(memory_used_mib) is at most O(max_used_mib), or when C(cross_gpu_footprint) is V(true).
             - C(cross_gpu_footprint) is V(true) for a GPU that no process uses and whose memory above O(max_used_mib) is at most
               O(cross_gpu_footprint_mib), while contexts live on other GPUs.
@@ -350,6 +354,20 @@ ansible_facts:
                 xids: []
                 xids_before_driver_load: []
                 unchecked: []
+                ready:
+                  compute_mode: Default
+                  power_limit_w: 700.0
+                  power_default_limit_w: 700.0
+                  app_clocks_graphics_mhz: null
+                  app_clocks_graphics_default_mhz: null
+                  app_clocks_memory_mhz: null
+                  app_clocks_memory_default_mhz: null
+                  clocks_user_limited: false
+                  ecc_mode: Enabled
+                  ecc_mode_pending: Enabled
+                  utilization_gpu_pct: 0
+                  power_draw_w: 120.0
+                  profile: {compute_mode: default, clocks: default, power_limit: default}
         processes:
           description:
             - Compute apps from nvidia-smi (asked as C(pid,gpu_uuid,used_memory), never with process names), joined to GPUs by

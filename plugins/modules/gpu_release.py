@@ -140,6 +140,17 @@ options:
         R(Which files and how, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.clean-shm).
     type: bool
     default: false
+  ready_fix:
+    description:
+      - Once every selected GPU reads free, set each one whose compute mode, power limit, application clocks or clock lock is off
+        O(ready_profile) back to it with nvidia-smi's own setters (C(-c), C(-pl) to the default power limit, C(-rac), C(-rgc -rmc)), and
+        record what each read before in the restore record, so that M(zeromib.gpu.gpu_restore) sets the inference side's settings
+        back before it starts its units. The GPUs are then read again (RV(health_issues) says what they read now). Needs root. A
+        pending ECC mode change needs a reset and is only reported; a clock lock's range cannot be read, so gpu_restore does not
+        lock it again (it says so). Nothing is changed in check mode or when the run fails.
+        R(More in the health guide, ansible_collections.zeromib.gpu.docsite.guide_health.training-ready-profile).
+    type: bool
+    default: false
   settle_timeout:
     description:
       - Seconds to keep watching, once the GPUs read clean, for a signalled holder that something starts again (a shell loop,
@@ -467,6 +478,29 @@ smoke_test_passed:
       (MIG mode). Does not change RV(released); the P(zeromib.gpu.free_gpus#role) role fails on V(false).
   type: bool
   returned: always
+ready_fixed:
+  description:
+    - With O(ready_fix), each GPU set back to the training-ready profile - C(index), C(uuid), C(changes) (plain words) and
+      C(commands) (the nvidia-smi command lines run). V([]) when none was off it or O(ready_fix) is off.
+  type: list
+  elements: dict
+  returned: always
+  sample: [{index: 1, uuid: GPU-ab0cf4f6-818d-be7e-f16b-963690d7c5c5, changes: ["compute mode Exclusive_Process -> Default"],
+            commands: ["nvidia-smi -i GPU-ab0cf4f6-818d-be7e-f16b-963690d7c5c5 -c 0"]}]
+ghost_busy:
+  description:
+    - Each GPU this run killed a process on that still read busy (utilization at least 50 %) with no process and no memory - a
+      ghost-busy GPU - said with what was seen and done - a CUDA context opened and closed on it from a fresh process (the smoke
+      test's path), and what it reads now. One still busy after that is also a health issue, with the reset advice naming the
+      processes that hold its device node (NVML handles block a reset). V([]) when there was none.
+  type: list
+  elements: str
+  returned: always
+ready_fix_errors:
+  description: "With O(ready_fix), each setter that failed, as C(GPU <index> (<bus id>): nvidia-smi <args> failed: <why>)."
+  type: list
+  elements: str
+  returned: always
 smoke_test_issues:
   description: "Each failed GPU as C(GPU <index> (<bus id>): <error>)."
   type: list
@@ -606,6 +640,35 @@ def warn_all(module: AnsibleModule, warnings: t.Iterable[str]) -> None:
         module.warn(f"{host}: and {len(every) - _caps.LIMIT:d} more warnings")
 
 
+def ready_fixed(smi: NvidiaSmi, params: t.Mapping[str, t.Any], result: dict[str, t.Any], release: Release, check_mode: bool) -> dict[str, t.Any]:
+    """The result with the GPUs put back to the training-ready profile (ready_fix): only GPUs proven
+    free, what changed recorded for gpu_restore, then read again so that their health says what
+    they read now. _ready_settings is loaded only when asked for."""
+    result = dict(result, ready_fixed=[], ready_fix_errors=[])
+    if not params["ready_fix"] or check_mode or not result.get("released") or release.health is None:
+        return result
+    from ansible_collections.zeromib.gpu.plugins.module_utils._act import _ready_settings
+    entries, fixed, errors = _ready_settings.apply(smi, result["gpus"], release.health.checks.ready_profile, _record.now_iso())
+    result.update(ready_fixed=fixed, ready_fix_errors=errors)
+    if entries:
+        _record.add(_record.PATH, entries)
+        result["changed"] = True
+        result["gpus"] = _ready_settings.read_again(smi, result["gpus"], release.health)
+        result.update(release.with_shm_floor(_facts.health_summary(result["gpus"], release.health, None)))
+    return result
+
+
+def ghosts_cleared(smi: NvidiaSmi, params: t.Mapping[str, t.Any], result: dict[str, t.Any], check_mode: bool) -> dict[str, t.Any]:
+    """The result with `ghost_busy`: a GPU this run killed a process on that still reads busy with
+    no process and no memory gets a CUDA context opened and closed from a fresh process, and is
+    read again (_ghost_busy). Loaded only after kills: a clean gate does not pay for it."""
+    result = dict(result, ghost_busy=[])
+    if check_mode or not result.get("released") or not result.get("killed"):
+        return result
+    from ansible_collections.zeromib.gpu.plugins.module_utils._act import _ghost_busy
+    return _ghost_busy.after_release(smi, result, params["timeout"])
+
+
 def smoke_tested(smi: NvidiaSmi, params: t.Mapping[str, t.Any], result: dict[str, t.Any], check_mode: bool) -> dict[str, t.Any]:
     """The result with the smoke test's keys. _cuda_smoke is loaded only when the test is asked
     for: a gate without it does not pay for its import (65 ms of a clean gate's node time when it
@@ -635,6 +698,9 @@ def main() -> None:
         release = Release(smi, system, params, check_mode=module.check_mode)
         # A plain dict from here: the module adds the host's health keys and the smoke test's.
         result: dict[str, t.Any] = dict(release.run())
+        # The training-ready profile's settings (opt-in), before the diagnostic and the smoke test run work on the GPUs.
+        result = ready_fixed(smi, params, result, release, module.check_mode)
+        result = ghosts_cleared(smi, params, result, module.check_mode)
         if params["dcgm_diag"] and result.get("released") and not module.check_mode:
             # The diagnostic runs work on the GPUs: only once they are free.
             dcgm = _health.dcgm_diag(params["dcgm_diag"], module.get_bin_path)

@@ -64,7 +64,8 @@ options:
     elements: str
     default: []
   nvidia_smi:
-    description: Path of C(nvidia-smi), used only by O(wait_for_gpus); searched like M(zeromib.gpu.gpu_facts) does when not set.
+    description: Path of C(nvidia-smi), used by O(wait_for_gpus) and to set back GPU settings a release's ready_fix changed; searched like
+      M(zeromib.gpu.gpu_facts) does when not set.
     type: path
   reload_despite_gpu_containers:
     description:
@@ -184,6 +185,23 @@ started_containers:
   elements: str
   returned: always
   sample: [vllm]
+device_nodes:
+  description:
+    - The NVIDIA device nodes checked before anything was restored - C(needed) (C(/dev/nvidiactl), C(/dev/nvidia-uvm),
+      C(/dev/nvidia-uvm-tools) and each GPU's C(/dev/nvidia<minor>) the driver lists), C(missing) (absent or not a character device),
+      C(created) (by C(nvidia-modprobe), or that it would create in check mode), C(helper) and C(error). A node still missing fails
+      the restore before anything starts, naming it. V(null) when nothing was to restore or the NVIDIA driver is not loaded.
+  type: dict
+  returned: always
+restored_gpu_settings:
+  description:
+    - GPU settings that M(zeromib.gpu.gpu_release)'s O(zeromib.gpu.gpu_release#module:ready_fix) changed, set back with nvidia-smi
+      before the units start.
+    - "Each as C(GPU <index> (<uuid>): <settings>). A clock lock is not locked again (its range cannot be read); a warning says so."
+  type: list
+  elements: str
+  returned: always
+  sample: ["GPU 1 (GPU-ab0cf4f6-818d-be7e-f16b-963690d7c5c5): compute mode Exclusive_Process, power limit 350 W"]
 started_programs:
   description: Supervisord programs started again.
   type: list

@@ -24,13 +24,16 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import os
 import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _engines
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders
+from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import NvidiaSmi
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils import _record
+from ansible_collections.zeromib.gpu.plugins.module_utils._act import _ready_settings
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _reload_risk
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _system
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _units
@@ -38,7 +41,6 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._act import _units
 if t.TYPE_CHECKING:
     from types import ModuleType
 
-    from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import NvidiaSmi
     from ansible_collections.zeromib.gpu.plugins.module_utils._record import Entry, Record
     from ansible_collections.zeromib.gpu.plugins.module_utils._types import Holder
 
@@ -75,6 +77,16 @@ class System(_system.System):
     def reload_risk(systemctl: Systemctl) -> list[_reload_risk.Risk]:
         """The running GPU containers a daemon-reload would cut off their GPUs (_reload_risk)."""
         return _reload_risk.at_risk(systemctl)
+
+    @staticmethod
+    def device_nodes(check_mode: bool) -> dict[str, t.Any] | None:
+        """The NVIDIA device nodes checked and created where missing (_device_nodes.ensure); None
+        where the NVIDIA driver is not loaded (no /proc/driver/nvidia: nothing to check against)."""
+        from ansible_collections.zeromib.gpu.plugins.module_utils._act import _device_nodes  # pylint: disable=import-outside-toplevel
+        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _nvidia_smi  # pylint: disable=import-outside-toplevel
+        if not os.path.isdir("/proc/driver/nvidia"):
+            return None
+        return _device_nodes.ensure(_nvidia_smi.read_minor_numbers().values(), check_mode)
 
 
 # ---------------------------------------------------------------- pure: what is left to undo
@@ -144,6 +156,8 @@ def label(entry: Entry) -> str:
     `guest unit lxc:101:vllm.service`."""
     if entry.get("kind") == "guest_unit":
         return "guest unit {}".format(entry.get("entry") or entry.get("name"))
+    if entry.get("kind") == _ready_settings.KIND:
+        return "settings of GPU {} ({})".format(entry.get("index"), entry.get("name"))
     what = {"container": "container ", "supervisor": "supervisor program "}.get(entry.get("kind") or "", "")
     return what + (entry.get("name") or (entry.get("id") or "")[:12])
 
@@ -215,6 +229,10 @@ class Restore:
             "restored_policies": [],
             "started_containers": [],
             "started_programs": [],
+            # The NVIDIA device nodes checked before anything started (_device_nodes.ensure); None when not checked.
+            "device_nodes": None,
+            # GPU settings ready_fix changed, set back: `GPU 1 (GPU-...): compute mode Exclusive_Process`.
+            "restored_gpu_settings": [],
             # A system container's own units, put back through the guest's systemd: `lxc:101:vllm.service`.
             "unmasked_guest_units": [],
             "enabled_guest_units": [],
@@ -491,6 +509,11 @@ class Restore:
         self.result["forgotten"] = [_record.describe(e) for e in forget]
         forget_keys = {_record.key(e) for e in forget}
         todo = [e for e in entries if _record.key(e) not in forget_keys]
+        # Before anything starts: the device nodes restored GPU containers and guests open (issue 71).
+        nodes = self.system.device_nodes(self.check_mode) if todo else None
+        self.result["device_nodes"] = nodes
+        if nodes and nodes["error"]:
+            raise RestoreError(nodes["error"] + "; nothing was restored", self.result)
         units = [e["name"] for e in todo if e["kind"] == "unit"]
         props = self._show(units) if units else {}
         restored: list[Entry] = []
@@ -504,6 +527,8 @@ class Restore:
                 steps, why = self.restore_container(entry)
             elif entry["kind"] == "guest_unit":
                 steps, why = self.restore_guest_unit(entry)
+            elif entry["kind"] == _ready_settings.KIND:
+                steps, why = self.restore_gpu_settings(entry)
             else:
                 steps, why = self.restore_program(entry)
             before, after = change_lines(entry, steps, self.policies_now.get(entry.get("id") or ""))
@@ -550,6 +575,18 @@ class Restore:
             self.wait_for_gpus([e for e in restored if e.get("gpu_indexes")], wait)
         self.result["elapsed_s"] = round(self.system.now() - started, 3)
         return self.result
+
+    def restore_gpu_settings(self, entry: Entry) -> Outcome:
+        """A GPU's settings ready_fix changed, set back with nvidia-smi (_ready_settings): before
+        the inference side's units start (entries are undone in reverse)."""
+        steps, why, notes = _ready_settings.restore(self._smi, entry, self.check_mode)
+        self.result["warnings"].extend("GPU {} ({}): {}".format(entry.get("index"), entry.get("name"), note) for note in notes)
+        if not why and steps:
+            self.result["restored_gpu_settings"].append("GPU {} ({}): {}".format(entry.get("index"), entry.get("name"), ", ".join(steps)))
+        return steps, why
+
+    def _smi(self) -> NvidiaSmi:
+        return NvidiaSmi(NvidiaSmi.find(self.params.get("nvidia_smi")), self.step_timeout)
 
     def failure_message(self) -> str:
         parts = ["{} {}: {}".format(item["kind"], item["name"] or (item.get("id") or "")[:12], item["reason"]) for item in self.result["not_restored"]]

@@ -29,6 +29,7 @@ import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _kernel_log_state as log_state
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _readiness
 from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import GPU_FIELDS, HEALTH_FIELDS, KERNEL_MODULE_NAMED, kill_group, normalize_bus_id
 
 if t.TYPE_CHECKING:
@@ -145,7 +146,7 @@ CHECK_KEYS = (
     ("recovery_action", ("recovery_action",)),
     ("fabric", ("fabric_state", "fabric_status", "fabric_health_summary")),
 )
-CHECKS = tuple(name for name, _keys in CHECK_KEYS) + ("xid",)
+CHECKS = tuple(name for name, _keys in CHECK_KEYS) + ("xid",) + tuple(name for name, _keys in _readiness.CHECK_KEYS)
 _CHECKED_KEYS = frozenset(key for _name, keys in CHECK_KEYS for key in keys)
 # The fabric check rests on the registration; fabric.health.summary is judged where the driver has it.
 FABRIC_REGISTRATION_KEYS = ("fabric_state", "fabric_status")
@@ -185,7 +186,9 @@ class Checks:
 
     def __init__(self, min_pcie_gen: int = 0, min_pcie_width: int = 0, require_persistence: bool = True,
                  expected_mig_mode: str | None = None, xid_window_hours: float = 24.0, xid_ignore: t.Iterable[int] | None = (),
-                 xid_fatal: t.Iterable[int] | None = ()) -> None:
+                 xid_fatal: t.Iterable[int] | None = (), ready_profile: _readiness.Profile | None = None) -> None:
+        # The training-ready profile (ready_profile): the default one unless given.
+        self.ready_profile = ready_profile or _readiness.Profile()
         self.min_pcie_gen = min_pcie_gen or 0
         self.min_pcie_width = min_pcie_width or 0
         self.require_persistence = require_persistence
@@ -208,6 +211,7 @@ class Checks:
             24.0 if params.get("xid_window_hours") is None else params["xid_window_hours"],
             params.get("xid_ignore") or (),
             params.get("xid_fatal") or (),
+            _readiness.Profile.from_params(params.get("ready_profile")),
         )
 
     def xid_fault(self, number: int, recovery_action: str | None = None) -> bool:
@@ -328,6 +332,7 @@ def gpu_issues(gpu: Gpu, checks: Checks, xids: t.Iterable[dict[str, t.Any]] = ()
     issues.extend(fabric_issues(gpu, fabric_manager))
     issues.extend(host_issues)
     issues.extend(xid_issues(xids, checks, r["recovery_action"]))
+    issues.extend(_readiness.issues(gpu, checks.ready_profile))
     return issues
 
 
@@ -452,6 +457,7 @@ def unchecked_checks(gpu: Gpu, checks: Checks, kernel_log_error: str | None = No
         found.append(("fabric", why(FABRIC_REGISTRATION_KEYS)))
     if checks.xid_window_hours and kernel_log_error:
         found.append(("xid", f"recent Xid errors not checked: {kernel_log_error}"))
+    found.extend(_readiness.unchecked(gpu, checks.ready_profile, FIELD_OF))
     order = dict((name, i) for i, name in enumerate(CHECKS))
     return sorted(found, key=lambda item: order[item[0]])
 
@@ -973,6 +979,7 @@ class Health:
             details["xids"] = [dict(x, fault=self.checks.xid_fault(x["xid"], gpu.get("recovery_action"))) for x in xids]
             details["xids_before_driver_load"] = xids_of(gpu, self.history_by_bus)
             details["unchecked"] = ["{}: {}".format(*item) for item in missing]
+            details["ready"] = dict(_readiness.readings(gpu), profile=self.checks.ready_profile.record())
             record["health"] = details
             result.append(record)
         return result

@@ -35,7 +35,7 @@ if t.TYPE_CHECKING:
 # health (they cost nothing measurable there; docs/docsite/rst/guide_health.rst), not by gpu_release's memory
 # polls. Read by _health.py. A driver that rejects one (rc 2) is asked again without it, and
 # the GPU's health is reported as not fully checked.
-HEALTH_FIELDS = (
+HEALTH_FIELDS: tuple[Field, ...] = (
     ("ecc.errors.uncorrected.volatile.total", "ecc_uncorrected_volatile", "int"),
     ("remapped_rows.pending", "remapped_rows_pending", "str"),
     ("remapped_rows.failure", "remapped_rows_failure", "str"),
@@ -58,6 +58,26 @@ HEALTH_FIELDS = (
     ("fabric.status", "fabric_status", "str"),
     ("fabric.health.summary", "fabric_health_summary", "str"),
 )
+
+# The training-ready profile's readings (_readiness.py; docs/docsite/rst/guide_health.rst), asked in
+# the same call as HEALTH_FIELDS: settings an inference side leaves behind. Every one is optional:
+# a driver that rejects one (rc 2) is asked again without it, and that check reads "not checked".
+# Application clocks read [Requested functionality has been deprecated] on Hopper (the H200
+# capture of 580.159.04): no value, no issue. A clock lock has no field of its own (R580's
+# --help-query-gpu): NVML reports it as the applications_clocks_setting event reason.
+READY_FIELDS = (
+    ("compute_mode", "compute_mode", "str"),
+    ("power.limit", "power_limit_w", "float"),
+    ("power.default_limit", "power_default_limit_w", "float"),
+    ("clocks.applications.graphics", "app_clocks_graphics_mhz", "int"),
+    ("clocks.default_applications.graphics", "app_clocks_graphics_default_mhz", "int"),
+    ("clocks.applications.memory", "app_clocks_memory_mhz", "int"),
+    ("clocks.default_applications.memory", "app_clocks_memory_default_mhz", "int"),
+    ("clocks_event_reasons.applications_clocks_setting", "clocks_user_limited", "str"),
+    ("ecc.mode.current", "ecc_mode", "str"),
+    ("ecc.mode.pending", "ecc_mode_pending", "str"),
+)
+HEALTH_FIELDS = HEALTH_FIELDS + READY_FIELDS
 
 # Fields an older driver may not know: asked again without them (value None). Drivers before
 # R535 know the clock reasons only by their old name, so those are renamed first. Every health

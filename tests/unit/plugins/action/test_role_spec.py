@@ -80,6 +80,6 @@ def test_each_variables_description_says_what_it_takes(name):
     if "choices" in kind:
         said = "One of " + ", ".join('V("")' if c == "" else f"V({c})" for c in kind["choices"]) + "."
     else:
-        said = {"float": "A number.", "int": "A whole number.", "bool": "V(true) or V(false).", "str": "A string.",
+        said = {"float": "A number.", "int": "A whole number.", "bool": "V(true) or V(false).", "str": "A string.", "dict": "A mapping.",
                 "list": "A list of whole numbers." if kind.get("elements") == "int" else "A list of strings."}[kind["type"]]
     assert description.endswith(said), (name, description[-80:])

@@ -28,6 +28,9 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders
 NOT_PROCESS_NAMES = {
     "_caps.WHOLE": "result keys (lists the hardware sizes)",
     "_commands.SYSTEM_DIRS": "directories",
+    "_device_nodes.CONTROL": "device node paths (/dev/nvidiactl, the UVM nodes)",
+    "_ready_settings.ACTIONS": "restore record actions (GPU settings)",
+    "_options.READY_COMPUTE_MODES": "nvidia-smi compute mode values (ready_profile)",
     "_holders.ANSWERING_FS": "file system types (mountinfo)",
     "_jobcheck.MODES": "the Slurm hook modes (prolog, epilog)",
     "_jobcheck.NUMBERS": "config option names (numbers)",

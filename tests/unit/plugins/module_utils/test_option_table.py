@@ -68,8 +68,9 @@ def test_the_role_has_a_variable_for_each_option_it_passes_with_the_tables_defau
             continue
         variable = "free_gpus_" + option.name
         assert variable in specs and variable in _role_spec.TYPES, variable
-        # The role writes an unset path or choice as "", a list as [].
-        expected = "" if option.default is None else list(option.default) if isinstance(option.default, tuple) else option.default
+        # The role writes an unset path or choice as "", a list as [], an unset mapping as null.
+        unset = None if option.type == "dict" else ""
+        expected = unset if option.default is None else list(option.default) if isinstance(option.default, tuple) else option.default
         assert defaults[variable] == expected, variable
         assert specs[variable].get("default", expected) == expected, variable
 

@@ -36,7 +36,11 @@ def _raw(**values):
     base = dict(zip([f for f, _k, _t in FIELDS], (
         "0, GPU-22d6f351-b711-b43e-634b-50b970b6a61e, NVIDIA H200, 00000000:00:06.0, 580.159.04, 143771, 616, 0, 143156, 0, 36, "
         "80.26, Enabled, Disabled, 0, No, No, [N/A], 5, 5, 16, 16, P0, Not Active, Not Active, Not Active, Not Active, Disabled, "
-        "{}, {}, {}, N/A".format(captured["gpu_recovery_action"], captured["fabric.state"], captured["fabric.status"])).split(", ")))
+        "{}, {}, {}, N/A, ".format(captured["gpu_recovery_action"], captured["fabric.state"], captured["fabric.status"])
+        # The training-ready profile's fields: compute mode, power limits and ECC mode as the H200's nvidia-smi -q
+        # of the same day reads them; application clocks as the H200 of the 590 exporter capture prints them.
+        + "Default, 700.00, 700.00, " + ", ".join(["[Requested functionality has been deprecated]"] * 4)
+        + ", Not Active, Enabled, Enabled").split(", ")))
     base.update(values)
     return base
 
