@@ -1042,6 +1042,10 @@ class Release:
         self.inside_container = bool(getattr(snapshot, "inside_container", False))
         self.choose_targets(plan)
         self.refuse_blocked(snapshot, plan.selected)
+        if plan.targets or self.params.get("services"):
+            # Issue 72: what Ray or Docker Swarm would start again is stopped only through them, or refused.
+            from ansible_collections.zeromib.gpu.plugins.module_utils._act import _orchestrators
+            _orchestrators.for_release(self, plan)
         planning = self.system.now()
         if holders or self.params.get("services"):
             plan.containers = self.plan_containers(holders, plan.targets)
@@ -1058,11 +1062,12 @@ class Release:
         self.refuse_guest_services(plan)
         self.result["timings"]["plan_s"] = round(self.system.now() - planning, 3)
         self.result["services_not_found"] = (plan.units["not_found"] + plan.containers.not_found + plan.programs["not_found"]
-                                             + self.guests_not_found)
+                                             + self.guests_not_found + getattr(plan, "orchestrated_missing", []))
         plan.gpus_clean = all(g["clean"] for g in self.result["gpus_before"] if g["index"] in plan.selected)
         plan.to_do = bool(plan.containers or plan.units["stop"] or plan.units["disable"] or plan.units["mask"]
                           or (plan.targets and self.params.get("kill", True)) or plan.programs["stop"] or plan.programs["disable"]
-                          or plan.mps_servers or bool(plan.guests and self.guest_units.acted_on(plan.guests)))
+                          or plan.mps_servers or bool(plan.guests and self.guest_units.acted_on(plan.guests))
+                          or getattr(plan, "orchestrated_to_do", False))
         plan.dirty_before = [g for g in gpus if g["index"] in plan.selected and g["index"] not in snapshot.footprint
                              and not _facts.gpu_is_clean(g, limit)]
         plan.unheld_at_look = {g["index"] for g in unheld(plan.dirty_before, holders, snapshot.apps)}
@@ -1335,6 +1340,10 @@ class Release:
         units, programs = plan.unit_steps, plan.program_steps
         outside = {h["container"]: reason for h, reason in plan.containers.outside}
         try:
+            if getattr(plan, "orchestrated_to_do", False):
+                # Issue 72: Swarm services named in services scaled to 0 (_act/_orchestrators).
+                from ansible_collections.zeromib.gpu.plugins.module_utils._act import _orchestrators
+                _orchestrators.act_for_release(self, plan)
             if plan.containers:
                 outside.update(self.act_containers(plan.containers))
             if units["stop"] or units["disable"] or units["mask"]:
@@ -1372,6 +1381,7 @@ class Release:
             or self.result["stopped_programs"] or self.result["disabled_programs"] or self.result["stopped_mps_servers"]
             or self.result["terminated_mps_clients"]
             or self.result["stopped_guest_units"] or self.result["disabled_guest_units"] or self.result["masked_guest_units"]
+            or self.result.get("scaled_services")
         )
 
     def foreign(self, targets: list[Holder]) -> t.Callable[[int, int], bool]:
