@@ -224,10 +224,32 @@ def for_release(release: t.Any, steps: t.Any) -> list[Orchestrated]:
                  inspect, release.main_pid_of) if steps.targets else []
     by_swarm = orchestrated_pids(found, look.SWARM)
     steps.targets = [h for h in steps.targets if h["pid"] not in by_swarm]
+    release.result["multi_node"] = multi_node(steps.targets, release.system.proc, lambda pid: holders_mod.read_process(pid, release.system.proc))
+    if release.result["multi_node"]:
+        release.result["warnings"].append(multi_node_warning(release.result["multi_node"]))
     steps.orchestrated_missing = not_found(named, found, swarm_names)
     steps.orchestrated_to_do = bool(swarm_names) and any(e.startswith(SWARM) and e not in steps.orchestrated_missing for e in named)
     release.result["orchestrated"] = found
     return found
+
+
+def multi_node(targets: t.Sequence[Holder], proc: str, read: t.Callable[[int], t.Any]) -> list[dict[str, t.Any]]:
+    """The targets that are ranks of a multi-node torchrun: [{pid, launcher}] (a note, at most look.NAMED)."""
+    found = []
+    for holder in targets:
+        launcher = look.multi_node_launcher(holder["pid"], proc, read)
+        if launcher:
+            found.append({"pid": holder["pid"], "launcher": launcher})
+            if len(found) >= look.NAMED:
+                break
+    return found
+
+
+def multi_node_warning(ranks: t.Sequence[t.Mapping[str, t.Any]]) -> str:
+    return ("{} of a multi-node job ({}): its ranks on the other nodes keep their GPUs, stuck in a collective, until NCCL's timeout "
+            "ends them; free those nodes in the same play (the role's fleet-wide proof reads every host once more)").format(
+                "PID {} is a rank".format(ranks[0]["pid"]) if len(ranks) == 1 else "PIDs {} are ranks".format(", ".join(str(r["pid"]) for r in ranks)),
+                ranks[0]["launcher"])
 
 
 def act_for_release(release: t.Any, _steps: t.Any) -> None:

@@ -79,3 +79,8 @@ def test_tasks_that_do_not_stop_fail_naming_the_service_and_keep_what_was_done()
     with pytest.raises(StepFailed, match="did not stop the tasks of vllm") as failed:
         orch.scale_down(orch.Swarm(api), ["swarm:vllm"], [WEB], "T", 2, clock=lambda: next(clock), sleep=lambda s: None)
     assert failed.value.done[0]["replicas"] == 1
+
+
+def test_a_multi_node_rank_is_named_in_a_warning():
+    said = orch.multi_node_warning([{"pid": 60, "launcher": "torchrun --nnodes 2 train.py (PID 50)"}])
+    assert said.startswith("PID 60 is a rank of a multi-node job (torchrun --nnodes 2 train.py (PID 50)): its ranks on the other nodes")
