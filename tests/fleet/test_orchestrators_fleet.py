@@ -93,12 +93,12 @@ def test_a_users_process_posing_as_a_ray_node_makes_root_refuse_nothing(fleet):
     # uid 4242's `exec -a raylet` python, its child holding GPU 0: her process tree.
     made = fleet.ssh(host, "getent passwd 4242").returncode != 0
     # The simulator's context registry is open to every user, as the real driver serves every user's contexts.
-    fleet.ssh(host, ("useradd -u 4242 -M -d /nonexistent -s /usr/sbin/nologin zmuser\n" if made else "")
-                    + "mkdir -p /run/nvidia-sim/contexts && chmod 1777 /run/nvidia-sim/contexts\n"
-                    f"cat > /usr/local/bin/fake-raylet <<'EOF'\n{FAKE_RAYLET}EOF\nchmod 0755 /usr/local/bin/fake-raylet\n"
-                    # From a login session, as she would (a system unit's main process would be root's word: systemd's MainPID).
-                    "setsid runuser -u zmuser -- /usr/local/bin/fake-raylet </dev/null >/dev/null 2>&1 & echo $! > /run/fake-raylet.pid",
-              check=True)
+    setup = ("useradd -u 4242 -M -d /nonexistent -s /usr/sbin/nologin zmuser\n" if made else "")
+    setup += ("mkdir -p /run/nvidia-sim/contexts && chmod 1777 /run/nvidia-sim/contexts\n"
+              f"cat > /usr/local/bin/fake-raylet <<'EOF'\n{FAKE_RAYLET}EOF\nchmod 0755 /usr/local/bin/fake-raylet\n"
+              # From a login session, as she would (a system unit's main process would be root's word: systemd's MainPID).
+              "setsid runuser -u zmuser -- /usr/local/bin/fake-raylet </dev/null >/dev/null 2>&1 & echo $! > /run/fake-raylet.pid")
+    fleet.ssh(host, setup, check=True)
     try:
         assert wait_for(lambda: fleet.gpu_memory(host)[0] >= 1000, timeout=30), fleet.ssh(host, "ps -ef").stdout
         run = fleet.ansible_playbook(PLAYBOOK, limit=host, extra_vars={"free_gpus_kill_timeout": 2})

@@ -177,7 +177,7 @@ def scale_down(swarm: Swarm, named: t.Sequence[str], found: t.Sequence[Orchestra
                              f"constraint that leaves this node out (docker service update --constraint-add node.hostname!=NODE {name})",
                              done=done)
         if before:
-            done.append({"kind": SCALED, "name": name, "replicas": before, "actions": ["scaled to 0"], "released_at": at})
+            done.append({"kind": SCALED, "name": name, "replicas": before, "actions": ["stopped"], "released_at": at})
     deadline = clock() + float(kill_timeout or 0) + STOP_MARGIN_S
     waiting = [entry["name"] for entry in done]
     while waiting and clock() < deadline:

@@ -58,7 +58,7 @@ def test_a_named_service_is_scaled_to_zero_waited_for_and_recorded():
     api = FakeSwarm(replicas=2, running=2)
     done, missing = orch.scale_down(orch.Swarm(api), ["swarm:vllm", "swarm:nope"], [WEB], "T", 2, sleep=lambda s: None)
     assert api.updates == [0] and missing == ["swarm:nope"]
-    assert done == [{"kind": "swarm_service", "name": "vllm", "replicas": 2, "actions": ["scaled to 0"], "released_at": "T"}]
+    assert done == [{"kind": "swarm_service", "name": "vllm", "replicas": 2, "actions": ["stopped"], "released_at": "T"}]
     assert orch.scale_back(orch.Swarm(api), done[0]) == ["scaled to 2"] and api.updates == [0, 2]
     assert orch.scale_back(orch.Swarm(api), done[0]) == [], "idempotent"
 
