@@ -138,8 +138,9 @@ def summary_lines(data: t.Any, hosts: t.Sequence[str] | None = None, live: t.Con
     lines.append("{} host{}: {}".format(len(rows), "" if len(rows) == 1 else "s", ", ".join(
         f"{n} {s}" + (" ({})".format(", ".join(gone)) if s == "unreachable" else "")
         for s, n in sorted(totals.items(), key=lambda item: _STATUS_ORDER.get(item[0], 1)))))
-    # Issue 72: the one read after the last host was freed, only where some host was freed.
+    # Issue 72: the one read after the last host was freed, only where some host was freed; the
+    # totals stay the last line.
     proof = fleet_proof_line(by_host.values())
     if proof:
-        lines.append(proof)
+        lines.insert(len(lines) - 1, proof)
     return lines

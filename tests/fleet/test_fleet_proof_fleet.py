@@ -111,7 +111,8 @@ def test_work_rescheduled_onto_a_proven_host_fails_free_gpus_yml_naming_it(fleet
     assert "not free after the last host was freed: GPU 0 reads" in row and "ray::Trainer" in row and "sim-ray-actor.service" in row, row
     assert f"after this run freed {a}" in row, row
     assert summary_status(lines, a) == "freed", lines
-    assert lines[-1] == f"fleet-wide proof after {a} was freed: 2 hosts read once more, not free again: {b}", lines
+    assert lines[-2] == f"fleet-wide proof after {a} was freed: 2 hosts read once more, not free again: {b}", lines
+    assert lines[-1] == "2 hosts: 1 back, 1 freed", lines
 
 
 def test_work_rescheduled_onto_a_proven_host_fails_the_role_in_a_users_play(fleet):

@@ -81,5 +81,6 @@ def test_the_outcome_and_the_summary_say_it():
     assert still["ok"] is True and still["status"] == "freed"
     lines = summary_lines([back, still])
     assert lines[1].startswith("back") and "h1" in lines[1]
-    assert lines[-1] == "fleet-wide proof after h2 was freed: 2 hosts read once more, not free again: h1"
+    assert lines[-2] == "fleet-wide proof after h2 was freed: 2 hosts read once more, not free again: h1"
+    assert lines[-1] == "2 hosts: 1 back, 1 freed"
     assert not any("fleet-wide proof" in line for line in summary_lines([CLEAN]))
