@@ -64,8 +64,9 @@ def main():
     print("| case | variant | median s | runs (s) | rc | hosts read by the proof |")
     print("|---|---|---|---|---|---|")
     for (case, variant), runs in sorted(times.items()):
-        print("| {} | {} | {} | {} | {} | {} |".format(case, variant, statistics.median(r[0] for r in runs), ", ".join(str(r[0]) for r in runs),
-                                                 sorted({r[1] for r in runs}), sorted({r[2] for r in runs})))
+        cells = (case, variant, statistics.median(r[0] for r in runs), ", ".join(str(r[0]) for r in runs), sorted({r[1] for r in runs}),
+                 sorted({r[2] for r in runs}))
+        print("| {} | {} | {} | {} | {} | {} |".format(*cells))
 
 
 if __name__ == "__main__":

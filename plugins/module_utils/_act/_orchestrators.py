@@ -209,8 +209,13 @@ def for_release(release: t.Any, steps: t.Any) -> list[Orchestrated]:
     named = entries(release.params.get("services"))
     runtimes = release.system.runtimes
     swarm_names: list[str] = []
+    swarm_error = None
     if any(e.startswith(SWARM) for e in named):
-        swarm_names = swarm_of(runtimes).names()
+        try:
+            swarm_names = swarm_of(runtimes).names()
+        except StepFailed as exc:
+            # No Docker, or not a manager: in a mixed fleet the entry names nothing here, unless a task of it holds a GPU here.
+            swarm_error = exc.msg
 
     def inspect(holder: Holder) -> t.Any:
         if holder.get("container_runtime") != DOCKER or not holder.get("container"):
@@ -223,6 +228,8 @@ def for_release(release: t.Any, steps: t.Any) -> list[Orchestrated]:
     found = plan(steps.targets, steps.selected, named, release.system.proc, lambda pid: holders_mod.read_process(pid, release.system.proc),
                  inspect, release.main_pid_of) if steps.targets else []
     by_swarm = orchestrated_pids(found, look.SWARM)
+    if by_swarm and swarm_error:
+        raise StepFailed(swarm_error)
     steps.targets = [h for h in steps.targets if h["pid"] not in by_swarm]
     release.result["multi_node"] = multi_node(steps.targets, release.system.proc, lambda pid: holders_mod.read_process(pid, release.system.proc))
     if release.result["multi_node"]:

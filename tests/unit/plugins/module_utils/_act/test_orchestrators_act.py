@@ -84,3 +84,30 @@ def test_tasks_that_do_not_stop_fail_naming_the_service_and_keep_what_was_done()
 def test_a_multi_node_rank_is_named_in_a_warning():
     said = orch.multi_node_warning([{"pid": 60, "launcher": "torchrun --nnodes 2 train.py (PID 50)"}])
     assert said.startswith("PID 60 is a rank of a multi-node job (torchrun --nnodes 2 train.py (PID 50)): its ranks on the other nodes")
+
+
+class _Release:
+    """What for_release reads of gpu_release: params, system (runtimes, proc), main_pid_of, result."""
+
+    def __init__(self, services, runtimes):
+        self.params = {"services": services}
+        self.system = type("System", (), {"runtimes": runtimes, "proc": "/proc"})()
+        self.result = {"warnings": []}
+
+    def main_pid_of(self, unit):
+        return None
+
+
+class _NoDocker:
+    def client(self, runtime):
+        return None
+
+    def error(self, runtime):
+        return "docker is not on this node"
+
+
+def test_a_swarm_entry_on_a_host_without_docker_names_nothing_here():
+    # A mixed fleet: the entry is for the hosts that run Swarm; here it matches nothing (the fleet check decides).
+    steps = type("Plan", (), {"targets": [], "selected": [0]})()
+    assert orch.for_release(_Release(["swarm:vllm"], _NoDocker()), steps) == []
+    assert steps.orchestrated_missing == ["swarm:vllm"] and steps.orchestrated_to_do is False
