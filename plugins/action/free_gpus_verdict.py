@@ -25,7 +25,7 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 from ansible_collections.zeromib.gpu.plugins.action import free_gpus_gate as _gate
-from ansible_collections.zeromib.gpu.plugins.plugin_utils import _services_check
+from ansible_collections.zeromib.gpu.plugins.plugin_utils import _fleet_proof, _services_check
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import failed, same_mistake_message, same_mistakes, stopped
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._plain import plain
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._play_vars import play_vars
@@ -103,6 +103,13 @@ class ActionModule(_gate.ActionModule):
         all_looked = all(isinstance(outcomes.get(name), Mapping) for name in batch)
         if own.get("services_unmatched") and not self._task.args.get("msg"):
             own, result = self._fleet_checked(own, outcomes if all_looked else {host: own}, host, result, task_vars, all_looked)
+        # Under any_errors_fatal a failed host stops the play here: nothing starts on a proven host.
+        stops = bool(self._task.any_errors_fatal) and not self._var(task_vars, "_free_gpus_summary_follows", False) and any(
+            not is_free(found) for name, found in outcomes.items() if name != host)
+        if not self._task.args.get("msg") and not stops and _fleet_proof.needs_proof(own, outcomes, all_looked, bool(self._task.check_mode)):
+            # Issue 72: some host was freed; this one is read once more, after the last one.
+            own = self._fleet_proven(own, outcomes, host, task_vars)
+            result["ansible_facts"] = {OUTCOME: own}
         if self._task.args.get("msg"):
             # free_gpus.yml's last task: the reason is in its summary; this fails the host pointing to it.
             result["msg"] = str(self._task.args["msg"])
@@ -161,3 +168,18 @@ class ActionModule(_gate.ActionModule):
             return own, result
         result["ansible_facts"] = {OUTCOME: outcome}
         return outcome, result
+
+    def _fleet_proven(self, own: t.Mapping[str, t.Any], outcomes: t.Mapping[str, t.Any], host: str,
+                      task_vars: dict[str, t.Any]) -> dict[str, t.Any]:
+        """The fleet-wide proof on this host (plugin_utils/_fleet_proof.py): one gpu_facts read,
+        bounded; no answer is no proof."""
+        freed = _fleet_proof.freed_hosts(outcomes)
+        settings = {name: self._var(task_vars, name, None) for name in _fleet_proof.SETTINGS}
+        try:
+            with _gate.bounded(_fleet_proof.bound_s(settings)):
+                read = self._execute_module(module_name="zeromib.gpu.gpu_facts", module_args=_fleet_proof.facts_args(settings),
+                                            task_vars=task_vars)
+        except _gate.NoAnswer:
+            read = {"failed": True, "msg": f"gpu_facts did not answer within {_fleet_proof.bound_s(settings):.0f} s"}
+        facts = {"error": read.get("msg") or "gpu_facts failed"} if read.get("failed") else (read.get("ansible_facts") or {}).get("gpu")
+        return _fleet_proof.proven(own, _fleet_proof.judge(plain(facts), host, own.get("selected") or [], freed), freed)

@@ -29,6 +29,8 @@ lock, so that a crash or two runs at once never leave half a record. Format (doc
                  "entry": "lxc:101:vllm.service", "actions": ["stopped"], "active": true, ...}
                 (a system container's own unit, stopped through the guest's systemd: the unit
                 keys, and which guest; a record without such entries reads as before)
+    swarm_service: {"kind": "swarm_service", "name": "vllm", "actions": ["stopped"], "replicas": 2, "released_at": "..."}
+                (a Docker Swarm service scaled to 0: gpu_restore scales it back to `replicas`; _act/_orchestrators)
     every kind: "released_by": "alice" (the login user of the release's session), where known.
 
 Each entry holds the state BEFORE the first release that changed it. A later release that finds
@@ -58,7 +60,7 @@ if t.TYPE_CHECKING:
 
 PATH = "/var/lib/zeromib-gpu/released.json"
 FORMAT = 1
-KINDS = ("unit", "container", "supervisor", "guest_unit", "gpu_settings")
+KINDS = ("unit", "container", "supervisor", "guest_unit", "gpu_settings", "swarm_service")
 # Actions in the order a release takes them; a restore undoes them in reverse. The last four are
 # a GPU's settings put back to the training-ready profile (_act/_ready_settings.py, ready_fix).
 ACTIONS = ("stopped", "disabled", "masked", "compute_mode", "power_limit", "app_clocks", "clock_lock")

@@ -308,6 +308,8 @@ class ContainerRecord(t.TypedDict):
     pod_uid: str | None
     # The container's init process as the runtime reports it (None when not running).
     pid: int | None
+    # Its com.docker.swarm.* labels (a Swarm task's service and task), {} for others.
+    labels: dict[str, str]
 
 
 class ContainersDone(t.TypedDict):

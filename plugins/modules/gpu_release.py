@@ -55,6 +55,10 @@ options:
         missing on a host are listed in RV(services_not_found), so one list fits a mixed fleet.
       - V(container:<glob>) names Docker or Podman containers, V(supervisor:<glob>) supervisord programs, and
         V(lxc:<id>:<unit>), V(lxd:<name>:<unit>) or V(machine:<name>:<unit>) a system container's own units.
+      - V(swarm:<service glob>) scales Docker Swarm services to 0 replicas through the Docker Engine API of this node (a Swarm
+        manager; gpu_restore scales them back), and V(ray:) lets the run end the Ray workers on the selected GPUs. Without them,
+        holders that Swarm or a Ray node runs fail the run before anything is done, naming the command (RV(orchestrated)).
+        R(Cluster runtimes, ansible_collections.zeromib.gpu.docsite.guide_orchestrators).
       - A glob never selects what keeps the node reachable and its data safe (network, storage, identity, remote access, time) nor a
         launcher; they are kept (RV(kept_units)). Every rule -
         R(services in detail, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.services).
@@ -370,6 +374,31 @@ launchers:
        pids: [4242], slurm_job_id: null}
     - {unit: slurmd.service, reason: slurmd.service starts other jobs (scheduler, cron, hub, CI runner, container engine or supervisor),
        pids: [5120], slurm_job_id: "1734"}
+orchestrated:
+  description:
+    - Holders of the selected GPUs that a cluster runtime starts again when they are killed, one entry per Ray node or Docker Swarm
+      service - C(kind) (V(ray), V(swarm)), C(name), C(pids), C(gpu_indexes), C(command) (what stops it through the runtime) and
+      C(entry) (the O(services) entry that lets gpu_release do so). A Ray node counts only when the identity rule vouches for it
+      (a system unit's main process, or root running it from a system directory); a Swarm task by the labels Docker reports.
+  type: list
+  elements: dict
+  returned: success
+  sample:
+    - {kind: swarm, name: vllm, pids: [4242], gpu_indexes: [0], command: docker service scale vllm=0, entry: "swarm:vllm"}
+scaled_services:
+  description: Docker Swarm services this run scaled to 0 replicas (O(services) V(swarm:<glob>)); recorded for gpu_restore.
+  type: list
+  elements: str
+  returned: success
+  sample: [vllm]
+multi_node:
+  description:
+    - Holders signalled that are ranks of a multi-node torchrun (C(--nnodes) above 1), with C(pid) and C(launcher) (its command line and
+      PID); their ranks on other nodes keep their GPUs until NCCL's timeout. A note from the job's own command line, never a decision.
+  type: list
+  elements: dict
+  returned: success
+  sample: [{pid: 4242, launcher: "torchrun --nnodes 2 --nproc-per-node 8 train.py (PID 4100)"}]
 spanning:
   description:
     - Processes (C(pid), C(name), C(cmdline), C(unit), C(container)), workload units (C(unit), C(pid=null)) and containers

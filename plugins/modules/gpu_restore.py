@@ -89,6 +89,8 @@ notes:
     a program alone in its group (C(update) re-adds the whole group). A supervisord restarted since the release read C(autorestart=false)
     for a program beside others; it gets it back at supervisord's next start, and the task warns so. O(wait_for_gpus) waits for them
     too, when their process (or its children) held GPUs at the release.
+  - B(Docker Swarm services) (C(swarm:) in O(zeromib.gpu.gpu_release#module:services)) - scaled back to the replicas they had, through the
+    Docker Engine API of the node (a Swarm manager); restored as C(kind=swarm_service).
 seealso:
   - module: zeromib.gpu.gpu_release
   - module: zeromib.gpu.gpu_facts

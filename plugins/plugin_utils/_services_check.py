@@ -26,7 +26,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._act._units import is_
 # the unit listing.
 # Entries that name no host unit: containers, supervisord programs and a guest's units, which the
 # gate's dry run of gpu_release looks up (the prefixes are _act/_services', the one parser's).
-OTHER_KINDS = (_services.CONTAINER, _services.SUPERVISOR, *_services.GUEST_PREFIXES)
+OTHER_KINDS = (_services.CONTAINER, _services.SUPERVISOR, *_services.GUEST_PREFIXES, *_services.ORCHESTRATOR_PREFIXES)
 
 # The units systemd has loaded (running, failed, wanted) and the unit files, aliases included, that
 # the entries name: what gpu_release's own look (`systemctl show` LoadState) finds. Asked with the

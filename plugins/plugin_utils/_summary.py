@@ -14,13 +14,14 @@ from collections.abc import Mapping
 
 from ansible.errors import AnsibleError
 
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._fleet_proof import summary_line as fleet_proof_line
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import (
     clients_with_units, failed, footprint_note, planned_signals, same_mistake_message, same_mistakes, shm_kept_note, shm_note,
     spanning_note,
 )
 
 # Summary order: what needs the operator's eyes first.
-_STATUS_ORDER = {"unreachable": 0, "failed": 1, "invalid": 1, "unhealthy": 1, "dirty": 2, "stopped": 3, "would free": 3, "freed": 4, "clean": 5}
+_STATUS_ORDER = {"unreachable": 0, "failed": 1, "back": 1, "invalid": 1, "unhealthy": 1, "dirty": 2, "stopped": 3, "would free": 3, "freed": 4, "clean": 5}
 
 
 def _outcomes(data: t.Any, hosts: t.Iterable[str] | None, live: t.Container[str] | None = None) -> list[t.Any]:
@@ -137,4 +138,9 @@ def summary_lines(data: t.Any, hosts: t.Sequence[str] | None = None, live: t.Con
     lines.append("{} host{}: {}".format(len(rows), "" if len(rows) == 1 else "s", ", ".join(
         f"{n} {s}" + (" ({})".format(", ".join(gone)) if s == "unreachable" else "")
         for s, n in sorted(totals.items(), key=lambda item: _STATUS_ORDER.get(item[0], 1)))))
+    # Issue 72: the one read after the last host was freed, only where some host was freed; the
+    # totals stay the last line.
+    proof = fleet_proof_line(by_host.values())
+    if proof:
+        lines.insert(len(lines) - 1, proof)
     return lines

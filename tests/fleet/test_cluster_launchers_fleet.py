@@ -135,9 +135,11 @@ def cluster(fleet, fleet_baselines):
         ray = start_and_read(fleet, host, "ray-like.service", "/run/nvidia-sim/ready/ray-like")
         v1 = start_and_read(fleet, host, "vllm-tp.service", "/run/nvidia-sim/ready/vllm-tp")
         before = fleet.gpu_memory(host)
-        check = fleet.ansible_playbook(PLAYBOOK, limit=host, check=True, extra_vars={"free_gpus_kill_timeout": KILL_TIMEOUT})
+        # Issue 72: a vouched Ray node's workers are ended only when services names `ray:` (else the run refuses with `ray stop`).
+        ray_named = {"free_gpus_kill_timeout": KILL_TIMEOUT, "free_gpus_services": ["ray:"]}
+        check = fleet.ansible_playbook(PLAYBOOK, limit=host, check=True, extra_vars=ray_named)
         after_check = fleet.gpu_memory(host)
-        run = fleet.ansible_playbook(PLAYBOOK, limit=host, extra_vars={"free_gpus_kill_timeout": KILL_TIMEOUT})
+        run = fleet.ansible_playbook(PLAYBOOK, limit=host, extra_vars=ray_named)
         yield {"host": host, "ray": ray, "v1": v1, "before": before, "after_check": after_check, "check": check, "run": run,
                "ray_main_after": main_pid(fleet, host, "ray-like.service"), "t_run": time.monotonic(), "after": fleet.gpu_memory(host)}
     finally:

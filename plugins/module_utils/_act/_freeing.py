@@ -28,6 +28,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._look import _jobs
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _containers
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _guest_units
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _mps
+from ansible_collections.zeromib.gpu.plugins.module_utils._act import _orchestrators
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _services
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _settle
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _shm_clean
@@ -52,6 +53,9 @@ if t.TYPE_CHECKING:
 def plan_dirty(release: Release, plan: Plan) -> None:
     """Some process holds a GPU or services names something: the containers to stop, the units,
     supervisord programs and guests' units to stop or disable, and the targets left to signal."""
+    if plan.targets or release.params.get("services"):
+        # Issue 72: what Ray or Docker Swarm would start again is stopped only through them, or refused.
+        _orchestrators.for_release(release, plan)
     plan.containers = plan_containers(release, plan.holders, plan.targets)
     release.result["warnings"].extend(plan.containers.warnings)
     plan.targets = plan.containers.signal
@@ -231,6 +235,9 @@ def act(release: Release, plan: Plan) -> None:
     units, programs = plan.unit_steps, plan.program_steps
     outside = {h["container"]: reason for h, reason in plan.containers.outside}
     try:
+        if getattr(plan, "orchestrated_to_do", False):
+            # Issue 72: Swarm services named in services scaled to 0 (_act/_orchestrators).
+            _orchestrators.act_for_release(release, plan)
         if plan.containers:
             outside.update(act_containers(release, plan.containers))
         if units["stop"] or units["disable"] or units["mask"]:
@@ -267,6 +274,7 @@ def act(release: Release, plan: Plan) -> None:
         or release.result["stopped_programs"] or release.result["disabled_programs"] or release.result["stopped_mps_servers"]
         or release.result["terminated_mps_clients"]
         or release.result["stopped_guest_units"] or release.result["disabled_guest_units"] or release.result["masked_guest_units"]
+        or release.result.get("scaled_services")
     )
 
 

@@ -289,11 +289,12 @@ class Release:
         self.result["timings"]["plan_s"] = round(self.system.now() - planning, 3)
         units, programs = plan.unit_steps, plan.program_steps
         self.result["services_not_found"] = (units["not_found"] + plan.containers.not_found + programs["not_found"]
-                                             + self.guests_not_found)
+                                             + self.guests_not_found + getattr(plan, "orchestrated_missing", []))
         plan.gpus_clean = all(g["clean"] for g in self.result["gpus_before"] if g["index"] in plan.selected)
         plan.to_do = bool(plan.containers or units["stop"] or units["disable"] or units["mask"]
                           or (plan.targets and self.params.get("kill", True)) or programs["stop"] or programs["disable"]
-                          or plan.mps_servers or bool(plan.guests and freeing_room().guests_acted_on(plan.guests)))
+                          or plan.mps_servers or bool(plan.guests and freeing_room().guests_acted_on(plan.guests))
+                          or getattr(plan, "orchestrated_to_do", False))
         plan.dirty_before = [g for g in gpus if g["index"] in plan.selected and g["index"] not in snapshot.footprint
                              and not _facts.gpu_is_clean(g, limit)]
         plan.unheld_at_look = {g["index"] for g in unheld(plan.dirty_before, holders, snapshot.apps)}

@@ -529,6 +529,10 @@ class Restore:
                 steps, why = self.restore_guest_unit(entry)
             elif entry["kind"] == _ready_settings.KIND:
                 steps, why = self.restore_gpu_settings(entry)
+            elif entry["kind"] == "swarm_service":
+                # Issue 72: a Swarm service back to its replicas (_act/_orchestrators).
+                from ansible_collections.zeromib.gpu.plugins.module_utils._act import _orchestrators  # pylint: disable=import-outside-toplevel
+                steps, why = _orchestrators.restore_for(self, entry)
             else:
                 steps, why = self.restore_program(entry)
             before, after = change_lines(entry, steps, self.policies_now.get(entry.get("id") or ""))

@@ -10,7 +10,8 @@
 `container:<glob>` names Docker/Podman containers (_containers), `supervisor:<glob>` supervisord
 programs (_supervisor), `lxc:<id glob>:<unit glob>`, `lxd:<name glob>:<unit glob>` and
 `machine:<name glob>:<unit glob>` a system container's own units, stopped through the guest's
-manager (_guest_units), anything else a systemd unit pattern of the host (_units). gpu_release
+manager (_guest_units), `swarm:<service glob>` and `ray:` a cluster runtime's work
+(_orchestrators), anything else a systemd unit pattern of the host (_units). gpu_release
 parses the option once (`Release.named`) and hands each room its part.
 """
 
@@ -20,6 +21,8 @@ import typing as t
 
 CONTAINER = "container:"
 SUPERVISOR = "supervisor:"
+# Cluster runtimes' entries (`swarm:<service glob>`, `ray:`), read by _act/_orchestrators.
+ORCHESTRATOR_PREFIXES = ("swarm:", "ray:")
 # Guest kinds as _cgroups names them, by the prefix that names their units in `services`.
 GUEST_PREFIXES = {"lxc:": "lxc", "lxd:": "lxd", "machine:": "nspawn"}
 
@@ -61,6 +64,8 @@ def parse(services: t.Iterable[t.Any] | None) -> Services:
     named = Services([], [], [], [])
     for item in services or []:
         text = str(item).strip()
+        if text.startswith(ORCHESTRATOR_PREFIXES):
+            continue
         guest = guest_units(text)
         if guest is not None:
             if guest not in named.guests:

@@ -72,6 +72,8 @@ def record_of(inspect: dict[str, t.Any]) -> ContainerRecord:
         "pod_uid": labels.get(K8S_UID),
         # The container's init process as the runtime reports it (0 when not running).
         "pid": state.get("Pid") or None,
+        # The engine's own Swarm labels (the service and task a manager created it for: _look/_orchestrators).
+        "labels": {str(k): str(v) for k, v in labels.items() if str(k).startswith("com.docker.swarm.")},
     }
 
 

@@ -26,6 +26,8 @@ from ansible_collections.zeromib.gpu.plugins import module_utils
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders
 
 NOT_PROCESS_NAMES = {
+    "_services.ORCHESTRATOR_PREFIXES": "services entry prefixes (swarm:, ray:)",
+    "_orchestrators.PREFIXES": "services entry prefixes (swarm:, ray:)",
     "_caps.WHOLE": "result keys (lists the hardware sizes)",
     "_commands.SYSTEM_DIRS": "directories",
     "_device_nodes.CONTROL": "device node paths (/dev/nvidiactl, the UVM nodes)",

@@ -48,6 +48,7 @@ def test_record_of_a_running_restart_always_container():
         "pod": None,
         "pod_uid": None,
         "pid": inspect_fixture("api-inspect-vllm.json")["State"]["Pid"],
+        "labels": {},
     }
     assert engines.record_of(inspect_fixture("cli-inspect-vllm.json")) == record
 

@@ -1,0 +1,156 @@
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE: it may change without notice. Only the modules of
+# zeromib.gpu may use it.
+
+"""Holders that a cluster runtime would start again, on this node or another (issue 72).
+
+A process killed under one of these comes back, often elsewhere: Ray's GCS restarts an actor with
+`max_restarts` on any node, Docker Swarm recreates a killed task as a new container, the kubelet
+recreates a pod's containers (_act/_containers refuses pods already). Recognised from what the
+kernel and the runtime say, never from a name alone:
+- Ray: an ancestor of the holder is a raylet, `ray start` node or gcs_server that the identity
+  rule vouches for (_holders.ProcessNames: root or a system account running a root-owned system
+  executable, or a system unit's main process, as `ray start --block` is as a unit's ExecStart=).
+  A user's own raylet (their venv, their uid) is theirs to run; its workers are ordinary holders,
+  as any user process is. So is a raylet root started by hand from a pip install under
+  /usr/local/lib (no system directory): its workers are ended as any launcher's GPU jobs, a
+  restart here fails the settle window, one on another host the role's fleet-wide proof.
+- Docker Swarm: the holder's container, as Docker's daemon reports it (root's word), carries the
+  engine's `com.docker.swarm.service.name` label. The cgroup path alone names no container
+  (_container_of confirms it with the runtime first).
+- Multi-node launchers (torchrun's elastic agent with more than one node, a Slurm step of a job
+  on several nodes): their ranks on other nodes keep their GPUs in a hung collective when this
+  node's are killed. That is only told (a note naming the launcher), never decided on: a user's
+  command line says it.
+
+What is done with them (stop through the orchestrator when `services` names it, else refuse with
+the command) is _act/_orchestrators'.
+"""
+
+from __future__ import annotations
+
+import re
+import typing as t
+
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders_mod
+
+if t.TYPE_CHECKING:
+    from ansible_collections.zeromib.gpu.plugins.module_utils._types import ContainerRecord, Holder
+
+    MainPidOf = t.Callable[[str], t.Optional[int]]
+    ReadProcess = t.Callable[[int], t.Optional[t.Mapping[str, t.Any]]]
+
+RAY = "ray"
+SWARM = "swarm"
+# The processes of a Ray node that run every job's workers as their descendants.
+RAY_NODE = holders_mod.ProcessNames("raylet", "ray start", "gcs_server", scripts=True)
+SWARM_SERVICE = "com.docker.swarm.service.name"
+SWARM_TASK = "com.docker.swarm.task.name"
+# torchrun / python -m torch.distributed.run / .launch, and its --nnodes (N, or MIN:MAX).
+_TORCHRUN = re.compile(r"(?:^|/|\s)(?:torchrun|torch\.distributed\.(?:run|launch))(?:\s|$)")
+_NNODES = re.compile(r"--nnodes[= ](\d+)(?::(\d+))?")
+# Ancestors walked at most (a deeper tree is no launcher's).
+MAX_DEPTH = 32
+# Names in a message before "and N more".
+NAMED = 5
+
+
+class Orchestrated(t.TypedDict):
+    """Holders one orchestrator runs on this node: `kind` (ray, swarm), `name` (the Swarm service;
+    for Ray, the node process's PID and name), `pids`, `gpu_indexes`, `command` (what stops it
+    through the orchestrator) and `entry` (the services entry that lets gpu_release do so)."""
+
+    kind: str
+    name: str
+    pids: list[int]
+    gpu_indexes: list[int]
+    command: str
+    entry: str
+
+
+def swarm_service(record: ContainerRecord | t.Mapping[str, t.Any] | None) -> str | None:
+    """The Swarm service of a container, from the labels its runtime reports; None for others."""
+    if not record:
+        return None
+    name = (record.get("labels") or {}).get(SWARM_SERVICE)
+    return str(name) if name else None
+
+
+def is_ray_node(record: t.Mapping[str, t.Any] | None, main_pid_of: MainPidOf | None = None) -> bool:
+    """A raylet, `ray start` or gcs_server that the identity rule backs: a system unit's main
+    process (`ray start --block` as ExecStart=), or root running it from a system directory."""
+    return bool(record) and bool(RAY_NODE.of(record, main_pid_of))
+
+
+def ray_node(pid: int, proc: str, read: ReadProcess, main_pid_of: MainPidOf | None = None) -> t.Mapping[str, t.Any] | None:
+    """The vouched Ray node process above a holder (its nearest ancestor that is one), else None."""
+    for ancestor in holders_mod.lineage(pid, proc)[1:MAX_DEPTH]:
+        record = read(ancestor)
+        if record and is_ray_node(record, main_pid_of):
+            return record
+    return None
+
+
+def multi_node_launcher(pid: int, proc: str, read: ReadProcess) -> str | None:
+    """`torchrun --nnodes 2 ... (PID 17)` when a torchrun agent above the holder runs ranks on
+    more than one node; None otherwise. A note only: the command line is its user's."""
+    for ancestor in holders_mod.lineage(pid, proc)[1:MAX_DEPTH]:
+        record = read(ancestor)
+        cmdline = " ".join(str((record or {}).get("cmdline") or "").split())
+        if not _TORCHRUN.search(cmdline):
+            continue
+        nodes = _NNODES.search(cmdline)
+        if nodes and max(int(nodes.group(1)), int(nodes.group(2) or 0)) > 1:
+            return f"{cmdline[:120]} (PID {ancestor:d})"
+    return None
+
+
+def _gpus(holders: t.Iterable[Holder], selected: t.Collection[int]) -> list[int]:
+    return sorted({i for h in holders for i in h.get("gpu_indexes") or [] if not selected or i in selected})
+
+
+def group(holders: t.Sequence[Holder], selected: t.Collection[int], proc: str, read: ReadProcess,
+          inspect: t.Callable[[Holder], t.Any], main_pid_of: MainPidOf | None = None) -> list[Orchestrated]:
+    """The holders of selected GPUs that Ray or Swarm runs, one entry per Ray node or Swarm service.
+    `inspect(holder)`: its container's record from the runtime (None when not a container or the
+    runtime does not know it)."""
+    found: dict[tuple[str, str], tuple[Orchestrated, list[Holder]]] = {}
+    for holder in holders:
+        uses = set(holder.get("gpu_indexes") or []) | set(holder.get("candidate_gpu_indexes") or [])
+        if holder.get("protected") or not uses or (selected and not uses & set(selected)):
+            continue
+        entry: Orchestrated | None = None
+        service = swarm_service(inspect(holder)) if holder.get("container") else None
+        if service:
+            entry = {"kind": SWARM, "name": service, "pids": [], "gpu_indexes": [], "entry": f"swarm:{service}",
+                     "command": f"docker service scale {service}=0"}
+        else:
+            node = ray_node(holder["pid"], proc, read, main_pid_of)
+            if node:
+                entry = {"kind": RAY, "name": "{} (PID {})".format(node.get("name"), node.get("pid")), "pids": [], "gpu_indexes": [],
+                         "entry": "ray:", "command": "ray stop (on this node), or ray job stop JOB_ID / ray.kill(actor) from the cluster's head"}
+        if entry is None:
+            continue
+        key = (entry["kind"], entry["name"])
+        kept, members = found.setdefault(key, (entry, []))
+        members.append(holder)
+        kept["pids"].append(holder["pid"])
+    for kept, members in found.values():
+        kept["gpu_indexes"] = _gpus(members, selected)
+    return [kept for kept, _members in found.values()]
+
+
+def refusal(refused: t.Sequence[Orchestrated]) -> str:
+    """The run's failure before anything is done, naming each orchestrator, its processes, the
+    command that stops it there, and the services entry that lets gpu_release do it."""
+    parts = []
+    for entry in refused:
+        pids = ", ".join(str(p) for p in entry["pids"][:NAMED]) + (f" and {len(entry['pids']) - NAMED} more" if len(entry["pids"]) > NAMED else "")
+        what = "Ray node {}".format(entry["name"]) if entry["kind"] == RAY else "Docker Swarm service {}".format(entry["name"])
+        parts.append("{} (PID {} on GPU {}): run `{}`, or name it in services as {}".format(
+            what, pids, ",".join(str(i) for i in entry["gpu_indexes"]) or "-", entry["command"], entry["entry"]))
+    return ("GPUs are held by work a cluster runtime starts again, here or on another node, when its processes are killed: {}. "
+            "gpu_release stops it only through the runtime, when services names it".format("; ".join(parts)))

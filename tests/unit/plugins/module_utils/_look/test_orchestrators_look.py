@@ -1,0 +1,82 @@
+"""Holders a cluster runtime starts again (_look/_orchestrators, issue 72), on a fake /proc written as
+the kernel writes it. The attacker: a user who names a process of theirs `raylet` (or copies Ray's
+binary into their home) to make root refuse to free a GPU, and a user's command line that claims a
+multi-node torchrun (a note only, never a decision)."""
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _orchestrators as orch
+from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils.fakeproc import write_process
+
+RAYLET = "/usr/lib/python3/dist-packages/ray/core/src/ray/raylet/raylet"
+
+
+def _read(proc):
+    return lambda pid: _holders.read_process(pid, str(proc))
+
+
+def _holder(pid, gpus=(0,), **kw):
+    return dict({"pid": pid, "gpu_indexes": list(gpus), "candidate_gpu_indexes": [], "protected": False, "container": None}, **kw)
+
+
+@pytest.fixture
+def proc(tmp_path):
+    root = tmp_path / "proc"
+    root.mkdir()
+    return root
+
+
+def test_a_worker_under_a_vouched_raylet_is_rays(proc):
+    write_process(proc, 100, comm="raylet", argv=(RAYLET, "--node_ip_address=10.0.0.1"), exe=RAYLET, uid=0)
+    write_process(proc, 200, comm="ray::Trainer", ppid=100, argv=("ray::Trainer.train",), uid=1000)
+    [found] = orch.group([_holder(200)], [0], str(proc), _read(proc), lambda h: None)
+    assert found["kind"] == "ray" and found["pids"] == [200] and found["gpu_indexes"] == [0]
+    assert found["entry"] == "ray:" and found["command"].startswith("ray stop")
+    said = orch.refusal([found])
+    assert "Ray node raylet (PID 100) (PID 200 on GPU 0): run `ray stop" in said and "name it in services as ray:" in said
+
+
+def test_a_users_own_raylet_is_no_ray_node_root_refuses_for(proc):
+    # Her copy of the binary, her uid: her process tree, an ordinary holder (the user cannot make root refuse).
+    write_process(proc, 100, comm="raylet", argv=("/home/alice/raylet",), exe="/home/alice/raylet", exe_owner=1000, uid=1000)
+    write_process(proc, 200, comm="ray::Trainer", ppid=100, argv=("ray::Trainer",), uid=1000)
+    assert orch.group([_holder(200)], [0], str(proc), _read(proc), lambda h: None) == []
+    # Named `raylet` with root's python: still her uid.
+    write_process(proc, 100, comm="raylet", argv=("python3", "raylet"), exe="/usr/bin/python3.11", uid=1000)
+    assert orch.group([_holder(200)], [0], str(proc), _read(proc), lambda h: None) == []
+
+
+def test_a_swarm_task_is_known_by_the_labels_docker_reports(proc):
+    write_process(proc, 300, argv=("python3", "serve.py"))
+    records = {"c1": {"labels": {"com.docker.swarm.service.name": "vllm", "com.docker.swarm.task.name": "vllm.1.x"}}, "c2": {"labels": {}}}
+    found = orch.group([_holder(300, container="c1"), _holder(301, container="c2")], [0], str(proc), _read(proc),
+                       lambda h: records.get(h["container"]))
+    assert [(f["kind"], f["name"], f["pids"], f["command"], f["entry"]) for f in found] == [
+        ("swarm", "vllm", [300], "docker service scale vllm=0", "swarm:vllm")]
+
+
+def test_only_holders_of_selected_gpus_and_unprotected_ones_count(proc):
+    write_process(proc, 100, comm="raylet", argv=(RAYLET,), exe=RAYLET, uid=0)
+    write_process(proc, 200, ppid=100, argv=("ray::A",), uid=1000)
+    assert orch.group([_holder(200, gpus=(1,))], [0], str(proc), _read(proc), lambda h: None) == []
+    assert orch.group([_holder(200, protected=True)], [0], str(proc), _read(proc), lambda h: None) == []
+
+
+def test_a_multi_node_torchrun_is_named_and_a_single_node_one_is_not(proc):
+    write_process(proc, 50, argv=("/usr/bin/python3", "-m", "torch.distributed.run", "--nnodes=1:4", "train.py"), uid=1000)
+    write_process(proc, 60, ppid=50, argv=("python3", "train.py"), uid=1000)
+    assert orch.multi_node_launcher(60, str(proc), _read(proc)).startswith("/usr/bin/python3 -m torch.distributed.run --nnodes=1:4")
+    write_process(proc, 50, argv=("torchrun", "--nnodes", "1", "train.py"), uid=1000)
+    assert orch.multi_node_launcher(60, str(proc), _read(proc)) is None
+
+
+def test_a_ray_start_unit_vouches_through_systemds_main_pid(proc):
+    # `ray start --block` as a unit's ExecStart=: /usr/local/bin/ray is a script of root's python.
+    unit = "0::/system.slice/ray.service\n"
+    write_process(proc, 90, argv=("/usr/bin/python3", "/usr/local/bin/ray", "start", "--block"), uid=0, cgroup=unit, exe="/usr/bin/python3.11")
+    write_process(proc, 100, comm="raylet", ppid=90, argv=("/home/x/raylet",), exe="/home/x/raylet", exe_owner=1000, uid=1000)
+    write_process(proc, 200, ppid=100, argv=("ray::A",), uid=1000)
+    [found] = orch.group([_holder(200)], [0], str(proc), _read(proc), lambda h: None, main_pid_of=lambda unit: 90)
+    assert found["name"].endswith("(PID 90)")
