@@ -977,7 +977,7 @@ class Release:
         holders, apps = _facts.scan_and_attribute(
             gpus, None, lambda: self._apps(gpus), protect_names=self.names, protect_pids=self.pids, own_lineage=self.lineage, proc=self.system.proc,
             max_used_mib=self.max_used_mib(), footprint_mib=self.footprint_mib(), main_pid_of=self.main_pid_of,
-            limits=_facts.scan_limits(self.params.get("timeout")),
+            limits=_facts.scan_limits(self.params.get("timeout")), again=True,
         )
         holders = _container_of.annotate(holders, self.system.runtimes, self.system.proc)
         holders = _guests.annotate(holders, self.system.proc)

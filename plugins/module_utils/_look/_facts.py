@@ -328,12 +328,13 @@ class DeviceScan(t.NamedTuple):
 
 
 def scan_devices(proc: str = "/proc", unreadable: list[int] | None = None, ours: t.Collection[int] = (),
-                 limits: holders_mod.ScanLimits = holders_mod.DEFAULT_LIMITS, unscanned: list[int] | None = None) -> DeviceScan:
+                 limits: holders_mod.ScanLimits = holders_mod.DEFAULT_LIMITS, unscanned: list[int] | None = None, again: bool = False) -> DeviceScan:
     """`ours`: PIDs this module started (its nvidia-smi calls), left out: they hold the device
-    files only while they answer. `limits`, `unscanned`: as scan_holders'."""
+    files only while they answer. `limits`, `unscanned`, `again`: as scan_holders'."""
     others: list[int] = []
     table = holders_mod.DeviceTable.read()
-    raw = holders_mod.scan_holders(proc, unreadable, with_maps=False, without_devices=others, table=table, limits=limits, unscanned=unscanned)
+    raw = holders_mod.scan_holders(proc, unreadable, with_maps=False, without_devices=others, table=table, limits=limits, unscanned=unscanned,
+                                   again=again)
     return DeviceScan(table, [h for h in raw if h["pid"] not in ours], [pid for pid in others if pid not in ours])
 
 
@@ -341,8 +342,8 @@ def scan_and_attribute(gpus: list[Gpu], apps: list[ComputeApp] | None, fetch_app
                        protect_names: t.Iterable[str], protect_pids: t.Collection[int], own_lineage: t.Collection[int], proc: str = "/proc",
                        unreadable: list[int] | None = None, max_used_mib: float = 0, footprint_mib: float | None = _attribution.CROSS_GPU_FOOTPRINT_MIB,
                        main_pid_of: MainPidOf | None = None, scanned: DeviceScan | None = None,
-                       limits: holders_mod.ScanLimits = holders_mod.DEFAULT_LIMITS, unscanned: list[int] | None = None
-                       ) -> tuple[list[Holder], list[ComputeApp]]:
+                       limits: holders_mod.ScanLimits = holders_mod.DEFAULT_LIMITS, unscanned: list[int] | None = None,
+                       again: bool = False) -> tuple[list[Holder], list[ComputeApp]]:
     """The /proc scan, attributed to GPUs and marked protected -> (holders, apps).
 
     `apps` are joined compute apps, or None when not fetched yet: `fetch_apps()` is then called
@@ -350,14 +351,16 @@ def scan_and_attribute(gpus: list[Gpu], apps: list[ComputeApp] | None, fetch_app
     `protect_pids`: the protect option split (_holders.split_protect); `own_lineage`: this
     module and its ancestors (never signalled); `unreadable` gets the PIDs whose files could not
     be read; `scanned`: the device-file pass when it was done already (while nvidia-smi ran);
-    `limits`: how long the scan may wait (scan_holders), `unscanned` gets the PIDs it left unread."""
+    `limits`: how long the scan may wait (scan_holders), `unscanned` gets the PIDs it left unread;
+    `again`: a rescan in the same run (scan_holders: the processes that had no device file open at
+    the last pass and are the same processes now are not read again)."""
     # Processes that mapped a device file and closed it (CUDA never does) matter only where a GPU
     # holds more than the footprint and than what live, listed processes with the device files
     # open explain: only then are the maps of processes without a device file open read. Speed:
     # a busy node with 1,000 processes looked in 120-144 ms reading them all, in about the time of
     # an idle look without (benchmarks/changes.md).
     limit = max_used_mib + (footprint_mib or 0)
-    table, raw, others = scanned if scanned is not None else scan_devices(proc, unreadable, limits=limits, unscanned=unscanned)
+    table, raw, others = scanned if scanned is not None else scan_devices(proc, unreadable, limits=limits, unscanned=unscanned, again=again)
     raw = list(raw)
     if apps is None and (any_dirty(gpus, limit) or _attribution.needs_listing(raw)):
         apps = fetch_apps()

@@ -1052,6 +1052,20 @@ def list_pids(proc: str = "/proc") -> list[int]:
     return sorted(int(entry) for entry in os.listdir(proc) if entry.isdigit())
 
 
+def process_entries(proc: str = "/proc") -> dict[int, int]:
+    """{pid: inode number of /proc/PID}, from one read of the directory (no stat). The inode names
+    one process: the kernel drops a process's /proc entries when it is reaped (proc_flush_pid), so
+    a PID used again comes back under a new inode."""
+    with os.scandir(proc) as entries:
+        return {int(entry.name): entry.inode() for entry in entries if entry.name.isdigit()}
+
+
+# The run's last device-file pass, by /proc: {pid: inode of /proc/PID} of the processes it read
+# with no device file open. A later pass of the same run (`again`, gpu_release's rescans) reads
+# only the others: the look's holders, what it could not read, and every process started since.
+QUIET: dict[str, dict[int, int]] = {}
+
+
 class ScanLimits(t.NamedTuple):
     """How long a pass over /proc may wait: on one process (`budget`) and in all (`deadline_s`)."""
 
@@ -1063,7 +1077,8 @@ DEFAULT_LIMITS = ScanLimits()
 
 
 def scan_holders(proc: str = "/proc", unreadable: list[int] | None = None, with_maps: bool = True, without_devices: list[int] | None = None,
-                 table: DeviceTable | None = None, limits: ScanLimits = DEFAULT_LIMITS, unscanned: list[int] | None = None) -> list[Holder]:
+                 table: DeviceTable | None = None, limits: ScanLimits = DEFAULT_LIMITS, unscanned: list[int] | None = None,
+                 again: bool = False) -> list[Holder]:
     """Every live process with a /dev/nvidia* node open or (with `with_maps`) mapped, with its
     mappings of those nodes (`mapped`), and every process whose /proc entries did not answer
     (blocked_record). Processes that vanish mid-scan or that we may not read are skipped (the PIDs
@@ -1078,9 +1093,21 @@ def scan_holders(proc: str = "/proc", unreadable: list[int] | None = None, with_
     device file open are appended to `without_devices`, if given, for `scan_mapped` later.
 
     The pass runs in a bounded reader (_bounded_reads.scan, `limits`); the PIDs its deadline left
-    unread are appended to `unscanned`, if given."""
+    unread are appended to `unscanned`, if given.
+
+    Without `with_maps`, the processes found with no device file open are remembered for the run
+    (QUIET); `again` reads only the others, taking the last pass's answer for those (a process
+    that opens a device file meanwhile and holds memory shows on the GPU, and an unexplained GPU
+    has every process's maps read, scan_mapped). Speed: on a node of 10,000 processes a pass
+    lists about 130,000 fds (benchmarks/HISTORY.md, issue 66); gpu_release's rescans after
+    acting read a few dozen processes instead."""
     table = table if table is not None else DeviceTable.read()
     users: dict[int, str] = {}
+    entries = process_entries(proc)
+    known = QUIET.get(proc, {}) if again and not with_maps else {}
+    kept = [pid for pid, inode in entries.items() if known.get(pid) == inode]
+    kept_set = set(kept)
+    quiet: list[int] = []
 
     def one(pid: int) -> t.Any:
         try:
@@ -1093,7 +1120,12 @@ def scan_holders(proc: str = "/proc", unreadable: list[int] | None = None, with_
             return None
         return _holder(pid, devices, base, proc, users, table)
 
-    return _bounded_pass(one, list_pids(proc), proc, limits, unreadable, without_devices if not with_maps else None, unscanned)
+    found = _bounded_pass(one, sorted(pid for pid in entries if pid not in kept_set), proc, limits, unreadable, quiet, unscanned)
+    if not with_maps:
+        QUIET[proc] = {pid: entries[pid] for pid in quiet + kept}
+        if without_devices is not None:
+            without_devices.extend(sorted(quiet + kept))
+    return found
 
 
 def scan_mapped(pids: t.Iterable[int], proc: str = "/proc", table: DeviceTable | None = None, limits: ScanLimits = DEFAULT_LIMITS,

@@ -760,3 +760,42 @@ def test_a_user_cgroup_named_like_a_system_unit_stays_in_the_users_subtree(tmp_p
     (tmp_path / "77").mkdir()
     (tmp_path / "77" / "cgroup").write_text(text)
     assert holders.cgroup_paths(77, str(tmp_path)) == [own]
+
+
+# --- issue 66: a rescan in the same run reads what may have changed, not every process again
+
+
+def born_again(root, pid, **process):
+    """Process `pid` gone and the PID used again by another process: a new /proc entry (the old
+    directory is kept until the new one exists, so that the file system cannot hand out its inode
+    number again, as the kernel never does for /proc)."""
+    base = os.path.join(str(root), str(pid))
+    os.rename(base, base + ".gone")
+    fakeproc.write_process(root, pid, **process)
+    subprocess.run(["rm", "-rf", base + ".gone"], check=True)
+
+
+def test_a_rescan_reads_the_looks_holders_and_every_process_new_since_but_not_the_quiet_ones_again(proc, monkeypatch):
+    monkeypatch.setattr(holders, "QUIET", {})
+    look = {h["pid"] for h in holders.scan_holders(str(proc), with_maps=False)}
+    assert look == {100, 106, 107}
+    fakeproc.write_process(proc, 100, comm="python3", fds=())                   # the look's holder let go of its GPU
+    fakeproc.write_process(proc, 200, comm="python3", fds=fakeproc.cuda_fds(1))  # started since
+    born_again(proc, 103, comm="python3", fds=fakeproc.cuda_fds(0))              # a PID used again
+    read = []
+    open_devices = holders._open_devices
+    monkeypatch.setattr(holders, "_open_devices", lambda pid, *args: read.append(pid) or open_devices(pid, *args))
+    others: list[int] = []
+    again = {h["pid"] for h in holders.scan_holders(str(proc), with_maps=False, without_devices=others, again=True)}
+    assert again == {103, 106, 107, 200}
+    assert sorted(read) == [100, 103, 106, 107, 200]
+    # The quiet processes are still handed on for a maps pass (scan_mapped), read or not.
+    assert {1, 3, 100, 102} <= set(others) and not {103, 200} & set(others)
+
+
+def test_only_a_rescan_takes_the_last_passes_answer(proc, monkeypatch):
+    monkeypatch.setattr(holders, "QUIET", {})
+    holders.scan_holders(str(proc), with_maps=False)
+    fakeproc.write_process(proc, 103, comm="bash", argv=("-bash",), fds=("/dev/nvidia0",))  # the same process opens a GPU
+    assert 103 in {h["pid"] for h in holders.scan_holders(str(proc), with_maps=False)}
+    assert 103 in {h["pid"] for h in holders.scan_holders(str(proc))}
