@@ -316,8 +316,8 @@ def main():
     workdir = tempfile.mkdtemp(prefix="zeromib-patho-")
     code = {"this": (COLLECTIONS, packed_runner(REPO, os.path.join(workdir, "slurm_gpu_checks.pyz")))}
     if args.before:
-        code["before"] = (collections_of(os.path.abspath(args.before), workdir), packed_runner(os.path.abspath(args.before),
-                                                                                             os.path.join(workdir, "before.pyz")))
+        before = os.path.abspath(args.before)
+        code["before"] = (collections_of(before, workdir), packed_runner(before, os.path.join(workdir, "before.pyz")))
     with NsHost(preset="h200x2", seed="pathological") as host:
         plain = cases(host, code, workdir, args.reps, "71")
         building = time.monotonic()

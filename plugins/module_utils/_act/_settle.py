@@ -53,6 +53,8 @@ import typing as t
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _cgroups
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _containers
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders_mod
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _devices
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _protect
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _units
 from ansible_collections.zeromib.gpu.plugins.module_utils._look._attribution import CONTEXT_MAP_MIN_KIB
 
@@ -295,7 +297,7 @@ def stops_the_walk(record: t.Mapping[str, t.Any]) -> bool:
     """Whether the walk up ends at this ancestor (it is watched itself): a known supervisor or a
     launcher, by the identity rule only. A user's process named so (`exec -a supervisord sh -c
     'while ...'`) is watched and the walk goes on above it."""
-    return holders_mod.identified(record) and bool(supervisor_kind(record) or _units.LAUNCHER_NAMES.of(record, also=_names(record)))
+    return _protect.identified(record) and bool(supervisor_kind(record) or _units.LAUNCHER_NAMES.of(record, also=_names(record)))
 
 
 def parent_chain(holder: Holder, table: Table, own_lineage: t.Collection[int], signalled: t.Collection[int], proc: str = "/proc"
@@ -314,7 +316,7 @@ def parent_chain(holder: Holder, table: Table, own_lineage: t.Collection[int], s
             pid = ppid
             continue
         record = holders_mod.read_process(pid, proc)
-        if record is None or record.get("kernel_thread") or holders_mod.BUILTIN_PROTECTED_NAMES.of(record):
+        if record is None or record.get("kernel_thread") or _protect.BUILTIN_PROTECTED_NAMES.of(record):
             break
         chain.append(record)
         if session == pid or stops_the_walk(record):
@@ -378,7 +380,7 @@ def maps_selected_gpu(pid: int, minors: t.Collection[int], proc: str = "/proc") 
         return False
     sizes: dict[int, int] = {}
     for device, (_count, kib) in (mapped or {}).items():
-        minor = holders_mod.gpu_minor(device)
+        minor = _devices.gpu_minor(device)
         if minor is not None and minor in minors:
             sizes[minor] = sizes.get(minor, 0) + kib
     return any(kib >= CONTEXT_MAP_MIN_KIB for kib in sizes.values())

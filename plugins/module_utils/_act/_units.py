@@ -19,6 +19,7 @@ import re
 import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders_mod
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _protect
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._errors import StepFailed
 
 if t.TYPE_CHECKING:
@@ -68,7 +69,7 @@ UNIT_SUFFIXES = ("service", "socket", "timer", "target", "path", "scope", "slice
 # Matched against the main process's executable, argv[0], script (python3 /usr/bin/jupyterhub)
 # and comm, so a renamed unit file is still recognised; a process's names count only when the
 # identity rule backs it (a unit's main process: systemd's MainPID; elsewhere: `vouched`).
-LAUNCHER_NAMES = holders_mod.ProcessNames(
+LAUNCHER_NAMES = _protect.ProcessNames(
     # job schedulers: Slurm, PBS/OpenPBS/Torque, LSF, HTCondor, Grid Engine
     "slurmd", "slurmstepd", "slurmctld", "slurmdbd", "slurmrestd",
     "pbs_mom", "pbs_server", "pbs_server.bin", "pbs_sched", "pbs_comm", "trqauthd",
@@ -219,7 +220,7 @@ def unit_actions(props: dict[str, str], service_state: str | None) -> tuple[bool
 
 
 # The names a process goes by (comm, executable, argv[0], script, "tool subcommand"): _holders.
-process_names = holders_mod.process_names
+process_names = _protect.process_names
 
 
 def exec_start_names(text: str | None) -> set[str]:
@@ -273,7 +274,7 @@ def main_names(pid: int, record: t.Mapping[str, t.Any] | None, props: t.Mapping[
     through the identity rule, and of its ExecStart= (systemd's own, from a unit file only root
     writes)."""
     names = exec_start_names(props.get("ExecStart"))
-    if pid > 0 and holders_mod.identified(record, systemd_main(pid)):
+    if pid > 0 and _protect.identified(record, systemd_main(pid)):
         names |= process_names(record)
     return names
 
@@ -338,7 +339,7 @@ def protected_main(pid: int, record: t.Mapping[str, t.Any] | None, protect_names
     the identity rule: systemd's MainPID of the unit), else None: such a unit is never stopped,
     named or owning a holder."""
     main = systemd_main(pid)
-    if record and (holders_mod.BUILTIN_PROTECTED_NAMES.of(record, main) or holders_mod.ProcessNames(*(protect_names or ())).of(record, main)):
+    if record and (_protect.BUILTIN_PROTECTED_NAMES.of(record, main) or _protect.ProcessNames(*(protect_names or ())).of(record, main)):
         return "pid {} {}".format(pid, record.get("name"))
     return None
 

@@ -18,7 +18,10 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._look import _caps
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _attribution
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _guests
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _health
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _kernel_log
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders_mod
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _devices
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _protect
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _nvidia_smi as smi_mod
 
 if t.TYPE_CHECKING:
@@ -291,7 +294,7 @@ def not_visible_gpus(gpus: list[Gpu], driver_gpus: t.Mapping[str | None, DriverG
     if not missing:
         return []
     if reachable is None:
-        reachable = functools.partial(holders_mod.gpu_node_reachable, table=holders_mod.DeviceTable.read())
+        reachable = functools.partial(_devices.gpu_node_reachable, table=_devices.DeviceTable.read())
     hidden = []
     for bus in missing:
         minor = driver_gpus[bus]["minor"]
@@ -322,7 +325,7 @@ def unexplained_gpus(gpus: t.Iterable[Gpu], apps: t.Iterable[ComputeApp], holder
 class DeviceScan(t.NamedTuple):
     """One pass over /proc for open device files: the device numbers it went by, the processes
     with one open (not attributed yet), and the PIDs without (for scan_mapped, if needed)."""
-    table: holders_mod.DeviceTable
+    table: _devices.DeviceTable
     raw: list[Holder]
     others: list[int]
 
@@ -332,7 +335,7 @@ def scan_devices(proc: str = "/proc", unreadable: list[int] | None = None, ours:
     """`ours`: PIDs this module started (its nvidia-smi calls), left out: they hold the device
     files only while they answer. `limits`, `unscanned`, `again`: as scan_holders'."""
     others: list[int] = []
-    table = holders_mod.DeviceTable.read()
+    table = _devices.DeviceTable.read()
     raw = holders_mod.scan_holders(proc, unreadable, with_maps=False, without_devices=others, table=table, limits=limits, unscanned=unscanned,
                                    again=again)
     return DeviceScan(table, [h for h in raw if h["pid"] not in ours], [pid for pid in others if pid not in ours])
@@ -368,7 +371,7 @@ def scan_and_attribute(gpus: list[Gpu], apps: list[ComputeApp] | None, fetch_app
         raw += holders_mod.scan_mapped(others, proc, table, limits, unscanned)
     apps = apps or []
     attributed = _attribution.attribute(raw, apps, minor_to_index(gpus))
-    return holders_mod.protect(attributed, protect_names, protect_pids, own_lineage, main_pid_of), apps
+    return _protect.protect(attributed, protect_names, protect_pids, own_lineage, main_pid_of), apps
 
 
 def _query_gpus(smi: smi_mod.NvidiaSmi, with_apps: bool, checks: _health.Checks | None, kernel_log_state: str | None = None,
@@ -380,7 +383,7 @@ def _query_gpus(smi: smi_mod.NvidiaSmi, with_apps: bool, checks: _health.Checks 
     if checks is None:
         gpus, apps = smi.query_all(with_apps=with_apps, meanwhile=meanwhile)
         return gpus, apps, None
-    kernel_log = _health.KernelLog(checks.xid_window_hours, state_path=kernel_log_state)
+    kernel_log = _kernel_log.KernelLog(checks.xid_window_hours, state_path=kernel_log_state)
     kernel_log.start()
     try:
         gpus, apps = smi.query_all(smi_mod.GPU_FIELDS + smi_mod.HEALTH_FIELDS, with_apps=with_apps, meanwhile=meanwhile)
@@ -459,7 +462,7 @@ def _look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, early: dict
         bare = Snapshot(gpus, [], [], health=health, not_visible=not_visible)
         bare.minor_order_differs = differs
         return bare
-    names, pids = holders_mod.split_protect(protect)
+    names, pids = _protect.split_protect(protect)
     lineage = holders_mod.lineage(os.getpid(), proc)
 
     def joined(raw_apps: t.Iterable[ComputeApp]) -> list[ComputeApp]:
