@@ -131,7 +131,10 @@ SCAN = r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders
-from ansible_collections.zeromib.gpu.plugins.module_utils._look import _devices
+try:
+    from ansible_collections.zeromib.gpu.plugins.module_utils._look import _devices
+except ImportError:  # a checkout before the device tables left _holders (issue 68)
+    _devices = _holders
 times = []
 for _ in range(int(sys.argv[2])):
     began = time.perf_counter()
