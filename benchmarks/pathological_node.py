@@ -14,7 +14,10 @@ result size of each case, on each host, and the targets:
   processes of another job (and passing).
 
     make bench            # runs it after the fleet benchmarks (benchmarks/run.py)
-    .venv/bin/python benchmarks/pathological_node.py [--reps 3] [--processes 10000] [--out FILE]
+    .venv/bin/python benchmarks/pathological_node.py [--reps 3] [--processes 10000] [--out FILE] [--before DIR]
+
+`--before DIR` runs another checkout's modules and Slurm runner (DIR/plugins) on the same hosts,
+taking turns with this one's, rep by rep: a before and after in the same minutes of one machine.
 
 Each module runs as Ansible runs it on the node (its main(), its arguments from a file), in a driver
 process that reports the module's wall time, its peak resident memory (ru_maxrss; the forked
@@ -114,8 +117,8 @@ int main(int argc, char **argv) {
 """
 
 
-def module_run(host, module, args):
-    env = {"PYTHONPATH": COLLECTIONS, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
+def module_run(host, module, args, collections=COLLECTIONS):
+    env = {"PYTHONPATH": collections, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
     proc = host.run([VENV_PYTHON, "-c", DRIVER, module, json.dumps(args)], env=env, timeout=300)
     try:
         return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -138,21 +141,23 @@ def epilog_run(host, runner, workdir, job, gpus):
     return figures
 
 
-def cases(host, runner, workdir, reps, tag):
-    """Each case `reps` times -> {case: [figures, ...]}; gpu_release and the epilog each free one
-    leftover (a new one each time: a process on GPU 0; the epilog's in its job's cgroup)."""
-    out = {"gpu_facts": [], "gpu_release": [], "epilog": []}
+def cases(host, code, workdir, reps, tag):
+    """Each case `reps` times for each checkout of `code` ({name: (its collections, its packed
+    runner)}, taking turns) -> {name: {case: [figures, ...]}}; gpu_release and the epilog each free
+    one leftover (a new one each time: a process on GPU 0; the epilog's in its job's cgroup)."""
+    out = {name: {"gpu_facts": [], "gpu_release": [], "epilog": []} for name in code}
     for rep in range(reps):
-        out["gpu_facts"].append(module_run(host, "gpu_facts", {"timeout": 10}))
-        left = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "2048"])
-        run = module_run(host, "gpu_release", {"gpus": ["0"], "timeout": 10, "kill_timeout": 2, "wait_timeout": 10})
-        run["freed_leftover"] = left.pid in run["killed"]
-        out["gpu_release"].append(run)
-        job = f"{tag}{rep:d}"
-        left = other_job.leftover(host, job, gpu=0, mib=2048)
-        run = epilog_run(host, runner, workdir, job, "0")
-        run["freed_leftover"] = left.pid in run["killed"]
-        out["epilog"].append(run)
+        for turn, (name, (collections, runner)) in enumerate(sorted(code.items())):
+            out[name]["gpu_facts"].append(module_run(host, "gpu_facts", {"timeout": 10}, collections))
+            left = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "2048"])
+            run = module_run(host, "gpu_release", {"gpus": ["0"], "timeout": 10, "kill_timeout": 2, "wait_timeout": 10}, collections)
+            run["freed_leftover"] = left.pid in run["killed"]
+            out[name]["gpu_release"].append(run)
+            job = f"{tag}{rep:d}{turn:d}"
+            left = other_job.leftover(host, job, gpu=0, mib=2048)
+            run = epilog_run(host, runner, workdir, job, "0")
+            run["freed_leftover"] = left.pid in run["killed"]
+            out[name]["epilog"].append(run)
     return out
 
 
@@ -227,6 +232,21 @@ def summary(runs):
 
 
 def report(args, plain, bad, built_s, started):
+    """The page: one table for each checkout (this one's first), its verdict this one's."""
+    names = ["this"] + sorted(name for name in plain if name != "this")
+    tables, met = [], True
+    for name in names:
+        rows, verdict = table(plain[name], bad[name])
+        if name != "this":
+            tables += ["", f"Before ({args.before}), the same hosts, taking turns with this checkout:", ""]
+        tables += ["| case | plain s | pathological s | extra s | plain CPU s | pathological CPU s | extra CPU s | plain peak MiB | pathological peak MiB "
+                   "| extra MiB | plain bytes | pathological bytes | target (wall) |",
+                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"] + rows
+        met = met and verdict if name == "this" else met
+    return page(args, plain, bad, built_s, started, tables), met
+
+
+def table(plain, bad):
     rows, verdicts = [], []
     for case in ("gpu_facts", "gpu_release", "epilog"):
         p, b = summary(plain[case]), summary(bad[case])
@@ -240,6 +260,10 @@ def report(args, plain, bad, built_s, started):
         extra_cpu = round(b["cpu_s"] - p["cpu_s"], 3)
         rows.append(f"| {case} | {p['wall_s']} | {b['wall_s']} | +{extra_s} | {p['cpu_s']} | {b['cpu_s']} | +{extra_cpu} | {p['peak_mib']} | "
                     f"{b['peak_mib']} | +{extra_mib} | {p['bytes']} | {b['bytes']} | {'met' if ok else 'MISSED'} |")
+    return rows, all(verdicts)
+
+
+def page(args, plain, bad, built_s, started, tables):
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     lines = [
         "# Pathological node against a plain one (benchmarks/pathological_node.py)", "",
@@ -253,11 +277,25 @@ def report(args, plain, bad, built_s, started):
         f"{args.guests} guests (built in {built_s:.1f} s)",
         f"- medians of {args.reps} runs (peak and size: the largest); targets: +{TARGET_EXTRA_S:g} s and +{TARGET_EXTRA_MIB:g} MiB over "
         f"the plain host, results under {TARGET_BYTES // 1024} KB, the epilog within {TARGET_EPILOG_S:g} s and passing", "",
-        "| case | plain s | pathological s | extra s | plain CPU s | pathological CPU s | extra CPU s | plain peak MiB | pathological peak MiB "
-        "| extra MiB | plain bytes | pathological bytes | target (wall) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ] + rows + ["", "Raw runs:", "", "```json", json.dumps({"plain": plain, "pathological": bad}, indent=1, sort_keys=True)[:20000], "```", ""]
-    return "\n".join(lines), all(verdicts)
+    ] + tables + ["", "Raw runs:", "", "```json", json.dumps({"plain": plain, "pathological": bad}, indent=1, sort_keys=True)[:20000], "```", ""]
+    return "\n".join(lines)
+
+
+def packed_runner(checkout, path):
+    """The Slurm runner of a checkout, packed as the role installs it."""
+    subprocess.run(["/usr/bin/python3", os.path.join(REPO, "roles", "slurm_gpu_checks", "files", "pack_runner.py"),
+                    os.path.join(checkout, "plugins", "module_utils"), path], check=True, capture_output=True)
+    return path
+
+
+def collections_of(checkout, workdir):
+    """A collections path whose zeromib.gpu is `checkout` (its own .build/collections may be missing)."""
+    top = os.path.join(workdir, "before-collections")
+    os.makedirs(os.path.join(top, "ansible_collections", "zeromib"), exist_ok=True)
+    link = os.path.join(top, "ansible_collections", "zeromib", "gpu")
+    if not os.path.islink(link):
+        os.symlink(checkout, link)
+    return top
 
 
 def main():
@@ -270,16 +308,18 @@ def main():
     parser.add_argument("--kernel-log-mib", type=int, default=100)
     parser.add_argument("--blocked", type=int, default=30)
     parser.add_argument("--guests", type=int, default=20)
+    parser.add_argument("--before", help="another checkout (its plugins/) run on the same hosts, taking turns with this one")
     parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results", time.strftime("pathological-%Y-%m-%d-%H%M.md", time.gmtime())))
     args = parser.parse_args()
     args.load_at_start = " ".join(f"{x:.1f}" for x in os.getloadavg())
     started = time.time()
     workdir = tempfile.mkdtemp(prefix="zeromib-patho-")
-    runner = os.path.join(workdir, "slurm_gpu_checks.pyz")
-    subprocess.run(["/usr/bin/python3", os.path.join(REPO, "roles", "slurm_gpu_checks", "files", "pack_runner.py"),
-                    os.path.join(REPO, "plugins", "module_utils"), runner], check=True, capture_output=True)
+    code = {"this": (COLLECTIONS, packed_runner(REPO, os.path.join(workdir, "slurm_gpu_checks.pyz")))}
+    if args.before:
+        before = os.path.abspath(args.before)
+        code["before"] = (collections_of(before, workdir), packed_runner(before, os.path.join(workdir, "before.pyz")))
     with NsHost(preset="h200x2", seed="pathological") as host:
-        plain = cases(host, runner, workdir, args.reps, "71")
+        plain = cases(host, code, workdir, args.reps, "71")
         building = time.monotonic()
         children = swarm(host, workdir, args.processes, args.files_each, args.guests)
         place(host, children, args.cgroups, args.guests)
@@ -288,7 +328,7 @@ def main():
         with stalled_fuse.StalledFs(host) as mount:
             other_job.blocked_processes(host, mount, "902", count=args.blocked)
             built_s = time.monotonic() - building
-            bad = cases(host, runner, workdir, args.reps, "81")
+            bad = cases(host, code, workdir, args.reps, "81")
     text, met = report(args, plain, bad, built_s, started)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as handle:

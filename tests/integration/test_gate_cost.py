@@ -83,8 +83,9 @@ def test_clean_gate_payload_carries_every_module_util_but_a_clean_host_loads_non
     assert '"released": true' in stdout
     assert names & set(LAZY) == set(), names
     # The reading wing's bounded reads (_look/_bounded_reads) come with the scan on every host: no
-    # read of another process may hang the gate (issue 57).
-    assert {"_release", "_facts", "_health", "_nvidia_smi", "_holders", "_bounded_reads"} <= names
+    # read of another process may hang the gate (issue 57). So do the scan's device and mount
+    # tables and the protection rules (issue 68: out of _holders, each its own file).
+    assert {"_release", "_facts", "_health", "_nvidia_smi", "_holders", "_devices", "_mounts", "_protect", "_bounded_reads"} <= names
     # Of the acting wing, a clean host loads the engine's clean rooms only (issue 68): the run
     # (_release), the plan (_plan), the failure words (_words) and the node's seam (_system, with
     # _signals' pidfds); the freeing room (_act/_freeing) is in the payload, not loaded.
@@ -152,7 +153,7 @@ def test_a_gate_keeps_what_it_compiled_root_only_and_the_next_gate_compiles_none
     assert kept_entries(host) == dict(entries, bytecode=kept_entries(host)["bytecode"])
     # A directory others may write is not read (nor written): everything compiled, as without it.
     host.run(["chmod", "0777", BYTECODE], check=True)
-    assert {"_release", "_facts", "_health", "_holders", "_nvidia_smi"} <= set(compiled(host, payload))
+    assert {"_release", "_facts", "_health", "_holders", "_devices", "_mounts", "_protect", "_nvidia_smi"} <= set(compiled(host, payload))
     host.run(["chmod", "0700", BYTECODE], check=True)
     # A spoiled entry is compiled from the source and kept again; the others stay as they were.
     host.run(["truncate", "-s", "40", f"{BYTECODE}/{release[0]}"], check=True)

@@ -51,6 +51,7 @@ import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders_mod
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _protect
 
 if t.TYPE_CHECKING:
     from ansible_collections.zeromib.gpu.plugins.module_utils._types import Holder
@@ -80,8 +81,8 @@ CONTROL = "nvidia-cuda-mps-control"
 SERVER = "nvidia-cuda-mps-server"
 # What MPS is: root's (or a system account's) own executables, through the identity rule. A user's
 # process of these names is an ordinary holder.
-CONTROL_NAMES = holders_mod.ProcessNames(CONTROL, scripts=True, cut=False)
-SERVER_NAMES = holders_mod.ProcessNames(SERVER, scripts=True, cut=False)
+CONTROL_NAMES = _protect.ProcessNames(CONTROL, scripts=True, cut=False)
+SERVER_NAMES = _protect.ProcessNames(SERVER, scripts=True, cut=False)
 DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"
 BIN_DIRS = ("/usr/bin", "/usr/local/nvidia/bin", "/usr/local/bin", "/run/nvidia/driver/usr/bin")
 QUIT_TIMEOUT_S = 10.0

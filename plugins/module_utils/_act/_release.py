@@ -24,6 +24,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._look import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _guests
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders_mod
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _protect
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _shm
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _signals
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._errors import ReleaseError, StepFailed
@@ -82,7 +83,7 @@ class Release:
         self.params = params
         self.check_mode = check_mode
         self.driver_root = driver_root
-        self.names, self.pids = holders_mod.split_protect(params.get("protect"))
+        self.names, self.pids = _protect.split_protect(params.get("protect"))
         self.lineage = holders_mod.lineage(os.getpid(), system.proc)
         self.regexes = params.get("_match_regexes") or []
         # Workload units that also hold GPUs outside the selection (plan_units).
@@ -213,7 +214,7 @@ class Release:
         holders, apps = _facts.scan_and_attribute(
             gpus, None, lambda: self._apps(gpus), protect_names=self.names, protect_pids=self.pids, own_lineage=self.lineage, proc=self.system.proc,
             max_used_mib=self.max_used_mib(), footprint_mib=self.footprint_mib(), main_pid_of=self.main_pid_of,
-            limits=_facts.scan_limits(self.params.get("timeout")),
+            limits=_facts.scan_limits(self.params.get("timeout")), again=True,
         )
         if holders:
             # Some process holds a GPU: its container, guest and unit come from the freeing room's readers.
@@ -344,7 +345,7 @@ class Release:
             record = holders_mod.read_process(pid, self.system.proc)
             if record is None:
                 continue  # ended meanwhile
-            reason = holders_mod.protection_reason(dict(record), self.names, self.pids, self.lineage, self.main_pid_of)
+            reason = _protect.protection_reason(dict(record), self.names, self.pids, self.lineage, self.main_pid_of)
             if reason is None and record.get("uid") == holder.get("uid"):
                 continue
             why = reason or "uid {}, not the holder's uid {}".format(record.get("uid"), holder.get("uid"))

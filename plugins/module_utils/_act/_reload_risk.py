@@ -34,7 +34,7 @@ import os
 import stat
 import typing as t
 
-from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _mounts
 
 if t.TYPE_CHECKING:
     Systemctl = t.Callable[[t.List[str]], t.Tuple[int, str, str]]
@@ -169,7 +169,7 @@ def container_nodes(proc: str, pid: int, names: t.Iterable[str]) -> dict[str, in
     name, never a listing), or why its /dev is not read."""
     try:
         with open(os.path.join(proc, str(pid), "mountinfo"), "rb") as handle:
-            fstype = _holders.MountTable(handle.read(1 << 20)).fstype("/dev/nvidiactl")
+            fstype = _mounts.MountTable(handle.read(1 << 20)).fstype("/dev/nvidiactl")
     except OSError:
         return "its mounts cannot be read"
     if fstype not in MEMORY_FS:

@@ -53,6 +53,8 @@ import typing as t
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _cgroups
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _containers
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders_mod
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _devices
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _protect
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _units
 from ansible_collections.zeromib.gpu.plugins.module_utils._look._attribution import CONTEXT_MAP_MIN_KIB
 
@@ -159,8 +161,26 @@ def short(text: str | None, limit: int = 60) -> str:
 def read_table(proc: str = "/proc") -> Table:
     """{pid: (ppid, session id, start time)} of every live process (one read of each stat, under
     the scan's bound: a process whose stat does not answer is left out, _holders.read_stats)."""
+    return _rows(holders_mod.read_stats(holders_mod.list_pids(proc), proc))
+
+
+def ancestors_table(targets: t.Iterable[Holder], proc: str = "/proc") -> Table:
+    """The rows of read_table for the targets' ancestors only (their parents, theirs, up to PID 1):
+    what parent_chain walks, one bounded read a generation instead of one of every process."""
     table: Table = {}
-    for pid, data in sorted(holders_mod.read_stats(holders_mod.list_pids(proc), proc).items()):
+    wanted = {holder.get("ppid") or 0 for holder in targets}
+    while True:
+        wanted = {pid for pid in wanted if pid > 1 and pid not in table}
+        if not wanted:
+            return table
+        rows = _rows(holders_mod.read_stats(sorted(wanted), proc))
+        table.update(rows)
+        wanted = {ppid for ppid, _session, _start in rows.values()}
+
+
+def _rows(stats: t.Mapping[int, bytes]) -> Table:
+    table: Table = {}
+    for pid, data in sorted(stats.items()):
         try:
             _comm, state, ppid, start_time = holders_mod.parse_stat(data)
             session = int(data[data.rindex(b")") + 2:].split()[3])
@@ -277,7 +297,7 @@ def stops_the_walk(record: t.Mapping[str, t.Any]) -> bool:
     """Whether the walk up ends at this ancestor (it is watched itself): a known supervisor or a
     launcher, by the identity rule only. A user's process named so (`exec -a supervisord sh -c
     'while ...'`) is watched and the walk goes on above it."""
-    return holders_mod.identified(record) and bool(supervisor_kind(record) or _units.LAUNCHER_NAMES.of(record, also=_names(record)))
+    return _protect.identified(record) and bool(supervisor_kind(record) or _units.LAUNCHER_NAMES.of(record, also=_names(record)))
 
 
 def parent_chain(holder: Holder, table: Table, own_lineage: t.Collection[int], signalled: t.Collection[int], proc: str = "/proc"
@@ -296,7 +316,7 @@ def parent_chain(holder: Holder, table: Table, own_lineage: t.Collection[int], s
             pid = ppid
             continue
         record = holders_mod.read_process(pid, proc)
-        if record is None or record.get("kernel_thread") or holders_mod.BUILTIN_PROTECTED_NAMES.of(record):
+        if record is None or record.get("kernel_thread") or _protect.BUILTIN_PROTECTED_NAMES.of(record):
             break
         chain.append(record)
         if session == pid or stops_the_walk(record):
@@ -360,7 +380,7 @@ def maps_selected_gpu(pid: int, minors: t.Collection[int], proc: str = "/proc") 
         return False
     sizes: dict[int, int] = {}
     for device, (_count, kib) in (mapped or {}).items():
-        minor = holders_mod.gpu_minor(device)
+        minor = _devices.gpu_minor(device)
         if minor is not None and minor in minors:
             sizes[minor] = sizes.get(minor, 0) + kib
     return any(kib >= CONTEXT_MAP_MIN_KIB for kib in sizes.values())
@@ -389,11 +409,15 @@ class Watch:
         # Whose it was: another user's job that happens to run the same command line (or copies
         # it to make the release fail) is not this holder started again.
         self.killed_uids = {h["pid"]: h.get("uid") for h in killed if h.get("cmdline")}
-        if self.parents or self.killed_cmdlines:
-            table = read_table(proc) if table is None else table
-        self.alive_before = {(pid, row[2]) for pid, row in (table or {}).items()}
+        # Every process there before the signals, by its /proc entry (not by a read of each: on a
+        # node of 10,000 processes that read is most of the watch's cost), and the boot-clock
+        # tick the watch began at: a PID seen again under a new entry is new only if it started
+        # since (an entry the kernel dropped from its cache and made again is the same process).
+        self.alive_before = holders_mod.process_entries(proc) if self.killed_cmdlines else {}
+        self.since = boot_ticks(proc) if self.killed_cmdlines else None
         if self.parents:
-            self.known = {(pid, t.cast("Table", table)[pid][2]) for pid in descendants(t.cast("Table", table), self.roots())}
+            table = read_table(proc) if table is None else table
+            self.known = {(pid, table[pid][2]) for pid in descendants(table, self.roots())}
 
     def __bool__(self) -> bool:
         return bool(self.watched or self.parents)
@@ -446,11 +470,13 @@ class Watch:
         if not self.killed_cmdlines:
             return []
         found = []
-        for pid, (_ppid, _session, start) in sorted(read_table(self.proc).items()):
-            if (pid, start) in self.alive_before or pid in skip:
+        for pid, entry in sorted(holders_mod.process_entries(self.proc).items()):
+            if self.alive_before.get(pid) == entry or pid in skip:
                 continue
             record = holders_mod.read_process(pid, self.proc)
             if record is None or record.get("kernel_thread"):
+                continue
+            if pid in self.alive_before and self.since is not None and record["start_time"] < self.since:
                 continue
             killed = self.restart_of(record)
             if killed is not None:
@@ -553,6 +579,16 @@ class Watch:
         )
 
 
+def boot_ticks(proc: str = "/proc") -> int | None:
+    """Clock ticks since boot now (the unit of a process's start time in /proc/PID/stat), or None
+    where /proc does not say (a test's tree)."""
+    try:
+        with open(f"{proc}/uptime", "rb") as handle:
+            return int(float(handle.read().split()[0]) * os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def watch_for(targets: list[Holder], outside_reasons: t.Mapping[str, t.Any], systemctl: Systemctl | None, own_lineage: t.Iterable[int],
               minors: t.Iterable[int], proc: str = "/proc", foreign: Foreign | None = None) -> Watch:
     """The Watch to start before signalling `targets`: their cgroups that restart outside this
@@ -560,8 +596,8 @@ def watch_for(targets: list[Holder], outside_reasons: t.Mapping[str, t.Any], sys
     as for Watch."""
     watched = watch_list(targets, outside_reasons, systemctl)
     in_cgroups = {t["pid"] for t in targets if any(_within(t.get("cgroup") or "", cgroup) for cgroup in watched)}
-    # One read of the process table serves both the walk and the snapshot of what runs now.
-    # (and the check for a restart from outside the parents: restarted_outside).
-    table = read_table(proc) if targets else {}
-    return Watch(watched, proc, restarters(targets, own_lineage, proc, skip=in_cgroups, table=table), minors, table=table, killed=targets,
-                 foreign=foreign)
+    # The walk reads the targets' ancestors only; the whole table is read only where a parent is
+    # watched (its descendants), and a restart from outside the parents is found by the /proc
+    # entries new since (Watch.restarted_outside).
+    table = ancestors_table(targets, proc) if targets else {}
+    return Watch(watched, proc, restarters(targets, own_lineage, proc, skip=in_cgroups, table=table), minors, killed=targets, foreign=foreign)

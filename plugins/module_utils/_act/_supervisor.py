@@ -51,6 +51,7 @@ import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders_mod
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _protect
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _services
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._errors import StepFailed
 
@@ -430,7 +431,7 @@ class Layout:
         return "no [program:...] section for it in {}".format(", ".join(self.files))
 
 
-SUPERVISORD = holders_mod.ProcessNames("supervisord", scripts=True)
+SUPERVISORD = _protect.ProcessNames("supervisord", scripts=True)
 
 
 def find_supervisors(proc: str = "/proc", which: Which = _which, run: Run = _run) -> list[Supervisor]:

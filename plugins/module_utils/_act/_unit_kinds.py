@@ -12,14 +12,14 @@ read them are _units'."""
 
 from __future__ import annotations
 
-from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders_mod
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _protect
 
 # Daemons that start other people's jobs. Stopping one ends (or orphans) every job it runs,
 # on every GPU, so it is never stopped to free GPUs: its GPU jobs are signalled instead.
 # Matched against the main process's executable, argv[0], script (python3 /usr/bin/jupyterhub)
 # and comm, so a renamed unit file is still recognised; a process's names count only when the
 # identity rule backs it (a unit's main process: systemd's MainPID; elsewhere: `vouched`).
-LAUNCHER_NAMES = holders_mod.ProcessNames(
+LAUNCHER_NAMES = _protect.ProcessNames(
     # job schedulers: Slurm, PBS/OpenPBS/Torque, LSF, HTCondor, Grid Engine
     "slurmd", "slurmstepd", "slurmctld", "slurmdbd", "slurmrestd",
     "pbs_mom", "pbs_server", "pbs_server.bin", "pbs_sched", "pbs_comm", "trqauthd",

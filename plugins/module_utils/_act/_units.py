@@ -19,6 +19,7 @@ import re
 import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders_mod
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _protect
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._errors import StepFailed
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._unit_kinds import (  # noqa: F401 - as callers and tests know them
     ESSENTIAL_UNITS, LAUNCHER_NAMES, LAUNCHER_UNITS, NODE_KEEPING_UNITS,
@@ -148,7 +149,7 @@ def unit_actions(props: dict[str, str], service_state: str | None) -> tuple[bool
 
 
 # The names a process goes by (comm, executable, argv[0], script, "tool subcommand"): _holders.
-process_names = holders_mod.process_names
+process_names = _protect.process_names
 
 
 def exec_start_names(text: str | None) -> set[str]:
@@ -202,7 +203,7 @@ def main_names(pid: int, record: t.Mapping[str, t.Any] | None, props: t.Mapping[
     through the identity rule, and of its ExecStart= (systemd's own, from a unit file only root
     writes)."""
     names = exec_start_names(props.get("ExecStart"))
-    if pid > 0 and holders_mod.identified(record, systemd_main(pid)):
+    if pid > 0 and _protect.identified(record, systemd_main(pid)):
         names |= process_names(record)
     return names
 
@@ -267,7 +268,7 @@ def protected_main(pid: int, record: t.Mapping[str, t.Any] | None, protect_names
     the identity rule: systemd's MainPID of the unit), else None: such a unit is never stopped,
     named or owning a holder."""
     main = systemd_main(pid)
-    if record and (holders_mod.BUILTIN_PROTECTED_NAMES.of(record, main) or holders_mod.ProcessNames(*(protect_names or ())).of(record, main)):
+    if record and (_protect.BUILTIN_PROTECTED_NAMES.of(record, main) or _protect.ProcessNames(*(protect_names or ())).of(record, main)):
         return "pid {} {}".format(pid, record.get("name"))
     return None
 

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import typing as t
 
-from ansible_collections.zeromib.gpu.plugins.module_utils._look._holders import gpu_minor
+from ansible_collections.zeromib.gpu.plugins.module_utils._look._devices import gpu_minor
 
 if t.TYPE_CHECKING:
     from ansible_collections.zeromib.gpu.plugins.module_utils._types import ComputeApp, Gpu, Holder

@@ -18,7 +18,10 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._look import _caps
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _attribution
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _guests
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _health
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _kernel_log
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders_mod
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _devices
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _protect
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _nvidia_smi as smi_mod
 
 if t.TYPE_CHECKING:
@@ -291,7 +294,7 @@ def not_visible_gpus(gpus: list[Gpu], driver_gpus: t.Mapping[str | None, DriverG
     if not missing:
         return []
     if reachable is None:
-        reachable = functools.partial(holders_mod.gpu_node_reachable, table=holders_mod.DeviceTable.read())
+        reachable = functools.partial(_devices.gpu_node_reachable, table=_devices.DeviceTable.read())
     hidden = []
     for bus in missing:
         minor = driver_gpus[bus]["minor"]
@@ -322,18 +325,19 @@ def unexplained_gpus(gpus: t.Iterable[Gpu], apps: t.Iterable[ComputeApp], holder
 class DeviceScan(t.NamedTuple):
     """One pass over /proc for open device files: the device numbers it went by, the processes
     with one open (not attributed yet), and the PIDs without (for scan_mapped, if needed)."""
-    table: holders_mod.DeviceTable
+    table: _devices.DeviceTable
     raw: list[Holder]
     others: list[int]
 
 
 def scan_devices(proc: str = "/proc", unreadable: list[int] | None = None, ours: t.Collection[int] = (),
-                 limits: holders_mod.ScanLimits = holders_mod.DEFAULT_LIMITS, unscanned: list[int] | None = None) -> DeviceScan:
+                 limits: holders_mod.ScanLimits = holders_mod.DEFAULT_LIMITS, unscanned: list[int] | None = None, again: bool = False) -> DeviceScan:
     """`ours`: PIDs this module started (its nvidia-smi calls), left out: they hold the device
-    files only while they answer. `limits`, `unscanned`: as scan_holders'."""
+    files only while they answer. `limits`, `unscanned`, `again`: as scan_holders'."""
     others: list[int] = []
-    table = holders_mod.DeviceTable.read()
-    raw = holders_mod.scan_holders(proc, unreadable, with_maps=False, without_devices=others, table=table, limits=limits, unscanned=unscanned)
+    table = _devices.DeviceTable.read()
+    raw = holders_mod.scan_holders(proc, unreadable, with_maps=False, without_devices=others, table=table, limits=limits, unscanned=unscanned,
+                                   again=again)
     return DeviceScan(table, [h for h in raw if h["pid"] not in ours], [pid for pid in others if pid not in ours])
 
 
@@ -341,23 +345,25 @@ def scan_and_attribute(gpus: list[Gpu], apps: list[ComputeApp] | None, fetch_app
                        protect_names: t.Iterable[str], protect_pids: t.Collection[int], own_lineage: t.Collection[int], proc: str = "/proc",
                        unreadable: list[int] | None = None, max_used_mib: float = 0, footprint_mib: float | None = _attribution.CROSS_GPU_FOOTPRINT_MIB,
                        main_pid_of: MainPidOf | None = None, scanned: DeviceScan | None = None,
-                       limits: holders_mod.ScanLimits = holders_mod.DEFAULT_LIMITS, unscanned: list[int] | None = None
-                       ) -> tuple[list[Holder], list[ComputeApp]]:
+                       limits: holders_mod.ScanLimits = holders_mod.DEFAULT_LIMITS, unscanned: list[int] | None = None,
+                       again: bool = False) -> tuple[list[Holder], list[ComputeApp]]:
     """The /proc scan, attributed to GPUs and marked protected -> (holders, apps).
 
     `apps` are joined compute apps, or None when not fetched yet: `fetch_apps()` is then called
     only if the answer depends on them (see _attribution.needs_listing). `protect_names`,
-    `protect_pids`: the protect option split (_holders.split_protect); `own_lineage`: this
+    `protect_pids`: the protect option split (_protect.split_protect); `own_lineage`: this
     module and its ancestors (never signalled); `unreadable` gets the PIDs whose files could not
     be read; `scanned`: the device-file pass when it was done already (while nvidia-smi ran);
-    `limits`: how long the scan may wait (scan_holders), `unscanned` gets the PIDs it left unread."""
+    `limits`: how long the scan may wait (scan_holders), `unscanned` gets the PIDs it left unread;
+    `again`: a rescan in the same run (scan_holders: the processes that had no device file open at
+    the last pass and are the same processes now are not read again)."""
     # Processes that mapped a device file and closed it (CUDA never does) matter only where a GPU
     # holds more than the footprint and than what live, listed processes with the device files
     # open explain: only then are the maps of processes without a device file open read. Speed:
     # a busy node with 1,000 processes looked in 120-144 ms reading them all, in about the time of
     # an idle look without (benchmarks/changes.md).
     limit = max_used_mib + (footprint_mib or 0)
-    table, raw, others = scanned if scanned is not None else scan_devices(proc, unreadable, limits=limits, unscanned=unscanned)
+    table, raw, others = scanned if scanned is not None else scan_devices(proc, unreadable, limits=limits, unscanned=unscanned, again=again)
     raw = list(raw)
     if apps is None and (any_dirty(gpus, limit) or _attribution.needs_listing(raw)):
         apps = fetch_apps()
@@ -365,7 +371,7 @@ def scan_and_attribute(gpus: list[Gpu], apps: list[ComputeApp] | None, fetch_app
         raw += holders_mod.scan_mapped(others, proc, table, limits, unscanned)
     apps = apps or []
     attributed = _attribution.attribute(raw, apps, minor_to_index(gpus))
-    return holders_mod.protect(attributed, protect_names, protect_pids, own_lineage, main_pid_of), apps
+    return _protect.protect(attributed, protect_names, protect_pids, own_lineage, main_pid_of), apps
 
 
 def _query_gpus(smi: smi_mod.NvidiaSmi, with_apps: bool, checks: _health.Checks | None, kernel_log_state: str | None = None,
@@ -377,7 +383,7 @@ def _query_gpus(smi: smi_mod.NvidiaSmi, with_apps: bool, checks: _health.Checks 
     if checks is None:
         gpus, apps = smi.query_all(with_apps=with_apps, meanwhile=meanwhile)
         return gpus, apps, None
-    kernel_log = _health.KernelLog(checks.xid_window_hours, state_path=kernel_log_state)
+    kernel_log = _kernel_log.KernelLog(checks.xid_window_hours, state_path=kernel_log_state)
     kernel_log.start()
     try:
         gpus, apps = smi.query_all(smi_mod.GPU_FIELDS + smi_mod.HEALTH_FIELDS, with_apps=with_apps, meanwhile=meanwhile)
@@ -460,7 +466,7 @@ def _look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, early: dict
         bare = Snapshot(gpus, [], [], health=health, not_visible=not_visible)
         bare.minor_order_differs = differs
         return bare
-    names, pids = holders_mod.split_protect(protect)
+    names, pids = _protect.split_protect(protect)
     lineage = holders_mod.lineage(os.getpid(), proc)
 
     def joined(raw_apps: t.Iterable[ComputeApp]) -> list[ComputeApp]:

@@ -31,6 +31,7 @@ import typing as t
 from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _cgroups
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _protect
 
 if t.TYPE_CHECKING:
     from ansible_collections.zeromib.gpu.plugins.module_utils._types import Guest, GuestRef, Holder
@@ -142,7 +143,7 @@ def manager_of(record: t.Mapping[str, t.Any] | None) -> str | None:
     it decides only whether the host asks the guest's manager or signals, never what is stopped."""
     if not record:
         return None
-    names = _holders.process_names(record)
+    names = _protect.process_names(record)
     return next((name for name in SYSTEM_MANAGERS if name in names), None)
 
 

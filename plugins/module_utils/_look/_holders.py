@@ -17,9 +17,10 @@ nvidia-smi's compute apps and the mapping sizes this scan records.
 multi-byte character (CJK names, setproctitle).
 
 What a user controls decides nothing here (docs/docsite/rst/guide_security.rst): a device file is known by what the
-kernel says it is (`DeviceTable`: its device number, or the very inode of this node's own
+kernel says it is (_devices.DeviceTable: its device number, or the very inode of this node's own
 /dev/nvidia* node), never by the path a process opened it through; a protected daemon is known by
-its real uid and its executable as the kernel resolves it, never by its name alone.
+its real uid and its executable as the kernel resolves it, never by its name alone (the protection
+rules: _protect). Which file systems a stat may wait on: _mounts.
 
 No read here can hang root (_bounded_reads): files a process holds are stat'ed from what the kernel has
 cached (`_bounded_reads.stat_nosync`: a stalled FUSE or NFS server is never asked), the pass over /proc
@@ -31,17 +32,19 @@ read through a live thread (/proc/PID/task/TID/...), whose are the group's.
 
 from __future__ import annotations
 
-import errno
 import fcntl
-import fnmatch
 import os
 import pwd
 import re
-import stat as stat_mod
 import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _bounded_reads
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _cgroups
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _devices
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _mounts
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _protect
+# Still read as holders_mod.X by _act/_release.py, whose split (issue 68, its first part) lands
+# beside this one: its two call sites then name _protect, and these two lines go.
 
 if t.TYPE_CHECKING:
     from ansible_collections.zeromib.gpu.plugins.module_utils._types import Holder
@@ -49,338 +52,7 @@ if t.TYPE_CHECKING:
     # {device name: [mappings, KiB]}
     Mapped = t.Dict[str, t.List[int]]
     MainPidOf = t.Callable[[str], t.Optional[int]]
-
-_GPU_NODE = re.compile(r"^/dev/nvidia(\d+)$")
-# In /proc/PID/maps the path is the last field, after whitespace: "~/dev/nvidia-apex/lib.so" is
-# a library, not a device.
-_MAPS_LINE = re.compile(rb"^([0-9a-f]+)-([0-9a-f]+) \S+ \S+ \S+ \S+\s+(/\S*nvidia\S*(?: \(deleted\))?)$", re.MULTILINE)
-# The spellings of one device file: on GPU Operator nodes the driver container's /dev shows
-# through as /run/nvidia/driver/dev/nvidia0; a node removed while held reads "... (deleted)".
-DRIVER_ROOT_PREFIXES = ("/run/nvidia/driver",)
-_DEVICE_NODE = re.compile(
-    r"^/dev/nvidia(?:\d+|ctl|-uvm|-uvm-tools|-modeset|-nvlink|-nvswitchctl|-nvswitch\d+|-caps/nvidia-cap\d+|-caps-imex-channels/channel\d+)$"
-)
-DELETED_SUFFIX = " (deleted)"
 _UNIT = re.compile(r"^[^/]+\.(?:service|scope)$")
-
-COMM_LENGTH = 15
-
-
-def device_path(target: str) -> str | None:
-    """A /proc fd or maps target -> its /dev/nvidia* path, whatever the spelling, or None when
-    it is no NVIDIA device file. The one place that knows how device paths are spelled."""
-    if target.endswith(DELETED_SUFFIX):
-        target = target[: -len(DELETED_SUFFIX)]
-    for prefix in DRIVER_ROOT_PREFIXES:
-        if target.startswith(prefix + "/dev/"):
-            target = target[len(prefix):]
-    return target if _DEVICE_NODE.match(target) else None
-
-
-# /proc/devices names of the driver's character devices. The frontend (/dev/nvidiaN, nvidiactl,
-# nvidia-modeset) is major 195 on every driver; the others are given a major at load time.
-FRONTEND_MAJOR = 195
-_FRONTEND_NAMES = ("nvidia-frontend", "nvidia")
-_CONTROL_MINORS = {255: "/dev/nvidiactl", 254: "/dev/nvidia-modeset"}
-_OTHER_MAJORS = {
-    "nvidia-uvm": ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"),
-    "nvidia-caps": None,
-    "nvidia-nvlink": ("/dev/nvidia-nvlink",),
-    "nvidia-nvswitch": None,
-    "nvidia-caps-imex-channels": None,
-}
-DEV_DIRS = ("/dev",) + tuple(prefix + "/dev" for prefix in DRIVER_ROOT_PREFIXES)
-
-
-def parse_proc_devices(text: bytes | str) -> dict[str, int]:
-    """/proc/devices -> {name: major} of its character devices."""
-    majors: dict[str, int] = {}
-    block = False
-    for line in _text(text).splitlines():
-        if line.startswith("Block devices"):
-            block = True
-        parts = line.split()
-        if not block and len(parts) == 2 and parts[0].isdigit():
-            majors.setdefault(parts[1], int(parts[0]))
-    return majors
-
-
-class DeviceTable:
-    """The NVIDIA device files of this node, by kernel identity.
-
-    A file a process has open or mapped is a GPU device file when the kernel says so, whatever
-    path it was opened through (a bind mount in a user's own mount namespace shows /dev/nvidia0
-    under any name):
-    - `by_rdev`: its device number is the driver's (char 195:N /dev/nvidiaN, 195:255 nvidiactl;
-      nvidia-uvm's and the caps' majors from /proc/devices). Only root creates device nodes, and
-      any node of that number IS the device. The real driver; docker --device nodes too.
-    - `by_inode`: it is the very inode (st_dev, st_ino) of a root-owned character node
-      /dev/nvidia* (or /run/nvidia/driver/dev/nvidia*) as this module's mount namespace sees it: a
-      bind mount keeps the inode. This is what knows the simulator's nodes (all char 1:5).
-    `inode_numbers` pre-filter /proc/PID/maps lines (its `dev` column is the file system's, which
-    an overlay reports differently from stat: the inode column and map_files decide)."""
-
-    def __init__(self, by_rdev: t.Mapping[int, str] | None = None, by_inode: t.Mapping[tuple[int, int], str] | None = None) -> None:
-        self.by_rdev = dict(by_rdev or {})
-        self.by_inode = dict(by_inode or {})
-        self.inode_numbers = set(str(ino).encode() for _dev, ino in self.by_inode)
-        self.maps_by_inode = _maps_by_inode(self.inode_numbers)
-        # Answers already read in this scan (see known_fd, known_mapping).
-        self._fds: dict[str, str | None] = {}
-        self._mappings: dict[tuple[bytes, bytes], str | None] = {}
-        self.mount_ns: str | None
-        try:
-            self.mount_ns = os.readlink("/proc/self/ns/mnt")
-        except OSError:
-            self.mount_ns = None
-        # {(mount namespace, root) of processes elsewhere: their file systems} (see view).
-        self._trees: dict[tuple[str, str], MountTable] = {}
-
-    def view(self, base: str) -> View:
-        """How to read the paths a process (its /proc directory `base`) shows: whether it sees this
-        module's tree (its mount namespace is ours: its paths name the same files as here), and
-        the file systems of its tree. Where every file system here answers a stat from the cache
-        (MountTable.all_answer: no Lustre, GPFS, 9p...), another namespace's are taken to be of
-        the same kinds (only root mounts those, and a container binds the node's); otherwise its
-        own mountinfo is read, once per namespace and root."""
-        own = own_tree()
-        try:
-            mount_ns = os.readlink(base + "/ns/mnt")
-        except OSError:
-            return View(False, own)
-        if mount_ns == self.mount_ns:
-            return View(True, own)
-        if own.all_answer:
-            return View(False, own)
-        try:
-            key = (mount_ns, os.readlink(base + "/root"))
-            if key not in self._trees:
-                self._trees[key] = MountTable(_read(base + "/mountinfo"))
-            return View(False, self._trees[key])
-        except OSError:
-            return View(False, MountTable(b""))
-
-    def known_fd(self, link: str, target: str, view: View | None) -> str | None:
-        """name_of an fd. For a process that sees this module's tree (`view.same`) the path it shows
-        is a path of this tree, which only root can mount on, so one stat per path serves every
-        such process (a busy node: thousands of fds on /dev/null and log files); a process
-        elsewhere, or a deleted file, is asked fd by fd. The stat asks the kernel's cache, never a
-        file system's server (_bounded_reads.stat_nosync), and is made here only on a file system known
-        to answer it so (`view.mounts`, MountTable.answers); others raise NeedsIsolation. Raises
-        OSError as os.stat does."""
-        if view is None or not view.same or target.endswith(DELETED_SUFFIX):
-            if view is not None:
-                view.mounts.check(target)
-            return self.name_of(_bounded_reads.stat_nosync(link))
-        if target not in self._fds:
-            view.mounts.check(target)
-            self._fds[target] = self.name_of(_bounded_reads.stat_nosync(link))
-        return self._fds[target]
-
-    def known_mapping(self, map_file: bytes, dev: bytes, inode: bytes) -> str | None:
-        """name_of a mapping through /proc/PID/map_files: the maps `dev` and `inode` columns name
-        one inode of the kernel, so one stat per (dev, inode) serves every mapping of it."""
-        key = (dev, inode)
-        if key not in self._mappings:
-            self._mappings[key] = self.name_of(_bounded_reads.stat_nosync(os.fsdecode(map_file)))
-        return self._mappings[key]
-
-    @classmethod
-    def read(cls, dev_dirs: t.Iterable[str] = DEV_DIRS, proc_devices: str = "/proc/devices") -> DeviceTable:
-        try:
-            majors = parse_proc_devices(_read(proc_devices))
-        except OSError:
-            majors = {}
-        by_rdev: dict[int, str] = {}
-        frontend = [majors[name] for name in _FRONTEND_NAMES if name in majors] or [FRONTEND_MAJOR]
-        nvidia_majors = set(frontend)
-        for name, nodes in _OTHER_MAJORS.items():
-            if name in majors:
-                nvidia_majors.add(majors[name])
-                for minor, node in enumerate(nodes or ()):
-                    by_rdev[os.makedev(majors[name], minor)] = node
-        by_inode: dict[tuple[int, int], str] = {}
-        for directory in dev_dirs:
-            for path in _candidate_nodes(directory):
-                try:
-                    st = os.lstat(path)
-                except OSError:
-                    continue
-                # Only root can create a character device node; a user's file named so is no device.
-                if not stat_mod.S_ISCHR(st.st_mode) or st.st_uid != 0:
-                    continue
-                canonical = "/dev/" + path[len(directory) + 1:]
-                by_inode[(st.st_dev, st.st_ino)] = canonical
-                if os.major(st.st_rdev) in nvidia_majors:
-                    by_rdev.setdefault(st.st_rdev, canonical)
-        table = cls(by_rdev, by_inode)
-        table.frontend = set(frontend)
-        return table
-
-    frontend: t.Collection[int] = (FRONTEND_MAJOR,)
-
-    def name_of(self, st: os.stat_result | _bounded_reads.Stat) -> str | None:
-        """The canonical /dev/nvidia* name of a stat result, or None when it is no NVIDIA device."""
-        if not stat_mod.S_ISCHR(st.st_mode):
-            return None
-        name = self.by_inode.get((st.st_dev, st.st_ino)) or self.by_rdev.get(st.st_rdev)
-        if name is None and os.major(st.st_rdev) in self.frontend:
-            minor = os.minor(st.st_rdev)
-            name = _CONTROL_MINORS.get(minor) or f"/dev/nvidia{minor:d}"
-        return name
-
-
-# File systems whose getattr never waits on a server with AT_STATX_DONT_SYNC: local ones, memory
-# ones, and the network ones that honour the flag (FUSE, NFS, CIFS, Ceph; overlayfs passes it on).
-# Measured for FUSE on 6.18: stat() of a file of a stalled daemon waits for good, statx with the
-# flag answers from the cache. Elsewhere (Lustre, GPFS, BeeGFS, 9p, autofs triggers, an unknown
-# type) a stat is made in a forked reader only (_bounded_reads.NeedsIsolation).
-ANSWERING_FS = frozenset((
-    "ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "jfs", "reiserfs", "vfat", "msdos", "exfat", "ntfs3", "squashfs", "erofs",
-    "iso9660", "udf", "tmpfs", "ramfs", "devtmpfs", "devpts", "proc", "sysfs", "cgroup", "cgroup2", "mqueue", "hugetlbfs", "bpf",
-    "tracefs", "debugfs", "securityfs", "pstore", "configfs", "efivarfs", "binfmt_misc", "fusectl", "rpc_pipefs", "nsfs", "overlay",
-    "fuse", "fuseblk", "nfs", "nfs4", "cifs", "smb3", "ceph",
-))
-
-
-def _unescape(field: bytes) -> str:
-    """A mountinfo path field: octal escapes (\\040 a space) undone."""
-    return re.sub(rb"\\([0-7]{3})", lambda m: bytes((int(m.group(1), 8),)), field).decode("utf-8", "replace")
-
-
-class MountTable:
-    """The file systems of one tree, from /proc/PID/mountinfo (mount points as its process sees
-    them): which one a path lies on, its longest mount point that is a prefix."""
-
-    def __init__(self, mountinfo: bytes) -> None:
-        points: dict[str, str] = {}
-        # "\n" only: a mount point a user names may hold a "\r", which bytes.splitlines() breaks at.
-        for line in mountinfo.split(b"\n"):
-            left, sep, right = line.partition(b" - ")
-            # One space between fields (a space in a path is \040); bytes.split() would also split at a \x0b.
-            fields, tail = left.split(b" "), right.split(b" ")
-            if sep and len(fields) >= 5 and tail:
-                points[_unescape(fields[4])] = tail[0].decode("ascii", "replace")
-        self._points = sorted(points.items(), key=lambda item: len(item[0]), reverse=True)
-        self._answers: dict[str, bool] = {}
-        # An empty table (unreadable) knows nothing: every stat then waits for a forked reader.
-        self.all_answer = bool(points) and all(_answering(fstype) for fstype in points.values())
-
-    def fstype(self, path: str) -> str | None:
-        for point, fstype in self._points:
-            if path == point or point == "/" or path.startswith(point + "/"):
-                return fstype
-        return None
-
-    def answers(self, path: str) -> bool:
-        """Whether a stat of a file at `path` (of this tree) cannot wait on a server (ANSWERING_FS)."""
-        if self.all_answer:
-            return True
-        if path not in self._answers:
-            fstype = self.fstype(path[: -len(DELETED_SUFFIX)] if path.endswith(DELETED_SUFFIX) else path)
-            self._answers[path] = fstype is not None and _answering(fstype)
-        return self._answers[path]
-
-    def check(self, path: str) -> None:
-        """Raise _bounded_reads.NeedsIsolation for a path a stat of which may wait, outside a forked reader."""
-        if not self.all_answer and not _bounded_reads.isolated() and not self.answers(path):
-            raise _bounded_reads.NeedsIsolation(path)
-
-
-def _answering(fstype: str) -> bool:
-    return fstype in ANSWERING_FS or fstype.startswith("fuse.")
-
-
-_OWN_TREE: list[MountTable] = []
-
-
-def own_tree() -> MountTable:
-    """This module's file systems (/proc/self/mountinfo), read once a run."""
-    if not _OWN_TREE:
-        try:
-            _OWN_TREE.append(MountTable(_read("/proc/self/mountinfo")))
-        except OSError:
-            _OWN_TREE.append(MountTable(b""))
-    return _OWN_TREE[0]
-
-
-class View(t.NamedTuple):
-    """How a process's paths read here (DeviceTable.view)."""
-
-    same: bool
-    mounts: MountTable
-
-
-def gpu_node(minor: int) -> str:
-    """The device node of the GPU with this minor number (the driver's `Device Minor:`)."""
-    return f"/dev/nvidia{minor:d}"
-
-
-# An open refused before the driver is asked: file permissions (or a nodev mount) and the device
-# cgroup (v1 devices.deny, v2 eBPF program). Any other error comes from the driver itself, which
-# this namespace then reaches.
-_DENIED = (errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR)
-
-
-def gpu_node_reachable(minor: int, table: DeviceTable, dev_dirs: t.Iterable[str] = DEV_DIRS) -> bool:
-    """Whether this process reaches the GPU of `minor` through its device node, as NVML must to list
-    it (issue 37: a container, a Slurm step or `docker --device` is given only some of the host's
-    GPUs, while the driver's /proc/driver/nvidia/gpus, which no namespace masks, lists them all).
-
-    The node must be the driver's character device (`table`'s identity rules: device number
-    195:minor, or the very inode of this node's root-owned /dev/nvidia<minor>, the simulator's), and
-    an open of it must be allowed: a device cgroup v2 eBPF program cannot be read, only asked. The
-    open is O_NONBLOCK so that the driver (NVreg_EnableNonblockingOpen, on by default) does not
-    bring a GPU up in this thread under its lock; it is closed at once. Where the answer is unsure
-    (another error from the driver) the GPU counts as reachable: then a GPU nvidia-smi left out
-    fails the look, never the other way round."""
-    path = gpu_node(minor)
-    for directory in dev_dirs:
-        node = directory + path[len("/dev"):]
-        try:
-            st = os.stat(node)
-        except OSError:
-            continue
-        if not stat_mod.S_ISCHR(st.st_mode):
-            continue
-        if os.major(st.st_rdev) in table.frontend:
-            if os.minor(st.st_rdev) != minor:
-                continue
-        elif table.name_of(st) != path:
-            continue
-        try:
-            os.close(os.open(node, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)))
-        except OSError as exc:
-            if exc.errno in _DENIED:
-                continue
-        return True
-    return False
-
-
-def _candidate_nodes(directory: str) -> list[str]:
-    try:
-        entries = os.listdir(directory)
-    except OSError:
-        return []
-    paths: list[str] = []
-    for entry in entries:
-        if not entry.startswith("nvidia"):
-            continue
-        path = directory + "/" + entry
-        if entry.startswith("nvidia-caps"):
-            try:
-                paths.extend(path + "/" + sub for sub in os.listdir(path))
-            except OSError:
-                pass
-            continue
-        paths.append(path)
-    return [p for p in paths if _DEVICE_NODE.match("/dev/" + p[len(directory) + 1:])]
-
-
-def gpu_minor(device: str) -> int | None:
-    """'/dev/nvidia3' -> 3; control nodes (/dev/nvidiactl, /dev/nvidia-uvm, caps) -> None."""
-    match = _GPU_NODE.match(device)
-    return int(match.group(1)) if match else None
 
 
 def _text(data: bytes | str) -> str:
@@ -527,14 +199,6 @@ def parse_cmdline(raw: bytes) -> tuple[list[str], str]:
     return argv, " ".join(argv)
 
 
-def mapped_devices(maps: bytes) -> Mapped:
-    """/proc/PID/maps (bytes) -> {device path: [mappings, KiB]} for NVIDIA device files, by the
-    spelling of their paths (what a fake /proc, or a reader without map_files, can tell). The
-    sizes tell a GPU's context from the small mappings every CUDA process makes of the other
-    GPUs' nodes (see _attribution)."""
-    return mapped_by_identity(maps, DeviceTable())
-
-
 def _read(path: str) -> bytes:
     with open(path, "rb") as handle:
         return handle.read()
@@ -625,16 +289,16 @@ def signal_facts(text: bytes | str | t.Mapping[str, str]) -> tuple[str | None, b
     return ("caught" if masks["SigCgt"] & SIGTERM_BIT else "default"), namespace_init
 
 
-def open_devices(pid: int, proc: str = "/proc", table: DeviceTable | None = None) -> set[str]:
+def open_devices(pid: int, proc: str = "/proc", table: _devices.DeviceTable | None = None) -> set[str]:
     """The /dev/nvidia* names of the device files a process has open, known by identity (see
     DeviceTable): a stat of /proc/PID/fd/N follows the kernel's link to the opened inode,
     whatever path or namespace it was opened through. Only where the kernel cannot be asked
     (the fd closed meanwhile, a test's fake /proc) does the path's spelling count. Raises
     OSError when the process is gone or not ours to read."""
-    return _open_devices(pid, proc, table if table is not None else DeviceTable())[0]
+    return _open_devices(pid, proc, table if table is not None else _devices.DeviceTable())[0]
 
 
-def _open_devices(pid: int, proc: str, table: DeviceTable) -> tuple[set[str], str]:
+def _open_devices(pid: int, proc: str, table: _devices.DeviceTable) -> tuple[set[str], str]:
     """(open_devices, the directory its files are read through: /proc/PID, or a live thread's
     for a zombie leader)."""
     devices: set[str] = set()
@@ -660,7 +324,7 @@ def _open_devices(pid: int, proc: str, table: DeviceTable) -> tuple[set[str], st
         try:
             device = table.known_fd(link, target, view)
         except OSError:
-            device = device_path(target)
+            device = _devices.device_path(target)
         if device is not None:
             devices.add(device)
     return devices, base
@@ -702,62 +366,16 @@ def process_dir(pid: int, proc: str = "/proc") -> str:
     return f"{proc}/{pid:d}" if tid is None else f"{proc}/{pid:d}/task/{tid:d}"
 
 
-# A maps line whose path mentions nvidia (a spelling of a device file), and, built per table, one
-# whose inode is a device node's: the regex engine picks the few candidate lines of a CUDA
-# process's thousands.
-_MAPS_SPELLED = re.compile(rb"^([0-9a-f]+)-([0-9a-f]+) \S+ \S+ (\S+) (\d+)\s+(/\S*nvidia.*)$", re.MULTILINE)
-
-
-def _maps_by_inode(inode_numbers: t.Collection[bytes]) -> re.Pattern[bytes] | None:
-    if not inode_numbers:
-        return None
-    alternatives = b"|".join(sorted(inode_numbers))
-    return re.compile(rb"^([0-9a-f]+)-([0-9a-f]+) \S+ \S+ (\S+) (" + alternatives + rb")\s+(/.*)$", re.MULTILINE)
-
-
-def mapped_by_identity(maps: bytes, table: DeviceTable, map_files: bytes | None = None, mounts: MountTable | None = None) -> Mapped:
-    """/proc/PID/maps (bytes) -> {device name: [mappings, KiB]}, known by identity: a line is a
-    candidate when its inode is one of the table's or its path is spelled like a device file;
-    /proc/PID/map_files/<range> (root) then says what the mapped file is (os.stat: its rdev,
-    dev and inode). Without map_files (not root, a fake /proc) a candidate counts by its path's
-    spelling only, as the scan did before. `mounts`: the process's file systems (DeviceTable.view),
-    checked before a stat (MountTable.check)."""
-    found: Mapped = {}
-    seen: set[bytes] = set()
-    patterns = [_MAPS_SPELLED] + ([table.maps_by_inode] if table.maps_by_inode is not None else [])
-    for pattern in patterns:
-        for match in pattern.finditer(maps):
-            start, end, dev, inode, path = match.groups()
-            if start in seen:
-                continue
-            seen.add(start)
-            spelled = device_path(path.decode("utf-8", "replace")) if b"nvidia" in path else None
-            device = spelled
-            if map_files is not None:
-                if mounts is not None:
-                    mounts.check(path.decode("utf-8", "replace"))
-                try:
-                    device = table.known_mapping(b"%s/%s-%s" % (map_files, start, end), dev, inode)
-                except OSError:
-                    device = spelled
-            if device is None:
-                continue
-            entry = found.setdefault(device, [0, 0])
-            entry[0] += 1
-            entry[1] += (int(end, 16) - int(start, 16)) // 1024
-    return found
-
-
-def read_maps(pid: int, proc: str = "/proc", table: DeviceTable | None = None) -> Mapped | None:
+def read_maps(pid: int, proc: str = "/proc", table: _devices.DeviceTable | None = None) -> Mapped | None:
     """{device: [mappings, KiB]} of a process, or None when its maps cannot be read (gone, not
     ours, or not answering: _bounded_reads)."""
     try:
-        return _bounded_reads.call(_read_maps, pid, proc, table if table is not None else DeviceTable(), None, process=f"{proc}/{pid:d}")
+        return _bounded_reads.call(_read_maps, pid, proc, table if table is not None else _devices.DeviceTable(), None, process=f"{proc}/{pid:d}")
     except _bounded_reads.ReadBlocked:
         return None
 
 
-def _read_maps(pid: int, proc: str, table: DeviceTable, base: str | None) -> Mapped | None:
+def _read_maps(pid: int, proc: str, table: _devices.DeviceTable, base: str | None) -> Mapped | None:
     """read_maps through `base` (process_dir's, when known already)."""
     base = base or f"{proc}/{pid:d}"
     try:
@@ -770,16 +388,7 @@ def _read_maps(pid: int, proc: str, table: DeviceTable, base: str | None) -> Map
     # Most processes map no device file: byte searches skip the regex for them.
     if b"nvidia" not in maps and not any(b" " + ino + b" " in maps for ino in table.inode_numbers):
         return {}
-    return mapped_by_identity(maps, table, (base + "/map_files").encode(), table.view(base).mounts)
-
-
-# Where a daemon a node needs is installed: only root writes there. /proc/PID/exe names the
-# executable as the kernel resolved it at exec (no symlink, no argv[0]).
-SYSTEM_DIRS = ("/usr/bin/", "/usr/sbin/", "/bin/", "/sbin/", "/usr/lib/", "/usr/lib64/", "/usr/libexec/", "/lib/", "/lib64/",
-               "/usr/local/bin/", "/usr/local/sbin/", "/usr/local/nvidia/bin/", "/run/nvidia/driver/usr/bin/")
-# Accounts below this uid are system accounts (login.defs SYS_UID_MAX, 999 on Debian and RHEL):
-# only root creates them.
-SYSTEM_UID_MAX = 999
+    return _devices.mapped_by_identity(maps, table, (base + "/map_files").encode(), table.view(base).mounts)
 
 
 def _fs_root(proc: str) -> str:
@@ -806,10 +415,10 @@ def read_executable(base: str, fs_root: str = "") -> tuple[str | None, int | Non
         return None, None, False
     if fs_root and path.startswith(fs_root + "/"):
         path = path[len(fs_root):]
-    deleted = path.endswith(DELETED_SUFFIX)
+    deleted = path.endswith(_mounts.DELETED_SUFFIX)
     if deleted:
-        path = path[: -len(DELETED_SUFFIX)]
-    if not path.startswith(SYSTEM_DIRS):
+        path = path[: -len(_mounts.DELETED_SUFFIX)]
+    if not path.startswith(_protect.SYSTEM_DIRS):
         return path, None, False
     if not fs_root:
         _trees().view(base).mounts.check(path)
@@ -826,13 +435,13 @@ def read_executable(base: str, fs_root: str = "") -> tuple[str | None, int | Non
     return path, st.st_uid, (here.st_dev, here.st_ino) == (st.st_dev, st.st_ino)
 
 
-_TREES: list[DeviceTable] = []
+_TREES: list[_devices.DeviceTable] = []
 
 
-def _trees() -> DeviceTable:
+def _trees() -> _devices.DeviceTable:
     """The trees processes see (DeviceTable.view), read once a run."""
     if not _TREES:
-        _TREES.append(DeviceTable())
+        _TREES.append(_devices.DeviceTable())
     return _TREES[0]
 
 
@@ -1052,6 +661,20 @@ def list_pids(proc: str = "/proc") -> list[int]:
     return sorted(int(entry) for entry in os.listdir(proc) if entry.isdigit())
 
 
+def process_entries(proc: str = "/proc") -> dict[int, int]:
+    """{pid: inode number of /proc/PID}, from one read of the directory (no stat). The inode names
+    one process: the kernel drops a process's /proc entries when it is reaped (proc_flush_pid), so
+    a PID used again comes back under a new inode."""
+    with os.scandir(proc) as entries:
+        return {int(entry.name): entry.inode() for entry in entries if entry.name.isdigit()}
+
+
+# The run's last device-file pass, by /proc: {pid: inode of /proc/PID} of the processes it read
+# with no device file open. A later pass of the same run (`again`, gpu_release's rescans) reads
+# only the others: the look's holders, what it could not read, and every process started since.
+QUIET: dict[str, dict[int, int]] = {}
+
+
 class ScanLimits(t.NamedTuple):
     """How long a pass over /proc may wait: on one process (`budget`) and in all (`deadline_s`)."""
 
@@ -1063,7 +686,8 @@ DEFAULT_LIMITS = ScanLimits()
 
 
 def scan_holders(proc: str = "/proc", unreadable: list[int] | None = None, with_maps: bool = True, without_devices: list[int] | None = None,
-                 table: DeviceTable | None = None, limits: ScanLimits = DEFAULT_LIMITS, unscanned: list[int] | None = None) -> list[Holder]:
+                 table: _devices.DeviceTable | None = None, limits: ScanLimits = DEFAULT_LIMITS, unscanned: list[int] | None = None,
+                 again: bool = False) -> list[Holder]:
     """Every live process with a /dev/nvidia* node open or (with `with_maps`) mapped, with its
     mappings of those nodes (`mapped`), and every process whose /proc entries did not answer
     (blocked_record). Processes that vanish mid-scan or that we may not read are skipped (the PIDs
@@ -1078,9 +702,21 @@ def scan_holders(proc: str = "/proc", unreadable: list[int] | None = None, with_
     device file open are appended to `without_devices`, if given, for `scan_mapped` later.
 
     The pass runs in a bounded reader (_bounded_reads.scan, `limits`); the PIDs its deadline left
-    unread are appended to `unscanned`, if given."""
-    table = table if table is not None else DeviceTable.read()
+    unread are appended to `unscanned`, if given.
+
+    Without `with_maps`, the processes found with no device file open are remembered for the run
+    (QUIET); `again` reads only the others, taking the last pass's answer for those (a process
+    that opens a device file meanwhile and holds memory shows on the GPU, and an unexplained GPU
+    has every process's maps read, scan_mapped). Speed: on a node of 10,000 processes a pass
+    lists about 130,000 fds (benchmarks/HISTORY.md, issue 66); gpu_release's rescans after
+    acting read a few dozen processes instead."""
+    table = table if table is not None else _devices.DeviceTable.read()
     users: dict[int, str] = {}
+    entries = process_entries(proc)
+    known = QUIET.get(proc, {}) if again and not with_maps else {}
+    kept = [pid for pid, inode in entries.items() if known.get(pid) == inode]
+    kept_set = set(kept)
+    quiet: list[int] = []
 
     def one(pid: int) -> t.Any:
         try:
@@ -1093,15 +729,20 @@ def scan_holders(proc: str = "/proc", unreadable: list[int] | None = None, with_
             return None
         return _holder(pid, devices, base, proc, users, table)
 
-    return _bounded_pass(one, list_pids(proc), proc, limits, unreadable, without_devices if not with_maps else None, unscanned)
+    found = _bounded_pass(one, sorted(pid for pid in entries if pid not in kept_set), proc, limits, unreadable, quiet, unscanned)
+    if not with_maps:
+        QUIET[proc] = {pid: entries[pid] for pid in quiet + kept}
+        if without_devices is not None:
+            without_devices.extend(sorted(quiet + kept))
+    return found
 
 
-def scan_mapped(pids: t.Iterable[int], proc: str = "/proc", table: DeviceTable | None = None, limits: ScanLimits = DEFAULT_LIMITS,
+def scan_mapped(pids: t.Iterable[int], proc: str = "/proc", table: _devices.DeviceTable | None = None, limits: ScanLimits = DEFAULT_LIMITS,
                 unscanned: list[int] | None = None) -> list[Holder]:
     """The processes among `pids` (which had no device file open) that map a /dev/nvidia* node:
     the second half of a full scan, done only when a GPU's memory is not explained without it.
     Speed: it saves re-listing every process's fds (measured, benchmarks/changes.md)."""
-    table = table if table is not None else DeviceTable.read()
+    table = table if table is not None else _devices.DeviceTable.read()
     users: dict[int, str] = {}
     return _bounded_pass(lambda pid: _holder(pid, set(), None, proc, users, table), list(pids), proc, limits, None, None, unscanned)
 
@@ -1131,7 +772,7 @@ def _bounded_pass(one: t.Callable[[int], t.Any], pids: list[int], proc: str, lim
     return sorted(holders, key=lambda holder: holder["pid"])
 
 
-def _holder(pid: int, devices: set[str], base: str | None, proc: str, users: dict[int, str], table: DeviceTable) -> Holder | None:
+def _holder(pid: int, devices: set[str], base: str | None, proc: str, users: dict[int, str], table: _devices.DeviceTable) -> Holder | None:
     """A holder record for a process with `devices` open, its maps read; None when it holds
     nothing or is gone (or a zombie whose threads have all exited)."""
     mapped = _read_maps(pid, proc, table, base)
@@ -1232,217 +873,3 @@ def lineage(pid: int, proc: str = "/proc") -> list[int]:
         except (OSError, ValueError, IndexError):
             break
     return seen
-
-
-def split_protect(items: t.Iterable[t.Any] | None) -> tuple[list[str], set[int]]:
-    """User `protect` entries -> (names, pids): entries of ASCII digits are PIDs ('³'.isdigit()
-    is true, but int('³') fails: such an entry is a name)."""
-    names: list[str] = []
-    pids: set[int] = set()
-    for item in items or []:
-        text = str(item).strip()
-        if text.isdigit() and text.isascii():
-            pids.add(int(text))
-        elif text:
-            names.append(text)
-    return names, pids
-
-
-def name_matches(record: t.Mapping[str, t.Any], names: t.Iterable[str]) -> bool:
-    """Whether a process goes by one of `names` (its executable's basename, argv[0]'s basename or
-    comm, which the kernel truncates to 15 characters: nvidia-persistenced shows as
-    nvidia-persiste). A name alone decides nothing: rules ask ProcessNames.of, which asks the
-    identity rule first."""
-    return _first_match(names, own_names(record)) is not None
-
-
-def own_names(record: t.Mapping[str, t.Any]) -> set[str]:
-    """The names a process gives itself: comm, executable basename, argv[0] basename."""
-    return {name for name in (record.get("name"), record.get("exe"), record.get("argv0")) if name}
-
-
-INTERPRETERS = re.compile(r"^(?:python[0-9.]*|perl[0-9.]*|ruby[0-9.]*|node|nodejs|bash|sh|dash|java)$")
-SUBCOMMAND = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
-
-
-def process_names(record: t.Mapping[str, t.Any] | None) -> set[str]:
-    """The names a process goes by: comm, executable, argv[0] and, for an interpreter, the
-    script or module it runs (`python3 /usr/local/bin/jupyterhub`, `python3 -m jupyterhub`);
-    also "tool subcommand" for the script or binary and its first argument (`ray start`,
-    `dask worker`, `nomad agent`, `jupyter lab`)."""
-    if not record:
-        return set()
-    names = {record.get("name"), record.get("exe"), record.get("argv0")}
-    words = (record.get("cmdline") or "").split()
-    tool, rest = (words[0].rsplit("/", 1)[-1], words[1:]) if words else (None, [])
-    if tool and INTERPRETERS.match(tool):
-        while rest and rest[0].startswith("-") and rest[0] != "-m":
-            rest = rest[1:]
-        if len(rest) >= 2 and rest[0] == "-m":
-            names.update((rest[1], rest[1].split(".")[0]))
-            tool, rest = rest[1], rest[2:]
-        elif rest:
-            tool, rest = rest[0].rsplit("/", 1)[-1], rest[1:]
-            names.add(tool)
-        else:
-            tool = None
-    if tool and rest and SUBCOMMAND.match(rest[0]):
-        names.add(f"{tool} {rest[0]}")
-    return {name for name in names if name}
-
-
-def _first_match(names: t.Iterable[str], candidates: t.Collection[str], globs: t.Iterable[str] = (), cut: bool = True) -> str | None:
-    """The first of `names` among `candidates` (with `cut`, a name longer than comm also as its
-    15-character cut), else the first candidate that matches one of `globs`, else None."""
-    for name in names:
-        if name in candidates or (cut and len(name) > COMM_LENGTH and name[:COMM_LENGTH] in candidates):
-            return name
-    for pattern in globs:
-        for candidate in sorted(candidates):
-            if fnmatch.fnmatchcase(candidate, pattern):
-                return candidate
-    return None
-
-
-def vouched(record: t.Mapping[str, t.Any]) -> bool:
-    """Whether the kernel vouches for a process as a daemon of the node: its real uid is root or
-    a system account (/proc/PID/status), and it runs a root-owned executable in a system
-    directory, as /proc/PID/exe resolves it (see read_executable). Nothing a user can set
-    (comm, argv[0], a copied or bind-mounted interpreter, their own uid) passes."""
-    uid = record.get("uid")
-    path = record.get("exe_path")
-    if uid is None or uid > SYSTEM_UID_MAX or not path:
-        return False
-    return record.get("exe_owner") == 0 and bool(record.get("exe_verified")) and path.startswith(SYSTEM_DIRS)
-
-
-def identified(record: t.Mapping[str, t.Any] | None, main_pid_of: MainPidOf | None = None) -> bool:
-    """THE identity rule: a name a process goes by counts only when this holds. The kernel
-    vouches for it (`vouched`), or it is systemd's MainPID of the system unit it runs in
-    (`main_pid_of(unit)`, where given: systemd's word)."""
-    return bool(record) and (vouched(t.cast("t.Mapping[str, t.Any]", record)) or _unit_main(t.cast("t.Mapping[str, t.Any]", record), main_pid_of))
-
-
-class ProcessNames:
-    """A list of process names some rule is keyed on (protected daemons, launchers, MPS,
-    supervisors, ...). It answers one question, `of(record)`, and only through the identity rule
-    (`identified`): any user can name a process so. Every list of process names in module_utils is
-    one of these (tests/unit/plugins/module_utils/_act/test_identity.py fails on a bare one).
-
-    `scripts`: also match the script an interpreter runs and "tool subcommand" (process_names:
-    `python3 /usr/bin/supervisord`, `ray start`); otherwise executable, argv[0] and comm only.
-    `cut`: a name longer than comm matches its 15-character cut too (not for names that share
-    it: both MPS programs read `nvidia-cuda-mps`)."""
-
-    def __init__(self, *names: str, scripts: bool = False, cut: bool = True) -> None:
-        self._names = tuple(names)
-        self._scripts = scripts
-        self._cut = cut
-
-    def __repr__(self) -> str:
-        return f"ProcessNames{self._names!r}"
-
-    def __len__(self) -> int:
-        return len(self._names)
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        """The names, to print or document (never to match a process by: use `of`)."""
-        return self._names
-
-    def candidates(self, record: t.Mapping[str, t.Any]) -> set[str]:
-        return process_names(record) if self._scripts else own_names(record)
-
-    def of(self, record: t.Mapping[str, t.Any] | None, main_pid_of: MainPidOf | None = None, globs: t.Iterable[str] = (),
-           also: t.Collection[str] = ()) -> str | None:
-        """The name (of this list, or a candidate matching one of `globs`) a process goes by, when
-        the identity rule backs it; else None. `also`: names systemd gives the process's unit
-        (ExecStart=), added to the process's own once its identity holds."""
-        if not record or not identified(record, main_pid_of):
-            return None
-        return _first_match(self._names, self.candidates(record) | set(also), globs, self._cut)
-
-    def among(self, names: t.Collection[str], globs: t.Iterable[str] = ()) -> str | None:
-        """The name of this list among `names` that the caller already holds for vouched: a unit's
-        ExecStart= (systemd's, from a unit file only root writes) and its main process's names once
-        `identified` (_units.main_names). Never a process's own names: ask `of`."""
-        return _first_match(self._names, names, globs, self._cut)
-
-    def posed_by(self, record: t.Mapping[str, t.Any], main_pid_of: MainPidOf | None = None) -> str | None:
-        """The name a process takes from this list without the identity to back it (an impostor):
-        only to tell so in a warning, never to decide anything."""
-        if identified(record, main_pid_of):
-            return None
-        return _first_match(self._names, self.candidates(record), cut=self._cut)
-
-
-# Daemons a GPU node needs and a desktop lives on (docs/docsite/rst/guide_design.rst, "Never signalled"). Names are matched against the
-# executable's basename, argv[0]'s basename and the kernel's 15-character comm, and protect only
-# a process whose identity backs them (`vouched`): any user can name a process so.
-BUILTIN_PROTECTED_NAMES = ProcessNames(
-    "nvidia-persistenced",
-    "nv-hostengine",
-    "nvidia-fabricmanager",
-    "nv-fabricmanager",
-    "dcgm-exporter",
-    "Xorg",
-    "Xwayland",
-    "gnome-shell",
-    "kwin_wayland",
-    "sshd",
-    "systemd",
-)
-
-
-def impostor_note(record: t.Mapping[str, t.Any], name: str) -> str:
-    """What to tell about a process named like a protected daemon that is not one."""
-    uid = record.get("uid") if record.get("uid") is not None else "?"
-    exe = record.get("exe_path") or "an executable the kernel does not show"
-    return (f"pid {record['pid']:d} is named like {name} but is run by uid {uid} from {exe}: not protected, an ordinary holder "
-            "(the collection's security guide)")
-
-
-def protection_reason(record: dict[str, t.Any], names: t.Iterable[str], pids: t.Container[int], own_lineage: t.Container[int],
-                      main_pid_of: MainPidOf | None = None) -> str | None:
-    """Why a process must never be signalled, or None. Built-in rules first. A name (built-in or
-    from `protect`) protects only a process the identity rule backs (`identified`)."""
-    pid = record["pid"]
-    if pid == 1:
-        return "PID 1"
-    if pid in own_lineage:
-        return "this Ansible session"
-    if record.get("kernel_thread"):
-        return "kernel thread"
-    if pid in pids:
-        return "protect"
-    for names_, reason in ((BUILTIN_PROTECTED_NAMES, "protected daemon"), (ProcessNames(*names), "protect")):
-        if names_.of(record, main_pid_of):
-            return reason
-        posed = names_.posed_by(record, main_pid_of)
-        if posed:
-            record["protection_note"] = impostor_note(record, posed)
-            return None
-    return None
-
-
-def _unit_main(record: t.Mapping[str, t.Any], main_pid_of: MainPidOf | None) -> bool:
-    if main_pid_of is None or not record.get("system_service") or not record.get("unit"):
-        return False
-    try:
-        return main_pid_of(record["unit"]) == record["pid"]
-    except (OSError, ValueError):
-        return False
-
-
-def protect(holders: t.Iterable[Holder], protect_names: t.Iterable[str], protect_pids: t.Container[int], own_lineage: t.Container[int],
-            main_pid_of: MainPidOf | None = None) -> list[Holder]:
-    """Fill in protected, protected_reason and protection_note for each holder (returns new records)."""
-    result: list[Holder] = []
-    for holder in holders:
-        record: dict[str, t.Any] = dict(holder)
-        record["protection_note"] = None
-        reason = protection_reason(record, protect_names, protect_pids, own_lineage, main_pid_of)
-        record["protected"] = reason is not None
-        record["protected_reason"] = reason
-        result.append(t.cast("Holder", record))
-    return result

@@ -17,6 +17,7 @@ import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _cgroups
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders_mod
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _protect
 
 _JOB_CGROUP = re.compile(r"/job_(\d+)(?:/|$)")
 _STEPD_TITLE = re.compile(r"^slurmstepd: \[(\d+)(?:\.[A-Za-z0-9_]+)?\]")
@@ -59,7 +60,7 @@ def owning_job(pid: int, proc: str = "/proc", depth: int = 64) -> str | None:
         record = holders_mod.read_process(current, proc)
         if record is None or record["ppid"] in (0, current):
             return None
-        if record["name"] == "slurmstepd" and holders_mod.vouched(record):
+        if record["name"] == "slurmstepd" and _protect.vouched(record):
             return job_of_stepd_title(record.get("cmdline"))
         current = record["ppid"]
     return None

@@ -12,7 +12,7 @@ A process killed under one of these comes back, often elsewhere: Ray's GCS resta
 recreates a pod's containers (_act/_containers refuses pods already). Recognised from what the
 kernel and the runtime say, never from a name alone:
 - Ray: an ancestor of the holder is a raylet, `ray start` node or gcs_server that the identity
-  rule vouches for (_holders.ProcessNames: root or a system account running a root-owned system
+  rule vouches for (_protect.ProcessNames: root or a system account running a root-owned system
   executable, or a system unit's main process, as `ray start --block` is as a unit's ExecStart=).
   A user's own raylet (their venv, their uid) is theirs to run; its workers are ordinary holders,
   as any user process is. So is a raylet root started by hand from a pip install under
@@ -36,6 +36,7 @@ import re
 import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders_mod
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _protect
 
 if t.TYPE_CHECKING:
     from ansible_collections.zeromib.gpu.plugins.module_utils._types import ContainerRecord, Holder
@@ -46,7 +47,7 @@ if t.TYPE_CHECKING:
 RAY = "ray"
 SWARM = "swarm"
 # The processes of a Ray node that run every job's workers as their descendants.
-RAY_NODE = holders_mod.ProcessNames("raylet", "ray start", "gcs_server", scripts=True)
+RAY_NODE = _protect.ProcessNames("raylet", "ray start", "gcs_server", scripts=True)
 SWARM_SERVICE = "com.docker.swarm.service.name"
 SWARM_TASK = "com.docker.swarm.task.name"
 # torchrun / python -m torch.distributed.run / .launch, and its --nnodes (N, or MIN:MAX).

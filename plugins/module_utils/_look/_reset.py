@@ -44,15 +44,16 @@ import re
 import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _health
-from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders_mod
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _devices
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _protect
 
 if t.TYPE_CHECKING:
     from ansible_collections.zeromib.gpu.plugins.module_utils._types import Gpu, Holder
 
 # A daemon whose hold on a GPU's node is the persistence mode itself: `-pm 0` lets go of it.
-PERSISTENCED = holders_mod.ProcessNames("nvidia-persistenced")
+PERSISTENCED = _protect.ProcessNames("nvidia-persistenced")
 # Fabric Manager facilitates the reset of a GPU of an NVSwitch system (nvidia-smi(1)): never stopped for it.
-FABRIC_MANAGER = holders_mod.ProcessNames("nv-fabricmanager", "nvidia-fabricmanager")
+FABRIC_MANAGER = _protect.ProcessNames("nv-fabricmanager", "nvidia-fabricmanager")
 # A peer GPU reading more than this holds memory of someone (MIG's idle baseline is 50-59 MiB: gpu_release's BASELINE_MAX_MIB).
 IDLE_MIB = 64
 # GPUs before Ampere on NVSwitch baseboards (DGX-2/HGX-2: V100) reset only with all their NVLink peers.
@@ -167,7 +168,7 @@ def reset_scope(gpu: Gpu, node: Node) -> tuple[list[int], str | None]:
 
 
 def _holds_node(holder: Holder, minors: t.Collection[int]) -> bool:
-    return any(holders_mod.gpu_minor(device) in minors for device in holder.get("devices") or [])
+    return any(_devices.gpu_minor(device) in minors for device in holder.get("devices") or [])
 
 
 def _label(holder: Holder) -> str:

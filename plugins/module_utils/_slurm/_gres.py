@@ -39,7 +39,7 @@ import socket
 import stat
 import typing as t
 
-from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _devices
 from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import read_driver_gpus
 
 GRES_CONF = "gres.conf"
@@ -318,18 +318,18 @@ def node_name(environ: t.Mapping[str, str]) -> str:
     return (environ.get("SLURMD_NODENAME") or "").strip() or socket.gethostname().split(".")[0]
 
 
-def minor_reader(table: _holders.DeviceTable | None = None) -> t.Callable[[str], int | None]:
+def minor_reader(table: _devices.DeviceTable | None = None) -> t.Callable[[str], int | None]:
     """path -> the minor number of the GPU device node it is (following links), by the identity
-    rules of the /proc scan (_holders.DeviceTable: 195:minor, or the very inode of a root-owned
+    rules of the /proc scan (_devices.DeviceTable: 195:minor, or the very inode of a root-owned
     /dev/nvidia<minor>); None for anything else."""
-    known = table or _holders.DeviceTable.read()
+    known = table or _devices.DeviceTable.read()
 
     def minor_of(path: str) -> int | None:
         try:
             name = known.name_of(os.stat(path))
         except OSError:
             return None
-        return _holders.gpu_minor(name) if name else None
+        return _devices.gpu_minor(name) if name else None
 
     return minor_of
 

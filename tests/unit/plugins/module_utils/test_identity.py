@@ -3,7 +3,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 
 """No name decides alone (issue 31, docs/docsite/rst/guide_security.rst): every list of process names in module_utils
-is a _holders.ProcessNames, whose only question (`of`) asks the identity rule first.
+is a _protect.ProcessNames, whose only question (`of`) asks the identity rule first.
 
 The test enumerates module_utils itself, so a list added later fails it until it is classified:
 - a module-level tuple, list, set or frozenset of strings is either a ProcessNames or listed in
@@ -23,7 +23,7 @@ import pkgutil
 import pytest
 
 from ansible_collections.zeromib.gpu.plugins import module_utils
-from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _protect
 
 NOT_PROCESS_NAMES = {
     "_services.ORCHESTRATOR_PREFIXES": "services entry prefixes (swarm:, ray:)",
@@ -33,7 +33,7 @@ NOT_PROCESS_NAMES = {
     "_device_nodes.CONTROL": "device node paths (/dev/nvidiactl, the UVM nodes)",
     "_ready_settings.ACTIONS": "restore record actions (GPU settings)",
     "_options.READY_COMPUTE_MODES": "nvidia-smi compute mode values (ready_profile)",
-    "_holders.ANSWERING_FS": "file system types (mountinfo)",
+    "_mounts.ANSWERING_FS": "file system types (mountinfo)",
     "_jobcheck.MODES": "the Slurm hook modes (prolog, epilog)",
     "_jobcheck.NUMBERS": "config option names (numbers)",
     "_jobcheck.BOOLEANS": "config option names (true or false)",
@@ -58,13 +58,13 @@ NOT_PROCESS_NAMES = {
     "_health.CHECKS": "health check names",
     "_health._CHECKED_KEYS": "result keys",
     "_health.FAULT_TOKENS": "words of nvidia-smi's output",
-    "_health.TOOL_DIRS": "directories",
+    "_kernel_log.TOOL_DIRS": "directories",
     "_health.HEALTH_KEYS": "result keys",
     "_health.FABRIC_REGISTRATION_KEYS": "result keys (issue 30, on main)",
-    "_holders.DRIVER_ROOT_PREFIXES": "directories",
-    "_holders._FRONTEND_NAMES": "driver names in /proc/devices (the kernel's)",
-    "_holders.DEV_DIRS": "directories",
-    "_holders.SYSTEM_DIRS": "directories",
+    "_devices.DRIVER_ROOT_PREFIXES": "directories",
+    "_devices._FRONTEND_NAMES": "driver names in /proc/devices (the kernel's)",
+    "_devices.DEV_DIRS": "directories",
+    "_protect.SYSTEM_DIRS": "directories",
     "_mps.BIN_DIRS": "directories",
     "_nvidia_smi.OPTIONAL_FIELDS": "nvidia-smi query fields",
     "_record.KINDS": "record kinds",
@@ -92,11 +92,11 @@ NOT_PROCESS_NAMES = {
 # Where the names a process gives itself are read without the identity rule, and why that decides
 # nothing by a name: {(module, function): why}.
 RAW_NAME_READERS = {
-    ("_holders", "name_matches"): "the raw matcher itself",
-    ("_holders", "ProcessNames.of"): "after `identified`",
-    ("_holders", "ProcessNames.posed_by"): "only when `identified` fails: the impostor warning",
-    ("_holders", "ProcessNames.candidates"): "called by of / posed_by",
-    ("_holders", "ProcessNames.among"): "names its caller holds for vouched; its only caller is _units.launcher_name (checked here)",
+    ("_protect", "name_matches"): "the raw matcher itself",
+    ("_protect", "ProcessNames.of"): "after `identified`",
+    ("_protect", "ProcessNames.posed_by"): "only when `identified` fails: the impostor warning",
+    ("_protect", "ProcessNames.candidates"): "called by of / posed_by",
+    ("_protect", "ProcessNames.among"): "names its caller holds for vouched; its only caller is _units.launcher_name (checked here)",
     ("_units", "main_names"): "after `identified` (systemd's MainPID), and ExecStart= (systemd's)",
     ("_units", "exec_start_names"): "names in systemd's ExecStart=, no process's",
     ("_units", "launcher_name"): "ProcessNames.among over main_names",
@@ -127,20 +127,20 @@ def string_lists():
 def name_lists():
     for name, module in modules():
         for attr, value in vars(module).items():
-            if isinstance(value, _holders.ProcessNames):
+            if isinstance(value, _protect.ProcessNames):
                 yield f"{name}.{attr}", value
 
 
 def test_every_list_of_strings_is_classified():
     unclassified = [qualified for qualified, _value in string_lists() if qualified not in NOT_PROCESS_NAMES]
     assert not unclassified, (
-        f"{unclassified}: a list of process names must be a _holders.ProcessNames (the identity rule decides, not the name); "
+        f"{unclassified}: a list of process names must be a _protect.ProcessNames (the identity rule decides, not the name); "
         "any other list of strings goes into NOT_PROCESS_NAMES with what it lists")
 
 
 def test_the_known_name_lists_are_process_names():
     found = dict(name_lists())
-    for qualified in ("_holders.BUILTIN_PROTECTED_NAMES", "_units.LAUNCHER_NAMES", "_mps.CONTROL_NAMES", "_mps.SERVER_NAMES",
+    for qualified in ("_protect.BUILTIN_PROTECTED_NAMES", "_units.LAUNCHER_NAMES", "_mps.CONTROL_NAMES", "_mps.SERVER_NAMES",
                       "_supervisor.SUPERVISORD"):
         assert qualified in found, qualified
 
@@ -174,7 +174,7 @@ def _calls_outside_the_rule():
                 called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
                 if called in RAW_MATCHERS and not _allowed(name, scope):
                     found.append(f"{name}.{scope or '<module>'} calls {called}")
-            if isinstance(node, ast.Attribute) and node.attr == "_names" and name != "_holders":
+            if isinstance(node, ast.Attribute) and node.attr == "_names" and name != "_protect":
                 found.append(f"{name}.{scope or '<module>'} reads ProcessNames._names")
     return found
 

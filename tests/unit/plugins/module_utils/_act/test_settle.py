@@ -336,3 +336,34 @@ def test_naming_what_came_back_waits_no_longer_than_its_bound(proc):
     message = watch.settle(clock, lambda: [], seconds=5.0)
     assert "came back" in message and "in container 3492ce7770ce" in message
     assert abs(clock.t - _settle.NAME_SETTLE_S) < _settle.NAME_POLL_S + 1e-9
+
+
+# --- issue 66: the watch knows what ran before the signals by the /proc entries, not by a read of each
+
+
+def test_a_pid_used_again_since_the_signals_is_new_and_an_old_process_seen_under_a_new_entry_is_not(proc):
+    tick = os.sysconf("SC_CLK_TCK")
+    (proc / "uptime").write_text("2000.00 100.00\n")
+    process(proc, 250, 1, ("python3", "train.py"))                             # alive before (started at tick 1250)
+    process(proc, 300, 1, ("python3", "train.py"))
+    watch = _settle.Watch({}, str(proc), {}, minors={0}, killed=[holder(300, 1)])
+    assert watch.since == 2000 * tick
+    fakeproc.remove_process(proc, 300)
+    # 250's entry made again (the kernel's cache dropped it): the same process, started before the watch.
+    os.rename(proc / "250", proc / "250.old")
+    process(proc, 250, 1, ("python3", "train.py"))
+    assert watch.restarted_outside() == []
+    # PID 300 used again by a process started since the watch began, running the killed command line.
+    fakeproc.write_process(proc, 300, ppid=1, start_time=2000 * tick + 5, argv=("python3", "train.py"))
+    assert [(k, record["pid"]) for k, record in watch.restarted_outside()] == [(300, 300)]
+
+
+def test_the_walk_reads_only_the_ancestors_of_the_holders(proc):
+    process(proc, 100, 1, ("-bash",), comm="bash")
+    process(proc, 200, 100, ("sh", "-c", "while true; do python3 train.py; done"), session=100)
+    process(proc, 300, 200, ("python3", "train.py"), session=100)
+    process(proc, 400, 1, ("sleep", "infinity"))
+    table = _settle.ancestors_table([holder(300, 200)], str(proc))
+    assert sorted(table) == [100, 200]
+    assert table == {pid: row for pid, row in _settle.read_table(str(proc)).items() if pid in (100, 200)}
+    assert _settle.restarters([holder(300, 200)], (), str(proc), table=table) == _settle.restarters([holder(300, 200)], (), str(proc))

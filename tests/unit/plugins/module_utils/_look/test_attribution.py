@@ -15,6 +15,8 @@ import pytest
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _attribution as attribution
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _facts as facts
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _devices
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _protect
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _release as release
 from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils import fakeproc
 
@@ -117,7 +119,7 @@ def test_every_cuda_process_maps_its_context_gpu_above_and_the_others_below_the_
     context, other = [], []
     for (case, name), gpu in CONTEXT_GPU.items():
         for path, kib in READINGS[case][name]["map_kib"].items():
-            minor = holders.gpu_minor(path)
+            minor = _devices.gpu_minor(path)
             if minor is not None:
                 (context if minor == gpu else other).append(kib)
     assert len(context) == 6 and len(other) == 4
@@ -129,35 +131,35 @@ def test_every_cuda_process_maps_its_context_gpu_above_and_the_others_below_the_
 def test_freeing_one_gpu_signals_only_the_process_on_it(tmp_path, selected, freed):
     """The incident: gpus ["1"] with a trainer on GPU 0 killed the GPU-0 trainer."""
     placed = replay(tmp_path, "two_holders")
-    protected = holders.protect(list(placed.values()), [], set(), [])
+    protected = _protect.protect(list(placed.values()), [], set(), [])
     targets, _protected = release.plan_targets(protected, selected, [])
     assert sorted(h["cmdline"].split()[1][:-3] for h in targets) == freed
 
 
 def test_cuda_visible_devices_process_is_left_alone_when_the_other_gpu_is_freed(tmp_path):
     placed = replay(tmp_path, "cvd0_holder")
-    targets, _protected = release.plan_targets(holders.protect(list(placed.values()), [], set(), []), [1], [])
+    targets, _protected = release.plan_targets(_protect.protect(list(placed.values()), [], set(), []), [1], [])
     assert targets == []
 
 
 @pytest.mark.parametrize("selected, signalled", [([1], True), ([0], False)])
 def test_orphan_is_freed_with_its_gpu_and_left_alone_otherwise(tmp_path, selected, signalled):
     placed = replay(tmp_path, "orphan_child_gpu1", ["child_after"])
-    targets, _protected = release.plan_targets(holders.protect(list(placed.values()), [], set(), []), selected, [])
+    targets, _protected = release.plan_targets(_protect.protect(list(placed.values()), [], set(), []), selected, [])
     assert bool(targets) is signalled
 
 
 @pytest.mark.parametrize("selected", [[0], [1], [0, 1]])
 def test_nvml_monitors_are_never_signalled_and_never_dirty(tmp_path, selected):
     placed = replay(tmp_path, "monitors")
-    monitors = holders.protect(list(placed.values()), [], set(), [])
+    monitors = _protect.protect(list(placed.values()), [], set(), [])
     assert release.plan_targets(monitors, selected, [])[0] == []
     assert facts.dirty_holders(monitors) == []
 
 
 def test_monitor_named_by_match_is_signalled(tmp_path):
     placed = replay(tmp_path, "monitors")
-    targets, _protected = release.plan_targets(holders.protect(list(placed.values()), [], set(), []), [0], [re.compile("dmon")])
+    targets, _protected = release.plan_targets(_protect.protect(list(placed.values()), [], set(), []), [0], [re.compile("dmon")])
     assert [h["pid"] for h in targets] == [UNLISTED_PIDS["dmon"]]
 
 

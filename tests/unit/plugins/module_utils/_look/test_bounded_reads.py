@@ -20,6 +20,8 @@ import pytest
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _attribution, _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _bounded_reads
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _devices
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _mounts
 
 
 @pytest.fixture
@@ -190,7 +192,7 @@ MOUNTINFO = b"""22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
 
 
 def test_a_stat_may_wait_only_on_a_file_system_that_ignores_the_cache_flag(monkeypatch):
-    table = holders.MountTable(MOUNTINFO)
+    table = _mounts.MountTable(MOUNTINFO)
     assert table.fstype("/lustre/scratch/x") == "lustre" and table.fstype("/lustre/home/al ice/fuse/f") == "fuse.sshfs"
     assert table.fstype("/lustreish") == "ext4" and table.fstype("/dev/nvidia0") == "devtmpfs"
     assert [table.answers(p) for p in ("/etc/passwd", "/dev/nvidia0", "/mnt/nfs/a", "/lustre/home/al ice/fuse/f", "/tmp/x (deleted)")] == [True] * 5
@@ -199,8 +201,8 @@ def test_a_stat_may_wait_only_on_a_file_system_that_ignores_the_cache_flag(monke
         table.check("/lustre/scratch/x")
     monkeypatch.setattr(_bounded_reads, "_ISOLATED", [True])
     table.check("/lustre/scratch/x")
-    assert holders.MountTable(MOUNTINFO.replace(b"lustre 10", b"nfs 10")).all_answer
-    assert not holders.MountTable(b"").all_answer and not holders.MountTable(b"").answers("/")
+    assert _mounts.MountTable(MOUNTINFO.replace(b"lustre 10", b"nfs 10")).all_answer
+    assert not _mounts.MountTable(b"").all_answer and not _mounts.MountTable(b"").answers("/")
 
 
 def zombie_leader():
@@ -222,7 +224,7 @@ def test_a_zombie_leader_with_a_live_thread_is_read_through_that_thread():
     proc = zombie_leader()
     try:
         null = os.stat(os.devnull)
-        table = holders.DeviceTable(by_inode={(null.st_dev, null.st_ino): "/dev/nvidia0"})
+        table = _devices.DeviceTable(by_inode={(null.st_dev, null.st_ino): "/dev/nvidia0"})
         tid = holders.live_thread(proc.pid)
         assert tid and tid != proc.pid and holders.process_dir(proc.pid) == f"/proc/{proc.pid}/task/{tid}"
         assert os.listdir(f"/proc/{proc.pid}/fd") == [] and holders.open_devices(proc.pid, "/proc", table) == {"/dev/nvidia0"}

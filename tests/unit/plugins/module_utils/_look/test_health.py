@@ -10,6 +10,7 @@ import os
 import pytest
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _health as health
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _kernel_log as kernel_log_mod
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _nvidia_smi as smi
 
 FIXTURES = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, os.pardir, os.pardir, "fixtures", "nvidia-smi")
@@ -100,28 +101,28 @@ XID_LINES = [
 
 
 def test_xid_lines_map_to_gpus_by_bus_id():
-    found = health.parse_xids(XID_LINES)
+    found = kernel_log_mod.parse_xids(XID_LINES)
     assert sorted(found) == ["0000:18:00", "0000:2a:00"]
     assert [x["xid"] for x in found["0000:18:00"]] == [79]
     assert [x["xid"] for x in found["0000:2a:00"]] == [13, 94]
     gpu = {"pci_bus_id": "00000000:2A:00.0"}
-    assert [x["xid"] for x in health.xids_of(gpu, found)] == [13, 94]
+    assert [x["xid"] for x in kernel_log_mod.xids_of(gpu, found)] == [13, 94]
 
 
 def test_dmesg_xids_older_than_the_window_are_dropped():
-    found = health.parse_xids(XID_LINES[1:2], uptime_s=4321.0 + 7200, window_s=3600)
+    found = kernel_log_mod.parse_xids(XID_LINES[1:2], uptime_s=4321.0 + 7200, window_s=3600)
     assert found == {}
-    found = health.parse_xids(XID_LINES[1:2], uptime_s=4321.0 + 60, window_s=3600)
+    found = kernel_log_mod.parse_xids(XID_LINES[1:2], uptime_s=4321.0 + 60, window_s=3600)
     assert found["0000:2a:00"][0]["time"] == "60 s ago"
 
 
 def test_xid_judged_by_nvidias_catalog_restart_app_is_not_a_fault():
-    found = health.parse_xids(XID_LINES)
+    found = kernel_log_mod.parse_xids(XID_LINES)
     gpu = _row(**{"pci.bus_id": "00000000:2A:00.0"})
     # 13 (graphics engine exception) and 94 (contained ECC error): RESTART_APP in the catalog.
-    assert health.gpu_issues(gpu, health.Checks(), health.xids_of(gpu, found)) == []
+    assert health.gpu_issues(gpu, health.Checks(), kernel_log_mod.xids_of(gpu, found)) == []
     gpu = _row(**{"pci.bus_id": "00000000:18:00.0"})
-    assert health.gpu_issues(gpu, health.Checks(), health.xids_of(gpu, found)) == [
+    assert health.gpu_issues(gpu, health.Checks(), kernel_log_mod.xids_of(gpu, found)) == [
         "Xid 79 (GPU has fallen off the bus) in the kernel log at 2026-11-29T09:08:01+0000; NVIDIA's Xid catalog: RESTART_BM "
         "(reboot the node)"]
 
@@ -147,7 +148,7 @@ def test_xid_fault_set_from_the_catalog_and_the_overrides(xid, checks, fault):
 
 
 def test_xid_fault_set_is_derived_from_the_immediate_action():
-    for number, (action, _text) in health.XID_CATALOG.items():
+    for number, (action, _text) in kernel_log_mod.XID_CATALOG.items():
         if number not in health.NOT_FAULT_XIDS and action != "XID_154":
             assert health.Checks().xid_fault(number) is (action not in ("RESTART_APP", "IGNORE")), number
 
@@ -164,17 +165,17 @@ def test_xid_older_than_the_driver_load_is_history():
         "[  200.000000] NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (dvs-builder@U22)",
         "[  300.000000] NVRM: Xid (PCI:0000:18:00): 13, pid=1, name=python3, Graphics Exception",
     ]
-    after, before, loaded = health.split_at_driver_load(lines)
+    after, before, loaded = kernel_log_mod.split_at_driver_load(lines)
     assert after == lines[2:] and before == lines[:1] and "580.159.04" in loaded
-    assert health.split_at_driver_load(lines[2:]) == (lines[2:], [], None)
+    assert kernel_log_mod.split_at_driver_load(lines[2:]) == (lines[2:], [], None)
     # The proprietary module's banner (public dmesg reports); a line without the reader's prefix starts no message.
-    assert "580.105.08" in health.split_at_driver_load(["[    6.060263] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  580.105.08"])[2]
-    assert health.split_at_driver_load(["NVRM: loading NVIDIA UNIX x86_64 Kernel Module  580.105.08"]) == ([], [], None)
+    assert "580.105.08" in kernel_log_mod.split_at_driver_load(["[    6.060263] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  580.105.08"])[2]
+    assert kernel_log_mod.split_at_driver_load(["NVRM: loading NVIDIA UNIX x86_64 Kernel Module  580.105.08"]) == ([], [], None)
 
 
 @pytest.mark.parametrize("seconds,text", [(60, "60 s ago"), (7200, "2 h ago"), (600, "10 min ago"), (3 * 86400, "3 days ago")])
 def test_xid_age_reads_in_words(seconds, text):
-    assert health.human_age(seconds) == text
+    assert kernel_log_mod.human_age(seconds) == text
 
 
 def test_real_h200_recovery_action_and_fabric_read_healthy_and_checked():
@@ -372,7 +373,7 @@ def _kernel_log(tmp_path, journalctl, dmesg):
         if body is not None:
             (tmp_path / name).write_text("#!/bin/sh\n" + body)
             os.chmod(str(tmp_path / name), 0o755)
-    log = health.KernelLog(1e6, search_path=str(tmp_path))
+    log = kernel_log_mod.KernelLog(1e6, search_path=str(tmp_path))
     log._which = lambda name: str(tmp_path / name) if (tmp_path / name).exists() else None
     log.start()
     return log
@@ -410,7 +411,7 @@ def test_kernel_log_falls_back_to_dmesg_and_reads_xids(tmp_path):
     (tmp_path / "dmesg").write_text("#!/bin/sh\necho '[    5.000000] NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=x, GPU has fallen off the bus.'\n")
     for name in ("journalctl", "dmesg"):
         os.chmod(str(tmp_path / name), 0o755)
-    log = health.KernelLog(1e6, search_path=str(tmp_path))
+    log = kernel_log_mod.KernelLog(1e6, search_path=str(tmp_path))
     log._which = lambda name: str(tmp_path / name)
     log.start()
     found, _history = log.xids()
@@ -418,7 +419,7 @@ def test_kernel_log_falls_back_to_dmesg_and_reads_xids(tmp_path):
 
 
 def test_unreadable_kernel_log_is_reported_not_healthy_by_default(tmp_path):
-    log = health.KernelLog(24)
+    log = kernel_log_mod.KernelLog(24)
     log._which = lambda name: None
     log.start()
     assert log.xids() == ({}, {}) and log.error == "neither journalctl nor dmesg found"

@@ -16,6 +16,7 @@ import time
 import pytest
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _health as health
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _kernel_log
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _kernel_log_state as log_state
 
 CAPTURE = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, os.pardir, os.pardir, "fixtures", "kernel-log", "segfault-linux-6.18")
@@ -46,21 +47,21 @@ def test_the_capture_holds_the_forged_text_the_old_search_believed():
     # The search anywhere in a line (the code before issue 54) found both forgeries in every form.
     for form in FORMS:
         lines = captured(form)
-        assert any(health._XID.search(line) and health._XID.search(line).group("xid") == "79" for line in lines), form
-        assert any(health._DRIVER_LOAD.search(line) for line in lines), form
+        assert any(_kernel_log._XID.search(line) and _kernel_log._XID.search(line).group("xid") == "79" for line in lines), form
+        assert any(_kernel_log._DRIVER_LOAD.search(line) for line in lines), form
 
 
 @pytest.mark.parametrize("form", list(FORMS))
 def test_a_users_crash_is_neither_an_xid_nor_a_driver_load(form):
     lines = captured(form)
-    assert health.parse_xids(lines) == {}
-    assert health.split_at_driver_load(lines) == ([], [], None)
-    assert health.driver_events(lines) == []
+    assert _kernel_log.parse_xids(lines) == {}
+    assert _kernel_log.split_at_driver_load(lines) == ([], [], None)
+    assert _kernel_log.driver_events(lines) == []
 
 
 @pytest.mark.parametrize("form", list(FORMS))
 def test_a_forged_xid_beside_a_healthy_gpu_leaves_it_healthy(form):
-    found = health.parse_xids(captured(form))
+    found = _kernel_log.parse_xids(captured(form))
     gpu = health.Health(health.Checks(), found).annotate([gpu_on("00000000:18:00.0")])[0]
     assert (gpu["healthy"], gpu["health_issues"], gpu["health"]["xids"]) == (True, [], [])
 
@@ -68,9 +69,9 @@ def test_a_forged_xid_beside_a_healthy_gpu_leaves_it_healthy(form):
 @pytest.mark.parametrize("form", list(FORMS))
 def test_a_forged_driver_load_after_a_real_xid_hides_nothing(form):
     lines = [REAL_XID[form]] + captured(form)
-    after, before, loaded = health.split_at_driver_load(lines)
+    after, before, loaded = _kernel_log.split_at_driver_load(lines)
     assert (after, before, loaded) == ([REAL_XID[form]], [], None)
-    found = health.parse_xids(after)
+    found = _kernel_log.parse_xids(after)
     gpu = health.Health(health.Checks(), found).annotate([gpu_on("00000000:18:00.0")])[0]
     assert gpu["healthy"] is False and [x["xid"] for x in gpu["health"]["xids"]] == [79]
     assert gpu["health_issues"][0].startswith("Xid 79 (GPU has fallen off the bus) in the kernel log"), gpu["health_issues"]
@@ -121,8 +122,8 @@ REAL_LINES = [
 
 @pytest.mark.parametrize("lines,xids,version", [row[1:] for row in REAL_LINES], ids=[row[0] for row in REAL_LINES])
 def test_the_drivers_own_lines_still_read(lines, xids, version):
-    after, _before, loaded = health.split_at_driver_load(lines)
-    found = health.parse_xids(after)
+    after, _before, loaded = _kernel_log.split_at_driver_load(lines)
+    found = _kernel_log.parse_xids(after)
     assert dict((bus, [x["xid"] for x in seen]) for bus, seen in found.items()) == xids
     assert (version in loaded) if version else loaded is None, loaded
 
@@ -173,15 +174,15 @@ NOT_THE_DRIVERS = [
 
 @pytest.mark.parametrize("lines", [row[1] for row in NOT_THE_DRIVERS], ids=[row[0] for row in NOT_THE_DRIVERS])
 def test_what_a_user_can_make_the_kernel_print_is_not_the_drivers(lines):
-    assert log_state.driver_messages(lines) == [] and health.parse_xids(lines) == {}
+    assert log_state.driver_messages(lines) == [] and _kernel_log.parse_xids(lines) == {}
 
 
 def test_the_log_is_split_at_line_feeds_only():
     text = "\n".join(captured("journalctl")) + "\n"
-    forged = [line for line in text.splitlines() if log_state.kernel_message(line) and health._XID.match(log_state.kernel_message(line).message)]
+    forged = [line for line in text.splitlines() if log_state.kernel_message(line) and _kernel_log._XID.match(log_state.kernel_message(line).message)]
     # str.splitlines() breaks the U+2028 crash's line where the user wrote a whole journal line.
     assert forged and forged[0].startswith("2026-12-05T11:23:04+0000 vm kernel: NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.")
-    assert log_state.log_lines(text) == captured("journalctl") and health.parse_xids(log_state.log_lines(text)) == {}
+    assert log_state.log_lines(text) == captured("journalctl") and _kernel_log.parse_xids(log_state.log_lines(text)) == {}
     assert log_state.log_lines("a\u2028b\x85c\rd\n\ne\n") == ["a\u2028b\x85c\rd", "", "e"]
 
 
@@ -195,7 +196,7 @@ def _reader(tmp_path, name, text):
 
 
 def _read(tmp_path, state_path=None):
-    log = health.KernelLog(24.0, search_path=str(tmp_path), state_path=state_path)
+    log = _kernel_log.KernelLog(24.0, search_path=str(tmp_path), state_path=state_path)
     log._which = lambda name: str(tmp_path / name) if (tmp_path / name).exists() else None
     log.start()
     return log, log.xids()
@@ -240,10 +241,9 @@ def test_a_forged_line_an_earlier_version_kept_is_judged_again(tmp_path):
 def test_a_large_kernel_log_is_read_as_it_streams_keeping_only_what_the_driver_checks_need():
     """Issue 66: a 100 MB kernel log was read whole and cost root 300 MiB. Now only the driver's
     lines (each with the dmesg lines before it) and the cursor are kept, the newest within the bound."""
-    from ansible_collections.zeromib.gpu.plugins.module_utils._look import _health
     noise = b"".join(b"[ 12.%06d] usb 1-1: device descriptor read/64, error -71\n" % n for n in range(20000))
     xid = b"[ 13.000000] NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
-    lines = _health.DriverLines(max_bytes=1 << 20)
+    lines = _kernel_log.DriverLines(max_bytes=1 << 20)
     for _round in range(50):
         for start in range(0, len(noise), 65536):
             lines.feed(noise[start:start + 65536])
@@ -252,8 +252,8 @@ def test_a_large_kernel_log_is_read_as_it_streams_keeping_only_what_the_driver_c
     text = lines.text()
     assert lines.any_line and len(text) < 4096, len(text)
     assert text.splitlines()[-1] == xid.decode().strip() and text.splitlines()[-2].startswith("[ 12.019999] usb")
-    small = _health.DriverLines(max_bytes=300)
+    small = _kernel_log.DriverLines(max_bytes=300)
     for _n in range(10):
         small.feed(xid)
     assert small.text().count("NVRM") == 2
-    assert not _health.DriverLines(100).any_line
+    assert not _kernel_log.DriverLines(100).any_line

@@ -16,6 +16,8 @@ import sys
 import pytest
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _devices
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _protect
 from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils import fakeproc
 
 ID64 = "4f3c2b1a" * 8
@@ -197,12 +199,12 @@ def _record(pid=500, ppid=1, name="python3", exe="python3.12", argv0="python3", 
     ],
 )
 def test_name_matches(record, names, expected):
-    assert holders.name_matches(record, names) is expected
+    assert _protect.name_matches(record, names) is expected
 
 
 def test_comm_truncated_to_15_chars_still_protects_persistenced():
     record = _record(pid=812, name="nvidia-persiste", exe=None, argv0=None)
-    assert holders.protection_reason(record, [], set(), [4242]) == "protected daemon"
+    assert _protect.protection_reason(record, [], set(), [4242]) == "protected daemon"
 
 
 @pytest.mark.parametrize(
@@ -239,7 +241,7 @@ def test_comm_truncated_to_15_chars_still_protects_persistenced():
     ],
 )
 def test_protection_reason(record, names, pids, expected):
-    assert holders.protection_reason(record, names, pids, [4242, 4000, 1]) == expected
+    assert _protect.protection_reason(record, names, pids, [4242, 4000, 1]) == expected
 
 
 @pytest.mark.parametrize(
@@ -257,21 +259,21 @@ def test_protection_reason(record, names, pids, expected):
          "protect-name-run-by-a-user", "executable-unreadable"],
 )
 def test_a_name_alone_protects_nobody_and_says_so(record, names):
-    assert holders.protection_reason(record, names, set(), [1]) is None
+    assert _protect.protection_reason(record, names, set(), [1]) is None
     assert "not protected" in record["protection_note"] and "uid {}".format(record["uid"]) in record["protection_note"]
 
 
 def test_system_account_running_a_system_daemon_is_protected():
     record = _record(pid=960, name="nvidia-persiste", exe="nvidia-persistenced", argv0="nvidia-persistenced", uid=116)
-    assert holders.protection_reason(record, [], set(), [1]) == "protected daemon"
+    assert _protect.protection_reason(record, [], set(), [1]) == "protected daemon"
 
 
 def test_impostor_in_a_system_unit_is_protected_only_as_its_main_process():
     record = dict(_record(pid=961, name="Xorg", exe="Xorg", uid=4242, exe_path="/home/u/Xorg", exe_owner=4242), unit="display.service",
                   system_service=True)
-    assert holders.protection_reason(dict(record), [], set(), [1], main_pid_of=lambda unit: 961) == "protected daemon"
-    assert holders.protection_reason(dict(record), [], set(), [1], main_pid_of=lambda unit: 7) is None
-    assert holders.protection_reason(dict(record, system_service=False), [], set(), [1], main_pid_of=lambda unit: 961) is None
+    assert _protect.protection_reason(dict(record), [], set(), [1], main_pid_of=lambda unit: 961) == "protected daemon"
+    assert _protect.protection_reason(dict(record), [], set(), [1], main_pid_of=lambda unit: 7) is None
+    assert _protect.protection_reason(dict(record, system_service=False), [], set(), [1], main_pid_of=lambda unit: 961) is None
 
 
 def test_executable_identity_is_read_from_the_kernels_link(tmp_path):
@@ -281,8 +283,8 @@ def test_executable_identity_is_read_from_the_kernels_link(tmp_path):
 
 
 def test_split_protect_tells_pids_from_names():
-    assert holders.split_protect(["nvidia-persistenced", "812", " 9 ", "", 42, "my app"]) == (["nvidia-persistenced", "my app"], {812, 9, 42})
-    assert holders.split_protect(None) == ([], set())
+    assert _protect.split_protect(["nvidia-persistenced", "812", " 9 ", "", 42, "my app"]) == (["nvidia-persistenced", "my app"], {812, 9, 42})
+    assert _protect.split_protect(None) == ([], set())
 
 
 def test_protect_marks_daemons_and_never_changes_its_input():
@@ -291,7 +293,7 @@ def test_protect_marks_daemons_and_never_changes_its_input():
         dict(_record(pid=812, name="nvidia-persiste", exe=None, argv0=None), devices=["/dev/nvidia0", "/dev/nvidia1"], gpu_indexes=[], protected=False),
         dict(_record(pid=4242), devices=["/dev/nvidia0"], gpu_indexes=[], protected=False),
     ]
-    result = holders.protect(raw, [], set(), [4242])
+    result = _protect.protect(raw, [], set(), [4242])
     assert [(h["pid"], h["protected"], h["protected_reason"]) for h in result] == [
         (500, False, None),
         (812, True, "protected daemon"),
@@ -313,7 +315,7 @@ def test_protect_marks_daemons_and_never_changes_its_input():
     ids=repr,
 )
 def test_gpu_minor(device, minor):
-    assert holders.gpu_minor(device) == minor
+    assert _devices.gpu_minor(device) == minor
 
 
 def test_parse_cmdline_keeps_arguments_with_spaces():
@@ -380,7 +382,7 @@ def test_scan_finds_fd_and_maps_holders_and_skips_zombies_and_vanished(proc):
 def test_kernel_thread_is_told_by_its_flags_not_its_pid(proc):
     fakeproc.write_process(proc, 108, comm="nvidia-modeset/", ppid=2, exe=None, argv=(), fds=("/dev/nvidia0",), kernel_thread=True)
     fakeproc.write_process(proc, 109, comm="python3", ppid=2, fds=("/dev/nvidia0",))  # PID 2's child in a container
-    found = {h["pid"]: h for h in holders.protect(holders.scan_holders(str(proc)), [], set(), [4242])}
+    found = {h["pid"]: h for h in _protect.protect(holders.scan_holders(str(proc)), [], set(), [4242])}
     assert (found[108]["protected"], found[108]["protected_reason"]) == (True, "kernel thread")
     assert (found[109]["protected"], found[109]["protected_reason"]) == (False, None)
 
@@ -457,12 +459,12 @@ def test_maps_scan_finds_device_mappings():
         "7f1a30000000-7f1a30001000 rw-s 00000000 00:05 1113 /dev/nvidia-uvm (deleted)\n"
         "7f1a32000000-7f1a32100000 r-xp 00000000 08:01 5524 /usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04\n"
     )
-    assert set(holders.mapped_devices(maps.encode())) == {"/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia-uvm"}
+    assert set(_devices.mapped_devices(maps.encode())) == {"/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia-uvm"}
 
 
 def test_library_under_a_dev_nvidia_named_directory_is_not_a_device():
     maps = "7f1a32000000-7f1a32100000 r-xp 00000000 08:01 5524 /home/alice/dev/nvidia-apex/build/amp_C.so\n"
-    assert holders.mapped_devices(maps.encode()) == {}
+    assert _devices.mapped_devices(maps.encode()) == {}
 
 
 def test_processes_we_may_not_read_are_counted_so_a_non_root_run_can_say_so(monkeypatch, tmp_path):
@@ -503,7 +505,7 @@ def test_processes_we_may_not_read_are_counted_so_a_non_root_run_can_say_so(monk
     ids=repr,
 )
 def test_device_path_knows_every_spelling_of_a_device_file(target, device):
-    assert holders.device_path(target) == device
+    assert _devices.device_path(target) == device
 
 
 def test_mapped_devices_counts_mappings_and_kib_per_device():
@@ -514,7 +516,7 @@ def test_mapped_devices_counts_mappings_and_kib_per_device():
         b"7f0000500000-7f0000501000 r--p 00000000 08:01 13 /opt/x/dev/nvidia-apex/lib.so\n"
         b"7ffd4a1c2000-7ffd4a1e3000 rw-p 00000000 00:00 0 [stack]\n"
     )
-    assert holders.mapped_devices(maps) == {"/dev/nvidia0": [2, 2176], "/dev/nvidia1": [1, 64]}
+    assert _devices.mapped_devices(maps) == {"/dev/nvidia0": [2, 2176], "/dev/nvidia1": [1, 64]}
 
 
 def test_operator_and_deleted_spellings_are_found_by_the_scan(proc):
@@ -559,7 +561,7 @@ Block devices:
 
 
 def test_proc_devices_gives_the_drivers_majors():
-    majors = holders.parse_proc_devices(PROC_DEVICES)
+    majors = _devices.parse_proc_devices(PROC_DEVICES)
     assert (majors["nvidia-frontend"], majors["nvidia-uvm"], majors["nvidia-caps"]) == (195, 234, 237) and "loop" not in majors
 
 
@@ -584,7 +586,7 @@ class _Stat:
 def test_device_number_names_the_device_whatever_its_path(tmp_path, rdev, name):
     devices = tmp_path / "devices"
     devices.write_text(PROC_DEVICES)
-    table = holders.DeviceTable.read(dev_dirs=(), proc_devices=str(devices))
+    table = _devices.DeviceTable.read(dev_dirs=(), proc_devices=str(devices))
     assert table.name_of(_Stat(rdev)) == name
     assert table.name_of(_Stat(rdev, mode=0o100644)) is None  # a regular file is no device, whatever it is called
 
@@ -598,7 +600,7 @@ def test_table_knows_only_root_owned_character_nodes(tmp_path):
     os.mknod(str(dev / "nvidia1"), 0o666 | 0o020000, os.makedev(1, 5))
     os.chown(str(dev / "nvidia1"), 4242, 4242)  # only root makes nodes; this one is a user's (a test stand-in)
     (dev / "nvidiactl").write_text("")  # a regular file named like the control node
-    table = holders.DeviceTable.read(dev_dirs=(str(dev),), proc_devices=str(tmp_path / "none"))
+    table = _devices.DeviceTable.read(dev_dirs=(str(dev),), proc_devices=str(tmp_path / "none"))
     assert sorted(table.by_inode.values()) == ["/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia0"]
     assert table.name_of(os.stat(str(dev / "nvidia0"))) == "/dev/nvidia0"
     assert table.name_of(os.stat(str(dev / "nvidia1"))) is None
@@ -608,11 +610,11 @@ def test_open_file_is_known_by_its_inode_not_its_path():
     """This very process opens /dev/null; a table that knows /dev/null's inode as /dev/nvidia0 finds
     it through /proc/self/fd, although no path says nvidia (a bind mount elsewhere reads the same)."""
     st = os.stat("/dev/null")
-    table = holders.DeviceTable(by_inode={(st.st_dev, st.st_ino): "/dev/nvidia0"})
+    table = _devices.DeviceTable(by_inode={(st.st_dev, st.st_ino): "/dev/nvidia0"})
     fd = os.open("/dev/null", os.O_RDONLY)
     try:
         assert "/dev/nvidia0" in holders.open_devices(os.getpid(), "/proc", table)
-        assert "/dev/nvidia0" not in holders.open_devices(os.getpid(), "/proc", holders.DeviceTable())
+        assert "/dev/nvidia0" not in holders.open_devices(os.getpid(), "/proc", _devices.DeviceTable())
     finally:
         os.close(fd)
 
@@ -622,7 +624,7 @@ def test_mapping_is_known_by_its_inode_through_map_files():
     import mmap
 
     st = os.stat("/dev/zero")
-    table = holders.DeviceTable(by_inode={(st.st_dev, st.st_ino): "/dev/nvidia3"})
+    table = _devices.DeviceTable(by_inode={(st.st_dev, st.st_ino): "/dev/nvidia3"})
     with open("/dev/zero", "rb") as handle:
         mapping = mmap.mmap(handle.fileno(), 8 * 4096, mmap.MAP_SHARED, mmap.PROT_READ)
     try:
@@ -634,11 +636,11 @@ def test_mapping_is_known_by_its_inode_through_map_files():
 
 def test_maps_line_spelled_like_a_device_counts_only_where_map_files_cannot_say(tmp_path):
     line = b"7f0000000000-7f0000220000 r--s 00000000 00:05 1234 /dev/nvidia0\n"
-    assert holders.mapped_by_identity(line, holders.DeviceTable()) == {"/dev/nvidia0": [1, 2176]}
+    assert _devices.mapped_by_identity(line, _devices.DeviceTable()) == {"/dev/nvidia0": [1, 2176]}
     # map_files answers: the mapped file is a regular file (a user's, mounted at /dev/nvidia0 in a
     # namespace of their own): the spelling decides nothing.
     (tmp_path / "7f0000000000-7f0000220000").write_text("")
-    assert holders.mapped_by_identity(line, holders.DeviceTable(), map_files=str(tmp_path).encode()) == {}
+    assert _devices.mapped_by_identity(line, _devices.DeviceTable(), map_files=str(tmp_path).encode()) == {}
 
 
 # ------------------------------------------------------------------ which GPUs this namespace reaches (issue 37)
@@ -647,7 +649,7 @@ def test_maps_line_spelled_like_a_device_counts_only_where_map_files_cannot_say(
 def _null_as(name):
     """A table that knows /dev/null's inode as the simulator's node `name` (a root-owned char node)."""
     st = os.stat("/dev/null")
-    return holders.DeviceTable(by_inode={(st.st_dev, st.st_ino): name})
+    return _devices.DeviceTable(by_inode={(st.st_dev, st.st_ino): name})
 
 
 def _dev(tmp_path, **nodes):
@@ -664,15 +666,15 @@ def _dev(tmp_path, **nodes):
 
 def test_gpu_node_the_drivers_device_that_opens_is_reachable(tmp_path):
     dirs = _dev(tmp_path, nvidia4="/dev/null")
-    assert holders.gpu_node_reachable(4, _null_as("/dev/nvidia4"), dirs)
-    assert not holders.gpu_node_reachable(5, _null_as("/dev/nvidia4"), dirs)  # no /dev/nvidia5 here: a container given GPU 4
-    assert not holders.gpu_node_reachable(4, _null_as("/dev/nvidia2"), dirs)  # a node, but GPU 2's by identity
-    assert not holders.gpu_node_reachable(4, holders.DeviceTable(), dirs)  # a char device, but none of the driver's
+    assert _devices.gpu_node_reachable(4, _null_as("/dev/nvidia4"), dirs)
+    assert not _devices.gpu_node_reachable(5, _null_as("/dev/nvidia4"), dirs)  # no /dev/nvidia5 here: a container given GPU 4
+    assert not _devices.gpu_node_reachable(4, _null_as("/dev/nvidia2"), dirs)  # a node, but GPU 2's by identity
+    assert not _devices.gpu_node_reachable(4, _devices.DeviceTable(), dirs)  # a char device, but none of the driver's
 
 
 def test_gpu_node_that_is_no_device_is_not_reachable(tmp_path):
     """A bind of a regular file over /dev/nvidia4: NVML cannot use it, nor can it be the GPU."""
-    assert not holders.gpu_node_reachable(4, _null_as("/dev/nvidia4"), _dev(tmp_path, nvidia4=None))
+    assert not _devices.gpu_node_reachable(4, _null_as("/dev/nvidia4"), _dev(tmp_path, nvidia4=None))
 
 
 @pytest.mark.parametrize("error, reachable", [
@@ -694,7 +696,7 @@ def test_open_refused_before_the_driver_is_not_reachable_any_other_error_is(tmp_
 
     with monkeypatch.context() as patch:
         patch.setattr(holders.os, "open", refuse)
-        assert holders.gpu_node_reachable(4, table, dirs) is reachable
+        assert _devices.gpu_node_reachable(4, table, dirs) is reachable
     [(path, flags)] = asked
     assert path == dirs[0] + "/nvidia4" and flags & os.O_NONBLOCK and flags & (os.O_WRONLY | os.O_RDWR) == 0  # read-only, never blocking
 
@@ -704,7 +706,7 @@ def test_real_driver_node_must_carry_the_gpus_minor(tmp_path):
     dev = tmp_path / "dev"
     dev.mkdir()
     os.mknod(str(dev / "nvidia4"), 0o666 | 0o020000, os.makedev(195, 3))  # GPU 3's device under GPU 4's name
-    assert not holders.gpu_node_reachable(4, holders.DeviceTable(), (str(dev),))
+    assert not _devices.gpu_node_reachable(4, _devices.DeviceTable(), (str(dev),))
 
 
 def _fake_process(proc, pid, ppid, namespace):
@@ -760,3 +762,42 @@ def test_a_user_cgroup_named_like_a_system_unit_stays_in_the_users_subtree(tmp_p
     (tmp_path / "77").mkdir()
     (tmp_path / "77" / "cgroup").write_text(text)
     assert holders.cgroup_paths(77, str(tmp_path)) == [own]
+
+
+# --- issue 66: a rescan in the same run reads what may have changed, not every process again
+
+
+def born_again(root, pid, **process):
+    """Process `pid` gone and the PID used again by another process: a new /proc entry (the old
+    directory is kept until the new one exists, so that the file system cannot hand out its inode
+    number again, as the kernel never does for /proc)."""
+    base = os.path.join(str(root), str(pid))
+    os.rename(base, base + ".gone")
+    fakeproc.write_process(root, pid, **process)
+    subprocess.run(["rm", "-rf", base + ".gone"], check=True)
+
+
+def test_a_rescan_reads_the_looks_holders_and_every_process_new_since_but_not_the_quiet_ones_again(proc, monkeypatch):
+    monkeypatch.setattr(holders, "QUIET", {})
+    look = {h["pid"] for h in holders.scan_holders(str(proc), with_maps=False)}
+    assert look == {100, 106, 107}
+    fakeproc.write_process(proc, 100, comm="python3", fds=())                   # the look's holder let go of its GPU
+    fakeproc.write_process(proc, 200, comm="python3", fds=fakeproc.cuda_fds(1))  # started since
+    born_again(proc, 103, comm="python3", fds=fakeproc.cuda_fds(0))              # a PID used again
+    read = []
+    open_devices = holders._open_devices
+    monkeypatch.setattr(holders, "_open_devices", lambda pid, *args: read.append(pid) or open_devices(pid, *args))
+    others: list[int] = []
+    again = {h["pid"] for h in holders.scan_holders(str(proc), with_maps=False, without_devices=others, again=True)}
+    assert again == {103, 106, 107, 200}
+    assert sorted(read) == [100, 103, 106, 107, 200]
+    # The quiet processes are still handed on for a maps pass (scan_mapped), read or not.
+    assert {1, 3, 100, 102} <= set(others) and not {103, 200} & set(others)
+
+
+def test_only_a_rescan_takes_the_last_passes_answer(proc, monkeypatch):
+    monkeypatch.setattr(holders, "QUIET", {})
+    holders.scan_holders(str(proc), with_maps=False)
+    fakeproc.write_process(proc, 103, comm="bash", argv=("-bash",), fds=("/dev/nvidia0",))  # the same process opens a GPU
+    assert 103 in {h["pid"] for h in holders.scan_holders(str(proc), with_maps=False)}
+    assert 103 in {h["pid"] for h in holders.scan_holders(str(proc))}

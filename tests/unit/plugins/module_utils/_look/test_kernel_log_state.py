@@ -13,7 +13,7 @@ import os
 import stat
 import time
 
-from ansible_collections.zeromib.gpu.plugins.module_utils._look import _health as health
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _kernel_log
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _kernel_log_state as log_state
 
 NOW = 1764556800.0  # 2025-12-01T02:40:00Z
@@ -119,7 +119,7 @@ def _quote(text):
 
 
 def _read(tmp_path, state_path):
-    log = health.KernelLog(24.0, search_path=str(tmp_path), state_path=state_path)
+    log = _kernel_log.KernelLog(24.0, search_path=str(tmp_path), state_path=state_path)
     log._which = lambda name: str(tmp_path / name) if (tmp_path / name).exists() else None
     log.start()
     found, history = log.xids()

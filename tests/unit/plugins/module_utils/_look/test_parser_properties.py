@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _devices
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _nvidia_smi as smi
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _units as units_mod
 from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils import captures
@@ -312,7 +313,7 @@ def test_systemctl_parsers_never_raise(text):
 @SETTINGS
 @given(text=st.text())
 def test_maps_scan_finds_only_device_paths(text):
-    assert all(device.startswith("/dev/nvidia") for device in holders.mapped_devices(text.encode("utf-8")))
+    assert all(device.startswith("/dev/nvidia") for device in _devices.mapped_devices(text.encode("utf-8")))
 
 
 @pytest.mark.parametrize("text", ["", "(", ")", ")(", "1 (a) S", "1 (a) S x"], ids=repr)

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _guests
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _mounts
 
 # Every character Python's str.splitlines() breaks at, and the one bytes.splitlines() and a
 # text-mode file add to "\n": the kernel prints all but "\n" raw in a comm.
@@ -135,7 +136,7 @@ def test_a_mount_point_a_user_names_shifts_no_field_of_mountinfo(tmp_path):
             f"40 35 0:50 / {point} rw,nosuid,nodev shared:77 - fuse.stall stall rw,user_id=4242\n")
     (tmp_path / "mountinfo").write_bytes(text.encode("utf-8"))
     assert _cgroups.cgroup_mounts(str(tmp_path / "mountinfo")) == ["/sys/fs/cgroup"]
-    table = holders.MountTable(text.encode("utf-8"))
+    table = _mounts.MountTable(text.encode("utf-8"))
     assert sorted(table._points) == sorted([("/sys/fs/cgroup", "cgroup2"), (point, "fuse.stall")])
     mounts = _shm.parse_mountinfo(text)
     assert [(m.point, m.fstype) for m in mounts] == [("/sys/fs/cgroup", "cgroup2"), (point, "fuse.stall")]
