@@ -20,12 +20,10 @@ from __future__ import annotations
 import typing as t
 from collections.abc import Mapping
 
-from ansible import constants as C
 from ansible.plugins.action import ActionBase
-from ansible.utils.display import Display
 
-from ansible_collections.zeromib.gpu.plugins.action import free_gpus_gate as _gate
-from ansible_collections.zeromib.gpu.plugins.plugin_utils import _services_check
+from ansible_collections.zeromib.gpu.plugins.plugin_utils import _gate, _services_check
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._gate import drain_reason, is_free, say_success, should_drain
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import failed, same_mistake_message, same_mistakes, stopped
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._plain import plain
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._play_vars import play_vars
@@ -34,36 +32,7 @@ from ansible_collections.zeromib.gpu.plugins.plugin_utils._said_once import fail
 OUTCOME = "free_gpus_result"
 
 
-def is_free(outcome: t.Any) -> bool:
-    return isinstance(outcome, Mapping) and bool(outcome.get("ok"))
-
-
-def drain_reason(outcome: t.Mapping[str, t.Any], host: str) -> str:
-    """The outcome's message without the host's name (Slurm's node is the host)."""
-    message = str(outcome.get("message") or "GPUs could not be freed")
-    return message[len(host) + 2:] if message.startswith(f"{host}: ") else message
-
-
-def should_drain(outcome: t.Mapping[str, t.Any], on_failure: t.Any, check_mode: bool) -> bool:
-    """free_gpus_on_failure=drain drains a host whose GPUs could not be freed or are unhealthy; a
-    settings mistake (nothing was done, nothing is wrong with the node) drains nothing."""
-    return str(on_failure) == "drain" and not check_mode and outcome.get("status") != "invalid"
-
-
-def say_success(message: str) -> None:
-    """A free host's one line, in the default output: `h1: 8 GPUs free (327752 -> 0 MiB), stopped
-    vllm.service in 0.436 s` above its `ok: [h1]`. An ok result's msg is printed with -v only (with
-    the whole result, ~20 KB a host), and `_ansible_verbose_always` would print it as a JSON block;
-    Ansible's worker hands this line to the controller's display, which the result callbacks of
-    AWX/AAP and ansible-runner record as the task's output too. With -v the result says it itself.
-    Under free_gpus.yml its fleet summary says it instead."""
-    display = Display()
-    if display.verbosity == 0:
-        # C's colors are set from the configuration at run time.
-        display.display(message, color=getattr(C, "COLOR_OK", "green"))
-
-
-class ActionModule(_gate.ActionModule):
+class ActionModule(_gate.GateAction):
     """The gate's own methods (validation, release) serve a host the fleet check held back."""
 
     TRANSFERS_FILES = False
@@ -151,7 +120,7 @@ class ActionModule(_gate.ActionModule):
                     "close": own.get("services_close") or {}, "error": None}
             try:
                 params = self._validated(task_vars)
-            except _gate._Invalid as exc:
+            except _gate.Invalid as exc:
                 outcome = failed(host, exc.result["msg"], "invalid")
             else:
                 result = self.release(result, params, task_vars, host, look)

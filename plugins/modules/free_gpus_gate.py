@@ -35,21 +35,13 @@ author:
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
+  - zeromib.gpu.controller_action
 attributes:
-  action:
-    support: full
-  async:
-    support: none
-  bypass_host_loop:
-    support: none
   check_mode:
-    support: full
     details: Runs M(zeromib.gpu.gpu_release) in check mode; a dirty node passes, a node that cannot be read fails.
   diff_mode:
     support: full
     details: M(zeromib.gpu.gpu_release)'s diff.
-  platform:
-    platforms: posix
 options: {}
 notes:
   - Takes no options; it reads the role's variables. It fails outside the role.

@@ -28,20 +28,10 @@ author:
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
+  - zeromib.gpu.controller_action
 attributes:
-  action:
-    support: full
-  async:
-    support: none
-  bypass_host_loop:
-    support: none
   check_mode:
-    support: full
     details: It only reads; a check run's summary says what would be freed.
-  diff_mode:
-    support: none
-  platform:
-    platforms: posix
 options: {}
 notes:
   - Takes no options. Run it once (C(run_once=true)) after the role on every host of the play; its result is registered for all.

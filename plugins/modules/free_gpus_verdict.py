@@ -32,20 +32,10 @@ author:
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
+  - zeromib.gpu.controller_action
 attributes:
-  action:
-    support: full
-  async:
-    support: none
-  bypass_host_loop:
-    support: none
   check_mode:
-    support: full
     details: Reads what the gate's dry run recorded; nothing is drained in check mode.
-  diff_mode:
-    support: none
-  platform:
-    platforms: posix
 options:
   msg:
     description:

@@ -35,20 +35,10 @@ author:
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
+  - zeromib.gpu.controller_action
 attributes:
-  action:
-    support: full
-  async:
-    support: none
-  bypass_host_loop:
-    support: none
   check_mode:
-    support: full
     details: The report is built and the verdict returned, but nothing is written, neither report nor part.
-  diff_mode:
-    support: none
-  platform:
-    platforms: posix
 options:
   hosts_data:
     description:

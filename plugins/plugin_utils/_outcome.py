@@ -395,7 +395,8 @@ def same_mistakes(outcomes: t.Iterable[t.Any]) -> dict[str, str]:
     first: dict[str, str] = {}
     same: dict[str, str] = {}
     for outcome in outcomes:
-        if not isinstance(outcome, Mapping) or outcome.get("status") != "invalid" or not outcome.get("host"):
+        if not isinstance(outcome, Mapping) or outcome.get("status") != "invalid" or not outcome.get("host") or outcome.get("mistake_on"):
+            # A host held still by another's mistake says that host's name, already short.
             continue
         reason = _reason(outcome)
         if reason in first:
