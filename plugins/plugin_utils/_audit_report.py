@@ -523,5 +523,3 @@ def report_dir_of(path: object) -> str:
     """A relative directory is relative to the controller's working directory (where
     ansible-playbook runs), not to the playbook."""
     return os.path.realpath(os.path.expanduser(str(path)))
-
-

@@ -338,7 +338,7 @@ class GateAction(ActionBase):
         if len(hosts) < 2:
             return {}
         spec = self._argument_spec(task_vars)
-        found = _play_settings.once(str(C.DEFAULT_LOCAL_TMP), _play_settings.cache_key(self._task, hosts), lambda: _play_settings.play_mistakes(
+        found = _play_settings.once(str(getattr(C, "DEFAULT_LOCAL_TMP", "")), _play_settings.cache_key(self._task, hosts), lambda: _play_settings.play_mistakes(
             _play_settings.raw_settings(task_vars, self._task, hosts), spec, NOT_OPTIONS))
         return {name: problems for name, problems in found.items() if name != host}
 

@@ -72,6 +72,8 @@ class Outcome(t.TypedDict, total=False):
     services_matched: list[str]
     services_unmatched: list[str]
     services_close: dict[str, list[str]]
+    # The hosts whose settings mistake stopped this one before it acted (it has none of its own).
+    mistake_on: list[str]
 
 
 def _mib(gpus: list[Gpu]) -> int | None:
