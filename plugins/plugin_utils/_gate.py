@@ -32,7 +32,6 @@ from collections.abc import Mapping
 import yaml
 from ansible import constants as C
 from ansible.errors import AnsibleActionFail, AnsibleConnectionFailure, AnsibleError
-from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
@@ -380,13 +379,12 @@ class GateAction(ActionBase):
         (plugin_utils/_role_spec.py: the role's file says `raw`, so that Ansible's automatic
         validation lets this check speak), each mistake said in the user's words, then their
         ranges as gpu_release checks them."""
-        spec = _role_spec.typed(self._argument_spec(task_vars))
+        spec, validator = _play_settings.checker(self._argument_spec(task_vars))
         try:
-            provided = self._templar.template({name: task_vars[name] for name in spec if name in task_vars})
+            provided = _play_settings.untemplated({name: task_vars[name] for name in spec if name in task_vars}, self._templar.template)
         except AnsibleError as exc:
             raise Invalid({"failed": True, "msg": "settings mistake, nothing was done: a free_gpus_* variable cannot be templated: {}".format(
                 " ".join(str(getattr(exc, "message", exc)).split()))}) from exc
-        validator = ArgumentSpecValidator(spec)
         checked = validator.validate(provided, validate_role_argument_spec=True)
         if checked.error_messages:
             errors = _role_spec.plain_errors(checked.error_messages, provided)
