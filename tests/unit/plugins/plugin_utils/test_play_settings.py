@@ -51,7 +51,7 @@ def _ask(folder: str, key: str, calls: str) -> None:
 
 def test_the_answer_is_computed_once_for_every_fork_of_the_run(tmp_path):
     calls = tmp_path / "calls"
-    forks = [multiprocessing.get_context("fork").Process(target=_ask, args=(str(tmp_path), "k1", str(calls))) for _ in range(6)]
+    forks = [multiprocessing.get_context("fork").Process(target=_ask, args=(str(tmp_path), "k1", str(calls))) for _fork in range(6)]
     for fork in forks:
         fork.start()
     for fork in forks:
