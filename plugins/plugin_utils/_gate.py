@@ -163,6 +163,20 @@ def become_failure(error: AnsibleError) -> dict[str, t.Any] | None:
     return {"failed": True, "msg": "MODULE FAILURE", "module_stderr": said or text.splitlines()[0]}
 
 
+def become_failed_or(run: t.Callable[[], dict[str, t.Any]], said: t.Callable[[dict[str, t.Any]], dict[str, t.Any]]) -> dict[str, t.Any]:
+    """RUN's result; where become did not start, SAID of its failure (become_failure) instead. A
+    connection failure, and any other error, stays the task's."""
+    try:
+        return run()
+    except AnsibleConnectionFailure:
+        raise
+    except AnsibleError as exc:
+        failure = become_failure(exc)
+        if failure is None:
+            raise
+        return said(failure)
+
+
 class NoAnswer(BaseException):
     """The gate's bound passed while gpu_release ran. A BaseException, as Ansible's own task
     timeout is: nothing between the alarm and the gate takes it for an error of its own."""
@@ -276,27 +290,13 @@ class GateAction(ActionBase):
 
     def _release_module(self, args: dict[str, t.Any], task_vars: dict[str, t.Any]) -> dict[str, t.Any]:
         """gpu_release on this host; a become that did not start is its result, not the task's error."""
-        try:
-            return self._execute_module(module_name="zeromib.gpu.gpu_release", module_args=args, task_vars=task_vars)
-        except AnsibleConnectionFailure:
-            raise
-        except AnsibleError as exc:
-            failure = become_failure(exc)
-            if failure is None:
-                raise
-            return failure
+        return become_failed_or(lambda: self._execute_module(module_name="zeromib.gpu.gpu_release", module_args=args, task_vars=task_vars),
+                                lambda failure: failure)
 
     def _command(self, command: str) -> dict[str, t.Any]:
         """A shell command on this host (a become that did not start: its rc 1 and what it said)."""
-        try:
-            return self._low_level_execute_command(command)
-        except AnsibleConnectionFailure:
-            raise
-        except AnsibleError as exc:
-            failure = become_failure(exc)
-            if failure is None:
-                raise
-            return {"rc": 1, "stdout": "", "stderr": failure["module_stderr"]}
+        return become_failed_or(lambda: self._low_level_execute_command(command),
+                                lambda failure: {"rc": 1, "stdout": "", "stderr": failure["module_stderr"]})
 
     def _services_look(self, params: t.Mapping[str, t.Any], task_vars: dict[str, t.Any]) -> dict[str, t.Any]:
         """Which free_gpus_services entries match something on this host, before anything is done:
