@@ -221,7 +221,7 @@ def run_page(count, where, shot=None):
     import re
 
     sys.path.insert(0, os.path.join(REPO, ".build", "collections"))
-    from ansible_collections.zeromib.gpu.plugins.action import gpu_audit_report as plugin
+    from ansible_collections.zeromib.gpu.plugins.plugin_utils import _audit_report as plugin
 
     report = plugin.build_report(fleet(count), title="GPU fleet audit ({} hosts, sample)".format(f"{count:,}"))
     page = os.path.join(where, "report.html")

@@ -20,12 +20,10 @@ from __future__ import annotations
 import typing as t
 from collections.abc import Mapping
 
-from ansible import constants as C
 from ansible.plugins.action import ActionBase
-from ansible.utils.display import Display
 
-from ansible_collections.zeromib.gpu.plugins.action import free_gpus_gate as _gate
-from ansible_collections.zeromib.gpu.plugins.plugin_utils import _fleet_proof, _services_check
+from ansible_collections.zeromib.gpu.plugins.plugin_utils import _fleet_proof, _gate, _services_check
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._gate import drain_reason, is_free, say_success, should_drain
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import failed, same_mistake_message, same_mistakes, stopped
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._plain import plain
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._play_vars import play_vars
@@ -34,36 +32,7 @@ from ansible_collections.zeromib.gpu.plugins.plugin_utils._said_once import fail
 OUTCOME = "free_gpus_result"
 
 
-def is_free(outcome: t.Any) -> bool:
-    return isinstance(outcome, Mapping) and bool(outcome.get("ok"))
-
-
-def drain_reason(outcome: t.Mapping[str, t.Any], host: str) -> str:
-    """The outcome's message without the host's name (Slurm's node is the host)."""
-    message = str(outcome.get("message") or "GPUs could not be freed")
-    return message[len(host) + 2:] if message.startswith(f"{host}: ") else message
-
-
-def should_drain(outcome: t.Mapping[str, t.Any], on_failure: t.Any, check_mode: bool) -> bool:
-    """free_gpus_on_failure=drain drains a host whose GPUs could not be freed or are unhealthy; a
-    settings mistake (nothing was done, nothing is wrong with the node) drains nothing."""
-    return str(on_failure) == "drain" and not check_mode and outcome.get("status") != "invalid"
-
-
-def say_success(message: str) -> None:
-    """A free host's one line, in the default output: `h1: 8 GPUs free (327752 -> 0 MiB), stopped
-    vllm.service in 0.436 s` above its `ok: [h1]`. An ok result's msg is printed with -v only (with
-    the whole result, ~20 KB a host), and `_ansible_verbose_always` would print it as a JSON block;
-    Ansible's worker hands this line to the controller's display, which the result callbacks of
-    AWX/AAP and ansible-runner record as the task's output too. With -v the result says it itself.
-    Under free_gpus.yml its fleet summary says it instead."""
-    display = Display()
-    if display.verbosity == 0:
-        # C's colors are set from the configuration at run time.
-        display.display(message, color=getattr(C, "COLOR_OK", "green"))
-
-
-class ActionModule(_gate.ActionModule):
+class ActionModule(_gate.GateAction):
     """The gate's own methods (validation, release) serve a host the fleet check held back."""
 
     TRANSFERS_FILES = False
@@ -107,8 +76,8 @@ class ActionModule(_gate.ActionModule):
         stops = bool(self._task.any_errors_fatal) and not self._var(task_vars, "_free_gpus_summary_follows", False) and any(
             not is_free(found) for name, found in outcomes.items() if name != host)
         if not self._task.args.get("msg") and not stops and _fleet_proof.needs_proof(own, outcomes, all_looked, bool(self._task.check_mode)):
-            # Issue 72: some host was freed; this one is read once more, after the last one.
-            own = self._fleet_proven(own, outcomes, host, task_vars)
+            # Issue 72: some host was freed; this one is read once more, after the last one (plugin_utils/_fleet_proof.py).
+            own = _fleet_proof.prove_host(self, own, outcomes, host, task_vars)
             result["ansible_facts"] = {OUTCOME: own}
         if self._task.args.get("msg"):
             # free_gpus.yml's last task: the reason is in its summary; this fails the host pointing to it.
@@ -158,7 +127,7 @@ class ActionModule(_gate.ActionModule):
                     "close": own.get("services_close") or {}, "error": None}
             try:
                 params = self._validated(task_vars)
-            except _gate._Invalid as exc:
+            except _gate.Invalid as exc:
                 outcome = failed(host, exc.result["msg"], "invalid")
             else:
                 result = self.release(result, params, task_vars, host, look)
@@ -168,18 +137,3 @@ class ActionModule(_gate.ActionModule):
             return own, result
         result["ansible_facts"] = {OUTCOME: outcome}
         return outcome, result
-
-    def _fleet_proven(self, own: t.Mapping[str, t.Any], outcomes: t.Mapping[str, t.Any], host: str,
-                      task_vars: dict[str, t.Any]) -> dict[str, t.Any]:
-        """The fleet-wide proof on this host (plugin_utils/_fleet_proof.py): one gpu_facts read,
-        bounded; no answer is no proof."""
-        freed = _fleet_proof.freed_hosts(outcomes)
-        settings = {name: self._var(task_vars, name, None) for name in _fleet_proof.SETTINGS}
-        try:
-            with _gate.bounded(_fleet_proof.bound_s(settings)):
-                read = self._execute_module(module_name="zeromib.gpu.gpu_facts", module_args=_fleet_proof.facts_args(settings),
-                                            task_vars=task_vars)
-        except _gate.NoAnswer:
-            read = {"failed": True, "msg": f"gpu_facts did not answer within {_fleet_proof.bound_s(settings):.0f} s"}
-        facts = {"error": read.get("msg") or "gpu_facts failed"} if read.get("failed") else (read.get("ansible_facts") or {}).get("gpu")
-        return _fleet_proof.proven(own, _fleet_proof.judge(plain(facts), host, own.get("selected") or [], freed), freed)

@@ -32,24 +32,12 @@ description:
   - One task per host, where a validation task, the module, a C(set_fact) and an C(assert) cost four.
 author:
   - zeromib.gpu contributors (@zeromib)
-extends_documentation_fragment:
-  - ansible.builtin.action_common_attributes
-  - ansible.builtin.action_common_attributes.flow
 attributes:
-  action:
-    support: full
-  async:
-    support: none
-  bypass_host_loop:
-    support: none
   check_mode:
-    support: full
     details: Runs M(zeromib.gpu.gpu_release) in check mode; a dirty node passes, a node that cannot be read fails.
   diff_mode:
     support: full
     details: M(zeromib.gpu.gpu_release)'s diff.
-  platform:
-    platforms: posix
 options: {}
 notes:
   - Takes no options; it reads the role's variables. It fails outside the role.
@@ -58,6 +46,11 @@ notes:
   - The task never fails (Ansible keeps no facts from a failed task), so C(free_gpus_result) is set on every host.
   - C(free_gpus_result) is returned as a fact (also C(ansible_facts.free_gpus_result)); with fact caching it is cached like any fact,
     so a summary should read it only for the hosts of the current play (C(ansible_play_hosts)), as C(playbooks/free_gpus.yml) does.
+# The attributes every action plugin shares, in one fragment (plugins/doc_fragments/controller_action.py).
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
+  - zeromib.gpu.controller_action
 seealso:
   - module: zeromib.gpu.gpu_release
   - module: zeromib.gpu.free_gpus_verdict

@@ -25,24 +25,15 @@ description:
     failed before its gate ran) is listed as unreachable, never with a result cached by an earlier run.
 author:
   - zeromib.gpu contributors (@zeromib)
+attributes:
+  check_mode:
+    details: It only reads; a check run's summary says what would be freed.
+options: {}
+# The attributes every action plugin shares, in one fragment (plugins/doc_fragments/controller_action.py).
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
-attributes:
-  action:
-    support: full
-  async:
-    support: none
-  bypass_host_loop:
-    support: none
-  check_mode:
-    support: full
-    details: It only reads; a check run's summary says what would be freed.
-  diff_mode:
-    support: none
-  platform:
-    platforms: posix
-options: {}
+  - zeromib.gpu.controller_action
 notes:
   - Takes no options. Run it once (C(run_once=true)) after the role on every host of the play; its result is registered for all.
   - The columns and statuses of the lines are those of the filter P(zeromib.gpu.free_gpus_summary#filter) (docs/free_gpus.md).

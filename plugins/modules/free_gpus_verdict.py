@@ -29,29 +29,20 @@ description:
     back what its own run stopped; C(free_gpus_result) then has C(status=stopped) and C(stopped_by).
 author:
   - zeromib.gpu contributors (@zeromib)
-extends_documentation_fragment:
-  - ansible.builtin.action_common_attributes
-  - ansible.builtin.action_common_attributes.flow
 attributes:
-  action:
-    support: full
-  async:
-    support: none
-  bypass_host_loop:
-    support: none
   check_mode:
-    support: full
     details: Reads what the gate's dry run recorded; nothing is drained in check mode.
-  diff_mode:
-    support: none
-  platform:
-    platforms: posix
 options:
   msg:
     description:
       - Fail the host with this message instead, whatever its C(free_gpus_result) says (the task's C(when) decides which hosts).
         C(playbooks/free_gpus.yml) uses it after its fleet summary, which has said each host's reason.
     type: str
+# The attributes every action plugin shares, in one fragment (plugins/doc_fragments/controller_action.py).
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
+  - zeromib.gpu.controller_action
 notes:
   - It reads the role's variables and the facts the gate set. It fails a host that has no C(free_gpus_result).
 seealso:

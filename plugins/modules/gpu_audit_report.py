@@ -32,23 +32,9 @@ description:
   - It never fails on what it finds; it returns a verdict (RV(verdict)) for the task file's C(assert).
 author:
   - zeromib.gpu contributors (@zeromib)
-extends_documentation_fragment:
-  - ansible.builtin.action_common_attributes
-  - ansible.builtin.action_common_attributes.flow
 attributes:
-  action:
-    support: full
-  async:
-    support: none
-  bypass_host_loop:
-    support: none
   check_mode:
-    support: full
     details: The report is built and the verdict returned, but nothing is written, neither report nor part.
-  diff_mode:
-    support: none
-  platform:
-    platforms: posix
 options:
   hosts_data:
     description:
@@ -123,6 +109,11 @@ options:
   generated_at:
     description: When the audit ran, seconds since the epoch. Defaults to the earliest part's time with O(parts), else now.
     type: float
+# The attributes every action plugin shares, in one fragment (plugins/doc_fragments/controller_action.py).
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
+  - zeromib.gpu.controller_action
 notes:
   - C(report.json) holds one host per line inside an indented document (the diff of two audits shows the hosts that changed).
   - Needs the C(jmespath) and C(jinja2) Python libraries on the controller (ansible-core requires Jinja already).

@@ -24,22 +24,6 @@ description:
   - The reason is the host's one failure line, in C(msg); nothing is hidden with C(no_log), so callback plugins receive it too.
 author:
   - zeromib.gpu contributors (@zeromib)
-extends_documentation_fragment:
-  - ansible.builtin.action_common_attributes
-  - ansible.builtin.action_common_attributes.flow
-attributes:
-  action:
-    support: full
-  async:
-    support: none
-  bypass_host_loop:
-    support: none
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  platform:
-    platforms: posix
 options:
   prefix:
     description: The prefix of the role's variables.
@@ -51,6 +35,11 @@ options:
     type: list
     elements: str
     default: []
+# The attributes every action plugin shares, in one fragment (plugins/doc_fragments/controller_action.py).
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
+  - zeromib.gpu.controller_action
 seealso:
   - module: zeromib.gpu.free_gpus_gate
     description: The free_gpus role's gate checks that role's variables the same way.

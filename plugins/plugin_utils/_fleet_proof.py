@@ -152,3 +152,21 @@ def summary_line(outcomes: t.Iterable[t.Any]) -> str | None:
     line = "fleet-wide proof after {} {} freed: {} host{} read once more".format(
         ", ".join(freed), "was" if len(freed) == 1 else "were", len(proved), "" if len(proved) == 1 else "s")
     return line + (", not free again: " + ", ".join(back) if back else ", all still free")
+
+
+def prove_host(action: t.Any, own: t.Mapping[str, t.Any], outcomes: t.Mapping[str, t.Any], host: str,
+               task_vars: dict[str, t.Any]) -> dict[str, t.Any]:
+    """The fleet-wide proof on one host, run by the role's verdict action (`action`): one gpu_facts
+    read, bounded; no answer is no proof."""
+    from ansible_collections.zeromib.gpu.plugins.plugin_utils import _gate  # pylint: disable=import-outside-toplevel
+    from ansible_collections.zeromib.gpu.plugins.plugin_utils._plain import plain  # pylint: disable=import-outside-toplevel
+    freed = freed_hosts(outcomes)
+    settings = {name: action._var(task_vars, name, None) for name in SETTINGS}  # pylint: disable=protected-access
+    try:
+        with _gate.bounded(bound_s(settings)):
+            read = action._execute_module(module_name="zeromib.gpu.gpu_facts", module_args=facts_args(settings),  # pylint: disable=protected-access
+                                          task_vars=task_vars)
+    except _gate.NoAnswer:
+        read = {"failed": True, "msg": f"gpu_facts did not answer within {bound_s(settings):.0f} s"}
+    facts = {"error": read.get("msg") or "gpu_facts failed"} if read.get("failed") else (read.get("ansible_facts") or {}).get("gpu")
+    return proven(own, judge(plain(facts), host, own.get("selected") or [], freed), freed)

@@ -72,6 +72,8 @@ class Outcome(t.TypedDict, total=False):
     services_matched: list[str]
     services_unmatched: list[str]
     services_close: dict[str, list[str]]
+    # The hosts whose settings mistake stopped this one before it acted (it has none of its own).
+    mistake_on: list[str]
 
 
 def _mib(gpus: list[Gpu]) -> int | None:
@@ -395,7 +397,8 @@ def same_mistakes(outcomes: t.Iterable[t.Any]) -> dict[str, str]:
     first: dict[str, str] = {}
     same: dict[str, str] = {}
     for outcome in outcomes:
-        if not isinstance(outcome, Mapping) or outcome.get("status") != "invalid" or not outcome.get("host"):
+        if not isinstance(outcome, Mapping) or outcome.get("status") != "invalid" or not outcome.get("host") or outcome.get("mistake_on"):
+            # A host held still by another's mistake says that host's name, already short.
             continue
         reason = _reason(outcome)
         if reason in first:

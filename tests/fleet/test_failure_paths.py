@@ -95,7 +95,7 @@ def mig_baseline(fleet):
     assert fleet.rig.write_baselines() == {"a100_mig": 64}
 
 
-def test_bad_variable_value_fails_that_host_only_and_the_summary_lists_it_with_its_error(trio):
+def test_bad_variable_value_on_one_host_stops_every_host_and_the_summary_lists_it_with_its_error(trio):
     fleet, (good, bad), mig = trio
     mig_baseline(fleet)
     host_vars(fleet, bad, {"free_gpus_service_state": "stoped"})
@@ -103,40 +103,43 @@ def test_bad_variable_value_fails_that_host_only_and_the_summary_lists_it_with_i
     assert run.rc == 2, run
     # the bad host: the gate fails (rescued by the role), the role fails it (rescued by the
     # playbook), the playbook fails it after the summary; nothing ran on it
-    expect(run, bad, NOT_FREE)
-    for host in (good, mig):
-        expect(run, host, FREE)
+    # issue 67: one host's mistake stops every host of the play before any acts
+    for host in (bad, good, mig):
+        expect(run, host, NOT_FREE)
     lines = summary_lines(run)
     assert lines, run
     assert summary_status(lines, bad) == "invalid" and "free_gpus_service_state" in summary_row(lines, bad), lines  # issue 32: was failed
     assert "stoped" in summary_row(lines, bad), lines
-    assert summary_status(lines, good) == "clean" and summary_status(lines, mig) == "clean", lines
+    for host in (good, mig):
+        assert summary_status(lines, host) == "invalid", lines
+        assert f"settings mistake on {bad} (free_gpus_service_state), nothing was done on any host" in summary_row(lines, host), lines
     # said once, in the summary; the last task says it is a settings mistake (issue 32)
     assert run.stdout.count("value of free_gpus_service_state must be one of") == 1, run.stdout[-3000:]
-    fatal = fatal_lines(run, bad)
-    assert len(fatal) == 1 and "settings mistake, nothing was done" in fatal[0] and "not free" not in fatal[0], fatal
-    assert not fatal_lines(run, good) and not fatal_lines(run, mig)
+    for host in (bad, good, mig):
+        fatal = fatal_lines(run, host)
+        assert len(fatal) == 1 and "settings mistake, nothing was done" in fatal[0] and "not free" not in fatal[0], fatal
     assert "HostVarsVars" not in run.stdout and "is undefined" not in run.stdout
 
 
-def test_nan_and_a_template_error_fail_their_hosts_before_gpu_release_with_a_clear_message(trio):
+def test_nan_and_a_template_error_fail_before_gpu_release_with_a_clear_message(trio):
     fleet, (nan, broken), mig = trio
     mig_baseline(fleet)
     host_vars(fleet, nan, {"free_gpus_wait_timeout": "nan"})
     host_vars(fleet, broken, {"free_gpus_gpus": "{{ no_such_variable }}"})
     run = fleet.ansible_playbook(PLAYBOOK, limit=[nan, broken, mig])
     assert run.rc == 2, run
-    for host in (nan, broken):
+    # issue 67: the nan host's mistake (read raw, once per play) stops the MIG host too; a template is judged by its own host
+    for host in (nan, broken, mig):
         expect(run, host, NOT_FREE)
-    expect(run, mig, FREE)
     lines = summary_lines(run)
+    assert summary_status(lines, mig) == "invalid" and f"settings mistake on {nan} (free_gpus_wait_timeout)" in summary_row(lines, mig), lines
     assert summary_status(lines, nan) == "invalid" and "free_gpus_wait_timeout must be a finite number, got nan" in summary_row(lines, nan)
     assert summary_status(lines, broken) == "invalid" and "cannot be templated" in summary_row(lines, broken), lines
     assert "no_such_variable" in summary_row(lines, broken)
     assert "Traceback" not in run.stdout + run.stderr
 
 
-def test_misspelled_variable_fails_that_host_before_anything_is_done_naming_the_closest_known_one(trio):
+def test_misspelled_variable_stops_every_host_before_anything_is_done_naming_the_closest_known_one(trio):
     # issue 55: typos stop the play (was a warning, and the run went on)
     fleet, (good, typo), _mig = trio
     fleet.workload(typo, "vllm")
@@ -144,9 +147,13 @@ def test_misspelled_variable_fails_that_host_before_anything_is_done_naming_the_
     run = fleet.ansible_playbook(PLAYBOOK, limit=[good, typo])
     assert run.rc == 2, run
     expect(run, typo, NOT_FREE)
-    expect(run, good, FREE)
+    # issue 67: and the good host, before it acts
+    expect(run, good, NOT_FREE)
     lines = summary_lines(run)
     assert summary_status(lines, typo) == "invalid", lines
+    assert summary_row(lines, good).split(f"{good}: ", 1)[1] == (
+        f"settings mistake on {typo} (free_gpus_kil_timeout, free_gpus_sevices), nothing was done on any host of the play; "
+        "its line says what to fix"), lines
     said = summary_row(lines, typo).split(f"{typo}: ", 1)[1]
     assert said == ("settings mistake, nothing was done: free_gpus_kil_timeout is not a variable of the zeromib.gpu.free_gpus role; did you "
                     "mean free_gpus_kill_timeout?; free_gpus_sevices is not a variable of the zeromib.gpu.free_gpus role; did you mean "

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from scenarios import TRAINING
-from test_failure_paths import counts, fatal_lines, recap
+from scenarios import PLAYBOOK, TRAINING, summary_lines, summary_row, summary_status
+from test_failure_paths import counts, fatal_lines, host_vars, recap
 from test_failure_paths import trio  # noqa: F401  # pylint: disable=unused-import  # a pytest fixture, used by name
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compat"))
@@ -21,6 +21,10 @@ import matrix  # noqa: E402
 VERDICT = "zeromib.gpu.free_gpus : Assert that every selected GPU is free"
 MARKER = "/run/zeromib-training-started"
 CORES = [entry for entry in matrix.CONTROLLER if entry[0].startswith(("2.17.", "2.19."))]
+# The oldest ansible-core the collection supports and the newest.
+ENDS = [entry for entry in matrix.CONTROLLER if entry[0].startswith(("2.17.", "2.21."))]
+WRONG_TYPE = "free_gpus_wait_timeout must be a number of seconds (e.g. 120), got '2m'"
+TYPO = "free_gpus_servic_state is not a variable of the zeromib.gpu.free_gpus role; did you mean free_gpus_service_state?"
 
 
 @pytest.fixture
@@ -161,3 +165,48 @@ def test_a_wrong_type_for_restore_or_slurm_is_said_in_the_collections_words_with
     assert out.count("slurm_gpu_checks_prolog_epilog_timeout must be") == 1, out[-3000:]
     back = fleet.ansible_playbook("playbooks/restore_gpus.yml", limit=[vllm])
     assert back.rc == 0 and fleet.ssh(vllm, "systemctl is-active vllm.service").stdout.strip() == "active", back
+
+
+@pytest.mark.parametrize(("core", "python"), ENDS, ids=[f"ansible-core-{c}" for c, _p in ENDS])
+def test_a_mistake_in_one_hosts_variables_stops_every_host_before_any_acts(busy, core, python):
+    """Issue 67: a wrong type on one host (its host_vars) and a typo on another stop every host of
+    the play before any acts, through the role in a user's own play (any_errors_fatal) and through
+    free_gpus.yml; the good host's servers still run, and every host's line names the offending
+    hosts and variables first, each mistake said whole once."""
+    fleet, vllm, sglang, mig = busy
+    hosts = [vllm, sglang, mig]
+    host_vars(fleet, sglang, {"free_gpus_wait_timeout": "2m"})
+    host_vars(fleet, mig, {"free_gpus_servic_state": "disabled"})
+    bin_dir = matrix.controller_bin(core, python)
+    env = {"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"}
+    offenders = sorted([sglang, mig])
+    variables = {sglang: "free_gpus_wait_timeout", mig: "free_gpus_servic_state"}
+    elsewhere = (f"{vllm}: settings mistake on {', '.join(offenders)} ({', '.join(variables[h] for h in offenders)}), "
+                 "nothing was done on any host of the play; their lines say what to fix")
+    own = {sglang: f"{sglang}: settings mistake, nothing was done: {WRONG_TYPE}", mig: f"{mig}: settings mistake, nothing was done: {TYPO}"}
+
+    run = fleet.ansible_playbook(TRAINING, limit=hosts, bin_dir=bin_dir, env=env, extra_vars={"training_command": f"touch {MARKER}"})
+    assert run.rc == 2, run
+    for host in hosts:
+        assert recap(run, host) == counts(ok=2, failed=1), run.stdout
+        assert run.result(VERDICT, host)["msg"] == (elsewhere if host == vllm else own[host]), run.result(VERDICT, host)
+    out = run.stdout + run.stderr
+    assert out.count(WRONG_TYPE) == 1 and out.count("free_gpus_servic_state is not a variable") == 1, out[-4000:]
+    # the first failure line the user reads names an offending host and its variable
+    first = next(line for line in run.stdout.splitlines() if line.startswith("fatal: "))
+    assert any(h in first and variables[h] in first for h in offenders), first
+    assert "play stops here" not in out and "censored" not in out and "Origin:" not in out, out[-4000:]
+    untouched(fleet, vllm, sglang)
+
+    run = fleet.ansible_playbook(PLAYBOOK, limit=hosts, bin_dir=bin_dir, env=env)
+    assert run.rc == 2, run
+    lines = summary_lines(run)
+    assert lines, run
+    for host in hosts:
+        assert summary_status(lines, host) == "invalid", lines
+        assert len(fatal_lines(run, host)) == 1, run.stdout[-4000:]
+    assert f"settings mistake on {', '.join(offenders)}" in summary_row(lines, vllm), lines
+    assert WRONG_TYPE in summary_row(lines, sglang) and TYPO in summary_row(lines, mig), lines
+    out = run.stdout + run.stderr
+    assert out.count(WRONG_TYPE) == 1 and out.count("free_gpus_servic_state is not a variable") == 1, out[-4000:]
+    untouched(fleet, vllm, sglang)

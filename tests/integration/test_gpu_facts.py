@@ -221,7 +221,7 @@ def test_a_driver_upgraded_under_its_loaded_module_is_said_as_such_by_facts_and_
     outcome = run_role(host, {})
     assert outcome["failed"] and outcome["msg"].startswith("localhost: " + first) and outcome["msg"].count("Driver/library") == 1, outcome["msg"]
     # The audit: a host in error, its reason the same first sentence.
-    from ansible_collections.zeromib.gpu.plugins.action import gpu_audit_report
+    from ansible_collections.zeromib.gpu.plugins.plugin_utils import _audit_report as gpu_audit_report
     [entry] = gpu_audit_report.build_report([{"host": "node01", "status": "ok", "error": None, "gpu": report}], generated_at=0.0)["hosts"]
     assert entry["status"] == "error" and entry["reason"].startswith(first), entry
 
@@ -237,7 +237,7 @@ def test_a_driver_package_upgraded_on_disk_is_drift_for_facts_and_the_audit_befo
     report = facts(run_module(host, "gpu_facts"))
     assert report["clean"] is True and report["error"] is None
     assert report["driver"] == {"loaded": loaded, "library": "580.178.04", "library_path": f"{lib}/libnvidia-ml.so.580.178.04", "mismatch": True}
-    from ansible_collections.zeromib.gpu.plugins.action import gpu_audit_report
+    from ansible_collections.zeromib.gpu.plugins.plugin_utils import _audit_report as gpu_audit_report
     built = gpu_audit_report.build_report([{"host": "node01", "status": "ok", "error": None, "gpu": report}], generated_at=0.0)
     [entry] = built["hosts"]
     assert entry["status"] == "clean" and entry["driver_drift"].startswith(

@@ -69,7 +69,7 @@ def test_a_killed_jobs_segments_are_listed_largest_first_and_a_live_users_open_o
     # Still held by the user's live process (one open, one only mapped): never listed.
     assert host.alive(live.pid) and gpu["healthy"] is True
     # The audit's page names them, on a host whose GPUs are clean.
-    from ansible_collections.zeromib.gpu.plugins.action import gpu_audit_report
+    from ansible_collections.zeromib.gpu.plugins.plugin_utils import _audit_report as gpu_audit_report
     report = gpu_audit_report.build_report([{"host": "node01", "status": "ok", "gpu": gpu}], generated_at=0.0)
     [entry] = report["findings"]["attention"]
     assert (entry["status"], entry["shm"]) == ("clean", "3 file(s) of killed jobs in /dev/shm that no process holds, 32 MiB (nccl-* 1, sem.mp-* 1, "
@@ -90,7 +90,7 @@ def test_dev_shm_below_the_floor_for_the_nodes_gpus_makes_it_unhealthy_naming_wh
                         r"\(1 file\(s\) no live process holds take 200 MiB\); clean_shm \(role: free_gpus_clean_shm\) removes "
                         r"such files of the jobs its run ends \(1 here match job patterns\)", issue), issue
     # The audit: the host unhealthy for it, grouped by the kind of issue.
-    from ansible_collections.zeromib.gpu.plugins.action import gpu_audit_report
+    from ansible_collections.zeromib.gpu.plugins.plugin_utils import _audit_report as gpu_audit_report
     report = gpu_audit_report.build_report([{"host": "node01", "status": "ok", "error": None, "gpu": gpu}], generated_at=0.0)
     [entry] = report["hosts"]
     assert entry["health_issues"] == [issue] and report["summary"]["hosts_unhealthy"] == 1, entry
@@ -380,7 +380,7 @@ def test_the_role_says_the_sequence_once_and_the_audit_says_where_to_look(nshost
     assert outcome["msg"].count("To reset, as root on the host") == 1 and outcome["msg"].count("may be held outside it") == 1
     gpu = facts(run_module(host, "gpu_facts"))
     assert gpu["clean"] is False and gpu["inside_container"] is True
-    from ansible_collections.zeromib.gpu.plugins.action import gpu_audit_report
+    from ansible_collections.zeromib.gpu.plugins.plugin_utils import _audit_report as gpu_audit_report
     report = gpu_audit_report.build_report([{"host": "node01", "status": "ok", "error": None, "gpu": gpu}], generated_at=0.0)
     [entry] = report["hosts"]
     assert (entry["status"], entry["reason"]) == ("dirty", "GPU 0 4096 MiB; memory counted for PID 3000000, not in this container: held outside "

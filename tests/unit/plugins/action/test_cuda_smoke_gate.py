@@ -8,7 +8,7 @@ model (controller code: ansible-test runs these apart from the module_utils test
 from __future__ import annotations
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _cuda_smoke as smoke
-from ansible_collections.zeromib.gpu.plugins.action.free_gpus_gate import gate_failures
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._gate import gate_failures
 from ansible_collections.zeromib.gpu.plugins.filter.free_gpus import free_gpus_outcome
 
 

@@ -12,7 +12,7 @@ import signal
 
 import pytest
 
-from ansible_collections.zeromib.gpu.plugins.action.free_gpus_gate import gate_failures, module_args, pause_collector_in_worker
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._gate import gate_failures, module_args, pause_collector_in_worker
 
 
 def release(clean=True, released=True, count=2, selected=None, failed=False, healthy=True):
@@ -53,7 +53,8 @@ def test_role_variables_become_gpu_release_options_without_the_gate_only_ones():
 
 
 def test_misspelled_role_variables_are_named_with_the_closest_known_one():
-    from ansible_collections.zeromib.gpu.plugins.action.free_gpus_gate import NOT_OPTIONS, unknown_variables
+    from ansible_collections.zeromib.gpu.plugins.plugin_utils._gate import NOT_OPTIONS
+    from ansible_collections.zeromib.gpu.plugins.plugin_utils._role_vars import unknown_variables
     spec = {"free_gpus_services": {}, "free_gpus_kill_timeout": {}, "free_gpus_gpus": {}}
     names = ["free_gpus_sevices", "free_gpus_services", "free_gpus_result", "free_gpus_hosts", "free_gpus_zzz_qqq", "other_var"]
     assert unknown_variables(names, spec, not_options=NOT_OPTIONS) == [
@@ -63,7 +64,7 @@ def test_misspelled_role_variables_are_named_with_the_closest_known_one():
 
 
 def test_the_gate_checks_the_roles_numbers_with_the_modules_range_check():
-    from ansible_collections.zeromib.gpu.plugins.action.free_gpus_gate import range_problems
+    from ansible_collections.zeromib.gpu.plugins.plugin_utils._play_settings import range_problems
     assert range_problems({"free_gpus_wait_timeout": float("nan"), "free_gpus_expected_count": -1, "free_gpus_gpus": ["\u00b2"]}) == [
         "free_gpus_expected_count must be at least 0, got -1", "free_gpus_wait_timeout must be a finite number, got nan"]
     assert range_problems({"free_gpus_kill_timeout": 0.0, "free_gpus_max_used_mib": 64}) == []
@@ -71,7 +72,7 @@ def test_the_gate_checks_the_roles_numbers_with_the_modules_range_check():
 
 @pytest.mark.parametrize("name", ["timeout", "kill_timeout", "wait_timeout", "poll_interval", "settle_timeout"])
 def test_the_gate_bounds_every_time_variable_of_the_role(name):
-    from ansible_collections.zeromib.gpu.plugins.action.free_gpus_gate import range_problems
+    from ansible_collections.zeromib.gpu.plugins.plugin_utils._play_settings import range_problems
     assert range_problems({"free_gpus_" + name: 1e10}) == [f"free_gpus_{name} must be at most 86400 seconds (one day), got 10000000000.0"]
     assert range_problems({"free_gpus_" + name: float("inf")}) == [f"free_gpus_{name} must be at most 86400 seconds (one day), got inf"]
     assert range_problems({"free_gpus_xid_window_hours": 1e10}) == ["free_gpus_xid_window_hours must be at most 8760 hours (one year), got 10000000000.0"]
@@ -307,7 +308,7 @@ def test_the_collector_is_paused_only_in_a_forked_worker_process() -> None:
 
 
 def test_the_gates_bound_is_the_sum_of_the_roles_own_timeouts_and_a_margin():
-    from ansible_collections.zeromib.gpu.plugins.action.free_gpus_gate import gate_bound_s
+    from ansible_collections.zeromib.gpu.plugins.plugin_utils._gate import gate_bound_s
 
     defaults = {"free_gpus_timeout": 10, "free_gpus_kill_timeout": 10, "free_gpus_wait_timeout": 60, "free_gpus_settle_timeout": 5}
     assert gate_bound_s(defaults) == 6 * 10 + 2 * 10 + 60 + 5 + 40 == 185
@@ -320,7 +321,7 @@ def test_the_gates_bound_is_the_sum_of_the_roles_own_timeouts_and_a_margin():
 def test_a_node_whose_gpu_release_does_not_answer_fails_alone_with_the_bound_in_its_first_words(monkeypatch):
     import time
 
-    from ansible_collections.zeromib.gpu.plugins.action import free_gpus_gate
+    from ansible_collections.zeromib.gpu.plugins.plugin_utils import _gate as free_gpus_gate
 
     def wedged(args):
         time.sleep(30)  # the alarm interrupts it
@@ -340,7 +341,7 @@ def test_a_node_whose_gpu_release_does_not_answer_fails_alone_with_the_bound_in_
 
 
 def test_an_outer_alarm_set_first_is_kept_and_restored():
-    from ansible_collections.zeromib.gpu.plugins.action.free_gpus_gate import bounded
+    from ansible_collections.zeromib.gpu.plugins.plugin_utils._gate import bounded
 
     fired = []
     previous = signal.signal(signal.SIGALRM, lambda *_args: fired.append(True))

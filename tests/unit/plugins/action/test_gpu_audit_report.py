@@ -13,7 +13,8 @@ import json
 import pytest
 from ansible.errors import AnsibleActionFail
 
-from ansible_collections.zeromib.gpu.plugins.action import gpu_audit_report as plugin
+from ansible_collections.zeromib.gpu.plugins.action.gpu_audit_report import ActionModule
+from ansible_collections.zeromib.gpu.plugins.plugin_utils import _audit_report as plugin
 from ansible_collections.zeromib.gpu.tests.unit.plugins.filter import audit_hosts as ah
 
 EPOCH = 1748779200.0
@@ -278,7 +279,7 @@ def test_a_list_is_required():
 def _task(args, task_vars=None, check_mode=False):
     from ansible_collections.zeromib.gpu.tests.unit.plugins.action.action_harness import action
 
-    return action(plugin.ActionModule, task_vars or {}, args=args, check_mode=check_mode, name="zeromib.gpu.gpu_audit_report")
+    return action(ActionModule, task_vars or {}, args=args, check_mode=check_mode, name="zeromib.gpu.gpu_audit_report")
 
 
 @pytest.mark.parametrize("args, message", [

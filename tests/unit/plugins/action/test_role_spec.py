@@ -12,7 +12,7 @@ import os
 import pytest
 import yaml
 
-from ansible_collections.zeromib.gpu.plugins.action import free_gpus_gate
+from ansible_collections.zeromib.gpu.plugins.plugin_utils import _gate as free_gpus_gate
 from ansible_collections.zeromib.gpu.plugins.modules import gpu_release
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._role_spec import TYPES, typed
 

@@ -1,7 +1,7 @@
 """The pure wording of issue 32: a module that did not start, a type mistake, role variables in the role's words."""
 from __future__ import annotations
 
-from ansible_collections.zeromib.gpu.plugins.action.free_gpus_gate import plain_errors
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._role_spec import plain_errors
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import in_role_words
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._verdict import start_failure, verdict
 
