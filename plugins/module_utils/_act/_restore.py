@@ -526,7 +526,8 @@ class Restore:
         except _mig_restore.MigRefused as exc:
             raise RestoreError(str(exc), self.result) from exc
         pinned = mig.still_pinned() if mig else {}
-        units = [e["name"] for e in todo if e["kind"] == "unit"]
+        # A unit pinned to a lost MIG UUID is not restored: systemd is not asked about it.
+        units = [e["name"] for e in todo if e["kind"] == "unit" and _record.key(e) not in pinned]
         props = self._show(units) if units else {}
         restored: list[Entry] = []
         kept: list[Entry] = []
