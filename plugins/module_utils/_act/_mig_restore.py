@@ -216,12 +216,14 @@ class MigCheck:
             return
         now = self._read()
         refusals = []
+        refused = []
         for entry in self.layouts:
             uuid = str(entry.get("uuid"))
             mine = now.get(uuid)
             name = "GPU {} ({})".format(mine.get("index") if mine else entry.get("index"), uuid)
             if mine is None:
                 refusals.append(f"{name} is not on this node now")
+                refused.append(entry)
                 continue
             found = verdict(entry, mine)
             if found == "same":
@@ -232,12 +234,14 @@ class MigCheck:
                 then, now_said = _mig_layout.said(entry), _mig_layout.said(mine)
                 refusals.append(f"{name}: its MIG layout changed since the release ({then} then, {now_said} now): instances are never destroyed or "
                                 "created over others")
+                refused.append(entry)
                 continue
             problem = self._recreate(entry, dict(mine), name)
             if problem:
                 refusals.append(problem)
+                refused.append(entry)
         if refusals:
-            raise MigRefused(self._refusal(refusals))
+            raise MigRefused(self._refusal(refusals, refused))
 
     def _recreate(self, entry: Entry, mine: dict[str, t.Any], name: str) -> str | None:
         """Re-create one GPU's layout (opt-in); the refusal's sentence, or None."""
@@ -294,12 +298,12 @@ class MigCheck:
         except Exception:  # pylint: disable=broad-exception-caught  # a runtime that cannot be asked: its restore says why
             return None
 
-    def _refusal(self, refusals: list[str]) -> str:
-        pinned = self._pinned() if self.layouts else []
+    def _refusal(self, refusals: list[str], refused: list[Entry]) -> str:
+        pinned = self._pinned()
         names = "; ".join("{} names {}".format(_label(e), ", ".join(lost)) for e, lost in pinned)
-        return "{}. {}Nothing was restored; or drop the layout from the record with forget: [{}]".format(
+        return "{}. {}Nothing was restored. To restore without the layout, drop it from the record: forget: [{}]".format(
             ". ".join(refusals), f"These would not start, their MIG UUIDs no longer exist: {names}. " if names else "",
-            ", ".join(str(e.get("name")) for e in self.layouts))
+            ", ".join(str(e.get("name")) for e in refused))
 
     def still_pinned(self) -> dict[t.Any, str]:
         """After the layouts are back: {record key: why} for each entry naming a lost MIG UUID."""
