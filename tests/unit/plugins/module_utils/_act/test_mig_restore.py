@@ -102,7 +102,8 @@ def test_only_root_owned_unit_files_are_read(tmp_path):
         assert uuids == {"MIG-0b5f8c1a-4e2d-5b7f-9a3c-1d2e3f4a5b60", "MIG-1c6a9d2b-5f3e-5c8a-8b4d-2e3f4a5b6c71"} and skipped == []
         os.chown(tmp_path / "env", 4242, 4242)
         uuids, skipped = _mig_restore.unit_mig_uuids("vllm.service", [str(etc), str(lib)])
-        assert uuids == {"MIG-0b5f8c1a-4e2d-5b7f-9a3c-1d2e3f4a5b60"} and skipped == [f"{tmp_path}/env is owned by uid 4242 or writable by others (mode 644): not read"]
+        assert uuids == {"MIG-0b5f8c1a-4e2d-5b7f-9a3c-1d2e3f4a5b60"}
+        assert skipped == [f"{tmp_path}/env is owned by uid 4242 or writable by others (mode 644): not read"]
     else:
         assert uuids == set() and len(skipped) == 2, "files this user (not root) owns are not root's"
 
