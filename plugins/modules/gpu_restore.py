@@ -210,7 +210,7 @@ device_nodes:
   returned: always
 recreated_mig_layouts:
   description:
-    - MIG layouts re-created with O(recreate_mig_layout) (in check mode, to be re-created), each as C(GPU <index> (<uuid>): nvidia-smi <arguments>).
+    - "MIG layouts re-created with O(recreate_mig_layout) (in check mode, to be re-created), each as C(GPU <index> (<uuid>): nvidia-smi <arguments>)."
   type: list
   elements: str
   returned: always
