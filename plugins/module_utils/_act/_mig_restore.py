@@ -139,7 +139,7 @@ def verdict(entry: t.Mapping[str, t.Any], now: t.Mapping[str, t.Any] | None) -> 
 def create_args(entry: t.Mapping[str, t.Any]) -> list[str] | None:
     """`mig -i N -cgi P,P -C` that re-creates the layout, or None when -C (each GPU instance's one
     default compute instance) cannot give it back (several compute instances in one GPU instance)."""
-    gis = sorted(entry.get("gpu_instances") or [], key=lambda gi: int(str(gi.get("placement", "0:0")).split(":")[0]))
+    gis = sorted(entry.get("gpu_instances") or [], key=lambda gi: int(str(gi.get("placement", "0:0")).partition(":")[0]))
     per_gi: dict[t.Any, int] = {}
     for ci in entry.get("compute_instances") or []:
         per_gi[ci.get("gpu_instance")] = per_gi.get(ci.get("gpu_instance"), 0) + 1
