@@ -189,3 +189,13 @@ def test_a_tenants_environment_file_is_never_read(nshost, kind):
     assert "These would not start" not in failed.msg and before[0] not in failed.msg, failed.msg
     said = " ".join(failed.result.get("warnings") or []) + failed.stdout + failed.stderr
     assert "/run/shared/vllm.env" in said and "not read" in said, said
+
+
+@pytest.mark.parametrize("fault, words", [("hang", "nvidia-smi timed out after 2 s"), ("garbage", "is not on this node now")])
+def test_a_hung_or_garbled_nvidia_smi_is_never_read_as_the_layout_being_there(nshost, fault, words):
+    host, uuid, _before = released_with_layout(nshost, f"mig05{fault}")
+    host.set_fault(**{fault: True})
+    failed = run_module(host, "gpu_restore", {"recreate_mig_layout": True, "step_timeout": 2}, timeout=90)
+    host.clear_faults()
+    assert failed.failed and words in failed.msg and "othing was restored" in failed.msg, failed.msg
+    assert setters(host) == [f"-i {uuid} -c 0"] and mig_log(host) == [], "nothing restored, nothing sliced"

@@ -197,13 +197,13 @@ class MigCheck:
 
     def _read(self) -> dict[str, t.Any]:
         from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import NvidiaSmiError  # pylint: disable=import-outside-toplevel
-        smi = self.restore._smi()  # pylint: disable=protected-access
         try:
+            smi = self.restore._smi()  # pylint: disable=protected-access
             listed = _mig_layout.parse_list(smi.run(["-L"]))
             indexes = [listed[str(e.get("uuid"))]["index"] for e in self.layouts if str(e.get("uuid")) in listed]
             layouts = _mig_layout.read(smi, indexes) if indexes else {}
         except NvidiaSmiError as exc:
-            raise MigRefused(f"the MIG layout could not be read: {exc.msg}") from exc
+            raise MigRefused(f"the record keeps a MIG layout, and the GPUs' layout could not be read to compare: {exc.msg}; nothing was restored") from exc
         for uuid, gpu in listed.items():
             self.present |= {d["uuid"] for d in gpu["mig_devices"]}
             layouts.setdefault(uuid, {"gpu_instances": [], "compute_instances": [], "mig_devices": gpu["mig_devices"], "index": gpu["index"]})
