@@ -116,3 +116,16 @@ def test_a_gate_without_mig_makes_no_call():
     gpus = [{"index": 0, "uuid": "GPU-a", "mig_mode": "Disabled"}, {"index": 1, "uuid": "GPU-b", "mig_mode": "[N/A]"},
             {"index": 2, "uuid": "GPU-c", "mig_mode": "Enabled"}]
     assert _mig_layout.record_entries(NoCall(), gpus, [0, 1], "t") == ([], [])
+
+
+def test_a_containers_device_request_and_nvidia_visible_devices_name_its_mig_uuids():
+    from ansible_collections.zeromib.gpu.plugins.module_utils._look import _engines
+
+    inspect = {"Id": "c" * 64, "Name": "/vllm", "Config": {"Env": ["NVIDIA_VISIBLE_DEVICES=MIG-1c6a9d2b-5f3e-5c8a-8b4d-2e3f4a5b6c71", "A=b"]},
+               "HostConfig": {"DeviceRequests": [{"Driver": "nvidia", "DeviceIDs": ["MIG-0b5f8c1a-4e2d-5b7f-9a3c-1d2e3f4a5b60"],
+                                                  "Capabilities": [["gpu"]]}]},
+               "State": {"Running": False}}
+    record = _engines.record_of(inspect)
+    assert record["gpu_devices"] == ["MIG-0b5f8c1a-4e2d-5b7f-9a3c-1d2e3f4a5b60", "MIG-1c6a9d2b-5f3e-5c8a-8b4d-2e3f4a5b6c71"]
+    assert _mig_restore.container_mig_uuids(record) == set(record["gpu_devices"])
+    assert _mig_restore.container_mig_uuids(None) == set()
