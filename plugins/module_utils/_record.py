@@ -31,6 +31,12 @@ lock, so that a crash or two runs at once never leave half a record. Format (doc
                 keys, and which guest; a record without such entries reads as before)
     swarm_service: {"kind": "swarm_service", "name": "vllm", "actions": ["stopped"], "replicas": 2, "released_at": "..."}
                 (a Docker Swarm service scaled to 0: gpu_restore scales it back to `replicas`; _act/_orchestrators)
+    mig_layout: {"kind": "mig_layout", "name": "mig:GPU-<uuid>", "uuid": "GPU-<uuid>", "index": 0, "pci_bus_id": "...", "actions": ["layout"],
+                 "gpu_instances": [{"profile": "3g.40gb", "profile_id": 9, "id": 1, "placement": "0:4"}, ...],
+                 "compute_instances": [{"gpu_instance": 1, "profile": "3g.40gb", "profile_id": 2, "id": 0, "placement": "0:3"}, ...],
+                 "mig_devices": [{"profile": "3g.40gb", "uuid": "MIG-..."}, ...], "gpu_indexes": [0], "released_at": "..."}
+                (a selected GPU's MIG layout at the release, kept beside what the release changed: a reboot loses it;
+                gpu_restore compares it with the node, _look/_mig_layout and _act/_mig_restore)
     every kind: "released_by": "alice" (the login user of the release's session), where known.
 
 Each entry holds the state BEFORE the first release that changed it. A later release that finds
@@ -60,10 +66,11 @@ if t.TYPE_CHECKING:
 
 PATH = "/var/lib/zeromib-gpu/released.json"
 FORMAT = 1
-KINDS = ("unit", "container", "supervisor", "guest_unit", "gpu_settings", "swarm_service")
+KINDS = ("unit", "container", "supervisor", "guest_unit", "gpu_settings", "swarm_service", "mig_layout")
 # Actions in the order a release takes them; a restore undoes them in reverse. The last four are
-# a GPU's settings put back to the training-ready profile (_act/_ready_settings.py, ready_fix).
-ACTIONS = ("stopped", "disabled", "masked", "compute_mode", "power_limit", "app_clocks", "clock_lock")
+# a GPU's settings put back to the training-ready profile (_act/_ready_settings.py, ready_fix); "layout":
+# a GPU's MIG layout recorded (_look/_mig_layout.py: nothing changed on the GPU, kept for gpu_restore).
+ACTIONS = ("stopped", "disabled", "masked", "compute_mode", "power_limit", "app_clocks", "clock_lock", "layout")
 
 
 class RecordError(Exception):
@@ -411,6 +418,9 @@ def describe(entry: t.Mapping[str, t.Any]) -> str:
     """`vllm.service stopped, disabled by zeromib at 2026-12-01T10:00:00Z`."""
     what = {"unit": "", "container": "container ", "supervisor": "supervisor program ", "guest_unit": "guest unit ",
             "gpu_settings": "settings of GPU {} ".format(entry.get("index"))}.get(entry.get("kind") or "", "")
+    if entry.get("kind") == "mig_layout":
+        at = entry.get("released_at") or "an unknown time"
+        return "MIG layout of GPU {} ({}) recorded by zeromib at {}".format(entry.get("index"), entry.get("uuid"), at)
     name = (entry.get("entry") if entry.get("kind") == "guest_unit" else None) or entry.get("name") or (entry.get("id") or "")[:12]
     return "{}{} {} by zeromib at {}".format(what, name, ", ".join(entry.get("actions") or []), entry.get("released_at") or "an unknown time")
 

@@ -310,6 +310,8 @@ class ContainerRecord(t.TypedDict):
     pid: int | None
     # Its com.docker.swarm.* labels (a Swarm task's service and task), {} for others.
     labels: dict[str, str]
+    # The GPUs its device request and NVIDIA_VISIBLE_DEVICES name (MIG UUIDs among them).
+    gpu_devices: list[str]
 
 
 class ContainersDone(t.TypedDict):

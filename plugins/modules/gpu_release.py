@@ -680,7 +680,11 @@ def ready_fixed(smi: NvidiaSmi, params: t.Mapping[str, t.Any], result: dict[str,
     entries, fixed, errors = _ready_settings.apply(smi, result["gpus"], release.health.checks.ready_profile, _record.now_iso())
     result.update(ready_fixed=fixed, ready_fix_errors=errors)
     if entries:
-        _record.add(_record.PATH, entries)
+        # Issue 71: the MIG layout of the selected GPUs in MIG mode goes in with what ready_fix changed.
+        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _mig_layout
+        layouts, problems = _mig_layout.record_entries(smi, result["gpus"], result.get("selected_gpus") or [], _record.now_iso())
+        result["warnings"] = list(result.get("warnings") or []) + problems
+        _record.add(_record.PATH, entries + layouts)
         result["changed"] = True
         result["gpus"] = _ready_settings.read_again(smi, result["gpus"], release.health)
         result.update(release.with_shm_floor(_facts.health_summary(result["gpus"], release.health, None)))

@@ -79,6 +79,19 @@ options:
       - V(true) reloads all the same. R(More in the containers guide on daemon-reload, ansible_collections.zeromib.gpu.docsite.guide_containers.daemon-reload).
     type: bool
     default: false
+  recreate_mig_layout:
+    description:
+      - The record keeps the MIG layout (GPU and compute instances, MIG UUIDs) of every GPU in MIG mode that a release selected; a reboot
+        loses it (only MIG mode persists). Before anything is restored, each layout is compared with the GPU now. The same slicing - nothing
+        to do. Other instances - never touched; the task fails, nothing restored.
+      - No instance now - with V(false) the task fails, nothing restored, naming the units and containers to restore whose configuration
+        (a root-owned unit file, drop-in or C(EnvironmentFile=); a container's device request) names a MIG UUID that no longer exists.
+        With V(true) the layout is re-created (C(nvidia-smi mig -i N -cgi PROFILES -C)) and read back; the new instances have new MIG
+        UUIDs, so an entry whose configuration still names a lost one is not restored, and its reason names the UUID at its place now.
+      - A MIG change is refused while a process holds the GPU's device files (C(In use by another client)); the task names them (DCGM's
+        C(nv-hostengine), any NVML client).
+    type: bool
+    default: false
 notes:
   - Needs root (O(ignore:become=true)); the record is readable by root only.
   - The record, its format and how several releases before one restore merge, are described in C(docs/docsite/rst/guide_restore.rst).
@@ -195,6 +208,13 @@ device_nodes:
       the restore before anything starts, naming it. V(null) when nothing was to restore or the NVIDIA driver is not loaded.
   type: dict
   returned: always
+recreated_mig_layouts:
+  description:
+    - "MIG layouts re-created with O(recreate_mig_layout) (in check mode, to be re-created), each as C(GPU <index> (<uuid>): nvidia-smi <arguments>)."
+  type: list
+  elements: str
+  returned: always
+  sample: ["GPU 0 (GPU-ab0cf4f6-818d-be7e-f16b-963690d7c5c5): nvidia-smi mig -i 0 -cgi 9,9 -C"]
 restored_gpu_settings:
   description:
     - GPU settings that M(zeromib.gpu.gpu_release)'s O(zeromib.gpu.gpu_release#module:ready_fix) changed, set back with nvidia-smi
@@ -284,6 +304,7 @@ ARGUMENT_SPEC = dict(
     forget=dict(type="list", elements="str", default=[]),
     nvidia_smi=dict(type="path"),
     reload_despite_gpu_containers=dict(type="bool", default=False),
+    recreate_mig_layout=dict(type="bool", default=False),
 )
 
 

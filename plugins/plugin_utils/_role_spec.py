@@ -47,6 +47,7 @@ RESTORE_TYPES: dict[str, dict[str, t.Any]] = {
     "restore_gpus_max_used_mib": {"type": "int"},
     "restore_gpus_nvidia_smi": {"type": "str"},
     "restore_gpus_reload_despite_gpu_containers": {"type": "bool"},
+    "restore_gpus_recreate_mig_layout": {"type": "bool"},
     "restore_gpus_require_healthy": {"type": "bool"},
     "restore_gpus_resume_drained": {"type": "bool"},
     "restore_gpus_slurm_node_name": {"type": "str"},

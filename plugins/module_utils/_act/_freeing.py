@@ -25,6 +25,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._look import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _guests
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders_mod
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _jobs
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _mig_layout
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _containers
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _guest_units
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _mps
@@ -251,7 +252,7 @@ def act(release: Release, plan: Plan) -> None:
         exc.done = None
         raise
     finally:
-        write_record(release, units.get("before") or {}, plan.holders)
+        write_record(release, units.get("before") or {}, plan.holders, plan.gpus, plan.selected)
     targets = plan.targets
     if plan.containers.stop or units["stop"] or programs["stop"] or release.result["stopped_guest_units"]:
         # Stopping a unit or a container ended its processes; see who is left before signalling anyone.
@@ -406,13 +407,19 @@ def recorded_unit_files(release: Release) -> set[str]:
     return _record.unit_files_changed(path)
 
 
-def write_record(release: Release, unit_before: dict[str, dict[str, str]], holders: list[Holder]) -> None:
-    """Add what this run stopped, disabled or masked to the restore record (_record)."""
+def write_record(release: Release, unit_before: dict[str, dict[str, str]], holders: list[Holder], gpus: t.Sequence[Gpu] = (),
+                 selected: t.Iterable[int] = ()) -> None:
+    """Add what this run stopped, disabled or masked to the restore record (_record), and with it the
+    MIG layout of the selected GPUs in MIG mode (_mig_layout: a reboot loses it, gpu_restore compares)."""
     path = getattr(release.system, "record_path", None)
     if not path:
         return
     entries = _record.release_entries(release.result, unit_before, holders, _record.now_iso(), _record.login_user(release.system.proc),
                                       release.guest_before)
+    if any(e.get("actions") for e in entries):
+        layouts, problems = _mig_layout.record_entries(release.smi, t.cast("t.Any", gpus), selected, _record.now_iso())
+        entries += layouts
+        release.result["warnings"].extend(problems)
     try:
         record = _record.add(path, entries)
     except (_record.RecordError, OSError) as exc:

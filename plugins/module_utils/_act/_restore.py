@@ -33,6 +33,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders
 from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import NvidiaSmi
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils import _record
+from ansible_collections.zeromib.gpu.plugins.module_utils._act import _mig_restore
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _ready_settings
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _reload_risk
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _system
@@ -158,6 +159,8 @@ def label(entry: Entry) -> str:
         return "guest unit {}".format(entry.get("entry") or entry.get("name"))
     if entry.get("kind") == _ready_settings.KIND:
         return "settings of GPU {} ({})".format(entry.get("index"), entry.get("name"))
+    if entry.get("kind") == _mig_restore.KIND:
+        return "MIG layout of GPU {} ({})".format(entry.get("index"), entry.get("uuid"))
     what = {"container": "container ", "supervisor": "supervisor program "}.get(entry.get("kind") or "", "")
     return what + (entry.get("name") or (entry.get("id") or "")[:12])
 
@@ -169,6 +172,7 @@ _STEP_STATES = {
     "reset-failed": ("failed", "failed state reset"),
     "start": ("stopped", "running"),
     "autostart": ("autostart off", "autostart as before"),
+    "re-create": ("MIG instances gone", "MIG instances re-created"),
 }
 
 
@@ -233,6 +237,8 @@ class Restore:
             "device_nodes": None,
             # GPU settings ready_fix changed, set back: `GPU 1 (GPU-...): compute mode Exclusive_Process`.
             "restored_gpu_settings": [],
+            # MIG layouts re-created (recreate_mig_layout): `GPU 0 (GPU-...): nvidia-smi mig -i 0 -cgi 9,9 -C`.
+            "recreated_mig_layouts": [],
             # A system container's own units, put back through the guest's systemd: `lxc:101:vllm.service`.
             "unmasked_guest_units": [],
             "enabled_guest_units": [],
@@ -514,14 +520,27 @@ class Restore:
         self.result["device_nodes"] = nodes
         if nodes and nodes["error"]:
             raise RestoreError(nodes["error"] + "; nothing was restored", self.result)
-        units = [e["name"] for e in todo if e["kind"] == "unit"]
+        # Issue 71: the MIG layouts the record keeps, against the node, before anything starts (_mig_restore).
+        try:
+            mig = _mig_restore.check(self, todo)
+        except _mig_restore.MigRefused as exc:
+            raise RestoreError(str(exc), self.result) from exc
+        pinned = mig.still_pinned() if mig else {}
+        # A unit pinned to a lost MIG UUID is not restored: systemd is not asked about it.
+        units = [e["name"] for e in todo if e["kind"] == "unit" and _record.key(e) not in pinned]
         props = self._show(units) if units else {}
         restored: list[Entry] = []
         kept: list[Entry] = []
         before_lines: list[str] = []
         after_lines: list[str] = []
+        steps: list[str]
+        why: str | None
         for entry in reversed(todo):
-            if entry["kind"] == "unit":
+            if _record.key(entry) in pinned:
+                steps, why = [], pinned[_record.key(entry)]
+            elif entry["kind"] == _mig_restore.KIND:
+                steps, why = mig.outcomes.get(_record.key(entry), ([], None)) if mig else ([], None)
+            elif entry["kind"] == "unit":
                 steps, why = self.restore_unit(entry, props.get(entry["name"], {}))
             elif entry["kind"] == "container":
                 steps, why = self.restore_container(entry)

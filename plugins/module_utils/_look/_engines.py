@@ -74,6 +74,9 @@ def record_of(inspect: dict[str, t.Any]) -> ContainerRecord:
         "pid": state.get("Pid") or None,
         # The engine's own Swarm labels (the service and task a manager created it for: _look/_orchestrators).
         "labels": {str(k): str(v) for k, v in labels.items() if str(k).startswith("com.docker.swarm.")},
+        # The GPUs its device request names (`--gpus device=MIG-...`, NVIDIA_VISIBLE_DEVICES): gpu_restore's MIG check (_act/_mig_restore).
+        "gpu_devices": [str(d) for r in host_config.get("DeviceRequests") or [] if isinstance(r, dict) for d in r.get("DeviceIDs") or []]
+        + [str(e).partition("=")[2] for e in config.get("Env") or [] if str(e).startswith("NVIDIA_VISIBLE_DEVICES=")],
     }
 
 

@@ -26,6 +26,7 @@ from ansible_collections.zeromib.gpu.plugins import module_utils
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _protect
 
 NOT_PROCESS_NAMES = {
+    "_mig_restore.UNIT_DIRS": "directories systemd reads system units from",
     "_services.ORCHESTRATOR_PREFIXES": "services entry prefixes (swarm:, ray:)",
     "_orchestrators.PREFIXES": "services entry prefixes (swarm:, ray:)",
     "_caps.WHOLE": "result keys (lists the hardware sizes)",

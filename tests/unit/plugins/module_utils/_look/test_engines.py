@@ -49,6 +49,7 @@ def test_record_of_a_running_restart_always_container():
         "pod_uid": None,
         "pid": inspect_fixture("api-inspect-vllm.json")["State"]["Pid"],
         "labels": {},
+        "gpu_devices": [],
     }
     assert engines.record_of(inspect_fixture("cli-inspect-vllm.json")) == record
 
