@@ -52,13 +52,18 @@ def test_a_misspelled_variable_fails_every_host_that_has_it_and_nothing_is_done(
     assert run.rc == 2, run
     said = ("settings mistake, nothing was done: free_gpus_servic_state is not a variable of the zeromib.gpu.free_gpus role; "
             "did you mean free_gpus_service_state?")
-    # said once (issue 67): the first host of the play says it, the others point to it
-    first = min(hosts)  # the inventory lists the fleet in name order
-    for host in hosts:
+    # said once (issue 67): the first host of the play says it, the others point to a host before
+    # them in the play's order that has the same mistake (the first one, unless its outcome had not
+    # reached that host's verdict yet: then the next, whose own line points on to the first)
+    ordered = sorted(hosts)  # the inventory lists the fleet in name order
+    for position, host in enumerate(ordered):
         assert recap(run, host) == counts(ok=2, failed=1), run.stdout
         [fatal] = fatal_lines(run, host)
-        assert (f'"msg": "{host}: {said}"' if host == first else
-                f'"msg": "{host}: settings mistake, nothing was done: the same as {first} (free_gpus_servic_state), whose line says it"') in fatal, fatal
+        if position == 0:
+            assert f'"msg": "{host}: {said}"' in fatal, fatal
+        else:
+            assert any(f'"msg": "{host}: settings mistake, nothing was done: the same as {earlier} (free_gpus_servic_state), whose line says it"'
+                       in fatal for earlier in ordered[:position]), fatal
     assert (run.stdout + run.stderr).count("free_gpus_servic_state is not a variable") == 1
     untouched(fleet, vllm, sglang)
 
