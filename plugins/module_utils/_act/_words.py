@@ -150,6 +150,10 @@ def gpu_failure(gpu: Gpu, holders: list[Holder], apps: list[ComputeApp], blind: 
         text += ", and no process that this module can read holds it (its holder may be one it cannot read)"
     elif freeing:
         text += ", and no live process holds it any more: the driver is still freeing its memory"
+    elif gpu.get("memory_proof") == "unified memory" and not on_gpu and not claims:
+        # A GPU sharing the host's memory: its proof is the host's MemAvailable (_look/_unified_memory, issue 70).
+        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _unified_memory
+        text += _unified_memory.failure(gpu)
     elif node is not None and (node.virtualization or {}).get(gpu["index"]) == "Host VGPU" and not on_gpu and not dead_claims:
         # A vGPU host: what no process holds is the VMs' framebuffer (_look/_node_shapes, issue 70).
         from ansible_collections.zeromib.gpu.plugins.module_utils._look import _node_shapes
