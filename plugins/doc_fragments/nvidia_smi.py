@@ -26,7 +26,8 @@ options:
     description:
       - A GPU is clean when its C(memory.used) is at most this many MiB.
       - MIG-enabled GPUs read 50-59 MiB and desktop GPUs a few hundred MiB when idle; set a baseline for them.
-      - A GPU whose memory nvidia-smi cannot report (V([N/A]), V([Unknown Error])) is never clean.
+      - A GPU whose memory nvidia-smi cannot report (V([N/A]), V([Unknown Error])) is never clean, except a GPU that shares the host's
+        memory (see O(min_host_available_mib)).
     type: int
     default: 0
   min_host_available_mib:

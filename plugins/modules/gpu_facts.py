@@ -310,7 +310,7 @@ ansible_facts:
               C(ecc_mode), C(ecc_mode_pending), C(utilization_gpu_pct), C(power_draw_w), and C(profile), the profile checked.
             - C(clean) is V(true) when C(memory_used_mib) is at most O(max_used_mib), or when C(cross_gpu_footprint) is V(true).
             - C(memory_proof) says how the GPU was proven free - V(memory.used) (its reading, at most O(max_used_mib)), or V(unified memory)
-              for a GPU that shares the host's memory (GB10 / DGX Spark, Jetson: C(memory.total), C(memory.used) and C(memory.free) read
+              for a GPU that shares the host's memory (GB10 / DGX Spark, Jetson; C(memory.total), C(memory.used) and C(memory.free) read
               V([N/A])), then C(memory_used_mib) is the sum of its compute processes' C(used_memory) and the GPU is clean when no compute
               process is on it and C(host_memory_available_mib) (the host's MemAvailable) is at least O(min_host_available_mib);
               C(host_memory_available_mib) is V(null) on other GPUs.
