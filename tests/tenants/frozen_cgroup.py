@@ -50,7 +50,7 @@ def frozen_holder(host: t.Any, name: str, mib: int = 1024, gpu: int = 0, uid: in
             freeze = ["setpriv", f"--reuid={uid:d}", f"--regid={uid:d}", "--clear-groups"] + freeze
         host.run(freeze, check=True)
         held = Held(host, holder.pid, directory)
-        for _ in range(50):
+        for _attempt in range(50):
             if held.state() == "FROZEN":
                 break
             host.run(["sleep", "0.1"])
