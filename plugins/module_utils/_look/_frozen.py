@@ -27,8 +27,6 @@ from __future__ import annotations
 import os
 import typing as t
 
-FREEZER_STATES = ("FROZEN", "FREEZING")
-
 
 class Frozen(t.NamedTuple):
     """A holder's frozen cgroup: the directory, what reads frozen there, and its owner (0: root)."""
@@ -98,7 +96,7 @@ def frozen_of(pid: int, proc: str = "/proc") -> Frozen | None:
     for mount in v1_mounts:
         directory = _below(mount, v1_path)
         state = (_read_small(os.path.join(directory, "freezer.state")) or "").strip() if directory else ""
-        if state in FREEZER_STATES:
+        if state in ("FROZEN", "FREEZING"):  # the v1 freezer's frozen states (THAWED: not)
             return Frozen(directory or "", f"freezer.state {state}", owner_of(directory or "", mount))
     for mount in v2_mounts:
         directory = _below(mount, v2_path)
