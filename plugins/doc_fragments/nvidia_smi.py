@@ -26,9 +26,19 @@ options:
     description:
       - A GPU is clean when its C(memory.used) is at most this many MiB.
       - MIG-enabled GPUs read 50-59 MiB and desktop GPUs a few hundred MiB when idle; set a baseline for them.
-      - A GPU whose memory nvidia-smi cannot report (V([N/A]), V([Unknown Error])) is never clean.
+      - A GPU whose memory nvidia-smi cannot report (V([N/A]), V([Unknown Error])) is never clean, except a GPU that shares the host's
+        memory (see O(min_host_available_mib)).
     type: int
     default: 0
+  min_host_available_mib:
+    description:
+      - For a GPU that shares the host's memory (unified memory, as on GB10 / DGX Spark and Jetson), whose C(memory.used) reads V([N/A]), the
+        least MemAvailable of the host (C(/proc/meminfo), MiB) with which it is free. Such a GPU is free when no compute process is on
+        it and the host has at least this much memory available; its C(memory_proof) reads V(unified memory).
+      - The default 1024 MiB is what a CUDA context, the driver's own allocations and a small job need, and what a Jetson with 4 GiB in
+        all can still leave free; set the size of the next job's model on a serving node. Read only where nvidia-smi shows the shape.
+    type: int
+    default: 1024
   cross_gpu_footprint_mib:
     description:
       - A GPU that no process uses, while contexts live on other GPUs, is clean at O(max_used_mib) plus this many MiB (4 MiB measured

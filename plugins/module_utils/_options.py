@@ -69,6 +69,9 @@ OPTIONS = (
     Option("nvidia_smi", "path", doc="path of nvidia-smi (searched when not set)"),
     Option("timeout", "float", 10, "seconds for each nvidia-smi call and the /proc scan", low=(0, False), most=DAY),
     Option("max_used_mib", "int", 0, "the most MiB a GPU may read and still be free", low=(0, True)),
+    # _unified_memory.DEFAULT_MIN_HOST_AVAILABLE_MIB, with its reason.
+    Option("min_host_available_mib", "int", 1024, "the least host MemAvailable (MiB) with which a GPU sharing the host's memory is free",
+           low=(0, True)),
     Option("cross_gpu_footprint_mib", "int", 4, "MiB a context on another GPU leaves on a free one", low=(0, True)),
     Option("protect", "list", (), "process names or PIDs never signalled", elements="str"),
     Option("health", "bool", True, "read the GPUs' health (Xids, PCIe, persistence, /dev/shm)", role=False),

@@ -79,6 +79,12 @@ class Gpu(t.TypedDict, total=False):
     ecc_mode_pending: str | None
     # Internal: the optional nvidia-smi fields this driver rejected (memory.reserved aside).
     _rejected: list[str]
+    # A GPU sharing the host's memory (_look/_unified_memory): its proof, the host's MemAvailable and
+    # the least it must be; internal: why it is not free (None: free).
+    memory_proof: str | None
+    host_memory_available_mib: int | None
+    min_host_available_mib: int | None
+    _unified_not_free: str | None
 
 
 class ComputeApp(t.TypedDict, total=False):

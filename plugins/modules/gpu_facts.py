@@ -309,6 +309,11 @@ ansible_facts:
               C(app_clocks_memory_default_mhz), C(clocks_user_limited) (the applications-clocks event reason is active),
               C(ecc_mode), C(ecc_mode_pending), C(utilization_gpu_pct), C(power_draw_w), and C(profile), the profile checked.
             - C(clean) is V(true) when C(memory_used_mib) is at most O(max_used_mib), or when C(cross_gpu_footprint) is V(true).
+            - C(memory_proof) says how the GPU was proven free - V(memory.used) (its reading, at most O(max_used_mib)), or V(unified memory)
+              for a GPU that shares the host's memory (GB10 / DGX Spark, Jetson; C(memory.total), C(memory.used) and C(memory.free) read
+              V([N/A])), then C(memory_used_mib) is the sum of its compute processes' C(used_memory) and the GPU is clean when no compute
+              process is on it and C(host_memory_available_mib) (the host's MemAvailable) is at least O(min_host_available_mib);
+              C(host_memory_available_mib) is V(null) on other GPUs.
             - C(cross_gpu_footprint) is V(true) for a GPU that no process uses and whose memory above O(max_used_mib) is at most
               O(cross_gpu_footprint_mib), while contexts live on other GPUs.
           type: list
@@ -324,6 +329,8 @@ ansible_facts:
               memory_used_mib: 10267
               memory_reserved_mib: 616
               memory_free_mib: 132890
+              memory_proof: memory.used
+              host_memory_available_mib: null
               utilization_gpu_pct: 0
               temperature_c: 43
               power_draw_w: 120.0
@@ -498,6 +505,7 @@ def gather(params: t.Mapping[str, t.Any], which: t.Callable[[str], str | None] |
     """Options -> (the ansible_facts.gpu dict, warnings). Raises NvidiaSmiError.
     `which(name)` finds dcgmi (None: not installed)."""
     smi = NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), params["timeout"])
+    smi.min_host_available_mib = params["min_host_available_mib"]
     snapshot = _facts.look(smi, params["protect"], with_processes=params["processes"], max_used_mib=params["max_used_mib"],
                            footprint_mib=params["cross_gpu_footprint_mib"], checks=_health.Checks.from_params(params),
                            # Check mode writes nothing, not even the kernel log's cursor: a whole read.

@@ -725,6 +725,7 @@ def main() -> None:
         module.fail_json(msg=str(exc))
     try:
         smi = NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), params["timeout"])
+        smi.min_host_available_mib = params["min_host_available_mib"]
         system = System(module.get_bin_path("systemctl"), record_path=_record.PATH,
                         # Check mode writes nothing, not even the kernel log's cursor: a whole read.
                         kernel_log_state=None if module.check_mode else _kernel_log_state.PATH)

@@ -419,9 +419,13 @@ class _Interned:
 
 
 def _heat_notes(g: t.Mapping[str, t.Any]) -> list[str]:
-    """A GPU's tooltip notes: memory of gone PIDs, health, the CUDA smoke test."""
+    """A GPU's tooltip notes: memory of gone PIDs, the unified-memory proof, health, the CUDA smoke test."""
     notes = ["nvidia-smi counts {} MiB for gone PID {} ({})".format(p.get("used_memory_mib"), p.get("pid"), p.get("name"))
              for p in g["processes"] if p.get("alive") is False]
+    if g.get("memory_proof") == "unified memory":
+        # A GPU sharing the host's memory (GB10, Jetson): its proof is not a 0 MiB reading.
+        notes.append("unified memory: free with no compute process and min_host_available_mib of host memory; {} MiB available".format(
+            g.get("host_memory_available_mib")))
     if g.get("healthy") is False:
         notes.append("UNHEALTHY: " + "; ".join(g["health_issues"]))
     if g.get("health_checked") is False:

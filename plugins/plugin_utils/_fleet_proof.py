@@ -24,6 +24,8 @@ from __future__ import annotations
 import typing as t
 from collections.abc import Mapping
 
+from ansible_collections.zeromib.gpu.plugins.plugin_utils import _verdict
+
 # What a run that freed something leaves in its outcome (plugin_utils/_outcome.py).
 _DID = ("stopped_units", "disabled_units", "masked_units", "stopped_containers", "disabled_containers", "killed")
 # Holders named in a message before "and N more" (a user decides how many processes there are).
@@ -119,7 +121,7 @@ def judge(facts: t.Any, host: str, selected: t.Sequence[int], freed: t.Sequence[
     gpus = _selected(facts.get("gpus") or [], selected)
     if not gpus:
         return f"{host}: the fleet-wide proof {where} found none of the selected GPUs: not free"
-    dirty = ["GPU {} reads {} MiB".format(gpu.get("index"), gpu.get("memory_used_mib")) for gpu in gpus if not gpu.get("clean")]
+    dirty = [_verdict.dirty_reading(gpu) for gpu in gpus if not gpu.get("clean")]
     holders = dirty_holders(facts.get("holders") or [], selected)
     if not dirty and not holders:
         return None

@@ -115,12 +115,21 @@ def _release_failures(result: t.Mapping[str, t.Any], check_mode: bool) -> tuple[
     if not result.get("released", False):
         checks.append("released")
         if looked and result.get("released") is False:
-            dirty = [f"GPU {g.get('index')} reads {g.get('memory_used_mib')} MiB" for g in selected_gpus(result) if not g.get("clean")]
+            dirty = [dirty_reading(g) for g in selected_gpus(result) if not g.get("clean")]
             problems.append("not released: " + ", ".join(dirty))
     selected = result.get("selected_gpus") or []
     if any(not gpu.get("clean") for gpu in result.get("gpus") or [] if gpu.get("index") in selected):
         checks.append("every selected GPU clean")
     return checks, problems, status
+
+
+def dirty_reading(gpu: t.Mapping[str, t.Any]) -> str:
+    """`GPU 3 reads 4096 MiB`; for a GPU sharing the host's memory, whose proof is its compute
+    processes and the host's MemAvailable (memory_proof: unified memory), those instead."""
+    if gpu.get("memory_proof") == "unified memory":
+        return "GPU {} (unified memory) has {} MiB in compute processes and {} MiB of host memory available".format(
+            gpu.get("index"), gpu.get("memory_used_mib"), gpu.get("host_memory_available_mib"))
+    return "GPU {} reads {} MiB".format(gpu.get("index"), gpu.get("memory_used_mib"))
 
 
 def verdict(result: t.Mapping[str, t.Any], expected_count: int | None = 0, check_mode: bool = False,

@@ -129,7 +129,19 @@ MODELS = {
         "vbios_version": "94.04.25.00.A9", "ecc": False, "serial": "[N/A]",
         "display_active": "Enabled", "memory_free_adjust_mib": 0,
     },
+    "gb10": {  # DGX Spark (GB10): the GPU shares the host's 128 GB (unified memory); nvidia-smi reads memory.total, memory.used
+        # and memory.free [N/A] while per-process used_memory works (leptonai/gpud#1170, XuehaiPan/nvitop#208, wookayin/gpustat#179).
+        # memory_total_mib only feeds the simulator's own arithmetic: every memory field is answered [N/A] (fields, below).
+        "name": "NVIDIA GB10", "memory_total_mib": 122502, "memory_reserved_mib": 0,
+        "baseline_mib": 0, "mig_mode": "[N/A]", "persistence_mode": "Enabled",
+        "compute_mode": "Default", "pstate": "P0", "temperature_c": 45, "power_draw_w": 11.0,
+        "power_limit_w": "[N/A]", "utilization_gpu_pct": 0, "clocks_sm_mhz": 208, "clocks_max_sm_mhz": 3003,
+        "vbios_version": "[N/A]", "ecc": False, "serial": "[N/A]",
+        "display_active": "Disabled", "memory_free_adjust_mib": 0,
+    },
 }
+
+UNIFIED_MEMORY_FIELDS = {"memory.total": "[N/A]", "memory.used": "[N/A]", "memory.free": "[N/A]", "memory.reserved": "[N/A]"}
 
 PRESETS = {
     "h200x8": {"model": "h200", "count": 8, "buses": HGX_BUSES},
@@ -158,6 +170,9 @@ PRESETS = {
     # nvidia-smi lists every GPU and no process; the kernel release as WSL's kernel spells it.
     "wsl2-rtx3070": {"model": "rtx3070-wsl2", "count": 1, "buses": ["09"], "driver_version": "526.98", "cuda_version": "12.0",
                      "wsl": {"osrelease": "5.15.79.1-microsoft-standard-WSL2"}},
+    # Unified memory (issue 70): one GB10 whose memory fields read [N/A]; compute apps list used_memory as usual.
+    "gb10": {"model": "gb10", "count": 1, "buses": ["01"], "driver_version": "580.95.05", "cuda_version": "13.0",
+             "fields": UNIFIED_MEMORY_FIELDS},
 }
 
 

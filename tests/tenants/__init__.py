@@ -9,6 +9,7 @@ tenant controls it and build that tenant first. One kit, one file per tenant:
 - `other_job.py`       another job's processes (Slurm cgroups) on the same node, some of them blocked
 - `stalled_fuse.py`    a user whose FUSE mount stops answering (reads of her processes block)
 - `shm_flood.py`       a user who floods /dev/shm (hundreds of thousands of empty files)
+- `frozen_cgroup.py`   a GPU job frozen by the cgroup v1 freezer, by root or by a user in her delegated freezer cgroup
 - `shm_user.py`        a user whose live service keeps shared memory in /dev/shm that others attach to
 
 Every tenant acts only inside a simulated host that a test created (a namespace host or a fleet

@@ -523,7 +523,8 @@ class Release:
         freeing = {} if early else freeing_notes(dirty, holders, apps, self.trend, lambda pid: holders_mod.is_exiting(pid, self.system.proc),
                                                  signalled)
         return failure_message(dirty, holders, apps, self.result["timings"]["wait_s"], self.result["unkillable"],
-                               early == "protected", early, unreadable, freeing, self.inside_container, self.reset_node())
+                               early == "protected", early, unreadable, freeing, self.inside_container, self.reset_node(),
+                               self.system.proc)
 
     def reset_node(self) -> _reset.Node:
         """What the reset advice of a failure needs of this node (read only for a failure)."""

@@ -150,6 +150,10 @@ def gpu_failure(gpu: Gpu, holders: list[Holder], apps: list[ComputeApp], blind: 
         text += ", and no process that this module can read holds it (its holder may be one it cannot read)"
     elif freeing:
         text += ", and no live process holds it any more: the driver is still freeing its memory"
+    elif gpu.get("memory_proof") == "unified memory" and not on_gpu and not claims:
+        # A GPU sharing the host's memory: its proof is the host's MemAvailable (_look/_unified_memory, issue 70).
+        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _unified_memory
+        text += _unified_memory.failure(gpu)
     elif node is not None and (node.virtualization or {}).get(gpu["index"]) == "Host VGPU" and not on_gpu and not dead_claims:
         # A vGPU host: what no process holds is the VMs' framebuffer (_look/_node_shapes, issue 70).
         from ansible_collections.zeromib.gpu.plugins.module_utils._look import _node_shapes
@@ -244,12 +248,14 @@ def permission_head(unreadable: int) -> str:
 
 def failure_message(dirty_gpus: list[Gpu], holders: list[Holder], apps: list[ComputeApp], waited_s: float, unkillable: list[dict[str, t.Any]],
                     protected_only: bool = False, early: str | None = None, unreadable: int = 0,
-                    freeing: t.Mapping[int, str] | None = None, inside: bool = False, node: _reset.Node | None = None) -> str:
+                    freeing: t.Mapping[int, str] | None = None, inside: bool = False, node: _reset.Node | None = None,
+                    proc: str | None = None) -> str:
     """One message naming each dirty GPU, its MiB and what still holds it. `early`: why the
     wait stopped before wait_timeout (a key of EARLY_HEADS). `unreadable`: how many processes
     could not be read (not root): then the permission problem is the head. `freeing`: the GPUs
     still being freed when wait_timeout ran out, and why (freeing_notes). `inside`: the run is
-    in a container (gpu_failure). `node`: for the reset advice (_reset)."""
+    in a container (gpu_failure). `node`: for the reset advice (_reset). `proc`: where a holder that
+    outlived SIGKILL is looked up in a frozen cgroup (_look/_frozen; None: not looked up)."""
     freeing = freeing or {}
     lines = by_holder(dirty_gpus, [gpu_failure(gpu, holders, apps, blind=unreadable > 0, freeing=freeing.get(gpu["index"]), inside=inside,
                                                node=node) for gpu in dirty_gpus])
@@ -265,11 +271,31 @@ def failure_message(dirty_gpus: list[Gpu], holders: list[Holder], apps: list[Com
                 "(role: free_gpus_wait_timeout) may free them")
     else:
         head = f"GPUs still in use after {waited_s:.1f} s"
+    if unkillable and proc is not None:
+        frozen_lines, unkillable = frozen_holders(unkillable, holders, proc)
+        lines += frozen_lines
     if unkillable:
         lines.append("unkillable (outlived SIGKILL: a thread of it stays in the kernel, D state, in the driver or a file system that does not "
                      "answer): " + "; ".join(describe_holder(h) for h in unkillable) + "; a reboot is needed (nothing else ends a process "
                      "stuck in the kernel)")
     return "{}: {}".format(head, ". ".join(lines))
+
+
+def frozen_holders(unkillable: list[dict[str, t.Any]], holders: list[Holder], proc: str) -> tuple[list[str], list[dict[str, t.Any]]]:
+    """The words for the holders that outlived SIGKILL because their cgroup is frozen (a paused
+    container, the cgroup v1 freezer: never "unkillable, reboot"), and the truly unkillable rest."""
+    from ansible_collections.zeromib.gpu.plugins.module_utils._look import _frozen
+    by_pid = {h["pid"]: h for h in holders}
+    lines, rest = [], []
+    for entry in unkillable:
+        frozen = _frozen.frozen_of(int(entry["pid"]), proc)
+        if frozen is None:
+            rest.append(entry)
+            continue
+        holder = by_pid.get(entry["pid"]) or {}
+        lines.append(_frozen.advice(describe_holder(t.cast("Holder", dict(holder, **entry))), frozen, holder.get("container_runtime"),
+                                    holder.get("container_name")))
+    return lines, rest
 
 
 def freeing_notes(dirty_gpus: list[Gpu], holders: list[Holder], apps: list[ComputeApp], trend: MemoryTrend,

@@ -41,6 +41,10 @@ GPU_KEYS = (
     "memory_used_mib",
     "memory_reserved_mib",
     "memory_free_mib",
+    # How the GPU is proven free: "memory.used" (0 MiB, at most max_used_mib), or "unified memory"
+    # (a GPU sharing the host's memory: no compute process and host MemAvailable, _unified_memory).
+    "memory_proof",
+    "host_memory_available_mib",
     "utilization_gpu_pct",
     "temperature_c",
     "power_draw_w",
@@ -90,9 +94,10 @@ HOLDER_KEYS = (
 
 
 def gpu_is_clean(gpu: Gpu, max_used_mib: float) -> bool:
-    """Unknown memory ([N/A], [Unknown Error]) is never clean."""
+    """Unknown memory ([N/A], [Unknown Error]) is never clean; a unified-memory GPU is clean by its
+    own proof (_unified_memory: no compute process, enough host MemAvailable)."""
     used = gpu.get("memory_used_mib")
-    return used is not None and used <= max_used_mib
+    return used is not None and used <= max_used_mib and not gpu.get("_unified_not_free")
 
 
 def with_minor_numbers(gpus: t.Iterable[Gpu], minors_by_bus: t.Mapping[str | None, int]) -> list[Gpu]:
@@ -125,6 +130,7 @@ def minor_to_index(gpus: t.Iterable[Gpu]) -> dict[int, int]:
 def public_gpu(gpu: Gpu, max_used_mib: float, footprint: t.Container[int] = ()) -> Gpu:
     """`footprint`: indexes of GPUs whose memory is only the cross-GPU footprint (clean)."""
     record = t.cast("Gpu", {key: gpu.get(key) for key in GPU_KEYS})
+    record["memory_proof"] = gpu.get("memory_proof") or "memory.used"
     record["cross_gpu_footprint"] = gpu["index"] in footprint
     record["clean"] = gpu_is_clean(gpu, max_used_mib) or record["cross_gpu_footprint"]
     return record

@@ -526,6 +526,13 @@ def read_minor_numbers(root: str = "/proc/driver/nvidia/gpus") -> dict[str | Non
     return minors
 
 
+def shows_unified_memory(records: t.Iterable[t.Mapping[str, t.Any]]) -> bool:
+    """Whether a GPU answered `[N/A]` for memory.used and memory.total, as a GPU that shares the
+    host's memory does (GB10, Jetson: _unified_memory checks the rest). Reads nothing."""
+    return any((r.get("_unavailable") or {}).get("memory_used_mib") == "[N/A]" == (r.get("_unavailable") or {}).get("memory_total_mib")
+               for r in records)
+
+
 class NvidiaSmi:
     """The one seam through which nvidia-smi runs: bounded in time, in the C locale."""
 
@@ -543,6 +550,9 @@ class NvidiaSmi:
         # The nvidia-smi processes this module started: they hold the device files while they
         # run, and a /proc pass made meanwhile must not take them for holders.
         self.pids: set[int] = set()
+        # The least host MemAvailable a unified-memory GPU is free with (_unified_memory; the
+        # modules set their min_host_available_mib option here).
+        self.min_host_available_mib = 1024
 
     @classmethod
     def find(cls, path: str | None = None, search_path: str | None = None) -> str:
@@ -679,7 +689,17 @@ class NvidiaSmi:
                 for _field, key in dropped:
                     t.cast("dict[str, t.Any]", record)[key] = None
                 record["_rejected"] = [f for f, _k in dropped if f != "memory.reserved"]
+            if shows_unified_memory(records):
+                self.prove_unified(records)
             return records
+
+    def prove_unified(self, records: list[Gpu]) -> None:
+        """Unified-memory GPUs (memory [N/A]): their proof from the compute apps and the host's
+        MemAvailable (_unified_memory, loaded only on that shape; one more call there)."""
+        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _unified_memory  # pylint: disable=import-outside-toplevel
+        args = self.app_args()
+        apps = parse_compute_apps(self.run(args), cmd=[self.path] + args)
+        _unified_memory.fill(records, apps, self.min_host_available_mib, _unified_memory.host_available_mib())
 
     def query_all(self, fields: t.Sequence[Field] = GPU_FIELDS, with_apps: bool = True,
                   meanwhile: t.Callable[[], None] | None = None) -> tuple[list[Gpu], list[ComputeApp]]:

@@ -382,6 +382,10 @@ def dirty_causes(result: t.Mapping[str, t.Any], spared: t.Mapping[int, str] | No
             on = [h for h in holders if gpu["index"] in (h.get("gpu_indexes") or [])
                   or (h.get("blocked") and gpu["index"] in (h.get("candidate_gpu_indexes") or []))]
             share = shared.get(str(gpu["index"]))
+            if share is None and not on and gpu.get("memory_proof") == "unified memory":
+                from ansible_collections.zeromib.gpu.plugins.module_utils._look import _unified_memory  # pylint: disable=import-outside-toplevel
+                causes.append(_unified_memory.short_cause(gpu))
+                continue
             if share is None:
                 if not on and nobody is None:
                     from ansible_collections.zeromib.gpu.plugins.module_utils._look import _node_shapes  # pylint: disable=import-outside-toplevel
@@ -531,6 +535,7 @@ def check_job(mode: str, job: str, gpus: list[str] | None, config: t.Mapping[str
     gres: dict[str, t.Any] = {}
     try:
         smi = NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), params["timeout"])
+        smi.min_host_available_mib = params["min_host_available_mib"]
         slices = [token for token in gpus or [] if _mig.is_mig(token)]
         if slices:
             # The slices' parent GPUs, shared with the jobs of their other slices, at the MIG baseline.

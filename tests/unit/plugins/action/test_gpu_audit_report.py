@@ -387,3 +387,10 @@ def test_a_host_whose_minor_numbers_are_unknown_is_not_flagged():
     record["gpu"]["minor_order_differs"] = None
     r = report(record)
     assert r["hosts"][0]["minor_order_differs"] is None and r["findings"]["minor_order"] == []
+
+
+def test_the_heat_maps_note_says_a_unified_memory_gpus_proof_and_a_plain_gpu_has_none():
+    unified = {"processes": [], "memory_proof": "unified memory", "host_memory_available_mib": 612}
+    assert plugin._heat_notes(unified) == [
+        "unified memory: free with no compute process and min_host_available_mib of host memory; 612 MiB available"]
+    assert plugin._heat_notes({"processes": [], "memory_proof": "memory.used"}) == []

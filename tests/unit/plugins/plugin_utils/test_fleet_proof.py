@@ -84,3 +84,13 @@ def test_the_outcome_and_the_summary_say_it():
     assert lines[-2] == "fleet-wide proof after h2 was freed: 2 hosts read once more, not free again: h1"
     assert lines[-1] == "2 hosts: 1 back, 1 freed"
     assert not any("fleet-wide proof" in line for line in summary_lines([CLEAN]))
+
+
+def test_a_unified_memory_gpu_is_said_by_its_own_proof_in_the_gate_and_the_fleet_proof():
+    """A GB10 whose host has too little memory available never reads "reads 0 MiB" as the reason."""
+    from ansible_collections.zeromib.gpu.plugins.plugin_utils import _verdict
+    gpu = {"index": 0, "clean": False, "memory_used_mib": 0, "memory_proof": "unified memory", "host_memory_available_mib": 612}
+    assert _verdict.dirty_reading(gpu) == "GPU 0 (unified memory) has 0 MiB in compute processes and 612 MiB of host memory available"
+    assert _verdict.dirty_reading({"index": 1, "memory_used_mib": 4096}) == "GPU 1 reads 4096 MiB"
+    checks, problems, _status = _verdict._release_failures({"released": False, "selected_gpus": [0], "gpus": [gpu]}, False)
+    assert problems == ["not released: GPU 0 (unified memory) has 0 MiB in compute processes and 612 MiB of host memory available"], problems
