@@ -9,7 +9,8 @@ with ansible-core importable:
 
 PATH holds ansible_collections/zeromib/gpu (default: this checkout's .build/collections). Each
 contender is measured --reps times, interleaved; medians in milliseconds are printed and written as
-JSON with --out. Nothing is freed: the modules run on what the node has (an idle GPU for the gate)."""
+JSON with --out. Nothing is freed: gpu_release is measured only where gpu_facts first reads every GPU
+clean (no holder, at most the baseline), else the script stops before running it."""
 import argparse
 import json
 import os
@@ -68,6 +69,19 @@ def run_payload(payload):
     return round(took * 1000, 1), len(done.stdout), result.get("elapsed_s")
 
 
+def refuse_unless_clean(env, work):
+    """gpu_release frees what holds a GPU: it runs here only on a node gpu_facts reads clean."""
+    _built, payload = build("zeromib.gpu.gpu_facts", {}, env, work)
+    done = subprocess.run([sys.executable, payload], capture_output=True, check=False)
+    try:
+        facts = (json.loads(done.stdout).get("ansible_facts") or {}).get("gpu") or {}
+    except ValueError:
+        facts = {}
+    if facts.get("clean") is not True:
+        raise SystemExit("gate_breakdown: gpu_facts does not read every GPU of this node clean (or could not read them): "
+                         "gpu_release would free what holds them, so it is not run here; measure on an idle GPU host")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=7)
@@ -81,6 +95,8 @@ def main():
     samples = {name: {"build_ms": [], "run_ms": [], "elapsed_ms": []} for name, _args in rows}
     sizes = {}
     with tempfile.TemporaryDirectory() as work:
+        if "zeromib.gpu.gpu_release" in modules:
+            refuse_unless_clean(env, work)
         for _rep in range(args.reps):
             for name, margs in rows:
                 built, payload = build(name, margs, env, work)
