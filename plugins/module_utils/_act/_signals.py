@@ -184,23 +184,6 @@ def planned_signals(entry: t.Mapping[str, t.Any]) -> str:
     return f"SIGKILL at once: {reason}" if reason else "SIGTERM, then SIGKILL after kill_timeout"
 
 
-def is_frozen(events: str | None, freeze: str | None) -> bool:
-    """A cgroup v2 directory's cgroup.events and cgroup.freeze (text, None when unread) -> frozen
-    or freezing. `frozen 1` in cgroup.events also holds below a frozen ancestor; cgroup.freeze 1
-    alone is a freeze under way, whose tasks trap before they could run a handler."""
-    if freeze is not None and freeze.strip() == "1":
-        return True
-    return any(line.split() == ["frozen", "1"] for line in (events or "").splitlines())
-
-
-def _read_small(path: str) -> str | None:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(4096).decode("ascii", "replace")
-    except OSError:
-        return None
-
-
 class Freezer:
     """Whether a cgroup path is frozen now, read from the cgroup v2 file system (the hierarchies
     of this mount namespace, read once: _cgroups.cgroup_mounts; a v1 name=systemd hierarchy has no
@@ -221,9 +204,9 @@ class Freezer:
         parts = [part for part in cgroup_path.split("/") if part and part not in (".", "..")]
         for mount in self.mounts():
             directory = os.path.join(mount, *parts)
-            events = _read_small(os.path.join(directory, "cgroup.events"))
+            events = _cgroups.read_small(os.path.join(directory, "cgroup.events"))
             if events is not None:
-                return is_frozen(events, _read_small(os.path.join(directory, "cgroup.freeze")))
+                return _cgroups.is_frozen(events, _cgroups.read_small(os.path.join(directory, "cgroup.freeze")))
         return False
 
 

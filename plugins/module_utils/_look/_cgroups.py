@@ -174,27 +174,49 @@ def guest_ref(cgroup_path: str | None) -> GuestRef | None:
     return {"kind": kind, "name": name, "unit": unit, "cgroup": cgroup_path[:end], "parent": cgroup_path[:start] or "/"}
 
 
-def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[str]:
-    """Mount points of the cgroup hierarchies systemd paths live in: cgroup2, and v1's
-    name=systemd (hybrid nodes)."""
-    mounts: list[str] = []
+def cgroup_hierarchies(mountinfo: str = "/proc/self/mountinfo") -> list[tuple[str, str, list[str]]]:
+    """(mount point, file system type, super options) of every cgroup and cgroup2 mount of this
+    mount namespace; [] where mountinfo cannot be read."""
     try:
         with open(mountinfo, "rb") as handle:
             # "\n" only: a mount point a user names (a FUSE mount in her folder) may hold any other line break.
             lines = handle.read().decode("utf-8", "replace").split("\n")
     except OSError:
-        return mounts
+        return []
+    found = []
     for line in lines:
         left, _sep, right = line.partition(" - ")
         # The kernel separates fields with one space and escapes a space in a path (\040): str.split()
         # would also split at a \x0b a user put in her mount point's name, shifting the fields.
         fields, tail = left.split(" "), right.split(" ")
-        if len(fields) < 5 or len(tail) < 3:
+        if len(fields) < 5 or len(tail) < 3 or tail[0] not in ("cgroup", "cgroup2"):
             continue
-        point = fields[4].replace("\\040", " ")
-        if tail[0] == "cgroup2" or (tail[0] == "cgroup" and "name=systemd" in tail[2].split(",")):
-            mounts.append(point)
-    return mounts
+        found.append((fields[4].replace("\\040", " "), tail[0], tail[2].split(",")))
+    return found
+
+
+def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[str]:
+    """Mount points of the cgroup hierarchies systemd paths live in: cgroup2, and v1's
+    name=systemd (hybrid nodes)."""
+    return [point for point, kind, options in cgroup_hierarchies(mountinfo) if kind == "cgroup2" or "name=systemd" in options]
+
+
+def read_small(path: str) -> str | None:
+    """The first 4 KiB of a cgroup file system's file (cgroup.events, cgroup.freeze, freezer.state), None when unread."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(4096).decode("ascii", "replace")
+    except OSError:
+        return None
+
+
+def is_frozen(events: str | None, freeze: str | None) -> bool:
+    """A cgroup v2 directory's cgroup.events and cgroup.freeze (text, None when unread) -> frozen
+    or freezing. `frozen 1` in cgroup.events also holds below a frozen ancestor; cgroup.freeze 1
+    alone is a freeze under way, whose tasks trap before they could run a handler."""
+    if freeze is not None and freeze.strip() == "1":
+        return True
+    return any(line.split() == ["frozen", "1"] for line in (events or "").split("\n"))
 
 
 def delegated_to(cgroup_path: str | None, mounts: t.Iterable[str]) -> int | None:

@@ -27,6 +27,9 @@ from __future__ import annotations
 import os
 import typing as t
 
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _cgroups
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders
+
 
 class Frozen(t.NamedTuple):
     """A holder's frozen cgroup: the directory, what reads frozen there, and its owner (0: root)."""
@@ -36,44 +39,18 @@ class Frozen(t.NamedTuple):
     owner: int
 
 
-def _read_small(path: str) -> str | None:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(4096).decode("ascii", "replace")
-    except OSError:
-        return None
-
-
 def freezer_mounts(mountinfo: str = "/proc/self/mountinfo") -> tuple[list[str], list[str]]:
     """(cgroup2 mount points, cgroup v1 freezer mount points) of this mount namespace."""
-    v2: list[str] = []
-    v1: list[str] = []
-    text = _read_small_all(mountinfo)
-    for line in (text or "").split("\n"):
-        left, _sep, right = line.partition(" - ")
-        fields, tail = left.split(" "), right.split(" ")
-        if len(fields) < 5 or len(tail) < 3:
-            continue
-        point = fields[4].replace("\\040", " ")
-        if tail[0] == "cgroup2":
-            v2.append(point)
-        elif tail[0] == "cgroup" and "freezer" in tail[2].split(","):
-            v1.append(point)
-    return v2, v1
-
-
-def _read_small_all(path: str, limit: int = 1 << 20) -> str | None:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(limit).decode("utf-8", "replace")
-    except OSError:
-        return None
+    hierarchies = _cgroups.cgroup_hierarchies(mountinfo)
+    return ([point for point, kind, _options in hierarchies if kind == "cgroup2"],
+            [point for point, kind, options in hierarchies if kind == "cgroup" and "freezer" in options])
 
 
 def cgroup_paths(text: str | None) -> tuple[str | None, str | None]:
     """(the cgroup v2 path, the v1 freezer path) of a /proc/PID/cgroup text; pure."""
     v2 = v1 = None
-    for line in (text or "").splitlines():
+    # "\n" only: the names below a delegated subtree are its user's, any other line break included.
+    for line in (text or "").split("\n"):
         number, _sep, rest = line.partition(":")
         controllers, _sep, path = rest.partition(":")
         if number == "0" and controllers == "":
@@ -91,17 +68,17 @@ def _below(mount: str, path: str | None) -> str | None:
 def frozen_of(pid: int, proc: str = "/proc") -> Frozen | None:
     """The frozen cgroup holding `pid` (v1 freezer.state FROZEN or FREEZING, v2 cgroup.events
     frozen 1), or None."""
-    v2_path, v1_path = cgroup_paths(_read_small_all(os.path.join(proc, str(pid), "cgroup"), 65536))
+    v2_path, v1_path = cgroup_paths(_holders.cgroup_text(pid, proc))
     v2_mounts, v1_mounts = freezer_mounts(os.path.join(proc, "self", "mountinfo"))
     for mount in v1_mounts:
         directory = _below(mount, v1_path)
-        state = (_read_small(os.path.join(directory, "freezer.state")) or "").strip() if directory else ""
+        state = (_cgroups.read_small(os.path.join(directory, "freezer.state")) or "").strip() if directory else ""
         if state in ("FROZEN", "FREEZING"):  # the v1 freezer's frozen states (THAWED: not)
             return Frozen(directory or "", f"freezer.state {state}", owner_of(directory or "", mount))
     for mount in v2_mounts:
         directory = _below(mount, v2_path)
-        events = _read_small(os.path.join(directory, "cgroup.events")) if directory else None
-        if events is not None and any(line.split() == ["frozen", "1"] for line in events.splitlines()):
+        events = _cgroups.read_small(os.path.join(directory, "cgroup.events")) if directory else None
+        if events is not None and _cgroups.is_frozen(events, None):
             return Frozen(directory or "", "cgroup.events frozen 1", owner_of(directory or "", mount))
     return None
 

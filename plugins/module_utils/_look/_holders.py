@@ -229,14 +229,19 @@ def _environ(pid: int, proc: str) -> dict[str, str]:
     return parse_environ(_read(process_dir(pid, proc) + "/environ"))
 
 
+def cgroup_text(pid: int, proc: str = "/proc") -> str | None:
+    """/proc/PID/cgroup as text (split it at "\n" only: a delegated subtree's names are its user's), None when it cannot be read."""
+    try:
+        return _read(f"{proc}/{pid:d}/cgroup").decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
 def cgroup_paths(pid: int, proc: str = "/proc") -> list[str] | None:
     """Every cgroup path of a process, one per hierarchy line of /proc/PID/cgroup (a cgroup v1
     node lists one per controller), None when it cannot be read."""
-    try:
-        raw = _read(f"{proc}/{pid:d}/cgroup")
-    except OSError:
-        return None
-    return [line.split(":", 2)[-1] for line in raw.decode("utf-8", "replace").split("\n") if line]
+    text = cgroup_text(pid, proc)
+    return None if text is None else [line.split(":", 2)[-1] for line in text.split("\n") if line]
 
 
 def cgroup_of(pid: int, proc: str = "/proc") -> str | None:

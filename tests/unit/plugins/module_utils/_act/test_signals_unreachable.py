@@ -23,6 +23,7 @@ import pytest
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _release as release
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _signals as signals
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _cgroups
 from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils.fake_node import World, run
 
 SIGTERM_MASK = 1 << 14
@@ -66,7 +67,7 @@ def test_check_mode_words_the_signal_the_real_run_will_send():
     (None, None, False),
 ])
 def test_frozen_is_read_from_cgroup_events_and_cgroup_freeze(events, freeze, frozen):
-    assert signals.is_frozen(events, freeze) is frozen
+    assert _cgroups.is_frozen(events, freeze) is frozen
 
 
 def fake_cgroup_fs(tmp_path, frozen_dirs=(), freezing_dirs=(), plain=()):
