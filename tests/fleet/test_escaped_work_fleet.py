@@ -57,6 +57,14 @@ def fatal(run, host: str) -> str:
     return line
 
 
+def own_login(fleet, host: str, user: str, cmd: str) -> subprocess.CompletedProcess:
+    """CMD over an SSH login of its own as USER (not the fleet's multiplexed connection)."""
+    argv = ["ControlMaster=no" if arg == "ControlMaster=auto" else "ControlPath=none" if arg.startswith("ControlPath=") else arg
+            for arg in fleet.rig.ssh_argv(host, cmd)]
+    argv[-2] = argv[-2].replace("root@", f"{user}@", 1)
+    return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, check=False)
+
+
 @pytest.fixture
 def pair(clean_fleet):
     fleet = clean_fleet
@@ -75,7 +83,7 @@ def test_an_ssh_leftover_is_named_with_its_session_and_the_command_that_ends_it_
     assert run.rc == 2, run
     said = message(run, busy)
     assert said.startswith(HEAD + ": GPU 0 ("), said
-    assert f"held by pid {train['pid']} train.py (" in said and origin in said, said
+    assert f"held by pid {train['pid']} train.py [" in said and origin in said, said
     assert "reset" not in said and "reboot" not in said
     # the role in the user's own play: the verdict's one fatal line says the same
     own = play(fleet, core, python, TRAINING, [busy, idle], training_command="true")
@@ -83,7 +91,9 @@ def test_an_ssh_leftover_is_named_with_its_session_and_the_command_that_ends_it_
     line = fatal(own, busy)
     assert f'"msg": "{busy}: {HEAD}: GPU 0 (' in line and origin in line, line
     # the advice is right: the command ends the session's leftover, and the host is free
-    fleet.ssh(busy, f"loginctl terminate-session {session}", check=True)
+    # (from a login of its own: the fleet's multiplexed SSH connection is the session that ends)
+    ended = own_login(fleet, busy, "root", f"loginctl terminate-session {session}")
+    assert ended.returncode == 0, ended.stderr
     fleet.ssh(busy, f"for i in $(seq 100); do [ -e /proc/{train['pid']} ] || exit 0; sleep 0.05; done; exit 1", check=True)
     again = play(fleet, core, python, PLAYBOOK, [busy, idle])
     assert again.rc == 0, again
@@ -96,14 +106,14 @@ def test_a_users_process_that_calls_itself_sshd_is_that_users_ssh_session_never_
     fleet, busy, idle = pair
     key = "/root/.ssh/authorized_keys"
     made = fleet.ssh(busy, f"id {USER} >/dev/null 2>&1 || useradd -m {USER}; install -d -m 700 -o {USER} ~{USER}/.ssh; "
-                           f"install -m 600 -o {USER} {key} ~{USER}/.ssh/authorized_keys")
+                           f"install -m 600 -o {USER} {key} ~{USER}/.ssh/authorized_keys; "
+                           # the simulator's contexts, where a user's CUDA process registers its own
+                           "mkdir -p /run/nvidia-sim/contexts && chmod 1777 /run/nvidia-sim/contexts")
     assert made.returncode == 0, made.stderr
     # As the user, over SSH (a login of its own): a holder named like root's sshd, detached from the login.
     cmd = ("f=$HOME/escaped-ready; rm -f $f; setsid nohup /usr/local/bin/gpu_holder --gpus 1 --mib 1024 --name sshd --ready-file $f "
            "</dev/null >/dev/null 2>&1 & for i in $(seq 400); do [ -e $f ] && break; sleep 0.025; done; cat $f")
-    argv = [arg.replace("ControlMaster=auto", "ControlMaster=no") for arg in fleet.rig.ssh_argv(busy, cmd)]
-    argv[-2] = argv[-2].replace("root@", f"{USER}@", 1)
-    out = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, check=False)
+    out = own_login(fleet, busy, USER, cmd)
     assert out.returncode == 0 and '"pid"' in out.stdout, (out.stdout, out.stderr)
     pid = int(re.search(r'"pid":\s*(\d+)', out.stdout).group(1))
     session = session_of(fleet, busy, pid)

@@ -194,4 +194,3 @@ def annotate(holders: list[Holder], proc: str = "/proc", sessions: str | None = 
         elif gone and not holder.get("unit"):
             holder["origin"] = detached_origin(holder, rank_note(_holders.environ_of(int(holder["pid"]), proc)))
     return holders
-
