@@ -109,15 +109,10 @@ def plain(value: str | None) -> str | None:
     return value if value and _PLAIN.match(value) else None
 
 
-def stat_ids(pid: int, proc: str = "/proc") -> tuple[int, int] | None:
-    """(parent PID, session id) of a process, from the kernel's /proc/PID/stat; None when gone."""
+def stat_ids(data: bytes | None) -> tuple[int, int] | None:
+    """(parent PID, session id) from the kernel's /proc/PID/stat; None when gone or unread; pure."""
     try:
-        with open(os.path.join(proc, str(pid), "stat"), "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return None
-    try:
-        rest = data[data.rindex(b")") + 2:].split()
+        rest = (data or b"")[(data or b"").rindex(b")") + 2:].split()
         return int(rest[1]), int(rest[3])
     except (ValueError, IndexError):
         return None
@@ -180,12 +175,14 @@ def annotate(holders: list[Holder], proc: str = "/proc", sessions: str | None = 
     None where a job, unit, container or guest answers for it, or nothing says where it came from.
     `sessions`: logind's records (default: beside `proc`)."""
     directory = sessions_dir(proc) if sessions is None else sessions
+    # The kernel's parent and session ids, in one bounded pass (a process in execve does not answer).
+    stats = _holders.read_stats([int(h["pid"]) for h in holders if not h.get("blocked")], proc)
     for holder in holders:
         holder["origin"] = None
         # A protected process is never signalled: where it came from changes nothing.
-        if holder.get("kernel_thread") or holder.get("protected") or in_job_or_guest(holder, proc):
+        if holder.get("kernel_thread") or holder.get("protected") or holder.get("blocked") or in_job_or_guest(holder, proc):
             continue
-        ids = stat_ids(int(holder["pid"]), proc)
+        ids = stat_ids(stats.get(int(holder["pid"])))
         gone = detached(int(holder["pid"]), ids)
         found = session_of(holder)
         if found is not None:
