@@ -132,6 +132,9 @@ class Holder(t.TypedDict, total=False):
     pod_uid: str | None
     # The system container (Proxmox LXC, LXD, nspawn) the process runs in, from the host (_guests).
     guest: Guest | None
+    # Where a holder outside every job, unit and container came from (_look/_origin, issue 70):
+    # {kind, session, text, stop}, None elsewhere.
+    origin: dict[str, t.Any] | None
     protected: bool
     protection_note: str | None
     kernel_thread: bool

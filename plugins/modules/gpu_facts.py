@@ -421,6 +421,11 @@ ansible_facts:
               C(unit) (the guest's own unit of the process, V(null) where none), C(init_pid) (the host PID of the guest's init) and
               C(manager) (the system manager that init is, such as V(systemd); V(null) when it is none). Such a process's C(unit) is
               V(null) - its unit is the guest's, never the host's. See the collection's C(docs/docsite/rst/guide_system_containers.rst).
+            - C(origin) is where a process outside every job, unit and container came from, V(null) elsewhere - C(kind)
+              (V(ssh_session), V(login_session), V(detached)), C(session) (the login session's id, V(null) for V(detached)), C(text)
+              (the words a failure says) and C(stop) (what ends it, such as V(loginctl terminate-session 5)). A login session is named
+              from the kernel's cgroup path, systemd's unit and logind's root-owned record, never from the process's name. See the
+              collection's C(docs/docsite/rst/guide_node_shapes.rst).
           type: list
           elements: dict
           returned: always
@@ -444,6 +449,7 @@ ansible_facts:
               pod: null
               pod_uid: null
               guest: null
+              origin: null
               protected: false
               protection_note: null
               container_note: null

@@ -26,6 +26,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._look import _guests
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders_mod
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _jobs
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _mig_layout
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _origin
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _containers
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _guest_units
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _mps
@@ -95,7 +96,8 @@ def annotate(release: Release, holders: list[Holder]) -> list[Holder]:
     """A scan's holders with their container (asked of its runtime), guest and systemd unit."""
     holders = _container_of.annotate(holders, release.system.runtimes, release.system.proc)
     holders = _guests.annotate(holders, release.system.proc)
-    return _facts.annotate_units(holders, release.system.systemctl, release.unit_cgroups)
+    holders = _facts.annotate_units(holders, release.system.systemctl, release.unit_cgroups)
+    return _origin.annotate(holders, release.system.proc)
 
 
 # ---------------------------------------------------------------- check mode

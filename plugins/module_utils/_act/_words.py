@@ -62,7 +62,11 @@ def describe_holder(holder: Holder | dict[str, t.Any]) -> str:
     cmdline = holder.get("cmdline") or ""
     if cmdline and cmdline != holder.get("name"):
         parts[0] += " [{}]".format(cmdline if len(cmdline) <= 60 else cmdline[:57] + "...")
-    if holder.get("unit"):
+    origin = holder.get("origin")
+    if origin:
+        # Where it came from, outside every job (_look/_origin, issue 70): the login session names the unit.
+        parts.append(origin["text"] + (f": `{origin['stop']}` ends it" if origin.get("session") else ""))
+    elif holder.get("unit"):
         parts.append("unit {}".format(holder["unit"]))
     if holder.get("container"):
         parts.append("container {}".format(holder.get("container_name") or (holder.get("container") or "")[:12]))

@@ -85,6 +85,8 @@ HOLDER_KEYS = (
     "pod_uid",
     # The system container the holder runs in, seen from the host (_guests): None elsewhere.
     "guest",
+    # Where a holder outside every job, unit and container came from (_origin): None elsewhere.
+    "origin",
     # A process whose /proc entries did not answer (_holders.blocked_record): where it sleeps,
     # and where root's read of it waited.
     "blocked",
@@ -502,6 +504,9 @@ def _look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, early: dict
         _container_of.annotate(holders, runtimes or (runtimes_of() if runtimes_of else _engines.Runtimes()), proc)
         _guests.annotate(holders, proc)
         annotate_units(holders, systemctl, unit_cgroups)
+        # Where a holder outside every job came from (an SSH session, a detached process: issue 70).
+        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _origin
+        _origin.annotate(holders, proc)
     footprint = _attribution.footprint_gpus(gpus, holders, apps, max_used_mib, footprint_mib)
     snapshot = Snapshot(gpus, apps, holders, unreadable, footprint, health, not_visible, early["unscanned"])
     snapshot.inside_container = _guests.pid_namespace_nested(proc)
