@@ -155,3 +155,52 @@ def test_ready_fix_puts_the_gpu_back_to_the_profile_and_restore_gpus_puts_the_in
     assert compute_modes(fleet, bad)[1] == "Exclusive_Process", "restore_gpus.yml did not put the inference side's compute mode back"
     again = fleet.ansible_playbook("playbooks/restore_gpus.yml", limit=[bad])
     assert again.rc == 0 and compute_modes(fleet, bad)[1] == "Exclusive_Process", again
+
+
+# --- a guest's unit pinned to a MIG UUID (the MIG host of the trio): the guest's own systemd says what it names
+
+def test_a_guests_unit_pinned_to_a_lost_mig_uuid_is_named_from_its_own_systemd_and_kept_stopped(trio):
+    """An LXC guest's vllm.service, pinned by a drop-in of the guest's own (its root's file, never
+    read from the host) to a MIG UUID of GPU 0, is stopped through the guest's systemd and the layout
+    recorded; after a reboot (only MIG mode stays) gpu_restore refuses naming the guest's unit and the
+    UUID, the unit stays stopped; with recreate_mig_layout the layout comes back and the unit is kept,
+    its reason naming the UUID of the instance at its place now."""
+    import guests as rig  # pylint: disable=import-outside-toplevel
+
+    from test_guests_fleet import module  # pylint: disable=import-outside-toplevel
+
+    fleet, _plain, host = trio
+    uuid = fleet.host(host).gpus[0]["uuid"]
+    fleet.ssh(host, "nvidia-smi mig -i 0 -cgi 9,9 -C", check=True)
+    listed = fleet.ssh(host, "nvidia-smi -L", check=True).stdout
+    before = re.findall(r"MIG-[0-9a-f-]{36}", listed)
+    assert len(before) == 2, listed
+    guest = rig.boot(fleet, host, "lxc", "101", 0, mib=10240)
+    try:
+        drop_in = f"{guest.dir}/upper/etc/systemd/system/vllm.service.d"
+        fleet.ssh(host, f"mkdir -p {drop_in} && printf '[Service]\\nEnvironment=CUDA_VISIBLE_DEVICES={before[1]}\\n' > {drop_in}/mig.conf",
+                  check=True)
+        rig.systemctl(fleet, host, guest, "daemon-reload")
+        freed = module(fleet, host, "gpu_release", {"services": [guest.entry("vllm*.service")], "gpus": ["0"], "kill_timeout": 2,
+                                                   "max_used_mib": 64})
+        assert not freed.get("failed"), freed.get("msg")
+        assert freed["stopped_guest_units"] == [guest.entry()]
+        fleet.ssh(host, "rm -f /run/nvidia-sim/mig.json", check=True)  # a reboot, as far as MIG goes
+
+        refused = module(fleet, host, "gpu_restore", {})
+        assert refused["failed"]
+        assert refused["msg"].startswith(f"GPU 0 ({uuid}): its MIG layout is gone"), refused["msg"]
+        assert f"These would not start, their MIG UUIDs no longer exist: guest unit {guest.entry()} names {before[1]}." in refused["msg"], \
+            refused["msg"]
+        assert rig.unit_state(fleet, host, guest)[0] == "inactive"
+
+        restored = module(fleet, host, "gpu_restore", {"recreate_mig_layout": True})
+        after = re.findall(r"MIG-[0-9a-f-]{36}", fleet.ssh(host, "nvidia-smi -L", check=True).stdout)
+        assert len(after) == 2 and not set(after) & set(before)
+        [kept] = restored["not_restored"]
+        assert kept["kind"] == "guest_unit", kept
+        assert f"names MIG UUID {before[1]} (the instance at its place is now {after[1]}), which no longer exists" in kept["reason"], kept
+        assert rig.unit_state(fleet, host, guest)[0] == "inactive", "a guest unit pinned to a lost MIG UUID was started"
+    finally:
+        rig.teardown(fleet, host, [guest])
+        fleet.ssh(host, "rm -f /run/nvidia-sim/mig.json /run/nvidia-sim/mig.log /var/lib/zeromib-gpu/released.json")
