@@ -181,8 +181,8 @@ def test_a_guests_unit_pinned_to_a_lost_mig_uuid_is_named_from_its_own_systemd_a
         fleet.ssh(host, f"mkdir -p {drop_in} && printf '[Service]\\nEnvironment=CUDA_VISIBLE_DEVICES={before[1]}\\n' > {drop_in}/mig.conf",
                   check=True)
         rig.systemctl(fleet, host, guest, "daemon-reload")
-        freed = module(fleet, host, "gpu_release", {"services": [guest.entry("vllm*.service")], "gpus": ["0"], "kill_timeout": 2,
-                                                   "max_used_mib": 64})
+        args = {"services": [guest.entry("vllm*.service")], "gpus": ["0"], "kill_timeout": 2, "max_used_mib": 64}
+        freed = module(fleet, host, "gpu_release", args)
         assert not freed.get("failed"), freed.get("msg")
         assert freed["stopped_guest_units"] == [guest.entry()]
         fleet.ssh(host, "rm -f /run/nvidia-sim/mig.json", check=True)  # a reboot, as far as MIG goes

@@ -340,8 +340,10 @@ class MigCheck:
         command = _guests.guest_command(guest, ["systemctl", "cat", unit], _guests.host_tools())
         rc, out, err = _guest_units.GuestNode(system, guest, self.restore.step_timeout).systemctl(show)
         if rc != 0:
-            self.unanswered[_key(entry)] = "{} did not say what its unit names ({}): not started while a MIG layout changed; check it with `{}` and " \
-                                          "run gpu_restore again".format(_guests.label(guest), (err or out).strip()[:200] or f"rc {rc}", command)
+            # The guest's own words (its systemctl's output) are not repeated: only the host's.
+            why = "no answer within step_timeout" if rc == 124 else (err.strip()[:200] if rc == 126 else f"its systemctl exited {rc:d}")
+            self.unanswered[_key(entry)] = (f"{_guests.label(guest)} did not say what its unit names ({why}): not started while a MIG layout "
+                                            f"changed; check it with `{command}` and run gpu_restore again")
             return set()
         uuids, files = guest_unit_answer(out)
         self.restore.result["warnings"].extend(
