@@ -27,6 +27,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._look import _protect
 
 NOT_PROCESS_NAMES = {
     "_mig_restore.UNIT_DIRS": "directories systemd reads system units from",
+    "_mig_restore.GUEST_PROPS": "systemd properties a guest's systemd is asked about one of its units",
     "_services.ORCHESTRATOR_PREFIXES": "services entry prefixes (swarm:, ray:)",
     "_orchestrators.PREFIXES": "services entry prefixes (swarm:, ray:)",
     "_caps.WHOLE": "result keys (lists the hardware sizes)",
