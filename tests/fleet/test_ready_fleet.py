@@ -204,3 +204,49 @@ def test_a_guests_unit_pinned_to_a_lost_mig_uuid_is_named_from_its_own_systemd_a
     finally:
         rig.teardown(fleet, host, [guest])
         fleet.ssh(host, "rm -f /run/nvidia-sim/mig.json /run/nvidia-sim/mig.log /var/lib/zeromib-gpu/released.json")
+
+
+RESTORE = "playbooks/restore_gpus.yml"
+RESTORE_TASK = "zeromib.gpu.restore_gpus : Put back the units and containers gpu_release stopped, disabled or masked"
+RESTORE_SUMMARY = "Fleet restore summary (unreachable and failed hosts first)"
+
+
+@pytest.mark.parametrize(("core", "python"), ENDS, ids=[f"ansible-core-{c}" for c, _p in ENDS])
+def test_a_mig_layout_lost_at_a_reboot_is_said_first_by_restore_gpus_and_recreated_on_request(trio, core, python):
+    """The MIG host's GPU 0, sliced 3g.40gb + 3g.40gb and left in Exclusive_Process: free_gpus.yml
+    with free_gpus_ready_fix records the setting and the layout; after a reboot (only MIG mode
+    stays) restore_gpus.yml says first that the layout is gone and restores nothing; with
+    restore_gpus_recreate_mig_layout the layout comes back, then the inference side's setting."""
+    fleet, (plain, _other), host = trio
+    bin_dir, env = controller(core, python)
+    uuid = fleet.host(host).gpus[0]["uuid"]
+    fleet.ssh(host, "nvidia-smi mig -i 0 -cgi 9,9 -C", check=True)
+    text = shlex.quote(json.dumps({uuid: {"compute_mode": "Exclusive_Process"}}))
+    fleet.ssh(host, f"printf %s {text} > {SETTINGS}; rm -f {SETTERS}", check=True)
+    try:
+        host_vars(fleet, host, {"free_gpus_ready_fix": True, "free_gpus_max_used_mib": 64})
+        freed = fleet.ansible_playbook(PLAYBOOK, limit=[host], bin_dir=bin_dir, env=env)
+        assert freed.rc == 0, freed
+        assert compute_modes(fleet, host)[0] == "Default"
+        fleet.ssh(host, "rm -f /run/nvidia-sim/mig.json", check=True)  # a reboot, as far as MIG goes
+
+        back = fleet.ansible_playbook(RESTORE, limit=[plain, host], bin_dir=bin_dir, env=env)
+        assert back.rc == 2, back
+        said = back.result(RESTORE_TASK, host)["msg"]
+        assert first_sentence(said).startswith(f"GPU 0 ({uuid}): its MIG layout is gone"), said
+        assert "set recreate_mig_layout: true (role: restore_gpus_recreate_mig_layout) to re-create it" in said, said
+        assert said.endswith(f"forget: [mig:{uuid}] (role: restore_gpus_forget)"), said
+        lines = back.result(RESTORE_SUMMARY, plain)["msg"]
+        row = next(line for line in lines if f" {host} " in line)
+        assert row.split()[0] == "failed" and row.split(f"{host}  ", 1)[1].startswith(f"restore failed: GPU 0 ({uuid}): its MIG layout is gone"), lines
+        assert lines[-1] == "2 hosts: 1 failed, 1 nothing", lines
+        out = back.stdout + back.stderr
+        assert "Traceback" not in out and "censored" not in out, out[-4000:]
+        assert compute_modes(fleet, host)[0] == "Default", "a refused restore put a setting back"
+
+        again = fleet.ansible_playbook(RESTORE, limit=[host], bin_dir=bin_dir, env=env, extra_vars={"restore_gpus_recreate_mig_layout": True})
+        assert again.rc == 0, again
+        assert len(re.findall(r"MIG-[0-9a-f-]{36}", fleet.ssh(host, "nvidia-smi -L", check=True).stdout)) == 2
+        assert compute_modes(fleet, host)[0] == "Exclusive_Process"
+    finally:
+        fleet.ssh(host, f"rm -f /run/nvidia-sim/mig.json /run/nvidia-sim/mig.log {SETTINGS} {SETTERS} /var/lib/zeromib-gpu/released.json")

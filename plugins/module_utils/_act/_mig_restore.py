@@ -273,7 +273,7 @@ class MigCheck:
         """Re-create one GPU's layout (opt-in); the refusal's sentence, or None."""
         gone = f"{name}: its MIG layout is gone ({_mig_layout.said(entry)} at the release, none now, as after a reboot)"
         if not self.restore.params.get("recreate_mig_layout"):
-            return gone + "; set recreate_mig_layout to re-create it"
+            return gone + "; set recreate_mig_layout: true (role: restore_gpus_recreate_mig_layout) to re-create it"
         args = create_args(dict(entry, index=mine.get("index")))
         if args is None:
             return gone + "; it had several compute instances in one GPU instance, which this module does not re-create: create them by hand"
@@ -362,7 +362,7 @@ class MigCheck:
         names = "; ".join("{} names {}".format(_label(e), ", ".join(lost)) for e, lost in pinned)
         if self.unanswered:
             refusals += list(self.unanswered.values())[:MAX_SAID]
-        return "{}. {}Nothing was restored. To restore without the layout, drop it from the record: forget: [{}]".format(
+        return "{}. {}Nothing was restored. To restore without the layout, drop it from the record: forget: [{}] (role: restore_gpus_forget)".format(
             ". ".join(refusals), f"These would not start, their MIG UUIDs no longer exist: {names}. " if names else "",
             ", ".join(str(e.get("name")) for e in refused))
 
