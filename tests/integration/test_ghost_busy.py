@@ -78,3 +78,29 @@ def test_a_stuck_ghost_names_the_nvml_handle_holders_that_block_a_reset(host):
         host.wait_gone(daemon.pid, 5)
     [said] = run["ghost_busy"]
     assert f"reset it (nvidia-smi -r -i 1); a reset is refused while NVML handles are open: stop pid {daemon.pid} nvidia-persiste" in said, said
+
+
+def test_a_stuck_ghost_is_said_first_through_the_role_and_a_cleared_one_passes_the_gate(host):
+    """The role's gate (free_gpus in a play, as a user runs it): a GPU that stays busy after the
+    context is the host's failure, its first sentence naming the GPU and what it still reads; one the
+    context cleared passes, and the outcome keeps what was seen and done."""
+    from test_gpu_health_gate import run_role  # pylint: disable=import-outside-toplevel
+
+    for kind in ("stuck", "clears"):
+        configure(host)
+        ghost(host, kind)
+        try:
+            holder = host.spawn(["gpu_holder", "--gpus", "1", "--mib", "2048"])
+            outcome = run_role(host, {})
+        finally:
+            ghost(host, None)
+        assert not host.alive(holder.pid)
+        if kind == "stuck":
+            assert outcome["failed"], outcome
+            first = outcome["msg"].split("; ")[0]
+            assert outcome["msg"].startswith("localhost: ") and f"GPU 1 ({BUS}) read 100 % busy at 101.5 W with no process" in first, outcome["msg"]
+            assert "reset it (nvidia-smi -r -i 1)" in outcome["msg"], outcome["msg"]
+        else:
+            assert not outcome["failed"], outcome["msg"]
+            [said] = outcome["result"]["ghost_busy"]
+            assert said.endswith("(cleared)"), said
