@@ -250,3 +250,37 @@ def test_a_mig_layout_lost_at_a_reboot_is_said_first_by_restore_gpus_and_recreat
         assert compute_modes(fleet, host)[0] == "Exclusive_Process"
     finally:
         fleet.ssh(host, f"rm -f /run/nvidia-sim/mig.json /run/nvidia-sim/mig.log {SETTINGS} {SETTERS} /var/lib/zeromib-gpu/released.json")
+
+
+@pytest.mark.parametrize(("core", "python"), ENDS, ids=[f"ansible-core-{c}" for c, _p in ENDS])
+def test_a_device_node_missing_after_a_driver_reload_is_said_first_by_restore_gpus_until_the_drivers_helper_creates_it(left, core, python):
+    """After a driver reload /dev/nvidia-uvm-tools is missing until something runs nvidia-modprobe
+    (restored GPU containers and guests then fail to start): restore_gpus.yml says so first and
+    restores nothing; with the driver's helper installed it creates the node and restores."""
+    fleet, good, bad = left
+    bin_dir, env = controller(core, python)
+    host_vars(fleet, bad, {"free_gpus_ready_fix": True})
+    sim = fleet.ssh(bad, "dirname \"$(readlink -f /usr/local/bin/gpu_holder)\"", check=True).stdout.strip()
+    try:
+        freed = fleet.ansible_playbook(PLAYBOOK, limit=[good, bad], bin_dir=bin_dir, env=env)
+        assert freed.rc == 0 and compute_modes(fleet, bad)[1] == "Default", freed
+        fleet.ssh(bad, "rm -f /dev/nvidia-uvm-tools", check=True)
+
+        back = fleet.ansible_playbook(RESTORE, limit=[good, bad], bin_dir=bin_dir, env=env)
+        assert back.rc == 2, back
+        said = back.result(RESTORE_TASK, bad)["msg"]
+        assert first_sentence(said).startswith("NVIDIA device node(s) /dev/nvidia-uvm-tools missing and nvidia-modprobe is not installed"), said
+        assert said.endswith("; nothing was restored"), said
+        row = next(line for line in back.result(RESTORE_SUMMARY, good)["msg"] if f" {bad} " in line)
+        assert row.split(f"{bad}  ", 1)[1].startswith("restore failed: NVIDIA device node(s) /dev/nvidia-uvm-tools missing"), row
+        assert compute_modes(fleet, bad)[1] == "Default", "a refused restore put a setting back"
+
+        fleet.ssh(bad, f"ln -sf {sim}/nvidia-modprobe /usr/bin/nvidia-modprobe", check=True)
+        again = fleet.ansible_playbook(RESTORE, limit=[bad], bin_dir=bin_dir, env=env)
+        assert again.rc == 0, again
+        assert again.result(RESTORE_TASK, bad)["device_nodes"]["created"] == ["/dev/nvidia-uvm-tools"]
+        assert fleet.ssh(bad, "test -c /dev/nvidia-uvm-tools").returncode == 0
+        assert compute_modes(fleet, bad)[1] == "Exclusive_Process"
+    finally:
+        fleet.ssh(bad, "rm -f /usr/bin/nvidia-modprobe /var/lib/zeromib-gpu/released.json; "
+                       "[ -c /dev/nvidia-uvm-tools ] || mknod -m 666 /dev/nvidia-uvm-tools c 1 5")
