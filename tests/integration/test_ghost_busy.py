@@ -104,3 +104,30 @@ def test_a_stuck_ghost_is_said_first_through_the_role_and_a_cleared_one_passes_t
             assert not outcome["failed"], outcome["msg"]
             [said] = outcome["result"]["ghost_busy"]
             assert said.endswith("(cleared)"), said
+
+
+@pytest.mark.parametrize("kind", ["clears", "stuck"])
+def test_a_users_nvml_client_open_during_the_clear_is_never_signalled_and_never_steers_it(host, kind):
+    """A tenant (uid 4242) keeps an NVML client (a `dmon`-like monitor) open on every GPU while the
+    ghost is cleared: the context is opened by the module's own child all the same, the client is
+    never signalled, the cleared GPU reads cleared, and a stuck one's reset advice names the client
+    as what blocks a reset (never as something root stopped)."""
+    configure(host)
+    ghost(host, kind)
+    monitor = host.spawn_as(4242, ["gpu_holder", "--monitor", "dmon", "--name", "user-dmon"])
+    try:
+        holder = host.spawn(["gpu_holder", "--gpus", "1", "--mib", "2048"])
+        run = run_module(host, "gpu_release", {"kill_timeout": 1, "wait_timeout": 5})
+        assert host.alive(monitor.pid), "root signalled a user's NVML client"
+    finally:
+        ghost(host, None)
+        host.kill(monitor.pid)
+        host.wait_gone(monitor.pid, 5)
+    assert not run.failed and not host.alive(holder.pid), run.msg
+    assert all(k["pid"] != monitor.pid for k in run["killed"]), run["killed"]
+    [said] = run["ghost_busy"]
+    assert "a CUDA context was opened and closed on it from a fresh process" in said, said
+    if kind == "clears":
+        assert said.endswith("(cleared)"), said
+    else:
+        assert f"stop pid {monitor.pid} user-dmon" in said, said
