@@ -65,6 +65,10 @@ class Outcome(t.TypedDict, total=False):
     health_unchecked: list[str]
     smoke_test_passed: bool | None
     smoke_test_issues: list[str]
+    # Issue 71: the GPUs gpu_release found busy with no process after its kills (what was seen and
+    # done), and those ready_fix set back to the training-ready profile ({index, uuid, changes}).
+    ghost_busy: list[str]
+    ready_fixed: list[dict[str, t.Any]]
     smoke_test_notes: list[str]
     stopped_by: list[str]
     # free_gpus_services entries that match something on this host, those that match nothing, and
@@ -212,6 +216,9 @@ def _record(result: t.Mapping[str, t.Any], host: str, check_mode: bool) -> Outco
         "health_unchecked": _unchecked(result),
         "smoke_test_passed": result.get("smoke_test_passed"),
         "smoke_test_issues": list(result.get("smoke_test_issues") or []),
+        "ghost_busy": [str(said) for said in result.get("ghost_busy") or []],
+        "ready_fixed": [{"index": f.get("index"), "uuid": f.get("uuid"), "changes": list(f.get("changes") or [])}
+                        for f in result.get("ready_fixed") or [] if isinstance(f, Mapping)],
     }
 
 

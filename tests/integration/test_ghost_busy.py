@@ -78,3 +78,56 @@ def test_a_stuck_ghost_names_the_nvml_handle_holders_that_block_a_reset(host):
         host.wait_gone(daemon.pid, 5)
     [said] = run["ghost_busy"]
     assert f"reset it (nvidia-smi -r -i 1); a reset is refused while NVML handles are open: stop pid {daemon.pid} nvidia-persiste" in said, said
+
+
+def test_a_stuck_ghost_is_said_first_through_the_role_and_a_cleared_one_passes_the_gate(host):
+    """The role's gate (free_gpus in a play, as a user runs it): a GPU that stays busy after the
+    context is the host's failure, its first sentence naming the GPU and what it still reads; one the
+    context cleared passes, and the outcome keeps what was seen and done."""
+    from test_gpu_health_gate import run_role  # pylint: disable=import-outside-toplevel
+
+    for kind in ("stuck", "clears"):
+        configure(host)
+        ghost(host, kind)
+        try:
+            holder = host.spawn(["gpu_holder", "--gpus", "1", "--mib", "2048"])
+            outcome = run_role(host, {})
+        finally:
+            ghost(host, None)
+        assert not host.alive(holder.pid)
+        if kind == "stuck":
+            assert outcome["failed"], outcome
+            first = outcome["msg"].split("; ")[0]
+            assert outcome["msg"].startswith("localhost: ") and f"GPU 1 ({BUS}) read 100 % busy at 101.5 W with no process" in first, outcome["msg"]
+            assert "reset it (nvidia-smi -r -i 1)" in outcome["msg"], outcome["msg"]
+        else:
+            assert not outcome["failed"], outcome["msg"]
+            [said] = outcome["result"]["ghost_busy"]
+            assert said.endswith("(cleared)"), said
+
+
+@pytest.mark.parametrize("kind", ["clears", "stuck"])
+def test_a_users_nvml_client_open_during_the_clear_is_never_signalled_and_never_steers_it(host, kind):
+    """A tenant (uid 4242) keeps an NVML client (a `dmon`-like monitor) open on every GPU while the
+    ghost is cleared: the context is opened by the module's own child all the same, the client is
+    never signalled, the cleared GPU reads cleared, and a stuck one's reset advice names the client
+    as what blocks a reset (never as something root stopped)."""
+    configure(host)
+    ghost(host, kind)
+    monitor = host.spawn_as(4242, ["gpu_holder", "--monitor", "dmon", "--name", "user-dmon"])
+    try:
+        holder = host.spawn(["gpu_holder", "--gpus", "1", "--mib", "2048"])
+        run = run_module(host, "gpu_release", {"kill_timeout": 1, "wait_timeout": 5})
+        assert host.alive(monitor.pid), "root signalled a user's NVML client"
+    finally:
+        ghost(host, None)
+        host.kill(monitor.pid)
+        host.wait_gone(monitor.pid, 5)
+    assert not run.failed and not host.alive(holder.pid), run.msg
+    assert all(k["pid"] != monitor.pid for k in run["killed"]), run["killed"]
+    [said] = run["ghost_busy"]
+    assert "a CUDA context was opened and closed on it from a fresh process" in said, said
+    if kind == "clears":
+        assert said.endswith("(cleared)"), said
+    else:
+        assert f"stop pid {monitor.pid} user-dmon" in said, said

@@ -117,9 +117,11 @@ def test_the_release_records_the_layout_and_after_a_reboot_restore_refuses_namin
     failed = run_module(host, "gpu_restore", {})
     assert failed.failed
     assert failed.msg.startswith(f"GPU 0 ({uuid}): its MIG layout is gone (2 GPU instances (3g.40gb at 0:4, 3g.40gb at 4:4) at the release, "
-                                 "none now, as after a reboot); set recreate_mig_layout to re-create it"), failed.msg
+                                 "none now, as after a reboot); set recreate_mig_layout: true (role: restore_gpus_recreate_mig_layout) "
+                                 "to re-create it"), failed.msg
     assert f"These would not start, their MIG UUIDs no longer exist: vllm.service names {before[1]}." in failed.msg, failed.msg
-    assert failed.msg.endswith(f"Nothing was restored. To restore without the layout, drop it from the record: forget: [mig:{uuid}]"), failed.msg
+    assert failed.msg.endswith(f"Nothing was restored. To restore without the layout, drop it from the record: forget: [mig:{uuid}] "
+                               "(role: restore_gpus_forget)"), failed.msg
     assert setters(host) == [f"-i {uuid} -c 0"] and mig_log(host) == [], "nothing restored, nothing sliced"
     # The plan with the option re-creates nothing either.
     plan = run_module(host, "gpu_restore", {"recreate_mig_layout": True}, check=True)

@@ -25,7 +25,12 @@ Who else controls what is read here. A unit's configuration: its unit file, drop
 EnvironmentFile= files are read only when root owns them and no one else may write them (an
 unprivileged user's file, or a link to one, is never read: it is named as skipped); FIFOs and
 devices are never opened for reading (O_NONBLOCK, then fstat). A container's device request: its
-runtime's record (root's daemon). A MIG change needs root (nvidia-smi refuses anyone else); it is
+runtime's record (root's daemon). A system container's unit: the guest's root controls its files and
+its systemd's answer, so the host reads none of its files; it asks the guest's systemd, confined as
+the guest (_guest_reach), what the unit's Environment= and ExecStart= name; a lie there changes only
+whether that guest's own unit starts. A guest whose systemd does not answer keeps its unit stopped,
+with the command to check it there; its EnvironmentFile= paths are named with the command that shows
+them, never read. A MIG change needs root (nvidia-smi refuses anyone else); it is
 refused while any process holds the GPU's device files ("In use by another client": DCGM's
 nv-hostengine, any NVML client), and the refusal names them from the holder scan."""
 
@@ -50,6 +55,10 @@ KIND = _mig_layout.KIND
 UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/usr/local/lib/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system")
 MAX_BYTES = 1 << 20
 IN_USE = "In use by another client"
+# What a guest's systemd is asked about one of its units (systemd.exec(5), systemd.service(5)).
+GUEST_PROPS = ("Environment", "ExecStart", "ExecStartPre", "EnvironmentFiles")
+# The most MIG UUIDs or files one message names (a guest's root chooses how many its answer names).
+MAX_SAID = 8
 
 
 class MigRefused(Exception):
@@ -118,6 +127,21 @@ def unit_mig_uuids(name: str, dirs: t.Sequence[str] = UNIT_DIRS) -> tuple[set[st
         uuids |= set(_mig_layout.MIG_UUID.findall(text))
         paths += environment_files(text)
     return uuids, skipped
+
+
+def guest_unit_answer(text: str) -> tuple[set[str], list[str]]:
+    """The MIG UUIDs of a guest's `systemctl show -p Environment -p ExecStart -p ExecStartPre -p
+    EnvironmentFiles UNIT`, as its own systemd answers, and its EnvironmentFile= paths (the
+    guest's files: never read from the host)."""
+    uuids: set[str] = set()
+    files: list[str] = []
+    for line in text.splitlines():
+        key, _sep, value = line.partition("=")
+        if key == "EnvironmentFiles":
+            files += [value.split(" (", 1)[0].strip()] if value.strip() else []
+        elif key in GUEST_PROPS:
+            uuids |= set(_mig_layout.MIG_UUID.findall(value))
+    return uuids, files[:MAX_SAID]
 
 
 def container_mig_uuids(record: t.Mapping[str, t.Any] | None) -> set[str]:
@@ -194,6 +218,8 @@ class MigCheck:
         self.outcomes: dict[t.Any, Outcome] = {}
         self.present: set[str] = set()
         self.moves: dict[str, str] = {}
+        # {record key: why} for the guests' units whose systemd did not answer what they name.
+        self.unanswered: dict[t.Any, str] = {}
 
     def _read(self) -> dict[str, t.Any]:
         from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import NvidiaSmiError  # pylint: disable=import-outside-toplevel
@@ -247,7 +273,7 @@ class MigCheck:
         """Re-create one GPU's layout (opt-in); the refusal's sentence, or None."""
         gone = f"{name}: its MIG layout is gone ({_mig_layout.said(entry)} at the release, none now, as after a reboot)"
         if not self.restore.params.get("recreate_mig_layout"):
-            return gone + "; set recreate_mig_layout to re-create it"
+            return gone + "; set recreate_mig_layout: true (role: restore_gpus_recreate_mig_layout) to re-create it"
         args = create_args(dict(entry, index=mine.get("index")))
         if args is None:
             return gone + "; it had several compute instances in one GPU instance, which this module does not re-create: create them by hand"
@@ -285,12 +311,45 @@ class MigCheck:
                 self.restore.result["warnings"].extend(f"{entry.get('name')}: {why}" for why in skipped)
             elif entry.get("kind") == "container":
                 uuids = container_mig_uuids(self._container(entry))
+            elif entry.get("kind") == "guest_unit":
+                asked = self._guest_unit(entry)
+                if asked is None:
+                    continue
+                uuids = asked
             else:
                 continue
             lost = sorted(uuids - self.present)
             if lost:
-                found.append((entry, lost))
+                found.append((entry, lost[:MAX_SAID]))
         return found
+
+    def _guest_unit(self, entry: Entry) -> set[str] | None:
+        """The MIG UUIDs a guest's unit names, as the guest's own systemd answers, asked confined as
+        the guest (the guest's root controls its unit files: the host never reads them). None where
+        the guest's restore will say why it is not restored (not running, no systemd, not reachable);
+        an answer that cannot be had is a refusal of that unit naming the command to run there."""
+        from ansible_collections.zeromib.gpu.plugins.module_utils._act import _guest_units  # pylint: disable=import-outside-toplevel
+        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _guests  # pylint: disable=import-outside-toplevel
+        unit, kind, name = str(entry.get("name")), entry.get("guest_kind") or "", str(entry.get("guest"))
+        system = self.restore.system
+        guests = [g for g in system.running_guests(kind, _glob_escape(name)) if g.get("name") == name]
+        if not guests or guests[0].get("manager") != "systemd" or system.guest_refusal(guests[0]):
+            return None
+        guest = guests[0]
+        show = ["show", "--no-pager"] + [a for p in GUEST_PROPS for a in ("-p", p)] + [unit]
+        command = _guests.guest_command(guest, ["systemctl", "cat", unit], _guests.host_tools())
+        rc, out, err = _guest_units.GuestNode(system, guest, self.restore.step_timeout).systemctl(show)
+        if rc != 0:
+            # The guest's own words (its systemctl's output) are not repeated: only the host's.
+            why = "no answer within step_timeout" if rc == 124 else (err.strip()[:200] if rc == 126 else f"its systemctl exited {rc:d}")
+            self.unanswered[_key(entry)] = (f"{_guests.label(guest)} did not say what its unit names ({why}): not started while a MIG layout "
+                                            f"changed; check it with `{command}` and run gpu_restore again")
+            return set()
+        uuids, files = guest_unit_answer(out)
+        self.restore.result["warnings"].extend(
+            "{}: its EnvironmentFile {} is the guest's and is not read from the host; check the MIG UUIDs it names with `{}`".format(
+                entry.get("entry") or unit, path, _guests.guest_command(guest, ["cat", path], _guests.host_tools())) for path in files)
+        return uuids
 
     def _container(self, entry: Entry) -> t.Mapping[str, t.Any] | None:
         try:
@@ -301,7 +360,9 @@ class MigCheck:
     def _refusal(self, refusals: list[str], refused: list[Entry]) -> str:
         pinned = self._pinned()
         names = "; ".join("{} names {}".format(_label(e), ", ".join(lost)) for e, lost in pinned)
-        return "{}. {}Nothing was restored. To restore without the layout, drop it from the record: forget: [{}]".format(
+        if self.unanswered:
+            refusals += list(self.unanswered.values())[:MAX_SAID]
+        return "{}. {}Nothing was restored. To restore without the layout, drop it from the record: forget: [{}] (role: restore_gpus_forget)".format(
             ". ".join(refusals), f"These would not start, their MIG UUIDs no longer exist: {names}. " if names else "",
             ", ".join(str(e.get("name")) for e in refused))
 
@@ -312,6 +373,7 @@ class MigCheck:
             new = [f"{u} (the instance at its place is now {self.moves[u]})" if u in self.moves else u for u in lost]
             why[_key(entry)] = "its configuration names MIG UUID {}, which no longer exists: point it at the UUID of `nvidia-smi -L` and run " \
                                "gpu_restore again".format(", ".join(new))
+        why.update(self.unanswered)
         return why
 
 
@@ -321,7 +383,13 @@ def _key(entry: t.Mapping[str, t.Any]) -> tuple[t.Any, ...]:
 
 
 def _label(entry: t.Mapping[str, t.Any]) -> str:
+    if entry.get("kind") == "guest_unit":
+        return "guest unit " + str(entry.get("entry") or entry.get("name"))
     return ("container " if entry.get("kind") == "container" else "") + str(entry.get("name"))
+
+
+def _glob_escape(name: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
 
 
 def _holders_now(restore: Restore) -> list[Holder]:

@@ -29,6 +29,7 @@ NOT_PROCESS_NAMES = {
     "_origin.SSH_SERVICES": "PAM service names in logind's root-owned session record (sshd's), never a process's name",
     "_origin._RANK_KEYS": "environment variable names of a torchrun rank, quoted in words only",
     "_mig_restore.UNIT_DIRS": "directories systemd reads system units from",
+    "_mig_restore.GUEST_PROPS": "systemd properties a guest's systemd is asked about one of its units",
     "_services.ORCHESTRATOR_PREFIXES": "services entry prefixes (swarm:, ray:)",
     "_orchestrators.PREFIXES": "services entry prefixes (swarm:, ray:)",
     "_caps.WHOLE": "result keys (lists the hardware sizes)",

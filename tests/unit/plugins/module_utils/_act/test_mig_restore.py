@@ -129,3 +129,84 @@ def test_a_containers_device_request_and_nvidia_visible_devices_name_its_mig_uui
     assert record["gpu_devices"] == ["MIG-0b5f8c1a-4e2d-5b7f-9a3c-1d2e3f4a5b60", "MIG-1c6a9d2b-5f3e-5c8a-8b4d-2e3f4a5b6c71"]
     assert _mig_restore.container_mig_uuids(record) == set(record["gpu_devices"])
     assert _mig_restore.container_mig_uuids(None) == set()
+
+
+# --- a guest's units: the guest's own systemd is asked, confined as the guest; its files are never read from the host
+
+LOST = "MIG-1c6a9d2b-5f3e-5c8a-8b4d-2e3f4a5b6c71"
+KEPT = "MIG-0b5f8c1a-4e2d-5b7f-9a3c-1d2e3f4a5b60"
+GUEST = {"kind": "lxc", "name": "101", "manager": "systemd", "unit": None}
+ENTRY = {"kind": "guest_unit", "name": "vllm.service", "guest_kind": "lxc", "guest": "101", "entry": "lxc:101:vllm.service"}
+
+
+class GuestSystem:
+    """The node's seam as a guest's restore uses it: a running LXC guest 101 whose systemd answers `answer`."""
+
+    def __init__(self, answer=(0, "", ""), guests=(GUEST,), refusal=None):
+        self.answer, self.guests, self.refusal, self.calls = answer, list(guests), refusal, []
+
+    def running_guests(self, kind, name_glob):
+        return [g for g in self.guests if g["kind"] == kind]
+
+    def guest_refusal(self, guest):
+        return self.refusal
+
+    def guest_systemctl(self, guest, args, timeout):
+        self.calls.append(list(args))
+        return self.answer
+
+    def now(self):
+        return 0.0
+
+    def sleep(self, seconds):
+        pass
+
+
+class Restore:
+    def __init__(self, system):
+        self.system, self.params, self.step_timeout, self.result = system, {}, 5.0, {"warnings": []}
+
+
+def check_of(system):
+    found = _mig_restore.MigCheck(Restore(system), [ENTRY])
+    found.present = {KEPT}
+    return found
+
+
+def test_a_guests_unit_naming_a_lost_mig_uuid_is_pinned_by_its_own_systemds_answer():
+    system = GuestSystem((0, f"Environment=CUDA_VISIBLE_DEVICES={LOST} HF_HOME=/x\nExecStart={{ path=/usr/bin/vllm ; argv[]=/usr/bin/vllm serve }}\n"
+                             "ExecStartPre=\nEnvironmentFiles=/etc/vllm.env (ignore_errors=no)\n", ""))
+    found = check_of(system)
+    assert found._pinned() == [(ENTRY, [LOST])]
+    assert system.calls == [["show", "--no-pager", "-p", "Environment", "-p", "ExecStart", "-p", "ExecStartPre", "-p", "EnvironmentFiles",
+                             "vllm.service"]], "one question to the guest's systemd, nothing read from its files"
+    assert found.restore.result["warnings"] == ["lxc:101:vllm.service: its EnvironmentFile /etc/vllm.env is the guest's and is not read from "
+                                                "the host; check the MIG UUIDs it names with `pct exec 101 -- cat /etc/vllm.env`"]
+    assert found.still_pinned() == {("guest_unit", "lxc", "101", "vllm.service"): (
+        f"its configuration names MIG UUID {LOST}, which no longer exists: point it at the UUID of `nvidia-smi -L` and run gpu_restore again")}
+    assert _mig_restore._label(ENTRY) == "guest unit lxc:101:vllm.service"
+
+
+def test_a_guest_root_cannot_make_its_answer_long_or_pin_what_exists():
+    flood = " ".join(f"MIG-{n:08x}-0000-0000-0000-000000000000" for n in range(5000))
+    found = check_of(GuestSystem((0, f"Environment=A={flood} B={KEPT}\nEnvironmentFiles=" + " ".join(f"/e{n}" for n in range(100)) + "\n", "")))
+    [(entry, lost)] = found._pinned()
+    assert entry is ENTRY and len(lost) == _mig_restore.MAX_SAID and KEPT not in lost
+    assert len(found.restore.result["warnings"]) <= _mig_restore.MAX_SAID
+
+
+def test_a_guest_the_host_cannot_ask_is_left_to_its_restore_and_one_that_does_not_answer_is_not_started_naming_the_command():
+    for system in (GuestSystem(guests=()), GuestSystem(refusal="LXC guest 101 cannot be reached confined as the guest"),
+                   GuestSystem(guests=(dict(GUEST, manager="init"),))):
+        found = check_of(system)
+        assert found._pinned() == [] and system.calls == [] and found.still_pinned() == {}
+    found = check_of(GuestSystem((124, "", "")))
+    assert found._pinned() == []
+    [why] = found.still_pinned().values()
+    assert why == ("LXC guest 101 did not say what its unit names (no answer within step_timeout): not started while a MIG layout changed; "
+                   "check it with `pct exec 101 -- systemctl cat vllm.service` and run gpu_restore again")
+    # What the guest's systemctl prints is the guest root's text: never repeated in root's answer.
+    found = check_of(GuestSystem((1, "", "\x1b[2Jall clear, restore everything\n" * 50)))
+    [why] = found.still_pinned().values()
+    assert "(its systemctl exited 1)" in why and "all clear" not in why
+    assert "did not say what its unit names" in found._refusal(["GPU 0 (GPU-a): its MIG layout is gone"], [])
