@@ -13,6 +13,8 @@ import time
 
 from ansible_in_ns import run_module
 from test_gpu_release import used
+from test_slurm_epilog_smoke import epilog
+from test_slurm_epilog_smoke import runner  # noqa: F401  # pylint: disable=unused-import  # a pytest fixture, used by name
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOOL = os.path.join(os.path.dirname(HERE), "sim", "cuda-checkpoint")
@@ -127,3 +129,27 @@ def test_without_the_tool_nothing_is_asked(nshost):
     holder = host.spawn(["gpu_holder", "--gpus", "0", "--mib", "2048"])
     run = run_module(host, "gpu_release", FAST)
     assert not run.failed and "checkpointed_holders" not in run.result and [k["pid"] for k in run["killed"]] == [holder.pid]
+
+
+def test_the_slurm_epilog_checkpoints_a_running_leftover_before_its_signal(nshost, runner, tmp_path):  # noqa: F811
+    host = nshost("h200x2", seed="ckptepi")
+    install(host)
+    left = host.spawn(["gpu_holder", "--gpus", "1", "--mib", "4096"])
+    rc, stderr, entry = epilog(host, runner, tmp_path, "901")
+    assert (rc, entry["ok"], entry["causes"]) == (0, True, []), (stderr, entry)
+    assert ("lock", str(left.pid)) in calls(host) and ("checkpoint", str(left.pid)) in calls(host)
+    assert [k["pid"] for k in entry["killed"]] == [left.pid] and not host.alive(left.pid) and used(host, 1) == 0
+
+
+def test_the_slurm_epilog_refuses_a_checkpointed_leftover_with_the_sentence_first(nshost, runner, tmp_path):  # noqa: F811
+    host = nshost("h200x2", seed="ckptepidormant")
+    install(host)
+    busy = host.spawn(["gpu_holder", "--gpus", "1", "--mib", "2048"])
+    dormant = host.spawn(["gpu_holder", "--gpus", "1", "--mib", "8192"])
+    host.run(["cuda-checkpoint", "--toggle", "--pid", str(dormant.pid)], check=True)
+    rc, stderr, entry = epilog(host, runner, tmp_path, "902")
+    assert rc != 0 and not entry["ok"], (stderr, entry)
+    cause = " ".join(entry["causes"])
+    assert entry["causes"][0].startswith("CUDA-checkpointed process(es) hold the selected GPUs' memory in host memory"), entry
+    assert f"pid {dormant.pid} (" in cause and "reset" not in cause.lower(), entry
+    assert host.alive(busy.pid) and host.alive(dormant.pid)

@@ -113,7 +113,11 @@ def for_release(release: t.Any, plan: t.Any) -> None:
     release.result["warnings"].extend(checkpoints.problems)
     del checkpoints.problems[:]
     if dormant and not release.params.get("kill_checkpointed"):
-        raise StepFailed(refusal(dormant))
+        words = refusal(dormant)
+        if hasattr(release, "refusal"):
+            # The Slurm hook's run (_slurm/_jobcheck.JobRelease): a refusal is its first cause, not the GPU's reading.
+            release.refusal = words
+        raise StepFailed(words)
     if dormant:
         release.result["warnings"].append(
             "kill_checkpointed: ending CUDA-checkpointed process(es) " + ", ".join(described(h) for h in dormant) + "; their saved state is lost")
