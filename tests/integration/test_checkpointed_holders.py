@@ -67,6 +67,8 @@ def test_a_checkpointed_holder_is_refused_by_name_and_nothing_is_done(nshost):
     assert "kill_checkpointed: true" in msg and "reset" not in msg and "reboot" not in msg, msg
     assert run["killed"] == [] and host.alive(busy.pid) and host.alive(dormant.pid)
     assert ("lock", str(busy.pid)) not in calls(host)  # refused before anything was done
+    checked = run_module(host, "gpu_release", FAST, check=True)  # check mode predicts the same refusal
+    assert checked.failed and checked.msg == msg, checked.msg
 
 
 def test_kill_checkpointed_ends_the_dormant_holder_and_frees_the_gpu(nshost):
