@@ -102,6 +102,7 @@ OPTIONS = (
     Option("stop_owning_units", "bool", True, "stop the unit that runs a holder", modules=(RELEASE,)),
     Option("kill", "bool", True, "signal the holders left", modules=(RELEASE,), slurm=False),
     Option("kill_spanning", "bool", False, "also end what uses GPUs outside the selection", modules=(RELEASE,)),
+    Option("kill_checkpointed", "bool", False, "also end CUDA-checkpointed holders (their saved state is lost)", modules=(RELEASE,)),
     Option("launchers", "list", (), "units of the site that start other people's jobs", elements="str", modules=(RELEASE,), slurm=False),
     Option("match", "list", (), "regular expressions a holder's command line must match", elements="str", modules=(RELEASE,), slurm=False),
     Option("kill_timeout", "float", 10, "seconds from SIGTERM to SIGKILL (and for each stop)", low=(0, True), most=DAY, modules=(RELEASE,)),

@@ -94,6 +94,14 @@ options:
         R(More in the gpu_release guide on kill_spanning, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.kill-spanning).
     type: bool
     default: false
+  kill_checkpointed:
+    description:
+      - Where root's own C(cuda-checkpoint) exists, a holder that NVIDIA's cuda-checkpoint has checkpointed (its GPU memory moved
+        to host memory, about 0 MiB on the GPU, taken back when it is restored) fails the run before anything is done, naming it;
+        V(true) ends it anyway, and its saved state is lost. A running holder is locked and checkpointed before it is signalled.
+        R(More in the node shapes guide, ansible_collections.zeromib.gpu.docsite.guide_node_shapes.cuda-checkpointed-processes).
+    type: bool
+    default: false
   launchers:
     description:
       - A site's own launchers, added to the built-in ones (see O(stop_owning_units)) - unit globs (V(mysched*.service)) or process
@@ -412,6 +420,15 @@ spanning:
   sample:
     - {pid: 733, name: python3, cmdline: python3 jax_train.py, unit: null, container: null, pids: [733], gpu_indexes: [0, 1],
        outside_gpus: [0]}
+checkpointed_holders:
+  description:
+    - Holders that root's own C(cuda-checkpoint) locked and checkpointed just before their signal (C(pid), C(name),
+      C(state_before) V(running) or V(locked), C(checkpoint_s)); see O(kill_checkpointed).
+  type: list
+  elements: dict
+  returned: when a root-owned cuda-checkpoint exists and the run signalled holders
+  sample:
+    - {pid: 812, name: python3, state_before: running, checkpoint_s: 0.41}
 kept_units:
   description:
     - Units that a glob in O(services) matched but that a glob never selects, with the reason - essential to the node, network,

@@ -27,6 +27,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders 
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _jobs
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _mig_layout
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _origin
+from ansible_collections.zeromib.gpu.plugins.module_utils._act import _checkpoint
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _containers
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _guest_units
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _mps
@@ -64,6 +65,9 @@ def plan_dirty(release: Release, plan: Plan) -> None:
     plan.units = plan_units(release, plan.targets, plan.holders, plan.selected)
     plan.programs = plan_programs(release)
     plan.guests = plan_guests(release, plan.holders, plan.selected)
+    if release.params.get("kill", True):
+        # Issue 70: CUDA-checkpointed targets refused, running ones suspended before their signal (_checkpoint).
+        _checkpoint.for_release(release, plan)
 
 
 def plan_mps(release: Release, targets: list[Holder]) -> tuple[list[Holder], list[Holder]]:
@@ -268,6 +272,7 @@ def act(release: Release, plan: Plan) -> None:
         release.watch = _settle.watch_for(targets, outside, release.system.systemctl, release.lineage, minors, release.system.proc,
                                           foreign=release.foreign(targets))
         act_mps_clients(release, plan.holders, targets)
+        _checkpoint.before_signals(release, plan, targets)
         act_signals(release, targets)
     if plan.mps_servers:
         act_mps(release, plan.mps_servers)

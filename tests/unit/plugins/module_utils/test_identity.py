@@ -28,6 +28,8 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._look import _protect
 NOT_PROCESS_NAMES = {
     "_origin.SSH_SERVICES": "PAM service names in logind's root-owned session record (sshd's), never a process's name",
     "_origin._RANK_KEYS": "environment variable names of a torchrun rank, quoted in words only",
+    "_checkpoint.STATES": "the states cuda-checkpoint --get-state prints",
+    "_checkpoint.TOOL_DIRS": "directories",
     "_mig_restore.UNIT_DIRS": "directories systemd reads system units from",
     "_mig_restore.GUEST_PROPS": "systemd properties a guest's systemd is asked about one of its units",
     "_services.ORCHESTRATOR_PREFIXES": "services entry prefixes (swarm:, ray:)",
