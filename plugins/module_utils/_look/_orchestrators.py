@@ -21,10 +21,11 @@ kernel and the runtime say, never from a name alone:
 - Docker Swarm: the holder's container, as Docker's daemon reports it (root's word), carries the
   engine's `com.docker.swarm.service.name` label. The cgroup path alone names no container
   (_container_of confirms it with the runtime first).
-- Multi-node launchers (torchrun's elastic agent with more than one node, a Slurm step of a job
-  on several nodes): their ranks on other nodes keep their GPUs in a hung collective when this
-  node's are killed. That is only told (a note naming the launcher), never decided on: a user's
-  command line says it.
+- Multi-node jobs: their ranks on other nodes keep their GPUs in a hung collective when this
+  node's are killed. A Slurm job from the kernel's word (the slurmstepd cgroup the process runs
+  in) and Slurm's own count of its nodes (`scontrol show job`), never its environment; torchrun's
+  elastic agent with more than one node from its command line. Only told (named in the result
+  and the host's first sentence), never decided on.
 
 What is done with them (stop through the orchestrator when `services` names it, else refuse with
 the command) is _act/_orchestrators'.
@@ -36,6 +37,7 @@ import re
 import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders_mod
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _jobs
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _protect
 
 if t.TYPE_CHECKING:
@@ -43,6 +45,8 @@ if t.TYPE_CHECKING:
 
     MainPidOf = t.Callable[[str], t.Optional[int]]
     ReadProcess = t.Callable[[int], t.Optional[t.Mapping[str, t.Any]]]
+    # Slurm's answer to `scontrol show job -o JOB` (its one line), None when it gave none.
+    ShowJob = t.Callable[[str], t.Optional[str]]
 
 RAY = "ray"
 SWARM = "swarm"
@@ -53,6 +57,9 @@ SWARM_TASK = "com.docker.swarm.task.name"
 # torchrun / python -m torch.distributed.run / .launch, and its --nnodes (N, or MIN:MAX).
 _TORCHRUN = re.compile(r"(?:^|/|\s)(?:torchrun|torch\.distributed\.(?:run|launch))(?:\s|$)")
 _NNODES = re.compile(r"--nnodes[= ](\d+)(?::(\d+))?")
+# Slurm's count of a job's nodes and their names, in `scontrol show job -o`'s line.
+_NUM_NODES = re.compile(r"(?:^|\s)NumNodes=(\d+)(?:\s|$)")
+_NODE_LIST = re.compile(r"(?:^|\s)NodeList=(\S+)")
 # Ancestors walked at most (a deeper tree is no launcher's).
 MAX_DEPTH = 32
 # Names in a message before "and N more".
@@ -107,6 +114,31 @@ def multi_node_launcher(pid: int, proc: str, read: ReadProcess) -> str | None:
         if nodes and max(int(nodes.group(1)), int(nodes.group(2) or 0)) > 1:
             return f"{cmdline[:120]} (PID {ancestor:d})"
     return None
+
+
+def slurm_nodes(job: str, shown: str | None) -> tuple[int, str] | None:
+    """(node count, node list) of job JOB from Slurm's `scontrol show job -o` line; None when
+    the line is not that job's or says no count."""
+    if not shown or not re.search(r"(?:^|\s)JobId={}(?:\s|$)".format(re.escape(job)), shown):
+        return None
+    count = _NUM_NODES.search(shown)
+    nodes = _NODE_LIST.search(shown)
+    return (int(count.group(1)), nodes.group(1) if nodes else "?") if count else None
+
+
+def multi_node_job(pid: int, proc: str, read: ReadProcess, show_job: ShowJob) -> str | None:
+    """`Slurm job 77 on 2 nodes (gpu[01-02])` when the holder runs in a Slurm job (the kernel's
+    word: slurmstepd's cgroup, or a vouched slurmstepd ancestor) that Slurm says spans more than
+    one node; None otherwise. Never the job's environment (SLURM_JOB_NUM_NODES) or a cgroup its
+    user named: those are hers. `read` is unused (one signature with multi_node_launcher)."""
+    del read
+    job = _jobs.owning_job(pid, proc)
+    if job is None:
+        return None
+    found = slurm_nodes(job, show_job(job))
+    if not found or found[0] < 2:
+        return None
+    return "Slurm job {} on {:d} nodes ({})".format(job, found[0], found[1][:120])
 
 
 def _gpus(holders: t.Iterable[Holder], selected: t.Collection[int]) -> list[int]:
