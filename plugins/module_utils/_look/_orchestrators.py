@@ -119,7 +119,7 @@ def multi_node_launcher(pid: int, proc: str, read: ReadProcess) -> str | None:
 def slurm_nodes(job: str, shown: str | None) -> tuple[int, str] | None:
     """(node count, node list) of job JOB from Slurm's `scontrol show job -o` line; None when
     the line is not that job's or says no count."""
-    if not shown or not re.search(r"(?:^|\s)JobId={}(?:\s|$)".format(re.escape(job)), shown):
+    if not shown or not re.search(rf"(?:^|\s)JobId={re.escape(job)}(?:\s|$)", shown):
         return None
     count = _NUM_NODES.search(shown)
     nodes = _NODE_LIST.search(shown)
@@ -138,7 +138,7 @@ def multi_node_job(pid: int, proc: str, read: ReadProcess, show_job: ShowJob) ->
     found = slurm_nodes(job, show_job(job))
     if not found or found[0] < 2:
         return None
-    return "Slurm job {} on {:d} nodes ({})".format(job, found[0], found[1][:120])
+    return f"Slurm job {job} on {found[0]:d} nodes ({found[1][:120]})"
 
 
 def _gpus(holders: t.Iterable[Holder], selected: t.Collection[int]) -> list[int]:
