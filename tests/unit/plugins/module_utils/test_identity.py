@@ -29,6 +29,7 @@ NOT_PROCESS_NAMES = {
     "_mig_restore.UNIT_DIRS": "directories systemd reads system units from",
     "_services.ORCHESTRATOR_PREFIXES": "services entry prefixes (swarm:, ray:)",
     "_orchestrators.PREFIXES": "services entry prefixes (swarm:, ray:)",
+    "_orchestrators.SLURM_DIRS": "directories Slurm's clients live in (scontrol)",
     "_caps.WHOLE": "result keys (lists the hardware sizes)",
     "_commands.SYSTEM_DIRS": "directories",
     "_device_nodes.CONTROL": "device node paths (/dev/nvidiactl, the UVM nodes)",
