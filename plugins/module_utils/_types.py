@@ -315,6 +315,8 @@ class ContainerRecord(t.TypedDict):
     status: str | None
     pod: str | None
     pod_uid: str | None
+    # The pod its io.kubernetes.* labels name when no kubelet placed it under kubepods, else None.
+    pod_claim: str | None
     # The container's init process as the runtime reports it (None when not running).
     pid: int | None
     # Its com.docker.swarm.* labels (a Swarm task's service and task), {} for others.

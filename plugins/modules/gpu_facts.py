@@ -406,7 +406,8 @@ ansible_facts:
               pod on the cgroupfs driver unless Docker knows the container). C(container_name) and C(container_image) come from the
               runtime (Docker or Podman, through its API socket or its CLI) and are V(null) where it cannot be asked.
             - C(pod) is V(namespace/name) of the Kubernetes pod (from the container's C(io.kubernetes.pod.*) labels, or crictl), C(pod_uid)
-              its UID (from the cgroup path); both V(null) outside Kubernetes.
+              its UID (from the cgroup path); both V(null) outside Kubernetes, and for a container whose cgroup is not under C(kubepods)
+              whatever its labels say.
             - C(unit) is the host's systemd unit the process runs in, as systemd says it - the first C(.service) or C(.scope) of its
               cgroup path, kept only where that unit's C(ControlGroup=) is that directory, else V(null). Below a unit that delegates its
               cgroup (C(Delegate=yes), C(user@UID.service)) the names are its user's, and the unit is the delegating one
@@ -414,7 +415,8 @@ ansible_facts:
             - Device files are known by kernel identity (device number, or the inode of the node's own C(/dev/nvidiaN)), not by path.
               A name protects only a process whose identity backs it; C(protection_note) says why a process named like a protected
               daemon is not protected, C(container_note) why a cgroup path naming a container or pod was not believed (a user-delegated
-              subtree, or the runtime does not run the process there). See the collection's C(docs/docsite/rst/guide_security.rst).
+              subtree, or the runtime does not run the process there), or why a container's C(io.kubernetes.pod.*) labels make no pod (its
+              cgroup is not under C(kubepods), where a kubelet puts its pods). See the collection's C(docs/docsite/rst/guide_security.rst).
             - C(guest) is the system container the process runs in, seen from the host (Proxmox LXC C(/lxc/<id>/ns), LXD
               C(/lxc.payload.<name>), systemd-nspawn C(/machine.slice/systemd-nspawn@<name>.service/payload) or C(machine-<name>.scope)
               in its cgroup path), V(null) elsewhere - C(kind) (V(lxc), V(lxd), V(nspawn)), C(name) (the VMID or the guest's name),

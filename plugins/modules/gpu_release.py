@@ -401,8 +401,11 @@ scaled_services:
   sample: [vllm]
 multi_node:
   description:
-    - Holders signalled that are ranks of a multi-node torchrun (C(--nnodes) above 1), with C(pid) and C(launcher) (its command line and
-      PID); their ranks on other nodes keep their GPUs until NCCL's timeout. A note from the job's own command line, never a decision.
+    - Holders signalled that are ranks of a multi-node job, with C(pid) and C(launcher), the job - a Slurm job that Slurm (C(scontrol show job)) says
+      spans more than one node, the job named by the kernel (the slurmstepd cgroup the process runs in, never its environment), as
+      V(Slurm job 77 on 2 nodes) and its node list; else a torchrun with C(--nnodes) above 1 whose agent or rank the kernel shows
+      connected to another host (its command line, PID and that peer). Their ranks on other nodes keep their GPUs until NCCL's
+      timeout. A note, named in the host's first sentence, never a decision.
   type: list
   elements: dict
   returned: success

@@ -54,6 +54,8 @@ class Outcome(t.TypedDict, total=False):
     killed_count: int
     protected: list[t.Any]
     spanning: list[dict[str, t.Any]]
+    # The multi-node jobs whose ranks here were ended (gpu_release's multi_node, each job once).
+    multi_node: list[str]
     footprint_gpus: list[int | None]
     footprint_mib: int | None
     nvml_clients: list[dict[str, t.Any]]
@@ -202,6 +204,7 @@ def _record(result: t.Mapping[str, t.Any], host: str, check_mode: bool) -> Outco
         "killed_count": _truncated(result, "killed") or len(result.get("killed") or []),
         "protected": result.get("protected") or [],
         "spanning": _spanning(result),
+        "multi_node": list(dict.fromkeys(str(r.get("launcher")) for r in result.get("multi_node") or [] if isinstance(r, Mapping))),
         # Selected GPUs that read only the cross-GPU footprint of contexts on other GPUs (clean),
         # and the NVML clients (monitors, exporters) left running: they use no GPU memory.
         "footprint_gpus": [g.get("index") for g in footprint],
@@ -258,6 +261,9 @@ def _done(outcome: Outcome) -> list[str]:
         did.append(planned_signals(outcome["killed"]))
     elif outcome["killed"]:
         did.append("killed " + _plural(outcome.get("killed_count") or len(outcome["killed"]), "process", "es"))
+    if outcome.get("multi_node"):
+        # Said in the first sentence: the job's ranks elsewhere keep their GPUs until freed too.
+        did.append("ranks of multi-node {} (their ranks on the other nodes hang in a collective until freed)".format("; ".join(outcome["multi_node"])))
     if outcome["shm_removed"]:
         did.append(shm_note(outcome))
     if outcome["shm_kept"]:

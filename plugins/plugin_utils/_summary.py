@@ -54,6 +54,8 @@ def _note(outcome: t.Mapping[str, t.Any]) -> str:
         notes.append(f"{footprint_note(outcome)}: cross-GPU footprint")
     if outcome.get("spanning"):
         notes.append("spanning: {}".format(spanning_note(outcome["spanning"])))
+    if outcome.get("multi_node"):
+        notes.append("multi-node: {}".format("; ".join(outcome["multi_node"])))
     if outcome.get("check_mode") and outcome.get("killed"):
         notes.append(planned_signals(outcome["killed"]))
     if outcome.get("shm_removed"):

@@ -1300,6 +1300,68 @@ def try_lines(fleet: Fleet, vllm_host: str, guest: dict) -> list[str]:
 
 # ---------------------------------------------------------------------------- CLI
 
+# Joins a mount namespace and attaches a read-only copy of a tree of this machine there: the new
+# mount API (open_tree, mount_setattr, move_mount), as `machinectl bind` does; nspawn's propagation
+# directory is not shared on these machines. Run as a child: setns needs a single-threaded process.
+_BIND_INTO = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def ok(rc, what):
+    if rc < 0:
+        raise OSError(ctypes.get_errno(), what)
+    return rc
+class Attr(ctypes.Structure):
+    _fields_ = [("set", ctypes.c_uint64), ("clr", ctypes.c_uint64), ("prop", ctypes.c_uint64), ("userns", ctypes.c_uint64)]
+fd = ok(libc.syscall(428, -100, sys.argv[2].encode(), 1 | 0o2000000 | 0x8000), "open_tree")
+attr = Attr(1, 0, 0, 0)
+ok(libc.syscall(442, fd, b"", 0x1000 | 0x8000, ctypes.byref(attr), ctypes.sizeof(attr)), "mount_setattr")
+ok(libc.setns(os.open(f"/proc/{int(sys.argv[1])}/ns/mnt", os.O_RDONLY), 0x00020000), "setns")
+os.chdir("/")
+os.makedirs(sys.argv[3], exist_ok=True)
+ok(libc.syscall(429, fd, b"", -100, sys.argv[3].encode(), 4), "move_mount")
+"""
+
+
+def host_init_pid(fleet: Fleet, name: str) -> int:
+    """The PID (on this machine) of a host's own systemd: the child of its nspawn."""
+    pid = fleet.nspawn_pid(fleet.host(name))
+    if pid is None:
+        raise FleetError(f"{name}: no nspawn")
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    if not children:
+        raise FleetError(f"{name}: nspawn has no child")
+    return int(children[0])
+
+
+def bind_ro_into(fleet: Fleet, name: str, source: Path, target: str) -> None:
+    """SOURCE of this machine, read-only at TARGET inside host NAME (until it reboots or
+    `umount TARGET` there). Only that host's mount namespace changes."""
+    run([sys.executable, "-c", _BIND_INTO, str(host_init_pid(fleet, name)), str(source), target])
+
+
+@contextlib.contextmanager
+def linked_hosts(fleet: Fleet, names: list[str], subnet: str = "172.31.77"):
+    """The hosts NAMES on one layer-2 segment: a bridge in a network namespace made here, a veth
+    from it into each host's own namespace (`ray0`, SUBNET.<1..n>/24 in list order). Yields
+    {name: address}. This machine's own namespace, routes and forwarding are never touched;
+    deleting the bridge's namespace removes every link it made."""
+    bridge = f"{fleet.prefix}-l2"
+    addrs = {name: f"{subnet}.{i}" for i, name in enumerate(names, 1)}
+    run(["ip", "netns", "add", bridge])
+    try:
+        run(["ip", "-n", bridge, "link", "add", "br0", "type", "bridge"])
+        run(["ip", "-n", bridge, "link", "set", "br0", "up"])
+        for i, name in enumerate(names, 1):
+            netns = fleet.host(name)["netns"]
+            run(["ip", "-n", bridge, "link", "add", f"l2p{i}", "type", "veth", "peer", "name", "ray0", "netns", netns])
+            run(["ip", "-n", bridge, "link", "set", f"l2p{i}", "master", "br0", "up"])
+            run(["ip", "-n", netns, "addr", "add", f"{addrs[name]}/24", "dev", "ray0"])
+            run(["ip", "-n", netns, "link", "set", "ray0", "up"])
+        yield addrs
+    finally:
+        run(["ip", "netns", "del", bridge], check=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)

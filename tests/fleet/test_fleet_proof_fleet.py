@@ -9,17 +9,23 @@ is killed and A's gate watches the launcher for its settle window): the restart 
 A is still being proven, before the verdict. Today's code reports both hosts free while B holds
 the actor's 3000 MiB; the proof names B's holder and that this run freed A.
 
-Both paths: free_gpus.yml and the role in a user's own play. Two hosts of the fleet
+Both paths: free_gpus.yml and the role in a user's own play, each on the oldest and the newest
+supported ansible-core (the compatibility matrix's controller venvs). Two hosts of the fleet
 (`ZEROMIB_FLEET_HOSTS=2 pytest tests/fleet/test_fleet_proof_fleet.py`)."""
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from scenarios import PLAYBOOK, RELEASE_TASK, summary_lines, summary_row, summary_status, wait_for
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compat"))
+import matrix  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("fleet_baselines")
 
@@ -45,6 +51,16 @@ READY = "/run/nvidia-sim/ready/sim-ray"
 UNITS = "sim-ray-node.service sim-ray-actor.service"
 # The node process is a launcher (as a real raylet is by its vouched executable): only its actor is killed.
 VARS = {"free_gpus_settle_timeout": SETTLE_S, "free_gpus_kill_timeout": 2, "free_gpus_launchers": ["sim-ray-node.service"]}
+
+
+# The oldest ansible-core the collection supports and the newest (as tests/fleet/test_typos.py).
+ENDS = [entry for entry in matrix.CONTROLLER if entry[0].startswith(("2.17.", "2.21."))]
+
+
+def _controller(core: str, python: str) -> dict:
+    """ansible_playbook's keywords that run it on that ansible-core's controller venv."""
+    bin_dir = matrix.controller_bin(core, python)
+    return {"bin_dir": bin_dir, "env": {"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"}}
 
 
 def _hosts(fleet) -> tuple[str, str]:
@@ -98,8 +114,10 @@ def _rescheduled(fleet, run_play) -> dict:
         _cleanup(fleet, (a, b))
 
 
-def test_work_rescheduled_onto_a_proven_host_fails_free_gpus_yml_naming_it(fleet):
-    found = _rescheduled(fleet, lambda a, b: fleet.ansible_playbook(PLAYBOOK, limit=[a, b], extra_vars=VARS))
+@pytest.mark.parametrize(("core", "python"), ENDS, ids=[f"ansible-core-{c}" for c, _p in ENDS])
+def test_work_rescheduled_onto_a_proven_host_fails_free_gpus_yml_naming_it(fleet, core, python):
+    controller = _controller(core, python)
+    found = _rescheduled(fleet, lambda a, b: fleet.ansible_playbook(PLAYBOOK, limit=[a, b], extra_vars=VARS, **controller))
     a, b, run, said = found["a"], found["b"], found["run"], found["said"]
     assert said.get("restart_rc") == 0, said
     assert found["b_after"][0] >= 3000, (found, summary_lines(run))
@@ -115,11 +133,15 @@ def test_work_rescheduled_onto_a_proven_host_fails_free_gpus_yml_naming_it(fleet
     assert lines[-1] == "2 hosts: 1 back, 1 freed", lines
 
 
-def test_work_rescheduled_onto_a_proven_host_fails_the_role_in_a_users_play(fleet):
+@pytest.mark.parametrize(("core", "python"), ENDS, ids=[f"ansible-core-{c}" for c, _p in ENDS])
+def test_work_rescheduled_onto_a_proven_host_fails_the_role_in_a_users_play(fleet, core, python):
+    controller = _controller(core, python)
+
     def play(a, b):
         return fleet.ansible_playbook({"hosts": f"{a},{b}", "gather_facts": False, "become": True,
                                        "pre_tasks": [{"name": "Free the GPUs", "ansible.builtin.include_role": {"name": "zeromib.gpu.free_gpus"}}],
-                                       "tasks": [{"name": "Train", "ansible.builtin.debug": {"msg": "training"}}]}, extra_vars=VARS)
+                                       "tasks": [{"name": "Train", "ansible.builtin.debug": {"msg": "training"}}]}, extra_vars=VARS,
+                                      **controller)
     found = _rescheduled(fleet, play)
     a, b, run = found["a"], found["b"], found["run"]
     assert found["said"].get("restart_rc") == 0, found["said"]

@@ -228,6 +228,25 @@ def test_kubernetes_pods_are_never_signalled_and_the_message_says_to_drain(docke
     assert pods == {pod_pid: ("inference/vllm-0", POD_UID), bare.pid: (None, other_uid)}
 
 
+def test_a_container_that_labels_itself_a_pod_is_no_kubelets_and_is_stopped_as_any(docker):
+    # Who controls the labels: whoever creates the container (a compose file, a user of the
+    # runtime's socket) writes io.kubernetes.pod.* at will. What a kubelet does and they did not:
+    # place it under kubepods, which the kernel reports. Labels alone make no pod: gpu_release
+    # neither refuses the host nor says "pod" in the facts; the container is stopped as any.
+    labels = ["--label", "io.kubernetes.pod.namespace=inference", "--label", "io.kubernetes.pod.name=vllm-0",
+              "--label", f"io.kubernetes.pod.uid={POD_UID}", "--label", "io.kubernetes.container.name=vllm"]
+    fake = docker.run_holder("fake-pod", [1], run_args=labels)
+    facts = run_module(docker.host, "gpu_facts")["ansible_facts"]["gpu"]
+    holder = next(h for h in facts["holders"] if h["container"] == fake["Id"])
+    assert (holder["pod"], holder["pod_uid"]) == (None, None), holder
+    assert "labels name Kubernetes pod inference/vllm-0" in (holder.get("container_note") or ""), holder
+
+    run = run_module(docker.host, "gpu_release", {"services": ["container:fake-pod"]})
+    assert not run.failed, run.msg
+    assert "kubectl" not in run.msg and [e["name"] for e in run["stopped_containers"]] == ["fake-pod"]
+    assert docker.inspect(fake["Id"])["State"]["Running"] is False and used(docker.host, 1) == 0
+
+
 def test_container_killed_from_outside_that_comes_back_fails_naming_it(docker):
     # gpu_release cannot reach this Docker (DOCKER_HOST names a socket that is not there), so it
     # can only signal the holder from outside; Docker restarts the container within the window.

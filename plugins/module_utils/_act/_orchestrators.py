@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import subprocess
 import time
 import typing as t
 import urllib.parse
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _services
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._errors import StepFailed
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders_mod
@@ -47,6 +49,11 @@ SCALED = "swarm_service"
 # Seconds beyond kill_timeout that Swarm may take to stop a scaled-down task's container.
 STOP_MARGIN_S = 15.0
 POLL_S = 0.2
+# Where Slurm's clients live beside the system directories (as slurm_node looks for scontrol).
+SLURM_DIRS = ("/opt/slurm/bin",)
+# Slurm's answer on a job: a note, so a slow slurmctld costs at most this, once per job.
+SCONTROL_TIMEOUT_S = 5.0
+SCONTROL_MAX_CHARS = 65536
 
 
 def entries(services: t.Iterable[t.Any] | None) -> list[str]:
@@ -231,7 +238,8 @@ def for_release(release: t.Any, steps: t.Any) -> list[Orchestrated]:
     if by_swarm and swarm_error:
         raise StepFailed(swarm_error)
     steps.targets = [h for h in steps.targets if h["pid"] not in by_swarm]
-    release.result["multi_node"] = multi_node(steps.targets, release.system.proc, lambda pid: holders_mod.read_process(pid, release.system.proc))
+    release.result["multi_node"] = multi_node(steps.targets, release.system.proc, lambda pid: holders_mod.read_process(pid, release.system.proc),
+                                              scontrol_show_job(_commands.which("scontrol", _commands.SYSTEM_DIRS + SLURM_DIRS)))
     if release.result["multi_node"]:
         release.result["warnings"].append(multi_node_warning(release.result["multi_node"]))
     steps.orchestrated_missing = not_found(named, found, swarm_names)
@@ -240,11 +248,33 @@ def for_release(release: t.Any, steps: t.Any) -> list[Orchestrated]:
     return found
 
 
-def multi_node(targets: t.Sequence[Holder], proc: str, read: t.Callable[[int], t.Any]) -> list[dict[str, t.Any]]:
-    """The targets that are ranks of a multi-node torchrun: [{pid, launcher}] (a note, at most look.NAMED)."""
+def scontrol_show_job(scontrol: str | None, timeout: float = SCONTROL_TIMEOUT_S) -> t.Callable[[str], str | None]:
+    """Slurm's one line on a job (`scontrol show job -o JOB`), asked once per job; None where
+    there is no scontrol, no answer in `timeout` or an error: then the rank is not named."""
+    said: dict[str, str | None] = {}
+
+    def show_job(job: str) -> str | None:
+        if job not in said:
+            said[job] = None
+            if scontrol:
+                try:
+                    done = subprocess.run([scontrol, "show", "job", "-o", job], stdin=subprocess.DEVNULL, capture_output=True,
+                                          timeout=timeout, check=False, env=_commands.c_locale_env())
+                    said[job] = done.stdout.decode("utf-8", "replace")[:SCONTROL_MAX_CHARS] if done.returncode == 0 else None
+                except (OSError, subprocess.TimeoutExpired):
+                    said[job] = None
+        return said[job]
+    return show_job
+
+
+def multi_node(targets: t.Sequence[Holder], proc: str, read: t.Callable[[int], t.Any],
+               show_job: t.Callable[[str], str | None] = lambda _job: None) -> list[dict[str, t.Any]]:
+    """The targets that are ranks of a multi-node job: [{pid, launcher}] (a note, at most
+    look.NAMED). A Slurm job Slurm says spans nodes first (the kernel names the job), else a
+    torchrun with --nnodes above 1 (its command line)."""
     found = []
     for holder in targets:
-        launcher = look.multi_node_launcher(holder["pid"], proc, read)
+        launcher = look.multi_node_job(holder["pid"], proc, read, show_job) or look.multi_node_launcher(holder["pid"], proc, read)
         if launcher:
             found.append({"pid": holder["pid"], "launcher": launcher})
             if len(found) >= look.NAMED:

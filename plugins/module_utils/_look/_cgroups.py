@@ -66,6 +66,12 @@ def in_user_manager(cgroup_path: str | None) -> bool:
     return bool(_USER_MANAGER.search(cgroup_path or ""))
 
 
+def under_kubepods(cgroup_path: str | None) -> bool:
+    """Whether a cgroup path (or a runtime's cgroup parent) lies under `kubepods`, where a
+    kubelet places its pods' containers: what makes a container a pod's, not its labels."""
+    return bool(_KUBEPODS.search(cgroup_path or ""))
+
+
 def container_ref(cgroup_path: str | None) -> ContainerRef | None:
     """The container a cgroup path belongs to, or None (also for a path in a user manager's
     subtree). `runtime` is None where the path does not say (Kubernetes with the cgroupfs

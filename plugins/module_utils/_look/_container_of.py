@@ -104,9 +104,15 @@ def _annotate_one(holder: Holder, runtimes: Runtimes, mounts: t.Callable[[], lis
     if record is not None:
         holder["container_name"] = record["name"]
         holder["container_image"] = record["image"]
-        holder["pod"] = record["pod"]
-        holder["pod_uid"] = holder["pod_uid"] or record["pod_uid"]
+        # A pod only where the kernel puts the process under kubepods, as a kubelet does: the
+        # io.kubernetes.* labels are whoever created the container's.
+        claim = record["pod"] or record.get("pod_claim")
+        holder["pod"] = claim if ref["kubernetes"] else None
+        holder["pod_uid"] = holder["pod_uid"] or (record["pod_uid"] if ref["kubernetes"] else None)
         holder["_container_record"] = record
+        if claim and not ref["kubernetes"]:
+            holder["container_note"] = (f"its labels name Kubernetes pod {claim}, but its cgroup {holder.get('cgroup')} is not under kubepods, "
+                                        "where a kubelet puts its pods: labels its creator set, an ordinary container")
     if ref["kubernetes"] and not holder["pod"] and ref["id"]:
         holder["pod"] = runtimes.pod_of(ref["id"])
 

@@ -26,7 +26,7 @@ import threading
 import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
-from ansible_collections.zeromib.gpu.plugins.module_utils._look._cgroups import DOCKER, PODMAN
+from ansible_collections.zeromib.gpu.plugins.module_utils._look._cgroups import DOCKER, PODMAN, under_kubepods
 
 if t.TYPE_CHECKING:
     from ansible_collections.zeromib.gpu.plugins.module_utils._types import ContainerRecord
@@ -60,6 +60,10 @@ def record_of(inspect: dict[str, t.Any]) -> ContainerRecord:
     labels = config.get("Labels") or {}
     restart = ((host_config.get("RestartPolicy") or {}).get("Name") or "no").strip() or "no"
     namespace, name = labels.get(K8S_NAMESPACE), labels.get(K8S_NAME)
+    claimed = f"{namespace}/{name}" if namespace and name else (name or None)
+    # Labels are whoever created the container's (a compose file, any user of the runtime's
+    # socket); a kubelet also places it under kubepods, its cgroup parent. Labels alone make no pod.
+    kubelet = under_kubepods(str(host_config.get("CgroupParent") or ""))
     return {
         "id": inspect.get("Id") or inspect.get("ID"),
         "name": (inspect.get("Name") or "").lstrip("/") or None,
@@ -68,8 +72,10 @@ def record_of(inspect: dict[str, t.Any]) -> ContainerRecord:
         "restart_max_retries": int((host_config.get("RestartPolicy") or {}).get("MaximumRetryCount") or 0),
         "running": bool(state.get("Running")) or state.get("Status") == "restarting" or bool(state.get("Restarting")),
         "status": state.get("Status"),
-        "pod": f"{namespace}/{name}" if namespace and name else (name or None),
-        "pod_uid": labels.get(K8S_UID),
+        "pod": claimed if kubelet else None,
+        "pod_uid": labels.get(K8S_UID) if kubelet else None,
+        # The pod its labels name where no kubelet placed it (a note in the facts, never a refusal).
+        "pod_claim": None if kubelet else claimed,
         # The container's init process as the runtime reports it (0 when not running).
         "pid": state.get("Pid") or None,
         # The engine's own Swarm labels (the service and task a manager created it for: _look/_orchestrators).

@@ -21,10 +21,11 @@ kernel and the runtime say, never from a name alone:
 - Docker Swarm: the holder's container, as Docker's daemon reports it (root's word), carries the
   engine's `com.docker.swarm.service.name` label. The cgroup path alone names no container
   (_container_of confirms it with the runtime first).
-- Multi-node launchers (torchrun's elastic agent with more than one node, a Slurm step of a job
-  on several nodes): their ranks on other nodes keep their GPUs in a hung collective when this
-  node's are killed. That is only told (a note naming the launcher), never decided on: a user's
-  command line says it.
+- Multi-node jobs: their ranks on other nodes keep their GPUs in a hung collective when this
+  node's are killed. A Slurm job from the kernel's word (the slurmstepd cgroup the process runs
+  in) and Slurm's own count of its nodes (`scontrol show job`), never its environment; torchrun's
+  elastic agent with more than one node from its command line. Only told (named in the result
+  and the host's first sentence), never decided on.
 
 What is done with them (stop through the orchestrator when `services` names it, else refuse with
 the command) is _act/_orchestrators'.
@@ -32,10 +33,14 @@ the command) is _act/_orchestrators'.
 
 from __future__ import annotations
 
+import ipaddress
+import os
 import re
+import sys
 import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders_mod
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _jobs
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _protect
 
 if t.TYPE_CHECKING:
@@ -43,6 +48,8 @@ if t.TYPE_CHECKING:
 
     MainPidOf = t.Callable[[str], t.Optional[int]]
     ReadProcess = t.Callable[[int], t.Optional[t.Mapping[str, t.Any]]]
+    # Slurm's answer to `scontrol show job -o JOB` (its one line), None when it gave none.
+    ShowJob = t.Callable[[str], t.Optional[str]]
 
 RAY = "ray"
 SWARM = "swarm"
@@ -53,6 +60,14 @@ SWARM_TASK = "com.docker.swarm.task.name"
 # torchrun / python -m torch.distributed.run / .launch, and its --nnodes (N, or MIN:MAX).
 _TORCHRUN = re.compile(r"(?:^|/|\s)(?:torchrun|torch\.distributed\.(?:run|launch))(?:\s|$)")
 _NNODES = re.compile(r"--nnodes[= ](\d+)(?::(\d+))?")
+# Slurm's count of a job's nodes and their names, in `scontrol show job -o`'s line.
+_NUM_NODES = re.compile(r"(?:^|\s)NumNodes=(\d+)(?:\s|$)")
+_NODE_LIST = re.compile(r"(?:^|\s)NodeList=(\S+)")
+# A TCP socket's state in /proc/net/tcp: connected.
+_ESTABLISHED = "01"
+# Bounds on what is read of a process's sockets: its open files, and each TCP table.
+MAX_FDS = 4096
+MAX_TABLE_BYTES = 1 << 20
 # Ancestors walked at most (a deeper tree is no launcher's).
 MAX_DEPTH = 32
 # Names in a message before "and N more".
@@ -96,17 +111,98 @@ def ray_node(pid: int, proc: str, read: ReadProcess, main_pid_of: MainPidOf | No
 
 
 def multi_node_launcher(pid: int, proc: str, read: ReadProcess) -> str | None:
-    """`torchrun --nnodes 2 ... (PID 17)` when a torchrun agent above the holder runs ranks on
-    more than one node; None otherwise. A note only: the command line is its user's."""
+    """`torchrun --nnodes 2 ... (PID 17, connected to 10.0.0.11:29500)` when a torchrun agent
+    above the holder says more than one node AND the kernel shows it or the holder connected to
+    another host (the rendezvous store, NCCL's sockets); None otherwise. The command line alone
+    is its user's word (a one-node `--nnodes 4`, a script named torchrun): never enough."""
     for ancestor in holders_mod.lineage(pid, proc)[1:MAX_DEPTH]:
         record = read(ancestor)
         cmdline = " ".join(str((record or {}).get("cmdline") or "").split())
         if not _TORCHRUN.search(cmdline):
             continue
         nodes = _NNODES.search(cmdline)
-        if nodes and max(int(nodes.group(1)), int(nodes.group(2) or 0)) > 1:
-            return f"{cmdline[:120]} (PID {ancestor:d})"
+        if not nodes or max(int(nodes.group(1)), int(nodes.group(2) or 0)) < 2:
+            return None
+        peer = remote_peer(ancestor, proc) or remote_peer(pid, proc)
+        return f"{cmdline[:120]} (PID {ancestor:d}, connected to {peer})" if peer else None
     return None
+
+
+def _socket_inodes(pid: int, proc: str) -> set[str]:
+    """The inodes of the sockets a process holds open (its /proc/PID/fd links), at most MAX_FDS."""
+    base = f"{proc}/{pid:d}/fd"
+    try:
+        names = os.listdir(base)[:MAX_FDS]
+    except OSError:
+        return set()
+    found = set()
+    for name in names:
+        try:
+            target = os.readlink(f"{base}/{name}")
+        except OSError:
+            continue
+        if target.startswith("socket:[") and target.endswith("]"):
+            found.add(target[8:-1])
+    return found
+
+
+def _endpoint(field: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int] | None:
+    """`0B00000A:6E14` (/proc/net/tcp's hex, each 32-bit word in host order) -> (10.0.0.11, 28180)."""
+    address, _sep, port = field.partition(":")
+    try:
+        raw = bytes.fromhex(address)
+        words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)) if sys.byteorder == "little" else raw
+        return ipaddress.ip_address(words), int(port, 16)
+    except ValueError:
+        return None
+
+
+def remote_peer(pid: int, proc: str) -> str | None:
+    """`10.0.0.11:29500`: the first established TCP connection of the process to another host
+    (not loopback, not one of its own addresses), from the kernel's tables of its network
+    namespace; None when there is none. Reads at most MAX_TABLE_BYTES of each table."""
+    inodes = _socket_inodes(pid, proc)
+    if not inodes:
+        return None
+    for table in ("net/tcp", "net/tcp6"):
+        try:
+            with open(f"{proc}/{pid:d}/{table}", "rb") as handle:
+                rows = handle.read(MAX_TABLE_BYTES).decode("ascii", "replace").splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) < 10 or fields[3] != _ESTABLISHED or fields[9] not in inodes:
+                continue
+            local, remote = _endpoint(fields[1]), _endpoint(fields[2])
+            if remote and local and not remote[0].is_loopback and remote[0] != local[0]:
+                return f"{remote[0]}:{remote[1]:d}"
+    return None
+
+
+def slurm_nodes(job: str, shown: str | None) -> tuple[int, str] | None:
+    """(node count, node list) of job JOB from Slurm's `scontrol show job -o` line; None when
+    the line is not that job's or says no count."""
+    if not shown or not re.search(rf"(?:^|\s)JobId={re.escape(job)}(?:\s|$)", shown):
+        return None
+    count = _NUM_NODES.search(shown)
+    nodes = _NODE_LIST.search(shown)
+    return (int(count.group(1)), nodes.group(1) if nodes else "?") if count else None
+
+
+def multi_node_job(pid: int, proc: str, read: ReadProcess, show_job: ShowJob) -> str | None:
+    """`Slurm job 77 on 2 nodes (gpu[01-02])` when the holder runs in a Slurm job (the kernel's
+    word: slurmstepd's cgroup, or a vouched slurmstepd ancestor) that Slurm says spans more than
+    one node; None otherwise. Never the job's environment (SLURM_JOB_NUM_NODES) or a cgroup its
+    user named: those are hers. `read` is unused (one signature with multi_node_launcher)."""
+    del read
+    job = _jobs.owning_job(pid, proc)
+    if job is None:
+        return None
+    found = slurm_nodes(job, show_job(job))
+    if not found or found[0] < 2:
+        return None
+    return f"Slurm job {job} on {found[0]:d} nodes ({found[1][:120]})"
 
 
 def _gpus(holders: t.Iterable[Holder], selected: t.Collection[int]) -> list[int]:

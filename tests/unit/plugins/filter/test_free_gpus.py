@@ -354,3 +354,18 @@ def test_the_kept_dev_shm_files_are_named_five_then_counted_whatever_a_user_made
     assert "kept 300000 files of /dev/shm (0 MiB listed): /dev/shm/psm_00000000 (" in outcome["message"]
     assert outcome["message"].count("/dev/shm/psm_") == 5 and "; and 299995 more" in outcome["message"]
     assert len(outcome["message"]) < 600, len(outcome["message"])
+
+
+def test_ranks_of_a_multi_node_job_are_named_in_the_first_sentence_and_the_summary():
+    # The survivors on the other nodes hang in a collective holding their GPUs: the operator
+    # reads which job in the host's first sentence, not only in a warning further down.
+    result = release([gpu(0, 30000)], [gpu(0, 0)], killed=[{"pid": 70, "name": "python3", "signal": "SIGTERM"}],
+                     multi_node=[{"pid": 70, "launcher": "Slurm job 77 on 2 nodes (gpu[01-02])"},
+                                 {"pid": 71, "launcher": "Slurm job 77 on 2 nodes (gpu[01-02])"}])
+    outcome = free_gpus_outcome(result, "gpu01", 1)
+    assert outcome["ok"] and outcome["multi_node"] == ["Slurm job 77 on 2 nodes (gpu[01-02])"]
+    assert outcome["message"].split(" in 0.41 s")[0] == (
+        "gpu01: 1 GPU free (30000 -> 0 MiB), killed 1 process, ranks of multi-node Slurm job 77 on 2 nodes (gpu[01-02]) "
+        "(their ranks on the other nodes hang in a collective until freed)")
+    assert "multi-node: Slurm job 77 on 2 nodes (gpu[01-02])" in free_gpus_summary([outcome])[1]
+    assert free_gpus_outcome(release([gpu(0, 3)], [gpu(0, 0)]), "gpu02", 1)["multi_node"] == []

@@ -34,6 +34,7 @@ NOT_PROCESS_NAMES = {
     "_mig_restore.GUEST_PROPS": "systemd properties a guest's systemd is asked about one of its units",
     "_services.ORCHESTRATOR_PREFIXES": "services entry prefixes (swarm:, ray:)",
     "_orchestrators.PREFIXES": "services entry prefixes (swarm:, ray:)",
+    "_orchestrators.SLURM_DIRS": "directories Slurm's clients live in (scontrol)",
     "_caps.WHOLE": "result keys (lists the hardware sizes)",
     "_commands.SYSTEM_DIRS": "directories",
     "_device_nodes.CONTROL": "device node paths (/dev/nvidiactl, the UVM nodes)",

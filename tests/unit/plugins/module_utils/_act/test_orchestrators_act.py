@@ -111,3 +111,18 @@ def test_a_swarm_entry_on_a_host_without_docker_names_nothing_here():
     steps = type("Plan", (), {"targets": [], "selected": [0]})()
     assert orch.for_release(_Release(["swarm:vllm"], _NoDocker()), steps) == []
     assert steps.orchestrated_missing == ["swarm:vllm"] and steps.orchestrated_to_do is False
+
+
+def test_slurm_is_asked_once_per_job_and_a_silent_or_missing_scontrol_names_nothing(tmp_path):
+    calls = tmp_path / "calls"
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\necho 'JobId=77 NumNodes=2 NodeList=gpu[01-02]'\n")
+    scontrol.chmod(0o755)
+    show_job = orch.scontrol_show_job(str(scontrol))
+    assert show_job("77") == show_job("77") == "JobId=77 NumNodes=2 NodeList=gpu[01-02]\n"
+    assert calls.read_text() == "show job -o 77\n"
+    assert orch.scontrol_show_job(None)("77") is None
+    hung = tmp_path / "hung"
+    hung.write_text("#!/bin/sh\nexec sleep 30\n")
+    hung.chmod(0o755)
+    assert orch.scontrol_show_job(str(hung), timeout=0.3)("77") is None

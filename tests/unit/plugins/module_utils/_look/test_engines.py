@@ -47,6 +47,7 @@ def test_record_of_a_running_restart_always_container():
         "status": "running",
         "pod": None,
         "pod_uid": None,
+        "pod_claim": None,
         "pid": inspect_fixture("api-inspect-vllm.json")["State"]["Pid"],
         "labels": {},
         "gpu_devices": [],
@@ -59,6 +60,18 @@ def test_record_of_a_pod_container_and_of_a_stopped_one():
     assert (pod["pod"], pod["pod_uid"], pod["restart_policy"]) == ("inference/vllm-0", UID, "no")
     stopped = engines.record_of(inspect_fixture("api-inspect-stopped.json"))
     assert (stopped["name"], stopped["running"], stopped["status"], stopped["restart_policy"]) == ("stopped-one", False, "exited", "unless-stopped")
+
+
+def test_pod_labels_make_a_pod_only_where_a_kubelet_placed_the_container():
+    # Attacker: whoever creates a container writes io.kubernetes.* labels at will; a kubelet also
+    # sets its cgroup parent under kubepods. Labels alone are a claim, never a pod.
+    inspect = inspect_fixture("api-inspect-k8s.json")
+    inspect["HostConfig"]["CgroupParent"] = ""
+    claimed = engines.record_of(inspect)
+    assert (claimed["pod"], claimed["pod_uid"], claimed["pod_claim"]) == (None, None, "inference/vllm-0")
+    inspect["HostConfig"]["CgroupParent"] = "kubepods-burstable-pod1b2c3d4e_5f60_7182_93a4_b5c6d7e8f901.slice"
+    placed = engines.record_of(inspect)
+    assert (placed["pod"], placed["pod_uid"], placed["pod_claim"]) == ("inference/vllm-0", UID, None)
 
 
 def test_empty_restart_policy_reads_no():
