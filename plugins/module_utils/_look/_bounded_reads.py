@@ -72,10 +72,13 @@ POLL_S = 0.05
 READERS = 2
 # A reader sleeping in the kernel this long on one process is set aside (another reader goes on
 # with the rest); the budget then decides whether it is blocked. A /proc read of a process that
-# answers sleeps microseconds (mmap_lock held for a moment by the process itself).
-ASIDE_S = 0.02
+# answers sleeps microseconds (mmap_lock held for a moment by the process itself). Setting a
+# reader aside costs a thread's start, and only where a read sleeps; each process a user blocked
+# costs the pass about this much before the next reader goes on (issue 66: thirty of them cost
+# 0.4 s at 20 ms, benchmarks/HISTORY.md).
+ASIDE_S = 0.005
 # How often a pass looks at its readers.
-WATCH_S = 0.01
+WATCH_S = 0.005
 # Readers left waiting at most: each is a thread asleep in the kernel until the module ends. Past
 # that, the rest of a pass is left unread (said as the deadline says it).
 MAX_WAITING = 512
@@ -203,11 +206,14 @@ def is_char_device(st: Stat | os.stat_result) -> bool:
 
 
 def scan(work: t.Callable[[t.Any], t.Any], items: t.Sequence[t.Any], budget: float = PROCESS_BUDGET_S, deadline_s: float | None = None,
-         isolate: bool = False, processes: t.Sequence[str] | None = None) -> Outcome:
+         isolate: bool = False, processes: t.Sequence[str] | None = None, together: bool = False) -> Outcome:
     """work(item) for each item -> Outcome; `deadline_s` bounds the whole pass. `work` returns None
     for an item with nothing to say; an exception counts as None. `processes`: the /proc directory
     of the process each item reads (items[i] reads processes[i]): one found blocked earlier in the
     run is blocked here at once, and one found blocked here is so for every later reader (BLOCKED).
+    `together`: a reader for each item from the start (at most MAX_WAITING), for a few items that
+    are expected to wait (the wchans of processes found blocked): their budgets then run at once
+    instead of one after another.
 
     In parallel threads; the items whose work raises NeedsIsolation are read again in forked
     children (all of them with `isolate`), where `work` returns plain data (marshal: dicts, lists,
@@ -217,7 +223,7 @@ def scan(work: t.Callable[[t.Any], t.Any], items: t.Sequence[t.Any], budget: flo
     known = [Blocked(index, BLOCKED[process]) for index, process in enumerate(processes or ()) if process in BLOCKED]
     skip = {b.item for b in known}
     todo = [index for index in range(len(items)) if index not in skip]
-    outcome = _scan_todo(work, items, todo, budget, deadline, isolate)
+    outcome = _scan_todo(work, items, todo, budget, deadline, isolate, min(len(todo), MAX_WAITING) if together else READERS)
     if processes is not None:
         for blocked in outcome.blocked:
             BLOCKED[processes[blocked.item]] = blocked.waits_in
@@ -225,7 +231,7 @@ def scan(work: t.Callable[[t.Any], t.Any], items: t.Sequence[t.Any], budget: flo
 
 
 def _scan_todo(work: t.Callable[[t.Any], t.Any], items: t.Sequence[t.Any], todo: list[int], budget: float, deadline: float,
-               isolate: bool) -> Outcome:
+               isolate: bool, readers: int = READERS) -> Outcome:
     """scan over items[i] for i in `todo`; the Outcome's indexes are items' own."""
     if isolate:
         rest = _scan(_one_child, work, [items[index] for index in todo], budget, deadline)
@@ -239,7 +245,7 @@ def _scan_todo(work: t.Callable[[t.Any], t.Any], items: t.Sequence[t.Any], todo:
             needs.append(index)
             return None
 
-    first = _renumber(_parallel(in_thread, todo, budget, deadline), todo)
+    first = _renumber(_parallel(in_thread, todo, budget, deadline, readers), todo)
     if not needs:
         return first
     needs.sort()
@@ -271,8 +277,8 @@ class _Reader:
         return self.left
 
 
-def _parallel(work: t.Callable[[t.Any], t.Any], items: t.Sequence[t.Any], budget: float, deadline: float) -> Outcome:
-    """work(item) over items by up to READERS threads at once; a reader sleeping in the kernel on
+def _parallel(work: t.Callable[[t.Any], t.Any], items: t.Sequence[t.Any], budget: float, deadline: float, at_once: int = READERS) -> Outcome:
+    """work(item) over items by up to `at_once` threads at once; a reader sleeping in the kernel on
     one item for ASIDE_S is set aside and another takes the rest, and it is left (the item
     blocked) once it has slept there for `budget`. At the deadline, what is not read is unread."""
     lock = threading.Lock()
@@ -311,7 +317,7 @@ def _parallel(work: t.Callable[[t.Any], t.Any], items: t.Sequence[t.Any], budget
         readers.append(reader)
         reader.thread.start()
 
-    for _count in range(min(READERS, len(items))):
+    for _count in range(min(at_once, len(items))):
         start()
     while True:
         with lock:
@@ -326,10 +332,10 @@ def _parallel(work: t.Callable[[t.Any], t.Any], items: t.Sequence[t.Any], budget
         working = sum(1 for r in readers if not r.aside)
         with lock:
             more = bool(queue)
-        if more and working < READERS:
+        if more and working < at_once:
             if len(readers) - working + len(blocked) >= MAX_WAITING:
                 return _stop(lock, readers, queue, results, blocked)
-            for _count in range(READERS - working):
+            for _count in range(at_once - working):
                 start()
         wake.wait(max(0.0, min(WATCH_S, deadline - time.monotonic())))
         wake.clear()
@@ -339,7 +345,11 @@ def _watch(reader: _Reader, now: float, budget: float, lock: threading.Lock, pen
     """Set a reader aside once it sleeps in the kernel on its item, and leave it (the item
     blocked) once it has slept there for the budget."""
     item, since, thread = reader.item, reader.since, reader.thread
-    if reader.left or item is None or thread is None or now - since < ASIDE_S or not _thread_waits(thread):
+    if reader.left or item is None or thread is None or now - since < ASIDE_S:
+        return
+    # A reader set aside is looked at again only once its budget is spent: thirty of them, looked
+    # at every WATCH_S, cost a pass 0.1 s of CPU in reads of their state.
+    if (reader.aside and now - since < budget) or not _thread_waits(thread):
         return
     reader.aside = True
     if now - since < budget:
@@ -520,7 +530,11 @@ def _thread_waits(thread: threading.Thread) -> bool:
     if _thread_state(thread) in ("R", None):
         return False
     wchan = _thread_wchan(thread)
-    return not (wchan or "").startswith("futex")
+    if wchan is None:
+        # No wchan: running again since its state was read (a reader woken from the GIL's futex),
+        # or a kernel that shows none; its state, read again, says which.
+        return _thread_state(thread) not in ("R", None)
+    return not wchan.startswith("futex")
 
 
 def _thread_wchan(thread: threading.Thread) -> str | None:

@@ -537,11 +537,12 @@ _WCHANS: dict[str, str | None] = {}
 
 
 def blocked_records(waits: t.Mapping[int, str | None], proc: str) -> list[Holder]:
-    """blocked_record of each {pid: where root's read waited}, their wchans read in one parallel
-    pass (a wchan waits as the process's other entries do: one after the other, thirty blocked
-    processes cost thirty budgets), once per run."""
+    """blocked_record of each {pid: where root's read waited}, their wchans read all at once, once
+    per run (a wchan waits as the process's other entries do: one after the other, thirty blocked
+    processes cost thirty budgets; two readers at a time, they filled the pass's deadline)."""
     todo = [pid for pid in waits if f"{proc}/{pid:d}" not in _WCHANS]
-    outcome = _bounded_reads.scan(_bounded_reads.wchan_of, [f"{proc}/{pid:d}/wchan" for pid in todo], budget=WCHAN_BUDGET_S, deadline_s=WCHAN_BUDGET_S * 4)
+    outcome = _bounded_reads.scan(_bounded_reads.wchan_of, [f"{proc}/{pid:d}/wchan" for pid in todo], budget=WCHAN_BUDGET_S,
+                                  deadline_s=WCHAN_BUDGET_S * 4, together=True)
     for index, pid in enumerate(todo):
         _WCHANS[f"{proc}/{pid:d}"] = outcome.results.get(index)
     users: dict[int, str] = {}

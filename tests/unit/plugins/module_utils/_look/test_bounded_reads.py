@@ -304,3 +304,40 @@ def test_a_killed_reader_child_is_reaped(fifo, monkeypatch):
     assert not _bounded_reads._LEFT
     with pytest.raises(ChildProcessError):
         os.waitpid(left[0], os.WNOHANG)
+
+
+def test_reads_together_start_at_once_and_wait_one_budget(fifos):
+    """`together`: a reader for each item from the start, so thirty reads that wait are all under
+    way within the first budget, where two readers at a time reach them one pair after another."""
+    started = {}
+
+    def work(path):
+        started[path] = time.monotonic()
+        os.close(os.open(path, os.O_RDONLY))
+
+    outcome = _bounded_reads.scan(work, fifos, budget=0.1, deadline_s=5, together=True)
+    assert sorted(b.item for b in outcome.blocked) == list(range(30)) and outcome.unread == []
+    assert len(started) == 30 and max(started.values()) - min(started.values()) < 0.1
+
+
+def test_the_wchans_of_thirty_blocked_processes_are_read_together(fifos, monkeypatch):
+    """Issue 66: the wchan of a process found blocked waits as its other entries do; read two at a
+    time, thirty of them filled the wchan pass's deadline (0.4 s) in every run beside another job's
+    thirty blocked processes. All at once, every one is under way within one wchan budget."""
+    started = {}
+    by_pid = {4000 + n: path for n, path in enumerate(fifos)}
+    real = _bounded_reads.wchan_of
+
+    def wchan_of(path):
+        if int(path.split("/")[2]) not in by_pid:
+            return real(path)  # the readers' own (the pass's watch)
+        started[path] = time.monotonic()
+        os.close(os.open(by_pid[int(path.split("/")[2])], os.O_RDONLY))
+        return "never"
+
+    monkeypatch.setattr(holders, "_WCHANS", {})
+    monkeypatch.setattr(_bounded_reads, "wchan_of", wchan_of)
+    monkeypatch.setattr(holders, "blocked_record", lambda pid, proc, waits_in, users, wchan=False: {"pid": pid, "wchan": wchan})
+    records = holders.blocked_records({pid: "mm_access" for pid in by_pid}, "/proc")
+    assert [r["pid"] for r in records] == sorted(by_pid) and {r["wchan"] for r in records} == {None}
+    assert len(started) == 30 and max(started.values()) - min(started.values()) < holders.WCHAN_BUDGET_S
