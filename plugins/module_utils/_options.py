@@ -116,6 +116,65 @@ OPTIONS = (
 BY_NAME = {option.name: option for option in OPTIONS}
 
 
+# What a key left out of a partial mapping means (Records.from_params): None (off, or "not set") for
+# every option but these, which the engine always read as on when absent (the unit tests' and the
+# Slurm runner's partial dicts rely on it). A full module.params never leaves a key out.
+WHEN_MISSING = {"kill": True, "require_persistence": True, "processes": True}
+
+
+def record_fields(modules: t.Iterable[str]) -> tuple[str, ...]:
+    """The names of the table's options that any of `modules` takes, in the table's order."""
+    wanted = set(modules)
+    return tuple(option.name for option in OPTIONS if wanted & set(option.modules))
+
+
+class Records:
+    """How a typed record of options is made (ReleaseOptions, LookOptions): mixed into a
+    collections.namedtuple whose fields are the table's rows, so that a row added to OPTIONS is a
+    field at once, frozen, on every Python the nodes run (3.8 included)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def from_params(cls, params: t.Mapping[str, t.Any]) -> t.Any:
+        """A mapping of option values (module.params, checked; or a partial one) -> the record: a
+        key it leaves out reads WHEN_MISSING's value, else None; keys that are no field are left."""
+        fields: tuple[str, ...] = cls._fields  # type: ignore[attr-defined]
+        return cls(*[params[name] if name in params else WHEN_MISSING.get(name) for name in fields])
+
+    @classmethod
+    def of(cls, given: t.Any) -> t.Any:
+        """A record of this kind from a mapping or from another record (a ReleaseOptions gives the
+        look its LookOptions): the one conversion at a boundary."""
+        if isinstance(given, cls):
+            return given
+        return cls.from_params(given if isinstance(given, t.Mapping) else given._asdict())
+
+
+# gpu_release's options as one frozen record, built once at the module's entry (Release.options),
+# plus match_regexes: `match` compiled (gpu_release's checked_params), never recompiled. Read an option
+# as `options.kill_timeout`, never by key: tests/quality/test_option_records.py holds it so.
+class ReleaseOptions(Records, collections.namedtuple("ReleaseOptions", record_fields((RELEASE,)) + ("match_regexes",))):  # type: ignore[misc]
+    """gpu_release's options (every row of OPTIONS that gpu_release takes), and match_regexes."""
+
+    __slots__ = ()
+
+    @classmethod
+    def from_params(cls, params: t.Mapping[str, t.Any]) -> t.Any:
+        """As Records', with checked_params' compiled `_match_regexes` as match_regexes."""
+        if "_match_regexes" in params:
+            params = dict(params, match_regexes=params["_match_regexes"])
+        return super().from_params(params)
+
+
+# The look's options (every row gpu_facts takes: the look both modules share, _look/_facts and
+# _health.Checks read it).
+class LookOptions(Records, collections.namedtuple("LookOptions", record_fields((FACTS,)))):  # type: ignore[misc]
+    """The options of one look at the GPUs (every row of OPTIONS that gpu_facts takes)."""
+
+    __slots__ = ()
+
+
 def argument_spec(module: str) -> dict[str, dict[str, t.Any]]:
     """The argument spec of gpu_facts or gpu_release (their options of the table)."""
     return {option.name: option.spec() for option in OPTIONS if module in option.modules}
