@@ -218,8 +218,7 @@ class Release:
         """Who uses which GPU now -> (holders, the compute apps seen: fetched only when they can
         change the answer, else [])."""
         holders, apps = _facts.scan_and_attribute(
-            gpus, None, lambda: self._apps(gpus), protect_names=self.names, protect_pids=self.pids, own_lineage=self.lineage, proc=self.system.proc,
-            max_used_mib=self.max_used_mib(), footprint_mib=self.footprint_mib(), main_pid_of=self.main_pid_of,
+            gpus, None, lambda: self._apps(gpus), self.look_request(), protect_names=self.names, protect_pids=self.pids, own_lineage=self.lineage,
             limits=_facts.scan_limits(self.options.timeout), again=True,
         )
         if holders:
@@ -247,12 +246,16 @@ class Release:
     def footprint(self, gpus: list[Gpu], holders: list[Holder], apps: list[ComputeApp]) -> set[int]:
         return _attribution.footprint_gpus(gpus, holders, apps, self.max_used_mib(), self.footprint_mib())
 
+    def look_request(self) -> _facts.Request:
+        """What this run's looks and scans are asked: its options, from this node's /proc and systemd."""
+        return _facts.Request.from_options(self.options, proc=self.system.proc, driver_root=self.driver_root, with_apps=False,
+                                           runtimes_of=lambda: self.system.runtimes, main_pid_of=self.main_pid_of,
+                                           kernel_log_state=getattr(self.system, "kernel_log_state", None),
+                                           while_waiting=lambda _raw_holders: freeing_room(), systemctl=self.system.systemctl,
+                                           unit_cgroups=self.unit_cgroups)
+
     def look(self) -> t.Any:
-        snapshot = _facts.look(self.smi, self.options.protect, with_processes=True, proc=self.system.proc, driver_root=self.driver_root, with_apps=False,
-                               max_used_mib=self.max_used_mib(), footprint_mib=self.footprint_mib(),
-                               runtimes_of=lambda: self.system.runtimes, checks=_health.Checks.from_options(self.options), main_pid_of=self.main_pid_of,
-                               kernel_log_state=getattr(self.system, "kernel_log_state", None), while_waiting=lambda _raw_holders: freeing_room(),
-                               systemctl=self.system.systemctl, unit_cgroups=self.unit_cgroups)
+        snapshot = _facts.look_at(self.smi, self.look_request())
         self.health = snapshot.health
         if self.options.clean_shm:
             try:
