@@ -22,7 +22,6 @@ import typing as t
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _attribution
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _guests
-from ansible_collections.zeromib.gpu.plugins.module_utils._look import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders_mod
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _protect
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _shm

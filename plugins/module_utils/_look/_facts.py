@@ -26,10 +26,8 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._look import _protect
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _nvidia_smi as smi_mod
 
 if t.TYPE_CHECKING:
-    from ansible_collections.zeromib.gpu.plugins.module_utils._look._engines import Runtimes
     from ansible_collections.zeromib.gpu.plugins.module_utils._types import ComputeApp, DriverGpu, Gpu, Holder
 
-    MainPidOf = t.Callable[[str], t.Optional[int]]
     Systemctl = t.Callable[[t.List[str]], t.Tuple[int, str, str]]
 
 GPU_KEYS = (
