@@ -91,6 +91,7 @@ class Release:
         self.names, self.pids = _protect.split_protect(self.options.protect)
         self.lineage = holders_mod.lineage(os.getpid(), system.proc)
         self.regexes = self.options.match_regexes or []
+        self._request: _facts.Request | None = None
         # Workload units that also hold GPUs outside the selection (plan_units).
         self.spanning_units: list[dict[str, t.Any]] = []
         self._main_pids: dict[str, int | None] = {}
@@ -246,12 +247,15 @@ class Release:
         return _attribution.footprint_gpus(gpus, holders, apps, self.max_used_mib(), self.footprint_mib())
 
     def look_request(self) -> _facts.Request:
-        """What this run's looks and scans are asked: its options, from this node's /proc and systemd."""
-        return _facts.Request.from_options(self.options, proc=self.system.proc, driver_root=self.driver_root, with_apps=False,
-                                           runtimes_of=lambda: self.system.runtimes, main_pid_of=self.main_pid_of,
-                                           kernel_log_state=getattr(self.system, "kernel_log_state", None),
-                                           while_waiting=lambda _raw_holders: freeing_room(), systemctl=self.system.systemctl,
-                                           unit_cgroups=self.unit_cgroups)
+        """What this run's looks and scans are asked: its options, from this node's /proc and
+        systemd. Made at the first look, then the same for every rescan of the run."""
+        if self._request is None:
+            self._request = _facts.Request.from_options(self.options, proc=self.system.proc, driver_root=self.driver_root, with_apps=False,
+                                                        runtimes_of=lambda: self.system.runtimes, main_pid_of=self.main_pid_of,
+                                                        kernel_log_state=getattr(self.system, "kernel_log_state", None),
+                                                        while_waiting=lambda _raw_holders: freeing_room(), systemctl=self.system.systemctl,
+                                                        unit_cgroups=self.unit_cgroups)
+        return self._request
 
     def look(self) -> t.Any:
         snapshot = _facts.look_at(self.smi, self.look_request())

@@ -9,12 +9,12 @@
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import functools
 import os
 import typing as t
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _caps
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _attribution
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _guests
@@ -407,15 +407,14 @@ def _query_gpus(smi: smi_mod.NvidiaSmi, with_apps: bool, checks: _health.Checks 
 
 
 # What one look is asked, and where it looks: built once (look's keywords, or from_options for a
-# record of the options) and passed whole to what the look calls. A collections.namedtuple, not a
-# typing.NamedTuple: with postponed annotations the latter compiles each field's annotation on every
-# gate's import. Fields: as look's keywords (its docstring); with_apps None: as with_processes.
-class Request(collections.namedtuple("Request", ["protect", "with_processes", "proc", "driver_root", "with_apps", "max_used_mib", "footprint_mib",
-                                                 "runtimes", "checks", "main_pid_of", "runtimes_of", "kernel_log_state", "while_waiting",
-                                                 "systemctl", "unit_cgroups"],
-                                     defaults=(None, True, "/proc", "/proc/driver/nvidia/gpus", None, 0, _attribution.CROSS_GPU_FOOTPRINT_MIB,
-                                               None, None, None, None, None, None, None, None))):
-    __slots__ = ()
+# record of the options) and passed whole to what the look calls. Fields: as look's keywords (its
+# docstring); with_apps None: as with_processes. A keyword that is no field is a TypeError.
+class Request(_options.Record):
+    _fields = ("protect", "with_processes", "proc", "driver_root", "with_apps", "max_used_mib", "footprint_mib", "runtimes", "checks",
+               "main_pid_of", "runtimes_of", "kernel_log_state", "while_waiting", "systemctl", "unit_cgroups")
+    __slots__ = _fields
+    _defaults = {"with_processes": True, "proc": "/proc", "driver_root": "/proc/driver/nvidia/gpus", "max_used_mib": 0,
+                 "footprint_mib": _attribution.CROSS_GPU_FOOTPRINT_MIB}
 
     @classmethod
     def from_options(cls, options: t.Any, **where: t.Any) -> Request:
@@ -435,7 +434,7 @@ def look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, **keywords: 
     /proc scan -> Snapshot: look_at with a Request of these keywords (with_processes, proc,
     driver_root, with_apps, max_used_mib, footprint_mib, runtimes, checks, main_pid_of,
     runtimes_of, kernel_log_state, while_waiting, systemctl, unit_cgroups)."""
-    return look_at(smi, Request(protect, **keywords))
+    return look_at(smi, Request(protect=protect, **keywords))
 
 
 def look_at(smi: smi_mod.NvidiaSmi, request: Request) -> Snapshot:
