@@ -136,3 +136,17 @@ def test_the_records_take_a_partial_mapping_as_the_engine_always_read_it():
     for option in _options.OPTIONS:
         assert (option.name in _options.ReleaseOptions._fields) == (_options.RELEASE in option.modules)
         assert (option.name in _options.LookOptions._fields) == (_options.FACTS in option.modules)
+
+
+def test_a_record_is_frozen_and_names_a_field_it_does_not_have():
+    from ansible_collections.zeromib.gpu.plugins.module_utils import _options
+    from ansible_collections.zeromib.gpu.plugins.module_utils._look import _facts
+    request = _facts.Request(protect=["812"], proc="/x")
+    assert (request.proc, request.with_processes, request.footprint_mib, request.with_apps) == ("/x", True, 4, None)
+    assert request._replace(with_apps=True).with_apps is True and request.with_apps is None
+    with pytest.raises(AttributeError, match="frozen"):
+        request.proc = "/proc"
+    # A keyword of the look's that is no field (a typo) fails at once, naming it.
+    with pytest.raises(TypeError, match="no field prcoess"):
+        _facts.look(None, [], prcoess=True)
+    assert _options.LookOptions.from_params({"timeout": 3}) == _options.LookOptions.from_params({"timeout": 3, "gpus": ["0"]})
