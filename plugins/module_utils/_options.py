@@ -117,6 +117,109 @@ OPTIONS = (
 BY_NAME = {option.name: option for option in OPTIONS}
 
 
+# What a key left out of a partial mapping means (Records.from_params): None (off, or "not set") for
+# every option but these, which the engine always read as on when absent (the unit tests' and the
+# Slurm runner's partial dicts rely on it). A full module.params never leaves a key out.
+WHEN_MISSING = {"kill": True, "require_persistence": True, "processes": True}
+
+
+def record_fields(modules: t.Iterable[str]) -> tuple[str, ...]:
+    """The names of the table's options that any of `modules` takes, in the table's order."""
+    wanted = set(modules)
+    return tuple(option.name for option in OPTIONS if wanted & set(option.modules))
+
+
+class Record:
+    """A frozen record of named values (_fields), read by attribute: a plain class with __slots__,
+    not a collections.namedtuple, whose making (an eval of its __new__) cost ~110 us a class on
+    every gate's import. A subclass names its _fields (and __slots__ = _fields) and the value of
+    a field not given (_defaults, else None). Runs on every Python the nodes run (3.8 included)."""
+
+    __slots__ = ()
+    _fields: tuple[str, ...] = ()
+    _defaults: t.Mapping[str, t.Any] = {}
+
+    def __init__(self, **values: t.Any) -> None:
+        unknown = set(values) - set(self._fields)
+        if unknown:
+            raise TypeError(f"{type(self).__name__} has no field {', '.join(sorted(unknown))}")
+        for name in self._fields:
+            object.__setattr__(self, name, values[name] if name in values else self._defaults.get(name))
+
+    def __setattr__(self, name: str, value: t.Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is frozen: {name} cannot be set")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"{type(self).__name__} is frozen: {name} cannot be deleted")
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self._asdict() == other._asdict()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._fields))
+
+    def __repr__(self) -> str:
+        return "{}({})".format(type(self).__name__, ", ".join(f"{name}={getattr(self, name)!r}" for name in self._fields))
+
+    def _asdict(self) -> dict[str, t.Any]:
+        return {name: getattr(self, name) for name in self._fields}
+
+    def _replace(self, **values: t.Any) -> t.Any:
+        return type(self)(**dict(self._asdict(), **values))
+
+    if t.TYPE_CHECKING:
+        # Fields are made from the table at import: any name reads as Any for mypy.
+        def __getattr__(self, name: str) -> t.Any: ...
+
+
+class Records(Record):
+    """A record of options (ReleaseOptions, LookOptions) whose fields are the table's rows: a row
+    added to OPTIONS is a field at once. A field left out reads WHEN_MISSING's value, else None."""
+
+    __slots__ = ()
+    _defaults = WHEN_MISSING
+
+    @classmethod
+    def from_params(cls, params: t.Mapping[str, t.Any]) -> t.Any:
+        """A mapping of option values (module.params, checked; or a partial one) -> the record: a
+        key it leaves out reads WHEN_MISSING's value, else None; keys that are no field are left."""
+        return cls(**{name: params[name] for name in cls._fields if name in params})
+
+    @classmethod
+    def of(cls, given: t.Any) -> t.Any:
+        """A record of this kind from a mapping or from another record (a ReleaseOptions gives the
+        look its LookOptions): the one conversion at a boundary."""
+        if isinstance(given, cls):
+            return given
+        return cls.from_params(given if isinstance(given, t.Mapping) else given._asdict())
+
+
+# gpu_release's options as one frozen record, built once at the module's entry (Release.options),
+# plus match_regexes: `match` compiled (gpu_release's checked_params), never recompiled. Read an option
+# as `options.kill_timeout`, never by key: tests/quality/test_option_records.py holds it so.
+class ReleaseOptions(Records):
+    """gpu_release's options (every row of OPTIONS that gpu_release takes), and match_regexes."""
+
+    _fields = record_fields((RELEASE,)) + ("match_regexes",)
+    __slots__ = _fields
+
+    @classmethod
+    def from_params(cls, params: t.Mapping[str, t.Any]) -> t.Any:
+        """As Records', with checked_params' compiled `_match_regexes` as match_regexes."""
+        if "_match_regexes" in params:
+            params = dict(params, match_regexes=params["_match_regexes"])
+        return super().from_params(params)
+
+
+# The look's options (every row gpu_facts takes: the look both modules share, _look/_facts and
+# _health.Checks read it).
+class LookOptions(Records):
+    """The options of one look at the GPUs (every row of OPTIONS that gpu_facts takes)."""
+
+    _fields = record_fields((FACTS,))
+    __slots__ = _fields
+
+
 def argument_spec(module: str) -> dict[str, dict[str, t.Any]]:
     """The argument spec of gpu_facts or gpu_release (their options of the table)."""
     return {option.name: option.spec() for option in OPTIONS if module in option.modules}

@@ -51,6 +51,8 @@ extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
   - zeromib.gpu.controller_action
+  # How the role's variables are checked (plugins/doc_fragments/role_variables.py), as role_variables_check says it.
+  - zeromib.gpu.role_variables
 seealso:
   - module: zeromib.gpu.gpu_release
   - module: zeromib.gpu.free_gpus_verdict

@@ -514,10 +514,10 @@ def gather(params: t.Mapping[str, t.Any], which: t.Callable[[str], str | None] |
     `which(name)` finds dcgmi (None: not installed)."""
     smi = NvidiaSmi(NvidiaSmi.find(params["nvidia_smi"]), params["timeout"])
     smi.min_host_available_mib = params["min_host_available_mib"]
-    snapshot = _facts.look(smi, params["protect"], with_processes=params["processes"], max_used_mib=params["max_used_mib"],
-                           footprint_mib=params["cross_gpu_footprint_mib"], checks=_health.Checks.from_params(params),
-                           # Check mode writes nothing, not even the kernel log's cursor: a whole read.
-                           kernel_log_state=None if check_mode else _kernel_log_state.PATH)
+    # The look's options as one record, made once here (_options.LookOptions).
+    options = _options.LookOptions.from_params(params)
+    # Check mode writes nothing, not even the kernel log's cursor: a whole read.
+    snapshot = _facts.look_at(smi, _facts.Request.from_options(options, kernel_log_state=None if check_mode else _kernel_log_state.PATH))
     dcgm = _health.dcgm_diag(params.get("dcgm_diag") or 0, which or (lambda name: None))
     facts = _facts.assemble(
         snapshot.gpus, snapshot.apps, snapshot.holders, params["max_used_mib"], params["processes"], _facts.cuda_driver_version(),

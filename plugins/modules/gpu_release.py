@@ -749,7 +749,8 @@ def main() -> None:
         system = System(module.get_bin_path("systemctl"), record_path=_record.PATH,
                         # Check mode writes nothing, not even the kernel log's cursor: a whole read.
                         kernel_log_state=None if module.check_mode else _kernel_log_state.PATH)
-        release = Release(smi, system, params, check_mode=module.check_mode)
+        # The options as one frozen record, made once here: the engine reads nothing else (_options.ReleaseOptions).
+        release = Release(smi, system, _options.ReleaseOptions.from_params(params), check_mode=module.check_mode)
         # A plain dict from here: the module adds the host's health keys and the smoke test's.
         result: dict[str, t.Any] = dict(release.run())
         # The training-ready profile's settings (opt-in), before the diagnostic and the smoke test run work on the GPUs.

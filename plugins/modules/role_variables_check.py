@@ -16,9 +16,7 @@ description:
     its options and return values may change without notice. Use the role or playbook that runs it, not this plugin in a
     play of your own.
   - The first task of P(zeromib.gpu.restore_gpus#role) and P(zeromib.gpu.slurm_gpu_checks#role); use the roles, not this plugin.
-  - Runs on the controller only. Fails the host, before anything is done, when a variable with the role's prefix is not one of the
-    role's (a typo would leave the role on its default), naming the closest known one, or when a value is not of the variable's type,
-    naming the variable, what it takes and the value given.
+  - Runs on the controller only, and checks the role's variables before anything is done (see the notes).
   - The roles' C(meta/argument_specs.yml) type their variables V(raw), so that Ansible's own role argument validation, which runs first,
     passes them on to this check (with the real types there, it failed first, naming a Python class and dumping the specification).
   - The reason is the host's one failure line, in C(msg); nothing is hidden with C(no_log), so callback plugins receive it too.
@@ -35,14 +33,16 @@ options:
     type: list
     elements: str
     default: []
+seealso:
+  - module: zeromib.gpu.free_gpus_gate
+    description: The free_gpus role's gate checks that role's variables the same way.
 # The attributes every action plugin shares, in one fragment (plugins/doc_fragments/controller_action.py).
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
   - zeromib.gpu.controller_action
-seealso:
-  - module: zeromib.gpu.free_gpus_gate
-    description: The free_gpus role's gate checks that role's variables the same way.
+  # How the role's variables are checked (plugins/doc_fragments/role_variables.py), as the free_gpus role's gate says it.
+  - zeromib.gpu.role_variables
 """
 
 EXAMPLES = r"""

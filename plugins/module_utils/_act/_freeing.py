@@ -56,7 +56,7 @@ if t.TYPE_CHECKING:
 def plan_dirty(release: Release, plan: Plan) -> None:
     """Some process holds a GPU or services names something: the containers to stop, the units,
     supervisord programs and guests' units to stop or disable, and the targets left to signal."""
-    if plan.targets or release.params.get("services"):
+    if plan.targets or release.options.services:
         # Issue 72: what Ray or Docker Swarm would start again is stopped only through them, or refused.
         _orchestrators.for_release(release, plan)
     plan.containers = plan_containers(release, plan.holders, plan.targets)
@@ -89,7 +89,7 @@ def refuse_guest_services(release: Release, plan: Plan) -> None:
     """A guest's service process is refused unless services names its unit (Release.refuse_guest_services)."""
     refused = _guest_units.refused_holders(plan.targets, plan.guests)
     if refused:
-        raise StepFailed(_guest_units.refusal(refused, plan.selected, _guests.host_tools(), release.params.get("service_state")))
+        raise StepFailed(_guest_units.refusal(refused, plan.selected, _guests.host_tools(), release.options.service_state))
 
 
 def guests_acted_on(plans: list[GuestPlan]) -> bool:
@@ -114,7 +114,7 @@ def check_steps(release: Release, plan: Plan) -> None:
     release.result["disabled_programs"] = [_supervisor.public(e) for e in programs["disable"]]
     release.result["stopped_mps_servers"] = [{"pid": h["pid"], "name": h["name"], "pipe_directory": _mps.pipe_directory(h, release.system.proc),
                                               "gpu_indexes": h["gpu_indexes"], "how": None} for h in plan.mps_servers]
-    if release.params.get("kill", True) and _mps.present(plan.holders):
+    if release.options.kill and _mps.present(plan.holders):
         release.result["terminated_mps_clients"], notes = _mps.client_terminations(plan.holders, plan.targets, release.system.proc)
         release.result["warnings"].extend(notes)
 
@@ -133,7 +133,7 @@ def guest_covered(holder: Holder, plans: list[GuestPlan]) -> bool:
 def clean_shm(release: Release, may_clean: bool) -> _shm_clean.Done:
     """clean_shm: the killed jobs' files removed once the GPUs are proven free (_shm_clean; in
     check mode, those it would remove), into the result."""
-    done = _shm_clean.clean(release.shm_at_look, may_clean, release.check_mode, release.system.proc, deadline_s=release.params.get("timeout"),
+    done = _shm_clean.clean(release.shm_at_look, may_clean, release.check_mode, release.system.proc, deadline_s=release.options.timeout,
                             ended=ended_processes(release) if may_clean else {})
     release.result["shm_removed"] = done.removed
     release.result["shm_kept"] = done.kept
@@ -147,7 +147,7 @@ def clean_shm(release: Release, may_clean: bool) -> _shm_clean.Done:
 
 
 def settle_timeout(release: Release) -> float:
-    value = release.params.get("settle_timeout")
+    value = release.options.settle_timeout
     return _settle.SETTLE_S if value is None else value
 
 
@@ -168,7 +168,7 @@ def named(release: Release) -> _services.Services:
     """The `services` option, read once: units, containers and supervisord programs (_services)."""
     if release.named_services is None:
         try:
-            release.named_services = _services.parse(release.params.get("services"))
+            release.named_services = _services.parse(release.options.services)
         except ValueError as exc:
             raise StepFailed(str(exc)) from exc
     return release.named_services
@@ -191,9 +191,9 @@ def plan_units(release: Release, targets: list[Holder], holders: list[Holder], s
     forbidden = forbidden_units(release, holders)
     owned, release.result["launchers"], release.spanning_units = _units.owners(
         release.system.systemctl, targets, holders, selected, forbidden, release.system.proc, release.names,
-        release.params.get("launchers") or (), bool(release.params.get("kill_spanning")), named(release).units)
-    steps = _units.plan(release.system.systemctl, named(release).units, owned if release.params.get("stop_owning_units") else [],
-                        release.params.get("service_state"), forbidden, release.names, release.system.proc, release.params.get("launchers") or (),
+        release.options.launchers or (), bool(release.options.kill_spanning), named(release).units)
+    steps = _units.plan(release.system.systemctl, named(release).units, owned if release.options.stop_owning_units else [],
+                        release.options.service_state, forbidden, release.names, release.system.proc, release.options.launchers or (),
                         recorded_unit_files(release))
     _units.keep_outside_selection(steps, _units.held_gpus(holders), selected, owned)
     release.result["kept_units"].extend(steps["kept_units"])
@@ -207,8 +207,8 @@ def plan_guests(release: Release, holders: list[Holder], selected: list[int]) ->
     if not named(release).guests:
         return []
     plans, release.guests_not_found, warnings = _guest_units.plan(
-        release.system, named(release).guests, holders, selected, release.params.get("service_state"), release.names,
-        float(release.params.get("kill_timeout") or 0.0))
+        release.system, named(release).guests, holders, selected, release.options.service_state, release.names,
+        float(release.options.kill_timeout or 0.0))
     release.result["warnings"].extend(warnings)
     for guest_plan in plans:
         release.result["kept_units"].extend(dict(k, unit=_guest_units.name(guest_plan["guest"], k["unit"]))
@@ -221,8 +221,8 @@ def plan_containers(release: Release, holders: list[Holder], targets: list[Holde
     A refusal (StepFailed) ends the run before anything is done."""
     globs = named(release).containers
     own = _containers.own_containers(release.lineage, release.system.proc) if globs or any(t.get("container") for t in targets) else set()
-    return _containers.plan(release.system.runtimes, holders, targets, globs, release.params.get("service_state"), own,
-                            stop_found=release.params.get("kill", True))
+    return _containers.plan(release.system.runtimes, holders, targets, globs, release.options.service_state, own,
+                            stop_found=release.options.kill)
 
 
 def plan_programs(release: Release) -> ProgramPlan:
@@ -230,7 +230,7 @@ def plan_programs(release: Release) -> ProgramPlan:
     programs = named(release).programs
     if not programs:
         return no_programs()
-    steps = _supervisor.plan(programs, release.params.get("service_state"), release.system.supervisors())
+    steps = _supervisor.plan(programs, release.options.service_state, release.system.supervisors())
     release.result["warnings"].extend(steps["warnings"])
     return steps
 
@@ -263,11 +263,11 @@ def act(release: Release, plan: Plan) -> None:
     if plan.containers.stop or units["stop"] or programs["stop"] or release.result["stopped_guest_units"]:
         # Stopping a unit or a container ended its processes; see who is left before signalling anyone.
         holders, _apps = release.scan(plan.gpus)
-        targets, _protected = plan_targets(holders, plan.selected, release.regexes, bool(release.params.get("kill_spanning")))
+        targets, _protected = plan_targets(holders, plan.selected, release.regexes, bool(release.options.kill_spanning))
         # Neither a control daemon (never signalled) nor a server to be quit through it (_mps).
         targets = _mps.without_daemons([t for t in targets if not _containers.pod_holders([t])], plan.mps_servers)
         release.to_end(targets)
-    if targets and release.params.get("kill", True):
+    if targets and release.options.kill:
         minors = [g["minor_number"] for g in plan.gpus if g["index"] in plan.selected]
         release.watch = _settle.watch_for(targets, outside, release.system.systemctl, release.lineage, minors, release.system.proc,
                                           foreign=release.foreign(targets))
@@ -302,7 +302,7 @@ def act_containers(release: Release, plan: _containers.Plan) -> dict[str, str]:
     step failed."""
     started = release.system.now()
     try:
-        done = _containers.act(release.system.runtimes, plan, release.params.get("kill_timeout"), now=release.system.now)
+        done = _containers.act(release.system.runtimes, plan, release.options.kill_timeout, now=release.system.now)
     except StepFailed as exc:
         fold_containers(release, exc.done)
         raise StepFailed(exc.msg) from exc
@@ -326,7 +326,7 @@ def _add_stop_time(release: Release, started: float) -> None:
 def act_units(release: Release, plan: UnitPlan) -> None:
     started = release.system.now()
     try:
-        release.fold(_units.act(release.system, plan, release.params.get("kill_timeout") or 0.0))
+        release.fold(_units.act(release.system, plan, release.options.kill_timeout or 0.0))
     finally:
         _add_stop_time(release, started)
 
@@ -337,7 +337,7 @@ def act_guests(release: Release, plans: list[GuestPlan]) -> None:
     release.guest_before = _guest_units.before(plans)
     started = release.system.now()
     try:
-        release.fold(_guest_units.act(release.system, plans, float(release.params.get("kill_timeout") or 0.0)))
+        release.fold(_guest_units.act(release.system, plans, float(release.options.kill_timeout or 0.0)))
     finally:
         _add_stop_time(release, started)
 
@@ -345,7 +345,7 @@ def act_guests(release: Release, plans: list[GuestPlan]) -> None:
 def act_programs(release: Release, plan: ProgramPlan) -> None:
     started = release.system.now()
     try:
-        release.fold(_supervisor.act(plan, release.params.get("kill_timeout")))
+        release.fold(_supervisor.act(plan, release.options.kill_timeout))
     finally:
         _add_stop_time(release, started)
 
@@ -354,7 +354,7 @@ def act_mps(release: Release, servers: list[Holder]) -> None:
     """After the clients: the control daemon's quit waits for them. Servers that do not
     quit are signalled as holders."""
     started = release.system.now()
-    left, done = _mps.stop(release.system, servers, release.params.get("kill_timeout"))
+    left, done = _mps.stop(release.system, servers, release.options.kill_timeout)
     release.fold(done)
     _add_stop_time(release, started)
     if left:
@@ -374,7 +374,7 @@ def act_mps_clients(release: Release, holders: list[Holder], targets: list[Holde
 def act_signals(release: Release, targets: list[Holder]) -> None:
     started = release.system.now()
     try:
-        release.fold(_signals.Signaller(release.system, release.params.get("kill_timeout") or 0.0).terminate(targets))
+        release.fold(_signals.Signaller(release.system, release.options.kill_timeout or 0.0).terminate(targets))
     finally:
         release.result["timings"]["kill_s"] = round(release.system.now() - started, 3)
 
@@ -409,7 +409,7 @@ def recorded_unit_files(release: Release) -> set[str]:
     """The units an earlier release disabled or masked, by the restore record (_record): their
     files are read on disk before they are disabled or masked again (_units.already_on_disk)."""
     path = getattr(release.system, "record_path", None)
-    if not path or release.params.get("service_state") not in ("disabled", "masked"):
+    if not path or release.options.service_state not in ("disabled", "masked"):
         return set()
     return _record.unit_files_changed(path)
 

@@ -22,7 +22,6 @@ import typing as t
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _attribution
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _guests
-from ansible_collections.zeromib.gpu.plugins.module_utils._look import _health
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders_mod
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _protect
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _shm
@@ -33,6 +32,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._act._plan import (
     spanning_containers, spanning_record, spanning_targets, trust_notes, undecided_record, unheld,
 )
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._system import System
+from ansible_collections.zeromib.gpu.plugins.module_utils._options import ReleaseOptions
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._words import (
     blocked_message, failure_message, freeing_notes, reset_node, spanning_message, summarize_diff,
 )
@@ -76,16 +76,22 @@ class Release:
     result: the steps it calls return plans and records of what they did (StepFailed carries
     the record of a step that failed), and it raises the one ReleaseError."""
 
-    def __init__(self, smi: t.Any, system: System, params: dict[str, t.Any], check_mode: bool = False,
+    def __init__(self, smi: t.Any, system: System, params: t.Mapping[str, t.Any] | ReleaseOptions, check_mode: bool = False,
                  driver_root: str = "/proc/driver/nvidia/gpus") -> None:
         self.smi = smi
         self.system = system
-        self.params = params
+        # The one boundary: gpu_release gives its record, tests and the Slurm runner may give a
+        # (partial) mapping. Every option is read from here on as self.options.NAME.
+        self.options = ReleaseOptions.of(params)
+        # The options as a mapping, for readers outside the engine that take one (_orchestrators'
+        # for_release, the Slurm runner's JobRelease).
+        self.params: t.Mapping[str, t.Any] = self.options._asdict()
         self.check_mode = check_mode
         self.driver_root = driver_root
-        self.names, self.pids = _protect.split_protect(params.get("protect"))
+        self.names, self.pids = _protect.split_protect(self.options.protect)
         self.lineage = holders_mod.lineage(os.getpid(), system.proc)
-        self.regexes = params.get("_match_regexes") or []
+        self.regexes = self.options.match_regexes or []
+        self._request: _facts.Request | None = None
         # Workload units that also hold GPUs outside the selection (plan_units).
         self.spanning_units: list[dict[str, t.Any]] = []
         self._main_pids: dict[str, int | None] = {}
@@ -100,7 +106,7 @@ class Release:
         self.health: t.Any = None
         # What may start a signalled holder again (_settle), set when something is signalled.
         self.watch: _settle.Watch | None = None
-        self.state_key = STATE_KEYS.get(params.get("service_state") or "")
+        self.state_key = STATE_KEYS.get(self.options.service_state or "")
         self.result = new_result(self.state_key)
         self.named_services: _services.Services | None = None
         self.started = 0.0
@@ -182,15 +188,15 @@ class Release:
         """/dev/shm at the end: its free space, for the health floor (shm_min_free_mib_per_gpu), and
         with clean_shm, the killed jobs' files removed once the GPUs are proven free (_shm_clean;
         in check mode, those it would remove). Not read at all without health and clean_shm."""
-        floor = self.params.get("shm_min_free_mib_per_gpu")
-        clean = bool(self.params.get("clean_shm"))
+        floor = self.options.shm_min_free_mib_per_gpu
+        clean = bool(self.options.clean_shm)
         if not clean and (self.health is None or not floor):
             return
         done = freeing_room().clean_shm(self, may_clean) if clean else None
         record = _shm.look(processes=False)
         if done is None and self.health is not None and _shm.floor_issue(record, floor, len(self.before[0])):
             # Below the floor: what fills it is worth a scan of the processes (only then).
-            record = _shm.look(proc=self.system.proc, deadline_s=self.params.get("timeout"))
+            record = _shm.look(proc=self.system.proc, deadline_s=self.options.timeout)
         if done is not None:
             record = _shm.with_unheld(record, done.unheld, done.complete)
         self.result["shm"] = record
@@ -202,19 +208,18 @@ class Release:
             self.ending.setdefault(holder["pid"], holder)
 
     def max_used_mib(self) -> float:
-        return self.params.get("max_used_mib") or 0
+        return self.options.max_used_mib or 0
 
     def footprint_mib(self) -> int:
-        value = self.params.get("cross_gpu_footprint_mib")
+        value = self.options.cross_gpu_footprint_mib
         return _attribution.CROSS_GPU_FOOTPRINT_MIB if value is None else value
 
     def scan(self, gpus: list[Gpu]) -> tuple[list[Holder], list[ComputeApp]]:
         """Who uses which GPU now -> (holders, the compute apps seen: fetched only when they can
         change the answer, else [])."""
         holders, apps = _facts.scan_and_attribute(
-            gpus, None, lambda: self._apps(gpus), protect_names=self.names, protect_pids=self.pids, own_lineage=self.lineage, proc=self.system.proc,
-            max_used_mib=self.max_used_mib(), footprint_mib=self.footprint_mib(), main_pid_of=self.main_pid_of,
-            limits=_facts.scan_limits(self.params.get("timeout")), again=True,
+            gpus, None, lambda: self._apps(gpus), self.look_request(), protect_names=self.names, protect_pids=self.pids, own_lineage=self.lineage,
+            limits=_facts.scan_limits(self.options.timeout), again=True,
         )
         if holders:
             # Some process holds a GPU: its container, guest and unit come from the freeing room's readers.
@@ -241,14 +246,21 @@ class Release:
     def footprint(self, gpus: list[Gpu], holders: list[Holder], apps: list[ComputeApp]) -> set[int]:
         return _attribution.footprint_gpus(gpus, holders, apps, self.max_used_mib(), self.footprint_mib())
 
+    def look_request(self) -> _facts.Request:
+        """What this run's looks and scans are asked: its options, from this node's /proc and
+        systemd. Made at the first look, then the same for every rescan of the run."""
+        if self._request is None:
+            self._request = _facts.Request.from_options(self.options, proc=self.system.proc, driver_root=self.driver_root, with_apps=False,
+                                                        runtimes_of=lambda: self.system.runtimes, main_pid_of=self.main_pid_of,
+                                                        kernel_log_state=getattr(self.system, "kernel_log_state", None),
+                                                        while_waiting=lambda _raw_holders: freeing_room(), systemctl=self.system.systemctl,
+                                                        unit_cgroups=self.unit_cgroups)
+        return self._request
+
     def look(self) -> t.Any:
-        snapshot = _facts.look(self.smi, self.params.get("protect"), with_processes=True, proc=self.system.proc, driver_root=self.driver_root, with_apps=False,
-                               max_used_mib=self.max_used_mib(), footprint_mib=self.footprint_mib(),
-                               runtimes_of=lambda: self.system.runtimes, checks=_health.Checks.from_params(self.params), main_pid_of=self.main_pid_of,
-                               kernel_log_state=getattr(self.system, "kernel_log_state", None), while_waiting=lambda _raw_holders: freeing_room(),
-                               systemctl=self.system.systemctl, unit_cgroups=self.unit_cgroups)
+        snapshot = _facts.look_at(self.smi, self.look_request())
         self.health = snapshot.health
-        if self.params.get("clean_shm"):
+        if self.options.clean_shm:
             try:
                 self.shm_at_look = {(f.dev, f.ino) for f in _shm.list_files()}
             except OSError:
@@ -270,7 +282,7 @@ class Release:
         limit = self.max_used_mib()
         not_visible = getattr(snapshot, "not_visible", [])
         self.result["not_visible"] = [gpu["bus"] for gpu in not_visible]
-        plan = Plan(gpus, holders, snapshot.footprint, hidden, select_gpus(gpus, self.params.get("gpus"), not_visible))
+        plan = Plan(gpus, holders, snapshot.footprint, hidden, select_gpus(gpus, self.options.gpus, not_visible))
         plan.unreadable = self.unreadable = len(getattr(snapshot, "unreadable", None) or [])
         self.selected = True
         self.result["gpus_before"] = t.cast("list[Gpu]", [_facts.public_gpu(g, limit, snapshot.footprint) for g in gpus])
@@ -279,7 +291,7 @@ class Release:
         self.choose_targets(plan)
         self.refuse_blocked(snapshot, plan.selected)
         planning = self.system.now()
-        if holders or self.params.get("services"):
+        if holders or self.options.services:
             freeing_room().plan_dirty(self, plan)
         else:
             # No process holds a GPU and services names nothing (the clean gate): the planners of
@@ -293,7 +305,7 @@ class Release:
                                              + self.guests_not_found + getattr(plan, "orchestrated_missing", []))
         plan.gpus_clean = all(g["clean"] for g in self.result["gpus_before"] if g["index"] in plan.selected)
         plan.to_do = bool(plan.containers or units["stop"] or units["disable"] or units["mask"]
-                          or (plan.targets and self.params.get("kill", True)) or programs["stop"] or programs["disable"]
+                          or (plan.targets and self.options.kill) or programs["stop"] or programs["disable"]
                           or plan.mps_servers or bool(plan.guests and freeing_room().guests_acted_on(plan.guests))
                           or getattr(plan, "orchestrated_to_do", False))
         plan.dirty_before = [g for g in gpus if g["index"] in plan.selected and g["index"] not in snapshot.footprint
@@ -304,7 +316,7 @@ class Release:
 
     def choose_targets(self, plan: Plan) -> None:
         """Holders to signal and MPS servers to quit; the protected, undecided and trust notes."""
-        targets, protected = plan_targets(plan.holders, plan.selected, self.regexes, bool(self.params.get("kill_spanning")))
+        targets, protected = plan_targets(plan.holders, plan.selected, self.regexes, bool(self.options.kill_spanning))
         targets, spared = self.spare_namespace_inits(targets)
         protected += spared
         plan.targets, plan.mps_servers = self.plan_mps(targets)
@@ -357,7 +369,7 @@ class Release:
         signalled (the guest's manager would start it again) unless services names the unit of
         that guest: the run fails before anything is done, naming the command to run there and
         the entry to add (check mode says the same)."""
-        if not self.params.get("kill", True) or not any(h.get("guest") for h in plan.targets):
+        if not self.options.kill or not any(h.get("guest") for h in plan.targets):
             return
         freeing_room().refuse_guest_services(self, plan)
 
@@ -379,6 +391,7 @@ class Release:
         if not unexplained:
             return
         self.result["holders"] = t.cast("list[Holder]", [_facts.public_holder(h) for h in holders])
+        # The mapping view, not self.options: tests/unit/.../test_release_blocked.py calls this on a stand-in with params only.
         raise StepFailed(blocked_message(blocked, unscanned, selected, self.params.get("timeout"), [g for g in gpus if g["index"] in unexplained]))
 
     def refuse_spanning(self, holders: list[Holder], selected: list[int], container_plan: _containers.Plan, mps_servers: list[Holder],
@@ -395,13 +408,13 @@ class Release:
         if program_plan and (program_plan["stop"] or program_plan["disable"]):
             programs = freeing_room().spanning_programs(self, program_plan, holders, selected)
         self.result["spanning"] = spanning_record(processes, self.spanning_units, containers, programs)
-        if self.result["spanning"] and not self.params.get("kill_spanning"):
+        if self.result["spanning"] and not self.options.kill_spanning:
             raise StepFailed(spanning_message(processes, self.spanning_units, containers, selected, programs))
 
     def plan_mps(self, targets: list[Holder]) -> tuple[list[Holder], list[Holder]]:
         """(targets, MPS servers to quit through their control daemon): _mps. A server that also
         serves unselected GPUs is a spanning process: it is a target only with kill_spanning."""
-        if not targets or not self.params.get("kill", True):
+        if not targets or not self.options.kill:
             return targets, []
         return freeing_room().plan_mps(self, targets)
 
@@ -423,13 +436,13 @@ class Release:
         elif self.state_key == "masked_units":
             self.result["masked_units"] = units["mask"]
         if plan.guests:
-            self.result.update(freeing_room().guests_planned(plan.guests, self.params.get("service_state")))  # type: ignore[typeddict-item]
+            self.result.update(freeing_room().guests_planned(plan.guests, self.options.service_state))  # type: ignore[typeddict-item]
         # What the real run would signal: holders whose unit is stopped end with it.
         by_unit = set(units["stop"])
         signalled = [h for h in plan.targets if not (h.get("system_service") and h.get("unit") in by_unit)
                      and not (plan.guests and freeing_room().guest_covered(h, plan.guests))]
         freezer = _signals.Freezer(self.system.proc)
-        self.result["killed"] = [] if not self.params.get("kill", True) else [
+        self.result["killed"] = [] if not self.options.kill else [
             {"pid": h["pid"], "name": h["name"], "cmdline": h["cmdline"], "unit": h.get("unit"), "container": h.get("container"),
              "gpu_indexes": h["gpu_indexes"], "signal": None, "sigkill_at_once": _signals.reason_now(self.system, h, freezer), "exited_after_s": None}
             for h in signalled
@@ -455,7 +468,7 @@ class Release:
         protected = [g for g in dirty if only_protected([g], holders, apps)]
         if protected:
             return failure_message(protected, holders, apps, 0.0, [], True, "protected", inside=self.inside_container, node=self.reset_node())
-        if not self.params.get("kill", True):
+        if not self.options.kill:
             left = [h for h in _facts.dirty_holders(holders, selected) if h["pid"] in {t["pid"] for t in signalled}]
             stuck = [g for g in dirty if any(g["index"] in h["gpu_indexes"] for h in left)]
             if stuck:
@@ -486,7 +499,7 @@ class Release:
         """After acting: wait until the selected GPUs read clean, watch that nothing comes back,
         and end in the tail with the final readings (a failure names what still holds them)."""
         verify_started = self.system.now()
-        deadline = verify_started + self.params["wait_timeout"]
+        deadline = verify_started + self.options.wait_timeout
         try:
             gpus, clean, early, footprint = self.verify(plan.selected, deadline, acted=self.result["changed"],
                                                         unheld_at_look=plan.unheld_at_look if not plan.hidden else ())
@@ -548,7 +561,7 @@ class Release:
         added to the interval). Right after acting, memory is expected to drop 20-130 ms after
         the holders exit, so the costlier look at who still holds the GPUs waits RESCAN_S."""
         limit = self.max_used_mib()
-        poll = self.params["poll_interval"]
+        poll = self.options.poll_interval
         last_scan = self.system.now() if acted else None
         footprint = Footprint(self)
         unheld_for = Unheld(acted, unheld_at_look)
@@ -582,7 +595,7 @@ class Release:
         # The scan fetched the compute apps whenever a listing can decide this.
         if only_protected(dirty, holders, apps):
             return "protected"
-        if not self.params.get("kill", True) and _facts.dirty_holders(holders, [g["index"] for g in dirty]):
+        if not self.options.kill and _facts.dirty_holders(holders, [g["index"] for g in dirty]):
             return "not_killed"
         if self.watch and self.watch.respawned():
             return "respawned"

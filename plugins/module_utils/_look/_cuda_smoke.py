@@ -31,6 +31,8 @@ import signal
 import time
 import typing as t
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _options
+
 if t.TYPE_CHECKING:
     from ansible_collections.zeromib.gpu.plugins.module_utils._look._facts import Snapshot
     from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import NvidiaSmi
@@ -511,15 +513,16 @@ def _read_used(smi: NvidiaSmi) -> t.Callable[[], dict[int, int | None]]:
     return read
 
 
-def after_release(smi: NvidiaSmi, params: t.Mapping[str, t.Any], result: dict[str, t.Any], check_mode: bool,
+def after_release(smi: NvidiaSmi, params: t.Any, result: dict[str, t.Any], check_mode: bool,
                   look: t.Callable[[], Snapshot]) -> dict[str, t.Any]:
     """gpu_release: test the selected GPUs once they are proven free. `look()` is a fresh
     _facts.Snapshot: who holds what right before the test. Returns gpu_release's result with the
     smoke test's keys added; `result` itself (Release's record) is left as it is."""
+    options = _options.LookOptions.of(params)
     result = dict(result)
     if isinstance(result.get("timings"), dict):
         result["timings"] = dict(result["timings"])
-    if not params.get("smoke_test"):
+    if not options.smoke_test:
         result.update(summary(result.get("gpus") or [], asked=False))
         return result
     selected = result.get("selected_gpus") or []
@@ -531,8 +534,8 @@ def after_release(smi: NvidiaSmi, params: t.Mapping[str, t.Any], result: dict[st
         records = {i: result_skipped("not released: the smoke test runs only on GPUs proven free") for i in selected}
     else:
         snapshot = look()
-        records, _init_s = smoke_test(snapshot.gpus, snapshot.holders, params["smoke_test_mib"], params["timeout"],
-                                      params.get("max_used_mib") or 0, _read_used(smi), selected=selected, held_fails=True,
+        records, _init_s = smoke_test(snapshot.gpus, snapshot.holders, options.smoke_test_mib, options.timeout,
+                                      options.max_used_mib or 0, _read_used(smi), selected=selected, held_fails=True,
                                       footprint=snapshot.footprint)
     seconds = round(time.monotonic() - started, 3) if not check_mode and result.get("released") else None
     result["gpus"] = annotate(result.get("gpus") or [], records)
@@ -543,20 +546,21 @@ def after_release(smi: NvidiaSmi, params: t.Mapping[str, t.Any], result: dict[st
     return result
 
 
-def for_facts(smi: NvidiaSmi, params: t.Mapping[str, t.Any], facts: dict[str, t.Any], snapshot: Snapshot, check_mode: bool) -> dict[str, t.Any]:
+def for_facts(smi: NvidiaSmi, params: t.Any, facts: dict[str, t.Any], snapshot: Snapshot, check_mode: bool) -> dict[str, t.Any]:
     """gpu_facts: test the GPUs that are free now (read-only otherwise: a GPU in use, or any
     GPU in check mode, is skipped with the reason). Updates `facts` in place."""
-    if not params.get("smoke_test") or facts.get("error"):
+    options = _options.LookOptions.of(params)
+    if not options.smoke_test or facts.get("error"):
         facts.update(summary(facts.get("gpus") or [], asked=False))
         return facts
     started = time.monotonic()
     records: dict[int, Record]
-    if not params.get("processes", True):
+    if not options.processes:
         records = {g["index"]: result_skipped("holders not read (processes: false): the smoke test needs to know the GPU is free")
                    for g in facts["gpus"]}
     else:
-        records, _init_s = smoke_test(facts["gpus"], snapshot.holders, params["smoke_test_mib"], params["timeout"],
-                                      params.get("max_used_mib") or 0, _read_used(smi), check_mode=check_mode,
+        records, _init_s = smoke_test(facts["gpus"], snapshot.holders, options.smoke_test_mib, options.timeout,
+                                      options.max_used_mib or 0, _read_used(smi), check_mode=check_mode,
                                       footprint=snapshot.footprint)
     ran = any(r.get("skipped") is None for r in records.values())
     facts["gpus"] = annotate(facts["gpus"], records)

@@ -14,6 +14,7 @@ import functools
 import os
 import typing as t
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _caps
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _attribution
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _guests
@@ -25,10 +26,8 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._look import _protect
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _nvidia_smi as smi_mod
 
 if t.TYPE_CHECKING:
-    from ansible_collections.zeromib.gpu.plugins.module_utils._look._engines import Runtimes
     from ansible_collections.zeromib.gpu.plugins.module_utils._types import ComputeApp, DriverGpu, Gpu, Holder
 
-    MainPidOf = t.Callable[[str], t.Optional[int]]
     Systemctl = t.Callable[[t.List[str]], t.Tuple[int, str, str]]
 
 GPU_KEYS = (
@@ -349,28 +348,29 @@ def scan_devices(proc: str = "/proc", unreadable: list[int] | None = None, ours:
     return DeviceScan(table, [h for h in raw if h["pid"] not in ours], [pid for pid in others if pid not in ours])
 
 
-def scan_and_attribute(gpus: list[Gpu], apps: list[ComputeApp] | None, fetch_apps: t.Callable[[], list[ComputeApp]], *,
-                       protect_names: t.Iterable[str], protect_pids: t.Collection[int], own_lineage: t.Collection[int], proc: str = "/proc",
-                       unreadable: list[int] | None = None, max_used_mib: float = 0, footprint_mib: float | None = _attribution.CROSS_GPU_FOOTPRINT_MIB,
-                       main_pid_of: MainPidOf | None = None, scanned: DeviceScan | None = None,
+def scan_and_attribute(gpus: list[Gpu], apps: list[ComputeApp] | None, fetch_apps: t.Callable[[], list[ComputeApp]], request: Request, *,
+                       protect_names: t.Iterable[str], protect_pids: t.Collection[int], own_lineage: t.Collection[int],
+                       unreadable: list[int] | None = None, scanned: DeviceScan | None = None,
                        limits: holders_mod.ScanLimits = holders_mod.DEFAULT_LIMITS, unscanned: list[int] | None = None,
                        again: bool = False) -> tuple[list[Holder], list[ComputeApp]]:
     """The /proc scan, attributed to GPUs and marked protected -> (holders, apps).
 
     `apps` are joined compute apps, or None when not fetched yet: `fetch_apps()` is then called
-    only if the answer depends on them (see _attribution.needs_listing). `protect_names`,
-    `protect_pids`: the protect option split (_protect.split_protect); `own_lineage`: this
-    module and its ancestors (never signalled); `unreadable` gets the PIDs whose files could not
-    be read; `scanned`: the device-file pass when it was done already (while nvidia-smi ran);
-    `limits`: how long the scan may wait (scan_holders), `unscanned` gets the PIDs it left unread;
-    `again`: a rescan in the same run (scan_holders: the processes that had no device file open at
-    the last pass and are the same processes now are not read again)."""
+    only if the answer depends on them (see _attribution.needs_listing). `request`: the look's
+    (its proc, max_used_mib, footprint_mib, main_pid_of). `protect_names`, `protect_pids`: the
+    protect option split (_protect.split_protect); `own_lineage`: this module and its ancestors
+    (never signalled); `unreadable` gets the PIDs whose files could not be read; `scanned`: the
+    device-file pass when it was done already (while nvidia-smi ran); `limits`: how long the scan
+    may wait (scan_holders), `unscanned` gets the PIDs it left unread; `again`: a rescan in the
+    same run (scan_holders: the processes that had no device file open at the last pass and are
+    the same processes now are not read again)."""
     # Processes that mapped a device file and closed it (CUDA never does) matter only where a GPU
     # holds more than the footprint and than what live, listed processes with the device files
     # open explain: only then are the maps of processes without a device file open read. Speed:
     # a busy node with 1,000 processes looked in 120-144 ms reading them all, in about the time of
     # an idle look without (benchmarks/changes.md).
-    limit = max_used_mib + (footprint_mib or 0)
+    proc = request.proc
+    limit = request.max_used_mib + (request.footprint_mib or 0)
     table, raw, others = scanned if scanned is not None else scan_devices(proc, unreadable, limits=limits, unscanned=unscanned, again=again)
     raw = list(raw)
     if apps is None and (any_dirty(gpus, limit) or _attribution.needs_listing(raw)):
@@ -379,7 +379,7 @@ def scan_and_attribute(gpus: list[Gpu], apps: list[ComputeApp] | None, fetch_app
         raw += holders_mod.scan_mapped(others, proc, table, limits, unscanned)
     apps = apps or []
     attributed = _attribution.attribute(raw, apps, minor_to_index(gpus))
-    return _protect.protect(attributed, protect_names, protect_pids, own_lineage, main_pid_of), apps
+    return _protect.protect(attributed, protect_names, protect_pids, own_lineage, request.main_pid_of), apps
 
 
 def _query_gpus(smi: smi_mod.NvidiaSmi, with_apps: bool, checks: _health.Checks | None, kernel_log_state: str | None = None,
@@ -406,14 +406,40 @@ def _query_gpus(smi: smi_mod.NvidiaSmi, with_apps: bool, checks: _health.Checks 
     return health.annotate(gpus), apps, health
 
 
-def look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, *, with_processes: bool = True, proc: str = "/proc",
-         driver_root: str = "/proc/driver/nvidia/gpus", with_apps: bool | None = None, max_used_mib: float = 0,
-         footprint_mib: float | None = _attribution.CROSS_GPU_FOOTPRINT_MIB, runtimes: Runtimes | None = None, checks: _health.Checks | None = None,
-         main_pid_of: MainPidOf | None = None, runtimes_of: t.Callable[[], Runtimes] | None = None,
-         kernel_log_state: str | None = None, while_waiting: t.Callable[[list[Holder]], None] | None = None,
-         systemctl: Systemctl | None = None, unit_cgroups: dict[str, str] | None = None) -> Snapshot:
+# What one look is asked, and where it looks: built once (look's keywords, or from_options for a
+# record of the options) and passed whole to what the look calls. Fields: as look's keywords (its
+# docstring); with_apps None: as with_processes. A keyword that is no field is a TypeError.
+class Request(_options.Record):
+    _fields = ("protect", "with_processes", "proc", "driver_root", "with_apps", "max_used_mib", "footprint_mib", "runtimes", "checks",
+               "main_pid_of", "runtimes_of", "kernel_log_state", "while_waiting", "systemctl", "unit_cgroups")
+    __slots__ = _fields
+    _defaults = {"with_processes": True, "proc": "/proc", "driver_root": "/proc/driver/nvidia/gpus", "max_used_mib": 0,
+                 "footprint_mib": _attribution.CROSS_GPU_FOOTPRINT_MIB}
+
+    @classmethod
+    def from_options(cls, options: t.Any, **where: t.Any) -> Request:
+        """A record of the options (_options.LookOptions, or gpu_release's ReleaseOptions) and where
+        to look (proc, driver_root, runtimes..., as look's keywords) -> the Request: the options'
+        protect, processes, max_used_mib (None: 0), cross_gpu_footprint_mib (None: the default)
+        and health checks (_health.Checks.from_options)."""
+        footprint = options.cross_gpu_footprint_mib
+        return cls(**dict({"protect": options.protect, "with_processes": getattr(options, "processes", True),
+                           "max_used_mib": options.max_used_mib or 0,
+                           "footprint_mib": _attribution.CROSS_GPU_FOOTPRINT_MIB if footprint is None else footprint,
+                           "checks": _health.Checks.from_options(options)}, **where))
+
+
+def look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, **keywords: t.Any) -> Snapshot:
     """nvidia-smi (GPUs and, side by side, compute apps, and the kernel log for Xids) then the
-    /proc scan -> Snapshot. GPU records carry their health (`checks`: a _health.Checks).
+    /proc scan -> Snapshot: look_at with a Request of these keywords (with_processes, proc,
+    driver_root, with_apps, max_used_mib, footprint_mib, runtimes, checks, main_pid_of,
+    runtimes_of, kernel_log_state, while_waiting, systemctl, unit_cgroups)."""
+    return look_at(smi, Request(protect=protect, **keywords))
+
+
+def look_at(smi: smi_mod.NvidiaSmi, request: Request) -> Snapshot:
+    """nvidia-smi (GPUs and, side by side, compute apps, and the kernel log for Xids) then the
+    /proc scan -> Snapshot. GPU records carry their health (`request.checks`: a _health.Checks).
 
     `with_apps` defaults to `with_processes`; gpu_release looks without them and asks for them
     only when some process maps a per-GPU node (a clean node: one nvidia-smi call). Without
@@ -427,38 +453,34 @@ def look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, *, with_proc
     `while_waiting(raw holders)` runs too (gpu_release loads the code that frees them). Speed:
     on the H200 the GPU query waits ~30 ms on the driver, the pass and that loading ~10-40 ms
     (benchmarks/HISTORY.md, "The look's /proc pass beside nvidia-smi")."""
-    with_apps = with_processes if with_apps is None else with_apps
+    if request.with_apps is None:
+        request = request._replace(with_apps=request.with_processes)
     unreadable: list[int] = []
     unscanned: list[int] = []
     limits = scan_limits(getattr(smi, "timeout", None))
     early: dict[str, t.Any] = {"limits": limits, "unscanned": unscanned}
 
     def meanwhile() -> None:
-        scanned = early["scan"] = scan_devices(proc, unreadable, getattr(smi, "pids", ()), limits, unscanned)
+        scanned = early["scan"] = scan_devices(request.proc, unreadable, getattr(smi, "pids", ()), limits, unscanned)
         if _attribution.needs_listing(scanned.raw):
-            if not with_apps:
+            if not request.with_apps:
                 early["apps"] = smi.start(smi.app_args())
-            if while_waiting is not None:
-                while_waiting(scanned.raw)
+            if request.while_waiting is not None:
+                request.while_waiting(scanned.raw)
 
     try:
-        return _look(smi, protect, early, unreadable, meanwhile if with_processes else None, with_processes=with_processes, proc=proc,
-                     driver_root=driver_root, with_apps=with_apps, max_used_mib=max_used_mib, footprint_mib=footprint_mib, runtimes=runtimes,
-                     checks=checks, main_pid_of=main_pid_of, runtimes_of=runtimes_of, kernel_log_state=kernel_log_state,
-                     systemctl=systemctl, unit_cgroups=unit_cgroups)
+        return _look(smi, request, early, unreadable, meanwhile if request.with_processes else None)
     except BaseException:
         if early.get("apps") is not None:
             smi.abandon(early["apps"])
         raise
 
 
-def _look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, early: dict[str, t.Any], unreadable: list[int],
-          meanwhile: t.Callable[[], None] | None, *, with_processes: bool, proc: str, driver_root: str, with_apps: bool, max_used_mib: float,
-          footprint_mib: float | None, runtimes: Runtimes | None, checks: _health.Checks | None, main_pid_of: MainPidOf | None,
-          runtimes_of: t.Callable[[], Runtimes] | None, kernel_log_state: str | None, systemctl: Systemctl | None = None,
-          unit_cgroups: dict[str, str] | None = None) -> Snapshot:
-    gpus, listed, health = _query_gpus(smi, with_apps, checks, kernel_log_state, meanwhile)
-    driver_gpus = smi_mod.read_driver_gpus(driver_root)
+def _look(smi: smi_mod.NvidiaSmi, request: Request, early: dict[str, t.Any], unreadable: list[int],
+          meanwhile: t.Callable[[], None] | None) -> Snapshot:
+    proc, max_used_mib, footprint_mib = request.proc, request.max_used_mib, request.footprint_mib
+    gpus, listed, health = _query_gpus(smi, request.with_apps, request.checks, request.kernel_log_state, meanwhile)
+    driver_gpus = smi_mod.read_driver_gpus(request.driver_root)
     if gpus and not driver_gpus:
         # GPUs without the NVIDIA kernel driver: a node shape no run can free (_node_shapes, issue 70).
         from ansible_collections.zeromib.gpu.plugins.module_utils._look import _node_shapes
@@ -470,11 +492,11 @@ def _look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, early: dict
     minors_by_bus = {bus: gpu["minor"] for bus, gpu in driver_gpus.items() if gpu["minor"] is not None}
     differs = minor_order_differs(gpus, minors_by_bus)
     gpus = with_minor_numbers(gpus, minors_by_bus)
-    if not with_processes:
+    if not request.with_processes:
         bare = Snapshot(gpus, [], [], health=health, not_visible=not_visible)
         bare.minor_order_differs = differs
         return bare
-    names, pids = _protect.split_protect(protect)
+    names, pids = _protect.split_protect(request.protect)
     lineage = holders_mod.lineage(os.getpid(), proc)
 
     def joined(raw_apps: t.Iterable[ComputeApp]) -> list[ComputeApp]:
@@ -483,7 +505,7 @@ def _look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, early: dict
     # A dirty GPU always needs the compute apps (see scan_and_attribute): started now unless
     # the device-file pass started them already. Speed: their call overlaps the attribution
     # instead of following it (benchmarks/changes.md).
-    if not with_apps and early.get("apps") is None and any_dirty(gpus, max_used_mib + (footprint_mib or 0)):
+    if not request.with_apps and early.get("apps") is None and any_dirty(gpus, max_used_mib + (footprint_mib or 0)):
         early["apps"] = smi.start(smi.app_args())
 
     def fetch_apps() -> list[ComputeApp]:
@@ -491,9 +513,8 @@ def _look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, early: dict
         return joined(smi_mod.parse_compute_apps(smi.finish(started)))
 
     holders, apps = scan_and_attribute(
-        gpus, joined(listed) if with_apps else None, fetch_apps, protect_names=names, protect_pids=pids, own_lineage=lineage, proc=proc,
-        unreadable=unreadable, max_used_mib=max_used_mib, footprint_mib=footprint_mib, main_pid_of=main_pid_of, scanned=early.get("scan"),
-        limits=early["limits"], unscanned=early["unscanned"],
+        gpus, joined(listed) if request.with_apps else None, fetch_apps, request, protect_names=names, protect_pids=pids, own_lineage=lineage,
+        unreadable=unreadable, scanned=early.get("scan"), limits=early["limits"], unscanned=early["unscanned"],
     )
     if early.get("apps") is not None:
         # Started for a process mapping a GPU, and the answer did not need it after all.
@@ -501,9 +522,10 @@ def _look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, early: dict
     if holders:
         from ansible_collections.zeromib.gpu.plugins.module_utils._look import _container_of
         from ansible_collections.zeromib.gpu.plugins.module_utils._look import _engines
-        _container_of.annotate(holders, runtimes or (runtimes_of() if runtimes_of else _engines.Runtimes()), proc)
+        runtimes_of = request.runtimes_of
+        _container_of.annotate(holders, request.runtimes or (runtimes_of() if runtimes_of else _engines.Runtimes()), proc)
         _guests.annotate(holders, proc)
-        annotate_units(holders, systemctl, unit_cgroups)
+        annotate_units(holders, request.systemctl, request.unit_cgroups)
         # Where a holder outside every job came from (an SSH session, a detached process: issue 70).
         from ansible_collections.zeromib.gpu.plugins.module_utils._look import _origin
         _origin.annotate(holders, proc)

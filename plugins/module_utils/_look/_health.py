@@ -25,6 +25,7 @@ import time
 import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
+from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _kernel_log
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _readiness
 from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import GPU_FIELDS, HEALTH_FIELDS, kill_group
@@ -110,18 +111,25 @@ class Checks:
 
     @classmethod
     def from_params(cls, params: t.Mapping[str, t.Any]) -> Checks | None:
-        """The modules' options -> Checks; None when `health` is off (or absent)."""
-        if not params.get("health"):
+        """The modules' options (a mapping, maybe partial) -> Checks; None when `health` is off (or absent)."""
+        return cls.from_options(_options.LookOptions.of(params))
+
+    @classmethod
+    def from_options(cls, options: t.Any) -> Checks | None:
+        """A record of the options (_options.LookOptions, or gpu_release's ReleaseOptions) -> Checks;
+        None when `health` is off."""
+        options = _options.LookOptions.of(options)
+        if not options.health:
             return None
         return cls(
-            params.get("min_pcie_gen") or 0,
-            params.get("min_pcie_width") or 0,
-            params.get("require_persistence", True),
-            params.get("expected_mig_mode"),
-            24.0 if params.get("xid_window_hours") is None else params["xid_window_hours"],
-            params.get("xid_ignore") or (),
-            params.get("xid_fatal") or (),
-            _readiness.Profile.from_params(params.get("ready_profile")),
+            options.min_pcie_gen or 0,
+            options.min_pcie_width or 0,
+            options.require_persistence,
+            options.expected_mig_mode,
+            24.0 if options.xid_window_hours is None else options.xid_window_hours,
+            options.xid_ignore or (),
+            options.xid_fatal or (),
+            _readiness.Profile.from_params(options.ready_profile),
         )
 
     def xid_fault(self, number: int, recovery_action: str | None = None) -> bool:

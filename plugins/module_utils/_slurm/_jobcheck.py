@@ -200,7 +200,7 @@ class JobRelease(Release):
 
     def plan(self, snapshot: t.Any) -> t.Any:
         # The GPUs the job's numbers were mapped to (_gres), or every GPU where they could not be.
-        wanted = [str(token) for token in self.params.get("gpus") or []]
+        wanted = [str(token) for token in self.options.gpus or []]
         mig = [g for g in snapshot.gpus if (not wanted or given(g, wanted)) and is_mig(g)] if self.numbered else []
         if mig:
             self.refusal = ("GPU {} is in MIG mode and Slurm named the job's GPUs by number ({}): on a MIG GPU slurmd's numbers count its "
