@@ -112,7 +112,7 @@ def for_release(release: t.Any, plan: t.Any) -> None:
     dormant = [h for h in plan.targets if checkpoints.state(h) == look.CHECKPOINTED]
     release.result["warnings"].extend(checkpoints.problems)
     del checkpoints.problems[:]
-    if dormant and not release.params.get("kill_checkpointed"):
+    if dormant and not release.options.kill_checkpointed:
         words = refusal(dormant)
         if hasattr(release, "refusal"):
             # The Slurm hook's run (_slurm/_jobcheck.JobRelease): a refusal is its first cause, not the GPU's reading.

@@ -65,7 +65,7 @@ def plan_dirty(release: Release, plan: Plan) -> None:
     plan.units = plan_units(release, plan.targets, plan.holders, plan.selected)
     plan.programs = plan_programs(release)
     plan.guests = plan_guests(release, plan.holders, plan.selected)
-    if release.params.get("kill", True):
+    if release.options.kill:
         # Issue 70: CUDA-checkpointed targets refused, running ones suspended before their signal (_checkpoint).
         _checkpoint.for_release(release, plan)
 
