@@ -178,6 +178,8 @@ class ContainerEntry(t.TypedDict, total=False):
     restart_max_retries: int
     # Seconds from the stop request until the runtime reported the container stopped.
     stopped_after_s: float
+    # It was paused: unpaused through its runtime right before its stop (_act/_paused).
+    unpaused: bool
 
 
 class KilledEntry(t.TypedDict, total=False):
@@ -313,6 +315,8 @@ class ContainerRecord(t.TypedDict):
     restart_max_retries: int
     running: bool
     status: str | None
+    # Paused by its runtime (`docker pause`): frozen until the runtime unpauses it.
+    paused: bool
     pod: str | None
     pod_uid: str | None
     # The container's init process as the runtime reports it (None when not running).

@@ -1,0 +1,89 @@
+"""Paused containers holding GPUs (issue 70), through the real gpu_release and gpu_restore on the
+Docker rig (docker_rig.py): `docker pause` freezes a container's processes (the cgroup v1 freezer on
+this machine), where no signal arrives until it is thawed.
+
+- Named in `services`: unpaused through Docker, then stopped as any container (its own stop signal
+  handled at once, not Docker's SIGKILL after the grace); gpu_restore starts it again (not paused).
+- Not named: refused before anything is done, naming `docker unpause NAME`.
+- The attacker: a user who freezes her own delegated cgroup and names it like a real paused
+  container gets no runtime call (the container stays paused) and is named as her own frozen cgroup
+  (tests/tenants/frozen_cgroup.py).
+"""
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "sim"), os.path.dirname(HERE)]
+from ansible_in_ns import run_module  # noqa: E402
+from docker_rig import IMAGE, used  # noqa: E402
+from tenants.frozen_cgroup import frozen_holder  # noqa: E402
+from test_container_engines import docker, rig, spawn_bare  # noqa: E402,F401  # pylint: disable=unused-import  # fixtures, used by name
+
+USER = 4242
+
+
+def paused(docker, name):
+    return docker.inspect(name)["State"]["Paused"]
+
+
+def test_a_paused_container_named_in_services_is_unpaused_through_docker_then_stopped_and_restored(docker):
+    record = docker.run_holder("parked-vllm", [0], restart="always")
+    first = docker.ready_info("parked-vllm")["pid"]
+    docker.docker("pause", "parked-vllm")
+    assert paused(docker, "parked-vllm") is True
+    args = {"services": ["container:parked-*"], "kill_timeout": 5}
+
+    plan = run_module(docker.host, "gpu_release", args, check=True)
+    assert not plan.failed, plan.msg
+    assert [(e["name"], e.get("unpaused")) for e in plan["stopped_containers"]] == [("parked-vllm", True)]
+    assert paused(docker, "parked-vllm") is True, "check mode thaws nothing"
+
+    run = run_module(docker.host, "gpu_release", args)
+    assert not run.failed, run.msg
+    [entry] = run["stopped_containers"]
+    assert (entry["id"], entry["image"], entry["runtime"], entry["unpaused"]) == (record["Id"], IMAGE, "docker", True)
+    assert run["killed"] == [] and run["released"] is True and used(docker.host, 0) == 0
+    # Thawed first, so its SIGTERM ended it at once: not Docker's SIGKILL after the 5 s grace.
+    state = docker.inspect("parked-vllm")["State"]
+    assert entry["stopped_after_s"] < 4.0 and state["ExitCode"] != 137, (entry, state)
+    assert state["Running"] is False and state["Paused"] is False
+
+    restore = run_module(docker.host, "gpu_restore")
+    assert not restore.failed, restore.msg
+    assert restore["started_containers"] == ["parked-vllm"]
+    docker.wait_ready("parked-vllm", not_pid=first)
+    state = docker.inspect("parked-vllm")["State"]
+    assert state["Running"] is True and state["Paused"] is False, "put back as started, not paused"
+
+
+def test_a_paused_container_not_named_is_refused_naming_docker_unpause_and_nothing_is_done(docker):
+    record = docker.run_holder("suspended", [0])
+    docker.docker("pause", "suspended")
+    bare = spawn_bare(docker, "1")
+    run = run_module(docker.host, "gpu_release", {"kill_timeout": 1})
+    assert run.failed
+    assert run.msg.startswith("GPUs are held by paused containers: suspended (docker {}, {}) on GPU 0: its container is paused: "
+                              "`docker unpause suspended` thaws it".format(record["Id"][:12], IMAGE)), run.msg
+    assert "services (container:suspended)" in run.msg, run.msg
+    assert "reboot" not in run.msg and "reset" not in run.msg, run.msg
+    # Refused before anything was done: the container is still paused, the bare holder alive.
+    assert paused(docker, "suspended") is True and used(docker.host, 0) >= 20480
+    assert docker.host.alive(bare.pid) and used(docker.host, 1) >= 10240
+
+
+def test_a_user_who_freezes_her_cgroup_and_names_it_like_a_paused_container_gets_no_runtime_call(docker):
+    bystander = docker.run_holder("bystander", [1])
+    docker.docker("pause", "bystander")
+    with frozen_holder(docker.host, "zm-alice", mib=1024, uid=USER, delegated=True, named=f"docker/{bystander['Id']}") as held:
+        facts = run_module(docker.host, "gpu_facts")
+        [holder] = [h for h in facts["ansible_facts"]["gpu"]["holders"] if h["pid"] == held.pid]
+        assert holder["container"] is None and holder["container_runtime"] is None, holder
+        assert f"owned by uid {USER}" in (holder["container_note"] or ""), holder
+
+        run = run_module(docker.host, "gpu_release", {"gpus": ["0"], "kill_timeout": 0.5, "wait_timeout": 1, "settle_timeout": 0})
+        assert run.failed
+        assert f"frozen (freezer.state FROZEN in {held.directory}): pid {held.pid} " in run.msg, run.msg
+        assert f"the cgroup is in uid {USER}'s delegated subtree" in run.msg, run.msg
+        assert "unpause" not in run.msg and "paused containers" not in run.msg, run.msg
+        assert paused(docker, "bystander") is True, "no runtime call thawed the container she named"
+        assert held.state() == "FROZEN" and run["stopped_containers"] == []
