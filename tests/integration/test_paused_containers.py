@@ -5,6 +5,7 @@ this machine), where no signal arrives until it is thawed.
 - Named in `services`: unpaused through Docker, then stopped as any container (its own stop signal
   handled at once, not Docker's SIGKILL after the grace); gpu_restore starts it again (not paused).
 - Not named: refused before anything is done, naming `docker unpause NAME`.
+- Podman (4.3), whose stop refuses a paused container ("container state improper"): the same.
 - The attacker: a user who freezes her own delegated cgroup and names it like a real paused
   container gets no runtime call (the container stays paused) and is named as her own frozen cgroup
   (tests/tenants/frozen_cgroup.py).
@@ -17,7 +18,7 @@ sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "sim"), os.path.dirnam
 from ansible_in_ns import run_module  # noqa: E402
 from docker_rig import IMAGE, used  # noqa: E402
 from tenants.frozen_cgroup import frozen_holder  # noqa: E402
-from test_container_engines import docker, rig, spawn_bare  # noqa: E402,F401  # pylint: disable=unused-import  # fixtures, used by name
+from test_container_engines import docker, podman, podman_rig, rig, spawn_bare  # noqa: E402,F401  # pylint: disable=unused-import  # fixtures, used by name
 
 USER = 4242
 
@@ -87,3 +88,22 @@ def test_a_user_who_freezes_her_cgroup_and_names_it_like_a_paused_container_gets
         assert "unpause" not in run.msg and "paused containers" not in run.msg, run.msg
         assert paused(docker, "bystander") is True, "no runtime call thawed the container she named"
         assert held.state() == "FROZEN" and run["stopped_containers"] == []
+
+
+def test_podman_a_named_paused_container_is_unpaused_then_stopped_and_an_unnamed_one_is_refused(podman):
+    podman.run_holder("pparked", [0], restart="no")
+    podman.run_holder("psuspended", [1], restart="no")
+    podman.docker("pause", "pparked")
+    podman.docker("pause", "psuspended")
+
+    refused = run_module(podman.host, "gpu_release", {"gpus": ["0", "1"], "services": ["container:pparked"], "kill_timeout": 5})
+    assert refused.failed and "`podman unpause psuspended` thaws it" in refused.msg, refused.msg
+    assert "pparked" not in refused.msg.split(".")[0] and paused(podman, "pparked") is True, "refused before anything was done"
+
+    run = run_module(podman.host, "gpu_release", {"gpus": ["0"], "services": ["container:pparked"], "kill_timeout": 5})
+    assert not run.failed, run.msg
+    [entry] = run["stopped_containers"]
+    assert (entry["name"], entry["runtime"], entry["unpaused"]) == ("pparked", "podman", True) and run["killed"] == []
+    state = podman.inspect("pparked")["State"]
+    assert state["Running"] is False and state["Paused"] is False and used(podman.host, 0) == 0
+    assert paused(podman, "psuspended") is True and used(podman.host, 1) >= 20480

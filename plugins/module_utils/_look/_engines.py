@@ -66,7 +66,8 @@ def record_of(inspect: dict[str, t.Any]) -> ContainerRecord:
         "image": config.get("Image") or inspect.get("ImageName") or inspect.get("Image"),
         "restart_policy": restart,
         "restart_max_retries": int((host_config.get("RestartPolicy") or {}).get("MaximumRetryCount") or 0),
-        "running": bool(state.get("Running")) or state.get("Status") == "restarting" or bool(state.get("Restarting")),
+        # A paused container is up, as Docker says (Podman 4.3 reads Running false while paused).
+        "running": bool(state.get("Running")) or state.get("Status") in ("restarting", "paused") or bool(state.get("Restarting") or state.get("Paused")),
         "status": state.get("Status"),
         # Paused (`docker pause`, `podman pause`): its processes frozen by the runtime, which alone
         # thaws them (`unpause`); Podman's stop refuses a paused container (_act/_paused).
