@@ -252,6 +252,8 @@ stopped_containers:
   description:
     - Containers stopped through their runtime (in check mode, to be stopped), named in O(services) or found holding a selected GPU.
     - C(restart_policy) is the policy before the run; C(stopped_after_s) the seconds the runtime took (not in check mode).
+    - C(unpaused) is V(true) for a paused container named in O(services), unpaused through its runtime right before its stop (a paused
+      container that O(services) does not name is refused, naming C(docker unpause NAME)).
   type: list
   elements: dict
   returned: always
