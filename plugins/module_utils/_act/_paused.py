@@ -44,27 +44,24 @@ def unnamed(holders: t.Iterable[Holder], named_ids: t.Container[str | None]) -> 
 def refusal(holders: t.Iterable[Holder], describe: t.Callable[[t.Mapping[str, t.Any]], str]) -> str:
     """The refusal for paused containers that `services` does not name: which container, on which
     GPUs, and the runtime's unpause command; pure. `describe` names a container (_containers)."""
-    seen: dict[str, tuple[str, str, set[int]]] = {}
+    containers: dict[str | None, list[Holder]] = {}
     for holder in holders:
-        cid = holder.get("container") or ""
-        name = holder.get("container_name") or cid[:12]
-        runtime = holder.get("container_runtime") or "docker"
-        entry = seen.setdefault(cid, (describe({"name": holder.get("container_name"), "id": cid, "runtime": runtime,
-                                                  "image": holder.get("container_image")}), f"{runtime} unpause {name}", set()))
-        entry[2].update(holder.get("gpu_indexes") or ())
-    parts = ["{} on GPU {}: its container is paused: `{}` thaws it".format(text, ",".join(str(i) for i in sorted(gpus)) or "-", command)
-             for text, command, gpus in seen.values()]
-    names = ", ".join(f"container:{(h.get('container_name') or '')}" for h in _first_per_container(holders) if h.get("container_name"))
+        containers.setdefault(holder.get("container"), []).append(holder)
+    parts = [_one(members, describe) for members in containers.values()]
+    names = ", ".join(f"container:{members[0]['container_name']}" for members in containers.values() if members[0].get("container_name"))
     return ("GPUs are held by paused containers: {}. gpu_release does not thaw a container it was not told to stop (someone paused it "
             "on purpose); unpause it yourself, or name it in services ({}) to have it unpaused and stopped through its runtime, then run "
             "gpu_release again".format("; ".join(parts), names or "container:<name>"))
 
 
-def _first_per_container(holders: t.Iterable[Holder]) -> list[Holder]:
-    seen: dict[str | None, Holder] = {}
-    for holder in holders:
-        seen.setdefault(holder.get("container"), holder)
-    return list(seen.values())
+def _one(members: list[Holder], describe: t.Callable[[t.Mapping[str, t.Any]], str]) -> str:
+    """`suspended (docker 4f3c2b1a4f3c, IMAGE) on GPU 0,1: its container is paused: `docker unpause suspended` thaws it`."""
+    first = members[0]
+    cid, runtime = first.get("container") or "", first.get("container_runtime") or "docker"
+    name = first.get("container_name") or cid[:12]
+    gpus = sorted({index for holder in members for index in holder.get("gpu_indexes") or ()})
+    text = describe({"name": first.get("container_name"), "id": cid, "runtime": runtime, "image": first.get("container_image")})
+    return "{} on GPU {}: its container is paused: `{} unpause {}` thaws it".format(text, ",".join(str(i) for i in gpus) or "-", runtime, name)
 
 
 def thaw(runtimes: Runtimes, entry: ContainerEntry) -> None:
