@@ -10,17 +10,33 @@ this machine), where no signal arrives until it is thawed.
   container gets no runtime call (the container stays paused) and is named as her own frozen cgroup
   (tests/tenants/frozen_cgroup.py).
 """
+import json
 import os
+import stat
+import subprocess
 import sys
+
+import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "sim"), os.path.dirname(HERE)]
-from ansible_in_ns import run_module  # noqa: E402
+from ansible_in_ns import COLLECTIONS, results_env, run_module  # noqa: E402
 from docker_rig import IMAGE, used  # noqa: E402
 from tenants.frozen_cgroup import frozen_holder  # noqa: E402
 from test_container_engines import docker, podman, podman_rig, rig, spawn_bare  # noqa: E402,F401  # pylint: disable=unused-import  # fixtures, used by name
 
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "compat"))
+import matrix  # noqa: E402
+
 USER = 4242
+REPO = os.path.dirname(os.path.dirname(HERE))
+# The oldest ansible-core the collection supports and the newest.
+ENDS = [entry for entry in matrix.CONTROLLER if entry[0].startswith(("2.17.", "2.21."))]
+SUMMARY_TASK = "Fleet summary (unreachable, failed and dirty hosts first)"
+VERDICT = "zeromib.gpu.free_gpus : Assert that every selected GPU is free"
+OWN_PLAY = [{"name": "Train on the GPU nodes", "hosts": "gpu_nodes", "gather_facts": False, "become": False,
+             "pre_tasks": [{"name": "Free the GPUs", "ansible.builtin.include_role": {"name": "zeromib.gpu.free_gpus"}}],
+             "tasks": [{"name": "Train", "ansible.builtin.command": "true", "changed_when": True}]}]
 
 
 def paused(docker, name):
@@ -107,3 +123,48 @@ def test_podman_a_named_paused_container_is_unpaused_then_stopped_and_an_unnamed
     state = podman.inspect("pparked")["State"]
     assert state["Running"] is False and state["Paused"] is False and used(podman.host, 0) == 0
     assert paused(podman, "psuspended") is True and used(podman.host, 1) >= 20480
+
+
+def controller_play(tmp_path, docker, core, python, playbook, **extra):
+    """ansible-playbook of ansible-core CORE on this machine, the rig's host as `node` of gpu_nodes
+    (its Python enters the host's namespaces, as over SSH on a node) -> (rc, stdout, task records)."""
+    python_in = tmp_path / "python3"
+    python_in.write_text(f"#!/bin/sh\nexec nsenter -t {docker.host.init_pid:d} -m -u -p -- /usr/bin/python3 \"$@\"\n")
+    python_in.chmod(stat.S_IRWXU)
+    inventory = {"all": {"children": {"gpu_nodes": {"hosts": {"node": {"ansible_connection": "local", "ansible_python_interpreter": str(python_in),
+                                                                     "free_gpus_kill_timeout": 1, "free_gpus_wait_timeout": 2}}}}}}
+    (tmp_path / "inventory.json").write_text(json.dumps(inventory))
+    out = tmp_path / f"results-{os.path.basename(playbook)}.json"
+    env = dict(os.environ, **results_env(str(out)))
+    env.update(ANSIBLE_INVENTORY_ENABLED="yaml", ANSIBLE_COLLECTIONS_PATH=COLLECTIONS)
+    argv = [str(matrix.controller_bin(core, python) / "ansible-playbook"), "-i", str(tmp_path / "inventory.json"), playbook]
+    for key, value in extra.items():
+        argv += ["-e", json.dumps({key: value})]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False, cwd=REPO)
+    with open(out) as handle:
+        return proc.returncode, proc.stdout + proc.stderr, json.load(handle)["tasks"]
+
+
+@pytest.mark.parametrize(("core", "python"), ENDS, ids=[f"ansible-core-{c}" for c, _p in ENDS])
+def test_the_refusal_of_a_paused_container_is_said_first_and_once_on_both_paths(docker, tmp_path, core, python):
+    record = docker.run_holder("suspended", [0])
+    docker.docker("pause", "suspended")
+    head = ("GPUs are held by paused containers: suspended (docker {}, {}) on GPU 0: its container is paused: `docker unpause suspended` "
+            "thaws it. gpu_release does not thaw a container it was not told to stop").format(record["Id"][:12], IMAGE)
+
+    rc, output, tasks = controller_play(tmp_path, docker, core, python, os.path.join(REPO, "playbooks", "free_gpus.yml"))
+    assert rc == 2, output[-3000:]
+    [summary] = [t for t in tasks if t["task"] == SUMMARY_TASK]
+    [row] = [line for line in summary["result"]["msg"] if "node: " in line]
+    assert row.split("node: ", 1)[1].startswith(head), row
+    assert output.count("`docker unpause suspended` thaws it") == 1, output[-4000:]
+
+    (tmp_path / "train.yml").write_text(json.dumps(OWN_PLAY))
+    rc, output, tasks = controller_play(tmp_path, docker, core, python, str(tmp_path / "train.yml"))
+    assert rc == 2, output[-3000:]
+    [verdict] = [t for t in tasks if t["task"] == VERDICT]
+    assert verdict["status"] == "failed" and verdict["result"]["msg"].startswith(f"node: {head}"), verdict["result"]
+    [fatal] = [line for line in output.splitlines() if line.startswith(("fatal: [node]", "[ERROR]"))]
+    assert head in fatal and output.count("`docker unpause suspended` thaws it") == 1, output[-4000:]
+    assert not [t for t in tasks if t["task"] == "Train"], "training never started"
+    assert paused(docker, "suspended") is True and used(docker.host, 0) >= 20480
