@@ -227,6 +227,8 @@ class ReleaseResult(t.TypedDict, total=False):
     selected_gpus: list[int]
     # Bus ids of the GPUs the driver has and this namespace cannot reach (issue 37).
     not_visible: list[str]
+    # GPUs bound to vfio-pci, given to VMs (_look/_vfio.GivenToVm records).
+    given_to_vms: list[t.Any]
     stopped_units: list[str]
     disabled_units: list[str]
     masked_units: list[str]

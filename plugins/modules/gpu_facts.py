@@ -522,6 +522,7 @@ def gather(params: t.Mapping[str, t.Any], which: t.Callable[[str], str | None] |
         snapshot.footprint, snapshot.health, dcgm, snapshot.not_visible, snapshot.inside_container, len(snapshot.unscanned),
     )
     facts["minor_order_differs"] = snapshot.minor_order_differs
+    facts["given_to_vms"] = snapshot.given_to_vms
     _cuda_smoke.for_facts(smi, params, facts, snapshot, check_mode)
     facts["shm"] = _shm.look(processes=params["processes"], deadline_s=params["timeout"])
     if params["health"]:

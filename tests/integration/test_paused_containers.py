@@ -125,14 +125,15 @@ def test_podman_a_named_paused_container_is_unpaused_then_stopped_and_an_unnamed
     assert paused(podman, "psuspended") is True and used(podman.host, 1) >= 20480
 
 
-def controller_play(tmp_path, docker, core, python, playbook, **extra):
-    """ansible-playbook of ansible-core CORE on this machine, the rig's host as `node` of gpu_nodes
+def controller_play(tmp_path, host, core, python, playbook, node_vars=None, **extra):
+    """ansible-playbook of ansible-core CORE on this machine, the simulated HOST as `node` of gpu_nodes
     (its Python enters the host's namespaces, as over SSH on a node) -> (rc, stdout, task records)."""
     python_in = tmp_path / "python3"
-    python_in.write_text(f"#!/bin/sh\nexec nsenter -t {docker.host.init_pid:d} -m -u -p -- /usr/bin/python3 \"$@\"\n")
+    python_in.write_text(f"#!/bin/sh\nexec nsenter -t {host.init_pid:d} -m -u -p -- /usr/bin/python3 \"$@\"\n")
     python_in.chmod(stat.S_IRWXU)
-    inventory = {"all": {"children": {"gpu_nodes": {"hosts": {"node": {"ansible_connection": "local", "ansible_python_interpreter": str(python_in),
-                                                                     "free_gpus_kill_timeout": 1, "free_gpus_wait_timeout": 2}}}}}}
+    node = {"ansible_connection": "local", "ansible_python_interpreter": str(python_in), "free_gpus_kill_timeout": 1, "free_gpus_wait_timeout": 2,
+            **(node_vars or {})}
+    inventory = {"all": {"children": {"gpu_nodes": {"hosts": {"node": node}}}}}
     (tmp_path / "inventory.json").write_text(json.dumps(inventory))
     out = tmp_path / f"results-{os.path.basename(playbook)}.json"
     env = dict(os.environ, **results_env(str(out)))
@@ -152,7 +153,7 @@ def test_the_refusal_of_a_paused_container_is_said_first_and_once_on_both_paths(
     head = ("GPUs are held by paused containers: suspended (docker {}, {}) on GPU 0: its container is paused: `docker unpause suspended` "
             "thaws it. gpu_release does not thaw a container it was not told to stop").format(record["Id"][:12], IMAGE)
 
-    rc, output, tasks = controller_play(tmp_path, docker, core, python, os.path.join(REPO, "playbooks", "free_gpus.yml"))
+    rc, output, tasks = controller_play(tmp_path, docker.host, core, python, os.path.join(REPO, "playbooks", "free_gpus.yml"))
     assert rc == 2, output[-3000:]
     [summary] = [t for t in tasks if t["task"] == SUMMARY_TASK]
     [row] = [line for line in summary["result"]["msg"] if "node: " in line]
@@ -160,7 +161,7 @@ def test_the_refusal_of_a_paused_container_is_said_first_and_once_on_both_paths(
     assert output.count("`docker unpause suspended` thaws it") == 1, output[-4000:]
 
     (tmp_path / "train.yml").write_text(json.dumps(OWN_PLAY))
-    rc, output, tasks = controller_play(tmp_path, docker, core, python, str(tmp_path / "train.yml"))
+    rc, output, tasks = controller_play(tmp_path, docker.host, core, python, str(tmp_path / "train.yml"))
     assert rc == 2, output[-3000:]
     [verdict] = [t for t in tasks if t["task"] == VERDICT]
     assert verdict["status"] == "failed" and verdict["result"]["msg"].startswith(f"node: {head}"), verdict["result"]

@@ -236,6 +236,7 @@ def failed_facts(error: str) -> dict[str, t.Any]:
         "memory_used_mib": None,
         "error": error,
         "not_visible": [],
+        "given_to_vms": [],
         "inside_container": None,
         "minor_order_differs": None,
         "gpus": [],
@@ -288,6 +289,8 @@ class Snapshot:
         self.unscanned = unscanned or []
         # Whether the minor numbers' order is not nvidia-smi's (minor_order_differs); None: unread.
         self.minor_order_differs: bool | None = None
+        # GPUs bound to vfio-pci, given to VMs (_vfio.given_to_vms): not this host's to free or reset.
+        self.given_to_vms: list[t.Any] = []
 
 
 def not_visible_gpus(gpus: list[Gpu], driver_gpus: t.Mapping[str | None, DriverGpu], reachable: t.Callable[[int], bool] | None = None) -> list[DriverGpu]:
@@ -442,14 +445,27 @@ def look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, *, with_proc
                 while_waiting(scanned.raw)
 
     try:
-        return _look(smi, protect, early, unreadable, meanwhile if with_processes else None, with_processes=with_processes, proc=proc,
-                     driver_root=driver_root, with_apps=with_apps, max_used_mib=max_used_mib, footprint_mib=footprint_mib, runtimes=runtimes,
-                     checks=checks, main_pid_of=main_pid_of, runtimes_of=runtimes_of, kernel_log_state=kernel_log_state,
-                     systemctl=systemctl, unit_cgroups=unit_cgroups)
+        snapshot = _look(smi, protect, early, unreadable, meanwhile if with_processes else None, with_processes=with_processes, proc=proc,
+                         driver_root=driver_root, with_apps=with_apps, max_used_mib=max_used_mib, footprint_mib=footprint_mib, runtimes=runtimes,
+                         checks=checks, main_pid_of=main_pid_of, runtimes_of=runtimes_of, kernel_log_state=kernel_log_state,
+                         systemctl=systemctl, unit_cgroups=unit_cgroups)
     except BaseException:
         if early.get("apps") is not None:
             smi.abandon(early["apps"])
         raise
+    if has_vfio_groups():
+        # GPUs given to VMs (vfio-pci passthrough, issue 70): read, and loaded, only on a node that has one.
+        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _vfio
+        snapshot.given_to_vms = _vfio.given_to_vms(proc=proc)
+    return snapshot
+
+
+def has_vfio_groups(dev_root: str = "/dev") -> bool:
+    """Whether /dev/vfio has an IOMMU group node (a device bound to vfio-pci): one directory read."""
+    try:
+        return any(name.isdigit() for name in os.listdir(os.path.join(dev_root, "vfio")))
+    except OSError:
+        return False
 
 
 def _look(smi: smi_mod.NvidiaSmi, protect: t.Iterable[t.Any] | None, early: dict[str, t.Any], unreadable: list[int],
