@@ -3,7 +3,7 @@ Docker rig (docker_rig.py): `docker pause` freezes a container's processes (the 
 this machine), where no signal arrives until it is thawed.
 
 - Named in `services`: unpaused through Docker, then stopped as any container (its own stop signal
-  handled at once, not Docker's SIGKILL after the grace); gpu_restore starts it again (not paused).
+  handled at once); gpu_restore starts it again (not paused).
 - Not named: refused before anything is done, naming `docker unpause NAME`.
 - Podman (4.3), whose stop refuses a paused container ("container state improper"): the same.
 - The attacker: a user who freezes her own delegated cgroup and names it like a real paused
@@ -60,7 +60,7 @@ def test_a_paused_container_named_in_services_is_unpaused_through_docker_then_st
     [entry] = run["stopped_containers"]
     assert (entry["id"], entry["image"], entry["runtime"], entry["unpaused"]) == (record["Id"], IMAGE, "docker", True)
     assert run["killed"] == [] and run["released"] is True and used(docker.host, 0) == 0
-    # Thawed first, so its SIGTERM ended it at once: not Docker's SIGKILL after the 5 s grace.
+    # Thawed first, so its SIGTERM ended it at once (exit 143), well within the 5 s grace.
     state = docker.inspect("parked-vllm")["State"]
     assert entry["stopped_after_s"] < 4.0 and state["ExitCode"] != 137, (entry, state)
     assert state["Running"] is False and state["Paused"] is False
