@@ -153,7 +153,8 @@ def _identity(path: str) -> tuple[int, int] | None:
     return status.st_dev, status.st_ino
 
 
-def holder_of(groups: t.Mapping[tuple[int, int], str], processes: t.Mapping[int, str], proc: str = "/proc") -> dict[str, tuple[int, str]]:
+def holder_of(groups: t.Mapping[tuple[int, int], str], processes: t.Mapping[int, str], proc: str = "/proc",
+              dev_root: str = "/dev") -> dict[str, tuple[int, str]]:
     """{group: (pid, VM)}: which of `processes` holds each group's /dev/vfio node open, by the
     file's identity (`groups`: {(st_dev, st_ino): group})."""
     held: dict[str, tuple[int, str]] = {}
@@ -164,7 +165,16 @@ def holder_of(groups: t.Mapping[tuple[int, int], str], processes: t.Mapping[int,
         except OSError:
             continue
         for fd in fds:
-            group = groups.get(_identity(os.path.join(fd_dir, fd)) or (-1, -1))
+            link = os.path.join(fd_dir, fd)
+            # readlink asks no file system's server; a stat of a VM's disk image on a dead NFS server
+            # would wait: only an fd whose path is a /dev/vfio node is stat'ed (its identity decides).
+            try:
+                target = os.readlink(link)
+            except OSError:
+                continue
+            if not target.startswith(os.path.join(dev_root, "vfio") + "/"):
+                continue
+            group = groups.get(_identity(link) or (-1, -1))
             if group is not None:
                 held.setdefault(group, (pid, vm))
     return held
@@ -180,7 +190,7 @@ def given_to_vms(sys_root: str = "/sys", dev_root: str = "/dev", proc: str = "/p
         identity = _identity(os.path.join(dev_root, "vfio", group))
         if identity is not None:
             identities[identity] = group
-    held = holder_of(identities, vm_processes(_cgroups.cgroup_mounts() if mounts is None else mounts), proc) if identities else {}
+    held = holder_of(identities, vm_processes(_cgroups.cgroup_mounts() if mounts is None else mounts), proc, dev_root) if identities else {}
     return [{"bus": bus, "iommu_group": group, "vm": held[group][1] if group in held else None,
              "pid": held[group][0] if group in held else None} for bus, group in gpus]
 

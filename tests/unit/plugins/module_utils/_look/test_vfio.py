@@ -47,19 +47,34 @@ def test_the_vm_is_named_from_the_scope_systemd_made(scope, slice_name, said):
     assert vfio.vm_name(scope, slice_name) == said
 
 
+def fake_proc(tmp_path, pid, targets):
+    """A /proc with PID's fd links pointing at TARGETS."""
+    fd_dir = tmp_path / "proc" / str(pid) / "fd"
+    fd_dir.mkdir(parents=True)
+    for number, target in enumerate(targets):
+        os.symlink(target, fd_dir / str(number))
+    return str(tmp_path / "proc")
+
+
 def test_a_group_is_held_by_the_vm_process_that_has_its_node_open_by_identity(tmp_path):
-    node = tmp_path / "vfio" / "42"
-    node.parent.mkdir()
-    node.write_text("")
-    other = tmp_path / "vfio" / "43"
-    other.write_text("")
-    with open(node, "rb"):
-        identity = (os.stat(node).st_dev, os.stat(node).st_ino)
-        other_identity = (os.stat(other).st_dev, os.stat(other).st_ino)
-        held = vfio.holder_of({identity: "42", other_identity: "43"}, {os.getpid(): "train-vm (libvirt)"})
-    assert held == {"42": (os.getpid(), "train-vm (libvirt)")}
+    dev = tmp_path / "dev"
+    (dev / "vfio").mkdir(parents=True)
+    for group in ("42", "43"):
+        (dev / "vfio" / group).write_text("")
+    identity = {(os.stat(dev / "vfio" / g).st_dev, os.stat(dev / "vfio" / g).st_ino): g for g in ("42", "43")}
+    proc = fake_proc(tmp_path, 812, [str(dev / "vfio" / "42"), str(tmp_path / "disk.qcow2")])
+    assert vfio.holder_of(identity, {812: "train-vm (libvirt)"}, proc, str(dev)) == {"42": (812, "train-vm (libvirt)")}
     # a process outside the VM scopes is never asked
-    assert vfio.holder_of({identity: "42"}, {}) == {}
+    assert vfio.holder_of(identity, {}, proc, str(dev)) == {}
+
+
+def test_an_fd_that_is_no_vfio_node_is_never_stated(tmp_path, monkeypatch):
+    """A VM's disk image on a dead NFS server: a stat of its fd would wait on the server."""
+    proc = fake_proc(tmp_path, 812, ["/mnt/nfs/disk.qcow2", "socket:[4242]", "/dev/vfio/42"])
+    stated = []
+    monkeypatch.setattr(vfio, "_identity", lambda path: stated.append(os.readlink(path)) or None)
+    assert vfio.holder_of({(1, 2): "42"}, {812: "train-vm (libvirt)"}, proc) == {}
+    assert stated == ["/dev/vfio/42"]
 
 
 def test_vm_processes_come_only_from_root_owned_vm_scopes_at_the_top(tmp_path):
