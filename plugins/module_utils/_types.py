@@ -178,6 +178,8 @@ class ContainerEntry(t.TypedDict, total=False):
     restart_max_retries: int
     # Seconds from the stop request until the runtime reported the container stopped.
     stopped_after_s: float
+    # It was paused: unpaused through its runtime right before its stop (_act/_paused).
+    unpaused: bool
 
 
 class KilledEntry(t.TypedDict, total=False):
@@ -225,6 +227,8 @@ class ReleaseResult(t.TypedDict, total=False):
     selected_gpus: list[int]
     # Bus ids of the GPUs the driver has and this namespace cannot reach (issue 37).
     not_visible: list[str]
+    # GPUs bound to vfio-pci, given to VMs (_look/_vfio.GivenToVm records).
+    given_to_vms: list[t.Any]
     stopped_units: list[str]
     disabled_units: list[str]
     masked_units: list[str]
@@ -313,6 +317,8 @@ class ContainerRecord(t.TypedDict):
     restart_max_retries: int
     running: bool
     status: str | None
+    # Paused by its runtime (`docker pause`): frozen until the runtime unpauses it.
+    paused: bool
     pod: str | None
     pod_uid: str | None
     # The pod its io.kubernetes.* labels name when no kubelet placed it under kubepods, else None.

@@ -161,6 +161,20 @@ ansible_facts:
           elements: str
           returned: always
           sample: ["0000:2a:00.0", "0000:3a:00.0"]
+        given_to_vms:
+          description:
+            - NVIDIA GPUs given to VMs by PCI passthrough - bound to C(vfio-pci), so absent from nvidia-smi and the driver's list - as
+              the kernel says (C(/sys/bus/pci/devices/<bus>/driver), C(vendor) C(0x10de), C(class) C(0x03xxxx), C(iommu_group)). V([])
+              on a node whose C(/dev/vfio) has no group (read in one directory listing).
+            - Each has C(bus), C(iommu_group), and C(vm) with C(pid), the VM process that holds C(/dev/vfio/<group>) open, found only
+              in the VM scopes systemd made (libvirt's C(machine.slice/machine-qemu-N-NAME.scope), named C(NAME (libvirt)); Proxmox's
+              C(qemu.slice/VMID.scope), named C(Proxmox VM VMID)), root's all the way; V(null) when none holds it.
+            - Such a GPU is neither counted, nor clean, nor an error, nor missing - it is the VM's, and no reset is the host's to do.
+          type: list
+          elements: dict
+          returned: always
+          sample:
+            - {bus: "0000:61:00.0", iommu_group: "42", vm: "train-vm (libvirt)", pid: 4812}
         minor_order_differs:
           description:
             - V(true) when the GPUs' device nodes C(/dev/nvidia<minor>), in the order of their minor numbers, are not in nvidia-smi's
@@ -524,6 +538,7 @@ def gather(params: t.Mapping[str, t.Any], which: t.Callable[[str], str | None] |
         snapshot.footprint, snapshot.health, dcgm, snapshot.not_visible, snapshot.inside_container, len(snapshot.unscanned),
     )
     facts["minor_order_differs"] = snapshot.minor_order_differs
+    facts["given_to_vms"] = snapshot.given_to_vms
     _cuda_smoke.for_facts(smi, params, facts, snapshot, check_mode)
     facts["shm"] = _shm.look(processes=params["processes"], deadline_s=params["timeout"])
     if params["health"]:

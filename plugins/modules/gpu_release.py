@@ -250,6 +250,16 @@ not_visible:
   elements: str
   returned: always
   sample: ["0000:2a:00.0", "0000:3a:00.0"]
+given_to_vms:
+  description:
+    - NVIDIA GPUs bound to C(vfio-pci), given to VMs by PCI passthrough, as C(ansible_facts.gpu.given_to_vms) of M(zeromib.gpu.gpu_facts)
+      reports them (C(bus), C(iommu_group), C(vm), C(pid)) - never selected, never acted on. The free_gpus role names them where
+      C(free_gpus_expected_count) is short, without reset advice.
+  type: list
+  elements: dict
+  returned: always
+  sample:
+    - {bus: "0000:61:00.0", iommu_group: "42", vm: "train-vm (libvirt)", pid: 4812}
 stopped_units:
   description: Units stopped (in check mode, to be stopped).
   type: list
@@ -260,6 +270,8 @@ stopped_containers:
   description:
     - Containers stopped through their runtime (in check mode, to be stopped), named in O(services) or found holding a selected GPU.
     - C(restart_policy) is the policy before the run; C(stopped_after_s) the seconds the runtime took (not in check mode).
+    - C(unpaused) is V(true) for a paused container named in O(services), unpaused through its runtime right before its stop (a paused
+      container that O(services) does not name is refused, naming C(docker unpause NAME)).
   type: list
   elements: dict
   returned: always

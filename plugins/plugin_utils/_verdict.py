@@ -132,6 +132,21 @@ def dirty_reading(gpu: t.Mapping[str, t.Any]) -> str:
     return "GPU {} reads {} MiB".format(gpu.get("index"), gpu.get("memory_used_mib"))
 
 
+def count_problem(expected: int, count: int, given_to_vms: t.Sequence[t.Mapping[str, t.Any]]) -> str:
+    """The words for an expected GPU count nvidia-smi does not show; GPUs bound to vfio-pci
+    (gpu_release's `given_to_vms`) are a VM's, said as such, with no reset advice; pure."""
+    head = f"expected {expected} GPUs, nvidia-smi shows {count}"
+    if not given_to_vms:
+        return head + ": a GPU may have fallen off the bus"
+    shown = [f"{g.get('bus')} to VM {g['vm']}" if g.get("vm") else
+             f"{g.get('bus')} (IOMMU group {g.get('iommu_group')}; no VM systemd names holds it)" for g in given_to_vms[:5]]
+    more = f" and {len(given_to_vms) - 5:d} more" if len(given_to_vms) > 5 else ""
+    text = "{}: {:d} given to VMs by PCI passthrough (vfio-pci): {}{}; a VM's GPU is freed in the VM, and no reset is this host's to do".format(
+        head, len(given_to_vms), ", ".join(shown), more)
+    other = expected - count - len(given_to_vms)
+    return text + (f"; {other:d} more may have fallen off the bus" if other > 0 else "")
+
+
 def verdict(result: t.Mapping[str, t.Any], expected_count: int | None = 0, check_mode: bool = False,
             require_healthy: bool = False) -> Verdict:
     """gpu_release's result on one host, and the role's settings -> the Verdict."""
@@ -140,7 +155,7 @@ def verdict(result: t.Mapping[str, t.Any], expected_count: int | None = 0, check
     count = len(result.get("gpus") or [])
     if expected and count != expected:
         checks.append("free_gpus_expected_count")
-        problems.append(f"expected {expected} GPUs, nvidia-smi shows {count}: a GPU may have fallen off the bus")
+        problems.append(count_problem(expected, count, result.get("given_to_vms") or []))
         status = "failed"
     # Health is read, never changed: a dry run fails on an unhealthy GPU as the real run does.
     if require_healthy and result.get("gpus") and result.get("healthy") is not True:

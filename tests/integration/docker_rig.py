@@ -65,6 +65,7 @@ class DockerHost:
 
     # The cgroup of a container: <parent>/<prefix><id> (cgroupfs driver).
     CGROUP_PARENT, CGROUP_PREFIX = "docker", ""
+    CGROUP_CHILDREN = ()  # cgroups the engine makes under its parent besides its containers'
 
     def __init__(self, host):
         self.host = host
@@ -146,6 +147,8 @@ class DockerHost:
                 parts = extra.strip("/").split("/")
                 paths += [os.path.join(root, *parts[:n]) for n in range(len(parts), 0, -1)]
             if not self._had_parent_cgroup.get(hierarchy):
+                # Podman's conmon cgroup under its parent (made at its first container), then the parent.
+                paths += [os.path.join(root, self.CGROUP_PARENT, child) for child in self.CGROUP_CHILDREN]
                 paths.append(os.path.join(root, self.CGROUP_PARENT))
             for path in paths:
                 _rmdir(path)
@@ -247,6 +250,7 @@ class PodmanHost(DockerHost):
     """Podman inside an NsHost, at its default paths there (no daemon: start() configures it)."""
 
     CGROUP_PARENT, CGROUP_PREFIX = "libpod_parent", "libpod-"
+    CGROUP_CHILDREN = ("conmon",)
     CONF = "[engine]\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\nruntime = \"runc\"\n"
 
     def start(self, timeout=60):

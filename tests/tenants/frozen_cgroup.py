@@ -20,6 +20,8 @@ import contextlib
 import typing as t
 
 FREEZER = "/sys/fs/cgroup/freezer"
+# The name=systemd hierarchy of this hybrid machine: the cgroup path gpu_facts reads for a holder.
+SYSTEMD = "/sys/fs/cgroup/systemd"
 
 
 class Held(t.NamedTuple):
@@ -32,19 +34,26 @@ class Held(t.NamedTuple):
 
 
 @contextlib.contextmanager
-def frozen_holder(host: t.Any, name: str, mib: int = 1024, gpu: int = 0, uid: int | None = None, delegated: bool = False) -> t.Iterator[Held]:
+def frozen_holder(host: t.Any, name: str, mib: int = 1024, gpu: int = 0, uid: int | None = None, delegated: bool = False,
+                  named: str | None = None) -> t.Iterator[Held]:
     """A gpu_holder on `gpu` (as `uid`, else root) in the freezer cgroup FREEZER/`name`, frozen:
-    by root, or (`delegated`) by the user herself in a directory handed to her."""
-    directory = f"{FREEZER}/{name}"
-    host.run(["mkdir", directory], check=True)
+    by root, or (`delegated`) by the user herself in a directory handed to her. `named`: a path
+    below `name` the user gives her job in both the freezer and the name=systemd hierarchy (she may
+    name her delegated cgroups at will: `docker/<a real container's id>`)."""
+    roots = [FREEZER] + ([SYSTEMD] if named else [])
+    tops = [f"{root}/{name}" for root in roots]
+    directory = f"{tops[0]}/{named}" if named else tops[0]
+    host.run(["mkdir", "-p", directory] + ([f"{SYSTEMD}/{name}/{named}"] if named else []), check=True)
     argv = ["gpu_holder", "--gpus", str(gpu), "--mib", str(mib)]
     holder = None
     try:
         if delegated:
             # The delegation: root hands her the directory and its files, as systemd does with Delegate=yes.
-            host.run(["chown", "-R", f"{uid:d}:{uid:d}", directory], check=True)
+            host.run(["chown", "-R", f"{uid:d}:{uid:d}"] + tops, check=True)
         holder = host.spawn_as(uid, argv) if uid is not None else host.spawn(argv)
         host.run(["sh", "-c", f"echo {holder.pid:d} > {directory}/cgroup.procs"], check=True)
+        if named:
+            host.run(["sh", "-c", f"echo {holder.pid:d} > {SYSTEMD}/{name}/{named}/cgroup.procs"], check=True)
         freeze = ["sh", "-c", f"echo FROZEN > {directory}/freezer.state"]
         if delegated:
             freeze = ["setpriv", f"--reuid={uid:d}", f"--regid={uid:d}", "--clear-groups"] + freeze
@@ -60,4 +69,7 @@ def frozen_holder(host: t.Any, name: str, mib: int = 1024, gpu: int = 0, uid: in
         if holder is not None:
             holder.kill()
             holder.wait_gone()
-        host.run(["rmdir", directory])
+        parts = [part for part in f"{name}/{named or ''}".split("/") if part]
+        for root in roots:  # deepest first: rmdir only ever removes an empty cgroup
+            for depth in range(len(parts), 0, -1):
+                host.run(["rmdir", "/".join([root] + parts[:depth])])

@@ -28,6 +28,7 @@ import typing as t
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _cgroups
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders
 from ansible_collections.zeromib.gpu.plugins.module_utils._look._engines import MANAGED, PODMAN, RuntimeUnavailable
+from ansible_collections.zeromib.gpu.plugins.module_utils._act import _paused
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _services
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._errors import StepFailed
 
@@ -127,6 +128,7 @@ class Plan:
         self.signal: list[Holder] = []
         self.outside: list[tuple[Holder, str | None]] = []  # holders in containers that are signalled from outside, and why
         self.warnings: list[str] = []
+        self.named_ids: set[str | None] = set()  # containers services names (a paused one is unpaused before its stop)
         self._stopping: dict[str | None, ContainerEntry] = {}
 
     def __bool__(self) -> bool:
@@ -137,6 +139,8 @@ class Plan:
         entry = self._stopping.get(record["id"])
         if entry is None:
             entry = self._stopping[record["id"]] = _entry(runtime, record, gpu_indexes)
+            if _paused.is_paused(record):
+                entry["unpaused"] = True
             self.stop.append(entry)
         else:
             entry["gpu_indexes"] = sorted(set(entry["gpu_indexes"]) | set(gpu_indexes))
@@ -160,6 +164,7 @@ def _plan_named(steps: Plan, runtimes: Runtimes, named_globs: t.Iterable[str], s
                 raise StepFailed(f"refusing to stop container {describe_entry(dict(record, runtime=runtime))}: it runs this Ansible session")
             if service_state in ("disabled", "masked") and record["restart_policy"] != "no":
                 steps.disable.append(_entry(runtime, record))
+            steps.named_ids.add(record["id"])
             if record["running"]:
                 steps.add_stop(runtime, record, ())
 
@@ -206,12 +211,14 @@ def _outside_warnings(outside: t.Iterable[tuple[Holder, str | None]]) -> list[st
 def plan(runtimes: Runtimes, holders: t.Iterable[Holder], targets: t.Iterable[Holder], named_globs: t.Iterable[str], service_state: str | None,
          own_containers: t.Container[str | None], stop_found: bool = True) -> Plan:
     """Plan for containers. Raises StepFailed before anything is done when a target runs in a
-    Kubernetes pod, or a named container is a pod's or runs this session."""
+    Kubernetes pod or in a paused container services does not name, or a named container is a
+    pod's or runs this session."""
     targets = list(targets)
     pods = pod_holders(targets)
     if pods:
         raise StepFailed(pod_message(pods))
     steps = Plan()
+    paused: list[Holder] = []
     protected_in = {h["container"] for h in holders if h.get("protected") and h.get("container")}
     _plan_named(steps, runtimes, named_globs, service_state, own_containers)
     for holder in targets:
@@ -219,11 +226,16 @@ def plan(runtimes: Runtimes, holders: t.Iterable[Holder], targets: t.Iterable[Ho
             steps.signal.append(holder)
             continue
         reason = _outside_reason(holder, runtimes, protected_in, own_containers, stop_found)
+        if reason is None and _paused.unnamed([holder], steps.named_ids):
+            paused.append(holder)  # its runtime's to thaw, and nobody said to: refused below
+            continue
         if reason is None:
             steps.add_stop(holder.get("container_runtime"), holder["_container_record"], holder.get("gpu_indexes") or ())
             continue
         steps.signal.append(holder)
         steps.outside.append((holder, reason))
+    if paused:
+        raise StepFailed(_paused.refusal(paused, describe_entry))
     steps.warnings = _outside_warnings(steps.outside)
     return steps
 
@@ -257,6 +269,8 @@ def act(runtimes: Runtimes, steps: Plan, grace: float | None, now: t.Callable[[]
     def stop(entry: ContainerEntry) -> None:
         started = now()
         try:
+            if entry.get("unpaused"):
+                _paused.thaw(runtimes, entry)
             runtimes.stop(entry["runtime"], entry["id"], grace)
             record = runtimes.inspect(entry["runtime"], entry["id"])
             if record is not None and record["running"]:

@@ -256,6 +256,8 @@ def new_result(state_key: str | None) -> ReleaseResult:
         "launchers": [],
         # The driver's GPUs this namespace cannot reach: not this node's (_facts.not_visible_gpus).
         "not_visible": [],
+        # GPUs bound to vfio-pci, given to VMs (_look/_vfio): not this host's to free.
+        "given_to_vms": [],
         "stopped_containers": [],
         "disabled_containers": [],
         "stopped_programs": [],

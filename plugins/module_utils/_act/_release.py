@@ -282,6 +282,7 @@ class Release:
         limit = self.max_used_mib()
         not_visible = getattr(snapshot, "not_visible", [])
         self.result["not_visible"] = [gpu["bus"] for gpu in not_visible]
+        self.result["given_to_vms"] = getattr(snapshot, "given_to_vms", [])
         plan = Plan(gpus, holders, snapshot.footprint, hidden, select_gpus(gpus, self.options.gpus, not_visible))
         plan.unreadable = self.unreadable = len(getattr(snapshot, "unreadable", None) or [])
         self.selected = True

@@ -70,8 +70,12 @@ def record_of(inspect: dict[str, t.Any]) -> ContainerRecord:
         "image": config.get("Image") or inspect.get("ImageName") or inspect.get("Image"),
         "restart_policy": restart,
         "restart_max_retries": int((host_config.get("RestartPolicy") or {}).get("MaximumRetryCount") or 0),
-        "running": bool(state.get("Running")) or state.get("Status") == "restarting" or bool(state.get("Restarting")),
+        # A paused container is up, as Docker says (Podman 4.3 reads Running false while paused).
+        "running": bool(state.get("Running")) or state.get("Status") in ("restarting", "paused") or bool(state.get("Restarting") or state.get("Paused")),
         "status": state.get("Status"),
+        # Paused (`docker pause`, `podman pause`): its processes frozen by the runtime, which alone
+        # thaws them (`unpause`); Podman's stop refuses a paused container (_act/_paused).
+        "paused": bool(state.get("Paused")) or state.get("Status") == "paused",
         "pod": claimed if kubelet else None,
         "pod_uid": labels.get(K8S_UID) if kubelet else None,
         # The pod its labels name where no kubelet placed it (a note in the facts, never a refusal).
@@ -195,6 +199,11 @@ class EngineApi:
         if status != 200:
             raise RuntimeUnavailable(f"{self.via}: update --restart={name} {cid} answered {status:d}: {_message(text)}")
 
+    def unpause(self, cid: str) -> None:
+        status, text = self._request("POST", f"/containers/{cid}/unpause")
+        if status != 204:
+            raise RuntimeUnavailable(f"{self.via}: unpause {cid} answered {status:d}: {_message(text)}")
+
     def start(self, cid: str, timeout: float) -> None:
         status, text = self._request("POST", f"/containers/{cid}/start", timeout=timeout)
         if status not in (204, 304):
@@ -258,6 +267,11 @@ class EngineCli:
         rc, _out, err = self._call(["update", "--restart=" + value, cid])
         if rc != 0:
             raise RuntimeUnavailable(f"{self.via}: update --restart={value} {cid} (rc {rc:d}): {err.strip()}")
+
+    def unpause(self, cid: str) -> None:
+        rc, _out, err = self._call(["unpause", cid])
+        if rc != 0:
+            raise RuntimeUnavailable(f"{self.via}: unpause {cid} (rc {rc:d}): {err.strip()}")
 
     def start(self, cid: str, timeout: float) -> None:
         rc, _out, err = self._call(["start", cid], timeout=timeout)
@@ -367,6 +381,11 @@ class Runtimes:
 
     def stop(self, runtime: str, cid: str, grace: float | None) -> None:
         self._answering(runtime).stop(cid, grace)
+        self.forget(runtime, cid)
+
+    def unpause(self, runtime: str, cid: str) -> None:
+        """Thaw a paused container through its runtime (never through the cgroup file system)."""
+        self._answering(runtime).unpause(cid)
         self.forget(runtime, cid)
 
     def set_restart_no(self, runtime: str, cid: str) -> None:

@@ -235,6 +235,7 @@ def failed_facts(error: str) -> dict[str, t.Any]:
         "memory_used_mib": None,
         "error": error,
         "not_visible": [],
+        "given_to_vms": [],
         "inside_container": None,
         "minor_order_differs": None,
         "gpus": [],
@@ -287,6 +288,8 @@ class Snapshot:
         self.unscanned = unscanned or []
         # Whether the minor numbers' order is not nvidia-smi's (minor_order_differs); None: unread.
         self.minor_order_differs: bool | None = None
+        # GPUs bound to vfio-pci, given to VMs (_vfio.given_to_vms): not this host's to free or reset.
+        self.given_to_vms: list[t.Any] = []
 
 
 def not_visible_gpus(gpus: list[Gpu], driver_gpus: t.Mapping[str | None, DriverGpu], reachable: t.Callable[[int], bool] | None = None) -> list[DriverGpu]:
@@ -469,11 +472,24 @@ def look_at(smi: smi_mod.NvidiaSmi, request: Request) -> Snapshot:
                 request.while_waiting(scanned.raw)
 
     try:
-        return _look(smi, request, early, unreadable, meanwhile if request.with_processes else None)
+        snapshot = _look(smi, request, early, unreadable, meanwhile if request.with_processes else None)
     except BaseException:
         if early.get("apps") is not None:
             smi.abandon(early["apps"])
         raise
+    if has_vfio_groups():
+        # GPUs given to VMs (vfio-pci passthrough, issue 70): read, and loaded, only on a node that has one.
+        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _vfio
+        snapshot.given_to_vms = _vfio.given_to_vms(proc=request.proc)
+    return snapshot
+
+
+def has_vfio_groups(dev_root: str = "/dev") -> bool:
+    """Whether /dev/vfio has an IOMMU group node (a device bound to vfio-pci): one directory read."""
+    try:
+        return any(name.isdigit() for name in os.listdir(os.path.join(dev_root, "vfio")))
+    except OSError:
+        return False
 
 
 def _look(smi: smi_mod.NvidiaSmi, request: Request, early: dict[str, t.Any], unreadable: list[int],

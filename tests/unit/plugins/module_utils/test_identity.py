@@ -26,6 +26,7 @@ from ansible_collections.zeromib.gpu.plugins import module_utils
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _protect
 
 NOT_PROCESS_NAMES = {
+    "_vfio.VM_SLICES": "cgroup directories at the top of root's cgroup tree where systemd puts VM scopes, never a process's name",
     "_origin.SSH_SERVICES": "PAM service names in logind's root-owned session record (sshd's), never a process's name",
     "_origin._RANK_KEYS": "environment variable names of a torchrun rank, quoted in words only",
     "_checkpoint.STATES": "the states cuda-checkpoint --get-state prints",

@@ -45,6 +45,7 @@ def test_record_of_a_running_restart_always_container():
         "restart_max_retries": 0,
         "running": True,
         "status": "running",
+        "paused": False,
         "pod": None,
         "pod_uid": None,
         "pod_claim": None,
@@ -124,6 +125,9 @@ class FakeEngine:
                 if "/stop" in self.path:
                     time.sleep(engine.stop_delay)
                     return self._answer(204, "")
+                if self.path.endswith("/unpause"):  # Docker 20.10: 204, or 500 for one that is not paused
+                    paused = self.path == "/containers/{}/unpause".format(inspect_fixture("api-inspect-paused.json")["Id"])
+                    return self._answer(204, "") if paused else self._answer(500, fixture("api-unpause-not-paused.json"))
                 return self._answer(200, fixture("api-update-restart-no.json"))
 
         class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -158,6 +162,15 @@ def test_engine_api_inspects_lists_stops_and_disables(engine):
         ("POST", "/containers/{}/stop?t=3".format(vllm["Id"]), None),
         ("POST", "/containers/{}/update".format(vllm["Id"]), '{"RestartPolicy": {"Name": "no"}}'),
     ]
+
+
+def test_engine_api_unpauses_and_says_why_not(engine):
+    api = engines.EngineApi("docker", engine.path)
+    parked = inspect_fixture("api-inspect-paused.json")["Id"]
+    api.unpause(parked)
+    assert engine.requests[-1] == ("POST", f"/containers/{parked}/unpause", None)
+    with pytest.raises(engines.RuntimeUnavailable, match=r"/unpause answered 500: Container .* is not paused"):
+        api.unpause(inspect_fixture("api-inspect-vllm.json")["Id"])
 
 
 def test_engine_api_on_a_dead_socket_is_unavailable(tmp_path):
@@ -197,7 +210,7 @@ class FakeCli:
             return 0, fixture("cli-ps-a-q-no-trunc.txt"), ""
         if args[0] == "update":
             return 0, fixture("cli-update-restart-no.stdout.txt"), ""
-        if args[0] == "stop":
+        if args[0] in ("stop", "unpause"):
             return 0, args[-1] + "\n", ""
         return 2, "", "unknown"
 
@@ -209,10 +222,11 @@ def test_cli_serves_where_no_socket_answers():
     assert runtimes.inspect("docker", vllm_id)["restart_policy"] == "always"
     assert runtimes.inspect("docker", "0" * 64) is None
     runtimes.stop("docker", vllm_id, 10)
+    runtimes.unpause("docker", vllm_id)
     runtimes.set_restart_no("docker", vllm_id)
-    assert [c[0][1:] for c in cli.calls[-2:]] == [["stop", "-t", "10", vllm_id], ["update", "--restart=no", vllm_id]]
+    assert [c[0][1:] for c in cli.calls[-3:]] == [["stop", "-t", "10", vllm_id], ["unpause", vllm_id], ["update", "--restart=no", vllm_id]]
     # The stop may take its grace and Docker's SIGKILL: the command's own limit allows for both.
-    assert cli.calls[-2][1] == 10 + engines.STOP_MARGIN_S
+    assert cli.calls[-3][1] == 10 + engines.STOP_MARGIN_S
 
 
 def test_cli_of_a_daemon_that_is_down_is_unavailable_with_its_message():

@@ -165,6 +165,7 @@ def test_failed_facts_shape():
         "memory_used_mib": None,
         "error": "nvidia-smi timed out after 10 s",
         "not_visible": [],
+        "given_to_vms": [],
         "inside_container": None,
         "minor_order_differs": None,
         "gpus": [],

@@ -1,0 +1,202 @@
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This module_utils is PRIVATE: it may change without notice. Only the modules of
+# zeromib.gpu may use it.
+
+"""GPUs given to VMs by PCI passthrough (issue 70): bound to vfio-pci, so absent from the host's
+nvidia-smi and from the NVIDIA driver's GPU list. Such a GPU is not missing and not leaked, and a
+reset is not the host's to do while a VM has it.
+
+Every witness is the kernel's or systemd's, never a name a tenant chose:
+
+- sysfs: /sys/bus/pci/devices/<bus>/ with `vendor` 0x10de (NVIDIA), `class` 0x03xxxx (display),
+  `driver` -> .../vfio-pci, `iommu_group` -> .../iommu_groups/<N>;
+- the VM that has it: the process holding /dev/vfio/<N> open (the file's identity as the kernel
+  gives it through /proc/PID/fd, root's to read), looked for only in the VM scopes systemd made at
+  the top of the cgroup tree: libvirt's `machine.slice/machine-qemu\\x2d<id>\\x2d<name>.scope`
+  (systemd-machined) and Proxmox's `qemu.slice/<VMID>.scope`, every directory on the way owned by
+  root (a user's delegated subtree may name its cgroups at will and is never read as a VM).
+
+Loaded only where /dev/vfio has a group (_facts.has_vfio_groups): a node without passthrough reads
+one directory and loads nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import typing as t
+
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _cgroups
+
+NVIDIA_VENDOR = "0x10de"
+VFIO_DRIVER = "vfio-pci"
+# The VM scopes systemd makes: libvirt's through systemd-machined, Proxmox's qemu-server.
+VM_SLICES = ("machine.slice", "qemu.slice")
+_LIBVIRT = re.compile(r"^machine-qemu-(\d+)-(.+)\.scope$")
+_PROXMOX = re.compile(r"^(\d+)\.scope$")
+_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
+# Bounds of the search for a group's holder (a VM host runs few VM processes, each with few fds).
+MAX_PIDS = 256
+MAX_FDS = 4096
+MAX_DEPTH = 3
+
+
+class GivenToVm(t.TypedDict):
+    """A GPU bound to vfio-pci: its PCI address, IOMMU group, and the VM that holds it (None: none
+    that systemd names)."""
+
+    bus: str
+    iommu_group: str
+    vm: str | None
+    pid: int | None
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(64).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+
+
+def _link_name(path: str) -> str | None:
+    try:
+        return os.path.basename(os.readlink(path))
+    except OSError:
+        return None
+
+
+def passthrough_gpus(sys_root: str = "/sys") -> list[tuple[str, str]]:
+    """[(PCI address, IOMMU group)] of the NVIDIA display devices bound to vfio-pci, in address order."""
+    devices = os.path.join(sys_root, "bus", "pci", "devices")
+    try:
+        names = sorted(os.listdir(devices))
+    except OSError:
+        return []
+    found = []
+    for bus in names:
+        path = os.path.join(devices, bus)
+        if _read(os.path.join(path, "vendor")) != NVIDIA_VENDOR or not (_read(os.path.join(path, "class")) or "").startswith("0x03"):
+            continue
+        if _link_name(os.path.join(path, "driver")) != VFIO_DRIVER:
+            continue
+        group = _link_name(os.path.join(path, "iommu_group"))
+        if group:
+            found.append((bus.lower(), group))
+    return found
+
+
+def vm_name(scope: str, slice_name: str) -> str:
+    """The VM a scope systemd made names: `train-vm (libvirt)`, `Proxmox VM 101`; pure."""
+    name = _ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), scope)
+    libvirt = _LIBVIRT.match(name)
+    if slice_name == "machine.slice" and libvirt:
+        return f"{libvirt.group(2)} (libvirt)"
+    proxmox = _PROXMOX.match(name)
+    if slice_name == "qemu.slice" and proxmox:
+        return f"Proxmox VM {proxmox.group(1)}"
+    return name[:-len(".scope")] if name.endswith(".scope") else name
+
+
+def _root_owned(path: str) -> bool:
+    try:
+        return os.stat(path).st_uid == 0
+    except OSError:
+        return False
+
+
+def _pids_below(directory: str, depth: int = 0) -> list[int]:
+    """The PIDs of a cgroup directory and those below it (MAX_DEPTH, MAX_PIDS)."""
+    pids = []
+    text = _cgroups.read_small(os.path.join(directory, "cgroup.procs")) or ""
+    pids += [int(word) for word in text.split() if word.isdigit()]
+    if depth < MAX_DEPTH:
+        try:
+            children = sorted(e.name for e in os.scandir(directory) if e.is_dir(follow_symlinks=False))
+        except OSError:
+            children = []
+        for child in children:
+            pids += _pids_below(os.path.join(directory, child), depth + 1)
+            if len(pids) >= MAX_PIDS:
+                break
+    return pids[:MAX_PIDS]
+
+
+def vm_processes(mounts: t.Iterable[str]) -> dict[int, str]:
+    """{pid: VM} for the processes of the VM scopes systemd made (root-owned all the way)."""
+    found: dict[int, str] = {}
+    for mount in mounts:
+        for slice_name in VM_SLICES:
+            slice_dir = os.path.join(mount, slice_name)
+            if not _root_owned(slice_dir):
+                continue
+            try:
+                scopes = sorted(name for name in os.listdir(slice_dir) if name.endswith(".scope"))
+            except OSError:
+                continue
+            for scope in scopes:
+                directory = os.path.join(slice_dir, scope)
+                if _root_owned(directory):
+                    for pid in _pids_below(directory):
+                        found.setdefault(pid, vm_name(scope, slice_name))
+    return found
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
+
+
+def holder_of(groups: t.Mapping[tuple[int, int], str], processes: t.Mapping[int, str], proc: str = "/proc",
+              dev_root: str = "/dev") -> dict[str, tuple[int, str]]:
+    """{group: (pid, VM)}: which of `processes` holds each group's /dev/vfio node open, by the
+    file's identity (`groups`: {(st_dev, st_ino): group})."""
+    held: dict[str, tuple[int, str]] = {}
+    for pid, vm in sorted(processes.items()):
+        fd_dir = os.path.join(proc, str(pid), "fd")
+        try:
+            fds = os.listdir(fd_dir)[:MAX_FDS]
+        except OSError:
+            continue
+        for fd in fds:
+            link = os.path.join(fd_dir, fd)
+            # readlink asks no file system's server; a stat of a VM's disk image on a dead NFS server
+            # would wait: only an fd whose path is a /dev/vfio node is stat'ed (its identity decides).
+            try:
+                target = os.readlink(link)
+            except OSError:
+                continue
+            if not target.startswith(os.path.join(dev_root, "vfio") + "/"):
+                continue
+            group = groups.get(_identity(link) or (-1, -1))
+            if group is not None:
+                held.setdefault(group, (pid, vm))
+    return held
+
+
+def given_to_vms(sys_root: str = "/sys", dev_root: str = "/dev", proc: str = "/proc", mounts: t.Iterable[str] | None = None) -> list[GivenToVm]:
+    """The NVIDIA GPUs bound to vfio-pci, each with the VM that holds its IOMMU group."""
+    gpus = passthrough_gpus(sys_root)
+    if not gpus:
+        return []
+    identities = {}
+    for _bus, group in gpus:
+        identity = _identity(os.path.join(dev_root, "vfio", group))
+        if identity is not None:
+            identities[identity] = group
+    held = holder_of(identities, vm_processes(_cgroups.cgroup_mounts() if mounts is None else mounts), proc, dev_root) if identities else {}
+    return [{"bus": bus, "iommu_group": group, "vm": held[group][1] if group in held else None,
+             "pid": held[group][0] if group in held else None} for bus, group in gpus]
+
+
+def describe(given: t.Mapping[str, t.Any]) -> str:
+    """`0000:61:00.0 to VM train-vm (libvirt)`, or `0000:61:00.0 (vfio-pci, IOMMU group 42; no VM systemd names holds it)`; pure."""
+    if given.get("vm"):
+        return "{} to VM {}".format(given.get("bus"), given.get("vm"))
+    return "{} (vfio-pci, IOMMU group {}; no VM systemd names holds it)".format(given.get("bus"), given.get("iommu_group"))

@@ -1,0 +1,130 @@
+# Copyright (c) zeromib.gpu contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""GPUs given to VMs by passthrough (_look/_vfio, issue 70): sysfs as the kernel lays it out, the VM
+scopes systemd makes, and the holder of a group node by the file's identity (this test process holds
+a file open, read back through the real /proc). Through gpu_facts and the role:
+tests/integration/test_vfio_passthrough.py."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _facts
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _vfio as vfio
+from ansible_collections.zeromib.gpu.plugins.plugin_utils._verdict import count_problem, verdict
+
+
+def device(sys_root, bus, vendor="0x10de", klass="0x030200", driver="vfio-pci", group="42"):
+    path = sys_root / "bus" / "pci" / "devices" / bus
+    path.mkdir(parents=True)
+    (path / "vendor").write_text(vendor + "\n")
+    (path / "class").write_text(klass + "\n")
+    if driver:
+        os.symlink(f"../../../bus/pci/drivers/{driver}", path / "driver")
+    os.symlink(f"../../../kernel/iommu_groups/{group}", path / "iommu_group")
+
+
+def test_only_nvidia_display_devices_bound_to_vfio_pci_are_passthrough_gpus(tmp_path):
+    device(tmp_path, "0000:61:00.0")
+    device(tmp_path, "0000:5D:00.0", driver="nvidia", group="7")  # the host's own GPU
+    device(tmp_path, "0000:63:00.0", vendor="0x8086", klass="0x020000", group="44")  # a NIC given to a VM
+    device(tmp_path, "0000:61:00.1", klass="0x040300")  # the GPU's audio function
+    device(tmp_path, "0000:62:00.0", driver=None, group="43")  # unbound
+    assert vfio.passthrough_gpus(str(tmp_path)) == [("0000:61:00.0", "42")]
+    assert vfio.passthrough_gpus(str(tmp_path / "nothing")) == []
+
+
+@pytest.mark.parametrize(("scope", "slice_name", "said"), [
+    ("machine-qemu\\x2d1\\x2dtrain\\x2dvm.scope", "machine.slice", "train-vm (libvirt)"),
+    ("101.scope", "qemu.slice", "Proxmox VM 101"),
+    ("machine-qemu\\x2d3\\x2dvm.scope", "qemu.slice", "machine-qemu-3-vm"),  # not where libvirt's are: its unit name, unescaped
+])
+def test_the_vm_is_named_from_the_scope_systemd_made(scope, slice_name, said):
+    assert vfio.vm_name(scope, slice_name) == said
+
+
+def fake_proc(tmp_path, pid, targets):
+    """A /proc with PID's fd links pointing at TARGETS."""
+    fd_dir = tmp_path / "proc" / str(pid) / "fd"
+    fd_dir.mkdir(parents=True)
+    for number, target in enumerate(targets):
+        os.symlink(target, fd_dir / str(number))
+    return str(tmp_path / "proc")
+
+
+def test_a_group_is_held_by_the_vm_process_that_has_its_node_open_by_identity(tmp_path):
+    dev = tmp_path / "dev"
+    (dev / "vfio").mkdir(parents=True)
+    for group in ("42", "43"):
+        (dev / "vfio" / group).write_text("")
+    identity = {(os.stat(dev / "vfio" / g).st_dev, os.stat(dev / "vfio" / g).st_ino): g for g in ("42", "43")}
+    proc = fake_proc(tmp_path, 812, [str(dev / "vfio" / "42"), str(tmp_path / "disk.qcow2")])
+    assert vfio.holder_of(identity, {812: "train-vm (libvirt)"}, proc, str(dev)) == {"42": (812, "train-vm (libvirt)")}
+    # a process outside the VM scopes is never asked
+    assert vfio.holder_of(identity, {}, proc, str(dev)) == {}
+
+
+def test_an_fd_that_is_no_vfio_node_is_never_stated(tmp_path, monkeypatch):
+    """A VM's disk image on a dead NFS server: a stat of its fd would wait on the server."""
+    proc = fake_proc(tmp_path, 812, ["/mnt/nfs/disk.qcow2", "socket:[4242]", "/dev/vfio/42"])
+    stated = []
+    monkeypatch.setattr(vfio, "_identity", lambda path: stated.append(os.readlink(path)) or None)
+    assert vfio.holder_of({(1, 2): "42"}, {812: "train-vm (libvirt)"}, proc) == {}
+    assert stated == ["/dev/vfio/42"]
+
+
+def test_vm_processes_come_only_from_root_owned_vm_scopes_at_the_top(tmp_path):
+    scope = tmp_path / "machine.slice" / "machine-qemu\\x2d1\\x2dtrain\\x2dvm.scope" / "libvirt" / "emulator"
+    scope.mkdir(parents=True)
+    (scope / "cgroup.procs").write_text("4242\n")
+    (tmp_path / "qemu.slice" / "101.scope").mkdir(parents=True)
+    (tmp_path / "qemu.slice" / "101.scope" / "cgroup.procs").write_text("77\n")
+    (tmp_path / "user.slice" / "machine.slice" / "machine-qemu\\x2d9\\x2dfake.scope").mkdir(parents=True)
+    (tmp_path / "user.slice" / "machine.slice" / "machine-qemu\\x2d9\\x2dfake.scope" / "cgroup.procs").write_text("99\n")
+    found = vfio.vm_processes([str(tmp_path)])
+    if os.geteuid() == 0:
+        assert found == {4242: "train-vm (libvirt)", 77: "Proxmox VM 101"}
+        os.chown(tmp_path / "qemu.slice" / "101.scope", 4242, 4242)  # a delegated directory: a user's names
+        assert vfio.vm_processes([str(tmp_path)]) == {4242: "train-vm (libvirt)"}
+    else:
+        assert found == {}  # owned by this user, not root: nothing is a VM
+
+
+def test_has_vfio_groups_reads_one_directory(tmp_path):
+    assert _facts.has_vfio_groups(str(tmp_path)) is False
+    (tmp_path / "vfio").mkdir()
+    (tmp_path / "vfio" / "vfio").write_text("")  # the container node alone: no group bound
+    assert _facts.has_vfio_groups(str(tmp_path)) is False
+    (tmp_path / "vfio" / "42").write_text("")
+    assert _facts.has_vfio_groups(str(tmp_path)) is True
+
+
+def test_given_to_vms_without_a_group_node_names_no_vm(tmp_path):
+    device(tmp_path, "0000:61:00.0")
+    assert vfio.given_to_vms(str(tmp_path), str(tmp_path / "dev"), mounts=[]) == [
+        {"bus": "0000:61:00.0", "iommu_group": "42", "vm": None, "pid": None}]
+
+
+GIVEN = [{"bus": "0000:61:00.0", "iommu_group": "42", "vm": "train-vm (libvirt)", "pid": 812},
+         {"bus": "0000:62:00.0", "iommu_group": "43", "vm": None, "pid": None}]
+
+
+def test_a_count_short_by_gpus_given_to_vms_says_so_with_no_reset_and_nothing_fell_off_the_bus():
+    said = count_problem(8, 6, GIVEN)
+    assert said == ("expected 8 GPUs, nvidia-smi shows 6: 2 given to VMs by PCI passthrough (vfio-pci): 0000:61:00.0 to VM train-vm (libvirt), "
+                    "0000:62:00.0 (IOMMU group 43; no VM systemd names holds it); a VM's GPU is freed in the VM, and no reset is this host's to do")
+    assert count_problem(8, 5, GIVEN).endswith("; 1 more may have fallen off the bus")
+    assert count_problem(8, 7, []) == "expected 8 GPUs, nvidia-smi shows 7: a GPU may have fallen off the bus"
+    many = count_problem(10, 3, [dict(GIVEN[0], bus=f"0000:{i:02x}:00.0") for i in range(7)])
+    assert many.count(" to VM ") == 5 and " and 2 more;" in many
+
+
+def test_the_verdict_of_a_release_uses_its_given_to_vms():
+    result = {"released": True, "gpus": [{"index": 0, "memory_used_mib": 0, "clean": True}], "given_to_vms": GIVEN[:1], "killed": []}
+    decided = verdict(result, 2)
+    assert decided.failed_checks[-1] == "free_gpus_expected_count"
+    assert decided.problems[-1].startswith("expected 2 GPUs, nvidia-smi shows 1: 1 given to VMs by PCI passthrough (vfio-pci): 0000:61:00.0 to VM")
