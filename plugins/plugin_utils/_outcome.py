@@ -16,7 +16,7 @@ import re
 import typing as t
 from collections.abc import Mapping
 
-from ansible_collections.zeromib.gpu.plugins.module_utils._look._health import CHECKS
+from ansible_collections.zeromib.gpu.plugins.module_utils._look._check_names import CHECKS
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._verdict import Verdict, selected_gpus, verdict
 
 # /dev/shm files a kept-files line names with their reason before "and N more" (a user sets how many there are).

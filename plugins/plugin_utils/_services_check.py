@@ -20,7 +20,7 @@ import fnmatch
 import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _services
-from ansible_collections.zeromib.gpu.plugins.module_utils._act._units import is_glob, is_template, normalize_unit, parse_list_units
+from ansible_collections.zeromib.gpu.plugins.module_utils._act._unit_kinds import is_glob, is_template, normalize_unit, parse_list_units
 
 # Entries that name containers or supervisord programs: checked by a dry run of gpu_release, not by
 # the unit listing.

@@ -51,3 +51,24 @@ def test_action_doc_stubs_take_their_shared_attributes_from_the_fragment(path):
     if (REPO / "plugins" / "action" / path.name).exists() and "Documentation only" in text:
         assert "zeromib.gpu.controller_action" in text, f"{path.name}: extends_documentation_fragment lacks zeromib.gpu.controller_action"
         assert "bypass_host_loop:" not in text, f"{path.name} repeats the attributes the fragment holds"
+
+
+# The node's readers: /proc, nvidia-smi, the kernel log, systemd. The controller orders health
+# checks and matches unit names from small data modules (_look/_check_names, _act/_unit_kinds);
+# importing these into every play's workers cost the gate ~40 ms of CPU (benchmarks/HISTORY.md).
+NODE_READERS = ("_look._health", "_look._holders", "_look._nvidia_smi", "_look._kernel_log", "_act._units", "_look._facts")
+
+
+@pytest.mark.parametrize("path", ACTIONS, ids=lambda p: p.stem)
+def test_an_action_plugin_loads_none_of_the_nodes_readers(path):
+    import subprocess
+    import sys
+
+    root = REPO / ".build" / "collections"
+    if not (root / "ansible_collections" / "zeromib" / "gpu").exists():
+        pytest.fail("run `make collection` first: .build/collections/ansible_collections/zeromib/gpu is missing")
+    name = f"ansible_collections.zeromib.gpu.plugins.action.{path.stem}"
+    probe = f"import sys, {name}; print('\\n'.join(m for m in sys.modules if m.startswith('ansible_collections.zeromib.gpu.plugins.module_utils')))"
+    loaded = subprocess.run([sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, check=True).stdout.split()
+    readers = sorted(m for m in loaded if m.rsplit("module_utils.", 1)[-1] in NODE_READERS)
+    assert not readers, f"{path.name} loads the node's readers on the controller: {readers}"

@@ -7,8 +7,9 @@
 
 """The kinds of systemd unit gpu_release treats apart (_units): launchers of other people's jobs
 (never stopped to free a GPU), units that keep the node reachable and its data safe (never
-selected by a glob) and essential units (refused even when named). Tables only: the rules that
-read them are _units'."""
+selected by a glob) and essential units (refused even when named), and the pure rules of a unit's
+name. Tables and names only: the rules that read a node are _units'. The controller's services
+check (plugin_utils/_services_check) reads names from here without loading the /proc readers."""
 
 from __future__ import annotations
 
@@ -88,3 +89,34 @@ ESSENTIAL_UNITS = (
     "*getty*", "polkit.*", "init.scope", "-.slice", "*.slice", "*.target", "*.mount", "*.device", "*.swap",
     "networking.service", "NetworkManager*", "wpa_supplicant*", "rsyslog.*", "auditd.service",
 )
+
+# The kinds of unit systemd knows: a name without one of them is a service.
+UNIT_SUFFIXES = ("service", "socket", "timer", "target", "path", "scope", "slice", "mount", "device", "swap", "automount")
+
+
+def normalize_unit(name: str) -> str:
+    name = name.strip()
+    if "." not in name.rsplit("/", 1)[-1] or name.rsplit(".", 1)[-1] not in UNIT_SUFFIXES:
+        return name + ".service"
+    return name
+
+
+def is_glob(pattern: str) -> bool:
+    return any(char in pattern for char in "*?[")
+
+
+def parse_list_units(text: str) -> list[str]:
+    """First column of `systemctl list-units/list-unit-files --plain --no-legend`."""
+    names = []
+    for line in text.splitlines():
+        fields = line.split()
+        if fields and fields[0] not in ("UNIT", "●"):
+            names.append(fields[0])
+        elif len(fields) > 1 and fields[0] == "●":
+            names.append(fields[1])
+    return names
+
+
+def is_template(unit: str) -> bool:
+    """`getty@.service`: a template, not a unit (its instances are `getty@tty1.service`)."""
+    return "@." in unit

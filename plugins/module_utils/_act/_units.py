@@ -22,7 +22,8 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders 
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _protect
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._errors import StepFailed
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._unit_kinds import (  # noqa: F401 - as callers and tests know them
-    ESSENTIAL_UNITS, LAUNCHER_NAMES, LAUNCHER_UNITS, NODE_KEEPING_UNITS,
+    ESSENTIAL_UNITS, LAUNCHER_NAMES, LAUNCHER_UNITS, NODE_KEEPING_UNITS, UNIT_SUFFIXES, is_glob, is_template, normalize_unit,
+    parse_list_units,
 )
 
 if t.TYPE_CHECKING:
@@ -65,23 +66,12 @@ ENABLED_STATES = ("enabled", "enabled-runtime", "linked", "linked-runtime")
 MASKED_STATES = ("masked", "masked-runtime")
 # A stop is over when the unit reads one of these (a unit killed with SIGKILL ends "failed").
 STOPPED_STATES = ("inactive", "failed")
-UNIT_SUFFIXES = ("service", "socket", "timer", "target", "path", "scope", "slice", "mount", "device", "swap", "automount")
+
 
 SLURM_JOB_CGROUP = re.compile(r"/job_(\d+)(?:/|$)")
 # systemctl show polls: first fast (a cooperative unit stops in ~0.1 s), then every STOP_POLL_MAX_S.
 STOP_POLL_S = 0.02
 STOP_POLL_MAX_S = 0.2
-
-
-def normalize_unit(name: str) -> str:
-    name = name.strip()
-    if "." not in name.rsplit("/", 1)[-1] or name.rsplit(".", 1)[-1] not in UNIT_SUFFIXES:
-        return name + ".service"
-    return name
-
-
-def is_glob(pattern: str) -> bool:
-    return any(char in pattern for char in "*?[")
 
 
 def matches(unit: str, patterns: t.Iterable[str]) -> bool:
@@ -105,18 +95,6 @@ def expand_services(patterns: t.Iterable[str] | None, known_units: t.Collection[
             if unit not in units:
                 units.append(unit)
     return units
-
-
-def parse_list_units(text: str) -> list[str]:
-    """First column of `systemctl list-units/list-unit-files --plain --no-legend`."""
-    names = []
-    for line in text.splitlines():
-        fields = line.split()
-        if fields and fields[0] not in ("UNIT", "●"):
-            names.append(fields[0])
-        elif len(fields) > 1 and fields[0] == "●":
-            names.append(fields[1])
-    return names
 
 
 def parse_show(text: str) -> dict[str, dict[str, str]]:
@@ -418,11 +396,6 @@ def known_units(systemctl: Systemctl, named: list[str], service_state: str | Non
         if rc == 0:
             known.extend(unit for unit in parse_list_units(out) if unit not in known)
     return [unit for unit in known if not is_template(unit)]
-
-
-def is_template(unit: str) -> bool:
-    """`getty@.service`: a template, not a unit (its instances are `getty@tty1.service`)."""
-    return "@." in unit
 
 
 def keeps_node(unit: str) -> str | None:

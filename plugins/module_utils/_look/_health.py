@@ -28,6 +28,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _kernel_log
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _readiness
+from ansible_collections.zeromib.gpu.plugins.module_utils._look._check_names import CHECK_KEYS, CHECKS, SLOWDOWN_REASONS  # noqa: F401 - as callers know them
 from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import GPU_FIELDS, HEALTH_FIELDS, kill_group
 
 if t.TYPE_CHECKING:
@@ -57,28 +58,6 @@ ACTION_WORDS = {
     "XID_154": "follow the GPU's recovery action",
 }
 
-# The reasons nvidia-smi gives for lowered clocks that point at the hardware or its cooling.
-# (sw_power_cap, gpu_idle and applications_clocks_setting are normal operation.)
-SLOWDOWN_REASONS = (
-    ("slowdown_hw", "hardware slowdown"),
-    ("slowdown_hw_thermal", "hardware thermal slowdown"),
-    ("slowdown_hw_power_brake", "hardware power brake slowdown"),
-    ("slowdown_sw_thermal", "software thermal slowdown"),
-)
-
-# Health checks by name (the values of `health_unchecked`), and the readings each rests on.
-CHECK_KEYS = (
-    ("ecc", ("ecc_uncorrected_volatile",)),
-    ("row_remap", ("remapped_rows_pending", "remapped_rows_failure")),
-    ("retired_pages", ("retired_pages_pending",)),
-    ("pcie", ("pcie_link_gen_current", "pcie_link_gen_max", "pcie_link_width_current", "pcie_link_width_max", "pstate")),
-    ("clocks", tuple(key for key, _text in SLOWDOWN_REASONS)),
-    ("persistence", ("persistence_mode",)),
-    ("mig", ("mig_mode", "mig_mode_pending")),
-    ("recovery_action", ("recovery_action",)),
-    ("fabric", ("fabric_state", "fabric_status", "fabric_health_summary")),
-)
-CHECKS = tuple(name for name, _keys in CHECK_KEYS) + ("xid",) + tuple(name for name, _keys in _readiness.CHECK_KEYS)
 _CHECKED_KEYS = frozenset(key for _name, keys in CHECK_KEYS for key in keys)
 # The fabric check rests on the registration; fabric.health.summary is judged where the driver has it.
 FABRIC_REGISTRATION_KEYS = ("fabric_state", "fabric_status")
