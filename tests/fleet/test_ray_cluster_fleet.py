@@ -25,7 +25,9 @@ import time
 import pytest
 
 import fleet as rig
-from scenarios import PLAYBOOK, summary_lines, summary_row, summary_status, wait_for
+from scenarios import PLAYBOOK, summary_lines, summary_row, summary_status, unit_states, wait_for
+
+RESTORE = "playbooks/restore_gpus.yml"
 
 pytestmark = pytest.mark.usefixtures("fleet_baselines")
 
@@ -66,6 +68,14 @@ def _install_ray() -> None:
     stamp.write_text(PINS.read_text())
 
 
+def _node_unit(fleet, host: str, unit: str, args: str) -> None:
+    """A Ray node as an operator runs one: `ray start --block` as a unit file's ExecStart= (so
+    systemd's MainPID vouches for it and `systemctl start` brings it back)."""
+    env = "\n".join(f"Environment={kv}" for kv in ENV.replace("-E ", "").split())
+    fleet.ssh(host, f"cat > /etc/systemd/system/{unit}.service <<'EOF'\n[Service]\nExecStart={RAY} {args}\n{env}\nEOF\n"
+                    f"systemctl daemon-reload && systemctl start {unit}", check=True)
+
+
 @pytest.fixture
 def ray_cluster(fleet):
     plain = [h.name for h in fleet.hosts if h.idle_mib == 0 and h.gpu_count >= 1][:2]
@@ -78,10 +88,8 @@ def ray_cluster(fleet):
     started = time.monotonic()
     try:
         with rig.linked_hosts(fleet.rig, plain) as addrs:
-            fleet.ssh(head, f"systemd-run --unit zm-ray-head {ENV} {RAY} --head --port=6379 --include-dashboard=false "
-                            f"--node-ip-address={addrs[head]}", check=True)
-            fleet.ssh(worker, f"systemd-run --unit zm-ray-worker {ENV} {RAY} --address={addrs[head]}:6379 "
-                              f"--node-ip-address={addrs[worker]}", check=True)
+            _node_unit(fleet, head, "zm-ray-head", f"--head --port=6379 --include-dashboard=false --node-ip-address={addrs[head]}")
+            _node_unit(fleet, worker, "zm-ray-worker", f"--address={addrs[head]}:6379 --node-ip-address={addrs[worker]}")
             fleet.ssh(head, f"cat > /root/zm-driver.py <<'EOF'\n{DRIVER}EOF", check=True)
             placed = None
             for _attempt in range(30):  # the worker joins a few seconds after the head
@@ -98,6 +106,7 @@ def ray_cluster(fleet):
     finally:
         for host in plain:
             fleet.ssh(host, "systemctl stop zm-ray-head zm-ray-worker; systemctl reset-failed zm-ray-head zm-ray-worker; "
+                            "rm -f /etc/systemd/system/zm-ray-head.service /etc/systemd/system/zm-ray-worker.service; systemctl daemon-reload; "
                             "rm -f /root/zm-driver.py; rm -rf /tmp/ray; umount /opt/ray; rmdir /opt/ray; true", timeout=60)
         fleet.reset(plain)
 
@@ -114,14 +123,23 @@ def test_without_ray_named_both_hosts_are_refused_naming_the_ray_node_and_nothin
         assert fleet.gpu_memory(host)[0] >= 3000
 
 
-def test_with_ray_named_no_host_is_reported_free_while_an_actor_holds_its_gpu(fleet, ray_cluster):
-    hosts = list(ray_cluster)
+def test_with_ray_named_both_nodes_are_stopped_through_systemd_the_fleet_is_freed_and_restore_starts_them(fleet, ray_cluster):
+    """`ray:` stops each host's Ray node through the unit systemd says runs it: the actors' GPU work
+    ends with the node and Ray has no node left to restart it on, so both hosts are freed and stay
+    free; restore_gpus.yml starts both units again. (On the code before: the actors' workers were
+    killed, Ray started them again, and both hosts failed.)"""
+    head, worker = hosts = list(ray_cluster)
     run = fleet.ansible_playbook(PLAYBOOK, limit=hosts, extra_vars={"free_gpus_kill_timeout": 2, "free_gpus_services": ["ray:"]})
     lines = summary_lines(run)
-    time.sleep(3)  # past Ray's restart of the actors
-    held = [h for h in hosts if fleet.gpu_memory(h)[0] >= 3000]
-    assert held, "Ray restarts its actors (max_restarts=-1): some GPU is held again"
-    assert run.rc != 0, lines
-    for host in held:
-        assert summary_status(lines, host) not in ("freed", "clean"), lines
-    assert any("raylet" in summary_row(lines, h) for h in hosts), lines
+    assert run.rc == 0, lines
+    for host in hosts:
+        assert summary_status(lines, host) == "freed", lines
+    time.sleep(3)  # past any restart Ray would make
+    assert all(fleet.gpu_memory(h)[0] == 0 for h in hosts), {h: fleet.gpu_memory(h) for h in hosts}
+    # `ray start --block` exits 1 on systemd's SIGTERM: the unit reads failed, stopped all the same.
+    assert unit_states(fleet, head, "zm-ray-head")["zm-ray-head"][0] in ("inactive", "failed")
+    assert unit_states(fleet, worker, "zm-ray-worker")["zm-ray-worker"][0] in ("inactive", "failed")
+    back = fleet.ansible_playbook(RESTORE, limit=hosts)
+    assert back.rc == 0, back
+    assert unit_states(fleet, head, "zm-ray-head")["zm-ray-head"][0] == "active"
+    assert unit_states(fleet, worker, "zm-ray-worker")["zm-ray-worker"][0] == "active"
