@@ -236,8 +236,9 @@ def for_release(release: t.Any, steps: t.Any) -> list[Orchestrated]:
 
     found = plan(steps.targets, steps.selected, named, release.system.proc, lambda pid: holders_mod.read_process(pid, release.system.proc),
                  inspect, release.main_pid_of) if steps.targets else []
-    steps.orchestrated_units = ray_units(found, release.system.proc, release.system.cgroup_unit, release.main_pid_of)
-    release.result["warnings"].extend(ray_without_unit(found))
+    if any(f["kind"] == look.RAY for f in found):
+        steps.orchestrated_units = ray_units(found, release.system.proc, release.system.cgroup_unit, release.main_pid_of)
+        release.result["warnings"].extend(ray_without_unit(found))
     by_swarm = orchestrated_pids(found, look.SWARM)
     if by_swarm and swarm_error:
         raise StepFailed(swarm_error)
