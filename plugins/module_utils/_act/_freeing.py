@@ -272,7 +272,7 @@ def act(release: Release, plan: Plan) -> None:
     if targets and release.params.get("kill", True):
         minors = [g["minor_number"] for g in plan.gpus if g["index"] in plan.selected]
         release.watch = _settle.watch_for(targets, outside, release.system.systemctl, release.lineage, minors, release.system.proc,
-                                          foreign=release.foreign(targets))
+                                          foreign=release.foreign(targets), main_pid_of=release.main_pid_of)
         act_mps_clients(release, plan.holders, targets)
         _checkpoint.before_signals(release, plan, targets)
         act_signals(release, targets)
