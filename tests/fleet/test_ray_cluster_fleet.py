@@ -9,11 +9,14 @@ work is killed, and Ray's GCS starts it again.
 
 - Without `ray:` free_gpus.yml on both hosts refuses each, naming the Ray node and `ray stop`:
   nothing is killed, both GPUs stay held, no host is reported free.
-- With `ray:` the actors' GPU work is ended, Ray restarts them, and the run never reports a host
-  free while an actor holds its GPU: each host whose GPU reads held afterwards failed.
+- With `ray:` each host's Ray node is stopped through its unit (the fixture runs `ray start --block`
+  from a unit file, as an operator does): the actors end with their nodes and Ray has no node left
+  to restart them on, so both hosts are freed and stay free; restore_gpus.yml starts both units
+  again. On the code before this test, the actors' workers were killed, Ray started them again, and
+  both hosts failed (never reported free, never freed either).
 
-Both cases pass on the code before this test too (the refusal and the settle window were built in
-the previous session); this is their check against a real Ray. Two hosts
+The refusal passed on the code before this test too (built in the previous session); this is its
+check against a real Ray. Two hosts
 (`ZEROMIB_FLEET_HOSTS=2 pytest tests/fleet/test_ray_cluster_fleet.py`)."""
 from __future__ import annotations
 

@@ -620,4 +620,5 @@ def watch_for(targets: list[Holder], outside_reasons: t.Mapping[str, t.Any], sys
     # watched (its descendants), and a restart from outside the parents is found by the /proc
     # entries new since (Watch.restarted_outside).
     table = ancestors_table(targets, proc) if targets else {}
-    return Watch(watched, proc, restarters(targets, own_lineage, proc, skip=in_cgroups, table=table, main_pid_of=main_pid_of), minors, killed=targets, foreign=foreign)
+    parents = restarters(targets, own_lineage, proc, skip=in_cgroups, table=table, main_pid_of=main_pid_of)
+    return Watch(watched, proc, parents, minors, killed=targets, foreign=foreign)

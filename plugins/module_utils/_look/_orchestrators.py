@@ -79,7 +79,9 @@ NAMED = 5
 class Orchestrated(t.TypedDict):
     """Holders one orchestrator runs on this node: `kind` (ray, swarm), `name` (the Swarm service;
     for Ray, the node process's PID and name), `pids`, `gpu_indexes`, `command` (what stops it
-    through the orchestrator) and `entry` (the services entry that lets gpu_release do so)."""
+    through the orchestrator), `entry` (the services entry that lets gpu_release do so), and for
+    Ray `node_pid` (the vouched node process) and `unit` (the system unit systemd says runs that
+    node, which `ray:` stops; None where none does, and for Swarm)."""
 
     kind: str
     name: str
@@ -87,6 +89,8 @@ class Orchestrated(t.TypedDict):
     gpu_indexes: list[int]
     command: str
     entry: str
+    node_pid: int | None
+    unit: str | None
 
 
 def swarm_service(record: ContainerRecord | t.Mapping[str, t.Any] | None) -> str | None:
@@ -103,7 +107,7 @@ def is_ray_node(record: t.Mapping[str, t.Any] | None, main_pid_of: MainPidOf | N
     return bool(record) and bool(RAY_NODE.of(record, main_pid_of))
 
 
-def node_unit(node_pid: int, proc: str, cgroup_unit: t.Callable[[int], tuple[t.Optional[str], bool]], main_pid_of: MainPidOf) -> str | None:
+def node_unit(node_pid: int, proc: str, cgroup_unit: t.Callable[[int], tuple[str | None, bool]], main_pid_of: MainPidOf) -> str | None:
     """The system unit that runs a Ray node: systemd places the node process in the unit's cgroup
     AND says the unit's MainPID is that process or an ancestor of it (`ray start --block` as
     ExecStart=, the raylet its child). A user's unit, a scope, or a unit whose main process is
