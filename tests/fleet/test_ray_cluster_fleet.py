@@ -38,6 +38,9 @@ RAY_TREE = rig.REPO / ".build" / "ray"
 PINS = rig.REPO / "tests" / "fleet" / "requirements-ray.txt"
 ENV = "-E PYTHONPATH=/opt/ray -E RAY_USAGE_STATS_ENABLED=0 -E HOME=/root"
 RAY = "/usr/bin/python3 /opt/ray/bin/ray start --block --num-gpus=1 --disable-usage-stats"
+# Where root's own Ray install lives when a node is started by hand (a system directory, so the
+# identity rule vouches for its raylet: root-owned, under /usr/lib/).
+BY_HAND = "/usr/lib/zm-ray"
 DRIVER = r'''
 import json, os, subprocess, threading
 import ray
@@ -79,24 +82,34 @@ def _node_unit(fleet, host: str, unit: str, args: str) -> None:
                     f"systemctl daemon-reload && systemctl start {unit}", check=True)
 
 
+def _by_hand(fleet, host: str, args: str) -> None:
+    """A Ray node root started by hand from a login shell (`ray start` daemonizes its raylet and
+    returns): in the session's scope, no unit runs it."""
+    fleet.ssh(host, f"cd /root && PYTHONPATH={BY_HAND} RAY_USAGE_STATS_ENABLED=0 HOME=/root "
+                    f"{RAY.replace('/opt/ray', BY_HAND).replace(' --block', '')} {args} >/dev/null 2>&1 < /dev/null", check=True, timeout=120)
+
+
 @pytest.fixture
-def ray_cluster(fleet):
+def ray_cluster(fleet, request):
+    by_hand = getattr(request, "param", "unit") == "by hand"
+    where = BY_HAND if by_hand else "/opt/ray"
     plain = [h.name for h in fleet.hosts if h.idle_mib == 0 and h.gpu_count >= 1][:2]
     assert len(plain) == 2, "needs two hosts whose GPUs idle at 0 MiB"
     head, worker = plain
     fleet.reset(plain)
     _install_ray()
     for host in plain:
-        rig.bind_ro_into(fleet.rig, host, RAY_TREE, "/opt/ray")
+        rig.bind_ro_into(fleet.rig, host, RAY_TREE, where)
     started = time.monotonic()
     try:
         with rig.linked_hosts(fleet.rig, plain) as addrs:
-            _node_unit(fleet, head, "zm-ray-head", f"--head --port=6379 --include-dashboard=false --node-ip-address={addrs[head]}")
-            _node_unit(fleet, worker, "zm-ray-worker", f"--address={addrs[head]}:6379 --node-ip-address={addrs[worker]}")
+            start = _by_hand if by_hand else (lambda fleet, host, args: _node_unit(fleet, host, "zm-ray-head" if host == head else "zm-ray-worker", args))
+            start(fleet, head, f"--head --port=6379 --include-dashboard=false --node-ip-address={addrs[head]}")
+            start(fleet, worker, f"--address={addrs[head]}:6379 --node-ip-address={addrs[worker]}")
             fleet.ssh(head, f"cat > /root/zm-driver.py <<'EOF'\n{DRIVER}EOF", check=True)
             placed = None
             for _attempt in range(30):  # the worker joins a few seconds after the head
-                out = fleet.ssh(head, "PYTHONPATH=/opt/ray RAY_USAGE_STATS_ENABLED=0 timeout 90 python3 /root/zm-driver.py 2>/dev/null | tail -1",
+                out = fleet.ssh(head, f"PYTHONPATH={where} RAY_USAGE_STATS_ENABLED=0 timeout 90 python3 /root/zm-driver.py 2>/dev/null | tail -1",
                                 timeout=120).stdout.strip()
                 if out.startswith("[["):
                     placed = json.loads(out)
@@ -110,7 +123,8 @@ def ray_cluster(fleet):
         for host in plain:
             fleet.ssh(host, "systemctl stop zm-ray-head zm-ray-worker; systemctl reset-failed zm-ray-head zm-ray-worker; "
                             "rm -f /etc/systemd/system/zm-ray-head.service /etc/systemd/system/zm-ray-worker.service; systemctl daemon-reload; "
-                            "rm -f /root/zm-driver.py; rm -rf /tmp/ray; umount /opt/ray; rmdir /opt/ray; true", timeout=60)
+                            f"PYTHONPATH={BY_HAND} timeout 30 python3 {BY_HAND}/bin/ray stop --force >/dev/null 2>&1; "
+                            f"rm -f /root/zm-driver.py; rm -rf /tmp/ray; umount {where}; rmdir {where}; true", timeout=90)
         fleet.reset(plain)
 
 
@@ -146,3 +160,24 @@ def test_with_ray_named_both_nodes_are_stopped_through_systemd_the_fleet_is_free
     assert back.rc == 0, back
     assert unit_states(fleet, head, "zm-ray-head")["zm-ray-head"][0] == "active"
     assert unit_states(fleet, worker, "zm-ray-worker")["zm-ray-worker"][0] == "active"
+
+
+@pytest.mark.parametrize("ray_cluster", ["by hand"], indirect=True)
+def test_with_ray_named_a_node_no_unit_runs_fails_where_ray_restarts_and_names_rays_own_commands(fleet, ray_cluster):
+    """Root's Ray from a system directory, started by hand (no unit to stop): `ray:` ends the actors'
+    GPU work, with a warning naming the node and `ray stop`; Ray restarts them, and the host is
+    never reported free while an actor holds its GPU. The restart's advice is Ray's own commands
+    (on the code before: `end pid <raylet> first (kill ...)`)."""
+    hosts = list(ray_cluster)
+    run = fleet.ansible_playbook(PLAYBOOK, limit=hosts, extra_vars={"free_gpus_kill_timeout": 2, "free_gpus_services": ["ray:"]})
+    lines = summary_lines(run)
+    time.sleep(3)  # past Ray's restart of the actors
+    held = [h for h in hosts if fleet.gpu_memory(h)[0] >= 3000]
+    assert held, "Ray restarts its actors (max_restarts=-1): some GPU is held again"
+    assert run.rc != 0, lines
+    for host in held:
+        assert summary_status(lines, host) not in ("freed", "clean"), lines
+    warned = [w for r in run.results() for w in ((r.get("result") or {}).get("warnings") or []) if "runs in no system unit" in str(w)]
+    assert warned and "`ray stop`" in str(warned[0]), run.stderr[-3000:]
+    assert "`ray stop` on this host" in run.stdout and "`ray job stop JOB_ID`" in run.stdout, run.stdout[-3000:]
+    assert "first (kill" not in run.stdout, run.stdout[-3000:]

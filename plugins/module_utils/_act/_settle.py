@@ -267,8 +267,8 @@ def ray_hint(parent: t.Mapping[str, t.Any], proc: str, main_pid_of: t.Callable[[
     if node is None:
         return None
     return ("Ray restarts its actors (max_restarts) through Ray node {} (PID {}): stop that node with `ray stop` on this host, or the job "
-            "from the cluster's head with `ray job stop JOB_ID`; or name it in services as ray: (gpu_release stops the node through the "
-            "system unit that runs it)".format(node.get("name"), node.get("pid")))
+            "from the cluster's head with `ray job stop JOB_ID`; or run the node as a system unit (ray start --block as its ExecStart=) "
+            "and name it in services as ray: (gpu_release then stops that unit, and gpu_restore starts it again)".format(node.get("name"), node.get("pid")))
 
 
 def stop_hint(kind: str | None, parent: t.Mapping[str, t.Any], child_environ: dict[str, str], proc: str = "/proc",
