@@ -15,6 +15,10 @@ work is killed, and Ray's GCS starts it again.
   again. On the code before this test, the actors' workers were killed, Ray started them again, and
   both hosts failed (never reported free, never freed either).
 
+- With `ray:` and nodes root started by hand from a system directory (no unit runs them), the
+  actors' GPU work is ended with a warning naming `ray stop`, Ray restarts it, no host is reported
+  free while an actor holds its GPU, and the advice is Ray's own commands, not `kill <raylet>`.
+
 The refusal passed on the code before this test too (built in the previous session); this is its
 check against a real Ray. Two hosts
 (`ZEROMIB_FLEET_HOSTS=2 pytest tests/fleet/test_ray_cluster_fleet.py`)."""
