@@ -156,6 +156,7 @@ def test_thirty_blocked_processes_of_another_job_leave_this_jobs_epilog_passing_
             ending = submit(fleet, host, 'mkdir -p /sys/fs/cgroup/escaped.slice; export CUDA_VISIBLE_DEVICES="$SLURM_JOB_GPUS"; ' + leave_behind(
                 "beside_stuck", 2048).replace(" & for i", " & echo $! > /sys/fs/cgroup/escaped.slice/cgroup.procs; for i", 1))
             mine = ready_pid(fleet, host, "beside_stuck")
+            assert ended(fleet, host, ending, "prolog")["ok"], hook_runs(fleet, host, ending, "prolog")
             run = ended(fleet, host, ending)
             assert run["ok"] and [k["pid"] for k in run["killed"]] == [mine] and not run.get("causes"), run
             assert run["gpus"] != blocked_gpus, run
