@@ -417,6 +417,10 @@ def owner_of(holder: t.Mapping[str, t.Any], spared: t.Mapping[int, str]) -> str 
     return f"Slurm job {job}" if job.isdigit() else job
 
 
+# The release's own words for a SIGKILLed holder a frozen cgroup keeps (_look/_frozen.advice).
+FROZEN = re.compile(r"frozen \((?:freezer\.state|cgroup\.events) [^)]*\): .*?no reboot is needed\)?")
+
+
 def verdict(mode: str, result: t.Mapping[str, t.Any], failure: str | None, spared: t.Mapping[int, str] | None = None) -> tuple[bool, list[str]]:
     """(ok, causes) of one run: the epilog's GPUs released, the prolog's already free; healthy."""
     causes = dirty_causes(result, spared)
@@ -426,7 +430,8 @@ def verdict(mode: str, result: t.Mapping[str, t.Any], failure: str | None, spare
         return True, []
     if not causes:
         causes = [failure or ("GPUs not free" if not free else "GPUs not healthy")]
-    return False, causes
+    # A holder its frozen cgroup keeps is said first, with who thaws it: never "held by" alone.
+    return False, FROZEN.findall(failure or "") + causes
 
 
 def drain_reason(mode: str, job: str, causes: list[str]) -> str:

@@ -591,3 +591,16 @@ def test_the_roles_argument_spec_lists_every_runner_option_with_the_runners_defa
     defaults = jobcheck.check_config({})
     assert set(options) == set(defaults)
     assert {name: options[name].get("default") for name in options} == defaults
+
+
+
+@pytest.mark.parametrize(("reading", "owner"), [("freezer.state FROZEN", 0), ("cgroup.events frozen 1", 0), ("freezer.state FREEZING", 4242)])
+def test_a_frozen_holder_in_the_release_failure_is_the_first_cause(reading, owner):
+    from ansible_collections.zeromib.gpu.plugins.module_utils._look import _frozen
+    said = _frozen.advice("pid 7 python3", _frozen.Frozen("/sys/fs/cgroup/j", reading, owner))
+    result = {"released": False, "gpus": [{"index": 0, "memory_used_mib": 2048, "clean": False}],
+              "holders": [{"pid": 7, "name": "python3", "gpu_indexes": [0]}]}
+    ok, causes = jobcheck.verdict("epilog", result, "GPUs still in use after 1.0 s: GPU 0: pid 7 python3. " + said)
+    assert not ok and causes[0] == said and len(causes) >= 2, causes
+    # without a frozen holder the causes are the per-GPU ones only
+    assert not [c for c in jobcheck.verdict("epilog", result, "GPUs still in use after 1.0 s")[1] if c.startswith("frozen (")]
