@@ -5,12 +5,10 @@ sentence first, and no reset advice where a reset is not the node's to do.
 Shapes already run through the hook elsewhere: unified memory (test_unified_memory.py), checkpointed
 holders (test_checkpointed_holders.py), IMEX importers and WSL2 (test_node_shapes.py). Here: a holder
 in a frozen cgroup (root's, and a user's delegated one), a node with GPUs given to VMs by PCI
-passthrough, and a paused docker container (an open defect of the hook, marked strict xfail).
+passthrough, and a paused docker container (refused naming `docker unpause`, before anything is done).
 """
 import os
 import sys
-
-import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
@@ -64,8 +62,7 @@ def test_the_epilog_on_a_node_with_gpus_given_to_vms_passes_its_own_gpu_and_leav
 
 
 # Seen 2026-12-07: the hook says "GPU 0: 20489 MiB, no process holds it" (killed [], nothing refused), where
-# gpu_release names the paused container and `docker unpause`. Strict: this fails once the hook is fixed.
-@pytest.mark.xfail(strict=True, reason="open defect: the Slurm hook sees no holder in a paused container (issue 70)")
+# gpu_release names the paused container and `docker unpause`; the hook says gpu_release's refusal first.
 def test_the_epilog_refuses_a_paused_container_naming_docker_unpause_first(docker, runner, tmp_path):  # noqa: F811
     docker.run_holder("suspended", [0])
     docker.docker("pause", "suspended")

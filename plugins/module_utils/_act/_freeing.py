@@ -223,8 +223,15 @@ def plan_containers(release: Release, holders: list[Holder], targets: list[Holde
     A refusal (StepFailed) ends the run before anything is done."""
     globs = named(release).containers
     own = _containers.own_containers(release.lineage, release.system.proc) if globs or any(t.get("container") for t in targets) else set()
-    return _containers.plan(release.system.runtimes, holders, targets, globs, release.options.service_state, own,
-                            stop_found=release.options.kill)
+    try:
+        return _containers.plan(release.system.runtimes, holders, targets, globs, release.options.service_state, own,
+                                stop_found=release.options.kill)
+    except StepFailed as refused:
+        if hasattr(release, "refusal"):
+            # The Slurm hook's run (_slurm/_jobcheck.JobRelease): a pod's or a paused container's
+            # refusal is its first cause, not the GPU's reading (as _checkpoint's).
+            release.refusal = str(refused)
+        raise
 
 
 def plan_programs(release: Release) -> ProgramPlan:
