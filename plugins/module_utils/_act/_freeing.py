@@ -62,7 +62,7 @@ def plan_dirty(release: Release, plan: Plan) -> None:
     plan.containers = plan_containers(release, plan.holders, plan.targets)
     release.result["warnings"].extend(plan.containers.warnings)
     plan.targets = plan.containers.signal
-    plan.units = plan_units(release, plan.targets, plan.holders, plan.selected, getattr(plan, "orchestrated_units", []))
+    plan.units = plan_units(release, plan.targets, plan.holders, plan.selected)
     plan.programs = plan_programs(release)
     plan.guests = plan_guests(release, plan.holders, plan.selected)
     if release.options.kill:
@@ -187,14 +187,12 @@ def forbidden_units(release: Release, holders: list[Holder]) -> set[str]:
     return forbidden
 
 
-def plan_units(release: Release, targets: list[Holder], holders: list[Holder], selected: list[int], ray_units: t.Sequence[str] = ()) -> UnitPlan:
-    """`ray_units`: the units of the Ray nodes `ray:` stops (_orchestrators.ray_units), as if named."""
+def plan_units(release: Release, targets: list[Holder], holders: list[Holder], selected: list[int]) -> UnitPlan:
     forbidden = forbidden_units(release, holders)
-    units = named(release).units + [u for u in ray_units if u not in named(release).units]
     owned, release.result["launchers"], release.spanning_units = _units.owners(
         release.system.systemctl, targets, holders, selected, forbidden, release.system.proc, release.names,
-        release.options.launchers or (), bool(release.options.kill_spanning), units)
-    steps = _units.plan(release.system.systemctl, units, owned if release.options.stop_owning_units else [],
+        release.options.launchers or (), bool(release.options.kill_spanning), named(release).units)
+    steps = _units.plan(release.system.systemctl, named(release).units, owned if release.options.stop_owning_units else [],
                         release.options.service_state, forbidden, release.names, release.system.proc, release.options.launchers or (),
                         recorded_unit_files(release))
     _units.keep_outside_selection(steps, _units.held_gpus(holders), selected, owned)
@@ -279,7 +277,7 @@ def act(release: Release, plan: Plan) -> None:
     if targets and release.options.kill:
         minors = [g["minor_number"] for g in plan.gpus if g["index"] in plan.selected]
         release.watch = _settle.watch_for(targets, outside, release.system.systemctl, release.lineage, minors, release.system.proc,
-                                          foreign=release.foreign(targets), main_pid_of=release.main_pid_of)
+                                          foreign=release.foreign(targets))
         act_mps_clients(release, plan.holders, targets)
         _checkpoint.before_signals(release, plan, targets)
         act_signals(release, targets)

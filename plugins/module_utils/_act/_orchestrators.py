@@ -12,11 +12,9 @@ long: Swarm recreates the task as a new container, Ray's GCS restarts an actor w
 `max_restarts` here or on a node already proven free. So, before anything is done:
 - `services` names it: `swarm:<service glob>` scales the Swarm service to 0 replicas through the
   Docker Engine API (this node must be a Swarm manager; the service's replicas before are in the
-  restore record, and gpu_restore scales it back); `ray:` stops the Ray node through the system
-  unit systemd says runs it (its MainPID the node's `ray start --block`; the restore record keeps
-  it and gpu_restore starts it again), and where no unit runs the node, ends its workers on the
-  selected GPUs as any launcher's GPU jobs, with a warning (a restart here fails the settle window,
-  one on another host of the play the role's fleet-wide proof);
+  restore record, and gpu_restore scales it back); `ray:` lets gpu_release end the Ray workers on
+  the selected GPUs as it ends any launcher's GPU jobs (the Ray node stays up; a restart here fails
+  the settle window, one on another host of the play the role's fleet-wide proof);
 - otherwise the run fails, naming each runtime, its processes and the command that stops it
   there (`docker service scale NAME=0`, `ray stop`), and the services entry to add. Check mode
   says the same.
@@ -236,9 +234,6 @@ def for_release(release: t.Any, steps: t.Any) -> list[Orchestrated]:
 
     found = plan(steps.targets, steps.selected, named, release.system.proc, lambda pid: holders_mod.read_process(pid, release.system.proc),
                  inspect, release.main_pid_of) if steps.targets else []
-    if any(f["kind"] == look.RAY for f in found):
-        steps.orchestrated_units = ray_units(found, release.system.proc, release.system.cgroup_unit, release.main_pid_of)
-        release.result["warnings"].extend(ray_without_unit(found))
     by_swarm = orchestrated_pids(found, look.SWARM)
     if by_swarm and swarm_error:
         raise StepFailed(swarm_error)
@@ -251,31 +246,6 @@ def for_release(release: t.Any, steps: t.Any) -> list[Orchestrated]:
     steps.orchestrated_to_do = bool(swarm_names) and any(e.startswith(SWARM) and e not in steps.orchestrated_missing for e in named)
     release.result["orchestrated"] = found
     return found
-
-
-def ray_units(found: t.Sequence[Orchestrated], proc: str, cgroup_unit: t.Callable[[int], tuple[str | None, bool]],
-              main_pid_of: t.Callable[[str], int | None]) -> list[str]:
-    """The system units that run the named Ray nodes, each entry's `unit` set: `ray:` stops the
-    node through its unit (the restore record keeps it; gpu_restore starts it again), as an
-    operator would. A node stopped takes every worker and actor of it along, and the GCS with it
-    on the head; what the GCS restarts on another host of the play is read there by its own run
-    and by the role's fleet-wide proof."""
-    units = []
-    for entry in found:
-        if entry["kind"] == look.RAY and entry.get("node_pid"):
-            entry["unit"] = look.node_unit(int(entry["node_pid"] or 0), proc, cgroup_unit, main_pid_of)
-            if entry["unit"] and entry["unit"] not in units:
-                units.append(entry["unit"])
-    return units
-
-
-def ray_without_unit(found: t.Sequence[Orchestrated]) -> list[str]:
-    """A warning per Ray node no system unit runs: its workers on the selected GPUs are ended as
-    any launcher's jobs, and the GCS may start its actors again (the settle window and the
-    fleet-wide proof fail the run then)."""
-    return ["Ray node {} runs in no system unit (ray start --block as a unit's ExecStart=): its GPU workers are ended, and Ray may "
-            "start its actors again (max_restarts); stop the node with `ray stop` as its user to keep them stopped".format(entry["name"])
-            for entry in found if entry["kind"] == look.RAY and not entry.get("unit")]
 
 
 def scontrol_show_job(scontrol: str | None, timeout: float = SCONTROL_TIMEOUT_S) -> t.Callable[[str], str | None]:

@@ -256,31 +256,12 @@ def guest_init_hint(parent: t.Mapping[str, t.Any]) -> str | None:
                 parent["pid"], _guests.label(guest), _guests.guest_command(guest, ["sh"], _guests.host_tools()), _guests.entry(guest)))
 
 
-def ray_hint(parent: t.Mapping[str, t.Any], proc: str, main_pid_of: t.Callable[[str], int | None] | None) -> str | None:
-    """Ray's own commands where the restarter is a Ray node, or runs under one, that the identity
-    rule vouches for (a system unit's `ray start --block`, root's raylet from a system directory):
-    the GCS restarts actors (max_restarts), so ending one process only brings it back. None for any
-    other process, a user's own raylet among them (her name proves nothing)."""
-    from ansible_collections.zeromib.gpu.plugins.module_utils._look import _orchestrators  # pylint: disable=import-outside-toplevel
-    node = parent if _orchestrators.is_ray_node(parent, main_pid_of) else \
-        _orchestrators.ray_node(parent["pid"], proc, lambda pid: holders_mod.read_process(pid, proc), main_pid_of)
-    if node is None:
-        return None
-    return ("Ray restarts its actors (max_restarts) through Ray node {} (PID {}): stop that node with `ray stop` on this host, or the job "
-            "from the cluster's head with `ray job stop JOB_ID`; or run the node as a system unit (ray start --block as its ExecStart=) "
-            "and name it in services as ray: (gpu_release then stops that unit, and gpu_restore starts it again)".format(node.get("name"), node.get("pid")))
-
-
-def stop_hint(kind: str | None, parent: t.Mapping[str, t.Any], child_environ: dict[str, str], proc: str = "/proc",
-              main_pid_of: t.Callable[[str], int | None] | None = None) -> str:
+def stop_hint(kind: str | None, parent: t.Mapping[str, t.Any], child_environ: dict[str, str], proc: str = "/proc") -> str:
     """What stops this restarter, in the user's words (a command to run, or what to name)."""
     pid = parent["pid"]
     guest_hint = guest_init_hint(parent)
     if guest_hint:
         return guest_hint
-    said_by_ray = ray_hint(parent, proc, main_pid_of) if kind is None else None
-    if said_by_ray:
-        return said_by_ray
     if kind == "supervisord":
         program = supervisor_program(child_environ) or "<program>"
         return (f"supervisord restarts program {program} (autorestart): stop it with `supervisorctl stop {program}`, or name it in services as "
@@ -345,7 +326,7 @@ def parent_chain(holder: Holder, table: Table, own_lineage: t.Collection[int], s
 
 
 def restarters(targets: list[Holder], own_lineage: t.Iterable[int] | None, proc: str = "/proc", skip: t.Collection[int] = (),
-               table: Table | None = None, main_pid_of: t.Callable[[str], int | None] | None = None) -> dict[int, dict[str, t.Any]]:
+               table: Table | None = None) -> dict[int, dict[str, t.Any]]:
     """{pid: restarter} for the parents of `targets` (holders about to be signalled) that may
     restart them; `skip` are the PIDs of holders watched through their cgroup instead. Each
     restarter: its process record, the start time that identifies it, {pid: command line} of the
@@ -366,7 +347,7 @@ def restarters(targets: list[Holder], own_lineage: t.Iterable[int] | None, proc:
                 kind = supervisor_kind(parent)
                 entry = found[parent["pid"]] = {
                     "record": parent, "start_time": parent["start_time"], "kind": kind,
-                    "hint": stop_hint(kind, parent, environ, proc, main_pid_of), "killed": {}, "depth": depth,
+                    "hint": stop_hint(kind, parent, environ, proc), "killed": {}, "depth": depth,
                 }
             entry["killed"][holder["pid"]] = holder.get("cmdline") or ""
             entry["depth"] = min(entry["depth"], depth)
@@ -609,16 +590,14 @@ def boot_ticks(proc: str = "/proc") -> int | None:
 
 
 def watch_for(targets: list[Holder], outside_reasons: t.Mapping[str, t.Any], systemctl: Systemctl | None, own_lineage: t.Iterable[int],
-              minors: t.Iterable[int], proc: str = "/proc", foreign: Foreign | None = None,
-              main_pid_of: t.Callable[[str], int | None] | None = None) -> Watch:
+              minors: t.Iterable[int], proc: str = "/proc", foreign: Foreign | None = None) -> Watch:
     """The Watch to start before signalling `targets`: their cgroups that restart outside this
     run's control (watch_list) and, for the others, the parents that may restart them; `foreign`
-    as for Watch; `main_pid_of`: systemd's word on a restarter's unit (a Ray node's, for its advice)."""
+    as for Watch."""
     watched = watch_list(targets, outside_reasons, systemctl)
     in_cgroups = {t["pid"] for t in targets if any(_within(t.get("cgroup") or "", cgroup) for cgroup in watched)}
     # The walk reads the targets' ancestors only; the whole table is read only where a parent is
     # watched (its descendants), and a restart from outside the parents is found by the /proc
     # entries new since (Watch.restarted_outside).
     table = ancestors_table(targets, proc) if targets else {}
-    parents = restarters(targets, own_lineage, proc, skip=in_cgroups, table=table, main_pid_of=main_pid_of)
-    return Watch(watched, proc, parents, minors, killed=targets, foreign=foreign)
+    return Watch(watched, proc, restarters(targets, own_lineage, proc, skip=in_cgroups, table=table), minors, killed=targets, foreign=foreign)

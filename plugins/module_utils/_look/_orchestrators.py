@@ -55,8 +55,6 @@ RAY = "ray"
 SWARM = "swarm"
 # The processes of a Ray node that run every job's workers as their descendants.
 RAY_NODE = _protect.ProcessNames("raylet", "ray start", "gcs_server", scripts=True)
-# What stops a Ray node's work, in Ray's own words (the refusal's and the settle window's advice).
-RAY_COMMAND = "ray stop (on this node), or ray job stop JOB_ID / ray.kill(actor) from the cluster's head"
 SWARM_SERVICE = "com.docker.swarm.service.name"
 SWARM_TASK = "com.docker.swarm.task.name"
 # torchrun / python -m torch.distributed.run / .launch, and its --nnodes (N, or MIN:MAX).
@@ -79,9 +77,7 @@ NAMED = 5
 class Orchestrated(t.TypedDict):
     """Holders one orchestrator runs on this node: `kind` (ray, swarm), `name` (the Swarm service;
     for Ray, the node process's PID and name), `pids`, `gpu_indexes`, `command` (what stops it
-    through the orchestrator), `entry` (the services entry that lets gpu_release do so), and for
-    Ray `node_pid` (the vouched node process) and `unit` (the system unit systemd says runs that
-    node, which `ray:` stops; None where none does, and for Swarm)."""
+    through the orchestrator) and `entry` (the services entry that lets gpu_release do so)."""
 
     kind: str
     name: str
@@ -89,8 +85,6 @@ class Orchestrated(t.TypedDict):
     gpu_indexes: list[int]
     command: str
     entry: str
-    node_pid: int | None
-    unit: str | None
 
 
 def swarm_service(record: ContainerRecord | t.Mapping[str, t.Any] | None) -> str | None:
@@ -105,20 +99,6 @@ def is_ray_node(record: t.Mapping[str, t.Any] | None, main_pid_of: MainPidOf | N
     """A raylet, `ray start` or gcs_server that the identity rule backs: a system unit's main
     process (`ray start --block` as ExecStart=), or root running it from a system directory."""
     return bool(record) and bool(RAY_NODE.of(record, main_pid_of))
-
-
-def node_unit(node_pid: int, proc: str, cgroup_unit: t.Callable[[int], tuple[str | None, bool]], main_pid_of: MainPidOf) -> str | None:
-    """The system unit that runs a Ray node: systemd places the node process in the unit's cgroup
-    AND says the unit's MainPID is that process or an ancestor of it (`ray start --block` as
-    ExecStart=, the raylet its child). A user's unit, a scope, or a unit whose main process is
-    not the node's (a shell that started it by hand) runs no node: None."""
-    unit, system_service = cgroup_unit(node_pid)
-    if not unit or not system_service or not unit.endswith(".service"):
-        return None
-    main = main_pid_of(unit)
-    if not main or main not in holders_mod.lineage(node_pid, proc):
-        return None
-    return unit
 
 
 def ray_node(pid: int, proc: str, read: ReadProcess, main_pid_of: MainPidOf | None = None) -> t.Mapping[str, t.Any] | None:
@@ -243,12 +223,12 @@ def group(holders: t.Sequence[Holder], selected: t.Collection[int], proc: str, r
         service = swarm_service(inspect(holder)) if holder.get("container") else None
         if service:
             entry = {"kind": SWARM, "name": service, "pids": [], "gpu_indexes": [], "entry": f"swarm:{service}",
-                     "command": f"docker service scale {service}=0", "node_pid": None, "unit": None}
+                     "command": f"docker service scale {service}=0"}
         else:
             node = ray_node(holder["pid"], proc, read, main_pid_of)
             if node:
                 entry = {"kind": RAY, "name": "{} (PID {})".format(node.get("name"), node.get("pid")), "pids": [], "gpu_indexes": [],
-                         "entry": "ray:", "command": RAY_COMMAND, "node_pid": int(node["pid"]), "unit": None}
+                         "entry": "ray:", "command": "ray stop (on this node), or ray job stop JOB_ID / ray.kill(actor) from the cluster's head"}
         if entry is None:
             continue
         key = (entry["kind"], entry["name"])

@@ -126,14 +126,3 @@ def test_slurm_is_asked_once_per_job_and_a_silent_or_missing_scontrol_names_noth
     hung.write_text("#!/bin/sh\nexec sleep 30\n")
     hung.chmod(0o755)
     assert orch.scontrol_show_job(str(hung), timeout=0.3)("77") is None
-
-
-def test_ray_names_the_units_of_the_nodes_systemd_runs_and_warns_of_the_others(monkeypatch):
-    by_unit = dict(RAY, node_pid=1, unit=None)
-    by_hand = dict(RAY, name="raylet (PID 5)", node_pid=5, unit=None)
-    monkeypatch.setattr(orch.look, "node_unit", lambda pid, proc, cgroup_unit, main_pid_of: "ray-head.service" if pid == 1 else None)
-    assert orch.ray_units([by_unit, by_hand, dict(WEB, node_pid=None, unit=None)], "/proc", lambda pid: (None, False), lambda u: None) == [
-        "ray-head.service"]
-    assert by_unit["unit"] == "ray-head.service" and by_hand["unit"] is None
-    [warning] = orch.ray_without_unit([by_unit, by_hand])
-    assert "raylet (PID 5) runs in no system unit" in warning and "`ray stop`" in warning

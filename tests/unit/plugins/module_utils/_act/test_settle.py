@@ -367,32 +367,3 @@ def test_the_walk_reads_only_the_ancestors_of_the_holders(proc):
     assert sorted(table) == [100, 200]
     assert table == {pid: row for pid, row in _settle.read_table(str(proc)).items() if pid in (100, 200)}
     assert _settle.restarters([holder(300, 200)], (), str(proc), table=table) == _settle.restarters([holder(300, 200)], (), str(proc))
-
-
-# -- a Ray node restarts its actors: the advice is Ray's own command (issue 72)
-
-RAY_START = ("/usr/bin/python3", "/opt/ray/bin/ray", "start", "--block", "--num-gpus=1")
-RAYLET = "/opt/ray/ray/core/src/ray/raylet/raylet"
-
-
-def _ray_tree(root, uid=0):
-    fakeproc.write_process(root, 90, comm="ray", argv=RAY_START, uid=uid)
-    fakeproc.write_process(root, 100, comm="raylet", ppid=90, argv=(RAYLET,), exe=RAYLET, uid=uid)
-    fakeproc.write_process(root, 200, comm="ray::Trainer", ppid=100, argv=("ray::Trainer",), uid=uid)
-
-
-def test_a_raylet_under_a_units_ray_start_is_advised_with_rays_commands(tmp_path):
-    _ray_tree(tmp_path)
-    record = {"pid": 100, "name": "raylet"}
-    hint = _settle.stop_hint(None, record, {}, str(tmp_path), {"ray-node.service": 90}.get)
-    assert "`ray stop` on this host" in hint and "`ray job stop JOB_ID`" in hint and "services as ray:" in hint
-    assert "PID 90" in hint and "end pid 100" not in hint
-    # The actor's worker under it is Ray's too.
-    assert "`ray stop`" in _settle.stop_hint(None, {"pid": 200, "name": "ray::Trainer"}, {}, str(tmp_path), {"ray-node.service": 90}.get)
-
-
-def test_a_ray_node_the_identity_rule_does_not_vouch_for_gets_the_plain_advice(tmp_path):
-    # A user's own `ray start` from her venv (her uid, no unit says it is its main process): her name proves nothing.
-    _ray_tree(tmp_path, uid=1000)
-    hint = _settle.stop_hint(None, {"pid": 100, "name": "raylet"}, {}, str(tmp_path), lambda unit: None)
-    assert hint == "end pid 100 first (kill 100), or stop what runs it"

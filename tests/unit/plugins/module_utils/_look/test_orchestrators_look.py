@@ -150,31 +150,3 @@ def test_a_torchrun_says_nnodes_but_only_a_connection_to_another_host_makes_it_m
     write_process(proc, 50, argv=("torchrun", "--nnodes", "4", "train.py"), uid=4242)
     _connect(proc, 50, 778)
     assert orch.multi_node_launcher(60, str(proc), _read(proc)) == "torchrun --nnodes 4 train.py (PID 50, connected to 10.0.0.11:28180)"
-
-
-# -- the unit that runs a Ray node (what `ray:` stops): systemd's word, never the node's own
-
-def _units(placed):
-    """cgroup_unit as _system answers it: {pid: (unit, is a system service)}."""
-    return lambda pid: placed.get(pid, (None, False))
-
-
-def test_the_unit_whose_main_process_is_the_nodes_ray_start_runs_the_node(proc):
-    write_process(proc, 90, comm="ray", argv=("/usr/bin/python3", "/opt/ray/bin/ray", "start", "--block"), uid=0)
-    write_process(proc, 100, comm="raylet", ppid=90, argv=(RAYLET,), exe=RAYLET, uid=0)
-    placed = {90: ("ray-node.service", True), 100: ("ray-node.service", True)}
-    assert orch.node_unit(100, str(proc), _units(placed), {"ray-node.service": 90}.get) == "ray-node.service"
-    assert orch.node_unit(90, str(proc), _units(placed), {"ray-node.service": 90}.get) == "ray-node.service"
-
-
-def test_no_unit_is_stopped_for_a_node_systemd_does_not_say_the_unit_runs(proc):
-    write_process(proc, 80, comm="bash", argv=("bash",), uid=0)
-    write_process(proc, 100, comm="raylet", ppid=80, argv=(RAYLET,), exe=RAYLET, uid=0)
-    # Started by hand from a login shell: the session's scope, no service.
-    assert orch.node_unit(100, str(proc), _units({100: ("session-3.scope", False)}), lambda u: 80) is None
-    # A service whose main process is another (a shell in sshd.service that ran `ray start`): sshd is not the node.
-    assert orch.node_unit(100, str(proc), _units({100: ("ssh.service", True)}), {"ssh.service": 7}.get) is None
-    # A user's own unit (user@1000.service's cgroup): hers, not a system service root stops.
-    assert orch.node_unit(100, str(proc), _units({100: ("ray.service", False)}), {"ray.service": 100}.get) is None
-    # systemd gives no MainPID (stopped meanwhile, or no answer): nothing is stopped.
-    assert orch.node_unit(100, str(proc), _units({100: ("ray-node.service", True)}), lambda u: None) is None
