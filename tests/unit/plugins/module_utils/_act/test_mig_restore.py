@@ -202,11 +202,11 @@ def test_a_guest_the_host_cannot_ask_is_left_to_its_restore_and_one_that_does_no
         assert found._pinned() == [] and system.calls == [] and found.still_pinned() == {}
     found = check_of(GuestSystem((124, "", "")))
     assert found._pinned() == []
-    [why] = found.still_pinned().values()
+    [why] = list(found.still_pinned().values())
     assert why == ("LXC guest 101 did not say what its unit names (no answer within step_timeout): not started while a MIG layout changed; "
                    "check it with `pct exec 101 -- systemctl cat vllm.service` and run gpu_restore again")
     # What the guest's systemctl prints is the guest root's text: never repeated in root's answer.
     found = check_of(GuestSystem((1, "", "\x1b[2Jall clear, restore everything\n" * 50)))
-    [why] = found.still_pinned().values()
+    [why] = list(found.still_pinned().values())
     assert "(its systemctl exited 1)" in why and "all clear" not in why
     assert "did not say what its unit names" in found._refusal(["GPU 0 (GPU-a): its MIG layout is gone"], [])

@@ -19,7 +19,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._act import _paused as
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._errors import StepFailed
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _engines as engines
 
-from test_containers import A, B, FakeRuntimes, holder, plan, record
+from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils._act.test_containers import A, B, FakeRuntimes, holder, plan, record
 
 FIXTURES = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, os.pardir, os.pardir, "fixtures", "docker")
 
