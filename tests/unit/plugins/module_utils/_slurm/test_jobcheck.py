@@ -593,7 +593,6 @@ def test_the_roles_argument_spec_lists_every_runner_option_with_the_runners_defa
     assert {name: options[name].get("default") for name in options} == defaults
 
 
-
 @pytest.mark.parametrize(("reading", "owner"), [("freezer.state FROZEN", 0), ("cgroup.events frozen 1", 0), ("freezer.state FREEZING", 4242)])
 def test_a_frozen_holder_in_the_release_failure_is_the_first_cause(reading, owner):
     from ansible_collections.zeromib.gpu.plugins.module_utils._look import _frozen
