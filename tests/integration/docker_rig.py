@@ -31,12 +31,15 @@ The rig (found to work on this machine kind; TEST_RIGS.md "Docker Engine"):
   namespace's /etc, so the podman CLI that gpu_release runs finds them at their default paths.
   Its containers sit in /libpod_parent/libpod-<id>.
 """
+import contextlib
 import json
 import os
 import shutil
 import signal
 import tempfile
 import time
+
+import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIM_DIR = os.path.join(os.path.dirname(HERE), "sim")
@@ -307,3 +310,37 @@ def _tail(path):
 def used(host, index):
     out = host.smi("-i", str(index), "--query-gpu=memory.used", "--format=csv,noheader,nounits").stdout
     return int(out.strip())
+
+
+def rig_missing():
+    """Why a Docker test cannot run here (root, util-linux, dockerd and docker), or None."""
+    if os.geteuid() != 0:
+        return "simulated hosts and dockerd need root"
+    if not (shutil.which("unshare") and shutil.which("nsenter")):
+        return "util-linux unshare/nsenter not found"
+    return missing()
+
+
+@contextlib.contextmanager
+def docker_node(preset, seed):
+    """The Docker tests' one rig: a simulated namespace host (tests/sim/nshost, PRESET's GPUs) running
+    a real dockerd with the holder image built; dockerd, the host and then its cgroups are torn down
+    whatever happens. Skips the test where the rig cannot run here."""
+    reason = rig_missing()
+    if reason:
+        pytest.skip(reason)
+    from nshost import NsHost  # tests/sim, on sys.path beside this file's importers
+    host = NsHost(preset=preset, seed=seed)
+    dockerd = None
+    try:
+        host.start()
+        dockerd = DockerHost(host)
+        dockerd.start()
+        dockerd.build_image()
+        yield dockerd
+    finally:
+        if dockerd is not None:
+            dockerd.teardown()
+        host.stop()
+        if dockerd is not None:
+            dockerd.remove_cgroups()

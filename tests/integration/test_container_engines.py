@@ -6,7 +6,6 @@ The rig is described in docker_rig.py. One dockerd serves the whole module; each
 its containers (by id, from that daemon only) and its bare processes, pass or fail."""
 import json
 import os
-import shutil
 import sys
 import time
 
@@ -16,40 +15,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "sim")]
 import docker_rig  # noqa: E402
 from ansible_in_ns import COLLECTIONS, run_module  # noqa: E402
-from docker_rig import IMAGE, DockerHost, used  # noqa: E402
+from docker_rig import IMAGE, used  # noqa: E402
 from nshost import NsHost  # noqa: E402
 
 SETTLE_S = 5.0  # plugins/module_utils/_act/_settle.py (settle_timeout default)
 POD_UID = "1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901"
 
 
-def _rig_missing():
-    if os.geteuid() != 0:
-        return "simulated hosts and dockerd need root"
-    if not (shutil.which("unshare") and shutil.which("nsenter")):
-        return "util-linux unshare/nsenter not found"
-    return docker_rig.missing()
-
-
 @pytest.fixture(scope="module")
 def rig():
-    reason = _rig_missing()
-    if reason:
-        pytest.skip(reason)
-    host = NsHost(preset="h200x8", seed="dockernode")
-    dockerd = None
-    try:
-        host.start()
-        dockerd = DockerHost(host)
-        dockerd.start()
-        dockerd.build_image()
+    with docker_rig.docker_node("h200x8", "dockernode") as dockerd:
         yield dockerd
-    finally:
-        if dockerd is not None:
-            dockerd.teardown()
-        host.stop()
-        if dockerd is not None:
-            dockerd.remove_cgroups()
 
 
 @pytest.fixture
@@ -282,7 +258,7 @@ def test_engine_api_and_cli_read_the_same_record(docker):
 
 @pytest.fixture(scope="module")
 def podman_rig():
-    reason = _rig_missing() or docker_rig.missing((docker_rig.PODMAN,))
+    reason = docker_rig.rig_missing() or docker_rig.missing((docker_rig.PODMAN,))
     if reason:
         pytest.skip(reason)
     host = NsHost(preset="h200x8", count=4, seed="podmannode")

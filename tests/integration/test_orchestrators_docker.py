@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
 
@@ -30,42 +29,20 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "sim"))
 sys.path.insert(0, HERE)
 import docker_rig  # noqa: E402
 from ansible_in_ns import run_module  # noqa: E402
-from docker_rig import IMAGE, SIM_DIR, DockerHost, used  # noqa: E402
-from nshost import NsHost  # noqa: E402
+from docker_rig import IMAGE, SIM_DIR, used  # noqa: E402
 
 SERVICE = "vllm"
 
 
-def _rig_missing():
-    if os.geteuid() != 0:
-        return "simulated hosts and dockerd need root"
-    if not (shutil.which("unshare") and shutil.which("nsenter")):
-        return "util-linux unshare/nsenter not found"
-    return docker_rig.missing()
-
-
 @pytest.fixture(scope="module")
 def swarm():
-    reason = _rig_missing()
-    if reason:
-        pytest.skip(reason)
-    host = NsHost(preset="h200x8", seed="swarmnode")
-    dockerd = None
-    try:
-        host.start()
-        dockerd = DockerHost(host)
-        dockerd.start()
-        dockerd.build_image()
-        dockerd.docker("swarm", "init", "--advertise-addr", "127.0.0.1", "--listen-addr", "127.0.0.1:2377", timeout=60)
-        yield dockerd
-    finally:
-        if dockerd is not None:
+    with docker_rig.docker_node("h200x8", "swarmnode") as dockerd:
+        try:
+            dockerd.docker("swarm", "init", "--advertise-addr", "127.0.0.1", "--listen-addr", "127.0.0.1:2377", timeout=60)
+            yield dockerd
+        finally:
             dockerd.docker("service", "rm", SERVICE, check=False)
             dockerd.docker("swarm", "leave", "--force", check=False)
-            dockerd.teardown()
-        host.stop()
-        if dockerd is not None:
-            dockerd.remove_cgroups()
 
 
 def _service(docker, replicas=1):

@@ -14,7 +14,6 @@ What is read is the runtime's own record of the container (root's daemon, `docke
 a file inside the container. What the test reads back comes from Docker and nvidia-smi."""
 import json
 import os
-import shutil
 import sys
 
 import pytest
@@ -23,37 +22,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "sim")]
 import docker_rig  # noqa: E402
 from ansible_in_ns import run_module  # noqa: E402
-from docker_rig import DockerHost  # noqa: E402
-from nshost import NsHost  # noqa: E402
-
-
-def _rig_missing():
-    if os.geteuid() != 0:
-        return "simulated hosts and dockerd need root"
-    if not (shutil.which("unshare") and shutil.which("nsenter")):
-        return "util-linux unshare/nsenter not found"
-    return docker_rig.missing()
 
 
 @pytest.fixture(scope="module")
 def mig_docker():
-    reason = _rig_missing()
-    if reason:
-        pytest.skip(reason)
-    host = NsHost(preset="a100-mig", seed="migdocker")
-    dockerd = None
-    try:
-        host.start()
-        dockerd = DockerHost(host)
-        dockerd.start()
-        dockerd.build_image()
+    with docker_rig.docker_node("a100-mig", "migdocker") as dockerd:
         yield dockerd
-    finally:
-        if dockerd is not None:
-            dockerd.teardown()
-        host.stop()
-        if dockerd is not None:
-            dockerd.remove_cgroups()
 
 
 def mig_uuids(host):
