@@ -5,7 +5,7 @@ The "other node" is a network namespace this test makes on this machine (a veth 
 own namespace, a listener
 playing torchrun's c10d rendezvous store on 192.168.77.2:29500): the agent's TCP connection to it is
 what the kernel's tables show, as for a store on another host. The agent and its rank are a user's
-session processes (uid 4242, `setsid runuser`), their command line hers.
+session processes (uid 4242 by number, `setsid setpriv`: no account another test could share), their command line hers.
 
 - Connected to the peer, the rank is ended and the host's first sentence names the job
   (`ranks of multi-node /usr/bin/python3 /usr/local/bin/torchrun --nnodes 2 ... (PID N, connected to
@@ -41,6 +41,7 @@ while True:
 '''
 LISTENER = ("import socket, time\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
             f"s.bind(('{PEER}', 29500)); s.listen(8)\nkept = []\nwhile True:\n    kept.append(s.accept())\n")
+AGENT_ARGS = "--nnodes 2 --nproc-per-node 1 train.py"
 TEARDOWN = "kill -KILL -- -$(cat /run/zm-agent.pid) 2>/dev/null; rm -f /run/zm-agent.pid /usr/local/bin/torchrun; true"
 
 
@@ -77,33 +78,37 @@ def _host(fleet) -> str:
 def torchrun(fleet):
     host = _host(fleet)
     fleet.reset([host])
-    made = fleet.ssh(host, "getent passwd 4242").returncode != 0
-    fleet.ssh(host, ("useradd -u 4242 -M -d /nonexistent -s /usr/sbin/nologin zmuser\n" if made else "")
-              + "mkdir -p /run/nvidia-sim/contexts && chmod 1777 /run/nvidia-sim/contexts\n"
-              + f"cat > /usr/local/bin/torchrun <<'EOF'\n{AGENT}EOF\nchmod 0755 /usr/local/bin/torchrun", check=True)
+    # uid 4242 by number (setpriv), no account: no name another test's user could already hold on this host.
+    fleet.ssh(host, "mkdir -p /run/nvidia-sim/contexts && chmod 1777 /run/nvidia-sim/contexts\n"
+                    f"cat > /usr/local/bin/torchrun <<'EOF'\n{AGENT}EOF\nchmod 0755 /usr/local/bin/torchrun", check=True)
 
-    def start(store: str | None) -> None:
+    def start(store: str | None) -> int:
+        """Starts the agent as uid 4242 in a session of its own; returns its PID once its rank holds GPU 0."""
         env = f"STORE={store} " if store else ""
-        fleet.ssh(host, f"setsid runuser -u zmuser -- env {env}/usr/local/bin/torchrun --nnodes 2 --nproc-per-node 1 train.py "
-                        "</dev/null >/dev/null 2>&1 & echo $! > /run/zm-agent.pid", check=True)
+        fleet.ssh(host, f"setsid setpriv --reuid 4242 --regid 4242 --clear-groups -- env {env}/usr/local/bin/torchrun --nnodes 2 "
+                        "--nproc-per-node 1 train.py </dev/null >/dev/null 2>&1 & echo $! > /run/zm-agent.pid", check=True)
         assert wait_for(lambda: fleet.gpu_memory(host)[0] >= 2000, timeout=30), fleet.ssh(host, "ps -ef").stdout
+        agent = fleet.ssh(host, f"pgrep -u 4242 -f -- {AGENT_ARGS!r}", check=True).stdout.split()
+        assert len(agent) == 1, (agent, fleet.ssh(host, "ps -ef").stdout)
+        return int(agent[0])
     try:
         yield host, start
     finally:
-        fleet.ssh(host, TEARDOWN + ("; userdel zmuser" if made else ""))
+        fleet.ssh(host, TEARDOWN)
         fleet.reset([host])
 
 
 def test_a_rank_whose_agent_is_connected_to_another_node_is_named_in_the_first_sentence(fleet, torchrun):
     host, start = torchrun
     with peer_node(fleet, host):
-        start(PEER)
+        agent = start(PEER)
         run = fleet.ansible_playbook(PLAYBOOK, limit=host, extra_vars={"free_gpus_kill_timeout": 2})
     assert run.rc == 0, summary_lines(run)
-    agent = fleet.ssh(host, "pgrep -u 4242 -f 'torchrun --nnodes'").stdout.split()
-    job = f"/usr/local/bin/torchrun --nnodes 2 --nproc-per-node 1 train.py (PID {agent[0]}, connected to {PEER}:29500)"
+    job = f"/usr/local/bin/torchrun {AGENT_ARGS} (PID {agent}, connected to {PEER}:29500)"
     [rank] = run.result(RELEASE_TASK, host)["multi_node"]
-    assert len(agent) == 1 and rank["launcher"].endswith(job), (rank, agent)
+    assert rank["launcher"].endswith(job), (rank, agent)
+    # Only the rank was the run's: the agent, which holds no GPU, is never signalled.
+    assert fleet.ssh(host, f"kill -0 {agent}").returncode == 0, fleet.ssh(host, "ps -ef").stdout
     first = run.result(VERDICT_TASK, host)["msg"].split(". ")[0]
     said = f"ranks of multi-node {rank['launcher']} (their ranks on the other nodes hang in a collective until freed)"
     assert first.startswith(f"{host}: 8 GPUs free (") and f"killed 1 process, {said} in " in first, first

@@ -90,14 +90,13 @@ def test_named_ray_the_actor_is_ended_and_the_node_stays(fleet, ray_node):
 def test_a_users_process_posing_as_a_ray_node_makes_root_refuse_nothing(fleet):
     host = _host(fleet)
     fleet.reset([host])
-    # uid 4242's `exec -a raylet` python, its child holding GPU 0: her process tree.
-    made = fleet.ssh(host, "getent passwd 4242").returncode != 0
+    # uid 4242's `exec -a raylet` python, its child holding GPU 0: her process tree (uid 4242 by number,
+    # setpriv: no account name that another test's user could already hold on this host).
     # The simulator's context registry is open to every user, as the real driver serves every user's contexts.
-    setup = ("useradd -u 4242 -M -d /nonexistent -s /usr/sbin/nologin zmuser\n" if made else "")
-    setup += ("mkdir -p /run/nvidia-sim/contexts && chmod 1777 /run/nvidia-sim/contexts\n"
-              f"cat > /usr/local/bin/fake-raylet <<'EOF'\n{FAKE_RAYLET}EOF\nchmod 0755 /usr/local/bin/fake-raylet\n"
-              # From a login session, as she would (a system unit's main process would be root's word: systemd's MainPID).
-              "setsid runuser -u zmuser -- /usr/local/bin/fake-raylet </dev/null >/dev/null 2>&1 & echo $! > /run/fake-raylet.pid")
+    setup = ("mkdir -p /run/nvidia-sim/contexts && chmod 1777 /run/nvidia-sim/contexts\n"
+             f"cat > /usr/local/bin/fake-raylet <<'EOF'\n{FAKE_RAYLET}EOF\nchmod 0755 /usr/local/bin/fake-raylet\n"
+             # From a login session, as she would (a system unit's main process would be root's word: systemd's MainPID).
+             "setsid setpriv --reuid 4242 --regid 4242 --clear-groups -- /usr/local/bin/fake-raylet </dev/null >/dev/null 2>&1 & echo $! > /run/fake-raylet.pid")
     fleet.ssh(host, setup, check=True)
     try:
         assert wait_for(lambda: fleet.gpu_memory(host)[0] >= 1000, timeout=30), fleet.ssh(host, "ps -ef").stdout
@@ -107,6 +106,5 @@ def test_a_users_process_posing_as_a_ray_node_makes_root_refuse_nothing(fleet):
         assert fleet.gpu_memory(host)[0] == 0
     finally:
         # Her session's process group, by the PID this test started (setsid: the group is that PID's).
-        fleet.ssh(host, "kill -KILL -- -$(cat /run/fake-raylet.pid); rm -f /run/fake-raylet.pid /usr/local/bin/fake-raylet; "
-                        + ("userdel zmuser; " if made else "") + "true")
+        fleet.ssh(host, "kill -KILL -- -$(cat /run/fake-raylet.pid); rm -f /run/fake-raylet.pid /usr/local/bin/fake-raylet; true")
         fleet.reset([host])
