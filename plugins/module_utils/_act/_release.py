@@ -461,7 +461,9 @@ class Release:
         process that just exited may still free its memory)."""
         if not dirty:
             return None
-        blind = unheld(dirty, holders, apps) if self.unreadable else []
+        # Not root, nvidia-smi still lists every user's processes: a GPU that no process this run
+        # can read holds is as blind as one nobody is listed on (the real run ends in the same sentence).
+        blind = unheld(dirty, holders, []) if self.unreadable else []
         if blind:
             # Not root: the real run cannot see who holds these GPUs either; said as its first sentence, once.
             self.result["warnings"] = [w for w in self.result["warnings"] if not w.startswith("could not read the open files")]
