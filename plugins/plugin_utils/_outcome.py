@@ -249,13 +249,13 @@ def planned_signals(killed: t.Sequence[t.Mapping[str, t.Any]]) -> str:
 
 
 def asleep_note(killed: t.Sequence[t.Mapping[str, t.Any]]) -> str:
-    """` (pid 812 vllm: its server said it was asleep)`: what a killed holder's own vLLM server said
-    of its sleep (gpu_release's sleep_answer), quoted; "" for none."""
+    """`pid 812 vllm: its server said it was asleep`: what killed holders' own vLLM servers said of
+    their sleep (gpu_release's sleep_answer), quoted as their word; "" for none."""
     asleep = ["pid {} {}".format(k.get("pid"), k.get("name") or "?") for k in killed if k.get("asleep")]
     if not asleep:
         return ""
-    return " ({}: {} said {} asleep)".format(", ".join(asleep), "its server" if len(asleep) == 1 else "their servers",
-                                             "it was" if len(asleep) == 1 else "they were")
+    return "{}: {} said {} asleep".format(", ".join(asleep), "its server" if len(asleep) == 1 else "their servers",
+                                          "it was" if len(asleep) == 1 else "they were")
 
 
 def _done(outcome: Outcome) -> list[str]:
@@ -270,7 +270,8 @@ def _done(outcome: Outcome) -> list[str]:
     if outcome["killed"] and outcome["check_mode"]:
         did.append(planned_signals(outcome["killed"]))
     elif outcome["killed"]:
-        did.append("killed " + _plural(outcome.get("killed_count") or len(outcome["killed"]), "process", "es") + asleep_note(outcome["killed"]))
+        asleep = asleep_note(outcome["killed"])
+        did.append("killed " + _plural(outcome.get("killed_count") or len(outcome["killed"]), "process", "es") + (f" ({asleep})" if asleep else ""))
     if outcome.get("multi_node"):
         # Said in the first sentence: the job's ranks elsewhere keep their GPUs until freed too.
         did.append("ranks of multi-node {} (their ranks on the other nodes hang in a collective until freed)".format("; ".join(outcome["multi_node"])))

@@ -88,9 +88,8 @@ class Process(t.NamedTuple):
 
 
 class Ask(t.NamedTuple):
-    """One question to put: the holder, the process whose namespace it is put in, where."""
+    """One question to put: the process whose socket listens (its namespace is where it is put), where."""
 
-    holder: int
     owner: int
     address: str
     port: int
@@ -174,7 +173,7 @@ def chain_of(pid: int, processes: t.Mapping[int, Process]) -> list[Process]:
     return chain
 
 
-def asks_for(holder: int, chain: t.Sequence[Process], tables: t.Mapping[tuple[int, int], list[Listener]]) -> list[Ask]:
+def asks_for(chain: t.Sequence[Process], tables: t.Mapping[tuple[int, int], list[Listener]]) -> list[Ask]:
     """The ports the holder's own kin listen on, from the kernel's tables: sockets in their fd
     tables, owned by the holder's uid, on a port no other user's socket listens on; pure."""
     asks: list[Ask] = []
@@ -185,7 +184,7 @@ def asks_for(holder: int, chain: t.Sequence[Process], tables: t.Mapping[tuple[in
                 continue
             if any(other.port == row.port and other.uid != row.uid for other in rows):
                 continue
-            ask = Ask(holder, process.pid, target(row.address), row.port)
+            ask = Ask(process.pid, target(row.address), row.port)
             if ask not in asks:
                 asks.append(ask)
     return asks[:PORTS_PER_HOLDER]
@@ -380,17 +379,22 @@ def annotate(holders: list[Holder], proc: str = "/proc") -> list[Holder]:
     owners = {p.netns: p.pid for chain in chains.values() for p in chain if p.netns is not None and p.sockets}
     tables = read_tables(owners, proc, deadline)
     ours = own_netns()
-    asks: list[tuple[Ask, str | None]] = []
-    for holder in todo:
-        for ask in asks_for(int(holder["pid"]), chains[int(holder["pid"])], tables):
-            if len(asks) < _LEFT["asks"]:
-                netns = processes[ask.owner].netns
-                asks.append((ask, None if netns == ours else f"{proc}/{ask.owner:d}/ns/net"))
-    answers = ask_all(asks, max(0.0, deadline - time.monotonic())) if asks else {}
+    # One ask per server, whichever of its kin hold GPUs or share its socket (vLLM V1's API server
+    # is an NVML client holder itself, its EngineCore and workers hold contexts): keyed by where.
+    wanted = {int(h["pid"]): asks_for(chains[int(h["pid"])], tables) for h in todo}
+    puts: dict[tuple[t.Any, str, int], tuple[Ask, str | None]] = {}
+    for ask in (a for found in wanted.values() for a in found):
+        netns = processes[ask.owner].netns
+        if len(puts) < _LEFT["asks"] and (netns, ask.address, ask.port) not in puts:
+            puts[(netns, ask.address, ask.port)] = (ask, None if netns == ours else f"{proc}/{ask.owner:d}/ns/net")
+    asks = list(puts.values())
+    put = ask_all(asks, max(0.0, deadline - time.monotonic())) if asks else {}
+    answers = {where: put.get(ask) for where, (ask, _netns) in puts.items()}
     _LEFT["asks"] -= len(asks)
     _LEFT["seconds"] -= time.monotonic() - started
     for holder in todo:
-        said = [(ask.port, answer) for ask, answer in answers.items() if ask.holder == int(holder["pid"]) and answer is not None]
+        said = [(ask.port, answers.get((processes[ask.owner].netns, ask.address, ask.port))) for ask in wanted[int(holder["pid"])]]
+        said = [(port, answer) for port, answer in said if answer is not None]
         record = {"port": said[0][0], "asleep": said[0][1]} if said else None
         holder["sleep_answer"] = record
         ANSWERS[(int(holder["pid"]), int(holder.get("start_time") or 0))] = record

@@ -174,12 +174,12 @@ def test_a_holders_kin_is_its_parent_chain_of_its_own_user_and_cgroups_only():
 def test_only_a_socket_of_the_holders_user_on_a_port_no_other_user_listens_on_is_asked():
     rows = _sleep_mode.parse_listeners(TCP)
     mine = process(30, 20, sockets=(4242,))
-    assert _sleep_mode.asks_for(30, [mine], {(1, 2): rows}) == [_sleep_mode.Ask(30, 30, "127.0.0.1", 8000)]
+    assert _sleep_mode.asks_for([mine], {(1, 2): rows}) == [_sleep_mode.Ask(30, "127.0.0.1", 8000)]
     # Root's sshd socket, passed into the holder's fd table: root's, never this holder's server.
-    assert _sleep_mode.asks_for(30, [process(30, 20, sockets=(17,))], {(1, 2): rows}) == []
+    assert _sleep_mode.asks_for([process(30, 20, sockets=(17,))], {(1, 2): rows}) == []
     # Another user's socket on the same port: whose answer it would be is not the kernel's word.
     shared = rows + [_sleep_mode.Listener("0.0.0.0", 8000, 4242, 999)]
-    assert _sleep_mode.asks_for(30, [mine], {(1, 2): shared}) == []
+    assert _sleep_mode.asks_for([mine], {(1, 2): shared}) == []
 
 
 def test_the_note_quotes_the_server_and_an_awake_or_silent_server_adds_nothing():
