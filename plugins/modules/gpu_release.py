@@ -470,7 +470,7 @@ killed:
       R(Why in the gpu_release guide on kill_timeout, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.kill-timeout).
     - In check mode, the processes that would be signalled, with C(signal=null) and the C(sigkill_at_once) they would get.
     - C(sleep_answer) is what the process's own vLLM server answered to C(GET /is_sleeping) (C(port), C(asleep)), as
-      M(zeromib.gpu.gpu_facts) reports it for its holders; V(null) where nothing was asked or answered. Its server's word, quoted: it decides
+      M(zeromib.gpu.gpu_facts) reports it for its holders; V(null) where nothing was asked or answered. Its server's word, quoted, that decides
       nothing.
   type: list
   elements: dict

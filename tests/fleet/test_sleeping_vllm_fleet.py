@@ -131,7 +131,8 @@ def test_servers_that_hang_flood_or_are_not_the_holders_own_say_nothing_and_one_
                           ": > /tmp/sleep-web.log", check=True).stdout.split()[0]
     # a server in a network namespace of its own (a container's: the fleet's root may not set up a
     # network namespace's loopback without a user namespace of its own): asked there, over its loopback
-    netns = serve(fleet, host, "netns", gpu=4, mib=3072, port=8005, prefix="unshare --user --map-root-user --net sh -c 'ip link set lo up && exec \"$0\" \"$@\"'")
+    own_netns = "unshare --user --map-root-user --net sh -c 'ip link set lo up && exec \"$0\" \"$@\"'"
+    netns = serve(fleet, host, "netns", gpu=4, mib=3072, port=8005, prefix=own_netns)
     try:
         run = play(fleet, PLAYBOOK, [host], free_gpus_kill=False)
         assert run.rc == 2, run
