@@ -364,7 +364,8 @@ def annotate(holders: list[Holder], proc: str = "/proc") -> list[Holder]:
     todo = []
     for holder in holders:
         key = (int(holder["pid"]), int(holder.get("start_time") or 0))
-        if key in ANSWERS or holder.get("kernel_thread") or holder.get("blocked") or holder.get("uid") is None:
+        # A protected process is never signalled (an exporter such as dcgm-exporter listens too): nothing to ask it.
+        if key in ANSWERS or holder.get("kernel_thread") or holder.get("blocked") or holder.get("protected") or holder.get("uid") is None:
             holder["sleep_answer"] = ANSWERS.get(key)
         else:
             todo.append(holder)

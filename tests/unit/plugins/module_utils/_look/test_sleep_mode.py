@@ -195,6 +195,8 @@ def test_the_note_quotes_the_server_and_an_awake_or_silent_server_adds_nothing()
 
 def test_a_holders_own_server_that_says_it_is_asleep_is_quoted_and_asked_once_a_run(servers):
     pid, port, _child, log = servers("asleep")
+    # protected (never signalled): not asked
+    assert _sleep_mode.annotate([dict(holder(pid), protected=True)])[0]["sleep_answer"] is None and asked(log) == []
     [found] = _sleep_mode.annotate([holder(pid)])
     assert found["sleep_answer"] == {"port": port, "asleep": True}
     assert asked(log) == ["GET /is_sleeping HTTP/1.0"]
