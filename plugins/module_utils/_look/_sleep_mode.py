@@ -38,6 +38,7 @@ import json
 import os
 import re
 import socket
+import sys
 import threading
 import time
 import typing as t
@@ -122,10 +123,11 @@ def parse_listeners(text: str) -> list[Listener]:
     return found
 
 
-def hex_address(text: str) -> str:
-    """/proc/net/tcp's address (host-order 32-bit words, hex) -> its usual spelling; pure."""
+def hex_address(text: str, byteorder: str = sys.byteorder) -> str:
+    """/proc/net/tcp's address (the network-order bytes printed as host-order 32-bit words, hex)
+    -> its usual spelling; pure."""
     raw = bytes.fromhex(text)
-    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    words = raw if byteorder == "big" else b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
     return socket.inet_ntop(socket.AF_INET if len(words) == 4 else socket.AF_INET6, words)
 
 
@@ -299,12 +301,13 @@ def own_netns() -> tuple[int, int] | None:
     return info.st_dev, info.st_ino
 
 
-def ask_one(address: str, port: int, deadline: float, netns: str | None = None) -> bool | None:
+def ask_one(address: str, port: int, deadline: float, netns: str | None = None, expected: tuple[int, int] | None = None) -> bool | None:
     """GET /is_sleeping of address:port, in the network namespace at path `netns` (None: ours),
-    by the calling thread; the answer (parse_answer), None past the deadline or on any error."""
+    which must still be `expected` (the one its /proc read named: a PID reused meanwhile names
+    another), by the calling thread; the answer (parse_answer), None past the deadline or on any error."""
     try:
         if netns is not None:
-            enter_netns(netns)
+            enter_netns(netns, expected)
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
         with socket.socket(family, socket.SOCK_STREAM) as sock:
             sock.settimeout(max(0.001, deadline - time.monotonic()))
@@ -325,11 +328,14 @@ def ask_one(address: str, port: int, deadline: float, netns: str | None = None) 
     return parse_answer(data)
 
 
-def enter_netns(path: str) -> None:
+def enter_netns(path: str, expected: tuple[int, int] | None = None) -> None:
     """Move the calling thread (only it: setns(2) of a network namespace is per thread) into the
-    network namespace at `path`; raises OSError."""
+    network namespace at `path`, if it is `expected` (nsfs device, inode); raises OSError."""
     handle = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
+        info = os.fstat(handle)
+        if expected is not None and (info.st_dev, info.st_ino) != expected:
+            raise OSError(f"{path} is no longer the namespace read")
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.setns(handle, CLONE_NEWNET) != 0:
             code = ctypes.get_errno()
@@ -338,21 +344,21 @@ def enter_netns(path: str) -> None:
         os.close(handle)
 
 
-def ask_all(asks: t.Sequence[tuple[Ask, str | None]], seconds: float) -> dict[Ask, bool | None]:
+def ask_all(asks: t.Sequence[tuple[Ask, str | None, tuple[int, int] | None]], seconds: float) -> dict[Ask, bool | None]:
     """Every ask at once, each in a thread of its own (one that enters a namespace ends with its
     ask), all under one deadline `seconds` away; an ask still running then says nothing."""
     deadline = time.monotonic() + seconds
     answers: dict[Ask, bool | None] = {}
     threads = []
-    for ask, netns in asks:
-        def run(ask: Ask = ask, netns: str | None = netns) -> None:
-            answers[ask] = ask_one(ask.address, ask.port, deadline, netns)
+    for ask, netns, expected in asks:
+        def run(ask: Ask = ask, netns: str | None = netns, expected: tuple[int, int] | None = expected) -> None:
+            answers[ask] = ask_one(ask.address, ask.port, deadline, netns, expected)
         thread = threading.Thread(target=run, name="zeromib-sleep-ask", daemon=True)
         thread.start()
         threads.append(thread)
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
-    return {ask: answers.get(ask) for ask, _netns in asks}
+    return {ask: answers.get(ask) for ask, _netns, _expected in asks}
 
 
 # ---------------------------------------------------------------- the holders
@@ -383,14 +389,14 @@ def annotate(holders: list[Holder], proc: str = "/proc") -> list[Holder]:
     # One ask per server, whichever of its kin hold GPUs or share its socket (vLLM V1's API server
     # is an NVML client holder itself, its EngineCore and workers hold contexts): keyed by where.
     wanted = {int(h["pid"]): asks_for(chains[int(h["pid"])], tables) for h in todo}
-    puts: dict[tuple[t.Any, str, int], tuple[Ask, str | None]] = {}
+    puts: dict[tuple[t.Any, str, int], tuple[Ask, str | None, tuple[int, int] | None]] = {}
     for ask in (a for found in wanted.values() for a in found):
         netns = processes[ask.owner].netns
         if len(puts) < _LEFT["asks"] and (netns, ask.address, ask.port) not in puts:
-            puts[(netns, ask.address, ask.port)] = (ask, None if netns == ours else f"{proc}/{ask.owner:d}/ns/net")
+            puts[(netns, ask.address, ask.port)] = (ask, None, None) if netns == ours else (ask, f"{proc}/{ask.owner:d}/ns/net", netns)
     asks = list(puts.values())
     put = ask_all(asks, max(0.0, deadline - time.monotonic())) if asks else {}
-    answers = {where: put.get(ask) for where, (ask, _netns) in puts.items()}
+    answers = {where: put.get(ask) for where, (ask, _netns, _expected) in puts.items()}
     _LEFT["asks"] -= len(asks)
     _LEFT["seconds"] -= time.monotonic() - started
     for holder in todo:

@@ -143,6 +143,7 @@ TCP6 = ("  sl  local_address                         remote_address             
 def test_the_kernels_listen_rows_are_read_up_to_the_first_row_past_them():
     assert _sleep_mode.parse_listeners(TCP) == [_sleep_mode.Listener("127.0.0.1", 8000, 1000, 4242), _sleep_mode.Listener("0.0.0.0", 22, 0, 17)]
     assert _sleep_mode.parse_listeners(TCP6) == [_sleep_mode.Listener("::", 8001, 1000, 4343)]
+    assert _sleep_mode.hex_address("7F000001", "big") == "127.0.0.1"  # s390x prints its words as they are
     assert _sleep_mode.target("0.0.0.0") == "127.0.0.1" and _sleep_mode.target("::") == "::1" and _sleep_mode.target("::ffff:10.0.0.2") == "10.0.0.2"
 
 
@@ -254,3 +255,7 @@ def test_a_server_in_a_network_namespace_of_its_own_is_asked_there(servers):
     pid, port, _child, log = servers("asleep", "netns")
     [found] = _sleep_mode.annotate([holder(pid)])
     assert found["sleep_answer"] == {"port": port, "asleep": True} and len(asked(log)) == 1
+    # a namespace that is no longer the one read (its PID reused meanwhile) is never entered
+    info = os.stat(f"/proc/{pid:d}/ns/net")
+    assert _sleep_mode.ask_one("127.0.0.1", port, time.monotonic() + 0.2, f"/proc/{pid:d}/ns/net", (info.st_dev, info.st_ino + 1)) is None
+    assert len(asked(log)) == 1
