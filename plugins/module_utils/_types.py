@@ -135,6 +135,9 @@ class Holder(t.TypedDict, total=False):
     # Where a holder outside every job, unit and container came from (_look/_origin, issue 70):
     # {kind, session, text, stop}, None elsewhere.
     origin: dict[str, t.Any] | None
+    # What its own vLLM server answered to GET /is_sleeping (_look/_sleep_mode, issue 70): {port,
+    # asleep}, the server's word, deciding nothing; None where nothing was asked or answered.
+    sleep_answer: dict[str, t.Any] | None
     protected: bool
     protection_note: str | None
     kernel_thread: bool

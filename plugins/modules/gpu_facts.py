@@ -442,6 +442,11 @@ ansible_facts:
               (the words a failure says) and C(stop) (what ends it, such as V(loginctl terminate-session 5)). A login session is named
               from the kernel's cgroup path, systemd's unit and logind's root-owned record, never from the process's name. See the
               collection's C(docs/docsite/rst/guide_node_shapes.rst).
+            - C(sleep_answer) is what the process's own vLLM server answered to C(GET /is_sleeping) - C(port) and C(asleep) (V(true) when it
+              says it is in vLLM's sleep mode, which keeps its CUDA context and memory) - and V(null) where nothing was asked or answered.
+              Asked only of a holder, over loopback, on a port the kernel shows it (or its parent of the same user and cgroup, such as vLLM
+              V1's API server) listening on with a socket of its own user; bounded in time and size. The server's word, quoted, that decides
+              nothing. See the collection's C(docs/docsite/rst/guide_node_shapes.rst).
           type: list
           elements: dict
           returned: always
@@ -466,6 +471,7 @@ ansible_facts:
               pod_uid: null
               guest: null
               origin: null
+              sleep_answer: null
               protected: false
               protection_note: null
               container_note: null
@@ -488,6 +494,7 @@ ansible_facts:
               pod: null
               pod_uid: null
               guest: {kind: lxc, name: "101", unit: vllm.service, init_pid: 4000, manager: systemd}
+              sleep_answer: {port: 8000, asleep: true}
               protected: false
               protection_note: null
               container_note: null

@@ -469,14 +469,19 @@ killed:
       V(in a frozen cgroup (cgroup.freeze)); V(null) for a process that SIGTERM can reach.
       R(Why in the gpu_release guide on kill_timeout, ansible_collections.zeromib.gpu.docsite.guide_gpu_release.kill-timeout).
     - In check mode, the processes that would be signalled, with C(signal=null) and the C(sigkill_at_once) they would get.
+    - C(sleep_answer) is what the process's own vLLM server answered to C(GET /is_sleeping) (C(port), C(asleep)), as
+      M(zeromib.gpu.gpu_facts) reports it for its holders; V(null) where nothing was asked or answered. Its server's word, quoted, that decides
+      nothing.
   type: list
   elements: dict
   returned: always
   sample:
     - {pid: 495, name: python3, cmdline: python3 train.py, unit: null, container: null, gpu_indexes: [0], signal: SIGTERM, sigkill_at_once: null,
-       exited_after_s: 0.02}
+       sleep_answer: null, exited_after_s: 0.02}
     - {pid: 512, name: python3, cmdline: python3 serve.py, unit: null, container: null, gpu_indexes: [0], signal: SIGKILL,
-       sigkill_at_once: "init of its PID namespace, no SIGTERM handler", exited_after_s: 0.15}
+       sigkill_at_once: "init of its PID namespace, no SIGTERM handler", sleep_answer: null, exited_after_s: 0.15}
+    - {pid: 812, name: vllm, cmdline: vllm serve Qwen/Qwen3-8B, unit: null, container: null, gpu_indexes: [0], signal: SIGTERM,
+       sigkill_at_once: null, sleep_answer: {port: 8000, asleep: true}, exited_after_s: 0.4}
 protected:
   description: Protected processes that hold a selected GPU (or that O(match) named). Never signalled.
   type: list

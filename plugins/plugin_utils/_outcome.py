@@ -191,8 +191,8 @@ def _record(result: t.Mapping[str, t.Any], host: str, check_mode: bool) -> Outco
         "stopped_containers": [container_label(c) for c in result.get("stopped_containers") or []],
         "disabled_containers": [container_label(c) for c in result.get("disabled_containers") or []],
         "killed": [{"pid": k.get("pid"), "name": k.get("name"), "signal": k.get("signal"), "container": k.get("container"),
-                    "sigkill_at_once": k.get("sigkill_at_once")}
-                   for k in result.get("killed") or []],
+                    "sigkill_at_once": k.get("sigkill_at_once"), "asleep": bool((k.get("sleep_answer") or {}).get("asleep"))}
+                   for k in result.get("killed") or [] if isinstance(k, Mapping)],
         "shm_removed": [str(f.get("path")) for f in removed],
         # gpu_release lists at most _caps.LIMIT of them: its total and its count (truncated) say the rest.
         "shm_removed_mib": round(float(result["shm_removed_mib"]) if isinstance(result.get("shm_removed_mib"), (int, float))
@@ -248,6 +248,16 @@ def planned_signals(killed: t.Sequence[t.Mapping[str, t.Any]]) -> str:
     return "would signal {} ({})".format(_plural(len(killed), "process", "es"), "; ".join(ways))
 
 
+def asleep_note(killed: t.Sequence[t.Mapping[str, t.Any]]) -> str:
+    """`pid 812 vllm: its server said it was asleep`: what killed holders' own vLLM servers said of
+    their sleep (gpu_release's sleep_answer), quoted as their word; "" for none."""
+    asleep = ["pid {} {}".format(k.get("pid"), k.get("name") or "?") for k in killed if k.get("asleep")]
+    if not asleep:
+        return ""
+    return "{}: {} said {} asleep".format(", ".join(asleep), "its server" if len(asleep) == 1 else "their servers",
+                                          "it was" if len(asleep) == 1 else "they were")
+
+
 def _done(outcome: Outcome) -> list[str]:
     """What a host that passes had done and left running, in the message's words."""
     did = [f"{verb} {', '.join(names)}" for verb, names in (
@@ -260,7 +270,8 @@ def _done(outcome: Outcome) -> list[str]:
     if outcome["killed"] and outcome["check_mode"]:
         did.append(planned_signals(outcome["killed"]))
     elif outcome["killed"]:
-        did.append("killed " + _plural(outcome.get("killed_count") or len(outcome["killed"]), "process", "es"))
+        asleep = asleep_note(outcome["killed"])
+        did.append("killed " + _plural(outcome.get("killed_count") or len(outcome["killed"]), "process", "es") + (f" ({asleep})" if asleep else ""))
     if outcome.get("multi_node"):
         # Said in the first sentence: the job's ranks elsewhere keep their GPUs until freed too.
         did.append("ranks of multi-node {} (their ranks on the other nodes hang in a collective until freed)".format("; ".join(outcome["multi_node"])))

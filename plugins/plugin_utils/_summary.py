@@ -16,7 +16,7 @@ from ansible.errors import AnsibleError
 
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._fleet_proof import summary_line as fleet_proof_line
 from ansible_collections.zeromib.gpu.plugins.plugin_utils._outcome import (
-    clients_with_units, failed, footprint_note, planned_signals, same_mistake_message, same_mistakes, shm_kept_note, shm_note,
+    asleep_note, clients_with_units, failed, footprint_note, planned_signals, same_mistake_message, same_mistakes, shm_kept_note, shm_note,
     spanning_note,
 )
 
@@ -58,6 +58,9 @@ def _note(outcome: t.Mapping[str, t.Any]) -> str:
         notes.append("multi-node: {}".format("; ".join(outcome["multi_node"])))
     if outcome.get("check_mode") and outcome.get("killed"):
         notes.append(planned_signals(outcome["killed"]))
+    elif asleep_note(outcome.get("killed") or []):
+        # What a killed holder's own vLLM server said of its sleep, quoted (its word, gpu_release's sleep_answer).
+        notes.append("killed " + asleep_note(outcome.get("killed") or []))
     if outcome.get("shm_removed"):
         notes.append(shm_note(outcome))
     if outcome.get("shm_kept"):

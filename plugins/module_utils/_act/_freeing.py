@@ -27,6 +27,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders 
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _jobs
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _mig_layout
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _origin
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _sleep_mode
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _checkpoint
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _containers
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _guest_units
@@ -101,7 +102,9 @@ def annotate(release: Release, holders: list[Holder]) -> list[Holder]:
     holders = _container_of.annotate(holders, release.system.runtimes, release.system.proc)
     holders = _guests.annotate(holders, release.system.proc)
     holders = _facts.annotate_units(holders, release.system.systemctl, release.unit_cgroups)
-    return _origin.annotate(holders, release.system.proc)
+    holders = _origin.annotate(holders, release.system.proc)
+    # What a holder's own vLLM server says of its sleep: quoted in its description, deciding nothing (issue 70).
+    return _sleep_mode.annotate(holders, release.system.proc)
 
 
 # ---------------------------------------------------------------- check mode

@@ -230,6 +230,8 @@ def entry_of(holder: Holder) -> dict[str, t.Any]:
         "unit": holder.get("unit"),
         "container": holder.get("container"),
         "gpu_indexes": holder.get("gpu_indexes"),
+        # What its own vLLM server said of its sleep (_look/_sleep_mode): its word, quoted.
+        "sleep_answer": holder.get("sleep_answer"),
         "start_time": holder["start_time"],
         "signal": None,
         "sigkill_at_once": None,

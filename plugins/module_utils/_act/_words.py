@@ -17,6 +17,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._look import _attribut
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _caps
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _guests
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _sleep_mode
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._plan import is_idle_baseline, is_mig
 
@@ -57,7 +58,8 @@ def spanning_message(processes: list[tuple[Holder, list[int]]], units: list[dict
     )
 
 
-def describe_holder(holder: Holder | dict[str, t.Any]) -> str:
+def describe_holder(holder: Holder | dict[str, t.Any], mib: int | None = None) -> str:
+    """`pid 812 vllm [cmdline] (unit ..., state S)`; `mib`: what nvidia-smi charges it on the GPU named before."""
     parts = ["pid {} {}".format(holder["pid"], holder.get("name"))]
     cmdline = holder.get("cmdline") or ""
     if cmdline and cmdline != holder.get("name"):
@@ -73,6 +75,10 @@ def describe_holder(holder: Holder | dict[str, t.Any]) -> str:
     guest = holder.get("guest")
     if guest:
         parts.append("{}{}".format(_guests.label(guest), ": {}".format(guest["unit"]) if guest.get("unit") else ""))
+    said = _sleep_mode.note(holder.get("sleep_answer"), mib)
+    if said:
+        # Its own server's word, quoted (_look/_sleep_mode): it decides nothing.
+        parts.append(said)
     parts.append("state {}".format(holder.get("state")))
     if holder.get("state") == "Z" and not holder.get("blocked"):
         parts.append("zombie leader, {} threads running".format(max(0, (holder.get("threads") or 1) - 1)))
@@ -136,7 +142,8 @@ def gpu_failure(gpu: Gpu, holders: list[Holder], apps: list[ComputeApp], blind: 
     if freeing:
         text += f" ({freeing})"
     if unprotected or protected_claimants:
-        text += ", held by " + _caps.named([describe_holder(h) for h in unprotected + protected_claimants])
+        charged = {a["pid"]: a.get("used_memory_mib") for a in claims if a.get("alive")}
+        text += ", held by " + _caps.named([describe_holder(h, charged.get(h["pid"])) for h in unprotected + protected_claimants])
     elif blocked:
         text += f", possibly held by {_caps.named([describe_holder(h) for h in blocked])}: what it holds cannot be read"
     elif undecided:

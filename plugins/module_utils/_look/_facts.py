@@ -86,6 +86,8 @@ HOLDER_KEYS = (
     "guest",
     # Where a holder outside every job, unit and container came from (_origin): None elsewhere.
     "origin",
+    # What the holder's own vLLM server answered to GET /is_sleeping (_sleep_mode): its word, None elsewhere.
+    "sleep_answer",
     # A process whose /proc entries did not answer (_holders.blocked_record): where it sleeps,
     # and where root's read of it waited.
     "blocked",
@@ -545,6 +547,9 @@ def _look(smi: smi_mod.NvidiaSmi, request: Request, early: dict[str, t.Any], unr
         # Where a holder outside every job came from (an SSH session, a detached process: issue 70).
         from ansible_collections.zeromib.gpu.plugins.module_utils._look import _origin
         _origin.annotate(holders, proc)
+        # What its own vLLM server says of its sleep, quoted and deciding nothing (issue 70).
+        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _sleep_mode
+        _sleep_mode.annotate(holders, proc)
     footprint = _attribution.footprint_gpus(gpus, holders, apps, max_used_mib, footprint_mib)
     snapshot = Snapshot(gpus, apps, holders, unreadable, footprint, health, not_visible, early["unscanned"])
     snapshot.inside_container = _guests.pid_namespace_nested(proc)

@@ -47,6 +47,8 @@ def test_cooperative_holder_exits_on_sigterm(world):
             "unit": "session-3.scope",
             "container": None,
             "gpu_indexes": [0],
+            # its own vLLM server's word (_look/_sleep_mode): nothing listens here
+            "sleep_answer": None,
             "signal": "SIGTERM",
             "sigkill_at_once": None,
             "exited_after_s": 0.0,
