@@ -438,10 +438,12 @@ ansible_facts:
               C(manager) (the system manager that init is, such as V(systemd); V(null) when it is none). Such a process's C(unit) is
               V(null) - its unit is the guest's, never the host's. See the collection's C(docs/docsite/rst/guide_system_containers.rst).
             - C(origin) is where a process outside every job, unit and container came from, V(null) elsewhere - C(kind)
-              (V(ssh_session), V(login_session), V(detached)), C(session) (the login session's id, V(null) for V(detached)), C(text)
-              (the words a failure says) and C(stop) (what ends it, such as V(loginctl terminate-session 5)). A login session is named
-              from the kernel's cgroup path, systemd's unit and logind's root-owned record, never from the process's name. See the
-              collection's C(docs/docsite/rst/guide_node_shapes.rst).
+              (V(ssh_session), V(login_session), V(apptainer_instance), V(detached)), C(session) (the login session's id, V(null)
+              outside one), C(text) (the words a failure says) and C(stop) (what ends it, such as V(loginctl terminate-session 5) or
+              V(apptainer instance stop train)); for V(apptainer_instance) also C(user), the user that command runs as (the starter's
+              real uid, V(null) without a name). A login session is named from the kernel's cgroup path, systemd's unit and logind's
+              root-owned record, an Apptainer instance from an ancestor running root's starter (its name quoted as its user's word),
+              never from the process's name. See the collection's C(docs/docsite/rst/guide_node_shapes.rst).
           type: list
           elements: dict
           returned: always

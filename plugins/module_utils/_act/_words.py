@@ -65,7 +65,8 @@ def describe_holder(holder: Holder | dict[str, t.Any]) -> str:
     origin = holder.get("origin")
     if origin:
         # Where it came from, outside every job (_look/_origin, issue 70): the login session names the unit.
-        parts.append(origin["text"] + (f": `{origin['stop']}` ends it" if origin.get("session") else ""))
+        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _origin
+        parts.append(origin["text"] + _origin.stop_words(origin))
     elif holder.get("unit"):
         parts.append("unit {}".format(holder["unit"]))
     if holder.get("container"):
