@@ -542,7 +542,7 @@ class Release:
 
     def reset_node(self) -> _reset.Node:
         """What the reset advice of a failure needs of this node (read only for a failure)."""
-        return reset_node(self.before[0], self.health, self.inside_container, self.smi.run)
+        return reset_node(self.before[0], self.health, self.inside_container, self.smi.run, self.result.get("given_to_vms") or ())
 
     def verify(self, selected: list[int], deadline: float, acted: bool, unheld_at_look: t.Collection[int] = ()
                ) -> tuple[list[Gpu], bool, str | None, set[int]]:
