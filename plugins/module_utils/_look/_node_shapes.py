@@ -254,10 +254,10 @@ def given_to_vms(gpu: Gpu, vms: tuple[list[str], int] = ([], 0)) -> str:
 
 
 def vgpu_holders(vms: tuple[list[str], int]) -> str:
-    """` (its vGPUs are held by VM a (libvirt), VM b; 1 by no VM systemd names)`, "" when none is
-    known; pure."""
+    """` (its vGPUs are held by train-vm (libvirt), Proxmox VM 101; 1 by no VM systemd names)`, ""
+    when none is known; pure."""
     named, unnamed = vms
-    parts = [f"held by {', '.join('VM ' + name for name in named[:5])}{' and more' if len(named) > 5 else ''}"] if named else []
+    parts = [f"held by {', '.join(named[:5])}{' and more' if len(named) > 5 else ''}"] if named else []
     if unnamed:
         parts.append(f"{unnamed:d} by no VM systemd names" if named else f"held by no VM systemd names ({unnamed:d})")
     return f" (its vGPUs are {'; '.join(parts)})" if parts else ""
