@@ -38,11 +38,11 @@ def install_starter(host):
     host.run(["install", "-D", "-o", "0", "-g", "0", "-m", "755", build(), INSTALLED], check=True)
 
 
-def start_instance(host, share, starter, name, mib=2048, user="alice"):
-    """An instance NAME started by USER through STARTER, its container's process a gpu_holder on GPU
-    0 -> (the holder's pid, the starter's pid)."""
+def start_instance(host, share, starter, name, mib=2048, user="alice", gpus="0"):
+    """An instance NAME started by USER through STARTER, its container's process a gpu_holder on
+    GPUS -> (the holder's pid, the starter's pid)."""
     ready = os.path.join(share, f"{name}.json")
-    cmd = f"exec gpu_holder --gpus 0 --mib {mib:d} --ready-file {ready}"
+    cmd = f"exec gpu_holder --gpus {gpus} --mib {mib:d} --ready-file {ready}"
     started = host.spawn_as(USER, start_argv(starter, user, name), env={"ZEROMIB_STARTER_CMD": cmd}, ready=False)
     deadline = time.monotonic() + 15
     while not os.path.exists(ready):

@@ -410,6 +410,8 @@ class Release:
             programs = freeing_room().spanning_programs(self, program_plan, holders, selected)
         self.result["spanning"] = spanning_record(processes, self.spanning_units, containers, programs)
         if self.result["spanning"] and not self.options.kill_spanning:
+            # The refused holders stay in the result: a Slurm hook's cause names them (never "no process holds it").
+            self.result["holders"] = t.cast("list[Holder]", [_facts.public_holder(h) for h in holders])
             raise StepFailed(spanning_message(processes, self.spanning_units, containers, selected, programs))
 
     def plan_mps(self, targets: list[Holder]) -> tuple[list[Holder], list[Holder]]:
