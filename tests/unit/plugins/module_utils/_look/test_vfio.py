@@ -160,8 +160,8 @@ def test_vgpus_are_the_mediated_devices_of_nvidia_gpus_each_with_its_own_group(t
                                          ("0000:62:00.0", "102", "bb1e7a8c-0c7c-4c1e-9d6c-1f0e1f0e1f02")]
     assert vfio.vgpus(str(tmp_path / "none")) == []
     given = vfio.given_to_vms(str(tmp_path), str(tmp_path / "dev"), mounts=[])
-    assert [(g["bus"], g["mdev"], g["vm"]) for g in given] == [("0000:61:00.0", "aa1e7a8c-0c7c-4c1e-9d6c-1f0e1f0e1f01", None),
-                                                              ("0000:62:00.0", "bb1e7a8c-0c7c-4c1e-9d6c-1f0e1f0e1f02", None)]
+    expected = [("0000:61:00.0", "aa1e7a8c-0c7c-4c1e-9d6c-1f0e1f0e1f01", None), ("0000:62:00.0", "bb1e7a8c-0c7c-4c1e-9d6c-1f0e1f0e1f02", None)]
+    assert [(g["bus"], g["mdev"], g["vm"]) for g in given] == expected
 
 
 def test_the_vms_of_a_vgpu_hosts_gpu_are_those_holding_its_vgpus():
