@@ -11,7 +11,9 @@ holding the vGPU's group in Proxmox's (`--slice=qemu.slice --unit=101`).
 
 The attacker: a user whom the group node /dev/vfio/43 was given to (libvirt chowns it to the VM's
 user) holds it from her SSH login, her process named `qemu-system-x86_64 ... -name guest=evil-vm` as
-QEMU names itself: no VM is named from it. Works on a fleet of 1 host.
+QEMU names itself: no VM is named from it. And a directory made outside systemd in machine.slice,
+named like libvirt's scope (`machine-qemu\x2d9\x2dghost\x2dvm.scope`), with a process holding
+/dev/vfio/44 in it: systemd has no such unit, so it names no VM. Works on a fleet of 1 host.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ ENDS = [entry for entry in matrix.CONTROLLER if entry[0].startswith(("2.17.", "2
 IDS = [f"ansible-core-{c}" for c, _p in ENDS]
 USER = "zmvmuser"
 LIBVIRT_UNIT = "machine-qemu\\x2d1\\x2dtrain\\x2dvm"
+GHOST = "/sys/fs/cgroup/machine.slice/machine-qemu\\x2d9\\x2dghost\\x2dvm.scope"
 PROXMOX_UNIT = "101"
 MDEV = "aa1e7a8c-0c7c-4c1e-9d6c-1f0e1f0e1f01"
 HOLD = "import sys, time; f = open(sys.argv[1], 'rb'); open(sys.argv[2], 'w').close(); time.sleep(900)"
@@ -49,13 +52,13 @@ def sysfs_script(vgpu_parent: str) -> str:
     on a tmpfs over /sys/bus (the fleet host's mount namespace only), and the group nodes in /dev/vfio."""
     return ("set -e; mount -t tmpfs -o mode=755,size=1m zm-vfio-sim /sys/bus; mkdir -p /sys/bus/pci/devices /sys/bus/mdev/devices; "
             "d=/sys/bus/pci/devices; "
-            "for dev in 0000:61:00.0:42 0000:62:00.0:43; do bus=${dev%:*}; g=${dev##*:}; mkdir $d/$bus; echo 0x10de > $d/$bus/vendor; "
+            "for dev in 0000:61:00.0:42 0000:62:00.0:43 0000:63:00.0:44; do bus=${dev%:*}; g=${dev##*:}; mkdir $d/$bus; echo 0x10de > $d/$bus/vendor; "
             "echo 0x030200 > $d/$bus/class; ln -s ../../../bus/pci/drivers/vfio-pci $d/$bus/driver; "
             "ln -s ../../../kernel/iommu_groups/$g $d/$bus/iommu_group; done; "
             f"mkdir -p $d/{vgpu_parent}/{MDEV}; echo 0x10de > $d/{vgpu_parent}/vendor; echo 0x030200 > $d/{vgpu_parent}/class; "
             f"ln -s ../../../../kernel/iommu_groups/101 $d/{vgpu_parent}/{MDEV}/iommu_group; "
             f"ln -s ../../pci/devices/{vgpu_parent}/{MDEV} /sys/bus/mdev/devices/{MDEV}; "
-            "mkdir -p /dev/vfio; for g in 42 43 101; do rm -f /dev/vfio/$g; mknod -m 600 /dev/vfio/$g c 1 5; done; "
+            "mkdir -p /dev/vfio; for g in 42 43 44 101; do rm -f /dev/vfio/$g; mknod -m 600 /dev/vfio/$g c 1 5; done; "
             f"chown {USER} /dev/vfio/43")
 
 
@@ -98,16 +101,23 @@ def vm_node(clean_fleet):
         fleet.ssh(host, sysfs_script(parent), check=True)
         train = hold_in_scope(fleet, host, "machine.slice", LIBVIRT_UNIT, "42")
         infer = hold_in_scope(fleet, host, "qemu.slice", PROXMOX_UNIT, "101")
+        # A process root moved into a directory it made itself, shaped like libvirt's scope: no unit of systemd's.
+        fleet.ssh(host, f"rm -f /run/zm-vm-ready-44; setsid python3 -c {shlex.quote(HOLD)} /dev/vfio/44 /run/zm-vm-ready-44 </dev/null >/dev/null "
+                        "2>&1 & p=$!; for i in $(seq 200); do [ -e /run/zm-vm-ready-44 ] && break; sleep 0.05; done; "
+                        f"mkdir {shlex.quote(GHOST)} && echo $p > {shlex.quote(GHOST)}/cgroup.procs", check=True)
+        ghost = int(fleet.ssh(host, f"cat {shlex.quote(GHOST)}/cgroup.procs", check=True).stdout.split()[0])
+        pids = [ghost]
         # Her own "QEMU", from her SSH login: argv[0] and -name as QEMU gives them.
         fleet.ssh(host, f"printf '%s\\n' {shlex.quote(HOLD)} > ~{USER}/hold.py && printf '%s\\n' {shlex.quote(EVIL)} > ~{USER}/evil.sh", check=True)
         started = own_login(fleet, host, USER, "bash $HOME/evil.sh")
         assert started.returncode == 0, (started.stdout, started.stderr)
-        pids = [int(word) for word in started.stdout.split()]
-        yield fleet, host, {"train": train, "infer": infer, "evil": pids[0], "parent": parent}
+        pids += [int(word) for word in started.stdout.split()]
+        yield fleet, host, {"train": train, "infer": infer, "evil": pids[1], "ghost": ghost, "parent": parent}
     finally:
         fleet.ssh(host, f"systemctl stop {shlex.quote(LIBVIRT_UNIT + '.scope')} {PROXMOX_UNIT}.scope; "
                         + "".join(f"kill -9 {pid:d}; " for pid in pids)
-                        + f"umount /sys/bus; rm -f /dev/vfio/42 /dev/vfio/43 /dev/vfio/101; mv {CONFIG}.before-vms {CONFIG}")
+                        + f"for i in $(seq 100); do rmdir {shlex.quote(GHOST)} 2>/dev/null && break; sleep 0.05; done; "
+                        + f"umount /sys/bus; rm -f /dev/vfio/42 /dev/vfio/43 /dev/vfio/44 /dev/vfio/101; mv {CONFIG}.before-vms {CONFIG}")
         fleet.clear_faults(host)
 
 
@@ -127,20 +137,20 @@ def message(run, host: str) -> str:
 def test_passthrough_gpus_are_named_with_the_vm_systemd_runs_and_never_from_a_users_qemu_on_both_paths(vm_node, core, python):
     fleet, host, pids = vm_node
     count = len(fleet.gpu_memory(host))
-    said = (f"expected {count + 2} GPUs, nvidia-smi shows {count}: 2 given to VMs by PCI passthrough (vfio-pci): 0000:61:00.0 to VM train-vm "
-            "(libvirt), 0000:62:00.0 (IOMMU group 43; no VM systemd names holds it); a VM's GPU is freed in the VM, and no reset is this "
-            "host's to do")
-    run = play(fleet, core, python, PLAYBOOK, host, free_gpus_expected_count=count + 2)
+    said = (f"expected {count + 3} GPUs, nvidia-smi shows {count}: 3 given to VMs by PCI passthrough (vfio-pci): 0000:61:00.0 to VM train-vm "
+            "(libvirt), 0000:62:00.0 (IOMMU group 43; no VM systemd names holds it), 0000:63:00.0 (IOMMU group 44; no VM systemd names holds "
+            "it); a VM's GPU is freed in the VM, and no reset is this host's to do")
+    run = play(fleet, core, python, PLAYBOOK, host, free_gpus_expected_count=count + 3)
     assert run.rc == 2, run.stdout[-3000:]
     assert message(run, host).startswith(said), message(run, host)
-    own = play(fleet, core, python, TRAINING, host, free_gpus_expected_count=count + 2, training_command="true")
+    own = play(fleet, core, python, TRAINING, host, free_gpus_expected_count=count + 3, training_command="true")
     assert own.rc == 2, own.stdout[-3000:]
     [fatal] = [line for line in own.stdout.splitlines() if line.startswith(f"fatal: [{host}]")]
     assert f'"msg": "{host}: {said}' in fatal, fatal
     for text in (run.stdout, own.stdout):
-        for word in ("evil", "--gpu-reset", "reboot", "missing", "leaked"):
+        for word in ("evil", "ghost", "--gpu-reset", "reboot", "missing", "leaked"):
             assert word not in text, (word, text[-3000:])
-    alive = fleet.ssh(host, " && ".join(f"test -e /proc/{pid:d}" for pid in (pids["train"], pids["infer"], pids["evil"])))
+    alive = fleet.ssh(host, " && ".join(f"test -e /proc/{pid:d}" for pid in (pids["train"], pids["infer"], pids["evil"], pids["ghost"])))
     assert alive.returncode == 0, "no VM process is this run's to signal"
 
 
