@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders
@@ -46,6 +47,9 @@ _PROGNAME = re.compile(r"^(Apptainer|Singularity) instance: ([A-Za-z0-9._-]{1,64
 # The starter is the holder's parent or a few generations up (the container's init, a shell of
 # its start script); PID 1 ends the walk.
 MAX_GENERATIONS = 8
+# Every walk of a run together (an ancestor in execve on a stalled file system costs one read's
+# budget, _bounded_reads): past it, a holder is not looked up, and reads as it would without Apptainer.
+WALKS_S = 2.0
 
 
 class Instance(t.NamedTuple):
@@ -74,20 +78,38 @@ def parse_progname(cmdline: str | None) -> tuple[str, str] | None:
     return (match.group(1), match.group(3)) if match else None
 
 
-def instance_of(holder: t.Mapping[str, t.Any], proc: str = "/proc") -> Instance | None:
-    """The instance whose starter is the holder or one of its ancestors (each read bounded, as the
-    look reads any process), or None."""
-    record: t.Mapping[str, t.Any] | None = holder
-    seen: set[int] = set()
-    for _generation in range(MAX_GENERATIONS + 1):
-        if not record or int(record["pid"]) in seen or int(record["pid"]) <= 1:
+class Walks:
+    """The run's walks up the holders' ancestors: one deadline for all of them, and each ancestor read once."""
+
+    def __init__(self, bound_s: float = WALKS_S, now: t.Callable[[], float] = time.monotonic) -> None:
+        self.now = now
+        self.deadline = now() + bound_s
+        self.records: dict[int, t.Mapping[str, t.Any] | None] = {}
+
+    def parent(self, record: t.Mapping[str, t.Any], proc: str) -> t.Mapping[str, t.Any] | None:
+        """The record's parent as the kernel shows it now (None: gone, unread, or past the deadline)."""
+        parent = int(record.get("ppid") or 0)
+        if parent <= 1:
             return None
-        seen.add(int(record["pid"]))
+        if parent not in self.records:
+            if self.now() >= self.deadline:
+                return None
+            self.records[parent] = _holders.read_process(parent, proc)
+        return self.records[parent]
+
+
+def instance_of(holder: t.Mapping[str, t.Any], proc: str = "/proc", walks: Walks | None = None) -> Instance | None:
+    """The instance whose starter is the holder or one of its ancestors (each read bounded, as the
+    look reads any process; `walks`: the run's, shared by its holders), or None."""
+    walks = Walks() if walks is None else walks
+    record: t.Mapping[str, t.Any] | None = holder
+    for _generation in range(MAX_GENERATIONS + 1):
+        if not record or record.get("blocked"):
+            return None
         if is_starter(record):
             named = parse_progname(record.get("cmdline"))
             if named is None:
                 return None
             return Instance(named[1], named[0], int(record["pid"]), record.get("uid"), record.get("user"))
-        parent = record.get("ppid")
-        record = _holders.read_process(int(parent), proc) if parent else None
+        record = walks.parent(record, proc)
     return None

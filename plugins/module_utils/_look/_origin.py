@@ -208,6 +208,7 @@ def annotate(holders: list[Holder], proc: str = "/proc", sessions: str | None = 
     directory = sessions_dir(proc) if sessions is None else sessions
     # The kernel's parent and session ids, in one bounded pass (a process in execve does not answer).
     stats = _holders.read_stats([int(h["pid"]) for h in holders if not h.get("blocked")], proc)
+    walks = _apptainer.Walks()
     for holder in holders:
         holder["origin"] = None
         # A protected process is never signalled: where it came from changes nothing.
@@ -217,7 +218,7 @@ def annotate(holders: list[Holder], proc: str = "/proc", sessions: str | None = 
         gone = detached(int(holder["pid"]), ids)
         found = session_of(holder)
         session = read_session(found[1], found[0], directory) if found is not None else None
-        instance = _apptainer.instance_of(holder, proc)
+        instance = _apptainer.instance_of(holder, proc, walks)
         if instance is not None:
             holder["origin"] = instance_origin(instance, session)
         elif session is not None:

@@ -12,6 +12,7 @@ import os
 import pwd
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _words
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _apptainer
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _origin
 from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils.fakeproc import write_process
 
@@ -157,3 +158,20 @@ def test_a_starter_whose_argv0_is_no_progname_names_no_instance(tmp_path):
         instance_tree(proc, progname=progname)
         [found] = _origin.annotate([holder(812, ppid=811)], str(proc), sessions(tmp_path))
         assert found["origin"]["kind"] == "ssh_session", (progname, found["origin"])
+
+
+def test_the_walks_up_the_ancestors_share_one_deadline_and_read_each_ancestor_once(tmp_path, monkeypatch):
+    """Attacker: many holders below long chains of processes that do not answer (in execve on her
+    stalled file system): the run's walks stop at one deadline for all of them, and an ancestor
+    shared by several holders is read once."""
+    proc = tmp_path / "proc"
+    instance_tree(proc)
+    reads = []
+    real = _apptainer._holders.read_process
+    monkeypatch.setattr(_apptainer._holders, "read_process", lambda pid, root: reads.append(pid) or real(pid, root))
+    walks = _apptainer.Walks()
+    assert [_apptainer.instance_of({"pid": 812 + n, "ppid": 811}, str(proc), walks).name for n in range(3)] == ["train"] * 3
+    assert reads == [811]
+    clock = iter([0.0, 5.0])
+    late = _apptainer.Walks(bound_s=2.0, now=lambda: next(clock))
+    assert _apptainer.instance_of({"pid": 812, "ppid": 811}, str(proc), late) is None
