@@ -164,17 +164,21 @@ ansible_facts:
         given_to_vms:
           description:
             - NVIDIA GPUs given to VMs by PCI passthrough - bound to C(vfio-pci), so absent from nvidia-smi and the driver's list - as
-              the kernel says (C(/sys/bus/pci/devices/<bus>/driver), C(vendor) C(0x10de), C(class) C(0x03xxxx), C(iommu_group)). V([])
-              on a node whose C(/dev/vfio) has no group (read in one directory listing).
-            - Each has C(bus), C(iommu_group), and C(vm) with C(pid), the VM process that holds C(/dev/vfio/<group>) open, found only
-              in the VM scopes systemd made (libvirt's C(machine.slice/machine-qemu-N-NAME.scope), named C(NAME (libvirt)); Proxmox's
-              C(qemu.slice/VMID.scope), named C(Proxmox VM VMID)), root's all the way; V(null) when none holds it.
-            - Such a GPU is neither counted, nor clean, nor an error, nor missing - it is the VM's, and no reset is the host's to do.
+              the kernel says (C(/sys/bus/pci/devices/<bus>/driver), C(vendor) C(0x10de), C(class) C(0x03xxxx), C(iommu_group)), then
+              the vGPUs of NVIDIA GPUs (C(/sys/bus/mdev/devices/<uuid>), each with its own C(iommu_group)). V([]) on a node whose
+              C(/dev/vfio) has no group (read in one directory listing).
+            - Each has C(bus) (the GPU's; for a vGPU on a virtual function, its physical GPU's), C(iommu_group), C(mdev) (the vGPU's
+              UUID, V(null) for passthrough), and C(vm) with C(pid), the VM process that holds C(/dev/vfio/<group>) open, found only
+              in the VM scopes systemd made and confirms as its units (libvirt's C(machine.slice/machine-qemu-N-NAME.scope), named
+              C(NAME (libvirt)); Proxmox's C(qemu.slice/VMID.scope), named C(Proxmox VM VMID)), root's all the way; V(null) when none
+              holds it, or systemd does not confirm the scope. A process's name or command line names no VM.
+            - Such a GPU is neither counted, nor clean, nor an error, nor missing - it is the VM's, and no reset is the host's to do. A
+              vGPU's GPU is listed by nvidia-smi; memory no process of the host holds there is the VMs' framebuffer.
           type: list
           elements: dict
           returned: always
           sample:
-            - {bus: "0000:61:00.0", iommu_group: "42", vm: "train-vm (libvirt)", pid: 4812}
+            - {bus: "0000:61:00.0", iommu_group: "42", vm: "train-vm (libvirt)", pid: 4812, mdev: null}
         minor_order_differs:
           description:
             - V(true) when the GPUs' device nodes C(/dev/nvidia<minor>), in the order of their minor numbers, are not in nvidia-smi's
@@ -438,10 +442,12 @@ ansible_facts:
               C(manager) (the system manager that init is, such as V(systemd); V(null) when it is none). Such a process's C(unit) is
               V(null) - its unit is the guest's, never the host's. See the collection's C(docs/docsite/rst/guide_system_containers.rst).
             - C(origin) is where a process outside every job, unit and container came from, V(null) elsewhere - C(kind)
-              (V(ssh_session), V(login_session), V(detached)), C(session) (the login session's id, V(null) for V(detached)), C(text)
-              (the words a failure says) and C(stop) (what ends it, such as V(loginctl terminate-session 5)). A login session is named
-              from the kernel's cgroup path, systemd's unit and logind's root-owned record, never from the process's name. See the
-              collection's C(docs/docsite/rst/guide_node_shapes.rst).
+              (V(ssh_session), V(login_session), V(apptainer_instance), V(detached)), C(session) (the login session's id, V(null)
+              outside one), C(text) (the words a failure says) and C(stop) (what ends it, such as V(loginctl terminate-session 5) or
+              V(apptainer instance stop train)); for V(apptainer_instance) also C(user), the user that command runs as (the starter's
+              real uid, V(null) without a name). A login session is named from the kernel's cgroup path, systemd's unit and logind's
+              root-owned record, an Apptainer instance from an ancestor running root's starter (its name quoted as its user's word),
+              never from the process's name. See the collection's C(docs/docsite/rst/guide_node_shapes.rst).
             - C(sleep_answer) is what the process's own vLLM server answered to C(GET /is_sleeping) - C(port) and C(asleep) (V(true) when it
               says it is in vLLM's sleep mode, which keeps its CUDA context and memory) - and V(null) where nothing was asked or answered.
               Asked only of a holder, over loopback, on a port the kernel shows it (or its parent of the same user and cgroup, such as vLLM

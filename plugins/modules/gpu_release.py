@@ -252,14 +252,15 @@ not_visible:
   sample: ["0000:2a:00.0", "0000:3a:00.0"]
 given_to_vms:
   description:
-    - NVIDIA GPUs bound to C(vfio-pci), given to VMs by PCI passthrough, as C(ansible_facts.gpu.given_to_vms) of M(zeromib.gpu.gpu_facts)
-      reports them (C(bus), C(iommu_group), C(vm), C(pid)) - never selected, never acted on. The free_gpus role names them where
-      C(free_gpus_expected_count) is short, without reset advice.
+    - NVIDIA GPUs bound to C(vfio-pci), given to VMs by PCI passthrough, and vGPUs of NVIDIA GPUs, as C(ansible_facts.gpu.given_to_vms)
+      of M(zeromib.gpu.gpu_facts) reports them (C(bus), C(iommu_group), C(vm), C(pid), C(mdev)) - never selected, never acted on. The
+      free_gpus role names the passthrough GPUs where C(free_gpus_expected_count) is short, and a vGPU host's failure the VMs holding
+      the GPU's vGPUs, without reset advice.
   type: list
   elements: dict
   returned: always
   sample:
-    - {bus: "0000:61:00.0", iommu_group: "42", vm: "train-vm (libvirt)", pid: 4812}
+    - {bus: "0000:61:00.0", iommu_group: "42", vm: "train-vm (libvirt)", pid: 4812, mdev: null}
 stopped_units:
   description: Units stopped (in check mode, to be stopped).
   type: list

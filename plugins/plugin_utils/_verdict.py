@@ -134,8 +134,10 @@ def dirty_reading(gpu: t.Mapping[str, t.Any]) -> str:
 
 def count_problem(expected: int, count: int, given_to_vms: t.Sequence[t.Mapping[str, t.Any]]) -> str:
     """The words for an expected GPU count nvidia-smi does not show; GPUs bound to vfio-pci
-    (gpu_release's `given_to_vms`) are a VM's, said as such, with no reset advice; pure."""
+    (gpu_release's `given_to_vms`, less its vGPUs: their GPU is listed) are a VM's, said as such,
+    with no reset advice; pure."""
     head = f"expected {expected} GPUs, nvidia-smi shows {count}"
+    given_to_vms = [entry for entry in given_to_vms if not entry.get("mdev")]
     if not given_to_vms:
         return head + ": a GPU may have fallen off the bus"
     shown = [f"{g.get('bus')} to VM {g['vm']}" if g.get("vm") else

@@ -3,7 +3,10 @@ GPU; the failure names where it came from (the SSH session, its user and host, a
 say) and the command that ends it, through free_gpus.yml and the role in a user's own play, on the
 oldest and newest supported ansible-core, over real SSH into the fleet's systemd hosts (pam_systemd
 puts an SSH login in session-N.scope there, as on a real node). A user's process that calls itself
-sshd is said as that user's. Works on a fleet of 2 hosts (ZEROMIB_FLEET_HOSTS=2)."""
+sshd is said as that user's. An Apptainer instance a user starts over SSH is named as that instance,
+with the command that stops it (Apptainer is not installable here: its starter is the stand-in of
+tests/sim/apptainer_starter.c, installed as root's /usr/libexec/apptainer/bin/starter-suid). Works
+on a fleet of 2 hosts (ZEROMIB_FLEET_HOSTS=2)."""
 from __future__ import annotations
 
 import re
@@ -17,6 +20,9 @@ from scenarios import PLAYBOOK, TRAINING, summary_lines, summary_row
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compat"))
 import matrix  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sim"))
+from apptainer_starter import EXEC_AS, INSTALLED, build, progname  # noqa: E402
 
 # The oldest ansible-core the collection supports and the newest.
 ENDS = [entry for entry in matrix.CONTROLLER if entry[0].startswith(("2.17.", "2.21."))]
@@ -126,3 +132,58 @@ def test_a_users_process_that_calls_itself_sshd_is_that_users_ssh_session_never_
     freed = fleet.ansible_playbook(PLAYBOOK, limit=[busy, idle])
     assert freed.rc == 0, freed
     assert fleet.ssh(busy, f"test -e /proc/{pid}").returncode != 0
+
+
+def add_user(fleet, host: str) -> None:
+    """USER, who may log in over SSH with the fleet's key, and may run a (simulated) CUDA process."""
+    key = "/root/.ssh/authorized_keys"
+    made = fleet.ssh(host, f"id {USER} >/dev/null 2>&1 || useradd -m {USER}; install -d -m 700 -o {USER} ~{USER}/.ssh; "
+                           f"install -m 600 -o {USER} {key} ~{USER}/.ssh/authorized_keys; "
+                           "mkdir -p /run/nvidia-sim/contexts && chmod 1777 /run/nvidia-sim/contexts")
+    assert made.returncode == 0, made.stderr
+
+
+@pytest.fixture
+def starter(pair):
+    """Root's Apptainer starter (the stand-in) on the first host; removed afterwards."""
+    fleet, busy, idle = pair
+    with open(build(), "rb") as handle:
+        binary = handle.read()
+    put = subprocess.run(fleet.rig.ssh_argv(busy, f"mkdir -p {Path(INSTALLED).parent} && cat > {INSTALLED} && chmod 755 {INSTALLED}"),
+                         input=binary, capture_output=True, timeout=60, check=False)
+    assert put.returncode == 0, put.stderr
+    try:
+        yield fleet, busy, idle
+    finally:
+        fleet.ssh(busy, f"rm -f {INSTALLED}")
+
+
+@pytest.mark.parametrize(("core", "python"), ENDS, ids=IDS)
+def test_an_apptainer_instance_left_by_an_ssh_login_is_named_with_its_stop_command_on_both_paths(starter, core, python):
+    fleet, busy, idle = starter
+    add_user(fleet, busy)
+    # As the user, over SSH (a login of its own): `apptainer instance start IMAGE train` execs root's starter so.
+    cmd = (f"f=$HOME/instance-ready; rm -f $f; ZEROMIB_STARTER_CMD=\"exec /usr/local/bin/gpu_holder --gpus 0 --mib 2048 --ready-file $f\" "
+           f"python3 -c '{EXEC_AS}' {INSTALLED} '{progname(USER, 'train')}' >/dev/null; "
+           "for i in $(seq 400); do [ -e $f ] && break; sleep 0.025; done; cat $f")
+    out = own_login(fleet, busy, USER, cmd)
+    assert out.returncode == 0 and '"pid"' in out.stdout, (out.stdout, out.stderr)
+    pid = int(re.search(r'"pid":\s*(\d+)', out.stdout).group(1))
+    session = session_of(fleet, busy, pid)
+    starter_pid = int(fleet.ssh(busy, f"cut -d' ' -f4 /proc/{pid}/stat", check=True).stdout)
+    origin = (f"Apptainer instance train of user {USER} (the name is its user's word; its starter is pid {starter_pid}), started in SSH "
+              f"session {session} of user {USER} from {remote_host(fleet, busy, session)}, outside any job: `apptainer instance stop train` as "
+              f"user {USER} (root: `apptainer instance stop -u {USER} train`) ends it")
+    run = play(fleet, core, python, PLAYBOOK, [busy, idle])
+    assert run.rc == 2, run
+    said = message(run, busy)
+    assert said.startswith(HEAD + ": GPU 0 (") and f"held by pid {pid} " in said and origin in said, said
+    assert "reset" not in said and "reboot" not in said
+    own = play(fleet, core, python, TRAINING, [busy, idle], training_command="true")
+    assert own.rc == 2, own
+    line = fatal(own, busy)
+    assert f'"msg": "{busy}: {HEAD}: GPU 0 (' in line and origin in line, line
+    # kill on: the instance's process is signalled as any of the user's, and its starter ends with it
+    freed = fleet.ansible_playbook(PLAYBOOK, limit=[busy, idle])
+    assert freed.rc == 0, freed
+    fleet.ssh(busy, f"for i in $(seq 100); do [ -e /proc/{starter_pid} ] || exit 0; sleep 0.05; done; exit 1", check=True)

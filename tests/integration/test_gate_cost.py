@@ -21,7 +21,7 @@ from ansible_in_ns import COLLECTIONS, VENV_BIN, run_module
 PREFIX = "ansible_collections/zeromib/gpu/plugins/module_utils/"
 # Loaded only where something is to be freed (or asked for): never on a clean host.
 LAZY = ("_freeing", "_containers", "_engines", "_mps", "_settle", "_supervisor", "_units", "_cuda_smoke", "_guest_units", "_shm_clean",
-        "_node_shapes", "_origin", "_paused", "_vfio")
+        "_node_shapes", "_origin", "_apptainer", "_paused", "_vfio")
 
 
 def kept_payload(host, module="gpu_release", args=""):

@@ -410,6 +410,8 @@ class Release:
             programs = freeing_room().spanning_programs(self, program_plan, holders, selected)
         self.result["spanning"] = spanning_record(processes, self.spanning_units, containers, programs)
         if self.result["spanning"] and not self.options.kill_spanning:
+            # The refused holders stay in the result: a Slurm hook's cause names them (never "no process holds it").
+            self.result["holders"] = t.cast("list[Holder]", [_facts.public_holder(h) for h in holders])
             raise StepFailed(spanning_message(processes, self.spanning_units, containers, selected, programs))
 
     def plan_mps(self, targets: list[Holder]) -> tuple[list[Holder], list[Holder]]:
@@ -544,7 +546,7 @@ class Release:
 
     def reset_node(self) -> _reset.Node:
         """What the reset advice of a failure needs of this node (read only for a failure)."""
-        return reset_node(self.before[0], self.health, self.inside_container, self.smi.run)
+        return reset_node(self.before[0], self.health, self.inside_container, self.smi.run, self.result.get("given_to_vms") or ())
 
     def verify(self, selected: list[int], deadline: float, acted: bool, unheld_at_look: t.Collection[int] = ()
                ) -> tuple[list[Gpu], bool, str | None, set[int]]:

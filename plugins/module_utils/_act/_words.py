@@ -67,7 +67,8 @@ def describe_holder(holder: Holder | dict[str, t.Any], mib: int | None = None) -
     origin = holder.get("origin")
     if origin:
         # Where it came from, outside every job (_look/_origin, issue 70): the login session names the unit.
-        parts.append(origin["text"] + (f": `{origin['stop']}` ends it" if origin.get("session") else ""))
+        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _origin
+        parts.append(origin["text"] + _origin.stop_words(origin))
     elif holder.get("unit"):
         parts.append("unit {}".format(holder["unit"]))
     if holder.get("container"):
@@ -168,7 +169,8 @@ def gpu_failure(gpu: Gpu, holders: list[Holder], apps: list[ComputeApp], blind: 
     elif node is not None and (node.virtualization or {}).get(gpu["index"]) == "Host VGPU" and not on_gpu and not dead_claims:
         # A vGPU host: what no process holds is the VMs' framebuffer (_look/_node_shapes, issue 70).
         from ansible_collections.zeromib.gpu.plugins.module_utils._look import _node_shapes
-        text += _node_shapes.given_to_vms(gpu)
+        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _vfio
+        text += _node_shapes.given_to_vms(gpu, _vfio.vms_of_gpu(node.given_to_vms, gpu.get("pci_bus_id")))
     elif node is not None and node.imex is not None and not on_gpu and (dead_claims or not is_idle_baseline(gpu)):
         # A node of a multi-node NVLink domain: the holder may be another node's importer (_look/_node_shapes, issue 70).
         from ansible_collections.zeromib.gpu.plugins.module_utils._look import _node_shapes
@@ -379,15 +381,16 @@ def describe_unplaced(app: ComputeApp, holders: list[Holder], index: int) -> str
     return text + "it does not hold this GPU's device file; it is not signalled on a listing alone"
 
 
-def reset_node(gpus: list[Gpu], health: t.Any, inside: bool, run: t.Any = None) -> _reset.Node:
+def reset_node(gpus: list[Gpu], health: t.Any, inside: bool, run: t.Any = None, given_to_vms: t.Sequence[t.Mapping[str, t.Any]] = ()) -> _reset.Node:
     """What the reset advice of a failure needs of this node (read only for a failure). `run`:
-    nvidia-smi's runner, for each GPU's virtualization mode (_look/_node_shapes, issue 70)."""
+    nvidia-smi's runner, for each GPU's virtualization mode (_look/_node_shapes, issue 70);
+    `given_to_vms`: the look's GPUs and vGPUs given to VMs (_look/_vfio)."""
     from ansible_collections.zeromib.gpu.plugins.module_utils._look import _node_shapes
     from ansible_collections.zeromib.gpu.plugins.module_utils._look import _reset
     return _reset.Node(gpus=gpus, fabric_manager=getattr(health, "fabric_manager", None),
                        drm=_reset.read_nvidia_drm(), nvswitch=_reset.nvswitch_present(), inside=inside,
                        kernel_seen=_reset.driver_module_seen(), imex=_node_shapes.imex_domain(),
-                       virtualization=_node_shapes.read_virtualization(run, gpus) if run is not None else None)
+                       virtualization=_node_shapes.read_virtualization(run, gpus) if run is not None else None, given_to_vms=given_to_vms)
 
 
 def summarize_diff(gpus: list[Gpu], holders: list[Holder], changes: t.Iterable[str] = ()) -> str:

@@ -290,7 +290,7 @@ class Snapshot:
         self.unscanned = unscanned or []
         # Whether the minor numbers' order is not nvidia-smi's (minor_order_differs); None: unread.
         self.minor_order_differs: bool | None = None
-        # GPUs bound to vfio-pci, given to VMs (_vfio.given_to_vms): not this host's to free or reset.
+        # GPUs bound to vfio-pci and vGPUs, given to VMs (_vfio.given_to_vms): not this host's to free or reset.
         self.given_to_vms: list[t.Any] = []
 
 
@@ -482,7 +482,7 @@ def look_at(smi: smi_mod.NvidiaSmi, request: Request) -> Snapshot:
     if has_vfio_groups():
         # GPUs given to VMs (vfio-pci passthrough, issue 70): read, and loaded, only on a node that has one.
         from ansible_collections.zeromib.gpu.plugins.module_utils._look import _vfio
-        snapshot.given_to_vms = _vfio.given_to_vms(proc=request.proc)
+        snapshot.given_to_vms = _vfio.given_to_vms(proc=request.proc, systemctl=request.systemctl)
     return snapshot
 
 

@@ -245,8 +245,25 @@ def guest_advice(gpu: Gpu, mode: str | None) -> str | None:
     return None
 
 
-def given_to_vms(gpu: Gpu) -> str:
-    """The words for memory no process holds on a vGPU host's GPU (after `GPU 3 (GPU-...) reads N MiB`); pure."""
+def given_to_vms(gpu: Gpu, vms: tuple[list[str], int] = ([], 0)) -> str:
+    """The words for memory no process holds on a vGPU host's GPU (after `GPU 3 (GPU-...) reads N MiB`);
+    `vms`: the VMs holding its vGPUs and how many of them no VM holds (_vfio.vms_of_gpu). Pure."""
     return (f", and no process of this host holds it: GPU {gpu['index']} is shared as vGPUs with VMs (nvidia-smi -q: Virtualization Mode "
-            "Host VGPU), and memory no process here holds is the framebuffer reserved for the vGPUs given to VMs, not a leak: `nvidia-smi "
-            "vgpu` lists them; shut those VMs down (or remove their vGPUs) to free it, never with a GPU reset while they run")
+            f"Host VGPU), and memory no process here holds is the framebuffer reserved for the vGPUs given to VMs{vgpu_holders(vms)}, not a "
+            "leak: `nvidia-smi vgpu` lists them; shut those VMs down (or remove their vGPUs) to free it, never with a GPU reset while they run")
+
+
+def vgpu_holders(vms: tuple[list[str], int]) -> str:
+    """` (its vGPUs are held by train-vm (libvirt), Proxmox VM 101; 1 by no VM systemd names)`, ""
+    when none is known; pure."""
+    named, unnamed = vms
+    parts = [f"held by {', '.join(named[:5])}{' and more' if len(named) > 5 else ''}"] if named else []
+    if unnamed:
+        parts.append(f"{unnamed:d} by no VM systemd names" if named else f"held by no VM systemd names ({unnamed:d})")
+    return f" (its vGPUs are {'; '.join(parts)})" if parts else ""
+
+
+def short_vgpu(vms: tuple[list[str], int]) -> str:
+    """What follows "no process holds it" in a Slurm hook's short cause on a vGPU host's GPU; pure."""
+    named, _unnamed = vms
+    return " here: vGPUs given to VMs" + (f" ({', '.join(named[:3])}{', ...' if len(named) > 3 else ''})" if named else "") + ", no reset"

@@ -8,6 +8,7 @@
 """Where a holder outside every job, unit and container came from (issue 70, work that escaped its
 job): an SSH session into the node, or a process that left its login (parent PID 1, a session of its
 own: `setsid`, `nohup ... &`, an Apptainer instance, a rank whose torchrun agent is gone).
+An Apptainer instance is named where root's starter is one of the holder's ancestors (_apptainer).
 
 Only root's witnesses name it: the kernel's cgroup path `/user.slice/user-U.slice/session-N.scope`
 (a place only logind has systemd make; a user's own manager makes its scopes below
@@ -28,6 +29,7 @@ import re
 import stat
 import typing as t
 
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _apptainer
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _jobs
 
@@ -153,6 +155,35 @@ def session_origin(session: Session, gone: bool) -> dict[str, t.Any]:
             "stop": f"loginctl terminate-session {session.number}"}
 
 
+def instance_origin(instance: _apptainer.Instance, session: Session | None) -> dict[str, t.Any]:
+    """The origin of a holder in Apptainer instance `instance` (started in login session `session`,
+    where the kernel places it in one); pure."""
+    who = user_words(instance.uid, instance.user)
+    where = ""
+    if session is not None:
+        where = f", started in {session_origin(session, False)['text'][:-len(', outside any job')]}"
+    # The user's name as this node's passwd gives it (a uid without one reads as its number: none).
+    user = plain(instance.user) if str(instance.user) != str(instance.uid) else None
+    return {"kind": "apptainer_instance", "session": session.number if session is not None else None,
+            "text": f"{instance.product} instance {instance.name} of {who} (the name is its user's word; its starter is pid {instance.pid:d}){where}, "
+                    "outside any job",
+            "stop": f"{instance.product.lower()} instance stop {instance.name}", "user": user}
+
+
+def stop_words(origin: t.Mapping[str, t.Any]) -> str:
+    """What follows an origin's text in a failure: `: `CMD` ends it` (as user U for an instance,
+    with root's form), "" for a detached process (what the run itself would send); pure."""
+    if origin.get("kind") == "detached" or not origin.get("stop"):
+        return ""
+    if origin.get("kind") != "apptainer_instance":
+        return f": `{origin['stop']}` ends it"
+    user = origin.get("user")
+    if not user:
+        return f": `{origin['stop']}` run as its user ends it"
+    tool, _sub, name = str(origin["stop"]).partition(" instance stop ")
+    return f": `{origin['stop']}` as user {user} (root: `{tool} instance stop -u {user} {name}`) ends it"
+
+
 def detached_origin(holder: t.Mapping[str, t.Any], note: str) -> dict[str, t.Any]:
     """The origin of a holder in no unit, job, container or guest that left its starter; pure."""
     who = user_words(holder.get("uid"), holder.get("user"))
@@ -177,6 +208,7 @@ def annotate(holders: list[Holder], proc: str = "/proc", sessions: str | None = 
     directory = sessions_dir(proc) if sessions is None else sessions
     # The kernel's parent and session ids, in one bounded pass (a process in execve does not answer).
     stats = _holders.read_stats([int(h["pid"]) for h in holders if not h.get("blocked")], proc)
+    walks = _apptainer.Walks()
     for holder in holders:
         holder["origin"] = None
         # A protected process is never signalled: where it came from changes nothing.
@@ -185,9 +217,12 @@ def annotate(holders: list[Holder], proc: str = "/proc", sessions: str | None = 
         ids = stat_ids(stats.get(int(holder["pid"])))
         gone = detached(int(holder["pid"]), ids)
         found = session_of(holder)
-        if found is not None:
-            uid, number = found
-            holder["origin"] = session_origin(read_session(number, uid, directory), gone)
+        session = read_session(found[1], found[0], directory) if found is not None else None
+        instance = _apptainer.instance_of(holder, proc, walks)
+        if instance is not None:
+            holder["origin"] = instance_origin(instance, session)
+        elif session is not None:
+            holder["origin"] = session_origin(session, gone)
         elif gone and not holder.get("unit"):
             holder["origin"] = detached_origin(holder, rank_note(_holders.environ_of(int(holder["pid"]), proc)))
     return holders

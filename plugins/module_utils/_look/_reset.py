@@ -87,6 +87,8 @@ class Node(t.NamedTuple):
     # _node_shapes.read_virtualization(): {GPU index: Virtualization Mode} where not None (VMs and
     # vGPU hosts: no reset steps there); None: not read.
     virtualization: t.Any = None
+    # _vfio.given_to_vms(): the GPUs and vGPUs given to VMs, with the VMs that hold them ([]: none).
+    given_to_vms: t.Sequence[t.Mapping[str, t.Any]] = ()
 
 
 def driver_module_seen(sys_module: str = "/sys/module") -> bool:

@@ -387,10 +387,11 @@ def dirty_causes(result: t.Mapping[str, t.Any], spared: t.Mapping[int, str] | No
                 causes.append(_unified_memory.short_cause(gpu))
                 continue
             if share is None:
-                if not on and nobody is None:
+                vgpus = given_as_vgpus(result, gpu) if not on else None
+                if not on and vgpus is None and nobody is None:
                     from ansible_collections.zeromib.gpu.plugins.module_utils._look import _node_shapes  # pylint: disable=import-outside-toplevel
                     nobody = "no process holds it" + _node_shapes.short_note(_node_shapes.imex_domain())
-                who = "held by " + _caps.named([short_holder(h, spared or {}) for h in on], 3, ", ") if on else str(nobody)
+                who = "held by " + _caps.named([short_holder(h, spared or {}) for h in on], 3, ", ") if on else str(vgpus or nobody)
                 causes.append("GPU {}: {} MiB, {}".format(gpu["index"], gpu.get("memory_used_mib"), who))
                 continue
             # What the other jobs hold is deducted: only the rest's holders are the cause.
@@ -402,10 +403,34 @@ def dirty_causes(result: t.Mapping[str, t.Any], spared: t.Mapping[int, str] | No
     return causes
 
 
+def given_as_vgpus(result: t.Mapping[str, t.Any], gpu: t.Mapping[str, t.Any]) -> str | None:
+    """`no process holds it here: vGPUs given to VMs (...)` for a GPU whose vGPUs the kernel lists
+    (gpu_release's `given_to_vms`: the framebuffer VMs hold, no reset), else None."""
+    given = [entry for entry in result.get("given_to_vms") or [] if entry.get("mdev")]
+    if not given:
+        return None
+    from ansible_collections.zeromib.gpu.plugins.module_utils._look import _node_shapes  # pylint: disable=import-outside-toplevel
+    from ansible_collections.zeromib.gpu.plugins.module_utils._look import _vfio  # pylint: disable=import-outside-toplevel
+    vms = _vfio.vms_of_gpu(given, gpu.get("pci_bus_id"))
+    return "no process holds it" + _node_shapes.short_vgpu(vms) if vms[0] or vms[1] else None
+
+
 def short_holder(holder: t.Mapping[str, t.Any], spared: t.Mapping[int, str]) -> str:
-    owner = owner_of(holder, spared)
+    owner = owner_of(holder, spared) or origin_words(holder.get("origin"))
     text = "pid {} {}".format(holder.get("pid"), holder.get("name")) + (f" ({owner})" if owner else "")
     return text + (" (did not answer: a stalled file system?)" if holder.get("blocked") else "")
+
+
+def origin_words(origin: t.Mapping[str, t.Any] | None) -> str | None:
+    """Where a holder outside every job came from, short (_look/_origin): `SSH session 5 of user
+    alice from 10.0.0.9: `loginctl terminate-session 5``; None where nothing says."""
+    if not origin:
+        return None
+    text = str(origin.get("text") or "")
+    # A session's words run to their first comma; an instance's and a detached process's to their note.
+    cut = text.find(", " if str(origin.get("kind")).endswith("_session") else " (")
+    cut = len(text) if cut < 0 else cut
+    return text[:cut] + (f": `{origin['stop']}`" if origin.get("stop") and origin.get("kind") != "detached" else "")
 
 
 def owner_of(holder: t.Mapping[str, t.Any], spared: t.Mapping[int, str]) -> str | None:

@@ -27,6 +27,8 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._look import _protect
 
 NOT_PROCESS_NAMES = {
     "_vfio.VM_SLICES": "cgroup directories at the top of root's cgroup tree where systemd puts VM scopes, never a process's name",
+    "_apptainer.STARTERS": "basenames of the executable the kernel resolved (/proc/PID/exe), root-owned in a system directory: the identity rule's own test",
+    "_apptainer.STARTER_DIRS": "directories",
     "_origin.SSH_SERVICES": "PAM service names in logind's root-owned session record (sshd's), never a process's name",
     "_origin._RANK_KEYS": "environment variable names of a torchrun rank, quoted in words only",
     "_checkpoint.STATES": "the states cuda-checkpoint --get-state prints",

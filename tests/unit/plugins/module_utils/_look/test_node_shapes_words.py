@@ -146,3 +146,12 @@ def test_the_slurm_hooks_short_note_names_the_shape_only_with_channels():
     assert _node_shapes.short_note(None) == ""
     note = _node_shapes.short_note(_node_shapes.ImexDomain(("channel0",)))
     assert note.startswith(" here: possibly pinned from another node of the NVLink domain") and "reset" not in note
+
+
+def test_a_vgpu_hosts_words_name_the_vms_that_hold_its_vgpus():
+    gpu = {"index": 1, "uuid": "GPU-1", "memory_used_mib": 24576}
+    both = _node_shapes.given_to_vms(gpu, (["train-vm (libvirt)", "Proxmox VM 101"], 1))
+    assert ("reserved for the vGPUs given to VMs (its vGPUs are held by train-vm (libvirt), Proxmox VM 101; 1 by no VM systemd "
+            "names), not a leak") in both, both
+    assert "(its vGPUs are held by no VM systemd names (2)), not a leak" in _node_shapes.given_to_vms(gpu, ([], 2))
+    assert _node_shapes.short_vgpu((["train-vm (libvirt)"], 0)) == " here: vGPUs given to VMs (train-vm (libvirt)), no reset"

@@ -9,8 +9,10 @@ ids; never from the process's name, command line or a file a user wrote."""
 from __future__ import annotations
 
 import os
+import pwd
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _words
+from ansible_collections.zeromib.gpu.plugins.module_utils._look import _apptainer
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _origin
 from ansible_collections.zeromib.gpu.tests.unit.plugins.module_utils.fakeproc import write_process
 
@@ -109,3 +111,67 @@ def test_what_a_job_unit_container_or_guest_answers_for_has_no_origin_and_neithe
                               holder(814, container="4f3c"), holder(814, guest={"kind": "lxc"}), holder(814, protected=True)],
                              str(proc), sessions(tmp_path))
     assert [h["origin"] for h in found] == [None] * 5
+
+
+STARTER = "/usr/libexec/apptainer/bin/starter-suid"
+
+
+def instance_tree(proc, starter_exe=STARTER, starter_owner=0, progname="Apptainer instance: alice [train]"):
+    """An instance as apptainer leaves it: its starter (argv[0] its progname, detached, parent 1) and
+    the container's process below it, holding the GPU, in the SSH session it was started from."""
+    write_process(proc, 811, comm="starter-suid", argv=(progname,), ppid=1, uid=1000, cgroup=SESSION_5, exe=starter_exe, exe_owner=starter_owner)
+    write_process(proc, 812, ppid=811, uid=1000, cgroup=SESSION_5)
+
+
+def test_an_apptainer_instance_is_named_from_roots_starter_with_its_name_quoted_and_its_stop_command(tmp_path):
+    proc = tmp_path / "proc"
+    instance_tree(proc)
+    # The user is the starter's real uid as this machine names it (the kernel's), not argv[0]'s "alice".
+    try:
+        user = pwd.getpwuid(1000).pw_name
+    except KeyError:
+        user = None
+    who = f"user {user}" if user else "uid 1000"
+    [found] = _origin.annotate([holder(812, ppid=811)], str(proc), sessions(tmp_path))
+    assert found["origin"] == {
+        "kind": "apptainer_instance", "session": "5", "stop": "apptainer instance stop train", "user": user,
+        "text": f"Apptainer instance train of {who} (the name is its user's word; its starter is pid 811), started in SSH session 5 of "
+                "user alice from 10.0.0.9, outside any job"}
+    said = _words.describe_holder(found)
+    root = f" as user {user} (root: `apptainer instance stop -u {user} train`)" if user else " run as its user"
+    assert said.endswith(f"outside any job: `apptainer instance stop train`{root} ends it, state S)"), said
+
+
+def test_a_users_own_starter_suid_is_no_apptainer_instance(tmp_path):
+    """Attacker: a user's own binary named starter-suid (in her home, or hers in a system directory),
+    its argv[0] apptainer's progname: her program, so no instance is named and no command advised."""
+    proc = tmp_path / "proc"
+    for exe, owner in (("/home/alice/bin/starter-suid", 1000), (STARTER, 1000), ("/home/alice/apptainer/bin/starter-suid", 0)):
+        instance_tree(proc, starter_exe=exe, starter_owner=owner, progname="Apptainer instance: root [system-vllm]")
+        [found] = _origin.annotate([holder(812, ppid=811)], str(proc), sessions(tmp_path))
+        assert found["origin"]["kind"] == "ssh_session" and "instance" not in found["origin"]["text"], (exe, owner, found["origin"])
+
+
+def test_a_starter_whose_argv0_is_no_progname_names_no_instance(tmp_path):
+    proc = tmp_path / "proc"
+    for progname in ("Apptainer instance: alice [tr ain]", "Apptainer instance: alice [`reboot`]", "starter-suid"):
+        instance_tree(proc, progname=progname)
+        [found] = _origin.annotate([holder(812, ppid=811)], str(proc), sessions(tmp_path))
+        assert found["origin"]["kind"] == "ssh_session", (progname, found["origin"])
+
+
+def test_the_walks_up_the_ancestors_share_one_deadline_and_read_each_ancestor_once(tmp_path, monkeypatch):
+    """Attacker: many holders below long chains of processes that do not answer (in execve on her
+    stalled file system): the run's walks stop at one deadline for all of them, and an ancestor
+    shared by several holders is read once."""
+    proc = tmp_path / "proc"
+    instance_tree(proc)
+    reads = []
+    real = _apptainer._holders.read_process
+    monkeypatch.setattr(_apptainer._holders, "read_process", lambda pid, root: reads.append(pid) or real(pid, root))
+    walks = _apptainer.Walks()
+    assert [_apptainer.instance_of({"pid": 812 + n, "ppid": 811}, str(proc), walks).name for n in range(3)] == ["train"] * 3
+    assert reads == [811]
+    clock = iter([0.0, 5.0])
+    late = _apptainer.Walks(bound_s=2.0, now=lambda: next(clock))
+    assert _apptainer.instance_of({"pid": 812, "ppid": 811}, str(proc), late) is None

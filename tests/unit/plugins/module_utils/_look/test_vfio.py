@@ -85,13 +85,44 @@ def test_vm_processes_come_only_from_root_owned_vm_scopes_at_the_top(tmp_path):
     (tmp_path / "qemu.slice" / "101.scope" / "cgroup.procs").write_text("77\n")
     (tmp_path / "user.slice" / "machine.slice" / "machine-qemu\\x2d9\\x2dfake.scope").mkdir(parents=True)
     (tmp_path / "user.slice" / "machine.slice" / "machine-qemu\\x2d9\\x2dfake.scope" / "cgroup.procs").write_text("99\n")
-    found = vfio.vm_processes([str(tmp_path)])
+    found = vfio.vm_processes([str(tmp_path)], systemd(UNITS))
     if os.geteuid() == 0:
         assert found == {4242: "train-vm (libvirt)", 77: "Proxmox VM 101"}
         os.chown(tmp_path / "qemu.slice" / "101.scope", 4242, 4242)  # a delegated directory: a user's names
-        assert vfio.vm_processes([str(tmp_path)]) == {4242: "train-vm (libvirt)"}
+        assert vfio.vm_processes([str(tmp_path)], systemd(UNITS)) == {4242: "train-vm (libvirt)"}
     else:
         assert found == {}  # owned by this user, not root: nothing is a VM
+
+
+# What systemd answers for the units it runs (`systemctl show --property=Id,ControlGroup`).
+UNITS = {"machine-qemu\\x2d1\\x2dtrain\\x2dvm.scope": "/machine.slice/machine-qemu\\x2d1\\x2dtrain\\x2dvm.scope", "101.scope": "/qemu.slice/101.scope"}
+
+
+def systemd(units, asked=None):
+    """A systemctl that knows `units` ({unit: ControlGroup}); others are not found (ControlGroup empty)."""
+    def systemctl(args):
+        names = args[args.index("--") + 1:]
+        if asked is not None:
+            asked.append(names)
+        return 0, "\n".join(f"Id={name}\nControlGroup={units.get(name, '')}\n" for name in names), ""
+    return systemctl
+
+
+def test_a_vm_scope_is_read_only_where_systemd_confirms_it_as_its_unit(tmp_path):
+    """A directory made outside systemd at the top of the tree (root's, named like libvirt's scope)
+    names no VM: systemd has no such unit, or the unit's ControlGroup= is elsewhere."""
+    for scope in ("machine-qemu\\x2d1\\x2dtrain\\x2dvm.scope", "machine-qemu\\x2d9\\x2dfake.scope"):
+        (tmp_path / "machine.slice" / scope).mkdir(parents=True)
+        (tmp_path / "machine.slice" / scope / "cgroup.procs").write_text("4242\n" if "train" in scope else "99\n")
+    asked = []
+    found = vfio.vm_processes([str(tmp_path)], systemd(UNITS, asked))
+    if os.geteuid() == 0:
+        assert found == {4242: "train-vm (libvirt)"} and len(asked) == 1  # one systemctl for every scope
+        elsewhere = {"machine-qemu\\x2d1\\x2dtrain\\x2dvm.scope": "/system.slice/other.service"}
+        assert vfio.vm_processes([str(tmp_path)], systemd(elsewhere)) == {}
+        assert vfio.vm_processes([str(tmp_path)], lambda args: (1, "", "System has not been booted with systemd")) == {}
+    else:
+        assert found == {}
 
 
 def test_has_vfio_groups_reads_one_directory(tmp_path):
@@ -106,11 +137,44 @@ def test_has_vfio_groups_reads_one_directory(tmp_path):
 def test_given_to_vms_without_a_group_node_names_no_vm(tmp_path):
     device(tmp_path, "0000:61:00.0")
     assert vfio.given_to_vms(str(tmp_path), str(tmp_path / "dev"), mounts=[]) == [
-        {"bus": "0000:61:00.0", "iommu_group": "42", "vm": None, "pid": None}]
+        {"bus": "0000:61:00.0", "iommu_group": "42", "vm": None, "pid": None, "mdev": None}]
 
 
-GIVEN = [{"bus": "0000:61:00.0", "iommu_group": "42", "vm": "train-vm (libvirt)", "pid": 812},
-         {"bus": "0000:62:00.0", "iommu_group": "43", "vm": None, "pid": None}]
+def vgpu(sys_root, parent, uuid, group, vendor="0x10de", physfn=None):
+    """A mediated device as sysfs lays it out: /sys/bus/mdev/devices/UUID -> its directory below PARENT."""
+    parent_dir = sys_root / "devices" / "pci0000:60" / parent
+    (parent_dir / uuid).mkdir(parents=True, exist_ok=True)
+    (parent_dir / "vendor").write_text(vendor + "\n")
+    if physfn:
+        os.symlink(f"../{physfn}", parent_dir / "physfn")
+    os.symlink(f"../../../../kernel/iommu_groups/{group}", parent_dir / uuid / "iommu_group")
+    (sys_root / "bus" / "mdev" / "devices").mkdir(parents=True, exist_ok=True)
+    os.symlink(f"../../../devices/pci0000:60/{parent}/{uuid}", sys_root / "bus" / "mdev" / "devices" / uuid)
+
+
+def test_vgpus_are_the_mediated_devices_of_nvidia_gpus_each_with_its_own_group(tmp_path):
+    vgpu(tmp_path, "0000:61:00.0", "aa1e7a8c-0c7c-4c1e-9d6c-1f0e1f0e1f01", "101")
+    vgpu(tmp_path, "0000:61:00.4", "bb1e7a8c-0c7c-4c1e-9d6c-1f0e1f0e1f02", "102", physfn="0000:62:00.0")  # on a VF: its GPU is the PF
+    vgpu(tmp_path, "0000:63:00.0", "cc1e7a8c-0c7c-4c1e-9d6c-1f0e1f0e1f03", "103", vendor="0x8086")  # another vendor's mdev
+    assert vfio.vgpus(str(tmp_path)) == [("0000:61:00.0", "101", "aa1e7a8c-0c7c-4c1e-9d6c-1f0e1f0e1f01"),
+                                         ("0000:62:00.0", "102", "bb1e7a8c-0c7c-4c1e-9d6c-1f0e1f0e1f02")]
+    assert vfio.vgpus(str(tmp_path / "none")) == []
+    given = vfio.given_to_vms(str(tmp_path), str(tmp_path / "dev"), mounts=[])
+    expected = [("0000:61:00.0", "aa1e7a8c-0c7c-4c1e-9d6c-1f0e1f0e1f01", None), ("0000:62:00.0", "bb1e7a8c-0c7c-4c1e-9d6c-1f0e1f0e1f02", None)]
+    assert [(g["bus"], g["mdev"], g["vm"]) for g in given] == expected
+
+
+def test_the_vms_of_a_vgpu_hosts_gpu_are_those_holding_its_vgpus():
+    given = [{"bus": "0000:61:00.0", "mdev": "a", "vm": "train-vm (libvirt)"}, {"bus": "0000:61:00.0", "mdev": "b", "vm": "train-vm (libvirt)"},
+             {"bus": "0000:61:00.0", "mdev": "c", "vm": None}, {"bus": "0000:62:00.0", "mdev": "d", "vm": "Proxmox VM 101"},
+             {"bus": "0000:61:00.0", "mdev": None, "vm": "passthrough-vm (libvirt)"}]
+    assert vfio.vms_of_gpu(given, "00000000:61:00.0") == (["train-vm (libvirt)"], 1)
+    assert vfio.vms_of_gpu(given, "00000000:63:00.0") == ([], 0)
+    assert count_problem(2, 1, given[:4]) == "expected 2 GPUs, nvidia-smi shows 1: a GPU may have fallen off the bus"
+
+
+GIVEN = [{"bus": "0000:61:00.0", "iommu_group": "42", "vm": "train-vm (libvirt)", "pid": 812, "mdev": None},
+         {"bus": "0000:62:00.0", "iommu_group": "43", "vm": None, "pid": None, "mdev": None}]
 
 
 def test_a_count_short_by_gpus_given_to_vms_says_so_with_no_reset_and_nothing_fell_off_the_bus():

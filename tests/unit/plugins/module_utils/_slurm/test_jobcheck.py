@@ -603,3 +603,26 @@ def test_a_frozen_holder_in_the_release_failure_is_the_first_cause(reading, owne
     assert not ok and causes[0] == said and len(causes) >= 2, causes
     # without a frozen holder the causes are the per-GPU ones only
     assert not [c for c in jobcheck.verdict("epilog", result, "GPUs still in use after 1.0 s")[1] if c.startswith("frozen (")]
+
+
+def test_the_hooks_short_cause_names_an_escaped_holders_origin_and_a_vgpu_hosts_vms():
+    """Issue 70 in the hooks' first sentence: where a holder outside every job came from and what ends
+    it; memory no process holds on a GPU whose vGPUs VMs hold (no reset)."""
+    instance = {"kind": "apptainer_instance", "session": None, "stop": "apptainer instance stop train", "user": None,
+                "text": "Apptainer instance train of uid 4242 (the name is its user's word; its starter is pid 811), outside any job"}
+    ssh = {"kind": "ssh_session", "session": "5", "stop": "loginctl terminate-session 5",
+           "text": "SSH session 5 of user alice from 10.0.0.9, detached from it (parent PID 1, a session of its own), outside any job"}
+    detached = {"kind": "detached", "session": None, "stop": "kill 813", "text": "a process of uid 4242 started outside any job (parent PID 1, own session)"}
+    result = {"selected_gpus": [0, 1], "released": False,
+              "gpus": [{"index": 0, "memory_used_mib": 2048, "clean": False, "pci_bus_id": "00000000:18:00.0"},
+                       {"index": 1, "memory_used_mib": 24576, "clean": False, "pci_bus_id": "00000000:61:00.0"}],
+              "holders": [{"pid": 812, "name": "python3", "gpu_indexes": [0], "origin": instance},
+                          {"pid": 813, "name": "python3", "gpu_indexes": [0], "origin": ssh},
+                          {"pid": 814, "name": "python3", "gpu_indexes": [0], "origin": detached}],
+              "given_to_vms": [{"bus": "0000:61:00.0", "iommu_group": "101", "mdev": "aa", "vm": "train-vm (libvirt)", "pid": 4100}]}
+    causes = jobcheck.dirty_causes(result)
+    assert causes == [
+        "GPU 0: 2048 MiB, held by pid 812 python3 (Apptainer instance train of uid 4242: `apptainer instance stop train`), pid 813 python3 "
+        "(SSH session 5 of user alice from 10.0.0.9: `loginctl terminate-session 5`), pid 814 python3 (a process of uid 4242 started outside "
+        "any job)",
+        "GPU 1: 24576 MiB, no process holds it here: vGPUs given to VMs (train-vm (libvirt)), no reset"], causes
