@@ -96,7 +96,8 @@ def test_a_users_process_posing_as_a_ray_node_makes_root_refuse_nothing(fleet):
     setup = ("mkdir -p /run/nvidia-sim/contexts && chmod 1777 /run/nvidia-sim/contexts\n"
              f"cat > /usr/local/bin/fake-raylet <<'EOF'\n{FAKE_RAYLET}EOF\nchmod 0755 /usr/local/bin/fake-raylet\n"
              # From a login session, as she would (a system unit's main process would be root's word: systemd's MainPID).
-             "setsid setpriv --reuid 4242 --regid 4242 --clear-groups -- /usr/local/bin/fake-raylet </dev/null >/dev/null 2>&1 & echo $! > /run/fake-raylet.pid")
+             "setsid setpriv --reuid 4242 --regid 4242 --clear-groups -- /usr/local/bin/fake-raylet </dev/null >/dev/null 2>&1 & "
+             "echo $! > /run/fake-raylet.pid")
     fleet.ssh(host, setup, check=True)
     try:
         assert wait_for(lambda: fleet.gpu_memory(host)[0] >= 1000, timeout=30), fleet.ssh(host, "ps -ef").stdout
