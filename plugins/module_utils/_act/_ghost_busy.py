@@ -92,6 +92,16 @@ def said(ghost: t.Mapping[str, t.Any], holders: t.Iterable[t.Mapping[str, t.Any]
         ghost.get("utilization_after_pct"), ghost["index"], why)
 
 
+def short_cause(ghost: t.Mapping[str, t.Any], holders: t.Iterable[t.Mapping[str, t.Any]]) -> str:
+    """A GPU still busy after the context, in the few words a Slurm drain reason holds (120
+    characters with the job's): what it reads and the command, then what blocks a reset."""
+    done = ", no process, opening a CUDA context failed" if ghost.get("error") else " with no process, also after a CUDA context"
+    cause = "GPU {}: {} % busy{}: reset it (nvidia-smi -r -i {})".format(
+        ghost["index"], ghost.get("utilization_after_pct"), done, ghost["index"])
+    blockers = [_label(h) for h in holders_on(ghost["index"], holders, ghost.get("minor_number"))]
+    return cause + ("; NVML handles block a reset: stop {} first".format(", ".join(blockers)) if blockers else "")
+
+
 def _watts(value: t.Any) -> str:
     return f"{value:g}" if isinstance(value, (int, float)) else "?"
 
@@ -121,16 +131,18 @@ def clear(smi: NvidiaSmi, ghosts: list[dict[str, t.Any]], timeout: float,
         waited += 0.5
 
 
-def after_release(smi: NvidiaSmi, result: dict[str, t.Any], timeout: float) -> dict[str, t.Any]:
+def after_release(smi: NvidiaSmi, result: dict[str, t.Any], timeout: float, short: bool = False) -> dict[str, t.Any]:
     """The result with `ghost_busy` (one sentence per ghost-busy GPU); a GPU still busy after the
-    context is a health issue of the host (healthy false)."""
+    context is a health issue of the host (healthy false), said whole, or (`short`: the Slurm
+    hooks' drain reason) as short_cause."""
     ghosts = found(result)
     if not ghosts:
         return result
     holders = result.get("holders") or []
     done = clear(smi, ghosts, timeout)
     result = dict(result, ghost_busy=[said(g, holders) for g in done])
-    stuck = ["GPU {} ({}): {}".format(g["index"], g["pci_bus_id"], said(g, holders)) for g in done if not g["cleared"]]
+    stuck = [short_cause(g, holders) if short else "GPU {} ({}): {}".format(g["index"], g["pci_bus_id"], said(g, holders))
+             for g in done if not g["cleared"]]
     if stuck:
         result["health_issues"] = list(result.get("health_issues") or []) + stuck
         result["healthy"] = False
