@@ -255,7 +255,7 @@ def test_report_json_counts_every_kind_of_host(fleet_report):
         "memory_used_mib": report["summary"]["memory_used_mib"], "memory_total_mib": 26 * 8 * H200_TOTAL + 4 * L40S_TOTAL,
         "holders": 8 + 1 + 1 + 1 + 1, "nvml_clients": 2 + 1, "holders_not_listed": 0,
         "hosts_unhealthy": 1, "gpus_unhealthy": 1, "hosts_health_unchecked": 0, "gpus_health_unchecked": 0, "hosts_pending_restore": 0, "hosts_driver_drift": 0,
-        "hosts_shm_leftovers": 0,
+        "hosts_shm_leftovers": 0, "hosts_ghost_busy": 0, "gpus_ghost_busy": 0,
     }
     status = {h["host"]: h["status"] for h in report["hosts"]}
     node09 = next(h for h in report["hosts"] if h["host"] == "gpu-node09")

@@ -52,6 +52,16 @@ def holders_on(index: int, holders: t.Iterable[t.Mapping[str, t.Any]], minor: in
             or (node is not None and node in (h.get("devices") or []))]
 
 
+def busy_with_nothing(gpu: t.Mapping[str, t.Any], holders: t.Iterable[t.Mapping[str, t.Any]]) -> bool:
+    """Whether a GPU reads busy with no process on it and within max_used_mib (clean): a ghost when
+    a kill left it so. An NVML client (a monitor) works on no GPU; any other holder placed on it,
+    or that may be on it, does: busy, not a ghost. gpu_release's rule and the audit's."""
+    busy = gpu.get("utilization_gpu_pct")
+    if not gpu.get("clean") or isinstance(busy, bool) or not isinstance(busy, int) or busy < BUSY_PCT:
+        return False
+    return not [h for h in holders_on(t.cast(int, gpu.get("index")), holders) if h.get("attribution") != "nvml_client"]
+
+
 def found(result: t.Mapping[str, t.Any]) -> list[dict[str, t.Any]]:
     """The selected GPUs that read busy with no process and within max_used_mib (clean), on which
     this run killed something: [{index, pci_bus_id, utilization_gpu_pct, power_draw_w}]."""
@@ -60,11 +70,9 @@ def found(result: t.Mapping[str, t.Any]) -> list[dict[str, t.Any]]:
     ghosts = []
     for gpu in result.get("gpus") or []:
         index = gpu.get("index")
-        busy = gpu.get("utilization_gpu_pct")
-        if index not in selected or index not in killed or not gpu.get("clean") or not isinstance(busy, int) or busy < BUSY_PCT:
+        if index not in selected or index not in killed or not busy_with_nothing(gpu, result.get("holders") or []):
             continue
-        if [h for h in holders_on(index, result.get("holders") or []) if h.get("attribution") != "nvml_client"]:
-            continue  # a process still works on it: busy, not a ghost
+        busy = gpu.get("utilization_gpu_pct")
         ghosts.append({"index": index, "pci_bus_id": gpu.get("pci_bus_id"), "minor_number": gpu.get("minor_number"), "utilization_gpu_pct": busy,
                        "power_draw_w": gpu.get("power_draw_w")})
     return ghosts

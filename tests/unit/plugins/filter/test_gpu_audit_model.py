@@ -77,7 +77,7 @@ def test_fleet_summary_counts_hosts_gpus_and_blocking_holders():
         "memory_used_mib": 10267 + 8 * 55, "memory_total_mib": 24 * ah.H200_TOTAL,
         "holders": 1, "nvml_clients": 2, "holders_not_listed": 0, "hosts_unhealthy": 0, "gpus_unhealthy": 0,
         "hosts_health_unchecked": 0, "gpus_health_unchecked": 0, "hosts_pending_restore": 0, "hosts_driver_drift": 0,
-        "hosts_shm_leftovers": 0,
+        "hosts_shm_leftovers": 0, "hosts_ghost_busy": 0, "gpus_ghost_busy": 0,
     }
     assert model["schema_version"] == 1
     assert model["generated_at"] == "2025-06-01T12:00:00Z" and model["generated_epoch"] == EPOCH
