@@ -73,7 +73,8 @@ def queries(busy_pct: float) -> dict[str, str]:
     busy = json.dumps(float(busy_pct))
     return {
         "attention": (f"hosts[?{NEEDS_ATTENTION}].{{host: host, status: status, reason: reason, health: health_reason, "
-                      "pending_restore: length(pending_restore), driver: driver_drift, shm: shm.leftovers, ghost_busy: (length(ghost_busy || `[]`) > `0` && join('; ', ghost_busy)) || `null`}"),
+                      "pending_restore: length(pending_restore), driver: driver_drift, shm: shm.leftovers, "
+                      "ghost_busy: (length(ghost_busy || `[]`) > `0` && join('; ', ghost_busy)) || `null`}"),
         "dirty_gpus": ("hosts[?up && length(dirty_gpus) > `0`].gpus[] | [?!clean].{host: host, index: index, uuid: uuid, name: name, "
                        "memory_used_mib: memory_used_mib, memory_total_mib: memory_total_mib, used_pct: used_pct, holders: holders[].pid}"),
         "busy_gpus": "hosts[?up{}].gpus[] | [?used_pct >= `{}`].{{host: host, index: index, used_pct: used_pct}}".format(

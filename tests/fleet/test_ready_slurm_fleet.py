@@ -99,7 +99,7 @@ def test_a_gpu_the_epilogs_kill_leaves_busy_with_no_process_gets_a_context_and_a
     assert [k["pid"] for k in run["killed"]] == [pid], run
     [index] = [int(g) for g in run["gpus"]]
     [said] = run["ghost_busy"]
-    assert f"read 100 % busy at 101.5 W with no process and no memory after this run's kills; a CUDA context was opened and closed" in said, said
+    assert "read 100 % busy at 101.5 W with no process and no memory after this run's kills; a CUDA context was opened and closed" in said, said
     calls = fleet.ssh(host, "cat /run/nvidia-sim/libcuda.log").stdout
     assert " cuCtxCreate " in calls and " cuCtxDestroy " in calls, calls
     if kind == "clears":
