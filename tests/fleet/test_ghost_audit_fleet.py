@@ -2,7 +2,7 @@
 systemd hosts. A GPU that reads 100 % busy at ~100 W with no process and 0 MiB (what a process killed
 mid-kernel leaves on Blackwell: tests/sim/README.md, settings.json `ghost_busy`) is shown on its host
 (report.json's ghost_busy_gpus and its sentence, the host listed under "Hosts that need attention"
-though its memory is clean) and in the fleet summary (the play's last line, report.md, report.html).
+though its memory is clean) and in the fleet summary (the play's last line, report.md, report.html, gpu_audit.prom).
 An NVML client on every GPU (`nvidia-smi dmon`) does not hide it; a GPU that is busy because a
 process works on it is no ghost. The audit changes nothing: no CUDA context is opened, nothing is
 signalled.
@@ -61,3 +61,6 @@ def test_the_audit_shows_a_ghost_busy_gpu_on_its_host_and_in_the_fleet_summary(c
     assert "**ghost busy**, GPUs busy with no process" in markdown, markdown[:3000]
     html = (report_dir / "report.html").read_text()
     assert 'data-k="gpus_ghost_busy">1<' in html
+    prom = (report_dir / "gpu_audit.prom").read_text()
+    assert f'zeromib_gpu_ghost_busy{{host="{ghostly}",gpu="1",uuid="{gpus[ghostly][1]["uuid"]}"}} 1' in prom
+    assert f'zeromib_gpu_ghost_busy{{host="{working}",gpu="0",uuid="{gpus[working][0]["uuid"]}"}} 0' in prom
