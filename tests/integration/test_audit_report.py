@@ -54,7 +54,9 @@ def _gpu(index, used=0, total=H200_TOTAL, name="NVIDIA H200", max_used=0, mig="D
         "memory_used_mib": used,
         "memory_reserved_mib": 616,
         "memory_free_mib": None if used is None else total - used - 616,
-        "utilization_gpu_pct": 0 if not used else min(99, 35 + index * 7),
+        # As real GPUs read: [N/A] in MIG mode, 0 % on a GPU that runs nothing (a context elsewhere leaves
+        # it its footprint only), busy where a process works.
+        "utilization_gpu_pct": None if mig == "Enabled" else 0 if not used or footprint else min(99, 35 + index * 7),
         "temperature_c": 31 + (used or 0) * 30 // total + index % 3,
         "power_draw_w": round(118.0 + (used or 0) / 400.0, 2),
         "persistence_mode": "Enabled",
