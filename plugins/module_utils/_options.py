@@ -111,8 +111,8 @@ OPTIONS = (
     Option("settle_timeout", "float", 5, "seconds to watch that nothing starts a killed holder again", low=(0, True), most=DAY,
            modules=(RELEASE,)),
     Option("clean_shm", "bool", False, "remove what the killed jobs left in /dev/shm", modules=(RELEASE,)),
-    # The Slurm hooks check the profile and change no GPU setting.
-    Option("ready_fix", "bool", False, "set GPUs off the ready profile back to it, recorded for gpu_restore", modules=(RELEASE,), slurm=False),
+    # The Slurm epilog puts the profile back where the site opted in, as gpu_release does; the prolog only looks.
+    Option("ready_fix", "bool", False, "set GPUs off the ready profile back to it, recorded for gpu_restore", modules=(RELEASE,)),
 )
 BY_NAME = {option.name: option for option in OPTIONS}
 

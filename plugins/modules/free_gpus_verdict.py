@@ -36,7 +36,8 @@ options:
   msg:
     description:
       - Fail the host with this message instead, whatever its C(free_gpus_result) says (the task's C(when) decides which hosts).
-        C(playbooks/free_gpus.yml) uses it after its fleet summary, which has said each host's reason.
+        C(playbooks/free_gpus.yml) uses it after its fleet summary, which has said each host's reason, and
+        C(playbooks/restore_gpus.yml) likewise for a host whose restore failed.
     type: str
 # The attributes every action plugin shares, in one fragment (plugins/doc_fragments/controller_action.py).
 extends_documentation_fragment:

@@ -708,25 +708,12 @@ def warn_all(module: AnsibleModule, warnings: t.Iterable[str]) -> None:
 
 
 def ready_fixed(smi: NvidiaSmi, params: t.Mapping[str, t.Any], result: dict[str, t.Any], release: Release, check_mode: bool) -> dict[str, t.Any]:
-    """The result with the GPUs put back to the training-ready profile (ready_fix): only GPUs proven
-    free, what changed recorded for gpu_restore, then read again so that their health says what
-    they read now. _ready_settings is loaded only when asked for."""
-    result = dict(result, ready_fixed=[], ready_fix_errors=[])
+    """The result with the GPUs put back to the training-ready profile (ready_fix; _ready_settings,
+    as the Slurm epilog does it). _ready_settings is loaded only when asked for."""
     if not params["ready_fix"] or check_mode or not result.get("released") or release.health is None:
-        return result
+        return dict(result, ready_fixed=[], ready_fix_errors=[])
     from ansible_collections.zeromib.gpu.plugins.module_utils._act import _ready_settings
-    entries, fixed, errors = _ready_settings.apply(smi, result["gpus"], release.health.checks.ready_profile, _record.now_iso())
-    result.update(ready_fixed=fixed, ready_fix_errors=errors)
-    if entries:
-        # Issue 71: the MIG layout of the selected GPUs in MIG mode goes in with what ready_fix changed.
-        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _mig_layout
-        layouts, problems = _mig_layout.record_entries(smi, result["gpus"], result.get("selected_gpus") or [], _record.now_iso())
-        result["warnings"] = list(result.get("warnings") or []) + problems
-        _record.add(_record.PATH, entries + layouts)
-        result["changed"] = True
-        result["gpus"] = _ready_settings.read_again(smi, result["gpus"], release.health)
-        result.update(release.with_shm_floor(_facts.health_summary(result["gpus"], release.health, None)))
-    return result
+    return _ready_settings.after_release(smi, result, release)
 
 
 def ghosts_cleared(smi: NvidiaSmi, params: t.Mapping[str, t.Any], result: dict[str, t.Any], check_mode: bool) -> dict[str, t.Any]:

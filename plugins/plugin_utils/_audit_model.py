@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.zeromib.gpu.plugins.module_utils._act._ghost_busy import busy_with_nothing
 from ansible_collections.zeromib.gpu.plugins.module_utils._options import baseline_with_margin
 
 
@@ -137,6 +138,9 @@ def _gpu_records(host: str, facts: t.Mapping[str, t.Any]) -> tuple[list[dict[str
         record.update(_gpu_health(record))
         record["smoke_test"] = _smoke_test(record)
         index = record.get("index")
+        # Busy with no process and no memory: what a process killed mid-kernel can leave (issue 71).
+        record["ghost_busy"] = busy_with_nothing(record, holders) and not any(
+            p.get("alive", True) for p in facts.get("processes") or [] if isinstance(p, Mapping) and p.get("gpu_index") == index)
         record["holders"] = [h for h in holders if index in h["gpu_indexes"]][:HOST_HOLDERS]
         record["processes"] = [
             dict(p) for p in facts.get("processes") or []
@@ -191,6 +195,19 @@ def _health_reason(record: t.Mapping[str, t.Any]) -> str | None:
     for notes, indexes in by_notes.items():
         parts.append("health not checked on GPU {}: {}".format(", ".join(indexes), notes))
     return "; ".join(parts) or None
+
+
+def _ghost_busy(gpus: list[dict[str, t.Any]]) -> list[str]:
+    """One line per GPU that reads busy with no process: what it reads, and what clears it."""
+    return ["GPU {} ({}): {} % busy at {} W with no process and no memory (ghost-busy, as a process killed mid-kernel leaves it); "
+            "opening and closing a CUDA context on it from a fresh process clears it (gpu_release does after its kills), "
+            "else reset it (nvidia-smi -r -i {})".format(g.get("index"), g.get("pci_bus_id"), g.get("utilization_gpu_pct"),
+                                                         _watts(g.get("power_draw_w")), g.get("index"))
+            for g in gpus if g["ghost_busy"]]
+
+
+def _watts(value: t.Any) -> str:
+    return f"{value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "?"
 
 
 def _smoke_test(gpu: t.Mapping[str, t.Any]) -> dict[str, t.Any] | None:
@@ -408,6 +425,8 @@ def _host_record(entry: t.Any) -> dict[str, t.Any]:
         "health_checked": None if facts.get("health_checked") is None or facts.get("error") else bool(facts.get("health_checked")),
         "unchecked_gpus": [g.get("index") for g in gpus if g["health_checked"] is False],
         "health_reason": None,
+        "ghost_busy_gpus": [g.get("index") for g in gpus if g["ghost_busy"]],
+        "ghost_busy": _ghost_busy(gpus),
         "gpus": gpus,
         "holders": holders,
         "holders_not_listed": not_listed,
@@ -498,4 +517,6 @@ def _summary(records: list[dict[str, t.Any]]) -> dict[str, int]:
         "hosts_pending_restore": sum(1 for r in records if r["pending_restore"]),
         "hosts_driver_drift": sum(1 for r in records if r["driver_drift"]),
         "hosts_shm_leftovers": sum(1 for r in records if r["up"] and r["shm"]["leftovers"]),
+        "hosts_ghost_busy": sum(1 for r in records if r["up"] and r["ghost_busy_gpus"]),
+        "gpus_ghost_busy": sum(1 for g in up_gpus if g["ghost_busy"]),
     }

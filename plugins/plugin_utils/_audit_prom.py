@@ -39,6 +39,7 @@ _FAMILIES = (
     ("zeromib_gpu_health_checked", "1 when every health check could run on the GPU; 0 when some could not (its health_unchecked)."),
     ("zeromib_gpu_ecc_uncorrected", "Uncorrected volatile ECC errors of the GPU since the driver loaded."),
     ("zeromib_gpu_xid_recent", "Xid errors of the GPU in the kernel log within the audit's window."),
+    ("zeromib_gpu_ghost_busy", "1 when the GPU reads busy with no process and no memory (what a process killed mid-kernel can leave)."),
 )
 
 
@@ -95,6 +96,8 @@ def _gpu_samples(samples: _Samples, name: t.Any, gpu: t.Mapping[str, t.Any]) -> 
         _add(samples, "zeromib_gpu_ecc_uncorrected", keyed, gpu["ecc_uncorrected"])
     if _is_number(gpu.get("xid_recent")):
         _add(samples, "zeromib_gpu_xid_recent", keyed, gpu["xid_recent"])
+    if isinstance(gpu.get("ghost_busy"), bool):
+        _add(samples, "zeromib_gpu_ghost_busy", keyed, gpu["ghost_busy"])
 
 
 def _host_samples(samples: _Samples, host: t.Mapping[str, t.Any]) -> None:

@@ -60,7 +60,9 @@ ARGUMENT_SPEC = {
 # A host with a pending restore (services zeromib stopped and never put back), or whose driver was
 # upgraded under its loaded module (new jobs fail there), needs attention too, clean or not.
 # Files killed jobs left in /dev/shm (the next job's NCCL init may run out of space there) too.
-NEEDS_ATTENTION = "status != 'clean' || health_reason != null || length(pending_restore) > `0` || driver_drift != null || shm.leftovers != null"
+# A GPU busy with no process (ghost-busy, issue 71) fails or slows the next job on a clean host too.
+NEEDS_ATTENTION = ("status != 'clean' || health_reason != null || length(pending_restore) > `0` || driver_drift != null || shm.leftovers != null"
+                   " || length(ghost_busy_gpus || `[]`) > `0`")
 
 
 def queries(busy_pct: float) -> dict[str, str]:
@@ -71,7 +73,8 @@ def queries(busy_pct: float) -> dict[str, str]:
     busy = json.dumps(float(busy_pct))
     return {
         "attention": (f"hosts[?{NEEDS_ATTENTION}].{{host: host, status: status, reason: reason, health: health_reason, "
-                      "pending_restore: length(pending_restore), driver: driver_drift, shm: shm.leftovers}"),
+                      "pending_restore: length(pending_restore), driver: driver_drift, shm: shm.leftovers, "
+                      "ghost_busy: (length(ghost_busy || `[]`) > `0` && join('; ', ghost_busy)) || `null`}"),
         "dirty_gpus": ("hosts[?up && length(dirty_gpus) > `0`].gpus[] | [?!clean].{host: host, index: index, uuid: uuid, name: name, "
                        "memory_used_mib: memory_used_mib, memory_total_mib: memory_total_mib, used_pct: used_pct, holders: holders[].pid}"),
         "busy_gpus": "hosts[?up{}].gpus[] | [?used_pct >= `{}`].{{host: host, index: index, used_pct: used_pct}}".format(
@@ -226,6 +229,9 @@ def summary_line(report: t.Mapping[str, t.Any], report_html: str) -> str:
     if s.get("gpus_unhealthy") or s.get("gpus_health_unchecked"):
         line += " {} GPU{} unhealthy, {} not fully checked.".format(s["gpus_unhealthy"], "" if s["gpus_unhealthy"] == 1 else "s",
                                                                     s["gpus_health_unchecked"])
+    if s.get("gpus_ghost_busy"):
+        line += " {} GPU{} busy with no process (ghost-busy) on {} host{}.".format(
+            s["gpus_ghost_busy"], "" if s["gpus_ghost_busy"] == 1 else "s", s["hosts_ghost_busy"], "" if s["hosts_ghost_busy"] == 1 else "s")
     return line + f" Report: {report_html}"
 
 
@@ -352,7 +358,10 @@ def attention_groups(report: t.Mapping[str, t.Any]) -> list[dict[str, t.Any]]:
             add("driver upgraded under the loaded module", "driver drift", entry)
         if (host.get("shm") or {}).get("leftovers"):
             add("files of killed jobs left in /dev/shm", "shm leftovers", entry)
-    order = {"unreachable": 0, "error": 1, "dirty": 2, "unhealthy": 3, "unchecked": 4, "pending restore": 5, "driver drift": 6, "shm leftovers": 7}
+        if host.get("ghost_busy_gpus"):
+            add("GPUs busy with no process (a CUDA context or a reset clears them)", "ghost busy", entry)
+    order = {"unreachable": 0, "error": 1, "dirty": 2, "unhealthy": 3, "unchecked": 4, "pending restore": 5, "driver drift": 6, "shm leftovers": 7,
+             "ghost busy": 8}
     result = sorted(groups.values(), key=lambda g: (-len(g["hosts"]), order[g["status"]], g["title"]))
     for group in result:
         del group["_seen"]

@@ -25,6 +25,9 @@ from __future__ import annotations
 import typing as t
 
 from ansible.errors import AnsibleAction
+from ansible.utils.display import Display
+
+_display = Display()
 
 # 2.19 and later: an error may contribute the task's result and omit the `exception` key.
 OMITS_EXCEPTION = isinstance(getattr(AnsibleAction, "omit_exception_key", None), property)
@@ -47,6 +50,10 @@ def fail_once(result: dict[str, t.Any]) -> dict[str, t.Any]:
     result["failed"] = True
     result.pop("exception", None)
     if OMITS_EXCEPTION:
+        # 2.19 keeps a task's warnings from what was displayed during it, not from a raised result
+        # (TaskExecutor._execute replaces them): said through Display, they stay the result's warnings.
+        for warning in result.pop("warnings", None) or []:
+            _display.warning(str(getattr(getattr(warning, "event", None), "msg", None) or warning))
         raise SaidOnce(str(result.get("msg", "")), result=result)
     return result
 

@@ -7,6 +7,7 @@ ansible_failed_result.msg. Works on a fleet of 3 hosts (ZEROMIB_FLEET_HOSTS=3)."
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -180,3 +181,63 @@ def test_with_ansibles_role_validation_on_a_wrong_type_is_said_in_the_collection
         assert json.loads(fatal.partition(" => ")[2])["msg"] == msg, fatal
         # the validation task (ok), the include, the gate (ok: it records), then the verdict fails it
         assert recap(run, host) == counts(ok=3, failed=1), run.stdout
+
+
+# --- restore_gpus (issue 71): a failed restore said once, on both paths.
+
+RECORD = "/var/lib/zeromib-gpu/released.json"
+RESTORE = "playbooks/restore_gpus.yml"
+RESTORE_TASK = "zeromib.gpu.restore_gpus : Put back the units and containers gpu_release stopped, disabled or masked"
+RESTORE_SUMMARY = "Fleet restore summary (unreachable and failed hosts first)"
+# A unit a release stopped and someone removed before the restore: its start cannot succeed.
+GONE = {"format": 1, "updated_at": "2026-12-07T00:00:00Z", "entries": [
+    {"kind": "unit", "name": "zr-gone.service", "actions": ["stopped"], "active": True, "active_state": "active",
+     "unit_file_state": "enabled", "gpu_indexes": [0], "released_at": "2026-12-07T00:00:00Z"}]}
+
+
+@pytest.fixture
+def broken_restore(trio):
+    """The trio's first host with nothing to restore, its second with a record no restore can finish."""
+    fleet, (good, broken), _mig = trio
+    fleet.ssh(broken, f"mkdir -p -m 700 /var/lib/zeromib-gpu && printf %s {shlex.quote(json.dumps(GONE))} > {RECORD} && chmod 600 {RECORD}",
+              check=True)
+    try:
+        yield fleet, good, broken
+    finally:
+        fleet.ssh_all(f"rm -f {RECORD}")
+
+
+@pytest.mark.parametrize(("core", "python"), CORES, ids=[f"ansible-core-{c}" for c, _p in CORES])
+def test_a_failed_restore_is_said_once_by_the_role_in_a_users_play_and_by_restore_gpus_yml(broken_restore, core, python):
+    fleet, good, broken = broken_restore
+    bin_dir = matrix.controller_bin(core, python)
+    env = {"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"}
+
+    # The role in a user's own play (the README's post_tasks): the reason is the host's one failure line.
+    play = [{"hosts": f"{good},{broken}", "gather_facts": False, "become": True, "roles": ["zeromib.gpu.restore_gpus"]}]
+    own = fleet.ansible_playbook(play, limit=[good, broken], bin_dir=bin_dir, env=env)
+    assert own.rc == 2, own
+    said = own.result(RESTORE_TASK, broken)["msg"]
+    assert "zr-gone.service" in said, said
+    reason = said.split("; ")[0]
+    [fatal] = fatal_lines(own, broken)
+    assert json.loads(fatal.partition(" => ")[2])["msg"] == said, fatal
+    out = own.stdout + own.stderr
+    assert out.count(reason) == 1, out[-4000:]
+    assert "censored" not in out and "Origin:" not in out and "[ERROR]" not in out and "Traceback" not in out, out[-4000:]
+    assert fatal_lines(own, good) == [] and f"{good}: nothing to put back" in out, out[-4000:]
+
+    # restore_gpus.yml: the reason in the host's line of the fleet summary, then the host fails pointing there.
+    run = fleet.ansible_playbook(RESTORE, limit=[good, broken], bin_dir=bin_dir, env=env)
+    assert run.rc == 2, run
+    said = run.result(RESTORE_TASK, broken)["msg"]
+    reason = said.split("; ")[0]
+    lines = run.result(RESTORE_SUMMARY, good)["msg"]
+    row = next(line for line in lines if f" {broken} " in line)
+    assert row.split()[0] == "failed" and row.split(f"{broken}  ", 1)[1].startswith(f"restore failed: {reason}"), lines
+    [fatal] = fatal_lines(run, broken)
+    assert json.loads(fatal.partition(" => ")[2])["msg"] == f"{broken}: restore failed (its line in the fleet restore summary above says why)"
+    out = run.stdout + run.stderr
+    assert out.count(reason) == 1, out[-4000:]
+    assert "censored" not in out and "Origin:" not in out and "[ERROR]" not in out and "Traceback" not in out, out[-4000:]
+    assert recap(run, broken)["failed"] == 1 and recap(run, good)["failed"] == 0, run.stdout[-2000:]

@@ -54,7 +54,9 @@ def _gpu(index, used=0, total=H200_TOTAL, name="NVIDIA H200", max_used=0, mig="D
         "memory_used_mib": used,
         "memory_reserved_mib": 616,
         "memory_free_mib": None if used is None else total - used - 616,
-        "utilization_gpu_pct": 0 if not used else min(99, 35 + index * 7),
+        # As real GPUs read: [N/A] in MIG mode, 0 % on a GPU that runs nothing (a context elsewhere leaves
+        # it its footprint only), busy where a process works.
+        "utilization_gpu_pct": None if mig == "Enabled" else 0 if not used or footprint else min(99, 35 + index * 7),
         "temperature_c": 31 + (used or 0) * 30 // total + index % 3,
         "power_draw_w": round(118.0 + (used or 0) / 400.0, 2),
         "persistence_mode": "Enabled",
@@ -255,7 +257,7 @@ def test_report_json_counts_every_kind_of_host(fleet_report):
         "memory_used_mib": report["summary"]["memory_used_mib"], "memory_total_mib": 26 * 8 * H200_TOTAL + 4 * L40S_TOTAL,
         "holders": 8 + 1 + 1 + 1 + 1, "nvml_clients": 2 + 1, "holders_not_listed": 0,
         "hosts_unhealthy": 1, "gpus_unhealthy": 1, "hosts_health_unchecked": 0, "gpus_health_unchecked": 0, "hosts_pending_restore": 0, "hosts_driver_drift": 0,
-        "hosts_shm_leftovers": 0,
+        "hosts_shm_leftovers": 0, "hosts_ghost_busy": 0, "gpus_ghost_busy": 0,
     }
     status = {h["host"]: h["status"] for h in report["hosts"]}
     node09 = next(h for h in report["hosts"] if h["host"] == "gpu-node09")

@@ -52,6 +52,16 @@ def holders_on(index: int, holders: t.Iterable[t.Mapping[str, t.Any]], minor: in
             or (node is not None and node in (h.get("devices") or []))]
 
 
+def busy_with_nothing(gpu: t.Mapping[str, t.Any], holders: t.Iterable[t.Mapping[str, t.Any]]) -> bool:
+    """Whether a GPU reads busy with no process on it and within max_used_mib (clean): a ghost when
+    a kill left it so. An NVML client (a monitor) works on no GPU; any other holder placed on it,
+    or that may be on it, does: busy, not a ghost. gpu_release's rule and the audit's."""
+    busy = gpu.get("utilization_gpu_pct")
+    if not gpu.get("clean") or isinstance(busy, bool) or not isinstance(busy, int) or busy < BUSY_PCT:
+        return False
+    return not [h for h in holders_on(t.cast(int, gpu.get("index")), holders) if h.get("attribution") != "nvml_client"]
+
+
 def found(result: t.Mapping[str, t.Any]) -> list[dict[str, t.Any]]:
     """The selected GPUs that read busy with no process and within max_used_mib (clean), on which
     this run killed something: [{index, pci_bus_id, utilization_gpu_pct, power_draw_w}]."""
@@ -60,11 +70,9 @@ def found(result: t.Mapping[str, t.Any]) -> list[dict[str, t.Any]]:
     ghosts = []
     for gpu in result.get("gpus") or []:
         index = gpu.get("index")
-        busy = gpu.get("utilization_gpu_pct")
-        if index not in selected or index not in killed or not gpu.get("clean") or not isinstance(busy, int) or busy < BUSY_PCT:
+        if index not in selected or index not in killed or not busy_with_nothing(gpu, result.get("holders") or []):
             continue
-        if [h for h in holders_on(index, result.get("holders") or []) if h.get("attribution") != "nvml_client"]:
-            continue  # a process still works on it: busy, not a ghost
+        busy = gpu.get("utilization_gpu_pct")
         ghosts.append({"index": index, "pci_bus_id": gpu.get("pci_bus_id"), "minor_number": gpu.get("minor_number"), "utilization_gpu_pct": busy,
                        "power_draw_w": gpu.get("power_draw_w")})
     return ghosts
@@ -90,6 +98,16 @@ def said(ghost: t.Mapping[str, t.Any], holders: t.Iterable[t.Mapping[str, t.Any]
            else "; nothing holds its device node now")
     return seen + done + ", and it still reads {} % busy: reset it (nvidia-smi -r -i {}){}".format(
         ghost.get("utilization_after_pct"), ghost["index"], why)
+
+
+def short_cause(ghost: t.Mapping[str, t.Any], holders: t.Iterable[t.Mapping[str, t.Any]]) -> str:
+    """A GPU still busy after the context, in the few words a Slurm drain reason holds (120
+    characters with the job's): what it reads and the command, then what blocks a reset."""
+    done = ", no process, opening a CUDA context failed" if ghost.get("error") else " with no process, also after a CUDA context"
+    cause = "GPU {}: {} % busy{}: reset it (nvidia-smi -r -i {})".format(
+        ghost["index"], ghost.get("utilization_after_pct"), done, ghost["index"])
+    blockers = [_label(h) for h in holders_on(ghost["index"], holders, ghost.get("minor_number"))]
+    return cause + ("; NVML handles block a reset: stop {} first".format(", ".join(blockers)) if blockers else "")
 
 
 def _watts(value: t.Any) -> str:
@@ -121,16 +139,18 @@ def clear(smi: NvidiaSmi, ghosts: list[dict[str, t.Any]], timeout: float,
         waited += 0.5
 
 
-def after_release(smi: NvidiaSmi, result: dict[str, t.Any], timeout: float) -> dict[str, t.Any]:
+def after_release(smi: NvidiaSmi, result: dict[str, t.Any], timeout: float, short: bool = False) -> dict[str, t.Any]:
     """The result with `ghost_busy` (one sentence per ghost-busy GPU); a GPU still busy after the
-    context is a health issue of the host (healthy false)."""
+    context is a health issue of the host (healthy false), said whole, or (`short`: the Slurm
+    hooks' drain reason) as short_cause."""
     ghosts = found(result)
     if not ghosts:
         return result
     holders = result.get("holders") or []
     done = clear(smi, ghosts, timeout)
     result = dict(result, ghost_busy=[said(g, holders) for g in done])
-    stuck = ["GPU {} ({}): {}".format(g["index"], g["pci_bus_id"], said(g, holders)) for g in done if not g["cleared"]]
+    stuck = [short_cause(g, holders) if short else "GPU {} ({}): {}".format(g["index"], g["pci_bus_id"], said(g, holders))
+             for g in done if not g["cleared"]]
     if stuck:
         result["health_issues"] = list(result.get("health_issues") or []) + stuck
         result["healthy"] = False

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import typing as t
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _record
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _readiness
 
 if t.TYPE_CHECKING:
+    from ansible_collections.zeromib.gpu.plugins.module_utils._act._release import Release
     from ansible_collections.zeromib.gpu.plugins.module_utils._look._health import Health
     from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import NvidiaSmi
 
@@ -115,6 +117,29 @@ def read_again(smi: NvidiaSmi, gpus: t.Sequence[t.Mapping[str, t.Any]], health: 
             if key in now:
                 record[key] = now[key]
         result.append(record)
+    return result
+
+
+def after_release(smi: NvidiaSmi, result: dict[str, t.Any], release: Release, record_path: str = _record.PATH) -> dict[str, t.Any]:
+    """The result of a release that proved its GPUs free, with its GPUs put back to the profile
+    (ready_fixed, ready_fix_errors): what changed recorded for gpu_restore, with the MIG layout of
+    the selected GPUs in MIG mode, then read again so that their health says what they read now.
+    gpu_release's ready_fix and the Slurm epilog's alike."""
+    result = dict(result, ready_fixed=[], ready_fix_errors=[])
+    if not result.get("released") or release.health is None:
+        return result
+    entries, fixed, errors = apply(smi, result["gpus"], release.health.checks.ready_profile, _record.now_iso())
+    result.update(ready_fixed=fixed, ready_fix_errors=errors)
+    if not entries:
+        return result
+    from ansible_collections.zeromib.gpu.plugins.module_utils._look import _facts  # pylint: disable=import-outside-toplevel
+    from ansible_collections.zeromib.gpu.plugins.module_utils._look import _mig_layout  # pylint: disable=import-outside-toplevel
+    layouts, problems = _mig_layout.record_entries(smi, result["gpus"], result.get("selected_gpus") or [], _record.now_iso())
+    result["warnings"] = list(result.get("warnings") or []) + problems
+    _record.add(record_path, entries + layouts)
+    result["changed"] = True
+    result["gpus"] = read_again(smi, result["gpus"], release.health)
+    result.update(release.with_shm_floor(_facts.health_summary(result["gpus"], release.health, None)))
     return result
 
 

@@ -611,7 +611,13 @@ def judge_job(mode: str, release: JobRelease, smi: NvidiaSmi, params: dict[str, 
         return False, [exc.msg], {}
     if readings is not None and readings.last:
         result["shared"] = _shared.record(readings.last)
+    if mode == "epilog" and failure is None and not result.get("shared"):
+        note("the training-ready profile and the GPUs left busy with no process")
+        result = ready_for_the_next_job(smi, release, params, result)
     ok, causes = verdict(mode, result, failure, release.spared)
+    if not ok:
+        # A setter that failed is said after the setting it left (the profile's issue names the command).
+        causes += [str(error) for error in result.get("ready_fix_errors") or []]
     if ok and mode == "epilog" and params["smoke_test"] and result.get("shared"):
         # Its readings would count what the other jobs on the GPU allocate meanwhile.
         result["smoke_test_skipped"] = "other jobs use the GPU"
@@ -622,6 +628,21 @@ def judge_job(mode: str, release: JobRelease, smi: NvidiaSmi, params: dict[str, 
         except NvidiaSmiError as exc:
             return False, [f"nvidia-smi, before the CUDA smoke test: {exc.msg}"], result
     return ok, causes, result
+
+
+def ready_for_the_next_job(smi: NvidiaSmi, release: JobRelease, params: t.Mapping[str, t.Any], result: dict[str, t.Any]) -> dict[str, t.Any]:
+    """The epilog's GPUs, proven free, as gpu_release leaves them: put back to the training-ready
+    profile where the site opted in (ready_fix, recorded for gpu_restore: _act/_ready_settings), and
+    a GPU the job's kills left busy with no process cleared by a context opened and closed from a
+    fresh process (_act/_ghost_busy). Never on a GPU other jobs use: the caller skips shared GPUs,
+    whose settings and utilization are theirs too."""
+    if params.get("ready_fix") and result.get("released"):
+        from ansible_collections.zeromib.gpu.plugins.module_utils._act import _ready_settings  # pylint: disable=import-outside-toplevel
+        result = _ready_settings.after_release(smi, result, release)
+    if result.get("released") and result.get("killed"):
+        from ansible_collections.zeromib.gpu.plugins.module_utils._act import _ghost_busy  # pylint: disable=import-outside-toplevel
+        result = _ghost_busy.after_release(smi, result, params["timeout"], short=True)
+    return result
 
 
 def smoke_test(smi: NvidiaSmi, params: t.Mapping[str, t.Any], result: dict[str, t.Any]) -> tuple[bool, list[str], dict[str, t.Any]]:
@@ -691,7 +712,7 @@ def main(argv: t.Sequence[str], environ: t.Mapping[str, str], config_path: str =
         entry["truncated"] = {("holders" if mode == "prolog" else "killed"): count}
     if result.get("smoke_test_passed") is not None:
         entry["smoke_test_passed"] = result["smoke_test_passed"]
-    for key in ("shared", "smoke_test_skipped", "gres"):
+    for key in ("shared", "smoke_test_skipped", "gres", "ghost_busy", "ready_fixed", "ready_fix_errors"):
         if result.get(key):
             entry[key] = result[key]
     if not ok:

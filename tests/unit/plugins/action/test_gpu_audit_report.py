@@ -138,7 +138,7 @@ def test_an_unhealthy_gpu_on_a_clean_host_needs_attention_and_its_xid_age_reads_
     (entry,) = r["findings"]["attention"]
     assert entry == {"host": "xid-h200", "status": "clean", "reason": None,
                      "health": "GPU 5 (00000000:1D:00.0): Xid 79 (GPU has fallen off the bus) in the kernel log 2 h ago", "pending_restore": 0, "driver": None,
-                     "shm": None}
+                     "shm": None, "ghost_busy": None}
     assert "7200 s" not in json.dumps(r["hosts"][1]["health_issues"])
 
 

@@ -77,7 +77,7 @@ def test_fleet_summary_counts_hosts_gpus_and_blocking_holders():
         "memory_used_mib": 10267 + 8 * 55, "memory_total_mib": 24 * ah.H200_TOTAL,
         "holders": 1, "nvml_clients": 2, "holders_not_listed": 0, "hosts_unhealthy": 0, "gpus_unhealthy": 0,
         "hosts_health_unchecked": 0, "gpus_health_unchecked": 0, "hosts_pending_restore": 0, "hosts_driver_drift": 0,
-        "hosts_shm_leftovers": 0,
+        "hosts_shm_leftovers": 0, "hosts_ghost_busy": 0, "gpus_ghost_busy": 0,
     }
     assert model["schema_version"] == 1
     assert model["generated_at"] == "2025-06-01T12:00:00Z" and model["generated_epoch"] == EPOCH
@@ -329,3 +329,36 @@ def test_a_host_with_thousands_of_holders_lists_the_ten_that_matter_and_counts_t
     host = _one(record)
     assert len(host["holders"]) == 10 and all(h["blocking"] for h in host["holders"]) and host["holders_not_listed"] == 2990
     assert len(host["gpus"][0]["holders"]) == 10
+
+
+def _ghostly(utilization=100, holders=(), processes=(), used=0):
+    """An 8-GPU host whose GPU 3 reads `utilization` % at 101.5 W (a ghost's reading: issue 71)."""
+    gpus = [ah.gpu(i) for i in range(8)]
+    gpus[3] = dict(ah.gpu(3, used=used), utilization_gpu_pct=utilization, power_draw_w=101.5)
+    return {"host": "ghost-h200", "status": "ok", "error": None, "gpu": ah.facts(gpus, holders, processes)}
+
+
+def test_a_gpu_busy_with_no_process_is_a_ghost_on_its_host_in_the_summary_and_beside_a_monitor():
+    """An NVML client (dcgm-exporter, nvidia-smi dmon) opens every GPU and uses none: it hides no ghost."""
+    model = gpu_audit_model([_ghostly(holders=[ah.holder(900, "dcgm-exporter", [])]), ah.clean_h200x8()], EPOCH)
+    host = model["hosts"][1]
+    assert host["host"] == "ghost-h200" and host["status"] == "clean" and host["ghost_busy_gpus"] == [3], host
+    [said] = host["ghost_busy"]
+    assert said.startswith("GPU 3 (00000000:1B:00.0): 100 % busy at 101.5 W with no process and no memory (ghost-busy"), said
+    assert said.endswith("else reset it (nvidia-smi -r -i 3)"), said
+    assert (model["summary"]["hosts_ghost_busy"], model["summary"]["gpus_ghost_busy"]) == (1, 1)
+    assert model["hosts"][0]["ghost_busy_gpus"] == [] and model["hosts"][0]["ghost_busy"] == []
+
+
+@pytest.mark.parametrize("record", [
+    pytest.param(_ghostly(holders=[ah.holder(495, "python3", [3])], used=4096), id="a-process-works-on-it"),
+    pytest.param(_ghostly(holders=[dict(ah.holder(496, "train.py", []), attribution="undecided", candidate_gpu_indexes=[3])]),
+                 id="a-process-may-work-on-it"),
+    pytest.param(_ghostly(processes=[{"pid": 497, "name": "python3", "used_memory_mib": 0, "gpu_uuid": None, "gpu_index": 3, "alive": True}]),
+                 id="a-live-compute-app-listed-on-it"),
+    pytest.param(_ghostly(utilization=49), id="below-half-busy"),
+    pytest.param(_ghostly(utilization=None), id="utilization-not-given"),
+])
+def test_a_busy_gpu_with_a_process_or_an_idle_one_is_no_ghost(record):
+    host = _one(record)
+    assert host["ghost_busy_gpus"] == [] and host["ghost_busy"] == [], host["ghost_busy"]

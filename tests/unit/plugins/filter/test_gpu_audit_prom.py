@@ -24,7 +24,7 @@ FAMILIES = [
     "zeromib_gpu_driver_drift", "zeromib_gpu_minor_order_differs", "zeromib_gpu_shm_free_mib", "zeromib_gpu_shm_unheld_mib", "zeromib_gpu_shm_unheld_files",
     "zeromib_gpu_memory_used_mib",
     "zeromib_gpu_memory_total_mib", "zeromib_gpu_clean", "zeromib_gpu_healthy", "zeromib_gpu_health_checked", "zeromib_gpu_ecc_uncorrected",
-    "zeromib_gpu_xid_recent",
+    "zeromib_gpu_xid_recent", "zeromib_gpu_ghost_busy",
 ]
 # A sample line: name, optional {labels}, value. Label values may hold escaped quotes and backslashes.
 SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*",?)*)\})? (?P<value>\S+)$')
@@ -178,3 +178,13 @@ def test_health_checked_metric_says_when_checks_could_not_run():
     assert 'zeromib_gpu_healthy{host="node01",gpu="0",uuid="GPU-1"} 1' in text
     assert 'zeromib_gpu_health_checked{host="node01",gpu="0",uuid="GPU-1"} 0' in text
     assert 'zeromib_gpu_health_checked{host="node01",gpu="1",uuid="GPU-2"} 1' in text
+
+
+def test_a_ghost_busy_gpu_reads_1_and_an_idle_one_0():
+    """Issue 71: busy with no process and no memory, per GPU, for an alert on the next job's node."""
+    gpus = [{"index": i, "uuid": f"GPU-{i}", "name": "NVIDIA B200", "memory_used_mib": 0, "memory_total_mib": 183359, "clean": True,
+             "utilization_gpu_pct": pct, "power_draw_w": 101.5} for i, pct in ((0, 0), (1, 100))]
+    model = gpu_audit_model([{"host": "node01", "gpu": {"count": 2, "clean": True, "gpus": gpus, "holders": [], "processes": []}}], generated_at=0)
+    text = gpu_audit_prom(model)
+    assert 'zeromib_gpu_ghost_busy{host="node01",gpu="0",uuid="GPU-0"} 0' in text
+    assert 'zeromib_gpu_ghost_busy{host="node01",gpu="1",uuid="GPU-1"} 1' in text
