@@ -269,7 +269,8 @@ for _ in range(REPS):
     smi = NvidiaSmi(NvidiaSmi.find(None), 10)
     t0 = time.perf_counter()
     snap = _facts.look(smi, [], with_processes=True, max_used_mib=0)
-    _facts.assemble(snap.gpus, snap.apps, snap.holders, 0, True, _facts.cuda_driver_version())
+    _facts.assemble(_facts.Findings(gpus=snap.gpus, apps=snap.apps, holders=snap.holders, max_used_mib=0, with_processes=True,
+                                    cuda_version=_facts.cuda_driver_version()))
     times.append(time.perf_counter() - t0)
     calls.append(smi.calls)
     t0 = time.perf_counter()

@@ -220,6 +220,23 @@ class LookOptions(Records):
     __slots__ = _fields
 
 
+# gpu_restore's own options (plugins/modules/gpu_restore.py ARGUMENT_SPEC; none is a row of OPTIONS: it
+# reads no GPU the way the look does), as one frozen record built at _act/_restore.Restore's entry.
+# A key left out of a partial mapping (the unit tests') reads None, as `params.get` read it.
+class RestoreOptions(Record):
+    """gpu_restore's options."""
+
+    _fields = ("step_timeout", "wait_for_gpus", "forget", "nvidia_smi", "reload_despite_gpu_containers", "recreate_mig_layout")
+    __slots__ = _fields
+
+    @classmethod
+    def of(cls, given: t.Any) -> t.Any:
+        """gpu_restore's module.params (or a partial mapping, or a record) -> the record; keys that are no field are left."""
+        if isinstance(given, cls):
+            return given
+        return cls(**{name: given[name] for name in cls._fields if name in given})
+
+
 def argument_spec(module: str) -> dict[str, dict[str, t.Any]]:
     """The argument spec of gpu_facts or gpu_release (their options of the table)."""
     return {option.name: option.spec() for option in OPTIONS if module in option.modules}

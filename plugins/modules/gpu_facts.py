@@ -546,10 +546,8 @@ def gather(params: t.Mapping[str, t.Any], which: t.Callable[[str], str | None] |
     # Check mode writes nothing, not even the kernel log's cursor: a whole read.
     snapshot = _facts.look_at(smi, _facts.Request.from_options(options, kernel_log_state=None if check_mode else _kernel_log_state.PATH))
     dcgm = _health.dcgm_diag(params.get("dcgm_diag") or 0, which or (lambda name: None))
-    facts = _facts.assemble(
-        snapshot.gpus, snapshot.apps, snapshot.holders, params["max_used_mib"], params["processes"], _facts.cuda_driver_version(),
-        snapshot.footprint, snapshot.health, dcgm, snapshot.not_visible, snapshot.inside_container, len(snapshot.unscanned),
-    )
+    facts = _facts.assemble(_facts.Findings.of_snapshot(snapshot, max_used_mib=params["max_used_mib"], with_processes=params["processes"],
+                                                        cuda_version=_facts.cuda_driver_version(), dcgm=dcgm))
     facts["minor_order_differs"] = snapshot.minor_order_differs
     facts["given_to_vms"] = snapshot.given_to_vms
     _cuda_smoke.for_facts(smi, params, facts, snapshot, check_mode)

@@ -140,14 +140,26 @@ def raw_settings(task_vars: t.Mapping[str, t.Any], task: t.Any, hosts: t.Iterabl
     return found
 
 
+def same_settings_key(values: t.Mapping[str, t.Any]) -> str:
+    """One key for two hosts' raw settings only when they are the same names with the same values of
+    the same types (repr tells 1 from True, 1.0 and "1"): what `mistakes` says depends on nothing else."""
+    return repr(sorted((str(name), type(value).__name__, repr(value)) for name, value in values.items()))
+
+
 def play_mistakes(settings: t.Mapping[str, t.Mapping[str, t.Any]], spec: t.Mapping[str, t.Any],
                   not_options: t.Container[str] = ()) -> dict[str, list[str]]:
-    """{host: its mistakes} for each host of SETTINGS that has any, in SETTINGS' order."""
+    """{host: its mistakes} for each host of SETTINGS that has any, in SETTINGS' order. Hosts with the
+    same settings (a fleet's play, role and group variables) are judged once: the first gate of the
+    play runs this while every other gate waits on its lock, and Ansible's validator took ~5 ms a
+    host (benchmarks/HISTORY.md, "The role's clean path beside one task (issue 68, 2026-12-07)")."""
     found = {}
+    judged: dict[str, list[str]] = {}
     for host, values in settings.items():
-        problems = mistakes(values, spec, not_options)
-        if problems:
-            found[host] = problems
+        key = same_settings_key(values)
+        if key not in judged:
+            judged[key] = mistakes(values, spec, not_options)
+        if judged[key]:
+            found[host] = list(judged[key])
     return found
 
 

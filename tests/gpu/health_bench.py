@@ -59,7 +59,8 @@ report["kernel_log_ms"] = timed(read_log)
 last = read_log()
 report["kernel_log"] = {"source": last.source, "error": last.error, "elapsed_s": last.elapsed_s}
 snapshot = _facts.look(smi, [], with_processes=True, checks=checks)
-facts = _facts.assemble(snapshot.gpus, snapshot.apps, snapshot.holders, 0, True, None, snapshot.footprint, snapshot.health)
+facts = _facts.assemble(_facts.Findings(gpus=snapshot.gpus, apps=snapshot.apps, holders=snapshot.holders, max_used_mib=0, with_processes=True,
+                                        footprint=snapshot.footprint, health=snapshot.health))
 report["facts_health"] = {
     "healthy": facts["healthy"], "health_checked": facts["health_checked"], "health_issues": facts["health_issues"],
     "health": facts["health"],

@@ -3,7 +3,8 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Options travel as typed records (issue 68): the engine (_act/) and the look (_look/) read an
 option as `options.NAME` of a record made from the one table (_options.ReleaseOptions,
-_options.LookOptions), never `params["NAME"]` or `params.get("NAME")` of a dict; and a row added
+_options.LookOptions) or of gpu_restore's own (_options.RestoreOptions), never `params["NAME"]` or
+`params.get("NAME")` of a dict; and a row added
 to the table reaches every consumer that derives from it (the modules' specs and defaults, the
 records, the range check, the role's types, the Slurm runner's defaults and type checks) with no
 other edit: what else it needs is its documentation, the role's spec entry and the guide, which
@@ -23,15 +24,10 @@ UTILS = REPO / "plugins" / "module_utils"
 PACKAGE = "ansible_collections.zeromib.gpu.plugins.module_utils"
 READERS = ("params", "options")
 
-# Reads by key that are no option of the table, or that a unit test's stand-in needs: file -> (how
-# many, why). A new read of an option by key fails here; read the record's attribute instead.
-ALLOWED = {
-    "_act/_restore.py": (5, "gpu_restore's own options (step_timeout, forget, wait_for_gpus...): no rows of OPTIONS"),
-    "_act/_mig_restore.py": (1, "gpu_restore's recreate_mig_layout: no row of OPTIONS"),
-    "_act/_supervisor.py": (4, "a supervisord [program] section's options (numprocs, process_name), not the module's"),
-    "_act/_orchestrators.py": (3, "for_release reads release.params: its unit test's stand-in Release has params only"),
-    "_act/_release.py": (1, "refuse_blocked: test_release_blocked.refusal calls it on a stand-in with params only"),
-}
+# Reads by key that no record can serve: file -> (how many, why). None is left (every reader of
+# gpu_release's, gpu_facts' and gpu_restore's options reads a record; the unit tests' stand-ins carry
+# one too). A new read of an option by key fails here; read the record's attribute instead.
+ALLOWED: dict[str, tuple[int, str]] = {}
 
 
 def _reader(node: ast.expr) -> str | None:
@@ -150,3 +146,21 @@ def test_a_record_is_frozen_and_names_a_field_it_does_not_have():
     with pytest.raises(TypeError, match="no field prcoess"):
         _facts.look(None, [], prcoess=True)
     assert _options.LookOptions.from_params({"timeout": 3}) == _options.LookOptions.from_params({"timeout": 3, "gpus": ["0"]})
+
+
+def test_gpu_restore_reads_its_own_options_from_a_record_of_every_one_of_them():
+    from ansible_collections.zeromib.gpu.plugins.module_utils import _options
+    restore = _load("fake_gpu_restore", REPO / "plugins" / "modules" / "gpu_restore.py")
+    assert set(_options.RestoreOptions._fields) == set(restore.ARGUMENT_SPEC)
+    # A partial mapping (the unit tests') reads None where a key is left out, as params.get did.
+    partial = _options.RestoreOptions.of({"forget": ["gone*"], "not_an_option": 1})
+    assert partial.forget == ["gone*"] and partial.step_timeout is None and _options.RestoreOptions.of(partial) is partial
+
+
+def test_the_facts_are_assembled_from_one_record_not_a_dozen_positions():
+    import inspect
+
+    from ansible_collections.zeromib.gpu.plugins.module_utils._look import _facts
+    assert list(inspect.signature(_facts.assemble).parameters) == ["found"]
+    with pytest.raises(TypeError, match="no field max_used"):
+        _facts.Findings(gpus=[], max_used=0)

@@ -272,7 +272,7 @@ class MigCheck:
     def _recreate(self, entry: Entry, mine: dict[str, t.Any], name: str) -> str | None:
         """Re-create one GPU's layout (opt-in); the refusal's sentence, or None."""
         gone = f"{name}: its MIG layout is gone ({_mig_layout.said(entry)} at the release, none now, as after a reboot)"
-        if not self.restore.params.get("recreate_mig_layout"):
+        if not self.restore.options.recreate_mig_layout:
             return gone + "; set recreate_mig_layout: true (role: restore_gpus_recreate_mig_layout) to re-create it"
         args = create_args(dict(entry, index=mine.get("index")))
         if args is None:

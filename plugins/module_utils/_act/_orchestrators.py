@@ -213,7 +213,7 @@ def for_release(release: t.Any, steps: t.Any) -> list[Orchestrated]:
     through Docker would be recreated), the `swarm:`/`ray:` entries that name nothing here
     (`steps.orchestrated_missing`) and whether acting has a Swarm service to scale
     (`steps.orchestrated_to_do`)."""
-    named = entries(release.params.get("services"))
+    named = entries(release.options.services)
     runtimes = release.system.runtimes
     swarm_names: list[str] = []
     swarm_error = None
@@ -293,13 +293,13 @@ def act_for_release(release: t.Any, _steps: t.Any) -> None:
     """gpu_release's act: scale the named Swarm services to 0, recorded for gpu_restore at once
     (also when a later step fails: what was done must be put back)."""
     from ansible_collections.zeromib.gpu.plugins.module_utils import _record
-    named = entries(release.params.get("services"))
+    named = entries(release.options.services)
     swarm = swarm_of(release.system.runtimes)
     path = getattr(release.system, "record_path", None)
     done: list[dict[str, t.Any]] = []
     try:
         done, _missing = scale_down(swarm, named, release.result.get("orchestrated") or [], _record.now_iso(),
-                                    release.params.get("kill_timeout") or 0)
+                                    release.options.kill_timeout or 0)
     except StepFailed as exc:
         done = list(exc.done or [])
         exc.done = None

@@ -83,9 +83,6 @@ class Release:
         # The one boundary: gpu_release gives its record, tests and the Slurm runner may give a
         # (partial) mapping. Every option is read from here on as self.options.NAME.
         self.options = ReleaseOptions.of(params)
-        # The options as a mapping, for readers outside the engine that take one (_orchestrators'
-        # for_release, the Slurm runner's JobRelease).
-        self.params: t.Mapping[str, t.Any] = self.options._asdict()
         self.check_mode = check_mode
         self.driver_root = driver_root
         self.names, self.pids = _protect.split_protect(self.options.protect)
@@ -392,8 +389,7 @@ class Release:
         if not unexplained:
             return
         self.result["holders"] = t.cast("list[Holder]", [_facts.public_holder(h) for h in holders])
-        # The mapping view, not self.options: tests/unit/.../test_release_blocked.py calls this on a stand-in with params only.
-        raise StepFailed(blocked_message(blocked, unscanned, selected, self.params.get("timeout"), [g for g in gpus if g["index"] in unexplained]))
+        raise StepFailed(blocked_message(blocked, unscanned, selected, self.options.timeout, [g for g in gpus if g["index"] in unexplained]))
 
     def refuse_spanning(self, holders: list[Holder], selected: list[int], container_plan: _containers.Plan, mps_servers: list[Holder],
                         program_plan: ProgramPlan | None = None) -> None:

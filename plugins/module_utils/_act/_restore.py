@@ -210,11 +210,12 @@ class Restore:
     def __init__(self, system: System, params: t.Mapping[str, t.Any], check_mode: bool = False,
                  look: t.Callable[[], list[Holder]] | None = None) -> None:
         self.system = system
-        self.params = params
+        # gpu_restore's options, read from here on as self.options.NAME (tests give a partial mapping).
+        self.options = _options.RestoreOptions.of(params)
         self.check_mode = check_mode
         # look() -> holders of the node now (for wait_for_gpus); None when it cannot be asked.
         self.look = look
-        self.step_timeout = float(params.get("step_timeout") or 30)
+        self.step_timeout = float(self.options.step_timeout or 30)
         # {container id: its restart policy now}, read while planning, for the diff.
         self.policies_now: dict[str, t.Any] = {}
         # {program name: the supervisord that runs it}, for wait_for_gpus.
@@ -306,7 +307,7 @@ class Restore:
         it was masked when systemd loaded it): only a daemon-reload lets it start. A reload cuts
         running GPU containers off their GPUs (_reload_risk): refused while any is found, or, in a
         guest, where they are not looked for, unless `reload_despite_gpu_containers`. Why not, or None."""
-        if not self.params.get("reload_despite_gpu_containers"):
+        if not self.options.reload_despite_gpu_containers:
             if guest:
                 return (f"{unit} is unmasked in {guest}, but the guest's systemd holds it masked until it reloads its units, and this run does not "
                         "reload a guest's systemd (a daemon-reload cuts the guest's running GPU containers off their GPUs unless the "
@@ -511,7 +512,7 @@ class Restore:
 
     def _run(self, record: Record, path: str, started: float) -> dict[str, t.Any]:
         entries = record["entries"]
-        forget = forgotten(entries, self.params.get("forget") or [])
+        forget = forgotten(entries, self.options.forget or [])
         self.result["forgotten"] = [_record.describe(e) for e in forget]
         forget_keys = {_record.key(e) for e in forget}
         todo = [e for e in entries if _record.key(e) not in forget_keys]
@@ -593,7 +594,7 @@ class Restore:
                 raise RestoreError(f"restored, but the record {path} could not be updated: {exc}", self.result) from exc
         if self.result["not_restored"]:
             raise RestoreError(self.failure_message(), self.result)
-        wait = parse_wait(self.params.get("wait_for_gpus"))
+        wait = parse_wait(self.options.wait_for_gpus)
         if wait and not self.check_mode:
             self.wait_for_gpus([e for e in restored if e.get("gpu_indexes")], wait)
         self.result["elapsed_s"] = round(self.system.now() - started, 3)
@@ -609,7 +610,7 @@ class Restore:
         return steps, why
 
     def _smi(self) -> NvidiaSmi:
-        return NvidiaSmi(NvidiaSmi.find(self.params.get("nvidia_smi")), self.step_timeout)
+        return NvidiaSmi(NvidiaSmi.find(self.options.nvidia_smi), self.step_timeout)
 
     def failure_message(self) -> str:
         parts = ["{} {}: {}".format(item["kind"], item["name"] or (item.get("id") or "")[:12], item["reason"]) for item in self.result["not_restored"]]

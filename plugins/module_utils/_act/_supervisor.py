@@ -170,18 +170,19 @@ def read_sections(files: t.Iterable[tuple[str, str]]) -> tuple[dict[str, dict[st
     return sections, where
 
 
-def copy_names(program: str, group: str, options: t.Mapping[str, str], here: str, node: str) -> list[str]:
-    """The process names supervisord makes of one program section (numprocs, numprocs_start,
+def copy_names(program: str, group: str, values: t.Mapping[str, str], here: str, node: str) -> list[str]:
+    """The process names supervisord makes of one program section's values (numprocs, numprocs_start,
     process_name expanded as its options.py does), or [] when they cannot be worked out here
-    (an %(ENV_X)s of supervisord's environment, a value that is no number)."""
+    (an %(ENV_X)s of supervisord's environment, a value that is no number). The section's values,
+    as supervisord's documentation names them ("[program:x] Section Values"): no module option."""
     try:
-        numprocs = int(options.get("numprocs", "1"))
-        start = int(options.get("numprocs_start", "0"))
+        numprocs = int(values.get("numprocs", "1"))
+        start = int(values.get("numprocs_start", "0"))
     except ValueError:
         return []
     if not 0 < numprocs <= MAX_NUMPROCS:
         return []
-    template = options.get("process_name", "%(program_name)s")
+    template = values.get("process_name", "%(program_name)s")
     names = []
     for number in range(start, start + numprocs):
         expansions = {"program_name": program, "group_name": group, "host_node_name": node, "here": here,
@@ -197,22 +198,22 @@ def names_by_section(sections: t.Mapping[str, t.Mapping[str, str]], where: t.Map
     """{status name: the section it comes from}: a program listed in a `[group:G]` runs in group
     G, any other in a group of its own name (supervisor's process_groups_from_parser)."""
     group_of: dict[str, str] = {}
-    for section, options in sections.items():
+    for section, values in sections.items():
         kind, _sep, group = section.partition(":")
         if kind != "group" or not group.strip():
             continue
-        for program in [p.strip() for p in (options.get("programs") or "").split(",") if p.strip()]:
+        for program in [p.strip() for p in (values.get("programs") or "").split(",") if p.strip()]:
             found = next((f"{k}:{program}" for k in ("program", "fcgi-program") if f"{k}:{program}" in sections), None)
             if found:
                 group_of.setdefault(found, group.strip())
     names: dict[str, str] = {}
-    for section, options in sections.items():
+    for section, values in sections.items():
         kind, _sep, program = section.partition(":")
         if kind not in PROCESS_SECTIONS or not program.strip():
             continue
         group = group_of.get(section, program.strip())
         here = os.path.dirname(os.path.abspath(where.get(section) or "/"))
-        for process in copy_names(program.strip(), group, options, here, node):
+        for process in copy_names(program.strip(), group, values, here, node):
             names.setdefault(namespec(group, process), section)
     return names
 

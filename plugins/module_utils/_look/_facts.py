@@ -194,33 +194,54 @@ def health_summary(public_gpus: list[Gpu], health: _health.Health | None = None,
     }
 
 
-def assemble(gpus: list[Gpu], apps: list[ComputeApp], holders: list[Holder], max_used_mib: float, with_processes: bool, cuda_version: str | None = None,
-             footprint: t.Container[int] = (), health: _health.Health | None = None, dcgm: dict[str, t.Any] | None = None,
-             not_visible: t.Sequence[DriverGpu] = (), inside_container: bool = False, unscanned: int = 0) -> dict[str, t.Any]:
-    """The `ansible_facts.gpu` dict. `gpus` carry minor numbers and health, `holders` are attributed;
-    `not_visible`: the driver's GPUs this namespace cannot reach (not_visible_gpus);
-    `inside_container`: this look ran in a container (_guests.pid_namespace_nested); `unscanned`:
-    how many processes the scan's deadline left unread. What could not be read (those, and
-    processes that did not answer) makes the node unclean only where a GPU holds memory that no
-    process read explains (_attribution.unexplained_by_readers): a GPU that reads clean with no
-    compute app is free whatever else could not be read."""
+class Findings(_options.Record):
+    """What one look found, and how gpu_facts judges it: assemble's one argument. `gpus` carry
+    minor numbers and health, `holders` are attributed; `max_used_mib` and `with_processes` are
+    the options'; `cuda_version` the driver's (cuda_driver_version); `footprint`: the GPUs whose
+    memory is only the footprint of contexts on other GPUs; `health` the look's _health.Health
+    (None: not read) and `dcgm` DCGM's diagnostic; `not_visible`: the driver's GPUs this namespace
+    cannot reach (not_visible_gpus); `inside_container`: this look ran in a container
+    (_guests.pid_namespace_nested); `unscanned`: how many processes the scan's deadline left unread."""
+
+    _fields = ("gpus", "apps", "holders", "max_used_mib", "with_processes", "cuda_version", "footprint", "health", "dcgm", "not_visible",
+               "inside_container", "unscanned")
+    __slots__ = _fields
+    _defaults = {"apps": (), "holders": (), "max_used_mib": 0, "with_processes": True, "footprint": (), "not_visible": (),
+                 "inside_container": False, "unscanned": 0}
+
+    @classmethod
+    def of_snapshot(cls, snapshot: Snapshot, **judged: t.Any) -> Findings:
+        """A look's Snapshot and how to judge it (max_used_mib, with_processes, cuda_version, dcgm) -> the Findings."""
+        return cls(**dict({"gpus": snapshot.gpus, "apps": snapshot.apps, "holders": snapshot.holders, "footprint": snapshot.footprint,
+                           "health": snapshot.health, "not_visible": snapshot.not_visible, "inside_container": snapshot.inside_container,
+                           "unscanned": len(snapshot.unscanned)}, **judged))
+
+
+def assemble(found: Findings) -> dict[str, t.Any]:
+    """The `ansible_facts.gpu` dict of what one look found. What could not be read (the processes
+    the scan's deadline left unread, and processes that did not answer) makes the node unclean
+    only where a GPU holds memory that no process read explains
+    (_attribution.unexplained_by_readers): a GPU that reads clean with no compute app is free
+    whatever else could not be read."""
+    gpus, apps, holders, max_used_mib, footprint = found.gpus, list(found.apps), list(found.holders), found.max_used_mib, found.footprint
+    health, dcgm, with_processes = found.health, found.dcgm, found.with_processes
     public_gpus = [public_gpu(gpu, max_used_mib, footprint) for gpu in gpus]
     used = [gpu["memory_used_mib"] for gpu in public_gpus]
     clean = bool(public_gpus) and all(gpu["clean"] for gpu in public_gpus)
     if with_processes:
-        unread = bool(unscanned) or any(h.get("attribution") == _attribution.BLOCKED and not h["protected"] for h in holders)
+        unread = bool(found.unscanned) or any(h.get("attribution") == _attribution.BLOCKED and not h["protected"] for h in holders)
         readers = [h for h in holders if h.get("attribution") != _attribution.BLOCKED]
         clean = clean and not dirty_holders(readers) and not (
             unread and _attribution.unexplained_by_readers(gpus, apps, holders, [g["index"] for g in gpus], max_used_mib, footprint))
     return dict(health_summary(public_gpus, health, dcgm), **{
         "driver_version": gpus[0].get("driver_version") if gpus else None,
-        "cuda_version": cuda_version,
+        "cuda_version": found.cuda_version,
         "count": len(public_gpus),
         "clean": clean,
         "memory_used_mib": None if any(u is None for u in used) else sum(u for u in used if u is not None),
         "error": None,
-        "not_visible": [gpu["bus"] for gpu in not_visible],
-        "inside_container": inside_container,
+        "not_visible": [gpu["bus"] for gpu in found.not_visible],
+        "inside_container": found.inside_container,
         "gpus": public_gpus,
         "processes": apps if with_processes else [],
         "holders": [public_holder(h) for h in holders] if with_processes else [],

@@ -65,3 +65,32 @@ def test_the_answer_is_computed_once_for_every_fork_of_the_run(tmp_path):
 
 def test_without_a_folder_to_write_it_is_computed_here(tmp_path):
     assert ps.once(str(tmp_path / "missing"), "k", lambda: {}) == {}
+
+
+def test_hosts_with_the_same_settings_are_judged_once_and_each_is_told_its_own(monkeypatch):
+    judged = []
+    real = ps.mistakes
+
+    def counted(values, spec, not_options=()):
+        judged.append(dict(values))
+        return real(values, spec, not_options)
+
+    monkeypatch.setattr(ps, "mistakes", counted)
+    fleet = {f"h{n}": {"free_gpus_wait_timeout": "2m", "free_gpus_kill": True} for n in range(1, 31)}
+    # The same value of another type, and a host of its own, are judged apart.
+    fleet["h31"] = {"free_gpus_wait_timeout": 120, "free_gpus_kill": True}
+    fleet["h32"] = {"free_gpus_wait_timeout": "2m", "free_gpus_kill": 1}
+    found = ps.play_mistakes(fleet, SPEC)
+    assert len(judged) == 3
+    assert set(found) == {f"h{n}" for n in range(1, 31)} | {"h32"}
+    assert found["h1"] == found["h30"] and found["h1"] is not found["h30"]
+    assert found["h1"][0].startswith("free_gpus_wait_timeout must be a number of seconds")
+    assert "h31" not in found
+
+
+def test_the_key_tells_apart_values_that_print_alike():
+    key = ps.same_settings_key
+    assert key({"free_gpus_kill": True}) != key({"free_gpus_kill": 1}) != key({"free_gpus_kill": "1"})
+    assert key({"free_gpus_timeout": 1.0}) != key({"free_gpus_timeout": 1})
+    assert key({"free_gpus_gpus": ["0"]}) != key({"free_gpus_gpus": [0]}) != key({"free_gpus_gpus": ("0",)})
+    assert key({"a": 1, "b": 2}) == key({"b": 2, "a": 1})

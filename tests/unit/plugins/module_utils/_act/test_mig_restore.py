@@ -3,6 +3,7 @@ NVIDIA's MIG user guide and tests/fixtures/nvidia-smi-L), the comparison, the re
 MIG UUIDs a re-creation moved, who blocks a MIG change, and which unit files are read (root's only)."""
 import os
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _mig_restore
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _mig_layout
 
@@ -164,7 +165,7 @@ class GuestSystem:
 
 class Restore:
     def __init__(self, system):
-        self.system, self.params, self.step_timeout, self.result = system, {}, 5.0, {"warnings": []}
+        self.system, self.options, self.step_timeout, self.result = system, _options.RestoreOptions.of({}), 5.0, {"warnings": []}
 
 
 def check_of(system):

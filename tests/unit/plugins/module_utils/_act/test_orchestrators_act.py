@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _orchestrators as orch
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _services
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._errors import StepFailed
@@ -87,10 +88,10 @@ def test_a_multi_node_rank_is_named_in_a_warning():
 
 
 class _Release:
-    """What for_release reads of gpu_release: params, system (runtimes, proc), main_pid_of, result."""
+    """What for_release reads of gpu_release: options, system (runtimes, proc), main_pid_of, result."""
 
     def __init__(self, services, runtimes):
-        self.params = {"services": services}
+        self.options = _options.ReleaseOptions.from_params({"services": services})
         self.system = type("System", (), {"runtimes": runtimes, "proc": "/proc"})()
         self.result = {"warnings": []}
 

@@ -7,6 +7,7 @@ it refuses before acting, naming it (tests/integration/test_stalled_fs.py runs i
 
 from __future__ import annotations
 
+from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _release
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _words as words
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _attribution, _caps
@@ -68,7 +69,7 @@ def refusal(holders, gpus, apps=(), unscanned=()):
     from types import SimpleNamespace
 
     from ansible_collections.zeromib.gpu.plugins.module_utils._act._errors import StepFailed
-    run = SimpleNamespace(params={"timeout": 5}, result={}, max_used_mib=lambda: 0)
+    run = SimpleNamespace(options=_options.ReleaseOptions.from_params({"timeout": 5}), result={}, max_used_mib=lambda: 0)
     snapshot = SimpleNamespace(holders=holders, gpus=gpus, apps=list(apps), unscanned=list(unscanned), footprint=set())
     try:
         _release.Release.refuse_blocked(run, snapshot, [g["index"] for g in gpus])

@@ -70,7 +70,7 @@ def holder(pid, gpu_indexes, protected=False, devices=None, name="python3", unit
 
 
 def test_clean_8_gpu_h200_reads_clean():
-    gpu = facts.assemble(h200_host(), [], [], max_used_mib=0, with_processes=True, cuda_version="13.0")
+    gpu = facts.assemble(facts.Findings(gpus=h200_host(), max_used_mib=0, with_processes=True, cuda_version="13.0"))
     assert (gpu["clean"], gpu["count"], gpu["memory_used_mib"], gpu["driver_version"], gpu["cuda_version"], gpu["error"]) == (
         True,
         8,
@@ -87,7 +87,7 @@ def test_clean_8_gpu_h200_reads_clean():
 def test_dirty_host_names_the_dirty_gpu():
     gpus = h200_host({3: 10267})
     apps = facts.join_apps([{"pid": 426, "name": "python3", "used_memory_mib": 6662, "gpu_uuid": uuid(3)}], gpus, lambda pid: True)
-    gpu = facts.assemble(gpus, apps, [holder(426, [3])], max_used_mib=0, with_processes=True)
+    gpu = facts.assemble(facts.Findings(gpus=gpus, apps=apps, holders=[holder(426, [3])], max_used_mib=0, with_processes=True))
     assert (gpu["clean"], gpu["memory_used_mib"]) == (False, 10267)
     assert [g["index"] for g in gpu["gpus"] if not g["clean"]] == [3]
     assert gpu["processes"] == [{"pid": 426, "name": "python3", "used_memory_mib": 6662, "gpu_uuid": uuid(3), "gpu_index": 3, "alive": True}]
@@ -95,7 +95,7 @@ def test_dirty_host_names_the_dirty_gpu():
 
 
 def test_holders_and_gpus_carry_only_the_documented_keys():
-    gpu = facts.assemble(h200_host(), [], [holder(426, [3])], 0, True)
+    gpu = facts.assemble(facts.Findings(gpus=h200_host(), holders=[holder(426, [3])], max_used_mib=0, with_processes=True))
     assert set(gpu["holders"][0]) == set(facts.HOLDER_KEYS)
     assert "exe" not in gpu["holders"][0] and "_unavailable" not in gpu["gpus"][0] and "driver_version" not in gpu["gpus"][0]
 
@@ -104,13 +104,13 @@ def test_holders_and_gpus_carry_only_the_documented_keys():
 def test_wddm_memory_na_is_never_clean(limit):
     gpus = facts.with_minor_numbers([h200_row(0, "[N/A]")], {})
     assert gpus[0]["memory_used_mib"] is None and gpus[0]["_unavailable"]["memory_used_mib"] == "[N/A]"
-    gpu = facts.assemble(gpus, [], [], max_used_mib=limit, with_processes=True)
+    gpu = facts.assemble(facts.Findings(gpus=gpus, max_used_mib=limit, with_processes=True))
     assert (gpu["clean"], gpu["memory_used_mib"], gpu["gpus"][0]["clean"], gpu["gpus"][0]["memory_used_mib"]) == (False, None, False, None)
 
 
 def test_one_unknown_gpu_makes_the_memory_sum_unknown_not_smaller():
     gpus = facts.with_minor_numbers([h200_row(0, 500), h200_row(1, "[N/A]")], {})
-    assert facts.assemble(gpus, [], [], 10**9, True)["memory_used_mib"] is None
+    assert facts.assemble(facts.Findings(gpus=gpus, max_used_mib=10**9, with_processes=True))["memory_used_mib"] is None
 
 
 @pytest.mark.parametrize(
@@ -119,29 +119,29 @@ def test_one_unknown_gpu_makes_the_memory_sum_unknown_not_smaller():
     ids=["mig-idle-under-baseline", "at-baseline", "over-baseline", "one-mib-is-dirty"],
 )
 def test_max_used_mib_is_the_baseline(used, limit, clean):
-    assert facts.assemble(h200_host({0: used}, count=1), [], [], limit, True)["clean"] is clean
+    assert facts.assemble(facts.Findings(gpus=h200_host({0: used}, count=1), max_used_mib=limit, with_processes=True))["clean"] is clean
 
 
 def test_processes_false_decides_by_memory_alone():
-    gpu = facts.assemble(h200_host(), [{"pid": 1}], [holder(426, [3])], 0, with_processes=False)
+    gpu = facts.assemble(facts.Findings(gpus=h200_host(), apps=[{"pid": 1}], holders=[holder(426, [3])], max_used_mib=0, with_processes=False))
     assert (gpu["clean"], gpu["processes"], gpu["holders"]) == (True, [], [])
 
 
 def test_live_unprotected_holder_makes_a_zero_mib_host_dirty():
     # A fork child with device files open but no context yet reads 0 MiB: still not clean.
-    assert facts.assemble(h200_host(), [], [holder(495, [0])], 0, True)["clean"] is False
+    assert facts.assemble(facts.Findings(gpus=h200_host(), holders=[holder(495, [0])], max_used_mib=0, with_processes=True))["clean"] is False
 
 
 def test_protected_holder_with_all_device_files_does_not_make_host_dirty():
     persistenced = holder(812, list(range(8)), protected=True, name="nvidia-persiste")
-    gpu = facts.assemble(h200_host(), [], [persistenced], 0, True)
+    gpu = facts.assemble(facts.Findings(gpus=h200_host(), holders=[persistenced], max_used_mib=0, with_processes=True))
     assert gpu["clean"] is True and gpu["holders"][0]["protected"] is True
 
 
 def test_control_node_only_holder_does_not_make_host_dirty():
     dcgm = holder(900, [], devices=["/dev/nvidiactl", "/dev/nvidia-caps/nvidia-cap1"], name="dcgm-exporter")
     nvml_client = holder(901, [], devices=["/dev/nvidiactl"], name="node_exporter")
-    gpu = facts.assemble(h200_host(), [], [dcgm, nvml_client], 0, True)
+    gpu = facts.assemble(facts.Findings(gpus=h200_host(), holders=[dcgm, nvml_client], max_used_mib=0, with_processes=True))
     assert gpu["clean"] is True and [h["gpu_indexes"] for h in gpu["holders"]] == [[], []]
 
 
@@ -152,7 +152,7 @@ def test_dirty_holders_of_selected_gpus_only():
 
 
 def test_host_without_gpus_is_not_clean():
-    gpu = facts.assemble([], [], [], 0, True)
+    gpu = facts.assemble(facts.Findings(gpus=[], max_used_mib=0, with_processes=True))
     assert (gpu["clean"], gpu["count"], gpu["driver_version"], gpu["memory_used_mib"]) == (False, 0, None, 0)
 
 
@@ -480,5 +480,5 @@ def test_a_left_out_gpu_without_a_minor_number_cannot_be_asked_and_stays_an_erro
 
 def test_assembled_facts_name_the_gpus_not_visible_here():
     gpu = {"index": 0, "uuid": "GPU-3", "pci_bus_id": "00000000:03:00.0", "minor_number": 3, "memory_used_mib": 0}
-    out = facts.assemble([gpu], [], [], 0, True, not_visible=list(_driver(0, 1).values()))
+    out = facts.assemble(facts.Findings(gpus=[gpu], max_used_mib=0, with_processes=True, not_visible=list(_driver(0, 1).values())))
     assert out["not_visible"] == ["0000:00:00.0", "0000:01:00.0"] and out["count"] == 1 and out["clean"] is True
