@@ -5,27 +5,32 @@ systemd units, so the identity rule vouches for the node through systemd's MainP
 bridge in a network namespace this test makes (fleet.linked_hosts). A detached actor with
 `max_restarts=-1` and one GPU on each host holds that host's GPU 0 through its child (the
 simulator's gpu_holder); the actor exits when its child dies, as a training actor does when its CUDA
-work is killed, and Ray's GCS starts it again.
+work is killed, and Ray's GCS starts it again. Beside each, a CPU actor with `max_restarts=-1`
+(the bystander: an actor whose PID is no holder of a selected GPU).
 
-- Without `ray:` free_gpus.yml on both hosts refuses each, naming the Ray node and `ray stop`:
-  nothing is killed, both GPUs stay held, no host is reported free.
-- With `ray:` the actors' GPU work is ended, Ray restarts them, and the run never reports a host
-  free while an actor holds its GPU: each host whose GPU reads held afterwards failed.
+- Without `ray:` free_gpus.yml on both hosts refuses each, naming each actor's own Ray command
+  (`ray.kill(ray.get_actor(...), no_restart=True)`): nothing is killed, both GPUs stay held, no
+  host is reported free.
+- With `ray:` each host ends its GPU actor through Ray (the node's own Ray installation, the GCS's
+  PID matched to the kernel's process) before any signal: both hosts are freed, the fleet-wide
+  proof passes, the actors stay dead, the bystanders live on untouched. On the code before, the
+  actors' work was killed, Ray started it again, and both hosts failed.
+- With `ray:` and the head unreachable from the worker, the worker's run fails within its bound
+  naming Ray's GCS, and its GPU is not reported free.
 
-Both cases pass on the code before this test too (the refusal and the settle window were built in
-the previous session); this is their check against a real Ray. Two hosts
-(`ZEROMIB_FLEET_HOSTS=2 pytest tests/fleet/test_ray_cluster_fleet.py`)."""
+Two hosts (`ZEROMIB_FLEET_HOSTS=2 pytest tests/fleet/test_ray_cluster_fleet.py`)."""
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
 import time
+import typing as t
 
 import pytest
 
 import fleet as rig
-from scenarios import PLAYBOOK, summary_lines, summary_row, summary_status, wait_for
+from scenarios import PLAYBOOK, RELEASE_TASK, summary_lines, summary_row, summary_status, wait_for
 
 pytestmark = pytest.mark.usefixtures("fleet_baselines")
 
@@ -51,9 +56,32 @@ class Trainer:
     def where(self):
         return [ray.util.get_node_ip_address(), os.getpid(), self.child.pid]
 
-actors = [Trainer.options(name=f"trainer{i}", lifetime="detached").remote() for i in range(2)]
-print(json.dumps([ray.get(a.where.remote(), timeout=60) for a in actors]))
+@ray.remote(num_cpus=0.1, max_restarts=-1)
+class Bystander:
+    def where(self):
+        return [ray.util.get_node_ip_address(), os.getpid()]
+
+actors = [Trainer.options(name=f"trainer{i}", lifetime="detached", get_if_exists=True).remote() for i in range(2)]
+placed = [ray.get(a.where.remote(), timeout=60) for a in actors]
+# One bystander on each node, pinned there by the node's own resource.
+others = [Bystander.options(name=f"bystander{i}", lifetime="detached", resources={f"node:{ip}": 0.01}, get_if_exists=True).remote()
+          for i, (ip, _pid, _child) in enumerate(placed)]
+print(json.dumps([p + ray.get(b.where.remote(), timeout=60)[1:] for p, b in zip(placed, others)]))
 '''
+# The GCS's word on the test's actors, from the head: {name: [state, pid, num_restarts]}.
+STATES = r'''
+import json, ray
+ray.init(address="auto", namespace="zm", log_to_driver=False)
+import ray._private.state as s
+print(json.dumps({a["Name"]: [a["State"], a["Pid"], a["NumRestarts"]] for a in s.actors().values() if a["Name"]}))
+'''
+
+
+def actor_states(fleet, head: str) -> dict[str, list]:
+    fleet.ssh(head, f"cat > /root/zm-states.py <<'EOF'\n{STATES}EOF", check=True)
+    out = fleet.ssh(head, "PYTHONPATH=/opt/ray RAY_USAGE_STATS_ENABLED=0 timeout 90 python3 /root/zm-states.py 2>/dev/null | tail -1",
+                    timeout=120).stdout.strip()
+    return json.loads(out)
 
 
 def _install_ray() -> None:
@@ -64,6 +92,18 @@ def _install_ray() -> None:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps", "--target", str(RAY_TREE),
                     "--upgrade", "-r", str(PINS)], check=True)
     stamp.write_text(PINS.read_text())
+
+
+class Cluster(t.NamedTuple):
+    head: str
+    worker: str
+    addrs: dict
+    # {host: {"actor": the GPU actor's PID, "child": its GPU holder's, "bystander": the CPU actor's}}
+    pids: dict
+
+    @property
+    def hosts(self) -> list[str]:
+        return [self.head, self.worker]
 
 
 @pytest.fixture
@@ -94,34 +134,73 @@ def ray_cluster(fleet):
             assert placed and sorted(p[0] for p in placed) == sorted(addrs.values()), placed
             assert wait_for(lambda: all(fleet.gpu_memory(h)[0] >= 3000 for h in plain), timeout=30)
             print(f"ray cluster up with an actor on each host in {time.monotonic() - started:.1f} s")
-            yield head, worker
+            by_ip = {p[0]: p for p in placed}
+            yield Cluster(head, worker, addrs, {h: {"actor": by_ip[addrs[h]][1], "child": by_ip[addrs[h]][2], "bystander": by_ip[addrs[h]][3]}
+                                                for h in plain})
     finally:
         for host in plain:
             fleet.ssh(host, "systemctl stop zm-ray-head zm-ray-worker; systemctl reset-failed zm-ray-head zm-ray-worker; "
-                            "rm -f /root/zm-driver.py; rm -rf /tmp/ray; umount /opt/ray; rmdir /opt/ray; true", timeout=60)
+                            "rm -f /root/zm-driver.py /root/zm-states.py; rm -rf /tmp/ray; umount /opt/ray; rmdir /opt/ray; true", timeout=60)
         fleet.reset(plain)
 
 
-def test_without_ray_named_both_hosts_are_refused_naming_the_ray_node_and_nothing_is_done(fleet, ray_cluster):
-    hosts = list(ray_cluster)
+def test_without_ray_named_both_hosts_are_refused_naming_each_actors_ray_command_and_nothing_is_done(fleet, ray_cluster):
+    hosts = ray_cluster.hosts
     run = fleet.ansible_playbook(PLAYBOOK, limit=hosts, extra_vars={"free_gpus_kill_timeout": 2})
     assert run.rc != 0, run
     lines = summary_lines(run)
-    for host in hosts:
+    for i, host in enumerate(hosts):
         row = summary_row(lines, host)
         assert summary_status(lines, host) == "failed", row
-        assert "Ray node" in row and "`ray stop" in row and "free_gpus_services as ray:" in row, row
+        assert "Ray node" in row and "free_gpus_services as ray:" in row, row
+        # The exact command for the actor on this host (Ray's GCS asked, read only), and `ray stop` for the node.
+        actor = [a for a in ("trainer0", "trainer1") if f"ray.get_actor('{a}', namespace='zm')" in row]
+        assert len(actor) == 1 and "no_restart=True)" in row and f"PID {ray_cluster.pids[host]['actor']}" in row, row
+        assert "`ray stop` on this node" in row, row
         assert fleet.gpu_memory(host)[0] >= 3000
+    assert {name: state[0] for name, state in actor_states(fleet, ray_cluster.head).items()} == {
+        "trainer0": "ALIVE", "trainer1": "ALIVE", "bystander0": "ALIVE", "bystander1": "ALIVE"}
 
 
-def test_with_ray_named_no_host_is_reported_free_while_an_actor_holds_its_gpu(fleet, ray_cluster):
-    hosts = list(ray_cluster)
+def test_with_ray_named_the_actors_are_ended_through_ray_both_hosts_are_freed_and_stay_free(fleet, ray_cluster):
+    """The attack is Ray's own: an actor with max_restarts killed from outside comes back. Ended
+    through Ray (no_restart), it stays dead; the bystander actors (no holder) are never touched."""
+    hosts = ray_cluster.hosts
     run = fleet.ansible_playbook(PLAYBOOK, limit=hosts, extra_vars={"free_gpus_kill_timeout": 2, "free_gpus_services": ["ray:"]})
     lines = summary_lines(run)
-    time.sleep(3)  # past Ray's restart of the actors
-    held = [h for h in hosts if fleet.gpu_memory(h)[0] >= 3000]
-    assert held, "Ray restarts its actors (max_restarts=-1): some GPU is held again"
+    assert run.rc == 0, (lines, run.stdout[-4000:])
+    for host in hosts:
+        assert summary_status(lines, host) == "freed", lines
+    assert any("fleet-wide proof" in line for line in lines), lines
+    ended = {h: run.result(RELEASE_TASK, h).get("ray_actors") for h in hosts}
+    assert {h: [(a["pid"], a["ended"], a["max_restarts"]) for a in actors] for h, actors in ended.items()} == {
+        h: [(ray_cluster.pids[h]["actor"], True, -1)] for h in hosts}, ended
+    time.sleep(5)  # well past Ray's restart of an actor killed from outside (about 1 s)
+    assert all(fleet.gpu_memory(h)[0] == 0 for h in hosts), {h: fleet.gpu_memory(h) for h in hosts}
+    states = actor_states(fleet, ray_cluster.head)
+    assert states["trainer0"][0] == "DEAD" and states["trainer1"][0] == "DEAD", states
+    # The bystanders: alive, never restarted, the same processes.
+    assert sorted((states[b][0], states[b][2]) for b in ("bystander0", "bystander1")) == [("ALIVE", 0), ("ALIVE", 0)], states
+    assert sorted(states[b][1] for b in ("bystander0", "bystander1")) == sorted(ray_cluster.pids[h]["bystander"] for h in hosts)
+
+
+def test_with_ray_named_and_the_head_unreachable_the_worker_fails_naming_rays_gcs_and_is_not_reported_free(fleet, ray_cluster):
+    worker = ray_cluster.worker
+    # The head's end of the cluster's link, from this machine (the host has no CAP_NET_ADMIN of its own).
+    head_link = ["ip", "-n", fleet.rig.host(ray_cluster.head)["netns"], "link", "set", "ray0"]
+    rig.run(head_link + ["down"])
+    try:
+        started = time.monotonic()
+        run = fleet.ansible_playbook(PLAYBOOK, limit=worker, extra_vars={"free_gpus_kill_timeout": 2, "free_gpus_services": ["ray:"]})
+        took = time.monotonic() - started
+    finally:
+        rig.run(head_link + ["up"])
+    lines = summary_lines(run)
+    print(f"the worker's run with the head unreachable took {took:.1f} s: {summary_row(lines, worker)}")
     assert run.rc != 0, lines
-    for host in held:
-        assert summary_status(lines, host) not in ("freed", "clean"), lines
-    assert any("raylet" in summary_row(lines, h) for h in hosts), lines
+    row = summary_row(lines, worker)
+    assert summary_status(lines, worker) == "failed", row
+    assert "Ray's GCS at {}:6379".format(ray_cluster.addrs[ray_cluster.head]) in row, row
+    assert took < 150, took
+    # Nothing was signalled: the actor's GPU work is where it was.
+    assert fleet.gpu_memory(worker)[0] >= 3000
