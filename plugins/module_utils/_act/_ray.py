@@ -285,6 +285,9 @@ def command(actor: t.Mapping[str, t.Any]) -> str:
     """Ray's own command that ends the actor for good: ray.kill by its name, else its job's."""
     if actor.get("name"):
         return "ray.kill(ray.get_actor({!r}, namespace={!r}), no_restart=True)".format(str(actor["name"]), str(actor.get("namespace") or ""))
+    if actor.get("detached"):
+        # A detached actor outlives its job: only a handle ends it.
+        return "ray.kill(<its handle>, no_restart=True) from a program that holds a handle of actor {}".format(actor.get("id") or "?")
     if actor.get("submission_id"):
         return "ray job stop {}".format(actor["submission_id"])
     return "ray.kill(<its handle>, no_restart=True) in job {} (its driver holds the handle), or end that driver".format(actor.get("job_id") or "?")

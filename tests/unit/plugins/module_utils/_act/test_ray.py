@@ -103,8 +103,10 @@ def test_restartable_is_what_the_gcs_would_start_again(most, done, again):
 
 def test_the_command_is_rays_own_for_each_actor():
     assert _ray.command(GCS_ACTOR) == "ray.kill(ray.get_actor('trainer1', namespace='zm'), no_restart=True)"
-    assert _ray.command(dict(GCS_ACTOR, name="", submission_id="raysubmit_9")) == "ray job stop raysubmit_9"
-    assert "in job 01000000" in _ray.command(dict(GCS_ACTOR, name=""))
+    assert _ray.command(dict(GCS_ACTOR, name="", detached=False, submission_id="raysubmit_9")) == "ray job stop raysubmit_9"
+    assert "in job 01000000" in _ray.command(dict(GCS_ACTOR, name="", detached=False))
+    # A detached actor outlives its job: stopping the job would leave it running.
+    assert _ray.command(dict(GCS_ACTOR, name="", submission_id="raysubmit_9")).startswith("ray.kill(<its handle>, no_restart=True) from a program")
 
 
 def _interpreter(tmp_path, body):
