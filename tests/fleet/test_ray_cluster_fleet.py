@@ -26,11 +26,20 @@ import subprocess
 import sys
 import time
 import typing as t
+from pathlib import Path
 
 import pytest
 
 import fleet as rig
-from scenarios import PLAYBOOK, RELEASE_TASK, summary_lines, summary_row, summary_status, wait_for
+from scenarios import PLAYBOOK, RELEASE_TASK, TRAINING, summary_lines, summary_row, summary_status, wait_for
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compat"))
+import matrix  # noqa: E402
+
+# The oldest ansible-core the collection supports and the newest.
+ENDS = [entry for entry in matrix.CONTROLLER if entry[0].startswith(("2.17.", "2.21."))]
+IDS = [f"ansible-core-{c}" for c, _p in ENDS]
+REFUSED = "GPUs are held by work a cluster runtime starts again, here or on another node, when its processes are killed: Ray node "
 
 pytestmark = pytest.mark.usefixtures("fleet_baselines")
 
@@ -149,7 +158,7 @@ def test_without_ray_named_both_hosts_are_refused_naming_each_actors_ray_command
     run = fleet.ansible_playbook(PLAYBOOK, limit=hosts, extra_vars={"free_gpus_kill_timeout": 2})
     assert run.rc != 0, run
     lines = summary_lines(run)
-    for i, host in enumerate(hosts):
+    for host in hosts:
         row = summary_row(lines, host)
         assert summary_status(lines, host) == "failed", row
         assert "Ray node" in row and "free_gpus_services as ray:" in row, row
@@ -171,6 +180,7 @@ def test_with_ray_named_the_actors_are_ended_through_ray_both_hosts_are_freed_an
     assert run.rc == 0, (lines, run.stdout[-4000:])
     for host in hosts:
         assert summary_status(lines, host) == "freed", lines
+        assert "ended Ray actor trainer" in summary_row(lines, host) and "through Ray (no_restart)" in summary_row(lines, host), lines
     assert any("fleet-wide proof" in line for line in lines), lines
     ended = {h: run.result(RELEASE_TASK, h).get("ray_actors") for h in hosts}
     assert {h: [(a["pid"], a["ended"], a["max_restarts"]) for a in actors] for h, actors in ended.items()} == {
@@ -200,7 +210,124 @@ def test_with_ray_named_and_the_head_unreachable_the_worker_fails_naming_rays_gc
     assert run.rc != 0, lines
     row = summary_row(lines, worker)
     assert summary_status(lines, worker) == "failed", row
-    assert "Ray's GCS at {}:6379".format(ray_cluster.addrs[ray_cluster.head]) in row, row
+    assert f"Ray's GCS at {ray_cluster.addrs[ray_cluster.head]}:6379" in row, row
     assert took < 150, took
     # Nothing was signalled: the actor's GPU work is where it was.
     assert fleet.gpu_memory(worker)[0] >= 3000
+
+
+def _message(run, host: str) -> str:
+    row = summary_row(summary_lines(run), host)
+    assert row and f"{host}: " in row, run.stdout[-3000:]
+    return row.split(f"{host}: ", 1)[1]
+
+
+def _fatal(run, host: str) -> str:
+    [line] = [line for line in run.stdout.splitlines() if line.startswith(f"fatal: [{host}]")]
+    return line
+
+
+@pytest.mark.parametrize(("core", "python"), ENDS, ids=IDS)
+def test_the_first_line_of_each_ray_failure_on_both_paths(fleet, ray_cluster, core, python):
+    """What a user reads first, through free_gpus.yml and the role in their own play, on the
+    oldest and newest ansible-core: the refusal with the actor's own command, and, with `ray:`
+    and the head unreachable, the failure that names Ray's GCS."""
+    head, worker = ray_cluster.head, ray_cluster.worker
+    bin_dir = matrix.controller_bin(core, python)
+    env = {"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"}
+
+    def play(playbook, hosts, **extra):
+        return fleet.ansible_playbook(playbook, limit=hosts, bin_dir=bin_dir, env=env,
+                                      extra_vars={"free_gpus_kill_timeout": 2, "training_command": "true", **extra})
+
+    kill = "ray.kill(ray.get_actor('trainer"
+    run = play(PLAYBOOK, [head])
+    said = _message(run, head)
+    assert run.rc == 2 and said.startswith(REFUSED) and kill in said and f"PID {ray_cluster.pids[head]['actor']}" in said, said
+    own = play(TRAINING, [head])
+    line = _fatal(own, head)
+    assert own.rc == 2 and f'"msg": "{head}: {REFUSED}' in line and kill in line, line
+    gcs = f"Ray's GCS at {ray_cluster.addrs[head]}:6379 (asked with /usr/bin/python3 and the Ray of /opt/ray): "
+    head_link = ["ip", "-n", fleet.rig.host(head)["netns"], "link", "set", "ray0"]
+    rig.run(head_link + ["down"])
+    try:
+        run = play(PLAYBOOK, [worker], free_gpus_services=["ray:"])
+        own = play(TRAINING, [worker], free_gpus_services=["ray:"])
+    finally:
+        rig.run(head_link + ["up"])
+    said = _message(run, worker)
+    assert run.rc == 2 and said.startswith(gcs) and "nothing was done" in said, said
+    line = _fatal(own, worker)
+    assert own.rc == 2 and f'"msg": "{worker}: {gcs}' in line, line
+    assert fleet.gpu_memory(worker)[0] >= 3000 and fleet.gpu_memory(head)[0] >= 3000
+
+
+# A user's own Ray on the head host: her uid, her temp dir, her actor (max_restarts=-1) on GPU 1.
+USER, UID = "zmray", 4242
+USER_DRIVER = r'''
+import json, os, subprocess, threading
+import ray
+ray.init(address="127.0.0.1:6390", namespace="hers", log_to_driver=False)
+
+@ray.remote(num_gpus=1, max_restarts=-1)
+class Mine:
+    def __init__(self):
+        self.child = subprocess.Popen(["/usr/local/bin/gpu_holder", "--gpus", "1", "--mib", "1000", "--name", "ray::Mine"])
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self):
+        self.child.wait()
+        os._exit(1)
+
+    def where(self):
+        return [os.getpid(), self.child.pid]
+
+mine = Mine.options(name="mine", lifetime="detached", get_if_exists=True).remote()
+print(json.dumps(ray.get(mine.where.remote(), timeout=60)))
+'''
+USER_STATE = r'''
+import json, ray
+ray.init(address="127.0.0.1:6390", namespace="hers", log_to_driver=False)
+import ray._private.state as s
+print(json.dumps([[a["State"], a["Pid"], a["NumRestarts"]] for a in s.actors().values() if a["Name"] == "mine"]))
+'''
+
+
+def _as_user(fleet, host: str, cmd: str, timeout: float = 120):
+    return fleet.ssh(host, f"cd /home/{USER} && runuser -u {USER} -- env HOME=/home/{USER} PYTHONPATH=/opt/ray RAY_USAGE_STATS_ENABLED=0 {cmd}",
+                     timeout=timeout)
+
+
+def test_a_users_own_ray_is_hers_ray_is_not_asked_about_her_actor_and_roots_actor_is_ended_through_ray(fleet, ray_cluster):
+    """The attacker: her Ray (her uid, run from her own shell) with an actor Ray restarts. It is no
+    vouched node: her actor's GPU work is an ordinary holder, and root's run never calls Ray for it
+    (her GCS never hears a kill: her actor is restarted, as her Ray does). Root's node's actor on the
+    same host is ended through Ray in the same run."""
+    head = ray_cluster.head
+    fleet.ssh(head, f"useradd -u {UID} -m -s /bin/bash {USER} && cat > /home/{USER}/driver.py <<'EOF'\n{USER_DRIVER}EOF\n"
+                    f"cat > /home/{USER}/state.py <<'EOF'\n{USER_STATE}EOF\nchown -R {USER} /home/{USER}", check=True)
+    try:
+        started = _as_user(fleet, head, f"timeout 120 python3 /opt/ray/bin/ray start --head --port=6390 --num-gpus=1 --include-dashboard=false "
+                                        f"--node-ip-address=127.0.0.1 --temp-dir=/home/{USER}/ray-tmp --disable-usage-stats")
+        assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
+        out = _as_user(fleet, head, "timeout 90 python3 driver.py 2>/dev/null | tail -1").stdout.strip()
+        her_actor, her_child = json.loads(out)
+        assert wait_for(lambda: fleet.gpu_memory(head)[1] >= 1000, timeout=30)
+        run = fleet.ansible_playbook(PLAYBOOK, limit=[head], extra_vars={"free_gpus_kill_timeout": 2, "free_gpus_services": ["ray:"]})
+        result = run.result(RELEASE_TASK, head)
+        # Root's node's actor (GPU 0) through Ray; hers is no Ray node's: no entry, no actor, her holder signalled as any.
+        assert [a["pid"] for a in result.get("ray_actors") or []] == [ray_cluster.pids[head]["actor"]], result.get("ray_actors")
+        assert [o["name"] for o in result.get("orchestrated") or []] and all(her_child not in o["pids"] for o in result["orchestrated"])
+        assert her_child in [k["pid"] for k in result.get("killed") or []], result.get("killed")
+        time.sleep(3)
+        [[state, _pid, restarts]] = json.loads(_as_user(fleet, head, "timeout 90 python3 state.py 2>/dev/null | tail -1").stdout.strip())
+        # Her Ray restarted her actor (no ray.kill(no_restart) ever reached her GCS); the host is never reported free while it holds GPU 1.
+        assert state in ("ALIVE", "RESTARTING") and restarts >= 1, (state, restarts)
+        if fleet.gpu_memory(head)[1] >= 1000:
+            assert summary_status(summary_lines(run), head) not in ("freed", "clean"), summary_lines(run)
+        assert her_actor
+    finally:
+        _as_user(fleet, head, "timeout 60 python3 /opt/ray/bin/ray stop --force >/dev/null 2>&1", timeout=90)
+        # Whatever of hers is left (the test started all of it), by PID, inside the test host.
+        fleet.ssh(head, f"for pid in $(ps -u {USER} -o pid=); do kill -KILL $pid; done; sleep 0.5; userdel -r {USER} >/dev/null 2>&1; true",
+                  timeout=60)
