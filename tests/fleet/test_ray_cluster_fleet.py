@@ -180,6 +180,13 @@ def test_with_ray_named_the_actors_are_ended_through_ray_both_hosts_are_freed_an
     """The attack is Ray's own: an actor with max_restarts killed from outside comes back. Ended
     through Ray (no_restart), it stays dead; the bystander actors (no holder) are never touched."""
     hosts = ray_cluster.hosts
+    check = fleet.ansible_playbook(PLAYBOOK, limit=hosts, check=True, extra_vars={"free_gpus_kill_timeout": 2, "free_gpus_services": ["ray:"]})
+    assert check.rc == 0, check.stdout[-4000:]
+    for host in hosts:
+        # The dry run asks Ray's GCS (read only) and says what the real run ends through Ray; nothing is ended.
+        said = check.result(RELEASE_TASK, host)["ansible_facts"]["free_gpus_result"]["message"]
+        assert "would end Ray actor trainer" in said, said
+        assert fleet.gpu_memory(host)[0] >= 3000
     run = fleet.ansible_playbook(PLAYBOOK, limit=hosts, extra_vars={"free_gpus_kill_timeout": 2, "free_gpus_services": ["ray:"]})
     lines = summary_lines(run)
     assert run.rc == 0, (lines, run.stdout[-4000:])

@@ -292,7 +292,7 @@ def act(release: Release, plan: Plan) -> None:
         or release.result["stopped_programs"] or release.result["disabled_programs"] or release.result["stopped_mps_servers"]
         or release.result["terminated_mps_clients"]
         or release.result["stopped_guest_units"] or release.result["disabled_guest_units"] or release.result["masked_guest_units"]
-        or release.result.get("scaled_services") or any(a.get("ended") for a in release.result.get("ray_actors") or [])
+        or release.result.get("scaled_services") or any(a.get("ended") for a in t.cast("list[dict[str, t.Any]]", release.result.get("ray_actors") or []))
     )
 
 

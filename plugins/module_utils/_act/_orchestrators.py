@@ -277,7 +277,10 @@ def for_release(release: t.Any, steps: t.Any) -> list[Orchestrated]:
             return None
 
     proc = release.system.proc
-    read = lambda pid: holders_mod.read_process(pid, proc)  # noqa: E731
+
+    def read(pid: int) -> t.Any:
+        return holders_mod.read_process(pid, proc)
+
     ray_named = any(e.startswith(RAY) for e in named)
 
     def ask_ray(found: list[Orchestrated]) -> None:
