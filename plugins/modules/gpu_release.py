@@ -56,8 +56,10 @@ options:
       - V(container:<glob>) names Docker or Podman containers, V(supervisor:<glob>) supervisord programs, and
         V(lxc:<id>:<unit>), V(lxd:<name>:<unit>) or V(machine:<name>:<unit>) a system container's own units.
       - V(swarm:<service glob>) scales Docker Swarm services to 0 replicas through the Docker Engine API of this node (a Swarm
-        manager; gpu_restore scales them back), and V(ray:) lets the run end the Ray workers on the selected GPUs. Without them,
-        holders that Swarm or a Ray node runs fail the run before anything is done, naming the command (RV(orchestrated)).
+        manager; gpu_restore scales them back), and V(ray:) lets the run end the Ray workers on the selected GPUs - an actor Ray
+        would start again (C(max_restarts)) through Ray itself, C(ray.kill(actor, no_restart=True)) with the node's own Ray
+        installation, before any signal (RV(ray_actors)). Without them, holders that Swarm or a Ray node runs fail the run before
+        anything is done, naming the command, for Ray each actor's own (RV(orchestrated)).
         R(Cluster runtimes, ansible_collections.zeromib.gpu.docsite.guide_orchestrators).
       - A glob never selects what keeps the node reachable and its data safe (network, storage, identity, remote access, time) nor a
         launcher; they are kept (RV(kept_units)). Every rule -
@@ -406,6 +408,20 @@ orchestrated:
   returned: success
   sample:
     - {kind: swarm, name: vllm, pids: [4242], gpu_indexes: [0], command: docker service scale vllm=0, entry: "swarm:vllm"}
+ray_actors:
+  description:
+    - With O(services) V(ray:), the Ray actors on the selected GPUs that Ray's GCS would start again (C(max_restarts) -1 or
+      restarts left), ended through Ray (C(ray.kill(actor, no_restart=True))) before any signal - C(id), C(name), C(namespace),
+      C(pid) (the actor's process, as the GCS reports it and the kernel confirms), C(class_name), C(max_restarts), C(holders) (the
+      GPU holders it runs), C(command) (Ray's own command for it) and C(ended) (false in check mode, or where Ray no longer knew the
+      actor by its name).
+    - Empty or absent without V(ray:), or where no such actor holds a selected GPU.
+  type: list
+  elements: dict
+  returned: success
+  sample:
+    - {id: 5f1c2e0a9b, name: trainer0, namespace: zm, pid: 4242, class_name: Trainer, max_restarts: -1, holders: [4260],
+       command: "ray.kill(ray.get_actor('trainer0', namespace='zm'), no_restart=True)", ended: true}
 scaled_services:
   description: Docker Swarm services this run scaled to 0 replicas (O(services) V(swarm:<glob>)); recorded for gpu_restore.
   type: list

@@ -56,6 +56,8 @@ class Outcome(t.TypedDict, total=False):
     spanning: list[dict[str, t.Any]]
     # The multi-node jobs whose ranks here were ended (gpu_release's multi_node, each job once).
     multi_node: list[str]
+    # Ray actors ended through Ray (gpu_release's ray_actors; in check mode, those it would end): their names.
+    ray_actors: list[str]
     footprint_gpus: list[int | None]
     footprint_mib: int | None
     nvml_clients: list[dict[str, t.Any]]
@@ -205,6 +207,8 @@ def _record(result: t.Mapping[str, t.Any], host: str, check_mode: bool) -> Outco
         "protected": result.get("protected") or [],
         "spanning": _spanning(result),
         "multi_node": list(dict.fromkeys(str(r.get("launcher")) for r in result.get("multi_node") or [] if isinstance(r, Mapping))),
+        "ray_actors": [str(a.get("name") or a.get("id")) for a in result.get("ray_actors") or []
+                       if isinstance(a, Mapping) and (a.get("ended") or check_mode)],
         # Selected GPUs that read only the cross-GPU footprint of contexts on other GPUs (clean),
         # and the NVML clients (monitors, exporters) left running: they use no GPU memory.
         "footprint_gpus": [g.get("index") for g in footprint],
@@ -267,6 +271,10 @@ def _done(outcome: Outcome) -> list[str]:
             ", ".join(outcome["failed_units"]), "it" if len(outcome["failed_units"]) == 1 else "them"))
     did += ["{} container{} {}".format(verb, "" if len(names) == 1 else "s", ", ".join(names)) for verb, names in (
         ("stopped", outcome["stopped_containers"]), ("disabled", outcome["disabled_containers"])) if names]
+    if outcome.get("ray_actors"):
+        # Before any signal, so that Ray's GCS does not start them again (_act/_ray).
+        did.append("{} Ray actor{} {} through Ray (no_restart)".format("would end" if outcome["check_mode"] else "ended",
+                                                                       "" if len(outcome["ray_actors"]) == 1 else "s", ", ".join(outcome["ray_actors"])))
     if outcome["killed"] and outcome["check_mode"]:
         did.append(planned_signals(outcome["killed"]))
     elif outcome["killed"]:

@@ -255,6 +255,9 @@ def act(release: Release, plan: Plan) -> None:
         if getattr(plan, "orchestrated_to_do", False):
             # Issue 72: Swarm services named in services scaled to 0 (_act/_orchestrators).
             _orchestrators.act_for_release(release, plan)
+        if release.options.kill and getattr(plan, "ray_actors", None):
+            # Issue 72: with ray:, the actors Ray would start again are ended through Ray before any signal (_act/_ray).
+            _orchestrators.end_ray_actors(release, plan)
         if plan.containers:
             outside.update(act_containers(release, plan.containers))
         if units["stop"] or units["disable"] or units["mask"]:
@@ -292,7 +295,7 @@ def act(release: Release, plan: Plan) -> None:
         or release.result["stopped_programs"] or release.result["disabled_programs"] or release.result["stopped_mps_servers"]
         or release.result["terminated_mps_clients"]
         or release.result["stopped_guest_units"] or release.result["disabled_guest_units"] or release.result["masked_guest_units"]
-        or release.result.get("scaled_services")
+        or release.result.get("scaled_services") or any(a.get("ended") for a in t.cast("list[dict[str, t.Any]]", release.result.get("ray_actors") or []))
     )
 
 

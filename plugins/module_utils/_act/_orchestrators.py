@@ -31,6 +31,7 @@ import typing as t
 import urllib.parse
 
 from ansible_collections.zeromib.gpu.plugins.module_utils import _commands
+from ansible_collections.zeromib.gpu.plugins.module_utils._act import _ray
 from ansible_collections.zeromib.gpu.plugins.module_utils._act import _services
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._errors import StepFailed
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders as holders_mod
@@ -88,14 +89,57 @@ def not_found(named: t.Iterable[str], found: t.Sequence[Orchestrated], services:
 
 def plan(holders: t.Sequence[Holder], selected: t.Collection[int], named: t.Sequence[str], proc: str,
          read: t.Callable[[int], t.Any], inspect: t.Callable[[Holder], t.Any],
-         main_pid_of: t.Callable[[str], int | None] | None = None) -> list[Orchestrated]:
+         main_pid_of: t.Callable[[str], int | None] | None = None,
+         ask_ray: t.Callable[[list[Orchestrated]], None] | None = None) -> list[Orchestrated]:
     """The orchestrated holders of the selected GPUs; StepFailed (before anything is done) when
-    one is not named in services."""
+    one is not named in services. `ask_ray(found)`: fills each Ray entry's `actors` (Ray asked)."""
     found = look.group(holders, selected, proc, read, inspect, main_pid_of)
+    if ask_ray is not None and any(f["kind"] == look.RAY for f in found):
+        ask_ray(found)
     refused = [f for f in found if not is_named(f, named)]
     if refused:
         raise StepFailed(look.refusal(refused))
     return found
+
+
+def ray_actors(entry: Orchestrated, proc: str, read: t.Callable[[int], t.Any],
+               ask: t.Callable[..., dict[str, t.Any]] = _ray.ask) -> list[dict[str, t.Any]]:
+    """The actors among a Ray entry's holders that Ray's GCS would start again (_ray.match: the
+    GCS's PID and the kernel's process agree), each with its `node`, `command` and `label`.
+    Ray is asked once per raylet, and only where a raylet of the vouched node runs the holders.
+    RayUnavailable where it cannot be asked."""
+    node_record = read(int(entry["node_pid"] or 0)) if entry.get("node_pid") else None
+    if not node_record:
+        return []
+    nodes: dict[int, tuple[_ray.RayNode, dict[int, dict[str, t.Any]]]] = {}
+    for pid in entry["pids"]:
+        node = _ray.node_for(pid, node_record, proc, read)
+        worker = _ray.worker_of(pid, node["raylet_pid"], proc, read) if node else None
+        if node is None or worker is None:
+            continue
+        kept = nodes.setdefault(node["raylet_pid"], (node, {}))[1].setdefault(int(worker["pid"]), dict(worker, holders=[]))
+        kept["holders"].append(pid)
+    actors = []
+    for node, workers in nodes.values():
+        answer = ask(node, {"do": "list", "gcs": node["gcs"], "node_id": node["node_id"], "max": _ray.MAX_ACTORS})
+        for actor in _ray.match(workers, answer.get("actors") or [], lambda pid: _ray.start_time(pid, proc)):
+            if _ray.restartable(actor):
+                actors.append(dict(actor, node=node, command=_ray.command(actor), label=_ray.label(actor)))
+    return actors
+
+
+def unnamed_refusal(actors: t.Sequence[t.Mapping[str, t.Any]]) -> str:
+    """`ray:` ends through Ray only actors it can find by name (ray.kill needs a handle)."""
+    return ("Ray would start again {}, and gpu_release ends an actor through Ray only by its name (ray.kill needs a handle): run {}, "
+            "or `ray stop` on this node".format(", ".join(a["label"] for a in actors[:look.NAMED]),
+                                                ", ".join("`{}`".format(a["command"]) for a in actors[:look.NAMED])))
+
+
+def public_actor(actor: t.Mapping[str, t.Any], ended: bool = False) -> dict[str, t.Any]:
+    """An actor as the result shows it."""
+    return {"id": actor.get("id"), "name": actor.get("name"), "namespace": actor.get("namespace"), "pid": actor.get("pid"),
+            "class_name": actor.get("class_name"), "max_restarts": actor.get("max_restarts"), "holders": list(actor.get("holders") or []),
+            "command": actor.get("command"), "ended": ended}
 
 
 def orchestrated_pids(found: t.Iterable[Orchestrated], kind: str) -> set[int]:
@@ -232,8 +276,33 @@ def for_release(release: t.Any, steps: t.Any) -> list[Orchestrated]:
         except RuntimeUnavailable:
             return None
 
-    found = plan(steps.targets, steps.selected, named, release.system.proc, lambda pid: holders_mod.read_process(pid, release.system.proc),
-                 inspect, release.main_pid_of) if steps.targets else []
+    proc = release.system.proc
+
+    def read(pid: int) -> t.Any:
+        return holders_mod.read_process(pid, proc)
+
+    ray_named = any(e.startswith(RAY) for e in named)
+
+    def ask_ray(found: list[Orchestrated]) -> None:
+        for entry in found:
+            if entry["kind"] != look.RAY:
+                continue
+            try:
+                entry["actors"] = ray_actors(entry, proc, read)
+            except _ray.RayUnavailable as exc:
+                if ray_named:
+                    raise StepFailed(f"{exc}; gpu_release ends the actors Ray would start again only through Ray, and nothing was done: "
+                                     "make Ray answer from this node, or run `ray stop` on it") from exc
+                release.result["warnings"].append(f"{exc}: the refusal names Ray's commands without the actors")
+                entry["actors"] = []
+            entry["command"] = entry["command"] if not entry["actors"] else "; ".join(a["command"] for a in entry["actors"])
+
+    found = plan(steps.targets, steps.selected, named, proc, read, inspect, release.main_pid_of, ask_ray) if steps.targets else []
+    steps.ray_actors = [a for f in found if f["kind"] == look.RAY for a in f.get("actors") or []]
+    unnamed = [a for a in steps.ray_actors if not a.get("name")]
+    if unnamed:
+        raise StepFailed(unnamed_refusal(unnamed))
+    release.result["ray_actors"] = [public_actor(a) for a in steps.ray_actors]
     by_swarm = orchestrated_pids(found, look.SWARM)
     if by_swarm and swarm_error:
         raise StepFailed(swarm_error)
@@ -244,7 +313,7 @@ def for_release(release: t.Any, steps: t.Any) -> list[Orchestrated]:
         release.result["warnings"].append(multi_node_warning(release.result["multi_node"]))
     steps.orchestrated_missing = not_found(named, found, swarm_names)
     steps.orchestrated_to_do = bool(swarm_names) and any(e.startswith(SWARM) and e not in steps.orchestrated_missing for e in named)
-    release.result["orchestrated"] = found
+    release.result["orchestrated"] = [{k: v for k, v in f.items() if k not in ("node_pid", "actors")} for f in found]
     return found
 
 
@@ -313,6 +382,32 @@ def act_for_release(release: t.Any, _steps: t.Any) -> None:
                 release.result["warnings"].append(f"the restore record was not written, so gpu_restore cannot scale back {done}: {exc}")
         if done:
             release.result["changed"] = True
+
+
+def end_ray_actors(release: t.Any, steps: t.Any, ask: t.Callable[..., dict[str, t.Any]] = _ray.ask) -> None:
+    """gpu_release's act, before any signal: the actors Ray would start again ended through Ray
+    (ray.kill, no_restart), each node's at once, the GCS read until it says they are dead. What
+    Ray ended is in the result also when a later node fails (StepFailed, before any signal)."""
+    by_node: dict[int, tuple[_ray.RayNode, list[dict[str, t.Any]]]] = {}
+    for actor in getattr(steps, "ray_actors", None) or []:
+        by_node.setdefault(actor["node"]["raylet_pid"], (actor["node"], []))[1].append(actor)
+    for node, actors in by_node.values():
+        try:
+            answer = ask(node, {"do": "kill", "gcs": node["gcs"], "node_ip": node["node_ip"], "wait_s": _ray.DEAD_WAIT_S,
+                                "actors": [{"id": a["id"], "name": a["name"], "namespace": a["namespace"]} for a in actors]})
+        except _ray.RayUnavailable as exc:
+            raise StepFailed(f"{exc}; no process was signalled: end the actors with {'; '.join(a['command'] for a in actors)}") from exc
+        killed = set(answer.get("killed") or [])
+        for entry in release.result.get("ray_actors") or []:
+            entry["ended"] = entry["ended"] or entry["id"] in killed
+        gone = [a for a in actors if a["id"] in set(answer.get("changed") or [])]
+        if gone:
+            release.result["warnings"].append("Ray no longer knows {} by its name as the same actor: not ended through Ray, its processes "
+                                              "are signalled".format(", ".join(a["label"] for a in gone)))
+        not_dead = [a for a in actors if a["id"] in set(answer.get("not_dead") or [])]
+        if not_dead:
+            raise StepFailed("Ray's GCS did not say {} dead within {:.0f} s of ray.kill(no_restart=True): no process was signalled".format(
+                ", ".join(a["label"] for a in not_dead), _ray.DEAD_WAIT_S))
 
 
 def restore_for(restore: t.Any, entry: t.Mapping[str, t.Any]) -> tuple[list[str], str | None]:

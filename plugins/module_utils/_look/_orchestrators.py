@@ -55,6 +55,8 @@ RAY = "ray"
 SWARM = "swarm"
 # The processes of a Ray node that run every job's workers as their descendants.
 RAY_NODE = _protect.ProcessNames("raylet", "ray start", "gcs_server", scripts=True)
+# What ends a Ray node's work where its actors are not known (Ray could not be asked).
+RAY_COMMAND = "ray stop (on this node), or ray job stop JOB_ID / ray.kill(actor, no_restart=True) from the cluster's head"
 SWARM_SERVICE = "com.docker.swarm.service.name"
 SWARM_TASK = "com.docker.swarm.task.name"
 # torchrun / python -m torch.distributed.run / .launch, and its --nnodes (N, or MIN:MAX).
@@ -77,7 +79,9 @@ NAMED = 5
 class Orchestrated(t.TypedDict):
     """Holders one orchestrator runs on this node: `kind` (ray, swarm), `name` (the Swarm service;
     for Ray, the node process's PID and name), `pids`, `gpu_indexes`, `command` (what stops it
-    through the orchestrator) and `entry` (the services entry that lets gpu_release do so)."""
+    through the orchestrator: for Ray, each actor's own once Ray was asked), `entry` (the services
+    entry that lets gpu_release do so), `node_pid` (the vouched Ray node process; None for Swarm) and
+    `actors` (Ray's actors of those holders that its GCS would restart, once Ray was asked: _act/_ray)."""
 
     kind: str
     name: str
@@ -85,6 +89,8 @@ class Orchestrated(t.TypedDict):
     gpu_indexes: list[int]
     command: str
     entry: str
+    node_pid: int | None
+    actors: list[dict[str, t.Any]]
 
 
 def swarm_service(record: ContainerRecord | t.Mapping[str, t.Any] | None) -> str | None:
@@ -223,12 +229,12 @@ def group(holders: t.Sequence[Holder], selected: t.Collection[int], proc: str, r
         service = swarm_service(inspect(holder)) if holder.get("container") else None
         if service:
             entry = {"kind": SWARM, "name": service, "pids": [], "gpu_indexes": [], "entry": f"swarm:{service}",
-                     "command": f"docker service scale {service}=0"}
+                     "command": f"docker service scale {service}=0", "node_pid": None, "actors": []}
         else:
             node = ray_node(holder["pid"], proc, read, main_pid_of)
             if node:
                 entry = {"kind": RAY, "name": "{} (PID {})".format(node.get("name"), node.get("pid")), "pids": [], "gpu_indexes": [],
-                         "entry": "ray:", "command": "ray stop (on this node), or ray job stop JOB_ID / ray.kill(actor) from the cluster's head"}
+                         "entry": "ray:", "command": RAY_COMMAND, "node_pid": int(node["pid"]), "actors": []}
         if entry is None:
             continue
         key = (entry["kind"], entry["name"])
@@ -247,7 +253,11 @@ def refusal(refused: t.Sequence[Orchestrated]) -> str:
     for entry in refused:
         pids = ", ".join(str(p) for p in entry["pids"][:NAMED]) + (f" and {len(entry['pids']) - NAMED} more" if len(entry["pids"]) > NAMED else "")
         what = "Ray node {}".format(entry["name"]) if entry["kind"] == RAY else "Docker Swarm service {}".format(entry["name"])
-        parts.append("{} (PID {} on GPU {}): run `{}`, or name it in services as {}".format(
-            what, pids, ",".join(str(i) for i in entry["gpu_indexes"]) or "-", entry["command"], entry["entry"]))
+        said = [f"`{entry['command']}`"]
+        if entry.get("actors"):
+            # Ray was asked: each actor's own command (from any node of the cluster), then the node's.
+            said = ["`{}` ({})".format(a["command"], a["label"]) for a in (entry.get("actors") or [])[:NAMED]] + ["`ray stop` on this node"]
+        parts.append("{} (PID {} on GPU {}): run {}, or name it in services as {}".format(
+            what, pids, ",".join(str(i) for i in entry["gpu_indexes"]) or "-", ", ".join(said), entry["entry"]))
     return ("GPUs are held by work a cluster runtime starts again, here or on another node, when its processes are killed: {}. "
             "gpu_release stops it only through the runtime, when services names it".format("; ".join(parts)))

@@ -369,3 +369,14 @@ def test_ranks_of_a_multi_node_job_are_named_in_the_first_sentence_and_the_summa
         "(their ranks on the other nodes hang in a collective until freed)")
     assert "multi-node: Slurm job 77 on 2 nodes (gpu[01-02])" in free_gpus_summary([outcome])[1]
     assert free_gpus_outcome(release([gpu(0, 3)], [gpu(0, 0)]), "gpu02", 1)["multi_node"] == []
+
+
+def test_actors_ended_through_ray_are_named_in_the_first_sentence():
+    # Issue 72: what Ray would have started again was ended through Ray, before the signals.
+    actors = [{"id": "a1", "name": "trainer0", "pid": 224, "ended": True}, {"id": "a2", "name": "", "pid": 225, "ended": False}]
+    result = release([gpu(0, 3000)], [gpu(0, 0)], killed=[{"pid": 285, "name": "gpu_holder", "signal": "SIGTERM"}], ray_actors=actors)
+    outcome = free_gpus_outcome(result, "gpu01", 1)
+    assert outcome["ok"] and outcome["ray_actors"] == ["trainer0"]
+    assert outcome["message"].split(" in 0.41 s")[0] == (
+        "gpu01: 1 GPU free (3000 -> 0 MiB), ended Ray actor trainer0 through Ray (no_restart), killed 1 process")
+    assert free_gpus_outcome(release([gpu(0, 3)], [gpu(0, 0)]), "gpu02", 1)["ray_actors"] == []

@@ -150,3 +150,14 @@ def test_a_torchrun_says_nnodes_but_only_a_connection_to_another_host_makes_it_m
     write_process(proc, 50, argv=("torchrun", "--nnodes", "4", "train.py"), uid=4242)
     _connect(proc, 50, 778)
     assert orch.multi_node_launcher(60, str(proc), _read(proc)) == "torchrun --nnodes 4 train.py (PID 50, connected to 10.0.0.11:28180)"
+
+
+def test_once_ray_was_asked_the_refusal_names_each_actors_own_command(proc):
+    write_process(proc, 100, comm="raylet", argv=(RAYLET, "--node_ip_address=10.0.0.1"), exe=RAYLET, uid=0)
+    write_process(proc, 200, comm="ray::Trainer", ppid=100, argv=("ray::Trainer.train",), uid=1000)
+    [found] = orch.group([_holder(200)], [0], str(proc), _read(proc), lambda h: None)
+    found["actors"] = [{"command": "ray.kill(ray.get_actor('trainer0', namespace='zm'), no_restart=True)",
+                        "label": "actor trainer0 (Trainer, PID 200, max_restarts -1)"}]
+    said = orch.refusal([found])
+    assert ("run `ray.kill(ray.get_actor('trainer0', namespace='zm'), no_restart=True)` (actor trainer0 (Trainer, PID 200, max_restarts -1)), "
+            "`ray stop` on this node, or name it in services as ray:") in said
