@@ -17,7 +17,6 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._look import _attribut
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _caps
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _facts
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _guests
-from ansible_collections.zeromib.gpu.plugins.module_utils._look import _sleep_mode
 from ansible_collections.zeromib.gpu.plugins.module_utils import _options
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._plan import is_idle_baseline, is_mig
 
@@ -76,10 +75,12 @@ def describe_holder(holder: Holder | dict[str, t.Any], mib: int | None = None) -
     guest = holder.get("guest")
     if guest:
         parts.append("{}{}".format(_guests.label(guest), ": {}".format(guest["unit"]) if guest.get("unit") else ""))
-    said = _sleep_mode.note(holder.get("sleep_answer"), mib)
-    if said:
-        # Its own server's word, quoted (_look/_sleep_mode): it decides nothing.
-        parts.append(said)
+    if holder.get("sleep_answer"):
+        # Its own server's word, quoted (_look/_sleep_mode, loaded only for a holder that answered): it decides nothing.
+        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _sleep_mode
+        said = _sleep_mode.note(holder["sleep_answer"], mib)
+        if said:
+            parts.append(said)
     parts.append("state {}".format(holder.get("state")))
     if holder.get("state") == "Z" and not holder.get("blocked"):
         parts.append("zombie leader, {} threads running".format(max(0, (holder.get("threads") or 1) - 1)))
