@@ -123,3 +123,20 @@ def test_the_epilog_on_a_vgpu_host_says_its_gpus_memory_is_given_to_vms_with_no_
     assert entry["causes"][0].startswith("GPU 1: "), entry
     assert entry["causes"][0].endswith(" MiB, no process holds it here: vGPUs given to VMs, no reset"), entry
     assert not no_reset_words(stderr + " ".join(entry["causes"])), entry
+
+
+def test_the_epilog_quotes_a_sleeping_vllm_servers_own_word_for_a_leftover_outside_any_job(nshost, runner, tmp_path):  # noqa: F811
+    """A server of uid 4242 left outside any job on the job's GPU 0 and GPU 1, whose own port answers
+    vLLM's `GET /is_sleeping` with true: the epilog refuses it as any such leftover (its word decides
+    nothing) and its first cause quotes what the server says of itself."""
+    host = nshost("h200x2", seed="shapesleep")
+    host.run(["ip", "link", "set", "lo", "up"], check=False)
+    left = host.spawn_as(USER, ["gpu_holder", "--gpus", "0,1", "--mib", "1024", "--http-port", "18000", "--http-answer", "asleep"])
+    listening = host.run(["sh", "-c", "for i in $(seq 200); do grep -q ':4650 00000000:0000 0A' /proc/net/tcp && exit 0; sleep 0.05; done; "
+                                      "cat /proc/net/tcp; exit 1"], check=False)
+    assert listening.returncode == 0, listening.stdout
+    rc, stderr, entry = epilog(host, runner, tmp_path, "958", gpus="0", **FAST)
+    assert rc != 0 and not entry["ok"], (stderr, entry)
+    assert re.match(rf"GPU 0: \d+ MiB, held by pid {left.pid} python3 \(a process of uid {USER} started outside any job; its server says it is "
+                    r"asleep: vLLM's sleep mode keeps its CUDA context\)$", entry["causes"][0]), entry
+    assert host.alive(left.pid) and not no_reset_words(stderr + str(entry)), entry

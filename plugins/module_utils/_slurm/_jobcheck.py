@@ -417,7 +417,11 @@ def given_as_vgpus(result: t.Mapping[str, t.Any], gpu: t.Mapping[str, t.Any]) ->
 
 def short_holder(holder: t.Mapping[str, t.Any], spared: t.Mapping[int, str]) -> str:
     owner = owner_of(holder, spared) or origin_words(holder.get("origin"))
-    text = "pid {} {}".format(holder.get("pid"), holder.get("name")) + (f" ({owner})" if owner else "")
+    # Its own vLLM server's word (_look/_sleep_mode), quoted short: it decides nothing.
+    notes = [owner] if owner else []
+    if (holder.get("sleep_answer") or {}).get("asleep"):
+        notes.append("its server says it is asleep: vLLM's sleep mode keeps its CUDA context")
+    text = "pid {} {}".format(holder.get("pid"), holder.get("name")) + (" ({})".format("; ".join(notes)) if notes else "")
     return text + (" (did not answer: a stalled file system?)" if holder.get("blocked") else "")
 
 
