@@ -125,6 +125,19 @@ def summary_status(lines: list[str], host: str) -> str | None:
     return m.group(1) if m else None
 
 
+def host_message(result, host: str) -> str:
+    """What free_gpus.yml's fleet summary says of HOST, after `HOST: ` (its row must be there)."""
+    row = summary_row(summary_lines(result) or [], host)
+    assert row and f"{host}: " in row, result.stdout[-3000:]
+    return row.split(f"{host}: ", 1)[1]
+
+
+def fatal_line(result, host: str) -> str:
+    """The one `fatal: [HOST]` line a play printed (the role in a user's own play: said once)."""
+    [line] = [line for line in result.stdout.splitlines() if line.startswith(f"fatal: [{host}]")]
+    return line
+
+
 FAIL_TASK = "Fail the hosts whose GPUs are not free"
 
 

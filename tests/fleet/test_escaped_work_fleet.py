@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from scenarios import PLAYBOOK, TRAINING, summary_lines, summary_row
+from scenarios import PLAYBOOK, TRAINING, fatal_line, host_message
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compat"))
 import matrix  # noqa: E402
@@ -52,17 +52,6 @@ def remote_host(fleet, host: str, session: str) -> str:
     return text
 
 
-def message(run, host: str) -> str:
-    row = summary_row(summary_lines(run), host)
-    assert row and f"{host}: " in row, run.stdout[-3000:]
-    return row.split(f"{host}: ", 1)[1]
-
-
-def fatal(run, host: str) -> str:
-    [line] = [line for line in run.stdout.splitlines() if line.startswith(f"fatal: [{host}]")]
-    return line
-
-
 def own_login(fleet, host: str, user: str, cmd: str) -> subprocess.CompletedProcess:
     """CMD over an SSH login of its own as USER (not the fleet's multiplexed connection)."""
     argv = ["ControlMaster=no" if arg == "ControlMaster=auto" else "ControlPath=none" if arg.startswith("ControlPath=") else arg
@@ -87,14 +76,14 @@ def test_an_ssh_leftover_is_named_with_its_session_and_the_command_that_ends_it_
               f"its own), outside any job: `loginctl terminate-session {session}` ends it")
     run = play(fleet, core, python, PLAYBOOK, [busy, idle])
     assert run.rc == 2, run
-    said = message(run, busy)
+    said = host_message(run, busy)
     assert said.startswith(HEAD + ": GPU 0 ("), said
     assert f"held by pid {train['pid']} train.py [" in said and origin in said, said
     assert "reset" not in said and "reboot" not in said
     # the role in the user's own play: the verdict's one fatal line says the same
     own = play(fleet, core, python, TRAINING, [busy, idle], training_command="true")
     assert own.rc == 2, own
-    line = fatal(own, busy)
+    line = fatal_line(own, busy)
     assert f'"msg": "{busy}: {HEAD}: GPU 0 (' in line and origin in line, line
     # the advice is right: the command ends the session's leftover, and the host is free
     # (from a login of its own: the fleet's multiplexed SSH connection is the session that ends)
@@ -125,7 +114,7 @@ def test_a_users_process_that_calls_itself_sshd_is_that_users_ssh_session_never_
     session = session_of(fleet, busy, pid)
     run = fleet.ansible_playbook(PLAYBOOK, limit=[busy, idle], extra_vars={"free_gpus_kill": False})
     assert run.rc == 2, run
-    said = message(run, busy)
+    said = host_message(run, busy)
     assert f"held by pid {pid} sshd" in said and f"SSH session {session} of user {USER} from " in said, said
     assert "of user root" not in said and "protected" not in said, said
     # kill on: signalled as any of the user's processes
@@ -176,12 +165,12 @@ def test_an_apptainer_instance_left_by_an_ssh_login_is_named_with_its_stop_comma
               f"user {USER} (root: `apptainer instance stop -u {USER} train`) ends it")
     run = play(fleet, core, python, PLAYBOOK, [busy, idle])
     assert run.rc == 2, run
-    said = message(run, busy)
+    said = host_message(run, busy)
     assert said.startswith(HEAD + ": GPU 0 (") and f"held by pid {pid} " in said and origin in said, said
     assert "reset" not in said and "reboot" not in said
     own = play(fleet, core, python, TRAINING, [busy, idle], training_command="true")
     assert own.rc == 2, own
-    line = fatal(own, busy)
+    line = fatal_line(own, busy)
     assert f'"msg": "{busy}: {HEAD}: GPU 0 (' in line and origin in line, line
     # kill on: the instance's process is signalled as any of the user's, and its starter ends with it
     freed = fleet.ansible_playbook(PLAYBOOK, limit=[busy, idle])

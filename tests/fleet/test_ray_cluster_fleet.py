@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 import fleet as rig
-from scenarios import PLAYBOOK, RELEASE_TASK, TRAINING, summary_lines, summary_row, summary_status, wait_for
+from scenarios import PLAYBOOK, RELEASE_TASK, TRAINING, fatal_line, host_message, summary_lines, summary_row, summary_status, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compat"))
 import matrix  # noqa: E402
@@ -230,17 +230,6 @@ def test_with_ray_named_and_the_head_unreachable_the_worker_fails_naming_rays_gc
     assert fleet.gpu_memory(worker)[0] >= 3000
 
 
-def _message(run, host: str) -> str:
-    row = summary_row(summary_lines(run), host)
-    assert row and f"{host}: " in row, run.stdout[-3000:]
-    return row.split(f"{host}: ", 1)[1]
-
-
-def _fatal(run, host: str) -> str:
-    [line] = [line for line in run.stdout.splitlines() if line.startswith(f"fatal: [{host}]")]
-    return line
-
-
 @pytest.mark.parametrize(("core", "python"), ENDS, ids=IDS)
 def test_the_first_line_of_each_ray_failure_on_both_paths(fleet, ray_cluster, core, python):
     """What a user reads first, through free_gpus.yml and the role in their own play, on the
@@ -256,10 +245,10 @@ def test_the_first_line_of_each_ray_failure_on_both_paths(fleet, ray_cluster, co
 
     kill = "ray.kill(ray.get_actor('trainer"
     run = play(PLAYBOOK, [head])
-    said = _message(run, head)
+    said = host_message(run, head)
     assert run.rc == 2 and said.startswith(REFUSED) and kill in said and f"PID {ray_cluster.pids[head]['actor']}" in said, said
     own = play(TRAINING, [head])
-    line = _fatal(own, head)
+    line = fatal_line(own, head)
     assert own.rc == 2 and f'"msg": "{head}: {REFUSED}' in line and kill in line, line
     # (the interpreter as the kernel resolves the raylet's: /usr/bin/python3 -> python3.11 on Debian 12)
     gcs = f"Ray's GCS at {ray_cluster.addrs[head]}:6379 (asked with /usr/bin/python3"
@@ -270,9 +259,9 @@ def test_the_first_line_of_each_ray_failure_on_both_paths(fleet, ray_cluster, co
         own = play(TRAINING, [worker], free_gpus_services=["ray:"])
     finally:
         rig.run(head_link + ["up"])
-    said = _message(run, worker)
+    said = host_message(run, worker)
     assert run.rc == 2 and said.startswith(gcs) and " and the Ray of /opt/ray): " in said and "nothing was done" in said, said
-    line = _fatal(own, worker)
+    line = fatal_line(own, worker)
     assert own.rc == 2 and f'"msg": "{worker}: {gcs}' in line, line
     assert fleet.gpu_memory(worker)[0] >= 3000 and fleet.gpu_memory(head)[0] >= 3000
 

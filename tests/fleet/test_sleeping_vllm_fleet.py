@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from scenarios import PLAYBOOK, TRAINING, summary_lines, summary_row
+from scenarios import PLAYBOOK, TRAINING, fatal_line, host_message, summary_lines, summary_row
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compat"))
 import matrix  # noqa: E402
@@ -35,17 +35,6 @@ def play(fleet, playbook: str, hosts: list[str], core: str | None = None, python
     bin_dir = matrix.controller_bin(core, python)
     return fleet.ansible_playbook(playbook, limit=hosts, bin_dir=bin_dir, env={"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"},
                                   extra_vars=extra)
-
-
-def message(run, host: str) -> str:
-    row = summary_row(summary_lines(run), host)
-    assert row and f"{host}: " in row, run.stdout[-3000:]
-    return row.split(f"{host}: ", 1)[1]
-
-
-def fatal(run, host: str) -> str:
-    [line] = [line for line in run.stdout.splitlines() if line.startswith(f"fatal: [{host}]")]
-    return line
 
 
 def about(said: str, pid: int) -> str:
@@ -90,7 +79,7 @@ def test_a_sleeping_vllm_is_named_with_its_servers_word_and_freed_as_before_on_b
     note = ASLEEP.format(mib=2048)
     run = play(fleet, PLAYBOOK, [host], core, python, free_gpus_kill=False)
     assert run.rc == 2, run
-    said = message(run, host)
+    said = host_message(run, host)
     assert requests(fleet, host, server["log"]) == ["GET /is_sleeping HTTP/1.0"]  # once a run, whatever its looks
     assert said.startswith(HEAD + ": GPU 0 ("), said
     holder = about(said, server["holder"])
@@ -100,7 +89,7 @@ def test_a_sleeping_vllm_is_named_with_its_servers_word_and_freed_as_before_on_b
     # the role in the user's own play: the verdict's one fatal line says the same
     own = play(fleet, TRAINING, [host], core, python, free_gpus_kill=False, training_command="true")
     assert own.rc == 2, own
-    line = fatal(own, host)
+    line = fatal_line(own, host)
     assert requests(fleet, host, server["log"]) == ["GET /is_sleeping HTTP/1.0"] * 2
     assert f'"msg": "{host}: {HEAD}: GPU 0 (' in line and note in line, line
     # kill on: freed as any holder (its word decides nothing), and the summary quotes it
@@ -136,7 +125,7 @@ def test_servers_that_hang_flood_or_are_not_the_holders_own_say_nothing_and_one_
     try:
         run = play(fleet, PLAYBOOK, [host], free_gpus_kill=False)
         assert run.rc == 2, run
-        said = message(run, host)
+        said = host_message(run, host)
         assert said.startswith(HEAD), said
         for quiet in (hang, flood, rooted, lone):
             assert "asleep" not in about(said, quiet["holder"]), said

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from scenarios import PLAYBOOK, TRAINING, summary_lines, summary_row
+from scenarios import PLAYBOOK, TRAINING, host_message
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compat"))
 import matrix  # noqa: E402
@@ -127,12 +127,6 @@ def play(fleet, core: str, python: str, playbook: str, host: str, **extra):
                                   extra_vars=extra)
 
 
-def message(run, host: str) -> str:
-    row = summary_row(summary_lines(run), host)
-    assert row and f"{host}: " in row, run.stdout[-3000:]
-    return row.split(f"{host}: ", 1)[1]
-
-
 @pytest.mark.parametrize(("core", "python"), ENDS, ids=IDS)
 def test_passthrough_gpus_are_named_with_the_vm_systemd_runs_and_never_from_a_users_qemu_on_both_paths(vm_node, core, python):
     fleet, host, pids = vm_node
@@ -142,7 +136,7 @@ def test_passthrough_gpus_are_named_with_the_vm_systemd_runs_and_never_from_a_us
             "it); a VM's GPU is freed in the VM, and no reset is this host's to do")
     run = play(fleet, core, python, PLAYBOOK, host, free_gpus_expected_count=count + 3)
     assert run.rc == 2, run.stdout[-3000:]
-    assert message(run, host).startswith(said), message(run, host)
+    assert host_message(run, host).startswith(said), host_message(run, host)
     own = play(fleet, core, python, TRAINING, host, free_gpus_expected_count=count + 3, training_command="true")
     assert own.rc == 2, own.stdout[-3000:]
     [fatal] = [line for line in own.stdout.splitlines() if line.startswith(f"fatal: [{host}]")]
@@ -163,7 +157,7 @@ def test_a_vgpu_hosts_memory_is_said_held_by_the_vm_that_holds_its_vgpu_with_no_
     core, python = ENDS[-1]
     run = play(fleet, core, python, PLAYBOOK, host)
     assert run.rc == 2, run.stdout[-3000:]
-    said = message(run, host)
+    said = host_message(run, host)
     assert re.search(r"GPU 1 \(GPU-[^)]*\) reads \d+ MiB, and no process of this host holds it: GPU 1 is shared as vGPUs with VMs \(nvidia-smi -q: "
                      r"Virtualization Mode Host VGPU\), and memory no process here holds is the framebuffer reserved for the vGPUs given to VMs "
                      r"\(its vGPUs are held by Proxmox VM 101\), not a leak", said), said
