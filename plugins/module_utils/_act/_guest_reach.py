@@ -216,7 +216,7 @@ def seccomp_inherited(init: Init, proc: str = "/proc", me: int | None = None) ->
         return True
     if init.seccomp != 2 or init.seccomp_filters < 0:
         return False
-    mine = set(ancestors(os.getpid() if me is None else me, proc))
+    mine = set(ancestors(_holders.own_pid(proc) if me is None else me, proc))
     for pid in ancestors(init.pid, proc)[1:]:
         if pid in mine:
             return filters_of(pid, proc) == (2, init.seccomp_filters)
@@ -393,7 +393,7 @@ def refusal(guest: t.Mapping[str, t.Any], proc: str = "/proc", which: t.Callable
     if "nsenter" in tools:
         mounts = _cgroups.cgroup_mounts()
         why = why_not_confined(read_init(int(guest.get("init_pid") or 0), proc) if guest.get("init_pid") else None,
-                               read_init(os.getpid(), proc), _cgroup_root(mounts), proc)
+                               read_init(_holders.own_pid(proc), proc), _cgroup_root(mounts), proc)
     if why is None:
         return None
     return ("{}: {}, and no tool of its manager on this host reaches it ({}: they run a command confined as the guest); gpu_release "

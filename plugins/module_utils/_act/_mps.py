@@ -221,7 +221,7 @@ def parse_pids(text: str) -> list[int]:
 def same_pid_namespace(pid: int, proc: str = "/proc") -> bool:
     """Whether PID lives in this module's own PID namespace: the PIDs a control daemon names and
     is told are those of its namespace, which must be ours for them to mean the same processes."""
-    own = holders_mod.pid_namespace_of(os.getpid(), proc)
+    own = holders_mod.pid_namespace_of(holders_mod.own_pid(proc), proc)
     return own is not None and holders_mod.pid_namespace_of(pid, proc) == own
 
 

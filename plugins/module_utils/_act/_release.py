@@ -16,7 +16,6 @@ anything."""
 
 from __future__ import annotations
 
-import os
 import typing as t
 
 from ansible_collections.zeromib.gpu.plugins.module_utils._look import _attribution
@@ -86,7 +85,7 @@ class Release:
         self.check_mode = check_mode
         self.driver_root = driver_root
         self.names, self.pids = _protect.split_protect(self.options.protect)
-        self.lineage = holders_mod.lineage(os.getpid(), system.proc)
+        self.lineage = holders_mod.lineage(holders_mod.own_pid(system.proc), system.proc)
         self.regexes = self.options.match_regexes or []
         self._request: _facts.Request | None = None
         # Workload units that also hold GPUs outside the selection (plan_units).

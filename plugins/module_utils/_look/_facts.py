@@ -536,7 +536,7 @@ def _look(smi: smi_mod.NvidiaSmi, request: Request, early: dict[str, t.Any], unr
         bare.minor_order_differs = differs
         return bare
     names, pids = _protect.split_protect(request.protect)
-    lineage = holders_mod.lineage(os.getpid(), proc)
+    lineage = holders_mod.lineage(holders_mod.own_pid(proc), proc)
 
     def joined(raw_apps: t.Iterable[ComputeApp]) -> list[ComputeApp]:
         return join_apps(raw_apps, gpus, lambda pid: alive(pid, proc), lambda pid: holders_mod.display_name(pid, proc))

@@ -869,6 +869,15 @@ def _start_time(pid: int, proc: str) -> int | None:
     return start_time
 
 
+def own_pid(proc: str = "/proc") -> int:
+    """This process's PID as `proc` numbers it: the kernel's `self` link there (the same number as
+    os.getpid() on the host's own /proc; a test's /proc gives its own), else os.getpid()."""
+    try:
+        return int(os.readlink(f"{proc}/self"))
+    except (OSError, ValueError):
+        return os.getpid()
+
+
 def lineage(pid: int, proc: str = "/proc") -> list[int]:
     """PIDs of a process and all its ancestors (the module and its Ansible/SSH session)."""
     seen = []

@@ -35,6 +35,10 @@ def uuid(index):
     return "GPU-%08x-818d-be7e-f16b-963690d7c5c5" % (0xAB0CF4F6 + index)
 
 
+# The gpu_release module's own PID in every fake node's /proc.
+MY_PID = 4199
+
+
 class Proc:
     def __init__(self, pid, mem, unit, on_term, on_kill, smi_pid, smi_name, spec):
         self.pid, self.mem, self.unit, self.on_term, self.on_kill = pid, mem, unit, on_term, on_kill
@@ -60,8 +64,10 @@ class World:
         self.signals = []
         self.unreadable = set()
         self.next_start = 20000
-        # Looked up now, not at import: a test runner may import this file in another process.
-        self.mypid = os.getpid()
+        # The module's own process, as this /proc numbers it (its `self` link: holders.own_pid), a
+        # number no test gives a process (the runner's real PID could be one, after PID wrap).
+        self.mypid = MY_PID
+        os.symlink(str(MY_PID), os.path.join(str(root), "self"))
         fakeproc.write_process(root, 1, comm="systemd", ppid=0, argv=("/sbin/init",), cgroup="0::/init.scope\n", exe="/usr/lib/systemd/systemd")
         fakeproc.write_process(
             root, 4000, comm="sshd", argv=("sshd: /usr/sbin/sshd -D [listener] 0 of 10-100 startups",), cgroup=SSH_SERVICE, exe="/usr/sbin/sshd"

@@ -440,6 +440,13 @@ def test_lineage_of_this_process_on_the_real_proc():
     assert chain[0] == os.getpid() and os.getppid() in chain
 
 
+def test_own_pid_is_the_kernels_self_link_of_that_proc_and_os_getpid_without_one(tmp_path):
+    assert holders.own_pid() == os.getpid()
+    assert holders.own_pid(str(tmp_path)) == os.getpid()
+    (tmp_path / "self").symlink_to("4199")
+    assert holders.own_pid(str(tmp_path)) == 4199
+
+
 # ------------------------------------------------------------------ regressions of bugs found in review
 
 # containerd >= 1.5 with the systemd cgroup driver but runc not using it (kind, k3s, a common
