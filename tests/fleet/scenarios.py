@@ -3,6 +3,7 @@ fleet summary, checking processes and units on hosts. Stdlib only."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import re
 import time
 
@@ -129,13 +130,23 @@ def host_message(result, host: str) -> str:
     """What free_gpus.yml's fleet summary says of HOST, after `HOST: ` (its row must be there)."""
     row = summary_row(summary_lines(result) or [], host)
     assert row and f"{host}: " in row, result.stdout[-3000:]
+    uncensored(result, host)
     return row.split(f"{host}: ", 1)[1]
 
 
 def fatal_line(result, host: str) -> str:
     """The one `fatal: [HOST]` line a play printed (the role in a user's own play: said once)."""
     [line] = [line for line in result.stdout.splitlines() if line.startswith(f"fatal: [{host}]")]
+    uncensored(result, host)
     return line
+
+
+def uncensored(result, host: str):
+    """Nothing of HOST's hidden from the user or the recording callback (a no_log result prints
+    and records `censored` in place of the reason)."""
+    assert "censored" not in result.stdout, result.stdout[-3000:]
+    records = json.dumps(result.results(host=host))
+    assert "censored" not in records, records[-3000:]
 
 
 FAIL_TASK = "Fail the hosts whose GPUs are not free"
