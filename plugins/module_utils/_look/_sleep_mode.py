@@ -49,8 +49,10 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._look import _holders
 if t.TYPE_CHECKING:
     from ansible_collections.zeromib.gpu.plugins.module_utils._types import Holder
 
-# All asks of a run together (a fraction of a second: a vLLM server answers in milliseconds).
-ASK_S = 0.25
+# All asks of a run together, with the /proc reads that find them. A vLLM server answers in
+# milliseconds, but a loaded node's scheduler holds a thread, or the server, for hundreds: a
+# quarter of a second missed a server in its own network namespace under CI's load (16 on 2 cores).
+ASK_S = 1.0
 # The most of one answer read (vLLM's is about 140 bytes with its headers).
 ANSWER_BYTES = 4096
 # At most this many asks in a run, and ports asked of one holder.
