@@ -139,15 +139,16 @@ def clear(smi: NvidiaSmi, ghosts: list[dict[str, t.Any]], timeout: float,
         waited += 0.5
 
 
-def after_release(smi: NvidiaSmi, result: dict[str, t.Any], timeout: float, short: bool = False) -> dict[str, t.Any]:
+def after_release(smi: NvidiaSmi, result: dict[str, t.Any], timeout: float, short: bool = False, settle_s: float = SETTLE_S) -> dict[str, t.Any]:
     """The result with `ghost_busy` (one sentence per ghost-busy GPU); a GPU still busy after the
     context is a health issue of the host (healthy false), said whole, or (`short`: the Slurm
-    hooks' drain reason) as short_cause."""
+    hooks' drain reason) as short_cause. `settle_s`: how long to read again (the Slurm hook gives
+    what its deadline leaves, up to SETTLE_S)."""
     ghosts = found(result)
     if not ghosts:
         return result
     holders = result.get("holders") or []
-    done = clear(smi, ghosts, timeout)
+    done = clear(smi, ghosts, timeout, settle_s=settle_s)
     result = dict(result, ghost_busy=[said(g, holders) for g in done])
     stuck = [short_cause(g, holders) if short else "GPU {} ({}): {}".format(g["index"], g["pci_bus_id"], said(g, holders))
              for g in done if not g["cleared"]]

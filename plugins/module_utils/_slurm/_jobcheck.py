@@ -83,6 +83,9 @@ DRAIN_BOOLEANS = {True: "scontrol", False: "exit_status"}
 # by what is left), or only the log line.
 RESERVE_S = {"scontrol": 5.0, "exit_status": 1.0}
 
+# Kept between the ghost-busy readings' end and the work's: the verdict and its last reading.
+GHOST_MARGIN_S = 1.0
+
 _GPU_TOKEN = re.compile(r"^(?:\d+|GPU-[0-9A-Fa-f-]+|" + _mig.TOKEN + ")$")
 
 
@@ -617,7 +620,7 @@ def judge_job(mode: str, release: JobRelease, smi: NvidiaSmi, params: dict[str, 
         result["shared"] = _shared.record(readings.last)
     if mode == "epilog" and failure is None and not result.get("shared"):
         note("the training-ready profile and the GPUs left busy with no process")
-        result = ready_for_the_next_job(smi, release, params, result)
+        result = ready_for_the_next_job(smi, release, params, result, config.get("work_until"))
     ok, causes = verdict(mode, result, failure, release.spared)
     if not ok:
         # A setter that failed is said after the setting it left (the profile's issue names the command).
@@ -634,18 +637,21 @@ def judge_job(mode: str, release: JobRelease, smi: NvidiaSmi, params: dict[str, 
     return ok, causes, result
 
 
-def ready_for_the_next_job(smi: NvidiaSmi, release: JobRelease, params: t.Mapping[str, t.Any], result: dict[str, t.Any]) -> dict[str, t.Any]:
+def ready_for_the_next_job(smi: NvidiaSmi, release: JobRelease, params: t.Mapping[str, t.Any], result: dict[str, t.Any],
+                           until: float | None = None) -> dict[str, t.Any]:
     """The epilog's GPUs, proven free, as gpu_release leaves them: put back to the training-ready
     profile where the site opted in (ready_fix, recorded for gpu_restore: _act/_ready_settings), and
     a GPU the job's kills left busy with no process cleared by a context opened and closed from a
     fresh process (_act/_ghost_busy). Never on a GPU other jobs use: the caller skips shared GPUs,
-    whose settings and utilization are theirs too."""
+    whose settings and utilization are theirs too. `until` (monotonic): when the hook stops the
+    work; the ghost's readings end GHOST_MARGIN_S before it, so the drain reason names the GPU."""
     if params.get("ready_fix") and result.get("released"):
         from ansible_collections.zeromib.gpu.plugins.module_utils._act import _ready_settings  # pylint: disable=import-outside-toplevel
         result = _ready_settings.after_release(smi, result, release)
     if result.get("released") and result.get("killed"):
         from ansible_collections.zeromib.gpu.plugins.module_utils._act import _ghost_busy  # pylint: disable=import-outside-toplevel
-        result = _ghost_busy.after_release(smi, result, params["timeout"], short=True)
+        settle_s = _ghost_busy.SETTLE_S if until is None else min(_ghost_busy.SETTLE_S, max(0.0, until - GHOST_MARGIN_S - time.monotonic()))
+        result = _ghost_busy.after_release(smi, result, params["timeout"], short=True, settle_s=settle_s)
     return result
 
 
@@ -740,6 +746,8 @@ def bounded_check(mode: str, job: str, gpus: list[str] | None, config: t.Mapping
     """check_job in a child the hook stops waiting for when the work budget (the deadline less
     the drain's reserve) is spent: the cause then says where the run was."""
     budget = work_budget(config) - (time.monotonic() - started)
+    # The child's own steps that may wait (the ghost-busy readings) end before the hook stops it.
+    config = dict(config, work_until=time.monotonic() + budget)
     outcome = _bounded.run_bounded(lambda note: list(check_job(mode, job, gpus, config, note, environ=environ)), budget)
     if not outcome.finished:
         where = f" (still at: {outcome.stage})" if outcome.stage else ""
