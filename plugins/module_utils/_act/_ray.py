@@ -236,9 +236,11 @@ def ask(node: RayNode, request: t.Mapping[str, t.Any], timeout: float = CLIENT_T
         raise RayUnavailable(f"{where}: no answer within {timeout:.0f} s (is the head reachable from this node?)") from None
     finally:
         _kill_group(child)
-    lines = out[:MAX_OUTPUT].decode("utf-8", "replace").strip().splitlines()
+    # Lines end at a line feed only: a word of the cluster's (an actor's name, an error) may hold
+    # other line breaks that splitlines() would cut at.
+    lines = [line for line in out[:MAX_OUTPUT].decode("utf-8", "replace").strip().split("\n") if line.strip()]
     if child.returncode != 0 or not lines:
-        said = [line for line in err[-MAX_OUTPUT:].decode("utf-8", "replace").splitlines() if line.strip()]
+        said = [line for line in err[-MAX_OUTPUT:].decode("utf-8", "replace").split("\n") if line.strip()]
         raise RayUnavailable("{}: the Ray client failed (exit {}): {}".format(where, child.returncode, " ".join((said or ["no output"])[-1].split())[:300]))
     try:
         answer = json.loads(lines[-1])

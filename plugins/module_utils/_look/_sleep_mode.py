@@ -194,12 +194,15 @@ def asks_for(chain: t.Sequence[Process], tables: t.Mapping[tuple[int, int], list
     return asks[:PORTS_PER_HOLDER]
 
 
-def note(answer: t.Mapping[str, t.Any] | None, mib: int | None = None) -> str:
-    """The words a holder's description quotes, or "" (awake, or nothing said); pure."""
+def note(answer: t.Mapping[str, t.Any] | None, mib: int | None = None, short: bool = False) -> str:
+    """The words a holder's description quotes, or "" (awake, or nothing said); `short`: without
+    the memory (the Slurm hooks' drain reason); pure."""
     if not answer or not answer.get("asleep"):
         return ""
-    held = f"{mib:d} MiB still held" if mib else "its memory still held"
-    return f"its server says it is asleep: vLLM's sleep mode keeps its CUDA context, {held}"
+    said = "its server says it is asleep: vLLM's sleep mode keeps its CUDA context"
+    if short:
+        return said
+    return said + (f", {mib:d} MiB still held" if mib else ", its memory still held")
 
 
 # ---------------------------------------------------------------- the kernel's word

@@ -423,7 +423,9 @@ def short_holder(holder: t.Mapping[str, t.Any], spared: t.Mapping[int, str]) -> 
     # Its own vLLM server's word (_look/_sleep_mode), quoted short: it decides nothing.
     notes = [owner] if owner else []
     if (holder.get("sleep_answer") or {}).get("asleep"):
-        notes.append("its server says it is asleep: vLLM's sleep mode keeps its CUDA context")
+        # Loaded only for a holder whose server answered, as gpu_release loads it.
+        from ansible_collections.zeromib.gpu.plugins.module_utils._look import _sleep_mode  # pylint: disable=import-outside-toplevel
+        notes.append(_sleep_mode.note(holder["sleep_answer"], short=True))
     text = "pid {} {}".format(holder.get("pid"), holder.get("name")) + (" ({})".format("; ".join(notes)) if notes else "")
     return text + (" (did not answer: a stalled file system?)" if holder.get("blocked") else "")
 

@@ -160,6 +160,16 @@ def test_a_client_that_fails_says_its_last_word(tmp_path):
         _ray.ask(node, {"do": "list"})
 
 
+def test_a_line_break_other_than_a_line_feed_in_the_clients_words_cuts_no_line(tmp_path):
+    """An error naming an actor whose name holds U+2028 or a form feed: the last line is the
+    whole error, not the name's tail (splitlines would cut at both; the message then folds every
+    space into one)."""
+    node = _interpreter(tmp_path, "import sys; sys.stderr.write('Traceback\\nValueError: actor tr\\u2028ainer\\x0cX not found\\n'); sys.exit(1)")
+    with pytest.raises(_ray.RayUnavailable, match=r"the Ray client failed \(exit 1\): ValueError: actor tr ainer X not found$") as caught:
+        _ray.ask(node, {"do": "list"})
+    assert "Traceback" not in str(caught.value)
+
+
 def test_the_room_asks_once_per_raylet_and_keeps_only_what_ray_would_restart(proc, monkeypatch):
     monkeypatch.setattr(_ray, "owned_by_root_only", lambda path, lstat=None: None)
     asked = []

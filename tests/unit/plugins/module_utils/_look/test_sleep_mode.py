@@ -187,6 +187,10 @@ def test_the_note_quotes_the_server_and_an_awake_or_silent_server_adds_nothing()
     assert _sleep_mode.note({"port": 8000, "asleep": True}, 2048) == (
         "its server says it is asleep: vLLM's sleep mode keeps its CUDA context, 2048 MiB still held")
     assert _sleep_mode.note({"port": 8000, "asleep": False}, 2048) == "" and _sleep_mode.note(None) == ""
+    # The Slurm hooks' drain reason: the same words, without the memory.
+    assert _sleep_mode.note({"port": 8000, "asleep": True}, 2048, short=True) == (
+        "its server says it is asleep: vLLM's sleep mode keeps its CUDA context")
+    assert _sleep_mode.note({"port": 8000, "asleep": False}, short=True) == ""
     said = _words.describe_holder(dict(holder(os.getpid()), sleep_answer={"port": 8000, "asleep": True}), 2048)
     assert said.endswith("(its server says it is asleep: vLLM's sleep mode keeps its CUDA context, 2048 MiB still held, state S)"), said
 
