@@ -590,13 +590,13 @@ class Run:
         self.end_all()
 
     def scenario_health(self):
-        """Issue 15 on real hardware: an idle, healthy H200 reads healthy, health read in the same
+        """Issue 15 on real hardware: an idle, healthy GPU reads healthy, health read in the same
         nvidia-smi call (the raw facts are in the ansible log of this run)."""
         facts, wall = self.playbook("health-facts", action="facts")
         gpu = facts["ansible_facts"]["gpu"]
         per_gpu = [(g["index"], g.get("healthy"), g.get("health_issues"), g.get("health")) for g in gpu["gpus"]]
         ok = gpu.get("healthy") is True and all(h is True for _i, h, _issues, _raw in per_gpu)
-        self.record("health: an idle H200 reads healthy (ECC, row remaps, PCIe link, slowdown, persistence, MIG, Xids)", ok,
+        self.record("health: an idle GPU reads healthy (ECC, row remaps, PCIe link, slowdown, persistence, MIG, Xids)", ok,
                     host_healthy=gpu.get("healthy"), health_checked=gpu.get("health_checked"), gpus=per_gpu, wall_s=wall)
 
     def scenario_fabric(self):
@@ -639,7 +639,7 @@ class Run:
             handle.write("$ {}\n{}\n{}\nrc={} wall={:.3f} s\n".format(" ".join(cmd), run.stdout, run.stderr, run.returncode, wall))
         summary = [l for l in run.stdout.splitlines() if "MIB BEFORE" in l or "localhost" in l and "->" in l]
         ok = run.returncode == 0 and not self.alive(pid) and self.used() == 0
-        self.record("playbooks/free_gpus.yml (the role) frees a real 40 GiB holder", ok, rc=run.returncode, wall_s=wall, summary=summary)
+        self.record(f"playbooks/free_gpus.yml (the role) frees a real {self.mib} MiB holder", ok, rc=run.returncode, wall_s=wall, summary=summary)
         self.end_all()
 
     # ---- what comes back (issue 20): restarters, supervisord, MPS, JAX, the watch's cost
