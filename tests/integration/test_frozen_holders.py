@@ -4,11 +4,15 @@ the cgroup is thawed (this machine's hybrid hierarchy, /sys/fs/cgroup/freezer): 
 "frozen", never "unkillable" with reboot advice; a cgroup a user froze in her delegated subtree is
 named as hers, and the run does not thaw it (tests/tenants/frozen_cgroup.py).
 """
+import json
 import os
 import sys
 
+import pytest
+
 from ansible_in_ns import run_module
 from test_gpu_release import used
+from test_paused_containers import ENDS, OWN_PLAY, REPO, SUMMARY_TASK, VERDICT, controller_play
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from tenants.frozen_cgroup import frozen_holder  # noqa: E402  # pylint: disable=wrong-import-position
@@ -38,3 +42,56 @@ def test_a_cgroup_a_user_froze_in_her_delegated_subtree_is_named_hers_and_never_
         assert f"the cgroup is in uid {USER}'s delegated subtree, frozen by that user: this run does not thaw a user's cgroup" in msg, msg
         assert "THAWED" not in msg and "a reboot is needed" not in msg, msg
         assert held.state() == "FROZEN" and used(host, 0) >= 1024
+
+
+def test_check_mode_fails_as_the_real_run_would_naming_the_frozen_holder_and_signals_nothing(nshost):
+    """The v1 freezer keeps SIGKILL pending: the real run would wait its timeouts and fail naming the
+    holder frozen, so the dry run fails now with the same words, and nothing is signalled or thawed.
+    Before this test, check mode planned a SIGTERM and reported "would free"."""
+    host = nshost("h200x1", seed="frozencheck")
+    with frozen_holder(host, "suspended-dry", mib=2048) as held:
+        run = run_module(host, "gpu_release", FAST, check=True)
+        msg = run["msg"]
+        assert run.get("failed") and msg.startswith("GPUs are held by processes in a frozen cgroup, which no signal ends before it is thawed"), msg
+        assert f"frozen (freezer.state FROZEN in {held.directory}): pid {held.pid} " in msg, msg
+        assert "every signal stays pending until its cgroup is thawed, SIGKILL included" in msg, msg
+        assert f"`echo THAWED > {held.directory}/freezer.state`; no reboot is needed" in msg, msg
+        assert held.state() == "FROZEN" and used(host, 0) >= 2048
+
+
+def test_kill_false_names_the_holder_it_leaves_frozen_and_her_cgroup_hers(nshost):
+    host = nshost("h200x1", seed="frozennokill")
+    with frozen_holder(host, "bob-lab", mib=1024, uid=USER, delegated=True) as held:
+        run = run_module(host, "gpu_release", dict(FAST, kill=False))
+        msg = run["msg"]
+        assert run.get("failed") and msg.startswith("GPUs are held by processes that kill=false leaves running"), msg
+        assert f"frozen (freezer.state FROZEN in {held.directory}): pid {held.pid} " in msg, msg
+        assert f"the cgroup is in uid {USER}'s delegated subtree, frozen by that user: this run does not thaw a user's cgroup" in msg, msg
+        assert held.state() == "FROZEN" and "THAWED" not in msg
+
+
+@pytest.mark.parametrize(("core", "python"), ENDS, ids=[f"ansible-core-{c}" for c, _p in ENDS])
+def test_the_dry_runs_frozen_holder_is_said_first_and_once_on_both_paths(nshost, tmp_path, core, python):
+    """What the operator reads first of a dry run (--check), through free_gpus.yml and the role in a
+    user's own play (the recording callback's task records), on the oldest and newest ansible-core."""
+    host = nshost("h200x1", seed="frozenpaths")
+    with frozen_holder(host, "suspended-paths", mib=2048) as held:
+        head = "GPUs are held by processes in a frozen cgroup, which no signal ends before it is thawed (waiting would not free them)"
+        words = f"frozen (freezer.state FROZEN in {held.directory}): pid {held.pid} "
+
+        rc, output, tasks = controller_play(tmp_path, host, core, python, os.path.join(REPO, "playbooks", "free_gpus.yml"), flags=("--check",))
+        assert rc == 2, output[-3000:]
+        [summary] = [t for t in tasks if t["task"] == SUMMARY_TASK]
+        [row] = [line for line in summary["result"]["msg"] if "node: " in line]
+        assert row.split("node: ", 1)[1].startswith(head) and words in row, row
+        assert output.count(head) == 1 and "reboot is needed (" not in row, output[-4000:]
+
+        (tmp_path / "train.yml").write_text(json.dumps(OWN_PLAY))
+        rc, output, tasks = controller_play(tmp_path, host, core, python, str(tmp_path / "train.yml"), flags=("--check",))
+        assert rc == 2, output[-3000:]
+        [verdict] = [t for t in tasks if t["task"] == VERDICT]
+        assert verdict["status"] == "failed" and verdict["result"]["msg"].startswith(f"node: {head}"), verdict["result"]
+        [fatal] = [line for line in output.splitlines() if line.startswith(("fatal: [node]", "[ERROR]"))]
+        assert head in fatal and output.count(head) == 1, output[-4000:]
+        assert not [t for t in tasks if t["task"] == "Train"], "training never started"
+        assert held.state() == "FROZEN" and used(host, 0) >= 2048

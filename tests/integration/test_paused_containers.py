@@ -125,9 +125,10 @@ def test_podman_a_named_paused_container_is_unpaused_then_stopped_and_an_unnamed
     assert paused(podman, "psuspended") is True and used(podman.host, 1) >= 20480
 
 
-def controller_play(tmp_path, host, core, python, playbook, node_vars=None, **extra):
+def controller_play(tmp_path, host, core, python, playbook, node_vars=None, flags=(), **extra):
     """ansible-playbook of ansible-core CORE on this machine, the simulated HOST as `node` of gpu_nodes
-    (its Python enters the host's namespaces, as over SSH on a node) -> (rc, stdout, task records)."""
+    (its Python enters the host's namespaces, as over SSH on a node) -> (rc, stdout, task records).
+    `flags`: more of ansible-playbook's own options (--check)."""
     python_in = tmp_path / "python3"
     python_in.write_text(f"#!/bin/sh\nexec nsenter -t {host.init_pid:d} -m -u -p -- /usr/bin/python3 \"$@\"\n")
     python_in.chmod(stat.S_IRWXU)
@@ -138,7 +139,7 @@ def controller_play(tmp_path, host, core, python, playbook, node_vars=None, **ex
     out = tmp_path / f"results-{os.path.basename(playbook)}.json"
     env = dict(os.environ, **results_env(str(out)))
     env.update(ANSIBLE_INVENTORY_ENABLED="yaml", ANSIBLE_COLLECTIONS_PATH=COLLECTIONS)
-    argv = [str(matrix.controller_bin(core, python) / "ansible-playbook"), "-i", str(tmp_path / "inventory.json"), playbook]
+    argv = [str(matrix.controller_bin(core, python) / "ansible-playbook"), "-i", str(tmp_path / "inventory.json"), playbook, *flags]
     for key, value in extra.items():
         argv += ["-e", json.dumps({key: value})]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False, cwd=REPO)

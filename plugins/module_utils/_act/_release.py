@@ -33,7 +33,7 @@ from ansible_collections.zeromib.gpu.plugins.module_utils._act._plan import (
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._system import System
 from ansible_collections.zeromib.gpu.plugins.module_utils._options import ReleaseOptions
 from ansible_collections.zeromib.gpu.plugins.module_utils._act._words import (
-    blocked_message, failure_message, freeing_notes, reset_node, spanning_message, summarize_diff,
+    blocked_message, failure_message, freeing_notes, frozen_unsignalled, reset_node, spanning_message, summarize_diff,
 )
 from ansible_collections.zeromib.gpu.plugins.module_utils._look._nvidia_smi import (
     GPU_FIELDS, NvidiaSmiError, check_against_driver, normalize_bus_id, parse_compute_apps,
@@ -472,7 +472,16 @@ class Release:
             left = [h for h in _facts.dirty_holders(holders, selected) if h["pid"] in {t["pid"] for t in signalled}]
             stuck = [g for g in dirty if any(g["index"] in h["gpu_indexes"] for h in left)]
             if stuck:
-                return failure_message(stuck, holders, apps, 0.0, [], False, "not_killed", inside=self.inside_container)
+                return failure_message(stuck, holders, apps, 0.0, [], False, "not_killed", inside=self.inside_container, proc=self.system.proc,
+                                       unsignalled=left)
+        else:
+            # The cgroup v1 freezer keeps every signal pending, SIGKILL too: the real run would wait
+            # kill_timeout and wait_timeout, then fail naming them frozen.
+            frozen = [h for h, _words in frozen_unsignalled(_facts.dirty_holders(signalled, selected), self.system.proc, for_good=True)]
+            stuck = [g for g in dirty if any(g["index"] in h["gpu_indexes"] for h in frozen)]
+            if stuck:
+                return failure_message(stuck, holders, apps, 0.0, [], False, "frozen", inside=self.inside_container, proc=self.system.proc,
+                                       unsignalled=frozen)
         nobody = [g["index"] for g in unheld(dirty, holders, apps)] if may_be_unheld else []
         if nobody:
             # The grace counts from the first scan, which a loaded host makes late: the deadline only
@@ -535,9 +544,11 @@ class Release:
         signalled = {e["pid"] for e in self.result["killed"]} | {e["pid"] for e in self.result["unkillable"]}
         freeing = {} if early else freeing_notes(dirty, holders, apps, self.trend, lambda pid: holders_mod.is_exiting(pid, self.system.proc),
                                                  signalled)
+        # kill=false: the holders it leaves are named frozen where their cgroup is.
+        left = _facts.dirty_holders(holders, [g["index"] for g in dirty]) if early == "not_killed" else []
         return failure_message(dirty, holders, apps, self.result["timings"]["wait_s"], self.result["unkillable"],
                                early == "protected", early, unreadable, freeing, self.inside_container, self.reset_node(),
-                               self.system.proc)
+                               self.system.proc, left)
 
     def reset_node(self) -> _reset.Node:
         """What the reset advice of a failure needs of this node (read only for a failure)."""

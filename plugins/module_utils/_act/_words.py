@@ -98,6 +98,7 @@ EARLY_HEADS = {
     "no_holder": "GPUs read above max_used_mib with no process holding them (waiting would not free them)",
     "unreadable": "GPU memory cannot be read, so the GPUs cannot be proven free (waiting would not change that)",
     "not_killed": "GPUs are held by processes that kill=false leaves running (waiting would not free them)",
+    "frozen": "GPUs are held by processes in a frozen cgroup, which no signal ends before it is thawed (waiting would not free them)",
     "respawned": "GPUs are held again by a process started again by a restarter that this run does not stop",
 }
 
@@ -263,13 +264,14 @@ def permission_head(unreadable: int) -> str:
 def failure_message(dirty_gpus: list[Gpu], holders: list[Holder], apps: list[ComputeApp], waited_s: float, unkillable: list[dict[str, t.Any]],
                     protected_only: bool = False, early: str | None = None, unreadable: int = 0,
                     freeing: t.Mapping[int, str] | None = None, inside: bool = False, node: _reset.Node | None = None,
-                    proc: str | None = None) -> str:
+                    proc: str | None = None, unsignalled: t.Sequence[Holder] = ()) -> str:
     """One message naming each dirty GPU, its MiB and what still holds it. `early`: why the
     wait stopped before wait_timeout (a key of EARLY_HEADS). `unreadable`: how many processes
     could not be read (not root): then the permission problem is the head. `freeing`: the GPUs
     still being freed when wait_timeout ran out, and why (freeing_notes). `inside`: the run is
     in a container (gpu_failure). `node`: for the reset advice (_reset). `proc`: where a holder that
-    outlived SIGKILL is looked up in a frozen cgroup (_look/_frozen; None: not looked up)."""
+    outlived SIGKILL, or one of `unsignalled` (holders the run does not signal: check mode,
+    kill=false), is looked up in a frozen cgroup (_look/_frozen; None: not looked up)."""
     freeing = freeing or {}
     lines = by_holder(dirty_gpus, [gpu_failure(gpu, holders, apps, blind=unreadable > 0, freeing=freeing.get(gpu["index"]), inside=inside,
                                                node=node) for gpu in dirty_gpus])
@@ -288,6 +290,8 @@ def failure_message(dirty_gpus: list[Gpu], holders: list[Holder], apps: list[Com
     if unkillable and proc is not None:
         frozen_lines, unkillable = frozen_holders(unkillable, holders, proc)
         lines += frozen_lines
+    if unsignalled and proc is not None:
+        lines += [words for _holder, words in frozen_unsignalled(unsignalled, proc)]
     if unkillable:
         lines.append("unkillable (outlived SIGKILL: a thread of it stays in the kernel, D state, in the driver or a file system that does not "
                      "answer): " + "; ".join(describe_holder(h) for h in unkillable) + "; a reboot is needed (nothing else ends a process "
@@ -310,6 +314,19 @@ def frozen_holders(unkillable: list[dict[str, t.Any]], holders: list[Holder], pr
         lines.append(_frozen.advice(describe_holder(t.cast("Holder", dict(holder, **entry))), frozen, holder.get("container_runtime"),
                                     holder.get("container_name")))
     return lines, rest
+
+
+def frozen_unsignalled(unsignalled: t.Sequence[Holder], proc: str, for_good: bool = False) -> list[tuple[Holder, str]]:
+    """(holder, words) for each holder the run does not signal whose cgroup is frozen (read only
+    for these: a dirty host's check mode or kill=false); `for_good`: only those no signal would
+    end before a thaw (the cgroup v1 freezer keeps even SIGKILL pending)."""
+    from ansible_collections.zeromib.gpu.plugins.module_utils._look import _frozen
+    found = []
+    for holder in unsignalled:
+        frozen = _frozen.frozen_of(int(holder["pid"]), proc)
+        if frozen is not None and (not for_good or _frozen.keeps_sigkill_pending(frozen)):
+            found.append((holder, _frozen.not_signalled(describe_holder(holder), frozen, holder.get("container_runtime"), holder.get("container_name"))))
+    return found
 
 
 def freeing_notes(dirty_gpus: list[Gpu], holders: list[Holder], apps: list[ComputeApp], trend: MemoryTrend,

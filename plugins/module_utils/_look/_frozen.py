@@ -101,10 +101,30 @@ def advice(described: str, frozen: Frozen, runtime: str | None = None, container
     """Words for a SIGKILLed holder that a frozen cgroup keeps (instead of "unkillable, reboot"); pure.
     `runtime`, `container`: its container's runtime and name, as the runtime confirmed them."""
     head = f"frozen ({frozen.reading} in {frozen.directory}): {described}, SIGKILLed, stays until its cgroup is thawed (the SIGKILL then ends it)"
+    return head + who_thaws(frozen, runtime, container)
+
+
+def keeps_sigkill_pending(frozen: Frozen) -> bool:
+    """Whether the freezer keeps even SIGKILL pending: the cgroup v1 freezer does; v2 lets a fatal
+    signal through (_act/_signals sends it at once there)."""
+    return frozen.reading.startswith("freezer")
+
+
+def not_signalled(described: str, frozen: Frozen, runtime: str | None = None, container: str | None = None) -> str:
+    """Words for a holder in a frozen cgroup that the run does not signal (check mode, kill=false):
+    what a signal would meet, and who thaws it; pure."""
+    meets = ("every signal stays pending until its cgroup is thawed, SIGKILL included" if keeps_sigkill_pending(frozen)
+             else "it runs no code until its cgroup is thawed; only SIGKILL reaches it before")
+    return f"frozen ({frozen.reading} in {frozen.directory}): {described}, {meets}" + who_thaws(frozen, runtime, container)
+
+
+def who_thaws(frozen: Frozen, runtime: str | None = None, container: str | None = None) -> str:
+    """"; ..." naming who thaws the cgroup: a paused container's runtime, the user of a delegated
+    subtree (never thawed by this run), or whoever froze it, or root with the file to write; pure."""
     if runtime in ("docker", "podman") and container:
-        return head + f"; its container is paused: `{runtime} unpause {container}` thaws it (no reboot is needed)"
+        return f"; its container is paused: `{runtime} unpause {container}` thaws it (no reboot is needed)"
     if frozen.owner:
-        return head + (f"; the cgroup is in uid {frozen.owner:d}'s delegated subtree, frozen by that user: this run does not thaw a "
-                       "user's cgroup; that user thaws it (or stop the unit that delegates it), no reboot is needed")
-    thaw = f"echo THAWED > {frozen.directory}/freezer.state" if frozen.reading.startswith("freezer") else f"echo 0 > {frozen.directory}/cgroup.freeze"
-    return head + f"; whoever froze it (a scheduler's suspend, a paused container) thaws it, or root: `{thaw}`; no reboot is needed"
+        return (f"; the cgroup is in uid {frozen.owner:d}'s delegated subtree, frozen by that user: this run does not thaw a "
+                "user's cgroup; that user thaws it (or stop the unit that delegates it), no reboot is needed")
+    thaw = f"echo THAWED > {frozen.directory}/freezer.state" if keeps_sigkill_pending(frozen) else f"echo 0 > {frozen.directory}/cgroup.freeze"
+    return f"; whoever froze it (a scheduler's suspend, a paused container) thaws it, or root: `{thaw}`; no reboot is needed"

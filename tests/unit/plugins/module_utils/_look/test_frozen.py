@@ -40,3 +40,15 @@ def test_the_advice_names_the_runtime_the_user_or_roots_thaw_and_never_a_reboot(
     v2 = _frozen.Frozen("/sys/fs/cgroup/job", "cgroup.events frozen 1", 0)
     assert "`echo 0 > /sys/fs/cgroup/job/cgroup.freeze`" in _frozen.advice("pid 1 x", v2)
     assert all("a reboot is needed" not in _frozen.advice("pid 1 x", f) for f in (root, user, v2))
+
+
+def test_a_holder_not_signalled_is_told_what_a_signal_meets_and_who_thaws_it():
+    root = _frozen.Frozen("/sys/fs/cgroup/freezer/job", "freezer.state FROZEN", 0)
+    v2 = _frozen.Frozen("/sys/fs/cgroup/job", "cgroup.events frozen 1", 0)
+    said = _frozen.not_signalled("pid 1 x", root)
+    assert said == ("frozen (freezer.state FROZEN in /sys/fs/cgroup/freezer/job): pid 1 x, every signal stays pending until its "
+                    "cgroup is thawed, SIGKILL included; whoever froze it (a scheduler's suspend, a paused container) thaws it, or root: "
+                    "`echo THAWED > /sys/fs/cgroup/freezer/job/freezer.state`; no reboot is needed")
+    assert _frozen.keeps_sigkill_pending(root) and not _frozen.keeps_sigkill_pending(v2)
+    assert "only SIGKILL reaches it before" in _frozen.not_signalled("pid 1 x", v2) and "THAWED" not in _frozen.not_signalled("pid 1 x", v2)
+    assert "uid 4242's delegated subtree" in _frozen.not_signalled("pid 1 x", root._replace(owner=4242))
