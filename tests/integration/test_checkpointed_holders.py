@@ -15,7 +15,7 @@ import pytest
 
 from ansible_in_ns import run_module
 from test_gpu_release import used
-from test_paused_containers import ENDS, OWN_PLAY, REPO, SUMMARY_TASK, VERDICT, controller_play
+from test_paused_containers import ENDS, said_first_by_free_gpus, said_first_in_own_play
 from test_slurm_epilog_smoke import epilog
 from test_slurm_epilog_smoke import runner  # noqa: F401  # pylint: disable=unused-import  # a pytest fixture, used by name
 
@@ -100,21 +100,9 @@ def test_the_refusal_of_a_checkpointed_holder_is_said_first_and_once_on_both_pat
     head = (f"CUDA-checkpointed process(es) hold the selected GPUs' memory in host memory and take it back when restored: pid {dormant.pid} "
             "(python3, root); nothing was done.")
 
-    rc, output, tasks = controller_play(tmp_path, host, core, python, os.path.join(REPO, "playbooks", "free_gpus.yml"))
-    assert rc == 2, output[-3000:]
-    [summary] = [t for t in tasks if t["task"] == SUMMARY_TASK]
-    [row] = [line for line in summary["result"]["msg"] if "node: " in line]
-    assert row.split("node: ", 1)[1].startswith(head), row
-    assert output.count(head) == 1 and "reset" not in row and "reboot" not in row, output[-4000:]
-
-    (tmp_path / "train.yml").write_text(json.dumps(OWN_PLAY))
-    rc, output, tasks = controller_play(tmp_path, host, core, python, str(tmp_path / "train.yml"))
-    assert rc == 2, output[-3000:]
-    [verdict] = [t for t in tasks if t["task"] == VERDICT]
-    assert verdict["status"] == "failed" and verdict["result"]["msg"].startswith(f"node: {head}"), verdict["result"]
-    [fatal] = [line for line in output.splitlines() if line.startswith(("fatal: [node]", "[ERROR]"))]
-    assert head in fatal and output.count(head) == 1, output[-4000:]
-    assert not [t for t in tasks if t["task"] == "Train"], "training never started"
+    row = said_first_by_free_gpus(tmp_path, host, core, python, head, head)
+    assert "reset" not in row and "reboot" not in row, row
+    said_first_in_own_play(tmp_path, host, core, python, head, head)
     assert host.alive(busy.pid) and host.alive(dormant.pid) and ("lock", str(busy.pid)) not in calls(host)
 
 

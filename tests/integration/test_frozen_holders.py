@@ -4,7 +4,6 @@ the cgroup is thawed (this machine's hybrid hierarchy, /sys/fs/cgroup/freezer): 
 "frozen", never "unkillable" with reboot advice; a cgroup a user froze in her delegated subtree is
 named as hers, and the run does not thaw it (tests/tenants/frozen_cgroup.py).
 """
-import json
 import os
 import sys
 
@@ -12,7 +11,7 @@ import pytest
 
 from ansible_in_ns import run_module
 from test_gpu_release import used
-from test_paused_containers import ENDS, OWN_PLAY, REPO, SUMMARY_TASK, VERDICT, controller_play
+from test_paused_containers import ENDS, said_first_by_free_gpus, said_first_in_own_play
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from tenants.frozen_cgroup import frozen_holder  # noqa: E402  # pylint: disable=wrong-import-position
@@ -79,19 +78,7 @@ def test_the_dry_runs_frozen_holder_is_said_first_and_once_on_both_paths(nshost,
         head = "GPUs are held by processes in a frozen cgroup, which no signal ends before it is thawed (waiting would not free them)"
         words = f"frozen (freezer.state FROZEN in {held.directory}): pid {held.pid} "
 
-        rc, output, tasks = controller_play(tmp_path, host, core, python, os.path.join(REPO, "playbooks", "free_gpus.yml"), flags=("--check",))
-        assert rc == 2, output[-3000:]
-        [summary] = [t for t in tasks if t["task"] == SUMMARY_TASK]
-        [row] = [line for line in summary["result"]["msg"] if "node: " in line]
-        assert row.split("node: ", 1)[1].startswith(head) and words in row, row
-        assert output.count(head) == 1 and "reboot is needed (" not in row, output[-4000:]
-
-        (tmp_path / "train.yml").write_text(json.dumps(OWN_PLAY))
-        rc, output, tasks = controller_play(tmp_path, host, core, python, str(tmp_path / "train.yml"), flags=("--check",))
-        assert rc == 2, output[-3000:]
-        [verdict] = [t for t in tasks if t["task"] == VERDICT]
-        assert verdict["status"] == "failed" and verdict["result"]["msg"].startswith(f"node: {head}"), verdict["result"]
-        [fatal] = [line for line in output.splitlines() if line.startswith(("fatal: [node]", "[ERROR]"))]
-        assert head in fatal and output.count(head) == 1, output[-4000:]
-        assert not [t for t in tasks if t["task"] == "Train"], "training never started"
+        row = said_first_by_free_gpus(tmp_path, host, core, python, head, head, flags=("--check",))
+        assert words in row and "reboot is needed (" not in row, row
+        said_first_in_own_play(tmp_path, host, core, python, head, words, flags=("--check",))
         assert held.state() == "FROZEN" and used(host, 0) >= 2048

@@ -147,6 +147,31 @@ def controller_play(tmp_path, host, core, python, playbook, node_vars=None, flag
         return proc.returncode, proc.stdout + proc.stderr, json.load(handle)["tasks"]
 
 
+def said_first_by_free_gpus(tmp_path, host, core, python, head, once, flags=()):
+    """free_gpus.yml fails the host, and its fleet summary's row for it starts with `head`; `once`
+    is in the whole output once -> that row."""
+    rc, output, tasks = controller_play(tmp_path, host, core, python, os.path.join(REPO, "playbooks", "free_gpus.yml"), flags=flags)
+    assert rc == 2, output[-3000:]
+    [summary] = [t for t in tasks if t["task"] == SUMMARY_TASK]
+    [row] = [line for line in summary["result"]["msg"] if "node: " in line]
+    assert row.split("node: ", 1)[1].startswith(head), row
+    assert output.count(once) == 1, output[-4000:]
+    return row
+
+
+def said_first_in_own_play(tmp_path, host, core, python, head, once, flags=()):
+    """The role in a user's own play: its verdict fails the host starting with `head`, the one fatal
+    line carries it, `once` is in the whole output once, and training never starts."""
+    (tmp_path / "train.yml").write_text(json.dumps(OWN_PLAY))
+    rc, output, tasks = controller_play(tmp_path, host, core, python, str(tmp_path / "train.yml"), flags=flags)
+    assert rc == 2, output[-3000:]
+    [verdict] = [t for t in tasks if t["task"] == VERDICT]
+    assert verdict["status"] == "failed" and verdict["result"]["msg"].startswith(f"node: {head}"), verdict["result"]
+    [fatal] = [line for line in output.splitlines() if line.startswith(("fatal: [node]", "[ERROR]"))]
+    assert head in fatal and output.count(once) == 1, output[-4000:]
+    assert not [t for t in tasks if t["task"] == "Train"], "training never started"
+
+
 @pytest.mark.parametrize(("core", "python"), ENDS, ids=[f"ansible-core-{c}" for c, _p in ENDS])
 def test_the_refusal_of_a_paused_container_is_said_first_and_once_on_both_paths(docker, tmp_path, core, python):
     record = docker.run_holder("suspended", [0])
@@ -154,19 +179,6 @@ def test_the_refusal_of_a_paused_container_is_said_first_and_once_on_both_paths(
     head = ("GPUs are held by paused containers: suspended (docker {}, {}) on GPU 0: its container is paused: `docker unpause suspended` "
             "thaws it. gpu_release does not thaw a container it was not told to stop").format(record["Id"][:12], IMAGE)
 
-    rc, output, tasks = controller_play(tmp_path, docker.host, core, python, os.path.join(REPO, "playbooks", "free_gpus.yml"))
-    assert rc == 2, output[-3000:]
-    [summary] = [t for t in tasks if t["task"] == SUMMARY_TASK]
-    [row] = [line for line in summary["result"]["msg"] if "node: " in line]
-    assert row.split("node: ", 1)[1].startswith(head), row
-    assert output.count("`docker unpause suspended` thaws it") == 1, output[-4000:]
-
-    (tmp_path / "train.yml").write_text(json.dumps(OWN_PLAY))
-    rc, output, tasks = controller_play(tmp_path, docker.host, core, python, str(tmp_path / "train.yml"))
-    assert rc == 2, output[-3000:]
-    [verdict] = [t for t in tasks if t["task"] == VERDICT]
-    assert verdict["status"] == "failed" and verdict["result"]["msg"].startswith(f"node: {head}"), verdict["result"]
-    [fatal] = [line for line in output.splitlines() if line.startswith(("fatal: [node]", "[ERROR]"))]
-    assert head in fatal and output.count("`docker unpause suspended` thaws it") == 1, output[-4000:]
-    assert not [t for t in tasks if t["task"] == "Train"], "training never started"
+    said_first_by_free_gpus(tmp_path, docker.host, core, python, head, "`docker unpause suspended` thaws it")
+    said_first_in_own_play(tmp_path, docker.host, core, python, head, "`docker unpause suspended` thaws it")
     assert paused(docker, "suspended") is True and used(docker.host, 0) >= 20480
