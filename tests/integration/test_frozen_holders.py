@@ -75,6 +75,7 @@ def test_the_dry_runs_frozen_holder_is_said_first_and_once_on_both_paths(nshost,
     user's own play (the recording callback's task records), on the oldest and newest ansible-core."""
     host = nshost("h200x1", seed="frozenpaths")
     with frozen_holder(host, "suspended-paths", mib=2048) as held:
+        assert held.state() == "FROZEN"
         head = "GPUs are held by processes in a frozen cgroup, which no signal ends before it is thawed (waiting would not free them)"
         words = f"frozen (freezer.state FROZEN in {held.directory}): pid {held.pid} "
 

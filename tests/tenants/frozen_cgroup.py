@@ -17,6 +17,7 @@ table. Teardown (always): THAWED, SIGKILL of the holder by PID, the directory re
 from __future__ import annotations
 
 import contextlib
+import os
 import typing as t
 
 FREEZER = "/sys/fs/cgroup/freezer"
@@ -36,10 +37,14 @@ class Held(t.NamedTuple):
 @contextlib.contextmanager
 def frozen_holder(host: t.Any, name: str, mib: int = 1024, gpu: int = 0, uid: int | None = None, delegated: bool = False,
                   named: str | None = None) -> t.Iterator[Held]:
-    """A gpu_holder on `gpu` (as `uid`, else root) in the freezer cgroup FREEZER/`name`, frozen:
+    """A gpu_holder on `gpu` (as `uid`, else root) in the freezer cgroup FREEZER/`name`-PID, frozen:
     by root, or (`delegated`) by the user herself in a directory handed to her. `named`: a path
     below `name` the user gives her job in both the freezer and the name=systemd hierarchy (she may
     name her delegated cgroups at will: `docker/<a real container's id>`)."""
+    # The v1 hierarchies are the machine's, shared by every namespace host: a name of this pytest
+    # process's own keeps two tests on two xdist workers from thawing or removing each other's cgroup
+    # (seen in CI: one case's teardown thawed the other's holder before its dry run).
+    name = f"{name}-{os.getpid():d}"
     roots = [FREEZER] + ([SYSTEMD] if named else [])
     tops = [f"{root}/{name}" for root in roots]
     directory = f"{tops[0]}/{named}" if named else tops[0]
