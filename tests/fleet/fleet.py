@@ -578,8 +578,14 @@ class Fleet:
 
     def ssh(self, name: str, cmd: str, check: bool = False, timeout: float = 60,
             connect_timeout: int = 5) -> subprocess.CompletedProcess:
-        r = subprocess.run(self.ssh_argv(name, cmd, connect_timeout), stdin=subprocess.DEVNULL, check=False,
-                           capture_output=True, text=True, timeout=timeout)
+        argv = self.ssh_argv(name, cmd, connect_timeout)
+        r = subprocess.run(argv, stdin=subprocess.DEVNULL, check=False, capture_output=True, text=True, timeout=timeout)
+        if r.returncode == 255 and "mux_client_" in r.stderr:
+            # The client could not talk to its control master (it died under load: "mux_client_request_alive:
+            # write packet: Broken pipe"), so the command never reached the host: once more, on a connection of its own.
+            argv[argv.index("ControlMaster=auto")] = "ControlMaster=no"
+            argv[argv.index(f"ControlPath={self.cp_dir}/f-%C")] = "ControlPath=none"
+            r = subprocess.run(argv, stdin=subprocess.DEVNULL, check=False, capture_output=True, text=True, timeout=timeout)
         if check and r.returncode != 0:
             raise FleetError(f"{name}: {cmd!r} -> rc {r.returncode}: {r.stdout}{r.stderr}")
         return r

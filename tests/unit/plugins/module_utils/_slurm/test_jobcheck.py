@@ -626,3 +626,16 @@ def test_the_hooks_short_cause_names_an_escaped_holders_origin_and_a_vgpu_hosts_
         "(SSH session 5 of user alice from 10.0.0.9: `loginctl terminate-session 5`), pid 814 python3 (a process of uid 4242 started outside "
         "any job)",
         "GPU 1: 24576 MiB, no process holds it here: vGPUs given to VMs (train-vm (libvirt)), no reset"], causes
+
+
+def test_the_ghost_readings_end_a_second_before_the_work_and_never_past_it(monkeypatch):
+    """The epilog's ghost-busy readings last what the hook's deadline leaves, less GHOST_MARGIN_S,
+    up to SETTLE_S; none where it leaves less; SETTLE_S where the caller gives no end."""
+    seen = []
+    from ansible_collections.zeromib.gpu.plugins.module_utils._act import _ghost_busy  # pylint: disable=import-outside-toplevel
+    monkeypatch.setattr(_ghost_busy, "after_release", lambda smi, result, timeout, short=False, settle_s=None: seen.append(settle_s) or result)
+    result = {"released": True, "killed": [{"pid": 7, "signal": "SIGTERM", "gpu_indexes": [1]}]}
+    now = time.monotonic()
+    for until in (now + 2.5, now + 0.5, now + 60, None):
+        jobcheck.ready_for_the_next_job(None, None, {"timeout": 10}, result, until)
+    assert 1.0 < seen[0] <= 1.5 and seen[1] == 0.0 and seen[2] == seen[3] == _ghost_busy.SETTLE_S, seen
